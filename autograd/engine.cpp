@@ -1,0 +1,330 @@
+// The backward engine, grad mode, anomaly mode and gradcheck.
+#include "autograd/engine.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cmath>
+#include <sstream>
+
+#include "backends/backend.h"
+#include "ops/ops.h"
+
+namespace headlab {
+
+namespace {
+thread_local bool g_grad_enabled = true;
+bool g_anomaly = false;
+std::atomic<uint64_t> g_next_seq{1};
+
+// "masked_fill" -> "MaskedFillBackward"
+std::string backward_name(const char* op) {
+  std::string out;
+  bool upper = true;
+  for (const char* c = op; *c; ++c) {
+    if (*c == '_') { upper = true; continue; }
+    out += upper ? static_cast<char>(std::toupper(static_cast<unsigned char>(*c))) : *c;
+    upper = false;
+  }
+  return out + "Backward";
+}
+
+bool has_nonfinite(const Tensor& t) {
+  if (!t.defined() || !is_floating(t.dtype()) || t.numel() == 0) return false;
+  const Tensor c = t.contiguous();
+  return !backend_of(c).all_finite(c.dtype(), c.raw_data(), c.numel());
+}
+
+Node::Saved save(const Tensor& t) { return {t.impl()->storage, t.version()}; }
+
+}  // namespace
+
+bool grad_enabled() { return g_grad_enabled; }
+NoGradGuard::NoGradGuard() : prev_(g_grad_enabled) { g_grad_enabled = false; }
+NoGradGuard::~NoGradGuard() { g_grad_enabled = prev_; }
+void set_anomaly_mode(bool on) { g_anomaly = on; }
+bool anomaly_mode() { return g_anomaly; }
+
+bool any_requires_grad(const std::vector<Tensor>& ts) {
+  for (const Tensor& t : ts)
+    if (t.defined() && t.requires_grad()) return true;
+  return false;
+}
+
+void check_inplace(const char* op, const Tensor& self) {
+  HL_CHECK(!(g_grad_enabled && self.is_leaf() && self.requires_grad()), op,
+           ": a leaf tensor that requires grad cannot be modified in place; use the out-of-place form, "
+           "or wrap the update in NoGradGuard");
+}
+
+void record(const char* op, Tensor& out, const std::vector<Tensor>& inputs, BackwardFn fn,
+            const std::vector<Tensor>& saved) {
+  if (g_anomaly && has_nonfinite(out))
+    HL_FAIL("anomaly: ", op, " produced NaN or Inf in its output of shape ", shape_str(out.shape()));
+  if (!g_grad_enabled || !any_requires_grad(inputs)) return;
+  auto node = std::make_shared<Node>();
+  node->name = backward_name(op);
+  node->seq = g_next_seq++;
+  for (const Tensor& t : inputs)
+    if (t.defined() && t.requires_grad()) node->inputs.push_back(t);
+  for (const Tensor& t : saved)
+    if (t.defined()) node->saved.push_back(save(t));
+  node->fn = std::move(fn);
+  out.impl()->grad_fn = std::move(node);
+}
+
+void record_inplace(const char* op, Tensor& self, std::function<Tensor(const Tensor&)> dself,
+                    const std::vector<Tensor>& saved) {
+  if (g_anomaly && has_nonfinite(self))
+    HL_FAIL("anomaly: ", op, " produced NaN or Inf in its output of shape ", shape_str(self.shape()));
+  if (!g_grad_enabled || !self.requires_grad()) return;
+  // The old history lives on in a fresh handle that keeps the old node; self gets the new node.
+  auto old_impl = std::make_shared<TensorImpl>(*self.impl());
+  old_impl->hooks.clear();
+  Tensor old(old_impl);
+  auto node = std::make_shared<Node>();
+  node->name = backward_name(op);
+  node->seq = g_next_seq++;
+  node->inputs.push_back(old);
+  for (const Tensor& t : saved)
+    if (t.defined()) node->saved.push_back(save(t));
+  node->fn = [old, dself = std::move(dself)](const Tensor& dout, Grads& g) { g.acc(old, dself(dout)); };
+  self.impl()->grad_fn = std::move(node);
+}
+
+// ---- Grads ----
+bool Grads::needs(const Tensor& t) const {
+  if (!t.defined() || !t.requires_grad()) return false;
+  if (!functional_) return true;
+  if (t.is_leaf()) return target_leaves_.count(t.impl()) > 0;
+  return needed_nodes_.count(t.grad_fn().get()) > 0;
+}
+
+void Grads::acc(const Tensor& t, const Tensor& g_in) {
+  if (!needs(t)) return;
+  HL_CHECK(g_in.defined(), "backward: a gradient for a tensor of shape ", shape_str(t.shape()), " is undefined");
+  Tensor g = g_in.shape() == t.shape() ? g_in : sum_to(g_in, t.shape());
+  if (g.dtype() != t.dtype()) g = to_dtype(g, t.dtype());
+  auto add_into = [&](Tensor& slot) { slot = slot.defined() ? add(slot, g) : g; };
+  if (t.is_leaf()) add_into(leaf_grads_[t.impl()]);
+  else add_into(node_grads_[t.grad_fn().get()]);
+}
+
+// ---- the backward pass ----
+struct BackwardPass {
+  Grads grads;
+  // Reachable nodes, newest first. Held strongly: releasing a node's inputs during the pass
+  // would otherwise free nodes that are still to be visited.
+  std::vector<std::shared_ptr<Node>> order;
+
+  void collect(const std::vector<Tensor>& roots) {
+    std::vector<std::shared_ptr<Node>> stack;
+    std::unordered_set<Node*> seen;
+    for (const Tensor& r : roots)
+      if (r.grad_fn() && seen.insert(r.grad_fn().get()).second) stack.push_back(r.grad_fn());
+    while (!stack.empty()) {
+      std::shared_ptr<Node> n = stack.back();
+      stack.pop_back();
+      order.push_back(n);
+      for (const Tensor& in : n->inputs)
+        if (in.grad_fn() && seen.insert(in.grad_fn().get()).second) stack.push_back(in.grad_fn());
+    }
+    std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a->seq > b->seq; });
+  }
+
+  // Functional mode: a node is needed when some target can be reached from it.
+  void mark_needed(const std::vector<Tensor>& targets) {
+    grads.functional_ = true;
+    std::unordered_set<const Node*> target_nodes;
+    for (const Tensor& t : targets) {
+      if (t.is_leaf()) grads.target_leaves_.insert(t.impl());
+      else target_nodes.insert(t.grad_fn().get());
+    }
+    // Oldest first, so a node's inputs are decided before the node.
+    for (auto it = order.rbegin(); it != order.rend(); ++it) {
+      Node* n = it->get();
+      bool needed = false;
+      for (const Tensor& in : n->inputs) {
+        if (in.is_leaf()) needed |= grads.target_leaves_.count(in.impl()) > 0;
+        else needed |= target_nodes.count(in.grad_fn().get()) > 0 || grads.needed_nodes_.count(in.grad_fn().get()) > 0;
+      }
+      if (needed) grads.needed_nodes_.insert(n);
+    }
+    for (const Node* n : target_nodes) grads.needed_nodes_.insert(n);
+  }
+
+  void seed(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots) {
+    for (size_t i = 0; i < roots.size(); ++i) {
+      const Tensor& r = roots[i];
+      HL_CHECK(r.defined() && r.requires_grad(),
+               "backward: tensor ", i, " does not require grad and has no grad_fn (nothing to differentiate)");
+      Tensor g = i < grad_roots.size() ? grad_roots[i] : Tensor();
+      if (!g.defined()) {
+        HL_CHECK(r.numel() == 1, "backward: grad can be implicitly created only for scalar outputs, got shape ",
+                 shape_str(r.shape()), "; pass a gradient of that shape");
+        g = ones_like(r.detach());
+      }
+      HL_CHECK(g.shape() == r.shape(), "backward: gradient has shape ", shape_str(g.shape()), ", expected ",
+               shape_str(r.shape()));
+      HL_CHECK(g.device() == r.device(), "backward: gradient is on ", g.device().str(), ", output on ",
+               r.device().str());
+      grads.acc(r, g);
+    }
+  }
+
+  void run(bool retain_graph) {
+    NoGradGuard no_grad;  // gradients of gradients are not recorded
+    for (const std::shared_ptr<Node>& node : order) {
+      Node* n = node.get();
+      auto it = grads.node_grads_.find(n);
+      if (it == grads.node_grads_.end()) continue;  // nothing flowed here
+      if (grads.functional_ && !grads.needed_nodes_.count(n)) continue;
+      HL_CHECK(!n->released, "backward: trying to backward through ", n->name,
+               " a second time; its saved tensors were freed. Pass retain_graph=true to the first backward.");
+      for (const Node::Saved& s : n->saved)
+        HL_CHECK(s.storage->version == s.version, n->name,
+                 ": one of the tensors saved for backward was modified by an in-place operation (its version is ",
+                 s.storage->version, ", expected ", s.version, "); clone it before modifying it");
+      Tensor dout = it->second;
+      for (const TensorHook& h : n->hooks) {
+        Tensor r = h(dout);
+        if (r.defined()) dout = r;
+      }
+      if (g_anomaly && has_nonfinite(dout))
+        HL_FAIL("anomaly: the gradient flowing into ", n->name, " holds NaN or Inf");
+      n->fn(dout, grads);
+      if (!retain_graph) {
+        n->fn = nullptr;
+        n->inputs.clear();
+        n->saved.clear();
+        n->released = true;
+      }
+      if (!grads.functional_) grads.node_grads_.erase(n);  // free intermediate gradients early
+    }
+  }
+
+  void accumulate_leaves() {
+    NoGradGuard no_grad;
+    for (auto& [impl, g] : grads.leaf_grads_) {
+      auto* leaf = const_cast<TensorImpl*>(impl);
+      Tensor grad = g;
+      for (const TensorHook& h : leaf->hooks) {
+        Tensor r = h(grad);
+        if (r.defined()) grad = r;
+      }
+      // A leaf's .grad always owns its storage: optimizers and clipping modify it in place.
+      if (leaf->grad) leaf->grad = add(Tensor(leaf->grad), grad).impl_ptr();
+      else leaf->grad = clone(grad).impl_ptr();
+    }
+  }
+
+  // Functional grad(): the gradient reached for `in` (zeros when none flowed).
+  Tensor gradient_of(const Tensor& in) {
+    Tensor g;
+    if (in.is_leaf()) {
+      auto it = grads.leaf_grads_.find(in.impl());
+      if (it != grads.leaf_grads_.end()) g = it->second;
+    } else {
+      auto it = grads.node_grads_.find(in.grad_fn().get());
+      if (it != grads.node_grads_.end()) g = it->second;
+    }
+    if (g.defined()) return g;
+    NoGradGuard no_grad;
+    return zeros_like(in);
+  }
+};
+
+void backward(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots, bool retain_graph) {
+  BackwardPass pass;
+  pass.collect(roots);
+  pass.seed(roots, grad_roots);
+  pass.run(retain_graph);
+  pass.accumulate_leaves();
+}
+
+std::vector<Tensor> grad(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                         const std::vector<Tensor>& grad_outputs, bool retain_graph) {
+  for (size_t i = 0; i < inputs.size(); ++i)
+    HL_CHECK(inputs[i].defined() && inputs[i].requires_grad(), "grad: input ", i,
+             " does not require grad; call requires_grad_() on it before the forward pass");
+  BackwardPass pass;
+  pass.collect(outputs);
+  pass.mark_needed(inputs);
+  pass.seed(outputs, grad_outputs);
+  pass.run(retain_graph);
+  std::vector<Tensor> result;
+  for (const Tensor& in : inputs) result.push_back(pass.gradient_of(in));
+  return result;
+}
+
+// ---- gradcheck ----
+namespace {
+
+// Memory offset (in elements) of logical element `i` of t.
+int64_t element_offset(const Tensor& t, int64_t i) {
+  int64_t off = t.offset();
+  for (int64_t d = t.dim() - 1; d >= 0; --d) {
+    off += (i % t.size(d)) * t.stride(d);
+    i /= t.size(d);
+  }
+  return off;
+}
+
+}  // namespace
+
+GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
+                          const std::vector<Tensor>& inputs, double eps, double atol, double rtol) {
+  GradcheckResult res;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    HL_CHECK(inputs[k].dtype() == DType::f64 && inputs[k].device() == kCPU,
+             "gradcheck: input ", k, " must be a float64 CPU tensor, got ", dtype_name(inputs[k].dtype()), " on ",
+             inputs[k].device().str());
+    HL_CHECK(inputs[k].requires_grad(), "gradcheck: input ", k, " does not require grad");
+  }
+  const Tensor out0 = fn(inputs);
+  const int64_t n_out = out0.numel();
+  // Analytical Jacobian, one output element at a time: J[k][o][i] = d out[o] / d in_k[i].
+  std::vector<std::vector<double>> analytic(inputs.size());
+  for (size_t k = 0; k < inputs.size(); ++k) analytic[k].assign(static_cast<size_t>(n_out * inputs[k].numel()), 0.0);
+  for (int64_t o = 0; o < n_out; ++o) {
+    Tensor out = fn(inputs);
+    if (!out.requires_grad()) break;  // constant output: the Jacobian is zero
+    std::vector<double> onehot(static_cast<size_t>(n_out), 0.0);
+    onehot[o] = 1.0;
+    std::vector<Tensor> gs = grad({out}, inputs, {tensor(onehot, out.shape())});
+    for (size_t k = 0; k < inputs.size(); ++k) {
+      const std::vector<double> gv = gs[k].to_vector<double>();
+      for (int64_t i = 0; i < inputs[k].numel(); ++i) analytic[k][o * inputs[k].numel() + i] = gv[i];
+    }
+  }
+  // Numerical Jacobian by central differences, perturbing the leaves' memory directly.
+  NoGradGuard no_grad;
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    double* base = static_cast<double*>(inputs[k].impl()->storage->data);
+    for (int64_t i = 0; i < inputs[k].numel(); ++i) {
+      double& x = base[element_offset(inputs[k], i)];
+      const double orig = x;
+      x = orig + eps;
+      const std::vector<double> plus = fn(inputs).to_vector<double>();
+      x = orig - eps;
+      const std::vector<double> minus = fn(inputs).to_vector<double>();
+      x = orig;
+      for (int64_t o = 0; o < n_out; ++o) {
+        const double num = (plus[o] - minus[o]) / (2 * eps);
+        const double ana = analytic[k][o * inputs[k].numel() + i];
+        const double err = std::abs(num - ana);
+        res.max_abs_error = std::max(res.max_abs_error, err);
+        if (res.ok && err > atol + rtol * std::abs(num)) {
+          res.ok = false;
+          std::ostringstream m;
+          m << "gradcheck: input " << k << " element " << i << ", output element " << o << ": analytical " << ana
+            << " vs numerical " << num;
+          res.message = m.str();
+        }
+      }
+    }
+  }
+  return res;
+}
+
+}  // namespace headlab

@@ -1,0 +1,142 @@
+// The narrow kernel interface every device implements (CPU: backends/cpu, CUDA: backends/cuda).
+// Kernels see raw pointers, sizes and element strides only: no Tensor, no autograd. Outputs come
+// first, then inputs, then sizes. Device and dtype agreement are checked once, in ops/.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "autograd/tensor.h"  // DType and Device only; backends never touch TensorImpl or the tape
+
+namespace headlab {
+
+constexpr int kMaxDims = 12;
+
+// An elementwise loop over up to 4 operands sharing one (broadcast) shape. Operand 0 is the output.
+// Dims are already collapsed by the op layer: a contiguous tensor arrives as 1 dim of stride 1.
+struct Loop {
+  int ndim = 0;
+  int64_t sizes[kMaxDims] = {};
+  int nops = 0;
+  void* ptr[4] = {};
+  int64_t strides[4][kMaxDims] = {};
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; ++i) n *= sizes[i];
+    return n;
+  }
+};
+
+enum class UnaryOp : uint8_t {
+  neg, exp, log, sqrt, rsqrt, abs, tanh, sigmoid, relu, gelu, gelu_tanh, pow, affine, sign, gt_zero
+};
+// out = op(x); pow uses alpha as the exponent; affine is alpha * x + beta.
+enum class BinaryOp : uint8_t { add, sub, mul, div, maximum, minimum, eq, ne, lt, le, gt, ge, logical_and };
+inline bool is_comparison(BinaryOp op) { return op >= BinaryOp::eq; }
+enum class ReduceOp : uint8_t { sum, max, min, argmax };
+// Which rows of a softmax are valid up to where: all, by a per-row length, or causally.
+enum class SoftmaxMask : uint8_t { none, lengths, causal };
+
+struct Backend {
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+
+  // ---- memory ----
+  virtual void* alloc(size_t nbytes) = 0;
+  virtual void free(void* p) = 0;
+  virtual void copy_from_host(void* dst, const void* src, size_t nbytes) = 0;
+  virtual void copy_to_host(void* dst, const void* src, size_t nbytes) = 0;
+  virtual void synchronize() = 0;
+  virtual size_t bytes_in_use() const = 0;
+  virtual size_t peak_bytes() const = 0;
+  virtual void reset_peak() = 0;
+
+  // ---- fill, copy, elementwise ----
+  virtual void fill(DType dt, const Loop& l, double value) = 0;                      // op 0
+  virtual void arange(DType dt, void* out, int64_t n, double start, double step) = 0;
+  virtual void copy(DType dst_dt, DType src_dt, const Loop& l) = 0;                  // 0 <- 1, casting
+  virtual void unary(UnaryOp op, DType dt, const Loop& l, double alpha, double beta) = 0;
+  // din = dout * op'(x), with y = op(x) available for ops whose derivative is cheaper from y.
+  // Contiguous, n elements. Ops: exp, log, sqrt, rsqrt, abs, tanh, sigmoid, relu, gelu, gelu_tanh, pow.
+  virtual void unary_backward(UnaryOp op, DType dt, void* din, const void* dout, const void* x,
+                              const void* y, int64_t n, double alpha) = 0;
+  virtual void binary(BinaryOp op, DType dt, const Loop& l) = 0;   // 0 = 1 op 2; comparisons write bool
+  virtual void where(DType dt, const Loop& l) = 0;                 // 0 = (bool)1 ? 2 : 3
+  // Reduce `in` over the inner dims for each outer index; out is contiguous over the outer dims.
+  virtual void reduce(ReduceOp op, DType dt, void* out, const void* in, int n_outer,
+                      const int64_t* outer_sizes, const int64_t* outer_strides, int n_inner,
+                      const int64_t* inner_sizes, const int64_t* inner_strides) = 0;
+  virtual bool all_finite(DType dt, const void* p, int64_t n) = 0;  // anomaly mode
+  // Range check for index tensors: returns true iff every idx in [lo, hi).
+  virtual bool indices_in_range(const int64_t* idx, int64_t n, int64_t lo, int64_t hi) = 0;
+
+  // ---- GEMM: C[b] = alpha * op(A[b]) @ op(B[b]) + beta * C[b], row-major, b < batch ----
+  virtual void gemm(DType dt, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha,
+                    const void* A, int64_t lda, int64_t stride_a, const void* B, int64_t ldb,
+                    int64_t stride_b, double beta, void* C, int64_t ldc, int64_t stride_c,
+                    int64_t batch) = 0;
+
+  // ---- softmax over the last dim of contiguous (rows, cols); y = softmax(scale * x) ----
+  // mask: lengths -> row r keeps columns < lengths[r]; causal -> row r keeps columns <= r % q_len.
+  // A row with nothing valid is all zeros.
+  virtual void softmax_forward(DType dt, void* y, const void* x, int64_t rows, int64_t cols, double scale,
+                               SoftmaxMask mask, const int64_t* lengths, int64_t q_len) = 0;
+  // dx = scale * y * (dy - sum(dy * y))
+  virtual void softmax_backward(DType dt, void* dx, const void* dy, const void* y, int64_t rows,
+                                int64_t cols, double scale) = 0;
+  virtual void log_softmax_forward(DType dt, void* y, const void* x, int64_t rows, int64_t cols) = 0;
+  // dx = dy - exp(y) * sum(dy)
+  virtual void log_softmax_backward(DType dt, void* dx, const void* dy, const void* y, int64_t rows,
+                                    int64_t cols) = 0;
+
+  // ---- layer norm over the last dim of contiguous (rows, cols); weight/bias may be null ----
+  virtual void layernorm_forward(DType dt, void* y, void* mean, void* rstd, const void* x, const void* w,
+                                 const void* b, int64_t rows, int64_t cols, double eps) = 0;
+  // dx is written; dw and db (when not null) are written (not accumulated).
+  virtual void layernorm_backward(DType dt, void* dx, void* dw, void* db, const void* dy, const void* x,
+                                  const void* mean, const void* rstd, const void* w, int64_t rows,
+                                  int64_t cols) = 0;
+
+  // ---- randomness: Philox4x32-10 keyed by seed, counter = offset + i / 4 (same on every device) ----
+  virtual void random_uniform(DType dt, void* out, int64_t n, uint64_t seed, uint64_t offset, double lo,
+                              double hi) = 0;
+  virtual void random_normal(DType dt, void* out, int64_t n, uint64_t seed, uint64_t offset, double mean,
+                             double std) = 0;
+  virtual void random_int(void* out, int64_t n, uint64_t seed, uint64_t offset, int64_t lo, int64_t hi) = 0;
+  // out = keep ? x / (1 - p) : 0 where keep = uniform(seed, offset)[i] >= p. Applied to dout in backward.
+  virtual void dropout(DType dt, void* out, const void* x, int64_t n, double p, uint64_t seed,
+                       uint64_t offset) = 0;
+
+  // ---- gather / scatter along one dim of contiguous (outer, dim, inner) ----
+  // out[o, i, :] = in[o, idx[i], :]
+  virtual void index_select(DType dt, void* out, const void* in, const int64_t* idx, int64_t outer,
+                            int64_t in_dim, int64_t inner, int64_t n_idx) = 0;
+  // dst[o, idx[i], :] += src[o, i, :]
+  virtual void index_add(DType dt, void* dst, const void* src, const int64_t* idx, int64_t outer,
+                         int64_t dst_dim, int64_t inner, int64_t n_idx) = 0;
+
+  // ---- cross entropy over contiguous logits (rows, classes) ----
+  // loss[r] = logsumexp(logits[r]) - logits[r, target[r]]; 0 where target == ignore_index.
+  virtual void cross_entropy_forward(DType dt, void* loss, const void* logits, const int64_t* targets,
+                                     int64_t rows, int64_t classes, int64_t ignore_index) = 0;
+  // dlogits[r] = dloss[r * dloss_stride] * scale * (softmax(logits[r]) - onehot(target[r])); 0 if ignored.
+  virtual void cross_entropy_backward(DType dt, void* dlogits, const void* dloss, int64_t dloss_stride,
+                                      double scale, const void* logits, const int64_t* targets, int64_t rows,
+                                      int64_t classes, int64_t ignore_index) = 0;
+
+  // ---- optimizer updates, in place over n contiguous elements (PyTorch's formulas) ----
+  virtual void sgd_step(DType dt, void* param, const void* grad, void* momentum_buf, int64_t n, double lr,
+                        double momentum, double dampening, double weight_decay, bool nesterov,
+                        bool first_step) = 0;
+  // decoupled: AdamW (param *= 1 - lr * wd) else Adam (grad += wd * param).
+  virtual void adam_step(DType dt, void* param, const void* grad, void* exp_avg, void* exp_avg_sq, int64_t n,
+                         double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step,
+                         bool decoupled) = 0;
+};
+
+// The backend that owns memory on `device`. CUDA without a build or without a GPU throws a clear error.
+Backend& backend_for(Device device);
+Backend& cpu_backend();
+bool cuda_available();        // built with CUDA and a GPU is visible
+bool cuda_built();
+
+}  // namespace headlab

@@ -1,0 +1,85 @@
+// Loop drivers for the CPU backend. A Loop (already collapsed by ops/) is split into rows along its
+// last dim; each kernel supplies a row function whose unit-stride and broadcast (stride 0) cases
+// are plain indexed loops the compiler vectorises. OpenMP splits rows, or one long row, across threads.
+#pragma once
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "backends/backend.h"
+
+namespace headlab::cpu {
+
+constexpr int64_t kParallelGrain = 32768;  // below this many elements threads cost more than they save
+
+// row(base_offsets[NOPS], n, inner_strides[NOPS]) is called for every row of the loop.
+template <int NOPS, typename RowFn>
+void for_each_row(const Loop& l, RowFn&& row) {
+  int64_t inner_strides[NOPS];
+  if (l.ndim == 0) {
+    int64_t base[NOPS] = {};
+    for (int k = 0; k < NOPS; ++k) inner_strides[k] = 0;
+    row(base, int64_t{1}, inner_strides);
+    return;
+  }
+  const int nd = l.ndim;
+  for (int k = 0; k < NOPS; ++k) inner_strides[k] = l.strides[k][nd - 1];
+  const int64_t inner = l.sizes[nd - 1];
+  int64_t outer = 1;
+  for (int d = 0; d < nd - 1; ++d) outer *= l.sizes[d];
+  if (outer == 1) {  // one long row: split it into chunks
+    const int64_t chunks = inner > kParallelGrain ? std::min<int64_t>(omp_get_max_threads() * 4, inner / 4096) : 1;
+#pragma omp parallel for schedule(static) if (chunks > 1)
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t lo = inner * c / chunks, hi = inner * (c + 1) / chunks;
+      int64_t base[NOPS];
+      for (int k = 0; k < NOPS; ++k) base[k] = lo * inner_strides[k];
+      row(base, hi - lo, inner_strides);
+    }
+    return;
+  }
+#pragma omp parallel for schedule(static) if (outer * inner > kParallelGrain)
+  for (int64_t o = 0; o < outer; ++o) {
+    int64_t base[NOPS] = {};
+    int64_t rem = o;
+    for (int d = nd - 2; d >= 0; --d) {
+      const int64_t idx = rem % l.sizes[d];
+      rem /= l.sizes[d];
+      for (int k = 0; k < NOPS; ++k) base[k] += idx * l.strides[k][d];
+    }
+    row(base, inner, inner_strides);
+  }
+}
+
+// o[i*so] = f(a[i*sa]) with unit-stride and broadcast fast paths.
+template <typename TO, typename TA, typename F>
+inline void map1(TO* __restrict o, int64_t so, const TA* __restrict a, int64_t sa, int64_t n, F f) {
+  if (so == 1 && sa == 1) {
+    for (int64_t i = 0; i < n; ++i) o[i] = f(a[i]);
+  } else if (so == 1 && sa == 0) {
+    const TO v = f(a[0]);
+    for (int64_t i = 0; i < n; ++i) o[i] = v;
+  } else {
+    for (int64_t i = 0; i < n; ++i) o[i * so] = f(a[i * sa]);
+  }
+}
+
+// o[i*so] = f(a[i*sa], b[i*sb]) with unit-stride and broadcast fast paths.
+template <typename TO, typename TA, typename TB, typename F>
+inline void map2(TO* __restrict o, int64_t so, const TA* __restrict a, int64_t sa, const TB* __restrict b,
+                 int64_t sb, int64_t n, F f) {
+  if (so == 1 && sa == 1 && sb == 1) {
+    for (int64_t i = 0; i < n; ++i) o[i] = f(a[i], b[i]);
+  } else if (so == 1 && sa == 1 && sb == 0) {
+    const TB bv = b[0];
+    for (int64_t i = 0; i < n; ++i) o[i] = f(a[i], bv);
+  } else if (so == 1 && sa == 0 && sb == 1) {
+    const TA av = a[0];
+    for (int64_t i = 0; i < n; ++i) o[i] = f(av, b[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) o[i * so] = f(a[i * sa], b[i * sb]);
+  }
+}
+
+}  // namespace headlab::cpu

@@ -1,0 +1,202 @@
+// Elementwise ops with broadcasting: arithmetic, math functions, comparisons, where/masked_fill.
+// Broadcast operands reach the kernel with stride 0; their gradients are summed back by Grads::acc.
+#include "ops/internal.h"
+
+namespace headlab {
+
+using detail::broadcast_shapes;
+using detail::make_loop;
+
+namespace {
+
+Tensor binary_raw(const char* op, BinaryOp bop, const Tensor& a, const Tensor& b) {
+  detail::check_defined(op, a, "first operand");
+  detail::check_defined(op, b, "second operand");
+  check_same_device(op, a, b);
+  detail::check_same_dtype(op, a, b);
+  const Shape shape = broadcast_shapes(op, a.shape(), b.shape());
+  Tensor out = Tensor::empty(shape, is_comparison(bop) ? DType::b8 : a.dtype(), a.device());
+  if (out.numel()) backend_of(a).binary(bop, a.dtype(), make_loop(shape, {&out, &a, &b}));
+  return out;
+}
+
+// Which value the derivative of a unary op is computed from.
+bool derivative_needs_x(UnaryOp op) {
+  return op == UnaryOp::log || op == UnaryOp::abs || op == UnaryOp::relu || op == UnaryOp::gelu ||
+         op == UnaryOp::gelu_tanh || op == UnaryOp::pow;
+}
+
+Tensor unary(const char* op, UnaryOp uop, const Tensor& x, double alpha = 0, double beta = 0) {
+  detail::check_floating(op, x);
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  if (out.numel()) backend_of(x).unary(uop, x.dtype(), make_loop(x.shape(), {&out, &x}), alpha, beta);
+  if (uop == UnaryOp::affine || uop == UnaryOp::neg) {  // linear: no saved values
+    const double slope = uop == UnaryOp::neg ? -1.0 : alpha;
+    record(op, out, {x}, [x, slope](const Tensor& dout, Grads& g) { g.acc(x, affine(dout, slope, 0.0)); });
+    return out;
+  }
+  const bool uses_x = derivative_needs_x(uop);
+  const Tensor y = out.detach();  // a history-free alias: saving `out` itself would be a cycle
+  record(op, out, {x},
+         [x, y, uop, alpha, uses_x](const Tensor& dout, Grads& g) {
+           if (!g.needs(x)) return;
+           const Tensor dy = contiguous(dout);
+           const Tensor xc = uses_x ? contiguous(x) : Tensor();
+           Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+           backend_of(x).unary_backward(uop, x.dtype(), dx.raw_data(), dy.raw_data(),
+                                        uses_x ? xc.raw_data() : nullptr, uses_x ? nullptr : y.raw_data(),
+                                        x.numel(), alpha);
+           g.acc(x, dx);
+         },
+         {uses_x ? x : out});
+  return out;
+}
+
+Tensor mask_as(const Tensor& m, DType dt) { return to_dtype(m, dt); }
+
+}  // namespace
+
+Tensor add(const Tensor& a, const Tensor& b) {
+  Tensor out = binary_raw("add", BinaryOp::add, a, b);
+  record("add", out, {a, b}, [a, b](const Tensor& dout, Grads& g) {
+    g.acc(a, dout);
+    g.acc(b, dout);
+  });
+  return out;
+}
+
+Tensor sub(const Tensor& a, const Tensor& b) {
+  Tensor out = binary_raw("sub", BinaryOp::sub, a, b);
+  record("sub", out, {a, b}, [a, b](const Tensor& dout, Grads& g) {
+    g.acc(a, dout);
+    if (g.needs(b)) g.acc(b, neg(dout));
+  });
+  return out;
+}
+
+Tensor mul(const Tensor& a, const Tensor& b) {
+  Tensor out = binary_raw("mul", BinaryOp::mul, a, b);
+  record("mul", out, {a, b},
+         [a, b](const Tensor& dout, Grads& g) {
+           if (g.needs(a)) g.acc(a, mul(dout, b));  // d(a*b)/da = b
+           if (g.needs(b)) g.acc(b, mul(dout, a));
+         },
+         {a, b});
+  return out;
+}
+
+Tensor div(const Tensor& a, const Tensor& b) {
+  Tensor out = binary_raw("div", BinaryOp::div, a, b);
+  record("div", out, {a, b},
+         [a, b](const Tensor& dout, Grads& g) {
+           if (g.needs(a)) g.acc(a, div(dout, b));
+           if (g.needs(b)) g.acc(b, neg(div(mul(dout, a), mul(b, b))));  // -dout * a / b^2
+         },
+         {a, b});
+  return out;
+}
+
+Tensor maximum(const Tensor& a, const Tensor& b) {
+  Tensor out = binary_raw("maximum", BinaryOp::maximum, a, b);
+  record("maximum", out, {a, b},
+         [a, b](const Tensor& dout, Grads& g) {
+           // Ties split the gradient evenly, as PyTorch does.
+           const Tensor tie = affine(mask_as(eq(a, b), a.dtype()), 0.5, 0.0);
+           if (g.needs(a)) g.acc(a, mul(dout, add(mask_as(gt(a, b), a.dtype()), tie)));
+           if (g.needs(b)) g.acc(b, mul(dout, add(mask_as(lt(a, b), a.dtype()), tie)));
+         },
+         {a, b});
+  return out;
+}
+
+Tensor affine(const Tensor& a, double scale, double shift) { return unary("affine", UnaryOp::affine, a, scale, shift); }
+Tensor add(const Tensor& a, double s) { return affine(a, 1.0, s); }
+Tensor mul(const Tensor& a, double s) { return affine(a, s, 0.0); }
+Tensor neg(const Tensor& a) { return unary("neg", UnaryOp::neg, a); }
+Tensor exp(const Tensor& a) { return unary("exp", UnaryOp::exp, a); }
+Tensor log(const Tensor& a) { return unary("log", UnaryOp::log, a); }
+Tensor sqrt(const Tensor& a) { return unary("sqrt", UnaryOp::sqrt, a); }
+Tensor rsqrt(const Tensor& a) { return unary("rsqrt", UnaryOp::rsqrt, a); }
+Tensor pow(const Tensor& a, double e) { return unary("pow", UnaryOp::pow, a, e); }
+Tensor abs(const Tensor& a) { return unary("abs", UnaryOp::abs, a); }
+Tensor tanh(const Tensor& a) { return unary("tanh", UnaryOp::tanh, a); }
+Tensor sigmoid(const Tensor& a) { return unary("sigmoid", UnaryOp::sigmoid, a); }
+Tensor relu(const Tensor& a) { return unary("relu", UnaryOp::relu, a); }
+Tensor gelu(const Tensor& a, bool tanh_approximation) {
+  return tanh_approximation ? unary("gelu", UnaryOp::gelu_tanh, a) : unary("gelu", UnaryOp::gelu, a);
+}
+
+Tensor eq(const Tensor& a, const Tensor& b) { return binary_raw("eq", BinaryOp::eq, a, b); }
+Tensor ne(const Tensor& a, const Tensor& b) { return binary_raw("ne", BinaryOp::ne, a, b); }
+Tensor lt(const Tensor& a, const Tensor& b) { return binary_raw("lt", BinaryOp::lt, a, b); }
+Tensor le(const Tensor& a, const Tensor& b) { return binary_raw("le", BinaryOp::le, a, b); }
+Tensor gt(const Tensor& a, const Tensor& b) { return binary_raw("gt", BinaryOp::gt, a, b); }
+Tensor ge(const Tensor& a, const Tensor& b) { return binary_raw("ge", BinaryOp::ge, a, b); }
+Tensor logical_and(const Tensor& a, const Tensor& b) {
+  HL_CHECK(a.dtype() == DType::b8 && b.dtype() == DType::b8, "logical_and: expected bool tensors, got ",
+           dtype_name(a.dtype()), " and ", dtype_name(b.dtype()));
+  return binary_raw("logical_and", BinaryOp::logical_and, a, b);
+}
+
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  detail::check_defined("where", cond, "condition");
+  HL_CHECK(cond.dtype() == DType::b8, "where: condition must be bool, got ", dtype_name(cond.dtype()));
+  check_same_device("where", cond, a);
+  check_same_device("where", a, b);
+  detail::check_same_dtype("where", a, b);
+  const Shape shape = broadcast_shapes("where", broadcast_shapes("where", cond.shape(), a.shape()), b.shape());
+  Tensor out = Tensor::empty(shape, a.dtype(), a.device());
+  if (out.numel()) backend_of(a).where(a.dtype(), make_loop(shape, {&out, &cond, &a, &b}));
+  record("where", out, {a, b}, [cond, a, b](const Tensor& dout, Grads& g) {
+    const Tensor zero = zeros({}, dout.dtype(), dout.device());
+    if (g.needs(a)) g.acc(a, where(cond, dout, zero));
+    if (g.needs(b)) g.acc(b, where(cond, zero, dout));
+  });
+  return out;
+}
+
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
+  detail::check_defined("masked_fill", x);
+  detail::check_defined("masked_fill", mask, "mask");
+  HL_CHECK(mask.dtype() == DType::b8, "masked_fill: mask must be bool, got ", dtype_name(mask.dtype()));
+  check_same_device("masked_fill", x, mask);
+  const Shape shape = broadcast_shapes("masked_fill", x.shape(), mask.shape());
+  const Tensor fill = full({}, value, x.dtype(), x.device());
+  Tensor out = Tensor::empty(shape, x.dtype(), x.device());
+  if (out.numel()) backend_of(x).where(x.dtype(), make_loop(shape, {&out, &mask, &fill, &x}));
+  record("masked_fill", out, {x}, [x, mask](const Tensor& dout, Grads& g) {
+    g.acc(x, masked_fill(dout, mask, 0.0));  // filled positions do not depend on x
+  });
+  return out;
+}
+
+Tensor& masked_fill_(Tensor& x, const Tensor& mask, double value) {
+  detail::check_defined("masked_fill_", x);
+  detail::check_defined("masked_fill_", mask, "mask");
+  HL_CHECK(mask.dtype() == DType::b8, "masked_fill_: mask must be bool, got ", dtype_name(mask.dtype()));
+  check_same_device("masked_fill_", x, mask);
+  HL_CHECK(broadcast_shapes("masked_fill_", x.shape(), mask.shape()) == x.shape(), "masked_fill_: mask of shape ",
+           shape_str(mask.shape()), " does not broadcast to the tensor's shape ", shape_str(x.shape()));
+  check_inplace("masked_fill_", x);
+  const Tensor fill = full({}, value, x.dtype(), x.device());
+  if (x.numel()) backend_of(x).where(x.dtype(), make_loop(x.shape(), {&x, &mask, &fill, &x}));
+  x.bump_version();
+  record_inplace("masked_fill_", x, [mask](const Tensor& dout) { return masked_fill(dout, mask, 0.0); });
+  return x;
+}
+
+Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+Tensor operator-(const Tensor& a) { return neg(a); }
+Tensor operator+(const Tensor& a, double s) { return affine(a, 1.0, s); }
+Tensor operator-(const Tensor& a, double s) { return affine(a, 1.0, -s); }
+Tensor operator*(const Tensor& a, double s) { return affine(a, s, 0.0); }
+Tensor operator/(const Tensor& a, double s) { return affine(a, 1.0 / s, 0.0); }
+Tensor operator+(double s, const Tensor& a) { return affine(a, 1.0, s); }
+Tensor operator-(double s, const Tensor& a) { return affine(a, -1.0, s); }
+Tensor operator*(double s, const Tensor& a) { return affine(a, s, 0.0); }
+Tensor operator/(double s, const Tensor& a) { return mul(pow(a, -1.0), s); }
+
+}  // namespace headlab

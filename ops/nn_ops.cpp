@@ -1,0 +1,223 @@
+// Neural-network ops with fused kernels: softmax (plain, masked by valid lengths, causal),
+// log_softmax, dropout, layer_norm, cross_entropy, and the composite mse_loss.
+#include <cmath>
+
+#include "ops/internal.h"
+
+namespace headlab {
+
+namespace {
+
+// y = softmax(scale * x) over the last dim of x, rows masked as `mask` says. lengths: per row.
+Tensor softmax_last(const char* op, const Tensor& x, double scale, SoftmaxMask mask, const Tensor& lengths,
+                    int64_t q_len) {
+  detail::check_floating(op, x);
+  HL_CHECK(x.dim() >= 1, op, ": expected at least 1 dimension");
+  const Tensor xc = contiguous(x.detach());
+  const int64_t cols = x.size(-1), rows = cols ? x.numel() / cols : 0;
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  if (y.numel())
+    backend_of(x).softmax_forward(x.dtype(), y.raw_data(), xc.raw_data(), rows, cols, scale, mask,
+                                  lengths.defined() ? lengths.data<int64_t>() : nullptr, q_len);
+  const Tensor ys = y.detach();
+  record(op, y, {x},
+         [x, ys, rows, cols, scale](const Tensor& dout, Grads& g) {
+           const Tensor dy = contiguous(dout);
+           Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+           if (dx.numel())
+             backend_of(x).softmax_backward(x.dtype(), dx.raw_data(), dy.raw_data(), ys.raw_data(), rows, cols, scale);
+           g.acc(x, dx);
+         },
+         {y});
+  return y;
+}
+
+Tensor log_softmax_last(const Tensor& x) {
+  const Tensor xc = contiguous(x.detach());
+  const int64_t cols = x.size(-1), rows = cols ? x.numel() / cols : 0;
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  if (y.numel()) backend_of(x).log_softmax_forward(x.dtype(), y.raw_data(), xc.raw_data(), rows, cols);
+  const Tensor ys = y.detach();
+  record("log_softmax", y, {x},
+         [x, ys, rows, cols](const Tensor& dout, Grads& g) {
+           const Tensor dy = contiguous(dout);
+           Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+           if (dx.numel())
+             backend_of(x).log_softmax_backward(x.dtype(), dx.raw_data(), dy.raw_data(), ys.raw_data(), rows, cols);
+           g.acc(x, dx);
+         },
+         {y});
+  return y;
+}
+
+}  // namespace
+
+Tensor softmax(const Tensor& x, int64_t d) {
+  detail::check_floating("softmax", x);
+  if (x.dim() == 0) return softmax_last("softmax", reshape(x, {1}), 1.0, SoftmaxMask::none, Tensor(), 1).reshape({});
+  const int64_t w = detail::wrap_dim("softmax", d, x.dim());
+  if (w == x.dim() - 1) return softmax_last("softmax", x, 1.0, SoftmaxMask::none, Tensor(), 1);
+  return transpose(softmax_last("softmax", transpose(x, w, -1), 1.0, SoftmaxMask::none, Tensor(), 1), w, -1);
+}
+
+Tensor log_softmax(const Tensor& x, int64_t d) {
+  detail::check_floating("log_softmax", x);
+  if (x.dim() == 0) return log_softmax_last(reshape(x, {1})).reshape({});
+  const int64_t w = detail::wrap_dim("log_softmax", d, x.dim());
+  if (w == x.dim() - 1) return log_softmax_last(x);
+  return transpose(log_softmax_last(transpose(x, w, -1)), w, -1);
+}
+
+Tensor masked_softmax(const Tensor& scores, const Tensor& valid_lens, double scale) {
+  detail::check_floating("masked_softmax", scores);
+  HL_CHECK(scores.dim() >= 2, "masked_softmax: expected scores of shape (..., queries, keys), got ",
+           shape_str(scores.shape()));
+  if (!valid_lens.defined()) return softmax_last("masked_softmax", scores, scale, SoftmaxMask::none, Tensor(), 1);
+  detail::check_index_tensor("masked_softmax", valid_lens, "valid_lens");
+  check_same_device("masked_softmax", scores, valid_lens);
+  const int64_t Q = scores.size(-2), K = scores.size(-1);
+  const int64_t rows = scores.numel() / std::max<int64_t>(K, 1), batch = rows / std::max<int64_t>(Q, 1);
+  const int64_t lead = scores.size(0);
+  // valid_lens is (B,) with one length per batch entry, or (B, Q) with one per query row.
+  Tensor lengths;
+  const bool per_batch = valid_lens.dim() == 1 && valid_lens.numel() == batch;
+  const bool per_row = valid_lens.dim() == 2 && valid_lens.numel() == rows && valid_lens.size(0) == lead &&
+                       valid_lens.size(1) * lead == rows;
+  HL_CHECK(per_batch || per_row, "masked_softmax: valid_lens of shape ", shape_str(valid_lens.shape()),
+           " does not match scores of shape ", shape_str(scores.shape()), "; expected [", batch, "] or [", lead, ", ",
+           rows / std::max<int64_t>(lead, 1), "]");
+  lengths = per_batch ? repeat_interleave(valid_lens, Q, 0) : contiguous(reshape(valid_lens, {-1}));
+  for (int64_t v : lengths.to_vector<int64_t>())
+    HL_CHECK(v >= 0 && v <= K, "masked_softmax: valid length ", v, " is out of range for ", K, " keys (expected 0..",
+             K, ")");
+  return softmax_last("masked_softmax", scores, scale, SoftmaxMask::lengths, lengths, Q);
+}
+
+Tensor causal_softmax(const Tensor& scores, double scale) {
+  detail::check_floating("causal_softmax", scores);
+  HL_CHECK(scores.dim() >= 2 && scores.size(-1) == scores.size(-2),
+           "causal_softmax: expected square scores of shape (..., T, T), got ", shape_str(scores.shape()));
+  return softmax_last("causal_softmax", scores, scale, SoftmaxMask::causal, Tensor(), scores.size(-2));
+}
+
+Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
+  detail::check_floating("dropout", x);
+  HL_CHECK(p >= 0 && p <= 1, "dropout: probability must be in [0, 1], got ", p);
+  if (!training || p == 0) return x;
+  const Tensor xc = contiguous(x.detach());
+  const uint64_t seed = gen.seed(), offset = gen.reserve(x.numel());
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
+  if (out.numel()) backend_of(x).dropout(x.dtype(), out.raw_data(), xc.raw_data(), x.numel(), p, seed, offset);
+  record("dropout", out, {x}, [x, p, seed, offset](const Tensor& dout, Grads& g) {
+    // The counter-based generator replays the same mask from (seed, offset): nothing was stored.
+    const Tensor dy = contiguous(dout);
+    Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+    if (dx.numel()) backend_of(x).dropout(x.dtype(), dx.raw_data(), dy.raw_data(), x.numel(), p, seed, offset);
+    g.acc(x, dx);
+  });
+  return out;
+}
+
+// x: (..., C), weight/bias: (C) or undefined
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  detail::check_floating("layer_norm", x);
+  HL_CHECK(x.dim() >= 1, "layer_norm: expected at least 1 dimension");
+  const int64_t C = x.size(-1), rows = C ? x.numel() / C : 0;
+  for (const Tensor* p : {&weight, &bias})
+    if (p->defined()) {
+      check_same_device("layer_norm", x, *p);
+      detail::check_same_dtype("layer_norm", x, *p);
+      HL_CHECK(p->dim() == 1 && p->size(0) == C, "layer_norm: weight and bias must have shape [", C, "], got ",
+               shape_str(p->shape()));
+    }
+  const Tensor xc = contiguous(x.detach());
+  const Tensor wc = weight.defined() ? contiguous(weight.detach()) : Tensor();
+  const Tensor bc = bias.defined() ? contiguous(bias.detach()) : Tensor();
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  Tensor mean = Tensor::empty({rows}, x.dtype(), x.device()), rstd = Tensor::empty({rows}, x.dtype(), x.device());
+  if (y.numel())
+    backend_of(x).layernorm_forward(x.dtype(), y.raw_data(), mean.raw_data(), rstd.raw_data(), xc.raw_data(),
+                                    wc.defined() ? wc.raw_data() : nullptr, bc.defined() ? bc.raw_data() : nullptr,
+                                    rows, C, eps);
+  record("layer_norm", y, {x, weight, bias},
+         [x, xc, wc, weight, bias, mean, rstd, rows, C](const Tensor& dout, Grads& g) {
+           const Tensor dy = contiguous(dout);
+           Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
+           Tensor dw = weight.defined() ? Tensor::empty({C}, x.dtype(), x.device()) : Tensor();
+           Tensor db = bias.defined() ? Tensor::empty({C}, x.dtype(), x.device()) : Tensor();
+           if (dx.numel())
+             backend_of(x).layernorm_backward(x.dtype(), dx.raw_data(), dw.defined() ? dw.raw_data() : nullptr,
+                                              db.defined() ? db.raw_data() : nullptr, dy.raw_data(), xc.raw_data(),
+                                              mean.raw_data(), rstd.raw_data(), wc.defined() ? wc.raw_data() : nullptr,
+                                              rows, C);
+           else {
+             if (dw.defined()) dw = zeros({C}, x.dtype(), x.device());
+             if (db.defined()) db = zeros({C}, x.dtype(), x.device());
+           }
+           g.acc(x, dx);
+           if (dw.defined()) g.acc(weight, dw);
+           if (db.defined()) g.acc(bias, db);
+         },
+         {x, weight});
+  return y;
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index, Reduction reduction) {
+  detail::check_floating("cross_entropy", logits);
+  detail::check_index_tensor("cross_entropy", targets, "targets");
+  check_same_device("cross_entropy", logits, targets);
+  HL_CHECK(logits.dim() >= 1, "cross_entropy: logits need a class dimension, got shape ", shape_str(logits.shape()));
+  const Shape lead(logits.shape().begin(), logits.shape().end() - 1);
+  HL_CHECK(targets.shape() == lead, "cross_entropy: logits of shape ", shape_str(logits.shape()),
+           " need targets of shape ", shape_str(lead), ", got ", shape_str(targets.shape()));
+  const int64_t C = logits.size(-1), rows = shape_numel(lead);
+  const Tensor tc = contiguous(targets);
+  int64_t count = 0;
+  for (int64_t t : tc.to_vector<int64_t>()) {
+    if (t == ignore_index) continue;
+    HL_CHECK(t >= 0 && t < C, "cross_entropy: target ", t, " is out of range for ", C, " classes");
+    ++count;
+  }
+  const Tensor xc = contiguous(logits.detach());
+  Tensor losses = Tensor::empty(lead, logits.dtype(), logits.device());
+  if (rows)
+    backend_of(logits).cross_entropy_forward(logits.dtype(), losses.raw_data(), xc.raw_data(), tc.data<int64_t>(), rows,
+                                             C, ignore_index);
+  Tensor out;
+  double scale = 1.0;
+  if (reduction == Reduction::none) {
+    out = losses;
+  } else {
+    out = sum(losses, {}, false);
+    if (reduction == Reduction::mean) {  // over non-ignored targets; none left gives NaN, as in PyTorch
+      scale = count ? 1.0 / static_cast<double>(count) : std::nan("");
+      out = mul(out, scale).detach();
+    }
+  }
+  out = out.detach();
+  const bool per_row = reduction == Reduction::none;
+  record("cross_entropy", out, {logits},
+         [logits, xc, tc, rows, C, ignore_index, scale, per_row](const Tensor& dout, Grads& g) {
+           const Tensor dl = contiguous(dout);
+           Tensor dx = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
+           if (rows)
+             backend_of(logits).cross_entropy_backward(logits.dtype(), dx.raw_data(), dl.raw_data(), per_row ? 1 : 0,
+                                                       scale, xc.raw_data(), tc.data<int64_t>(), rows, C, ignore_index);
+           g.acc(logits, dx);
+         },
+         {logits});
+  return out;
+}
+
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  detail::check_floating("mse_loss", input);
+  detail::check_floating("mse_loss", target);
+  HL_CHECK(input.shape() == target.shape(), "mse_loss: input of shape ", shape_str(input.shape()),
+           " and target of shape ", shape_str(target.shape()), " differ");
+  const Tensor d = sub(input, target);
+  const Tensor sq = mul(d, d);
+  if (reduction == Reduction::none) return sq;
+  return reduction == Reduction::sum ? sum(sq) : mean(sq);
+}
+
+}  // namespace headlab

@@ -1,0 +1,147 @@
+// Every differentiable op of headlab. Each validates its inputs and infers the output shape,
+// calls the backend of the inputs' device, and records its backward (see autograd/engine.h).
+// Shapes follow PyTorch: row-major, batch dims first, broadcasting by trailing dims.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "autograd/engine.h"
+#include "autograd/generator.h"
+#include "autograd/tensor.h"
+
+namespace headlab {
+
+struct Backend;
+
+// ---- factories ----
+Tensor zeros(const Shape& shape, DType dtype = DType::f32, Device device = kCPU);
+Tensor ones(const Shape& shape, DType dtype = DType::f32, Device device = kCPU);
+Tensor full(const Shape& shape, double value, DType dtype = DType::f32, Device device = kCPU);
+Tensor zeros_like(const Tensor& t);
+Tensor ones_like(const Tensor& t);
+Tensor arange(double start, double end, double step = 1, DType dtype = DType::i64, Device device = kCPU);
+Tensor arange(int64_t end, DType dtype = DType::i64, Device device = kCPU);
+Tensor eye(int64_t n, DType dtype = DType::f32, Device device = kCPU);
+Tensor tensor(const std::vector<float>& values, const Shape& shape = {}, Device device = kCPU);
+Tensor tensor(const std::vector<double>& values, const Shape& shape = {}, Device device = kCPU);
+Tensor tensor(const std::vector<int64_t>& values, const Shape& shape = {}, Device device = kCPU);
+Tensor tensor_bool(const std::vector<bool>& values, const Shape& shape = {}, Device device = kCPU);
+Tensor scalar_tensor(double value, DType dtype = DType::f32, Device device = kCPU);
+Tensor rand(const Shape& shape, Generator& gen = default_generator(), DType dtype = DType::f32, Device device = kCPU);
+Tensor randn(const Shape& shape, Generator& gen = default_generator(), DType dtype = DType::f32, Device device = kCPU);
+Tensor uniform(const Shape& shape, double lo, double hi, Generator& gen = default_generator(),
+               DType dtype = DType::f32, Device device = kCPU);
+Tensor randint(int64_t low, int64_t high, const Shape& shape, Generator& gen = default_generator(),
+               Device device = kCPU);
+
+// ---- elementwise (broadcasting) ----
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor add(const Tensor& a, double s);
+Tensor mul(const Tensor& a, double s);
+Tensor affine(const Tensor& a, double scale, double shift);  // scale * a + shift
+Tensor neg(const Tensor& a);
+Tensor exp(const Tensor& a);
+Tensor log(const Tensor& a);
+Tensor sqrt(const Tensor& a);
+Tensor rsqrt(const Tensor& a);
+Tensor pow(const Tensor& a, double exponent);
+Tensor abs(const Tensor& a);
+Tensor tanh(const Tensor& a);
+Tensor sigmoid(const Tensor& a);
+Tensor relu(const Tensor& a);
+Tensor gelu(const Tensor& a, bool tanh_approximation = false);
+// comparisons (no gradient): bool results
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
+Tensor logical_and(const Tensor& a, const Tensor& b);
+Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
+Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
+Tensor& masked_fill_(Tensor& x, const Tensor& mask, double value);
+
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a);
+Tensor operator+(const Tensor& a, double s);
+Tensor operator-(const Tensor& a, double s);
+Tensor operator*(const Tensor& a, double s);
+Tensor operator/(const Tensor& a, double s);
+Tensor operator+(double s, const Tensor& a);
+Tensor operator-(double s, const Tensor& a);
+Tensor operator*(double s, const Tensor& a);
+Tensor operator/(double s, const Tensor& a);
+
+// ---- reductions (dims may be negative; an empty dims list reduces everything) ----
+Tensor sum(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
+Tensor mean(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
+Tensor amax(const Tensor& x, const Shape& dims = {}, bool keepdim = false);  // ties share the gradient
+Tensor var(const Tensor& x, const Shape& dims = {}, bool keepdim = false, int64_t correction = 1);
+Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);           // int64, no gradient
+Tensor sum_to(const Tensor& x, const Shape& shape);  // undo broadcasting by summing
+
+// ---- linear algebra ----
+// a: (..., M, K), b: (..., K, N) -> (..., M, N); 1-D operands as in torch.matmul
+Tensor matmul(const Tensor& a, const Tensor& b);
+// x: (..., in), weight: (out, in), bias: (out) or undefined -> (..., out). One GEMM, bias fused as beta.
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+
+// ---- shape and views ----
+Tensor view(const Tensor& x, const Shape& shape);  // -1 infers one dim; must be expressible as a view
+Tensor reshape(const Tensor& x, const Shape& shape);  // a view when possible, a copy otherwise
+Tensor flatten(const Tensor& x, int64_t start_dim = 0, int64_t end_dim = -1);
+Tensor transpose(const Tensor& x, int64_t d0, int64_t d1);
+Tensor permute(const Tensor& x, const Shape& dims);
+Tensor unsqueeze(const Tensor& x, int64_t d);
+Tensor squeeze(const Tensor& x, int64_t d);
+Tensor squeeze(const Tensor& x);
+Tensor expand(const Tensor& x, const Shape& shape);  // -1 keeps a dim
+Tensor narrow(const Tensor& x, int64_t d, int64_t start, int64_t length);
+Tensor slice(const Tensor& x, int64_t d, int64_t start, int64_t end, int64_t step = 1);
+Tensor select(const Tensor& x, int64_t d, int64_t index);
+Tensor contiguous(const Tensor& x);
+Tensor clone(const Tensor& x);
+Tensor to_device(const Tensor& x, Device device);
+Tensor to_dtype(const Tensor& x, DType dtype);
+Tensor cat(const std::vector<Tensor>& xs, int64_t d);
+Tensor stack(const std::vector<Tensor>& xs, int64_t d);
+std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t d);
+std::vector<Tensor> split(const Tensor& x, const std::vector<int64_t>& sizes, int64_t d);
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t d);
+Tensor index_select(const Tensor& x, int64_t d, const Tensor& index);
+Tensor repeat_interleave(const Tensor& x, int64_t repeats, int64_t d);
+Tensor triu(const Tensor& x, int64_t diagonal = 0);
+Tensor tril(const Tensor& x, int64_t diagonal = 0);
+
+// ---- neural-network ops ----
+Tensor softmax(const Tensor& x, int64_t d);
+Tensor log_softmax(const Tensor& x, int64_t d);
+// scores: (..., Q, K); valid_lens: undefined, (B,) or (B, Q) int64 where B = product of the leading dims
+// (or any shape whose numel equals the number of leading rows / Q). Positions >= valid length get 0;
+// a row with valid length 0 is all zeros, with zero gradient.
+Tensor masked_softmax(const Tensor& scores, const Tensor& valid_lens, double scale = 1.0);
+// scores: (..., T, T): row i attends to keys <= i (+ (K - Q) when K > Q is not supported: Q == K <= K).
+Tensor causal_softmax(const Tensor& scores, double scale = 1.0);
+Tensor dropout(const Tensor& x, double p, bool training, Generator& gen = default_generator());
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+Tensor embedding(const Tensor& weight, const Tensor& indices);  // weight: (V, C), indices: any int64 shape
+enum class Reduction { mean, sum, none };
+// logits: (N, C) or (..., C) with targets of the leading shape; targets int64, ignore_index skipped.
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100,
+                     Reduction reduction = Reduction::mean);
+Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::mean);
+
+// ---- non-differentiable helpers used across the library ----
+void check_same_device(const char* op, const Tensor& a, const Tensor& b);
+Backend& backend_of(const Tensor& t);
+
+}  // namespace headlab

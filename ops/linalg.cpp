@@ -15,47 +15,72 @@ struct GemmOperand {
   int64_t batch_stride = 0;
 };
 
-// t: (batch..., R, C), already expanded to the common batch shape. Returns its BLAS description,
-// copying only when no (trans, ld, single batch stride) layout exists.
-GemmOperand gemm_operand(const Tensor& t_in) {
-  Tensor t = t_in;
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    const int64_t nd = t.dim(), R = t.size(-2), C = t.size(-1);
-    int64_t sr = t.stride(-2), sc = t.stride(-1);
-    if (C == 1) sc = 1;                       // size-1 dims have meaningless strides
-    if (R == 1) sr = std::max<int64_t>(C, sc == 1 ? C : 1);
-    GemmOperand op{t};
-    bool ok = false;
-    if (sc == 1 && sr >= std::max<int64_t>(C, 1)) { op.trans = false; op.ld = sr; ok = true; }
-    else if (sr == 1 && sc >= std::max<int64_t>(R, 1)) { op.trans = true; op.ld = sc; ok = true; }
-    else if (R == 1 && C == 1) { op.trans = false; op.ld = 1; ok = true; }
-    // The batch dims must collapse to one stride.
-    int64_t bstride = 0, expect = -1;
-    for (int64_t d = nd - 3; d >= 0 && ok; --d) {
-      if (t.size(d) == 1) continue;
-      if (expect == -1) { bstride = t.stride(d); expect = bstride * t.size(d); continue; }
-      if (t.stride(d) != expect) ok = false;
-      else expect = t.stride(d) * t.size(d);
-    }
-    if (ok) { op.batch_stride = bstride; return op; }
-    t = contiguous(t_in);
-  }
-  HL_FAIL("matmul: internal error, no GEMM layout for a contiguous operand");
+// The matrix part of t: (..., R, C) as BLAS sees it, or nothing when it needs a copy.
+bool matrix_layout(const Tensor& t, GemmOperand& op) {
+  const int64_t R = t.size(-2), C = t.size(-1);
+  int64_t sr = t.stride(-2), sc = t.stride(-1);
+  if (C == 1) sc = 1;  // size-1 dims have meaningless strides
+  if (R == 1) sr = std::max<int64_t>(C, 1);
+  if (sc == 1 && sr >= std::max<int64_t>(C, 1)) { op.trans = false; op.ld = sr; return true; }
+  if (sr == 1 && sc >= std::max<int64_t>(R, 1)) { op.trans = true; op.ld = sc; return true; }
+  return false;
 }
 
-// out[b] = a[b] @ b[b] for expanded operands a: (batch..., M, K), b: (batch..., K, N).
-void batched_gemm(const Tensor& out, const Tensor& a, const Tensor& b, int64_t batch) {
-  const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
-  GemmOperand A = gemm_operand(a), B = gemm_operand(b);
+// out[b] = a[b] @ b[b] for expanded operands a: (batch..., M, K), b: (batch..., K, N) and a
+// contiguous out. Batch dims are merged where all three operands allow; the last merged run goes
+// to one strided-batched GEMM and any outer runs are looped over (e.g. (B, H) heads split from a
+// (B, T, H*D) projection: batched over H, looped over B, with no copies).
+void batched_gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const Shape& batch) {
+  const int64_t M = a_in.size(-2), K = a_in.size(-1), N = b_in.size(-1);
+  GemmOperand A{a_in}, B{b_in};
+  if (!matrix_layout(A.t, A)) { A.t = contiguous(a_in); matrix_layout(A.t, A); }
+  if (!matrix_layout(B.t, B)) { B.t = contiguous(b_in); matrix_layout(B.t, B); }
   Backend& be = backend_of(out);
-  // b shared by the whole batch and a's rows laid out back to back: one (batch*M, K) @ (K, N) GEMM.
-  if (batch > 1 && B.batch_stride == 0 && !A.trans && A.batch_stride == M * A.ld) {
-    be.gemm(out.dtype(), false, B.trans, batch * M, N, K, 1.0, A.t.raw_data(), A.ld, 0, B.t.raw_data(), B.ld, 0, 0.0,
-            out.raw_data(), N, 0, 1);
+  const int64_t nb = static_cast<int64_t>(batch.size());
+  // Merge batch dims (outer to inner) into runs of (size, stride_a, stride_b, stride_out).
+  struct Run { int64_t size, sa, sb, so; };
+  std::vector<Run> runs;
+  for (int64_t d = 0; d < nb; ++d) {
+    if (batch[d] == 1) continue;
+    const Run r{batch[d], A.t.stride(d), B.t.stride(d), out.stride(d)};
+    if (!runs.empty() && runs.back().sa == r.sa * r.size && runs.back().sb == r.sb * r.size &&
+        runs.back().so == r.so * r.size) {
+      runs.back() = Run{runs.back().size * r.size, r.sa, r.sb, r.so};
+    } else {
+      runs.push_back(r);
+    }
+  }
+  if (runs.empty()) runs.push_back(Run{1, 0, 0, 0});
+  const Run inner = runs.back();
+  // b shared by the whole batch and a's rows back to back: one (batch*M, K) @ (K, N) GEMM.
+  if (runs.size() == 1 && inner.size > 1 && inner.sb == 0 && !A.trans && inner.sa == M * A.ld) {
+    be.gemm(out.dtype(), false, B.trans, inner.size * M, N, K, 1.0, A.t.raw_data(), A.ld, 0, B.t.raw_data(), B.ld, 0,
+            0.0, out.raw_data(), N, 0, 1);
     return;
   }
-  be.gemm(out.dtype(), A.trans, B.trans, M, N, K, 1.0, A.t.raw_data(), A.ld, A.batch_stride, B.t.raw_data(), B.ld,
-          B.batch_stride, 0.0, out.raw_data(), N, M * N, batch);
+  int64_t outer_count = 1;
+  for (size_t i = 0; i + 1 < runs.size(); ++i) outer_count *= runs[i].size;
+  const size_t esize = dtype_size(out.dtype());
+  for (int64_t o = 0; o < outer_count; ++o) {
+    int64_t rem = o, oa = 0, ob = 0, oo = 0;
+    for (size_t i = runs.size() - 1; i-- > 0;) {
+      const int64_t idx = rem % runs[i].size;
+      rem /= runs[i].size;
+      oa += idx * runs[i].sa;
+      ob += idx * runs[i].sb;
+      oo += idx * runs[i].so;
+    }
+    be.gemm(out.dtype(), A.trans, B.trans, M, N, K, 1.0, static_cast<const char*>(A.t.raw_data()) + oa * esize, A.ld,
+            inner.sa, static_cast<const char*>(B.t.raw_data()) + ob * esize, B.ld, inner.sb, 0.0,
+            static_cast<char*>(out.raw_data()) + oo * esize, N, inner.so, inner.size);
+  }
+}
+
+// A single 2-D operand for linear().
+GemmOperand gemm_operand(const Tensor& t) {
+  GemmOperand op{t};
+  if (!matrix_layout(t, op)) { op.t = contiguous(t); matrix_layout(op.t, op); }
+  return op;
 }
 
 }  // namespace
@@ -91,7 +116,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   if (out.numel() > 0) {
     const Tensor ae = a.as_strided_raw(sa, detail::broadcast_strides(a, sa), a.offset());
     const Tensor bex = b.as_strided_raw(sb, detail::broadcast_strides(b, sb), b.offset());
-    batched_gemm(out, ae, bex, shape_numel(batch));
+    batched_gemm(out, ae, bex, batch);
   }
   record("matmul", out, {a, b},
          [a, b](const Tensor& dout, Grads& g) {

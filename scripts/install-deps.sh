@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs headlab's build and test dependencies from Debian's packages, only those missing.
+# Usage: scripts/install-deps.sh [--python]   (--python adds python3-torch and python3-h5py for tools/)
+set -euo pipefail
+
+packages=(build-essential cmake pkg-config libopenblas-openmp-dev libhdf5-dev hdf5-tools
+          libgtest-dev googletest libbenchmark-dev libcli11-dev nlohmann-json3-dev libstb-dev libpng-dev)
+if [[ "${1:-}" == "--python" ]]; then
+  packages+=(python3-torch python3-h5py python3-numpy)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}" >&2
+sudo_cmd=()
+if [[ $(id -u) -ne 0 ]]; then
+  command -v sudo >/dev/null || { echo "install-deps: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+  sudo_cmd=(sudo)
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -13,6 +13,7 @@
 
 #include "backends/backend.h"
 #include "backends/cpu/cpu_loops.h"
+#include "backends/cpu/fast_math.h"
 #include "backends/philox.h"
 
 namespace headlab {
@@ -22,6 +23,8 @@ using cpu::for_each_row;
 using cpu::kParallelGrain;
 using cpu::map1;
 using cpu::map2;
+using cpu::fast_exp;
+using cpu::fast_tanh;
 
 // dtype dispatch: the body is a generic lambda taking a value of the element type.
 template <typename F>
@@ -53,17 +56,17 @@ template <typename T>
 T apply_unary(UnaryOp op, T x, T alpha, T beta) {
   switch (op) {
     case UnaryOp::neg: return -x;
-    case UnaryOp::exp: return std::exp(x);
+    case UnaryOp::exp: return fast_exp(x);
     case UnaryOp::log: return std::log(x);
     case UnaryOp::sqrt: return std::sqrt(x);
     case UnaryOp::rsqrt: return T(1) / std::sqrt(x);
     case UnaryOp::abs: return std::abs(x);
-    case UnaryOp::tanh: return std::tanh(x);
-    case UnaryOp::sigmoid: return T(1) / (T(1) + std::exp(-x));
+    case UnaryOp::tanh: return fast_tanh(x);
+    case UnaryOp::sigmoid: return T(1) / (T(1) + fast_exp(-x));
     case UnaryOp::relu: return x > T(0) ? x : T(0);
     case UnaryOp::gelu: return T(0.5) * x * (T(1) + std::erf(x * T(kInvSqrt2)));
     case UnaryOp::gelu_tanh:
-      return T(0.5) * x * (T(1) + std::tanh(T(kSqrt2OverPi) * (x + T(0.044715) * x * x * x)));
+      return T(0.5) * x * (T(1) + fast_tanh(T(kSqrt2OverPi) * (x + T(0.044715) * x * x * x)));
     case UnaryOp::pow: return std::pow(x, alpha);
     case UnaryOp::affine: return alpha * x + beta;
     case UnaryOp::sign: return T((x > T(0)) - (x < T(0)));
@@ -91,7 +94,7 @@ T unary_derivative(UnaryOp op, T x, T y, T alpha) {
     }
     case UnaryOp::gelu_tanh: {
       const T u = T(kSqrt2OverPi) * (x + T(0.044715) * x * x * x);
-      const T t = std::tanh(u);
+      const T t = fast_tanh(u);
       return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * T(kSqrt2OverPi) * (T(1) + T(3 * 0.044715) * x * x);
     }
     case UnaryOp::pow: return alpha * std::pow(x, alpha - T(1));
@@ -213,14 +216,14 @@ struct CpuBackend final : Backend {
         const T* pa = a + base[1];
         // The common ops get their own loops so the switch is not inside the element loop.
         switch (op) {
-          case UnaryOp::exp: map1(po, s[0], pa, s[1], n, [](T x) { return std::exp(x); }); break;
-          case UnaryOp::tanh: map1(po, s[0], pa, s[1], n, [](T x) { return std::tanh(x); }); break;
+          case UnaryOp::exp: map1(po, s[0], pa, s[1], n, [](T x) { return fast_exp(x); }); break;
+          case UnaryOp::tanh: map1(po, s[0], pa, s[1], n, [](T x) { return fast_tanh(x); }); break;
           case UnaryOp::relu: map1(po, s[0], pa, s[1], n, [](T x) { return x > T(0) ? x : T(0); }); break;
           case UnaryOp::affine: map1(po, s[0], pa, s[1], n, [=](T x) { return al * x + be; }); break;
           case UnaryOp::neg: map1(po, s[0], pa, s[1], n, [](T x) { return -x; }); break;
           case UnaryOp::gelu_tanh:
             map1(po, s[0], pa, s[1], n, [](T x) {
-              return T(0.5) * x * (T(1) + std::tanh(T(kSqrt2OverPi) * (x + T(0.044715) * x * x * x)));
+              return T(0.5) * x * (T(1) + fast_tanh(T(kSqrt2OverPi) * (x + T(0.044715) * x * x * x)));
             });
             break;
           default: map1(po, s[0], pa, s[1], n, [=](T x) { return apply_unary<T>(op, x, al, be); });
@@ -237,9 +240,25 @@ struct CpuBackend final : Backend {
       const T* px = static_cast<const T*>(x);
       const T* py = static_cast<const T*>(y);
       const T al = static_cast<T>(alpha);
+      // The switch is hoisted out of the element loop so each case vectorises.
+      auto from_x = [&](auto deriv) {
 #pragma omp parallel for schedule(static) if (n > kParallelGrain)
-      for (int64_t i = 0; i < n; ++i)
-        di[i] = dy[i] * unary_derivative<T>(op, px ? px[i] : T(0), py ? py[i] : T(0), al);
+        for (int64_t i = 0; i < n; ++i) di[i] = dy[i] * deriv(px[i]);
+      };
+      auto from_y = [&](auto deriv) {
+#pragma omp parallel for schedule(static) if (n > kParallelGrain)
+        for (int64_t i = 0; i < n; ++i) di[i] = dy[i] * deriv(py[i]);
+      };
+      switch (op) {
+        case UnaryOp::gelu_tanh: from_x([](T x) { return unary_derivative<T>(UnaryOp::gelu_tanh, x, T(0), T(0)); }); break;
+        case UnaryOp::relu: from_x([](T x) { return x > T(0) ? T(1) : T(0); }); break;
+        case UnaryOp::tanh: from_y([](T y) { return T(1) - y * y; }); break;
+        case UnaryOp::exp: from_y([](T y) { return y; }); break;
+        case UnaryOp::sigmoid: from_y([](T y) { return y * (T(1) - y); }); break;
+        default:
+          if (px) from_x([=](T x) { return unary_derivative<T>(op, x, T(0), al); });
+          else from_y([=](T y) { return unary_derivative<T>(op, T(0), y, al); });
+      }
     });
   }
 
@@ -383,8 +402,10 @@ struct CpuBackend final : Backend {
     if (M == 0 || N == 0 || batch == 0) return;
     const auto TA = ta ? CblasTrans : CblasNoTrans, TB = tb ? CblasTrans : CblasNoTrans;
     // Many small products: one thread per matrix (OpenBLAS's OpenMP build runs serially inside a
-    // parallel region). Few large ones: let OpenBLAS thread each product.
-    const bool per_matrix_threads = batch >= 2 * omp_get_max_threads() || (batch > 1 && M * N * K < (1 << 18));
+    // parallel region). Few large ones: let OpenBLAS thread each product. A tiny batch in all
+    // (attention heads of a toy model, gradcheck) stays serial: waking threads costs more than it saves.
+    const bool per_matrix_threads = batch * M * N * std::max<int64_t>(K, 1) > kParallelGrain &&
+                                    (batch >= 2 * omp_get_max_threads() || (batch > 1 && M * N * K < (1 << 18)));
     dispatch_float(dt, "gemm", [&](auto tag_T) { using T = decltype(tag_T);
       const T* a = static_cast<const T*>(A);
       const T* b = static_cast<const T*>(B);
@@ -421,7 +442,7 @@ struct CpuBackend final : Backend {
         for (int64_t j = 0; j < valid; ++j) m = std::max(m, sc * xr[j]);
         Acc<T> sum = 0;
         for (int64_t j = 0; j < valid; ++j) {
-          const T e = std::exp(sc * xr[j] - m);
+          const T e = fast_exp(sc * xr[j] - m);
           yr[j] = e;
           sum += e;
         }
@@ -461,7 +482,7 @@ struct CpuBackend final : Backend {
         T m = -std::numeric_limits<T>::infinity();
         for (int64_t j = 0; j < cols; ++j) m = std::max(m, xr[j]);
         Acc<T> sum = 0;
-        for (int64_t j = 0; j < cols; ++j) sum += std::exp(xr[j] - m);
+        for (int64_t j = 0; j < cols; ++j) sum += fast_exp(xr[j] - m);
         const T lse = m + static_cast<T>(std::log(sum));
         for (int64_t j = 0; j < cols; ++j) py[r * cols + j] = xr[j] - lse;
       }
@@ -479,7 +500,7 @@ struct CpuBackend final : Backend {
         Acc<T> sum = 0;
         for (int64_t j = 0; j < cols; ++j) sum += pdy[r * cols + j];
         const T s = static_cast<T>(sum);
-        for (int64_t j = 0; j < cols; ++j) pdx[r * cols + j] = pdy[r * cols + j] - std::exp(py[r * cols + j]) * s;
+        for (int64_t j = 0; j < cols; ++j) pdx[r * cols + j] = pdy[r * cols + j] - fast_exp(py[r * cols + j]) * s;
       }
     });
   }
@@ -640,7 +661,7 @@ struct CpuBackend final : Backend {
         T m = -std::numeric_limits<T>::infinity();
         for (int64_t j = 0; j < classes; ++j) m = std::max(m, xr[j]);
         Acc<T> s = 0;
-        for (int64_t j = 0; j < classes; ++j) s += std::exp(xr[j] - m);
+        for (int64_t j = 0; j < classes; ++j) s += fast_exp(xr[j] - m);
         l[r] = static_cast<T>(m + std::log(s) - xr[targets[r]]);
       }
     });
@@ -660,10 +681,10 @@ struct CpuBackend final : Backend {
         T m = -std::numeric_limits<T>::infinity();
         for (int64_t j = 0; j < classes; ++j) m = std::max(m, xr[j]);
         Acc<T> s = 0;
-        for (int64_t j = 0; j < classes; ++j) s += std::exp(xr[j] - m);
+        for (int64_t j = 0; j < classes; ++j) s += fast_exp(xr[j] - m);
         const T g = static_cast<T>(dl[r * dloss_stride] * scale);
         const T inv = static_cast<T>(1.0 / s);
-        for (int64_t j = 0; j < classes; ++j) dr[j] = g * std::exp(xr[j] - m) * inv;
+        for (int64_t j = 0; j < classes; ++j) dr[j] = g * fast_exp(xr[j] - m) * inv;
         dr[targets[r]] -= g;
       }
     });

@@ -1,0 +1,169 @@
+// headlab eval / generate / inspect: everything they need is in the checkpoint.
+#include <iomanip>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "train/trainer.h"
+
+namespace headlab::cli {
+
+namespace {
+
+struct Loaded {
+  train::Checkpoint ckpt;
+  std::shared_ptr<nn::GPTModel> model;
+  std::unique_ptr<Task> task;
+};
+
+Loaded load(const std::string& path, const std::string& device, const std::string& text = "") {
+  Loaded l;
+  l.ckpt = train::load_checkpoint(path);
+  l.model = train::model_from_checkpoint(l.ckpt, path, Device::parse(device));
+  l.task = train::task_from_config(l.ckpt.config, text);
+  return l;
+}
+
+// Picks the next token from the last position's logits: greedy at temperature 0, otherwise
+// sampled from softmax(logits / temperature) restricted to the top k.
+int64_t pick_token(const Tensor& last_logits, double temperature, int64_t top_k, Generator& gen) {
+  std::vector<double> logits = last_logits.to_vector<double>();
+  if (temperature <= 0) return std::max_element(logits.begin(), logits.end()) - logits.begin();
+  const int64_t V = static_cast<int64_t>(logits.size());
+  if (top_k > 0 && top_k < V) {
+    std::vector<double> sorted = logits;
+    std::nth_element(sorted.begin(), sorted.begin() + (top_k - 1), sorted.end(), std::greater<double>());
+    const double cut = sorted[top_k - 1];
+    for (double& x : logits)
+      if (x < cut) x = -INFINITY;
+  }
+  const double m = *std::max_element(logits.begin(), logits.end());
+  double total = 0;
+  for (double& x : logits) total += (x = std::exp((x - m) / temperature));
+  const double u = rand({1}, gen, DType::f64).item<double>() * total;
+  double acc = 0;
+  for (int64_t i = 0; i < V; ++i)
+    if ((acc += logits[i]) > u) return i;
+  return V - 1;
+}
+
+}  // namespace
+
+Action add_eval(CLI::App& app) {
+  auto path = std::make_shared<std::string>();
+  auto text = std::make_shared<std::string>();
+  auto device = std::make_shared<std::string>("cpu");
+  auto batches = std::make_shared<int64_t>(0);
+  auto threads = std::make_shared<int>(0);
+  app.add_option("checkpoint", *path, "checkpoint file (.h5)")->required();
+  app.add_option("--text", *text, "chars checkpoints: evaluate on the last 10% of this text instead");
+  app.add_option("--batches", *batches, "validation batches (default: the run's --eval-batches)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--device", *device, "cpu | cuda")->capture_default_str();
+  app.add_option("--threads", *threads, "CPU threads (0: all cores)")->check(CLI::NonNegativeNumber);
+  return [=] {
+    set_threads(*threads);
+    Loaded l = load(*path, *device, *text);
+    const auto& tr = l.ckpt.config["training"];
+    const int64_t n = *batches > 0 ? *batches : tr.value("eval_batches", int64_t{8});
+    const int64_t B = tr.value("batch_size", int64_t{64});
+    const train::EvalResult r = train::evaluate(*l.model, *l.task, n, B, l.model->config().context_length);
+    std::cout << "checkpoint " << *path << " (task " << l.task->name() << ", step "
+              << (l.ckpt.has_trainer ? l.ckpt.trainer.step : 0) << ")\n";
+    std::cout << std::fixed << std::setprecision(4) << "val loss        " << r.loss << "\n"
+              << "token accuracy  " << r.token_accuracy << "\n";
+    if (r.has_exact_match) std::cout << "exact match     " << r.exact_match << "\n";
+    std::cout << "(" << r.tokens << " scored tokens in " << n << " batches of " << B << ")\n";
+    return 0;
+  };
+}
+
+Action add_generate(CLI::App& app) {
+  auto path = std::make_shared<std::string>();
+  auto prompt = std::make_shared<std::string>();
+  auto max_new = std::make_shared<int64_t>(64);
+  auto temperature = std::make_shared<double>(0.0);
+  auto top_k = std::make_shared<int64_t>(0);
+  auto seed = std::make_shared<uint64_t>(0);
+  auto device = std::make_shared<std::string>("cpu");
+  app.add_option("checkpoint", *path, "checkpoint file (.h5)")->required();
+  app.add_option("--prompt", *prompt, "text to continue; for task checkpoints a task input, e.g. 31415 or 123+45")
+      ->required();
+  app.add_option("--max-new-tokens", *max_new, "tokens to generate at most")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--temperature", *temperature, "0: greedy; otherwise sample from softmax(logits / T)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--top-k", *top_k, "sample only from the k most likely tokens (0: all)")->check(CLI::NonNegativeNumber);
+  app.add_option("--seed", *seed, "sampling seed")->capture_default_str();
+  app.add_option("--device", *device, "cpu | cuda")->capture_default_str();
+  return [=] {
+    Loaded l = load(*path, *device);
+    const Prompt p = l.task->encode_prompt(*prompt);
+    const int64_t ctx = l.model->config().context_length, end = l.task->end_id();
+    // A task answer stops at its end token or its known length; text runs to max_new_tokens.
+    const int64_t limit = p.answer_length >= 0 ? std::min<int64_t>(*max_new, p.answer_length + 1) : *max_new;
+    std::vector<int64_t> ids = p.ids, generated;
+    Generator gen(*seed);
+    NoGradGuard no_grad;
+    for (int64_t i = 0; i < limit; ++i) {
+      // As the book's generate: past context_length, only the last context_length tokens are seen.
+      const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(ids.size()) - ctx);
+      std::vector<int64_t> window(ids.begin() + start, ids.end());
+      const int64_t n = static_cast<int64_t>(window.size());
+      const Tensor logits = l.model->forward(tensor(window, {1, n}).to(l.model->device()));  // (1, n, V)
+      const int64_t next = pick_token(logits.select(1, n - 1).select(0, 0), *temperature, *top_k, gen);
+      if (next == end) break;
+      ids.push_back(next);
+      generated.push_back(next);
+    }
+    std::cout << p.text << l.task->format_answer(generated) << std::endl;
+    return 0;
+  };
+}
+
+Action add_inspect(CLI::App& app) {
+  auto path = std::make_shared<std::string>();
+  app.add_option("checkpoint", *path, "checkpoint file (.h5)")->required();
+  return [=] {
+    const train::Checkpoint ck = train::load_checkpoint(*path);
+    nlohmann::json cfg = ck.config;
+    if (cfg.contains("tokenizer") && cfg["tokenizer"].contains("vocab")) {  // the vocabulary on one line
+      std::string v;
+      for (const auto& tok : cfg["tokenizer"]["vocab"]) v += tok.get<std::string>();
+      cfg["tokenizer"]["vocab"] = nlohmann::json(v).dump() + " (" + std::to_string(cfg["tokenizer"]["vocab"].size()) +
+                                  " tokens)";
+    }
+    std::cout << "checkpoint " << *path << "\n\nconfig\n" << cfg.dump(2) << "\n\nparameters\n";
+    int64_t total = 0;
+    for (const auto& [name, t] : ck.model) {
+      std::cout << "  " << std::left << std::setw(44) << name << std::setw(16) << shape_str(t.shape()) << std::right
+                << std::setw(10) << t.numel() << "\n";
+      total += t.numel();
+    }
+    std::cout << "  " << std::left << std::setw(60) << "total" << std::right << std::setw(10) << total << "\n";
+    if (ck.has_optimizer)
+      std::cout << "\noptimizer " << ck.optimizer.kind << " " << ck.optimizer.to_json().dump() << " ("
+                << ck.optimizer_state.size() << " state tensors)\n";
+    if (ck.has_trainer) {
+      const auto& t = ck.trainer;
+      std::cout << "\ntraining state\n  step " << t.step << ", next batch " << t.data_index << ", generator (seed "
+                << t.rng_seed << ", offset " << t.rng_offset << "), " << std::fixed << std::setprecision(1)
+                << t.elapsed_seconds << " s trained\n";
+      if (!t.metrics.empty()) {
+        std::cout << "\nmetrics\n  " << std::setw(6) << "step" << std::setw(12) << "train loss" << std::setw(10)
+                  << "val loss" << std::setw(10) << "val acc" << std::setw(10) << "exact" << std::setw(10) << "lr"
+                  << std::setw(11) << "grad norm" << std::setw(11) << "tok/s" << "\n";
+        for (const auto& m : t.metrics)
+          std::cout << "  " << std::setw(6) << m.step << std::setprecision(4) << std::setw(12) << m.train_loss
+                    << std::setw(10) << m.val_loss << std::setw(10) << m.val_accuracy << std::setw(10)
+                    << m.val_exact_match << std::scientific << std::setprecision(2) << std::setw(10) << m.lr
+                    << std::fixed << std::setprecision(3) << std::setw(11) << m.grad_norm << std::setprecision(0)
+                    << std::setw(11) << m.tokens_per_s << "\n";
+      }
+    }
+    return 0;
+  };
+}
+
+}  // namespace headlab::cli

@@ -1,0 +1,49 @@
+// headlab: train, evaluate, generate with, inspect, compare and ablate small GPTs on toy tasks.
+// Library errors become one line on stderr and exit code 1; usage errors exit with code 2.
+#include <iostream>
+#include <map>
+
+#include "autograd/error.h"
+#include "cli/commands.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"headlab: a small, fast C++ deep-learning toolkit for attention experiments.\n"
+               "Train toy sequence models, compare wrapper and fused multi-head attention, ablate heads."};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "headlab 0.1.0");
+  std::map<CLI::App*, headlab::cli::Action> actions;
+  auto add = [&](const char* name, const char* help, headlab::cli::Action (*fn)(CLI::App&)) {
+    CLI::App* sub = app.add_subcommand(name, help);
+    actions[sub] = fn(*sub);
+  };
+  add("train", "train a GPT on a toy task (reverse, copy, sort, add, chars)", headlab::cli::add_train);
+  add("eval", "loss and accuracy of a checkpoint on validation data", headlab::cli::add_eval);
+  add("generate", "continue a prompt (or answer a task input) with a checkpoint", headlab::cli::add_generate);
+  add("inspect", "show a checkpoint's config, parameters and training state", headlab::cli::add_inspect);
+  add("compare", "time and compare the wrapper and fused multi-head attention", headlab::cli::add_compare);
+  add("ablate", "find which attention heads of a checkpoint matter", headlab::cli::add_ablate);
+  add("attention", "dump and draw every head's attention weights for one input", headlab::cli::add_attention);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    app.exit(e);  // prints the message and the hint to use --help
+    return 2;
+  }
+  try {
+    for (auto& [sub, action] : actions)
+      if (sub->parsed()) return action();
+  } catch (const headlab::Error& e) {
+    std::cerr << "headlab: " << e.what() << std::endl;
+    return 1;
+  } catch (const std::exception& e) {
+    std::cerr << "headlab: internal error: " << e.what() << std::endl;
+    return 1;
+  }
+  return 0;
+}

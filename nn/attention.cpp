@@ -1,0 +1,321 @@
+// The attention family. Scores are scaled inside the fused softmax kernels (masked or causal), so
+// no mask tensor is materialised; the maths is exactly that of the books' code.
+// B = batch, Q = queries, K = keys, T = tokens, H = heads, D = head size.
+#include "nn/attention.h"
+
+#include <cmath>
+
+namespace headlab::nn {
+
+namespace {
+
+void check_rank3(const char* who, const Tensor& t, const char* name) {
+  HL_CHECK(t.defined(), who, ": ", name, " is undefined");
+  HL_CHECK(t.dim() == 3, who, ": ", name, " must be 3-D (batch, length, features), got shape ", shape_str(t.shape()));
+}
+
+// queries (B, Q, *), keys (B, K, *), values (B, K, *), valid_lens (B,) or (B, Q).
+void check_qkv(const char* who, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& valid_lens) {
+  check_rank3(who, q, "queries");
+  check_rank3(who, k, "keys");
+  check_rank3(who, v, "values");
+  HL_CHECK(q.size(0) == k.size(0) && k.size(0) == v.size(0), who, ": batch sizes differ: queries ",
+           shape_str(q.shape()), ", keys ", shape_str(k.shape()), ", values ", shape_str(v.shape()));
+  HL_CHECK(k.size(1) == v.size(1), who, ": keys ", shape_str(k.shape()), " and values ", shape_str(v.shape()),
+           " must have the same length");
+  if (!valid_lens.defined()) return;
+  HL_CHECK(valid_lens.dtype() == DType::i64, who, ": valid_lens must be int64, got ", dtype_name(valid_lens.dtype()));
+  const bool ok = (valid_lens.dim() == 1 && valid_lens.size(0) == q.size(0)) ||
+                  (valid_lens.dim() == 2 && valid_lens.size(0) == q.size(0) && valid_lens.size(1) == q.size(1));
+  HL_CHECK(ok, who, ": valid_lens must have shape [", q.size(0), "] or [", q.size(0), ", ", q.size(1), "], got ",
+           shape_str(valid_lens.shape()));
+  // Checked here too (masked_softmax checks it again) so that the error names the module.
+  const int64_t K = k.size(1);
+  for (int64_t len : valid_lens.to_vector<int64_t>())
+    HL_CHECK(len >= 0 && len <= K, who, ": valid length ", len, " is out of range for ", K, " keys (expected 0..", K,
+             ")");
+}
+
+void check_gates(const char* who, const Tensor& gates, int64_t H) {
+  if (!gates.defined()) return;
+  HL_CHECK(gates.dim() == 1 && gates.size(0) == H, who, ": head gates must have shape [", H, "], got ",
+           shape_str(gates.shape()));
+}
+
+// ctx: (B, H, T, D) -> gates[h] * ctx[:, h] + offsets[h]; keeps the ungated context if asked.
+Tensor apply_head_control(const char* who, const Tensor& ctx, HeadControl& hc, const Tensor& gates_arg) {
+  const int64_t H = ctx.size(1), D = ctx.size(3);
+  if (hc.keep_context) hc.context = ctx.detach();
+  const Tensor gates = gates_arg.defined() ? gates_arg : hc.gates;
+  check_gates(who, gates, H);
+  Tensor out = ctx;
+  if (gates.defined()) out = mul(out, gates.to(ctx.dtype()).view({1, H, 1, 1}));
+  if (hc.offsets.defined()) {
+    HL_CHECK(hc.offsets.shape() == Shape({H, D}), who, ": head offsets must have shape [", H, ", ", D, "], got ",
+             shape_str(hc.offsets.shape()));
+    out = add(out, hc.offsets.to(ctx.dtype()).view({1, H, 1, D}));
+  }
+  return out;
+}
+
+// d2l's transpose_qkv: (B, n, H*D) -> (B*H, n, D)
+Tensor transpose_qkv(const Tensor& X, int64_t H) {
+  const int64_t B = X.size(0), n = X.size(1);
+  return X.reshape({B, n, H, -1}).permute({0, 2, 1, 3}).reshape({B * H, n, -1});
+}
+
+// d2l's transpose_output: (B*H, n, D) -> (B, n, H*D)
+Tensor transpose_output(const Tensor& X, int64_t H) {
+  const int64_t n = X.size(1);
+  return X.reshape({-1, H, n, X.size(2)}).permute({0, 2, 1, 3}).reshape({X.size(0) / H, n, -1});
+}
+
+void check_causal_input(const char* who, const Tensor& x, int64_t d_in, int64_t context_length) {
+  HL_CHECK(x.defined() && x.dim() == 3, who, ": expected x of shape (batch, tokens, ", d_in, "), got ",
+           x.defined() ? shape_str(x.shape()) : std::string("(undefined)"));
+  HL_CHECK(x.size(2) == d_in, who, ": expected x of shape (batch, tokens, ", d_in, "), got ", shape_str(x.shape()));
+  HL_CHECK(x.size(1) <= context_length, who, ": ", x.size(1), " tokens exceed context_length ", context_length);
+}
+
+}  // namespace
+
+Tensor masked_softmax(const Tensor& X, const Tensor& valid_lens) {
+  HL_CHECK(X.defined() && X.dim() == 3, "masked_softmax: X must be 3-D (batch, queries, keys), got ",
+           X.defined() ? shape_str(X.shape()) : std::string("(undefined)"));
+  return headlab::masked_softmax(X, valid_lens, 1.0);
+}
+
+// ---- DotProductAttention ----
+DotProductAttention::DotProductAttention(double p) { dropout = register_module("dropout", std::make_shared<Dropout>(p)); }
+
+Tensor DotProductAttention::forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
+                                    const Tensor& valid_lens) {
+  check_qkv("DotProductAttention", queries, keys, values, valid_lens);
+  HL_CHECK(queries.size(2) == keys.size(2), "DotProductAttention: queries ", shape_str(queries.shape()), " and keys ",
+           shape_str(keys.shape()), " must have the same feature size");
+  const double d = static_cast<double>(queries.size(2));
+  const Tensor scores = matmul(queries, keys.mT());                          // (B, Q, K)
+  const Tensor weights = headlab::masked_softmax(scores, valid_lens, 1.0 / std::sqrt(d));
+  attention_weights = weights.detach();
+  return matmul(dropout->forward(weights), values);                          // (B, Q, v)
+}
+
+// ---- AdditiveAttention ----
+AdditiveAttention::AdditiveAttention(int64_t key_size, int64_t query_size, int64_t num_hiddens, double p) {
+  W_k = register_module("W_k", std::make_shared<Linear>(key_size, num_hiddens, false));
+  W_q = register_module("W_q", std::make_shared<Linear>(query_size, num_hiddens, false));
+  w_v = register_module("w_v", std::make_shared<Linear>(num_hiddens, 1, false));
+  dropout = register_module("dropout", std::make_shared<Dropout>(p));
+}
+
+Tensor AdditiveAttention::forward(const Tensor& queries_in, const Tensor& keys_in, const Tensor& values,
+                                  const Tensor& valid_lens) {
+  check_qkv("AdditiveAttention", queries_in, keys_in, values, valid_lens);
+  HL_CHECK(queries_in.size(2) == W_q->in_features, "AdditiveAttention: queries must have ", W_q->in_features,
+           " features, got shape ", shape_str(queries_in.shape()));
+  HL_CHECK(keys_in.size(2) == W_k->in_features, "AdditiveAttention: keys must have ", W_k->in_features,
+           " features, got shape ", shape_str(keys_in.shape()));
+  const Tensor queries = W_q->forward(queries_in), keys = W_k->forward(keys_in);  // (B, Q, h), (B, K, h)
+  const Tensor features = tanh(add(queries.unsqueeze(2), keys.unsqueeze(1)));      // (B, Q, K, h)
+  const Tensor scores = w_v->forward(features).squeeze(-1);                          // (B, Q, K)
+  const Tensor weights = headlab::masked_softmax(scores, valid_lens, 1.0);
+  attention_weights = weights.detach();
+  return matmul(dropout->forward(weights), values);
+}
+
+// ---- MultiHeadAttention (d2l) ----
+MultiHeadAttention::MultiHeadAttention(int64_t key_size, int64_t query_size, int64_t value_size, int64_t hiddens,
+                                       int64_t H, double p, bool bias)
+    : num_heads(H), num_hiddens(hiddens) {
+  HL_CHECK(H > 0 && hiddens % H == 0, "MultiHeadAttention: num_hiddens ", hiddens,
+           " must be a positive multiple of num_heads ", H);
+  attention = register_module("attention", std::make_shared<DotProductAttention>(p));
+  W_q = register_module("W_q", std::make_shared<Linear>(query_size, hiddens, bias));
+  W_k = register_module("W_k", std::make_shared<Linear>(key_size, hiddens, bias));
+  W_v = register_module("W_v", std::make_shared<Linear>(value_size, hiddens, bias));
+  W_o = register_module("W_o", std::make_shared<Linear>(hiddens, hiddens, bias));
+}
+
+Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
+                                   const Tensor& valid_lens, const Tensor& gates) {
+  const char* who = "MultiHeadAttention";
+  check_qkv(who, queries, keys, values, valid_lens);
+  HL_CHECK(queries.size(2) == W_q->in_features, who, ": queries must have ", W_q->in_features, " features, got shape ",
+           shape_str(queries.shape()));
+  HL_CHECK(keys.size(2) == W_k->in_features, who, ": keys must have ", W_k->in_features, " features, got shape ",
+           shape_str(keys.shape()));
+  HL_CHECK(values.size(2) == W_v->in_features, who, ": values must have ", W_v->in_features, " features, got shape ",
+           shape_str(values.shape()));
+  const int64_t B = queries.size(0), Q = queries.size(1), K = keys.size(1), H = num_heads;
+  const Tensor q = transpose_qkv(W_q->forward(queries), H);  // (B*H, Q, D)
+  const Tensor k = transpose_qkv(W_k->forward(keys), H);     // (B*H, K, D)
+  const Tensor v = transpose_qkv(W_v->forward(values), H);   // (B*H, K, D)
+  // As d2l: each batch entry's valid_lens repeated for its heads.
+  const Tensor vl = valid_lens.defined() ? repeat_interleave(valid_lens, H, 0) : Tensor();
+  const Tensor out = attention->forward(q, k, v, vl);       // (B*H, Q, D)
+  attention_weights = attention->attention_weights.view({B, H, Q, K});
+  const Tensor ctx = apply_head_control(who, out.view({B, H, Q, -1}), heads, gates);
+  return W_o->forward(transpose_output(ctx.reshape({B * H, Q, -1}), H));  // (B, Q, num_hiddens)
+}
+
+// ---- CausalAttention ----
+CausalAttention::CausalAttention(int64_t din, int64_t dout, int64_t ctx, double p, bool qkv_bias)
+    : d_in(din), d_out(dout), context_length(ctx) {
+  HL_CHECK(ctx > 0, "CausalAttention: context_length must be positive, got ", ctx);
+  W_query = register_module("W_query", std::make_shared<Linear>(din, dout, qkv_bias));
+  W_key = register_module("W_key", std::make_shared<Linear>(din, dout, qkv_bias));
+  W_value = register_module("W_value", std::make_shared<Linear>(din, dout, qkv_bias));
+  dropout = register_module("dropout", std::make_shared<Dropout>(p));
+}
+
+Tensor CausalAttention::forward(const Tensor& x) {
+  check_causal_input("CausalAttention", x, d_in, context_length);
+  const Tensor keys = W_key->forward(x), queries = W_query->forward(x), values = W_value->forward(x);  // (B, T, d_out)
+  const Tensor scores = matmul(queries, keys.mT());                                                  // (B, T, T)
+  const Tensor weights = causal_softmax(scores, 1.0 / std::sqrt(static_cast<double>(d_out)));
+  if (keep_attention_weights) attention_weights = weights.detach();
+  return matmul(dropout->forward(weights), values);
+}
+
+// ---- MultiHeadAttentionWrapper ----
+MultiHeadAttentionWrapper::MultiHeadAttentionWrapper(int64_t din, int64_t dout, int64_t ctx, double p, int64_t H,
+                                                     bool bias, bool with_out_proj, int64_t out_dim)
+    : d_in(din), d_out(dout), context_length(ctx), num_heads(H), dropout_p(p), qkv_bias(bias) {
+  HL_CHECK(H >= 0, "MultiHeadAttentionWrapper: num_heads must be >= 0, got ", H);
+  heads = register_module("heads", std::make_shared<ModuleList>());
+  for (int64_t h = 0; h < H; ++h) heads->push_back(std::make_shared<CausalAttention>(din, dout, ctx, p, bias));
+  if (with_out_proj)
+    out_proj = register_module("out_proj", std::make_shared<Linear>(H * dout, out_dim < 0 ? H * dout : out_dim));
+}
+
+void MultiHeadAttentionWrapper::keep_attention_weights(bool on) {
+  for (size_t h = 0; h < heads->size(); ++h) heads->at<CausalAttention>(h)->keep_attention_weights = on;
+}
+
+Tensor MultiHeadAttentionWrapper::last_attention_weights() const {
+  std::vector<Tensor> ws;
+  for (size_t h = 0; h < heads->size(); ++h) ws.push_back(heads->at<CausalAttention>(h)->attention_weights);
+  return ws.empty() || !ws[0].defined() ? Tensor() : stack(ws, 1);
+}
+
+Tensor MultiHeadAttentionWrapper::forward(const Tensor& x, const Tensor& gates_arg) {
+  const char* who = "MultiHeadAttentionWrapper";
+  check_causal_input(who, x, d_in, context_length);
+  const Tensor gates = gates_arg.defined() ? gates_arg : head_control.gates;
+  check_gates(who, gates, num_heads);
+  const auto& offsets = head_control.offsets;
+  if (offsets.defined())
+    HL_CHECK(offsets.shape() == Shape({num_heads, d_out}), who, ": head offsets must have shape [", num_heads, ", ",
+             d_out, "], got ", shape_str(offsets.shape()));
+  std::vector<Tensor> outs, kept;
+  for (int64_t h = 0; h < num_heads; ++h) {
+    Tensor o = heads->at<CausalAttention>(static_cast<size_t>(h))->forward(x);  // (B, T, d_out)
+    if (head_control.keep_context) kept.push_back(o.detach());
+    if (gates.defined()) o = mul(o, gates.narrow(0, h, 1).to(o.dtype()));
+    if (offsets.defined()) o = add(o, offsets.select(0, h).to(o.dtype()));
+    outs.push_back(o);
+  }
+  if (head_control.keep_context && !kept.empty()) head_control.context = stack(kept, 1);  // (B, H, T, d_out)
+  Tensor out = outs.empty() ? zeros({x.size(0), x.size(1), 0}, x.dtype(), x.device()) : cat(outs, -1);
+  return out_proj ? out_proj->forward(out) : out;
+}
+
+// ---- CausalMultiHeadAttention (fused) ----
+CausalMultiHeadAttention::CausalMultiHeadAttention(int64_t din, int64_t dout, int64_t ctx, double p, int64_t H,
+                                                   bool bias, int64_t hd)
+    : d_in(din), d_out(dout), context_length(ctx), num_heads(H), dropout_p(p), qkv_bias(bias) {
+  if (hd < 0) {
+    HL_CHECK(H > 0 && dout % H == 0, "CausalMultiHeadAttention: d_out ", dout, " must be divisible by num_heads ", H);
+    hd = dout / H;
+  }
+  HL_CHECK(ctx > 0, "CausalMultiHeadAttention: context_length must be positive, got ", ctx);
+  head_dim = hd;
+  const int64_t inner = H * hd;
+  W_query = register_module("W_query", std::make_shared<Linear>(din, inner, bias));
+  W_key = register_module("W_key", std::make_shared<Linear>(din, inner, bias));
+  W_value = register_module("W_value", std::make_shared<Linear>(din, inner, bias));
+  out_proj = register_module("out_proj", std::make_shared<Linear>(inner, dout));
+  dropout = register_module("dropout", std::make_shared<Dropout>(p));
+}
+
+Tensor CausalMultiHeadAttention::forward(const Tensor& x, const Tensor& gates) {
+  // Not type_name() (the book's "MultiHeadAttention", kept for printing): that is also d2l's module's name.
+  const char* who = "CausalMultiHeadAttention";
+  check_causal_input(who, x, d_in, context_length);
+  const int64_t B = x.size(0), T = x.size(1), H = num_heads, D = head_dim;
+  // (B, T, H*D) -> (B, H, T, D): views, no copies; matmul batches over H and loops over B.
+  const Tensor keys = W_key->forward(x).view({B, T, H, D}).transpose(1, 2);
+  const Tensor queries = W_query->forward(x).view({B, T, H, D}).transpose(1, 2);
+  const Tensor values = W_value->forward(x).view({B, T, H, D}).transpose(1, 2);
+  const Tensor scores = matmul(queries, keys.mT());                                           // (B, H, T, T)
+  const Tensor weights = causal_softmax(scores, 1.0 / std::sqrt(static_cast<double>(D)));
+  if (keep_weights) attention_weights = weights.detach();
+  Tensor ctx = matmul(dropout->forward(weights), values);                                     // (B, H, T, D)
+  ctx = apply_head_control(who, ctx, head_control, gates);
+  return out_proj->forward(ctx.transpose(1, 2).reshape({B, T, H * D}));                       // (B, T, d_out)
+}
+
+// ---- conversion ----
+std::shared_ptr<CausalMultiHeadAttention> wrapper_to_fused(const MultiHeadAttentionWrapper& w) {
+  const int64_t H = w.num_heads, D = w.d_out, inner = H * D;
+  HL_CHECK(H > 0, "wrapper_to_fused: the wrapper has no heads");
+  const int64_t out_dim = w.out_proj ? w.out_proj->out_features : inner;
+  auto f = std::make_shared<CausalMultiHeadAttention>(w.d_in, out_dim, w.context_length, w.dropout_p, H, w.qkv_bias, D);
+  const Tensor ref = w.heads->at<CausalAttention>(0)->W_query->weight;
+  f->to(ref.dtype());
+  f->to(ref.device());
+  NoGradGuard no_grad;
+  auto stack_rows = [&](auto pick) {
+    std::vector<Tensor> parts;
+    for (int64_t h = 0; h < H; ++h) parts.push_back(pick(*w.heads->at<CausalAttention>(static_cast<size_t>(h))));
+    return cat(parts, 0);
+  };
+  f->W_query->weight.detach().copy_(stack_rows([](CausalAttention& a) { return a.W_query->weight; }));
+  f->W_key->weight.detach().copy_(stack_rows([](CausalAttention& a) { return a.W_key->weight; }));
+  f->W_value->weight.detach().copy_(stack_rows([](CausalAttention& a) { return a.W_value->weight; }));
+  if (w.qkv_bias) {
+    f->W_query->bias.detach().copy_(stack_rows([](CausalAttention& a) { return a.W_query->bias; }));
+    f->W_key->bias.detach().copy_(stack_rows([](CausalAttention& a) { return a.W_key->bias; }));
+    f->W_value->bias.detach().copy_(stack_rows([](CausalAttention& a) { return a.W_value->bias; }));
+  }
+  if (w.out_proj) {
+    f->out_proj->weight.detach().copy_(w.out_proj->weight);
+    f->out_proj->bias.detach().copy_(w.out_proj->bias);
+  } else {  // concatenation alone: an identity projection
+    f->out_proj->weight.detach().copy_(eye(inner, f->out_proj->weight.dtype()));
+    f->out_proj->bias.detach().zero_();
+  }
+  f->train(w.is_training());
+  f->head_control.gates = w.head_control.gates;
+  f->head_control.offsets = w.head_control.offsets;
+  return f;
+}
+
+std::shared_ptr<MultiHeadAttentionWrapper> fused_to_wrapper(const CausalMultiHeadAttention& f) {
+  const int64_t H = f.num_heads, D = f.head_dim;
+  HL_CHECK(H > 0, "fused_to_wrapper: the module has no heads");
+  auto w = std::make_shared<MultiHeadAttentionWrapper>(f.d_in, D, f.context_length, f.dropout_p, H, f.qkv_bias, true,
+                                                       f.d_out);
+  w->to(f.W_query->weight.dtype());
+  w->to(f.W_query->weight.device());
+  NoGradGuard no_grad;
+  for (int64_t h = 0; h < H; ++h) {
+    auto head = w->heads->at<CausalAttention>(static_cast<size_t>(h));
+    head->W_query->weight.detach().copy_(f.W_query->weight.narrow(0, h * D, D));
+    head->W_key->weight.detach().copy_(f.W_key->weight.narrow(0, h * D, D));
+    head->W_value->weight.detach().copy_(f.W_value->weight.narrow(0, h * D, D));
+    if (f.qkv_bias) {
+      head->W_query->bias.detach().copy_(f.W_query->bias.narrow(0, h * D, D));
+      head->W_key->bias.detach().copy_(f.W_key->bias.narrow(0, h * D, D));
+      head->W_value->bias.detach().copy_(f.W_value->bias.narrow(0, h * D, D));
+    }
+  }
+  w->out_proj->weight.detach().copy_(f.out_proj->weight);
+  w->out_proj->bias.detach().copy_(f.out_proj->bias);
+  w->train(f.is_training());
+  w->head_control.gates = f.head_control.gates;
+  w->head_control.offsets = f.head_control.offsets;
+  return w;
+}
+
+}  // namespace headlab::nn

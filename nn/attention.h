@@ -1,0 +1,157 @@
+// The attention family, with the semantics of the texts it comes from:
+// d2l.ai 10.3 (masked softmax, DotProductAttention, AdditiveAttention), d2l.ai 10.5
+// (MultiHeadAttention) and "Build a LLM from Scratch" ch. 3 (CausalAttention, the per-head
+// MultiHeadAttentionWrapper and the fused CausalMultiHeadAttention), plus head gates and
+// wrapper <-> fused conversion.
+// B = batch, Q = queries, K = keys, T = tokens, H = heads, D = head size.
+#pragma once
+#include "nn/layers.h"
+
+namespace headlab::nn {
+
+// d2l's masked_softmax: X (B, Q, K); valid_lens undefined, (B,) or (B, Q). Positions at or beyond
+// the valid length get weight 0. A row with valid length 0 is all zeros with zero gradient (d2l's
+// -1e6 fill would give it uniform weights instead).
+Tensor masked_softmax(const Tensor& X, const Tensor& valid_lens);
+
+// scores = Q K^T / sqrt(d), weights = masked_softmax(scores), out = dropout(weights) V.
+class DotProductAttention : public Module {
+ public:
+  explicit DotProductAttention(double dropout);
+  std::string type_name() const override { return "DotProductAttention"; }
+  // queries: (B, Q, d), keys: (B, K, d), values: (B, K, v) -> (B, Q, v)
+  Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
+                 const Tensor& valid_lens = Tensor());
+  Tensor operator()(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& vl = Tensor()) {
+    return forward(q, k, v, vl);
+  }
+  Tensor attention_weights;  // (B, Q, K), detached, from the last forward
+  std::shared_ptr<Dropout> dropout;
+};
+
+// scores = w_v(tanh(W_q q + W_k k)), then as DotProductAttention.
+class AdditiveAttention : public Module {
+ public:
+  AdditiveAttention(int64_t key_size, int64_t query_size, int64_t num_hiddens, double dropout);
+  std::string type_name() const override { return "AdditiveAttention"; }
+  // queries: (B, Q, query_size), keys: (B, K, key_size), values: (B, K, v) -> (B, Q, v)
+  Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
+                 const Tensor& valid_lens = Tensor());
+  Tensor operator()(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& vl = Tensor()) {
+    return forward(q, k, v, vl);
+  }
+  Tensor attention_weights;  // (B, Q, K)
+  std::shared_ptr<Linear> W_k, W_q, w_v;
+  std::shared_ptr<Dropout> dropout;
+};
+
+// Per-head control shared by the multi-head modules: each head's context c_h becomes
+// gates[h] * c_h + offsets[h]. Gates default to ones (no-op); they may require grad, which makes
+// dL/dgates the head-importance scores of Michel et al. (2019). offsets (H, D) implement mean
+// ablation (gate 0, offset = the head's mean context).
+struct HeadControl {
+  Tensor gates;    // (H) or undefined
+  Tensor offsets;  // (H, D) or undefined
+  bool keep_context = false;  // store each head's context (before gating) in `context`
+  Tensor context;             // (B, H, T, D), detached
+};
+
+// d2l 10.5: W_q, W_k, W_v project to num_hiddens, split into num_heads heads of DotProductAttention.
+class MultiHeadAttention : public Module {
+ public:
+  MultiHeadAttention(int64_t key_size, int64_t query_size, int64_t value_size, int64_t num_hiddens,
+                     int64_t num_heads, double dropout, bool bias = false);
+  std::string type_name() const override { return "MultiHeadAttention"; }
+  // queries: (B, Q, query_size), keys: (B, K, key_size), values: (B, K, value_size),
+  // valid_lens: (B,) or (B, Q) -> (B, Q, num_hiddens). gates: (num_heads), overrides heads.gates.
+  Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
+                 const Tensor& valid_lens = Tensor(), const Tensor& gates = Tensor());
+  Tensor operator()(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& vl = Tensor()) {
+    return forward(q, k, v, vl);
+  }
+  int64_t num_heads, num_hiddens;
+  Tensor attention_weights;  // (B, num_heads, Q, K), per head, unaveraged
+  HeadControl heads;
+  std::shared_ptr<DotProductAttention> attention;
+  std::shared_ptr<Linear> W_q, W_k, W_v, W_o;
+};
+
+// The common face of the two causal multi-head forms, so models and analysis can use either.
+class CausalMultiHead : public UnaryModule {
+ public:
+  Tensor forward(const Tensor& x) override { return forward(x, Tensor()); }
+  virtual Tensor forward(const Tensor& x, const Tensor& gates) = 0;  // gates: (H), overrides control().gates
+  virtual int64_t head_count() const = 0;
+  virtual int64_t head_size() const = 0;
+  virtual HeadControl& control() = 0;
+  virtual void keep_attention_weights(bool on) = 0;
+  virtual Tensor last_attention_weights() const = 0;  // (B, H, T, T) when kept
+};
+
+// The book's single causal head: x (B, T, d_in) -> (B, T, d_out).
+class CausalAttention : public UnaryModule {
+ public:
+  CausalAttention(int64_t d_in, int64_t d_out, int64_t context_length, double dropout, bool qkv_bias = false);
+  std::string type_name() const override { return "CausalAttention"; }
+  Tensor forward(const Tensor& x) override;
+  int64_t d_in, d_out, context_length;
+  bool keep_attention_weights = false;
+  Tensor attention_weights;  // (B, T, T) when kept
+  std::shared_ptr<Linear> W_query, W_key, W_value;
+  std::shared_ptr<Dropout> dropout;
+};
+
+// num_heads CausalAttention heads run one after another and concatenated: (B, T, num_heads * d_out),
+// then out_proj (num_heads*d_out -> num_heads*d_out) when asked.
+class MultiHeadAttentionWrapper : public CausalMultiHead {
+ public:
+  // out_dim: out_proj's output width (default num_heads * d_out; pruned GPT layers keep emb_dim).
+  MultiHeadAttentionWrapper(int64_t d_in, int64_t d_out, int64_t context_length, double dropout, int64_t num_heads,
+                            bool qkv_bias = false, bool out_proj = false, int64_t out_dim = -1);
+  std::string type_name() const override { return "MultiHeadAttentionWrapper"; }
+  using CausalMultiHead::forward;
+  Tensor forward(const Tensor& x, const Tensor& gates) override;
+  int64_t head_count() const override { return num_heads; }
+  int64_t head_size() const override { return d_out; }
+  HeadControl& control() override { return head_control; }
+  void keep_attention_weights(bool on) override;
+  Tensor last_attention_weights() const override;  // stacked from the heads
+  int64_t d_in, d_out, context_length, num_heads;
+  double dropout_p;
+  bool qkv_bias;
+  HeadControl head_control;
+  std::shared_ptr<ModuleList> heads;
+  std::shared_ptr<Linear> out_proj;  // null unless out_proj
+};
+
+// The book's fused MultiHeadAttention: one W_query/W_key/W_value (d_in -> H*D), split into heads by
+// view + transpose, causal softmax over scores / sqrt(D), dropout, out_proj (H*D -> d_out).
+// head_dim defaults to d_out / num_heads (d_out must divide); pruned models pass it explicitly.
+class CausalMultiHeadAttention : public CausalMultiHead {
+ public:
+  CausalMultiHeadAttention(int64_t d_in, int64_t d_out, int64_t context_length, double dropout, int64_t num_heads,
+                           bool qkv_bias = false, int64_t head_dim = -1);
+  std::string type_name() const override { return "MultiHeadAttention"; }
+  using CausalMultiHead::forward;
+  Tensor forward(const Tensor& x, const Tensor& gates) override;
+  int64_t head_count() const override { return num_heads; }
+  int64_t head_size() const override { return head_dim; }
+  HeadControl& control() override { return head_control; }
+  void keep_attention_weights(bool on) override { keep_weights = on; }
+  Tensor last_attention_weights() const override { return attention_weights; }
+  int64_t d_in, d_out, context_length, num_heads, head_dim;
+  double dropout_p;
+  bool qkv_bias;
+  bool keep_weights = false;
+  Tensor attention_weights;  // (B, H, T, T) when kept
+  HeadControl head_control;
+  std::shared_ptr<Linear> W_query, W_key, W_value, out_proj;
+  std::shared_ptr<Dropout> dropout;
+};
+
+// Same maths, other layout: stacks the heads' W_query/W_key/W_value rows into one fused module
+// (a wrapper without out_proj gets an identity out_proj), and splits a fused module into heads.
+std::shared_ptr<CausalMultiHeadAttention> wrapper_to_fused(const MultiHeadAttentionWrapper& w);
+std::shared_ptr<MultiHeadAttentionWrapper> fused_to_wrapper(const CausalMultiHeadAttention& f);
+
+}  // namespace headlab::nn

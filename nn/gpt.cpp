@@ -1,0 +1,115 @@
+// GPTModel: x = drop_emb(tok_emb(idx) + pos_emb(arange(T))); per block x += drop(att(norm1(x))),
+// x += drop(ff(norm2(x))); logits = out_head(final_norm(x)).
+#include "nn/gpt.h"
+
+namespace headlab::nn {
+
+int64_t GPTConfig::heads_in_layer(int64_t layer) const {
+  return kept_heads.empty() ? n_heads : static_cast<int64_t>(kept_heads.at(static_cast<size_t>(layer)).size());
+}
+
+void GPTConfig::validate() const {
+  HL_CHECK(vocab_size > 0, "GPT config: vocab_size must be positive, got ", vocab_size);
+  HL_CHECK(context_length > 0, "GPT config: context_length must be positive, got ", context_length);
+  HL_CHECK(emb_dim > 0, "GPT config: emb_dim must be positive, got ", emb_dim);
+  HL_CHECK(n_heads > 0, "GPT config: n_heads must be positive, got ", n_heads);
+  HL_CHECK(emb_dim % n_heads == 0, "GPT config: emb_dim ", emb_dim, " must be divisible by n_heads ", n_heads);
+  HL_CHECK(n_layers > 0, "GPT config: n_layers must be positive, got ", n_layers);
+  HL_CHECK(drop_rate >= 0 && drop_rate < 1, "GPT config: drop_rate must be in [0, 1), got ", drop_rate);
+  HL_CHECK(attention == "fused" || attention == "wrapper", "GPT config: attention must be 'fused' or 'wrapper', got '",
+           attention, "'");
+  if (!kept_heads.empty()) {
+    HL_CHECK(static_cast<int64_t>(kept_heads.size()) == n_layers, "GPT config: kept_heads lists ", kept_heads.size(),
+             " layers, expected n_layers = ", n_layers);
+    for (size_t l = 0; l < kept_heads.size(); ++l)
+      for (int64_t h : kept_heads[l])
+        HL_CHECK(h >= 0 && h < n_heads, "GPT config: kept_heads of layer ", l, " holds head ", h,
+                 ", expected 0..", n_heads - 1);
+  }
+}
+
+nlohmann::json GPTConfig::to_json() const {
+  nlohmann::json j = {{"vocab_size", vocab_size}, {"context_length", context_length}, {"emb_dim", emb_dim},
+                      {"n_heads", n_heads},       {"n_layers", n_layers},             {"drop_rate", drop_rate},
+                      {"qkv_bias", qkv_bias},     {"attention", attention}};
+  if (!kept_heads.empty()) j["kept_heads"] = kept_heads;
+  return j;
+}
+
+GPTConfig GPTConfig::from_json(const nlohmann::json& j) {
+  HL_CHECK(j.is_object(), "GPT config: expected a JSON object, got ", j.type_name());
+  GPTConfig c;
+  auto get = [&](const char* key, auto& out) {
+    HL_CHECK(j.contains(key), "GPT config: missing key '", key, "'");
+    try {
+      j.at(key).get_to(out);
+    } catch (const nlohmann::json::exception&) {
+      HL_FAIL("GPT config: key '", key, "' has the wrong type (", j.at(key).type_name(), ")");
+    }
+  };
+  get("vocab_size", c.vocab_size);
+  get("context_length", c.context_length);
+  get("emb_dim", c.emb_dim);
+  get("n_heads", c.n_heads);
+  get("n_layers", c.n_layers);
+  get("drop_rate", c.drop_rate);
+  get("qkv_bias", c.qkv_bias);
+  if (j.contains("attention")) get("attention", c.attention);
+  if (j.contains("kept_heads")) get("kept_heads", c.kept_heads);
+  c.validate();
+  return c;
+}
+
+TransformerBlock::TransformerBlock(const GPTConfig& cfg, int64_t layer) {
+  const int64_t H = cfg.heads_in_layer(layer), D = cfg.head_dim();
+  if (cfg.attention == "fused")
+    att = register_module("att", std::make_shared<CausalMultiHeadAttention>(cfg.emb_dim, cfg.emb_dim, cfg.context_length,
+                                                                            cfg.drop_rate, H, cfg.qkv_bias, D));
+  else
+    att = register_module("att", std::make_shared<MultiHeadAttentionWrapper>(cfg.emb_dim, D, cfg.context_length,
+                                                                             cfg.drop_rate, H, cfg.qkv_bias, true,
+                                                                             cfg.emb_dim));
+  ff = register_module("ff", std::make_shared<FeedForward>(cfg.emb_dim));
+  norm1 = register_module("norm1", std::make_shared<LayerNorm>(cfg.emb_dim, 1e-5, LayerNorm::Style::Book));
+  norm2 = register_module("norm2", std::make_shared<LayerNorm>(cfg.emb_dim, 1e-5, LayerNorm::Style::Book));
+  drop_shortcut = register_module("drop_shortcut", std::make_shared<Dropout>(cfg.drop_rate));
+}
+
+Tensor TransformerBlock::forward(const Tensor& x) {
+  Tensor h = add(x, drop_shortcut->forward(att->forward(norm1->forward(x))));
+  return add(h, drop_shortcut->forward(ff->forward(norm2->forward(h))));
+}
+
+GPTModel::GPTModel(const GPTConfig& cfg) : cfg_(cfg) {
+  cfg_.validate();
+  tok_emb = register_module("tok_emb", std::make_shared<Embedding>(cfg.vocab_size, cfg.emb_dim));
+  pos_emb = register_module("pos_emb", std::make_shared<Embedding>(cfg.context_length, cfg.emb_dim));
+  drop_emb = register_module("drop_emb", std::make_shared<Dropout>(cfg.drop_rate));
+  trf_blocks = register_module("trf_blocks", std::make_shared<Sequential>());
+  for (int64_t l = 0; l < cfg.n_layers; ++l) trf_blocks->push_back(std::make_shared<TransformerBlock>(cfg_, l));
+  final_norm = register_module("final_norm", std::make_shared<LayerNorm>(cfg.emb_dim, 1e-5, LayerNorm::Style::Book));
+  out_head = register_module("out_head", std::make_shared<Linear>(cfg.emb_dim, cfg.vocab_size, false));
+}
+
+Tensor GPTModel::forward(const Tensor& idx) {
+  HL_CHECK(idx.defined() && idx.dim() == 2, "GPTModel: expected token ids of shape (batch, tokens), got ",
+           idx.defined() ? shape_str(idx.shape()) : std::string("(undefined)"));
+  HL_CHECK(idx.dtype() == DType::i64, "GPTModel: token ids must be int64, got ", dtype_name(idx.dtype()));
+  const int64_t T = idx.size(1);
+  HL_CHECK(T <= cfg_.context_length, "GPTModel: ", T, " tokens exceed context_length ", cfg_.context_length);
+  const Tensor tok = tok_emb->forward(idx);                                             // (B, T, C)
+  const Tensor pos = pos_emb->forward(arange(T, DType::i64, idx.device()));             // (T, C)
+  Tensor x = drop_emb->forward(add(tok, pos));
+  x = trf_blocks->forward(x);
+  return out_head->forward(final_norm->forward(x));                                     // (B, T, V)
+}
+
+std::shared_ptr<TransformerBlock> GPTModel::block(int64_t layer) const {
+  HL_CHECK(layer >= 0 && layer < cfg_.n_layers, "GPTModel: layer ", layer, " is out of range for ", cfg_.n_layers,
+           " layers");
+  return trf_blocks->at<TransformerBlock>(static_cast<size_t>(layer));
+}
+
+CausalMultiHead& GPTModel::attention(int64_t layer) const { return *block(layer)->att; }
+
+}  // namespace headlab::nn

@@ -1,0 +1,58 @@
+// GPTModel of "Build a LLM from Scratch" ch. 4, with the attention form chosen by config
+// ("fused": CausalMultiHeadAttention, "wrapper": MultiHeadAttentionWrapper + out_proj) and optional
+// per-layer head lists for physically pruned models. Parameter names are DESIGN.md section 7's.
+#pragma once
+#include <nlohmann/json.hpp>
+
+#include "nn/attention.h"
+
+namespace headlab::nn {
+
+struct GPTConfig {
+  int64_t vocab_size = 0, context_length = 0, emb_dim = 0, n_heads = 0, n_layers = 0;
+  double drop_rate = 0.0;
+  bool qkv_bias = false;
+  std::string attention = "fused";  // "fused" | "wrapper"
+  // After physical pruning: the original head indices each layer keeps (empty: all heads).
+  std::vector<std::vector<int64_t>> kept_heads;
+
+  int64_t head_dim() const { return n_heads ? emb_dim / n_heads : 0; }
+  int64_t heads_in_layer(int64_t layer) const;
+  void validate() const;  // clear errors naming the key
+  nlohmann::json to_json() const;
+  static GPTConfig from_json(const nlohmann::json& j);  // validates
+};
+
+class TransformerBlock : public UnaryModule {
+ public:
+  TransformerBlock(const GPTConfig& cfg, int64_t layer);
+  std::string type_name() const override { return "TransformerBlock"; }
+  Tensor forward(const Tensor& x) override;  // x: (B, T, emb_dim)
+  std::shared_ptr<CausalMultiHead> att;
+  std::shared_ptr<FeedForward> ff;
+  std::shared_ptr<LayerNorm> norm1, norm2;
+  std::shared_ptr<Dropout> drop_shortcut;
+};
+
+class GPTModel : public Module {
+ public:
+  explicit GPTModel(const GPTConfig& cfg);
+  std::string type_name() const override { return "GPTModel"; }
+  Tensor forward(const Tensor& idx);  // idx: (B, T) int64 -> logits (B, T, vocab_size)
+  Tensor operator()(const Tensor& idx) { return forward(idx); }
+  const GPTConfig& config() const { return cfg_; }
+  int64_t n_layers() const { return cfg_.n_layers; }
+  CausalMultiHead& attention(int64_t layer) const;
+  std::shared_ptr<TransformerBlock> block(int64_t layer) const;
+
+  std::shared_ptr<Embedding> tok_emb, pos_emb;
+  std::shared_ptr<Dropout> drop_emb;
+  std::shared_ptr<Sequential> trf_blocks;
+  std::shared_ptr<LayerNorm> final_norm;
+  std::shared_ptr<Linear> out_head;
+
+ private:
+  GPTConfig cfg_;
+};
+
+}  // namespace headlab::nn

@@ -1,0 +1,106 @@
+// Basic layers: forward passes are single fused ops (linear, embedding, layer_norm, dropout).
+#include "nn/layers.h"
+
+#include <charconv>
+#include <cmath>
+#include <sstream>
+
+namespace headlab::nn {
+
+std::string py_bool(bool b) { return b ? "True" : "False"; }
+
+std::string py_float(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  // Python's repr: the shortest digits that round-trip, fixed notation for 1e-4 <= |v| < 1e16
+  // (always with a decimal point), scientific with a two-digit exponent otherwise.
+  char buf[64];
+  const auto res = std::to_chars(buf, buf + sizeof(buf), v, std::chars_format::scientific);
+  const std::string s(buf, res.ptr);  // "-d.ddde+XX"
+  const size_t e = s.find('e');
+  const int exp = std::stoi(s.substr(e + 1));
+  std::string digits;
+  for (char c : s.substr(0, e))
+    if (c >= '0' && c <= '9') digits += c;
+  std::string out = v < 0 || std::signbit(v) ? "-" : "";
+  if (exp >= -4 && exp < 16) {
+    if (exp >= 0) {
+      if (digits.size() < static_cast<size_t>(exp) + 1) digits.resize(static_cast<size_t>(exp) + 1, '0');
+      const std::string frac = digits.substr(static_cast<size_t>(exp) + 1);
+      out += digits.substr(0, static_cast<size_t>(exp) + 1) + "." + (frac.empty() ? "0" : frac);
+    } else {
+      out += "0." + std::string(static_cast<size_t>(-exp - 1), '0') + digits;
+    }
+  } else {
+    out += digits.substr(0, 1) + (digits.size() > 1 ? "." + digits.substr(1) : "");
+    const int a = std::abs(exp);
+    out += std::string("e") + (exp < 0 ? "-" : "+") + (a < 10 ? "0" : "") + std::to_string(a);
+  }
+  return out;
+}
+
+Linear::Linear(int64_t in, int64_t out, bool has_bias) : in_features(in), out_features(out) {
+  HL_CHECK(in > 0 && out > 0, "Linear: in_features and out_features must be positive, got ", in, " and ", out);
+  const double bound = 1.0 / std::sqrt(static_cast<double>(in));  // kaiming_uniform(a=sqrt(5)) reduces to this
+  weight = register_parameter("weight", uniform({out, in}, -bound, bound));
+  if (has_bias) bias = register_parameter("bias", uniform({out}, -bound, bound));
+}
+
+std::string Linear::extra_repr() const {
+  std::ostringstream os;
+  os << "in_features=" << in_features << ", out_features=" << out_features << ", bias=" << py_bool(bias.defined());
+  return os.str();
+}
+
+Tensor Linear::forward(const Tensor& x) {
+  HL_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == in_features, "Linear: expected input with last dim ",
+           in_features, ", got shape ", x.defined() ? shape_str(x.shape()) : std::string("(undefined)"));
+  return linear(x, weight, bias);
+}
+
+Dropout::Dropout(double p_) : p(p_) { HL_CHECK(p >= 0 && p <= 1, "Dropout: p must be in [0, 1], got ", p); }
+
+std::string Dropout::extra_repr() const {
+  std::ostringstream os;
+  os << "p=" << py_float(p) << ", inplace=False";
+  return os.str();
+}
+
+Tensor Dropout::forward(const Tensor& x) { return dropout(x, p, is_training()); }
+
+Embedding::Embedding(int64_t n, int64_t d) : num_embeddings(n), embedding_dim(d) {
+  HL_CHECK(n > 0 && d > 0, "Embedding: sizes must be positive, got ", n, " and ", d);
+  weight = register_parameter("weight", randn({n, d}));
+}
+
+std::string Embedding::extra_repr() const { return std::to_string(num_embeddings) + ", " + std::to_string(embedding_dim); }
+
+Tensor Embedding::forward(const Tensor& idx) { return embedding(weight, idx); }
+
+LayerNorm::LayerNorm(int64_t d, double e, Style s) : dim(d), eps(e), style(s) {
+  HL_CHECK(d > 0, "LayerNorm: dim must be positive, got ", d);
+  weight = register_parameter(style == Style::Book ? "scale" : "weight", ones({d}));
+  bias = register_parameter(style == Style::Book ? "shift" : "bias", zeros({d}));
+}
+
+std::string LayerNorm::extra_repr() const {
+  if (style == Style::Book) return "";  // the book's LayerNorm is a plain nn.Module: "LayerNorm()"
+  std::ostringstream os;
+  os << "(" << dim << ",), eps=" << py_float(eps) << ", elementwise_affine=True";
+  return os.str();
+}
+
+Tensor LayerNorm::forward(const Tensor& x) {
+  HL_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == dim, "LayerNorm: expected input with last dim ", dim,
+           ", got shape ", x.defined() ? shape_str(x.shape()) : std::string("(undefined)"));
+  return layer_norm(x, weight, bias, eps);
+}
+
+FeedForward::FeedForward(int64_t emb_dim) {
+  layers = register_module("layers", std::make_shared<Sequential>());
+  layers->push_back(std::make_shared<Linear>(emb_dim, 4 * emb_dim));
+  layers->push_back(std::make_shared<GELU>(true));
+  layers->push_back(std::make_shared<Linear>(4 * emb_dim, emb_dim));
+}
+
+}  // namespace headlab::nn

@@ -1,0 +1,169 @@
+// Checkpoint file layout:
+//   /                    attrs format = "headlab-checkpoint", format_version, config (JSON text)
+//   /model/<name>        float32, one dataset per parameter, by state_dict key
+//   /optimizer           attrs kind, hyperparameters (JSON); state/<param>/<exp_avg|exp_avg_sq|momentum_buffer>,
+//                        steps/<param> (int64 scalar)
+//   /trainer             step, rng (uint64 seed and offset as int64 [2]), data_index, elapsed_seconds,
+//                        metrics/<column> (float64 (n,))
+// Every dataset carries HDF5's Fletcher32 checksum (train/h5file.h).
+#include "train/checkpoint.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "train/h5file.h"
+
+namespace headlab::train {
+
+namespace {
+
+const char* kFormat = "headlab-checkpoint";
+
+std::string where(const std::string& path) { return "checkpoint '" + path + "'"; }
+
+void write_tensor(h5::Writer& w, const std::string& name, const Tensor& t) {
+  const Tensor c = t.detach().to(kCPU).to(DType::f32).contiguous();
+  w.write_f32(name, c.shape(), c.data<float>());
+}
+
+Tensor read_f32(const h5::Reader& r, const std::string& name, const Shape* expected = nullptr) {
+  const h5::ArrayInfo info = r.info(name);
+  HL_CHECK(info.dtype == h5::DType::f32, where(r.path()), ": dataset ", name, " has dtype ", h5::dtype_name(info.dtype),
+           ", expected float32");
+  if (expected)
+    HL_CHECK(info.shape == *expected, where(r.path()), ": parameter ", name.substr(name.find('/') + 1), " has shape ",
+             shape_str(info.shape), ", model expects ", shape_str(*expected));
+  const h5::Array a = r.read(name, h5::DType::f32, info.shape);
+  const std::vector<float> v = a.as<float>();
+  return tensor(v, a.shape.empty() ? Shape{} : Shape(a.shape.begin(), a.shape.end()));
+}
+
+const std::vector<std::pair<const char*, double MetricRow::*>> kMetricColumns = {
+    {"train_loss", &MetricRow::train_loss}, {"val_loss", &MetricRow::val_loss},
+    {"val_accuracy", &MetricRow::val_accuracy}, {"val_exact_match", &MetricRow::val_exact_match},
+    {"lr", &MetricRow::lr}, {"grad_norm", &MetricRow::grad_norm}, {"tokens_per_s", &MetricRow::tokens_per_s}};
+
+}  // namespace
+
+NamedTensors snapshot_parameters(const nn::Module& model) {
+  NamedTensors out;
+  for (auto& [name, t] : model.named_parameters()) out.emplace_back(name, t.detach().to(kCPU).to(DType::f32).clone());
+  return out;
+}
+
+void save_checkpoint(const std::string& path, const Checkpoint& ckpt) {
+  h5::Writer w(path, "checkpoint");
+  w.set_attr("/", "format", kFormat);
+  w.set_attr("/", "format_version", kCheckpointVersion);
+  w.set_attr("/", "config", ckpt.config.dump());
+  w.create_group("model");
+  for (const auto& [name, t] : ckpt.model) write_tensor(w, "model/" + name, t);
+  if (ckpt.has_optimizer) {
+    w.create_group("optimizer");
+    w.set_attr("/optimizer", "kind", ckpt.optimizer.kind);
+    w.set_attr("/optimizer", "hyperparameters", ckpt.optimizer.to_json().dump());
+    for (const auto& [name, t] : ckpt.optimizer_state) write_tensor(w, "optimizer/state/" + name, t);
+    for (const auto& [name, s] : ckpt.optimizer_steps) w.write<int64_t>("optimizer/steps/" + name, {}, {s});
+  }
+  if (ckpt.has_trainer) {
+    const TrainerState& t = ckpt.trainer;
+    w.write<int64_t>("trainer/step", {}, {t.step});
+    w.write<int64_t>("trainer/rng", {2}, {static_cast<int64_t>(t.rng_seed), static_cast<int64_t>(t.rng_offset)});
+    w.write<int64_t>("trainer/data_index", {}, {static_cast<int64_t>(t.data_index)});
+    w.write<double>("trainer/elapsed_seconds", {}, {t.elapsed_seconds});
+    const int64_t n = static_cast<int64_t>(t.metrics.size());
+    std::vector<int64_t> steps;
+    for (const MetricRow& m : t.metrics) steps.push_back(m.step);
+    w.write<int64_t>("trainer/metrics/step", {n}, steps);
+    for (const auto& [col, member] : kMetricColumns) {
+      std::vector<double> v;
+      for (const MetricRow& m : t.metrics) v.push_back(m.*member);
+      w.write<double>(std::string("trainer/metrics/") + col, {n}, v);
+    }
+  }
+  w.commit();
+}
+
+Checkpoint load_checkpoint(const std::string& path) {
+  h5::Reader r(path, "checkpoint");
+  const std::string ctx = where(path);
+  HL_CHECK(r.has_attr("/", "format") && r.attr_str("/", "format") == kFormat, ctx,
+           ": not a headlab checkpoint (the root attribute 'format' is missing or is not '", kFormat, "')");
+  const int64_t version = r.attr_i64("/", "format_version");
+  HL_CHECK(version == kCheckpointVersion, ctx, ": format_version ", version, " is not supported (this headlab reads ",
+           kCheckpointVersion, ")");
+  Checkpoint ck;
+  try {
+    ck.config = nlohmann::json::parse(r.attr_str("/", "config"));
+  } catch (const nlohmann::json::exception& e) {
+    HL_FAIL(ctx, ": the root attribute 'config' is not valid JSON (", e.what(), ")");
+  }
+  HL_CHECK(ck.config.is_object() && ck.config.contains("model"), ctx, ": config has no 'model' section");
+  nn::GPTConfig cfg;
+  try {
+    cfg = nn::GPTConfig::from_json(ck.config["model"]);
+  } catch (const Error& e) {
+    HL_FAIL(ctx, ": ", e.what());
+  }
+  // The expected parameters are those of the model the config describes.
+  std::vector<std::pair<std::string, Shape>> expected;
+  {
+    NoGradGuard no_grad;
+    const nn::GPTModel shape_model(cfg);
+    for (auto& [name, t] : shape_model.named_parameters()) expected.emplace_back(name, t.shape());
+  }
+  HL_CHECK(r.has("model"), ctx, ": group /model is missing");
+  const std::vector<std::string> stored = r.list("model");
+  for (const auto& [name, shape] : expected) {
+    HL_CHECK(r.has("model/" + name), ctx, ": parameter ", name, " is missing");
+    ck.model.emplace_back(name, read_f32(r, "model/" + name, &shape));
+  }
+  for (const std::string& name : stored) {
+    const bool known = std::any_of(expected.begin(), expected.end(), [&](const auto& e) { return e.first == name; });
+    HL_CHECK(known, ctx, ": dataset model/", name, " is not a parameter of the model its config describes");
+  }
+  if (r.has("optimizer")) {
+    ck.has_optimizer = true;
+    try {
+      ck.optimizer = OptimizerOptions::from_json(nlohmann::json::parse(r.attr_str("/optimizer", "hyperparameters")));
+    } catch (const nlohmann::json::exception& e) {
+      HL_FAIL(ctx, ": optimizer hyperparameters are not valid JSON (", e.what(), ")");
+    }
+    if (r.has("optimizer/state"))
+      for (const std::string& name : r.list_datasets_recursive("optimizer/state"))
+        ck.optimizer_state.emplace_back(name, read_f32(r, "optimizer/state/" + name));
+    if (r.has("optimizer/steps"))
+      for (const std::string& name : r.list("optimizer/steps"))
+        ck.optimizer_steps.emplace_back(name, r.read("optimizer/steps/" + name, h5::DType::i64, {}).as<int64_t>()[0]);
+  }
+  if (r.has("trainer")) {
+    ck.has_trainer = true;
+    TrainerState& t = ck.trainer;
+    t.step = r.read("trainer/step", h5::DType::i64, {}).as<int64_t>()[0];
+    const auto rng = r.read("trainer/rng", h5::DType::i64, {2}).as<int64_t>();
+    t.rng_seed = static_cast<uint64_t>(rng[0]);
+    t.rng_offset = static_cast<uint64_t>(rng[1]);
+    t.data_index = static_cast<uint64_t>(r.read("trainer/data_index", h5::DType::i64, {}).as<int64_t>()[0]);
+    t.elapsed_seconds = r.read("trainer/elapsed_seconds", h5::DType::f64, {}).as<double>()[0];
+    const auto steps = r.read("trainer/metrics/step").as<int64_t>();
+    const int64_t n = static_cast<int64_t>(steps.size());
+    t.metrics.resize(steps.size());
+    for (size_t i = 0; i < steps.size(); ++i) t.metrics[i].step = steps[i];
+    for (const auto& [col, member] : kMetricColumns) {
+      const auto v = r.read(std::string("trainer/metrics/") + col, h5::DType::f64, {n}).as<double>();
+      for (size_t i = 0; i < v.size(); ++i) t.metrics[i].*member = v[i];
+    }
+  }
+  return ck;
+}
+
+std::shared_ptr<nn::GPTModel> model_from_checkpoint(const Checkpoint& ckpt, const std::string& path, Device device) {
+  const nn::GPTConfig cfg = nn::GPTConfig::from_json(ckpt.config.at("model"));
+  auto model = std::make_shared<nn::GPTModel>(cfg);
+  model->load_parameters(ckpt.model, where(path));
+  model->to(device);
+  model->eval();
+  return model;
+}
+
+}  // namespace headlab::train

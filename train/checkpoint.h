@@ -1,0 +1,53 @@
+// HDF5 checkpoints (DESIGN.md section 8): one self-describing file holding the model config,
+// tokenizer, task and training settings (root attribute `config`, JSON), every parameter under its
+// state_dict name, the optimizer state and the trainer state needed for a bit-exact resume.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "nn/gpt.h"
+#include "train/optim.h"
+
+namespace headlab::train {
+
+constexpr int64_t kCheckpointVersion = 1;
+
+struct MetricRow {
+  int64_t step = 0;
+  double train_loss = 0, val_loss = 0, val_accuracy = 0, val_exact_match = 0, lr = 0, grad_norm = 0, tokens_per_s = 0;
+};
+
+struct TrainerState {
+  int64_t step = 0;            // optimizer steps done
+  uint64_t rng_seed = 0;       // the default Generator (dropout), so resume replays the same masks
+  uint64_t rng_offset = 0;
+  uint64_t data_index = 0;     // next training batch index
+  double elapsed_seconds = 0;  // training time so far
+  std::vector<MetricRow> metrics;
+};
+
+struct Checkpoint {
+  nlohmann::json config;  // {"model": GPTConfig, "tokenizer": {...}, "task": {...}, "training": {...}}
+  NamedTensors model;     // CPU tensors by state_dict name
+  bool has_optimizer = false;
+  OptimizerOptions optimizer;
+  NamedTensors optimizer_state;
+  std::vector<std::pair<std::string, int64_t>> optimizer_steps;
+  bool has_trainer = false;
+  TrainerState trainer;
+};
+
+// Writes atomically (temp file, fsync, rename). Parameters are stored as float32.
+void save_checkpoint(const std::string& path, const Checkpoint& ckpt);
+// Reads and validates everything (format, version, config, every dataset's dtype, shape against the
+// config's model, checksum); the first problem is one Error naming the file and the item.
+Checkpoint load_checkpoint(const std::string& path);
+
+// The model described by a checkpoint's config, with its parameters loaded.
+std::shared_ptr<nn::GPTModel> model_from_checkpoint(const Checkpoint& ckpt, const std::string& path,
+                                                    Device device = kCPU);
+// Snapshot of a live model's parameters (CPU float32 copies).
+NamedTensors snapshot_parameters(const nn::Module& model);
+
+}  // namespace headlab::train

@@ -1,0 +1,176 @@
+// Optimizer steps call the backend's fused update kernels; see backends/backend.h for the formulas.
+#include "train/optim.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "backends/backend.h"
+
+namespace headlab::train {
+
+OptimizerOptions OptimizerOptions::defaults(const std::string& kind) {
+  HL_CHECK(kind == "sgd" || kind == "adam" || kind == "adamw", "optimizer: expected 'sgd', 'adam' or 'adamw', got '",
+           kind, "'");
+  OptimizerOptions o;
+  o.kind = kind;
+  if (kind == "adamw") o.weight_decay = 0.01;
+  if (kind == "sgd") o.lr = 0.1;
+  return o;
+}
+
+nlohmann::json OptimizerOptions::to_json() const {
+  return {{"kind", kind},   {"lr", lr},       {"momentum", momentum}, {"dampening", dampening},
+          {"nesterov", nesterov}, {"beta1", beta1}, {"beta2", beta2}, {"eps", eps}, {"weight_decay", weight_decay}};
+}
+
+OptimizerOptions OptimizerOptions::from_json(const nlohmann::json& j) {
+  OptimizerOptions o = defaults(j.value("kind", std::string("adamw")));
+  o.lr = j.value("lr", o.lr);
+  o.momentum = j.value("momentum", o.momentum);
+  o.dampening = j.value("dampening", o.dampening);
+  o.nesterov = j.value("nesterov", o.nesterov);
+  o.beta1 = j.value("beta1", o.beta1);
+  o.beta2 = j.value("beta2", o.beta2);
+  o.eps = j.value("eps", o.eps);
+  o.weight_decay = j.value("weight_decay", o.weight_decay);
+  return o;
+}
+
+Optimizer::Optimizer(NamedTensors params, OptimizerOptions opts) : opts_(std::move(opts)) {
+  HL_CHECK(opts_.lr >= 0, "optimizer: learning rate must be >= 0, got ", opts_.lr);
+  HL_CHECK(opts_.momentum >= 0, "optimizer: momentum must be >= 0, got ", opts_.momentum);
+  HL_CHECK(!opts_.nesterov || (opts_.momentum > 0 && opts_.dampening == 0),
+           "optimizer: nesterov momentum requires momentum > 0 and dampening 0");
+  HL_CHECK(opts_.beta1 >= 0 && opts_.beta1 < 1 && opts_.beta2 >= 0 && opts_.beta2 < 1,
+           "optimizer: betas must be in [0, 1), got (", opts_.beta1, ", ", opts_.beta2, ")");
+  for (auto& [name, p] : params) {
+    HL_CHECK(is_floating(p.dtype()), "optimizer: parameter ", name, " is not floating point");
+    Slot s{name, p, Tensor(), Tensor(), Tensor(), 0};
+    if (opts_.kind == "sgd") {
+      if (opts_.momentum != 0) s.momentum = zeros(p.shape(), p.dtype(), p.device());
+    } else {
+      s.exp_avg = zeros(p.shape(), p.dtype(), p.device());
+      s.exp_avg_sq = zeros(p.shape(), p.dtype(), p.device());
+    }
+    slots_.push_back(std::move(s));
+  }
+}
+
+void Optimizer::step() {
+  NoGradGuard no_grad;
+  for (Slot& s : slots_) {
+    const Tensor g = s.param.grad();
+    if (!g.defined()) continue;  // as PyTorch: parameters without gradients keep their state
+    HL_CHECK(s.param.is_contiguous(), "optimizer: parameter ", s.name, " is not contiguous");
+    const Tensor gc = contiguous(g);
+    Backend& be = backend_of(s.param);
+    ++s.step;
+    if (opts_.kind == "sgd") {
+      be.sgd_step(s.param.dtype(), s.param.raw_data(), gc.raw_data(), s.momentum.defined() ? s.momentum.raw_data() : nullptr,
+                  s.param.numel(), opts_.lr, opts_.momentum, opts_.dampening, opts_.weight_decay, opts_.nesterov,
+                  s.step == 1);
+    } else {
+      be.adam_step(s.param.dtype(), s.param.raw_data(), gc.raw_data(), s.exp_avg.raw_data(), s.exp_avg_sq.raw_data(),
+                   s.param.numel(), opts_.lr, opts_.beta1, opts_.beta2, opts_.eps, opts_.weight_decay, s.step,
+                   opts_.kind == "adamw");
+    }
+    s.param.bump_version();
+  }
+}
+
+void Optimizer::zero_grad() {
+  for (Slot& s : slots_) s.param.zero_grad();
+}
+
+NamedTensors Optimizer::state() const {
+  NamedTensors out;
+  for (const Slot& s : slots_) {
+    if (s.exp_avg.defined()) out.emplace_back(s.name + "/exp_avg", s.exp_avg);
+    if (s.exp_avg_sq.defined()) out.emplace_back(s.name + "/exp_avg_sq", s.exp_avg_sq);
+    if (s.momentum.defined()) out.emplace_back(s.name + "/momentum_buffer", s.momentum);
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, int64_t>> Optimizer::steps() const {
+  std::vector<std::pair<std::string, int64_t>> out;
+  for (const Slot& s : slots_) out.emplace_back(s.name, s.step);
+  return out;
+}
+
+void Optimizer::load_state(const NamedTensors& state, const std::vector<std::pair<std::string, int64_t>>& steps,
+                           const std::string& source) {
+  NamedTensors mine = this->state();
+  HL_CHECK(state.size() == mine.size(), source, ": optimizer state holds ", state.size(), " tensors, expected ",
+           mine.size(), " for a ", opts_.kind, " optimizer over ", slots_.size(), " parameters");
+  for (const auto& [name, t] : mine) {
+    auto it = std::find_if(state.begin(), state.end(), [&](const auto& p) { return p.first == name; });
+    HL_CHECK(it != state.end(), source, ": optimizer state ", name, " is missing");
+    HL_CHECK(it->second.shape() == t.shape(), source, ": optimizer state ", name, " has shape ",
+             shape_str(it->second.shape()), ", expected ", shape_str(t.shape()));
+    Tensor dst = t.detach();
+    NoGradGuard no_grad;
+    dst.copy_(it->second.to(t.dtype()));
+  }
+  for (Slot& s : slots_) {
+    auto it = std::find_if(steps.begin(), steps.end(), [&](const auto& p) { return p.first == s.name; });
+    HL_CHECK(it != steps.end(), source, ": optimizer step count for ", s.name, " is missing");
+    s.step = it->second;
+  }
+}
+
+double grad_norm(const std::vector<Tensor>& params) {
+  NoGradGuard no_grad;
+  Tensor total;
+  for (const Tensor& p : params) {
+    const Tensor g = p.grad();
+    if (!g.defined()) continue;
+    const Tensor sq = sum(mul(g, g)).to(DType::f64);
+    total = total.defined() ? add(total, sq) : sq;
+  }
+  return total.defined() ? std::sqrt(total.item<double>()) : 0.0;
+}
+
+double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
+  HL_CHECK(max_norm > 0, "clip_grad_norm: max_norm must be positive, got ", max_norm);
+  const double norm = grad_norm(params);
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1.0) {
+    NoGradGuard no_grad;
+    for (const Tensor& p : params) {
+      Tensor g = p.grad();
+      if (g.defined()) g.copy_(mul(g, coef));
+    }
+  }
+  return norm;
+}
+
+double LRSchedule::at(int64_t t) const {
+  if (kind == "constant") return lr;
+  if (kind == "step") return lr * std::pow(gamma, static_cast<double>(t / std::max<int64_t>(step_size, 1)));
+  if (t < warmup) return lr * static_cast<double>(t + 1) / static_cast<double>(warmup);
+  const double span = static_cast<double>(std::max<int64_t>(total - warmup, 1));
+  const double progress = std::min(1.0, static_cast<double>(t - warmup) / span);
+  return min_lr + 0.5 * (lr - min_lr) * (1.0 + std::cos(M_PI * progress));
+}
+
+nlohmann::json LRSchedule::to_json() const {
+  return {{"kind", kind},   {"lr", lr},         {"min_lr", min_lr}, {"warmup", warmup},
+          {"total", total}, {"step_size", step_size}, {"gamma", gamma}};
+}
+
+LRSchedule LRSchedule::from_json(const nlohmann::json& j) {
+  LRSchedule s;
+  s.kind = j.value("kind", s.kind);
+  HL_CHECK(s.kind == "constant" || s.kind == "cosine" || s.kind == "step",
+           "lr schedule: expected 'constant', 'cosine' or 'step', got '", s.kind, "'");
+  s.lr = j.value("lr", s.lr);
+  s.min_lr = j.value("min_lr", s.min_lr);
+  s.warmup = j.value("warmup", s.warmup);
+  s.total = j.value("total", s.total);
+  s.step_size = j.value("step_size", s.step_size);
+  s.gamma = j.value("gamma", s.gamma);
+  return s;
+}
+
+}  // namespace headlab::train

@@ -1,0 +1,272 @@
+// Toy sequence tasks for next-token training: a character tokenizer, the algorithmic tasks
+// (copy, reverse, sort, add) and a character-level language model over a text (chars).
+// Pure data: everything here produces int64 token ids; nothing knows about tensors or devices.
+//
+// B = batch rows, T = tokens per row (the model's context length).
+//
+// Determinism: a batch is a pure function of (task options, seed, split, batch index, B, T).
+// Example n of a stream (n = index * B + row) is drawn from a counter-based generator keyed by
+// splitmix64(seed, split, n), so batch k is identical on every run and machine, and resuming a
+// run needs nothing but the batch index. Tasks are immutable after construction, so batch()
+// may be called from several threads at once (e.g. a prefetching loader).
+#pragma once
+
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "autograd/error.h"  // every bad input throws headlab::Error
+
+namespace headlab {
+
+// PyTorch's cross_entropy ignore_index: targets equal to it carry no loss and no score.
+inline constexpr int64_t kIgnoreIndex = -100;
+
+// ---------------------------------------------------------------------------------------------
+// Tokenizer: character level. The vocabulary is a list of single-character tokens (one Unicode
+// code point each, stored as UTF-8); token id = position in the list. The list is the whole
+// serialised form: a checkpoint stores vocab() as a JSON array and rebuilds with Tokenizer(list).
+class Tokenizer {
+ public:
+  Tokenizer() = default;
+  // owner prefixes error messages ("task reverse"). Entries must be single characters, unique.
+  explicit Tokenizer(std::vector<std::string> vocab, std::string owner = "tokenizer");
+  // Vocabulary = the sorted (by code point) unique characters of text.
+  static Tokenizer from_text(std::string_view text, std::string owner = "tokenizer");
+
+  const std::vector<std::string>& vocab() const { return vocab_; }
+  int64_t size() const { return static_cast<int64_t>(vocab_.size()); }
+  // label names the input in errors ("prompt", "text 'war.txt'"). An unknown character throws
+  // "<owner>: <label> '<text>' has character 'a' outside the vocabulary \"...\"", or, when the
+  // text is long, multi-line or quote_text is false, "... <label> has character 'a' at line L,
+  // column C outside ...". Invalid UTF-8 throws too.
+  std::vector<int64_t> encode(std::string_view text, std::string_view label = "text",
+                              bool quote_text = true) const;
+  // Ids outside [0, size) throw.
+  std::string decode(const std::vector<int64_t>& ids) const;
+  // Id of one character (given as UTF-8), or nullopt.
+  std::optional<int64_t> find(std::string_view ch) const;
+  // Vocabulary for messages: "\"0123456789>._\"" when short, "of 65 characters" when long.
+  std::string describe() const;
+
+ private:
+  std::vector<std::string> vocab_;
+  std::string owner_ = "tokenizer";
+  std::map<uint32_t, int64_t> index_;  // code point -> id
+  std::vector<int32_t> ascii_;          // (128,) fast path of index_ for ASCII; -1 = absent
+};
+
+// ---------------------------------------------------------------------------------------------
+enum class Split { train, val };
+const char* split_name(Split split);  // "train" / "val"
+
+// One batch, row-major (B, T). inputs = sequence[0:T], targets = sequence[1:T+1].
+// Algorithmic tasks: targets are kIgnoreIndex except where the next token is an answer token or
+// the end token; row b's scored span is t in [answer_begin[b], answer_end[b]).
+// chars: every target counts, has_answers = false and the span vectors are empty.
+struct Batch {
+  int64_t B = 0, T = 0;
+  std::vector<int64_t> inputs;        // (B, T)
+  std::vector<int64_t> targets;       // (B, T), kIgnoreIndex where no loss is taken
+  bool has_answers = false;           // whole answers exist, so exact match applies
+  std::vector<int64_t> answer_begin;  // (B,) first t whose target is an answer token
+  std::vector<int64_t> answer_end;    // (B,) one past the t whose target is the end token
+
+  int64_t input(int64_t b, int64_t t) const { return inputs[static_cast<size_t>(b * T + t)]; }
+  int64_t target(int64_t b, int64_t t) const { return targets[static_cast<size_t>(b * T + t)]; }
+};
+
+// Teacher-forced scores of argmax predictions. Accumulate over batches with +=.
+struct Metrics {
+  int64_t tokens = 0;          // targets scored (not kIgnoreIndex)
+  int64_t tokens_correct = 0;
+  int64_t rows = 0;            // rows with an answer (0 when exact match does not apply)
+  int64_t rows_correct = 0;    // rows whose every answer target (answer digits + end) is right
+  bool has_exact_match = false;
+  double token_accuracy = std::numeric_limits<double>::quiet_NaN();  // tokens_correct / tokens
+  double exact_match = std::numeric_limits<double>::quiet_NaN();     // rows_correct / rows; NaN
+                                                                     // when !has_exact_match
+
+  Metrics& operator+=(const Metrics& other);
+};
+
+// predicted_ids: (B, T) argmax of the logits for batch.inputs. Throws on a size mismatch.
+Metrics score(const Batch& batch, const std::vector<int64_t>& predicted_ids);
+
+// ---------------------------------------------------------------------------------------------
+// What make_task needs; a checkpoint stores it (options_to_map) next to the tokenizer's
+// vocabulary and restores it with options_from_map plus `vocabulary = <stored list>`.
+struct TaskOptions {
+  uint64_t seed = 1;
+  // copy / reverse / sort: digit strings with a length drawn uniformly from [min_len, max_len].
+  // 4..8 keeps padding and variable answer spans in play and is still easy: a 2-layer emb-64
+  // GPT reaches ~100% exact match on reverse in about 200 AdamW steps of batch 64.
+  int64_t min_len = 4;
+  int64_t max_len = 8;
+  // add: operands of n_digits digits (zero-padded), sum of n_digits + 1 digits.
+  int64_t n_digits = 3;
+  // chars: the text is `text` when non-empty, else read from text_path.
+  std::string text_path = "data/tiny.txt";
+  std::string text;
+  // chars: a fixed vocabulary (from a checkpoint); empty = sorted unique characters of the text.
+  // Algorithmic tasks: must be empty or equal to the task's own vocabulary.
+  std::vector<std::string> vocabulary;
+};
+
+// The options that matter for task `name` as key/value strings: seed, and min_len + max_len
+// (copy/reverse/sort), n_digits (add), text_path and, only when given inline, text (chars).
+// An unknown name gives every key. The vocabulary is not included: it travels as the
+// tokenizer's list.
+std::map<std::string, std::string> options_to_map(const std::string& name,
+                                                  const TaskOptions& options);
+// Inverse of options_to_map; unknown keys and malformed numbers throw.
+TaskOptions options_from_map(const std::map<std::string, std::string>& map);
+
+// What to feed the model to generate an answer.
+struct Prompt {
+  std::vector<int64_t> ids;   // prompt tokens then the separator ('>' or '=')
+  int64_t answer_length = 0;  // answer tokens to generate before the end token; -1: open-ended
+  std::string text;           // the normalised prompt as the model sees it ("123+045=")
+};
+
+// ---------------------------------------------------------------------------------------------
+class Task {
+ public:
+  virtual ~Task() = default;
+
+  virtual std::string name() const = 0;
+  // One paragraph: the format, an example line, what is scored, how train/val are split.
+  virtual std::string description() const = 0;
+  // Everything make_task(name(), options()) needs to rebuild this task exactly.
+  virtual TaskOptions options() const = 0;
+  const Tokenizer& tokenizer() const { return tokenizer_; }
+  int64_t vocab_size() const { return tokenizer_.size(); }
+
+  // Smallest context length T that holds a whole example (prompt + separator + answer + end);
+  // chars: 1 (the text length is checked by check_context_length).
+  virtual int64_t required_context_length() const = 0;
+  // Throws a clear error when context length T cannot be used (too small; text too short).
+  virtual void check_context_length(int64_t T) const = 0;
+
+  // Batch `index` of the split's stream: rows are examples index*B .. index*B + B-1.
+  virtual Batch batch(Split split, uint64_t index, int64_t B, int64_t T) const = 0;
+
+  // Generation (headlab generate): validate and encode a user prompt, then greedy-decode
+  // answer_length tokens (stop early at end_id()), then format_answer(generated ids).
+  virtual Prompt encode_prompt(const std::string& text) const = 0;
+  virtual int64_t end_id() const = 0;  // -1 when there is no end token (chars)
+  // Human-readable answer from generated ids (everything from the end token on is dropped).
+  // Never throws on a wrong answer, only on ids outside the vocabulary.
+  virtual std::string format_answer(const std::vector<int64_t>& ids) const = 0;
+  // Reference answer of a user prompt in the same form as format_answer ("" for chars).
+  virtual std::string expected_answer(const std::string& text) const = 0;
+
+ protected:
+  Tokenizer tokenizer_;
+};
+
+// One algorithmic example, unpadded.
+struct Example {
+  std::vector<int64_t> tokens;  // prompt, separator, answer, end
+  int64_t answer_begin = 0;     // index in tokens of the first answer token
+  std::string prompt_text;      // human readable ("123+45" for add, digits otherwise)
+  std::string answer_text;      // human readable ("168" for add, digits otherwise)
+};
+
+// copy, reverse, sort, add. Vocabulary: digits first so that id == digit value.
+//   copy/reverse/sort: 0-9 > . _   (ids 0-9, 10, 11, 12)
+//   add:               0-9 + = . _ (ids 0-9, 10, 11, 12, 13)
+// Train/val disjointness: an example belongs to val iff splitmix64 of its prompt (with a fixed
+// salt, independent of the seed) is 0 mod 8; each stream rejection-samples prompts of its own
+// part. So 1/8 of all prompts are never trained on, for every seed.
+class AlgorithmicTask : public Task {
+ public:
+  enum class Kind { copy, reverse, sort, add };
+  AlgorithmicTask(Kind kind, const TaskOptions& options);
+
+  std::string name() const override;
+  std::string description() const override;
+  TaskOptions options() const override { return options_; }
+  int64_t required_context_length() const override;
+  void check_context_length(int64_t T) const override;
+  Batch batch(Split split, uint64_t index, int64_t B, int64_t T) const override;
+  Prompt encode_prompt(const std::string& text) const override;
+  int64_t end_id() const override { return end_id_; }
+  std::string format_answer(const std::vector<int64_t>& ids) const override;
+  std::string expected_answer(const std::string& text) const override;
+
+  Kind kind() const { return kind_; }
+  // Example n of a split's stream (batch(split, i, B, T) row r is example i*B + r).
+  Example example(Split split, uint64_t n) const;
+  // The example for a user prompt ("31415", "123+45"); same validation as encode_prompt.
+  Example make_example(const std::string& prompt_text) const;
+  // Which part of the example space a prompt (its token ids, without separator) belongs to.
+  Split split_of(const std::vector<int64_t>& prompt_ids) const;
+
+  int64_t sep_id() const { return sep_id_; }
+  int64_t pad_id() const { return pad_id_; }
+  int64_t plus_id() const { return plus_id_; }  // add only; -1 otherwise
+
+ private:
+  std::vector<int64_t> parse_prompt(const std::string& text) const;  // -> prompt ids
+  Example build(const std::vector<int64_t>& prompt_ids) const;
+  std::string err() const { return "task " + name(); }
+
+  Kind kind_;
+  TaskOptions options_;
+  int64_t sep_id_ = -1, end_id_ = -1, pad_id_ = -1, plus_id_ = -1;
+};
+
+// Character-level language model over a text: windows of T+1 characters; the first 90% of the
+// text (in characters) is train, the last 10% validation. Every position is a target.
+// A task made with a vocabulary but whose text file is missing still tokenizes (generate works);
+// batch() then throws naming the file. Eval on another text: the stored options and vocabulary
+// with text_path = FILE (characters outside the vocabulary throw), then e.g. Split::val batches
+// (the last 10% of FILE).
+class CharsTask : public Task {
+ public:
+  explicit CharsTask(const TaskOptions& options);
+
+  std::string name() const override { return "chars"; }
+  std::string description() const override;
+  TaskOptions options() const override;
+  int64_t required_context_length() const override { return 1; }
+  void check_context_length(int64_t T) const override;
+  Batch batch(Split split, uint64_t index, int64_t B, int64_t T) const override;
+  Prompt encode_prompt(const std::string& text) const override;
+  int64_t end_id() const override { return -1; }
+  std::string format_answer(const std::vector<int64_t>& ids) const override;
+  std::string expected_answer(const std::string&) const override { return ""; }
+
+  bool has_text() const { return text_loaded_; }
+  int64_t text_length() const { return static_cast<int64_t>(ids_.size()); }  // in characters
+  // [begin, end) character positions of a split's region of the text.
+  std::pair<int64_t, int64_t> region(Split split) const;
+  // The text as token ids (int32 to keep large texts small; ids are < vocab_size()).
+  const std::vector<int32_t>& text_ids() const { return ids_; }
+
+ private:
+  void check_region(Split split, int64_t T) const;
+  std::string source() const;  // "text 'path'" or "text"
+
+  TaskOptions options_;
+  bool text_loaded_ = false;
+  std::string missing_reason_;  // why the text could not be read (vocabulary-only task)
+  std::vector<int32_t> ids_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// "copy", "reverse", "sort", "add", "chars".
+const std::vector<std::string>& task_names();
+// Builds a task by name; unknown names throw listing the valid ones.
+std::unique_ptr<Task> make_task(const std::string& name, const TaskOptions& options);
+// Help text for `headlab train --help`: every task's one-line format with default options.
+std::string tasks_help();
+
+}  // namespace headlab

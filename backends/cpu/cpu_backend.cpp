@@ -52,6 +52,17 @@ constexpr double kSqrt2OverPi = 0.7978845608028654;
 constexpr double kInvSqrt2 = 0.7071067811865476;
 constexpr double kInvSqrt2Pi = 0.3989422804014327;
 
+// GELU with the tanh approximation and its derivative: the hot activation of every GPT block.
+template <typename T>
+inline T gelu_tanh_forward(T x) {
+  return T(0.5) * x * (T(1) + fast_tanh(T(kSqrt2OverPi) * (x + T(0.044715) * x * x * x)));
+}
+template <typename T>
+inline T gelu_tanh_grad(T x) {
+  const T t = fast_tanh(T(kSqrt2OverPi) * (x + T(0.044715) * x * x * x));
+  return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * T(kSqrt2OverPi) * (T(1) + T(3 * 0.044715) * x * x);
+}
+
 template <typename T>
 T apply_unary(UnaryOp op, T x, T alpha, T beta) {
   switch (op) {
@@ -65,8 +76,7 @@ T apply_unary(UnaryOp op, T x, T alpha, T beta) {
     case UnaryOp::sigmoid: return T(1) / (T(1) + fast_exp(-x));
     case UnaryOp::relu: return x > T(0) ? x : T(0);
     case UnaryOp::gelu: return T(0.5) * x * (T(1) + std::erf(x * T(kInvSqrt2)));
-    case UnaryOp::gelu_tanh:
-      return T(0.5) * x * (T(1) + fast_tanh(T(kSqrt2OverPi) * (x + T(0.044715) * x * x * x)));
+    case UnaryOp::gelu_tanh: return gelu_tanh_forward(x);
     case UnaryOp::pow: return std::pow(x, alpha);
     case UnaryOp::affine: return alpha * x + beta;
     case UnaryOp::sign: return T((x > T(0)) - (x < T(0)));
@@ -92,11 +102,7 @@ T unary_derivative(UnaryOp op, T x, T y, T alpha) {
       const T cdf = T(0.5) * (T(1) + std::erf(x * T(kInvSqrt2)));
       return cdf + x * T(kInvSqrt2Pi) * std::exp(T(-0.5) * x * x);
     }
-    case UnaryOp::gelu_tanh: {
-      const T u = T(kSqrt2OverPi) * (x + T(0.044715) * x * x * x);
-      const T t = fast_tanh(u);
-      return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * T(kSqrt2OverPi) * (T(1) + T(3 * 0.044715) * x * x);
-    }
+    case UnaryOp::gelu_tanh: return gelu_tanh_grad(x);
     case UnaryOp::pow: return alpha * std::pow(x, alpha - T(1));
     case UnaryOp::affine: return alpha;
     case UnaryOp::sign:
@@ -221,11 +227,7 @@ struct CpuBackend final : Backend {
           case UnaryOp::relu: map1(po, s[0], pa, s[1], n, [](T x) { return x > T(0) ? x : T(0); }); break;
           case UnaryOp::affine: map1(po, s[0], pa, s[1], n, [=](T x) { return al * x + be; }); break;
           case UnaryOp::neg: map1(po, s[0], pa, s[1], n, [](T x) { return -x; }); break;
-          case UnaryOp::gelu_tanh:
-            map1(po, s[0], pa, s[1], n, [](T x) {
-              return T(0.5) * x * (T(1) + fast_tanh(T(kSqrt2OverPi) * (x + T(0.044715) * x * x * x)));
-            });
-            break;
+          case UnaryOp::gelu_tanh: map1(po, s[0], pa, s[1], n, [](T x) { return gelu_tanh_forward(x); }); break;
           default: map1(po, s[0], pa, s[1], n, [=](T x) { return apply_unary<T>(op, x, al, be); });
         }
       });
@@ -250,7 +252,7 @@ struct CpuBackend final : Backend {
         for (int64_t i = 0; i < n; ++i) di[i] = dy[i] * deriv(py[i]);
       };
       switch (op) {
-        case UnaryOp::gelu_tanh: from_x([](T x) { return unary_derivative<T>(UnaryOp::gelu_tanh, x, T(0), T(0)); }); break;
+        case UnaryOp::gelu_tanh: from_x([](T x) { return gelu_tanh_grad(x); }); break;
         case UnaryOp::relu: from_x([](T x) { return x > T(0) ? T(1) : T(0); }); break;
         case UnaryOp::tanh: from_y([](T y) { return T(1) - y * y; }); break;
         case UnaryOp::exp: from_y([](T y) { return y; }); break;

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The main job: build headlab, train the default GPT on the `reverse` task, then evaluate it,
+# generate with it, inspect it, find which heads matter (ablate) and compare the wrapper and
+# fused attention forms. Everything lands in runs/demo/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/build.sh
+hl=./build/headlab
+out=runs/demo
+say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+
+say "1. train: a 2-layer, 4-head GPT learns to reverse digit strings (headlab train --help lists every option)"
+$hl train --task reverse --out "$out" "$@"
+
+say "2. eval: loss, token accuracy and exact-match accuracy on validation prompts never seen in training"
+$hl eval "$out/checkpoint.h5"
+
+say "3. generate: the model answers task inputs (greedy decoding; stdout is the prompt and its answer)"
+for p in 31415 9876543 1200; do $hl generate "$out/checkpoint.h5" --prompt "$p"; done
+
+say "4. inspect: what the checkpoint holds (config, parameters, training state, metrics)"
+$hl inspect "$out/checkpoint.h5"
+
+say "5. ablate: which heads matter (zero/mean ablation, gradient importance, pruning curve, pruned model)"
+$hl ablate "$out/checkpoint.h5" --out "$out/ablate" --prune 2
+
+say "6. compare: the per-head wrapper against the fused multi-head attention (same maths, different cost)"
+$hl compare --out "$out/compare"
+
+say "done: files in $out/ (checkpoint.h5, metrics.csv, ablate/report.md and PNGs, compare/compare.csv and compare.png)"

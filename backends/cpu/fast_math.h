@@ -8,7 +8,8 @@
 namespace headlab::cpu {
 
 inline float fast_exp(float x) {
-  x = std::fmin(std::fmax(x, -87.3365447504f), 88.3762626647f);
+  const float in = x;
+  x = std::fmin(std::fmax(x, -87.3365447504f), 88.7228391117f);
   const float n = std::floor(x * 1.44269504088896341f + 0.5f);
   float r = x - n * 0.693359375f;  // ln 2 split in two so r stays exact
   r = r + n * 2.12194440e-4f;
@@ -20,10 +21,15 @@ inline float fast_exp(float x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   const float y = p * r2 + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n
-  float scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return y * scale;
+  // 2^n as two factors, so n = 128 (x near the top of float's range) does not overflow the exponent.
+  const int32_t n_lo = static_cast<int32_t>(n) / 2, n_hi = static_cast<int32_t>(n) - n_lo;
+  const int32_t bits_lo = (n_lo + 127) << 23, bits_hi = (n_hi + 127) << 23;
+  float s_lo, s_hi;
+  std::memcpy(&s_lo, &bits_lo, sizeof(s_lo));
+  std::memcpy(&s_hi, &bits_hi, sizeof(s_hi));
+  const float result = y * s_lo * s_hi;
+  // As std::exp: NaN stays NaN, past the range the result is inf / 0.
+  return in != in ? in : in > 88.7228391117f ? INFINITY : in < -103.972084f ? 0.0f : result;
 }
 
 inline float fast_tanh(float x) {
@@ -36,7 +42,7 @@ inline float fast_tanh(float x) {
   p = p * z + 1.33314422036e-1f;
   p = p * z - 3.33332819422e-1f;
   const float small = p * z * x + x;
-  const float big = 1.0f - 2.0f / (fast_exp(2.0f * std::fmin(ax, 9.0f)) + 1.0f);
+  const float big = 1.0f - 2.0f / (fast_exp(2.0f * ax) + 1.0f);  // fast_exp saturates: big -> 1 exactly
   return ax < 0.625f ? small : std::copysign(big, x);
 }
 

@@ -66,7 +66,10 @@ void record(const char* op, Tensor& out, const std::vector<Tensor>& inputs, Back
   node->name = backward_name(op);
   node->seq = g_next_seq++;
   for (const Tensor& t : inputs)
-    if (t.defined() && t.requires_grad()) node->inputs.push_back(t);
+    if (t.defined() && t.requires_grad()) {
+      node->inputs.push_back(t);
+      node->input_fns.push_back(t.grad_fn());
+    }
   for (const Tensor& t : saved)
     if (t.defined()) node->saved.push_back(save(t));
   node->fn = std::move(fn);
@@ -86,6 +89,7 @@ void record_inplace(const char* op, Tensor& self, std::function<Tensor(const Ten
   node->name = backward_name(op);
   node->seq = g_next_seq++;
   node->inputs.push_back(old);
+  node->input_fns.push_back(old.grad_fn());
   for (const Tensor& t : saved)
     if (t.defined()) node->saved.push_back(save(t));
   node->fn = [old, dself = std::move(dself)](const Tensor& dout, Grads& g) { g.acc(old, dself(dout)); };
@@ -93,11 +97,19 @@ void record_inplace(const char* op, Tensor& self, std::function<Tensor(const Ten
 }
 
 // ---- Grads ----
+const Node* Grads::node_of(const Tensor& t) const {
+  if (running_)
+    for (size_t i = 0; i < running_->inputs.size(); ++i)
+      if (running_->inputs[i].impl() == t.impl()) return running_->input_fns[i].get();
+  return t.grad_fn().get();
+}
+
 bool Grads::needs(const Tensor& t) const {
   if (!t.defined() || !t.requires_grad()) return false;
   if (!functional_) return true;
-  if (t.is_leaf()) return target_leaves_.count(t.impl()) > 0;
-  return needed_nodes_.count(t.grad_fn().get()) > 0;
+  const Node* n = node_of(t);
+  if (!n) return target_leaves_.count(t.impl()) > 0;
+  return needed_nodes_.count(n) > 0;
 }
 
 void Grads::acc(const Tensor& t, const Tensor& g_in) {
@@ -106,8 +118,9 @@ void Grads::acc(const Tensor& t, const Tensor& g_in) {
   Tensor g = g_in.shape() == t.shape() ? g_in : sum_to(g_in, t.shape());
   if (g.dtype() != t.dtype()) g = to_dtype(g, t.dtype());
   auto add_into = [&](Tensor& slot) { slot = slot.defined() ? add(slot, g) : g; };
-  if (t.is_leaf()) add_into(leaf_grads_[t.impl()]);
-  else add_into(node_grads_[t.grad_fn().get()]);
+  const Node* n = node_of(t);
+  if (!n) add_into(leaf_grads_[t.impl()]);
+  else add_into(node_grads_[n]);
 }
 
 // ---- the backward pass ----
@@ -126,8 +139,8 @@ struct BackwardPass {
       std::shared_ptr<Node> n = stack.back();
       stack.pop_back();
       order.push_back(n);
-      for (const Tensor& in : n->inputs)
-        if (in.grad_fn() && seen.insert(in.grad_fn().get()).second) stack.push_back(in.grad_fn());
+      for (const std::shared_ptr<Node>& in : n->input_fns)
+        if (in && seen.insert(in.get()).second) stack.push_back(in);
     }
     std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a->seq > b->seq; });
   }
@@ -144,11 +157,14 @@ struct BackwardPass {
     for (auto it = order.rbegin(); it != order.rend(); ++it) {
       Node* n = it->get();
       bool needed = false;
-      for (const Tensor& in : n->inputs) {
-        if (in.is_leaf()) needed |= grads.target_leaves_.count(in.impl()) > 0;
-        else needed |= target_nodes.count(in.grad_fn().get()) > 0 || grads.needed_nodes_.count(in.grad_fn().get()) > 0;
+      for (size_t i = 0; i < n->inputs.size(); ++i) {
+        const Node* in = n->input_fns[i].get();
+        if (!in) needed |= grads.target_leaves_.count(n->inputs[i].impl()) > 0;
+        else needed |= target_nodes.count(in) > 0 || grads.needed_nodes_.count(in) > 0;
       }
-      if (needed) grads.needed_nodes_.insert(n);
+      // A node freed by an earlier backward has lost its edges: keep it so run() reports the reuse
+      // instead of silently returning zero gradients.
+      if (needed || n->released) grads.needed_nodes_.insert(n);
     }
     for (const Node* n : target_nodes) grads.needed_nodes_.insert(n);
   }
@@ -192,10 +208,13 @@ struct BackwardPass {
       }
       if (g_anomaly && has_nonfinite(dout))
         HL_FAIL("anomaly: the gradient flowing into ", n->name, " holds NaN or Inf");
+      grads.running_ = n;
       n->fn(dout, grads);
+      grads.running_ = nullptr;
       if (!retain_graph) {
         n->fn = nullptr;
         n->inputs.clear();
+        n->input_fns.clear();
         n->saved.clear();
         n->released = true;
       }

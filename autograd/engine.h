@@ -20,6 +20,9 @@ struct Node {
   std::string name;            // "MatmulBackward"
   uint64_t seq = 0;            // creation order: a node is always newer than its inputs' nodes
   std::vector<Tensor> inputs;  // edges to the inputs that require grad
+  // Each input's grad_fn when this node was recorded. An in-place op later gives the input tensor
+  // a new grad_fn; this node's gradient still belongs to the history it actually read.
+  std::vector<std::shared_ptr<Node>> input_fns;
   struct Saved {
     std::shared_ptr<Storage> storage;
     uint64_t version;
@@ -39,6 +42,8 @@ class Grads {
 
  private:
   friend struct BackwardPass;
+  const Node* node_of(const Tensor& t) const;  // t's grad_fn as the running node recorded it
+  const Node* running_ = nullptr;
   std::unordered_map<const Node*, Tensor> node_grads_;
   std::unordered_map<const TensorImpl*, Tensor> leaf_grads_;
   std::unordered_set<const Node*> needed_nodes_;         // functional grad(): nodes on a path to a target

@@ -94,8 +94,8 @@ Tensor Tensor::empty_strided(const Shape& shape, const Shape& strides, DType dty
 }
 
 static int64_t wrap_dim(int64_t d, int64_t rank, const char* who) {
-  HL_CHECK(d >= -rank && d < std::max<int64_t>(rank, 1), who, ": dimension ", d, " is out of range for a ", rank,
-           "-D tensor");
+  // A 0-d tensor has no dims at all (size(0) would read past the shape).
+  HL_CHECK(d >= -rank && d < rank, who, ": dimension ", d, " is out of range for a ", rank, "-D tensor");
   return d < 0 ? d + rank : d;
 }
 
@@ -253,7 +253,7 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) {
   int64_t pos = 0;
   if (t.numel() == 0) os << "[]";
   else print_values(os, v, t.shape(), 0, pos, 7, t.dtype(), width, sci);
-  if (t.numel() == 0) {
+  if (t.numel() == 0 && t.dim() != 1) {  // PyTorch shows the size of empty tensors unless 1-D
     const std::string s = shape_str(t.shape());
     os << ", size=(" << s.substr(1, s.size() - 2) << ")";
   }

@@ -9,6 +9,10 @@
 
 namespace headlab::cli {
 
+// Defined in cmd_train.cpp: number checks with short error messages.
+CLI::Validator positive_number();
+CLI::Validator non_negative_number();
+
 namespace {
 
 struct Loaded {
@@ -59,13 +63,16 @@ Action add_eval(CLI::App& app) {
   app.add_option("checkpoint", *path, "checkpoint file (.h5)")->required();
   app.add_option("--text", *text, "chars checkpoints: evaluate on the last 10% of this text instead");
   app.add_option("--batches", *batches, "validation batches (default: the run's --eval-batches)")
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number());
   app.add_option("--device", *device, "cpu | cuda")->capture_default_str();
-  app.add_option("--threads", *threads, "CPU threads (0: all cores)")->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", *threads, "CPU threads (0: all cores)")->check(non_negative_number());
   return [=] {
     set_threads(*threads);
     Loaded l = load(*path, *device, *text);
-    const auto& tr = l.ckpt.config["training"];
+    // Checkpoints made elsewhere (tools/import_torch.py) may have no training section.
+    const nlohmann::json& cfg = l.ckpt.config;
+    const nlohmann::json tr =
+        cfg.contains("training") && cfg["training"].is_object() ? cfg["training"] : nlohmann::json::object();
     const int64_t n = *batches > 0 ? *batches : tr.value("eval_batches", int64_t{8});
     const int64_t B = tr.value("batch_size", int64_t{64});
     const train::EvalResult r = train::evaluate(*l.model, *l.task, n, B, l.model->config().context_length);
@@ -90,11 +97,11 @@ Action add_generate(CLI::App& app) {
   app.add_option("checkpoint", *path, "checkpoint file (.h5)")->required();
   app.add_option("--prompt", *prompt, "text to continue; for task checkpoints a task input, e.g. 31415 or 123+45")
       ->required();
-  app.add_option("--max-new-tokens", *max_new, "tokens to generate at most")->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--max-new-tokens", *max_new, "tokens to generate at most")->check(non_negative_number())->capture_default_str();
   app.add_option("--temperature", *temperature, "0: greedy; otherwise sample from softmax(logits / T)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(non_negative_number())
       ->capture_default_str();
-  app.add_option("--top-k", *top_k, "sample only from the k most likely tokens (0: all)")->check(CLI::NonNegativeNumber);
+  app.add_option("--top-k", *top_k, "sample only from the k most likely tokens (0: all)")->check(non_negative_number());
   app.add_option("--seed", *seed, "sampling seed")->capture_default_str();
   app.add_option("--device", *device, "cpu | cuda")->capture_default_str();
   return [=] {

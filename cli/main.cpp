@@ -1,5 +1,6 @@
 // headlab: train, evaluate, generate with, inspect, compare and ablate small GPTs on toy tasks.
 // Library errors become one line on stderr and exit code 1; usage errors exit with code 2.
+#include <algorithm>
 #include <iostream>
 #include <map>
 
@@ -32,6 +33,18 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
+    // A mistyped command name is left over as an extra argument while CLI11 reports only that a
+    // subcommand is required; name it instead.
+    const bool no_command = std::none_of(actions.begin(), actions.end(), [](const auto& a) { return a.first->parsed(); });
+    const std::vector<std::string> rest = app.remaining();
+    if (no_command && !rest.empty() && !rest.front().empty() && rest.front()[0] != '-') {
+      std::string names;
+      for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; }))
+        names += (names.empty() ? "" : ", ") + sub->get_name();
+      std::cerr << "unknown command '" << rest.front() << "' (commands: " << names
+                << ")\nRun with --help for more information.\n";
+      return 2;
+    }
     app.exit(e);  // prints the message and the hint to use --help
     return 2;
   }

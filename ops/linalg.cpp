@@ -106,6 +106,11 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   HL_CHECK(a.size(-1) == b.size(-2), "matmul: shapes ", shape_str(a.shape()), " and ", shape_str(b.shape()),
            " cannot be multiplied (", a.size(-1), " != ", b.size(-2), ")");
   const Shape batch_a(a.shape().begin(), a.shape().end() - 2), batch_b(b.shape().begin(), b.shape().end() - 2);
+  for (size_t i = 1; i <= std::min(batch_a.size(), batch_b.size()); ++i) {  // here to name the full shapes
+    const int64_t da = batch_a[batch_a.size() - i], db = batch_b[batch_b.size() - i];
+    HL_CHECK(da == db || da == 1 || db == 1, "matmul: shapes ", shape_str(a.shape()), " and ", shape_str(b.shape()),
+             " cannot be broadcast in their batch dims (", da, " vs ", db, ")");
+  }
   Shape batch = detail::broadcast_shapes("matmul", batch_a, batch_b);
   const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
   Shape sa = batch, sb = batch, so = batch;
@@ -137,7 +142,9 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
            shape_str(weight.shape()));
   HL_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "linear: input of shape ", shape_str(x.shape()),
            " does not match weight of shape ", shape_str(weight.shape()), " (expected last dim ", weight.size(1), ")");
-  const int64_t in_f = weight.size(1), out_f = weight.size(0), rows = x.numel() / std::max<int64_t>(in_f, 1);
+  // rows from the leading dims, not numel / in_f: with in_features == 0 there are still rows (of bias)
+  const int64_t in_f = weight.size(1), out_f = weight.size(0);
+  const int64_t rows = shape_numel(Shape(x.shape().begin(), x.shape().end() - 1));
   if (bias.defined()) {
     check_same_device("linear", x, bias);
     detail::check_same_dtype("linear", x, bias);

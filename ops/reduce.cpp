@@ -99,7 +99,7 @@ Tensor amax(const Tensor& x, const Shape& dims, bool keepdim) {
   HL_CHECK(p.count > 0, "amax: cannot reduce over an empty dimension of shape ", shape_str(x.shape()));
   Tensor out = reduce_raw(ReduceOp::max, x, p, x.dtype());
   const Tensor kept = out.as_strided_raw(p.keep_shape, contiguous_strides(p.keep_shape), 0);
-  if (keepdim) out = kept;
+  if (keepdim) out = kept.detach();  // its own handle: the closure holding `kept` must not own its output
   record("amax", out, {x},
          [x, kept, p](const Tensor& dout, Grads& g) {
            // The gradient goes to the maximal elements, shared evenly between ties.

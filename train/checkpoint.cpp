@@ -106,10 +106,14 @@ Checkpoint load_checkpoint(const std::string& path) {
     HL_FAIL(ctx, ": ", e.what());
   }
   // The expected parameters are those of the model the config describes.
+  // Building it draws initial values from the global generator; reading a file must not move the
+  // generator (it decides dropout masks and the next model's init), so its state is put back.
   std::vector<std::pair<std::string, Shape>> expected;
   {
     NoGradGuard no_grad;
+    const Generator saved = default_generator();
     const nn::GPTModel shape_model(cfg);
+    default_generator() = saved;
     for (auto& [name, t] : shape_model.named_parameters()) expected.emplace_back(name, t.shape());
   }
   HL_CHECK(r.has("model"), ctx, ": group /model is missing");
@@ -124,10 +128,13 @@ Checkpoint load_checkpoint(const std::string& path) {
   }
   if (r.has("optimizer")) {
     ck.has_optimizer = true;
+    const std::string hyper = r.attr_str("/optimizer", "hyperparameters");
     try {
-      ck.optimizer = OptimizerOptions::from_json(nlohmann::json::parse(r.attr_str("/optimizer", "hyperparameters")));
+      ck.optimizer = OptimizerOptions::from_json(nlohmann::json::parse(hyper));
     } catch (const nlohmann::json::exception& e) {
       HL_FAIL(ctx, ": optimizer hyperparameters are not valid JSON (", e.what(), ")");
+    } catch (const Error& e) {
+      HL_FAIL(ctx, ": optimizer hyperparameters: ", e.what());
     }
     if (r.has("optimizer/state"))
       for (const std::string& name : r.list_datasets_recursive("optimizer/state"))
@@ -145,7 +152,10 @@ Checkpoint load_checkpoint(const std::string& path) {
     t.rng_offset = static_cast<uint64_t>(rng[1]);
     t.data_index = static_cast<uint64_t>(r.read("trainer/data_index", h5::DType::i64, {}).as<int64_t>()[0]);
     t.elapsed_seconds = r.read("trainer/elapsed_seconds", h5::DType::f64, {}).as<double>()[0];
-    const auto steps = r.read("trainer/metrics/step").as<int64_t>();
+    const h5::ArrayInfo step_info = r.info("trainer/metrics/step");
+    HL_CHECK(step_info.shape.size() == 1, ctx, ": dataset trainer/metrics/step has shape ", shape_str(step_info.shape),
+             ", expected one dimension");
+    const auto steps = r.read("trainer/metrics/step", h5::DType::i64, step_info.shape).as<int64_t>();
     const int64_t n = static_cast<int64_t>(steps.size());
     t.metrics.resize(steps.size());
     for (size_t i = 0; i < steps.size(); ++i) t.metrics[i].step = steps[i];

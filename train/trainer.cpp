@@ -176,6 +176,7 @@ TrainResult Trainer::run() {
              "': has no optimizer or trainer state, so it cannot be resumed");
     config = resumed.config;
     config["training"]["steps"] = opts_.steps;  // --steps is the total; the rest comes from the run
+    if (config["training"].contains("schedule")) config["training"]["schedule"]["total"] = opts_.steps;
   } else {
     TaskOptions topts;
     topts.seed = opts_.seed;
@@ -206,6 +207,7 @@ TrainResult Trainer::run() {
     sched.lr = opts_.lr;
     sched.min_lr = opts_.min_lr;
     sched.warmup = opts_.warmup;
+    sched.total = opts_.steps;  // as the run uses it, so the stored schedule gives the logged learning rates
     config = {{"model", mc.to_json()},
               {"tokenizer", {{"type", "char"}, {"vocab", probe->tokenizer().vocab()}}},
               {"task", {{"name", probe->name()}, {"options", options_to_map(probe->name(), topts)}}},

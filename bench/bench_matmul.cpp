@@ -1,0 +1,107 @@
+// headlab::matmul / linear against cblas_sgemm called directly on the same buffers: the peer and
+// the floor for the op layer's overhead (shape checks, output allocation, dispatch, batching).
+// Square M = N = K (512, 1024), a batched (8, 256, 64) @ (8, 64, 256), and a linear forward
+// (64*64, 128) x (512, 128)^T + bias. GFLOP/s = 2 M N K per product over wall time.
+//   build: cmake --build build --target bench; run: OMP_NUM_THREADS=2 build/bench/bench_matmul
+#include <benchmark/benchmark.h>
+#include <cblas.h>
+
+#include <cstring>
+
+#include "ops/ops.h"
+
+using namespace headlab;
+
+namespace {
+
+void report_flops(benchmark::State& state, double flops_per_iteration) {
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(1e-9 * flops_per_iteration * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+}
+
+// ---- square: (n, n) @ (n, n) ----
+void BM_headlab_matmul(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  Generator gen(1);
+  const Tensor a = randn({n, n}, gen), b = randn({n, n}, gen);
+  for (auto _ : state) {
+    Tensor c = matmul(a, b);
+    benchmark::DoNotOptimize(c.raw_data());
+  }
+  report_flops(state, 2.0 * n * n * n);
+}
+
+void BM_cblas_sgemm(benchmark::State& state) {
+  const int64_t n = state.range(0);
+  Generator gen(1);
+  const Tensor a = randn({n, n}, gen), b = randn({n, n}, gen), c = zeros({n, n});
+  for (auto _ : state) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data<float>(), n, b.data<float>(), n,
+                0.0f, c.data<float>(), n);
+    benchmark::DoNotOptimize(c.raw_data());
+  }
+  report_flops(state, 2.0 * n * n * n);
+}
+
+// ---- batched: (8, 256, 64) @ (8, 64, 256) ----
+constexpr int64_t kB = 8, kM = 256, kK = 64, kN = 256;
+
+void BM_headlab_matmul_batched(benchmark::State& state) {
+  Generator gen(2);
+  const Tensor a = randn({kB, kM, kK}, gen), b = randn({kB, kK, kN}, gen);
+  for (auto _ : state) {
+    Tensor c = matmul(a, b);
+    benchmark::DoNotOptimize(c.raw_data());
+  }
+  report_flops(state, 2.0 * kB * kM * kN * kK);
+}
+
+void BM_cblas_sgemm_batched(benchmark::State& state) {  // one threaded sgemm per matrix
+  Generator gen(2);
+  const Tensor a = randn({kB, kM, kK}, gen), b = randn({kB, kK, kN}, gen), c = zeros({kB, kM, kN});
+  for (auto _ : state) {
+    for (int64_t i = 0; i < kB; ++i)
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, kM, kN, kK, 1.0f, a.data<float>() + i * kM * kK, kK,
+                  b.data<float>() + i * kK * kN, kN, 0.0f, c.data<float>() + i * kM * kN, kN);
+    benchmark::DoNotOptimize(c.raw_data());
+  }
+  report_flops(state, 2.0 * kB * kM * kN * kK);
+}
+
+// ---- linear: x (64*64, 128), weight (512, 128), bias (512) ----
+constexpr int64_t kRows = 64 * 64, kIn = 128, kOut = 512;
+
+void BM_headlab_linear(benchmark::State& state) {
+  Generator gen(3);
+  const Tensor x = randn({kRows, kIn}, gen), w = randn({kOut, kIn}, gen), bias = randn({kOut}, gen);
+  for (auto _ : state) {
+    Tensor y = linear(x, w, bias);
+    benchmark::DoNotOptimize(y.raw_data());
+  }
+  report_flops(state, 2.0 * kRows * kIn * kOut);
+}
+
+void BM_cblas_linear(benchmark::State& state) {  // the same work by hand: rows of bias, then beta = 1
+  Generator gen(3);
+  const Tensor x = randn({kRows, kIn}, gen), w = randn({kOut, kIn}, gen), bias = randn({kOut}, gen);
+  const Tensor y = zeros({kRows, kOut});
+  for (auto _ : state) {
+    float* py = y.data<float>();
+    for (int64_t r = 0; r < kRows; ++r) std::memcpy(py + r * kOut, bias.data<float>(), kOut * sizeof(float));
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, kRows, kOut, kIn, 1.0f, x.data<float>(), kIn,
+                w.data<float>(), kIn, 1.0f, py, kOut);
+    benchmark::DoNotOptimize(y.raw_data());
+  }
+  report_flops(state, 2.0 * kRows * kIn * kOut);
+}
+
+}  // namespace
+
+BENCHMARK(BM_headlab_matmul)->Arg(512)->Arg(1024)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_cblas_sgemm)->Arg(512)->Arg(1024)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_headlab_matmul_batched)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_cblas_sgemm_batched)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_headlab_linear)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_cblas_linear)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+BENCHMARK_MAIN();

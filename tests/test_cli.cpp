@@ -1,0 +1,421 @@
+// The `headlab` command as a user runs it (the real binary, HEADLAB_BINARY_DIR/headlab): --help on
+// every command; usage errors exit 2 with a usage message; a missing or damaged checkpoint exits 1
+// with one clear line on stderr; a tiny train, then eval, generate (greedy, sampling, sliding
+// window) and inspect, checked against the library doing the same in this process.
+#include <gtest/gtest.h>
+#include <omp.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <sstream>
+
+#include "train/trainer.h"
+
+namespace fs = std::filesystem;
+using namespace headlab;
+
+namespace {
+
+const std::string kBinary = std::string(HEADLAB_BINARY_DIR) + "/headlab";
+
+struct Result {
+  int code = -1;
+  std::string out, err;
+};
+
+std::string slurp(const std::string& file) {
+  std::ifstream in(file, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+std::string quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+std::string scratch_dir() {
+  static const std::string dir = [] {
+    char tmpl[] = "/tmp/cli_test.XXXXXX";
+    const char* d = ::mkdtemp(tmpl);
+    return std::string(d ? d : "/tmp");
+  }();
+  return dir;
+}
+
+// Runs the binary with these arguments (one thread, as the models here are tiny); captures both streams.
+Result headlab(const std::vector<std::string>& args) {
+  static int counter = 0;
+  const std::string base = scratch_dir() + "/run" + std::to_string(counter++);
+  std::ostringstream cmd;
+  cmd << "OMP_NUM_THREADS=1 " << quote(kBinary);
+  for (const std::string& a : args) cmd << ' ' << quote(a);
+  cmd << " >" << quote(base + ".out") << " 2>" << quote(base + ".err") << " </dev/null";
+  const int status = std::system(cmd.str().c_str());
+  Result r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  r.out = slurp(base + ".out");
+  r.err = slurp(base + ".err");
+  fs::remove(base + ".out");
+  fs::remove(base + ".err");
+  return r;
+}
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+// Removes the scratch folder once every test of this process has run.
+class ScratchCleanup : public ::testing::Environment {
+ public:
+  void TearDown() override { fs::remove_all(scratch_dir()); }
+};
+const auto* const kCleanup = ::testing::AddGlobalTestEnvironment(new ScratchCleanup);
+
+class CliTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { ASSERT_TRUE(fs::exists(kBinary)) << kBinary << " is not built (target headlab_cli)"; }
+  std::string path(const std::string& name) const { return scratch_dir() + "/" + name; }
+};
+
+// ---- help and usage errors ----------------------------------------------------------------------------
+
+TEST_F(CliTest, HelpOnEveryCommandExitsZero) {
+  const Result top = headlab({"--help"});
+  EXPECT_EQ(top.code, 0) << top.err;
+  for (const char* cmd : {"train", "eval", "generate", "inspect", "compare", "ablate", "attention"}) {
+    EXPECT_TRUE(contains(top.out, cmd)) << "headlab --help lists " << cmd;
+    const Result r = headlab({cmd, "--help"});
+    EXPECT_EQ(r.code, 0) << cmd << ": " << r.err;
+    EXPECT_TRUE(contains(r.out, "Usage:")) << cmd << ": " << r.out;
+    EXPECT_TRUE(r.err.empty()) << cmd << ": " << r.err;
+  }
+  const Result train = headlab({"train", "-h"});
+  EXPECT_TRUE(contains(train.out, "--task")) << train.out;
+  EXPECT_TRUE(contains(train.out, "reverse")) << "the tasks are described in the footer";
+  const Result version = headlab({"--version"});
+  EXPECT_EQ(version.code, 0);
+  EXPECT_TRUE(contains(version.out, "headlab 0.1.0")) << version.out;
+}
+
+void expect_usage_error(const std::vector<std::string>& args, const std::string& mentions) {
+  std::string shown;
+  for (const auto& a : args) shown += a + " ";
+  const Result r = headlab(args);
+  EXPECT_EQ(r.code, 2) << shown << "\nstdout: " << r.out << "\nstderr: " << r.err;
+  EXPECT_TRUE(contains(r.err, mentions)) << shown << "\nstderr: " << r.err;
+  EXPECT_TRUE(contains(r.err, "Run with --help for more information.")) << shown << "\nstderr: " << r.err;
+  EXPECT_LT(r.err.size(), 300u) << shown << ": a usage message is short\n" << r.err;
+  EXPECT_TRUE(r.out.empty()) << shown << "\nstdout: " << r.out;
+}
+
+TEST_F(CliTest, BadArgumentsExitTwoWithAUsageMessage) {
+  expect_usage_error({}, "A subcommand is required");
+  expect_usage_error({"frobnicate"}, "frobnicate");
+  expect_usage_error({"train", "--bogus"}, "--bogus");
+  expect_usage_error({"train", "--task", "juggle"}, "--task: juggle not in {reverse,copy,sort,add,chars}");
+  expect_usage_error({"train", "--steps", "abc"}, "--steps");
+  expect_usage_error({"train", "--steps", "-5"}, "--steps");
+  expect_usage_error({"train", "--steps", "0"}, "--steps");
+  expect_usage_error({"train", "--steps"}, "--steps");
+  expect_usage_error({"train", "--lr", "fast"}, "--lr");
+  expect_usage_error({"train", "--attention", "flash"}, "--attention");
+  expect_usage_error({"train", "--drop-rate", "2"}, "--drop-rate");
+  expect_usage_error({"eval"}, "checkpoint is required");
+  expect_usage_error({"inspect"}, "checkpoint is required");
+  expect_usage_error({"generate", "--prompt", "12"}, "checkpoint is required");
+  expect_usage_error({"generate", "x.h5"}, "--prompt is required");
+  expect_usage_error({"eval", "x.h5", "--batches", "many"}, "--batches");
+  expect_usage_error({"generate", "x.h5", "--prompt", "1", "--temperature", "-1"}, "--temperature");
+  expect_usage_error({"eval", "a.h5", "b.h5"}, "b.h5");
+}
+
+// ---- run errors: exit 1, one line on stderr ------------------------------------------------------------
+
+void expect_run_error(const std::vector<std::string>& args, const std::vector<std::string>& mentions) {
+  std::string shown;
+  for (const auto& a : args) shown += a + " ";
+  const Result r = headlab(args);
+  EXPECT_EQ(r.code, 1) << shown << "\nstderr: " << r.err;
+  EXPECT_EQ(r.err.rfind("headlab: ", 0), 0u) << shown << "\nstderr: " << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << shown << ": one line\n" << r.err;
+  for (const std::string& m : mentions) EXPECT_TRUE(contains(r.err, m)) << shown << "\nstderr: " << r.err << "\nmissing: " << m;
+  EXPECT_TRUE(r.out.empty()) << shown << "\nstdout: " << r.out;
+}
+
+TEST_F(CliTest, MissingOrDamagedCheckpointExitsOneWithAClearMessage) {
+  const std::string missing = path("nope.h5");
+  for (const char* cmd : {"eval", "inspect"}) expect_run_error({cmd, missing}, {"checkpoint '" + missing + "': no such file"});
+  expect_run_error({"generate", missing, "--prompt", "12"}, {"checkpoint '" + missing + "': no such file"});
+  const std::string text = path("notes.h5");
+  std::ofstream(text) << "not a checkpoint\n";
+  expect_run_error({"eval", text}, {"checkpoint '" + text + "': is not an HDF5 file"});
+  expect_run_error({"eval", scratch_dir()}, {"checkpoint '" + scratch_dir() + "'", "folder"});
+}
+
+// ---- a tiny run, then every read-only command ----------------------------------------------------------
+
+// The two trained runs every CliRunTest reads. ctest starts each test as its own process, so they
+// are trained once per build of the binary and shared: under an exclusive lock, into a temporary
+// folder that is renamed into place when complete; later processes just read them. Tests never
+// write into it.
+struct CachedRuns {
+  std::string dir;
+  Result reverse, chars;
+};
+
+void save_result(const std::string& file, const Result& r) {
+  std::ofstream(file + ".code") << r.code;
+  std::ofstream(file + ".out", std::ios::binary) << r.out;
+  std::ofstream(file + ".err", std::ios::binary) << r.err;
+}
+
+Result load_result(const std::string& file) {
+  Result r;
+  r.code = std::stoi(slurp(file + ".code"));
+  r.out = slurp(file + ".out");
+  r.err = slurp(file + ".err");
+  return r;
+}
+
+CachedRuns make_runs() {
+  struct stat st {};
+  if (::stat(kBinary.c_str(), &st) != 0) return {};
+  const std::string root = std::string(HEADLAB_BINARY_DIR) + "/tests/cli_test_runs";
+  fs::create_directories(root);
+  const std::string key = std::to_string(st.st_size) + "-" + std::to_string(st.st_mtim.tv_sec) + "-" +
+                          std::to_string(st.st_mtim.tv_nsec);
+  const std::string dir = root + "/" + key;
+  const int lock = ::open((root + "/lock").c_str(), O_CREAT | O_RDWR, 0644);
+  if (lock >= 0) ::flock(lock, LOCK_EX);
+  if (!fs::exists(dir)) {
+    for (const auto& e : fs::directory_iterator(root))  // runs of older binaries
+      if (e.is_directory()) fs::remove_all(e.path());
+    const std::string tmp = dir + ".tmp";
+    fs::create_directories(tmp);
+    const Result reverse = headlab({"train", "--task", "reverse", "--min-len", "2", "--max-len", "4", "--emb-dim",
+                                    "32", "--n-heads", "2", "--steps", "150", "--batch-size", "32", "--lr", "5e-3",
+                                    "--warmup", "10", "--eval-every", "75", "--eval-batches", "2", "--out",
+                                    tmp + "/reverse", "--threads", "1"});
+    const Result chars = headlab({"train", "--task", "chars", "--text",
+                                  std::string(HEADLAB_SOURCE_DIR) + "/data/tiny.txt", "--context-length", "8",
+                                  "--emb-dim", "16", "--n-heads", "2", "--n-layers", "1", "--steps", "20",
+                                  "--batch-size", "8", "--eval-every", "20", "--eval-batches", "1", "--out",
+                                  tmp + "/chars", "--threads", "1"});
+    save_result(tmp + "/reverse", reverse);
+    save_result(tmp + "/chars", chars);
+    if (reverse.code == 0 && chars.code == 0) {
+      fs::rename(tmp, dir);
+    } else {
+      fs::remove_all(tmp);
+      if (lock >= 0) ::close(lock);
+      return {"", reverse, chars};
+    }
+  }
+  if (lock >= 0) ::close(lock);  // releases the lock
+  return {dir, load_result(dir + "/reverse"), load_result(dir + "/chars")};
+}
+
+class CliRunTest : public CliTest {
+ protected:
+  static void SetUpTestSuite() {
+    CliTest::SetUpTestSuite();
+    runs_ = make_runs();
+  }
+  void SetUp() override {
+    ASSERT_EQ(runs_.reverse.code, 0) << runs_.reverse.err;
+    ASSERT_EQ(runs_.chars.code, 0) << runs_.chars.err;
+    ASSERT_FALSE(runs_.dir.empty());
+    omp_set_num_threads(1);
+  }
+  std::string ckpt() const { return runs_.dir + "/reverse/checkpoint.h5"; }
+  std::string chars_ckpt() const { return runs_.dir + "/chars/checkpoint.h5"; }
+  std::string run_file(const std::string& name) const { return runs_.dir + "/" + name; }
+  static CachedRuns runs_;
+};
+CachedRuns CliRunTest::runs_;
+
+// What `generate` computes, done here with the library: the book's loop, cropping the context to the
+// last context_length tokens, greedy, stopping at the end token or the answer length.
+std::string library_greedy(const std::string& file, const std::string& prompt, int64_t max_new) {
+  const train::Checkpoint ck = train::load_checkpoint(file);
+  auto model = train::model_from_checkpoint(ck, file);
+  const auto task = train::task_from_config(ck.config);
+  const Prompt p = task->encode_prompt(prompt);
+  const int64_t ctx = model->config().context_length;
+  const int64_t limit = p.answer_length >= 0 ? std::min<int64_t>(max_new, p.answer_length + 1) : max_new;
+  std::vector<int64_t> ids = p.ids, generated;
+  NoGradGuard no_grad;
+  for (int64_t i = 0; i < limit; ++i) {
+    const int64_t start = std::max<int64_t>(0, int64_t(ids.size()) - ctx);
+    std::vector<int64_t> window(ids.begin() + start, ids.end());
+    const Tensor logits = (*model)(tensor(window, {1, int64_t(window.size())}));
+    const int64_t next = argmax(logits.select(1, int64_t(window.size()) - 1).select(0, 0), 0).item<int64_t>();
+    if (next == task->end_id()) break;
+    ids.push_back(next);
+    generated.push_back(next);
+  }
+  return p.text + task->format_answer(generated) + "\n";
+}
+
+TEST_F(CliRunTest, TrainWritesCheckpointsMetricsAndAReport) {
+  const Result& train = runs_.reverse;
+  EXPECT_TRUE(contains(train.out, "headlab train: task reverse, fused attention, 2 layers x 2 heads, emb 32")) << train.out;
+  EXPECT_TRUE(contains(train.out, "trained 150 steps")) << train.out;
+  EXPECT_TRUE(contains(train.out, "eval step 75:")) << train.out;
+  EXPECT_TRUE(train.err.empty()) << train.err;
+  for (const char* f : {"reverse/checkpoint.h5", "reverse/checkpoint-150.h5", "reverse/metrics.csv"})
+    EXPECT_TRUE(fs::exists(run_file(f))) << f;
+  const train::Checkpoint ck = train::load_checkpoint(ckpt());
+  EXPECT_EQ(ck.trainer.step, 150);
+  EXPECT_EQ(ck.config["training"]["batch_size"], 32);
+  EXPECT_EQ(ck.config["model"]["emb_dim"], 32);
+}
+
+TEST_F(CliRunTest, EvalReportsWhatTheLibraryComputes) {
+  const Result r = headlab({"eval", ckpt()});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(r.err.empty()) << r.err;
+  const train::Checkpoint ck = train::load_checkpoint(ckpt());
+  auto model = train::model_from_checkpoint(ck, ckpt());
+  const auto task = train::task_from_config(ck.config);
+  const train::EvalResult e = train::evaluate(*model, *task, 2, 32, model->config().context_length);
+  std::ostringstream expected;
+  expected << std::fixed << std::setprecision(4) << "val loss        " << e.loss << "\ntoken accuracy  "
+           << e.token_accuracy << "\nexact match     " << e.exact_match << "\n";
+  EXPECT_TRUE(contains(r.out, "checkpoint " + ckpt() + " (task reverse, step 150)")) << r.out;
+  EXPECT_TRUE(contains(r.out, expected.str())) << r.out << "\nexpected:\n" << expected.str();
+  EXPECT_GT(e.token_accuracy, 0.5) << "150 steps learn reverse on 2-4 digits";
+  const Result more = headlab({"eval", ckpt(), "--batches", "3"});
+  EXPECT_TRUE(contains(more.out, "in 3 batches of 32")) << more.out;
+}
+
+TEST_F(CliRunTest, GenerateGreedyPrintsThePromptAndTheAnswer) {
+  for (const std::string prompt : {"3141", "12", "907"}) {
+    const Result r = headlab({"generate", ckpt(), "--prompt", prompt});
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_TRUE(r.err.empty()) << r.err;
+    EXPECT_EQ(r.out, library_greedy(ckpt(), prompt, 64)) << prompt;
+    const std::string reversed(prompt.rbegin(), prompt.rend());
+    EXPECT_EQ(r.out, prompt + ">" + reversed + "\n") << "the trained model reverses " << prompt;
+    EXPECT_EQ(headlab({"generate", ckpt(), "--prompt", prompt}).out, r.out) << "greedy is deterministic";
+    EXPECT_EQ(headlab({"generate", ckpt(), "--prompt", prompt, "--temperature", "0.7", "--top-k", "1"}).out, r.out)
+        << "top-k 1 is greedy";
+  }
+  const Result bad = headlab({"generate", ckpt(), "--prompt", "12a"});
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_TRUE(contains(bad.err, "headlab: task reverse: prompt '12a' has character 'a' outside the vocabulary"))
+      << bad.err;
+}
+
+TEST_F(CliRunTest, SamplingIsReproducibleWithASeed) {
+  const std::vector<std::string> args = {"generate", chars_ckpt(), "--prompt", "Th", "--max-new-tokens", "24",
+                                         "--temperature", "1.0"};
+  auto with_seed = [&](const char* seed) {
+    std::vector<std::string> a = args;
+    a.insert(a.end(), {"--seed", seed});
+    const Result r = headlab(a);
+    EXPECT_EQ(r.code, 0) << r.err;
+    return r.out;
+  };
+  const std::string a = with_seed("5");
+  EXPECT_EQ(with_seed("5"), a);
+  EXPECT_NE(with_seed("6"), a) << "another seed, another sample (an undertrained char model is far from greedy)";
+  EXPECT_EQ(a.rfind("Th", 0), 0u) << a;
+}
+
+TEST_F(CliRunTest, CharsGenerationSlidesPastTheContextLength) {
+  // context_length 8: a 19-character prompt plus 20 new characters is five times the context.
+  const std::string prompt = "The quick brown fox";
+  const Result r = headlab({"generate", chars_ckpt(), "--prompt", prompt, "--max-new-tokens", "20"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, library_greedy(chars_ckpt(), prompt, 20));
+  EXPECT_EQ(r.out.rfind(prompt, 0), 0u) << r.out;
+  const Result zero = headlab({"generate", chars_ckpt(), "--prompt", prompt, "--max-new-tokens", "0"});
+  EXPECT_EQ(zero.out, prompt + "\n");
+}
+
+TEST_F(CliRunTest, InspectShowsConfigParametersAndTrainingState) {
+  const Result r = headlab({"inspect", ckpt()});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const train::Checkpoint ck = train::load_checkpoint(ckpt());
+  for (const std::string& part :
+       {std::string("config"), std::string("\"vocab_size\": 13"), std::string("\"attention\": \"fused\""),
+        std::string("\"name\": \"reverse\""), std::string("0123456789>._"), std::string("(13 tokens)"), std::string("parameters"),
+        std::string("optimizer adamw"), std::string("training state"), std::string("step 150, next batch 150"),
+        std::string("metrics")})
+    EXPECT_TRUE(contains(r.out, part)) << "missing: " << part << "\n" << r.out;
+  int64_t total = 0;
+  for (const auto& [name, t] : ck.model) {
+    total += t.numel();
+    // One table row per parameter: name, shape, size.
+    std::istringstream lines(r.out);
+    std::string line;
+    bool found = false;
+    while (std::getline(lines, line)) {
+      std::istringstream cells(line);
+      std::string n;
+      cells >> n;
+      if (n != name) continue;
+      found = true;
+      EXPECT_TRUE(contains(line, shape_str(t.shape()))) << line;
+      std::string size;
+      while (cells >> size) {
+      }
+      EXPECT_EQ(size, std::to_string(t.numel())) << line;
+    }
+    EXPECT_TRUE(found) << name << " is not in the table";
+  }
+  EXPECT_TRUE(contains(r.out, std::to_string(total))) << "total " << total;
+  // Two evaluations: rows for steps 75 and 150.
+  EXPECT_TRUE(contains(r.out, "\n      75 ")) << r.out;
+  EXPECT_TRUE(contains(r.out, "\n     150 ")) << r.out;
+}
+
+TEST_F(CliRunTest, ResumeContinuesARunFromItsCheckpoint) {
+  const std::string out = path("resumed");
+  fs::create_directories(out);
+  fs::copy_file(ckpt(), out + "/checkpoint.h5");
+  const Result r = headlab({"train", "--resume", "--out", out, "--steps", "160", "--threads", "1"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "resuming from " + out + "/checkpoint.h5 at step 150")) << r.out;
+  EXPECT_TRUE(contains(r.out, "trained 10 steps")) << r.out;
+  EXPECT_EQ(train::load_checkpoint(out + "/checkpoint.h5").trainer.step, 160);
+  const Result done = headlab({"train", "--resume", "--out", out, "--steps", "160", "--threads", "1"});
+  EXPECT_EQ(done.code, 0) << done.err;
+  EXPECT_TRUE(contains(done.out, "nothing to do")) << done.out;
+}
+
+TEST_F(CliRunTest, DamagedCheckpointsGiveTheLoadersMessage) {
+  const std::string bytes = slurp(ckpt());
+  const std::string truncated = path("truncated.h5");
+  std::ofstream(truncated, std::ios::binary) << bytes.substr(0, bytes.size() / 3);
+  expect_run_error({"eval", truncated}, {"checkpoint '" + truncated + "'"});
+  expect_run_error({"inspect", truncated}, {"checkpoint '" + truncated + "'"});
+  expect_run_error({"generate", truncated, "--prompt", "12"}, {"checkpoint '" + truncated + "'"});
+  // A flipped bit in out_head.weight's data: the checksum names the dataset.
+  const train::Checkpoint ck = train::load_checkpoint(ckpt());
+  const std::vector<float> w = ck.model.back().second.to_vector<float>();
+  const std::string pattern(reinterpret_cast<const char*>(w.data()), 16);
+  const size_t at = bytes.find(pattern);
+  ASSERT_NE(at, std::string::npos);
+  std::string damaged = bytes;
+  damaged[at + 5] = static_cast<char>(damaged[at + 5] ^ 0x04);
+  const std::string flipped = path("flipped.h5");
+  std::ofstream(flipped, std::ios::binary) << damaged;
+  expect_run_error({"eval", flipped},
+                   {"checkpoint '" + flipped + "': dataset model/out_head.weight failed its checksum"});
+}
+
+#ifndef HEADLAB_HAS_CUDA
+TEST_F(CliRunTest, CudaOnACpuBuildIsAClearError) {
+  expect_run_error({"eval", ckpt(), "--device", "cuda"}, {"built without CUDA"});
+}
+#endif
+
+}  // namespace

@@ -1,0 +1,297 @@
+// GPTModel (book ch. 4) against PyTorch: logits, the ignore_index cross-entropy loss, every parameter
+// gradient and the head-gate gradients of gpt_fused.h5 and gpt_wrapper.h5, in float64 and float32;
+// the exact state_dict names, order and shapes of both attention variants (DESIGN.md section 7);
+// config checks; the context-length error; dropout in train and eval mode.
+#include <gtest/gtest.h>
+
+#include <functional>
+
+#include "nn/gpt.h"
+#include "tests/fixture_util.h"
+
+using namespace headlab;
+using namespace headlab::testing;
+
+namespace {
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected headlab::Error, nothing was thrown";
+  return "";
+}
+
+struct GptCase {
+  std::string file;
+  DType dtype;
+  double tol;
+};
+
+class GptParity : public ::testing::TestWithParam<GptCase> {};
+
+TEST_P(GptParity, LogitsLossAndEveryGradientMatchPyTorch) {
+  const GptCase& c = GetParam();
+  const Fixture f = load_fixture(c.file);
+  ASSERT_EQ(f.module, "GPTModel");
+  const nn::GPTConfig cfg = nn::GPTConfig::from_json(f.config);
+  EXPECT_EQ(cfg.to_json(), f.config) << "the fixture's config is exactly headlab's config keys";
+  manual_seed(0);
+  nn::GPTModel model(cfg);
+  model.to(c.dtype);
+  model.eval();
+
+  // Names: exactly PyTorch's named_parameters(), no more, no fewer.
+  const auto params = model.named_parameters();
+  std::vector<std::string> mine, theirs;
+  for (const auto& [name, t] : params) mine.push_back(name);
+  for (const auto& [name, t] : f.params) theirs.push_back(name);
+  std::sort(mine.begin(), mine.end());
+  EXPECT_EQ(mine, theirs);
+  for (const auto& [name, t] : params) {
+    ASSERT_TRUE(f.params.count(name)) << name;
+    EXPECT_EQ(t.shape(), f.params.at(name).shape()) << name;
+  }
+  std::vector<std::pair<std::string, Tensor>> values(f.params.begin(), f.params.end());
+  model.load_parameters(values, c.file);
+
+  // Head gates at 1 with gradients: dL/dgates is the fixture's head-importance score.
+  std::vector<Tensor> gates;
+  for (int64_t l = 0; l < model.n_layers(); ++l) {
+    gates.push_back(ones({cfg.n_heads}, c.dtype).requires_grad_());
+    model.attention(l).control().gates = gates.back();
+  }
+
+  const Tensor idx = f.inputs.at("idx"), targets = f.inputs.at("targets");
+  ASSERT_EQ(idx.dtype(), DType::i64);
+  const Tensor logits = model(idx);
+  EXPECT_EQ(logits.dtype(), c.dtype);
+  EXPECT_TRUE(close_rel(logits, f.outputs.at("logits"), c.tol)) << c.file << " logits";
+  const int64_t V = cfg.vocab_size;
+  const Tensor loss = cross_entropy(logits.reshape({-1, V}), targets.reshape({-1}), -100);
+  EXPECT_TRUE(close_rel(loss, f.outputs.at("loss"), c.tol)) << c.file << " loss";
+  // ignore_index matters: the loss over all 12 positions (no ignoring) is a different number.
+  int64_t ignored = 0;
+  for (int64_t t : targets.to_vector<int64_t>()) ignored += t == -100;
+  EXPECT_EQ(ignored, 3);
+  loss.backward();
+
+  for (const auto& [name, p] : params) {
+    ASSERT_TRUE(f.grad_params.count(name)) << name;
+    ASSERT_TRUE(p.grad().defined()) << c.file << ": no gradient for " << name;
+    EXPECT_TRUE(close_rel(p.grad(), f.grad_params.at(name), c.tol)) << c.file << " d loss / d " << name;
+  }
+  h5::Reader r(fixture_path(c.file), "fixture");
+  for (int64_t l = 0; l < model.n_layers(); ++l) {
+    const std::string name = "trf_blocks." + std::to_string(l) + ".att";
+    const Tensor expected = to_tensor(r.read("grads/gates/" + name));
+    ASSERT_TRUE(gates[l].grad().defined()) << name;
+    EXPECT_TRUE(close_rel(gates[l].grad(), expected, c.tol)) << c.file << " d loss / d gates of " << name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, GptParity,
+                         ::testing::Values(GptCase{"gpt_fused.h5", DType::f64, 1e-9},
+                                           GptCase{"gpt_fused.h5", DType::f32, 1e-5},
+                                           GptCase{"gpt_wrapper.h5", DType::f64, 1e-9},
+                                           GptCase{"gpt_wrapper.h5", DType::f32, 1e-5}),
+                         [](const auto& info) {
+                           std::string n = info.param.file.substr(0, info.param.file.size() - 3);
+                           return n + (info.param.dtype == DType::f64 ? "_f64" : "_f32");
+                         });
+
+// ---- names and shapes, both variants (DESIGN.md section 7), in PyTorch's registration order ----
+
+using NameShapes = std::vector<std::pair<std::string, Shape>>;
+
+NameShapes names_of(const nn::GPTModel& m) {
+  NameShapes out;
+  for (const auto& [name, t] : m.named_parameters()) out.emplace_back(name, t.shape());
+  return out;
+}
+
+nn::GPTConfig small_config(const std::string& attention, bool qkv_bias) {
+  nn::GPTConfig c;
+  c.vocab_size = 7;
+  c.context_length = 5;
+  c.emb_dim = 8;
+  c.n_heads = 2;
+  c.n_layers = 2;
+  c.qkv_bias = qkv_bias;
+  c.attention = attention;
+  return c;
+}
+
+TEST(GptNames, FusedWithoutQkvBias) {
+  nn::GPTModel m(small_config("fused", false));
+  NameShapes expected = {{"tok_emb.weight", {7, 8}}, {"pos_emb.weight", {5, 8}}};
+  for (int l = 0; l < 2; ++l) {
+    const std::string b = "trf_blocks." + std::to_string(l) + ".";
+    NameShapes block = {{b + "att.W_query.weight", {8, 8}}, {b + "att.W_key.weight", {8, 8}},
+                        {b + "att.W_value.weight", {8, 8}}, {b + "att.out_proj.weight", {8, 8}},
+                        {b + "att.out_proj.bias", {8}},     {b + "ff.layers.0.weight", {32, 8}},
+                        {b + "ff.layers.0.bias", {32}},     {b + "ff.layers.2.weight", {8, 32}},
+                        {b + "ff.layers.2.bias", {8}},      {b + "norm1.scale", {8}},
+                        {b + "norm1.shift", {8}},           {b + "norm2.scale", {8}},
+                        {b + "norm2.shift", {8}}};
+    expected.insert(expected.end(), block.begin(), block.end());
+  }
+  expected.insert(expected.end(), {{"final_norm.scale", {8}}, {"final_norm.shift", {8}}, {"out_head.weight", {7, 8}}});
+  EXPECT_EQ(names_of(m), expected);
+  int64_t total = 0;
+  for (const auto& [n, s] : expected) total += shape_numel(s);
+  EXPECT_EQ(m.num_parameters(), total);
+}
+
+TEST(GptNames, FusedWithQkvBias) {
+  nn::GPTModel m(small_config("fused", true));
+  const NameShapes names = names_of(m);
+  const NameShapes att(names.begin() + 2, names.begin() + 10);
+  EXPECT_EQ(att, (NameShapes{{"trf_blocks.0.att.W_query.weight", {8, 8}},
+                             {"trf_blocks.0.att.W_query.bias", {8}},
+                             {"trf_blocks.0.att.W_key.weight", {8, 8}},
+                             {"trf_blocks.0.att.W_key.bias", {8}},
+                             {"trf_blocks.0.att.W_value.weight", {8, 8}},
+                             {"trf_blocks.0.att.W_value.bias", {8}},
+                             {"trf_blocks.0.att.out_proj.weight", {8, 8}},
+                             {"trf_blocks.0.att.out_proj.bias", {8}}}));
+  EXPECT_EQ(names.size(), 2u + 2 * 16 + 3);
+}
+
+TEST(GptNames, WrapperWithAndWithoutQkvBias) {
+  for (bool bias : {false, true}) {
+    nn::GPTModel m(small_config("wrapper", bias));
+    const NameShapes names = names_of(m);
+    NameShapes expected_att;
+    for (int h = 0; h < 2; ++h)
+      for (const char* w : {"W_query", "W_key", "W_value"}) {
+        const std::string n = "trf_blocks.1.att.heads." + std::to_string(h) + "." + w;
+        expected_att.push_back({n + ".weight", {4, 8}});  // (emb_dim / n_heads, emb_dim)
+        if (bias) expected_att.push_back({n + ".bias", {4}});
+      }
+    expected_att.push_back({"trf_blocks.1.att.out_proj.weight", {8, 8}});
+    expected_att.push_back({"trf_blocks.1.att.out_proj.bias", {8}});
+    const size_t per_block = expected_att.size() + 8;  // + ff (4) + norms (4)
+    const size_t start = 2 + per_block;                 // after the embeddings and block 0
+    ASSERT_GE(names.size(), start + expected_att.size());
+    EXPECT_EQ(NameShapes(names.begin() + start, names.begin() + start + expected_att.size()), expected_att)
+        << "qkv_bias " << bias;
+    EXPECT_EQ(names.size(), 2 + 2 * per_block + 3);
+    EXPECT_EQ(names.back(), (std::pair<std::string, Shape>{"out_head.weight", {7, 8}}));
+  }
+}
+
+// ---- config, input checks -----------------------------------------------------------------------
+
+TEST(GptConfig, JsonRoundTripAndClearErrors) {
+  nn::GPTConfig c = small_config("wrapper", true);
+  c.drop_rate = 0.1;
+  const nn::GPTConfig back = nn::GPTConfig::from_json(nlohmann::json::parse(c.to_json().dump()));
+  EXPECT_EQ(back.to_json(), c.to_json());
+  EXPECT_EQ(back.head_dim(), 4);
+
+  nlohmann::json j = c.to_json();
+  j.erase("n_heads");
+  EXPECT_NE(error_of([&] { nn::GPTConfig::from_json(j); }).find("GPT config: missing key 'n_heads'"), std::string::npos);
+  j = c.to_json();
+  j["emb_dim"] = "eight";
+  EXPECT_NE(error_of([&] { nn::GPTConfig::from_json(j); }).find("key 'emb_dim' has the wrong type"), std::string::npos);
+  j = c.to_json();
+  j["n_heads"] = 3;
+  EXPECT_NE(error_of([&] { nn::GPTConfig::from_json(j); }).find("emb_dim 8 must be divisible by n_heads 3"),
+            std::string::npos);
+  j = c.to_json();
+  j["attention"] = "flash";
+  EXPECT_NE(error_of([&] { nn::GPTConfig::from_json(j); }).find("attention must be 'fused' or 'wrapper', got 'flash'"),
+            std::string::npos);
+  j = c.to_json();
+  j["drop_rate"] = 1.0;
+  EXPECT_NE(error_of([&] { nn::GPTConfig::from_json(j); }).find("drop_rate must be in [0, 1)"), std::string::npos);
+  EXPECT_NE(error_of([] { nn::GPTConfig::from_json(nlohmann::json::array()); }).find("expected a JSON object"),
+            std::string::npos);
+}
+
+TEST(GptModel, ContextOverflowAndBadInputsAreClearErrors) {
+  for (const char* att : {"fused", "wrapper"}) {
+    nn::GPTModel m(small_config(att, false));
+    EXPECT_EQ(m(zeros({2, 5}, DType::i64)).shape(), (Shape{2, 5, 7}));  // T = context_length is fine
+    EXPECT_EQ(m(zeros({3, 1}, DType::i64)).shape(), (Shape{3, 1, 7}));
+    EXPECT_NE(error_of([&] { m(zeros({1, 6}, DType::i64)); }).find("GPTModel: 6 tokens exceed context_length 5"),
+              std::string::npos);
+    EXPECT_NE(error_of([&] { m(zeros({6}, DType::i64)); }).find("expected token ids of shape (batch, tokens), got [6]"),
+              std::string::npos);
+    EXPECT_NE(error_of([&] { m(zeros({1, 3}, DType::f32)); }).find("token ids must be int64, got float32"),
+              std::string::npos);
+    EXPECT_THROW(m(full({1, 3}, 7, DType::i64)), Error) << "token id == vocab_size is out of range";
+  }
+}
+
+// ---- dropout --------------------------------------------------------------------------------------
+
+TEST(GptModel, DropoutActsInTrainModeOnlyAndFollowsTheSeed) {
+  for (const char* att : {"fused", "wrapper"}) {
+    nn::GPTConfig c = small_config(att, false);
+    c.drop_rate = 0.5;
+    manual_seed(3);
+    nn::GPTModel m(c);
+    c.drop_rate = 0.0;
+    nn::GPTModel plain(c);
+    plain.load_parameters(m.named_parameters());
+    const Tensor idx = tensor(std::vector<int64_t>{1, 2, 3, 4, 5, 6, 0, 1}, {2, 4});
+
+    m.eval();
+    plain.eval();
+    const std::vector<float> ref = plain(idx).to_vector<float>();
+    EXPECT_EQ(m(idx).to_vector<float>(), ref) << att << ": eval mode ignores drop_rate";
+    EXPECT_EQ(m(idx).to_vector<float>(), ref) << att;
+    plain.train();
+    EXPECT_EQ(plain(idx).to_vector<float>(), ref) << att << ": drop_rate 0 is the identity in train mode too";
+
+    m.train();
+    manual_seed(11);
+    const std::vector<float> a = m(idx).to_vector<float>();
+    const std::vector<float> b = m(idx).to_vector<float>();
+    EXPECT_NE(a, ref) << att << ": train mode drops";
+    EXPECT_NE(a, b) << att << ": each forward draws new masks";
+    manual_seed(11);
+    EXPECT_EQ(m(idx).to_vector<float>(), a) << att << ": the same seed gives the same masks";
+    m.eval();
+    EXPECT_EQ(m(idx).to_vector<float>(), ref) << att << ": back in eval mode";
+    EXPECT_FALSE(m.is_training());
+  }
+}
+
+// A backward pass in train mode with dropout flows through the same masks as the forward.
+TEST(GptModel, DropoutGradientUsesTheForwardMask) {
+  nn::GPTConfig c = small_config("fused", false);
+  c.drop_rate = 0.3;
+  manual_seed(5);
+  nn::GPTModel m(c);
+  m.to(DType::f64);
+  m.train();
+  const Tensor idx = tensor(std::vector<int64_t>{1, 2, 3, 4}, {1, 4});
+  const Tensor w = m.parameter("out_head.weight");
+  manual_seed(21);
+  const Tensor loss = sum(m(idx));
+  loss.backward();
+  const std::vector<double> g = w.grad().to_vector<double>();
+  // Finite difference on one element of out_head.weight, replaying the same masks by re-seeding.
+  const double eps = 1e-6;
+  auto loss_at = [&](double delta) {
+    NoGradGuard ng;
+    Tensor wd = w.detach();
+    std::vector<double> v = wd.to_vector<double>();
+    v[3] += delta;
+    wd.copy_(tensor(v, wd.shape()));
+    manual_seed(21);
+    const double l = sum(m(idx)).item<double>();
+    v[3] -= delta;
+    wd.copy_(tensor(v, wd.shape()));
+    return l;
+  };
+  EXPECT_NEAR((loss_at(eps) - loss_at(-eps)) / (2 * eps), g[3], 1e-6);
+}
+
+}  // namespace

@@ -1,0 +1,311 @@
+// Central-difference gradient checks (float64, autograd/engine.h's gradcheck) for every
+// differentiable op: broadcast operands, non-contiguous leaves (transposed, sliced with a step)
+// and expanded operands, reductions over several dims, matmul in every rank combination, and the
+// fused nn ops with their masks, ignored targets and replayed dropout masks.
+#include <gtest/gtest.h>
+
+#include "tests/core_test_util.h"
+
+using namespace headlab;
+using namespace headlab::testing;
+
+namespace {
+
+using Fn = std::function<Tensor(const std::vector<Tensor>&)>;
+
+// A float64 leaf that requires grad, with distinct values.
+Tensor leaf(const Shape& s, double scale = 0.37, double shift = -1.1) {
+  Tensor t = seq64(s, scale, shift);
+  t.requires_grad_();
+  return t;
+}
+// Strictly positive values (log, sqrt, pow, division).
+Tensor pos_leaf(const Shape& s) { return leaf(s, 0.21, 0.3); }
+// A (R, C) leaf stored column-major: a transposed view, not contiguous.
+Tensor transposed_leaf(int64_t R, int64_t C) {
+  Tensor t = seq64({C, R}).transpose(0, 1).detach();
+  t.requires_grad_();
+  return t;
+}
+// A (R, C) leaf whose columns are every second column of a (R, 2C) buffer, at offset 1.
+Tensor stepped_leaf(int64_t R, int64_t C) {
+  Tensor t = seq64({R, 2 * C + 1}, 0.29, -0.8).slice(1, 1, 2 * C + 1, 2).detach();
+  t.requires_grad_();
+  return t;
+}
+
+void check(const Fn& fn, const std::vector<Tensor>& inputs, double eps = 1e-6, double atol = 1e-5,
+           double rtol = 1e-3) {
+  const GradcheckResult r = gradcheck(fn, inputs, eps, atol, rtol);
+  EXPECT_TRUE(r.ok) << r.message << " (max abs error " << r.max_abs_error << ")";
+}
+
+}  // namespace
+
+// gradcheck itself must be able to fail: a deliberately wrong backward is caught.
+TEST(Gradcheck, CatchesAWrongBackward) {
+  const Fn bad_square = [](const std::vector<Tensor>& v) {
+    const Tensor x = v[0];
+    Tensor out = mul(x.detach(), x.detach());
+    record("bad_square", out, {x}, [x](const Tensor& dout, Grads& g) { g.acc(x, mul(dout, x)); });  // misses 2x
+    return out;
+  };
+  const GradcheckResult r = gradcheck(bad_square, {leaf({3})});
+  EXPECT_FALSE(r.ok);
+  EXPECT_NE(r.message.find("input 0"), std::string::npos) << r.message;
+  EXPECT_GT(r.max_abs_error, 0.1);
+  EXPECT_ERROR(gradcheck(bad_square, {seq64({3})}), "gradcheck: input 0 does not require grad");
+  EXPECT_ERROR(gradcheck(bad_square, {zeros({3}).requires_grad_()}), "must be a float64 CPU tensor");
+}
+
+// ---- elementwise ----
+
+TEST(Gradcheck, BinaryBroadcast) {
+  check([](const auto& v) { return add(v[0], v[1]); }, {leaf({3, 1, 4}), leaf({2, 4})});
+  check([](const auto& v) { return sub(v[0], v[1]); }, {leaf({2, 3}), leaf({3})});
+  check([](const auto& v) { return sub(v[1], v[0]); }, {leaf({2, 1}), leaf({1, 3})});
+  check([](const auto& v) { return mul(v[0], v[1]); }, {leaf({3, 1}), leaf({1, 4})});
+  check([](const auto& v) { return mul(v[0], v[1]); }, {leaf({2, 3}), leaf({})});  // 0-d operand
+  check([](const auto& v) { return div(v[0], v[1]); }, {leaf({2, 3}), pos_leaf({3})});
+  check([](const auto& v) { return div(v[1], v[0]); }, {pos_leaf({2, 1, 3}), leaf({4, 1})});
+  // The same leaf on both sides: contributions add.
+  check([](const auto& v) { return mul(v[0], v[0]); }, {leaf({4})});
+  check([](const auto& v) { return div(v[0], add(v[0], 3.0)); }, {pos_leaf({4})});
+}
+
+TEST(Gradcheck, MaximumWithTies) {
+  Tensor a = f64({1, 2, 3, -1}), b = f64({1, 0, 5, -1});  // ties at 0 and 3 share the gradient
+  a.requires_grad_();
+  b.requires_grad_();
+  check([](const auto& v) { return maximum(v[0], v[1]); }, {a, b});
+  check([](const auto& v) { return maximum(v[0], v[1]); }, {leaf({2, 3}), leaf({3}, 0.2, -0.3)});
+}
+
+TEST(Gradcheck, ScalarForms) {
+  check([](const auto& v) { return affine(v[0], -2.5, 1.0); }, {leaf({5})});
+  check([](const auto& v) { return add(mul(v[0], 3.0), 2.0); }, {leaf({5})});
+  check([](const auto& v) { return 2.0 - v[0] / 4.0; }, {leaf({5})});
+  check([](const auto& v) { return 3.0 / v[0] + (v[0] - 1.0) * 2.0; }, {pos_leaf({5})});
+  check([](const auto& v) { return -v[0]; }, {leaf({2, 2})});
+  check([](const auto& v) { return neg(v[0]); }, {leaf({2, 2})});
+}
+
+TEST(Gradcheck, UnaryMath) {
+  const Tensor x = leaf({2, 5}), p = pos_leaf({2, 5});
+  check([](const auto& v) { return exp(v[0]); }, {x});
+  check([](const auto& v) { return log(v[0]); }, {p});
+  check([](const auto& v) { return sqrt(v[0]); }, {p});
+  check([](const auto& v) { return rsqrt(v[0]); }, {p});
+  check([](const auto& v) { return pow(v[0], 3); }, {x});
+  check([](const auto& v) { return pow(v[0], 0.5); }, {p});
+  check([](const auto& v) { return pow(v[0], -1.5); }, {p});
+  check([](const auto& v) { return abs(v[0]); }, {x});  // no element sits at the kink
+  check([](const auto& v) { return tanh(v[0]); }, {x});
+  check([](const auto& v) { return sigmoid(v[0]); }, {x});
+  check([](const auto& v) { return relu(v[0]); }, {x});
+  check([](const auto& v) { return gelu(v[0]); }, {x});
+  check([](const auto& v) { return gelu(v[0], true); }, {x});
+  // Non-contiguous leaves: transposed, and sliced with a step at an offset.
+  check([](const auto& v) { return exp(v[0]); }, {transposed_leaf(3, 4)});
+  check([](const auto& v) { return tanh(v[0]); }, {stepped_leaf(3, 4)});
+  check([](const auto& v) { return mul(gelu(v[0], true), v[1]); }, {transposed_leaf(3, 4), stepped_leaf(3, 4)});
+}
+
+TEST(Gradcheck, WhereAndMaskedFill) {
+  const Tensor cond = tensor_bool({true, false, false, true, true, false}, {2, 3});
+  check([cond](const auto& v) { return where(cond, v[0], v[1]); }, {leaf({2, 3}), leaf({3}, 0.5, 0.1)});
+  const Tensor c2 = tensor_bool({true, false}, {2, 1});
+  check([c2](const auto& v) { return where(c2, v[0], v[1]); }, {leaf({1, 3}), leaf({2, 3})});
+  const Tensor mask = tensor_bool({false, true, true, false});
+  check([mask](const auto& v) { return masked_fill(v[0], mask, -3.0); }, {leaf({3, 4})});
+  check([c2](const auto& v) { return masked_fill(v[0], c2, 0.0); }, {transposed_leaf(2, 3)});
+  // In place on a non-leaf: the filled positions get no gradient, the others flow through.
+  check([mask](const auto& v) {
+    Tensor y = mul(v[0], v[0]);
+    y.masked_fill_(mask, 1.5);
+    return mul(y, v[0]);
+  }, {leaf({3, 4})});
+}
+
+// ---- reductions ----
+
+TEST(Gradcheck, Reductions) {
+  const Tensor x = leaf({2, 3, 4});
+  check([](const auto& v) { return sum(v[0]); }, {x});
+  check([](const auto& v) { return sum(v[0], {0, 2}); }, {x});
+  check([](const auto& v) { return sum(v[0], {-1, 0}, true); }, {x});
+  check([](const auto& v) { return mean(v[0], {1, 2}); }, {x});
+  check([](const auto& v) { return mean(v[0], {1}, true); }, {x});
+  check([](const auto& v) { return v[0].mean(); }, {x});
+  check([](const auto& v) { return var(v[0], {0, 2}); }, {x});
+  check([](const auto& v) { return var(v[0], {1}, true, 0); }, {x});
+  check([](const auto& v) { return var(v[0]); }, {x});
+  check([](const auto& v) { return amax(v[0], {0, 2}); }, {x});
+  check([](const auto& v) { return amax(v[0], {1}, true); }, {x});
+  check([](const auto& v) { return sum_to(v[0], {3, 1}); }, {x});
+  check([](const auto& v) { return sum(v[0], {0}); }, {transposed_leaf(4, 3)});
+  check([](const auto& v) { return mean(v[0], {1}); }, {stepped_leaf(3, 4)});
+}
+
+TEST(Gradcheck, AmaxWithTies) {
+  Tensor t = f64({1, 3, 3, 2, 2, 0}, {2, 3});  // row 0: tie at 3; row 1: tie at 2
+  t.requires_grad_();
+  check([](const auto& v) { return amax(v[0], {1}); }, {t});
+  check([](const auto& v) { return amax(v[0]); }, {t});
+  // A three-way tie splits the gradient in thirds (as PyTorch's amax does). Central differences
+  // see 1/2 there (one side moves the max, the other does not), so this one is checked by value.
+  Tensor u = f64({5, 1, 5, 5}, {2, 2});
+  u.requires_grad_();
+  const std::vector<Tensor> g = grad({amax(u)}, {u});
+  EXPECT_TRUE(all_close(g[0], {1.0 / 3, 0, 1.0 / 3, 1.0 / 3}, 1e-12));
+}
+
+// ---- matmul and linear ----
+
+TEST(Gradcheck, MatmulEveryRankCombination) {
+  struct Case { Shape a, b; };
+  const std::vector<Case> cases = {
+      {{3}, {3}},          {{3}, {3, 2}},          {{2, 3}, {3}},          {{2, 3}, {3, 4}},
+      {{2, 2, 3}, {2, 3, 2}}, {{2, 2, 3}, {3, 2}},  {{2, 3}, {2, 3, 2}},   {{3}, {2, 3, 2}},
+      {{2, 2, 3}, {3}},    {{2, 1, 2, 3}, {3, 3, 2}}, {{2, 1, 1, 3}, {1, 2, 3, 2}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(shape_str(c.a) + " @ " + shape_str(c.b));
+    check([](const auto& v) { return matmul(v[0], v[1]); }, {leaf(c.a), leaf(c.b, 0.23, -0.6)});
+  }
+}
+
+TEST(Gradcheck, MatmulNonContiguous) {
+  check([](const auto& v) { return matmul(v[0], v[1]); }, {transposed_leaf(2, 3), transposed_leaf(3, 4)});
+  check([](const auto& v) { return matmul(v[0], v[1]); }, {stepped_leaf(2, 3), stepped_leaf(3, 2)});
+  // expanded and transposed inside the function
+  check([](const auto& v) { return matmul(v[0].expand({2, 2, 3}), v[1].mT()); }, {leaf({2, 3}), leaf({2, 4, 3})});
+  // heads split out of a projection: (B, T, H*D) -> (B, H, T, D)
+  check([](const auto& v) {
+    const Tensor q = v[0].view({2, 3, 2, 2}).transpose(1, 2);
+    return matmul(q, q.mT());
+  }, {leaf({2, 3, 4})});
+}
+
+TEST(Gradcheck, Linear) {
+  check([](const auto& v) { return linear(v[0], v[1], v[2]); }, {leaf({3, 4}), leaf({2, 4}, 0.3), leaf({2}, 0.5)});
+  check([](const auto& v) { return linear(v[0], v[1]); }, {leaf({3, 4}), leaf({2, 4}, 0.3)});
+  check([](const auto& v) { return linear(v[0], v[1], v[2]); }, {leaf({2, 2, 3}), leaf({4, 3}, 0.3), leaf({4})});
+  check([](const auto& v) { return linear(v[0], v[1], v[2]); }, {leaf({3}), transposed_leaf(2, 3), leaf({2})});
+  check([](const auto& v) { return linear(v[0], v[1]); }, {stepped_leaf(3, 2), leaf({2, 2})});
+}
+
+// ---- shape ops ----
+
+TEST(Gradcheck, Views) {
+  const Tensor x = leaf({2, 3, 4});
+  auto weighted = [](const Tensor& t) { return mul(t, seq64(t.shape(), 0.5, 0.2)); };  // not a plain sum
+  check([&](const auto& v) { return weighted(v[0].view({6, 4})); }, {x});
+  check([&](const auto& v) { return weighted(v[0].transpose(0, 2).reshape({-1})); }, {x});  // copy path
+  check([&](const auto& v) { return weighted(v[0].flatten(1)); }, {x});
+  check([&](const auto& v) { return weighted(v[0].permute({2, 0, 1})); }, {x});
+  check([&](const auto& v) { return weighted(v[0].unsqueeze(1).squeeze(1)); }, {x});
+  check([&](const auto& v) { return weighted(v[0].unsqueeze(0).squeeze()); }, {x});
+  check([&](const auto& v) { return weighted(v[0].narrow(1, 1, 2)); }, {x});
+  check([&](const auto& v) { return weighted(v[0].slice(2, 0, 4, 3)); }, {x});
+  check([&](const auto& v) { return weighted(v[0].select(1, -1)); }, {x});
+  check([&](const auto& v) { return weighted(v[0].contiguous()); }, {transposed_leaf(3, 2)});
+  check([&](const auto& v) { return weighted(v[0].clone()); }, {x});
+  check([&](const auto& v) { return weighted(v[0].expand({3, 2, 4})); }, {leaf({2, 1})});
+  check([&](const auto& v) { return weighted(v[0].expand({2, -1, 3})); }, {leaf({4, 1})});
+}
+
+TEST(Gradcheck, DtypeRoundTrip) {
+  // float32 in the middle: a larger step keeps rounding error out of the difference quotient.
+  check([](const auto& v) { return mul(v[0].to(DType::f32).to(DType::f64), 3.0); }, {leaf({4})}, 1e-2, 1e-4);
+  check([](const auto& v) { return v[0].to(kCPU); }, {leaf({2})});
+}
+
+TEST(Gradcheck, CatStackSplit) {
+  check([](const auto& v) { return cat({v[0], exp(v[1]), v[2]}, 1); }, {leaf({2, 1}), leaf({2, 3}), leaf({2, 2})});
+  check([](const auto& v) { return cat({v[0], v[1]}, 0); }, {transposed_leaf(2, 3), leaf({1, 3})});
+  check([](const auto& v) { return stack({v[0], mul(v[1], v[1])}, 1); }, {leaf({2, 3}), leaf({2, 3}, 0.4)});
+  check([](const auto& v) {
+    const std::vector<Tensor> parts = split(v[0], 2, 1);  // widths 2, 2, 1
+    return cat({mul(parts[0], 2.0), parts[2], exp(parts[1])}, 1);
+  }, {leaf({2, 5})});
+  check([](const auto& v) {
+    const std::vector<Tensor> parts = split(v[0], std::vector<int64_t>{1, 3}, 0);
+    return add(parts[0], mul(parts[1], parts[1]));  // (1, 2) + (3, 2) broadcasts
+  }, {leaf({4, 2})});
+  check([](const auto& v) {
+    const std::vector<Tensor> c = chunk(v[0], 2, -1);
+    return mul(c[0], c[1]);
+  }, {leaf({3, 4})});
+}
+
+TEST(Gradcheck, Indexing) {
+  check([](const auto& v) { return index_select(v[0], 0, i64({2, 0, 2, 2}, {4})); }, {leaf({3, 4})});
+  check([](const auto& v) { return index_select(v[0], 1, i64({3, 3, 1}, {3})); }, {transposed_leaf(2, 4)});
+  check([](const auto& v) { return embedding(v[0], i64({1, 3, 1, 0, 1, 1}, {2, 3})); }, {leaf({4, 3})});
+  check([](const auto& v) { return repeat_interleave(v[0], 3, 1); }, {leaf({2, 2})});
+  check([](const auto& v) { return triu(v[0]); }, {leaf({3, 4})});
+  check([](const auto& v) { return triu(v[0], 1); }, {leaf({2, 3, 3})});
+  check([](const auto& v) { return tril(v[0], -1); }, {leaf({4, 3})});
+}
+
+// ---- nn ops ----
+
+TEST(Gradcheck, SoftmaxFamily) {
+  const Tensor x = leaf({2, 3, 4});
+  for (int64_t d : {0, 1, 2}) {
+    SCOPED_TRACE("dim " + std::to_string(d));
+    check([d](const auto& v) { return softmax(v[0], d); }, {x});
+    check([d](const auto& v) { return log_softmax(v[0], d); }, {x});
+  }
+  check([](const auto& v) { return softmax(v[0], 0); }, {transposed_leaf(3, 2)});
+  check([](const auto& v) { return log_softmax(v[0], -1); }, {stepped_leaf(2, 3)});
+  // masked_softmax: 1-D and 2-D valid_lens with zero lengths, a scale, and no lengths.
+  check([](const auto& v) { return masked_softmax(v[0], i64({0, 3}, {2})); }, {x});
+  check([](const auto& v) { return masked_softmax(v[0], i64({1, 0, 4, 2, 3, 0}, {2, 3}), 0.5); }, {x});
+  check([](const auto& v) { return masked_softmax(v[0], Tensor(), 2.0); }, {x});
+  // causal with a scale, also on a (B, H, T, T) transposed view
+  check([](const auto& v) { return causal_softmax(v[0], 0.7); }, {leaf({2, 3, 3})});
+  check([](const auto& v) { return causal_softmax(v[0].transpose(-1, -2), 1.3); }, {leaf({2, 1, 3, 3})});
+}
+
+TEST(Gradcheck, DropoutReplaysItsMask) {
+  check([](const auto& v) {
+    Generator g(3);  // fixed state: every call draws the same mask
+    return dropout(v[0], 0.4, true, g);
+  }, {leaf({3, 5})});
+  check([](const auto& v) {
+    Generator g(8);
+    return mul(dropout(v[0], 0.5, true, g), v[0]);
+  }, {transposed_leaf(3, 4)});
+  check([](const auto& v) { return dropout(v[0], 0.4, false); }, {leaf({3})});
+}
+
+TEST(Gradcheck, LayerNorm) {
+  check([](const auto& v) { return layer_norm(v[0], v[1], v[2]); }, {leaf({3, 4}), leaf({4}, 0.4, 0.5), leaf({4})});
+  check([](const auto& v) { return layer_norm(v[0], Tensor(), Tensor()); }, {leaf({2, 3, 4})});
+  check([](const auto& v) { return layer_norm(v[0], v[1], Tensor()); }, {leaf({2, 5}), leaf({5})});
+  check([](const auto& v) { return layer_norm(v[0], Tensor(), v[1]); }, {leaf({2, 5}), leaf({5})});
+  check([](const auto& v) { return layer_norm(v[0], v[1], v[2], 1e-3); },
+        {transposed_leaf(3, 4), leaf({4}, 0.4, 0.5), leaf({4})});
+}
+
+TEST(Gradcheck, Losses) {
+  const Tensor t = i64({2, -100, 0, 1}, {4});
+  check([t](const auto& v) { return cross_entropy(v[0], t); }, {leaf({4, 3})});
+  check([t](const auto& v) { return cross_entropy(v[0], t, -100, Reduction::sum); }, {leaf({4, 3})});
+  check([t](const auto& v) { return cross_entropy(v[0], t, -100, Reduction::none); }, {leaf({4, 3})});
+  check([](const auto& v) { return cross_entropy(v[0], i64({1, 1, 0, 2}, {2, 2}), 1); }, {leaf({2, 2, 3})});
+  check([t](const auto& v) { return cross_entropy(v[0], t); }, {transposed_leaf(4, 3)});
+  check([](const auto& v) { return mse_loss(v[0], v[1]); }, {leaf({2, 3}), leaf({2, 3}, 0.2)});
+  check([](const auto& v) { return mse_loss(v[0], v[1], Reduction::none); }, {leaf({4}), leaf({4}, 0.2)});
+  check([](const auto& v) { return mse_loss(v[0], v[1], Reduction::sum); }, {leaf({4}), leaf({4}, 0.2)});
+}
+
+TEST(Gradcheck, SmallMlpEndToEnd) {
+  const Tensor x = seq64({5, 3}), y = seq64({5, 2}, 0.1);
+  check([x, y](const auto& v) {
+    const Tensor h = tanh(linear(x, v[0], v[1]));
+    return mse_loss(linear(h, v[2], v[3]), y);
+  }, {leaf({4, 3}, 0.3, -0.5), leaf({4}, 0.1), leaf({2, 4}, 0.2, -0.4), leaf({2}, 0.1)});
+}

@@ -1,0 +1,666 @@
+// Forward values of every op in ops/ops.h against hand-derived numbers or a naive reference
+// computed here in plain loops: elementwise with broadcasting, reductions, matmul in every rank
+// combination and layout, shape ops, indexing, the softmax family, dropout, layer_norm and losses.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "tests/core_test_util.h"
+
+using namespace headlab;
+using namespace headlab::testing;
+
+namespace {
+
+// x[i, j, k] = 12 i + 4 j + k, float64, shape (2, 3, 4)
+Tensor grid64() { return arange(0, 24, 1, DType::f64).view({2, 3, 4}); }
+
+// Naive batched matmul with broadcast batch dims: a (..., M, K), b (..., K, N), both >= 2-D.
+std::vector<double> ref_matmul(const Tensor& a, const Tensor& b, Shape* out_shape = nullptr) {
+  const Shape ba(a.shape().begin(), a.shape().end() - 2), bb(b.shape().begin(), b.shape().end() - 2);
+  const size_t nb = std::max(ba.size(), bb.size());
+  Shape batch(nb, 1);
+  for (size_t i = 0; i < nb; ++i) {
+    const int64_t da = i + ba.size() >= nb ? ba[i + ba.size() - nb] : 1;
+    const int64_t db = i + bb.size() >= nb ? bb[i + bb.size() - nb] : 1;
+    batch[i] = std::max(da, db);
+  }
+  const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
+  Shape sa = batch, sb = batch, so = batch;
+  sa.insert(sa.end(), {M, K});
+  sb.insert(sb.end(), {K, N});
+  so.insert(so.end(), {M, N});
+  const std::vector<double> av = a.expand(sa).to_vector<double>(), bv = b.expand(sb).to_vector<double>();
+  const int64_t B = shape_numel(batch);
+  std::vector<double> out(static_cast<size_t>(B * M * N), 0.0);
+  for (int64_t q = 0; q < B; ++q)
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t j = 0; j < N; ++j) {
+        double s = 0;
+        for (int64_t k = 0; k < K; ++k) s += av[q * M * K + i * K + k] * bv[q * K * N + k * N + j];
+        out[q * M * N + i * N + j] = s;
+      }
+  if (out_shape) *out_shape = so;
+  return out;
+}
+
+// Naive softmax / log_softmax of a contiguous tensor along dim d.
+std::vector<double> ref_softmax(const Tensor& x, int64_t d, bool log_form = false) {
+  const std::vector<double> v = x.contiguous().to_vector<double>();
+  int64_t outer = 1, inner = 1;
+  const int64_t n = x.size(d);
+  for (int64_t k = 0; k < d; ++k) outer *= x.size(k);
+  for (int64_t k = d + 1; k < x.dim(); ++k) inner *= x.size(k);
+  std::vector<double> out(v.size());
+  for (int64_t o = 0; o < outer; ++o)
+    for (int64_t in = 0; in < inner; ++in) {
+      double m = -INFINITY, s = 0;
+      for (int64_t j = 0; j < n; ++j) m = std::max(m, v[(o * n + j) * inner + in]);
+      for (int64_t j = 0; j < n; ++j) s += std::exp(v[(o * n + j) * inner + in] - m);
+      for (int64_t j = 0; j < n; ++j) {
+        const double z = v[(o * n + j) * inner + in] - m;
+        out[(o * n + j) * inner + in] = log_form ? z - std::log(s) : std::exp(z) / s;
+      }
+    }
+  return out;
+}
+
+// Softmax of the first `valid` entries of a row (scaled), zeros after.
+std::vector<double> ref_row_softmax(const std::vector<double>& row, int64_t valid, double scale = 1.0) {
+  std::vector<double> out(row.size(), 0.0);
+  if (valid == 0) return out;
+  double m = -INFINITY, s = 0;
+  for (int64_t j = 0; j < valid; ++j) m = std::max(m, scale * row[j]);
+  for (int64_t j = 0; j < valid; ++j) s += std::exp(scale * row[j] - m);
+  for (int64_t j = 0; j < valid; ++j) out[j] = std::exp(scale * row[j] - m) / s;
+  return out;
+}
+
+}  // namespace
+
+// ---- elementwise ----
+
+TEST(Elementwise, BinaryWithBroadcasting) {
+  const Tensor a = f32({1, 2, 3, 4, 5, 6}, {2, 3});
+  const Tensor b = f32({10, 20, 30}, {3});
+  EXPECT_TRUE(all_close(add(a, b), {11, 22, 33, 14, 25, 36}));
+  EXPECT_TRUE(all_close(sub(a, b), {-9, -18, -27, -6, -15, -24}));
+  EXPECT_TRUE(all_close(mul(a, b), {10, 40, 90, 40, 100, 180}));
+  EXPECT_TRUE(all_close(div(b, a), {10, 10, 10, 2.5, 4, 5}));
+  EXPECT_EQ((a + b).shape(), (Shape{2, 3}));
+  EXPECT_TRUE(all_close(a - b, {-9, -18, -27, -6, -15, -24}));
+  EXPECT_TRUE(all_close(a * b, {10, 40, 90, 40, 100, 180}));
+  EXPECT_TRUE(all_close(b / a, {10, 10, 10, 2.5, 4, 5}));
+  // (3, 1) x (1, 4): an outer product.
+  const Tensor col = f32({1, 2, 3}, {3, 1}), row = f32({1, 10, 100, 1000}, {1, 4});
+  const Tensor outer = mul(col, row);
+  EXPECT_EQ(outer.shape(), (Shape{3, 4}));
+  EXPECT_TRUE(all_close(outer, {1, 10, 100, 1000, 2, 20, 200, 2000, 3, 30, 300, 3000}));
+  // (3, 1, 4) + (2, 4) -> (3, 2, 4)
+  const Tensor p = arange(0, 12, 1, DType::f64).view({3, 1, 4}), q = mul(arange(0, 8, 1, DType::f64).view({2, 4}), 100);
+  const Tensor pq = add(p, q);
+  EXPECT_EQ(pq.shape(), (Shape{3, 2, 4}));
+  std::vector<double> expect;
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 2; ++j)
+      for (int k = 0; k < 4; ++k) expect.push_back(4 * i + k + 100 * (4 * j + k));
+  EXPECT_TRUE(all_close(pq, expect));
+  // 0-d operands broadcast against anything.
+  EXPECT_TRUE(all_close(mul(a, scalar_tensor(2)), {2, 4, 6, 8, 10, 12}));
+  // Non-contiguous operands give the same as contiguous ones.
+  const Tensor at = f32({1, 4, 2, 5, 3, 6}, {3, 2}).transpose(0, 1);
+  EXPECT_TRUE(all_close(add(at, b), add(a, b)));
+  // int64 arithmetic stays exact.
+  EXPECT_EQ(add(i64({1, 2}), i64({40, 50})).to_vector<int64_t>(), (std::vector<int64_t>{41, 52}));
+  EXPECT_EQ(add(i64({1, 2}), i64({3})).dtype(), DType::i64);
+}
+
+TEST(Elementwise, Scalars) {
+  const Tensor a = f32({1, 2, 4});
+  EXPECT_TRUE(all_close(a + 1, {2, 3, 5}));
+  EXPECT_TRUE(all_close(a - 1, {0, 1, 3}));
+  EXPECT_TRUE(all_close(a * 3, {3, 6, 12}));
+  EXPECT_TRUE(all_close(a / 2, {0.5, 1, 2}));
+  EXPECT_TRUE(all_close(1 + a, {2, 3, 5}));
+  EXPECT_TRUE(all_close(10 - a, {9, 8, 6}));
+  EXPECT_TRUE(all_close(2 * a, {2, 4, 8}));
+  EXPECT_TRUE(all_close(8 / a, {8, 4, 2}));
+  EXPECT_TRUE(all_close(-a, {-1, -2, -4}));
+  EXPECT_TRUE(all_close(neg(a), {-1, -2, -4}));
+  EXPECT_TRUE(all_close(add(a, 0.5), {1.5, 2.5, 4.5}));
+  EXPECT_TRUE(all_close(mul(a, -2.0), {-2, -4, -8}));
+  EXPECT_TRUE(all_close(affine(a, 3, -1), {2, 5, 11}));
+}
+
+TEST(Elementwise, UnaryMath) {
+  const std::vector<double> xs = {-2, -0.5, 0, 0.5, 1, 3};
+  const std::vector<double> pos = {0.25, 0.5, 1, 2, 4, 9};
+  const Tensor x = f64(xs), p = f64(pos);
+  auto map = [](const std::vector<double>& v, double (*f)(double)) {
+    std::vector<double> o;
+    for (double e : v) o.push_back(f(e));
+    return o;
+  };
+  EXPECT_TRUE(all_close(exp(x), map(xs, [](double v) { return std::exp(v); }), 1e-12, 1e-12));
+  EXPECT_TRUE(all_close(log(p), map(pos, [](double v) { return std::log(v); }), 1e-12, 1e-12));
+  EXPECT_TRUE(all_close(sqrt(p), {0.5, std::sqrt(0.5), 1, std::sqrt(2.0), 2, 3}, 1e-12, 1e-12));
+  EXPECT_TRUE(all_close(rsqrt(p), {2, 1 / std::sqrt(0.5), 1, 1 / std::sqrt(2.0), 0.5, 1.0 / 3}, 1e-12, 1e-12));
+  EXPECT_TRUE(all_close(pow(x, 3), {-8, -0.125, 0, 0.125, 1, 27}, 1e-12, 1e-12));
+  EXPECT_TRUE(all_close(pow(p, 0.5), {0.5, std::sqrt(0.5), 1, std::sqrt(2.0), 2, 3}, 1e-12, 1e-12));
+  EXPECT_TRUE(all_close(pow(p, -1), {4, 2, 1, 0.5, 0.25, 1.0 / 9}, 1e-12, 1e-12));
+  EXPECT_TRUE(all_close(abs(x), {2, 0.5, 0, 0.5, 1, 3}));
+  EXPECT_TRUE(all_close(tanh(x), map(xs, [](double v) { return std::tanh(v); }), 1e-12, 1e-12));
+  EXPECT_TRUE(all_close(sigmoid(x), map(xs, [](double v) { return 1 / (1 + std::exp(-v)); }), 1e-12, 1e-12));
+  EXPECT_TRUE(all_close(relu(x), {0, 0, 0, 0.5, 1, 3}));
+  EXPECT_TRUE(all_close(gelu(x), map(xs, [](double v) { return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))); }),
+                        1e-12, 1e-12));
+  EXPECT_TRUE(all_close(gelu(x, true), map(xs, [](double v) {
+                          return 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+                        }),
+                        1e-12, 1e-12));
+  // Known values, in float32 (what models run in).
+  EXPECT_NEAR(gelu(f32({1.f})).item<float>(), 0.8413447f, 1e-6);
+  EXPECT_NEAR(gelu(f32({1.f}), true).item<float>(), 0.8411920f, 1e-6);
+  EXPECT_NEAR(gelu(f32({-1.f})).item<float>(), -0.1586553f, 1e-6);
+  EXPECT_NEAR(sigmoid(f32({2.f})).item<float>(), 0.8807971f, 1e-6);
+  EXPECT_NEAR(tanh(f32({0.5f})).item<float>(), 0.4621172f, 1e-6);
+  EXPECT_NEAR(exp(f32({1.f})).item<float>(), 2.7182817f, 1e-6);
+  EXPECT_NEAR(log(f32({2.f})).item<float>(), 0.6931472f, 1e-6);
+  EXPECT_EQ(exp(f32({1.f})).dtype(), DType::f32);
+  // Unary ops read strided inputs in logical order.
+  const Tensor t = f64({1, 3, 2, 4}, {2, 2}).transpose(0, 1);  // [[1, 2], [3, 4]]
+  EXPECT_TRUE(all_close(pow(t, 2), {1, 4, 9, 16}));
+}
+
+TEST(Elementwise, MaximumAndComparisons) {
+  const Tensor a = f32({1, 5, 3}), b = f32({2, 5, 1});
+  EXPECT_TRUE(all_close(maximum(a, b), {2, 5, 3}));
+  EXPECT_EQ(eq(a, b).to_vector<uint8_t>(), (std::vector<uint8_t>{0, 1, 0}));
+  EXPECT_EQ(ne(a, b).to_vector<uint8_t>(), (std::vector<uint8_t>{1, 0, 1}));
+  EXPECT_EQ(lt(a, b).to_vector<uint8_t>(), (std::vector<uint8_t>{1, 0, 0}));
+  EXPECT_EQ(le(a, b).to_vector<uint8_t>(), (std::vector<uint8_t>{1, 1, 0}));
+  EXPECT_EQ(gt(a, b).to_vector<uint8_t>(), (std::vector<uint8_t>{0, 0, 1}));
+  EXPECT_EQ(ge(a, b).to_vector<uint8_t>(), (std::vector<uint8_t>{0, 1, 1}));
+  EXPECT_EQ(gt(a, b).dtype(), DType::b8);
+  // broadcasting comparison: (3, 1) vs (3)
+  const Tensor c = gt(f32({1, 2, 3}, {3, 1}), f32({0, 2, 5}));
+  EXPECT_EQ(c.shape(), (Shape{3, 3}));
+  EXPECT_EQ(c.to_vector<uint8_t>(), (std::vector<uint8_t>{1, 0, 0, 1, 0, 0, 1, 1, 0}));
+  const Tensor m1 = tensor_bool({true, true, false, false}), m2 = tensor_bool({true, false, true, false});
+  EXPECT_EQ(logical_and(m1, m2).to_vector<uint8_t>(), (std::vector<uint8_t>{1, 0, 0, 0}));
+}
+
+TEST(Elementwise, WhereAndMaskedFill) {
+  const Tensor cond = tensor_bool({true, false}, {2, 1});
+  const Tensor a = f32({1, 2, 3, 4, 5, 6}, {2, 3});
+  const Tensor w = where(cond, a, scalar_tensor(-1));
+  EXPECT_EQ(w.shape(), (Shape{2, 3}));
+  EXPECT_TRUE(all_close(w, {1, 2, 3, -1, -1, -1}));
+  const Tensor w2 = where(tensor_bool({false, true, false}), a, f32({7, 8, 9}));
+  EXPECT_TRUE(all_close(w2, {7, 2, 9, 7, 5, 9}));
+
+  const Tensor mask = tensor_bool({false, true, true});
+  const Tensor mf = masked_fill(a, mask, -INFINITY);
+  EXPECT_TRUE(all_close(mf, {1, -INFINITY, -INFINITY, 4, -INFINITY, -INFINITY}));
+  EXPECT_TRUE(all_close(a, {1, 2, 3, 4, 5, 6}));  // out of place
+  EXPECT_TRUE(all_close(a.masked_fill(cond, 0), {0, 0, 0, 4, 5, 6}));
+
+  Tensor b = a.clone();
+  const uint64_t v0 = b.version();
+  const Tensor& r = masked_fill_(b, mask, 9);
+  EXPECT_EQ(&r, &b);
+  EXPECT_TRUE(all_close(b, {1, 9, 9, 4, 9, 9}));
+  EXPECT_EQ(b.version(), v0 + 1);
+  b.masked_fill_(cond, 0.5);
+  EXPECT_TRUE(all_close(b, {0.5, 0.5, 0.5, 4, 9, 9}));
+  // In place through a strided view reaches the base tensor's memory.
+  Tensor base = zeros({2, 4});
+  Tensor view = base.slice(1, 0, 4, 2);  // columns 0 and 2
+  view.masked_fill_(tensor_bool({false, true}), 3);
+  EXPECT_TRUE(all_close(base, {0, 0, 3, 0, 0, 0, 3, 0}));
+}
+
+// ---- reductions ----
+
+TEST(Reductions, SumMean) {
+  const Tensor x = grid64();
+  EXPECT_DOUBLE_EQ(x.sum().item<double>(), 276);
+  EXPECT_EQ(x.sum().dim(), 0);
+  const Tensor s0 = sum(x, {0});  // 12 + 8 j + 2 k
+  EXPECT_EQ(s0.shape(), (Shape{3, 4}));
+  std::vector<double> e0;
+  for (int j = 0; j < 3; ++j)
+    for (int k = 0; k < 4; ++k) e0.push_back(12 + 8 * j + 2 * k);
+  EXPECT_TRUE(all_close(s0, e0));
+  const Tensor s02 = sum(x, {0, 2}, true);  // 60 + 32 j
+  EXPECT_EQ(s02.shape(), (Shape{1, 3, 1}));
+  EXPECT_TRUE(all_close(s02, {60, 92, 124}));
+  const Tensor sl = sum(x, {-1});  // 48 i + 16 j + 6
+  EXPECT_EQ(sl.shape(), (Shape{2, 3}));
+  EXPECT_TRUE(all_close(sl, {6, 22, 38, 54, 70, 86}));
+  EXPECT_EQ(sum(x, {}, true).shape(), (Shape{1, 1, 1}));
+
+  const Tensor m1 = mean(x, {1});  // 12 i + 4 + k
+  EXPECT_EQ(m1.shape(), (Shape{2, 4}));
+  EXPECT_TRUE(all_close(m1, {4, 5, 6, 7, 16, 17, 18, 19}));
+  EXPECT_DOUBLE_EQ(x.mean().item<double>(), 11.5);
+  EXPECT_EQ(x.mean({0, 1}, true).shape(), (Shape{1, 1, 4}));
+  EXPECT_TRUE(all_close(x.mean({0, 1}), {10, 11, 12, 13}));
+  // Strided input, int64 input, sums over an empty dim.
+  EXPECT_TRUE(all_close(sum(x.transpose(0, 2), {2}), sum(x, {0}).transpose(0, 1)));
+  EXPECT_EQ(sum(arange(5)).item<int64_t>(), 10);
+  EXPECT_EQ(sum(arange(5)).dtype(), DType::i64);
+  EXPECT_TRUE(all_close(sum(zeros({3, 0}), {1}), {0, 0, 0}));
+  // float32 sums accumulate in double: 2^20 ones sum exactly.
+  EXPECT_EQ(ones({1 << 20}).sum().item<float>(), static_cast<float>(1 << 20));
+}
+
+TEST(Reductions, AmaxArgmaxVar) {
+  const Tensor x = grid64();
+  EXPECT_DOUBLE_EQ(amax(x).item<double>(), 23);
+  EXPECT_DOUBLE_EQ(x.max().item<double>(), 23);
+  EXPECT_TRUE(all_close(amax(x, {0, 2}), {15, 19, 23}));
+  const Tensor k1 = amax(x, {1}, true);  // 12 i + 8 + k
+  EXPECT_EQ(k1.shape(), (Shape{2, 1, 4}));
+  EXPECT_TRUE(all_close(k1, {8, 9, 10, 11, 20, 21, 22, 23}));
+  EXPECT_TRUE(all_close(amax(f32({-3, -1, -2}, {3})), {-1}));
+
+  const Tensor v = var(x, {2});  // four consecutive values: sum of squared deviations 5
+  EXPECT_EQ(v.shape(), (Shape{2, 3}));
+  EXPECT_TRUE(all_close(v, std::vector<double>(6, 5.0 / 3), 1e-12));
+  EXPECT_TRUE(all_close(var(x, {2}, true, 0), std::vector<double>(6, 1.25), 1e-12));
+  EXPECT_EQ(var(x, {2}, true).shape(), (Shape{2, 3, 1}));
+  // Over dims 0 and 2 each column holds {0, 1, 2, 3, 12, 13, 14, 15} + 4 j: squared deviations sum to 298.
+  EXPECT_TRUE(all_close(x.var({0, 2}), std::vector<double>(3, 298.0 / 7), 1e-12));
+  EXPECT_TRUE(all_close(x.var({0, 2}, false, 0), std::vector<double>(3, 37.25), 1e-12));
+  EXPECT_NEAR(var(x).item<double>(), 50.0, 1e-12);  // 0..23: n (n^2 - 1) / 12 / (n - 1) = 24 * 575 / 12 / 23
+
+  const Tensor a = f32({1, 5, 5, 2, 0, -1}, {2, 3});
+  const Tensor am = argmax(a, 1);
+  EXPECT_EQ(am.dtype(), DType::i64);
+  EXPECT_EQ(am.to_vector<int64_t>(), (std::vector<int64_t>{1, 0}));  // a tie keeps the first
+  EXPECT_EQ(argmax(a, 0).to_vector<int64_t>(), (std::vector<int64_t>{1, 0, 0}));
+  EXPECT_EQ(a.argmax(-1, true).shape(), (Shape{2, 1}));
+  EXPECT_EQ(argmax(x.transpose(1, 2), 2).to_vector<int64_t>(), std::vector<int64_t>(8, 2));
+}
+
+TEST(Reductions, SumTo) {
+  const Tensor x = grid64();
+  const Tensor s = sum_to(x, {3, 1});  // sum over i and k: 60 + 32 j
+  EXPECT_EQ(s.shape(), (Shape{3, 1}));
+  EXPECT_TRUE(all_close(s, {60, 92, 124}));
+  EXPECT_TRUE(all_close(sum_to(x, {4}), {60, 66, 72, 78}));
+  EXPECT_EQ(sum_to(x, x.shape()).impl(), x.impl());
+}
+
+// ---- matmul ----
+
+TEST(Matmul, VectorAndMatrixRanks) {
+  const Tensor v = f64({1, 2, 3}), w = f64({4, 5, 6});
+  const Tensor dot = matmul(v, w);
+  EXPECT_EQ(dot.dim(), 0);
+  EXPECT_DOUBLE_EQ(dot.item<double>(), 32);
+  const Tensor m = f64({1, 2, 3, 4, 5, 6}, {2, 3});  // [[1, 2, 3], [4, 5, 6]]
+  const Tensor mv = matmul(m, v);                     // (2, 3) @ (3) -> (2)
+  EXPECT_EQ(mv.shape(), (Shape{2}));
+  EXPECT_TRUE(all_close(mv, {14, 32}));
+  const Tensor vm = matmul(f64({1, -1}), m);  // (2) @ (2, 3) -> (3)
+  EXPECT_EQ(vm.shape(), (Shape{3}));
+  EXPECT_TRUE(all_close(vm, {-3, -3, -3}));
+  const Tensor mm = matmul(m, m.transpose(0, 1));  // (2, 3) @ (3, 2)
+  EXPECT_EQ(mm.shape(), (Shape{2, 2}));
+  EXPECT_TRUE(all_close(mm, {14, 32, 32, 77}));
+  // 1-D with batched operands: (3) @ (2, 3, 4) -> (2, 4); (2, 4, 3) @ (3) -> (2, 4)
+  const Tensor b3 = seq64({2, 3, 4});
+  Shape so;
+  const std::vector<double> r1 = ref_matmul(v.unsqueeze(0), b3, &so);
+  const Tensor vb = matmul(v, b3);
+  EXPECT_EQ(vb.shape(), (Shape{2, 4}));
+  EXPECT_TRUE(all_close(vb, r1, 1e-12));
+  const Tensor bv = matmul(b3.transpose(1, 2), v);
+  EXPECT_EQ(bv.shape(), (Shape{2, 4}));
+  EXPECT_TRUE(all_close(bv, r1, 1e-12));
+  // float32 against the same reference
+  const Tensor a32 = seq64({5, 7}).to(DType::f32), b32 = seq64({7, 3}, 0.2, 0.4).to(DType::f32);
+  EXPECT_TRUE(all_close(matmul(a32, b32), ref_matmul(a32, b32), 1e-5, 1e-5));
+}
+
+TEST(Matmul, BatchedAndBroadcast) {
+  struct Case { Shape a, b; };
+  const std::vector<Case> cases = {
+      {{4, 2, 3}, {4, 3, 5}},        // plain batch
+      {{4, 2, 3}, {3, 5}},           // b shared by the batch (folded into one GEMM)
+      {{2, 3}, {4, 3, 5}},           // a shared by the batch
+      {{2, 1, 2, 3}, {1, 3, 3, 4}},  // 4-D, both batch dims broadcast
+      {{2, 3, 2, 3}, {3, 3, 4}},     // 4-D with a 3-D operand
+      {{1, 1, 3}, {5, 3, 2}},        // M = 1
+      {{3, 4, 1}, {3, 1, 6}},        // K = 1: outer products
+  };
+  for (const Case& c : cases) {
+    const Tensor a = seq64(c.a), b = seq64(c.b, 0.21, -0.7);
+    Shape so;
+    const std::vector<double> ref = ref_matmul(a, b, &so);
+    const Tensor out = matmul(a, b);
+    EXPECT_EQ(out.shape(), so) << shape_str(c.a) << " @ " << shape_str(c.b);
+    EXPECT_TRUE(all_close(out, ref, 1e-12)) << shape_str(c.a) << " @ " << shape_str(c.b);
+    const Tensor out32 = matmul(a.to(DType::f32), b.to(DType::f32));
+    EXPECT_TRUE(all_close(out32, ref, 1e-4, 1e-5)) << shape_str(c.a) << " @ " << shape_str(c.b);
+  }
+}
+
+TEST(Matmul, StridedOperandsMatchContiguous) {
+  const Tensor a = seq64({3, 4, 5}), b = seq64({3, 5, 2}, 0.3, 0.2);
+  const Tensor expect = matmul(a, b);
+  // Transposed storage (BLAS transpose flags), sliced with a step, batch dim permuted.
+  const Tensor at = a.transpose(1, 2).contiguous().transpose(1, 2);
+  const Tensor bt = b.transpose(1, 2).contiguous().transpose(1, 2);
+  ASSERT_FALSE(at.is_contiguous());
+  EXPECT_TRUE(all_close(matmul(at, bt), expect, 1e-12));
+  EXPECT_TRUE(all_close(matmul(at, b), expect, 1e-12));
+  const Tensor a_wide = zeros({3, 8, 5}, DType::f64);
+  a_wide.slice(1, 0, 8, 2).copy_(a);  // rows 0, 2, 4, 6: row stride 10
+  const Tensor as = a_wide.slice(1, 0, 8, 2);
+  EXPECT_TRUE(all_close(matmul(as, b), expect, 1e-12));
+  const Tensor b_cols = zeros({3, 5, 6}, DType::f64);
+  b_cols.slice(2, 1, 6, 3).copy_(b);  // column stride 3: needs a copy
+  EXPECT_TRUE(all_close(matmul(a, b_cols.slice(2, 1, 6, 3)), expect, 1e-12));
+  const Tensor ap = a.permute({1, 0, 2}).contiguous().permute({1, 0, 2});  // batch stride 5, row stride 15
+  EXPECT_TRUE(all_close(matmul(ap, b), expect, 1e-12));
+  // (B, H, T, D) heads viewed out of a (B, T, H*D) projection.
+  const Tensor proj = seq64({2, 3, 4 * 2});
+  const Tensor q = proj.view({2, 3, 4, 2}).transpose(1, 2);  // (B=2, H=4, T=3, D=2)
+  const Tensor scores = matmul(q, q.mT());
+  EXPECT_EQ(scores.shape(), (Shape{2, 4, 3, 3}));
+  EXPECT_TRUE(all_close(scores, ref_matmul(q.contiguous(), q.mT().contiguous()), 1e-12));
+  // An expanded (stride 0) operand.
+  const Tensor row = seq64({1, 5}).expand({4, 5});
+  EXPECT_TRUE(all_close(matmul(row, b.select(0, 0)), ref_matmul(row.contiguous(), b.select(0, 0)), 1e-12));
+}
+
+TEST(Matmul, ZeroSizeDims) {
+  const Tensor k0 = matmul(zeros({2, 0}), zeros({0, 3}));  // empty sum: zeros
+  EXPECT_EQ(k0.shape(), (Shape{2, 3}));
+  EXPECT_TRUE(all_close(k0, std::vector<double>(6, 0.0)));
+  EXPECT_EQ(matmul(zeros({0, 3}), ones({3, 4})).shape(), (Shape{0, 4}));
+  EXPECT_EQ(matmul(ones({2, 3}), zeros({3, 0})).shape(), (Shape{2, 0}));
+  EXPECT_EQ(matmul(ones({0, 2, 3}), ones({3, 4})).shape(), (Shape{0, 2, 4}));
+  const Tensor bk0 = matmul(ones({2, 2, 0}), ones({2, 0, 3}));
+  EXPECT_EQ(bk0.shape(), (Shape{2, 2, 3}));
+  EXPECT_TRUE(all_close(bk0, std::vector<double>(12, 0.0)));
+  EXPECT_DOUBLE_EQ(matmul(zeros({0}), zeros({0})).item<double>(), 0.0);
+}
+
+TEST(Linear, WithAndWithoutBias) {
+  const Tensor x = seq64({2, 3}), w = seq64({4, 3}, 0.3, -0.5), b = f64({1, 2, 3, 4});
+  const std::vector<double> xw = ref_matmul(x, w.transpose(0, 1).contiguous());
+  std::vector<double> xwb = xw;
+  for (size_t i = 0; i < xwb.size(); ++i) xwb[i] += 1 + static_cast<double>(i % 4);
+  EXPECT_TRUE(all_close(linear(x, w, b), xwb, 1e-12));
+  EXPECT_TRUE(all_close(linear(x, w), xw, 1e-12));
+  EXPECT_EQ(linear(x, w).shape(), (Shape{2, 4}));
+  // A 3-D input, a transposed weight, a strided bias; float32.
+  const Tensor x3 = seq64({2, 5, 3});
+  const Tensor wt = w.transpose(0, 1).contiguous().transpose(0, 1);
+  const Tensor bs = f64({1, 0, 2, 0, 3, 0, 4, 0}).slice(0, 0, 8, 2);
+  const Tensor y3 = linear(x3, wt, bs);
+  EXPECT_EQ(y3.shape(), (Shape{2, 5, 4}));
+  std::vector<double> r3 = ref_matmul(x3, w.transpose(0, 1).contiguous());
+  for (size_t i = 0; i < r3.size(); ++i) r3[i] += 1 + static_cast<double>(i % 4);
+  EXPECT_TRUE(all_close(y3, r3, 1e-12));
+  EXPECT_TRUE(all_close(linear(x3.to(DType::f32), w.to(DType::f32), b.to(DType::f32)), r3, 1e-5, 1e-5));
+  // A 1-D input, and in_features = 0 (the output is the bias).
+  EXPECT_TRUE(all_close(linear(x.select(0, 1), w, b), std::vector<double>(xwb.begin() + 4, xwb.end()), 1e-12));
+  const Tensor y0 = linear(zeros({3, 0}, DType::f64), zeros({4, 0}, DType::f64), b);
+  EXPECT_EQ(y0.shape(), (Shape{3, 4}));
+  EXPECT_TRUE(all_close(y0, {1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4}));
+  EXPECT_TRUE(all_close(linear(zeros({3, 0}, DType::f64), zeros({4, 0}, DType::f64)), std::vector<double>(12, 0.0)));
+}
+
+// ---- shape ops ----
+
+TEST(ShapeOps, CatStackSplitChunk) {
+  const Tensor a = f32({1, 2, 3, 4}, {2, 2}), b = f32({5, 6}, {1, 2}), c = f32({7, 8, 9, 10, 11, 12}, {2, 3});
+  const Tensor c0 = cat({a, b}, 0);
+  EXPECT_EQ(c0.shape(), (Shape{3, 2}));
+  EXPECT_TRUE(all_close(c0, {1, 2, 3, 4, 5, 6}));
+  const Tensor c1 = cat({a, c}, -1);
+  EXPECT_EQ(c1.shape(), (Shape{2, 5}));
+  EXPECT_TRUE(all_close(c1, {1, 2, 7, 8, 9, 3, 4, 10, 11, 12}));
+  EXPECT_TRUE(all_close(cat({a.transpose(0, 1), zeros({0, 2})}, 0), {1, 3, 2, 4}));
+
+  const Tensor s0 = stack({a, a * 10}, 0);
+  EXPECT_EQ(s0.shape(), (Shape{2, 2, 2}));
+  EXPECT_TRUE(all_close(s0, {1, 2, 3, 4, 10, 20, 30, 40}));
+  const Tensor s2 = stack({a, a * 10}, 2);
+  EXPECT_EQ(s2.shape(), (Shape{2, 2, 2}));
+  EXPECT_TRUE(all_close(s2, {1, 10, 2, 20, 3, 30, 4, 40}));
+  EXPECT_EQ(stack({f32({1}, {1}), f32({2}, {1}), f32({3}, {1})}, -1).shape(), (Shape{1, 3}));
+
+  const Tensor x = arange(0, 10, 1, DType::f32).view({2, 5});
+  const std::vector<Tensor> sp = split(x, 2, 1);  // sizes 2, 2, 1
+  ASSERT_EQ(sp.size(), 3u);
+  EXPECT_TRUE(all_close(sp[0], {0, 1, 5, 6}));
+  EXPECT_TRUE(all_close(sp[1], {2, 3, 7, 8}));
+  EXPECT_TRUE(all_close(sp[2], {4, 9}));
+  EXPECT_TRUE(sp[1].shares_storage(x));
+  const std::vector<Tensor> sz = split(x, std::vector<int64_t>{1, 4}, 1);
+  ASSERT_EQ(sz.size(), 2u);
+  EXPECT_EQ(sz[1].shape(), (Shape{2, 4}));
+  EXPECT_TRUE(all_close(sz[1], {1, 2, 3, 4, 6, 7, 8, 9}));
+  const std::vector<Tensor> ch = chunk(x, 3, 1);  // ceil(5 / 3) = 2 per chunk
+  ASSERT_EQ(ch.size(), 3u);
+  EXPECT_EQ(ch[2].shape(), (Shape{2, 1}));
+  const std::vector<Tensor> ch0 = chunk(x, 2, 0);
+  ASSERT_EQ(ch0.size(), 2u);
+  EXPECT_TRUE(all_close(ch0[1], {5, 6, 7, 8, 9}));
+}
+
+TEST(Indexing, IndexSelectEmbedding) {
+  const Tensor x = arange(0, 12, 1, DType::f32).view({3, 4});
+  const Tensor r = index_select(x, 0, i64({2, 0, 2}));
+  EXPECT_EQ(r.shape(), (Shape{3, 4}));
+  EXPECT_TRUE(all_close(r, {8, 9, 10, 11, 0, 1, 2, 3, 8, 9, 10, 11}));
+  EXPECT_FALSE(r.shares_storage(x));
+  const Tensor c = index_select(x, -1, i64({3, 1}));
+  EXPECT_EQ(c.shape(), (Shape{3, 2}));
+  EXPECT_TRUE(all_close(c, {3, 1, 7, 5, 11, 9}));
+  EXPECT_TRUE(all_close(index_select(x.transpose(0, 1), 0, i64({1})), {1, 5, 9}));
+  EXPECT_EQ(index_select(x, 0, i64({}, {0})).shape(), (Shape{0, 4}));
+
+  const Tensor w = arange(0, 15, 1, DType::f32).view({5, 3});
+  const Tensor e = embedding(w, i64({4, 0, 2, 4}, {2, 2}));
+  EXPECT_EQ(e.shape(), (Shape{2, 2, 3}));
+  EXPECT_TRUE(all_close(e, {12, 13, 14, 0, 1, 2, 6, 7, 8, 12, 13, 14}));
+  EXPECT_EQ(embedding(w, i64({1}, {1})).shape(), (Shape{1, 3}));
+  EXPECT_EQ(embedding(w, scalar_tensor(3, DType::i64)).shape(), (Shape{3}));
+  EXPECT_TRUE(all_close(embedding(w, scalar_tensor(3, DType::i64)), {9, 10, 11}));
+}
+
+TEST(Indexing, TriuTrilRepeatInterleave) {
+  const Tensor x = add(arange(0, 12, 1, DType::f32).view({3, 4}), 1.0);  // 1..12
+  EXPECT_TRUE(all_close(triu(x), {1, 2, 3, 4, 0, 6, 7, 8, 0, 0, 11, 12}));
+  EXPECT_TRUE(all_close(triu(x, 1), {0, 2, 3, 4, 0, 0, 7, 8, 0, 0, 0, 12}));
+  EXPECT_TRUE(all_close(triu(x, -1), {1, 2, 3, 4, 5, 6, 7, 8, 0, 10, 11, 12}));
+  EXPECT_TRUE(all_close(tril(x), {1, 0, 0, 0, 5, 6, 0, 0, 9, 10, 11, 0}));
+  EXPECT_TRUE(all_close(tril(x, 1), {1, 2, 0, 0, 5, 6, 7, 0, 9, 10, 11, 12}));
+  EXPECT_TRUE(all_close(tril(x, -1), {0, 0, 0, 0, 5, 0, 0, 0, 9, 10, 0, 0}));
+  const Tensor batched = triu(ones({2, 2, 2}));  // applies to the last two dims of every batch
+  EXPECT_TRUE(all_close(batched, {1, 1, 0, 1, 1, 1, 0, 1}));
+
+  EXPECT_TRUE(all_close(repeat_interleave(f32({1, 2, 3}), 2, 0), {1, 1, 2, 2, 3, 3}));
+  const Tensor m = f32({1, 2, 3, 4}, {2, 2});
+  EXPECT_TRUE(all_close(repeat_interleave(m, 2, 0), {1, 2, 1, 2, 3, 4, 3, 4}));
+  EXPECT_TRUE(all_close(repeat_interleave(m, 3, 1), {1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4}));
+  EXPECT_EQ(repeat_interleave(i64({4, 7}), 2, 0).to_vector<int64_t>(), (std::vector<int64_t>{4, 4, 7, 7}));
+}
+
+// ---- the softmax family ----
+
+TEST(Softmax, AlongEveryDim) {
+  const Tensor x = seq64({2, 3, 4}, 0.9, -2.0);
+  for (int64_t d = 0; d < 3; ++d) {
+    EXPECT_TRUE(all_close(softmax(x, d), ref_softmax(x, d), 1e-12)) << "dim " << d;
+    EXPECT_TRUE(all_close(log_softmax(x, d), ref_softmax(x, d, true), 1e-12)) << "dim " << d;
+    EXPECT_TRUE(all_close(softmax(x, d - 3), ref_softmax(x, d), 1e-12)) << "dim " << d - 3;
+  }
+  // float32; large logits stay finite (max subtraction)
+  const Tensor big = f32({1000, 1001, 1002});
+  const double z = 1 + std::exp(-1.0) + std::exp(-2.0);
+  EXPECT_TRUE(all_close(softmax(big, 0), {std::exp(-2.0) / z, std::exp(-1.0) / z, 1 / z}, 1e-6));
+  EXPECT_TRUE(all_close(log_softmax(big, 0), {-2 - std::log(z), -1 - std::log(z), -std::log(z)}, 1e-5));
+  EXPECT_TRUE(all_close(x.softmax(1).sum({1}), std::vector<double>(8, 1.0), 1e-12));
+  EXPECT_TRUE(all_close(softmax(x.transpose(0, 2), 0), ref_softmax(x.transpose(0, 2).contiguous(), 0), 1e-12));
+}
+
+TEST(Softmax, MaskedByValidLens) {
+  const Tensor s = seq64({2, 2, 4});
+  const std::vector<double> v = values(s);
+  auto row = [&](int r) { return std::vector<double>(v.begin() + 4 * r, v.begin() + 4 * r + 4); };
+  auto expect_rows = [&](const Tensor& out, const std::vector<int64_t>& lens, double scale) {
+    std::vector<double> e;
+    for (int r = 0; r < 4; ++r) {
+      const std::vector<double> rr = ref_row_softmax(row(r), lens[r], scale);
+      e.insert(e.end(), rr.begin(), rr.end());
+    }
+    return all_close(out, e, 1e-12);
+  };
+  // 1-D: one length per batch entry
+  EXPECT_TRUE(expect_rows(masked_softmax(s, i64({2, 3})), {2, 2, 3, 3}, 1.0));
+  // 2-D: one length per query row; a zero length gives an all-zero row
+  EXPECT_TRUE(expect_rows(masked_softmax(s, i64({1, 4, 0, 2}, {2, 2})), {1, 4, 0, 2}, 1.0));
+  const Tensor zero_row = masked_softmax(s, i64({1, 4, 0, 2}, {2, 2})).select(0, 1).select(0, 0);
+  EXPECT_TRUE(all_close(zero_row, {0, 0, 0, 0}));
+  // with a scale, and without lengths (a plain scaled softmax)
+  EXPECT_TRUE(expect_rows(masked_softmax(s, i64({3, 1}), 0.5), {3, 3, 1, 1}, 0.5));
+  EXPECT_TRUE(expect_rows(masked_softmax(s, Tensor(), 0.25), {4, 4, 4, 4}, 0.25));
+  // 4-D (B, H, Q, K) scores with one length per (batch, head)
+  const Tensor s4 = seq64({2, 2, 2, 3});
+  const std::vector<double> v4 = values(s4);
+  const std::vector<int64_t> lens4 = {3, 0, 1, 2};
+  std::vector<double> e4;
+  for (int r = 0; r < 8; ++r) {
+    const std::vector<double> rr =
+        ref_row_softmax(std::vector<double>(v4.begin() + 3 * r, v4.begin() + 3 * r + 3), lens4[r / 2]);
+    e4.insert(e4.end(), rr.begin(), rr.end());
+  }
+  EXPECT_TRUE(all_close(masked_softmax(s4, i64(lens4)), e4, 1e-12));
+  // float32
+  EXPECT_TRUE(expect_rows(masked_softmax(s.to(DType::f32), i64({2, 3})), {2, 2, 3, 3}, 1.0));
+}
+
+TEST(Softmax, Causal) {
+  const Tensor flat = causal_softmax(zeros({2, 3, 3}));
+  EXPECT_TRUE(all_close(flat, {1, 0, 0, 0.5, 0.5, 0, 1.0 / 3, 1.0 / 3, 1.0 / 3,  //
+                               1, 0, 0, 0.5, 0.5, 0, 1.0 / 3, 1.0 / 3, 1.0 / 3}));
+  const Tensor s = seq64({2, 4, 4});
+  const std::vector<double> v = values(s);
+  std::vector<double> e;
+  for (int r = 0; r < 8; ++r) {
+    const std::vector<double> rr =
+        ref_row_softmax(std::vector<double>(v.begin() + 4 * r, v.begin() + 4 * r + 4), r % 4 + 1, 0.5);
+    e.insert(e.end(), rr.begin(), rr.end());
+  }
+  EXPECT_TRUE(all_close(causal_softmax(s, 0.5), e, 1e-12));
+  // Same as masking the upper triangle with -inf and taking a softmax.
+  const Tensor mask = tensor_bool({false, true, true, true, false, false, true, true, false, false, false, true,
+                                   false, false, false, false},
+                                  {4, 4});
+  EXPECT_TRUE(all_close(causal_softmax(s), softmax(masked_fill(s, mask, -INFINITY), -1), 1e-12));
+}
+
+// ---- dropout ----
+
+TEST(Dropout, EvalTrainAndReplay) {
+  const Tensor x = ones({100000});
+  EXPECT_EQ(dropout(x, 0.5, false).impl(), x.impl());  // eval: identity, no copy
+  EXPECT_EQ(dropout(x, 0.0, true).impl(), x.impl());
+  Generator g(11);
+  const std::vector<float> y = dropout(x, 0.3, true, g).to_vector<float>();
+  int64_t zeros_n = 0;
+  for (float v : y) {
+    if (v == 0.f) ++zeros_n;
+    else ASSERT_FLOAT_EQ(v, 1.f / 0.7f);  // survivors scaled by 1 / (1 - p)
+  }
+  EXPECT_NEAR(static_cast<double>(zeros_n) / y.size(), 0.3, 0.01);
+  // The same generator state gives the same mask; the next draw a different one.
+  Generator g2(11);
+  EXPECT_EQ(dropout(x, 0.3, true, g2).to_vector<float>(), y);
+  EXPECT_NE(dropout(x, 0.3, true, g2).to_vector<float>(), y);
+  // The mask is the generator's uniform stream: element i is kept iff u_i >= p.
+  Generator gu(11);
+  const std::vector<float> u = rand({100000}, gu).to_vector<float>();
+  for (size_t i = 0; i < 1000; ++i) ASSERT_EQ(y[i] == 0.f, u[i] < 0.3f) << i;
+  // p = 1 drops everything; values are scaled, not replaced.
+  EXPECT_TRUE(all_close(dropout(f32({1, 2, 3}), 1.0, true, g), {0, 0, 0}));
+  Generator g3(2);
+  const Tensor z = dropout(f64({2, 4, 6, 8}), 0.5, true, g3);
+  for (double zv : values(z)) EXPECT_TRUE(zv == 0 || zv == 4 || zv == 8 || zv == 12 || zv == 16);
+}
+
+// ---- layer norm ----
+
+TEST(LayerNorm, MatchesHandComputation) {
+  const Tensor x = f64({1, 2, 3, 4, -1, 0, 0, 5}, {2, 4});
+  const Tensor w = f64({1, 2, 0.5, -1}), b = f64({0, 0.1, 0.2, 0.3});
+  // Row 0: mean 2.5, biased var 1.25. Row 1: mean 1, biased var (4 + 1 + 1 + 16) / 4 = 5.5.
+  const double r0 = 1 / std::sqrt(1.25 + 1e-5), r1 = 1 / std::sqrt(5.5 + 1e-5);
+  const std::vector<double> xhat = {-1.5 * r0, -0.5 * r0, 0.5 * r0, 1.5 * r0, -2 * r1, -1 * r1, -1 * r1, 4 * r1};
+  EXPECT_TRUE(all_close(layer_norm(x, Tensor(), Tensor()), xhat, 1e-12));
+  std::vector<double> affine_e;
+  for (int i = 0; i < 8; ++i) affine_e.push_back(xhat[i] * values(w)[i % 4] + values(b)[i % 4]);
+  EXPECT_TRUE(all_close(layer_norm(x, w, b), affine_e, 1e-12));
+  // eps matters for a constant row: output 0, not NaN
+  EXPECT_TRUE(all_close(layer_norm(full({1, 3}, 7.0), Tensor(), Tensor()), {0, 0, 0}));
+  // 3-D, float32, strided input
+  const Tensor x3 = seq64({2, 3, 5}).transpose(0, 1);
+  const Tensor y3 = layer_norm(x3.to(DType::f32), w.to(DType::f32).narrow(0, 0, 1).expand({5}).contiguous(),
+                               Tensor(), 1e-5);
+  const std::vector<double> xv = values(x3);
+  std::vector<double> e3;
+  for (int r = 0; r < 6; ++r) {
+    double m = 0, var = 0;
+    for (int j = 0; j < 5; ++j) m += xv[5 * r + j] / 5;
+    for (int j = 0; j < 5; ++j) var += (xv[5 * r + j] - m) * (xv[5 * r + j] - m) / 5;
+    for (int j = 0; j < 5; ++j) e3.push_back((xv[5 * r + j] - m) / std::sqrt(var + 1e-5));
+  }
+  EXPECT_TRUE(all_close(y3, e3, 1e-5, 1e-5));
+}
+
+// ---- losses ----
+
+TEST(Losses, CrossEntropy) {
+  const Tensor logits = f64({1, 2, 3, 4, 0, 0, 0, 0, -1, 0.5, 2, -3}, {3, 4});
+  auto lse = [](std::vector<double> r) {
+    double s = 0;
+    for (double v : r) s += std::exp(v);
+    return std::log(s);
+  };
+  const double l0 = lse({1, 2, 3, 4}) - 2;    // target 1
+  const double l2 = lse({-1, 0.5, 2, -3}) - (-3);  // target 3
+  const Tensor t = i64({1, -100, 3});
+  EXPECT_NEAR(cross_entropy(logits, t).item<double>(), (l0 + l2) / 2, 1e-12);  // mean over non-ignored
+  EXPECT_NEAR(cross_entropy(logits, t, -100, Reduction::sum).item<double>(), l0 + l2, 1e-12);
+  const Tensor none = cross_entropy(logits, t, -100, Reduction::none);
+  EXPECT_EQ(none.shape(), (Shape{3}));
+  EXPECT_TRUE(all_close(none, {l0, 0, l2}, 1e-12));
+  // A custom ignore_index; -100 is then an ordinary (invalid) class, so use class 0 as ignored.
+  const double l1 = std::log(4.0) - 0;  // uniform row, target 2
+  EXPECT_NEAR(cross_entropy(logits, i64({0, 2, 3}), 0).item<double>(), (l1 + l2) / 2, 1e-12);
+  // (B, T, C) logits with (B, T) targets
+  const Tensor l3 = logits.view({1, 3, 4});
+  EXPECT_NEAR(cross_entropy(l3, t.view({1, 3})).item<double>(), (l0 + l2) / 2, 1e-12);
+  // float32, and a uniform prediction costs log(C)
+  EXPECT_NEAR(cross_entropy(zeros({5, 10}), i64({0, 1, 2, 3, 9})).item<float>(), std::log(10.0), 1e-6);
+  // Every target ignored: NaN for the mean, as PyTorch gives.
+  EXPECT_TRUE(std::isnan(cross_entropy(logits, i64({-100, -100, -100})).item<double>()));
+}
+
+TEST(Losses, Mse) {
+  const Tensor in = f32({1, 2, 3}), tg = f32({1.5, 2, 1});
+  EXPECT_NEAR(mse_loss(in, tg).item<float>(), 4.25 / 3, 1e-6);
+  EXPECT_NEAR(mse_loss(in, tg, Reduction::sum).item<float>(), 4.25, 1e-6);
+  EXPECT_TRUE(all_close(mse_loss(in, tg, Reduction::none), {0.25, 0, 4}));
+}

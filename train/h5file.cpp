@@ -395,7 +395,11 @@ using LinkInfo = H5L_info_t;
 Object open_or_create_groups(hid_t file, const std::string& ctx, const std::vector<std::string>& parts, size_t n,
                              const std::string& for_name) {
   Plist gcpl(H5Pcreate(H5P_GROUP_CREATE));
-  HL_CHECK(gcpl.ok() && H5Pset_obj_track_times(gcpl.get(), 0) >= 0, ctx, "cannot set HDF5 group properties");
+  // Links stay compact (inside the group's checksummed object header) instead of moving to a
+  // fractal heap past 8 links: HDF5 1.10 does not verify that heap, and a damaged one can crash it.
+  HL_CHECK(gcpl.ok() && H5Pset_obj_track_times(gcpl.get(), 0) >= 0 &&
+               H5Pset_link_phase_change(gcpl.get(), 65535, 65535) >= 0,
+           ctx, "cannot set HDF5 group properties");
 
   Object cur(H5Oopen(file, "/", H5P_DEFAULT));
   HL_CHECK(cur.ok(), with_reason(ctx + "cannot open the root group"));

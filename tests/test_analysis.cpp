@@ -1,0 +1,643 @@
+// Tests of train/analysis.h on a small GPT trained here on `reverse` in a few seconds: head ablation,
+// Michel et al. importance against finite differences of the gates (float64), pruned vs gated models
+// (fused and wrapper, live and through pruned checkpoints), wrapper/fused agreement of every score,
+// the pruning curve, attention maps, the pictures and files, the compare measurements, and the
+// `headlab` commands on a pruned checkpoint.
+#include "train/analysis.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <numeric>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "train/h5file.h"
+#include "train/optim.h"
+#include "train/plot.h"
+#include "train/trainer.h"
+
+// stb_image's implementation lives in Debian's libstb (-lstb, HEADLAB_STB_SHARED defined); without
+// that library it is compiled here, static so that it cannot clash with anything.
+#ifndef HEADLAB_STB_SHARED
+#define STB_IMAGE_IMPLEMENTATION
+#define STB_IMAGE_STATIC
+#endif
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wunused-function"
+#include <stb/stb_image.h>
+#pragma GCC diagnostic pop
+
+namespace fs = std::filesystem;
+using namespace headlab;
+using namespace headlab::train;
+
+namespace {
+
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "<no error>";
+}
+
+#define EXPECT_ERROR_CONTAINS(stmt, needle) \
+  EXPECT_NE(error_of([&] { stmt; }).find(needle), std::string::npos) << error_of([&] { stmt; })
+
+constexpr int64_t kBatch = 32;
+
+TaskOptions reverse_options() {
+  TaskOptions o;
+  o.seed = 3;
+  o.min_len = 3;
+  o.max_len = 5;
+  return o;
+}
+
+// A 2-layer, 4-head, emb-32 fused GPT trained on reverse for 150 AdamW steps (a few seconds; far
+// enough that its heads matter), as a checkpoint. Built once per process.
+const Checkpoint& trained_checkpoint() {
+  static const Checkpoint ck = [] {
+    const auto task = make_task("reverse", reverse_options());
+    nn::GPTConfig cfg;
+    cfg.vocab_size = task->vocab_size();
+    cfg.context_length = task->required_context_length();
+    cfg.emb_dim = 32;
+    cfg.n_heads = 4;
+    cfg.n_layers = 2;
+    manual_seed(7);
+    nn::GPTModel model(cfg);
+    model.train();
+    OptimizerOptions oo = OptimizerOptions::defaults("adamw");
+    oo.lr = 5e-3;
+    Optimizer opt(model.named_parameters(), oo);
+    const int64_t T = cfg.context_length, V = cfg.vocab_size;
+    for (int64_t step = 0; step < 150; ++step) {
+      const Batch b = task->batch(Split::train, static_cast<uint64_t>(step), kBatch, T);
+      const Tensor logits = model.forward(tensor(b.inputs, {b.B, T}));
+      const Tensor loss = cross_entropy(logits.reshape({-1, V}), tensor(b.targets, {b.B * T}), kIgnoreIndex);
+      loss.backward();
+      clip_grad_norm(model.parameters(), 1.0);
+      opt.step();
+      opt.zero_grad();
+    }
+    Checkpoint c;
+    c.config = {{"model", cfg.to_json()},
+                {"tokenizer", {{"type", "char"}, {"vocab", task->tokenizer().vocab()}}},
+                {"task", {{"name", "reverse"}, {"options", options_to_map("reverse", reverse_options())}}},
+                {"training", {{"batch_size", kBatch}, {"eval_batches", 2}}}};
+    c.model = snapshot_parameters(model);
+    return c;
+  }();
+  return ck;
+}
+
+std::shared_ptr<nn::GPTModel> load_model(const Checkpoint& ck) { return model_from_checkpoint(ck, "test"); }
+
+std::unique_ptr<Task> test_task() { return make_task("reverse", reverse_options()); }
+
+EvalSet eval_set(int64_t batches = 2, int64_t B = kBatch) {
+  const auto task = test_task();
+  return make_eval_set(*task, batches, B, task->required_context_length());
+}
+
+class AnalysisFiles : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("headlab_analysis_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  fs::path dir_;
+};
+
+struct Image {
+  int width = 0, height = 0;
+  std::vector<plot::Rgb> px;
+  size_t not_background() const {
+    return static_cast<size_t>(std::count_if(px.begin(), px.end(), [](plot::Rgb c) { return !(c == plot::background_color()); }));
+  }
+  size_t distinct() const {
+    std::set<uint32_t> s;
+    for (plot::Rgb c : px) s.insert(static_cast<uint32_t>(c.r) << 16 | static_cast<uint32_t>(c.g) << 8 | c.b);
+    return s.size();
+  }
+};
+
+Image load_png(const std::string& path) {
+  int w = 0, h = 0, n = 0;
+  unsigned char* data = stbi_load(path.c_str(), &w, &h, &n, 3);
+  if (!data) {
+    ADD_FAILURE() << "cannot decode " << path << ": " << stbi_failure_reason();
+    return {};
+  }
+  Image img{w, h, {}};
+  for (size_t i = 0; i < static_cast<size_t>(w) * static_cast<size_t>(h); ++i)
+    img.px.push_back({data[3 * i], data[3 * i + 1], data[3 * i + 2]});
+  stbi_image_free(data);
+  return img;
+}
+
+// A picture that holds a drawing: decodes, and a fair share of it is neither background nor one colour.
+void expect_drawn(const std::string& path, int min_w, int min_h) {
+  const Image img = load_png(path);
+  EXPECT_GE(img.width, min_w) << path;
+  EXPECT_GE(img.height, min_h) << path;
+  EXPECT_GT(img.not_background(), img.px.size() / 50) << path << " is (nearly) blank";
+  EXPECT_GT(img.distinct(), 4u) << path;
+}
+
+std::map<std::string, Tensor> by_name_map(const NamedTensors& params) {
+  std::map<std::string, Tensor> m;
+  for (const auto& [name, t] : params) m[name] = t;
+  return m;
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {
+  return amax(abs(sub(a.to(DType::f64), b.to(DType::f64)))).item<double>();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+
+TEST(Analysis, EvaluateHeadsAgreesWithEvaluateAndRestoresControls) {
+  auto model = load_model(trained_checkpoint());
+  const auto task = test_task();
+  const EvalSet data = eval_set();
+  const Scores s = evaluate_heads(*model, data);
+  const EvalResult r = evaluate(*model, *task, 2, kBatch, task->required_context_length());
+  EXPECT_NEAR(s.loss, r.loss, 1e-9);
+  EXPECT_DOUBLE_EQ(s.token_accuracy, r.token_accuracy);
+  EXPECT_TRUE(s.has_exact_match);
+  EXPECT_DOUBLE_EQ(s.exact_match, r.exact_match);
+  EXPECT_EQ(s.tokens, data.tokens());
+  // The model learned something: far better than chance (1/13 per token).
+  EXPECT_GT(s.token_accuracy, 0.5);
+  // Explicit gates of one are the same model.
+  const Scores ones = evaluate_heads(*model, data, head_matrix(*model, 1.0));
+  EXPECT_NEAR(ones.loss, s.loss, 1e-6);
+  // Gates and offsets of a measurement do not stay behind.
+  HeadMatrix g = head_matrix(*model, 1.0);
+  g[0][1] = 0;
+  evaluate_heads(*model, data, g);
+  for (int64_t l = 0; l < model->n_layers(); ++l) {
+    EXPECT_FALSE(model->attention(l).control().gates.defined());
+    EXPECT_FALSE(model->attention(l).control().offsets.defined());
+  }
+}
+
+TEST(Analysis, AblatingAUsedHeadChangesTheLoss) {
+  auto model = load_model(trained_checkpoint());
+  const EvalSet data = eval_set();
+  const AblationResult a = ablate_heads(*model, data);
+  ASSERT_EQ(a.heads.size(), 8u);
+  double worst_zero = 0, worst_mean = 0, mean_vs_zero = 0;
+  for (const auto& h : a.heads) {
+    worst_zero = std::max(worst_zero, h.zero.loss - a.base.loss);
+    worst_mean = std::max(worst_mean, h.mean.loss - a.base.loss);
+    mean_vs_zero = std::max(mean_vs_zero, std::abs(h.mean.loss - h.zero.loss));
+    EXPECT_EQ(h.original_head, h.head);
+  }
+  EXPECT_GT(worst_zero, 0.05) << "zeroing no head changed the loss";
+  EXPECT_GT(worst_mean, 0.01);
+  EXPECT_GT(mean_vs_zero, 1e-4) << "mean ablation must differ from zero ablation";
+  // The head that matters most by zero ablation is among the two most important by gradient score.
+  const auto top_zero = std::max_element(a.heads.begin(), a.heads.end(),
+                                         [](auto& x, auto& y) { return x.zero.loss < y.zero.loss; });
+  int higher = 0;
+  for (const auto& h : a.heads)
+    if (h.layer == top_zero->layer && h.importance > top_zero->importance) ++higher;
+  EXPECT_LE(higher, 1);
+  // Every head of every layer gated off: much worse than any single head.
+  const Scores none = evaluate_heads(*model, data, head_matrix(*model, 0.0));
+  EXPECT_GT(none.loss, a.base.loss + worst_zero);
+}
+
+TEST(Analysis, MeanContextsAreTheMeanOverRowsAndPositions) {
+  auto model = load_model(trained_checkpoint());
+  const EvalSet data = eval_set(1, 8);
+  const std::vector<Tensor> means = mean_head_contexts(*model, data);
+  ASSERT_EQ(means.size(), 2u);
+  EXPECT_EQ(means[0].shape(), Shape({4, 8}));
+  // By hand: keep the contexts of one forward and average over batch and positions.
+  nn::HeadControl& hc = model->attention(1).control();
+  hc.keep_context = true;
+  {
+    NoGradGuard ng;
+    model->forward(tensor(data.batches[0].inputs, {data.batches[0].B, data.batches[0].T}));
+  }
+  const Tensor expected = hc.context.mean({0, 2});  // (H, D)
+  hc.keep_context = false;
+  EXPECT_LT(max_abs_diff(means[1], expected), 1e-6);
+  // ablate_heads' mean ablation is gate 0 plus that mean as the head's offset.
+  HeadMatrix g = head_matrix(*model, 1.0);
+  g[1][2] = 0;
+  std::vector<Tensor> offsets(2);
+  offsets[1] = zeros({4, 8});
+  offsets[1].select(0, 2).copy_(expected.select(0, 2));
+  const Scores s = evaluate_heads(*model, data, g, offsets);
+  const AblationResult a = ablate_heads(*model, data);
+  EXPECT_NEAR(a.heads[6].mean.loss, s.loss, 1e-6);
+  EXPECT_NE(a.heads[6].mean.loss, a.heads[6].zero.loss);
+}
+
+TEST(Analysis, ImportanceMatchesFiniteDifferencesOfTheGates) {
+  auto model = load_model(trained_checkpoint());
+  model->to(DType::f64);
+  const EvalSet data = eval_set(2, 6);
+  // At full gates and with one head already masked (the state pruning recomputes scores in).
+  HeadMatrix partial = head_matrix(*model, 1.0);
+  partial[0][1] = 0;
+  for (const HeadMatrix& at : {head_matrix(*model, 1.0), partial}) {
+    const Importance imp = head_importance(*model, data, at);
+    for (size_t l = 0; l < 2; ++l) {
+      double sq = 0;
+      for (size_t h = 0; h < 4; ++h) {
+        const double eps = 1e-5;
+        double expected = 0;
+        for (const Batch& b : data.batches) {
+          EvalSet one;
+          one.batches = {b};
+          HeadMatrix plus = at, minus = at;
+          plus[l][h] += eps;
+          minus[l][h] -= eps;
+          const double fd = (evaluate_heads(*model, one, plus).loss - evaluate_heads(*model, one, minus).loss) / (2 * eps);
+          expected += std::abs(fd) / static_cast<double>(data.batches.size());
+        }
+        EXPECT_NEAR(imp.raw[l][h], expected, 1e-7 + 1e-5 * expected) << "layer " << l << " head " << h;
+        if (at[l][h] != 0) sq += imp.raw[l][h] * imp.raw[l][h];
+      }
+      for (size_t h = 0; h < 4; ++h) {
+        if (at[l][h] == 0) {
+          EXPECT_TRUE(std::isnan(imp.normalized[l][h]));
+        } else {
+          EXPECT_NEAR(imp.normalized[l][h], imp.raw[l][h] / std::sqrt(sq), 1e-12);
+        }
+      }
+    }
+  }
+}
+
+TEST(Analysis, PrunedModelsEqualGatedModels) {
+  const EvalSet data = eval_set(1);
+  const std::vector<std::vector<int64_t>> keep = {{1, 3}, {2}};
+  for (const std::string form : {"fused", "wrapper"}) {
+    SCOPED_TRACE(form);
+    const Checkpoint ck = convert_checkpoint(trained_checkpoint(), form);
+    auto model = load_model(ck);
+    const HeadMatrix gates = gates_keeping(*model, keep);
+    auto pruned = prune_model(*model, keep);
+    EXPECT_EQ(pruned->config().kept_heads, keep);
+    EXPECT_LT(max_logit_difference(*model, gates, *pruned, data), 2e-5);
+    // Each removed head takes 3 * (C x D) projection weights and a (C x D) block of out_proj.
+    EXPECT_EQ(model->num_parameters() - pruned->num_parameters(), 5 * 4 * 32 * 8);
+    // Through a checkpoint file, as every command loads it.
+    const std::string path = (fs::temp_directory_path() / ("headlab_pruned_" + std::to_string(::getpid()) + form + ".h5")).string();
+    save_checkpoint(path, prune_checkpoint(ck, keep, "test"));
+    const Checkpoint loaded = load_checkpoint(path);
+    fs::remove(path);
+    EXPECT_EQ(loaded.config["model"]["kept_heads"], nlohmann::json(keep));
+    EXPECT_EQ(loaded.config["pruning"]["removed_heads"], nlohmann::json::parse("[[0,0],[0,2],[1,0],[1,1],[1,3]]"));
+    auto reloaded = load_model(loaded);
+    EXPECT_LT(max_logit_difference(*model, gates, *reloaded, data), 2e-5);
+    const auto names = by_name_map(loaded.model);
+    if (form == "fused") {
+      EXPECT_EQ(names.at("trf_blocks.0.att.W_query.weight").shape(), Shape({16, 32}));
+      EXPECT_EQ(names.at("trf_blocks.1.att.W_value.weight").shape(), Shape({8, 32}));
+      EXPECT_EQ(names.at("trf_blocks.0.att.out_proj.weight").shape(), Shape({32, 16}));
+    } else {
+      EXPECT_TRUE(names.count("trf_blocks.0.att.heads.1.W_key.weight"));
+      EXPECT_FALSE(names.count("trf_blocks.0.att.heads.2.W_key.weight"));
+      EXPECT_FALSE(names.count("trf_blocks.1.att.heads.1.W_key.weight"));
+      // Renumbered: layer 0's new head 1 is the old head 3.
+      const auto orig = by_name_map(ck.model);
+      EXPECT_EQ(max_abs_diff(names.at("trf_blocks.0.att.heads.1.W_key.weight"),
+                             orig.at("trf_blocks.0.att.heads.3.W_key.weight")),
+                0.0);
+      EXPECT_EQ(names.at("trf_blocks.1.att.out_proj.weight").shape(), Shape({32, 8}));
+    }
+    // Pruning a pruned model again: indices are local, kept_heads stay original.
+    auto twice = prune_model(*pruned, {{1}, {0}});
+    EXPECT_EQ(twice->config().kept_heads, (std::vector<std::vector<int64_t>>{{3}, {2}}));
+    EXPECT_LT(max_logit_difference(*model, gates_keeping(*model, {{3}, {2}}), *twice, data), 2e-5);
+  }
+}
+
+TEST(Analysis, PruningWithQkvBiasEqualsGating) {
+  nn::GPTConfig cfg;
+  cfg.vocab_size = 13;
+  cfg.context_length = 12;
+  cfg.emb_dim = 24;
+  cfg.n_heads = 3;
+  cfg.n_layers = 2;
+  cfg.qkv_bias = true;
+  const EvalSet data = eval_set(1, 4);
+  for (const std::string form : {"fused", "wrapper"}) {
+    cfg.attention = form;
+    manual_seed(11);
+    nn::GPTModel model(cfg);
+    model.eval();
+    const std::vector<std::vector<int64_t>> keep = {{0, 2}, {1}};
+    auto pruned = prune_model(model, keep);
+    EXPECT_LT(max_logit_difference(model, gates_keeping(model, keep), *pruned, data), 2e-5) << form;
+  }
+}
+
+TEST(Analysis, WrapperAndFusedCheckpointsGiveTheSameScores) {
+  const Checkpoint& fused_ck = trained_checkpoint();
+  const Checkpoint wrapper_ck = convert_checkpoint(fused_ck, "wrapper");
+  EXPECT_EQ(wrapper_ck.config["model"]["attention"], "wrapper");
+  // Round trip is exact.
+  const auto back = by_name_map(convert_checkpoint(wrapper_ck, "fused").model);
+  for (const auto& [name, t] : fused_ck.model) EXPECT_EQ(max_abs_diff(t, back.at(name)), 0.0) << name;
+  auto f = load_model(fused_ck), w = load_model(wrapper_ck);
+  const EvalSet data = eval_set();
+  EXPECT_LT(max_logit_difference(*f, {}, *w, data), 2e-5);
+  const AblationResult af = ablate_heads(*f, data), aw = ablate_heads(*w, data);
+  EXPECT_NEAR(af.base.loss, aw.base.loss, 1e-5);
+  ASSERT_EQ(af.heads.size(), aw.heads.size());
+  for (size_t i = 0; i < af.heads.size(); ++i) {
+    EXPECT_NEAR(af.heads[i].importance, aw.heads[i].importance, 1e-3 * af.heads[i].importance + 1e-6) << i;
+    EXPECT_NEAR(af.heads[i].importance_raw, aw.heads[i].importance_raw, 1e-3 * af.heads[i].importance_raw + 1e-7);
+    EXPECT_NEAR(af.heads[i].zero.loss, aw.heads[i].zero.loss, 1e-5);
+    EXPECT_NEAR(af.heads[i].mean.loss, aw.heads[i].mean.loss, 1e-5);
+    EXPECT_NEAR(af.heads[i].zero.token_accuracy, aw.heads[i].zero.token_accuracy, 1e-3);
+  }
+  auto ranking = [](const AblationResult& a) {
+    std::vector<size_t> idx(a.heads.size());
+    std::iota(idx.begin(), idx.end(), 0);
+    std::stable_sort(idx.begin(), idx.end(), [&](size_t x, size_t y) { return a.heads[x].importance > a.heads[y].importance; });
+    return idx;
+  };
+  EXPECT_EQ(ranking(af), ranking(aw));
+  PruneOptions po;
+  po.metric = Metric::token_accuracy;
+  po.stop_below = -1;  // never below: prune until every layer has one head left
+  const PruningCurve cf = iterative_pruning(*f, data, po), cw = iterative_pruning(*w, data, po);
+  EXPECT_EQ(cf.order, cw.order);
+}
+
+TEST(Analysis, IterativePruningCurve) {
+  auto model = load_model(trained_checkpoint());
+  const EvalSet data = eval_set();
+  PruneOptions po;
+  po.metric = Metric::token_accuracy;
+  po.stop_below = -1;  // never below: run until every layer has one head
+  const PruningCurve c = iterative_pruning(*model, data, po);
+  EXPECT_EQ(c.total_heads, 8);
+  ASSERT_EQ(c.steps.size(), 7u);  // 10% of <= 8 heads rounds to one head per step; 6 can go
+  EXPECT_EQ(c.steps[0].pruned, 0);
+  EXPECT_EQ(c.order.size(), 6u);
+  const std::set<std::pair<int64_t, int64_t>> distinct(c.order.begin(), c.order.end());
+  EXPECT_EQ(distinct.size(), 6u);
+  for (size_t i = 1; i < c.steps.size(); ++i) {
+    EXPECT_EQ(c.steps[i].pruned, static_cast<int64_t>(i));
+    EXPECT_NEAR(c.steps[i].fraction, static_cast<double>(i) / 8, 1e-12);
+    ASSERT_EQ(c.steps[i].removed.size(), 1u);
+    // The step's scores are those of the gated model.
+    const auto keep = kept_after(*model, c.order, static_cast<int64_t>(i));
+    EXPECT_NEAR(evaluate_heads(*model, data, gates_keeping(*model, keep)).loss, c.steps[i].scores.loss, 1e-9);
+  }
+  const auto keep = kept_after(*model, c.order, 6);
+  EXPECT_EQ(keep[0].size(), 1u);
+  EXPECT_EQ(keep[1].size(), 1u);
+  // The first head removed is the least important one at full gates.
+  const Importance imp = head_importance(*model, data);
+  double lowest = 1e300;
+  for (const auto& row : imp.normalized)
+    for (double v : row) lowest = std::min(lowest, v);
+  EXPECT_DOUBLE_EQ(imp.normalized[static_cast<size_t>(c.order[0].first)][static_cast<size_t>(c.order[0].second)], lowest);
+
+  // Stopping at a threshold: the run is the full curve up to the first step below it.
+  PruneOptions stop = po;
+  stop.stop_below = c.steps[3].scores.token_accuracy + 1e-9;
+  const PruningCurve s = iterative_pruning(*model, data, stop);
+  size_t first_below = 0;
+  while (c.steps[first_below].scores.token_accuracy >= stop.stop_below) ++first_below;
+  ASSERT_EQ(s.steps.size(), first_below + 1);
+  for (size_t i = 0; i < s.steps.size(); ++i) EXPECT_EQ(s.steps[i].scores.loss, c.steps[i].scores.loss);
+  // The ablation criterion masks first the head whose zeroing costs least.
+  PruneOptions by_ablation = po;
+  by_ablation.criterion = Criterion::ablation;
+  by_ablation.min_pruned = 1;
+  by_ablation.stop_below = 2;  // stop after the first step
+  const PruningCurve ca = iterative_pruning(*model, data, by_ablation);
+  ASSERT_EQ(ca.order.size(), 1u);
+  const AblationResult abl = ablate_heads(*model, data);
+  const auto cheapest = std::min_element(abl.heads.begin(), abl.heads.end(),
+                                         [](auto& x, auto& y) { return x.zero.loss < y.zero.loss; });
+  EXPECT_EQ(ca.order[0], std::make_pair(cheapest->layer, cheapest->head));
+  EXPECT_NEAR(ca.steps[1].scores.loss, cheapest->zero.loss, 1e-9);
+  // prune_count_for_metric: the most heads whose step keeps the metric at or above the target.
+  EXPECT_EQ(prune_count_for_metric(c, 2.0), 0);
+  EXPECT_EQ(prune_count_for_metric(c, -1.0), 6);
+}
+
+TEST_F(AnalysisFiles, AttentionMapsAndPictures) {
+  const Checkpoint& ck = trained_checkpoint();
+  auto model = load_model(ck);
+  const auto task = test_task();
+  const Prompt p = task->encode_prompt("3141");
+  const std::vector<int64_t> ids = greedy_continue(*model, p.ids, p.answer_length + 1, task->end_id());
+  EXPECT_GT(ids.size(), p.ids.size());
+  const AttentionMaps maps = attention_maps(*model, ids);
+  const int64_t T = maps.T;
+  EXPECT_EQ(T, static_cast<int64_t>(ids.size()));
+  ASSERT_EQ(maps.weights.size(), static_cast<size_t>(2 * 4 * T * T));
+  for (int64_t lh = 0; lh < 8; ++lh)
+    for (int64_t q = 0; q < T; ++q) {
+      double row = 0;
+      for (int64_t k = 0; k < T; ++k) {
+        const float w = maps.weights[static_cast<size_t>((lh * T + q) * T + k)];
+        if (k > q) {
+          EXPECT_EQ(w, 0.0f);  // causal
+        }
+        row += w;
+      }
+      EXPECT_NEAR(row, 1.0, 1e-5);
+    }
+  std::vector<std::string> tokens;
+  for (int64_t id : ids) tokens.push_back(task->tokenizer().decode({id}));
+  save_attention_png(path("attention.png"), maps, tokens);
+  expect_drawn(path("attention.png"), 400, 300);
+  save_attention_h5(path("attention.h5"), maps, tokens, "3141", "test");
+  {
+    h5::Reader r(path("attention.h5"));
+    const h5::Array w = r.read("weights");
+    EXPECT_EQ(w.shape, (std::vector<int64_t>{2, 4, T, T}));
+    EXPECT_EQ(w.as<float>(), maps.weights);
+    EXPECT_EQ(nlohmann::json::parse(r.attr_str("/", "tokens")).get<std::vector<std::string>>(), tokens);
+    EXPECT_EQ(r.read("token_ids").as<int64_t>(), ids);
+  }
+  // A pruned model: its heads keep their original indices, the others are NaN.
+  auto pruned = prune_model(*model, {{0, 3}, {1}});
+  const AttentionMaps pm = attention_maps(*pruned, ids);
+  EXPECT_EQ(pm.kept, (std::vector<std::vector<int64_t>>{{0, 3}, {1}}));
+  EXPECT_TRUE(std::isnan(pm.weights[static_cast<size_t>(1 * T * T)]));       // layer 0 head 1
+  EXPECT_EQ(pm.weights[static_cast<size_t>(3 * T * T)], maps.weights[static_cast<size_t>(3 * T * T)]);  // head 3
+  save_attention_png(path("attention_pruned.png"), pm, tokens);
+  expect_drawn(path("attention_pruned.png"), 400, 300);
+
+  // The ablation pictures and tables.
+  const EvalSet data = eval_set(1);
+  const AblationResult a = ablate_heads(*model, data);
+  save_importance_png(path("importance.png"), a, model->config());
+  expect_drawn(path("importance.png"), 300, 200);
+  PruneOptions po;
+  po.metric = Metric::exact_match;
+  po.stop_below = 0.9 * a.base.exact_match;
+  const PruningCurve c = iterative_pruning(*model, data, po);
+  save_pruning_png(path("pruning.png"), c, po.stop_below);
+  const Image img = load_png(path("pruning.png"));
+  EXPECT_EQ(img.width, 900);
+  EXPECT_EQ(img.height, 560);
+  expect_drawn(path("pruning.png"), 900, 560);
+  save_heads_csv(path("heads.csv"), a);
+  save_pruning_csv(path("pruning.csv"), c, model->config());
+  std::ifstream hf(path("heads.csv"));
+  std::string header;
+  std::getline(hf, header);
+  EXPECT_EQ(header,
+            "layer,head,importance,importance_raw,zero_delta_loss,zero_delta_accuracy,zero_delta_exact_match,"
+            "mean_delta_loss,mean_delta_accuracy,mean_delta_exact_match");
+  int rows = 0;
+  for (std::string line; std::getline(hf, line);) ++rows;
+  EXPECT_EQ(rows, 8);
+  std::ifstream pf(path("pruning.csv"));
+  std::getline(pf, header);
+  EXPECT_EQ(header, "step,heads_pruned,fraction_pruned,loss,token_accuracy,exact_match,removed");
+}
+
+TEST_F(AnalysisFiles, CompareOnATinyGrid) {
+  const std::vector<CompareConfig> grid = {parse_compare_config("toy,2,6,3,2,2"), {"sweep", 2, 8, 16, 16, 1},
+                                           {"sweep", 2, 8, 16, 16, 4}};
+  CompareOptions o;
+  o.repeats = 3;
+  o.warmup = 1;
+  std::vector<CompareResult> rows;
+  for (const auto& c : grid) rows.push_back(compare_attention(c, o));
+  for (const auto& r : rows) {
+    const auto& c = r.config;
+    SCOPED_TRACE(c.name + " H=" + std::to_string(c.heads));
+    const int64_t params = 3 * c.d_in * c.d_out + c.d_out * c.d_out + c.d_out;
+    EXPECT_EQ(r.wrapper.params, params);
+    EXPECT_EQ(r.fused.params, params);
+    EXPECT_DOUBLE_EQ(r.fused.flops_forward, attention_flops_forward(c));
+    EXPECT_DOUBLE_EQ(r.fused.flops_backward, 2 * r.fused.flops_forward);
+    EXPECT_LT(r.max_abs_out, 1e-5);
+    EXPECT_LT(r.max_abs_dx, 1e-5);
+    for (const FormMeasurement* m : {&r.wrapper, &r.fused}) {
+      EXPECT_GT(m->forward.min, 0);
+      EXPECT_LE(m->forward.min, m->forward.p25);
+      EXPECT_LE(m->forward.p25, m->forward.median);
+      EXPECT_LE(m->forward.median, m->forward.p75);
+      EXPECT_LE(m->forward.p75, m->forward.max);
+      EXPECT_EQ(m->forward_backward.repeats, 3);
+      EXPECT_GT(m->peak_forward, 0);
+      EXPECT_GT(m->peak_forward_backward, 0);
+    }
+  }
+  EXPECT_DOUBLE_EQ(attention_flops_forward(grid[0]), 2.0 * 2 * 6 * 3 * 3 * 2 + 4.0 * 2 * 6 * 6 * 2 + 2.0 * 2 * 6 * 2 * 2);
+  std::istringstream csv(compare_csv(rows, o));
+  std::string header;
+  std::getline(csv, header);
+  for (const char* col : {"config", "heads", "form", "params", "gflop_forward", "forward_ms_median", "forward_ms_p25",
+                          "forward_ms_p75", "forward_ms_min", "forward_ms_max", "forward_gflops",
+                          "forward_backward_ms_median", "forward_backward_gflops", "peak_forward_bytes",
+                          "peak_forward_backward_bytes", "max_abs_diff_output", "max_abs_diff_input_grad"})
+    EXPECT_NE(("," + header + ",").find(std::string(",") + col + ","), std::string::npos) << col;
+  int lines = 0;
+  for (std::string line; std::getline(csv, line);) ++lines;
+  EXPECT_EQ(lines, 6);
+  const nlohmann::json j = compare_json(rows, o);
+  ASSERT_EQ(j["configs"].size(), 3u);
+  EXPECT_EQ(j["configs"][0]["wrapper"]["params"], rows[0].wrapper.params);
+  EXPECT_TRUE(j["configs"][2]["fused"]["forward"].contains("median_ms"));
+  EXPECT_LT(j["configs"][2]["max_abs_diff_output"].get<double>(), 1e-5);
+  save_compare_png(path("compare.png"), {rows[1], rows[2]}, "auto", kCPU);
+  const Image img = load_png(path("compare.png"));
+  EXPECT_EQ(img.width, 1000);
+  EXPECT_EQ(img.height, 640);
+  expect_drawn(path("compare.png"), 1000, 640);
+}
+
+TEST(Analysis, RankCorrelation) {
+  EXPECT_DOUBLE_EQ(rank_correlation({1, 2, 3, 4}, {10, 20, 30, 40}), 1.0);
+  EXPECT_DOUBLE_EQ(rank_correlation({1, 2, 3, 4}, {4, 3, 2, 1}), -1.0);
+  EXPECT_NEAR(rank_correlation({1, 2, 3}, {1, 3, 2}), 0.5, 1e-12);
+  EXPECT_NEAR(rank_correlation({1, 1, 2}, {1, 2, 3}), std::sqrt(0.75), 1e-12);  // ties share ranks
+  EXPECT_TRUE(std::isnan(rank_correlation({1, 1}, {1, 2})));
+}
+
+TEST(Analysis, Errors) {
+  const nn::GPTConfig cfg = nn::GPTConfig::from_json(trained_checkpoint().config["model"]);
+  const NamedTensors& p = trained_checkpoint().model;
+  EXPECT_ERROR_CONTAINS(prune_parameters(cfg, p, {{0}, {}}), "layer 1 must keep at least one head");
+  EXPECT_ERROR_CONTAINS(prune_parameters(cfg, p, {{2, 1}, {0}}), "sorted and distinct");
+  EXPECT_ERROR_CONTAINS(prune_parameters(cfg, p, {{4}, {0}}), "layer 0 has no head 4");
+  EXPECT_ERROR_CONTAINS(prune_parameters(cfg, p, {{0}}), "keep lists 1 layers, the model has 2");
+  EXPECT_ERROR_CONTAINS(convert_parameters(cfg, p, "both"), "attention must be 'fused' or 'wrapper'");
+  EXPECT_ERROR_CONTAINS(parse_compare_config("x,1,2,3"), "must be name,B,T,d_in,d_out,heads");
+  EXPECT_ERROR_CONTAINS(parse_compare_config("x,1,2,3,4,3"), "d_out 4 must be divisible by heads 3");
+  EXPECT_ERROR_CONTAINS(parse_compare_config("x,1,two,3,4,2"), "T must be a positive integer, got 'two'");
+  EXPECT_ERROR_CONTAINS(parse_metric("bleu"), "unknown metric 'bleu'");
+  EXPECT_ERROR_CONTAINS(parse_criterion("magnitude"), "unknown pruning criterion 'magnitude'");
+  Scores chars;
+  EXPECT_ERROR_CONTAINS(metric_value(chars, Metric::exact_match), "exact match does not apply");
+  auto model = load_model(trained_checkpoint());
+  EXPECT_ERROR_CONTAINS(evaluate_heads(*model, eval_set(1, 2), {{1, 1}, {1, 1, 1, 1}}),
+                        "gates of layer 0 list 2 heads, the layer has 4");
+}
+
+// The commands on a pruned checkpoint: ablate writes everything, and eval, generate, inspect,
+// attention and ablate all load pruned.h5. Needs the headlab binary of this build.
+TEST_F(AnalysisFiles, CommandsLoadPrunedCheckpoints) {
+  const fs::path exe = fs::path(HEADLAB_BINARY_DIR) / "headlab";
+  if (!fs::exists(exe)) GTEST_SKIP() << exe << " is not built (cmake --build <dir> --target headlab_cli)";
+  for (const std::string form : {"fused", "wrapper"}) {
+    SCOPED_TRACE(form);
+    const std::string ck = path(form + ".h5"), out = path("ablate_" + form);
+    save_checkpoint(ck, convert_checkpoint(trained_checkpoint(), form));
+    auto run = [&](const std::string& args) {
+      const std::string cmd = exe.string() + " " + args + " > " + path("log.txt") + " 2>&1";
+      const int rc = std::system(cmd.c_str());
+      std::ifstream f(path("log.txt"));
+      std::stringstream ss;
+      ss << f.rdbuf();
+      EXPECT_EQ(rc, 0) << cmd << "\n" << ss.str();
+      return ss.str();
+    };
+    run("ablate " + ck + " --out " + out + " --prune 3 --batches 1 --batch-size 16 --repeats 2 --threads 1");
+    for (const char* f : {"heads.csv", "pruning.csv", "report.md", "importance.png", "pruning.png", "pruned.h5"})
+      EXPECT_TRUE(fs::exists(fs::path(out) / f)) << f;
+    const std::string pruned = (fs::path(out) / "pruned.h5").string();
+    const Checkpoint pc = load_checkpoint(pruned);
+    int64_t kept = 0;
+    for (const auto& layer : pc.config["model"]["kept_heads"]) kept += static_cast<int64_t>(layer.size());
+    EXPECT_EQ(kept, 5);
+    EXPECT_NE(run("eval " + pruned + " --batches 1").find("exact match"), std::string::npos);
+    run("generate " + pruned + " --prompt 123");
+    EXPECT_NE(run("inspect " + pruned).find("kept_heads"), std::string::npos);
+    run("attention " + pruned + " --prompt 123 --out " + out);
+    EXPECT_TRUE(fs::exists(fs::path(out) / "attention.png"));
+    run("ablate " + pruned + " --out " + out + "/again --batches 1 --batch-size 16");
+    EXPECT_TRUE(fs::exists(fs::path(out) / "again" / "report.md"));
+  }
+}

@@ -24,7 +24,7 @@ struct TrainOptions {
   double drop_rate = 0.0;
   bool qkv_bias = false;
   // optimisation
-  int64_t steps = 1500, batch_size = 64;
+  int64_t steps = 600, batch_size = 64;
   std::string optimizer = "adamw";
   double lr = 3e-3, min_lr = 1e-4, weight_decay = -1;  // weight_decay < 0: the optimizer's default
   std::string schedule = "cosine";
@@ -35,7 +35,7 @@ struct TrainOptions {
   // bookkeeping
   std::string out = "runs/reverse";
   bool resume = false;
-  int64_t eval_every = 250, eval_batches = 8, save_every = 500, keep_last = 3, log_every = 50;
+  int64_t eval_every = 100, eval_batches = 8, save_every = 200, keep_last = 3, log_every = 50;
   bool quiet = false;  // no progress output (tests)
 };
 

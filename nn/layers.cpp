@@ -27,12 +27,15 @@ std::string py_float(double v) {
     if (exp >= 0) {
       if (digits.size() < static_cast<size_t>(exp) + 1) digits.resize(static_cast<size_t>(exp) + 1, '0');
       const std::string frac = digits.substr(static_cast<size_t>(exp) + 1);
-      out += digits.substr(0, static_cast<size_t>(exp) + 1) + "." + (frac.empty() ? "0" : frac);
+      out += digits.substr(0, static_cast<size_t>(exp) + 1);
+      out += '.';
+      out += frac.empty() ? std::string("0") : frac;
     } else {
-      out += "0." + std::string(static_cast<size_t>(-exp - 1), '0') + digits;
+      out += std::string("0.") + std::string(static_cast<size_t>(-exp - 1), '0') + digits;
     }
   } else {
-    out += digits.substr(0, 1) + (digits.size() > 1 ? "." + digits.substr(1) : "");
+    out += digits.substr(0, 1);
+    if (digits.size() > 1) out += std::string(".") + digits.substr(1);
     const int a = std::abs(exp);
     out += std::string("e") + (exp < 0 ? "-" : "+") + (a < 10 ? "0" : "") + std::to_string(a);
   }

@@ -551,7 +551,8 @@ void validate_line_chart(const LineChart& ch) {
   bool any = false;
   for (size_t i = 0; i < ch.series.size(); ++i) {
     const Series& s = ch.series[i];
-    const std::string name = s.name.empty() ? "#" + std::to_string(i) : "'" + s.name + "'";
+    std::string name = s.name.empty() ? "#" : "'";
+    name += s.name.empty() ? std::to_string(i) : s.name + "'";
     HL_CHECK(!s.x.empty() || !s.y.empty(), fn, ": series ", name, " has no points");
     HL_CHECK(s.x.size() == s.y.size(), fn, ": series ", name, " has ", s.x.size(), " x values but ",
              s.y.size(), " y values");

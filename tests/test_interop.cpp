@@ -4,6 +4,7 @@
 // with the book's code imports with a config and computes the same logits here. Skips (with the
 // reason) where /usr/bin/python3 cannot import torch and h5py.
 #include <gtest/gtest.h>
+#include <hdf5.h>
 #include <omp.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -210,6 +211,32 @@ TEST_F(InteropTest, TrainedHereExportsToTheBooksModelAndImportsBackExactly) {
     const std::string back = path(v.attention + "_back.h5");
     const Result im = python({kTools + "/import_torch.py", path(v.attention + ".pt"), back});
     ASSERT_EQ(im.code, 0) << im.err;
+    {  // written as headlab writes: /model's links compact (checksummed), int64 format_version
+      const hid_t f = H5Fopen(back.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+      ASSERT_GE(f, 0);
+      const hid_t g = H5Gopen2(f, "model", H5P_DEFAULT);
+      H5G_info_t info{};
+      EXPECT_GE(H5Gget_info(g, &info), 0);
+      EXPECT_EQ(info.storage_type, H5G_STORAGE_TYPE_COMPACT) << info.nlinks << " links";
+      const hid_t a = H5Aopen(f, "format_version", H5P_DEFAULT);
+      const hid_t t = H5Aget_type(a);
+      EXPECT_GT(H5Tequal(t, H5T_STD_I64LE), 0);
+      const hid_t d = H5Dopen2(f, "model/tok_emb.weight", H5P_DEFAULT);
+      const hid_t dcpl = H5Dget_create_plist(d);
+      EXPECT_EQ(H5Pget_layout(dcpl), H5D_CHUNKED);
+      unsigned flags = 0, filter_config = 0;
+      size_t nelem = 0;
+      char fname[32];
+      EXPECT_GE(H5Pget_filter_by_id2(dcpl, H5Z_FILTER_FLETCHER32, &flags, &nelem, nullptr, sizeof fname, fname,
+                                     &filter_config),
+                0);
+      H5Pclose(dcpl);
+      H5Dclose(d);
+      H5Tclose(t);
+      H5Aclose(a);
+      H5Gclose(g);
+      H5Fclose(f);
+    }
     const Checkpoint again = load_checkpoint(back);
     ASSERT_EQ(again.model.size(), ck.model.size());
     for (size_t i = 0; i < ck.model.size(); ++i) {

@@ -25,11 +25,11 @@ import sys
 
 import h5py
 import numpy as np
-import torch
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import book_gpt  # noqa: E402
+# torch (and book_gpt, which needs it) are imported once the checkpoint has been read: importing
+# torch takes seconds, and a bad file is reported without it.
 
 FORMAT = "headlab-checkpoint"
 VERSION = 1
@@ -81,11 +81,14 @@ def read_checkpoint(path):
     return config, params
 
 
+BOOK_KEYS = ("vocab_size", "context_length", "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias")
+
+
 def book_config(model_cfg, where):
     if model_cfg.get("kept_heads"):
         raise ExportError(f"{where}: the model has physically pruned heads (kept_heads); the book's GPTModel needs "
                           f"n_heads heads in every layer, so it cannot be exported")
-    cfg = {k: model_cfg[k] for k in book_gpt.BOOK_KEYS}
+    cfg = {k: model_cfg[k] for k in BOOK_KEYS}
     cfg["attention"] = model_cfg.get("attention", "fused")
     return cfg
 
@@ -94,6 +97,8 @@ def export(ckpt, out, bare=False):
     where = f"checkpoint '{ckpt}'"
     config, params = read_checkpoint(ckpt)
     cfg = book_config(config["model"], where)
+    import torch
+    import book_gpt
     expected = book_gpt.expected_parameters(cfg)
     for name, shape in expected.items():
         if name not in params:

@@ -23,6 +23,7 @@ float32, chunked, with the Fletcher32 checksum; the causal "mask" buffers are dr
 builds them). Written to a temporary name and renamed, as headlab does.
 """
 import argparse
+import ctypes
 import json
 import os
 import sys
@@ -54,6 +55,31 @@ TASK_OPTIONS = {  # what train/tasks.cpp's options_to_map stores per task (defau
 
 class ImportError_(Exception):
     pass
+
+
+def _hdf5_library():
+    """The libhdf5 that h5py loaded (ctypes), for the one call h5py does not wrap."""
+    paths = sorted({line.split()[-1] for line in open("/proc/self/maps")
+                    if "libhdf5" in line and "_hl" not in line and ".so" in line})
+    return ctypes.CDLL(paths[0]) if paths else None
+
+
+def compact_group(parent, name):
+    """Creates group `name` whose links stay compact, inside its checksummed object header, as
+    headlab's writer keeps them (train/h5file.cpp): past 8 links HDF5 would move them to a fractal
+    heap that 1.10 does not checksum, and a damaged one can crash the reader. h5py has no wrapper for
+    H5Pset_link_phase_change, so it is called through ctypes; where that fails the group is made
+    with HDF5's defaults (still a valid checkpoint)."""
+    gcpl = h5py.h5p.create(h5py.h5p.GROUP_CREATE)
+    gcpl.set_obj_track_times(False)
+    try:
+        lib = _hdf5_library()
+        if lib is not None:
+            lib.H5Pset_link_phase_change.argtypes = [ctypes.c_int64, ctypes.c_uint, ctypes.c_uint]
+            lib.H5Pset_link_phase_change(gcpl.id, 65535, 65535)
+    except (OSError, AttributeError):
+        pass
+    return h5py.Group(h5py.h5g.create(parent.id, name.encode("utf-8"), gcpl=gcpl))
 
 
 def load_pt(path):
@@ -175,7 +201,7 @@ def import_pt(src, out, config_text=None, task=None, task_options=(), text=None)
             set_str("format", FORMAT)
             f.attrs.create("format_version", np.int64(VERSION), dtype=np.int64)
             set_str("config", json.dumps(full, sort_keys=True, ensure_ascii=False))
-            g = f.create_group("model", track_order=False)
+            g = compact_group(f, "model")
             for name in expected:  # the model's parameter order
                 a = params[name]
                 chunks = a.shape if a.nbytes <= (1 << 20) else True  # about 1 MiB chunks, as headlab

@@ -643,7 +643,7 @@ std::vector<std::string> Reader::list(const std::string& group) const {
   std::string clean;
   Object g = open_group(file_, ctx(), group, &clean);
   std::vector<std::string> names;
-  HL_CHECK(H5Literate(g.get(), H5_INDEX_NAME, H5_ITER_INC, nullptr, collect_link, &names) >= 0, ctx(),
+  HL_CHECK(H5Literate(g.get(), H5_INDEX_NAME, H5_ITER_NATIVE, nullptr, collect_link, &names) >= 0, ctx(),
            "cannot list group ", shown(clean), " (the file is damaged)");
   std::sort(names.begin(), names.end());
   return names;
@@ -655,7 +655,7 @@ std::vector<std::string> Reader::list_datasets_recursive(const std::string& grou
   Object g = open_group(file_, ctx(), group, &clean);
   // H5Lvisit enters each group once, so hard-link cycles in a damaged file cannot loop.
   std::vector<std::string> links;
-  HL_CHECK(H5Lvisit(g.get(), H5_INDEX_NAME, H5_ITER_INC, collect_hard_link, &links) >= 0, ctx(),
+  HL_CHECK(H5Lvisit(g.get(), H5_INDEX_NAME, H5_ITER_NATIVE, collect_hard_link, &links) >= 0, ctx(),
            "cannot list group ", shown(clean), " (the file is damaged)");
   std::vector<std::string> datasets;
   for (const auto& link : links) {

@@ -35,7 +35,19 @@ bool has_nonfinite(const Tensor& t) {
   return !backend_of(c).all_finite(c.dtype(), c.raw_data(), c.numel());
 }
 
-Node::Saved save(const Tensor& t) { return {t.impl()->storage, t.version()}; }
+// A new node for `op`, its saved tensors and their versions in place. Saving the op's output itself
+// would make a cycle (out -> node -> out), so the node keeps a history-free alias of it instead.
+std::shared_ptr<Node> new_node(const char* op, const Tensor& out, std::span<const Tensor> saved) {
+  auto node = std::make_shared<Node>();
+  node->name = backward_name(op);
+  node->seq = g_next_seq++;
+  node->saved.reserve(saved.size());
+  for (const Tensor& t : saved) {
+    if (!t.defined()) node->saved.emplace_back();
+    else node->saved.push_back({t.impl() == out.impl() ? t.detach() : t, t.version()});
+  }
+  return node;
+}
 
 }  // namespace
 
@@ -45,7 +57,7 @@ NoGradGuard::~NoGradGuard() { g_grad_enabled = prev_; }
 void set_anomaly_mode(bool on) { g_anomaly = on; }
 bool anomaly_mode() { return g_anomaly; }
 
-bool any_requires_grad(const std::vector<Tensor>& ts) {
+bool any_requires_grad(std::span<const Tensor> ts) {
   for (const Tensor& t : ts)
     if (t.defined() && t.requires_grad()) return true;
   return false;
@@ -57,70 +69,93 @@ void check_inplace(const char* op, const Tensor& self) {
            "or wrap the update in NoGradGuard");
 }
 
-void record(const char* op, Tensor& out, const std::vector<Tensor>& inputs, BackwardFn fn,
-            const std::vector<Tensor>& saved) {
+namespace detail {
+
+void throw_tensor_in_closure() {
+  const char* op = t_closure_op;
+  t_closure_op = nullptr;  // building the message must not trip the watch again
+  HL_FAIL(op, ": its backward closure captures a Tensor. Pass the tensors backward reads to record() as saved "
+              "(the closure gets them as saved[i], their in-place edits caught) and reach the inputs by position "
+              "(g.needs(i), g.acc(i, ...), g.shape(i)); capture scalars only");
+}
+
+void saved_index_error(const Node& node, size_t i) {
+  HL_FAIL(node.name, ": backward asked for saved tensor ", i, " but the op saved ", node.saved.size(),
+          "; list it in record()'s saved");
+}
+
+bool should_record(const char* op, const Tensor& out, std::span<const Tensor> inputs) {
   if (g_anomaly && has_nonfinite(out))
     HL_FAIL("anomaly: ", op, " produced NaN or Inf in its output of shape ", shape_str(out.shape()));
-  if (!g_grad_enabled || !any_requires_grad(inputs)) return;
-  auto node = std::make_shared<Node>();
-  node->name = backward_name(op);
-  node->seq = g_next_seq++;
-  for (const Tensor& t : inputs)
-    if (t.defined() && t.requires_grad()) {
-      node->inputs.push_back(t);
-      node->input_fns.push_back(t.grad_fn());
-    }
-  for (const Tensor& t : saved)
-    if (t.defined()) node->saved.push_back(save(t));
+  return g_grad_enabled && any_requires_grad(inputs);
+}
+
+void record_node(const char* op, Tensor& out, std::span<const Tensor> inputs, std::span<const Tensor> saved,
+                 BackwardFn fn) {
+  std::shared_ptr<Node> node = new_node(op, out, saved);
+  node->inputs.reserve(inputs.size());
+  for (const Tensor& t : inputs) {
+    const bool rg = t.defined() && t.requires_grad();
+    node->inputs.push_back({t, rg ? t.grad_fn() : nullptr, rg});
+  }
   node->fn = std::move(fn);
   out.impl()->grad_fn = std::move(node);
 }
 
-void record_inplace(const char* op, Tensor& self, std::function<Tensor(const Tensor&)> dself,
-                    const std::vector<Tensor>& saved) {
+bool should_record_inplace(const char* op, const Tensor& self) {
   if (g_anomaly && has_nonfinite(self))
     HL_FAIL("anomaly: ", op, " produced NaN or Inf in its output of shape ", shape_str(self.shape()));
-  if (!g_grad_enabled || !self.requires_grad()) return;
+  return g_grad_enabled && self.requires_grad();
+}
+
+void record_inplace_node(const char* op, Tensor& self, std::span<const Tensor> saved, BackwardFn fn) {
   // The old history lives on in a fresh handle that keeps the old node; self gets the new node.
   auto old_impl = std::make_shared<TensorImpl>(*self.impl());
   old_impl->hooks.clear();
-  Tensor old(old_impl);
-  auto node = std::make_shared<Node>();
-  node->name = backward_name(op);
-  node->seq = g_next_seq++;
-  node->inputs.push_back(old);
-  node->input_fns.push_back(old.grad_fn());
-  for (const Tensor& t : saved)
-    if (t.defined()) node->saved.push_back(save(t));
-  node->fn = [old, dself = std::move(dself)](const Tensor& dout, Grads& g) { g.acc(old, dself(dout)); };
+  Tensor old(std::move(old_impl));
+  std::shared_ptr<Node> node = new_node(op, self, saved);
+  std::shared_ptr<Node> old_fn = old.grad_fn();
+  node->inputs.push_back({std::move(old), std::move(old_fn), true});
+  node->fn = std::move(fn);
   self.impl()->grad_fn = std::move(node);
 }
 
+}  // namespace detail
+
 // ---- Grads ----
-const Node* Grads::node_of(const Tensor& t) const {
-  if (running_)
-    for (size_t i = 0; i < running_->inputs.size(); ++i)
-      if (running_->inputs[i].impl() == t.impl()) return running_->input_fns[i].get();
-  return t.grad_fn().get();
+const Node::Input& Grads::input(size_t i) const {
+  HL_CHECK(running_ && i < running_->inputs.size(), running_ ? running_->name : std::string("backward"),
+           ": backward asked for input ", i, " but the op has ", running_ ? running_->inputs.size() : 0);
+  return running_->inputs[i];
 }
 
-bool Grads::needs(const Tensor& t) const {
-  if (!t.defined() || !t.requires_grad()) return false;
+size_t Grads::num_inputs() const { return running_ ? running_->inputs.size() : 0; }
+const Shape& Grads::shape(size_t i) const { return input(i).tensor.shape(); }
+DType Grads::dtype(size_t i) const { return input(i).tensor.dtype(); }
+Device Grads::device(size_t i) const { return input(i).tensor.device(); }
+
+bool Grads::needs_slot(const Node* fn, const Tensor& t) const {
   if (!functional_) return true;
-  const Node* n = node_of(t);
-  if (!n) return target_leaves_.count(t.impl()) > 0;
-  return needed_nodes_.count(n) > 0;
+  if (!fn) return target_leaves_.count(t.impl()) > 0;
+  return needed_nodes_.count(fn) > 0;
 }
 
-void Grads::acc(const Tensor& t, const Tensor& g_in) {
-  if (!needs(t)) return;
+bool Grads::needs(size_t i) const {
+  const Node::Input& in = input(i);
+  return in.requires_grad && needs_slot(in.fn.get(), in.tensor);
+}
+
+void Grads::acc(size_t i, const Tensor& g) {
+  const Node::Input& in = input(i);
+  if (in.requires_grad && needs_slot(in.fn.get(), in.tensor)) add(in.fn.get(), in.tensor, g);
+}
+
+void Grads::add(const Node* fn, const Tensor& t, const Tensor& g_in) {
   HL_CHECK(g_in.defined(), "backward: a gradient for a tensor of shape ", shape_str(t.shape()), " is undefined");
   Tensor g = g_in.shape() == t.shape() ? g_in : sum_to(g_in, t.shape());
   if (g.dtype() != t.dtype()) g = to_dtype(g, t.dtype());
-  auto add_into = [&](Tensor& slot) { slot = slot.defined() ? add(slot, g) : g; };
-  const Node* n = node_of(t);
-  if (!n) add_into(leaf_grads_[t.impl()]);
-  else add_into(node_grads_[n]);
+  Tensor& slot = fn ? node_grads_[fn] : leaf_grads_[t.impl()];
+  slot = slot.defined() ? headlab::add(slot, g) : g;
 }
 
 // ---- the backward pass ----
@@ -139,8 +174,8 @@ struct BackwardPass {
       std::shared_ptr<Node> n = stack.back();
       stack.pop_back();
       order.push_back(n);
-      for (const std::shared_ptr<Node>& in : n->input_fns)
-        if (in && seen.insert(in.get()).second) stack.push_back(in);
+      for (const Node::Input& in : n->inputs)
+        if (in.fn && seen.insert(in.fn.get()).second) stack.push_back(in.fn);
     }
     std::sort(order.begin(), order.end(), [](const auto& a, const auto& b) { return a->seq > b->seq; });
   }
@@ -157,10 +192,10 @@ struct BackwardPass {
     for (auto it = order.rbegin(); it != order.rend(); ++it) {
       Node* n = it->get();
       bool needed = false;
-      for (size_t i = 0; i < n->inputs.size(); ++i) {
-        const Node* in = n->input_fns[i].get();
-        if (!in) needed |= grads.target_leaves_.count(n->inputs[i].impl()) > 0;
-        else needed |= target_nodes.count(in) > 0 || grads.needed_nodes_.count(in) > 0;
+      for (const Node::Input& in : n->inputs) {
+        if (!in.requires_grad) continue;
+        if (!in.fn) needed |= grads.target_leaves_.count(in.tensor.impl()) > 0;
+        else needed |= target_nodes.count(in.fn.get()) > 0 || grads.needed_nodes_.count(in.fn.get()) > 0;
       }
       // A node freed by an earlier backward has lost its edges: keep it so run() reports the reuse
       // instead of silently returning zero gradients.
@@ -184,7 +219,7 @@ struct BackwardPass {
                shape_str(r.shape()));
       HL_CHECK(g.device() == r.device(), "backward: gradient is on ", g.device().str(), ", output on ",
                r.device().str());
-      grads.acc(r, g);
+      if (grads.needs_slot(r.grad_fn().get(), r)) grads.add(r.grad_fn().get(), r, g);
     }
   }
 
@@ -197,10 +232,14 @@ struct BackwardPass {
       if (grads.functional_ && !grads.needed_nodes_.count(n)) continue;
       HL_CHECK(!n->released, "backward: trying to backward through ", n->name,
                " a second time; its saved tensors were freed. Pass retain_graph=true to the first backward.");
-      for (const Node::Saved& s : n->saved)
-        HL_CHECK(s.storage->version == s.version, n->name,
+      // The one place saved tensors are checked: a closure reads tensor values only through them.
+      for (size_t i = 0; i < n->saved.size(); ++i) {
+        const Node::SavedTensor& s = n->saved[i];
+        HL_CHECK(!s.tensor.defined() || s.tensor.version() == s.version, n->name,
                  ": one of the tensors saved for backward was modified by an in-place operation (its version is ",
-                 s.storage->version, ", expected ", s.version, "); clone it before modifying it");
+                 s.tensor.version(), ", expected ", s.version, "); clone it before modifying it (saved tensor ", i,
+                 " of shape ", shape_str(s.tensor.shape()), ")");
+      }
       Tensor dout = it->second;
       for (const TensorHook& h : n->hooks) {
         Tensor r = h(dout);
@@ -209,12 +248,11 @@ struct BackwardPass {
       if (g_anomaly && has_nonfinite(dout))
         HL_FAIL("anomaly: the gradient flowing into ", n->name, " holds NaN or Inf");
       grads.running_ = n;
-      n->fn(dout, grads);
+      n->fn(dout, Saved(*n), grads);
       grads.running_ = nullptr;
       if (!retain_graph) {
         n->fn = nullptr;
         n->inputs.clear();
-        n->input_fns.clear();
         n->saved.clear();
         n->released = true;
       }

@@ -12,26 +12,6 @@
 
 namespace headlab {
 
-const char* dtype_name(DType d) {
-  switch (d) {
-    case DType::f32: return "float32";
-    case DType::f64: return "float64";
-    case DType::i64: return "int64";
-    case DType::b8: return "bool";
-  }
-  return "?";
-}
-
-size_t dtype_size(DType d) {
-  switch (d) {
-    case DType::f32: return 4;
-    case DType::f64: return 8;
-    case DType::i64: return 8;
-    case DType::b8: return 1;
-  }
-  return 0;
-}
-
 Device Device::parse(const std::string& s) {
   if (s == "cpu") return Device{cpu, 0};
   if (s == "cuda") return Device{cuda, 0};

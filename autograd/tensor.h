@@ -11,26 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "autograd/dtype.h"
 #include "autograd/error.h"
 
 namespace headlab {
 
-enum class DType : uint8_t { f32, f64, i64, b8 };
-const char* dtype_name(DType d);          // "float32", "float64", "int64", "bool"
-size_t dtype_size(DType d);
-inline bool is_floating(DType d) { return d == DType::f32 || d == DType::f64; }
-
-struct Device {
-  enum Kind : uint8_t { cpu, cuda };
-  Kind kind = cpu;
-  int index = 0;
-  static Device parse(const std::string& s);  // "cpu", "cuda", "cuda:0"
-  std::string str() const;
-  bool is_cuda() const { return kind == cuda; }
-  friend bool operator==(const Device& a, const Device& b) { return a.kind == b.kind && a.index == b.index; }
-  friend bool operator!=(const Device& a, const Device& b) { return !(a == b); }
-};
-inline const Device kCPU{};
+// DType, dtype_name, dtype_size, is_floating, Device and kCPU live in autograd/dtype.h (shared with backends/).
 
 using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& s);  // "[2, 3]"
@@ -65,10 +51,25 @@ struct TensorImpl {
   std::vector<TensorHook> hooks;  // leaf hooks (non-leaf hooks live on grad_fn)
 };
 
+namespace detail {
+// The capture watch. While record() copies a backward closure into its node this names the op, and
+// copying a Tensor then throws: a closure must reach tensors through its node, where the saved ones
+// are version-checked, so a Tensor captured in it would escape the in-place check.
+inline constinit thread_local const char* t_closure_op = nullptr;
+[[noreturn]] void throw_tensor_in_closure();  // engine.cpp
+}  // namespace detail
+
 class Tensor {
  public:
   Tensor() = default;
   explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+  Tensor(const Tensor& other) : impl_(other.impl_) {
+    if (detail::t_closure_op) [[unlikely]] detail::throw_tensor_in_closure();
+  }
+  Tensor(Tensor&&) noexcept = default;
+  Tensor& operator=(const Tensor&) = default;
+  Tensor& operator=(Tensor&&) noexcept = default;
+  ~Tensor() = default;
 
   // ---- factories (seeded random ones take a Generator, default the global one) ----
   static Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = kCPU);

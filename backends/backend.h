@@ -5,7 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "autograd/tensor.h"  // DType and Device only; backends never touch TensorImpl or the tape
+#include "autograd/dtype.h"  // DType and Device: backends never see Tensor or the tape
+#include "autograd/error.h"  // kernels report bad input as headlab::Error
 
 namespace headlab {
 
@@ -31,7 +32,7 @@ enum class UnaryOp : uint8_t {
 };
 // out = op(x); pow uses alpha as the exponent; affine is alpha * x + beta.
 enum class BinaryOp : uint8_t { add, sub, mul, div, maximum, minimum, eq, ne, lt, le, gt, ge, logical_and };
-inline bool is_comparison(BinaryOp op) { return op >= BinaryOp::eq; }
+constexpr bool is_comparison(BinaryOp op) { return op >= BinaryOp::eq; }
 enum class ReduceOp : uint8_t { sum, max, min, argmax };
 // Which rows of a softmax are valid up to where: all, by a per-row length, or causally.
 enum class SoftmaxMask : uint8_t { none, lengths, causal };

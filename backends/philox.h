@@ -5,11 +5,7 @@
 #include <cmath>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define HL_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define HL_HOST_DEVICE inline
-#endif
+#include "backends/host_device.h"
 
 namespace headlab::philox {
 
@@ -42,9 +38,25 @@ HL_HOST_DEVICE U4 philox4x32(uint64_t ctr, uint64_t seed) {
 // Uniform in [0, 1) with 24 bits (exactly representable in float and double alike).
 HL_HOST_DEVICE double to_unit(uint32_t x) { return static_cast<double>(x >> 8) * (1.0 / 16777216.0); }
 
-HL_HOST_DEVICE double uniform(uint64_t seed, uint64_t offset, int64_t i) {
-  const U4 r = philox4x32(offset + static_cast<uint64_t>(i) / 4, seed);
-  return to_unit(r.v[i % 4]);
+// The 32 random bits of element i.
+HL_HOST_DEVICE uint32_t bits(uint64_t seed, uint64_t offset, int64_t i) {
+  return philox4x32(offset + static_cast<uint64_t>(i) / 4, seed).v[i % 4];
+}
+
+HL_HOST_DEVICE double uniform(uint64_t seed, uint64_t offset, int64_t i) { return to_unit(bits(seed, offset, i)); }
+
+// An integer in [lo, lo + range): lo + floor(bits * range / 2^32) (unbiased enough for range << 2^32).
+HL_HOST_DEVICE int64_t uniform_int(uint64_t seed, uint64_t offset, int64_t i, int64_t lo, uint64_t range) {
+  return lo + static_cast<int64_t>((static_cast<uint64_t>(bits(seed, offset, i)) * range) >> 32);
+}
+
+// Dropout of element i: kept (scaled by keep_scale = dropout_scale(p)) when its uniform draw is >= p.
+template <typename T> HL_HOST_DEVICE T dropout_scale(double p) {
+  return p < 1 ? static_cast<T>(1.0 / (1.0 - p)) : T(0);
+}
+template <typename T>
+HL_HOST_DEVICE T dropout(T x, double p, T keep_scale, uint64_t seed, uint64_t offset, int64_t i) {
+  return uniform(seed, offset, i) >= p ? x * keep_scale : T(0);
 }
 
 // Standard normal by Box-Muller: lanes (0, 1) and (2, 3) of one counter each give a cos/sin pair.

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "nn/gpt.h"
-#include "train/optim.h"
+#include "optim/optim.h"
 
 using namespace headlab;
 using clock_type = std::chrono::steady_clock;
@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
   const double peak = sgemm_gflops();
   manual_seed(0);
   nn::GPTModel model(cfg);
-  train::Optimizer opt(model.named_parameters(), train::OptimizerOptions::defaults("adamw"));
+  optim::Optimizer opt(model.named_parameters(), optim::OptimizerOptions::defaults(optim::OptimizerKind::adamw));
   Generator gen(1);
   const Tensor idx = randint(0, cfg.vocab_size, {B, cfg.context_length}, gen);
   const Tensor tgt = randint(0, cfg.vocab_size, {B * cfg.context_length}, gen);

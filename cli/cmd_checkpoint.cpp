@@ -5,54 +5,11 @@
 #include <sstream>
 
 #include "cli/commands.h"
-#include "train/trainer.h"
+#include "cli/common.h"
+#include "nn/generate.h"
+#include "train/evaluate.h"
 
 namespace headlab::cli {
-
-// Defined in cmd_train.cpp: number checks with short error messages.
-CLI::Validator positive_number();
-CLI::Validator non_negative_number();
-
-namespace {
-
-struct Loaded {
-  train::Checkpoint ckpt;
-  std::shared_ptr<nn::GPTModel> model;
-  std::unique_ptr<Task> task;
-};
-
-Loaded load(const std::string& path, const std::string& device, const std::string& text = "") {
-  Loaded l;
-  l.ckpt = train::load_checkpoint(path);
-  l.model = train::model_from_checkpoint(l.ckpt, path, Device::parse(device));
-  l.task = train::task_from_config(l.ckpt.config, text);
-  return l;
-}
-
-// Picks the next token from the last position's logits: greedy at temperature 0, otherwise
-// sampled from softmax(logits / temperature) restricted to the top k.
-int64_t pick_token(const Tensor& last_logits, double temperature, int64_t top_k, Generator& gen) {
-  std::vector<double> logits = last_logits.to_vector<double>();
-  if (temperature <= 0) return std::max_element(logits.begin(), logits.end()) - logits.begin();
-  const int64_t V = static_cast<int64_t>(logits.size());
-  if (top_k > 0 && top_k < V) {
-    std::vector<double> sorted = logits;
-    std::nth_element(sorted.begin(), sorted.begin() + (top_k - 1), sorted.end(), std::greater<double>());
-    const double cut = sorted[top_k - 1];
-    for (double& x : logits)
-      if (x < cut) x = -INFINITY;
-  }
-  const double m = *std::max_element(logits.begin(), logits.end());
-  double total = 0;
-  for (double& x : logits) total += (x = std::exp((x - m) / temperature));
-  const double u = rand({1}, gen, DType::f64).item<double>() * total;
-  double acc = 0;
-  for (int64_t i = 0; i < V; ++i)
-    if ((acc += logits[i]) > u) return i;
-  return V - 1;
-}
-
-}  // namespace
 
 Action add_eval(CLI::App& app) {
   auto path = std::make_shared<std::string>();
@@ -75,7 +32,7 @@ Action add_eval(CLI::App& app) {
         cfg.contains("training") && cfg["training"].is_object() ? cfg["training"] : nlohmann::json::object();
     const int64_t n = *batches > 0 ? *batches : tr.value("eval_batches", int64_t{8});
     const int64_t B = tr.value("batch_size", int64_t{64});
-    const train::EvalResult r = train::evaluate(*l.model, *l.task, n, B, l.model->config().context_length);
+    const train::Scores r = train::evaluate(*l.model, *l.task, n, B, l.model->config().context_length);
     std::cout << "checkpoint " << *path << " (task " << l.task->name() << ", step "
               << (l.ckpt.has_trainer ? l.ckpt.trainer.step : 0) << ")\n";
     std::cout << std::fixed << std::setprecision(4) << "val loss        " << r.loss << "\n"
@@ -106,24 +63,15 @@ Action add_generate(CLI::App& app) {
   app.add_option("--device", *device, "cpu | cuda")->capture_default_str();
   return [=] {
     Loaded l = load(*path, *device);
-    const Prompt p = l.task->encode_prompt(*prompt);
-    const int64_t ctx = l.model->config().context_length, end = l.task->end_id();
+    const tasks::Prompt p = l.task->encode_prompt(*prompt);
+    nn::GenerateOptions o;
     // A task answer stops at its end token or its known length; text runs to max_new_tokens.
-    const int64_t limit = p.answer_length >= 0 ? std::min<int64_t>(*max_new, p.answer_length + 1) : *max_new;
-    std::vector<int64_t> ids = p.ids, generated;
-    Generator gen(*seed);
-    NoGradGuard no_grad;
-    for (int64_t i = 0; i < limit; ++i) {
-      // As the book's generate: past context_length, only the last context_length tokens are seen.
-      const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(ids.size()) - ctx);
-      std::vector<int64_t> window(ids.begin() + start, ids.end());
-      const int64_t n = static_cast<int64_t>(window.size());
-      const Tensor logits = l.model->forward(tensor(window, {1, n}).to(l.model->device()));  // (1, n, V)
-      const int64_t next = pick_token(logits.select(1, n - 1).select(0, 0), *temperature, *top_k, gen);
-      if (next == end) break;
-      ids.push_back(next);
-      generated.push_back(next);
-    }
+    o.max_new_tokens = p.answer_length >= 0 ? std::min<int64_t>(*max_new, p.answer_length + 1) : *max_new;
+    o.temperature = *temperature;
+    o.top_k = *top_k;
+    o.seed = *seed;
+    o.end_id = l.task->end_id();
+    const std::vector<int64_t> generated = nn::generate(*l.model, p.ids, o);
     std::cout << p.text << l.task->format_answer(generated) << std::endl;
     return 0;
   };
@@ -133,7 +81,7 @@ Action add_inspect(CLI::App& app) {
   auto path = std::make_shared<std::string>();
   app.add_option("checkpoint", *path, "checkpoint file (.h5)")->required();
   return [=] {
-    const train::Checkpoint ck = train::load_checkpoint(*path);
+    const io::Checkpoint ck = io::load_checkpoint(*path);
     nlohmann::json cfg = ck.config;
     if (cfg.contains("tokenizer") && cfg["tokenizer"].contains("vocab")) {  // the vocabulary on one line
       std::string v;
@@ -150,7 +98,7 @@ Action add_inspect(CLI::App& app) {
     }
     std::cout << "  " << std::left << std::setw(60) << "total" << std::right << std::setw(10) << total << "\n";
     if (ck.has_optimizer)
-      std::cout << "\noptimizer " << ck.optimizer.kind << " " << ck.optimizer.to_json().dump() << " ("
+      std::cout << "\noptimizer " << optim::optimizer_kind_name(ck.optimizer.kind) << " " << ck.optimizer.to_json().dump() << " ("
                 << ck.optimizer_state.size() << " state tensors)\n";
     if (ck.has_trainer) {
       const auto& t = ck.trainer;

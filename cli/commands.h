@@ -17,7 +17,4 @@ Action add_compare(CLI::App& app);
 Action add_ablate(CLI::App& app);
 Action add_attention(CLI::App& app);
 
-// Sets the thread count for OpenMP/OpenBLAS (0: leave the default, all cores).
-void set_threads(int threads);
-
 }  // namespace headlab::cli

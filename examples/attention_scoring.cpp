@@ -12,14 +12,14 @@ int main() {
     manual_seed(0);
     std::cout << "== Masked softmax ==\n";
     // masked_softmax(torch.rand(2, 2, 4), torch.tensor([2, 3])): one valid length per batch entry
-    std::cout << nn::masked_softmax(rand({2, 2, 4}), tensor(std::vector<int64_t>{2, 3}, {2})) << "\n\n";
+    std::cout << masked_softmax(rand({2, 2, 4}), tensor(std::vector<int64_t>{2, 3}, {2})) << "\n\n";
     // masked_softmax(torch.rand(2, 2, 4), torch.tensor([[1, 3], [2, 4]])): one per query row
     const Tensor X = rand({2, 2, 4});
-    std::cout << nn::masked_softmax(X, tensor(std::vector<int64_t>{1, 3, 2, 4}, {2, 2})) << "\n\n";
+    std::cout << masked_softmax(X, tensor(std::vector<int64_t>{1, 3, 2, 4}, {2, 2})) << "\n\n";
     // headlab's one deliberate difference from d2l: a row with valid length 0 is all zeros (with zero
     // gradient), where d2l's -1e6 fill would give it uniform weights 1/4.
     std::cout << "valid_lens [[0, 3], [2, 4]] (a zero length):\n"
-              << nn::masked_softmax(X, tensor(std::vector<int64_t>{0, 3, 2, 4}, {2, 2})) << "\n\n";
+              << masked_softmax(X, tensor(std::vector<int64_t>{0, 3, 2, 4}, {2, 2})) << "\n\n";
 
     // The toy data: two identical value matrices, keys all ones, valid lengths 2 and 6.
     Tensor queries = randn({2, 1, 20});  // torch.normal(0, 1, (2, 1, 20))

@@ -79,12 +79,6 @@ void check_causal_input(const char* who, const Tensor& x, int64_t d_in, int64_t 
 
 }  // namespace
 
-Tensor masked_softmax(const Tensor& X, const Tensor& valid_lens) {
-  HL_CHECK(X.defined() && X.dim() == 3, "masked_softmax: X must be 3-D (batch, queries, keys), got ",
-           X.defined() ? shape_str(X.shape()) : std::string("(undefined)"));
-  return headlab::masked_softmax(X, valid_lens, 1.0);
-}
-
 // ---- DotProductAttention ----
 DotProductAttention::DotProductAttention(double p) { dropout = register_module("dropout", std::make_shared<Dropout>(p)); }
 
@@ -239,7 +233,6 @@ CausalMultiHeadAttention::CausalMultiHeadAttention(int64_t din, int64_t dout, in
 }
 
 Tensor CausalMultiHeadAttention::forward(const Tensor& x, const Tensor& gates) {
-  // Not type_name() (the book's "MultiHeadAttention", kept for printing): that is also d2l's module's name.
   const char* who = "CausalMultiHeadAttention";
   check_causal_input(who, x, d_in, context_length);
   const int64_t B = x.size(0), T = x.size(1), H = num_heads, D = head_dim;

@@ -9,10 +9,8 @@
 
 namespace headlab::nn {
 
-// d2l's masked_softmax: X (B, Q, K); valid_lens undefined, (B,) or (B, Q). Positions at or beyond
-// the valid length get weight 0. A row with valid length 0 is all zeros with zero gradient (d2l's
-// -1e6 fill would give it uniform weights instead).
-Tensor masked_softmax(const Tensor& X, const Tensor& valid_lens);
+// d2l's masked_softmax is headlab::masked_softmax (ops/ops.h): valid_lens undefined, (B,) or (B, Q);
+// a row with valid length 0 gives zero weights (d2l's -1e6 fill would give uniform ones).
 
 // scores = Q K^T / sqrt(d), weights = masked_softmax(scores), out = dropout(weights) V.
 class DotProductAttention : public Module {
@@ -131,7 +129,8 @@ class CausalMultiHeadAttention : public CausalMultiHead {
  public:
   CausalMultiHeadAttention(int64_t d_in, int64_t d_out, int64_t context_length, double dropout, int64_t num_heads,
                            bool qkv_bias = false, int64_t head_dim = -1);
-  std::string type_name() const override { return "MultiHeadAttention"; }
+  // The book calls this class MultiHeadAttention too; printing the C++ name keeps it apart from d2l's.
+  std::string type_name() const override { return "CausalMultiHeadAttention"; }
   using CausalMultiHead::forward;
   Tensor forward(const Tensor& x, const Tensor& gates) override;
   int64_t head_count() const override { return num_heads; }

@@ -8,6 +8,13 @@
 
 #include "ops/ops.h"
 
+namespace headlab {
+
+// Tensors by state_dict name, in order: parameters, optimizer state, checkpoint contents.
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+}  // namespace headlab
+
 namespace headlab::nn {
 
 class Module {
@@ -21,9 +28,9 @@ class Module {
   virtual std::string extra_repr() const { return ""; }  // "in_features=3, out_features=2, bias=True"
 
   // Names exactly like PyTorch's state_dict() keys, in registration order.
-  std::vector<std::pair<std::string, Tensor>> named_parameters() const;
+  NamedTensors named_parameters() const;
   std::vector<Tensor> parameters() const;
-  std::vector<std::pair<std::string, Tensor>> named_buffers() const;
+  NamedTensors named_buffers() const;
   const std::vector<std::pair<std::string, std::shared_ptr<Module>>>& children() const { return children_; }
   int64_t num_parameters() const;
   Tensor parameter(const std::string& name) const;  // by state_dict key; throws naming the key

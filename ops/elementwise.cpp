@@ -32,23 +32,20 @@ Tensor unary(const char* op, UnaryOp uop, const Tensor& x, double alpha = 0, dou
   if (out.numel()) backend_of(x).unary(uop, x.dtype(), make_loop(x.shape(), {&out, &x}), alpha, beta);
   if (uop == UnaryOp::affine || uop == UnaryOp::neg) {  // linear: no saved values
     const double slope = uop == UnaryOp::neg ? -1.0 : alpha;
-    record(op, out, {x}, [x, slope](const Tensor& dout, Grads& g) { g.acc(x, affine(dout, slope, 0.0)); });
+    record(op, out, {x}, {}, [slope](const Tensor& dout, Saved, Grads& g) { g.acc(0, affine(dout, slope, 0.0)); });
     return out;
   }
   const bool uses_x = derivative_needs_x(uop);
-  const Tensor y = out.detach();  // a history-free alias: saving `out` itself would be a cycle
-  record(op, out, {x},
-         [x, y, uop, alpha, uses_x](const Tensor& dout, Grads& g) {
-           if (!g.needs(x)) return;
-           const Tensor dy = contiguous(dout);
-           const Tensor xc = uses_x ? contiguous(x) : Tensor();
-           Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
-           backend_of(x).unary_backward(uop, x.dtype(), dx.raw_data(), dy.raw_data(),
-                                        uses_x ? xc.raw_data() : nullptr, uses_x ? nullptr : y.raw_data(),
-                                        x.numel(), alpha);
-           g.acc(x, dx);
-         },
-         {uses_x ? x : out});
+  // saved: x, or the output y when the derivative is computed from it (exp, tanh, sigmoid, ...)
+  record(op, out, {x}, {uses_x ? x : out}, [uop, alpha, uses_x](const Tensor& dout, Saved s, Grads& g) {
+    if (!g.needs(0)) return;
+    const Tensor dy = contiguous(dout);
+    const Tensor v = contiguous(s[0]);
+    Tensor dx = Tensor::empty(v.shape(), v.dtype(), v.device());
+    backend_of(v).unary_backward(uop, v.dtype(), dx.raw_data(), dy.raw_data(), uses_x ? v.raw_data() : nullptr,
+                                 uses_x ? nullptr : v.raw_data(), v.numel(), alpha);
+    g.acc(0, dx);
+  });
   return out;
 }
 
@@ -58,54 +55,51 @@ Tensor mask_as(const Tensor& m, DType dt) { return to_dtype(m, dt); }
 
 Tensor add(const Tensor& a, const Tensor& b) {
   Tensor out = binary_raw("add", BinaryOp::add, a, b);
-  record("add", out, {a, b}, [a, b](const Tensor& dout, Grads& g) {
-    g.acc(a, dout);
-    g.acc(b, dout);
+  record("add", out, {a, b}, {}, [](const Tensor& dout, Saved, Grads& g) {
+    g.acc(0, dout);
+    g.acc(1, dout);
   });
   return out;
 }
 
 Tensor sub(const Tensor& a, const Tensor& b) {
   Tensor out = binary_raw("sub", BinaryOp::sub, a, b);
-  record("sub", out, {a, b}, [a, b](const Tensor& dout, Grads& g) {
-    g.acc(a, dout);
-    if (g.needs(b)) g.acc(b, neg(dout));
+  record("sub", out, {a, b}, {}, [](const Tensor& dout, Saved, Grads& g) {
+    g.acc(0, dout);
+    if (g.needs(1)) g.acc(1, neg(dout));
   });
   return out;
 }
 
 Tensor mul(const Tensor& a, const Tensor& b) {
   Tensor out = binary_raw("mul", BinaryOp::mul, a, b);
-  record("mul", out, {a, b},
-         [a, b](const Tensor& dout, Grads& g) {
-           if (g.needs(a)) g.acc(a, mul(dout, b));  // d(a*b)/da = b
-           if (g.needs(b)) g.acc(b, mul(dout, a));
-         },
-         {a, b});
+  record("mul", out, {a, b}, {a, b}, [](const Tensor& dout, Saved s, Grads& g) {
+    const Tensor &a = s[0], &b = s[1];
+    if (g.needs(0)) g.acc(0, mul(dout, b));  // d(a*b)/da = b
+    if (g.needs(1)) g.acc(1, mul(dout, a));
+  });
   return out;
 }
 
 Tensor div(const Tensor& a, const Tensor& b) {
   Tensor out = binary_raw("div", BinaryOp::div, a, b);
-  record("div", out, {a, b},
-         [a, b](const Tensor& dout, Grads& g) {
-           if (g.needs(a)) g.acc(a, div(dout, b));
-           if (g.needs(b)) g.acc(b, neg(div(mul(dout, a), mul(b, b))));  // -dout * a / b^2
-         },
-         {a, b});
+  record("div", out, {a, b}, {a, b}, [](const Tensor& dout, Saved s, Grads& g) {
+    const Tensor &a = s[0], &b = s[1];
+    if (g.needs(0)) g.acc(0, div(dout, b));
+    if (g.needs(1)) g.acc(1, neg(div(mul(dout, a), mul(b, b))));  // -dout * a / b^2
+  });
   return out;
 }
 
 Tensor maximum(const Tensor& a, const Tensor& b) {
   Tensor out = binary_raw("maximum", BinaryOp::maximum, a, b);
-  record("maximum", out, {a, b},
-         [a, b](const Tensor& dout, Grads& g) {
-           // Ties split the gradient evenly, as PyTorch does.
-           const Tensor tie = affine(mask_as(eq(a, b), a.dtype()), 0.5, 0.0);
-           if (g.needs(a)) g.acc(a, mul(dout, add(mask_as(gt(a, b), a.dtype()), tie)));
-           if (g.needs(b)) g.acc(b, mul(dout, add(mask_as(lt(a, b), a.dtype()), tie)));
-         },
-         {a, b});
+  record("maximum", out, {a, b}, {a, b}, [](const Tensor& dout, Saved s, Grads& g) {
+    const Tensor &a = s[0], &b = s[1];
+    // Ties split the gradient evenly, as PyTorch does.
+    const Tensor tie = affine(mask_as(eq(a, b), a.dtype()), 0.5, 0.0);
+    if (g.needs(0)) g.acc(0, mul(dout, add(mask_as(gt(a, b), a.dtype()), tie)));
+    if (g.needs(1)) g.acc(1, mul(dout, add(mask_as(lt(a, b), a.dtype()), tie)));
+  });
   return out;
 }
 
@@ -147,10 +141,11 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
   const Shape shape = broadcast_shapes("where", broadcast_shapes("where", cond.shape(), a.shape()), b.shape());
   Tensor out = Tensor::empty(shape, a.dtype(), a.device());
   if (out.numel()) backend_of(a).where(a.dtype(), make_loop(shape, {&out, &cond, &a, &b}));
-  record("where", out, {a, b}, [cond, a, b](const Tensor& dout, Grads& g) {
+  record("where", out, {a, b}, {cond}, [](const Tensor& dout, Saved s, Grads& g) {
+    const Tensor& cond = s[0];
     const Tensor zero = zeros({}, dout.dtype(), dout.device());
-    if (g.needs(a)) g.acc(a, where(cond, dout, zero));
-    if (g.needs(b)) g.acc(b, where(cond, zero, dout));
+    if (g.needs(0)) g.acc(0, where(cond, dout, zero));
+    if (g.needs(1)) g.acc(1, where(cond, zero, dout));
   });
   return out;
 }
@@ -164,8 +159,8 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   const Tensor fill = full({}, value, x.dtype(), x.device());
   Tensor out = Tensor::empty(shape, x.dtype(), x.device());
   if (out.numel()) backend_of(x).where(x.dtype(), make_loop(shape, {&out, &mask, &fill, &x}));
-  record("masked_fill", out, {x}, [x, mask](const Tensor& dout, Grads& g) {
-    g.acc(x, masked_fill(dout, mask, 0.0));  // filled positions do not depend on x
+  record("masked_fill", out, {x}, {mask}, [](const Tensor& dout, Saved s, Grads& g) {
+    g.acc(0, masked_fill(dout, s[0], 0.0));  // filled positions do not depend on x
   });
   return out;
 }
@@ -181,7 +176,7 @@ Tensor& masked_fill_(Tensor& x, const Tensor& mask, double value) {
   const Tensor fill = full({}, value, x.dtype(), x.device());
   if (x.numel()) backend_of(x).where(x.dtype(), make_loop(x.shape(), {&x, &mask, &fill, &x}));
   x.bump_version();
-  record_inplace("masked_fill_", x, [mask](const Tensor& dout) { return masked_fill(dout, mask, 0.0); });
+  record_inplace("masked_fill_", x, {mask}, [](const Tensor& dout, Saved s) { return masked_fill(dout, s[0], 0.0); });
   return x;
 }
 

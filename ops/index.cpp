@@ -38,13 +38,15 @@ Tensor index_select(const Tensor& x, int64_t d, const Tensor& index) {
   if (out.numel())
     backend_of(x).index_select(x.dtype(), out.raw_data(), xc.raw_data(), idx.data<int64_t>(), outer, dim_size, inner,
                                idx.numel());
-  record("index_select", out, {x}, [x, idx, outer, dim_size, inner](const Tensor& dout, Grads& g) {
-    Tensor dx = zeros(x.shape(), dout.dtype(), dout.device());
+  // saved: the indices (backward scatters by them; x's values are not read)
+  record("index_select", out, {x}, {idx}, [outer, dim_size, inner](const Tensor& dout, Saved s, Grads& g) {
+    const Tensor& idx = s[0];
+    Tensor dx = zeros(g.shape(0), dout.dtype(), dout.device());
     const Tensor dc = contiguous(dout);
     if (dc.numel())
       backend_of(dx).index_add(dx.dtype(), dx.raw_data(), dc.raw_data(), idx.data<int64_t>(), outer, dim_size, inner,
                                idx.numel());
-    g.acc(x, dx);
+    g.acc(0, dx);
   });
   return out;
 }

@@ -123,12 +123,11 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     const Tensor bex = b.as_strided_raw(sb, detail::broadcast_strides(b, sb), b.offset());
     batched_gemm(out, ae, bex, batch);
   }
-  record("matmul", out, {a, b},
-         [a, b](const Tensor& dout, Grads& g) {
-           if (g.needs(a)) g.acc(a, matmul(dout, b.mT()));  // dA = dOut @ B^T  (..., M, K)
-           if (g.needs(b)) g.acc(b, matmul(a.mT(), dout));  // dB = A^T @ dOut  (..., K, N)
-         },
-         {a, b});
+  record("matmul", out, {a, b}, {a, b}, [](const Tensor& dout, Saved s, Grads& g) {
+    const Tensor &a = s[0], &b = s[1];
+    if (g.needs(0)) g.acc(0, matmul(dout, b.mT()));  // dA = dOut @ B^T  (..., M, K)
+    if (g.needs(1)) g.acc(1, matmul(a.mT(), dout));  // dB = A^T @ dOut  (..., K, N)
+  });
   return out;
 }
 
@@ -162,14 +161,13 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     backend_of(x).gemm(x.dtype(), X.trans, !W.trans, rows, out_f, in_f, 1.0, X.t.raw_data(), X.ld, 0,
                        W.t.raw_data(), W.ld, 0, bias.defined() ? 1.0 : 0.0, out.raw_data(), out_f, 0, 1);
   }
-  record("linear", out, {x, weight, bias},
-         [x, weight, bias, rows, in_f, out_f](const Tensor& dout, Grads& g) {
-           const Tensor d2 = reshape(dout, {rows, out_f});
-           if (g.needs(x)) g.acc(x, reshape(matmul(d2, weight), x.shape()));               // (rows, in)
-           if (g.needs(weight)) g.acc(weight, matmul(d2.mT(), reshape(x, {rows, in_f})));  // (out, in)
-           if (g.needs(bias)) g.acc(bias, sum(d2, {0}));                                   // (out)
-         },
-         {x, weight});
+  record("linear", out, {x, weight, bias}, {x, weight}, [rows, in_f, out_f](const Tensor& dout, Saved s, Grads& g) {
+    const Tensor &x = s[0], &weight = s[1];
+    const Tensor d2 = reshape(dout, {rows, out_f});
+    if (g.needs(0)) g.acc(0, reshape(matmul(d2, weight), x.shape()));       // (rows, in)
+    if (g.needs(1)) g.acc(1, matmul(d2.mT(), reshape(x, {rows, in_f})));  // (out, in)
+    if (g.needs(2)) g.acc(2, sum(d2, {0}));                               // (out)
+  });
   return out;
 }
 

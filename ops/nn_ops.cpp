@@ -19,16 +19,14 @@ Tensor softmax_last(const char* op, const Tensor& x, double scale, SoftmaxMask m
   if (y.numel())
     backend_of(x).softmax_forward(x.dtype(), y.raw_data(), xc.raw_data(), rows, cols, scale, mask,
                                   lengths.defined() ? lengths.data<int64_t>() : nullptr, q_len);
-  const Tensor ys = y.detach();
-  record(op, y, {x},
-         [x, ys, rows, cols, scale](const Tensor& dout, Grads& g) {
-           const Tensor dy = contiguous(dout);
-           Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
-           if (dx.numel())
-             backend_of(x).softmax_backward(x.dtype(), dx.raw_data(), dy.raw_data(), ys.raw_data(), rows, cols, scale);
-           g.acc(x, dx);
-         },
-         {y});
+  record(op, y, {x}, {y}, [rows, cols, scale](const Tensor& dout, Saved s, Grads& g) {
+    const Tensor& ys = s[0];  // the output: softmax's derivative is computed from it
+    const Tensor dy = contiguous(dout);
+    Tensor dx = Tensor::empty(ys.shape(), ys.dtype(), ys.device());
+    if (dx.numel())
+      backend_of(ys).softmax_backward(ys.dtype(), dx.raw_data(), dy.raw_data(), ys.raw_data(), rows, cols, scale);
+    g.acc(0, dx);
+  });
   return y;
 }
 
@@ -37,16 +35,14 @@ Tensor log_softmax_last(const Tensor& x) {
   const int64_t cols = x.size(-1), rows = cols ? x.numel() / cols : 0;
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
   if (y.numel()) backend_of(x).log_softmax_forward(x.dtype(), y.raw_data(), xc.raw_data(), rows, cols);
-  const Tensor ys = y.detach();
-  record("log_softmax", y, {x},
-         [x, ys, rows, cols](const Tensor& dout, Grads& g) {
-           const Tensor dy = contiguous(dout);
-           Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
-           if (dx.numel())
-             backend_of(x).log_softmax_backward(x.dtype(), dx.raw_data(), dy.raw_data(), ys.raw_data(), rows, cols);
-           g.acc(x, dx);
-         },
-         {y});
+  record("log_softmax", y, {x}, {y}, [rows, cols](const Tensor& dout, Saved s, Grads& g) {
+    const Tensor& ys = s[0];  // the output
+    const Tensor dy = contiguous(dout);
+    Tensor dx = Tensor::empty(ys.shape(), ys.dtype(), ys.device());
+    if (dx.numel())
+      backend_of(ys).log_softmax_backward(ys.dtype(), dx.raw_data(), dy.raw_data(), ys.raw_data(), rows, cols);
+    g.acc(0, dx);
+  });
   return y;
 }
 
@@ -108,12 +104,13 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
   const uint64_t seed = gen.seed(), offset = gen.reserve(x.numel());
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
   if (out.numel()) backend_of(x).dropout(x.dtype(), out.raw_data(), xc.raw_data(), x.numel(), p, seed, offset);
-  record("dropout", out, {x}, [x, p, seed, offset](const Tensor& dout, Grads& g) {
-    // The counter-based generator replays the same mask from (seed, offset): nothing was stored.
+  // The counter-based generator replays the same mask from (seed, offset): backward reads no tensor
+  // values, so nothing is saved and in-place edits of x or out after the forward are harmless.
+  record("dropout", out, {x}, {}, [p, seed, offset](const Tensor& dout, Saved, Grads& g) {
     const Tensor dy = contiguous(dout);
-    Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
-    if (dx.numel()) backend_of(x).dropout(x.dtype(), dx.raw_data(), dy.raw_data(), x.numel(), p, seed, offset);
-    g.acc(x, dx);
+    Tensor dx = Tensor::empty(dy.shape(), dy.dtype(), dy.device());
+    if (dx.numel()) backend_of(dy).dropout(dy.dtype(), dx.raw_data(), dy.raw_data(), dy.numel(), p, seed, offset);
+    g.acc(0, dx);
   });
   return out;
 }
@@ -139,26 +136,29 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
     backend_of(x).layernorm_forward(x.dtype(), y.raw_data(), mean.raw_data(), rstd.raw_data(), xc.raw_data(),
                                     wc.defined() ? wc.raw_data() : nullptr, bc.defined() ? bc.raw_data() : nullptr,
                                     rows, C, eps);
-  record("layer_norm", y, {x, weight, bias},
-         [x, xc, wc, weight, bias, mean, rstd, rows, C](const Tensor& dout, Grads& g) {
-           const Tensor dy = contiguous(dout);
-           Tensor dx = Tensor::empty(x.shape(), x.dtype(), x.device());
-           Tensor dw = weight.defined() ? Tensor::empty({C}, x.dtype(), x.device()) : Tensor();
-           Tensor db = bias.defined() ? Tensor::empty({C}, x.dtype(), x.device()) : Tensor();
-           if (dx.numel())
-             backend_of(x).layernorm_backward(x.dtype(), dx.raw_data(), dw.defined() ? dw.raw_data() : nullptr,
-                                              db.defined() ? db.raw_data() : nullptr, dy.raw_data(), xc.raw_data(),
-                                              mean.raw_data(), rstd.raw_data(), wc.defined() ? wc.raw_data() : nullptr,
-                                              rows, C);
-           else {
-             if (dw.defined()) dw = zeros({C}, x.dtype(), x.device());
-             if (db.defined()) db = zeros({C}, x.dtype(), x.device());
-           }
-           g.acc(x, dx);
-           if (dw.defined()) g.acc(weight, dw);
-           if (db.defined()) g.acc(bias, db);
-         },
-         {x, weight});
+  // saved: x and weight as the kernel reads them (xc / wc alias x / weight when those were
+  // contiguous, so an edit of x or weight is caught; a private copy cannot be edited), and the
+  // per-row statistics.
+  record("layer_norm", y, {x, weight, bias}, {xc, wc, mean, rstd}, [rows, C](const Tensor& dout, Saved s, Grads& g) {
+    const Tensor &xc = s[0], &wc = s[1], &mean = s[2], &rstd = s[3];
+    const Tensor dy = contiguous(dout);
+    Tensor dx = Tensor::empty(xc.shape(), xc.dtype(), xc.device());
+    // dweight / dbias only when wanted: the kernel skips the column sums for a null pointer.
+    Tensor dw = g.needs(1) ? Tensor::empty({C}, xc.dtype(), xc.device()) : Tensor();
+    Tensor db = g.needs(2) ? Tensor::empty({C}, xc.dtype(), xc.device()) : Tensor();
+    if (dx.numel())
+      backend_of(xc).layernorm_backward(xc.dtype(), dx.raw_data(), dw.defined() ? dw.raw_data() : nullptr,
+                                        db.defined() ? db.raw_data() : nullptr, dy.raw_data(), xc.raw_data(),
+                                        mean.raw_data(), rstd.raw_data(), wc.defined() ? wc.raw_data() : nullptr,
+                                        rows, C);
+    else {
+      if (dw.defined()) dw = zeros({C}, xc.dtype(), xc.device());
+      if (db.defined()) db = zeros({C}, xc.dtype(), xc.device());
+    }
+    g.acc(0, dx);
+    if (dw.defined()) g.acc(1, dw);
+    if (db.defined()) g.acc(2, db);
+  });
   return y;
 }
 
@@ -196,16 +196,18 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
   }
   out = out.detach();
   const bool per_row = reduction == Reduction::none;
-  record("cross_entropy", out, {logits},
-         [logits, xc, tc, rows, C, ignore_index, scale, per_row](const Tensor& dout, Grads& g) {
+  // saved: the logits and targets as the kernel reads them (aliases of the caller's tensors when
+  // those were contiguous, so editing either in place before backward is caught)
+  record("cross_entropy", out, {logits}, {xc, tc},
+         [rows, C, ignore_index, scale, per_row](const Tensor& dout, Saved s, Grads& g) {
+           const Tensor &xc = s[0], &tc = s[1];
            const Tensor dl = contiguous(dout);
-           Tensor dx = Tensor::empty(logits.shape(), logits.dtype(), logits.device());
+           Tensor dx = Tensor::empty(xc.shape(), xc.dtype(), xc.device());
            if (rows)
-             backend_of(logits).cross_entropy_backward(logits.dtype(), dx.raw_data(), dl.raw_data(), per_row ? 1 : 0,
-                                                       scale, xc.raw_data(), tc.data<int64_t>(), rows, C, ignore_index);
-           g.acc(logits, dx);
-         },
-         {logits});
+             backend_of(xc).cross_entropy_backward(xc.dtype(), dx.raw_data(), dl.raw_data(), per_row ? 1 : 0, scale,
+                                                   xc.raw_data(), tc.data<int64_t>(), rows, C, ignore_index);
+           g.acc(0, dx);
+         });
   return out;
 }
 

@@ -135,8 +135,10 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen = defaul
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
 Tensor embedding(const Tensor& weight, const Tensor& indices);  // weight: (V, C), indices: any int64 shape
 enum class Reduction { mean, sum, none };
+// PyTorch's cross_entropy ignore_index: targets equal to it carry no loss and no score.
+inline constexpr int64_t kIgnoreIndex = -100;
 // logits: (N, C) or (..., C) with targets of the leading shape; targets int64, ignore_index skipped.
-Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = -100,
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index = kIgnoreIndex,
                      Reduction reduction = Reduction::mean);
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::mean);
 

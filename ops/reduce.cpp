@@ -76,12 +76,12 @@ Tensor reduce_raw(ReduceOp op, const Tensor& x, const ReducePlan& p, DType out_d
 Tensor sum(const Tensor& x, const Shape& dims, bool keepdim) {
   detail::check_defined("sum", x);
   HL_CHECK(x.dtype() != DType::b8, "sum: cannot sum a bool tensor; convert it with to(int64) or to(float32)");
-  const ReducePlan p = plan_reduce("sum", x, dims);
+  ReducePlan p = plan_reduce("sum", x, dims);
   Tensor out = reduce_raw(ReduceOp::sum, x, p, x.dtype());
   if (p.count == 0 && out.numel()) out = zeros(out.shape(), x.dtype(), x.device());
   if (keepdim) out = out.as_strided_raw(p.keep_shape, contiguous_strides(p.keep_shape), 0);
-  record("sum", out, {x}, [x, keep = p.keep_shape](const Tensor& dout, Grads& g) {
-    g.acc(x, expand(reshape(dout, keep), x.shape()));
+  record("sum", out, {x}, {}, [keep = std::move(p.keep_shape)](const Tensor& dout, Saved, Grads& g) {
+    g.acc(0, expand(reshape(dout, keep), g.shape(0)));
   });
   return out;
 }
@@ -99,18 +99,14 @@ Tensor amax(const Tensor& x, const Shape& dims, bool keepdim) {
   HL_CHECK(p.count > 0, "amax: cannot reduce over an empty dimension of shape ", shape_str(x.shape()));
   Tensor out = reduce_raw(ReduceOp::max, x, p, x.dtype());
   const Tensor kept = out.as_strided_raw(p.keep_shape, contiguous_strides(p.keep_shape), 0);
-  if (keepdim) out = kept.detach();  // its own handle: the closure holding `kept` must not own its output
-  record("amax", out, {x},
-         [x, kept, p](const Tensor& dout, Grads& g) {
-           // The gradient goes to the maximal elements, shared evenly between ties.
-           const Tensor hit = to_dtype(eq(x, kept), x.dtype());
-           Shape reduced_dims;
-           for (size_t d = 0; d < p.reduced.size(); ++d)
-             if (p.reduced[d]) reduced_dims.push_back(static_cast<int64_t>(d));
-           const Tensor count = sum(hit, reduced_dims, true);
-           g.acc(x, div(mul(hit, reshape(dout, p.keep_shape)), count));
-         },
-         {x});
+  if (keepdim) out = kept.detach();  // its own handle: the node saving `kept` must not own its output
+  record("amax", out, {x}, {x, kept}, [](const Tensor& dout, Saved s, Grads& g) {
+    const Tensor &x = s[0], &kept = s[1];  // kept: the maxima, with size 1 on the reduced dims
+    // The gradient goes to the maximal elements, shared evenly between ties.
+    const Tensor hit = to_dtype(eq(x, kept), x.dtype());
+    const Tensor count = sum_to(hit, kept.shape());  // sums over exactly the reduced dims
+    g.acc(0, div(mul(hit, reshape(dout, kept.shape())), count));
+  });
   return out;
 }
 

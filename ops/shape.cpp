@@ -14,7 +14,7 @@ namespace {
 
 Tensor make_view(const char* op, const Tensor& x, const Shape& shape, const Shape& strides, int64_t offset) {
   Tensor out = x.as_strided_raw(shape, strides, offset);
-  record(op, out, {x}, [x](const Tensor& dout, Grads& g) { g.acc(x, reshape(dout, x.shape())); });
+  record(op, out, {x}, {}, [](const Tensor& dout, Saved, Grads& g) { g.acc(0, reshape(dout, g.shape(0))); });
   return out;
 }
 
@@ -111,7 +111,9 @@ Tensor permute(const Tensor& x, const Shape& dims) {
     inverse[d] = static_cast<int64_t>(i);
   }
   Tensor out = x.as_strided_raw(shape, strides, x.offset());
-  record("permute", out, {x}, [x, inverse](const Tensor& dout, Grads& g) { g.acc(x, permute(dout, inverse)); });
+  record("permute", out, {x}, {}, [inverse = std::move(inverse)](const Tensor& dout, Saved, Grads& g) {
+    g.acc(0, permute(dout, inverse));
+  });
   return out;
 }
 
@@ -177,7 +179,7 @@ Tensor expand(const Tensor& x, const Shape& shape_in) {
   }
   if (shape == x.shape()) return x;
   Tensor out = x.as_strided_raw(shape, strides, x.offset());
-  record("expand", out, {x}, [x](const Tensor& dout, Grads& g) { g.acc(x, dout); });  // acc sums back
+  record("expand", out, {x}, {}, [](const Tensor& dout, Saved, Grads& g) { g.acc(0, dout); });  // acc sums back
   return out;
 }
 
@@ -194,10 +196,10 @@ Tensor slice(const Tensor& x, int64_t d, int64_t start, int64_t end, int64_t ste
   shape[w] = (end - start + step - 1) / step;
   strides[w] *= step;
   Tensor out = x.as_strided_raw(shape, strides, x.offset() + start * x.stride(w));
-  record("slice", out, {x}, [x, w, start, end, step](const Tensor& dout, Grads& g) {
-    Tensor dx = zeros(x.shape(), dout.dtype(), dout.device());
+  record("slice", out, {x}, {}, [w, start, end, step](const Tensor& dout, Saved, Grads& g) {
+    Tensor dx = zeros(g.shape(0), dout.dtype(), dout.device());
     detail::copy_into(slice(dx, w, start, end, step), dout);
-    g.acc(x, dx);
+    g.acc(0, dx);
   });
   return out;
 }
@@ -228,7 +230,7 @@ Tensor clone(const Tensor& x) {
   detail::check_defined("clone", x);
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
   detail::copy_into(out, x.detach());
-  record("clone", out, {x}, [x](const Tensor& dout, Grads& g) { g.acc(x, dout); });
+  record("clone", out, {x}, {}, [](const Tensor& dout, Saved, Grads& g) { g.acc(0, dout); });
   return out;
 }
 
@@ -238,7 +240,9 @@ Tensor to_dtype(const Tensor& x, DType dtype) {
   Tensor out = Tensor::empty(x.shape(), dtype, x.device());
   detail::copy_into(out, x.detach());
   if (is_floating(x.dtype()) && is_floating(dtype))
-    record("to_dtype", out, {x}, [x](const Tensor& dout, Grads& g) { g.acc(x, to_dtype(dout, x.dtype())); });
+    record("to_dtype", out, {x}, {}, [](const Tensor& dout, Saved, Grads& g) {
+      g.acc(0, to_dtype(dout, g.dtype(0)));
+    });
   return out;
 }
 
@@ -259,7 +263,9 @@ Tensor to_device(const Tensor& x, Device device) {
       dst_be.copy_from_host(out.raw_data(), host.raw_data(), bytes);
     }
   }
-  record("to_device", out, {x}, [x](const Tensor& dout, Grads& g) { g.acc(x, to_device(dout, x.device())); });
+  record("to_device", out, {x}, {}, [](const Tensor& dout, Saved, Grads& g) {
+    g.acc(0, to_device(dout, g.device(0)));
+  });
   return out;
 }
 
@@ -283,16 +289,18 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t d) {
   }
   shape[w] = total;
   Tensor out = Tensor::empty(shape, first.dtype(), first.device());
-  std::vector<int64_t> offsets;
   int64_t off = 0;
   for (const Tensor& x : xs) {
-    offsets.push_back(off);
     if (x.numel()) detail::copy_into(out.detach().narrow(w, off, x.size(w)), x.detach());
     off += x.size(w);
   }
-  record("cat", out, xs, [xs, offsets, w](const Tensor& dout, Grads& g) {
-    for (size_t i = 0; i < xs.size(); ++i)
-      if (g.needs(xs[i])) g.acc(xs[i], narrow(dout, w, offsets[i], xs[i].size(w)));
+  record("cat", out, xs, {}, [w](const Tensor& dout, Saved, Grads& g) {
+    int64_t at = 0;  // input i's slice of dout starts where the sizes of the inputs before it end
+    for (size_t i = 0; i < g.num_inputs(); ++i) {
+      const int64_t n = g.shape(i)[w];
+      if (g.needs(i)) g.acc(i, narrow(dout, w, at, n));
+      at += n;
+    }
   });
   return out;
 }

@@ -4,7 +4,7 @@
 # fused attention forms. Everything lands in runs/demo/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/build.sh
+./scripts/build.sh --target headlab_cli  # only what the demo runs
 hl=./build/headlab
 out=runs/demo
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }

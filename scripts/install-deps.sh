@@ -4,7 +4,7 @@
 set -euo pipefail
 
 packages=(build-essential cmake pkg-config libopenblas-openmp-dev libhdf5-dev hdf5-tools
-          libgtest-dev googletest libbenchmark-dev libcli11-dev nlohmann-json3-dev libstb-dev libpng-dev)
+          libgtest-dev googletest libbenchmark-dev libcli11-dev nlohmann-json3-dev libstb-dev libplplot-dev plplot-driver-cairo)
 if [[ "${1:-}" == "--python" ]]; then
   packages+=(python3-torch python3-h5py python3-numpy)
 fi

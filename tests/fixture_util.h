@@ -1,6 +1,6 @@
 // Reading the PyTorch reference fixtures of tests/fixtures (written by tools/make_fixtures.py, layout in
 // tests/fixtures/README.md) into tensors, and the deviation measures the parity suites report.
-// Files are read with headlab::h5::Reader: fixture datasets are contiguous and unfiltered (no
+// Files are read with headlab::io::h5::Reader: fixture datasets are contiguous and unfiltered (no
 // checksum to verify), string attributes fixed-length NULL-padded UTF-8; the Reader handles both.
 #pragma once
 #include <gtest/gtest.h>
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "ops/ops.h"
-#include "train/h5file.h"
+#include "io/h5file.h"
 
 namespace headlab::testing {
 
@@ -47,15 +47,15 @@ inline std::vector<FixtureEntry> fixture_index() {
 }
 
 // A dataset as a CPU tensor: float64 datasets as f64, int64 ones as i64.
-inline Tensor to_tensor(const h5::Array& a) {
+inline Tensor to_tensor(const io::h5::Array& a) {
   switch (a.dtype) {
-    case h5::DType::f64: return tensor(a.as<double>(), a.shape);
-    case h5::DType::i64: return tensor(a.as<int64_t>(), a.shape);
-    case h5::DType::f32: {
+    case io::h5::DType::f64: return tensor(a.as<double>(), a.shape);
+    case io::h5::DType::i64: return tensor(a.as<int64_t>(), a.shape);
+    case io::h5::DType::f32: {
       const std::vector<float> v = a.as<float>();
       return tensor(std::vector<double>(v.begin(), v.end()), a.shape);
     }
-    default: throw Error(std::string("fixture: unsupported dtype ") + h5::dtype_name(a.dtype));
+    default: throw Error(std::string("fixture: unsupported dtype ") + io::h5::dtype_name(a.dtype));
   }
 }
 
@@ -67,7 +67,7 @@ struct Fixture {
 };
 
 inline Fixture load_fixture(const std::string& file) {
-  h5::Reader r(fixture_path(file), "fixture");
+  io::h5::Reader r(fixture_path(file), "fixture");
   Fixture f;
   f.file = file;
   f.module = r.attr_str("/", "module");

@@ -3,9 +3,10 @@
 // (fused and wrapper, live and through pruned checkpoints), wrapper/fused agreement of every score,
 // the pruning curve, attention maps, the pictures and files, the compare measurements, and the
 // `headlab` commands on a pruned checkpoint.
-#include "train/analysis.h"
+#include "analysis/analysis.h"
 
 #include <gtest/gtest.h>
+#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,10 +22,11 @@
 #include <string>
 #include <vector>
 
-#include "train/h5file.h"
-#include "train/optim.h"
-#include "train/plot.h"
+#include "io/h5file.h"
+#include "optim/optim.h"
+#include "plot/plot.h"
 #include "train/trainer.h"
+#include "nn/generate.h"
 
 // stb_image's implementation lives in Debian's libstb (-lstb, HEADLAB_STB_SHARED defined); without
 // that library it is compiled here, static so that it cannot clash with anything.
@@ -40,6 +42,10 @@
 namespace fs = std::filesystem;
 using namespace headlab;
 using namespace headlab::train;
+using namespace headlab::tasks;
+using namespace headlab::io;
+using namespace headlab::optim;
+using namespace headlab::analysis;
 
 namespace {
 
@@ -58,6 +64,15 @@ std::string error_of(F&& f) {
 
 constexpr int64_t kBatch = 32;
 
+// The models here are tiny: one thread is fastest, and spares a machine running the suites in
+// parallel (ctest -j) from OpenMP threads spinning against each other. The commands run by
+// CommandsLoadPrunedCheckpoints inherit it through the environment.
+const bool kOneThread = [] {
+  omp_set_num_threads(1);
+  setenv("OMP_NUM_THREADS", "1", 1);
+  return true;
+}();
+
 TaskOptions reverse_options() {
   TaskOptions o;
   o.seed = 3;
@@ -67,7 +82,9 @@ TaskOptions reverse_options() {
 }
 
 // A 2-layer, 4-head, emb-32 fused GPT trained on reverse for 150 AdamW steps (a few seconds; far
-// enough that its heads matter), as a checkpoint. Built once per process.
+// enough that its heads matter), as a checkpoint. ctest runs every test in its own process, so the
+// first one to get here saves it in the build folder (atomically) and the others load it; a file that
+// does not load or describes another model is retrained over.
 const Checkpoint& trained_checkpoint() {
   static const Checkpoint ck = [] {
     const auto task = make_task("reverse", reverse_options());
@@ -77,10 +94,23 @@ const Checkpoint& trained_checkpoint() {
     cfg.emb_dim = 32;
     cfg.n_heads = 4;
     cfg.n_layers = 2;
+    Checkpoint c;
+    c.config = {{"model", cfg.to_json()},
+                {"tokenizer", {{"type", "char"}, {"vocab", task->tokenizer().vocab()}}},
+                {"task", {{"name", "reverse"}, {"options", options_to_map("reverse", reverse_options())}}},
+                {"training", {{"batch_size", kBatch}, {"eval_batches", 2}, {"steps", 150}, {"seed", 7}}}};
+    const fs::path cache = fs::path(HEADLAB_BINARY_DIR) / "tests" / "analysis_reverse_150.h5";
+    try {
+      if (fs::exists(cache)) {
+        Checkpoint cached = load_checkpoint(cache.string());
+        if (cached.config == c.config) return cached;
+      }
+    } catch (const Error&) {
+    }
     manual_seed(7);
     nn::GPTModel model(cfg);
     model.train();
-    OptimizerOptions oo = OptimizerOptions::defaults("adamw");
+    OptimizerOptions oo = OptimizerOptions::defaults(optim::OptimizerKind::adamw);
     oo.lr = 5e-3;
     Optimizer opt(model.named_parameters(), oo);
     const int64_t T = cfg.context_length, V = cfg.vocab_size;
@@ -93,12 +123,11 @@ const Checkpoint& trained_checkpoint() {
       opt.step();
       opt.zero_grad();
     }
-    Checkpoint c;
-    c.config = {{"model", cfg.to_json()},
-                {"tokenizer", {{"type", "char"}, {"vocab", task->tokenizer().vocab()}}},
-                {"task", {{"name", "reverse"}, {"options", options_to_map("reverse", reverse_options())}}},
-                {"training", {{"batch_size", kBatch}, {"eval_batches", 2}}}};
     c.model = snapshot_parameters(model);
+    try {
+      save_checkpoint(cache.string(), c);
+    } catch (const Error&) {  // a read-only build folder: every test trains its own
+    }
     return c;
   }();
   return ck;
@@ -127,15 +156,20 @@ class AnalysisFiles : public ::testing::Test {
   fs::path dir_;
 };
 
+struct Rgb {
+  uint8_t r = 0, g = 0, b = 0;
+};
+
 struct Image {
   int width = 0, height = 0;
-  std::vector<plot::Rgb> px;
-  size_t not_background() const {
-    return static_cast<size_t>(std::count_if(px.begin(), px.end(), [](plot::Rgb c) { return !(c == plot::background_color()); }));
+  std::vector<Rgb> px;
+  size_t not_background() const {  // the pictures are drawn on white
+    return static_cast<size_t>(
+        std::count_if(px.begin(), px.end(), [](Rgb c) { return !(c.r == 255 && c.g == 255 && c.b == 255); }));
   }
   size_t distinct() const {
     std::set<uint32_t> s;
-    for (plot::Rgb c : px) s.insert(static_cast<uint32_t>(c.r) << 16 | static_cast<uint32_t>(c.g) << 8 | c.b);
+    for (Rgb c : px) s.insert(static_cast<uint32_t>(c.r) << 16 | static_cast<uint32_t>(c.g) << 8 | c.b);
     return s.size();
   }
 };
@@ -182,7 +216,7 @@ TEST(Analysis, EvaluateHeadsAgreesWithEvaluateAndRestoresControls) {
   const auto task = test_task();
   const EvalSet data = eval_set();
   const Scores s = evaluate_heads(*model, data);
-  const EvalResult r = evaluate(*model, *task, 2, kBatch, task->required_context_length());
+  const Scores r = evaluate(*model, *task, 2, kBatch, task->required_context_length());
   EXPECT_NEAR(s.loss, r.loss, 1e-9);
   EXPECT_DOUBLE_EQ(s.token_accuracy, r.token_accuracy);
   EXPECT_TRUE(s.has_exact_match);
@@ -455,7 +489,12 @@ TEST_F(AnalysisFiles, AttentionMapsAndPictures) {
   auto model = load_model(ck);
   const auto task = test_task();
   const Prompt p = task->encode_prompt("3141");
-  const std::vector<int64_t> ids = greedy_continue(*model, p.ids, p.answer_length + 1, task->end_id());
+  nn::GenerateOptions gen;
+  gen.max_new_tokens = p.answer_length + 1;
+  gen.end_id = task->end_id();
+  gen.keep_end = true;
+  std::vector<int64_t> ids = p.ids;
+  for (int64_t id : nn::generate(*model, p.ids, gen)) ids.push_back(id);
   EXPECT_GT(ids.size(), p.ids.size());
   const AttentionMaps maps = attention_maps(*model, ids);
   const int64_t T = maps.T;
@@ -479,8 +518,8 @@ TEST_F(AnalysisFiles, AttentionMapsAndPictures) {
   expect_drawn(path("attention.png"), 400, 300);
   save_attention_h5(path("attention.h5"), maps, tokens, "3141", "test");
   {
-    h5::Reader r(path("attention.h5"));
-    const h5::Array w = r.read("weights");
+    io::h5::Reader r(path("attention.h5"));
+    const io::h5::Array w = r.read("weights");
     EXPECT_EQ(w.shape, (std::vector<int64_t>{2, 4, T, T}));
     EXPECT_EQ(w.as<float>(), maps.weights);
     EXPECT_EQ(nlohmann::json::parse(r.attr_str("/", "tokens")).get<std::vector<std::string>>(), tokens);

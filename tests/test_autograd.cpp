@@ -1,9 +1,11 @@
 // The tape and its rules: .grad accumulation, explicit output gradients, retain_graph, grad mode,
-// detach, functional grad(), hooks, in-place safety through version counters, anomaly mode,
-// memory that stays flat over many training steps, and a small regression that actually learns.
+// detach, functional grad(), hooks, in-place safety through version counters (and the rule that
+// makes it hold: a backward closure reads tensors only through its node, never by capture), anomaly
+// mode, memory that stays flat over many training steps, and a small regression that actually learns.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include "backends/backend.h"
@@ -250,6 +252,282 @@ TEST(Autograd, InPlaceOnASavedTensorIsCaught) {
   EXPECT_TRUE(all_close(x3.grad(), {2 * std::exp(1.0), std::exp(2.0), 2 * std::exp(3.0)}, 1e-12));
 }
 
+// Every op whose backward reads a tensor's values saves it, so an in-place edit of that tensor between
+// forward and backward is caught, naming the op. Each case edits one saved tensor: an input that
+// needs no gradient, a parameter updated under NoGradGuard (an optimizer step between forward and
+// backward), an intermediate, the op's own output, or an index / mask / target tensor.
+TEST(Autograd, InPlaceEditOfASavedTensorIsCaughtForEveryOpThatReadsIt) {
+  const Tensor m = tensor_bool({true, false, false, true, false, true}, {2, 3});
+  struct Case {
+    const char* name;  // the node expected in the message
+    std::function<void()> run;  // forward, in-place edit, backward
+  };
+  const std::vector<Case> cases = {
+      {"MulBackward", [] {  // a constant operand
+         Tensor x = leaf64({1, 2, 3}), c = f64({4, 5, 6});
+         const Tensor y = mul(x, c);
+         c.fill_(0);
+         sum(y).backward();
+       }},
+      {"MulBackward", [] {  // a parameter stepped by an optimizer before backward
+         Tensor w = leaf64({1, 2, 3});
+         const Tensor y = mul(w, f64({4, 5, 6}));
+         {
+           NoGradGuard no_grad;
+           w.copy_(f64({0, 0, 0}));
+         }
+         sum(y).backward();
+       }},
+      {"DivBackward", [] {
+         Tensor x = leaf64({1, 2}), d = f64({4, 5});
+         const Tensor y = div(x, d);
+         d.fill_(1);
+         sum(y).backward();
+       }},
+      {"MaximumBackward", [] {
+         Tensor x = leaf64({1, 7}), c = f64({4, 5});
+         const Tensor y = maximum(x, c);
+         c.fill_(9);
+         sum(y).backward();
+       }},
+      {"MatmulBackward", [] {
+         Tensor a = leaf64({1, 2, 3, 4}, {2, 2}), b = f64({1, 0, 0, 2}, {2, 2});
+         const Tensor y = matmul(a, b);
+         b.fill_(3);
+         sum(y).backward();
+       }},
+      {"MatmulBackward", [] {  // a non-leaf input edited through a transposed view
+         Tensor a = leaf64({1, 2, 3, 4}, {2, 2});
+         Tensor h = mul(a, 1.0);
+         const Tensor y = matmul(f64({1, 2, 3, 4}, {2, 2}), h.mT());
+         h.mT().masked_fill_(tensor_bool({true, false, false, false}, {2, 2}), 0.0);
+         sum(y).backward();
+       }},
+      {"LinearBackward", [] {
+         Tensor x = leaf64({1, 2, 3, 4}, {2, 2}), w = leaf64({1, 0, 0, 1}, {2, 2});
+         const Tensor y = linear(x, w, Tensor());
+         {
+           NoGradGuard no_grad;
+           w.fill_(2);
+         }
+         sum(y).backward();
+       }},
+      {"SoftmaxBackward", [m] {  // the output it saves
+         Tensor x = leaf64({1, 2, 3, 4, 5, 6}, {2, 3});
+         Tensor y = softmax(x, -1);
+         y.masked_fill_(m, 0.0);
+         sum(mul(y, y)).backward();
+       }},
+      {"LogSoftmaxBackward", [m] {
+         Tensor x = leaf64({1, 2, 3, 4, 5, 6}, {2, 3});
+         Tensor y = log_softmax(x, 1);
+         y.masked_fill_(m, 0.0);
+         sum(y).backward();
+       }},
+      {"CausalSoftmaxBackward", [] {
+         Tensor x = leaf64({1, 2, 3, 4}, {2, 2});
+         Tensor y = causal_softmax(x, 0.5);
+         y.select(0, 1).masked_fill_(tensor_bool({true, false}), 0.0);  // through a view
+         sum(mul(y, y)).backward();
+       }},
+      {"LayerNormBackward", [m] {  // its input
+         Tensor x = leaf64({1, 2, 3, 4, 5, 7}, {2, 3});
+         Tensor h = mul(x, 1.0);
+         const Tensor y = layer_norm(h, Tensor(), Tensor());
+         h.masked_fill_(m, 0.0);
+         sum(mul(y, y)).backward();
+       }},
+      {"LayerNormBackward", [] {  // its weight, stepped before backward
+         Tensor x = leaf64({1, 2, 3, 4, 5, 7}, {2, 3}), w = leaf64({1, 2, 3}), b = leaf64({0, 0, 0});
+         const Tensor y = layer_norm(x, w, b);
+         {
+           NoGradGuard no_grad;
+           w.fill_(1);
+         }
+         sum(mul(y, y)).backward();
+       }},
+      {"CrossEntropyBackward", [] {  // its targets
+         Tensor x = leaf64({1, 2, 3, 4, 5, 7}, {2, 3});
+         Tensor t = i64({2, 0});
+         const Tensor loss = cross_entropy(x, t);
+         t.fill_(1);
+         loss.backward();
+       }},
+      {"CrossEntropyBackward", [m] {  // its logits
+         Tensor x = leaf64({1, 2, 3, 4, 5, 7}, {2, 3});
+         Tensor h = mul(x, 1.0);
+         const Tensor loss = cross_entropy(h, i64({2, 0}));
+         h.masked_fill_(m, 0.0);
+         loss.backward();
+       }},
+      {"IndexSelectBackward", [] {  // the indices it scatters by
+         Tensor x = leaf64({1, 2, 3, 4, 5, 6}, {2, 3});
+         Tensor idx = i64({2, 0, 2}, {3});
+         const Tensor y = index_select(x, 1, idx);
+         idx.fill_(1);
+         sum(y).backward();
+       }},
+      {"IndexSelectBackward", [] {  // embedding is index_select underneath
+         Tensor w = leaf64({1, 2, 3, 4, 5, 6}, {3, 2});
+         Tensor ids = i64({2, 0, 2, 1}, {2, 2});
+         const Tensor y = embedding(w, ids);
+         ids.fill_(0);
+         sum(y).backward();
+       }},
+      {"WhereBackward", [] {  // its condition
+         Tensor x = leaf64({1, 2, 3});
+         Tensor cond = tensor_bool({true, false, true});
+         const Tensor y = where(cond, x, f64({0, 0, 0}));
+         cond.fill_(1);
+         sum(y).backward();
+       }},
+      {"MaskedFillBackward", [] {  // its mask
+         Tensor x = leaf64({1, 2, 3});
+         Tensor mask = tensor_bool({true, false, true});
+         const Tensor y = masked_fill(x, mask, 0.0);
+         mask.fill_(0);
+         sum(y).backward();
+       }},
+      {"MaskedFillBackward", [] {  // the mask of the in-place form
+         Tensor x = leaf64({1, 2, 3});
+         Tensor mask = tensor_bool({true, false, true});
+         Tensor y = mul(x, 1.0);
+         y.masked_fill_(mask, 0.0);
+         mask.fill_(0);
+         sum(y).backward();
+       }},
+      {"LogBackward", [] {  // a unary op that reads its input
+         Tensor x = leaf64({1, 2, 3});
+         Tensor h = mul(x, 1.0);
+         const Tensor y = log(h);
+         h.fill_(1);
+         sum(y).backward();
+       }},
+      {"TanhBackward", [] {  // one that reads its output
+         Tensor x = leaf64({1, 2, 3});
+         Tensor y = tanh(x);
+         y.fill_(0);
+         sum(y).backward();
+       }},
+      {"AmaxBackward", [] {
+         Tensor x = leaf64({1, 5, 3, 4}, {2, 2});
+         Tensor h = mul(x, 1.0);
+         const Tensor y = amax(h, {1});
+         h.fill_(0);
+         sum(y).backward();
+       }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string msg = error_of(c.run);
+    EXPECT_EQ(msg.rfind(std::string(c.name) + ": one of the tensors saved for backward was modified by an in-place "
+                                              "operation",
+                        0),
+              0u)
+        << "message: " << msg;
+  }
+}
+
+// As in PyTorch (`y = a + b; a.add_(1); y.backward()` is fine), an op whose backward does not read a
+// tensor's values does not save it, and editing that tensor after the forward is allowed; the
+// gradients are those of the values the forward saw.
+TEST(Autograd, InPlaceEditOfATensorBackwardDoesNotReadIsAllowed) {
+  const Tensor mask = tensor_bool({false, true, true});
+  {  // add and sub of an input
+    Tensor x = leaf64({1, 2, 3});
+    Tensor a = mul(x, 1.0), b = f64({4, 5, 6});
+    const Tensor y = add(a, b), z = sub(b, a);
+    a.masked_fill_(mask, 9.0);
+    b.fill_(0);
+    sum(add(mul(y, 2.0), z)).backward();  // d/dx = 2 - 1
+    EXPECT_TRUE(all_close(x.grad(), {1, 1, 1}));
+  }
+  {  // a parameter stepped under NoGradGuard between an add's forward and its backward
+    Tensor w = leaf64({1, 2});
+    const Tensor y = add(w, f64({3, 4}));
+    {
+      NoGradGuard no_grad;
+      w.copy_(f64({0, 0}));
+    }
+    sum(y).backward();
+    EXPECT_TRUE(all_close(w.grad(), {1, 1}));
+  }
+  {  // shape ops, copies and reductions read no values
+    Tensor x = leaf64({1, 2, 3, 4, 5, 6}, {2, 3});
+    Tensor h = mul(x, 1.0);
+    const Tensor y = add(add(sum(h.permute({1, 0}).clone(), {0}).sum(), cat({h, h}, 0).slice(1, 0, 2).sum()),
+                         mul(h.to(DType::f32).sum().to(DType::f64), 3.0));
+    h.fill_(0);
+    y.backward();
+    EXPECT_TRUE(all_close(x.grad(), {6, 6, 4, 6, 6, 4}));
+  }
+  {  // index_select, where and masked_fill read their index / condition / mask, not their inputs
+    Tensor x = leaf64({1, 2, 3});
+    Tensor a = mul(x, 1.0), b = mul(x, 2.0), c = mul(x, 3.0);
+    const Tensor y = add(add(index_select(a, 0, i64({2, 2, 0}, {3})).sum(), where(mask, b, f64({0, 0, 0})).sum()),
+                         masked_fill(c, mask, 0.0).sum());
+    a.fill_(0);
+    b.fill_(0);
+    c.fill_(0);
+    y.backward();
+    EXPECT_TRUE(all_close(x.grad(), {1 + 0 + 3, 0 + 2 + 0, 2 + 2 + 0}));
+  }
+  {  // dropout replays its mask from (seed, offset): editing its input or output is harmless
+    Tensor x = leaf64({1, 2, 3, 4, 5, 6, 7, 8});
+    Tensor h = mul(x, 1.0);
+    Generator gen(7);
+    Tensor y = dropout(h, 0.5, true, gen);
+    std::vector<double> expected;  // 1 / (1 - p) where the element was kept
+    for (double v : y.to_vector<double>()) expected.push_back(v != 0 ? 2.0 : 0.0);
+    ASSERT_NE(std::count(expected.begin(), expected.end(), 0.0), 0);
+    ASSERT_NE(std::count(expected.begin(), expected.end(), 2.0), 0);
+    h.fill_(0);
+    y.fill_(5);
+    sum(y).backward();
+    EXPECT_TRUE(all_close(x.grad(), expected));
+  }
+}
+
+// Every tensor a backward touches comes from its node, so the in-place check cannot be forgotten:
+// record() rejects a closure that captures a Tensor (directly, or inside a container), and a
+// closure that asks for a saved tensor or an input it was not given fails with the op's name.
+TEST(Autograd, ABackwardClosureThatCapturesATensorIsRejected) {
+  Tensor x = leaf64({1, 2, 3});
+  Tensor out = mul(x.detach(), 2.0);
+  EXPECT_ERROR(record("leaky", out, {x}, {}, [x](const Tensor& dout, Saved, Grads& g) { g.acc(0, mul(dout, x)); }),
+               "leaky: its backward closure captures a Tensor. Pass the tensors backward reads to record() as saved");
+  EXPECT_FALSE(out.grad_fn());  // nothing was recorded
+  const std::vector<Tensor> held = {x};
+  EXPECT_ERROR(record("leaky_list", out, {x}, {},
+                      [held, k = 2.0](const Tensor& dout, Saved, Grads& g) { g.acc(0, mul(dout, held[0] * k)); }),
+               "leaky_list: its backward closure captures a Tensor");
+  Tensor h = mul(x, 1.0);
+  EXPECT_ERROR(record_inplace("leaky_", h, {}, [x](const Tensor& dout, Saved) { return mul(dout, x); }),
+               "leaky_: its backward closure captures a Tensor");
+  EXPECT_EQ(h.grad_fn_name(), "AffineBackward");  // its history is untouched
+  const Tensor copy = x;  // the watch is off again after a rejection
+  EXPECT_TRUE(copy.shares_storage(x));
+
+  // Scalars and shapes may be captured; saved tensors come back as saved[i].
+  Tensor y = mul(x.detach(), x.detach());
+  record("scaled_square", y, {x}, {x},
+         [k = 2.0, shape = x.shape()](const Tensor& dout, Saved s, Grads& g) {
+           ASSERT_EQ(s.size(), 1u);
+           g.acc(0, reshape(mul(mul(dout, s[0]), k), shape));
+         });
+  EXPECT_EQ(y.grad_fn_name(), "ScaledSquareBackward");
+  sum(y).backward();
+  EXPECT_TRUE(all_close(x.grad(), {2, 4, 6}));
+
+  // Out-of-range positions name the op.
+  Tensor z = mul(x.detach(), 2.0);
+  record("short", z, {x}, {x}, [](const Tensor& dout, Saved s, Grads& g) { g.acc(0, mul(dout, s[1])); });
+  EXPECT_ERROR(sum(z).backward(), "ShortBackward: backward asked for saved tensor 1 but the op saved 1");
+  Tensor z2 = mul(x.detach(), 2.0);
+  record("stray", z2, {x}, {}, [](const Tensor& dout, Saved, Grads& g) { g.acc(1, dout); });
+  EXPECT_ERROR(sum(z2).backward(), "StrayBackward: backward asked for input 1 but the op has 1");
+}
+
 TEST(Autograd, InPlaceOnANonLeafGivesTheRightGradient) {
   Tensor x = leaf64({1, 2, 3, 4});
   Tensor y = mul(x, 2.0);  // an affine op saves nothing, so editing y is safe
@@ -494,7 +772,9 @@ TEST(Autograd, MemoryStaysFlatOverManySteps) {
   EXPECT_EQ(cpu.bytes_in_use(), baseline);
   EXPECT_LT(last_loss, first_loss);  // it did train
   // AddressSanitizer's quarantine holds freed memory back, so RSS says nothing under it.
-  if (!kAsan) EXPECT_LT(rss_10k - rss_1k, int64_t{2} << 20) << "RSS grew from " << rss_1k << " to " << rss_10k;
+  if (!kAsan) {
+    EXPECT_LT(rss_10k - rss_1k, int64_t{2} << 20) << "RSS grew from " << rss_1k << " to " << rss_10k;
+  }
 }
 
 // The loop of examples/mlp_regression, shorter: the loss must still fall more than 10x.

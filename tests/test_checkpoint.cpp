@@ -3,7 +3,7 @@
 // on-disk layout other tools rely on; atomic writes; and one clear Error naming the file and the item
 // for every kind of damaged file. Damaged files are read in a child process, so a crash or a hang
 // is a test failure instead of the end of the test binary.
-#include "train/checkpoint.h"
+#include "io/checkpoint.h"
 
 #include <gtest/gtest.h>
 #include <hdf5.h>
@@ -19,11 +19,12 @@
 #include <fstream>
 #include <functional>
 
-#include "train/h5file.h"
+#include "io/h5file.h"
 
 namespace fs = std::filesystem;
 using namespace headlab;
-using namespace headlab::train;
+using namespace headlab::io;
+using namespace headlab::optim;
 
 namespace {
 
@@ -56,7 +57,7 @@ Checkpoint make_checkpoint(const std::string& attention = "fused") {
   const nn::GPTConfig cfg = tiny_config(attention);
   manual_seed(42);
   nn::GPTModel model(cfg);
-  Optimizer opt(model.named_parameters(), OptimizerOptions::defaults("adamw"));
+  Optimizer opt(model.named_parameters(), OptimizerOptions::defaults(optim::OptimizerKind::adamw));
   const Tensor idx = randint(0, cfg.vocab_size, {2, 6});
   for (int i = 0; i < 2; ++i) {
     opt.zero_grad();
@@ -258,14 +259,14 @@ TEST_F(CheckpointTest, ModelOnlyCheckpointRoundTrips) {
   EXPECT_FALSE(back.has_optimizer);
   EXPECT_FALSE(back.has_trainer);
   expect_same_checkpoint(ck, back);
-  h5::Reader r(path("m.h5"));
+  io::h5::Reader r(path("m.h5"));
   EXPECT_EQ(r.list("/"), (std::vector<std::string>{"model"}));
 }
 
 TEST_F(CheckpointTest, EmptyMetricsAndSgdStateRoundTrip) {
   Checkpoint ck = make_checkpoint();
   ck.trainer.metrics.clear();
-  ck.optimizer = OptimizerOptions::defaults("sgd");
+  ck.optimizer = OptimizerOptions::defaults(optim::OptimizerKind::sgd);
   ck.optimizer.momentum = 0.9;
   ck.optimizer_state.clear();
   for (const auto& [name, t] : ck.model) ck.optimizer_state.emplace_back(name + "/momentum_buffer", mul(t, 0.5));
@@ -321,7 +322,7 @@ TEST_F(CheckpointTest, LayoutOnDisk) {
     H5Gclose(g);
   }
   H5Fclose(f);
-  h5::Reader r(p);
+  io::h5::Reader r(p);
   EXPECT_EQ(r.attr_str("/", "format"), "headlab-checkpoint");
   const nlohmann::json cfg = nlohmann::json::parse(r.attr_str("/", "config"));
   for (const char* section : {"model", "tokenizer", "task", "training"}) EXPECT_TRUE(cfg.contains(section)) << section;
@@ -333,7 +334,7 @@ TEST_F(CheckpointTest, LayoutOnDisk) {
             (std::vector<std::string>{"grad_norm", "lr", "step", "tokens_per_s", "train_loss", "val_accuracy",
                                       "val_exact_match", "val_loss"}));
   EXPECT_TRUE(r.has("optimizer/state/trf_blocks.0.att.W_query.weight/exp_avg_sq"));
-  EXPECT_EQ(r.read("optimizer/steps/tok_emb.weight", h5::DType::i64, {}).as<int64_t>(), (std::vector<int64_t>{2}));
+  EXPECT_EQ(r.read("optimizer/steps/tok_emb.weight", io::h5::DType::i64, {}).as<int64_t>(), (std::vector<int64_t>{2}));
 }
 
 TEST_F(CheckpointTest, ModelFromCheckpointRebuildsTheModelInEvalMode) {
@@ -399,7 +400,7 @@ TEST_F(CheckpointTest, KilledWriterLeavesTheOldFile) {
   const pid_t pid = ::fork();
   if (pid == 0) {
     omp_set_num_threads(1);
-    h5::Writer w(p);
+    io::h5::Writer w(p);
     w.set_attr("/", "format", "headlab-checkpoint");
     std::vector<float> big(1 << 16, 1.0f);
     w.write_f32("model/tok_emb.weight", {256, 256}, big.data());
@@ -463,7 +464,7 @@ TEST_F(CheckpointTest, FlippedByteInParameterDataFailsItsChecksum) {
 TEST_F(CheckpointTest, ForeignHdf5FileWithoutFormat) {
   const std::string p = path("foreign.h5");
   {
-    h5::Writer w(p, "file");
+    io::h5::Writer w(p, "file");
     std::vector<double> x = {1, 2, 3};
     w.write("weights/layer0", {3}, x);
     w.commit();
@@ -471,7 +472,7 @@ TEST_F(CheckpointTest, ForeignHdf5FileWithoutFormat) {
   expect_load_error(p, {"checkpoint '" + p + "': not a headlab checkpoint",
                         "root attribute 'format' is missing or is not 'headlab-checkpoint'"});
   {
-    h5::Writer w(p, "file");
+    io::h5::Writer w(p, "file");
     w.set_attr("/", "format", "keras");
     w.commit();
   }
@@ -480,8 +481,8 @@ TEST_F(CheckpointTest, ForeignHdf5FileWithoutFormat) {
 
 // Writes a checkpoint file by hand: root attributes, then whatever datasets `more` adds.
 void write_raw(const std::string& p, int64_t version, const std::string& config,
-               const std::function<void(h5::Writer&)>& more = nullptr) {
-  h5::Writer w(p);
+               const std::function<void(io::h5::Writer&)>& more = nullptr) {
+  io::h5::Writer w(p);
   w.set_attr("/", "format", "headlab-checkpoint");
   w.set_attr("/", "format_version", version);
   w.set_attr("/", "config", config);
@@ -495,7 +496,7 @@ TEST_F(CheckpointTest, WrongFormatVersion) {
   write_raw(p, 2, ck.config.dump());
   expect_load_error(p, {"checkpoint '" + p + "': format_version 2 is not supported (this headlab reads 1)"});
   {
-    h5::Writer w(p);
+    io::h5::Writer w(p);
     w.set_attr("/", "format", "headlab-checkpoint");
     w.set_attr("/", "format_version", std::string("1"));  // a string, not an integer
     w.set_attr("/", "config", ck.config.dump());
@@ -503,7 +504,7 @@ TEST_F(CheckpointTest, WrongFormatVersion) {
   }
   expect_load_error(p, {"checkpoint '" + p + "'", "format_version"});
   {
-    h5::Writer w(p);
+    io::h5::Writer w(p);
     w.set_attr("/", "format", "headlab-checkpoint");
     w.commit();
   }
@@ -550,7 +551,7 @@ TEST_F(CheckpointTest, WrongShape) {
 TEST_F(CheckpointTest, WrongDtypeAndUnknownParameter) {
   const Checkpoint ck = make_checkpoint();
   const std::string p = path("dtype.h5");
-  write_raw(p, 1, ck.config.dump(), [&](h5::Writer& w) {
+  write_raw(p, 1, ck.config.dump(), [&](io::h5::Writer& w) {
     for (const auto& [name, t] : ck.model) {
       const std::vector<float> v = t.to_vector<float>();
       if (name == "pos_emb.weight") {
@@ -571,8 +572,8 @@ TEST_F(CheckpointTest, WrongDtypeAndUnknownParameter) {
 TEST_F(CheckpointTest, DamagedOptimizerOrTrainerGroups) {
   const Checkpoint ck = make_checkpoint();
   const std::string p = path("t.h5");
-  auto with_model = [&](const std::function<void(h5::Writer&)>& more) {
-    write_raw(p, 1, ck.config.dump(), [&](h5::Writer& w) {
+  auto with_model = [&](const std::function<void(io::h5::Writer&)>& more) {
+    write_raw(p, 1, ck.config.dump(), [&](io::h5::Writer& w) {
       for (const auto& [name, t] : ck.model) {
         const std::vector<float> v = t.to_vector<float>();
         w.write_f32("model/" + name, t.shape(), v.data());
@@ -580,15 +581,15 @@ TEST_F(CheckpointTest, DamagedOptimizerOrTrainerGroups) {
       more(w);
     });
   };
-  with_model([](h5::Writer& w) {
+  with_model([](io::h5::Writer& w) {
     w.create_group("optimizer");
     w.set_attr("/optimizer", "kind", "adamw");
     w.set_attr("/optimizer", "hyperparameters", "{lr: 1}");
   });
   expect_load_error(p, {"checkpoint '" + p + "': optimizer hyperparameters are not valid JSON"});
-  with_model([](h5::Writer& w) { w.write<int64_t>("trainer/step", {}, {5}); });
+  with_model([](io::h5::Writer& w) { w.write<int64_t>("trainer/step", {}, {5}); });
   expect_load_error(p, {"checkpoint '" + p + "'", "trainer/rng", "missing"});
-  with_model([](h5::Writer& w) {
+  with_model([](io::h5::Writer& w) {
     w.write<int64_t>("trainer/step", {}, {5});
     w.write<int64_t>("trainer/rng", {2}, {1, 2});
     w.write<int64_t>("trainer/data_index", {}, {5});
@@ -596,7 +597,7 @@ TEST_F(CheckpointTest, DamagedOptimizerOrTrainerGroups) {
     w.write<double>("trainer/metrics/step", {1}, {5.0});  // float64 instead of int64
   });
   expect_load_error(p, {"checkpoint '" + p + "'", "trainer/metrics/step"});
-  with_model([](h5::Writer& w) {
+  with_model([](io::h5::Writer& w) {
     w.write<int64_t>("trainer/step", {}, {5});
     w.write<int64_t>("trainer/rng", {2}, {1, 2});
     w.write<int64_t>("trainer/data_index", {}, {5});

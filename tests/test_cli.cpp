@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "train/trainer.h"
+#include "io/checkpoint.h"
 
 namespace fs = std::filesystem;
 using namespace headlab;
@@ -243,10 +244,10 @@ CachedRuns CliRunTest::runs_;
 // What `generate` computes, done here with the library: the book's loop, cropping the context to the
 // last context_length tokens, greedy, stopping at the end token or the answer length.
 std::string library_greedy(const std::string& file, const std::string& prompt, int64_t max_new) {
-  const train::Checkpoint ck = train::load_checkpoint(file);
-  auto model = train::model_from_checkpoint(ck, file);
-  const auto task = train::task_from_config(ck.config);
-  const Prompt p = task->encode_prompt(prompt);
+  const io::Checkpoint ck = io::load_checkpoint(file);
+  auto model = io::model_from_checkpoint(ck, file);
+  const auto task = train::RunConfig::from_json(ck.config).make_task();
+  const tasks::Prompt p = task->encode_prompt(prompt);
   const int64_t ctx = model->config().context_length;
   const int64_t limit = p.answer_length >= 0 ? std::min<int64_t>(max_new, p.answer_length + 1) : max_new;
   std::vector<int64_t> ids = p.ids, generated;
@@ -271,7 +272,7 @@ TEST_F(CliRunTest, TrainWritesCheckpointsMetricsAndAReport) {
   EXPECT_TRUE(train.err.empty()) << train.err;
   for (const char* f : {"reverse/checkpoint.h5", "reverse/checkpoint-150.h5", "reverse/metrics.csv"})
     EXPECT_TRUE(fs::exists(run_file(f))) << f;
-  const train::Checkpoint ck = train::load_checkpoint(ckpt());
+  const io::Checkpoint ck = io::load_checkpoint(ckpt());
   EXPECT_EQ(ck.trainer.step, 150);
   EXPECT_EQ(ck.config["training"]["batch_size"], 32);
   EXPECT_EQ(ck.config["model"]["emb_dim"], 32);
@@ -281,10 +282,10 @@ TEST_F(CliRunTest, EvalReportsWhatTheLibraryComputes) {
   const Result r = headlab({"eval", ckpt()});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(r.err.empty()) << r.err;
-  const train::Checkpoint ck = train::load_checkpoint(ckpt());
-  auto model = train::model_from_checkpoint(ck, ckpt());
-  const auto task = train::task_from_config(ck.config);
-  const train::EvalResult e = train::evaluate(*model, *task, 2, 32, model->config().context_length);
+  const io::Checkpoint ck = io::load_checkpoint(ckpt());
+  auto model = io::model_from_checkpoint(ck, ckpt());
+  const auto task = train::RunConfig::from_json(ck.config).make_task();
+  const train::Scores e = train::evaluate(*model, *task, 2, 32, model->config().context_length);
   std::ostringstream expected;
   expected << std::fixed << std::setprecision(4) << "val loss        " << e.loss << "\ntoken accuracy  "
            << e.token_accuracy << "\nexact match     " << e.exact_match << "\n";
@@ -343,7 +344,7 @@ TEST_F(CliRunTest, CharsGenerationSlidesPastTheContextLength) {
 TEST_F(CliRunTest, InspectShowsConfigParametersAndTrainingState) {
   const Result r = headlab({"inspect", ckpt()});
   ASSERT_EQ(r.code, 0) << r.err;
-  const train::Checkpoint ck = train::load_checkpoint(ckpt());
+  const io::Checkpoint ck = io::load_checkpoint(ckpt());
   for (const std::string& part :
        {std::string("config"), std::string("\"vocab_size\": 13"), std::string("\"attention\": \"fused\""),
         std::string("\"name\": \"reverse\""), std::string("0123456789>._"), std::string("(13 tokens)"), std::string("parameters"),
@@ -385,7 +386,7 @@ TEST_F(CliRunTest, ResumeContinuesARunFromItsCheckpoint) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(contains(r.out, "resuming from " + out + "/checkpoint.h5 at step 150")) << r.out;
   EXPECT_TRUE(contains(r.out, "trained 10 steps")) << r.out;
-  EXPECT_EQ(train::load_checkpoint(out + "/checkpoint.h5").trainer.step, 160);
+  EXPECT_EQ(io::load_checkpoint(out + "/checkpoint.h5").trainer.step, 160);
   const Result done = headlab({"train", "--resume", "--out", out, "--steps", "160", "--threads", "1"});
   EXPECT_EQ(done.code, 0) << done.err;
   EXPECT_TRUE(contains(done.out, "nothing to do")) << done.out;
@@ -399,7 +400,7 @@ TEST_F(CliRunTest, DamagedCheckpointsGiveTheLoadersMessage) {
   expect_run_error({"inspect", truncated}, {"checkpoint '" + truncated + "'"});
   expect_run_error({"generate", truncated, "--prompt", "12"}, {"checkpoint '" + truncated + "'"});
   // A flipped bit in out_head.weight's data: the checksum names the dataset.
-  const train::Checkpoint ck = train::load_checkpoint(ckpt());
+  const io::Checkpoint ck = io::load_checkpoint(ckpt());
   const std::vector<float> w = ck.model.back().second.to_vector<float>();
   const std::string pattern(reinterpret_cast<const char*>(w.data()), 16);
   const size_t at = bytes.find(pattern);

@@ -9,7 +9,7 @@
 #include "backends/backend.h"
 #include "nn/attention.h"
 #include "nn/gpt.h"
-#include "train/optim.h"
+#include "optim/optim.h"
 
 using namespace headlab;
 
@@ -188,8 +188,8 @@ TEST(CudaParity, TrainingTracksTheCpuAndTheAllocatorReturnsToBaseline) {
   nn::GPTModel cpu_model(cfg), gpu_model(cfg);
   gpu_model.load_parameters(cpu_model.named_parameters());
   gpu_model.to(kCuda);
-  train::Optimizer cpu_opt(cpu_model.named_parameters(), train::OptimizerOptions::defaults("adamw"));
-  train::Optimizer gpu_opt(gpu_model.named_parameters(), train::OptimizerOptions::defaults("adamw"));
+  optim::Optimizer cpu_opt(cpu_model.named_parameters(), optim::OptimizerOptions::defaults(optim::OptimizerKind::adamw));
+  optim::Optimizer gpu_opt(gpu_model.named_parameters(), optim::OptimizerOptions::defaults(optim::OptimizerKind::adamw));
   Generator data(9);
   Backend& cuda = backend_for(kCuda);
   size_t baseline = 0;

@@ -83,7 +83,7 @@ TEST_P(GptParity, LogitsLossAndEveryGradientMatchPyTorch) {
     ASSERT_TRUE(p.grad().defined()) << c.file << ": no gradient for " << name;
     EXPECT_TRUE(close_rel(p.grad(), f.grad_params.at(name), c.tol)) << c.file << " d loss / d " << name;
   }
-  h5::Reader r(fixture_path(c.file), "fixture");
+  io::h5::Reader r(fixture_path(c.file), "fixture");
   for (int64_t l = 0; l < model.n_layers(); ++l) {
     const std::string name = "trf_blocks." + std::to_string(l) + ".att";
     const Tensor expected = to_tensor(r.read("grads/gates/" + name));

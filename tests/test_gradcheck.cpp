@@ -47,7 +47,9 @@ TEST(Gradcheck, CatchesAWrongBackward) {
   const Fn bad_square = [](const std::vector<Tensor>& v) {
     const Tensor x = v[0];
     Tensor out = mul(x.detach(), x.detach());
-    record("bad_square", out, {x}, [x](const Tensor& dout, Grads& g) { g.acc(x, mul(dout, x)); });  // misses 2x
+    record("bad_square", out, {x}, {x}, [](const Tensor& dout, Saved s, Grads& g) {
+      g.acc(0, mul(dout, s[0]));  // misses 2x
+    });
     return out;
   };
   const GradcheckResult r = gradcheck(bad_square, {leaf({3})});

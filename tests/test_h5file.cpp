@@ -2,7 +2,7 @@
 // attributes, listing, atomic overwrite, and one clear headlab::Error (never a crash) for missing,
 // foreign, truncated and damaged files. Raw HDF5 calls here build files other tools could write and
 // check the layout on disk.
-#include "train/h5file.h"
+#include "io/h5file.h"
 
 #include <gtest/gtest.h>
 #include <hdf5.h>
@@ -22,7 +22,7 @@
 
 namespace fs = std::filesystem;
 using headlab::Error;
-using namespace headlab::h5;
+using namespace headlab::io::h5;
 
 namespace {
 

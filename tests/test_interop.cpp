@@ -19,6 +19,9 @@
 namespace fs = std::filesystem;
 using namespace headlab;
 using namespace headlab::train;
+using namespace headlab::tasks;
+using namespace headlab::io;
+using namespace headlab::optim;
 
 namespace {
 
@@ -139,19 +142,19 @@ TEST_F(InteropTest, TrainedHereExportsToTheBooksModelAndImportsBackExactly) {
   int64_t B = 4, T = 0;
   for (const Variant& v : variants) {
     TrainOptions o;
-    o.task = "reverse";
-    o.min_len = 2;
-    o.max_len = 4;
-    o.emb_dim = 16;
-    o.n_heads = 2;
-    o.n_layers = 2;
-    o.attention = v.attention;
-    o.qkv_bias = v.qkv_bias;
-    o.steps = 20;
-    o.batch_size = 16;
-    o.warmup = 2;
-    o.eval_every = 20;
-    o.eval_batches = 1;
+    o.config.task.name = "reverse";
+    o.config.task.options.min_len = 2;
+    o.config.task.options.max_len = 4;
+    o.config.model.emb_dim = 16;
+    o.config.model.n_heads = 2;
+    o.config.model.n_layers = 2;
+    o.config.model.attention = v.attention;
+    o.config.model.qkv_bias = v.qkv_bias;
+    o.config.run.steps = 20;
+    o.config.run.batch_size = 16;
+    o.config.schedule.warmup = 2;
+    o.config.run.eval_every = 20;
+    o.config.run.eval_batches = 1;
     o.out = path(v.attention);
     o.quiet = true;
     Trainer(o).run();
@@ -166,7 +169,7 @@ TEST_F(InteropTest, TrainedHereExportsToTheBooksModelAndImportsBackExactly) {
 
     // The same validation batch through headlab.
     auto model = model_from_checkpoint(trained[v.attention], ckpt);
-    const auto task = task_from_config(trained[v.attention].config);
+    const auto task = RunConfig::from_json(trained[v.attention].config).make_task();
     T = model->config().context_length;
     const Batch b = task->batch(Split::val, 0, B, T);
     batch_json["idx"] = ids_json(b.inputs, B, T);
@@ -307,8 +310,8 @@ TEST_F(InteropTest, BookModelImportsWithAConfigAndATask) {
   }
   EXPECT_EQ(seq, out.at("generated").get<std::vector<int64_t>>());
   // The imported model is usable as a task checkpoint (evaluate needs the task and tokenizer).
-  const auto task = task_from_config(ck.config);
-  const EvalResult e = evaluate(*model, *task, 1, 8, model->config().context_length);
+  const auto task = RunConfig::from_json(ck.config).make_task();
+  const Scores e = evaluate(*model, *task, 1, 8, model->config().context_length);
   EXPECT_GT(e.tokens, 0);
 
   // A config that does not describe the state_dict is refused, naming the parameter.

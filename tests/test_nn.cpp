@@ -287,9 +287,9 @@ TEST(ModuleRepr, WrapperAndFused) {
             "  )\n"
             "  (out_proj): Linear(in_features=6, out_features=6, bias=True)\n"
             ")");
-  // The fused form prints under the book's class name.
+  // The fused form prints under its C++ name, so that it never reads as d2l's MultiHeadAttention.
   EXPECT_EQ(CausalMultiHeadAttention(3, 2, 6, 0.0, 2).repr(),
-            "MultiHeadAttention(\n"
+            "CausalMultiHeadAttention(\n"
             "  (W_query): Linear(in_features=3, out_features=2, bias=False)\n"
             "  (W_key): Linear(in_features=3, out_features=2, bias=False)\n"
             "  (W_value): Linear(in_features=3, out_features=2, bias=False)\n"
@@ -523,22 +523,22 @@ TEST(MaskedSoftmax, D2lExamples) {
   manual_seed(0);
   const Tensor X = rand({2, 2, 4});
   // masked_softmax(torch.rand(2, 2, 4), torch.tensor([2, 3])): lengths 2, 2 | 3, 3
-  const Tensor y1 = nn::masked_softmax(X, i64({2, 3}, {2}));
+  const Tensor y1 = masked_softmax(X, i64({2, 3}, {2}));
   EXPECT_EQ(y1.shape(), (Shape{2, 2, 4}));
   expect_masked(y1, {2, 2, 3, 3}, 4);
   EXPECT_TRUE(all_close(y1, d2l_masked_softmax(values(X), 4, 4, {2, 2, 3, 3}), 1e-7, 1e-6));
   // masked_softmax(torch.rand(2, 2, 4), torch.tensor([[1, 3], [2, 4]])): one length per row
-  const Tensor y2 = nn::masked_softmax(X, i64({1, 3, 2, 4}, {2, 2}));
+  const Tensor y2 = masked_softmax(X, i64({1, 3, 2, 4}, {2, 2}));
   expect_masked(y2, {1, 3, 2, 4}, 4);
   EXPECT_EQ(values(y2)[0], 1.0);  // a single valid entry takes all the weight, as printed: [1, 0, 0, 0]
   EXPECT_TRUE(all_close(y2, d2l_masked_softmax(values(X), 4, 4, {1, 3, 2, 4}), 1e-7, 1e-6));
   // no valid_lens: a plain softmax over the last axis
-  EXPECT_TRUE(all_close(nn::masked_softmax(X, Tensor()), softmax(X, -1), 0, 0));
+  EXPECT_TRUE(all_close(masked_softmax(X, Tensor()), softmax(X, -1), 0, 0));
 }
 
 TEST(MaskedSoftmax, ZeroLengthRowsAreZeroWithZeroGradientNeverNaN) {
   const Tensor X = rnd({2, 3, 4}, 5, 2.0);
-  const Tensor y = nn::masked_softmax(X, i64({0, 2, 4, 1, 0, 3}, {2, 3}));
+  const Tensor y = masked_softmax(X, i64({0, 2, 4, 1, 0, 3}, {2, 3}));
   expect_masked(y.narrow(0, 0, 1).narrow(1, 1, 2), {2, 4}, 4);
   const auto v = values(y);
   for (int j = 0; j < 4; ++j) {
@@ -557,18 +557,17 @@ TEST(MaskedSoftmax, ZeroLengthRowsAreZeroWithZeroGradientNeverNaN) {
   EXPECT_EQ(g[1 * 4 + 3], 0);
   EXPECT_NE(g[1 * 4 + 0], 0);
   // a 1-D zero: every row of that batch entry
-  const Tensor y1 = nn::masked_softmax(X, i64({0, 4}, {2}));
+  const Tensor y1 = masked_softmax(X, i64({0, 4}, {2}));
   for (int j = 0; j < 12; ++j) EXPECT_EQ(values(y1)[j], 0);
 }
 
 TEST(MaskedSoftmax, BadInput) {
   const Tensor X = rand({2, 2, 4});
-  EXPECT_ERROR(nn::masked_softmax(rand({2, 4}), Tensor()),
-               "masked_softmax: X must be 3-D (batch, queries, keys), got [2, 4]");
-  EXPECT_ERROR(nn::masked_softmax(X, i64({1, 2, 3}, {3})), "masked_softmax: valid_lens of shape [3]");
-  EXPECT_ERROR(nn::masked_softmax(X, i64({1, 5}, {2})),
+  EXPECT_ERROR(masked_softmax(rand({4}), Tensor()), "masked_softmax: expected scores of shape (..., queries, keys)");
+  EXPECT_ERROR(masked_softmax(X, i64({1, 2, 3}, {3})), "masked_softmax: valid_lens of shape [3]");
+  EXPECT_ERROR(masked_softmax(X, i64({1, 5}, {2})),
                "masked_softmax: valid length 5 is out of range for 4 keys (expected 0..4)");
-  EXPECT_ERROR(nn::masked_softmax(X, i64({-1, 2}, {2})), "masked_softmax: valid length -1 is out of range");
+  EXPECT_ERROR(masked_softmax(X, i64({-1, 2}, {2})), "masked_softmax: valid length -1 is out of range");
 }
 
 // =====================================================================================================
@@ -1031,7 +1030,7 @@ TEST(Conversion, ConvertedModulesOwnTheirWeights) {
 TEST(Gradcheck, MaskedSoftmaxWithZeroLengths) {
   const Tensor x = rnd({2, 3, 4}, 1);
   for (const Tensor& vl : {Tensor(), i64({0, 3}, {2}), i64({0, 2, 4, 1, 0, 3}, {2, 3})})
-    EXPECT_TRUE(gradchecks([&](const std::vector<Tensor>& in) { return nn::masked_softmax(in[0], vl); }, {x}));
+    EXPECT_TRUE(gradchecks([&](const std::vector<Tensor>& in) { return masked_softmax(in[0], vl); }, {x}));
 }
 
 TEST(Gradcheck, DotProductAttention) {

@@ -44,7 +44,7 @@ Subject build(const FixtureEntry& e) {
   const nlohmann::json& c = e.config;
   Subject s;
   if (e.module == "masked_softmax") {
-    s.forward = [](auto& in) { return nn::masked_softmax(in.at("x"), opt(in, "valid_lens")); };
+    s.forward = [](auto& in) { return masked_softmax(in.at("x"), opt(in, "valid_lens")); };
   } else if (e.module == "DotProductAttention") {
     auto m = std::make_shared<nn::DotProductAttention>(cfg_d(c, "dropout"));
     s.module = m;

@@ -11,14 +11,16 @@
 
 #include "nn/layers.h"
 #include "tests/fixture_util.h"
-#include "train/optim.h"
+#include "optim/optim.h"
 
 using namespace headlab;
 using namespace headlab::testing;
-using headlab::train::LRSchedule;
-using headlab::train::NamedTensors;
-using headlab::train::Optimizer;
-using headlab::train::OptimizerOptions;
+namespace optim = headlab::optim;
+namespace io = headlab::io;
+using headlab::optim::LRSchedule;
+using headlab::NamedTensors;
+using headlab::optim::Optimizer;
+using headlab::optim::OptimizerOptions;
 
 namespace {
 
@@ -48,7 +50,7 @@ std::shared_ptr<nn::Sequential> make_mlp(DType dtype) {
   return m;
 }
 
-std::map<std::string, Tensor> read_group(const h5::Reader& r, const std::string& group) {
+std::map<std::string, Tensor> read_group(const io::h5::Reader& r, const std::string& group) {
   std::map<std::string, Tensor> out;
   for (const std::string& name : r.list_datasets_recursive(group)) out[name] = to_tensor(r.read(group + "/" + name));
   return out;
@@ -59,14 +61,14 @@ OptimizerOptions options_of(const std::string& optimizer, const nlohmann::json& 
   EXPECT_FALSE(hp.at("maximize").get<bool>());
   OptimizerOptions o;
   if (optimizer == "SGD") {
-    o = OptimizerOptions::defaults("sgd");
+    o = OptimizerOptions::defaults(optim::OptimizerKind::sgd);
     o.momentum = hp.at("momentum");
     o.dampening = hp.at("dampening");
     o.nesterov = hp.at("nesterov");
   } else {
     EXPECT_TRUE(optimizer == "Adam" || optimizer == "AdamW") << optimizer;
     EXPECT_FALSE(hp.at("amsgrad").get<bool>());
-    o = OptimizerOptions::defaults(optimizer == "Adam" ? "adam" : "adamw");
+    o = OptimizerOptions::defaults(optimizer == "Adam" ? optim::OptimizerKind::adam : optim::OptimizerKind::adamw);
     o.beta1 = hp.at("betas")[0];
     o.beta2 = hp.at("betas")[1];
     o.eps = hp.at("eps");
@@ -91,7 +93,7 @@ class OptimTrajectory : public ::testing::TestWithParam<OptimCase> {};
 
 TEST_P(OptimTrajectory, MatchesPyTorchEveryStepAndFinalState) {
   const OptimCase& c = GetParam();
-  h5::Reader r(fixture_path(c.file), "fixture");
+  io::h5::Reader r(fixture_path(c.file), "fixture");
   const std::string kind = r.attr_str("/", "optimizer");
   const nlohmann::json hp = nlohmann::json::parse(r.attr_str("/", "hyperparameters"));
   const OptimizerOptions opts = options_of(kind, hp);
@@ -179,7 +181,7 @@ TEST(Optimizer, ParametersWithoutGradientKeepValueAndState) {
   for (const std::string kind : {"sgd", "adam", "adamw"}) {
     Tensor a = tensor(std::vector<float>{1, 2, 3}, {3}).requires_grad_();
     Tensor b = tensor(std::vector<float>{4, 5}, {2}).requires_grad_();
-    OptimizerOptions o = OptimizerOptions::defaults(kind);
+    OptimizerOptions o = OptimizerOptions::defaults(optim::parse_optimizer_kind(kind));
     o.momentum = kind == "sgd" ? 0.9 : 0.0;
     o.weight_decay = 0.1;  // even decoupled decay leaves a parameter without gradient alone, as PyTorch
     Optimizer opt({{"a", a}, {"b", b}}, o);
@@ -212,7 +214,7 @@ TEST(Optimizer, LoadStateContinuesBitIdentically) {
         opt.step();
       }
     };
-    OptimizerOptions o = OptimizerOptions::defaults(kind);
+    OptimizerOptions o = OptimizerOptions::defaults(optim::parse_optimizer_kind(kind));
     if (kind == "sgd") o.momentum = 0.9, o.nesterov = true;
     manual_seed(7);
     auto m1 = make_mlp(DType::f32);
@@ -237,7 +239,7 @@ TEST(Optimizer, LoadStateContinuesBitIdentically) {
 
 TEST(Optimizer, LoadStateErrorsNameTheItem) {
   Tensor a = zeros({3}).requires_grad_();
-  Optimizer opt({{"a", a}}, OptimizerOptions::defaults("adam"));
+  Optimizer opt({{"a", a}}, OptimizerOptions::defaults(optim::OptimizerKind::adam));
   EXPECT_NE(error_of([&] { opt.load_state({{"a/exp_avg", zeros({3})}}, {{"a", 1}}, "ck"); })
                 .find("ck: optimizer state holds 1 tensors, expected 2"),
             std::string::npos);
@@ -253,25 +255,25 @@ TEST(Optimizer, LoadStateErrorsNameTheItem) {
 }
 
 TEST(Optimizer, OptionsDefaultsJsonAndChecks) {
-  EXPECT_EQ(OptimizerOptions::defaults("adamw").weight_decay, 0.01);  // PyTorch's defaults
-  EXPECT_EQ(OptimizerOptions::defaults("adam").weight_decay, 0.0);
-  EXPECT_EQ(OptimizerOptions::defaults("adam").lr, 1e-3);
-  EXPECT_EQ(OptimizerOptions::defaults("sgd").weight_decay, 0.0);
-  OptimizerOptions o = OptimizerOptions::defaults("sgd");
+  EXPECT_EQ(OptimizerOptions::defaults(optim::OptimizerKind::adamw).weight_decay, 0.01);  // PyTorch's defaults
+  EXPECT_EQ(OptimizerOptions::defaults(optim::OptimizerKind::adam).weight_decay, 0.0);
+  EXPECT_EQ(OptimizerOptions::defaults(optim::OptimizerKind::adam).lr, 1e-3);
+  EXPECT_EQ(OptimizerOptions::defaults(optim::OptimizerKind::sgd).weight_decay, 0.0);
+  OptimizerOptions o = OptimizerOptions::defaults(optim::OptimizerKind::sgd);
   o.lr = 0.05, o.momentum = 0.8, o.dampening = 0.1, o.weight_decay = 0.02;
   const OptimizerOptions back = OptimizerOptions::from_json(nlohmann::json::parse(o.to_json().dump()));
   EXPECT_EQ(back.to_json(), o.to_json());
-  EXPECT_NE(error_of([] { OptimizerOptions::defaults("rmsprop"); }).find("expected 'sgd', 'adam' or 'adamw', got 'rmsprop'"),
+  EXPECT_NE(error_of([] { optim::parse_optimizer_kind("rmsprop"); }).find("expected 'sgd', 'adam' or 'adamw', got 'rmsprop'"),
             std::string::npos);
   Tensor p = zeros({2}).requires_grad_();
-  OptimizerOptions bad = OptimizerOptions::defaults("sgd");
+  OptimizerOptions bad = OptimizerOptions::defaults(optim::OptimizerKind::sgd);
   bad.nesterov = true;
   EXPECT_NE(error_of([&] { Optimizer({{"p", p}}, bad); }).find("nesterov momentum requires momentum > 0"),
             std::string::npos);
-  bad = OptimizerOptions::defaults("adam");
+  bad = OptimizerOptions::defaults(optim::OptimizerKind::adam);
   bad.beta1 = 1.0;
   EXPECT_NE(error_of([&] { Optimizer({{"p", p}}, bad); }).find("betas must be in [0, 1)"), std::string::npos);
-  bad = OptimizerOptions::defaults("adam");
+  bad = OptimizerOptions::defaults(optim::OptimizerKind::adam);
   bad.lr = -1;
   EXPECT_NE(error_of([&] { Optimizer({{"p", p}}, bad); }).find("learning rate must be >= 0"), std::string::npos);
   Tensor ids = zeros({2}, DType::i64);
@@ -291,7 +293,7 @@ TEST(LRSchedule, WarmupCosineMatchesTheFixture) {
   const nlohmann::json j = schedules_json();
   const auto& w = j.at("warmup_cosine");
   LRSchedule s;
-  s.kind = "cosine";
+  s.kind = optim::ScheduleKind::cosine;
   s.lr = w.at("lr");
   s.min_lr = w.at("min_lr");
   s.warmup = w.at("warmup_steps");
@@ -314,7 +316,7 @@ TEST(LRSchedule, StepLRMatchesTheFixture) {
   const nlohmann::json j = schedules_json();
   const auto& st = j.at("step_lr");
   LRSchedule s;
-  s.kind = "step";
+  s.kind = optim::ScheduleKind::step;
   s.lr = st.at("lr");
   s.step_size = st.at("step_size");
   s.gamma = st.at("gamma");
@@ -327,7 +329,7 @@ TEST(LRSchedule, StepLRMatchesTheFixture) {
 
 TEST(LRSchedule, ConstantNoWarmupAndBadKind) {
   LRSchedule c;
-  c.kind = "constant";
+  c.kind = optim::ScheduleKind::constant;
   c.lr = 0.3;
   c.warmup = 10;  // ignored by constant
   EXPECT_EQ(c.at(0), 0.3);
@@ -359,20 +361,20 @@ TEST(ClipGradNorm, ScalesToMaxNormAndReturnsTheNormBefore) {
     for (double v : gb) sq += v * v;
     const double norm = std::sqrt(sq);  // sqrt(9+16+1+4+0.25+4+36) = sqrt(70.25) = 8.381...
     const double tol = dt == DType::f64 ? 1e-14 : 1e-6;
-    EXPECT_NEAR(train::grad_norm({a, b, c}), norm, tol * norm);
-    EXPECT_NEAR(train::clip_grad_norm({a, b, c}, 100.0), norm, tol * norm);
+    EXPECT_NEAR(optim::grad_norm({a, b, c}), norm, tol * norm);
+    EXPECT_NEAR(optim::clip_grad_norm({a, b, c}, 100.0), norm, tol * norm);
     EXPECT_EQ(a.grad().to_vector<double>(), ga) << "below max_norm nothing changes";
     const double max_norm = 2.0;
-    EXPECT_NEAR(train::clip_grad_norm({a, b, c}, max_norm), norm, tol * norm);
+    EXPECT_NEAR(optim::clip_grad_norm({a, b, c}, max_norm), norm, tol * norm);
     const double coef = max_norm / (norm + 1e-6);  // PyTorch's clip_coef
     const auto ca = a.grad().to_vector<double>(), cb = b.grad().to_vector<double>();
     for (size_t i = 0; i < ga.size(); ++i) EXPECT_NEAR(ca[i], ga[i] * coef, tol * 8);
     for (size_t i = 0; i < gb.size(); ++i) EXPECT_NEAR(cb[i], gb[i] * coef, tol * 8);
-    EXPECT_NEAR(train::grad_norm({a, b, c}), max_norm, 1e-5);
+    EXPECT_NEAR(optim::grad_norm({a, b, c}), max_norm, 1e-5);
     EXPECT_FALSE(c.grad().defined());
   }
-  EXPECT_EQ(train::grad_norm({zeros({2}).requires_grad_()}), 0.0);
-  EXPECT_NE(error_of([] { train::clip_grad_norm({}, 0.0); }).find("clip_grad_norm: max_norm must be positive"),
+  EXPECT_EQ(optim::grad_norm({zeros({2}).requires_grad_()}), 0.0);
+  EXPECT_NE(error_of([] { optim::clip_grad_norm({}, 0.0); }).find("clip_grad_norm: max_norm must be positive"),
             std::string::npos);
 }
 

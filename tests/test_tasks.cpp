@@ -1,7 +1,7 @@
 // Tests of train/tasks: exact sequences of every task, where targets are ignored, determinism of
 // the streams, train/val disjointness, the tokenizer, score(), the chars split regions, the
 // factory and option round trips, and the wording of every user-facing error.
-#include "train/tasks.h"
+#include "tasks/tasks.h"
 
 #include <gtest/gtest.h>
 
@@ -17,6 +17,7 @@
 #include <vector>
 
 using namespace headlab;
+using namespace headlab::tasks;
 
 namespace {
 

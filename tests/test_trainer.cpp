@@ -17,11 +17,14 @@
 #include <sstream>
 #include <streambuf>
 
-#include "train/h5file.h"
+#include "io/h5file.h"
 
 namespace fs = std::filesystem;
 using namespace headlab;
 using namespace headlab::train;
+using namespace headlab::tasks;
+using namespace headlab::io;
+using namespace headlab::optim;
 
 namespace {
 
@@ -49,36 +52,36 @@ std::string tiny_text() { return std::string(HEADLAB_SOURCE_DIR) + "/data/tiny.t
 // A model and run small enough for seconds under the sanitizers.
 TrainOptions tiny_options(const std::string& task, const std::string& out, int64_t steps) {
   TrainOptions o;
-  o.task = task;
-  o.min_len = 2;
-  o.max_len = 4;
-  o.n_digits = 2;
-  o.emb_dim = 32;
-  o.n_heads = 2;
-  o.n_layers = 2;
-  o.batch_size = 32;
-  o.steps = steps;
-  o.lr = 5e-3;
-  o.min_lr = 5e-4;
-  o.warmup = 10;
-  o.eval_every = steps;
-  o.eval_batches = 2;
-  o.save_every = steps;
-  o.keep_last = 2;
-  o.seed = 3;
+  o.config.task.name = task;
+  o.config.task.options.min_len = 2;
+  o.config.task.options.max_len = 4;
+  o.config.task.options.n_digits = 2;
+  o.config.model.emb_dim = 32;
+  o.config.model.n_heads = 2;
+  o.config.model.n_layers = 2;
+  o.config.run.batch_size = 32;
+  o.config.run.steps = steps;
+  o.config.optimizer.lr = 5e-3;
+  o.config.schedule.min_lr = 5e-4;
+  o.config.schedule.warmup = 10;
+  o.config.run.eval_every = steps;
+  o.config.run.eval_batches = 2;
+  o.config.run.save_every = steps;
+  o.config.run.keep_last = 2;
+  o.config.run.seed = 3;
   o.out = out;
   o.quiet = true;
   if (task == "chars") {
-    o.text = tiny_text();
-    o.context_length = 16;
+    o.config.task.options.text_path = tiny_text();
+    o.config.model.context_length = 16;
   }
   return o;
 }
 
 // Every dataset of a checkpoint file, as raw bytes.
-std::map<std::string, h5::Array> datasets(const std::string& file) {
-  h5::Reader r(file);
-  std::map<std::string, h5::Array> out;
+std::map<std::string, io::h5::Array> datasets(const std::string& file) {
+  io::h5::Reader r(file);
+  std::map<std::string, io::h5::Array> out;
   for (const std::string& name : r.list_datasets_recursive("/")) out[name] = r.read(name);
   return out;
 }
@@ -110,11 +113,11 @@ const std::vector<std::string> kStatePrefixes = {"model/", "optimizer/", "traine
 
 // Loss and accuracy of the untrained model the run started from (the trainer seeds the global
 // generator with the run's seed, then builds the model).
-EvalResult initial_eval(const Checkpoint& ck) {
+Scores initial_eval(const Checkpoint& ck) {
   const nn::GPTConfig cfg = nn::GPTConfig::from_json(ck.config["model"]);
   manual_seed(ck.config["training"]["seed"].get<uint64_t>());
   nn::GPTModel model(cfg);
-  const auto task = task_from_config(ck.config);
+  const auto task = RunConfig::from_json(ck.config).make_task();
   return evaluate(model, *task, 2, 32, cfg.context_length);
 }
 
@@ -126,7 +129,7 @@ TEST_P(TaskLearns, LossFallsAndAccuracyBeatsChance) {
   const std::string task = GetParam();
   const int64_t steps = task == "chars" || task == "add" ? 150 : 100;
   TrainOptions o = tiny_options(task, path("run"), steps);
-  o.eval_every = steps / 2;
+  o.config.run.eval_every = steps / 2;
   const TrainResult r = Trainer(o).run();
   EXPECT_EQ(r.steps_done, steps);
   EXPECT_FALSE(r.interrupted);
@@ -136,10 +139,10 @@ TEST_P(TaskLearns, LossFallsAndAccuracyBeatsChance) {
   EXPECT_EQ(ck.trainer.step, steps);
   EXPECT_EQ(ck.config["task"]["name"], task);
   const int64_t V = ck.config["model"]["vocab_size"];
-  const EvalResult before = initial_eval(ck);
+  const Scores before = initial_eval(ck);
   EXPECT_NEAR(before.loss, std::log(double(V)), 1.5) << "an untrained model is close to uniform";
 
-  const EvalResult& after = r.final_eval;
+  const Scores& after = r.final_eval;
   RecordProperty("val_loss_before", std::to_string(before.loss));
   RecordProperty("val_loss_after", std::to_string(after.loss));
   RecordProperty("token_accuracy_after", std::to_string(after.token_accuracy));
@@ -154,8 +157,8 @@ TEST_P(TaskLearns, LossFallsAndAccuracyBeatsChance) {
   EXPECT_LT(ck.trainer.metrics[1].train_loss, before.loss);
   // The final evaluation is what evaluate() gives for the saved model.
   auto model = model_from_checkpoint(ck, r.checkpoint);
-  const auto t = task_from_config(ck.config);
-  const EvalResult again = evaluate(*model, *t, 2, 32, model->config().context_length);
+  const auto t = RunConfig::from_json(ck.config).make_task();
+  const Scores again = evaluate(*model, *t, 2, 32, model->config().context_length);
   EXPECT_DOUBLE_EQ(again.loss, after.loss);
   EXPECT_DOUBLE_EQ(again.token_accuracy, after.token_accuracy);
 }
@@ -191,11 +194,11 @@ class StopAtStep : public std::streambuf {
 
 TrainOptions resume_options(const std::string& out, int64_t steps) {
   TrainOptions o = tiny_options("reverse", out, steps);
-  o.drop_rate = 0.1;  // dropout on: the generator state must travel with the checkpoint
-  o.eval_every = 7;
-  o.save_every = 5;
-  o.keep_last = 10;
-  o.batch_size = 16;
+  o.config.model.drop_rate = 0.1;  // dropout on: the generator state must travel with the checkpoint
+  o.config.run.eval_every = 7;
+  o.config.run.save_every = 5;
+  o.config.run.keep_last = 10;
+  o.config.run.batch_size = 16;
   return o;
 }
 
@@ -226,8 +229,8 @@ TEST_F(TrainerTest, InterruptedRunResumesBitIdentically) {
   stop_requested() = false;
   TrainOptions rest = resume_options(path("resumed"), N);
   rest.resume = true;
-  rest.seed = 999;     // ignored on resume: the run's settings come from the checkpoint
-  rest.drop_rate = 0;  // likewise
+  rest.config.run.seed = 999;     // ignored on resume: the run's settings come from the checkpoint
+  rest.config.model.drop_rate = 0;  // likewise
   const TrainResult resumed = Trainer(rest).run();
   EXPECT_FALSE(resumed.interrupted);
   EXPECT_EQ(resumed.steps_done, N);
@@ -253,21 +256,21 @@ TEST_F(TrainerTest, InterruptedRunResumesBitIdentically) {
 TEST_F(TrainerTest, ExtendedRunMatchesAStraightRun) {
   const int64_t N = 20, k = 8;
   TrainOptions o = resume_options(path("straight"), N);
-  o.schedule = "constant";
+  o.config.schedule.kind = optim::ScheduleKind::constant;
   Trainer(o).run();
   TrainOptions first = o;
   first.out = path("extended");
-  first.steps = k;
+  first.config.run.steps = k;
   EXPECT_EQ(Trainer(first).run().steps_done, k);
   TrainOptions rest = first;
   rest.resume = true;
-  rest.steps = N;
+  rest.config.run.steps = N;
   EXPECT_EQ(Trainer(rest).run().steps_done, N);
   expect_same_datasets(path("straight/checkpoint.h5"), path("extended/checkpoint.h5"), kStatePrefixes);
   // The same dropout draws: without dropout the parameters would differ from a dropout run.
   TrainOptions nodrop = o;
   nodrop.out = path("nodrop");
-  nodrop.drop_rate = 0;
+  nodrop.config.model.drop_rate = 0;
   Trainer(nodrop).run();
   EXPECT_FALSE(datasets(path("straight/checkpoint.h5")).at("model/tok_emb.weight").bytes ==
                datasets(path("nodrop/checkpoint.h5")).at("model/tok_emb.weight").bytes);
@@ -308,7 +311,7 @@ TEST_F(TrainerTest, SameSeedSameCheckpointsOtherSeedOtherModel) {
                         "trainer/metrics/grad_norm"});
   EXPECT_EQ(load_checkpoint(path("a/checkpoint.h5")).config, load_checkpoint(path("b/checkpoint.h5")).config);
   o.out = path("c");
-  o.seed = 4;
+  o.config.run.seed = 4;
   Trainer(o).run();
   EXPECT_FALSE(datasets(path("a/checkpoint.h5")).at("model/out_head.weight").bytes ==
                datasets(path("c/checkpoint.h5")).at("model/out_head.weight").bytes);
@@ -328,8 +331,8 @@ std::vector<std::string> checkpoint_files(const std::string& dir) {
 
 TEST_F(TrainerTest, KeepsTheLastCheckpointsOnly) {
   TrainOptions o = resume_options(path("k"), 20);
-  o.save_every = 4;
-  o.keep_last = 2;
+  o.config.run.save_every = 4;
+  o.config.run.keep_last = 2;
   Trainer(o).run();
   EXPECT_EQ(checkpoint_files(path("k")),
             (std::vector<std::string>{"checkpoint-16.h5", "checkpoint-20.h5", "checkpoint.h5"}));
@@ -338,9 +341,9 @@ TEST_F(TrainerTest, KeepsTheLastCheckpointsOnly) {
   // On resume the run's keep_last (from the checkpoint) still applies, and a file of the user's with
   // a similar name is left alone.
   std::ofstream(path("k/checkpoint-best.h5")) << "mine";
-  o.steps = 26;
+  o.config.run.steps = 26;
   o.resume = true;
-  o.keep_last = 100;  // ignored on resume: the checkpoint's settings rule
+  o.config.run.keep_last = 100;  // ignored on resume: the checkpoint's settings rule
   Trainer(o).run();
   EXPECT_EQ(checkpoint_files(path("k")), (std::vector<std::string>{"checkpoint-24.h5", "checkpoint-26.h5",
                                                                    "checkpoint-best.h5", "checkpoint.h5"}));
@@ -348,8 +351,8 @@ TEST_F(TrainerTest, KeepsTheLastCheckpointsOnly) {
     EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << "left behind: " << e.path();
   // keep_last 0 keeps only checkpoint.h5.
   o = resume_options(path("k0"), 8);
-  o.save_every = 4;
-  o.keep_last = 0;
+  o.config.run.save_every = 4;
+  o.config.run.keep_last = 0;
   Trainer(o).run();
   EXPECT_EQ(checkpoint_files(path("k0")), (std::vector<std::string>{"checkpoint.h5"}));
 }
@@ -370,7 +373,7 @@ std::vector<std::vector<std::string>> read_csv(const std::string& file) {
 
 TEST_F(TrainerTest, MetricsCsvHasTheColumnsAndOneRowPerEvaluation) {
   TrainOptions o = resume_options(path("m"), 16);
-  o.eval_every = 5;
+  o.config.run.eval_every = 5;
   Trainer(o).run();
   const auto rows = read_csv(path("m/metrics.csv"));
   ASSERT_EQ(rows.size(), 5u);  // header + steps 5, 10, 15, 16 (the last step is always evaluated)
@@ -414,26 +417,31 @@ TEST_F(TrainerTest, RejectsBadOptionsClearly) {
     return "(no error)";
   };
   TrainOptions o = tiny_options("reverse", path("x"), 5);
-  o.steps = 0;
+  o.config.run.steps = 0;
   EXPECT_NE(message([&] { Trainer{o}; }).find("--steps must be positive"), std::string::npos);
   o = tiny_options("reverse", path("x"), 5);
-  o.task = "juggle";
+  o.config.task.name = "juggle";
   EXPECT_NE(message([&] { Trainer(o).run(); }).find("juggle"), std::string::npos);
   o = tiny_options("reverse", path("x"), 5);
-  o.context_length = 3;  // too short for a reverse example
+  o.config.model.context_length = 3;  // too short for a reverse example
   EXPECT_NE(message([&] { Trainer(o).run(); }).find("task reverse"), std::string::npos);
   o = tiny_options("reverse", path("x"), 5);
-  o.n_heads = 5;  // 32 % 5 != 0
+  o.config.model.n_heads = 5;  // 32 % 5 != 0
   EXPECT_NE(message([&] { Trainer(o).run(); }).find("emb_dim 32 must be divisible by n_heads 5"), std::string::npos);
   o = tiny_options("chars", path("x"), 5);
-  o.text = path("missing.txt");
+  o.config.task.options.text_path = path("missing.txt");
   EXPECT_NE(message([&] { Trainer(o).run(); }).find("missing.txt"), std::string::npos);
 }
 
-TEST_F(TrainerTest, TaskFromConfig) {
-  EXPECT_THROW(task_from_config(nlohmann::json::object()), Error);
-  const nlohmann::json cfg = {{"task", {{"name", "add"}, {"options", {{"seed", "7"}, {"n_digits", "2"}}}}}};
-  const auto t = task_from_config(cfg);
+TEST_F(TrainerTest, TaskFromRunConfig) {
+  EXPECT_THROW(RunConfig::from_json(nlohmann::json::object()).make_task(), Error);
+  nn::GPTConfig model;
+  model.vocab_size = 14;
+  model.context_length = 12;
+  model.emb_dim = model.n_heads = model.n_layers = 1;
+  const nlohmann::json cfg = {{"model", model.to_json()},
+                              {"task", {{"name", "add"}, {"options", {{"seed", "7"}, {"n_digits", "2"}}}}}};
+  const auto t = RunConfig::from_json(cfg).make_task();
   EXPECT_EQ(t->name(), "add");
   EXPECT_EQ(t->options().n_digits, 2);
   EXPECT_EQ(t->options().seed, 7u);

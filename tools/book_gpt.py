@@ -9,6 +9,17 @@ either the fused MultiHeadAttention ("fused", the book's chapter 4 choice) or th
 MultiHeadAttentionWrapper of per-head CausalAttention modules followed by an out_proj Linear
 (emb_dim -> emb_dim), so both layouts of headlab checkpoints load with load_state_dict(strict=True).
 
+Two more headlab extensions, both inert unless used, so the modules compute exactly the book's
+function: every attention module keeps its attention weights (before dropout) in
+`.attention_weights` after a forward pass ((B, T, T) for CausalAttention, (B, H, T, T) for the
+multi-head modules), and the multi-head modules take an optional per-head gate vector,
+`forward(x, gates=None)` with gates (H,): head h's context is multiplied by gates[h] before the heads
+are concatenated (None = all ones, the book). In a GPTModel, set `block.gates` of a
+TransformerBlock to such a tensor (requires_grad for the head-importance gradient). This is the one
+definition of these modules in tools/: tools/make_fixtures.py builds the C++ tests' fixtures with it
+(as LayerNormBook, GELUBook and CausalMultiHeadAttention), and export_torch.py / import_torch.py
+check checkpoints against it.
+
 The causal masks are buffers, as in the book, so they are part of state_dict():
   fused:   trf_blocks.{i}.att.mask
   wrapper: trf_blocks.{i}.att.heads.{j}.mask
@@ -44,13 +55,15 @@ class CausalAttention(nn.Module):
         attn_scores = queries @ keys.transpose(1, 2)
         attn_scores.masked_fill_(self.mask.bool()[:num_tokens, :num_tokens], -torch.inf)
         attn_weights = torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)
+        self.attention_weights = attn_weights  # (b, num_tokens, num_tokens)
         attn_weights = self.dropout(attn_weights)
         return attn_weights @ values
 
 
 class MultiHeadAttentionWrapper(nn.Module):
     """Chapter 3: num_heads CausalAttention heads, outputs concatenated. out_proj=True adds the
-    Linear(num_heads * d_out, num_heads * d_out) that headlab's wrapper variant of the GPT uses."""
+    Linear(num_heads * d_out, num_heads * d_out) that headlab's wrapper variant of the GPT uses;
+    gates (num_heads,) scale each head's output before the concatenation."""
 
     def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False, out_proj=False):
         super().__init__()
@@ -58,13 +71,19 @@ class MultiHeadAttentionWrapper(nn.Module):
             [CausalAttention(d_in, d_out, context_length, dropout, qkv_bias) for _ in range(num_heads)])
         self.out_proj = nn.Linear(num_heads * d_out, num_heads * d_out) if out_proj else None
 
-    def forward(self, x):
-        out = torch.cat([head(x) for head in self.heads], dim=-1)
+    def forward(self, x, gates=None):
+        outs = []
+        for h, head in enumerate(self.heads):
+            o = head(x)
+            outs.append(o if gates is None else gates[h] * o)
+        self.attention_weights = torch.stack([head.attention_weights for head in self.heads], dim=1)
+        out = torch.cat(outs, dim=-1)
         return self.out_proj(out) if self.out_proj is not None else out
 
 
 class MultiHeadAttention(nn.Module):
-    """Chapter 3: the fused multi-head attention with weight splits."""
+    """Chapter 3: the fused multi-head attention with weight splits; gates (num_heads,) scale each
+    head's context before the heads are merged and out_proj is applied."""
 
     def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
         super().__init__()
@@ -79,7 +98,7 @@ class MultiHeadAttention(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length), diagonal=1))
 
-    def forward(self, x):
+    def forward(self, x, gates=None):
         b, num_tokens, d_in = x.shape
         keys = self.W_key(x)  # (b, num_tokens, d_out)
         queries = self.W_query(x)
@@ -92,8 +111,12 @@ class MultiHeadAttention(nn.Module):
         mask_bool = self.mask.bool()[:num_tokens, :num_tokens]
         attn_scores.masked_fill_(mask_bool, -torch.inf)
         attn_weights = torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)
+        self.attention_weights = attn_weights  # (b, num_heads, num_tokens, num_tokens)
         attn_weights = self.dropout(attn_weights)
-        context_vec = (attn_weights @ values).transpose(1, 2)
+        context_vec = attn_weights @ values  # (b, num_heads, num_tokens, head_dim)
+        if gates is not None:
+            context_vec = context_vec * gates.reshape(1, -1, 1, 1)
+        context_vec = context_vec.transpose(1, 2)
         context_vec = context_vec.contiguous().view(b, num_tokens, self.d_out)
         return self.out_proj(context_vec)
 
@@ -122,6 +145,8 @@ class GELU(nn.Module):
 
 
 class FeedForward(nn.Module):
+    """Chapter 4: layers.0 Linear(d, 4d), GELU, layers.2 Linear(4d, d)."""
+
     def __init__(self, cfg):
         super().__init__()
         self.layers = nn.Sequential(
@@ -151,11 +176,12 @@ class TransformerBlock(nn.Module):
         self.norm1 = LayerNorm(cfg["emb_dim"])
         self.norm2 = LayerNorm(cfg["emb_dim"])
         self.drop_shortcut = nn.Dropout(cfg["drop_rate"])
+        self.gates = None  # headlab: a (n_heads,) tensor set from outside gates the heads (None = the book)
 
     def forward(self, x):
         shortcut = x
         x = self.norm1(x)
-        x = self.att(x)
+        x = self.att(x, self.gates)
         x = self.drop_shortcut(x)
         x = x + shortcut
         shortcut = x

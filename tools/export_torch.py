@@ -28,24 +28,13 @@ import numpy as np
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from headlab_hdf5 import CHECKPOINT_FORMAT as FORMAT, CHECKPOINT_VERSION as VERSION, attr_str  # noqa: E402
 # torch (and book_gpt, which needs it) are imported once the checkpoint has been read: importing
 # torch takes seconds, and a bad file is reported without it.
-
-FORMAT = "headlab-checkpoint"
-VERSION = 1
 
 
 class ExportError(Exception):
     pass
-
-
-def attr_str(obj, key):
-    v = obj.attrs[key]
-    if isinstance(v, np.ndarray) and v.shape == ():
-        v = v[()]
-    if isinstance(v, bytes):
-        v = v.rstrip(b"\0").decode("utf-8")
-    return str(v)
 
 
 def read_checkpoint(path):
@@ -81,13 +70,11 @@ def read_checkpoint(path):
     return config, params
 
 
-BOOK_KEYS = ("vocab_size", "context_length", "emb_dim", "n_heads", "n_layers", "drop_rate", "qkv_bias")
-
-
 def book_config(model_cfg, where):
     if model_cfg.get("kept_heads"):
         raise ExportError(f"{where}: the model has physically pruned heads (kept_heads); the book's GPTModel needs "
                           f"n_heads heads in every layer, so it cannot be exported")
+    from book_gpt import BOOK_KEYS  # imports torch: only once the checkpoint has been read
     cfg = {k: model_cfg[k] for k in BOOK_KEYS}
     cfg["attention"] = model_cfg.get("attention", "fused")
     return cfg

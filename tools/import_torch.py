@@ -17,13 +17,12 @@ context_length, emb_dim, n_heads, n_layers, drop_rate, qkv_bias, optionally atte
 tokenizer: copy/reverse/sort "0123456789>._", add "0123456789+=._", chars the sorted characters of
 --text FILE (token id = position in that list).
 
-OUT.h5 is written as headlab writes checkpoints (train/checkpoint.cpp): root attributes
+OUT.h5 is written as headlab writes checkpoints (io/checkpoint.cpp): root attributes
 format = "headlab-checkpoint", format_version = 1 (int64), config (JSON text); /model/<state_dict key>
 float32, chunked, with the Fletcher32 checksum; the causal "mask" buffers are dropped (headlab
 builds them). Written to a temporary name and renamed, as headlab does.
 """
 import argparse
-import ctypes
 import json
 import os
 import sys
@@ -35,16 +34,16 @@ import torch
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import book_gpt  # noqa: E402
+from headlab_hdf5 import CHECKPOINT_FORMAT as FORMAT, CHECKPOINT_VERSION as VERSION  # noqa: E402
+from headlab_hdf5 import set_link_phase_change  # noqa: E402
 
-FORMAT = "headlab-checkpoint"
-VERSION = 1
 TASK_VOCAB = {
     "copy": list("0123456789>._"),
     "reverse": list("0123456789>._"),
     "sort": list("0123456789>._"),
     "add": list("0123456789+=._"),
 }
-TASK_OPTIONS = {  # what train/tasks.cpp's options_to_map stores per task (defaults of TaskOptions)
+TASK_OPTIONS = {  # what tasks/task.cpp's options_to_map stores per task (defaults of TaskOptions)
     "copy": {"seed": "1", "min_len": "4", "max_len": "8"},
     "reverse": {"seed": "1", "min_len": "4", "max_len": "8"},
     "sort": {"seed": "1", "min_len": "4", "max_len": "8"},
@@ -57,28 +56,15 @@ class ImportError_(Exception):
     pass
 
 
-def _hdf5_library():
-    """The libhdf5 that h5py loaded (ctypes), for the one call h5py does not wrap."""
-    paths = sorted({line.split()[-1] for line in open("/proc/self/maps")
-                    if "libhdf5" in line and "_hl" not in line and ".so" in line})
-    return ctypes.CDLL(paths[0]) if paths else None
-
-
 def compact_group(parent, name):
     """Creates group `name` whose links stay compact, inside its checksummed object header, as
-    headlab's writer keeps them (train/h5file.cpp): past 8 links HDF5 would move them to a fractal
+    headlab's writer keeps them (io/h5file.cpp): past 8 links HDF5 would move them to a fractal
     heap that 1.10 does not checksum, and a damaged one can crash the reader. h5py has no wrapper for
-    H5Pset_link_phase_change, so it is called through ctypes; where that fails the group is made
-    with HDF5's defaults (still a valid checkpoint)."""
+    H5Pset_link_phase_change, so headlab_hdf5 calls it through ctypes; where that fails the group is
+    made with HDF5's defaults (still a valid checkpoint)."""
     gcpl = h5py.h5p.create(h5py.h5p.GROUP_CREATE)
     gcpl.set_obj_track_times(False)
-    try:
-        lib = _hdf5_library()
-        if lib is not None:
-            lib.H5Pset_link_phase_change.argtypes = [ctypes.c_int64, ctypes.c_uint, ctypes.c_uint]
-            lib.H5Pset_link_phase_change(gcpl.id, 65535, 65535)
-    except (OSError, AttributeError):
-        pass
+    set_link_phase_change(gcpl, 65535, 65535)
     return h5py.Group(h5py.h5g.create(parent.id, name.encode("utf-8"), gcpl=gcpl))
 
 

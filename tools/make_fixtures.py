@@ -2,27 +2,48 @@
 """PyTorch reference fixtures for headlab's C++ tests (tests/fixtures/*.h5, index.json, schedules.json).
 
 Run with Debian's PyTorch:  /usr/bin/python3 tools/make_fixtures.py [--out tests/fixtures]
-The reference modules below are written from the seed texts (d2l.ai 10.3 / 10.5, "Build a Large
-Language Model from Scratch" ch. 3/4) plus headlab's two extensions: masked_softmax gives all-zero
-rows (and zero gradients) where nothing is valid, and every multi-head module takes a per-head gate
-vector. Everything is computed in float64 with dropout p = 0; re-running writes byte-identical files.
+The reference modules are written from the seed texts plus headlab's two extensions (masked_softmax
+gives all-zero rows, and zero gradients, where nothing is valid; every multi-head module takes a
+per-head gate vector): the d2l.ai 10.3 / 10.5 ones below, the "Build a Large Language Model from
+Scratch" ch. 3/4 ones (CausalAttention up to GPTModel) from tools/book_gpt.py, which the interop tools
+use too. Everything is computed in float64 with dropout p = 0; re-running writes byte-identical files.
 The layout is documented in tests/fixtures/README.md.
 """
-import argparse
-import json
-import math
 import os
-import sys
+import platform
 
-import h5py
-import numpy as np
-import torch
-import torch.nn.functional as F
-from torch import nn
+# OpenBLAS (Debian's torch and numpy use it) picks its matrix kernels by CPU or by OPENBLAS_CORETYPE,
+# and the kernels differ in the last bits of float64 results. The committed fixtures were written
+# with the Prescott kernels (plain SSE3, OpenBLAS's fallback, there on every x86-64 CPU), so they are
+# pinned here, overriding the environment: a re-run is then byte-identical on any x86-64 machine
+# (with another core type, about 30 files differ by a few ulps). OpenBLAS reads the variable when it
+# loads, so this comes before numpy and torch are imported.
+if platform.machine() in ("x86_64", "AMD64"):
+    os.environ["OPENBLAS_CORETYPE"] = "Prescott"
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import sys  # noqa: E402
+
+import h5py  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
+
+sys.dont_write_bytecode = True  # no __pycache__ in the source tree
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from book_gpt import (CausalAttention, FeedForward, GPTModel, MultiHeadAttentionWrapper,  # noqa: E402
+                      expected_parameters)
+from book_gpt import GELU as GELUBook  # noqa: E402
+from book_gpt import LayerNorm as LayerNormBook  # noqa: E402
+from book_gpt import MultiHeadAttention as CausalMultiHeadAttention  # noqa: E402  (d2l's has the book's name)
+from headlab_hdf5 import attr_str, set_dset_no_attrs_hint, set_link_phase_change  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------
-# Reference modules. Shape legend: B = batch, Q = queries, K = key-value pairs, T = tokens,
-# H = heads, D = head size.
+# d2l reference modules (the book's are in book_gpt.py). Shape legend: B = batch, Q = queries,
+# K = key-value pairs, T = tokens, H = heads, D = head size.
 # ----------------------------------------------------------------------------------------------
 
 
@@ -146,182 +167,6 @@ class MultiHeadAttention(nn.Module):
         return self.W_o(output_concat)
 
 
-class CausalAttention(nn.Module):
-    """Book ch. 3 CausalAttention."""
-
-    def __init__(self, d_in, d_out, context_length, dropout, qkv_bias=False):
-        super().__init__()
-        self.d_out = d_out
-        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.dropout = nn.Dropout(dropout)
-        self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length), diagonal=1))
-
-    def forward(self, x):  # x: (B, T, d_in)
-        b, num_tokens, d_in = x.shape
-        keys = self.W_key(x)
-        queries = self.W_query(x)
-        values = self.W_value(x)
-        attn_scores = queries @ keys.transpose(1, 2)
-        attn_scores = attn_scores.masked_fill(self.mask.bool()[:num_tokens, :num_tokens], -torch.inf)
-        attn_weights = torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)
-        self.attention_weights = attn_weights  # (B, T, T)
-        attn_weights = self.dropout(attn_weights)
-        return attn_weights @ values
-
-
-class MultiHeadAttentionWrapper(nn.Module):
-    """Book ch. 3 wrapper of CausalAttention heads, plus gates and an optional out_proj."""
-
-    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False, out_proj=False):
-        super().__init__()
-        self.heads = nn.ModuleList(
-            [CausalAttention(d_in, d_out, context_length, dropout, qkv_bias) for _ in range(num_heads)])
-        self.out_proj = nn.Linear(num_heads * d_out, num_heads * d_out) if out_proj else None
-
-    def forward(self, x, gates=None):
-        outs = []
-        for h, head in enumerate(self.heads):
-            o = head(x)
-            outs.append(o if gates is None else gates[h] * o)
-        self.attention_weights = torch.stack([hd.attention_weights for hd in self.heads], dim=1)
-        out = torch.cat(outs, dim=-1)
-        if self.out_proj is not None:
-            out = self.out_proj(out)
-        return out
-
-
-class CausalMultiHeadAttention(nn.Module):
-    """Book ch. 3 fused MultiHeadAttention, plus gates."""
-
-    def __init__(self, d_in, d_out, context_length, dropout, num_heads, qkv_bias=False):
-        super().__init__()
-        assert d_out % num_heads == 0, "d_out must be divisible by num_heads"
-        self.d_out = d_out
-        self.num_heads = num_heads
-        self.head_dim = d_out // num_heads
-        self.W_query = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_key = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.W_value = nn.Linear(d_in, d_out, bias=qkv_bias)
-        self.out_proj = nn.Linear(d_out, d_out)
-        self.dropout = nn.Dropout(dropout)
-        self.register_buffer("mask", torch.triu(torch.ones(context_length, context_length), diagonal=1))
-
-    def forward(self, x, gates=None):
-        b, num_tokens, d_in = x.shape
-        keys = self.W_key(x)
-        queries = self.W_query(x)
-        values = self.W_value(x)
-        keys = keys.view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
-        values = values.view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
-        queries = queries.view(b, num_tokens, self.num_heads, self.head_dim).transpose(1, 2)
-        attn_scores = queries @ keys.transpose(2, 3)  # (B, H, T, T)
-        mask_bool = self.mask.bool()[:num_tokens, :num_tokens]
-        attn_scores = attn_scores.masked_fill(mask_bool, -torch.inf)
-        attn_weights = torch.softmax(attn_scores / keys.shape[-1] ** 0.5, dim=-1)
-        self.attention_weights = attn_weights
-        attn_weights = self.dropout(attn_weights)
-        context = attn_weights @ values  # (B, H, T, D)
-        if gates is not None:
-            context = context * gates.reshape(1, -1, 1, 1)
-        context = context.transpose(1, 2).contiguous().view(b, num_tokens, self.d_out)
-        return self.out_proj(context)
-
-
-class LayerNormBook(nn.Module):
-    """Book ch. 4 LayerNorm: params scale / shift, eps 1e-5, biased variance."""
-
-    def __init__(self, emb_dim):
-        super().__init__()
-        self.eps = 1e-5
-        self.scale = nn.Parameter(torch.ones(emb_dim))
-        self.shift = nn.Parameter(torch.zeros(emb_dim))
-
-    def forward(self, x):
-        mean = x.mean(dim=-1, keepdim=True)
-        var = x.var(dim=-1, keepdim=True, unbiased=False)
-        norm_x = (x - mean) / torch.sqrt(var + self.eps)
-        return self.scale * norm_x + self.shift
-
-
-class GELUBook(nn.Module):
-    """Book ch. 4 GELU (tanh approximation)."""
-
-    def forward(self, x):
-        return 0.5 * x * (1 + torch.tanh(
-            torch.sqrt(torch.tensor(2.0 / torch.pi)) * (x + 0.044715 * torch.pow(x, 3))))
-
-
-class FeedForward(nn.Module):
-    """Book ch. 4 FeedForward: layers.0 Linear(d, 4d), GELU, layers.2 Linear(4d, d)."""
-
-    def __init__(self, cfg):
-        super().__init__()
-        self.layers = nn.Sequential(
-            nn.Linear(cfg["emb_dim"], 4 * cfg["emb_dim"]),
-            GELUBook(),
-            nn.Linear(4 * cfg["emb_dim"], cfg["emb_dim"]),
-        )
-
-    def forward(self, x):
-        return self.layers(x)
-
-
-class TransformerBlock(nn.Module):
-    """Book ch. 4 TransformerBlock; attention variant chosen by cfg["attention"]."""
-
-    def __init__(self, cfg):
-        super().__init__()
-        if cfg["attention"] == "fused":
-            self.att = CausalMultiHeadAttention(
-                d_in=cfg["emb_dim"], d_out=cfg["emb_dim"], context_length=cfg["context_length"],
-                num_heads=cfg["n_heads"], dropout=cfg["drop_rate"], qkv_bias=cfg["qkv_bias"])
-        else:
-            self.att = MultiHeadAttentionWrapper(
-                cfg["emb_dim"], cfg["emb_dim"] // cfg["n_heads"], cfg["context_length"], cfg["drop_rate"],
-                cfg["n_heads"], cfg["qkv_bias"], out_proj=True)
-        self.ff = FeedForward(cfg)
-        self.norm1 = LayerNormBook(cfg["emb_dim"])
-        self.norm2 = LayerNormBook(cfg["emb_dim"])
-        self.drop_shortcut = nn.Dropout(cfg["drop_rate"])
-        self.gates = None  # set from outside to read head-gate gradients
-
-    def forward(self, x):
-        shortcut = x
-        x = self.norm1(x)
-        x = self.att(x, self.gates)
-        x = self.drop_shortcut(x)
-        x = x + shortcut
-        shortcut = x
-        x = self.norm2(x)
-        x = self.ff(x)
-        x = self.drop_shortcut(x)
-        return x + shortcut
-
-
-class GPTModel(nn.Module):
-    """Book ch. 4 GPTModel."""
-
-    def __init__(self, cfg):
-        super().__init__()
-        self.tok_emb = nn.Embedding(cfg["vocab_size"], cfg["emb_dim"])
-        self.pos_emb = nn.Embedding(cfg["context_length"], cfg["emb_dim"])
-        self.drop_emb = nn.Dropout(cfg["drop_rate"])
-        self.trf_blocks = nn.Sequential(*[TransformerBlock(cfg) for _ in range(cfg["n_layers"])])
-        self.final_norm = LayerNormBook(cfg["emb_dim"])
-        self.out_head = nn.Linear(cfg["emb_dim"], cfg["vocab_size"], bias=False)
-
-    def forward(self, in_idx):
-        batch_size, seq_len = in_idx.shape
-        tok_embeds = self.tok_emb(in_idx)
-        pos_embeds = self.pos_emb(torch.arange(seq_len, device=in_idx.device))
-        x = self.drop_emb(tok_embeds + pos_embeds)
-        x = self.trf_blocks(x)
-        x = self.final_norm(x)
-        return self.out_head(x)
-
-
 # ----------------------------------------------------------------------------------------------
 # Self-checks against the seeds' printed examples and between equivalent formulations.
 # ----------------------------------------------------------------------------------------------
@@ -441,38 +286,16 @@ def self_checks():
 
 
 # ----------------------------------------------------------------------------------------------
-# HDF5 writing (deterministic: no timestamps, 1.8 file format = compact groups, small files).
+# HDF5 writing (deterministic: no timestamps, 1.8 file format = compact groups, small files; the
+# two size-saving properties h5py 3.7 does not expose are set through headlab_hdf5, and where they
+# cannot be, files are bigger with the same content).
 # ----------------------------------------------------------------------------------------------
-
-
-def _hdf5_lib():
-    """The libhdf5 that h5py uses, for two size-saving properties h5py 3.7 does not expose."""
-    import ctypes
-    import ctypes.util
-    for name in ("libhdf5_serial.so.103", ctypes.util.find_library("hdf5_serial"), ctypes.util.find_library("hdf5")):
-        if name:
-            try:
-                return ctypes.CDLL(name)
-            except OSError:
-                pass
-    return None
-
-
-_LIB = _hdf5_lib()
-
-
-def _try_c(fn_name, plist, *args):
-    """Call H5Pset_* on a property list; quietly skip (bigger files, same content) if unavailable."""
-    import ctypes
-    fn = getattr(_LIB, fn_name, None) if _LIB is not None else None
-    if fn is not None:
-        fn(ctypes.c_int64(plist.id), *[ctypes.c_uint(a) for a in args])
 
 
 def _gcpl():
     gcpl = h5py.h5p.create(h5py.h5p.GROUP_CREATE)
     gcpl.set_obj_track_times(False)  # no timestamps: re-runs give byte-identical files
-    _try_c("H5Pset_link_phase_change", gcpl, 10000, 9000)  # links stay in the object header (compact)
+    set_link_phase_change(gcpl, 10000, 9000)  # links stay in the object header (compact)
     return gcpl
 
 
@@ -499,7 +322,7 @@ def _dataset(g, name, arr):
     space = h5py.h5s.create(h5py.h5s.SCALAR) if arr.ndim == 0 else h5py.h5s.create_simple(arr.shape)
     dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
     dcpl.set_obj_track_times(False)
-    _try_c("H5Pset_dset_no_attrs_hint", dcpl, 1)  # minimal object header: halves the per-dataset cost
+    set_dset_no_attrs_hint(dcpl)  # minimal object header: halves the per-dataset cost
     ftype = h5py.h5t.IEEE_F64LE if arr.dtype.kind == "f" else h5py.h5t.STD_I64LE
     d = h5py.h5d.create(g.id, name.encode(), ftype, space, dcpl=dcpl)
     d.write(h5py.h5s.ALL, h5py.h5s.ALL, arr)
@@ -512,7 +335,7 @@ def write_h5(path, attrs, data, groups=()):
     fapl.set_libver_bounds(h5py.h5f.LIBVER_V18, h5py.h5f.LIBVER_V18)  # 1.8 format: compact groups
     fcpl = h5py.h5p.create(h5py.h5p.FILE_CREATE)
     fcpl.set_obj_track_times(False)  # the root group too
-    _try_c("H5Pset_link_phase_change", fcpl, 10000, 9000)
+    set_link_phase_change(fcpl, 10000, 9000)
     fid = h5py.h5f.create(tmp.encode(), h5py.h5f.ACC_TRUNC, fapl=fapl, fcpl=fcpl)
     with h5py.File(fid) as f:
         for k in sorted(attrs):
@@ -828,10 +651,10 @@ def gpt_fixture(out, fname, attention, qkv_bias, seed):
     logits = model(idx)
     loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
     loss.backward()
-    names = [n for n, _ in model.named_parameters()]
-    expect_prefix = {"fused": "trf_blocks.0.att.W_query.weight", "wrapper": "trf_blocks.0.att.heads.0.W_query.weight"}
-    assert expect_prefix[attention] in names and "out_head.weight" in names and "out_head.bias" not in names
-    assert ("trf_blocks.0.att.W_query.bias" in names) == (qkv_bias and attention == "fused")
+    # the names and shapes (in order) that export_torch.py / import_torch.py check checkpoints against
+    assert [(n, tuple(p.shape)) for n, p in model.named_parameters()] == list(expected_parameters(cfg).items())
+    assert "out_head.bias" not in expected_parameters(cfg)
+    assert ("trf_blocks.0.att.W_query.bias" in expected_parameters(cfg)) == (qkv_bias and attention == "fused")
     data = {}
     for n, p in model.named_parameters():
         data[f"params/{n}"] = p
@@ -871,13 +694,21 @@ HYPER_KEYS = {"SGD": ["lr", "momentum", "dampening", "weight_decay", "nesterov",
               "AdamW": ["lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"]}
 
 
+OPTIM_MODULE = "Sequential(Linear(4,3),Tanh,Linear(3,2))"
+
+
+def optim_model():
+    """The optimizer fixtures' model (PyTorch default init from the current RNG state)."""
+    return nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2))
+
+
 def optim_fixtures(out):
     torch.manual_seed(900)
     x = torch.randn(8, 4)
     y = torch.randn(8, 2)
     for fname, cls, kw in OPTIMS:
         torch.manual_seed(901)  # same initial model for every optimizer
-        model = nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2))
+        model = optim_model()
         opt = getattr(torch.optim, cls)(model.parameters(), **kw)
         data = {"inputs/x": x, "inputs/y": y}
         for n, p in model.named_parameters():
@@ -904,9 +735,9 @@ def optim_fixtures(out):
         desc = (f"{cls}({', '.join(f'{k}={v}' for k, v in kw.items())}) on Sequential(Linear(4, 3), Tanh, "
                 f"Linear(3, 2)), mse_loss, 10 steps")
         write_h5(os.path.join(out, fname), {"optimizer": cls, "hyperparameters": json.dumps(hyper, sort_keys=True),
-                                            "description": desc, "module": "Sequential(Linear(4,3),Tanh,Linear(3,2))"},
+                                            "description": desc, "module": OPTIM_MODULE},
                  data, groups=("state",))  # plain SGD keeps no state: /state stays empty
-        INDEX.append({"file": fname, "kind": "optim", "module": "Sequential(Linear(4,3),Tanh,Linear(3,2))",
+        INDEX.append({"file": fname, "kind": "optim", "module": OPTIM_MODULE,
                       "optimizer": cls, "hyperparameters": hyper, "description": desc})
 
 
@@ -1002,8 +833,7 @@ def verify(out):
         with h5py.File(os.path.join(out, e["file"]), "r") as f:
             if e["kind"] == "module":
                 cfg = json.loads(f.attrs["config"])
-                model = FACTORY[f.attrs["module"].decode() if isinstance(f.attrs["module"], bytes)
-                                else f.attrs["module"]](cfg)
+                model = FACTORY[attr_str(f, "module")](cfg)
                 model.eval()
                 _load_params(model, _read(f, "params"))
                 ins = _read(f, "inputs")
@@ -1042,10 +872,9 @@ def verify(out):
             else:
                 hyper = json.loads(f.attrs["hyperparameters"])
                 torch.manual_seed(0)  # any init: the file's params_init replace it
-                model = nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2))
+                model = optim_model()
                 model.load_state_dict(_read(f, "params_init"))
-                opt = getattr(torch.optim, f.attrs["optimizer"].decode() if isinstance(f.attrs["optimizer"], bytes)
-                              else f.attrs["optimizer"])(model.parameters(), **hyper)
+                opt = getattr(torch.optim, attr_str(f, "optimizer"))(model.parameters(), **hyper)
                 x, y = torch.from_numpy(f["inputs/x"][()]), torch.from_numpy(f["inputs/y"][()])
                 losses = f["losses"][()]
                 for k in range(1, 11):

@@ -15,6 +15,7 @@
 #include "backends/cpu/cpu_loops.h"
 #include "backends/cpu/fast_math.h"
 #include "backends/philox.h"
+#include "backends/scalar_math.h"
 
 namespace headlab {
 namespace {
@@ -24,7 +25,8 @@ using cpu::kParallelGrain;
 using cpu::map1;
 using cpu::map2;
 using cpu::fast_exp;
-using cpu::fast_tanh;
+using smath::Acc;
+using Fast = cpu::FastExpTanh;  // the exp/tanh of the shared formulas (backends/scalar_math.h)
 
 // dtype dispatch: the body is a generic lambda taking a value of the element type.
 template <typename F>
@@ -46,106 +48,23 @@ void dispatch_all(DType dt, F&& f) {
   }
 }
 
-template <typename T> using Acc = std::conditional_t<std::is_floating_point_v<T>, double, T>;
-
-constexpr double kSqrt2OverPi = 0.7978845608028654;
-constexpr double kInvSqrt2 = 0.7071067811865476;
-constexpr double kInvSqrt2Pi = 0.3989422804014327;
-
-// GELU with the tanh approximation and its derivative: the hot activation of every GPT block.
+// Max and sum of exp(scale * x[j] - max) over the contiguous row x[0, n): the max-subtracted first
+// half of softmax, log-softmax and cross entropy. exps, when given, receives exp(scale * x[j] - max).
 template <typename T>
-inline T gelu_tanh_forward(T x) {
-  return T(0.5) * x * (T(1) + fast_tanh(T(kSqrt2OverPi) * (x + T(0.044715) * x * x * x)));
-}
-template <typename T>
-inline T gelu_tanh_grad(T x) {
-  const T t = fast_tanh(T(kSqrt2OverPi) * (x + T(0.044715) * x * x * x));
-  return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * T(kSqrt2OverPi) * (T(1) + T(3 * 0.044715) * x * x);
-}
-
-template <typename T>
-T apply_unary(UnaryOp op, T x, T alpha, T beta) {
-  switch (op) {
-    case UnaryOp::neg: return -x;
-    case UnaryOp::exp: return fast_exp(x);
-    case UnaryOp::log: return std::log(x);
-    case UnaryOp::sqrt: return std::sqrt(x);
-    case UnaryOp::rsqrt: return T(1) / std::sqrt(x);
-    case UnaryOp::abs: return std::abs(x);
-    case UnaryOp::tanh: return fast_tanh(x);
-    case UnaryOp::sigmoid: return T(1) / (T(1) + fast_exp(-x));
-    case UnaryOp::relu: return x > T(0) ? x : T(0);
-    case UnaryOp::gelu: return T(0.5) * x * (T(1) + std::erf(x * T(kInvSqrt2)));
-    case UnaryOp::gelu_tanh: return gelu_tanh_forward(x);
-    case UnaryOp::pow: return std::pow(x, alpha);
-    case UnaryOp::affine: return alpha * x + beta;
-    case UnaryOp::sign: return T((x > T(0)) - (x < T(0)));
-    case UnaryOp::gt_zero: return x > T(0) ? T(1) : T(0);
-  }
-  return x;
-}
-
-// d op(x) / dx, given x and y = op(x).
-template <typename T>
-T unary_derivative(UnaryOp op, T x, T y, T alpha) {
-  switch (op) {
-    case UnaryOp::neg: return T(-1);
-    case UnaryOp::exp: return y;
-    case UnaryOp::log: return T(1) / x;
-    case UnaryOp::sqrt: return T(0.5) / y;
-    case UnaryOp::rsqrt: return T(-0.5) * y * y * y;
-    case UnaryOp::abs: return T((x > T(0)) - (x < T(0)));
-    case UnaryOp::tanh: return T(1) - y * y;
-    case UnaryOp::sigmoid: return y * (T(1) - y);
-    case UnaryOp::relu: return x > T(0) ? T(1) : T(0);
-    case UnaryOp::gelu: {
-      const T cdf = T(0.5) * (T(1) + std::erf(x * T(kInvSqrt2)));
-      return cdf + x * T(kInvSqrt2Pi) * std::exp(T(-0.5) * x * x);
+inline smath::RowLse<T> row_logsumexp(const T* x, int64_t n, T scale = T(1), T* exps = nullptr) {
+  T m = -std::numeric_limits<T>::infinity();
+  for (int64_t j = 0; j < n; ++j) m = std::max(m, scale * x[j]);
+  Acc<T> sum = 0;
+  if (exps) {
+    for (int64_t j = 0; j < n; ++j) {
+      const T e = fast_exp(scale * x[j] - m);
+      exps[j] = e;
+      sum += e;
     }
-    case UnaryOp::gelu_tanh: return gelu_tanh_grad(x);
-    case UnaryOp::pow: return alpha * std::pow(x, alpha - T(1));
-    case UnaryOp::affine: return alpha;
-    case UnaryOp::sign:
-    case UnaryOp::gt_zero: return T(0);
+  } else {
+    for (int64_t j = 0; j < n; ++j) sum += fast_exp(scale * x[j] - m);
   }
-  return T(0);
-}
-
-template <typename T>
-T apply_binary(BinaryOp op, T a, T b) {
-  switch (op) {
-    case BinaryOp::add: return a + b;
-    case BinaryOp::sub: return a - b;
-    case BinaryOp::mul: return a * b;
-    case BinaryOp::div: return a / b;
-    case BinaryOp::maximum: return (a != a || a > b) ? a : b;  // NaN propagates, as in PyTorch
-    case BinaryOp::minimum: return (a != a || a < b) ? a : b;
-    default: return T(0);
-  }
-}
-
-template <typename T>
-uint8_t apply_compare(BinaryOp op, T a, T b) {
-  switch (op) {
-    case BinaryOp::eq: return a == b;
-    case BinaryOp::ne: return a != b;
-    case BinaryOp::lt: return a < b;
-    case BinaryOp::le: return a <= b;
-    case BinaryOp::gt: return a > b;
-    case BinaryOp::ge: return a >= b;
-    case BinaryOp::logical_and: return (a != T(0)) && (b != T(0));
-    default: return 0;
-  }
-}
-
-// Valid columns of softmax row r under `mask`.
-inline int64_t valid_cols(SoftmaxMask mask, const int64_t* lengths, int64_t q_len, int64_t r, int64_t cols) {
-  switch (mask) {
-    case SoftmaxMask::none: return cols;
-    case SoftmaxMask::lengths: return std::clamp<int64_t>(lengths[r], 0, cols);
-    case SoftmaxMask::causal: return std::min<int64_t>(r % q_len + 1, cols);
-  }
-  return cols;
+  return {m, sum};
 }
 
 struct CpuBackend final : Backend {
@@ -212,55 +131,36 @@ struct CpuBackend final : Backend {
     });
   }
 
+  // One loop per op (the switch is hoisted out of the element loop, so each case vectorises).
   void unary(UnaryOp op, DType dt, const Loop& l, double alpha, double beta) override {
     dispatch_float(dt, "unary", [&](auto tag_T) { using T = decltype(tag_T);
       T* o = static_cast<T*>(l.ptr[0]);
       const T* a = static_cast<const T*>(l.ptr[1]);
       const T al = static_cast<T>(alpha), be = static_cast<T>(beta);
-      for_each_row<2>(l, [&](const int64_t* base, int64_t n, const int64_t* s) {
-        T* po = o + base[0];
-        const T* pa = a + base[1];
-        // The common ops get their own loops so the switch is not inside the element loop.
-        switch (op) {
-          case UnaryOp::exp: map1(po, s[0], pa, s[1], n, [](T x) { return fast_exp(x); }); break;
-          case UnaryOp::tanh: map1(po, s[0], pa, s[1], n, [](T x) { return fast_tanh(x); }); break;
-          case UnaryOp::relu: map1(po, s[0], pa, s[1], n, [](T x) { return x > T(0) ? x : T(0); }); break;
-          case UnaryOp::affine: map1(po, s[0], pa, s[1], n, [=](T x) { return al * x + be; }); break;
-          case UnaryOp::neg: map1(po, s[0], pa, s[1], n, [](T x) { return -x; }); break;
-          case UnaryOp::gelu_tanh: map1(po, s[0], pa, s[1], n, [](T x) { return gelu_tanh_forward(x); }); break;
-          default: map1(po, s[0], pa, s[1], n, [=](T x) { return apply_unary<T>(op, x, al, be); });
-        }
+      smath::dispatch_unary_op(op, "unary", [&](auto op_c) {
+        constexpr UnaryOp kOp = decltype(op_c)::value;
+        for_each_row<2>(l, [&](const int64_t* base, int64_t n, const int64_t* s) {
+          map1(o + base[0], s[0], a + base[1], s[1], n, [=](T x) { return smath::unary_op<kOp, Fast>(x, al, be); });
+        });
       });
     });
   }
 
   void unary_backward(UnaryOp op, DType dt, void* din, const void* dout, const void* x, const void* y,
                       int64_t n, double alpha) override {
+    if (n <= 0) return;
+    smath::check_grad_operand(op, x, y, "unary_backward");
     dispatch_float(dt, "unary_backward", [&](auto tag_T) { using T = decltype(tag_T);
       T* di = static_cast<T*>(din);
       const T* dy = static_cast<const T*>(dout);
       const T* px = static_cast<const T*>(x);
       const T* py = static_cast<const T*>(y);
       const T al = static_cast<T>(alpha);
-      // The switch is hoisted out of the element loop so each case vectorises.
-      auto from_x = [&](auto deriv) {
+      smath::dispatch_unary_op(op, "unary_backward", [&](auto op_c) {
+        constexpr UnaryOp kOp = decltype(op_c)::value;
 #pragma omp parallel for schedule(static) if (n > kParallelGrain)
-        for (int64_t i = 0; i < n; ++i) di[i] = dy[i] * deriv(px[i]);
-      };
-      auto from_y = [&](auto deriv) {
-#pragma omp parallel for schedule(static) if (n > kParallelGrain)
-        for (int64_t i = 0; i < n; ++i) di[i] = dy[i] * deriv(py[i]);
-      };
-      switch (op) {
-        case UnaryOp::gelu_tanh: from_x([](T x) { return gelu_tanh_grad(x); }); break;
-        case UnaryOp::relu: from_x([](T x) { return x > T(0) ? T(1) : T(0); }); break;
-        case UnaryOp::tanh: from_y([](T y) { return T(1) - y * y; }); break;
-        case UnaryOp::exp: from_y([](T y) { return y; }); break;
-        case UnaryOp::sigmoid: from_y([](T y) { return y * (T(1) - y); }); break;
-        default:
-          if (px) from_x([=](T x) { return unary_derivative<T>(op, x, T(0), al); });
-          else from_y([=](T y) { return unary_derivative<T>(op, T(0), y, al); });
-      }
+        for (int64_t i = 0; i < n; ++i) di[i] = smath::unary_backward_at<kOp, Fast>(dy, px, py, i, al);
+      });
     });
   }
 
@@ -268,28 +168,15 @@ struct CpuBackend final : Backend {
     dispatch_all(dt, [&](auto tag_T) { using T = decltype(tag_T);
       const T* a = static_cast<const T*>(l.ptr[1]);
       const T* b = static_cast<const T*>(l.ptr[2]);
-      if (is_comparison(op)) {
-        uint8_t* o = static_cast<uint8_t*>(l.ptr[0]);
+      smath::dispatch_binary_op(op, "binary", [&](auto op_c) {
+        constexpr BinaryOp kOp = decltype(op_c)::value;
+        using TO = std::conditional_t<is_comparison(kOp), uint8_t, T>;  // comparisons write bool
+        TO* o = static_cast<TO*>(l.ptr[0]);
         for_each_row<3>(l, [&](const int64_t* base, int64_t n, const int64_t* s) {
           map2(o + base[0], s[0], a + base[1], s[1], b + base[2], s[2], n,
-               [=](T u, T v) { return apply_compare<T>(op, u, v); });
+               [](T u, T v) { return smath::binary_op<kOp>(u, v); });
         });
-      } else {
-        T* o = static_cast<T*>(l.ptr[0]);
-        for_each_row<3>(l, [&](const int64_t* base, int64_t n, const int64_t* s) {
-          T* po = o + base[0];
-          const T* pa = a + base[1];
-          const T* pb = b + base[2];
-          switch (op) {
-            case BinaryOp::add: map2(po, s[0], pa, s[1], pb, s[2], n, [](T u, T v) { return u + v; }); break;
-            case BinaryOp::sub: map2(po, s[0], pa, s[1], pb, s[2], n, [](T u, T v) { return u - v; }); break;
-            case BinaryOp::mul: map2(po, s[0], pa, s[1], pb, s[2], n, [](T u, T v) { return u * v; }); break;
-            case BinaryOp::div: map2(po, s[0], pa, s[1], pb, s[2], n, [](T u, T v) { return u / v; }); break;
-            default:
-              map2(po, s[0], pa, s[1], pb, s[2], n, [=](T u, T v) { return apply_binary<T>(op, u, v); });
-          }
-        });
-      }
+      });
     });
   }
 
@@ -439,16 +326,9 @@ struct CpuBackend final : Backend {
       for (int64_t r = 0; r < rows; ++r) {
         const T* xr = px + r * cols;
         T* yr = py + r * cols;
-        const int64_t valid = valid_cols(mask, lengths, q_len, r, cols);
-        T m = -std::numeric_limits<T>::infinity();
-        for (int64_t j = 0; j < valid; ++j) m = std::max(m, sc * xr[j]);
-        Acc<T> sum = 0;
-        for (int64_t j = 0; j < valid; ++j) {
-          const T e = fast_exp(sc * xr[j] - m);
-          yr[j] = e;
-          sum += e;
-        }
-        const T inv = valid > 0 ? static_cast<T>(1.0 / sum) : T(0);
+        const int64_t valid = smath::softmax_valid_cols(mask, lengths, q_len, r, cols);
+        const smath::RowLse<T> lse = row_logsumexp(xr, valid, sc, yr);  // yr[j] = exp(sc * xr[j] - max)
+        const T inv = valid > 0 ? static_cast<T>(1.0 / lse.sum) : T(0);
         for (int64_t j = 0; j < valid; ++j) yr[j] *= inv;
         for (int64_t j = valid; j < cols; ++j) yr[j] = T(0);
       }
@@ -481,11 +361,7 @@ struct CpuBackend final : Backend {
 #pragma omp parallel for schedule(static) if (rows * cols > kParallelGrain)
       for (int64_t r = 0; r < rows; ++r) {
         const T* xr = px + r * cols;
-        T m = -std::numeric_limits<T>::infinity();
-        for (int64_t j = 0; j < cols; ++j) m = std::max(m, xr[j]);
-        Acc<T> sum = 0;
-        for (int64_t j = 0; j < cols; ++j) sum += fast_exp(xr[j] - m);
-        const T lse = m + static_cast<T>(std::log(sum));
+        const T lse = row_logsumexp(xr, cols).lse();
         for (int64_t j = 0; j < cols; ++j) py[r * cols + j] = xr[j] - lse;
       }
     });
@@ -606,18 +482,15 @@ struct CpuBackend final : Backend {
   void random_int(void* out, int64_t n, uint64_t seed, uint64_t offset, int64_t lo, int64_t hi) override {
     int64_t* o = static_cast<int64_t*>(out);
     const uint64_t range = static_cast<uint64_t>(hi - lo);
-    for (int64_t i = 0; i < n; ++i) {
-      const philox::U4 r = philox::philox4x32(offset + static_cast<uint64_t>(i) / 4, seed);
-      o[i] = lo + static_cast<int64_t>((static_cast<uint64_t>(r.v[i % 4]) * range) >> 32);
-    }
+    for (int64_t i = 0; i < n; ++i) o[i] = philox::uniform_int(seed, offset, i, lo, range);
   }
   void dropout(DType dt, void* out, const void* x, int64_t n, double p, uint64_t seed, uint64_t offset) override {
     dispatch_float(dt, "dropout", [&](auto tag_T) { using T = decltype(tag_T);
       T* o = static_cast<T*>(out);
       const T* px = static_cast<const T*>(x);
-      const T keep_scale = p < 1 ? static_cast<T>(1.0 / (1.0 - p)) : T(0);
+      const T keep_scale = philox::dropout_scale<T>(p);
 #pragma omp parallel for schedule(static) if (n > kParallelGrain)
-      for (int64_t i = 0; i < n; ++i) o[i] = philox::uniform(seed, offset, i) >= p ? px[i] * keep_scale : T(0);
+      for (int64_t i = 0; i < n; ++i) o[i] = philox::dropout(px[i], p, keep_scale, seed, offset, i);
     });
   }
 
@@ -660,11 +533,8 @@ struct CpuBackend final : Backend {
       for (int64_t r = 0; r < rows; ++r) {
         if (targets[r] == ignore_index) { l[r] = T(0); continue; }
         const T* xr = x + r * classes;
-        T m = -std::numeric_limits<T>::infinity();
-        for (int64_t j = 0; j < classes; ++j) m = std::max(m, xr[j]);
-        Acc<T> s = 0;
-        for (int64_t j = 0; j < classes; ++j) s += fast_exp(xr[j] - m);
-        l[r] = static_cast<T>(m + std::log(s) - xr[targets[r]]);
+        const smath::RowLse<T> lse = row_logsumexp(xr, classes);
+        l[r] = static_cast<T>(lse.max + lse.log_sum() - xr[targets[r]]);
       }
     });
   }
@@ -680,35 +550,25 @@ struct CpuBackend final : Backend {
         T* dr = dx + r * classes;
         if (targets[r] == ignore_index) { std::fill(dr, dr + classes, T(0)); continue; }
         const T* xr = x + r * classes;
-        T m = -std::numeric_limits<T>::infinity();
-        for (int64_t j = 0; j < classes; ++j) m = std::max(m, xr[j]);
-        Acc<T> s = 0;
-        for (int64_t j = 0; j < classes; ++j) s += fast_exp(xr[j] - m);
+        const smath::RowLse<T> lse = row_logsumexp(xr, classes);
         const T g = static_cast<T>(dl[r * dloss_stride] * scale);
-        const T inv = static_cast<T>(1.0 / s);
-        for (int64_t j = 0; j < classes; ++j) dr[j] = g * fast_exp(xr[j] - m) * inv;
+        const T inv = static_cast<T>(1.0 / lse.sum);
+        for (int64_t j = 0; j < classes; ++j) dr[j] = g * fast_exp(xr[j] - lse.max) * inv;
         dr[targets[r]] -= g;
       }
     });
   }
 
-  // ---- optimizers ----
+  // ---- optimizers (firstprivate: each thread's own copy, which no store through p can alias) ----
   void sgd_step(DType dt, void* param, const void* grad, void* buf, int64_t n, double lr, double momentum,
                 double dampening, double wd, bool nesterov, bool first_step) override {
     dispatch_float(dt, "sgd_step", [&](auto tag_T) { using T = decltype(tag_T);
       T* p = static_cast<T*>(param);
       const T* g = static_cast<const T*>(grad);
       T* b = static_cast<T*>(buf);
-      const T lr_ = T(lr), mo = T(momentum), da = T(dampening), wd_ = T(wd);
-#pragma omp parallel for schedule(static) if (n > kParallelGrain)
-      for (int64_t i = 0; i < n; ++i) {
-        T d = wd_ != T(0) ? g[i] + wd_ * p[i] : g[i];
-        if (mo != T(0)) {
-          b[i] = first_step ? d : mo * b[i] + (T(1) - da) * d;
-          d = nesterov ? d + mo * b[i] : b[i];
-        }
-        p[i] -= lr_ * d;
-      }
+      const smath::SgdParams<T> h{T(lr), T(momentum), T(dampening), T(wd), nesterov, first_step};
+#pragma omp parallel for schedule(static) firstprivate(h) if (n > kParallelGrain)
+      for (int64_t i = 0; i < n; ++i) smath::sgd_update(p, g, b, i, h);
     });
   }
   void adam_step(DType dt, void* param, const void* grad, void* exp_avg, void* exp_avg_sq, int64_t n, double lr,
@@ -718,19 +578,9 @@ struct CpuBackend final : Backend {
       const T* g = static_cast<const T*>(grad);
       T* m = static_cast<T*>(exp_avg);
       T* v = static_cast<T*>(exp_avg_sq);
-      const double bc1 = 1 - std::pow(beta1, static_cast<double>(step));
-      const double bc2 = 1 - std::pow(beta2, static_cast<double>(step));
-      const T step_size = T(lr / bc1), bc2_sqrt = T(std::sqrt(bc2)), b1 = T(beta1), b2 = T(beta2), e = T(eps);
-      const T decay = T(1 - lr * wd), wd_ = T(wd);
-#pragma omp parallel for schedule(static) if (n > kParallelGrain)
-      for (int64_t i = 0; i < n; ++i) {
-        T gi = g[i];
-        if (decoupled) p[i] *= decay;
-        else if (wd_ != T(0)) gi += wd_ * p[i];
-        m[i] = b1 * m[i] + (T(1) - b1) * gi;
-        v[i] = b2 * v[i] + (T(1) - b2) * gi * gi;
-        p[i] -= step_size * m[i] / (std::sqrt(v[i]) / bc2_sqrt + e);
-      }
+      const smath::AdamParams<T> h = smath::adam_params<T>(lr, beta1, beta2, eps, wd, step, decoupled);
+#pragma omp parallel for schedule(static) firstprivate(h) if (n > kParallelGrain)
+      for (int64_t i = 0; i < n; ++i) smath::adam_update(p, g, m, v, i, h);
     });
   }
 };

@@ -1,5 +1,6 @@
 // Vectorisable float exp and tanh (Cephes polynomials, about 1 ulp): libm's scalar expf/tanhf
 // calls dominated GELU, softmax and cross entropy. Doubles keep libm: they serve gradient checks.
+// FastExpTanh hands them to the formulas shared with CUDA (backends/scalar_math.h).
 #pragma once
 #include <cmath>
 #include <cstdint>
@@ -48,5 +49,11 @@ inline float fast_tanh(float x) {
 
 inline double fast_exp(double x) { return std::exp(x); }
 inline double fast_tanh(double x) { return std::tanh(x); }
+
+// The exp/tanh policy of the shared formulas (backends/scalar_math.h) on the CPU.
+struct FastExpTanh {
+  template <typename T> static T exp(T x) { return fast_exp(x); }
+  template <typename T> static T tanh(T x) { return fast_tanh(x); }
+};
 
 }  // namespace headlab::cpu

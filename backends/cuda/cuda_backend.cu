@@ -252,7 +252,7 @@ void CudaBackend::gemm(DType dt, bool trans_a, bool trans_b, int64_t M, int64_t 
   HL_CHECK(M > 0 && N > 0 && K >= 0 && batch > 0, "cuda gemm: invalid sizes M=", M, " N=", N, " K=", K,
            " batch=", batch);
   if (dt != DType::f32 && dt != DType::f64)
-    HL_FAIL("cuda gemm: expected a floating dtype, got ", cuda::dtype_str(dt));
+    HL_FAIL("cuda gemm: expected a floating dtype, got ", dtype_name(dt));
   activate();
   if (K == 0) {  // PyTorch semantics: C = beta * C (cuBLAS would reject lda = 0 here)
     HLC_DISPATCH_FLOAT(dt, T, "gemm", {

@@ -1,5 +1,6 @@
 // Internals shared by the CUDA backend's translation units: the CudaBackend class, the caching
-// allocator, error checks, dtype dispatch, launch sizing and the warp/block reductions.
+// allocator, error checks, dtype dispatch, launch sizing, the warp/block reductions and the row
+// log-sum-exp. The scalar maths (shared with the CPU backend) is in backends/scalar_math.h.
 // Every kernel and cuBLAS call runs on the backend's one stream (see CudaBackend::stream_).
 #pragma once
 #include <cublas_v2.h>
@@ -16,6 +17,7 @@
 #include "autograd/error.h"
 #include "backends/backend.h"
 #include "backends/cuda/cuda_backend.h"
+#include "backends/scalar_math.h"
 
 // `what` names the op; the message is "cuda <what>: <CUDA error string>".
 #define HL_CUDA_CHECK(what, expr)                                                         \
@@ -40,7 +42,7 @@
   switch (dt) {                                                                               \
     case ::headlab::DType::f32: { using T = float; __VA_ARGS__; break; }                      \
     case ::headlab::DType::f64: { using T = double; __VA_ARGS__; break; }                     \
-    default: HL_FAIL("cuda ", who, ": expected a floating dtype, got ", ::headlab::cuda::dtype_str(dt)); \
+    default: HL_FAIL("cuda ", who, ": expected a floating dtype, got ", ::headlab::dtype_name(dt)); \
   }
 
 #define HLC_DISPATCH_ALL(dt, T, who, ...)                                                     \
@@ -55,20 +57,7 @@
 namespace headlab {
 namespace cuda {
 
-inline const char* dtype_str(DType d) {
-  switch (d) {
-    case DType::f32: return "float32";
-    case DType::f64: return "float64";
-    case DType::i64: return "int64";
-    case DType::b8: return "bool";
-  }
-  return "?";
-}
-
-// Accumulator type, as on the CPU: float sums accumulate in double.
-template <typename T> struct AccOf { using type = T; };
-template <> struct AccOf<float> { using type = double; };
-template <typename T> using Acc = typename AccOf<T>::type;
+using smath::Acc;  // float sums accumulate in double, as on the CPU
 
 constexpr int kThreads = 256;           // default block size of elementwise kernels
 constexpr int64_t kWarpRowMaxCols = 1024;  // rows up to this many columns get one warp each
@@ -215,23 +204,6 @@ class TempBuffer {
   void* p_;
 };
 
-// ---- device math, one overload per precision (no float -> double promotion by accident) ----
-__device__ __forceinline__ float m_exp(float x) { return expf(x); }
-__device__ __forceinline__ double m_exp(double x) { return exp(x); }
-__device__ __forceinline__ float m_log(float x) { return logf(x); }
-__device__ __forceinline__ double m_log(double x) { return log(x); }
-__device__ __forceinline__ float m_sqrt(float x) { return sqrtf(x); }
-__device__ __forceinline__ double m_sqrt(double x) { return sqrt(x); }
-__device__ __forceinline__ float m_tanh(float x) { return tanhf(x); }
-__device__ __forceinline__ double m_tanh(double x) { return tanh(x); }
-__device__ __forceinline__ float m_erf(float x) { return erff(x); }
-__device__ __forceinline__ double m_erf(double x) { return erf(x); }
-__device__ __forceinline__ float m_pow(float x, float a) { return powf(x, a); }
-__device__ __forceinline__ double m_pow(double x, double a) { return pow(x, a); }
-__device__ __forceinline__ float m_abs(float x) { return fabsf(x); }
-__device__ __forceinline__ double m_abs(double x) { return fabs(x); }
-__device__ __forceinline__ bool m_isfinite(float x) { return isfinite(x); }
-__device__ __forceinline__ bool m_isfinite(double x) { return isfinite(x); }
 template <typename T> __device__ __forceinline__ T neg_inf() { return -static_cast<T>(INFINITY); }
 // std::max as the CPU uses it: (a < b) ? b : a (a NaN b is ignored, a NaN a is kept).
 template <typename T> __device__ __forceinline__ T std_max(T a, T b) { return (a < b) ? b : a; }
@@ -287,6 +259,26 @@ template <bool kBlock> struct RowTeam {
     else return warp_max(v);
   }
 };
+
+// Sum over j in [0, n) of f(j), accumulated as A by a row team (every thread gets the total).
+template <class Team, typename A, typename F>
+__device__ __forceinline__ A team_row_sum(int64_t n, F f) {
+  __shared__ A shm[32];
+  A s = 0;
+  for (int64_t j = Team::rank(); j < n; j += Team::size()) s += f(j);
+  return Team::sum(s, shm);
+}
+
+// The row log-sum-exp of a team: max and sum of exp(scale * x[j] - max) over x[0, n), every thread
+// getting both. The max-subtracted first half of softmax, log-softmax and cross entropy.
+template <class Team, typename T>
+__device__ __forceinline__ smath::RowLse<T> team_row_logsumexp(const T* x, int64_t n, T scale = T(1)) {
+  __shared__ T shm[32];
+  T m = neg_inf<T>();
+  for (int64_t j = Team::rank(); j < n; j += Team::size()) m = std_max(m, scale * x[j]);
+  m = Team::max(m, shm);
+  return {m, team_row_sum<Team, Acc<T>>(n, [&](int64_t j) { return smath::exp(scale * x[j] - m); })};
+}
 
 // Launches kernel<false> (a warp per row) for rows of up to kWarpRowMaxCols columns, else
 // kernel<true> (a block per row). Both take the same arguments.

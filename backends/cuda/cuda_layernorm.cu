@@ -15,16 +15,11 @@ __global__ void layernorm_forward_kernel(T* y, T* mean, T* rstd, const T* x, con
                                          int64_t cols, double eps) {
   using Team = RowTeam<kBlock>;
   using A = Acc<T>;
-  __shared__ A shm_a[32];
   const int tid = Team::rank(), nt = Team::size();
   for (int64_t r = Team::first_row(); r < rows; r += Team::row_step()) {
     const T* xr = x + r * cols;
-    A s = 0;
-    for (int64_t j = tid; j < cols; j += nt) s += xr[j];
-    const A mu = Team::sum(s, shm_a) / static_cast<A>(cols);
-    A v = 0;
-    for (int64_t j = tid; j < cols; j += nt) v += (xr[j] - mu) * (xr[j] - mu);
-    v = Team::sum(v, shm_a);
+    const A mu = team_row_sum<Team, A>(cols, [&](int64_t j) { return xr[j]; }) / static_cast<A>(cols);
+    const A v = team_row_sum<Team, A>(cols, [&](int64_t j) { return (xr[j] - mu) * (xr[j] - mu); });
     const T m = static_cast<T>(mu);
     const T rs = static_cast<T>(1.0 / sqrt(static_cast<double>(v) / static_cast<double>(cols) + eps));
     if (tid == 0) {

@@ -1,9 +1,10 @@
 // CUDA backend kernels that are one grid-stride loop each: random draws and dropout (Philox from
 // backends/philox.h, element i = counter offset + i / 4, lane i % 4, exactly as on the CPU),
 // gather / scatter-add along one dim (embedding forward / backward), and the SGD and Adam(W)
-// updates with the CPU backend's (PyTorch's) formulas, term by term.
+// updates with the CPU backend's (PyTorch's) formulas (backends/scalar_math.h).
 #include "backends/cuda/cuda_internal.cuh"
 #include "backends/philox.h"
+#include "backends/scalar_math.h"
 
 namespace headlab {
 namespace cuda {
@@ -21,20 +22,17 @@ __global__ void random_normal_kernel(T* out, int64_t n, uint64_t seed, uint64_t 
     out[i] = static_cast<T>(mean + std * philox::normal(seed, offset, i));
 }
 
-// lo + floor(u32 * range / 2^32): the CPU's formula (unbiased enough for range << 2^32).
 __global__ void random_int_kernel(int64_t* out, int64_t n, uint64_t seed, uint64_t offset, int64_t lo,
                                   uint64_t range) {
-  for (int64_t i = global_thread(); i < n; i += grid_threads()) {
-    const philox::U4 r = philox::philox4x32(offset + static_cast<uint64_t>(i) / 4, seed);
-    out[i] = lo + static_cast<int64_t>((static_cast<uint64_t>(r.v[i % 4]) * range) >> 32);
-  }
+  for (int64_t i = global_thread(); i < n; i += grid_threads())
+    out[i] = philox::uniform_int(seed, offset, i, lo, range);
 }
 
 template <typename T>
 __global__ void dropout_kernel(T* out, const T* x, int64_t n, double p, T keep_scale, uint64_t seed,
                                uint64_t offset) {
   for (int64_t i = global_thread(); i < n; i += grid_threads())
-    out[i] = philox::uniform(seed, offset, i) >= p ? x[i] * keep_scale : T(0);
+    out[i] = philox::dropout(x[i], p, keep_scale, seed, offset, i);
 }
 
 // out: (outer, n_idx, inner) = in: (outer, in_dim, inner) at idx. An index outside [0, in_dim)
@@ -64,43 +62,13 @@ __global__ void index_add_kernel(T* dst, const T* src, const int64_t* idx, int64
 }
 
 template <typename T>
-struct SgdParams {
-  T lr, momentum, dampening, weight_decay;
-  bool nesterov, first_step;
-};
-
-template <typename T>
-__global__ void sgd_kernel(T* p, const T* g, T* buf, int64_t n, SgdParams<T> h) {
-  for (int64_t i = global_thread(); i < n; i += grid_threads()) {
-    T d = h.weight_decay != T(0) ? g[i] + h.weight_decay * p[i] : g[i];
-    if (h.momentum != T(0)) {
-      const T b = h.first_step ? d : h.momentum * buf[i] + (T(1) - h.dampening) * d;
-      buf[i] = b;
-      d = h.nesterov ? d + h.momentum * b : b;
-    }
-    p[i] -= h.lr * d;
-  }
+__global__ void sgd_kernel(T* p, const T* g, T* buf, int64_t n, smath::SgdParams<T> h) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) smath::sgd_update(p, g, buf, i, h);
 }
 
 template <typename T>
-struct AdamParams {
-  T step_size, bc2_sqrt, beta1, beta2, eps, decay, weight_decay;
-  bool decoupled;
-};
-
-template <typename T>
-__global__ void adam_kernel(T* p, const T* g, T* m, T* v, int64_t n, AdamParams<T> h) {
-  for (int64_t i = global_thread(); i < n; i += grid_threads()) {
-    T gi = g[i];
-    T pi = p[i];
-    if (h.decoupled) pi *= h.decay;
-    else if (h.weight_decay != T(0)) gi += h.weight_decay * pi;
-    const T mi = h.beta1 * m[i] + (T(1) - h.beta1) * gi;
-    const T vi = h.beta2 * v[i] + (T(1) - h.beta2) * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = pi - h.step_size * mi / (m_sqrt(vi) / h.bc2_sqrt + h.eps);
-  }
+__global__ void adam_kernel(T* p, const T* g, T* m, T* v, int64_t n, smath::AdamParams<T> h) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) smath::adam_update(p, g, m, v, i, h);
 }
 
 }  // namespace
@@ -140,7 +108,7 @@ void CudaBackend::dropout(DType dt, void* out, const void* x, int64_t n, double 
   if (n <= 0) return;
   activate();
   HLC_DISPATCH_FLOAT(dt, T, "dropout", {
-    const T keep_scale = p < 1 ? static_cast<T>(1.0 / (1.0 - p)) : T(0);
+    const T keep_scale = philox::dropout_scale<T>(p);
     dropout_kernel<T><<<grid_for(n), kThreads, 0, stream_>>>(static_cast<T*>(out), static_cast<const T*>(x), n, p,
                                                              keep_scale, seed, offset);
   });
@@ -177,8 +145,8 @@ void CudaBackend::sgd_step(DType dt, void* param, const void* grad, void* moment
   HL_CHECK(momentum == 0 || momentum_buf != nullptr, "cuda sgd_step: momentum ", momentum, " needs a momentum buffer");
   activate();
   HLC_DISPATCH_FLOAT(dt, T, "sgd_step", {
-    const SgdParams<T> h{static_cast<T>(lr), static_cast<T>(momentum), static_cast<T>(dampening),
-                         static_cast<T>(weight_decay), nesterov, first_step};
+    const smath::SgdParams<T> h{static_cast<T>(lr), static_cast<T>(momentum), static_cast<T>(dampening),
+                                static_cast<T>(weight_decay), nesterov, first_step};
     sgd_kernel<T><<<grid_for(n), kThreads, 0, stream_>>>(static_cast<T*>(param), static_cast<const T*>(grad),
                                                          static_cast<T*>(momentum_buf), n, h);
   });
@@ -191,12 +159,8 @@ void CudaBackend::adam_step(DType dt, void* param, const void* grad, void* exp_a
   if (n <= 0) return;
   HL_CHECK(step >= 1, "cuda adam_step: step must be >= 1 (bias correction), got ", step);
   activate();
-  const double bc1 = 1 - std::pow(beta1, static_cast<double>(step));
-  const double bc2 = 1 - std::pow(beta2, static_cast<double>(step));
   HLC_DISPATCH_FLOAT(dt, T, "adam_step", {
-    const AdamParams<T> h{static_cast<T>(lr / bc1), static_cast<T>(std::sqrt(bc2)), static_cast<T>(beta1),
-                          static_cast<T>(beta2), static_cast<T>(eps), static_cast<T>(1 - lr * weight_decay),
-                          static_cast<T>(weight_decay), decoupled};
+    const auto h = smath::adam_params<T>(lr, beta1, beta2, eps, weight_decay, step, decoupled);
     adam_kernel<T><<<grid_for(n), kThreads, 0, stream_>>>(static_cast<T*>(param), static_cast<const T*>(grad),
                                                           static_cast<T*>(exp_avg), static_cast<T*>(exp_avg_sq), n, h);
   });

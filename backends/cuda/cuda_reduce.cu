@@ -242,7 +242,7 @@ void reduce_typed(CudaBackend& be, void* out, const T* in, const ReduceGeom& g, 
 template <typename T>
 __global__ void all_finite_kernel(const T* p, int64_t n, int* bad) {
   bool ok = true;
-  for (int64_t i = global_thread(); i < n; i += grid_threads()) ok &= m_isfinite(p[i]);
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) ok &= isfinite(p[i]);
   if (!ok) *bad = 1;  // every writer writes the same value
 }
 

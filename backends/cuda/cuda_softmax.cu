@@ -1,27 +1,13 @@
 // Row kernels of the CUDA backend over contiguous (rows, cols): softmax (plain, masked by
 // per-row lengths, causal) and log-softmax, forward and backward, and cross-entropy over logits.
-// A warp per row up to kWarpRowMaxCols columns, a block per row above. Max-subtracted and
-// accumulated like the CPU backend (float sums in double), so the two agree to rounding.
+// A warp per row up to kWarpRowMaxCols columns, a block per row above. The row log-sum-exp is
+// team_row_logsumexp (cuda_internal.cuh): max-subtracted and accumulated like the CPU backend
+// (float sums in double), so the two agree to rounding.
 #include "backends/cuda/cuda_internal.cuh"
 
 namespace headlab {
 namespace cuda {
 namespace {
-
-__device__ __forceinline__ int64_t valid_cols(SoftmaxMask mask, const int64_t* lengths, int64_t q_len, int64_t r,
-                                              int64_t cols) {
-  switch (mask) {
-    case SoftmaxMask::lengths: {
-      const int64_t len = lengths[r];
-      return len < 0 ? 0 : (len > cols ? cols : len);
-    }
-    case SoftmaxMask::causal: {
-      const int64_t keep = r % q_len + 1;
-      return keep < cols ? keep : cols;
-    }
-    default: return cols;
-  }
-}
 
 // y = softmax(scale * x) over the first valid columns of each row; the rest (and rows with nothing
 // valid) are 0.
@@ -29,22 +15,14 @@ template <typename T, bool kBlock>
 __global__ void softmax_forward_kernel(T* y, const T* x, int64_t rows, int64_t cols, T scale, SoftmaxMask mask,
                                        const int64_t* lengths, int64_t q_len) {
   using Team = RowTeam<kBlock>;
-  using A = Acc<T>;
-  __shared__ T shm_t[32];
-  __shared__ A shm_a[32];
   const int tid = Team::rank(), nt = Team::size();
   for (int64_t r = Team::first_row(); r < rows; r += Team::row_step()) {
     const T* xr = x + r * cols;
     T* yr = y + r * cols;
-    const int64_t valid = valid_cols(mask, lengths, q_len, r, cols);
-    T m = neg_inf<T>();
-    for (int64_t j = tid; j < valid; j += nt) m = std_max(m, scale * xr[j]);
-    m = Team::max(m, shm_t);
-    A sum = 0;
-    for (int64_t j = tid; j < valid; j += nt) sum += m_exp(scale * xr[j] - m);
-    sum = Team::sum(sum, shm_a);
-    const T inv = valid > 0 ? static_cast<T>(1.0 / sum) : T(0);
-    for (int64_t j = tid; j < cols; j += nt) yr[j] = j < valid ? m_exp(scale * xr[j] - m) * inv : T(0);
+    const int64_t valid = smath::softmax_valid_cols(mask, lengths, q_len, r, cols);
+    const smath::RowLse<T> lse = team_row_logsumexp<Team>(xr, valid, scale);
+    const T inv = valid > 0 ? static_cast<T>(1.0 / lse.sum) : T(0);
+    for (int64_t j = tid; j < cols; j += nt) yr[j] = j < valid ? smath::exp(scale * xr[j] - lse.max) * inv : T(0);
   }
 }
 
@@ -52,15 +30,11 @@ __global__ void softmax_forward_kernel(T* y, const T* x, int64_t rows, int64_t c
 template <typename T, bool kBlock>
 __global__ void softmax_backward_kernel(T* dx, const T* dy, const T* y, int64_t rows, int64_t cols, T scale) {
   using Team = RowTeam<kBlock>;
-  using A = Acc<T>;
-  __shared__ A shm_a[32];
   const int tid = Team::rank(), nt = Team::size();
   for (int64_t r = Team::first_row(); r < rows; r += Team::row_step()) {
     const T* dyr = dy + r * cols;
     const T* yr = y + r * cols;
-    A dot = 0;
-    for (int64_t j = tid; j < cols; j += nt) dot += dyr[j] * yr[j];
-    const T d = static_cast<T>(Team::sum(dot, shm_a));
+    const T d = static_cast<T>(team_row_sum<Team, Acc<T>>(cols, [&](int64_t j) { return dyr[j] * yr[j]; }));
     for (int64_t j = tid; j < cols; j += nt) dx[r * cols + j] = scale * yr[j] * (dyr[j] - d);
   }
 }
@@ -68,19 +42,10 @@ __global__ void softmax_backward_kernel(T* dx, const T* dy, const T* y, int64_t 
 template <typename T, bool kBlock>
 __global__ void log_softmax_forward_kernel(T* y, const T* x, int64_t rows, int64_t cols) {
   using Team = RowTeam<kBlock>;
-  using A = Acc<T>;
-  __shared__ T shm_t[32];
-  __shared__ A shm_a[32];
   const int tid = Team::rank(), nt = Team::size();
   for (int64_t r = Team::first_row(); r < rows; r += Team::row_step()) {
     const T* xr = x + r * cols;
-    T m = neg_inf<T>();
-    for (int64_t j = tid; j < cols; j += nt) m = std_max(m, xr[j]);
-    m = Team::max(m, shm_t);
-    A sum = 0;
-    for (int64_t j = tid; j < cols; j += nt) sum += m_exp(xr[j] - m);
-    sum = Team::sum(sum, shm_a);
-    const T lse = m + static_cast<T>(log(static_cast<double>(sum)));
+    const T lse = team_row_logsumexp<Team>(xr, cols).lse();
     for (int64_t j = tid; j < cols; j += nt) y[r * cols + j] = xr[j] - lse;
   }
 }
@@ -89,14 +54,10 @@ __global__ void log_softmax_forward_kernel(T* y, const T* x, int64_t rows, int64
 template <typename T, bool kBlock>
 __global__ void log_softmax_backward_kernel(T* dx, const T* dy, const T* y, int64_t rows, int64_t cols) {
   using Team = RowTeam<kBlock>;
-  using A = Acc<T>;
-  __shared__ A shm_a[32];
   const int tid = Team::rank(), nt = Team::size();
   for (int64_t r = Team::first_row(); r < rows; r += Team::row_step()) {
-    A sum = 0;
-    for (int64_t j = tid; j < cols; j += nt) sum += dy[r * cols + j];
-    const T s = static_cast<T>(Team::sum(sum, shm_a));
-    for (int64_t j = tid; j < cols; j += nt) dx[r * cols + j] = dy[r * cols + j] - m_exp(y[r * cols + j]) * s;
+    const T s = static_cast<T>(team_row_sum<Team, Acc<T>>(cols, [&](int64_t j) { return dy[r * cols + j]; }));
+    for (int64_t j = tid; j < cols; j += nt) dx[r * cols + j] = dy[r * cols + j] - smath::exp(y[r * cols + j]) * s;
   }
 }
 
@@ -106,26 +67,17 @@ template <typename T, bool kBlock>
 __global__ void cross_entropy_forward_kernel(T* loss, const T* logits, const int64_t* targets, int64_t rows,
                                              int64_t classes, int64_t ignore_index) {
   using Team = RowTeam<kBlock>;
-  using A = Acc<T>;
-  __shared__ T shm_t[32];
-  __shared__ A shm_a[32];
-  const int tid = Team::rank(), nt = Team::size();
   for (int64_t r = Team::first_row(); r < rows; r += Team::row_step()) {
     const int64_t t = targets[r];  // the same for the whole team: the branches below are uniform
     if (t == ignore_index) {
-      if (tid == 0) loss[r] = T(0);
+      if (Team::rank() == 0) loss[r] = T(0);
       continue;
     }
     const T* xr = logits + r * classes;
-    T m = neg_inf<T>();
-    for (int64_t j = tid; j < classes; j += nt) m = std_max(m, xr[j]);
-    m = Team::max(m, shm_t);
-    A s = 0;
-    for (int64_t j = tid; j < classes; j += nt) s += m_exp(xr[j] - m);
-    s = Team::sum(s, shm_a);
-    if (tid == 0) {
+    const smath::RowLse<T> lse = team_row_logsumexp<Team>(xr, classes);
+    if (Team::rank() == 0) {
       if (t < 0 || t >= classes) loss[r] = static_cast<T>(NAN);
-      else loss[r] = static_cast<T>(static_cast<A>(m) + log(static_cast<double>(s)) - static_cast<A>(xr[t]));
+      else loss[r] = static_cast<T>(lse.max + lse.log_sum() - xr[t]);
     }
   }
 }
@@ -136,9 +88,6 @@ __global__ void cross_entropy_backward_kernel(T* dlogits, const T* dloss, int64_
                                               const T* logits, const int64_t* targets, int64_t rows, int64_t classes,
                                               int64_t ignore_index) {
   using Team = RowTeam<kBlock>;
-  using A = Acc<T>;
-  __shared__ T shm_t[32];
-  __shared__ A shm_a[32];
   const int tid = Team::rank(), nt = Team::size();
   for (int64_t r = Team::first_row(); r < rows; r += Team::row_step()) {
     T* dr = dlogits + r * classes;
@@ -148,17 +97,12 @@ __global__ void cross_entropy_backward_kernel(T* dlogits, const T* dloss, int64_
       continue;
     }
     const T* xr = logits + r * classes;
-    T m = neg_inf<T>();
-    for (int64_t j = tid; j < classes; j += nt) m = std_max(m, xr[j]);
-    m = Team::max(m, shm_t);
-    A s = 0;
-    for (int64_t j = tid; j < classes; j += nt) s += m_exp(xr[j] - m);
-    s = Team::sum(s, shm_a);
+    const smath::RowLse<T> lse = team_row_logsumexp<Team>(xr, classes);
     const T g = static_cast<T>(static_cast<double>(dloss[r * dloss_stride]) * scale);
-    const T inv = static_cast<T>(1.0 / s);
+    const T inv = static_cast<T>(1.0 / lse.sum);
     const bool bad_target = t < 0 || t >= classes;
     for (int64_t j = tid; j < classes; j += nt) {
-      const T v = g * m_exp(xr[j] - m) * inv;
+      const T v = g * smath::exp(xr[j] - lse.max) * inv;
       dr[j] = bad_target ? static_cast<T>(NAN) : (j == t ? v - g : v);
     }
   }

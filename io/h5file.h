@@ -10,7 +10,7 @@
 
 #include "autograd/error.h"
 
-namespace headlab::h5 {
+namespace headlab::io::h5 {
 
 // What the files look like (h5py and h5dump >= HDF5 1.10 read them):
 // - HDF5 1.10 file format, whose metadata (superblock, object headers, chunk indexes) is checksummed.
@@ -166,4 +166,4 @@ class Reader {
   uint64_t file_size_ = 0;  // bounds the size of arrays a damaged header may claim
 };
 
-}  // namespace headlab::h5
+}  // namespace headlab::io::h5

@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "nn/gpt.h"
-#include "train/optim.h"
+#include "optim/optim.h"
 
-namespace headlab::train {
+namespace headlab::io {
 
 constexpr int64_t kCheckpointVersion = 1;
 
@@ -31,7 +31,7 @@ struct Checkpoint {
   nlohmann::json config;  // {"model": GPTConfig, "tokenizer": {...}, "task": {...}, "training": {...}}
   NamedTensors model;     // CPU tensors by state_dict name
   bool has_optimizer = false;
-  OptimizerOptions optimizer;
+  optim::OptimizerOptions optimizer;
   NamedTensors optimizer_state;
   std::vector<std::pair<std::string, int64_t>> optimizer_steps;
   bool has_trainer = false;
@@ -50,4 +50,4 @@ std::shared_ptr<nn::GPTModel> model_from_checkpoint(const Checkpoint& ckpt, cons
 // Snapshot of a live model's parameters (CPU float32 copies).
 NamedTensors snapshot_parameters(const nn::Module& model);
 
-}  // namespace headlab::train
+}  // namespace headlab::io

@@ -1,30 +1,44 @@
 // Optimizer steps call the backend's fused update kernels; see backends/backend.h for the formulas.
-#include "train/optim.h"
+#include "optim/optim.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "backends/backend.h"
 
-namespace headlab::train {
+namespace headlab::optim {
 
-OptimizerOptions OptimizerOptions::defaults(const std::string& kind) {
-  HL_CHECK(kind == "sgd" || kind == "adam" || kind == "adamw", "optimizer: expected 'sgd', 'adam' or 'adamw', got '",
-           kind, "'");
+OptimizerKind parse_optimizer_kind(const std::string& name) {
+  if (name == "sgd") return OptimizerKind::sgd;
+  if (name == "adam") return OptimizerKind::adam;
+  if (name == "adamw") return OptimizerKind::adamw;
+  HL_FAIL("optimizer: expected 'sgd', 'adam' or 'adamw', got '", name, "'");
+}
+
+const char* optimizer_kind_name(OptimizerKind kind) {
+  switch (kind) {
+    case OptimizerKind::sgd: return "sgd";
+    case OptimizerKind::adam: return "adam";
+    case OptimizerKind::adamw: return "adamw";
+  }
+  return "?";
+}
+
+OptimizerOptions OptimizerOptions::defaults(OptimizerKind kind) {
   OptimizerOptions o;
   o.kind = kind;
-  if (kind == "adamw") o.weight_decay = 0.01;
-  if (kind == "sgd") o.lr = 0.1;
+  if (kind == OptimizerKind::adamw) o.weight_decay = 0.01;
+  if (kind == OptimizerKind::sgd) o.lr = 0.1;
   return o;
 }
 
 nlohmann::json OptimizerOptions::to_json() const {
-  return {{"kind", kind},   {"lr", lr},       {"momentum", momentum}, {"dampening", dampening},
+  return {{"kind", optimizer_kind_name(kind)}, {"lr", lr}, {"momentum", momentum}, {"dampening", dampening},
           {"nesterov", nesterov}, {"beta1", beta1}, {"beta2", beta2}, {"eps", eps}, {"weight_decay", weight_decay}};
 }
 
 OptimizerOptions OptimizerOptions::from_json(const nlohmann::json& j) {
-  OptimizerOptions o = defaults(j.value("kind", std::string("adamw")));
+  OptimizerOptions o = defaults(parse_optimizer_kind(j.value("kind", std::string("adamw"))));
   o.lr = j.value("lr", o.lr);
   o.momentum = j.value("momentum", o.momentum);
   o.dampening = j.value("dampening", o.dampening);
@@ -46,7 +60,7 @@ Optimizer::Optimizer(NamedTensors params, OptimizerOptions opts) : opts_(std::mo
   for (auto& [name, p] : params) {
     HL_CHECK(is_floating(p.dtype()), "optimizer: parameter ", name, " is not floating point");
     Slot s{name, p, Tensor(), Tensor(), Tensor(), 0};
-    if (opts_.kind == "sgd") {
+    if (opts_.kind == OptimizerKind::sgd) {
       if (opts_.momentum != 0) s.momentum = zeros(p.shape(), p.dtype(), p.device());
     } else {
       s.exp_avg = zeros(p.shape(), p.dtype(), p.device());
@@ -65,14 +79,14 @@ void Optimizer::step() {
     const Tensor gc = contiguous(g);
     Backend& be = backend_of(s.param);
     ++s.step;
-    if (opts_.kind == "sgd") {
+    if (opts_.kind == OptimizerKind::sgd) {
       be.sgd_step(s.param.dtype(), s.param.raw_data(), gc.raw_data(), s.momentum.defined() ? s.momentum.raw_data() : nullptr,
                   s.param.numel(), opts_.lr, opts_.momentum, opts_.dampening, opts_.weight_decay, opts_.nesterov,
                   s.step == 1);
     } else {
       be.adam_step(s.param.dtype(), s.param.raw_data(), gc.raw_data(), s.exp_avg.raw_data(), s.exp_avg_sq.raw_data(),
                    s.param.numel(), opts_.lr, opts_.beta1, opts_.beta2, opts_.eps, opts_.weight_decay, s.step,
-                   opts_.kind == "adamw");
+                   opts_.kind == OptimizerKind::adamw);
     }
     s.param.bump_version();
   }
@@ -102,7 +116,7 @@ void Optimizer::load_state(const NamedTensors& state, const std::vector<std::pai
                            const std::string& source) {
   NamedTensors mine = this->state();
   HL_CHECK(state.size() == mine.size(), source, ": optimizer state holds ", state.size(), " tensors, expected ",
-           mine.size(), " for a ", opts_.kind, " optimizer over ", slots_.size(), " parameters");
+           mine.size(), " for a ", optimizer_kind_name(opts_.kind), " optimizer over ", slots_.size(), " parameters");
   for (const auto& [name, t] : mine) {
     auto it = std::find_if(state.begin(), state.end(), [&](const auto& p) { return p.first == name; });
     HL_CHECK(it != state.end(), source, ": optimizer state ", name, " is missing");
@@ -145,9 +159,25 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
   return norm;
 }
 
+ScheduleKind parse_schedule_kind(const std::string& name) {
+  if (name == "constant") return ScheduleKind::constant;
+  if (name == "cosine") return ScheduleKind::cosine;
+  if (name == "step") return ScheduleKind::step;
+  HL_FAIL("lr schedule: expected 'constant', 'cosine' or 'step', got '", name, "'");
+}
+
+const char* schedule_kind_name(ScheduleKind kind) {
+  switch (kind) {
+    case ScheduleKind::constant: return "constant";
+    case ScheduleKind::cosine: return "cosine";
+    case ScheduleKind::step: return "step";
+  }
+  return "?";
+}
+
 double LRSchedule::at(int64_t t) const {
-  if (kind == "constant") return lr;
-  if (kind == "step") return lr * std::pow(gamma, static_cast<double>(t / std::max<int64_t>(step_size, 1)));
+  if (kind == ScheduleKind::constant) return lr;
+  if (kind == ScheduleKind::step) return lr * std::pow(gamma, static_cast<double>(t / std::max<int64_t>(step_size, 1)));
   if (t < warmup) return lr * static_cast<double>(t + 1) / static_cast<double>(warmup);
   const double span = static_cast<double>(std::max<int64_t>(total - warmup, 1));
   const double progress = std::min(1.0, static_cast<double>(t - warmup) / span);
@@ -155,15 +185,13 @@ double LRSchedule::at(int64_t t) const {
 }
 
 nlohmann::json LRSchedule::to_json() const {
-  return {{"kind", kind},   {"lr", lr},         {"min_lr", min_lr}, {"warmup", warmup},
+  return {{"kind", schedule_kind_name(kind)}, {"lr", lr}, {"min_lr", min_lr}, {"warmup", warmup},
           {"total", total}, {"step_size", step_size}, {"gamma", gamma}};
 }
 
 LRSchedule LRSchedule::from_json(const nlohmann::json& j) {
   LRSchedule s;
-  s.kind = j.value("kind", s.kind);
-  HL_CHECK(s.kind == "constant" || s.kind == "cosine" || s.kind == "step",
-           "lr schedule: expected 'constant', 'cosine' or 'step', got '", s.kind, "'");
+  s.kind = parse_schedule_kind(j.value("kind", std::string(schedule_kind_name(s.kind))));
   s.lr = j.value("lr", s.lr);
   s.min_lr = j.value("min_lr", s.min_lr);
   s.warmup = j.value("warmup", s.warmup);
@@ -173,4 +201,4 @@ LRSchedule LRSchedule::from_json(const nlohmann::json& j) {
   return s;
 }
 
-}  // namespace headlab::train
+}  // namespace headlab::optim

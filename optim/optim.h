@@ -7,20 +7,22 @@
 #include <utility>
 #include <vector>
 
-#include "ops/ops.h"
+#include "nn/module.h"  // NamedTensors
 
-namespace headlab::train {
+namespace headlab::optim {
 
-using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+enum class OptimizerKind { sgd, adam, adamw };
+OptimizerKind parse_optimizer_kind(const std::string& name);  // "sgd" | "adam" | "adamw"; clear error otherwise
+const char* optimizer_kind_name(OptimizerKind kind);
 
 struct OptimizerOptions {
-  std::string kind = "adamw";  // "sgd" | "adam" | "adamw"
+  OptimizerKind kind = OptimizerKind::adamw;
   double lr = 1e-3;
   double momentum = 0.0, dampening = 0.0;  // sgd
   bool nesterov = false;                   // sgd
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double weight_decay = 0.0;  // PyTorch defaults: 0 for sgd/adam, 0.01 for adamw
-  static OptimizerOptions defaults(const std::string& kind);
+  static OptimizerOptions defaults(OptimizerKind kind);
   nlohmann::json to_json() const;
   static OptimizerOptions from_json(const nlohmann::json& j);
 };
@@ -55,8 +57,12 @@ class Optimizer {
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
 double grad_norm(const std::vector<Tensor>& params);
 
+enum class ScheduleKind { constant, cosine, step };  // cosine: linear warmup, then cosine decay
+ScheduleKind parse_schedule_kind(const std::string& name);  // "constant" | "cosine" | "step"
+const char* schedule_kind_name(ScheduleKind kind);
+
 struct LRSchedule {
-  std::string kind = "cosine";  // "constant" | "cosine" (linear warmup, cosine decay) | "step"
+  ScheduleKind kind = ScheduleKind::cosine;
   double lr = 1e-3, min_lr = 0.0;
   int64_t warmup = 0, total = 1;
   int64_t step_size = 1000;  // step: lr * gamma^(t / step_size)
@@ -68,4 +74,4 @@ struct LRSchedule {
   static LRSchedule from_json(const nlohmann::json& j);
 };
 
-}  // namespace headlab::train
+}  // namespace headlab::optim

@@ -10,7 +10,6 @@
 // run needs nothing but the batch index. Tasks are immutable after construction, so batch()
 // may be called from several threads at once (e.g. a prefetching loader).
 #pragma once
-
 #include <cstdint>
 #include <limits>
 #include <map>
@@ -22,45 +21,10 @@
 #include <vector>
 
 #include "autograd/error.h"  // every bad input throws headlab::Error
+#include "ops/ops.h"  // kIgnoreIndex
+#include "tasks/tokenizer.h"
 
-namespace headlab {
-
-// PyTorch's cross_entropy ignore_index: targets equal to it carry no loss and no score.
-inline constexpr int64_t kIgnoreIndex = -100;
-
-// ---------------------------------------------------------------------------------------------
-// Tokenizer: character level. The vocabulary is a list of single-character tokens (one Unicode
-// code point each, stored as UTF-8); token id = position in the list. The list is the whole
-// serialised form: a checkpoint stores vocab() as a JSON array and rebuilds with Tokenizer(list).
-class Tokenizer {
- public:
-  Tokenizer() = default;
-  // owner prefixes error messages ("task reverse"). Entries must be single characters, unique.
-  explicit Tokenizer(std::vector<std::string> vocab, std::string owner = "tokenizer");
-  // Vocabulary = the sorted (by code point) unique characters of text.
-  static Tokenizer from_text(std::string_view text, std::string owner = "tokenizer");
-
-  const std::vector<std::string>& vocab() const { return vocab_; }
-  int64_t size() const { return static_cast<int64_t>(vocab_.size()); }
-  // label names the input in errors ("prompt", "text 'war.txt'"). An unknown character throws
-  // "<owner>: <label> '<text>' has character 'a' outside the vocabulary \"...\"", or, when the
-  // text is long, multi-line or quote_text is false, "... <label> has character 'a' at line L,
-  // column C outside ...". Invalid UTF-8 throws too.
-  std::vector<int64_t> encode(std::string_view text, std::string_view label = "text",
-                              bool quote_text = true) const;
-  // Ids outside [0, size) throw.
-  std::string decode(const std::vector<int64_t>& ids) const;
-  // Id of one character (given as UTF-8), or nullopt.
-  std::optional<int64_t> find(std::string_view ch) const;
-  // Vocabulary for messages: "\"0123456789>._\"" when short, "of 65 characters" when long.
-  std::string describe() const;
-
- private:
-  std::vector<std::string> vocab_;
-  std::string owner_ = "tokenizer";
-  std::map<uint32_t, int64_t> index_;  // code point -> id
-  std::vector<int32_t> ascii_;          // (128,) fast path of index_ for ASCII; -1 = absent
-};
+namespace headlab::tasks {
 
 // ---------------------------------------------------------------------------------------------
 enum class Split { train, val };
@@ -171,95 +135,6 @@ class Task {
   Tokenizer tokenizer_;
 };
 
-// One algorithmic example, unpadded.
-struct Example {
-  std::vector<int64_t> tokens;  // prompt, separator, answer, end
-  int64_t answer_begin = 0;     // index in tokens of the first answer token
-  std::string prompt_text;      // human readable ("123+45" for add, digits otherwise)
-  std::string answer_text;      // human readable ("168" for add, digits otherwise)
-};
-
-// copy, reverse, sort, add. Vocabulary: digits first so that id == digit value.
-//   copy/reverse/sort: 0-9 > . _   (ids 0-9, 10, 11, 12)
-//   add:               0-9 + = . _ (ids 0-9, 10, 11, 12, 13)
-// Train/val disjointness: an example belongs to val iff splitmix64 of its prompt (with a fixed
-// salt, independent of the seed) is 0 mod 8; each stream rejection-samples prompts of its own
-// part. So 1/8 of all prompts are never trained on, for every seed.
-class AlgorithmicTask : public Task {
- public:
-  enum class Kind { copy, reverse, sort, add };
-  AlgorithmicTask(Kind kind, const TaskOptions& options);
-
-  std::string name() const override;
-  std::string description() const override;
-  TaskOptions options() const override { return options_; }
-  int64_t required_context_length() const override;
-  void check_context_length(int64_t T) const override;
-  Batch batch(Split split, uint64_t index, int64_t B, int64_t T) const override;
-  Prompt encode_prompt(const std::string& text) const override;
-  int64_t end_id() const override { return end_id_; }
-  std::string format_answer(const std::vector<int64_t>& ids) const override;
-  std::string expected_answer(const std::string& text) const override;
-
-  Kind kind() const { return kind_; }
-  // Example n of a split's stream (batch(split, i, B, T) row r is example i*B + r).
-  Example example(Split split, uint64_t n) const;
-  // The example for a user prompt ("31415", "123+45"); same validation as encode_prompt.
-  Example make_example(const std::string& prompt_text) const;
-  // Which part of the example space a prompt (its token ids, without separator) belongs to.
-  Split split_of(const std::vector<int64_t>& prompt_ids) const;
-
-  int64_t sep_id() const { return sep_id_; }
-  int64_t pad_id() const { return pad_id_; }
-  int64_t plus_id() const { return plus_id_; }  // add only; -1 otherwise
-
- private:
-  std::vector<int64_t> parse_prompt(const std::string& text) const;  // -> prompt ids
-  Example build(const std::vector<int64_t>& prompt_ids) const;
-  std::string err() const { return "task " + name(); }
-
-  Kind kind_;
-  TaskOptions options_;
-  int64_t sep_id_ = -1, end_id_ = -1, pad_id_ = -1, plus_id_ = -1;
-};
-
-// Character-level language model over a text: windows of T+1 characters; the first 90% of the
-// text (in characters) is train, the last 10% validation. Every position is a target.
-// A task made with a vocabulary but whose text file is missing still tokenizes (generate works);
-// batch() then throws naming the file. Eval on another text: the stored options and vocabulary
-// with text_path = FILE (characters outside the vocabulary throw), then e.g. Split::val batches
-// (the last 10% of FILE).
-class CharsTask : public Task {
- public:
-  explicit CharsTask(const TaskOptions& options);
-
-  std::string name() const override { return "chars"; }
-  std::string description() const override;
-  TaskOptions options() const override;
-  int64_t required_context_length() const override { return 1; }
-  void check_context_length(int64_t T) const override;
-  Batch batch(Split split, uint64_t index, int64_t B, int64_t T) const override;
-  Prompt encode_prompt(const std::string& text) const override;
-  int64_t end_id() const override { return -1; }
-  std::string format_answer(const std::vector<int64_t>& ids) const override;
-  std::string expected_answer(const std::string&) const override { return ""; }
-
-  bool has_text() const { return text_loaded_; }
-  int64_t text_length() const { return static_cast<int64_t>(ids_.size()); }  // in characters
-  // [begin, end) character positions of a split's region of the text.
-  std::pair<int64_t, int64_t> region(Split split) const;
-  // The text as token ids (int32 to keep large texts small; ids are < vocab_size()).
-  const std::vector<int32_t>& text_ids() const { return ids_; }
-
- private:
-  void check_region(Split split, int64_t T) const;
-  std::string source() const;  // "text 'path'" or "text"
-
-  TaskOptions options_;
-  bool text_loaded_ = false;
-  std::string missing_reason_;  // why the text could not be read (vocabulary-only task)
-  std::vector<int32_t> ids_;
-};
 
 // ---------------------------------------------------------------------------------------------
 // "copy", "reverse", "sort", "add", "chars".
@@ -269,4 +144,4 @@ std::unique_ptr<Task> make_task(const std::string& name, const TaskOptions& opti
 // Help text for `headlab train --help`: every task's one-line format with default options.
 std::string tasks_help();
 
-}  // namespace headlab
+}  // namespace headlab::tasks

@@ -6,14 +6,14 @@
 //   /trainer             step, rng (uint64 seed and offset as int64 [2]), data_index, elapsed_seconds,
 //                        metrics/<column> (float64 (n,))
 // Every dataset carries HDF5's Fletcher32 checksum (train/h5file.h).
-#include "train/checkpoint.h"
+#include "io/checkpoint.h"
 
 #include <algorithm>
 #include <cstring>
 
-#include "train/h5file.h"
+#include "io/h5file.h"
 
-namespace headlab::train {
+namespace headlab::io {
 
 namespace {
 
@@ -60,7 +60,7 @@ void save_checkpoint(const std::string& path, const Checkpoint& ckpt) {
   for (const auto& [name, t] : ckpt.model) write_tensor(w, "model/" + name, t);
   if (ckpt.has_optimizer) {
     w.create_group("optimizer");
-    w.set_attr("/optimizer", "kind", ckpt.optimizer.kind);
+    w.set_attr("/optimizer", "kind", optim::optimizer_kind_name(ckpt.optimizer.kind));
     w.set_attr("/optimizer", "hyperparameters", ckpt.optimizer.to_json().dump());
     for (const auto& [name, t] : ckpt.optimizer_state) write_tensor(w, "optimizer/state/" + name, t);
     for (const auto& [name, s] : ckpt.optimizer_steps) w.write<int64_t>("optimizer/steps/" + name, {}, {s});
@@ -130,7 +130,7 @@ Checkpoint load_checkpoint(const std::string& path) {
     ck.has_optimizer = true;
     const std::string hyper = r.attr_str("/optimizer", "hyperparameters");
     try {
-      ck.optimizer = OptimizerOptions::from_json(nlohmann::json::parse(hyper));
+      ck.optimizer = optim::OptimizerOptions::from_json(nlohmann::json::parse(hyper));
     } catch (const nlohmann::json::exception& e) {
       HL_FAIL(ctx, ": optimizer hyperparameters are not valid JSON (", e.what(), ")");
     } catch (const Error& e) {
@@ -176,4 +176,4 @@ std::shared_ptr<nn::GPTModel> model_from_checkpoint(const Checkpoint& ckpt, cons
   return model;
 }
 
-}  // namespace headlab::train
+}  // namespace headlab::io

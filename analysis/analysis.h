@@ -1,0 +1,9 @@
+// Head analysis: everything analysis/ offers, for callers that want the whole subsystem.
+#pragma once
+#include "analysis/attention_maps.h"
+#include "analysis/compare.h"
+#include "analysis/heads.h"
+#include "analysis/pruning.h"
+#include "analysis/report.h"
+#include "analysis/stats.h"
+#include "analysis/surgery.h"

@@ -1,0 +1,134 @@
+// Wrapper vs fused multi-head attention: the same weights in both forms, timed and compared.
+#include "analysis/compare.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <iomanip>
+#include <limits>
+#include <map>
+#include <numeric>
+#include <set>
+#include <sstream>
+#include <tuple>
+
+#include "backends/backend.h"
+#include "nn/attention.h"
+
+namespace headlab::analysis {
+
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+}  // namespace
+
+// ---- wrapper vs fused ----
+CompareConfig parse_compare_config(const std::string& spec) {
+  std::vector<std::string> parts;
+  std::stringstream ss(spec);
+  for (std::string p; std::getline(ss, p, ',');) parts.push_back(p);
+  HL_CHECK(parts.size() == 6, "compare: config '", spec, "' must be name,B,T,d_in,d_out,heads");
+  CompareConfig c;
+  c.name = parts[0];
+  int64_t* fields[] = {&c.B, &c.T, &c.d_in, &c.d_out, &c.heads};
+  const char* names[] = {"B", "T", "d_in", "d_out", "heads"};
+  for (int i = 0; i < 5; ++i) {
+    size_t used = 0;
+    try {
+      *fields[i] = std::stoll(parts[static_cast<size_t>(i) + 1], &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    HL_CHECK(used > 0 && used == parts[static_cast<size_t>(i) + 1].size() && *fields[i] > 0, "compare: config '", spec,
+             "': ", names[i], " must be a positive integer, got '", parts[static_cast<size_t>(i) + 1], "'");
+  }
+  HL_CHECK(c.d_out % c.heads == 0, "compare: config '", spec, "': d_out ", c.d_out, " must be divisible by heads ",
+           c.heads);
+  return c;
+}
+
+std::vector<CompareConfig> peer_compare_grid() {
+  return {{"seed-toy", 2, 6, 3, 2, 2},
+          {"small", 32, 64, 128, 128, 4},
+          {"medium", 8, 256, 256, 256, 8},
+          {"gpt2-ctx256", 8, 256, 768, 768, 12}};
+}
+
+double attention_flops_forward(const CompareConfig& c) {
+  const double B = static_cast<double>(c.B), T = static_cast<double>(c.T), di = static_cast<double>(c.d_in),
+               d = static_cast<double>(c.d_out);
+  return 2 * B * T * di * 3 * d + 2 * 2 * B * T * T * d + 2 * B * T * d * d;
+}
+
+CompareResult compare_attention(const CompareConfig& c, const CompareOptions& o) {
+  HL_CHECK(c.B > 0 && c.T > 0 && c.d_in > 0 && c.d_out > 0 && c.heads > 0 && c.d_out % c.heads == 0,
+           "compare: config '", c.name, "' needs positive sizes and d_out divisible by heads");
+  Backend& be = backend_for(o.device);
+  Generator gen(o.seed);
+  manual_seed(o.seed);  // module initialisation draws from the default generator
+  auto wrapper = std::make_shared<nn::MultiHeadAttentionWrapper>(c.d_in, c.d_out / c.heads, c.T, 0.0, c.heads, false,
+                                                                 true, c.d_out);
+  wrapper->to(o.device);
+  wrapper->eval();
+  std::shared_ptr<nn::CausalMultiHeadAttention> fused = nn::wrapper_to_fused(*wrapper);
+  fused->eval();
+  const Tensor x = randn({c.B, c.T, c.d_in}, gen).to(o.device);
+  const Tensor dy = randn({c.B, c.T, c.d_out}, gen).to(o.device);
+
+  CompareResult r;
+  r.config = c;
+  const Tensor xg = x.detach().requires_grad_(true);
+  auto fwd = [&](nn::CausalMultiHead& m) -> std::function<void()> {
+    return [&m, &x] {
+      NoGradGuard no_grad;
+      Tensor y = m.forward(x);
+    };
+  };
+  auto fwd_bwd = [&](nn::CausalMultiHead& m) -> std::function<void()> {
+    return [&m, &xg] {
+      m.zero_grad();
+      xg.zero_grad();
+      m.forward(xg).sum().backward();  // the peer's loss
+    };
+  };
+  // Both forms timed in turn within each repeat, so a busy machine slows them alike.
+  const auto tf = time_interleaved({fwd(*wrapper), fwd(*fused)}, o.device, o.warmup, o.repeats);
+  const auto tb = time_interleaved({fwd_bwd(*wrapper), fwd_bwd(*fused)}, o.device, o.warmup, o.repeats);
+  auto peak = [&](const std::function<void()>& fn) {
+    wrapper->zero_grad();
+    fused->zero_grad();
+    xg.zero_grad();
+    be.synchronize();
+    const size_t before = be.bytes_in_use();
+    be.reset_peak();
+    fn();
+    be.synchronize();
+    return static_cast<int64_t>(be.peak_bytes()) - static_cast<int64_t>(before);
+  };
+  int form = 0;
+  for (auto* m : {static_cast<nn::CausalMultiHead*>(wrapper.get()), static_cast<nn::CausalMultiHead*>(fused.get())}) {
+    FormMeasurement& fm = form == 0 ? r.wrapper : r.fused;
+    fm.params = m->num_parameters();
+    fm.flops_forward = attention_flops_forward(c);
+    fm.flops_backward = 2 * fm.flops_forward;
+    fm.forward = tf[static_cast<size_t>(form)];
+    fm.forward_backward = tb[static_cast<size_t>(form)];
+    fm.peak_forward = peak(fwd(*m));
+    fm.peak_forward_backward = peak(fwd_bwd(*m));  // includes the parameter and input gradients it creates
+    ++form;
+  }
+  wrapper->zero_grad();
+  fused->zero_grad();
+
+  // The gap: same weights, same x, same dL/dy.
+  const Tensor xw = x.detach().requires_grad_(true), xf = x.detach().requires_grad_(true);
+  const Tensor yw = wrapper->forward(xw), yf = fused->forward(xf);
+  const Tensor dxw = grad({yw}, {xw}, {dy})[0], dxf = grad({yf}, {xf}, {dy})[0];
+  r.max_abs_out = amax(abs(sub(yw.detach(), yf.detach()))).item<double>();
+  r.max_abs_dx = amax(abs(sub(dxw, dxf))).item<double>();
+  return r;
+}
+
+}  // namespace headlab::analysis

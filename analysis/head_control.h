@@ -1,0 +1,40 @@
+// Internal to analysis/: saving, setting and restoring every layer's HeadControl (gates, offsets,
+// kept contexts) around a measurement, so that an analysis never leaves a model altered.
+#pragma once
+#include <vector>
+
+#include "analysis/heads.h"
+
+namespace headlab::analysis::detail {
+
+inline DType model_dtype(const nn::GPTModel& m) { return m.tok_emb->weight.dtype(); }
+
+
+// Saves every layer's HeadControl and restores it (and clears kept contexts) on scope exit.
+class ControlGuard {
+ public:
+  explicit ControlGuard(nn::GPTModel& m) : m_(m), training_(m.is_training()) {
+    for (int64_t l = 0; l < m.n_layers(); ++l) saved_.push_back(m.attention(l).control());
+  }
+  ~ControlGuard() {
+    for (int64_t l = 0; l < m_.n_layers(); ++l) {
+      m_.attention(l).control() = saved_[static_cast<size_t>(l)];
+      m_.attention(l).control().context = Tensor();
+    }
+    m_.train(training_);
+  }
+  ControlGuard(const ControlGuard&) = delete;
+  ControlGuard& operator=(const ControlGuard&) = delete;
+
+ private:
+  nn::GPTModel& m_;
+  bool training_;
+  std::vector<nn::HeadControl> saved_;
+};
+
+// Throws unless gates is empty or lists every head of every layer.
+void check_matrix(const char* who, const nn::GPTModel& m, const HeadMatrix& gates);
+// Installs gates (may be empty: none) and offsets on the model's layers; contexts are not kept.
+void set_controls(nn::GPTModel& m, const HeadMatrix& gates, const std::vector<Tensor>& offsets);
+
+}  // namespace headlab::analysis::detail

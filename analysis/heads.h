@@ -1,0 +1,92 @@
+// Head analysis of GPT models and checkpoints: zero and mean ablation of every head, the head-importance
+// scores of Michel, Levy & Neubig (2019, "Are Sixteen Heads Really Better than One?"), iterative
+// pruning by those scores, physical pruning (a smaller checkpoint without the pruned heads), and the
+// wrapper-vs-fused attention measurements behind `headlab compare`. Everything computes; nothing prints.
+// L = layers, H = heads of a layer, D = head size, B = batch, T = tokens.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "nn/gpt.h"
+#include "tasks/task.h"
+#include "train/evaluate.h"
+
+namespace headlab::analysis {
+
+using tasks::Batch;
+using tasks::Split;
+using tasks::Task;
+
+// ------------------------------------------------------------------------------------------------
+// Evaluation data and scores
+
+// The batches an analysis measures on, drawn once so that every ablation sees the same tokens.
+struct EvalSet {
+  std::vector<Batch> batches;
+  bool has_exact_match = false;  // task data (whole answers), not chars
+  int64_t tokens() const;        // scored targets over all batches
+};
+// Batches 0..n-1 of the task's `split` stream, each (batch_size, T).
+EvalSet make_eval_set(const Task& task, int64_t batches, int64_t batch_size, int64_t T, Split split = Split::val);
+
+using train::Scores;  // teacher-forced scores over an EvalSet
+
+// The metric pruning watches (higher is better).
+enum class Metric { exact_match, token_accuracy };
+Metric parse_metric(const std::string& name);  // "exact_match" | "exact" | "token_accuracy" | "accuracy"
+const char* metric_name(Metric m);             // "exact_match" / "token_accuracy"
+double metric_value(const Scores& s, Metric m);
+Metric default_metric(const EvalSet& data);    // exact match for tasks, token accuracy for chars
+
+// A value per head: [layer][head], heads in the model's order (for a pruned model, its kept heads).
+using HeadMatrix = std::vector<std::vector<double>>;
+HeadMatrix head_matrix(const nn::GPTModel& model, double fill);
+int64_t count_heads(const HeadMatrix& m);
+// The original index of a model's head (differs from `head` only in pruned models).
+int64_t original_head(const nn::GPTConfig& cfg, int64_t layer, int64_t head);
+
+// Scores with each head's context c_h replaced by gates[l][h] * c_h + offsets[l][h] (HeadControl).
+// gates empty: all ones; offsets empty or an undefined entry: none; offsets[l] is (H_l, D).
+// The model's own head controls are restored afterwards, also when this throws.
+Scores evaluate_heads(nn::GPTModel& model, const EvalSet& data, const HeadMatrix& gates = {},
+                      const std::vector<Tensor>& offsets = {});
+
+// Every head's mean context over the data (all rows and positions): per layer (H_l, D), model dtype.
+std::vector<Tensor> mean_head_contexts(nn::GPTModel& model, const EvalSet& data);
+
+// ------------------------------------------------------------------------------------------------
+// Importance (Michel et al. 2019): I_h = E_x |dL/dxi_h| where xi are the head gates. One backward per
+// batch through gates that require grad (functional grad(), parameters untouched); |grad| of each
+// batch's mean loss is averaged over the batches. normalized: each layer's scores divided by their
+// l2 norm, as in the paper, so that layers compare. Heads whose gate is 0 (already pruned) are left
+// out of the normalisation and get NaN there.
+struct Importance {
+  HeadMatrix raw, normalized;
+};
+Importance head_importance(nn::GPTModel& model, const EvalSet& data, const HeadMatrix& gates = {});
+
+// ------------------------------------------------------------------------------------------------
+// Ablation of every head, one at a time: zero (gate 0) and mean (gate 0, offset = the head's mean context).
+struct HeadAblation {
+  int64_t layer = 0, head = 0, original_head = 0;
+  double importance = 0, importance_raw = 0;  // at full gates
+  Scores zero, mean;                          // scores with the head ablated
+};
+struct AblationResult {
+  Scores base;
+  Importance importance;
+  std::vector<HeadAblation> heads;  // layer-major
+};
+AblationResult ablate_heads(nn::GPTModel& model, const EvalSet& data);
+
+
+
+// Max |a - b| over the logits of the data's batches (inputs only), model a against model b with
+// gates_a applied to a.
+double max_logit_difference(nn::GPTModel& a, const HeadMatrix& gates_a, nn::GPTModel& b, const EvalSet& data);
+
+}  // namespace headlab::analysis

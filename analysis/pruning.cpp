@@ -1,0 +1,122 @@
+// Iterative head pruning by gradient importance or measured ablation, and the head sets it leaves.
+#include "analysis/pruning.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <iomanip>
+#include <limits>
+#include <map>
+#include <numeric>
+#include <set>
+#include <sstream>
+#include <tuple>
+
+#include "analysis/head_control.h"
+
+namespace headlab::analysis {
+
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+}  // namespace
+
+using namespace detail;
+
+// ---- pruning ----
+Criterion parse_criterion(const std::string& name) {
+  if (name == "gradient") return Criterion::gradient;
+  if (name == "ablation") return Criterion::ablation;
+  HL_FAIL("analysis: unknown pruning criterion '", name, "' (expected gradient or ablation)");
+}
+
+const char* criterion_name(Criterion c) { return c == Criterion::gradient ? "gradient" : "ablation"; }
+
+PruningCurve iterative_pruning(nn::GPTModel& model, const EvalSet& data, const PruneOptions& o) {
+  HL_CHECK(o.step_fraction > 0 && o.step_fraction <= 1, "iterative_pruning: step_fraction must be in (0, 1], got ",
+           o.step_fraction);
+  PruningCurve c;
+  c.metric = o.metric;
+  HeadMatrix gates = head_matrix(model, 1.0);
+  c.total_heads = count_heads(gates);
+  PruneStep first;
+  first.scores = evaluate_heads(model, data, gates);
+  metric_value(first.scores, o.metric);  // throws early for exact match on chars
+  c.steps.push_back(first);
+  std::vector<int64_t> active(gates.size());
+  for (size_t l = 0; l < gates.size(); ++l) active[l] = static_cast<int64_t>(gates[l].size());
+  while (true) {
+    const int64_t pruned = static_cast<int64_t>(c.order.size());
+    if (metric_value(c.steps.back().scores, o.metric) < o.stop_below && pruned >= o.min_pruned) break;
+    const int64_t remaining = c.total_heads - pruned;
+    std::vector<std::tuple<double, int64_t, int64_t>> cand;  // (importance, layer, head)
+    const Importance imp = o.criterion == Criterion::gradient ? head_importance(model, data, gates) : Importance{};
+    for (size_t l = 0; l < gates.size(); ++l)
+      for (size_t h = 0; h < gates[l].size(); ++h) {
+        if (gates[l][h] == 0 || active[l] <= 1) continue;
+        double score = 0;
+        if (o.criterion == Criterion::gradient) {
+          score = imp.normalized[l][h];
+        } else {  // the loss increase of masking this head too
+          HeadMatrix g = gates;
+          g[l][h] = 0;
+          score = evaluate_heads(model, data, g).loss - c.steps.back().scores.loss;
+        }
+        cand.emplace_back(score, static_cast<int64_t>(l), static_cast<int64_t>(h));
+      }
+    if (cand.empty()) break;
+    std::sort(cand.begin(), cand.end());
+    const int64_t want =
+        std::max<int64_t>(1, static_cast<int64_t>(std::floor(o.step_fraction * static_cast<double>(remaining) + 0.5)));
+    PruneStep step;
+    for (const auto& [score, l, h] : cand) {
+      if (static_cast<int64_t>(step.removed.size()) >= want) break;
+      if (active[static_cast<size_t>(l)] <= 1) continue;  // each layer keeps one head
+      gates[static_cast<size_t>(l)][static_cast<size_t>(h)] = 0.0;
+      --active[static_cast<size_t>(l)];
+      step.removed.emplace_back(l, h);
+      c.order.emplace_back(l, h);
+    }
+    step.pruned = static_cast<int64_t>(c.order.size());
+    step.fraction = static_cast<double>(step.pruned) / static_cast<double>(c.total_heads);
+    step.scores = evaluate_heads(model, data, gates);
+    c.steps.push_back(step);
+  }
+  return c;
+}
+
+std::vector<std::vector<int64_t>> kept_after(const nn::GPTModel& model,
+                                             const std::vector<std::pair<int64_t, int64_t>>& order, int64_t k) {
+  HL_CHECK(k >= 0 && k <= static_cast<int64_t>(order.size()), "kept_after: cannot remove ", k, " heads; the order lists ",
+           order.size());
+  std::set<std::pair<int64_t, int64_t>> removed(order.begin(), order.begin() + k);
+  std::vector<std::vector<int64_t>> keep(static_cast<size_t>(model.n_layers()));
+  for (int64_t l = 0; l < model.n_layers(); ++l)
+    for (int64_t h = 0; h < model.attention(l).head_count(); ++h)
+      if (!removed.count({l, h})) keep[static_cast<size_t>(l)].push_back(h);
+  return keep;
+}
+
+HeadMatrix gates_keeping(const nn::GPTModel& model, const std::vector<std::vector<int64_t>>& keep) {
+  HeadMatrix g = head_matrix(model, 0.0);
+  HL_CHECK(keep.size() == g.size(), "gates_keeping: keep lists ", keep.size(), " layers, the model has ", g.size());
+  for (size_t l = 0; l < keep.size(); ++l)
+    for (int64_t h : keep[l]) {
+      HL_CHECK(h >= 0 && h < static_cast<int64_t>(g[l].size()), "gates_keeping: layer ", l, " has no head ", h);
+      g[l][static_cast<size_t>(h)] = 1.0;
+    }
+  return g;
+}
+
+int64_t prune_count_for_metric(const PruningCurve& curve, double target) {
+  int64_t n = 0;
+  for (const PruneStep& s : curve.steps) {
+    if (metric_value(s.scores, curve.metric) < target) break;
+    n = s.pruned;
+  }
+  return n;
+}
+
+}  // namespace headlab::analysis

@@ -1,0 +1,346 @@
+// The files the analysis commands write: CSV, JSON, HDF5 and pictures (through plot/).
+#include "analysis/report.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <iomanip>
+#include <limits>
+#include <map>
+#include <numeric>
+#include <set>
+#include <sstream>
+#include <tuple>
+
+#include <omp.h>
+
+#include "io/h5file.h"
+#include "plot/plot.h"
+
+namespace headlab::analysis {
+
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+}  // namespace
+
+// ---- files ----
+namespace {
+
+// A CSV number: 10 significant digits, "nan" for NaN.
+std::string num(double v) {
+  if (std::isnan(v)) return "nan";
+  std::ostringstream os;
+  os << std::setprecision(10) << v;
+  return os.str();
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::trunc);
+  HL_CHECK(f.good(), "analysis: cannot write '", path, "' (does the folder exist?)");
+  f << text;
+  f.close();
+  HL_CHECK(f.good(), "analysis: writing '", path, "' failed (disk full?)");
+}
+
+}  // namespace
+
+std::string head_label(int64_t layer, int64_t head) { return "L" + std::to_string(layer) + "H" + std::to_string(head); }
+
+std::string removed_heads_str(const PruneStep& s, const nn::GPTConfig& cfg) {
+  std::string out;
+  for (const auto& [l, h] : s.removed) {
+    if (!out.empty()) out += " ";
+    out += head_label(l, original_head(cfg, l, h));
+  }
+  return out;
+}
+
+std::string token_label(const std::string& t) {
+  if (t == " ") return "sp";
+  if (t == "\n") return "\\n";
+  if (t == "\t") return "\\t";
+  std::string out;
+  for (unsigned char c : t) out += (c >= 32 && c < 127) ? static_cast<char>(c) : '?';
+  return out.empty() ? "?" : out;
+}
+
+void save_heads_csv(const std::string& path, const AblationResult& a) {
+  const bool ex = a.base.has_exact_match;
+  std::ostringstream os;
+  os << "layer,head,importance,importance_raw,zero_delta_loss,zero_delta_accuracy,"
+     << (ex ? "zero_delta_exact_match," : "") << "mean_delta_loss,mean_delta_accuracy"
+     << (ex ? ",mean_delta_exact_match" : "") << "\n";
+  for (const auto& h : a.heads) {
+    os << h.layer << ',' << h.original_head << ',' << num(h.importance) << ',' << num(h.importance_raw) << ','
+       << num(h.zero.loss - a.base.loss) << ',' << num(h.zero.token_accuracy - a.base.token_accuracy) << ',';
+    if (ex) os << num(h.zero.exact_match - a.base.exact_match) << ',';
+    os << num(h.mean.loss - a.base.loss) << ',' << num(h.mean.token_accuracy - a.base.token_accuracy);
+    if (ex) os << ',' << num(h.mean.exact_match - a.base.exact_match);
+    os << "\n";
+  }
+  write_text(path, os.str());
+}
+
+void save_pruning_csv(const std::string& path, const PruningCurve& c, const nn::GPTConfig& cfg) {
+  HL_CHECK(!c.steps.empty(), "save_pruning_csv: the curve is empty");
+  const bool ex = c.steps.front().scores.has_exact_match;
+  std::ostringstream os;
+  os << "step,heads_pruned,fraction_pruned,loss,token_accuracy" << (ex ? ",exact_match" : "") << ",removed\n";
+  for (size_t i = 0; i < c.steps.size(); ++i) {
+    const auto& s = c.steps[i];
+    os << i << ',' << s.pruned << ',' << num(s.fraction) << ',' << num(s.scores.loss) << ','
+       << num(s.scores.token_accuracy);
+    if (ex) os << ',' << num(s.scores.exact_match);
+    os << ',' << removed_heads_str(s, cfg) << "\n";
+  }
+  write_text(path, os.str());
+}
+
+void save_importance_png(const std::string& path, const AblationResult& a, const nn::GPTConfig& cfg) {
+  plot::Heatmap m;
+  m.title = "head importance (Michel et al. 2019): mean abs dL/dgate, normalised per layer";
+  m.x_label = "head";
+  m.y_label = "layer";
+  m.colorbar_label = "importance";
+  m.rows = cfg.n_layers;
+  m.cols = cfg.n_heads;
+  m.values.assign(static_cast<size_t>(m.rows * m.cols), kNaN);  // heads pruned before: grey
+  for (const auto& h : a.heads) m.values[static_cast<size_t>(h.layer * m.cols + h.original_head)] = h.importance;
+  for (int64_t l = 0; l < m.rows; ++l) m.row_labels.push_back(std::to_string(l));
+  for (int64_t h = 0; h < m.cols; ++h) m.col_labels.push_back(std::to_string(h));
+  m.vmin = 0.0;
+  m.annotate = true;
+  plot::save_heatmap(m, path);
+}
+
+void save_pruning_png(const std::string& path, const PruningCurve& c, double stop_below) {
+  HL_CHECK(!c.steps.empty(), "save_pruning_png: the curve is empty");
+  plot::LineChart ch;
+  ch.title = "iterative head pruning (importance recomputed after each step)";
+  ch.x_label = "fraction of heads pruned";
+  ch.y_label = "score on the evaluation data";
+  ch.width = 900;
+  ch.height = 560;
+  plot::Series acc{"token accuracy", {}, {}}, ex{"exact match", {}, {}}, thr{"stop threshold", {}, {}};
+  for (const auto& s : c.steps) {
+    acc.x.push_back(s.fraction);
+    acc.y.push_back(s.scores.token_accuracy);
+    if (s.scores.has_exact_match) {
+      ex.x.push_back(s.fraction);
+      ex.y.push_back(s.scores.exact_match);
+    }
+  }
+  ch.series.push_back(acc);
+  if (!ex.x.empty()) ch.series.push_back(ex);
+  if (stop_below > 0) {
+    thr.x = {0.0, c.steps.back().fraction > 0 ? c.steps.back().fraction : 1.0};
+    thr.y = {stop_below, stop_below};
+    ch.series.push_back(thr);
+  }
+  plot::save_line_chart(ch, path);
+}
+
+void save_attention_h5(const std::string& path, const AttentionMaps& maps, const std::vector<std::string>& tokens,
+                       const std::string& prompt, const std::string& checkpoint) {
+  HL_CHECK(static_cast<int64_t>(tokens.size()) == maps.T, "save_attention_h5: ", tokens.size(), " tokens for ", maps.T,
+           " positions");
+  io::h5::Writer w(path, "attention file");
+  w.set_attr("/", "format", "headlab-attention");
+  w.set_attr("/", "checkpoint", checkpoint);
+  w.set_attr("/", "prompt", prompt);
+  w.set_attr("/", "tokens", nlohmann::json(tokens).dump());
+  w.write_f32("weights", {maps.layers, maps.heads, maps.T, maps.T}, maps.weights.data());
+  w.set_attr("weights", "dims", "layer, head (original index; NaN where pruned), query, key");
+  w.write<int64_t>("token_ids", {maps.T}, maps.ids);
+  std::vector<int64_t> kept(static_cast<size_t>(maps.layers * maps.heads), 0);
+  for (int64_t l = 0; l < maps.layers; ++l)
+    for (int64_t h : maps.kept[static_cast<size_t>(l)]) kept[static_cast<size_t>(l * maps.heads + h)] = 1;
+  w.write<int64_t>("kept", {maps.layers, maps.heads}, kept);
+  w.commit();
+}
+
+void save_attention_png(const std::string& path, const AttentionMaps& maps, const std::vector<std::string>& tokens) {
+  HL_CHECK(static_cast<int64_t>(tokens.size()) == maps.T, "save_attention_png: ", tokens.size(), " tokens for ",
+           maps.T, " positions");
+  std::vector<std::string> labels;
+  std::string text;
+  for (const auto& t : tokens) {
+    labels.push_back(token_label(t));
+    text += t;
+  }
+  plot::HeatmapGrid g;
+  g.title = "attention weights: " + token_label(text);
+  g.x_label = "key";
+  g.y_label = "query";
+  g.colorbar_label = "attention weight";
+  g.vmin = 0;
+  g.vmax = 1;
+  size_t cols = 1;
+  for (const auto& k : maps.kept) cols = std::max(cols, k.size());
+  g.grid_rows = maps.layers;
+  g.grid_cols = static_cast<int64_t>(cols);
+  const int64_t T = maps.T;
+  for (int64_t l = 0; l < maps.layers; ++l) {
+    const auto& kept = maps.kept[static_cast<size_t>(l)];
+    for (size_t i = 0; i < cols; ++i) {
+      plot::Heatmap m;
+      m.rows = T;
+      m.cols = T;
+      m.row_labels = labels;
+      m.col_labels = labels;
+      if (i < kept.size()) {
+        const int64_t h = kept[i];
+        m.title = "layer " + std::to_string(l) + " head " + std::to_string(h);
+        const float* w = maps.weights.data() + (l * maps.heads + h) * T * T;
+        m.values.assign(w, w + T * T);
+      } else {  // a pruned model's layer with fewer heads than the widest layer
+        m.title = "layer " + std::to_string(l) + " (pruned)";
+        m.values.assign(static_cast<size_t>(T * T), kNaN);
+      }
+      g.panels.push_back(m);
+    }
+  }
+  plot::save_heatmap_grid(g, path);
+}
+
+std::string compare_csv(const std::vector<CompareResult>& rows, const CompareOptions& o) {
+  std::ostringstream os;
+  os << "config,B,T,d_in,d_out,heads,form,params,gflop_forward,gflop_forward_backward,"
+        "forward_ms_median,forward_ms_p25,forward_ms_p75,forward_ms_min,forward_ms_max,forward_gflops,"
+        "forward_backward_ms_median,forward_backward_ms_p25,forward_backward_ms_p75,forward_backward_ms_min,"
+        "forward_backward_ms_max,forward_backward_gflops,peak_forward_bytes,peak_forward_backward_bytes,"
+        "max_abs_diff_output,max_abs_diff_input_grad,repeats,device,threads\n";
+  for (const auto& r : rows) {
+    const auto& c = r.config;
+    for (int f = 0; f < 2; ++f) {
+      const FormMeasurement& m = f == 0 ? r.wrapper : r.fused;
+      const double fb = m.flops_forward + m.flops_backward;
+      os << c.name << ',' << c.B << ',' << c.T << ',' << c.d_in << ',' << c.d_out << ',' << c.heads << ','
+         << (f == 0 ? "wrapper" : "fused") << ',' << m.params << ',' << num(m.flops_forward / 1e9) << ','
+         << num(fb / 1e9) << ',' << num(m.forward.median * 1e3) << ',' << num(m.forward.p25 * 1e3) << ','
+         << num(m.forward.p75 * 1e3) << ',' << num(m.forward.min * 1e3) << ',' << num(m.forward.max * 1e3) << ','
+         << num(m.flops_forward / m.forward.median / 1e9) << ',' << num(m.forward_backward.median * 1e3) << ','
+         << num(m.forward_backward.p25 * 1e3) << ',' << num(m.forward_backward.p75 * 1e3) << ','
+         << num(m.forward_backward.min * 1e3) << ',' << num(m.forward_backward.max * 1e3) << ','
+         << num(fb / m.forward_backward.median / 1e9) << ',' << m.peak_forward << ',' << m.peak_forward_backward << ','
+         << num(r.max_abs_out) << ',' << num(r.max_abs_dx) << ',' << o.repeats << ',' << o.device.str() << ','
+         << omp_get_max_threads() << '\n';
+    }
+  }
+  return os.str();
+}
+
+namespace {
+nlohmann::json time_json(const TimeStats& t) {
+  return {{"median_ms", t.median * 1e3}, {"p25_ms", t.p25 * 1e3}, {"p75_ms", t.p75 * 1e3},
+          {"min_ms", t.min * 1e3},       {"max_ms", t.max * 1e3}, {"repeats", t.repeats}};
+}
+}  // namespace
+
+nlohmann::json compare_json(const std::vector<CompareResult>& rows, const CompareOptions& o) {
+  nlohmann::json j = {{"device", o.device.str()},
+                      {"threads", omp_get_max_threads()},
+                      {"warmup", o.warmup},
+                      {"repeats", o.repeats},
+                      {"seed", o.seed},
+                      {"flops", "GEMM FLOPs, 2 per multiply-add; forward_backward = forward + 2 x forward"},
+                      {"peak_bytes", "backend peak during the call minus the bytes in use before it"},
+                      {"configs", nlohmann::json::array()}};
+  for (const auto& r : rows) {
+    const auto& c = r.config;
+    nlohmann::json e = {{"name", c.name},   {"B", c.B},
+                        {"T", c.T},         {"d_in", c.d_in},
+                        {"d_out", c.d_out}, {"heads", c.heads},
+                        {"max_abs_diff_output", r.max_abs_out}, {"max_abs_diff_input_grad", r.max_abs_dx}};
+    for (int f = 0; f < 2; ++f) {
+      const FormMeasurement& m = f == 0 ? r.wrapper : r.fused;
+      const double fb = m.flops_forward + m.flops_backward;
+      e[f == 0 ? "wrapper" : "fused"] = {{"params", m.params},
+                                         {"gflop_forward", m.flops_forward / 1e9},
+                                         {"gflop_forward_backward", fb / 1e9},
+                                         {"forward", time_json(m.forward)},
+                                         {"forward_backward", time_json(m.forward_backward)},
+                                         {"forward_gflops", m.flops_forward / m.forward.median / 1e9},
+                                         {"forward_backward_gflops", fb / m.forward_backward.median / 1e9},
+                                         {"peak_forward_bytes", m.peak_forward},
+                                         {"peak_forward_backward_bytes", m.peak_forward_backward}};
+    }
+    j["configs"].push_back(e);
+  }
+  return j;
+}
+
+void save_compare_png(const std::string& path, const std::vector<CompareResult>& rows, const std::string& x_choice,
+                      const Device& device) {
+  HL_CHECK(!rows.empty(), "save_compare_png: nothing to draw");
+  using Key = std::array<int64_t, 4>;  // heads, tokens, d_out, batch
+  auto key = [](const CompareConfig& c) { return Key{c.heads, c.T, c.d_out, c.B}; };
+  const char* dim_names[] = {"heads", "tokens", "emb dim (d_out)", "batch"};
+  const char* short_names[] = {"H", "T", "d", "B"};
+  size_t xd = 0;
+  if (x_choice == "auto") {
+    size_t best = 0;
+    for (size_t d = 0; d < 4; ++d) {
+      std::set<int64_t> vals;
+      for (const auto& r : rows) vals.insert(key(r.config)[d]);
+      if (vals.size() > best) best = vals.size(), xd = d;
+    }
+  } else {
+    const std::map<std::string, size_t> dims = {{"heads", 0}, {"tokens", 1}, {"emb", 2}, {"batch", 3}};
+    HL_CHECK(dims.count(x_choice), "save_compare_png: x must be auto, heads, tokens, emb or batch, got '", x_choice, "'");
+    xd = dims.at(x_choice);
+  }
+  // One set of lines per combination of the other dimensions.
+  std::map<Key, std::vector<const CompareResult*>> groups;
+  for (const auto& r : rows) {
+    Key k = key(r.config);
+    k[xd] = 0;
+    groups[k].push_back(&r);
+  }
+  plot::LineChart ch;
+  ch.x_label = dim_names[xd];
+  ch.y_label = "time per call, ms (median)";
+  ch.log_x = true;
+  ch.log_y = true;
+  ch.width = 1000;
+  ch.height = 640;
+  std::ostringstream title;
+  title << "wrapper vs fused attention (" << device.str() << "): time against " << dim_names[xd];
+  if (groups.size() == 1) {
+    const Key k = groups.begin()->first;
+    title << " (";
+    bool first = true;
+    for (size_t d = 0; d < 4; ++d)
+      if (d != xd) {
+        title << (first ? "" : ", ") << short_names[d] << "=" << k[d];
+        first = false;
+      }
+    title << ")";
+  }
+  ch.title = title.str();
+  for (const auto& [k, members] : groups) {
+    std::vector<const CompareResult*> sorted = members;
+    std::sort(sorted.begin(), sorted.end(), [&](auto* a, auto* b) { return key(a->config)[xd] < key(b->config)[xd]; });
+    std::string suffix;
+    if (groups.size() > 1)
+      for (size_t d = 0; d < 4; ++d)
+        if (d != xd) suffix.append(" ").append(short_names[d]).append(std::to_string(k[d]));
+    for (int form = 0; form < 2; ++form)
+      for (int pass = 0; pass < 2; ++pass) {
+        plot::Series s;
+        s.name = std::string(form == 0 ? "wrapper" : "fused") + (pass == 0 ? " forward" : " fwd+bwd") + suffix;
+        for (const CompareResult* r : sorted) {
+          const FormMeasurement& m = form == 0 ? r->wrapper : r->fused;
+          s.x.push_back(static_cast<double>(key(r->config)[xd]));
+          s.y.push_back((pass == 0 ? m.forward.median : m.forward_backward.median) * 1e3);
+        }
+        ch.series.push_back(s);
+      }
+  }
+  plot::save_line_chart(ch, path);
+}
+
+}  // namespace headlab::analysis

@@ -1,0 +1,53 @@
+// The files of `headlab ablate`, `attention` and `compare`.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "analysis/attention_maps.h"
+#include "analysis/compare.h"
+#include "analysis/pruning.h"
+
+namespace headlab::analysis {
+
+// ------------------------------------------------------------------------------------------------
+// Files: CSV, JSON, HDF5 and PNG (train/plot.h) for the three commands. Each throws on I/O failure.
+
+// "L0H3" with the original head index.
+std::string head_label(int64_t layer, int64_t original_head);
+std::string removed_heads_str(const PruneStep& step, const nn::GPTConfig& cfg);  // "L0H3 L1H0"
+// A token as a picture label: ASCII, blanks made visible (" " -> "sp", "\n" -> "\\n").
+std::string token_label(const std::string& token);
+
+// heads.csv: layer,head (original index),importance,importance_raw,zero_delta_loss,zero_delta_accuracy,
+// [zero_delta_exact_match,]mean_delta_loss,mean_delta_accuracy[,mean_delta_exact_match]
+void save_heads_csv(const std::string& path, const AblationResult& a);
+// pruning.csv: step,heads_pruned,fraction_pruned,loss,token_accuracy[,exact_match],removed
+void save_pruning_csv(const std::string& path, const PruningCurve& c, const nn::GPTConfig& cfg);
+// importance.png: layer x head heatmap of the normalised scores (pruned heads grey), colour bar.
+void save_importance_png(const std::string& path, const AblationResult& a, const nn::GPTConfig& cfg);
+// pruning.png: fraction pruned -> token accuracy (and exact match), with the stop threshold when > 0.
+void save_pruning_png(const std::string& path, const PruningCurve& c, double stop_below);
+
+// attention.h5: `weights` float32 (layer, head, query, key) by original head index (NaN where pruned),
+// `token_ids` int64 (T), `kept` int64 (layer, head) 1/0; root attributes format = "headlab-attention",
+// tokens (JSON list of strings), prompt, checkpoint.
+void save_attention_h5(const std::string& path, const AttentionMaps& maps, const std::vector<std::string>& tokens,
+                       const std::string& prompt, const std::string& checkpoint);
+// attention.png: one heatmap per (layer, kept head), titled "layer L head H", axes labelled by token.
+void save_attention_png(const std::string& path, const AttentionMaps& maps, const std::vector<std::string>& tokens);
+
+// compare.csv: one row per (config, form); compare.json: every config with both forms and the gap.
+std::string compare_csv(const std::vector<CompareResult>& rows, const CompareOptions& options);
+nlohmann::json compare_json(const std::vector<CompareResult>& rows, const CompareOptions& options);
+// compare.png: median time against x ("auto" | "heads" | "tokens" | "emb" | "batch"; auto: the dimension
+// with the most distinct values): per form a forward and a forward+backward line (log-log).
+void save_compare_png(const std::string& path, const std::vector<CompareResult>& rows, const std::string& x,
+                      const Device& device);
+
+}  // namespace headlab::analysis

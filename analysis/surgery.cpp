@@ -1,0 +1,198 @@
+// Parameter surgery by state_dict name: physical pruning (fewer heads) and fused <-> wrapper layout.
+#include "analysis/surgery.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <iomanip>
+#include <limits>
+#include <map>
+#include <numeric>
+#include <set>
+#include <sstream>
+#include <tuple>
+
+#include "analysis/head_control.h"
+
+namespace headlab::analysis {
+
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// Parameter names of the model a config describes, in registration order.
+std::vector<std::pair<std::string, Shape>> expected_parameters(const nn::GPTConfig& cfg) {
+  NoGradGuard no_grad;
+  const nn::GPTModel m(cfg);
+  std::vector<std::pair<std::string, Shape>> out;
+  for (auto& [name, t] : m.named_parameters()) out.emplace_back(name, t.shape());
+  return out;
+}
+
+std::map<std::string, Tensor> by_name(const NamedTensors& params) {
+  std::map<std::string, Tensor> m;
+  for (const auto& [name, t] : params) m[name] = t;
+  return m;
+}
+
+const Tensor& lookup(const std::map<std::string, Tensor>& m, const std::string& name, const char* who) {
+  auto it = m.find(name);
+  HL_CHECK(it != m.end(), who, ": parameter ", name, " is missing");
+  return it->second;
+}
+
+// "trf_blocks.3.att.heads.2.W_key.weight" -> (3, "heads.2.W_key.weight"); layer -1 if not attention.
+std::pair<int64_t, std::string> split_attention_name(const std::string& name) {
+  static const std::string pre = "trf_blocks.";
+  if (name.rfind(pre, 0) != 0) return {-1, ""};
+  const size_t dot = name.find('.', pre.size());
+  if (dot == std::string::npos) return {-1, ""};
+  const std::string rest = name.substr(dot + 1);
+  if (rest.rfind("att.", 0) != 0) return {-1, ""};
+  return {std::stoll(name.substr(pre.size(), dot - pre.size())), rest.substr(4)};
+}
+
+// Rows [h*D, (h+1)*D) of every kept head, as an index tensor.
+Tensor head_rows(const std::vector<int64_t>& keep, int64_t D) {
+  std::vector<int64_t> rows;
+  for (int64_t h : keep)
+    for (int64_t i = 0; i < D; ++i) rows.push_back(h * D + i);
+  return tensor(rows, {static_cast<int64_t>(rows.size())});
+}
+
+}  // namespace
+
+// ---- physical pruning and conversion ----
+std::pair<nn::GPTConfig, NamedTensors> prune_parameters(const nn::GPTConfig& cfg, const NamedTensors& params,
+                                                        const std::vector<std::vector<int64_t>>& keep) {
+  const char* who = "prune_parameters";
+  HL_CHECK(static_cast<int64_t>(keep.size()) == cfg.n_layers, who, ": keep lists ", keep.size(),
+           " layers, the model has ", cfg.n_layers);
+  nn::GPTConfig out = cfg;
+  out.kept_heads.assign(static_cast<size_t>(cfg.n_layers), {});
+  const int64_t D = cfg.head_dim();
+  std::vector<std::map<int64_t, int64_t>> renumber(keep.size());  // old local head -> new local head
+  std::vector<Tensor> rows(keep.size()), cols(keep.size());
+  for (int64_t l = 0; l < cfg.n_layers; ++l) {
+    const auto& k = keep[static_cast<size_t>(l)];
+    const int64_t H = cfg.heads_in_layer(l);
+    HL_CHECK(!k.empty(), who, ": layer ", l, " must keep at least one head");
+    for (size_t i = 0; i < k.size(); ++i) {
+      HL_CHECK(k[i] >= 0 && k[i] < H, who, ": layer ", l, " has no head ", k[i], " (it has ", H, ")");
+      HL_CHECK(i == 0 || k[i] > k[i - 1], who, ": the heads kept in layer ", l, " must be sorted and distinct");
+      renumber[static_cast<size_t>(l)][k[i]] = static_cast<int64_t>(i);
+      out.kept_heads[static_cast<size_t>(l)].push_back(analysis::original_head(cfg, l, k[i]));
+    }
+    rows[static_cast<size_t>(l)] = head_rows(k, D);
+  }
+  out.validate();
+  NamedTensors result;
+  for (const auto& [name, t] : params) {
+    const auto [l, rest] = split_attention_name(name);
+    if (l < 0) {
+      result.emplace_back(name, t);
+      continue;
+    }
+    HL_CHECK(l < cfg.n_layers, who, ": parameter ", name, " names layer ", l, " of ", cfg.n_layers);
+    const Tensor& idx = rows[static_cast<size_t>(l)];
+    if (rest == "out_proj.weight") {  // (C, H*D): keep the kept heads' columns
+      result.emplace_back(name, index_select(t, 1, idx.to(t.device())));
+    } else if (rest == "out_proj.bias") {
+      result.emplace_back(name, t);
+    } else if (rest.rfind("heads.", 0) == 0) {  // wrapper: heads.{j}.<rest>, renumbered
+      const size_t dot = rest.find('.', 6);
+      const int64_t j = std::stoll(rest.substr(6, dot - 6));
+      auto it = renumber[static_cast<size_t>(l)].find(j);
+      if (it == renumber[static_cast<size_t>(l)].end()) continue;
+      result.emplace_back("trf_blocks." + std::to_string(l) + ".att.heads." + std::to_string(it->second) +
+                              rest.substr(dot),
+                          t);
+    } else {  // fused W_query/W_key/W_value weight (H*D, C) or bias (H*D): keep the kept heads' rows
+      result.emplace_back(name, index_select(t, 0, idx.to(t.device())));
+    }
+  }
+  return {out, result};
+}
+
+Checkpoint prune_checkpoint(const Checkpoint& ckpt, const std::vector<std::vector<int64_t>>& keep,
+                            const std::string& source) {
+  const nn::GPTConfig cfg = nn::GPTConfig::from_json(ckpt.config.at("model"));
+  auto [pcfg, params] = prune_parameters(cfg, ckpt.model, keep);
+  Checkpoint out;
+  out.config = ckpt.config;
+  out.config["model"] = pcfg.to_json();
+  nlohmann::json removed = nlohmann::json::array();
+  for (int64_t l = 0; l < cfg.n_layers; ++l)
+    for (int64_t h = 0; h < cfg.n_heads; ++h) {
+      const auto& k = pcfg.kept_heads[static_cast<size_t>(l)];
+      if (std::find(k.begin(), k.end(), h) == k.end()) removed.push_back({l, h});
+    }
+  out.config["pruning"] = {{"source", source}, {"removed_heads", removed}, {"kept_heads", pcfg.kept_heads}};
+  out.model = params;
+  out.has_optimizer = false;
+  out.has_trainer = ckpt.has_trainer;
+  out.trainer = ckpt.trainer;
+  return out;
+}
+
+std::shared_ptr<nn::GPTModel> prune_model(const nn::GPTModel& model, const std::vector<std::vector<int64_t>>& keep) {
+  NamedTensors params;
+  for (auto& [name, t] : model.named_parameters()) params.emplace_back(name, t.detach().to(kCPU).clone());
+  auto [cfg, pruned] = prune_parameters(model.config(), params, keep);
+  auto m = std::make_shared<nn::GPTModel>(cfg);
+  m->to(detail::model_dtype(model));
+  m->load_parameters(pruned, "prune_model");
+  m->to(model.device());
+  m->train(model.is_training());
+  return m;
+}
+
+std::pair<nn::GPTConfig, NamedTensors> convert_parameters(const nn::GPTConfig& cfg, const NamedTensors& params,
+                                                          const std::string& attention) {
+  const char* who = "convert_parameters";
+  HL_CHECK(attention == "fused" || attention == "wrapper", who, ": attention must be 'fused' or 'wrapper', got '",
+           attention, "'");
+  nn::GPTConfig out = cfg;
+  out.attention = attention;
+  if (attention == cfg.attention) return {out, params};
+  const auto src = by_name(params);
+  const int64_t D = cfg.head_dim();
+  NamedTensors result;
+  for (const auto& [name, shape] : expected_parameters(out)) {
+    const auto [l, rest] = split_attention_name(name);
+    const std::string prefix = "trf_blocks." + std::to_string(l) + ".att.";
+    Tensor value;
+    if (l >= 0 && attention == "wrapper" && rest.rfind("heads.", 0) == 0) {
+      // heads.{j}.W_query.weight <- rows [j*D, (j+1)*D) of the fused W_query.weight (bias alike)
+      const size_t dot = rest.find('.', 6);
+      const int64_t j = std::stoll(rest.substr(6, dot - 6));
+      value = lookup(src, prefix + rest.substr(dot + 1), who).narrow(0, j * D, D).contiguous();
+    } else if (l >= 0 && attention == "fused" && rest.rfind("W_", 0) == 0) {
+      std::vector<Tensor> parts;
+      for (int64_t j = 0; j < cfg.heads_in_layer(l); ++j)
+        parts.push_back(lookup(src, prefix + "heads." + std::to_string(j) + "." + rest, who));
+      value = cat(parts, 0);
+    } else {
+      value = lookup(src, name, who);
+    }
+    HL_CHECK(value.shape() == shape, who, ": ", name, " came out with shape ", shape_str(value.shape()), ", expected ",
+             shape_str(shape));
+    result.emplace_back(name, value);
+  }
+  return {out, result};
+}
+
+Checkpoint convert_checkpoint(const Checkpoint& ckpt, const std::string& attention) {
+  const nn::GPTConfig cfg = nn::GPTConfig::from_json(ckpt.config.at("model"));
+  auto [ccfg, params] = convert_parameters(cfg, ckpt.model, attention);
+  Checkpoint out;
+  out.config = ckpt.config;
+  out.config["model"] = ccfg.to_json();
+  out.model = params;
+  out.has_trainer = ckpt.has_trainer;
+  out.trainer = ckpt.trainer;
+  return out;  // optimizer state is per parameter name, which changed
+}
+
+}  // namespace headlab::analysis

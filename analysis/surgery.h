@@ -1,0 +1,37 @@
+// Physical pruning and attention-layout conversion of parameters and checkpoints.
+#pragma once
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "analysis/heads.h"
+#include "io/checkpoint.h"
+#include "nn/gpt.h"
+
+namespace headlab::analysis {
+
+using io::Checkpoint;
+
+// ------------------------------------------------------------------------------------------------
+// Physical pruning and layout conversion on parameters by state_dict name (DESIGN.md section 7).
+
+// keep[l]: model-local heads of layer l to keep (sorted, at least one). Returns the config with
+// kept_heads (original indices) and the parameters without the other heads: fewer W_query/W_key/
+// W_value rows (fused) or fewer heads.{j} modules, renumbered (wrapper), and fewer out_proj columns.
+std::pair<nn::GPTConfig, NamedTensors> prune_parameters(const nn::GPTConfig& cfg, const NamedTensors& params,
+                                                        const std::vector<std::vector<int64_t>>& keep);
+// A checkpoint of the pruned model: config["model"] replaced (kept_heads), config["pruning"] added,
+// optimizer state dropped (its shapes no longer match); the trainer state is kept for the record.
+Checkpoint prune_checkpoint(const Checkpoint& ckpt, const std::vector<std::vector<int64_t>>& keep,
+                            const std::string& source = "");
+std::shared_ptr<nn::GPTModel> prune_model(const nn::GPTModel& model, const std::vector<std::vector<int64_t>>& keep);
+
+// The same weights in the other attention layout ("fused" <-> "wrapper"); pruned configs too.
+std::pair<nn::GPTConfig, NamedTensors> convert_parameters(const nn::GPTConfig& cfg, const NamedTensors& params,
+                                                          const std::string& attention);
+Checkpoint convert_checkpoint(const Checkpoint& ckpt, const std::string& attention);
+
+}  // namespace headlab::analysis

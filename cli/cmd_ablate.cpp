@@ -1,0 +1,337 @@
+// headlab ablate: which heads of a checkpoint matter (analysis/heads.h, pruning.h): the terminal
+// table, heads.csv, pruning.csv, report.md, pictures, and a physically pruned checkpoint.
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <set>
+#include <sstream>
+
+#include "analysis/analysis.h"
+#include "backends/backend.h"
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "io/h5file.h"
+#include "train/config.h"
+
+namespace headlab::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct AblateArgs {
+  std::string path, out, text, device = "cpu", metric, criterion = "gradient";
+  int64_t batches = 0, batch_size = 0, prune = -1, repeats = 20;
+  double threshold = 0.9, step = 0.1, prune_to_metric = std::nan("");
+  bool full_curve = false;
+  int threads = 0;
+};
+
+struct PrunedReport {
+  bool done = false;
+  std::string path;
+  int64_t removed = 0, params_before = 0, params_after = 0;
+  std::vector<std::vector<int64_t>> kept_original;
+  double max_diff = 0;
+  analysis::Scores gated, scores;
+  analysis::TimeStats time_before, time_after;
+  int64_t B = 0, T = 0;
+};
+
+// Spearman correlation of a head's importance with the loss increase of zeroing it.
+double agreement(const analysis::AblationResult& a, bool normalized) {
+  std::vector<double> imp, dloss;
+  for (const auto& h : a.heads) {
+    imp.push_back(normalized ? h.importance : h.importance_raw);
+    dloss.push_back(h.zero.loss - a.base.loss);
+  }
+  return analysis::rank_correlation(imp, dloss);
+}
+
+std::string scores_line(const analysis::Scores& s) {
+  std::string out = "loss " + fmt(s.loss) + "  token accuracy " + fmt(s.token_accuracy);
+  if (s.has_exact_match) out += "  exact match " + fmt(s.exact_match);
+  return out;
+}
+
+std::string report_md(const AblateArgs& args, const io::Checkpoint& ck, const nn::GPTModel& model,
+                      const analysis::EvalSet& data, const analysis::AblationResult& a, const analysis::PruningCurve& curve,
+                      double stop_below, const PrunedReport& pr, const std::string& task_name) {
+  const nn::GPTConfig& cfg = model.config();
+  const bool ex = a.base.has_exact_match;
+  std::ostringstream os;
+  os << "# Head ablation report\n\n## Summary\n\n";
+  os << "| | |\n|---|---|\n";
+  os << "| checkpoint | `" << args.path << "`" << (ck.has_trainer ? " (step " + std::to_string(ck.trainer.step) + ")" : "")
+     << " |\n";
+  os << "| task | " << task_name << " |\n";
+  os << "| model | " << cfg.n_layers << " layers x " << cfg.n_heads << " heads (" << cfg.attention
+     << " attention), emb " << cfg.emb_dim << ", head size " << cfg.head_dim() << ", context " << cfg.context_length
+     << ", " << model.num_parameters() << " parameters |\n";
+  if (!cfg.kept_heads.empty()) os << "| kept heads (already pruned) | " << kept_str(cfg.kept_heads) << " |\n";
+  os << "| data | " << data.batches.size() << " validation batches of " << data.batches.front().B << " x "
+     << data.batches.front().T << " tokens, " << data.tokens() << " scored tokens |\n";
+  os << "| unpruned | loss " << fmt(a.base.loss) << ", token accuracy " << fmt(a.base.token_accuracy);
+  if (ex) os << ", exact match " << fmt(a.base.exact_match);
+  os << " |\n";
+  os << "| pruning | " << args.criterion << " criterion; metric " << analysis::metric_name(curve.metric)
+     << ", stop below " << fmt(stop_below) << " |\n";
+  os << "| gradient scores vs zero ablation | Spearman " << fmt(agreement(a, true), 2) << " (normalised), "
+     << fmt(agreement(a, false), 2) << " (raw) |\n";
+  const auto by_imp = [&] {
+    std::vector<const analysis::HeadAblation*> v;
+    for (const auto& h : a.heads) v.push_back(&h);
+    std::sort(v.begin(), v.end(), [](auto* x, auto* y) { return x->importance > y->importance; });
+    return v;
+  }();
+  if (!by_imp.empty()) {
+    const auto& t = *by_imp.front();
+    os << "| most important head | layer " << t.layer << " head " << t.original_head << " (zero ablation: loss "
+       << fmt_signed(t.zero.loss - a.base.loss) << ", token accuracy "
+       << fmt_signed(t.zero.token_accuracy - a.base.token_accuracy) << ") |\n";
+  }
+  if (curve.steps.size() > 1) {
+    const int64_t keep_n = analysis::prune_count_for_metric(curve, stop_below);
+    os << "| prunable at the threshold | " << keep_n << " of " << curve.total_heads << " heads ("
+       << fmt(100.0 * static_cast<double>(keep_n) / static_cast<double>(curve.total_heads), 0) << "%) |\n";
+  }
+  os << "\n![head importance](importance.png)\n\n";
+
+  os << "## Heads by importance\n\n";
+  os << "Importance: I_h = E_x |dL/d gate_h| over the evaluation batches, divided by the l2 norm of its layer's "
+        "scores (Michel, Levy & Neubig 2019). Zero ablation sets the head's gate to 0; mean ablation replaces the "
+        "head's context by its mean over the evaluation data. Deltas are ablated minus unpruned.\n\n";
+  os << "| rank | layer | head | importance | raw mean abs dL/dgate | zero: d loss | zero: d token acc |"
+     << (ex ? " zero: d exact |" : "") << " mean: d loss | mean: d token acc |" << (ex ? " mean: d exact |" : "")
+     << "\n|";
+  for (int i = 0; i < (ex ? 11 : 9); ++i) os << "---|";
+  os << "\n";
+  int rank = 1;
+  for (const auto* h : by_imp) {
+    os << "| " << rank++ << " | " << h->layer << " | " << h->original_head << " | " << fmt(h->importance) << " | "
+       << fmt_sci(h->importance_raw, 2) << " | " << fmt_signed(h->zero.loss - a.base.loss) << " | "
+       << fmt_signed(h->zero.token_accuracy - a.base.token_accuracy) << " |";
+    if (ex) os << " " << fmt_signed(h->zero.exact_match - a.base.exact_match) << " |";
+    os << " " << fmt_signed(h->mean.loss - a.base.loss) << " | "
+       << fmt_signed(h->mean.token_accuracy - a.base.token_accuracy) << " |";
+    if (ex) os << " " << fmt_signed(h->mean.exact_match - a.base.exact_match) << " |";
+    os << "\n";
+  }
+
+  os << "\n## Pruning curve\n\n";
+  os << "Each step masks the least important " << fmt(100 * args.step, 0)
+     << "% of the remaining heads (at least one; every layer keeps one head) and recomputes the importance of the "
+        "heads left"
+     << (args.criterion == "gradient" ? " (gradient scores)" : " (loss increase when the head is masked too)")
+     << ".\n\n";
+  os << "| step | heads pruned | fraction | loss | token accuracy |" << (ex ? " exact match |" : "")
+     << " removed (layer/head) |\n|---|---|---|---|---|" << (ex ? "---|" : "") << "---|\n";
+  for (size_t i = 0; i < curve.steps.size(); ++i) {
+    const auto& s = curve.steps[i];
+    os << "| " << i << " | " << s.pruned << " | " << fmt(s.fraction, 3) << " | " << fmt(s.scores.loss) << " | "
+       << fmt(s.scores.token_accuracy) << " |";
+    if (ex) os << " " << fmt(s.scores.exact_match) << " |";
+    os << " " << analysis::removed_heads_str(s, cfg) << " |\n";
+  }
+  os << "\n![pruning curve](pruning.png)\n\n";
+
+  os << "## Pruned model\n\n";
+  if (!pr.done) {
+    os << "Not written (use `--prune K` or `--prune-to-metric X`).\n";
+  } else {
+    os << "| | |\n|---|---|\n";
+    os << "| file | `" << pr.path << "` |\n";
+    os << "| heads removed | " << pr.removed << " of " << curve.total_heads << " |\n";
+    os << "| kept heads (original indices) | " << kept_str(pr.kept_original) << " |\n";
+    os << "| parameters | " << pr.params_before << " -> " << pr.params_after << " ("
+       << fmt(100.0 * static_cast<double>(pr.params_before - pr.params_after) / static_cast<double>(pr.params_before), 1)
+       << "% fewer) |\n";
+    os << "| forward time, batch " << pr.B << " x " << pr.T << " (median of " << pr.time_before.repeats << ") | "
+       << fmt(pr.time_before.median * 1e3, 3) << " ms -> " << fmt(pr.time_after.median * 1e3, 3) << " ms (speed-up "
+       << fmt(pr.time_before.median / pr.time_after.median, 2) << "x; IQR " << fmt(pr.time_before.p25 * 1e3, 3) << "-"
+       << fmt(pr.time_before.p75 * 1e3, 3) << " -> " << fmt(pr.time_after.p25 * 1e3, 3) << "-"
+       << fmt(pr.time_after.p75 * 1e3, 3) << " ms) |\n";
+    os << "| max abs logit difference, pruned vs gated | " << fmt_sci(pr.max_diff, 2) << " |\n";
+    os << "| scores, gated model | " << scores_line(pr.gated) << " |\n";
+    os << "| scores, pruned.h5 | " << scores_line(pr.scores) << " |\n";
+  }
+  return os.str();
+}
+
+}  // namespace
+
+Action add_ablate(CLI::App& app) {
+  auto a = std::make_shared<AblateArgs>();
+  app.add_option("checkpoint", a->path, "checkpoint file (.h5)")->required();
+  app.add_option("--out", a->out, "output folder (default: <checkpoint folder>/ablation)");
+  app.add_option("--text", a->text, "chars checkpoints: evaluate on the last 10% of this text instead");
+  app.add_option("--batches", a->batches, "validation batches (default: the run's --eval-batches)")
+      ->check(positive_number());
+  app.add_option("--batch-size", a->batch_size, "rows per batch (default: the run's --batch-size)")
+      ->check(positive_number());
+  app.add_option("--metric", a->metric, "pruning metric: exact_match (task default) | token_accuracy (chars default)")
+      ->check(CLI::IsMember({"exact_match", "token_accuracy"}));
+  app.add_option("--threshold", a->threshold, "stop pruning below this fraction of the unpruned metric")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  app.add_option("--step", a->step, "fraction of the remaining heads pruned per step")
+      ->check(CLI::Range(0.001, 1.0))
+      ->capture_default_str();
+  app.add_option("--criterion", a->criterion,
+                 "pruning order: gradient (Michel et al. importance) | ablation (loss increase of masking the head)")
+      ->check(CLI::IsMember({"gradient", "ablation"}))
+      ->capture_default_str();
+  app.add_flag("--full-curve", a->full_curve, "continue the pruning curve until every layer has one head left");
+  auto* k = app.add_option("--prune", a->prune, "write pruned.h5 without the K least important heads (pruning order)")
+                ->check(non_negative_number());
+  app.add_option("--prune-to-metric", a->prune_to_metric,
+                 "write pruned.h5 pruned by the curve as far as the metric stays >= X")
+      ->excludes(k);
+  app.add_option("--repeats", a->repeats, "timed forward passes for the pruned model's speed-up")
+      ->check(positive_number())
+      ->capture_default_str();
+  app.add_option("--device", a->device, "cpu | cuda | cuda:N")->capture_default_str();
+  app.add_option("--threads", a->threads, "CPU threads (0: all cores)")->check(non_negative_number());
+  return [a] {
+    set_threads(a->threads);
+    const io::Checkpoint ck = io::load_checkpoint(a->path);
+    const Device device = Device::parse(a->device);
+    std::shared_ptr<nn::GPTModel> model = io::model_from_checkpoint(ck, a->path, device);
+    const std::unique_ptr<tasks::Task> task = train::RunConfig::from_json(ck.config).make_task(a->text);
+    HL_CHECK(a->text.empty() || task->name() == "chars", "ablate: --text applies to chars checkpoints; '", a->path,
+             "' is a ", task->name(), " checkpoint");
+    const nn::GPTConfig& cfg = model->config();
+    const nlohmann::json tr = ck.config.value("training", nlohmann::json::object());
+    const int64_t n = a->batches > 0 ? a->batches : tr.value("eval_batches", int64_t{8});
+    const int64_t B = a->batch_size > 0 ? a->batch_size : tr.value("batch_size", int64_t{64});
+    const std::string out = a->out.empty() ? join_path(fs::path(a->path).parent_path().string(), "ablation") : a->out;
+    make_dir(out, "ablate");
+    const analysis::EvalSet data = analysis::make_eval_set(*task, n, B, cfg.context_length);
+    const analysis::Metric metric = a->metric.empty() ? analysis::default_metric(data) : analysis::parse_metric(a->metric);
+
+    std::cout << "headlab ablate: " << a->path << " (task " << task->name() << ", " << cfg.attention << " attention, "
+              << cfg.n_layers << " layers x " << cfg.n_heads << " heads"
+              << (cfg.kept_heads.empty() ? "" : " before pruning, kept " + kept_str(cfg.kept_heads)) << ", "
+              << model->num_parameters() << " parameters, device " << device.str() << ")\n"
+              << "data: " << n << " validation batches of " << B << " x " << cfg.context_length << " ("
+              << data.tokens() << " scored tokens); pruning metric " << analysis::metric_name(metric) << "\n";
+    const analysis::AblationResult abl = analysis::ablate_heads(*model, data);
+    const double base_metric = analysis::metric_value(abl.base, metric);
+    double stop_below = a->threshold * base_metric;
+    if (!std::isnan(a->prune_to_metric)) stop_below = std::min(stop_below, a->prune_to_metric);
+    std::cout << "unpruned: " << scores_line(abl.base) << "\n\n";
+
+    // per-head table, by importance
+    std::vector<const analysis::HeadAblation*> by_imp;
+    for (const auto& h : abl.heads) by_imp.push_back(&h);
+    std::sort(by_imp.begin(), by_imp.end(), [](auto* x, auto* y) { return x->importance > y->importance; });
+    const bool ex = abl.base.has_exact_match;
+    std::cout << "heads by importance (|dL/d gate|, normalised per layer); deltas of zero and mean ablation\n  "
+              << pad("layer", 5) << pad("head", 5) << pad("importance", 11) << pad("zero dloss", 12) << pad("dacc", 9)
+              << (ex ? pad("dexact", 9) : "") << pad("mean dloss", 12) << pad("dacc", 9) << (ex ? pad("dexact", 9) : "")
+              << "\n";
+    for (const auto* h : by_imp)
+      std::cout << "  " << pad(std::to_string(h->layer), 5) << pad(std::to_string(h->original_head), 5)
+                << pad(fmt(h->importance, 3), 11) << pad(fmt_signed(h->zero.loss - abl.base.loss), 12)
+                << pad(fmt_signed(h->zero.token_accuracy - abl.base.token_accuracy, 3), 9)
+                << (ex ? pad(fmt_signed(h->zero.exact_match - abl.base.exact_match, 3), 9) : "")
+                << pad(fmt_signed(h->mean.loss - abl.base.loss), 12)
+                << pad(fmt_signed(h->mean.token_accuracy - abl.base.token_accuracy, 3), 9)
+                << (ex ? pad(fmt_signed(h->mean.exact_match - abl.base.exact_match, 3), 9) : "") << "\n";
+
+    std::cout << "agreement of the gradient scores with zero ablation (Spearman, over heads): normalised "
+              << fmt(agreement(abl, true), 2) << ", raw " << fmt(agreement(abl, false), 2) << "\n";
+
+    // pruning curve
+    analysis::PruneOptions po;
+    po.step_fraction = a->step;
+    po.criterion = analysis::parse_criterion(a->criterion);
+    po.metric = metric;
+    po.stop_below = a->full_curve ? -1.0 : stop_below;
+    po.min_pruned = std::max<int64_t>(a->prune, 0);
+    int64_t max_prunable = 0;
+    for (int64_t l = 0; l < cfg.n_layers; ++l) max_prunable += model->attention(l).head_count() - 1;
+    HL_CHECK(a->prune <= max_prunable, "ablate: --prune ", a->prune, " is more than the ", max_prunable,
+             " heads that can go (every layer keeps one head)");
+    const analysis::PruningCurve curve = analysis::iterative_pruning(*model, data, po);
+    std::cout << "\npruning curve (" << a->criterion << " criterion, " << fmt(100 * a->step, 0)
+              << "% of the remaining heads per step; stop below "
+              << analysis::metric_name(metric) << " " << fmt(stop_below) << " = "
+              << (!std::isnan(a->prune_to_metric) && a->prune_to_metric < a->threshold * base_metric
+                      ? "--prune-to-metric"
+                      : fmt(a->threshold, 2) + " x unpruned")
+              << ")\n  " << pad("pruned", 7) << pad("fraction", 9) << pad("loss", 9) << pad("tok acc", 9)
+              << (ex ? pad("exact", 9) : "") << "  removed\n";
+    for (const auto& s : curve.steps)
+      std::cout << "  " << pad(std::to_string(s.pruned), 7) << pad(fmt(s.fraction, 3), 9) << pad(fmt(s.scores.loss), 9)
+                << pad(fmt(s.scores.token_accuracy, 3), 9) << (ex ? pad(fmt(s.scores.exact_match, 3), 9) : "")
+                << "  " << analysis::removed_heads_str(s, cfg) << "\n";
+
+    // physical pruning
+    PrunedReport pr;
+    if (a->prune >= 0 || !std::isnan(a->prune_to_metric)) {
+      const int64_t k_remove =
+          a->prune >= 0 ? a->prune : analysis::prune_count_for_metric(curve, a->prune_to_metric);
+      const auto keep = analysis::kept_after(*model, curve.order, k_remove);
+      pr.done = true;
+      pr.removed = k_remove;
+      pr.path = join_path(out, "pruned.h5");
+      io::save_checkpoint(pr.path, analysis::prune_checkpoint(ck, keep, a->path));
+      // Load it back the way every command does, and hold it against the gated model.
+      const io::Checkpoint pck = io::load_checkpoint(pr.path);
+      std::shared_ptr<nn::GPTModel> pruned = io::model_from_checkpoint(pck, pr.path, device);
+      pr.kept_original = pruned->config().kept_heads;
+      const analysis::HeadMatrix gates = analysis::gates_keeping(*model, keep);
+      pr.max_diff = analysis::max_logit_difference(*model, gates, *pruned, data);
+      pr.gated = analysis::evaluate_heads(*model, data, gates);
+      pr.scores = analysis::evaluate_heads(*pruned, data);
+      pr.params_before = model->num_parameters();
+      pr.params_after = pruned->num_parameters();
+      const tasks::Batch& b0 = data.batches.front();
+      pr.B = b0.B;
+      pr.T = b0.T;
+      const Tensor idx = tensor(b0.inputs, {b0.B, b0.T}).to(device);
+      auto fwd = [&](nn::GPTModel& m) -> std::function<void()> {
+        return [&m, &idx] {
+          NoGradGuard no_grad;
+          m.forward(idx);
+        };
+      };
+      const auto times = analysis::time_interleaved({fwd(*model), fwd(*pruned)}, device, 3, a->repeats);
+      pr.time_before = times[0];
+      pr.time_after = times[1];
+      if (k_remove == 0)
+        std::cout << "\nnote: no step of the curve keeps " << analysis::metric_name(metric) << " >= "
+                  << fmt(a->prune_to_metric) << ", so pruned.h5 keeps every head";
+      std::cout << "\npruned model: removed " << k_remove << " of " << curve.total_heads << " heads, kept "
+                << kept_str(pr.kept_original) << "\n  wrote " << pr.path << "; parameters " << pr.params_before
+                << " -> " << pr.params_after << " ("
+                << fmt(100.0 * static_cast<double>(pr.params_before - pr.params_after) /
+                           static_cast<double>(pr.params_before),
+                       1)
+                << "% fewer)\n  forward (batch " << pr.B << " x " << pr.T << ", median of " << a->repeats
+                << "): " << fmt(pr.time_before.median * 1e3, 3) << " ms -> " << fmt(pr.time_after.median * 1e3, 3)
+                << " ms, speed-up " << fmt(pr.time_before.median / pr.time_after.median, 2) << "x\n"
+                << "  max |logits(pruned) - logits(gated)| = " << fmt_sci(pr.max_diff, 2) << "\n"
+                << "  pruned.h5: " << scores_line(pr.scores) << "\n";
+    }
+
+    analysis::save_heads_csv(join_path(out, "heads.csv"), abl);
+    analysis::save_pruning_csv(join_path(out, "pruning.csv"), curve, cfg);
+    analysis::save_importance_png(join_path(out, "importance.png"), abl, cfg);
+    analysis::save_pruning_png(join_path(out, "pruning.png"), curve, a->full_curve ? -1.0 : stop_below);
+    write_text(join_path(out, "report.md"),
+               report_md(*a, ck, *model, data, abl, curve, stop_below, pr, task->name()), "ablate");
+    std::cout << "\nwrote " << out << "/{heads.csv, pruning.csv, report.md, importance.png, pruning.png"
+              << (pr.done ? ", pruned.h5" : "") << "}\n";
+    return 0;
+  };
+}
+
+}  // namespace headlab::cli

@@ -1,0 +1,43 @@
+// What the `headlab` commands share: option validators, thread setting, loading a checkpoint with
+// its model and task, output folders and files, and number formatting for the terminal tables.
+#pragma once
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "io/checkpoint.h"
+#include "tasks/task.h"
+
+namespace headlab::cli {
+
+// Number checks whose errors say what was expected in a few words (CLI11 2.1's PositiveNumber
+// spells DBL_MAX out in 309 digits).
+CLI::Validator positive_number();
+CLI::Validator non_negative_number();
+// Sets the thread count for OpenMP/OpenBLAS (0: leave the default, all cores).
+void set_threads(int threads);
+int threads_in_use();
+
+// A checkpoint with its model on `device` and its task (text: a chars task's text file instead).
+struct Loaded {
+  io::Checkpoint ckpt;
+  std::shared_ptr<nn::GPTModel> model;
+  std::unique_ptr<tasks::Task> task;
+};
+Loaded load(const std::string& path, const std::string& device, const std::string& text = "");
+
+void make_dir(const std::string& dir, const char* cmd);  // creates it (and parents) or throws naming cmd
+void write_text(const std::string& path, const std::string& text, const char* cmd);
+std::string join_path(const std::string& dir, const std::string& name);
+
+std::string fmt(double v, int precision = 4);         // fixed; "nan" for NaN
+std::string fmt_signed(double v, int precision = 4);  // with a sign
+std::string fmt_sci(double v, int precision = 1);
+std::string fmt_bytes(int64_t b);                      // "1.5 MiB"
+std::string pad(const std::string& s, size_t w, bool left = false);
+// "layer 0: 1,2; layer 1: 0": the heads each layer keeps.
+std::string kept_str(const std::vector<std::vector<int64_t>>& kept);
+
+}  // namespace headlab::cli

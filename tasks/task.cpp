@@ -1,0 +1,171 @@
+// What every task shares: splits, scoring of argmax predictions, options as key/value strings,
+// and the factory that builds a task by name.
+#include "tasks/task.h"
+
+#include <algorithm>
+#include <charconv>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+#include <system_error>
+
+#include "autograd/error.h"
+#include "tasks/algorithmic.h"
+#include "tasks/chars.h"
+#include "tasks/internal.h"
+
+namespace headlab::tasks {
+
+using namespace detail;
+
+// =============================================================================================
+// Splits, metrics
+
+const char* split_name(Split split) { return split == Split::train ? "train" : "val"; }
+
+namespace {
+double ratio(int64_t num, int64_t den) {
+  return den > 0 ? static_cast<double>(num) / static_cast<double>(den)
+                 : std::numeric_limits<double>::quiet_NaN();
+}
+}  // namespace
+
+Metrics& Metrics::operator+=(const Metrics& other) {
+  tokens += other.tokens;
+  tokens_correct += other.tokens_correct;
+  rows += other.rows;
+  rows_correct += other.rows_correct;
+  has_exact_match = has_exact_match || other.has_exact_match;
+  token_accuracy = ratio(tokens_correct, tokens);
+  exact_match = has_exact_match ? ratio(rows_correct, rows) : std::numeric_limits<double>::quiet_NaN();
+  return *this;
+}
+
+Metrics score(const Batch& batch, const std::vector<int64_t>& predicted_ids) {
+  const int64_t B = batch.B, T = batch.T;
+  HL_CHECK(B >= 0 && T >= 0 && static_cast<int64_t>(batch.targets.size()) == B * T,
+           "score: batch targets have ", batch.targets.size(), " entries, expected B * T = ", B,
+           " * ", T, " = ", B * T);
+  HL_CHECK(static_cast<int64_t>(predicted_ids.size()) == B * T, "score: predicted_ids has ",
+           predicted_ids.size(), " entries, expected B * T = ", B, " * ", T, " = ", B * T,
+           " (argmax of the logits for every input position)");
+  if (batch.has_answers)
+    HL_CHECK(static_cast<int64_t>(batch.answer_begin.size()) == B &&
+                 static_cast<int64_t>(batch.answer_end.size()) == B,
+             "score: batch has answers but its answer spans have ", batch.answer_begin.size(),
+             " and ", batch.answer_end.size(), " entries, expected B = ", B);
+  Metrics m;
+  m.has_exact_match = batch.has_answers;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t target = batch.target(b, t);
+      if (target == kIgnoreIndex) continue;
+      ++m.tokens;
+      if (predicted_ids[static_cast<size_t>(b * T + t)] == target) ++m.tokens_correct;
+    }
+    if (!batch.has_answers) continue;
+    const int64_t begin = batch.answer_begin[static_cast<size_t>(b)];
+    const int64_t end = batch.answer_end[static_cast<size_t>(b)];
+    HL_CHECK(0 <= begin && begin < end && end <= T, "score: row ", b, " has answer span [", begin,
+             ", ", end, ") outside [0, T = ", T, ")");
+    bool all = true;
+    for (int64_t t = begin; t < end; ++t)
+      all = all && predicted_ids[static_cast<size_t>(b * T + t)] == batch.target(b, t);
+    ++m.rows;
+    if (all) ++m.rows_correct;
+  }
+  m.token_accuracy = ratio(m.tokens_correct, m.tokens);
+  m.exact_match = m.has_exact_match ? ratio(m.rows_correct, m.rows)
+                                    : std::numeric_limits<double>::quiet_NaN();
+  return m;
+}
+
+// =============================================================================================
+// Options and factory
+
+std::map<std::string, std::string> options_to_map(const std::string& name,
+                                                  const TaskOptions& o) {
+  const bool any = std::find(task_names().begin(), task_names().end(), name) == task_names().end();
+  std::map<std::string, std::string> m;
+  m["seed"] = std::to_string(o.seed);
+  if (any || name == "copy" || name == "reverse" || name == "sort") {
+    m["min_len"] = std::to_string(o.min_len);
+    m["max_len"] = std::to_string(o.max_len);
+  }
+  if (any || name == "add") m["n_digits"] = std::to_string(o.n_digits);
+  if (any || name == "chars") {
+    m["text_path"] = o.text_path;
+    if (!o.text.empty()) m["text"] = o.text;
+  }
+  return m;
+}
+
+TaskOptions options_from_map(const std::map<std::string, std::string>& map) {
+  TaskOptions o;
+  auto parse = [](const std::string& key, const std::string& value, auto& out) {
+    const char* first = value.data();
+    const char* last = value.data() + value.size();
+    const auto [ptr, ec] = std::from_chars(first, last, out);
+    HL_CHECK(ec == std::errc() && ptr == last && !value.empty(), "task options: key '", key,
+             "' has value '", value, "', expected an integer");
+  };
+  for (const auto& [key, value] : map) {
+    if (key == "seed") {
+      parse(key, value, o.seed);
+    } else if (key == "min_len") {
+      parse(key, value, o.min_len);
+    } else if (key == "max_len") {
+      parse(key, value, o.max_len);
+    } else if (key == "n_digits") {
+      parse(key, value, o.n_digits);
+    } else if (key == "text_path") {
+      o.text_path = value;
+    } else if (key == "text") {
+      o.text = value;
+    } else {
+      HL_FAIL("task options: unknown key '", key,
+              "'; known keys are seed, min_len, max_len, n_digits, text_path, text");
+    }
+  }
+  return o;
+}
+
+const std::vector<std::string>& task_names() {
+  static const std::vector<std::string> names = {"copy", "reverse", "sort", "add", "chars"};
+  return names;
+}
+
+std::unique_ptr<Task> make_task(const std::string& name, const TaskOptions& options) {
+  using Kind = AlgorithmicTask::Kind;
+  if (name == "copy") return std::make_unique<AlgorithmicTask>(Kind::copy, options);
+  if (name == "reverse") return std::make_unique<AlgorithmicTask>(Kind::reverse, options);
+  if (name == "sort") return std::make_unique<AlgorithmicTask>(Kind::sort, options);
+  if (name == "add") return std::make_unique<AlgorithmicTask>(Kind::add, options);
+  if (name == "chars") return std::make_unique<CharsTask>(options);
+  std::string valid;
+  for (const auto& n : task_names()) valid += (valid.empty() ? "" : ", ") + n;
+  HL_FAIL("unknown task '", name, "': valid tasks are ", valid);
+}
+
+std::string tasks_help() {
+  const TaskOptions d;
+  std::ostringstream os;
+  os << "Tasks (--task NAME):\n"
+     << "  copy     repeat digits                31415926>31415926.\n"
+     << "  reverse  reverse digits               31415926>62951413.\n"
+     << "  sort     sort digits ascending        31415926>11234569.\n"
+     << "  add      add two numbers, the sum written least significant digit first:\n"
+     << "           123+45=168 is 123+045=8610.   999+1=1000 is 999+001=0001.\n"
+     << "  chars    character-level language model over --text FILE (default " << d.text_path
+     << ")\n"
+     << "copy/reverse/sort use " << range_text(d.min_len, d.max_len)
+     << " digits (min_len, max_len); add uses " << d.n_digits
+     << "-digit operands (n_digits). Loss and accuracy count only the answer and its end '.'; "
+        "1/8 of all prompts (by a hash) are held out for validation. chars: first "
+     << kTrainPercent << "% of the text trains, the last " << 100 - kTrainPercent
+     << "% validates.\n";
+  return os.str();
+}
+
+}  // namespace headlab::tasks

@@ -1,0 +1,92 @@
+// RunConfig <-> JSON, in the layout checkpoints have always had.
+#include "train/config.h"
+
+#include <filesystem>
+#include <map>
+
+namespace headlab::train {
+
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(RunSettings, steps, batch_size, grad_clip, seed, device, eval_every,
+                                                eval_batches, save_every, keep_last)
+
+RunConfig RunConfig::defaults() {
+  RunConfig c;
+  c.model.emb_dim = 64;
+  c.model.n_heads = 4;
+  c.model.n_layers = 2;
+  c.model.context_length = 0;  // the task's need
+  c.optimizer = optim::OptimizerOptions::defaults(optim::OptimizerKind::adamw);
+  c.optimizer.lr = 3e-3;
+  c.schedule.min_lr = 1e-4;
+  c.schedule.warmup = 100;
+  return c;
+}
+
+nlohmann::json RunConfig::to_json() const {
+  nlohmann::json training = run;
+  training["optimizer"] = optimizer.to_json();
+  training["schedule"] = schedule.to_json();
+  return {{"model", model.to_json()},
+          {"tokenizer", {{"type", "char"}, {"vocab", task.options.vocabulary}}},
+          {"task", {{"name", task.name}, {"options", tasks::options_to_map(task.name, task.options)}}},
+          {"training", training}};
+}
+
+RunConfig RunConfig::from_json(const nlohmann::json& j) {
+  HL_CHECK(j.is_object(), "config: expected a JSON object, got ", j.type_name());
+  HL_CHECK(j.contains("model"), "config: the 'model' section is missing");
+  HL_CHECK(j.contains("task") && j["task"].is_object() && j["task"].contains("name") && j["task"]["name"].is_string(),
+           "config: the 'task' section is missing or has no name");
+  RunConfig c;
+  c.model = nn::GPTConfig::from_json(j["model"]);
+  c.task.name = j["task"]["name"].get<std::string>();
+  try {
+    std::map<std::string, std::string> options;
+    if (j["task"].contains("options")) options = j["task"]["options"].get<std::map<std::string, std::string>>();
+    c.task.options = tasks::options_from_map(options);
+    if (j.contains("tokenizer") && j["tokenizer"].contains("vocab"))
+      c.task.options.vocabulary = j["tokenizer"]["vocab"].get<std::vector<std::string>>();
+    if (j.contains("training") && j["training"].is_object()) {
+      const nlohmann::json& tr = j["training"];
+      c.run = tr.get<RunSettings>();
+      if (tr.contains("optimizer")) c.optimizer = optim::OptimizerOptions::from_json(tr["optimizer"]);
+      if (tr.contains("schedule")) c.schedule = optim::LRSchedule::from_json(tr["schedule"]);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    HL_FAIL("config: a value has the wrong type (", e.what(), ")");
+  }
+  return c;
+}
+
+std::unique_ptr<tasks::Task> RunConfig::make_task(const std::string& text_override) const {
+  tasks::TaskOptions options = task.options;
+  if (!text_override.empty()) options.text_path = text_override;
+  return tasks::make_task(task.name, options);
+}
+
+void RunSettings::validate() const {
+  HL_CHECK(steps > 0, "train: --steps must be positive, got ", steps);
+  HL_CHECK(batch_size > 0, "train: --batch-size must be positive, got ", batch_size);
+  HL_CHECK(eval_every > 0 && save_every > 0 && eval_batches > 0,
+           "train: --eval-every, --save-every and --eval-batches must be positive");
+}
+
+RunConfig resolve(RunConfig c) {
+  c.run.validate();
+  HL_CHECK(c.optimizer.lr > 0, "train: --lr must be positive, got ", c.optimizer.lr);
+  c.task.options.seed = c.run.seed;
+  const bool chars = c.task.name == "chars";
+  if (chars) c.task.options.text_path = std::filesystem::absolute(c.task.options.text_path).string();
+  const std::unique_ptr<tasks::Task> task = c.make_task();
+  c.task.name = task->name();
+  c.task.options.vocabulary = task->tokenizer().vocab();
+  c.model.vocab_size = task->vocab_size();
+  if (c.model.context_length <= 0) c.model.context_length = chars ? 64 : task->required_context_length();
+  task->check_context_length(c.model.context_length);
+  c.model.validate();
+  c.schedule.lr = c.optimizer.lr;
+  c.schedule.total = c.run.steps;  // as the run uses it, so the stored schedule gives the logged rates
+  return c;
+}
+
+}  // namespace headlab::train

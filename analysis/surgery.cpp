@@ -149,10 +149,8 @@ std::shared_ptr<nn::GPTModel> prune_model(const nn::GPTModel& model, const std::
 }
 
 std::pair<nn::GPTConfig, NamedTensors> convert_parameters(const nn::GPTConfig& cfg, const NamedTensors& params,
-                                                          const std::string& attention) {
+                                                          nn::AttentionForm attention) {
   const char* who = "convert_parameters";
-  HL_CHECK(attention == "fused" || attention == "wrapper", who, ": attention must be 'fused' or 'wrapper', got '",
-           attention, "'");
   nn::GPTConfig out = cfg;
   out.attention = attention;
   if (attention == cfg.attention) return {out, params};
@@ -163,12 +161,12 @@ std::pair<nn::GPTConfig, NamedTensors> convert_parameters(const nn::GPTConfig& c
     const auto [l, rest] = split_attention_name(name);
     const std::string prefix = "trf_blocks." + std::to_string(l) + ".att.";
     Tensor value;
-    if (l >= 0 && attention == "wrapper" && rest.rfind("heads.", 0) == 0) {
+    if (l >= 0 && attention == nn::AttentionForm::wrapper && rest.rfind("heads.", 0) == 0) {
       // heads.{j}.W_query.weight <- rows [j*D, (j+1)*D) of the fused W_query.weight (bias alike)
       const size_t dot = rest.find('.', 6);
       const int64_t j = std::stoll(rest.substr(6, dot - 6));
       value = lookup(src, prefix + rest.substr(dot + 1), who).narrow(0, j * D, D).contiguous();
-    } else if (l >= 0 && attention == "fused" && rest.rfind("W_", 0) == 0) {
+    } else if (l >= 0 && attention == nn::AttentionForm::fused && rest.rfind("W_", 0) == 0) {
       std::vector<Tensor> parts;
       for (int64_t j = 0; j < cfg.heads_in_layer(l); ++j)
         parts.push_back(lookup(src, prefix + "heads." + std::to_string(j) + "." + rest, who));
@@ -183,7 +181,7 @@ std::pair<nn::GPTConfig, NamedTensors> convert_parameters(const nn::GPTConfig& c
   return {out, result};
 }
 
-Checkpoint convert_checkpoint(const Checkpoint& ckpt, const std::string& attention) {
+Checkpoint convert_checkpoint(const Checkpoint& ckpt, nn::AttentionForm attention) {
   const nn::GPTConfig cfg = nn::GPTConfig::from_json(ckpt.config.at("model"));
   auto [ccfg, params] = convert_parameters(cfg, ckpt.model, attention);
   Checkpoint out;

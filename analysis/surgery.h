@@ -31,7 +31,7 @@ std::shared_ptr<nn::GPTModel> prune_model(const nn::GPTModel& model, const std::
 
 // The same weights in the other attention layout ("fused" <-> "wrapper"); pruned configs too.
 std::pair<nn::GPTConfig, NamedTensors> convert_parameters(const nn::GPTConfig& cfg, const NamedTensors& params,
-                                                          const std::string& attention);
-Checkpoint convert_checkpoint(const Checkpoint& ckpt, const std::string& attention);
+                                                          nn::AttentionForm attention);
+Checkpoint convert_checkpoint(const Checkpoint& ckpt, nn::AttentionForm attention);
 
 }  // namespace headlab::analysis

@@ -1,8 +1,9 @@
 // Scalar maths shared by the CPU and CUDA backends (HL_HOST_DEVICE, like backends/philox.h): the
 // unary ops and their derivatives, the binary ops, the optimizer updates and the softmax masks,
 // written once so the two backends agree term by term (same constants, same evaluation order).
-// exp and tanh come from a policy `M`: the CPU passes its vectorised float versions
-// (backends/cpu/fast_math.h), CUDA the maths library's (LibmExpTanh). All else is the maths library's.
+// exp and tanh of the hot ops (exp, tanh, sigmoid, GELU-tanh) come from a policy `M`: the CPU passes
+// its polynomial float versions (backends/cpu/fast_math.h), CUDA the maths library's (LibmExpTanh).
+// Everything else, erf-GELU and its derivative's exp included, is the maths library's on both.
 #pragma once
 #include <cmath>
 #include <cstdint>

@@ -55,7 +55,7 @@ int main(int argc, char** argv) {
     else if (k == "--vocab-size") cfg.vocab_size = std::stoll(v);
     else if (k == "--batch-size") B = std::stoll(v);
     else if (k == "--threads") threads = std::stoi(v);
-    else if (k == "--attention") cfg.attention = v;
+    else if (k == "--attention") cfg.attention = nn::parse_attention_form(v);
     else if (k == "--seconds") seconds = std::stod(v);
     else { std::fprintf(stderr, "gpt_step: unknown option %s\n", argv[i]); return 2; }
   }
@@ -79,7 +79,7 @@ int main(int argc, char** argv) {
   while (std::chrono::duration<double>(clock_type::now() - t0).count() < seconds || n < 3) { step(); ++n; }
   const double ms = std::chrono::duration<double>(clock_type::now() - t0).count() / n * 1e3;
   const double flops = step_flops(cfg, B);
-  std::printf("headlab %s threads=%d sgemm=%.0f GFLOP/s\n", cfg.attention.c_str(), threads, peak);
+  std::printf("headlab %s threads=%d sgemm=%.0f GFLOP/s\n", nn::attention_form_name(cfg.attention), threads, peak);
   std::printf("V=%lld T=%lld d=%lld h=%lld L=%lld B=%lld params=%lld: %.1f ms/step, %.0f tokens/s, "
               "%.1f GFLOP/step, %.0f GFLOP/s = %.0f%% of sgemm (floor %.1f ms)\n",
               (long long)cfg.vocab_size, (long long)cfg.context_length, (long long)cfg.emb_dim, (long long)cfg.n_heads,

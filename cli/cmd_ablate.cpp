@@ -71,7 +71,7 @@ std::string report_md(const AblateArgs& args, const io::Checkpoint& ck, const nn
   os << "| checkpoint | `" << args.path << "`" << (ck.has_trainer ? " (step " + std::to_string(ck.trainer.step) + ")" : "")
      << " |\n";
   os << "| task | " << task_name << " |\n";
-  os << "| model | " << cfg.n_layers << " layers x " << cfg.n_heads << " heads (" << cfg.attention
+  os << "| model | " << cfg.n_layers << " layers x " << cfg.n_heads << " heads (" << nn::attention_form_name(cfg.attention)
      << " attention), emb " << cfg.emb_dim << ", head size " << cfg.head_dim() << ", context " << cfg.context_length
      << ", " << model.num_parameters() << " parameters |\n";
   if (!cfg.kept_heads.empty()) os << "| kept heads (already pruned) | " << kept_str(cfg.kept_heads) << " |\n";
@@ -215,7 +215,7 @@ Action add_ablate(CLI::App& app) {
     const analysis::EvalSet data = analysis::make_eval_set(*task, n, B, cfg.context_length);
     const analysis::Metric metric = a->metric.empty() ? analysis::default_metric(data) : analysis::parse_metric(a->metric);
 
-    std::cout << "headlab ablate: " << a->path << " (task " << task->name() << ", " << cfg.attention << " attention, "
+    std::cout << "headlab ablate: " << a->path << " (task " << task->name() << ", " << nn::attention_form_name(cfg.attention) << " attention, "
               << cfg.n_layers << " layers x " << cfg.n_heads << " heads"
               << (cfg.kept_heads.empty() ? "" : " before pruning, kept " + kept_str(cfg.kept_heads)) << ", "
               << model->num_parameters() << " parameters, device " << device.str() << ")\n"

@@ -76,7 +76,7 @@ Action add_train(CLI::App& app) {
   return [o, ch] {
     set_threads(ch->threads);
     train::RunConfig& c = o->config;
-    c.model.attention = ch->attention;
+    c.model.attention = nn::parse_attention_form(ch->attention);
     const double lr = c.optimizer.lr;
     c.optimizer = optim::OptimizerOptions::defaults(optim::parse_optimizer_kind(ch->optimizer));
     c.optimizer.lr = lr;

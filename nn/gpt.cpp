@@ -8,6 +8,14 @@ int64_t GPTConfig::heads_in_layer(int64_t layer) const {
   return kept_heads.empty() ? n_heads : static_cast<int64_t>(kept_heads.at(static_cast<size_t>(layer)).size());
 }
 
+AttentionForm parse_attention_form(const std::string& name) {
+  if (name == "fused") return AttentionForm::fused;
+  if (name == "wrapper") return AttentionForm::wrapper;
+  HL_FAIL("attention: expected 'fused' or 'wrapper', got '", name, "'");
+}
+
+const char* attention_form_name(AttentionForm form) { return form == AttentionForm::fused ? "fused" : "wrapper"; }
+
 void GPTConfig::validate() const {
   HL_CHECK(vocab_size > 0, "GPT config: vocab_size must be positive, got ", vocab_size);
   HL_CHECK(context_length > 0, "GPT config: context_length must be positive, got ", context_length);
@@ -16,8 +24,6 @@ void GPTConfig::validate() const {
   HL_CHECK(emb_dim % n_heads == 0, "GPT config: emb_dim ", emb_dim, " must be divisible by n_heads ", n_heads);
   HL_CHECK(n_layers > 0, "GPT config: n_layers must be positive, got ", n_layers);
   HL_CHECK(drop_rate >= 0 && drop_rate < 1, "GPT config: drop_rate must be in [0, 1), got ", drop_rate);
-  HL_CHECK(attention == "fused" || attention == "wrapper", "GPT config: attention must be 'fused' or 'wrapper', got '",
-           attention, "'");
   if (!kept_heads.empty()) {
     HL_CHECK(static_cast<int64_t>(kept_heads.size()) == n_layers, "GPT config: kept_heads lists ", kept_heads.size(),
              " layers, expected n_layers = ", n_layers);
@@ -31,7 +37,7 @@ void GPTConfig::validate() const {
 nlohmann::json GPTConfig::to_json() const {
   nlohmann::json j = {{"vocab_size", vocab_size}, {"context_length", context_length}, {"emb_dim", emb_dim},
                       {"n_heads", n_heads},       {"n_layers", n_layers},             {"drop_rate", drop_rate},
-                      {"qkv_bias", qkv_bias},     {"attention", attention}};
+                      {"qkv_bias", qkv_bias},     {"attention", attention_form_name(attention)}};
   if (!kept_heads.empty()) j["kept_heads"] = kept_heads;
   return j;
 }
@@ -54,7 +60,12 @@ GPTConfig GPTConfig::from_json(const nlohmann::json& j) {
   get("n_layers", c.n_layers);
   get("drop_rate", c.drop_rate);
   get("qkv_bias", c.qkv_bias);
-  if (j.contains("attention")) get("attention", c.attention);
+  if (j.contains("attention")) {
+    std::string form;
+    get("attention", form);
+    HL_CHECK(form == "fused" || form == "wrapper", "GPT config: attention must be 'fused' or 'wrapper', got '", form, "'");
+    c.attention = parse_attention_form(form);
+  }
   if (j.contains("kept_heads")) get("kept_heads", c.kept_heads);
   c.validate();
   return c;
@@ -62,7 +73,7 @@ GPTConfig GPTConfig::from_json(const nlohmann::json& j) {
 
 TransformerBlock::TransformerBlock(const GPTConfig& cfg, int64_t layer) {
   const int64_t H = cfg.heads_in_layer(layer), D = cfg.head_dim();
-  if (cfg.attention == "fused")
+  if (cfg.attention == AttentionForm::fused)
     att = register_module("att", std::make_shared<CausalMultiHeadAttention>(cfg.emb_dim, cfg.emb_dim, cfg.context_length,
                                                                             cfg.drop_rate, H, cfg.qkv_bias, D));
   else

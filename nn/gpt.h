@@ -8,11 +8,17 @@
 
 namespace headlab::nn {
 
+// The two forms of multi-head attention (DESIGN.md section 6): one CausalMultiHeadAttention, or a
+// MultiHeadAttentionWrapper of per-head CausalAttention modules plus out_proj. Same maths.
+enum class AttentionForm { fused, wrapper };
+AttentionForm parse_attention_form(const std::string& name);  // "fused" | "wrapper"; clear error otherwise
+const char* attention_form_name(AttentionForm form);
+
 struct GPTConfig {
   int64_t vocab_size = 0, context_length = 0, emb_dim = 0, n_heads = 0, n_layers = 0;
   double drop_rate = 0.0;
   bool qkv_bias = false;
-  std::string attention = "fused";  // "fused" | "wrapper"
+  AttentionForm attention = AttentionForm::fused;
   // After physical pruning: the original head indices each layer keeps (empty: all heads).
   std::vector<std::vector<int64_t>> kept_heads;
 

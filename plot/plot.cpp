@@ -160,9 +160,8 @@ class Page {
   void pixels() { area(0, 0, w_, h_, 0, w_, h_, 0); }  // decorations: world = pixels, y down, no clipping
   // The cairo driver turns chrht into a pango size in points, which pango renders at 96 dpi.
   void font(double px) { plschr(px * u_ * 0.75 * 25.4 / 72, 1.0); }
-  void pen(double px) { plwidth(px * u_); }
+  double pen(double px) { return plwidth(px * u_), px * u_; }  // returns the width in PLplot's units
   void ticks(double px) { plsmaj(px * u_ * 25.4 / 72, 1.0), plsmin(0.6 * px * u_ * 25.4 / 72, 1.0); }  // lengths
-  double unit() const { return u_; }  // PLplot pen width (and points) per pixel
   // Text centred vertically on y; just: 0 left, 0.5 centre, 1 right; up: reads bottom to top.
   void text(double x, double y, const std::string& s, double just, bool up = false) {
     if (!s.empty()) plptex(x, y, up ? 0 : 1, up ? -1 : 0, just, s.c_str());
@@ -439,7 +438,7 @@ void save_line_chart(const LineChart& ch, const std::string& path) {
     pg.area(x0, y0, x1, y1, 0, 1, 0, 1);
     pg.font(fs);
     std::vector<PLINT> opts(n), ink(n, kInk), colours(n), styles(n, 1), counts(n, 1);
-    std::vector<PLFLT> widths(n, lw * pg.unit()), scales(n, ms / fs);
+    std::vector<PLFLT> widths(n, pg.pen(lw)), scales(n, ms / fs);
     std::vector<const char*> texts(n), glyphs(n);
     for (size_t e = 0; e < n; ++e) {
       opts[e] = PL_LEGEND_LINE | (marked[named[e]] ? PL_LEGEND_SYMBOL : 0);

@@ -24,6 +24,7 @@
 
 #include "io/h5file.h"
 #include "optim/optim.h"
+#include "tests/core_test_util.h"
 #include "plot/plot.h"
 #include "train/trainer.h"
 #include "nn/generate.h"
@@ -46,18 +47,9 @@ using namespace headlab::tasks;
 using namespace headlab::io;
 using namespace headlab::optim;
 using namespace headlab::analysis;
+using headlab::testing::error_of;
 
 namespace {
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
 
 #define EXPECT_ERROR_CONTAINS(stmt, needle) \
   EXPECT_NE(error_of([&] { stmt; }).find(needle), std::string::npos) << error_of([&] { stmt; })
@@ -334,7 +326,7 @@ TEST(Analysis, PrunedModelsEqualGatedModels) {
   const std::vector<std::vector<int64_t>> keep = {{1, 3}, {2}};
   for (const std::string form : {"fused", "wrapper"}) {
     SCOPED_TRACE(form);
-    const Checkpoint ck = convert_checkpoint(trained_checkpoint(), form);
+    const Checkpoint ck = convert_checkpoint(trained_checkpoint(), nn::parse_attention_form(form));
     auto model = load_model(ck);
     const HeadMatrix gates = gates_keeping(*model, keep);
     auto pruned = prune_model(*model, keep);
@@ -384,7 +376,7 @@ TEST(Analysis, PruningWithQkvBiasEqualsGating) {
   cfg.qkv_bias = true;
   const EvalSet data = eval_set(1, 4);
   for (const std::string form : {"fused", "wrapper"}) {
-    cfg.attention = form;
+    cfg.attention = nn::parse_attention_form(form);
     manual_seed(11);
     nn::GPTModel model(cfg);
     model.eval();
@@ -396,10 +388,10 @@ TEST(Analysis, PruningWithQkvBiasEqualsGating) {
 
 TEST(Analysis, WrapperAndFusedCheckpointsGiveTheSameScores) {
   const Checkpoint& fused_ck = trained_checkpoint();
-  const Checkpoint wrapper_ck = convert_checkpoint(fused_ck, "wrapper");
+  const Checkpoint wrapper_ck = convert_checkpoint(fused_ck, nn::AttentionForm::wrapper);
   EXPECT_EQ(wrapper_ck.config["model"]["attention"], "wrapper");
   // Round trip is exact.
-  const auto back = by_name_map(convert_checkpoint(wrapper_ck, "fused").model);
+  const auto back = by_name_map(convert_checkpoint(wrapper_ck, nn::AttentionForm::fused).model);
   for (const auto& [name, t] : fused_ck.model) EXPECT_EQ(max_abs_diff(t, back.at(name)), 0.0) << name;
   auto f = load_model(fused_ck), w = load_model(wrapper_ck);
   const EvalSet data = eval_set();
@@ -632,7 +624,7 @@ TEST(Analysis, Errors) {
   EXPECT_ERROR_CONTAINS(prune_parameters(cfg, p, {{2, 1}, {0}}), "sorted and distinct");
   EXPECT_ERROR_CONTAINS(prune_parameters(cfg, p, {{4}, {0}}), "layer 0 has no head 4");
   EXPECT_ERROR_CONTAINS(prune_parameters(cfg, p, {{0}}), "keep lists 1 layers, the model has 2");
-  EXPECT_ERROR_CONTAINS(convert_parameters(cfg, p, "both"), "attention must be 'fused' or 'wrapper'");
+  EXPECT_ERROR_CONTAINS(nn::parse_attention_form("both"), "attention: expected 'fused' or 'wrapper', got 'both'");
   EXPECT_ERROR_CONTAINS(parse_compare_config("x,1,2,3"), "must be name,B,T,d_in,d_out,heads");
   EXPECT_ERROR_CONTAINS(parse_compare_config("x,1,2,3,4,3"), "d_out 4 must be divisible by heads 3");
   EXPECT_ERROR_CONTAINS(parse_compare_config("x,1,two,3,4,2"), "T must be a positive integer, got 'two'");
@@ -653,7 +645,7 @@ TEST_F(AnalysisFiles, CommandsLoadPrunedCheckpoints) {
   for (const std::string form : {"fused", "wrapper"}) {
     SCOPED_TRACE(form);
     const std::string ck = path(form + ".h5"), out = path("ablate_" + form);
-    save_checkpoint(ck, convert_checkpoint(trained_checkpoint(), form));
+    save_checkpoint(ck, convert_checkpoint(trained_checkpoint(), nn::parse_attention_form(form)));
     auto run = [&](const std::string& args) {
       const std::string cmd = exe.string() + " " + args + " > " + path("log.txt") + " 2>&1";
       const int rc = std::system(cmd.c_str());

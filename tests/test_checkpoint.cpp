@@ -20,11 +20,13 @@
 #include <functional>
 
 #include "io/h5file.h"
+#include "tests/process_util.h"
 
 namespace fs = std::filesystem;
 using namespace headlab;
 using namespace headlab::io;
 using namespace headlab::optim;
+using headlab::testing::TempDir;
 
 namespace {
 
@@ -47,7 +49,7 @@ nn::GPTConfig tiny_config(const std::string& attention = "fused") {
   c.n_layers = 2;
   c.drop_rate = 0.1;
   c.qkv_bias = attention == "wrapper";
-  c.attention = attention;
+  c.attention = nn::parse_attention_form(attention);
   return c;
 }
 
@@ -214,23 +216,12 @@ void expect_load_error(const std::string& path, const std::vector<std::string>& 
 
 class CheckpointTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/checkpoint_test.XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
   void TearDown() override {
     EXPECT_EQ(H5Fget_obj_count(H5F_OBJ_ALL, H5F_OBJ_ALL), 0) << "every HDF5 id is closed again";
-    fs::remove_all(dir_);
   }
-  std::string path(const std::string& name) const { return dir_ + "/" + name; }
-  std::vector<std::string> entries() const {
-    std::vector<std::string> names;
-    for (const auto& e : fs::directory_iterator(dir_)) names.push_back(e.path().filename().string());
-    std::sort(names.begin(), names.end());
-    return names;
-  }
-  std::string dir_;
+  std::string path(const std::string& name) const { return tmp_.path(name); }
+  std::vector<std::string> entries() const { return tmp_.entries(); }
+  TempDir tmp_{"checkpoint_test"};
 };
 
 // ---- round trip -----------------------------------------------------------------------------------

@@ -18,29 +18,17 @@
 
 #include "train/trainer.h"
 #include "io/checkpoint.h"
+#include "tests/process_util.h"
 
 namespace fs = std::filesystem;
 using namespace headlab;
+using headlab::testing::run_process;
+using headlab::testing::slurp;
+using Result = headlab::testing::ProcessResult;
 
 namespace {
 
 const std::string kBinary = std::string(HEADLAB_BINARY_DIR) + "/headlab";
-
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
-
-std::string slurp(const std::string& file) {
-  std::ifstream in(file, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
 
 std::string scratch_dir() {
   static const std::string dir = [] {
@@ -53,20 +41,9 @@ std::string scratch_dir() {
 
 // Runs the binary with these arguments (one thread, as the models here are tiny); captures both streams.
 Result headlab(const std::vector<std::string>& args) {
-  static int counter = 0;
-  const std::string base = scratch_dir() + "/run" + std::to_string(counter++);
-  std::ostringstream cmd;
-  cmd << "OMP_NUM_THREADS=1 " << quote(kBinary);
-  for (const std::string& a : args) cmd << ' ' << quote(a);
-  cmd << " >" << quote(base + ".out") << " 2>" << quote(base + ".err") << " </dev/null";
-  const int status = std::system(cmd.str().c_str());
-  Result r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-  r.out = slurp(base + ".out");
-  r.err = slurp(base + ".err");
-  fs::remove(base + ".out");
-  fs::remove(base + ".err");
-  return r;
+  std::vector<std::string> argv{kBinary};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run_process(argv, scratch_dir(), "OMP_NUM_THREADS=1");
 }
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }

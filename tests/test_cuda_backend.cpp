@@ -19,11 +19,13 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "tests/core_test_util.h"
 #ifdef HEADLAB_HAS_CUDA
 #include "backends/cuda/cuda_backend.h"
 #endif
 
 using namespace headlab;
+using headlab::testing::error_of;
 
 namespace {
 
@@ -42,17 +44,6 @@ std::string cuda_skip_reason() {
 
 Backend& gpu() { return backend_for(Device{Device::cuda, 0}); }
 Backend& cpu() { return cpu_backend(); }
-
-// The message of the headlab::Error thrown by f, or "<no error>".
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "<no error>";
-}
 
 template <typename T> DType dtype_of() {
   if constexpr (std::is_same_v<T, float>) return DType::f32;

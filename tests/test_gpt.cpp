@@ -7,22 +7,13 @@
 #include <functional>
 
 #include "nn/gpt.h"
+#include "tests/core_test_util.h"
 #include "tests/fixture_util.h"
 
 using namespace headlab;
 using namespace headlab::testing;
 
 namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected headlab::Error, nothing was thrown";
-  return "";
-}
 
 struct GptCase {
   std::string file;
@@ -120,7 +111,7 @@ nn::GPTConfig small_config(const std::string& attention, bool qkv_bias) {
   c.n_heads = 2;
   c.n_layers = 2;
   c.qkv_bias = qkv_bias;
-  c.attention = attention;
+  c.attention = nn::parse_attention_form(attention);
   return c;
 }
 

@@ -20,29 +20,25 @@
 #include <map>
 #include <numeric>
 
+#include "tests/core_test_util.h"
+#include "tests/process_util.h"
+
 namespace fs = std::filesystem;
 using headlab::Error;
+using headlab::testing::error_of;
+using headlab::testing::TempDir;
 using namespace headlab::io::h5;
 
 namespace {
 
-// Message of the headlab::Error that f throws; fails the test if it throws nothing or something else.
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "expected headlab::Error, got another exception: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "expected headlab::Error, nothing was thrown";
-  return "";
-}
-
+// This suite's EXPECT_ERROR takes several substrings, and fails the test when stmt throws nothing or
+// something other than a headlab::Error.
+#undef EXPECT_ERROR
 #define EXPECT_ERROR(stmt, ...)                                                  \
   do {                                                                           \
     std::string msg_ = error_of([&] { stmt; });                                  \
+    if (msg_ == "<no error>" || msg_.rfind("<not a headlab::Error>", 0) == 0)    \
+      ADD_FAILURE() << "expected headlab::Error, got: " << msg_;                 \
     for (const std::string& part_ : std::vector<std::string>{__VA_ARGS__})       \
       EXPECT_NE(msg_.find(part_), std::string::npos) << "message: " << msg_      \
                                                      << "\nmissing: " << part_;  \
@@ -67,25 +63,13 @@ void write_file(const std::string& path, const std::vector<unsigned char>& b) {
 
 class H5FileTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/h5file_test.XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
   void TearDown() override {
     // Every HDF5 id the layer opened must be closed again, whatever path it took.
     EXPECT_EQ(H5Fget_obj_count(H5F_OBJ_ALL, H5F_OBJ_ALL), 0);
-    fs::remove_all(dir_);
   }
-  std::string path(const std::string& name) const { return dir_ + "/" + name; }
-  std::vector<std::string> dir_entries() const {
-    std::vector<std::string> names;
-    for (const auto& e : fs::directory_iterator(dir_)) names.push_back(e.path().filename().string());
-    std::sort(names.begin(), names.end());
-    return names;
-  }
-
-  std::string dir_;
+  std::string path(const std::string& name) const { return tmp_.path(name); }
+  std::vector<std::string> dir_entries() const { return tmp_.entries(); }
+  TempDir tmp_{"h5file_test"};
 };
 
 // ---- round trips ---------------------------------------------------------------------------------
@@ -356,7 +340,7 @@ TEST_F(H5FileTest, WriterErrors) {
   const std::string in_missing = missing_dir + "/checkpoint.h5";
   EXPECT_ERROR(Writer w(in_missing), "checkpoint '" + in_missing + "': cannot create '" + in_missing + ".tmp.",
                "No such file or directory", "folder '" + missing_dir + "' does not exist");
-  EXPECT_ERROR(Writer w(dir_), dir_, "is a folder");
+  EXPECT_ERROR(Writer w(tmp_.dir()), tmp_.dir(), "is a folder");
   EXPECT_FALSE(fs::exists(missing_dir));  // never created
   {
     Writer first(path("dup.h5"));
@@ -390,7 +374,7 @@ TEST_F(H5FileTest, ReaderErrorsOnMissingForeignAndTruncatedFiles) {
   const std::string missing = path("x.h5");
   EXPECT_ERROR(Reader r(missing), "checkpoint '" + missing + "': no such file");
   EXPECT_ERROR(Reader r(path("no_dir/x.h5"), "fixture"), "fixture '" + path("no_dir/x.h5") + "': no such file");
-  EXPECT_ERROR(Reader r(dir_), dir_, "is a folder, not a file");
+  EXPECT_ERROR(Reader r(tmp_.dir()), tmp_.dir(), "is a folder, not a file");
 
   const std::string text = path("notes.h5");
   std::ofstream(text) << "this is a text file, not HDF5\n";

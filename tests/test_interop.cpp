@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "train/trainer.h"
+#include "tests/process_util.h"
 
 namespace fs = std::filesystem;
 using namespace headlab;
@@ -22,42 +23,16 @@ using namespace headlab::train;
 using namespace headlab::tasks;
 using namespace headlab::io;
 using namespace headlab::optim;
+using headlab::testing::quote;
+using headlab::testing::run_process;
+using headlab::testing::slurp;
+using headlab::testing::TempDir;
+using Result = headlab::testing::ProcessResult;
 
 namespace {
 
 const std::string kPython = "/usr/bin/python3";
 const std::string kTools = std::string(HEADLAB_SOURCE_DIR) + "/tools";
-
-struct Result {
-  int code = -1;
-  std::string out, err;
-};
-
-std::string slurp(const std::string& file) {
-  std::ifstream in(file, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-std::string quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
-Result run(const std::vector<std::string>& argv, const std::string& scratch) {
-  static int counter = 0;
-  const std::string base = scratch + "/cmd" + std::to_string(counter++);
-  std::ostringstream cmd;
-  cmd << "OMP_NUM_THREADS=1 PYTHONDONTWRITEBYTECODE=1";
-  for (const std::string& a : argv) cmd << ' ' << quote(a);
-  cmd << " >" << quote(base + ".out") << " 2>" << quote(base + ".err") << " </dev/null";
-  const int status = std::system(cmd.str().c_str());
-  Result r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
-  r.out = slurp(base + ".out");
-  r.err = slurp(base + ".err");
-  return r;
-}
 
 // Why PyTorch interop cannot be tested here, or "" when it can.
 std::string torch_unavailable() {
@@ -76,20 +51,14 @@ class InteropTest : public ::testing::Test {
   void SetUp() override {
     const std::string why = torch_unavailable();
     if (!why.empty()) GTEST_SKIP() << why;
-    char tmpl[] = "/tmp/interop_test.XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
     omp_set_num_threads(1);
   }
-  void TearDown() override {
-    if (!dir_.empty()) fs::remove_all(dir_);
-  }
-  std::string path(const std::string& name) const { return dir_ + "/" + name; }
+  std::string path(const std::string& name) const { return tmp_.path(name); }
   Result python(std::vector<std::string> args) {
     args.insert(args.begin(), kPython);
-    return run(args, dir_);
+    return run_process(args, tmp_.dir(), "OMP_NUM_THREADS=1 PYTHONDONTWRITEBYTECODE=1");
   }
-  std::string dir_;
+  TempDir tmp_{"interop_test"};
 };
 
 bool same_bits(const Tensor& a, const Tensor& b) {
@@ -148,7 +117,7 @@ TEST_F(InteropTest, TrainedHereExportsToTheBooksModelAndImportsBackExactly) {
     o.config.model.emb_dim = 16;
     o.config.model.n_heads = 2;
     o.config.model.n_layers = 2;
-    o.config.model.attention = v.attention;
+    o.config.model.attention = nn::parse_attention_form(v.attention);
     o.config.model.qkv_bias = v.qkv_bias;
     o.config.run.steps = 20;
     o.config.run.batch_size = 16;
@@ -249,7 +218,7 @@ TEST_F(InteropTest, TrainedHereExportsToTheBooksModelAndImportsBackExactly) {
     for (const char* section : {"model", "tokenizer", "task"}) EXPECT_EQ(again.config[section], ck.config[section]) << section;
     EXPECT_FALSE(again.has_optimizer);
     EXPECT_FALSE(again.has_trainer);
-    for (const auto& e : fs::directory_iterator(dir_))
+    for (const auto& e : fs::directory_iterator(tmp_.dir()))
       EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << "left behind: " << e.path();
   }
 }
@@ -289,7 +258,7 @@ TEST_F(InteropTest, BookModelImportsWithAConfigAndATask) {
   EXPECT_EQ(ck.config["task"]["name"], "add");
   EXPECT_EQ(ck.config["tokenizer"]["vocab"].size(), 14u);
   auto model = model_from_checkpoint(ck, path("book.h5"));
-  EXPECT_EQ(model->config().attention, "wrapper");
+  EXPECT_EQ(model->config().attention, nn::AttentionForm::wrapper);
   const nlohmann::json out = nlohmann::json::parse(slurp(path("book_out.json")));
   std::vector<int64_t> idx;
   for (const auto& row : out.at("idx"))

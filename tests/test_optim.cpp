@@ -12,6 +12,7 @@
 #include "nn/layers.h"
 #include "tests/fixture_util.h"
 #include "optim/optim.h"
+#include "tests/core_test_util.h"
 
 using namespace headlab;
 using namespace headlab::testing;
@@ -23,16 +24,6 @@ using headlab::optim::Optimizer;
 using headlab::optim::OptimizerOptions;
 
 namespace {
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected headlab::Error, nothing was thrown";
-  return "";
-}
 
 class Tanh : public nn::UnaryModule {
  public:

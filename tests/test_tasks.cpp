@@ -16,23 +16,13 @@
 #include <string>
 #include <vector>
 
+#include "tests/core_test_util.h"
+
 using namespace headlab;
 using namespace headlab::tasks;
+using headlab::testing::error_of;
 
 namespace {
-
-// The message of the headlab::Error thrown by f, or "<no error>".
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("<not a headlab::Error> ") + e.what();
-  }
-  return "<no error>";
-}
 
 #define EXPECT_ERROR_CONTAINS(stmt, needle) \
   EXPECT_NE(error_of([&] { stmt; }).find(needle), std::string::npos) << error_of([&] { stmt; })

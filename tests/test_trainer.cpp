@@ -18,6 +18,7 @@
 #include <streambuf>
 
 #include "io/h5file.h"
+#include "tests/process_util.h"
 
 namespace fs = std::filesystem;
 using namespace headlab;
@@ -25,15 +26,13 @@ using namespace headlab::train;
 using namespace headlab::tasks;
 using namespace headlab::io;
 using namespace headlab::optim;
+using headlab::testing::TempDir;
 
 namespace {
 
 class TrainerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/trainer_test.XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
     stop_requested() = false;
     // One thread: these models are far too small to gain from more, and on shared CI cores (ctest -j)
     // OpenMP barriers between descheduled threads make every op wait for a time slice.
@@ -41,10 +40,9 @@ class TrainerTest : public ::testing::Test {
   }
   void TearDown() override {
     stop_requested() = false;
-    fs::remove_all(dir_);
   }
-  std::string path(const std::string& name) const { return dir_ + "/" + name; }
-  std::string dir_;
+  std::string path(const std::string& name) const { return tmp_.path(name); }
+  TempDir tmp_{"trainer_test"};
 };
 
 std::string tiny_text() { return std::string(HEADLAB_SOURCE_DIR) + "/data/tiny.txt"; }

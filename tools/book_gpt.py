@@ -16,9 +16,9 @@ multi-head modules), and the multi-head modules take an optional per-head gate v
 `forward(x, gates=None)` with gates (H,): head h's context is multiplied by gates[h] before the heads
 are concatenated (None = all ones, the book). In a GPTModel, set `block.gates` of a
 TransformerBlock to such a tensor (requires_grad for the head-importance gradient). This is the one
-definition of these modules in tools/: tools/make_fixtures.py builds the C++ tests' fixtures with it
-(as LayerNormBook, GELUBook and CausalMultiHeadAttention), and export_torch.py / import_torch.py
-check checkpoints against it.
+definition of these modules in tools/: tools/make_fixtures.py (through fixtures_book.py) builds the
+C++ tests' fixtures with it (as LayerNormBook, GELUBook and CausalMultiHeadAttention), and
+export_torch.py / import_torch.py check checkpoints against it.
 
 The causal masks are buffers, as in the book, so they are part of state_dict():
   fused:   trf_blocks.{i}.att.mask

@@ -1,6 +1,6 @@
 """HDF5 details shared by the tools in this folder: the identifiers of headlab's checkpoint format
 (export_torch.py reads them, import_torch.py writes them), reading a string attribute, and the
-libhdf5 property setters that h5py 3.7 does not wrap (make_fixtures.py and import_torch.py use them
+libhdf5 property setters that h5py 3.7 does not wrap (fixtures_common.py and import_torch.py use them
 to keep group links compact and dataset headers small), called through ctypes.
 
 Needs h5py and numpy, not torch.

@@ -210,7 +210,7 @@ TrainResult Trainer::run() {
   const RunSettings& run = s.config.run;
   const int64_t steps = run.steps, B = run.batch_size, T = mc.context_length, V = mc.vocab_size;
 
-  log("headlab train: task " + s.task->name() + ", " + mc.attention + " attention, " + std::to_string(mc.n_layers) +
+  log("headlab train: task " + s.task->name() + ", " + std::string(nn::attention_form_name(mc.attention)) + " attention, " + std::to_string(mc.n_layers) +
       " layers x " + std::to_string(mc.n_heads) + " heads, emb " + std::to_string(mc.emb_dim) + ", context " +
       std::to_string(T) + ", " + std::to_string(s.model->num_parameters()) + " parameters, device " +
       s.model->device().str());

@@ -1,0 +1,131 @@
+// Internal to the CPU backend: the dtype-dispatch helpers and the CpuBackend class (memory accounting
+// inline here), whose kernels are defined in cpu_backend.cpp (elementwise, reductions, GEMM, randomness,
+// gather/scatter) and cpu_nn.cpp (softmax family, layer norm, dropout, cross entropy, optimizers).
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "backends/backend.h"
+#include "backends/cpu/cpu_loops.h"
+#include "backends/cpu/fast_math.h"
+#include "backends/scalar_math.h"
+
+namespace headlab::cpu {
+
+using smath::Acc;
+using Fast = FastExpTanh;  // the exp/tanh of the shared formulas (backends/scalar_math.h)
+
+// dtype dispatch: the body is a generic lambda taking a value of the element type.
+template <typename F>
+void dispatch_float(DType dt, const char* who, F&& f) {
+  switch (dt) {
+    case DType::f32: f(float{}); break;
+    case DType::f64: f(double{}); break;
+    default: HL_FAIL(who, ": expected a floating dtype, got ", dtype_name(dt));
+  }
+}
+
+template <typename F>
+void dispatch_all(DType dt, F&& f) {
+  switch (dt) {
+    case DType::f32: f(float{}); break;
+    case DType::f64: f(double{}); break;
+    case DType::i64: f(int64_t{}); break;
+    case DType::b8: f(uint8_t{}); break;
+  }
+}
+
+struct CpuBackend final : Backend {
+  std::atomic<size_t> in_use{0}, peak{0};
+
+  const char* name() const override { return "cpu"; }
+
+  // ---- memory ----
+  void* alloc(size_t nbytes) override {
+    const size_t rounded = (std::max<size_t>(nbytes, 1) + 63) / 64 * 64;
+    void* p = std::aligned_alloc(64, rounded + 64);  // header keeps the size for accounting
+    HL_CHECK(p != nullptr, "cpu: out of memory allocating ", nbytes, " bytes");
+    *static_cast<size_t*>(p) = rounded;
+    const size_t now = in_use += rounded;
+    size_t prev = peak.load();
+    while (now > prev && !peak.compare_exchange_weak(prev, now)) {}
+    return static_cast<char*>(p) + 64;
+  }
+  void free(void* p) override {
+    if (!p) return;
+    char* base = static_cast<char*>(p) - 64;
+    in_use -= *reinterpret_cast<size_t*>(base);
+    std::free(base);
+  }
+  void copy_from_host(void* dst, const void* src, size_t n) override { if (n) std::memcpy(dst, src, n); }
+  void copy_to_host(void* dst, const void* src, size_t n) override { if (n) std::memcpy(dst, src, n); }
+  void synchronize() override {}
+  size_t bytes_in_use() const override { return in_use.load(); }
+  size_t peak_bytes() const override { return peak.load(); }
+  void reset_peak() override { peak = in_use.load(); }
+
+  // Defined in cpu_backend.cpp.
+  // ---- fill, copy, elementwise ----
+  void fill(DType dt, const Loop& l, double value) override;
+  void arange(DType dt, void* out, int64_t n, double start, double step) override;
+  void copy(DType dst_dt, DType src_dt, const Loop& l) override;
+  void unary(UnaryOp op, DType dt, const Loop& l, double alpha, double beta) override;
+  void unary_backward(UnaryOp op, DType dt, void* din, const void* dout, const void* x, const void* y,
+                      int64_t n, double alpha) override;
+  void binary(BinaryOp op, DType dt, const Loop& l) override;
+  void where(DType dt, const Loop& l) override;
+  void reduce(ReduceOp op, DType dt, void* out, const void* in, int n_outer, const int64_t* outer_sizes,
+              const int64_t* outer_strides, int n_inner, const int64_t* inner_sizes,
+              const int64_t* inner_strides) override;
+  template <typename T>
+  void reduce_typed(ReduceOp op, void* out, const T* in, int n_outer, const int64_t* osz, const int64_t* ost,
+                    int n_inner, const int64_t* isz, const int64_t* ist);
+  bool all_finite(DType dt, const void* p, int64_t n) override;
+  bool indices_in_range(const int64_t* idx, int64_t n, int64_t lo, int64_t hi) override;
+  // ---- GEMM ----
+  void gemm(DType dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const void* A,
+            int64_t lda, int64_t sa, const void* B, int64_t ldb, int64_t sb, double beta, void* C, int64_t ldc,
+            int64_t sc, int64_t batch) override;
+  // ---- randomness ----
+  void random_uniform(DType dt, void* out, int64_t n, uint64_t seed, uint64_t offset, double lo, double hi) override;
+  void random_normal(DType dt, void* out, int64_t n, uint64_t seed, uint64_t offset, double mean, double std) override;
+  void random_int(void* out, int64_t n, uint64_t seed, uint64_t offset, int64_t lo, int64_t hi) override;
+  // ---- gather / scatter ----
+  void index_select(DType dt, void* out, const void* in, const int64_t* idx, int64_t outer, int64_t in_dim,
+                    int64_t inner, int64_t n_idx) override;
+  void index_add(DType dt, void* dst, const void* src, const int64_t* idx, int64_t outer, int64_t dst_dim,
+                 int64_t inner, int64_t n_idx) override;
+
+  // Defined in cpu_nn.cpp.
+  // ---- softmax ----
+  void softmax_forward(DType dt, void* y, const void* x, int64_t rows, int64_t cols, double scale,
+                       SoftmaxMask mask, const int64_t* lengths, int64_t q_len) override;
+  void softmax_backward(DType dt, void* dx, const void* dy, const void* y, int64_t rows, int64_t cols,
+                        double scale) override;
+  void log_softmax_forward(DType dt, void* y, const void* x, int64_t rows, int64_t cols) override;
+  void log_softmax_backward(DType dt, void* dx, const void* dy, const void* y, int64_t rows,
+                            int64_t cols) override;
+  // ---- layer norm ----
+  void layernorm_forward(DType dt, void* y, void* mean, void* rstd, const void* x, const void* w, const void* b,
+                         int64_t rows, int64_t cols, double eps) override;
+  void layernorm_backward(DType dt, void* dx, void* dw, void* db, const void* dy, const void* x, const void* mean,
+                          const void* rstd, const void* w, int64_t rows, int64_t cols) override;
+  // ---- dropout ----
+  void dropout(DType dt, void* out, const void* x, int64_t n, double p, uint64_t seed, uint64_t offset) override;
+  // ---- cross entropy ----
+  void cross_entropy_forward(DType dt, void* loss, const void* logits, const int64_t* targets, int64_t rows,
+                             int64_t classes, int64_t ignore_index) override;
+  void cross_entropy_backward(DType dt, void* dlogits, const void* dloss, int64_t dloss_stride, double scale,
+                              const void* logits, const int64_t* targets, int64_t rows, int64_t classes,
+                              int64_t ignore_index) override;
+  // ---- optimizers ----
+  void sgd_step(DType dt, void* param, const void* grad, void* buf, int64_t n, double lr, double momentum,
+                double dampening, double wd, bool nesterov, bool first_step) override;
+  void adam_step(DType dt, void* param, const void* grad, void* exp_avg, void* exp_avg_sq, int64_t n, double lr,
+                 double beta1, double beta2, double eps, double wd, int64_t step, bool decoupled) override;
+};
+
+}  // namespace headlab::cpu

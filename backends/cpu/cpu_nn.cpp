@@ -1,0 +1,260 @@
+// The CPU backend's neural-network row kernels: softmax, log-softmax, layer norm, dropout, cross
+// entropy and the SGD/Adam updates. One OpenMP-parallel loop over rows (or elements) per kernel;
+// float sums accumulate in double (smath::Acc). The CpuBackend class is in cpu_internal.h.
+#include <omp.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "backends/cpu/cpu_internal.h"
+#include "backends/philox.h"
+
+namespace headlab::cpu {
+namespace {
+
+// Max and sum of exp(scale * x[j] - max) over the contiguous row x[0, n): the max-subtracted first
+// half of softmax, log-softmax and cross entropy. exps, when given, receives exp(scale * x[j] - max).
+template <typename T>
+inline smath::RowLse<T> row_logsumexp(const T* x, int64_t n, T scale = T(1), T* exps = nullptr) {
+  T m = -std::numeric_limits<T>::infinity();
+  for (int64_t j = 0; j < n; ++j) m = std::max(m, scale * x[j]);
+  Acc<T> sum = 0;
+  if (exps) {
+    for (int64_t j = 0; j < n; ++j) {
+      const T e = fast_exp(scale * x[j] - m);
+      exps[j] = e;
+      sum += e;
+    }
+  } else {
+    for (int64_t j = 0; j < n; ++j) sum += fast_exp(scale * x[j] - m);
+  }
+  return {m, sum};
+}
+
+}  // namespace
+
+// ---- softmax ----
+void CpuBackend::softmax_forward(DType dt, void* y, const void* x, int64_t rows, int64_t cols, double scale,
+                                 SoftmaxMask mask, const int64_t* lengths, int64_t q_len) {
+  dispatch_float(dt, "softmax", [&](auto tag_T) { using T = decltype(tag_T);
+    T* py = static_cast<T*>(y);
+    const T* px = static_cast<const T*>(x);
+    const T sc = static_cast<T>(scale);
+#pragma omp parallel for schedule(static) if (rows * cols > kParallelGrain)
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* xr = px + r * cols;
+      T* yr = py + r * cols;
+      const int64_t valid = smath::softmax_valid_cols(mask, lengths, q_len, r, cols);
+      const smath::RowLse<T> lse = row_logsumexp(xr, valid, sc, yr);  // yr[j] = exp(sc * xr[j] - max)
+      const T inv = valid > 0 ? static_cast<T>(1.0 / lse.sum) : T(0);
+      for (int64_t j = 0; j < valid; ++j) yr[j] *= inv;
+      for (int64_t j = valid; j < cols; ++j) yr[j] = T(0);
+    }
+  });
+}
+
+void CpuBackend::softmax_backward(DType dt, void* dx, const void* dy, const void* y, int64_t rows, int64_t cols,
+                                  double scale) {
+  dispatch_float(dt, "softmax_backward", [&](auto tag_T) { using T = decltype(tag_T);
+    T* pdx = static_cast<T*>(dx);
+    const T* pdy = static_cast<const T*>(dy);
+    const T* py = static_cast<const T*>(y);
+    const T sc = static_cast<T>(scale);
+#pragma omp parallel for schedule(static) if (rows * cols > kParallelGrain)
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* dyr = pdy + r * cols;
+      const T* yr = py + r * cols;
+      Acc<T> dot = 0;
+      for (int64_t j = 0; j < cols; ++j) dot += dyr[j] * yr[j];
+      const T d = static_cast<T>(dot);
+      for (int64_t j = 0; j < cols; ++j) pdx[r * cols + j] = sc * yr[j] * (dyr[j] - d);
+    }
+  });
+}
+
+void CpuBackend::log_softmax_forward(DType dt, void* y, const void* x, int64_t rows, int64_t cols) {
+  dispatch_float(dt, "log_softmax", [&](auto tag_T) { using T = decltype(tag_T);
+    T* py = static_cast<T*>(y);
+    const T* px = static_cast<const T*>(x);
+#pragma omp parallel for schedule(static) if (rows * cols > kParallelGrain)
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* xr = px + r * cols;
+      const T lse = row_logsumexp(xr, cols).lse();
+      for (int64_t j = 0; j < cols; ++j) py[r * cols + j] = xr[j] - lse;
+    }
+  });
+}
+
+void CpuBackend::log_softmax_backward(DType dt, void* dx, const void* dy, const void* y, int64_t rows,
+                                      int64_t cols) {
+  dispatch_float(dt, "log_softmax_backward", [&](auto tag_T) { using T = decltype(tag_T);
+    T* pdx = static_cast<T*>(dx);
+    const T* pdy = static_cast<const T*>(dy);
+    const T* py = static_cast<const T*>(y);
+#pragma omp parallel for schedule(static) if (rows * cols > kParallelGrain)
+    for (int64_t r = 0; r < rows; ++r) {
+      Acc<T> sum = 0;
+      for (int64_t j = 0; j < cols; ++j) sum += pdy[r * cols + j];
+      const T s = static_cast<T>(sum);
+      for (int64_t j = 0; j < cols; ++j) pdx[r * cols + j] = pdy[r * cols + j] - fast_exp(py[r * cols + j]) * s;
+    }
+  });
+}
+
+// ---- layer norm ----
+void CpuBackend::layernorm_forward(DType dt, void* y, void* mean, void* rstd, const void* x, const void* w, const void* b,
+                                   int64_t rows, int64_t cols, double eps) {
+  dispatch_float(dt, "layer_norm", [&](auto tag_T) { using T = decltype(tag_T);
+    T* py = static_cast<T*>(y);
+    T* pm = static_cast<T*>(mean);
+    T* pr = static_cast<T*>(rstd);
+    const T* px = static_cast<const T*>(x);
+    const T* pw = static_cast<const T*>(w);
+    const T* pb = static_cast<const T*>(b);
+#pragma omp parallel for schedule(static) if (rows * cols > kParallelGrain)
+    for (int64_t r = 0; r < rows; ++r) {
+      const T* xr = px + r * cols;
+      Acc<T> s = 0;
+      for (int64_t j = 0; j < cols; ++j) s += xr[j];
+      const Acc<T> mu = s / cols;
+      Acc<T> v = 0;
+      for (int64_t j = 0; j < cols; ++j) v += (xr[j] - mu) * (xr[j] - mu);
+      const T m = static_cast<T>(mu), rs = static_cast<T>(1.0 / std::sqrt(v / cols + eps));
+      pm[r] = m;
+      pr[r] = rs;
+      T* yr = py + r * cols;
+      for (int64_t j = 0; j < cols; ++j) {
+        T h = (xr[j] - m) * rs;
+        if (pw) h *= pw[j];
+        if (pb) h += pb[j];
+        yr[j] = h;
+      }
+    }
+  });
+}
+
+void CpuBackend::layernorm_backward(DType dt, void* dx, void* dw, void* db, const void* dy, const void* x, const void* mean,
+                                    const void* rstd, const void* w, int64_t rows, int64_t cols) {
+  dispatch_float(dt, "layer_norm_backward", [&](auto tag_T) { using T = decltype(tag_T);
+    T* pdx = static_cast<T*>(dx);
+    const T* pdy = static_cast<const T*>(dy);
+    const T* px = static_cast<const T*>(x);
+    const T* pm = static_cast<const T*>(mean);
+    const T* pr = static_cast<const T*>(rstd);
+    const T* pw = static_cast<const T*>(w);
+    const int nt = rows * cols > kParallelGrain ? omp_get_max_threads() : 1;
+    // Per-thread partial column sums for dw and db, added up at the end (no atomics, deterministic).
+    std::vector<Acc<T>> part_w(static_cast<size_t>(nt * cols), 0), part_b(static_cast<size_t>(nt * cols), 0);
+#pragma omp parallel num_threads(nt)
+    {
+      const int t = omp_get_thread_num();
+      Acc<T>* aw = part_w.data() + t * cols;
+      Acc<T>* ab = part_b.data() + t * cols;
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < rows; ++r) {
+        const T* dyr = pdy + r * cols;
+        const T* xr = px + r * cols;
+        const T m = pm[r], rs = pr[r];
+        Acc<T> mean_g = 0, mean_gx = 0;
+        for (int64_t j = 0; j < cols; ++j) {
+          const T xhat = (xr[j] - m) * rs;
+          const T g = pw ? dyr[j] * pw[j] : dyr[j];
+          mean_g += g;
+          mean_gx += g * xhat;
+          aw[j] += dyr[j] * xhat;
+          ab[j] += dyr[j];
+        }
+        mean_g /= cols;
+        mean_gx /= cols;
+        for (int64_t j = 0; j < cols; ++j) {
+          const T xhat = (xr[j] - m) * rs;
+          const T g = pw ? dyr[j] * pw[j] : dyr[j];
+          pdx[r * cols + j] = rs * (g - static_cast<T>(mean_g) - xhat * static_cast<T>(mean_gx));
+        }
+      }
+    }
+    for (int64_t j = 0; j < cols; ++j) {
+      Acc<T> sw = 0, sb = 0;
+      for (int t = 0; t < nt; ++t) { sw += part_w[t * cols + j]; sb += part_b[t * cols + j]; }
+      if (dw) static_cast<T*>(dw)[j] = static_cast<T>(sw);
+      if (db) static_cast<T*>(db)[j] = static_cast<T>(sb);
+    }
+  });
+}
+
+// ---- dropout ----
+void CpuBackend::dropout(DType dt, void* out, const void* x, int64_t n, double p, uint64_t seed, uint64_t offset) {
+  dispatch_float(dt, "dropout", [&](auto tag_T) { using T = decltype(tag_T);
+    T* o = static_cast<T*>(out);
+    const T* px = static_cast<const T*>(x);
+    const T keep_scale = philox::dropout_scale<T>(p);
+#pragma omp parallel for schedule(static) if (n > kParallelGrain)
+    for (int64_t i = 0; i < n; ++i) o[i] = philox::dropout(px[i], p, keep_scale, seed, offset, i);
+  });
+}
+
+// ---- cross entropy ----
+void CpuBackend::cross_entropy_forward(DType dt, void* loss, const void* logits, const int64_t* targets, int64_t rows,
+                                       int64_t classes, int64_t ignore_index) {
+  dispatch_float(dt, "cross_entropy", [&](auto tag_T) { using T = decltype(tag_T);
+    T* l = static_cast<T*>(loss);
+    const T* x = static_cast<const T*>(logits);
+#pragma omp parallel for schedule(static) if (rows * classes > kParallelGrain)
+    for (int64_t r = 0; r < rows; ++r) {
+      if (targets[r] == ignore_index) { l[r] = T(0); continue; }
+      const T* xr = x + r * classes;
+      const smath::RowLse<T> lse = row_logsumexp(xr, classes);
+      l[r] = static_cast<T>(lse.max + lse.log_sum() - xr[targets[r]]);
+    }
+  });
+}
+
+void CpuBackend::cross_entropy_backward(DType dt, void* dlogits, const void* dloss, int64_t dloss_stride, double scale,
+                                        const void* logits, const int64_t* targets, int64_t rows, int64_t classes,
+                                        int64_t ignore_index) {
+  dispatch_float(dt, "cross_entropy_backward", [&](auto tag_T) { using T = decltype(tag_T);
+    T* dx = static_cast<T*>(dlogits);
+    const T* dl = static_cast<const T*>(dloss);
+    const T* x = static_cast<const T*>(logits);
+#pragma omp parallel for schedule(static) if (rows * classes > kParallelGrain)
+    for (int64_t r = 0; r < rows; ++r) {
+      T* dr = dx + r * classes;
+      if (targets[r] == ignore_index) { std::fill(dr, dr + classes, T(0)); continue; }
+      const T* xr = x + r * classes;
+      const smath::RowLse<T> lse = row_logsumexp(xr, classes);
+      const T g = static_cast<T>(dl[r * dloss_stride] * scale);
+      const T inv = static_cast<T>(1.0 / lse.sum);
+      for (int64_t j = 0; j < classes; ++j) dr[j] = g * fast_exp(xr[j] - lse.max) * inv;
+      dr[targets[r]] -= g;
+    }
+  });
+}
+
+// ---- optimizers (firstprivate: each thread's own copy, which no store through p can alias) ----
+void CpuBackend::sgd_step(DType dt, void* param, const void* grad, void* buf, int64_t n, double lr, double momentum,
+                          double dampening, double wd, bool nesterov, bool first_step) {
+  dispatch_float(dt, "sgd_step", [&](auto tag_T) { using T = decltype(tag_T);
+    T* p = static_cast<T*>(param);
+    const T* g = static_cast<const T*>(grad);
+    T* b = static_cast<T*>(buf);
+    const smath::SgdParams<T> h{T(lr), T(momentum), T(dampening), T(wd), nesterov, first_step};
+#pragma omp parallel for schedule(static) firstprivate(h) if (n > kParallelGrain)
+    for (int64_t i = 0; i < n; ++i) smath::sgd_update(p, g, b, i, h);
+  });
+}
+
+void CpuBackend::adam_step(DType dt, void* param, const void* grad, void* exp_avg, void* exp_avg_sq, int64_t n, double lr,
+                           double beta1, double beta2, double eps, double wd, int64_t step, bool decoupled) {
+  dispatch_float(dt, "adam_step", [&](auto tag_T) { using T = decltype(tag_T);
+    T* p = static_cast<T*>(param);
+    const T* g = static_cast<const T*>(grad);
+    T* m = static_cast<T*>(exp_avg);
+    T* v = static_cast<T*>(exp_avg_sq);
+    const smath::AdamParams<T> h = smath::adam_params<T>(lr, beta1, beta2, eps, wd, step, decoupled);
+#pragma omp parallel for schedule(static) firstprivate(h) if (n > kParallelGrain)
+    for (int64_t i = 0; i < n; ++i) smath::adam_update(p, g, m, v, i, h);
+  });
+}
+
+}  // namespace headlab::cpu

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/omp_policy.h"
 #include "nn/gpt.h"
 #include "optim/optim.h"
 
@@ -40,6 +41,7 @@ static double step_flops(const nn::GPTConfig& c, int64_t B) {
 }
 
 int main(int argc, char** argv) {
+  cpu::restart_with_passive_omp_waits(argv);
   nn::GPTConfig cfg;
   cfg.vocab_size = 64; cfg.context_length = 64; cfg.emb_dim = 128; cfg.n_heads = 4; cfg.n_layers = 2;
   int64_t B = 32;

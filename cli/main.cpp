@@ -5,9 +5,11 @@
 #include <map>
 
 #include "autograd/error.h"
+#include "backends/cpu/omp_policy.h"
 #include "cli/commands.h"
 
 int main(int argc, char** argv) {
+  headlab::cpu::restart_with_passive_omp_waits(argv);
   CLI::App app{"headlab: a small, fast C++ deep-learning toolkit for attention experiments.\n"
                "Train toy sequence models, compare wrapper and fused multi-head attention, ablate heads."};
   app.require_subcommand(1);

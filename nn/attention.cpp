@@ -1,5 +1,7 @@
 // The attention family. Scores are scaled inside the fused softmax kernels (masked or causal), so
-// no mask tensor is materialised; the maths is exactly that of the books' code.
+// no mask tensor is materialised; the maths is exactly that of the books' code. Where nobody asks
+// for the attention weights, the causal modules (and DotProductAttention on request) run the fused
+// scaled_dot_product_attention op instead, which never materialises the (.., Q, K) weights.
 // B = batch, Q = queries, K = keys, T = tokens, H = heads, D = head size.
 #include "nn/attention.h"
 
@@ -88,6 +90,11 @@ Tensor DotProductAttention::forward(const Tensor& queries, const Tensor& keys, c
   HL_CHECK(queries.size(2) == keys.size(2), "DotProductAttention: queries ", shape_str(queries.shape()), " and keys ",
            shape_str(keys.shape()), " must have the same feature size");
   const double d = static_cast<double>(queries.size(2));
+  if (!keep_attention_weights) {
+    attention_weights = Tensor();
+    return scaled_dot_product_attention(queries, keys, values, AttentionMask::lengths(valid_lens), dropout->p,
+                                        dropout->is_training());  // (B, Q, v)
+  }
   const Tensor scores = matmul(queries, keys.mT());                          // (B, Q, K)
   const Tensor weights = headlab::masked_softmax(scores, valid_lens, 1.0 / std::sqrt(d));
   attention_weights = weights.detach();
@@ -147,7 +154,8 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
   // As d2l: each batch entry's valid_lens repeated for its heads.
   const Tensor vl = valid_lens.defined() ? repeat_interleave(valid_lens, H, 0) : Tensor();
   const Tensor out = attention->forward(q, k, v, vl);       // (B*H, Q, D)
-  attention_weights = attention->attention_weights.view({B, H, Q, K});
+  const Tensor& w = attention->attention_weights;
+  attention_weights = w.defined() ? w.view({B, H, Q, K}) : Tensor();
   const Tensor ctx = apply_head_control(who, out.view({B, H, Q, -1}), heads, gates);
   return W_o->forward(transpose_output(ctx.reshape({B * H, Q, -1}), H));  // (B, Q, num_hiddens)
 }
@@ -165,9 +173,12 @@ CausalAttention::CausalAttention(int64_t din, int64_t dout, int64_t ctx, double 
 Tensor CausalAttention::forward(const Tensor& x) {
   check_causal_input("CausalAttention", x, d_in, context_length);
   const Tensor keys = W_key->forward(x), queries = W_query->forward(x), values = W_value->forward(x);  // (B, T, d_out)
+  if (!keep_attention_weights)
+    return scaled_dot_product_attention(queries, keys, values, AttentionMask::causal(), dropout->p,
+                                        dropout->is_training());
   const Tensor scores = matmul(queries, keys.mT());                                                  // (B, T, T)
   const Tensor weights = causal_softmax(scores, 1.0 / std::sqrt(static_cast<double>(d_out)));
-  if (keep_attention_weights) attention_weights = weights.detach();
+  attention_weights = weights.detach();
   return matmul(dropout->forward(weights), values);
 }
 
@@ -240,10 +251,16 @@ Tensor CausalMultiHeadAttention::forward(const Tensor& x, const Tensor& gates) {
   const Tensor keys = W_key->forward(x).view({B, T, H, D}).transpose(1, 2);
   const Tensor queries = W_query->forward(x).view({B, T, H, D}).transpose(1, 2);
   const Tensor values = W_value->forward(x).view({B, T, H, D}).transpose(1, 2);
-  const Tensor scores = matmul(queries, keys.mT());                                           // (B, H, T, T)
-  const Tensor weights = causal_softmax(scores, 1.0 / std::sqrt(static_cast<double>(D)));
-  if (keep_weights) attention_weights = weights.detach();
-  Tensor ctx = matmul(dropout->forward(weights), values);                                     // (B, H, T, D)
+  Tensor ctx;                                                                                 // (B, H, T, D)
+  if (keep_weights) {  // analysis wants the weights: the composite path materialises them anyway
+    const Tensor scores = matmul(queries, keys.mT());                                         // (B, H, T, T)
+    const Tensor weights = causal_softmax(scores, 1.0 / std::sqrt(static_cast<double>(D)));
+    attention_weights = weights.detach();
+    ctx = matmul(dropout->forward(weights), values);
+  } else {  // fused: reads the strided views directly, saves O(B*H*T) for backward
+    ctx = scaled_dot_product_attention(queries, keys, values, AttentionMask::causal(), dropout->p,
+                                       dropout->is_training());
+  }
   ctx = apply_head_control(who, ctx, head_control, gates);
   return out_proj->forward(ctx.transpose(1, 2).reshape({B, T, H * D}));                       // (B, T, d_out)
 }

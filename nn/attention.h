@@ -13,6 +13,10 @@ namespace headlab::nn {
 // a row with valid length 0 gives zero weights (d2l's -1e6 fill would give uniform ones).
 
 // scores = Q K^T / sqrt(d), weights = masked_softmax(scores), out = dropout(weights) V.
+// d2l plots attention_weights, so they are kept by default (the composite path); with
+// keep_attention_weights off the fused scaled_dot_product_attention runs instead (no (B, Q, K)
+// tensor is kept for backward) and attention_weights is left undefined. In training its dropout
+// draws the same Philox mask the Dropout module would.
 class DotProductAttention : public Module {
  public:
   explicit DotProductAttention(double dropout);
@@ -23,7 +27,8 @@ class DotProductAttention : public Module {
   Tensor operator()(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& vl = Tensor()) {
     return forward(q, k, v, vl);
   }
-  Tensor attention_weights;  // (B, Q, K), detached, from the last forward
+  bool keep_attention_weights = true;
+  Tensor attention_weights;  // (B, Q, K), detached, from the last forward (undefined when not kept)
   std::shared_ptr<Dropout> dropout;
 };
 
@@ -68,7 +73,9 @@ class MultiHeadAttention : public Module {
     return forward(q, k, v, vl);
   }
   int64_t num_heads, num_hiddens;
-  Tensor attention_weights;  // (B, num_heads, Q, K), per head, unaveraged
+  // (B, num_heads, Q, K), per head, unaveraged; undefined when attention->keep_attention_weights is
+  // off (then the heads run the fused scaled_dot_product_attention).
+  Tensor attention_weights;
   HeadControl heads;
   std::shared_ptr<DotProductAttention> attention;
   std::shared_ptr<Linear> W_q, W_k, W_v, W_o;
@@ -86,7 +93,8 @@ class CausalMultiHead : public UnaryModule {
   virtual Tensor last_attention_weights() const = 0;  // (B, H, T, T) when kept
 };
 
-// The book's single causal head: x (B, T, d_in) -> (B, T, d_out).
+// The book's single causal head: x (B, T, d_in) -> (B, T, d_out). Without keep_attention_weights
+// (the default) it runs the fused scaled_dot_product_attention, which keeps no (B, T, T) tensor.
 class CausalAttention : public UnaryModule {
  public:
   CausalAttention(int64_t d_in, int64_t d_out, int64_t context_length, double dropout, bool qkv_bias = false);
@@ -125,6 +133,8 @@ class MultiHeadAttentionWrapper : public CausalMultiHead {
 // The book's fused MultiHeadAttention: one W_query/W_key/W_value (d_in -> H*D), split into heads by
 // view + transpose, causal softmax over scores / sqrt(D), dropout, out_proj (H*D -> d_out).
 // head_dim defaults to d_out / num_heads (d_out must divide); pruned models pass it explicitly.
+// Unless keep_attention_weights(true) (analysis), scores, softmax, dropout and @ V run as one fused
+// scaled_dot_product_attention; its dropout mask is the one Dropout would draw on the weights.
 class CausalMultiHeadAttention : public CausalMultiHead {
  public:
   CausalMultiHeadAttention(int64_t d_in, int64_t d_out, int64_t context_length, double dropout, int64_t num_heads,

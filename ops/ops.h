@@ -132,6 +132,30 @@ Tensor masked_softmax(const Tensor& scores, const Tensor& valid_lens, double sca
 // scores: (..., T, T): row i attends to keys <= i (+ (K - Q) when K > Q is not supported: Q == K <= K).
 Tensor causal_softmax(const Tensor& scores, double scale = 1.0);
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen = default_generator());
+// Which keys each query of scaled_dot_product_attention sees: all, keys <= its own position
+// (causal, Tq == Tk), or the first valid_lens of them (int64 (B,) or (B, Tq), the same for every
+// head; a length of 0 gives a zero output row and zero gradients, as in masked_softmax).
+struct AttentionMask {
+  enum class Kind : uint8_t { none, causal, lengths };
+  Kind kind = Kind::none;
+  Tensor valid_lens;
+  static AttentionMask none() { return {}; }
+  static AttentionMask causal() { return {Kind::causal, Tensor()}; }
+  static AttentionMask lengths(const Tensor& valid_lens);  // undefined valid_lens: none
+};
+// q: (B, H, Tq, D), k: (B, H, Tk, D), v: (B, H, Tk, Dv) -> (B, H, Tq, Dv); 3-D (B, T, *) inputs run
+// as one head. softmax(scale * q k^T, masked), dropped out with p when training (the dropout op's
+// Philox mask over the (B, H, Tq, Tk) weights, advancing gen as it would), @ v. scale defaults to
+// 1/sqrt(D). Fused on the CPU (FlashAttention-2: saves one log-sum-exp per query row, never the
+// weights); other backends run the composite path below.
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
+                                    const AttentionMask& mask = {}, double dropout_p = 0.0, bool training = false,
+                                    Generator& gen = default_generator(), std::optional<double> scale = std::nullopt);
+// The same through matmul, causal_softmax / masked_softmax, dropout and matmul (the reference).
+Tensor scaled_dot_product_attention_composite(const Tensor& q, const Tensor& k, const Tensor& v,
+                                              const AttentionMask& mask = {}, double dropout_p = 0.0,
+                                              bool training = false, Generator& gen = default_generator(),
+                                              std::optional<double> scale = std::nullopt);
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
 Tensor embedding(const Tensor& weight, const Tensor& indices);  // weight: (V, C), indices: any int64 shape
 enum class Reduction { mean, sum, none };

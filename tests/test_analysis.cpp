@@ -3,6 +3,7 @@
 // (fused and wrapper, live and through pruned checkpoints), wrapper/fused agreement of every score,
 // the pruning curve, attention maps, the pictures and files, the compare measurements, and the
 // `headlab` commands on a pruned checkpoint.
+#include "tests/process_util.h"
 #include "analysis/analysis.h"
 
 #include <gtest/gtest.h>
@@ -136,16 +137,8 @@ EvalSet eval_set(int64_t batches = 2, int64_t B = kBatch) {
 
 class AnalysisFiles : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("headlab_analysis_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  fs::path dir_;
+  std::string path(const std::string& name) const { return tmp_.path(name); }
+  headlab::testing::TempDir tmp_{"headlab_analysis"};
 };
 
 struct Rgb {

@@ -1,7 +1,7 @@
 // Central-difference gradient checks (float64, autograd/engine.h's gradcheck) for every
 // differentiable op: broadcast operands, non-contiguous leaves (transposed, sliced with a step)
 // and expanded operands, reductions over several dims, matmul in every rank combination, and the
-// fused nn ops with their masks, ignored targets and replayed dropout masks.
+// fused nn ops with their masks, ignored targets and replayed dropout masks, and fused attention.
 #include <gtest/gtest.h>
 
 #include "tests/core_test_util.h"
@@ -281,6 +281,40 @@ TEST(Gradcheck, DropoutReplaysItsMask) {
     return mul(dropout(v[0], 0.5, true, g), v[0]);
   }, {transposed_leaf(3, 4)});
   check([](const auto& v) { return dropout(v[0], 0.4, false); }, {leaf({3})});
+}
+
+// The fused attention op: every mask (zero valid lengths included), Tq != Tk, transposed (B, T, H, D)
+// views, 3-D inputs, and dropout replayed from a generator rebuilt in the same state on each call.
+TEST(Gradcheck, ScaledDotProductAttention) {
+  using M = AttentionMask;
+  // (B, H, T, D) views of (B, T, H, D) leaves, as the multi-head modules pass them.
+  auto heads = [](const Tensor& t) { return t.transpose(1, 2); };
+  const Tensor q = leaf({2, 2, 3, 4}, 0.21, -0.7), k = leaf({2, 2, 5, 4}, 0.17, -0.5), v = leaf({2, 2, 5, 3});
+  check([](const auto& x) { return scaled_dot_product_attention(x[0], x[1], x[2]); }, {q, k, v});
+  check([](const auto& x) { return scaled_dot_product_attention(x[0], x[1], x[2], M::lengths(i64({0, 4}))); },
+        {q, k, v});
+  check([](const auto& x) {
+    return scaled_dot_product_attention(x[0], x[1], x[2], M::lengths(i64({1, 0, 5, 2, 3, 4}, {2, 3})), 0.0, false,
+                                        default_generator(), 0.6);
+  }, {q, k, v});
+  const Tensor qt = leaf({2, 4, 2, 3}, 0.23, -0.6), kt = leaf({2, 4, 2, 3}, 0.19, -0.4), vt = leaf({2, 4, 2, 2});
+  check([heads](const auto& x) {
+    return scaled_dot_product_attention(heads(x[0]), heads(x[1]), heads(x[2]), M::causal());
+  }, {qt, kt, vt});
+  check([heads](const auto& x) {  // q and k from one leaf, as self-attention on a shared projection
+    return scaled_dot_product_attention(heads(x[0]), heads(x[0]), heads(x[1]), M::causal());
+  }, {qt, vt});
+  check([](const auto& x) { return scaled_dot_product_attention(x[0], x[1], x[2], M::lengths(i64({2, 5}))); },
+        {leaf({2, 3, 4}), leaf({2, 5, 4}, 0.2), leaf({2, 5, 2})});  // 3-D: one head
+  // Dropout: the mask is a function of (seed, offset) only, so a fresh Generator(3) replays it.
+  check([](const auto& x) {
+    Generator g(3);
+    return scaled_dot_product_attention(x[0], x[1], x[2], M::causal(), 0.4, true, g);
+  }, {leaf({1, 2, 4, 3}, 0.3), leaf({1, 2, 4, 3}, 0.2), leaf({1, 2, 4, 2})});
+  check([heads](const auto& x) {
+    Generator g(8);
+    return scaled_dot_product_attention(heads(x[0]), heads(x[1]), heads(x[2]), M::lengths(i64({3, 1})), 0.5, true, g);
+  }, {leaf({2, 3, 2, 3}, 0.3), leaf({2, 4, 2, 3}, 0.2), leaf({2, 4, 2, 2})});
 }
 
 TEST(Gradcheck, LayerNorm) {

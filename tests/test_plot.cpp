@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/process_util.h"
 #include "autograd/error.h"
 #include "plot/plot.h"
 
@@ -28,15 +29,8 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 class PlotTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("headlab_plot_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  fs::path dir_;
+  std::string path(const std::string& name) const { return tmp_.path(name); }
+  headlab::testing::TempDir tmp_{"headlab_plot"};
 };
 
 std::string read_file(const std::string& path) {
@@ -252,7 +246,7 @@ TEST_F(PlotTest, TheExtensionPicksTheFormat) {
                   .find("from its extension: expected .png, .svg or .pdf"),
               std::string::npos)
         << name;
-  EXPECT_TRUE(fs::is_empty(dir_));
+  EXPECT_TRUE(tmp_.entries().empty());
   plot::save_heatmap(importance_map(), path("m.pdf"));
   EXPECT_EQ(read_file(path("m.pdf")).rfind("%PDF-", 0), 0u);
 }

@@ -1,6 +1,7 @@
 // Internal to the CPU backend: the dtype-dispatch helpers and the CpuBackend class (memory accounting
 // inline here), whose kernels are defined in cpu_backend.cpp (elementwise, reductions, GEMM, randomness,
-// gather/scatter) and cpu_nn.cpp (softmax family, layer norm, dropout, cross entropy, optimizers).
+// gather/scatter), cpu_nn.cpp (softmax family, layer norm, dropout, cross entropy, optimizers) and
+// cpu_attention.cpp (fused scaled-dot-product attention).
 #pragma once
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <cstring>
 
 #include "backends/backend.h"
+#include "backends/cpu/block_cache.h"
 #include "backends/cpu/cpu_loops.h"
 #include "backends/cpu/fast_math.h"
 #include "backends/scalar_math.h"
@@ -40,13 +42,26 @@ void dispatch_all(DType dt, F&& f) {
 
 struct CpuBackend final : Backend {
   std::atomic<size_t> in_use{0}, peak{0};
+  // Never destroyed: tensors freed during static destruction may still come back to it.
+  BlockCache& cache = *new BlockCache;
 
   const char* name() const override { return "cpu"; }
 
   // ---- memory ----
+  // Blocks are 64-byte aligned behind a 64-byte header that keeps their size; large ones come from
+  // and go back to the block cache.
   void* alloc(size_t nbytes) override {
-    const size_t rounded = (std::max<size_t>(nbytes, 1) + 63) / 64 * 64;
-    void* p = std::aligned_alloc(64, rounded + 64);  // header keeps the size for accounting
+    size_t rounded = (std::max<size_t>(nbytes, 1) + 63) / 64 * 64;
+    void* p = nullptr;
+    if (rounded >= BlockCache::kMinBytes) {
+      rounded = BlockCache::size_class(rounded);
+      p = cache.take(rounded);
+    }
+    if (!p) p = std::aligned_alloc(64, rounded + 64);
+    if (!p) {  // give the cached blocks back and try once more
+      cache.clear([](void* b) { std::free(b); });
+      p = std::aligned_alloc(64, rounded + 64);
+    }
     HL_CHECK(p != nullptr, "cpu: out of memory allocating ", nbytes, " bytes");
     *static_cast<size_t*>(p) = rounded;
     const size_t now = in_use += rounded;
@@ -57,8 +72,9 @@ struct CpuBackend final : Backend {
   void free(void* p) override {
     if (!p) return;
     char* base = static_cast<char*>(p) - 64;
-    in_use -= *reinterpret_cast<size_t*>(base);
-    std::free(base);
+    const size_t bytes = *reinterpret_cast<size_t*>(base);
+    in_use -= bytes;
+    if (bytes < BlockCache::kMinBytes || !cache.give(base, bytes)) std::free(base);
   }
   void copy_from_host(void* dst, const void* src, size_t n) override { if (n) std::memcpy(dst, src, n); }
   void copy_to_host(void* dst, const void* src, size_t n) override { if (n) std::memcpy(dst, src, n); }
@@ -126,6 +142,14 @@ struct CpuBackend final : Backend {
                 double dampening, double wd, bool nesterov, bool first_step) override;
   void adam_step(DType dt, void* param, const void* grad, void* exp_avg, void* exp_avg_sq, int64_t n, double lr,
                  double beta1, double beta2, double eps, double wd, int64_t step, bool decoupled) override;
+
+  // Defined in cpu_attention.cpp.
+  bool has_fused_attention() const override { return true; }
+  void attention_forward(DType dt, void* out, void* lse, const AttnOperand& q, const AttnOperand& k,
+                         const AttnOperand& v, const AttnParams& a) override;
+  void attention_backward(DType dt, void* dq, void* dk, void* dv, const AttnOperand& dout, const AttnOperand& q,
+                          const AttnOperand& k, const AttnOperand& v, const void* out, const void* lse,
+                          const AttnParams& a) override;
 };
 
 }  // namespace headlab::cpu

@@ -1,0 +1,244 @@
+// The CPU backend's fused scaled-dot-product attention (FlashAttention-2's algorithm): for each
+// (b, h) and tile of queries, an online softmax (running max and sum) over tiles of keys, skipping
+// key tiles that no row of the tile may see; only the output and the per-row log-sum-exp are
+// written. Backward recomputes the weights tile by tile from the log-sum-exp, and the dropout mask
+// from its Philox counters, so nothing of size Tq x Tk outlives a tile.
+// B = batch, H = heads, Tq / Tk = queries / keys, D = q/k head size, Dv = v head size.
+#include <cblas.h>
+#include <omp.h>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "backends/cpu/cpu_internal.h"
+#include "backends/philox.h"
+
+namespace headlab::cpu {
+namespace {
+
+// Query rows x key columns per tile: a tile's scores are 32 KiB in float. bench/bench_attention.cpp
+// at D = 32, one thread: 64 x 64, 64 x 128, 64 x 256 and 128 x 128 lie within the noise (64 x 128
+// a few percent ahead at T = 64 and 256).
+constexpr int64_t kBr = 64, kBc = 128;
+
+// C (M, N) = alpha * op(A) @ op(B) + beta * C, row-major with leading dims, one thread (we are
+// inside our own parallel region, where OpenBLAS's OpenMP build runs serially). sgemm on tiles beat
+// plain vectorised loops (i-k-j, B^T staged) 2-3x at D = 32, forward and backward alike.
+template <typename T>
+inline void tile_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
+                      const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {  // BLAS may leave C alone when K == 0
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t c = 0; c < N; ++c) C[r * ldc + c] = beta == T(0) ? T(0) : beta * C[r * ldc + c];
+    return;
+  }
+  const auto TA = ta ? CblasTrans : CblasNoTrans, TB = tb ? CblasTrans : CblasNoTrans;
+  if constexpr (std::is_same_v<T, float>)
+    cblas_sgemm(CblasRowMajor, TA, TB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  else
+    cblas_dgemm(CblasRowMajor, TA, TB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+// z[j] = keep_scale where weight element e0 + j survives dropout, else 0 (one Philox call per 4).
+template <typename T>
+inline void dropout_row(T* z, int64_t n, int64_t e0, double p, T keep_scale, uint64_t seed, uint64_t offset) {
+  int64_t e = e0;
+  const int64_t end = e0 + n;
+  while (e < end) {
+    const philox::U4 r = philox::philox4x32(offset + static_cast<uint64_t>(e) / 4, seed);
+    for (int lane = static_cast<int>(e % 4); lane < 4 && e < end; ++lane, ++e)
+      z[e - e0] = philox::to_unit(r.v[lane]) >= p ? keep_scale : T(0);
+  }
+}
+
+// The keys row i of head bh may see: j < valid.
+inline int64_t valid_keys(const AttnParams& a, int64_t bh, int64_t i) {
+  switch (a.mask) {
+    case SoftmaxMask::causal: return std::min(i + 1, a.Tk);
+    case SoftmaxMask::lengths: return std::clamp<int64_t>(a.lengths[bh * a.Tq + i], 0, a.Tk);
+    default: return a.Tk;
+  }
+}
+
+template <typename T>
+inline const T* head_ptr(const AttnOperand& o, int64_t bh, int64_t H) {
+  return static_cast<const T*>(o.p) + (bh / H) * o.sb + (bh % H) * o.sh;
+}
+
+// Threads for a call: serial below the grain (gradchecks, toy models), else all of them.
+inline int attention_threads(const AttnParams& a) {
+  const double work = static_cast<double>(a.B * a.H) * a.Tq * a.Tk * (a.D + a.Dv);
+  return work > 4.0 * kParallelGrain ? omp_get_max_threads() : 1;
+}
+
+template <typename T>
+void forward_impl(T* out, T* lse, const AttnOperand& q, const AttnOperand& k, const AttnOperand& v,
+                  const AttnParams& a) {
+  const int64_t BH = a.B * a.H, Tq = a.Tq, Tk = a.Tk, D = a.D, Dv = a.Dv;
+  const int64_t n_qt = (Tq + kBr - 1) / kBr;
+  const T scale = static_cast<T>(a.scale);
+  const bool drop = a.dropout_p > 0;
+  const T keep_scale = philox::dropout_scale<T>(a.dropout_p);
+#pragma omp parallel num_threads(attention_threads(a))
+  {
+    std::vector<T> s(kBr * kBc), z(kBc), m(kBr);
+    std::vector<Acc<T>> l(kBr);
+    int64_t valid[kBr];
+#pragma omp for schedule(dynamic)
+    for (int64_t w = 0; w < BH * n_qt; ++w) {
+      const int64_t bh = w / n_qt, i0 = (w % n_qt) * kBr, rows = std::min(kBr, Tq - i0);
+      const T* Q = head_ptr<T>(q, bh, a.H) + i0 * q.st;
+      const T* K = head_ptr<T>(k, bh, a.H);
+      const T* V = head_ptr<T>(v, bh, a.H);
+      T* O = out + (bh * Tq + i0) * Dv;
+      int64_t max_valid = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        valid[r] = valid_keys(a, bh, i0 + r);
+        max_valid = std::max(max_valid, valid[r]);
+        m[r] = -std::numeric_limits<T>::infinity();
+        l[r] = 0;
+      }
+      std::fill(O, O + rows * Dv, T(0));
+      // Key tiles past every row's last valid key (beyond the causal diagonal) are never touched.
+      for (int64_t j0 = 0; j0 < max_valid; j0 += kBc) {
+        const int64_t cols = std::min(kBc, max_valid - j0);
+        tile_gemm<T>(false, true, rows, cols, D, T(1), Q, q.st, K + j0 * k.st, k.st, T(0), s.data(), kBc);
+        for (int64_t r = 0; r < rows; ++r) {
+          T* sr = s.data() + r * kBc;
+          const int64_t n = std::clamp<int64_t>(valid[r] - j0, 0, cols);
+          if (n == 0) {  // this row sees none of the tile: a zero row of P leaves O alone
+            std::fill(sr, sr + cols, T(0));
+            continue;
+          }
+          T mx = -std::numeric_limits<T>::infinity();
+          for (int64_t j = 0; j < n; ++j) mx = std::max(mx, scale * sr[j]);
+          const T m_new = std::max(m[r], mx);
+          const T alpha = fast_exp(m[r] - m_new);  // exp(-inf) = 0 on the row's first tile
+          Acc<T> sum = 0;
+          for (int64_t j = 0; j < n; ++j) {
+            const T e = fast_exp(scale * sr[j] - m_new);
+            sr[j] = e;
+            sum += e;
+          }
+          std::fill(sr + n, sr + cols, T(0));
+          l[r] = l[r] * alpha + sum;  // the softmax's denominator counts dropped weights too
+          m[r] = m_new;
+          if (alpha != T(1)) {
+            T* orow = O + r * Dv;
+            for (int64_t c = 0; c < Dv; ++c) orow[c] *= alpha;
+          }
+          if (drop) {
+            dropout_row(z.data(), n, ((bh * Tq + i0 + r) * Tk) + j0, a.dropout_p, keep_scale, a.seed, a.offset);
+            for (int64_t j = 0; j < n; ++j) sr[j] *= z[j];
+          }
+        }
+        tile_gemm<T>(false, false, rows, Dv, cols, T(1), s.data(), kBc, V + j0 * v.st, v.st, T(1), O, Dv);
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        T* orow = O + r * Dv;
+        if (valid[r] == 0) {  // nothing to attend to: zero output (already), and no weight anywhere
+          lse[bh * Tq + i0 + r] = std::numeric_limits<T>::infinity();
+          continue;
+        }
+        const T inv = static_cast<T>(1.0 / static_cast<double>(l[r]));
+        for (int64_t c = 0; c < Dv; ++c) orow[c] *= inv;
+        lse[bh * Tq + i0 + r] = static_cast<T>(m[r] + std::log(static_cast<double>(l[r])));
+      }
+    }
+  }
+}
+
+// FlashAttention-2's backward, one (b, h) per task so dQ / dK / dV of a head have one writer:
+//   P = exp(scale S - lse), dV += (P o Z)^T dO, dP = (dO V^T) o Z,
+//   dS = P o (dP - rowsum(dO o O)), dQ += scale dS K, dK += scale dS^T Q.
+template <typename T>
+void backward_impl(T* dq, T* dk, T* dv, const AttnOperand& dout, const AttnOperand& q, const AttnOperand& k,
+                   const AttnOperand& v, const T* out, const T* lse, const AttnParams& a) {
+  const int64_t BH = a.B * a.H, Tq = a.Tq, Tk = a.Tk, D = a.D, Dv = a.Dv;
+  const T scale = static_cast<T>(a.scale);
+  const bool drop = a.dropout_p > 0;
+  const T keep_scale = philox::dropout_scale<T>(a.dropout_p);
+#pragma omp parallel num_threads(attention_threads(a))
+  {
+    std::vector<T> p(kBr * kBc), pd(drop ? kBr * kBc : 0), dp(kBr * kBc), z(kBc), delta(Tq);
+    int64_t valid[kBr];
+#pragma omp for schedule(dynamic)
+    for (int64_t bh = 0; bh < BH; ++bh) {
+      const T* Q = head_ptr<T>(q, bh, a.H);
+      const T* K = head_ptr<T>(k, bh, a.H);
+      const T* V = head_ptr<T>(v, bh, a.H);
+      const T* dO = head_ptr<T>(dout, bh, a.H);
+      const T* O = out + bh * Tq * Dv;
+      const T* L = lse + bh * Tq;
+      T* dQ = dq + bh * Tq * D;
+      T* dK = dk + bh * Tk * D;
+      T* dV = dv + bh * Tk * Dv;
+      std::fill(dQ, dQ + Tq * D, T(0));
+      std::fill(dK, dK + Tk * D, T(0));
+      std::fill(dV, dV + Tk * Dv, T(0));
+      for (int64_t i = 0; i < Tq; ++i) {
+        Acc<T> d = 0;
+        for (int64_t c = 0; c < Dv; ++c) d += dO[i * dout.st + c] * O[i * Dv + c];
+        delta[i] = static_cast<T>(d);
+      }
+      for (int64_t i0 = 0; i0 < Tq; i0 += kBr) {
+        const int64_t rows = std::min(kBr, Tq - i0);
+        int64_t max_valid = 0;
+        for (int64_t r = 0; r < rows; ++r) max_valid = std::max(max_valid, valid[r] = valid_keys(a, bh, i0 + r));
+        const T* Qt = Q + i0 * q.st;
+        const T* dOt = dO + i0 * dout.st;
+        for (int64_t j0 = 0; j0 < max_valid; j0 += kBc) {
+          const int64_t cols = std::min(kBc, max_valid - j0);
+          tile_gemm<T>(false, true, rows, cols, D, T(1), Qt, q.st, K + j0 * k.st, k.st, T(0), p.data(), kBc);
+          tile_gemm<T>(false, true, rows, cols, Dv, T(1), dOt, dout.st, V + j0 * v.st, v.st, T(0), dp.data(), kBc);
+          for (int64_t r = 0; r < rows; ++r) {
+            T* pr = p.data() + r * kBc;
+            T* dpr = dp.data() + r * kBc;
+            const int64_t n = std::clamp<int64_t>(valid[r] - j0, 0, cols);
+            const T lr = L[i0 + r], dr = delta[i0 + r];
+            for (int64_t j = 0; j < n; ++j) pr[j] = fast_exp(scale * pr[j] - lr);
+            std::fill(pr + n, pr + cols, T(0));
+            if (drop) {
+              T* pdr = pd.data() + r * kBc;
+              dropout_row(z.data(), n, ((bh * Tq + i0 + r) * Tk) + j0, a.dropout_p, keep_scale, a.seed, a.offset);
+              for (int64_t j = 0; j < n; ++j) {
+                pdr[j] = pr[j] * z[j];
+                dpr[j] = pr[j] * (dpr[j] * z[j] - dr);
+              }
+              std::fill(pdr + n, pdr + cols, T(0));
+            } else {
+              for (int64_t j = 0; j < n; ++j) dpr[j] = pr[j] * (dpr[j] - dr);
+            }
+            std::fill(dpr + n, dpr + cols, T(0));
+          }
+          const T* pdrop = drop ? pd.data() : p.data();
+          tile_gemm<T>(true, false, cols, Dv, rows, T(1), pdrop, kBc, dOt, dout.st, T(1), dV + j0 * Dv, Dv);
+          tile_gemm<T>(false, false, rows, D, cols, scale, dp.data(), kBc, K + j0 * k.st, k.st, T(1), dQ + i0 * D, D);
+          tile_gemm<T>(true, false, cols, D, rows, scale, dp.data(), kBc, Qt, q.st, T(1), dK + j0 * D, D);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void CpuBackend::attention_forward(DType dt, void* out, void* lse, const AttnOperand& q, const AttnOperand& k,
+                                   const AttnOperand& v, const AttnParams& a) {
+  dispatch_float(dt, "attention_forward", [&](auto tag_T) { using T = decltype(tag_T);
+    forward_impl<T>(static_cast<T*>(out), static_cast<T*>(lse), q, k, v, a);
+  });
+}
+
+void CpuBackend::attention_backward(DType dt, void* dq, void* dk, void* dv, const AttnOperand& dout,
+                                    const AttnOperand& q, const AttnOperand& k, const AttnOperand& v,
+                                    const void* out, const void* lse, const AttnParams& a) {
+  dispatch_float(dt, "attention_backward", [&](auto tag_T) { using T = decltype(tag_T);
+    backward_impl<T>(static_cast<T*>(dq), static_cast<T*>(dk), static_cast<T*>(dv), dout, q, k, v,
+                     static_cast<const T*>(out), static_cast<const T*>(lse), a);
+  });
+}
+
+}  // namespace headlab::cpu

@@ -1,0 +1,156 @@
+// Scaled-dot-product attention as one op: softmax(scale * q k^T, masked) (dropped out) @ v. On a
+// backend with a fused kernel (the CPU) it saves q, k, v, the output and one log-sum-exp per query
+// row, O(B*H*T), instead of the (B, H, Tq, Tk) scores, weights and dropout mask of the composite
+// path (matmul, causal_softmax / masked_softmax, dropout, matmul), which other backends run and
+// which stays the reference the fused kernel is tested against.
+// B = batch, H = heads, Tq = queries, Tk = keys, D = q/k head size, Dv = v head size.
+#include <cmath>
+
+#include "ops/internal.h"
+
+namespace headlab {
+
+namespace {
+
+struct AttnShape {
+  int64_t B, H, Tq, Tk, D, Dv;
+  bool heads;  // 4-D inputs (B, H, T, *); 3-D ones (B, T, *) run as H = 1
+};
+
+AttnShape check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask,
+                          double dropout_p) {
+  const char* op = "scaled_dot_product_attention";
+  for (const Tensor* t : {&q, &k, &v}) {
+    detail::check_defined(op, *t);
+    detail::check_floating(op, *t);
+  }
+  check_same_device(op, q, k);
+  check_same_device(op, q, v);
+  detail::check_same_dtype(op, q, k);
+  detail::check_same_dtype(op, q, v);
+  HL_CHECK((q.dim() == 3 || q.dim() == 4) && k.dim() == q.dim() && v.dim() == q.dim(), op,
+           ": expected q, k, v of shape (B, H, T, D) or (B, T, D), got ", shape_str(q.shape()), ", ",
+           shape_str(k.shape()), ", ", shape_str(v.shape()));
+  const bool heads = q.dim() == 4;
+  const int64_t B = q.size(0), H = heads ? q.size(1) : 1;
+  for (const Tensor* t : {&k, &v})
+    HL_CHECK(t->size(0) == B && (!heads || t->size(1) == H), op, ": batch and head dims differ: q ",
+             shape_str(q.shape()), ", k ", shape_str(k.shape()), ", v ", shape_str(v.shape()));
+  HL_CHECK(q.size(-1) == k.size(-1), op, ": q ", shape_str(q.shape()), " and k ", shape_str(k.shape()),
+           " must have the same head size");
+  HL_CHECK(k.size(-2) == v.size(-2), op, ": k ", shape_str(k.shape()), " and v ", shape_str(v.shape()),
+           " must have the same number of keys");
+  HL_CHECK(dropout_p >= 0 && dropout_p <= 1, op, ": dropout probability must be in [0, 1], got ", dropout_p);
+  const AttnShape s{B, H, q.size(-2), k.size(-2), q.size(-1), v.size(-1), heads};
+  if (mask.kind == AttentionMask::Kind::causal)
+    HL_CHECK(s.Tq == s.Tk, op, ": a causal mask needs as many queries as keys, got ", s.Tq, " and ", s.Tk);
+  if (mask.kind == AttentionMask::Kind::lengths) {
+    const Tensor& vl = mask.valid_lens;
+    detail::check_index_tensor(op, vl, "valid_lens");
+    check_same_device(op, q, vl);
+    HL_CHECK((vl.dim() == 1 && vl.size(0) == B) || (vl.dim() == 2 && vl.size(0) == B && vl.size(1) == s.Tq), op,
+             ": valid_lens must have shape [", B, "] or [", B, ", ", s.Tq, "], got ", shape_str(vl.shape()));
+    for (int64_t len : vl.to_vector<int64_t>())
+      HL_CHECK(len >= 0 && len <= s.Tk, op, ": valid length ", len, " is out of range for ", s.Tk,
+               " keys (expected 0..", s.Tk, ")");
+  }
+  return s;
+}
+
+// t with a unit-stride last dim (the kernels' one layout requirement), detached.
+Tensor unit_last(const Tensor& t) {
+  const Tensor d = t.detach();
+  return d.size(-1) <= 1 || d.stride(-1) == 1 ? d : contiguous(d);
+}
+
+AttnOperand operand(const Tensor& t, bool heads) {
+  return heads ? AttnOperand{t.raw_data(), t.stride(0), t.stride(1), t.stride(2)}
+               : AttnOperand{t.raw_data(), t.stride(0), 0, t.stride(1)};
+}
+
+Shape out_shape(const AttnShape& s, int64_t T, int64_t C) {
+  return s.heads ? Shape{s.B, s.H, T, C} : Shape{s.B, T, C};
+}
+
+}  // namespace
+
+AttentionMask AttentionMask::lengths(const Tensor& valid_lens) {
+  return valid_lens.defined() ? AttentionMask{Kind::lengths, valid_lens} : AttentionMask{};
+}
+
+Tensor scaled_dot_product_attention_composite(const Tensor& q, const Tensor& k, const Tensor& v,
+                                              const AttentionMask& mask, double dropout_p, bool training,
+                                              Generator& gen, std::optional<double> scale) {
+  const AttnShape s = check_attention(q, k, v, mask, dropout_p);
+  const double sc = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(s.D));
+  const Tensor scores = matmul(q, k.mT());  // (B, H, Tq, Tk)
+  Tensor weights;
+  if (mask.kind == AttentionMask::Kind::causal) {
+    weights = causal_softmax(scores, sc);
+  } else if (mask.kind == AttentionMask::Kind::lengths && s.heads) {
+    // masked_softmax reads (..., Tq, Tk) scores as rows of B*H: one length per (b, h) or per (b, h*Tq + i).
+    const Tensor& vl = mask.valid_lens;
+    const Tensor lens = vl.dim() == 1 ? repeat_interleave(vl, s.H, 0)
+                                      : vl.unsqueeze(1).expand({s.B, s.H, s.Tq}).reshape({s.B, s.H * s.Tq});
+    weights = masked_softmax(scores, lens, sc);
+  } else {
+    weights = masked_softmax(scores, mask.kind == AttentionMask::Kind::lengths ? mask.valid_lens : Tensor(), sc);
+  }
+  return matmul(dropout(weights, dropout_p, training, gen), v);  // (B, H, Tq, Dv)
+}
+
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask,
+                                    double dropout_p, bool training, Generator& gen, std::optional<double> scale) {
+  Backend& be = backend_of(q);
+  if (!be.has_fused_attention())  // e.g. CUDA today: the composite path, same maths
+    return scaled_dot_product_attention_composite(q, k, v, mask, dropout_p, training, gen, scale);
+  const AttnShape s = check_attention(q, k, v, mask, dropout_p);
+  AttnParams a;
+  a.B = s.B, a.H = s.H, a.Tq = s.Tq, a.Tk = s.Tk, a.D = s.D, a.Dv = s.Dv;
+  a.scale = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(s.D));
+  a.mask = mask.kind == AttentionMask::Kind::causal    ? SoftmaxMask::causal
+           : mask.kind == AttentionMask::Kind::lengths ? SoftmaxMask::lengths
+                                                       : SoftmaxMask::none;
+  // Per-row lengths (B*H*Tq): a few bytes per query, rebuilt in backward from the same tensor.
+  Tensor lengths;
+  if (a.mask == SoftmaxMask::lengths) {
+    const Tensor& vl = mask.valid_lens;
+    lengths = contiguous(vl.dim() == 1 ? vl.view({s.B, 1, 1}).expand({s.B, s.H, s.Tq})
+                                       : vl.view({s.B, 1, s.Tq}).expand({s.B, s.H, s.Tq}));
+    a.lengths = lengths.data<int64_t>();
+  }
+  if (training && dropout_p > 0) {  // the same counters the dropout op would reserve for the weights
+    a.dropout_p = dropout_p;
+    a.seed = gen.seed();
+    a.offset = gen.reserve(s.B * s.H * s.Tq * s.Tk);
+  }
+  const Tensor qc = unit_last(q), kc = unit_last(k), vc = unit_last(v);
+  Tensor out = Tensor::empty(out_shape(s, s.Tq, s.Dv), q.dtype(), q.device());
+  Tensor lse = Tensor::empty({s.B, s.H, s.Tq}, q.dtype(), q.device());
+  if (s.B * s.H > 0)
+    be.attention_forward(q.dtype(), out.raw_data(), lse.raw_data(), operand(qc, s.heads), operand(kc, s.heads),
+                         operand(vc, s.heads), a);
+  // saved: q, k, v as the kernel read them (aliases of the inputs when their last dim was already
+  // contiguous, so an in-place edit is caught), the output, the per-row log-sum-exp, and the lengths.
+  a.lengths = nullptr;
+  record("scaled_dot_product_attention", out, {q, k, v}, {qc, kc, vc, out, lse, lengths},
+         [s, a](const Tensor& dout, Saved sv, Grads& g) {
+           const Tensor &qs = sv[0], &ks = sv[1], &vs = sv[2], &os = sv[3], &ls = sv[4], &lens = sv[5];
+           AttnParams p = a;
+           if (lens.defined()) p.lengths = lens.data<int64_t>();
+           const Tensor dy = unit_last(dout);
+           Tensor dq = Tensor::empty(out_shape(s, s.Tq, s.D), qs.dtype(), qs.device());
+           Tensor dk = Tensor::empty(out_shape(s, s.Tk, s.D), qs.dtype(), qs.device());
+           Tensor dv = Tensor::empty(out_shape(s, s.Tk, s.Dv), qs.dtype(), qs.device());
+           if (s.B * s.H > 0)
+             backend_of(qs).attention_backward(qs.dtype(), dq.raw_data(), dk.raw_data(), dv.raw_data(),
+                                               operand(dy, s.heads), operand(qs, s.heads), operand(ks, s.heads),
+                                               operand(vs, s.heads), os.raw_data(), ls.raw_data(), p);
+           if (g.needs(0)) g.acc(0, dq);
+           if (g.needs(1)) g.acc(1, dk);
+           if (g.needs(2)) g.acc(2, dv);
+         });
+  return out;
+}
+
+}  // namespace headlab

@@ -13,6 +13,8 @@
 #include <sstream>
 #include <tuple>
 
+#include <nlohmann/json.hpp>
+
 #include "backends/backend.h"
 #include "nn/attention.h"
 
@@ -129,6 +131,37 @@ CompareResult compare_attention(const CompareConfig& c, const CompareOptions& o)
   r.max_abs_out = amax(abs(sub(yw.detach(), yf.detach()))).item<double>();
   r.max_abs_dx = amax(abs(sub(dxw, dxf))).item<double>();
   return r;
+}
+
+void attach_torch_peer(CompareResult& r, const std::string& json_line) {
+  const CompareConfig& c = r.config;
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(json_line);
+    HL_CHECK(j.at("B") == c.B && j.at("T") == c.T && j.at("d_in") == c.d_in && j.at("d_out") == c.d_out &&
+                 j.at("heads") == c.heads,
+             "compare: the PyTorch peer measured B=", j.at("B"), " T=", j.at("T"), " d_in=", j.at("d_in"),
+             " d_out=", j.at("d_out"), " heads=", j.at("heads"), " for config '", c.name, "'");
+    auto form = [&](const char* name) {
+      auto stats = [&](const nlohmann::json& t) {
+        TimeStats s;
+        s.median = t.at("median").get<double>() / 1e3;
+        s.p25 = t.at("p25").get<double>() / 1e3;
+        s.p75 = t.at("p75").get<double>() / 1e3;
+        s.min = s.max = kNaN;  // the peer reports quartiles only
+        s.repeats = j.value("repeats", int64_t{0});
+        return s;
+      };
+      const nlohmann::json& f = j.at(name);
+      return PeerTimes{stats(f.at("forward")), stats(f.at("forward_backward"))};
+    };
+    r.torch_wrapper = form("wrapper");
+    r.torch_fused = form("fused");
+    r.torch_version = j.value("torch", "");
+  } catch (const nlohmann::json::exception& e) {
+    HL_FAIL("compare: cannot read the PyTorch peer's output for config '", c.name, "' (", e.what(), "): ",
+            json_line.substr(0, 200));
+  }
 }
 
 }  // namespace headlab::analysis

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,14 +37,23 @@ struct FormMeasurement {
   TimeStats forward, forward_backward;            // forward under no-grad; f+b: loss = sum(y), backward
   int64_t peak_forward = 0, peak_forward_backward = 0;  // bytes: backend peak during the call above what was live
 };
+// The PyTorch eager peer's times for one form of the same config (bench/torch_mha_peer.py).
+struct PeerTimes {
+  TimeStats forward, forward_backward;
+};
 struct CompareResult {
   CompareConfig config;
   FormMeasurement wrapper, fused;
   double max_abs_out = 0, max_abs_dx = 0;  // fused vs wrapper, same weights, same input (and dL/dy)
+  std::optional<PeerTimes> torch_wrapper, torch_fused;  // when the peer ran
+  std::string torch_version;
 };
 // FLOPs of one forward of either form: projections 2*B*T*d_in*3*d_out + scores and context
 // 2 * 2*B*T*T*d_out + out_proj 2*B*T*d_out*d_out. A backward costs twice the forward.
 double attention_flops_forward(const CompareConfig& c);
 CompareResult compare_attention(const CompareConfig& config, const CompareOptions& options);
+// Reads one line of bench/torch_mha_peer.py's output (JSON: name, sizes, wrapper/fused ->
+// forward/forward_backward -> median/p25/p75 in ms) into r's torch fields; the sizes must be r's.
+void attach_torch_peer(CompareResult& r, const std::string& json_line);
 
 }  // namespace headlab::analysis

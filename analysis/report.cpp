@@ -212,7 +212,8 @@ std::string compare_csv(const std::vector<CompareResult>& rows, const CompareOpt
         "forward_ms_median,forward_ms_p25,forward_ms_p75,forward_ms_min,forward_ms_max,forward_gflops,"
         "forward_backward_ms_median,forward_backward_ms_p25,forward_backward_ms_p75,forward_backward_ms_min,"
         "forward_backward_ms_max,forward_backward_gflops,peak_forward_bytes,peak_forward_backward_bytes,"
-        "max_abs_diff_output,max_abs_diff_input_grad,repeats,device,threads\n";
+        "max_abs_diff_output,max_abs_diff_input_grad,repeats,device,threads,torch_forward_ms_median,"
+        "torch_forward_backward_ms_median\n";
   for (const auto& r : rows) {
     const auto& c = r.config;
     for (int f = 0; f < 2; ++f) {
@@ -227,7 +228,11 @@ std::string compare_csv(const std::vector<CompareResult>& rows, const CompareOpt
          << num(m.forward_backward.min * 1e3) << ',' << num(m.forward_backward.max * 1e3) << ','
          << num(fb / m.forward_backward.median / 1e9) << ',' << m.peak_forward << ',' << m.peak_forward_backward << ','
          << num(r.max_abs_out) << ',' << num(r.max_abs_dx) << ',' << o.repeats << ',' << o.device.str() << ','
-         << omp_get_max_threads() << '\n';
+         << omp_get_max_threads() << ',';
+      const std::optional<PeerTimes>& t = f == 0 ? r.torch_wrapper : r.torch_fused;
+      if (t) os << num(t->forward.median * 1e3) << ',' << num(t->forward_backward.median * 1e3);
+      else os << ',';
+      os << '\n';
     }
   }
   return os.str();
@@ -267,6 +272,11 @@ nlohmann::json compare_json(const std::vector<CompareResult>& rows, const Compar
                                          {"forward_backward_gflops", fb / m.forward_backward.median / 1e9},
                                          {"peak_forward_bytes", m.peak_forward},
                                          {"peak_forward_backward_bytes", m.peak_forward_backward}};
+      const std::optional<PeerTimes>& t = f == 0 ? r.torch_wrapper : r.torch_fused;
+      if (t)
+        e[f == 0 ? "wrapper" : "fused"]["torch"] = {{"version", r.torch_version},
+                                                    {"forward", time_json(t->forward)},
+                                                    {"forward_backward", time_json(t->forward_backward)}};
     }
     j["configs"].push_back(e);
   }

@@ -1,6 +1,8 @@
 // One AdamW training step of the book's GPT, timed like ../shared/peers/torch_gpt_cpu.py (3 warm-up
 // steps, then steps until --seconds have passed), and set against the floor: the step's GEMM FLOPs
-// over the SGEMM rate measured here first (cblas_sgemm, 1024^3).
+// over the SGEMM rate measured here first (cblas_sgemm, 1024^3), and the CPU backend's peak bytes
+// over one step above what was live before it (parameters, optimizer state).
+// bench/peer_ratios.sh runs it beside the PyTorch peer and prints the ratios.
 // Usage: gpt_step [--emb-dim D --n-heads H --n-layers L --context-length T --vocab-size V
 //                  --batch-size B --threads N --attention fused|wrapper --seconds S]
 #include <cblas.h>
@@ -12,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/backend.h"
 #include "backends/cpu/omp_policy.h"
 #include "nn/gpt.h"
 #include "optim/optim.h"
@@ -76,6 +79,11 @@ int main(int argc, char** argv) {
     opt.step();
   };
   for (int i = 0; i < 3; ++i) step();
+  Backend& be = backend_for(kCPU);
+  const size_t live = be.bytes_in_use();
+  be.reset_peak();
+  step();
+  const double peak_mib = static_cast<double>(be.peak_bytes() - live) / (1 << 20);
   int n = 0;
   const auto t0 = clock_type::now();
   while (std::chrono::duration<double>(clock_type::now() - t0).count() < seconds || n < 3) { step(); ++n; }
@@ -83,10 +91,10 @@ int main(int argc, char** argv) {
   const double flops = step_flops(cfg, B);
   std::printf("headlab %s threads=%d sgemm=%.0f GFLOP/s\n", nn::attention_form_name(cfg.attention), threads, peak);
   std::printf("V=%lld T=%lld d=%lld h=%lld L=%lld B=%lld params=%lld: %.1f ms/step, %.0f tokens/s, "
-              "%.1f GFLOP/step, %.0f GFLOP/s = %.0f%% of sgemm (floor %.1f ms)\n",
+              "%.1f GFLOP/step, %.0f GFLOP/s = %.0f%% of sgemm (floor %.1f ms), step peak %.1f MiB\n",
               (long long)cfg.vocab_size, (long long)cfg.context_length, (long long)cfg.emb_dim, (long long)cfg.n_heads,
               (long long)cfg.n_layers, (long long)B, (long long)model.num_parameters(), ms,
               B * cfg.context_length / ms * 1e3, flops / 1e9, flops / ms / 1e6, 100 * flops / ms / 1e6 / peak,
-              flops / peak / 1e6);
+              flops / peak / 1e6, peak_mib);
   return 0;
 }

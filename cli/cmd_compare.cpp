@@ -1,5 +1,6 @@
 // headlab compare: the wrapper and fused multi-head attention, timed side by side (analysis/compare.h),
-// as a terminal table, compare.csv, compare.json and compare.png.
+// as a terminal table, compare.csv, compare.json and compare.png, beside the PyTorch eager peer
+// (bench/torch_mha_peer.py) when python3-torch is installed.
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -10,6 +11,8 @@
 #include <memory>
 #include <numeric>
 #include <set>
+#include <stdio.h>
+#include <sys/wait.h>
 #include <sstream>
 
 #include "analysis/analysis.h"
@@ -29,7 +32,7 @@ struct CompareArgs {
   std::vector<int64_t> heads{1, 2, 4, 8, 16}, emb{256}, tokens{128}, batch{8};
   std::vector<std::string> configs;
   bool no_peer = false, no_sweep = false;
-  std::string device = "cpu", out = ".", x = "auto";
+  std::string device = "cpu", out = ".", x = "auto", torch_peer = "auto", torch_peer_script = HEADLAB_TORCH_MHA_PEER;
   int64_t repeats = 10, warmup = 2;
   uint64_t seed = 0;
   int threads = 0;
@@ -73,6 +76,77 @@ void print_compare_row(const analysis::CompareResult& r) {
   std::cout << std::flush;
 }
 
+void print_torch_rows(const analysis::CompareResult& r) {
+  auto line = [&](const char* form, const analysis::PeerTimes& t, double flops_fwd) {
+    std::cout << std::string(39, ' ') << "  " << pad(form, 8, true) << pad("", 10) << pad("", 8)
+              << pad(ms(t.forward.median), 10) << pad(ms(t.forward.p25) + "-" + ms(t.forward.p75), 17)
+              << pad(fmt(flops_fwd / t.forward.median / 1e9, 1), 9) << pad(ms(t.forward_backward.median), 10)
+              << pad(ms(t.forward_backward.p25) + "-" + ms(t.forward_backward.p75), 17)
+              << pad(fmt(3 * flops_fwd / t.forward_backward.median / 1e9, 1), 9) << "\n";
+  };
+  if (r.torch_wrapper) line("torch wr", *r.torch_wrapper, r.wrapper.flops_forward);
+  if (r.torch_fused) line("torch fu", *r.torch_fused, r.fused.flops_forward);
+  std::cout << std::flush;
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char ch : s) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return q + "'";
+}
+
+// Runs a shell command; its stdout, and whether it exited 0.
+std::pair<std::string, bool> run_capture(const std::string& command) {
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return {"", false};
+  std::string out;
+  char buf[4096];
+  for (size_t n; (n = fread(buf, 1, sizeof buf, pipe)) > 0;) out.append(buf, n);
+  const int status = pclose(pipe);
+  return {out, status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0};
+}
+
+// The PyTorch eager peer: bench/torch_mha_peer.py under the first python3 that can import torch
+// (Debian's python3-torch lives under /usr/bin/python3), run for each config right after headlab
+// measured it, with the same threads, warm-up, repeats and seed.
+struct TorchPeer {
+  std::string script, python;
+  bool enabled = false;
+
+  // mode: auto (when python3 can import torch), on (an error when it cannot), off.
+  TorchPeer(const std::string& mode, std::string path) : script(std::move(path)) {
+    if (mode == "off") return;
+    std::string why;
+    if (!fs::exists(script)) why = "its script " + script + " does not exist (--torch-peer-script)";
+    else {
+      for (const char* candidate : {"python3", "/usr/bin/python3"})
+        if (python.empty() && run_capture(std::string(candidate) + " -c 'import torch' >/dev/null 2>&1").second)
+          python = candidate;
+      if (python.empty()) why = "no python3 can import torch (apt-get install python3-torch)";
+    }
+    HL_CHECK(why.empty() || mode != "on", "compare: --torch-peer on, but ", why);
+    enabled = why.empty();
+    if (!enabled) std::cout << "PyTorch peer left out: " << why << "\n\n";
+  }
+
+  void measure(analysis::CompareResult& r, const analysis::CompareOptions& o) {
+    if (!enabled) return;
+    const auto& c = r.config;
+    const std::string spec = c.name + "," + std::to_string(c.B) + "," + std::to_string(c.T) + "," +
+                             std::to_string(c.d_in) + "," + std::to_string(c.d_out) + "," + std::to_string(c.heads);
+    const auto [out, ok] =
+        run_capture(python + " " + shell_quote(script) + " --threads " + std::to_string(threads_in_use()) +
+                    " --warmup " + std::to_string(o.warmup) + " --repeats " + std::to_string(o.repeats) + " --seed " +
+                    std::to_string(o.seed) + " --config " + shell_quote(spec) + " 2>&1");
+    if (!ok) {  // one failure ends the peer for this run; headlab's figures stand on their own
+      std::cout << "PyTorch peer failed on config '" << c.name << "' and is left out from here on:\n" << out << "\n";
+      enabled = false;
+      return;
+    }
+    analysis::attach_torch_peer(r, out.substr(0, out.find('\n')));
+  }
+};
+
 }  // namespace
 
 Action add_compare(CLI::App& app) {
@@ -99,6 +173,12 @@ Action add_compare(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--out", a->out, "folder for compare.csv, compare.json and compare.png")->capture_default_str();
   app.add_option("--threads", a->threads, "CPU threads (0: all cores)")->check(non_negative_number());
+  app.add_option("--torch-peer", a->torch_peer,
+                 "time the same forms in PyTorch eager (bench/torch_mha_peer.py) beside each config: auto (when "
+                 "python3 can import torch) | on | off")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
+  app.add_option("--torch-peer-script", a->torch_peer_script, "the PyTorch peer script")->capture_default_str();
   return [a] {
     set_threads(a->threads);
     analysis::CompareOptions o;
@@ -121,13 +201,16 @@ Action add_compare(CLI::App& app) {
     for (const auto& s : a->configs) extra.push_back(analysis::parse_compare_config(s));
     HL_CHECK(!sweep.empty() || !extra.empty(), "compare: nothing to measure (--no-sweep and --no-peer-grid without --config)");
     make_dir(a->out, "compare");
+    TorchPeer torch(o.device.is_cuda() ? "off" : a->torch_peer, a->torch_peer_script);  // a CPU peer
     print_compare_header(o);
     std::vector<analysis::CompareResult> results, sweep_results;
     for (const auto* list : {&extra, &sweep})
       for (const auto& c : *list) {
         results.push_back(analysis::compare_attention(c, o));
+        torch.measure(results.back(), o);
         if (list == &sweep) sweep_results.push_back(results.back());
         print_compare_row(results.back());
+        print_torch_rows(results.back());
       }
     std::cout << "\nfused speed-up over wrapper (median time ratio):\n";
     for (const auto& r : results)
@@ -135,6 +218,22 @@ Action add_compare(CLI::App& app) {
                 << " T=" << pad(std::to_string(r.config.T), 4, true) << " d=" << pad(std::to_string(r.config.d_out), 4, true)
                 << "  forward " << fmt(r.wrapper.forward.median / r.fused.forward.median, 2) << "x  fwd+bwd "
                 << fmt(r.wrapper.forward_backward.median / r.fused.forward_backward.median, 2) << "x\n";
+    if (std::any_of(results.begin(), results.end(), [](const auto& r) { return r.torch_fused.has_value(); })) {
+      std::cout << "\nheadlab over PyTorch " << results.front().torch_version
+                << " eager, same form (median time ratio; > 1: headlab is faster):\n";
+      for (const auto& r : results) {
+        if (!r.torch_fused || !r.torch_wrapper) continue;
+        auto x = [](const analysis::TimeStats& ours, const analysis::TimeStats& theirs) {
+          return fmt(theirs.median / ours.median, 2) + "x";
+        };
+        std::cout << "  " << pad(r.config.name, 12, true) << " H=" << pad(std::to_string(r.config.heads), 2, true)
+                  << " T=" << pad(std::to_string(r.config.T), 4, true) << " d=" << pad(std::to_string(r.config.d_out), 4, true)
+                  << "  wrapper fwd " << pad(x(r.wrapper.forward, r.torch_wrapper->forward), 7) << " fwd+bwd "
+                  << pad(x(r.wrapper.forward_backward, r.torch_wrapper->forward_backward), 7) << "   fused fwd "
+                  << pad(x(r.fused.forward, r.torch_fused->forward), 7) << " fwd+bwd "
+                  << pad(x(r.fused.forward_backward, r.torch_fused->forward_backward), 7) << "\n";
+      }
+    }
     const std::string csv = join_path(a->out, "compare.csv"), js = join_path(a->out, "compare.json"),
                       png = join_path(a->out, "compare.png");
     write_text(csv, analysis::compare_csv(results, o), "compare");

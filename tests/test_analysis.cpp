@@ -602,6 +602,37 @@ TEST_F(AnalysisFiles, CompareOnATinyGrid) {
   expect_drawn(path("compare.png"), 1000, 640);
 }
 
+// The PyTorch peer's JSON line (bench/torch_mha_peer.py) lands in the result and in the CSV and JSON.
+TEST(Analysis, CompareReadsThePyTorchPeersLine) {
+  CompareResult r;
+  r.config = parse_compare_config("tiny,2,8,16,16,2");
+  const std::string line =
+      R"({"name": "tiny", "B": 2, "T": 8, "d_in": 16, "d_out": 16, "heads": 2, "torch": "1.13.1", "repeats": 3,)"
+      R"( "wrapper": {"forward": {"median": 2.0, "p25": 1.5, "p75": 2.5}, "forward_backward": {"median": 6.0, "p25": 5.0, "p75": 7.0}},)"
+      R"( "fused": {"forward": {"median": 1.0, "p25": 0.5, "p75": 1.5}, "forward_backward": {"median": 3.0, "p25": 2.0, "p75": 4.0}}})";
+  attach_torch_peer(r, line);
+  ASSERT_TRUE(r.torch_wrapper && r.torch_fused);
+  EXPECT_DOUBLE_EQ(r.torch_wrapper->forward.median, 2e-3);
+  EXPECT_DOUBLE_EQ(r.torch_wrapper->forward_backward.p75, 7e-3);
+  EXPECT_DOUBLE_EQ(r.torch_fused->forward_backward.median, 3e-3);
+  EXPECT_EQ(r.torch_fused->forward.repeats, 3);
+  EXPECT_EQ(r.torch_version, "1.13.1");
+  std::istringstream csv(compare_csv({r}, CompareOptions{}));
+  std::string header, wrapper_row;
+  std::getline(csv, header);
+  std::getline(csv, wrapper_row);
+  EXPECT_NE(header.find(",torch_forward_ms_median,torch_forward_backward_ms_median"), std::string::npos) << header;
+  EXPECT_NE(wrapper_row.find(",2,6"), std::string::npos) << wrapper_row;
+  EXPECT_DOUBLE_EQ(compare_json({r}, CompareOptions{})["configs"][0]["fused"]["torch"]["forward"]["median_ms"].get<double>(), 1.0);
+
+  CompareResult other;
+  other.config = parse_compare_config("tiny,2,16,16,16,2");  // T differs from the peer's line
+  EXPECT_ERROR_CONTAINS(attach_torch_peer(other, line), "the PyTorch peer measured B=2 T=8");
+  EXPECT_ERROR_CONTAINS(attach_torch_peer(r, "Traceback (most recent call last):"), "cannot read the PyTorch peer's output");
+  EXPECT_ERROR_CONTAINS(attach_torch_peer(r, R"({"B": 2, "T": 8, "d_in": 16, "d_out": 16, "heads": 2})"),
+                        "cannot read the PyTorch peer's output for config 'tiny'");
+}
+
 TEST(Analysis, RankCorrelation) {
   EXPECT_DOUBLE_EQ(rank_correlation({1, 2, 3, 4}, {10, 20, 30, 40}), 1.0);
   EXPECT_DOUBLE_EQ(rank_correlation({1, 2, 3, 4}, {4, 3, 2, 1}), -1.0);

@@ -16,6 +16,8 @@
 #include <iomanip>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "train/trainer.h"
 #include "io/checkpoint.h"
 #include "tests/process_util.h"
@@ -124,6 +126,36 @@ void expect_run_error(const std::vector<std::string>& args, const std::vector<st
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << shown << ": one line\n" << r.err;
   for (const std::string& m : mentions) EXPECT_TRUE(contains(r.err, m)) << shown << "\nstderr: " << r.err << "\nmissing: " << m;
   EXPECT_TRUE(r.out.empty()) << shown << "\nstdout: " << r.out;
+}
+
+// headlab compare on a tiny grid: the table, the files, and the PyTorch peer beside it when
+// python3-torch is installed (on / off / a missing script).
+TEST_F(CliTest, CompareWritesItsTableAndFiles) {
+  const std::string out = path("compare_off");
+  const Result r = headlab({"compare", "--no-peer-grid", "--heads", "1,2", "--emb-dim", "16", "--tokens", "8", "--batch",
+                            "2", "--repeats", "2", "--warmup", "0", "--torch-peer", "off", "--out", out});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "fused speed-up over wrapper")) << r.out;
+  EXPECT_FALSE(contains(r.out, "torch fu")) << r.out;
+  for (const char* f : {"compare.csv", "compare.json", "compare.png"}) EXPECT_TRUE(fs::exists(out + "/" + f)) << f;
+}
+
+TEST_F(CliTest, CompareTorchPeerOnNeedsItsScript) {
+  expect_run_error({"compare", "--no-sweep", "--torch-peer", "on", "--torch-peer-script", path("missing.py")},
+                   {"--torch-peer on", "missing.py"});
+}
+
+TEST_F(CliTest, CompareBesideThePyTorchPeer) {
+  if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0)
+    GTEST_SKIP() << "python3-torch is not installed";
+  const std::string out = path("compare_torch");
+  const Result r = headlab({"compare", "--no-sweep", "--no-peer-grid", "--config", "tiny,2,8,16,16,2", "--repeats", "2",
+                            "--warmup", "0", "--torch-peer", "on", "--out", out});
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  for (const char* part : {"torch wr", "torch fu", "headlab over PyTorch", "wrapper fwd", "fused fwd"})
+    EXPECT_TRUE(contains(r.out, part)) << part << "\n" << r.out;
+  const nlohmann::json j = nlohmann::json::parse(slurp(out + "/compare.json"));
+  EXPECT_GT(j["configs"][0]["fused"]["torch"]["forward_backward"]["median_ms"].get<double>(), 0);
 }
 
 TEST_F(CliTest, MissingOrDamagedCheckpointExitsOneWithAClearMessage) {

@@ -1,0 +1,28 @@
+// One BLAS GEMM on the calling thread, with PyTorch's K == 0 meaning. Inside one of our parallel
+// regions OpenBLAS's OpenMP build runs serially, so callers there get exactly one thread's work.
+#pragma once
+#include <cblas.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace headlab::cpu {
+
+// C (M, N) = alpha * op(A) @ op(B) + beta * C, row-major with leading dims.
+template <typename T>
+inline void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
+                      const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {  // BLAS may leave C alone when K == 0; PyTorch: C = beta * C
+    for (int64_t r = 0; r < M; ++r)
+      for (int64_t c = 0; c < N; ++c) C[r * ldc + c] = beta == T(0) ? T(0) : beta * C[r * ldc + c];
+    return;
+  }
+  const auto TA = ta ? CblasTrans : CblasNoTrans, TB = tb ? CblasTrans : CblasNoTrans;
+  if constexpr (std::is_same_v<T, float>)
+    cblas_sgemm(CblasRowMajor, TA, TB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  else
+    cblas_dgemm(CblasRowMajor, TA, TB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+}  // namespace headlab::cpu

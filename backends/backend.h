@@ -37,12 +37,15 @@ enum class ReduceOp : uint8_t { sum, max, min, argmax };
 // Which rows of a softmax are valid up to where: all, by a per-row length, or causally.
 enum class SoftmaxMask : uint8_t { none, lengths, causal };
 
-// One (B, H, T, C) operand of the fused attention kernels: element (b, h, t, c) sits at
-// p[b * sb + h * sh + t * st + c].
-struct AttnOperand {
-  const void* p = nullptr;
+// One (B, H, T, C) tensor of the fused attention kernels: element (b, h, t, c) sits at
+// p[b * sb + h * sh + t * st + c]. Operands are read, results written.
+template <typename Ptr>
+struct AttnView {
+  Ptr* p = nullptr;
   int64_t sb = 0, sh = 0, st = 0;
 };
+using AttnOperand = AttnView<const void>;
+using AttnResult = AttnView<void>;
 // Sizes, scale, mask and dropout of one fused attention call.
 struct AttnParams {
   int64_t B = 0, H = 0, Tq = 0, Tk = 0, D = 0, Dv = 0;
@@ -114,23 +117,24 @@ struct Backend {
                                   int64_t cols) = 0;
 
   // ---- fused scaled-dot-product attention (FlashAttention-style): O(B*H*Tq) saved state ----
-  // Every tensor is (B, H, T, *) with a contiguous last dim; AttnOperand gives the other strides.
+  // Every tensor is (B, H, T, *) with a contiguous last dim; AttnView gives the other strides.
   // Row (b, h, i) sees keys j < valid where valid = Tk (none), i + 1 (causal, Tq == Tk) or
   // lengths[(b * H + h) * Tq + i] (lengths); a row with nothing valid gives 0 and gets 0 gradient.
   // Dropout (p > 0) keeps weight element e = ((b * H + h) * Tq + i) * Tk + j iff
   // philox::uniform(seed, offset, e) >= p, as the dropout kernel would on the (B, H, Tq, Tk) weights.
   virtual bool has_fused_attention() const { return false; }
-  // out: (B, H, Tq, Dv) contiguous; lse: (B, H, Tq) contiguous, log-sum-exp of the scaled scores
-  // (+inf for an empty row). q: (B, H, Tq, D), k: (B, H, Tk, D), v: (B, H, Tk, Dv).
-  virtual void attention_forward(DType dt, void* out, void* lse, const AttnOperand& q, const AttnOperand& k,
-                                 const AttnOperand& v, const AttnParams& a) {
+  // out: (B, H, Tq, Dv); lse: (B, H, Tq) contiguous, log-sum-exp of the scaled scores (+inf for an
+  // empty row). q: (B, H, Tq, D), k: (B, H, Tk, D), v: (B, H, Tk, Dv).
+  virtual void attention_forward(DType dt, const AttnResult& out, void* lse, const AttnOperand& q,
+                                 const AttnOperand& k, const AttnOperand& v, const AttnParams& a) {
     (void)dt, (void)out, (void)lse, (void)q, (void)k, (void)v, (void)a;
     HL_FAIL(name(), ": attention_forward is not implemented");
   }
-  // dq, dk, dv: contiguous, written (not accumulated); dout: (B, H, Tq, Dv); out and lse as forward gave.
-  virtual void attention_backward(DType dt, void* dq, void* dk, void* dv, const AttnOperand& dout,
-                                  const AttnOperand& q, const AttnOperand& k, const AttnOperand& v,
-                                  const void* out, const void* lse, const AttnParams& a) {
+  // dq, dk, dv: written (not accumulated); dout: (B, H, Tq, Dv); out and lse as forward gave them.
+  virtual void attention_backward(DType dt, const AttnResult& dq, const AttnResult& dk, const AttnResult& dv,
+                                  const AttnOperand& dout, const AttnOperand& q, const AttnOperand& k,
+                                  const AttnOperand& v, const AttnOperand& out, const void* lse,
+                                  const AttnParams& a) {
     (void)dt, (void)dq, (void)dk, (void)dv, (void)dout, (void)q, (void)k, (void)v, (void)out, (void)lse, (void)a;
     HL_FAIL(name(), ": attention_backward is not implemented");
   }

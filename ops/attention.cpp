@@ -63,13 +63,16 @@ Tensor unit_last(const Tensor& t) {
   return d.size(-1) <= 1 || d.stride(-1) == 1 ? d : contiguous(d);
 }
 
-AttnOperand operand(const Tensor& t, bool heads) {
-  return heads ? AttnOperand{t.raw_data(), t.stride(0), t.stride(1), t.stride(2)}
-               : AttnOperand{t.raw_data(), t.stride(0), 0, t.stride(1)};
+template <typename View = AttnOperand>
+View attn_view(const Tensor& t, bool heads) {
+  return heads ? View{t.raw_data(), t.stride(0), t.stride(1), t.stride(2)} : View{t.raw_data(), t.stride(0), 0, t.stride(1)};
 }
 
-Shape out_shape(const AttnShape& s, int64_t T, int64_t C) {
-  return s.heads ? Shape{s.B, s.H, T, C} : Shape{s.B, T, C};
+// A new (B, H, T, C) result laid out as (B, T, H, C): the layout the multi-head modules' projections
+// have, so that merging the heads back (and the projections' backward) are views, not copies.
+Tensor empty_result(const AttnShape& s, int64_t T, int64_t C, const Tensor& like) {
+  if (!s.heads) return Tensor::empty({s.B, T, C}, like.dtype(), like.device());
+  return Tensor::empty({s.B, T, s.H, C}, like.dtype(), like.device()).transpose(1, 2);
 }
 
 }  // namespace
@@ -125,11 +128,11 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     a.offset = gen.reserve(s.B * s.H * s.Tq * s.Tk);
   }
   const Tensor qc = unit_last(q), kc = unit_last(k), vc = unit_last(v);
-  Tensor out = Tensor::empty(out_shape(s, s.Tq, s.Dv), q.dtype(), q.device());
+  Tensor out = empty_result(s, s.Tq, s.Dv, q);
   Tensor lse = Tensor::empty({s.B, s.H, s.Tq}, q.dtype(), q.device());
   if (s.B * s.H > 0)
-    be.attention_forward(q.dtype(), out.raw_data(), lse.raw_data(), operand(qc, s.heads), operand(kc, s.heads),
-                         operand(vc, s.heads), a);
+    be.attention_forward(q.dtype(), attn_view<AttnResult>(out, s.heads), lse.raw_data(), attn_view(qc, s.heads),
+                         attn_view(kc, s.heads), attn_view(vc, s.heads), a);
   // saved: q, k, v as the kernel read them (aliases of the inputs when their last dim was already
   // contiguous, so an in-place edit is caught), the output, the per-row log-sum-exp, and the lengths.
   a.lengths = nullptr;
@@ -139,13 +142,13 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
            AttnParams p = a;
            if (lens.defined()) p.lengths = lens.data<int64_t>();
            const Tensor dy = unit_last(dout);
-           Tensor dq = Tensor::empty(out_shape(s, s.Tq, s.D), qs.dtype(), qs.device());
-           Tensor dk = Tensor::empty(out_shape(s, s.Tk, s.D), qs.dtype(), qs.device());
-           Tensor dv = Tensor::empty(out_shape(s, s.Tk, s.Dv), qs.dtype(), qs.device());
+           Tensor dq = empty_result(s, s.Tq, s.D, qs), dk = empty_result(s, s.Tk, s.D, qs),
+                  dv = empty_result(s, s.Tk, s.Dv, qs);
            if (s.B * s.H > 0)
-             backend_of(qs).attention_backward(qs.dtype(), dq.raw_data(), dk.raw_data(), dv.raw_data(),
-                                               operand(dy, s.heads), operand(qs, s.heads), operand(ks, s.heads),
-                                               operand(vs, s.heads), os.raw_data(), ls.raw_data(), p);
+             backend_of(qs).attention_backward(
+                 qs.dtype(), attn_view<AttnResult>(dq, s.heads), attn_view<AttnResult>(dk, s.heads),
+                 attn_view<AttnResult>(dv, s.heads), attn_view(dy, s.heads), attn_view(qs, s.heads),
+                 attn_view(ks, s.heads), attn_view(vs, s.heads), attn_view(os, s.heads), ls.raw_data(), p);
            if (g.needs(0)) g.acc(0, dq);
            if (g.needs(1)) g.acc(1, dk);
            if (g.needs(2)) g.acc(2, dv);

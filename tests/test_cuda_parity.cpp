@@ -210,6 +210,8 @@ TEST(CudaParity, TrainingTracksTheCpuAndTheAllocatorReturnsToBaseline) {
     gpu_opt.zero_grad();
     cuda.synchronize();
     if (step == 1) baseline = cuda.bytes_in_use();
-    if (step > 1) EXPECT_EQ(cuda.bytes_in_use(), baseline) << "step " << step << ": device memory grew";
+    if (step > 1) {
+      EXPECT_EQ(cuda.bytes_in_use(), baseline) << "step " << step << ": device memory grew";
+    }
   }
 }

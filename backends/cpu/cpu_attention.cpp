@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "backends/cpu/blas.h"
@@ -45,9 +46,17 @@ inline int64_t valid_keys(const AttnParams& a, int64_t bh, int64_t i) {
   }
 }
 
+// Head bh = b * H + h of an operand (const T*) or a result (T*).
+template <typename T, typename Ptr>
+inline auto head_ptr(const AttnView<Ptr>& o, int64_t bh, int64_t H) {
+  using Elem = std::conditional_t<std::is_const_v<Ptr>, const T, T>;
+  return static_cast<Elem*>(o.p) + (bh / H) * o.sb + (bh % H) * o.sh;
+}
+
+// Zeroes `rows` rows of `cols` elements, `ld` apart.
 template <typename T>
-inline const T* head_ptr(const AttnOperand& o, int64_t bh, int64_t H) {
-  return static_cast<const T*>(o.p) + (bh / H) * o.sb + (bh % H) * o.sh;
+inline void zero_rows(T* p, int64_t rows, int64_t cols, int64_t ld) {
+  for (int64_t r = 0; r < rows; ++r) std::fill(p + r * ld, p + r * ld + cols, T(0));
 }
 
 // Threads for a call: serial below the grain (gradchecks, toy models), else all of them.
@@ -57,7 +66,7 @@ inline int attention_threads(const AttnParams& a) {
 }
 
 template <typename T>
-void forward_impl(T* out, T* lse, const AttnOperand& q, const AttnOperand& k, const AttnOperand& v,
+void forward_impl(const AttnResult& out, T* lse, const AttnOperand& q, const AttnOperand& k, const AttnOperand& v,
                   const AttnParams& a) {
   const int64_t BH = a.B * a.H, Tq = a.Tq, Tk = a.Tk, D = a.D, Dv = a.Dv;
   const int64_t n_qt = (Tq + kBr - 1) / kBr;
@@ -75,7 +84,7 @@ void forward_impl(T* out, T* lse, const AttnOperand& q, const AttnOperand& k, co
       const T* Q = head_ptr<T>(q, bh, a.H) + i0 * q.st;
       const T* K = head_ptr<T>(k, bh, a.H);
       const T* V = head_ptr<T>(v, bh, a.H);
-      T* O = out + (bh * Tq + i0) * Dv;
+      T* O = head_ptr<T>(out, bh, a.H) + i0 * out.st;
       int64_t max_valid = 0;
       for (int64_t r = 0; r < rows; ++r) {
         valid[r] = valid_keys(a, bh, i0 + r);
@@ -83,7 +92,7 @@ void forward_impl(T* out, T* lse, const AttnOperand& q, const AttnOperand& k, co
         m[r] = -std::numeric_limits<T>::infinity();
         l[r] = 0;
       }
-      std::fill(O, O + rows * Dv, T(0));
+      zero_rows(O, rows, Dv, out.st);
       // Key tiles past every row's last valid key (beyond the causal diagonal) are never touched.
       for (int64_t j0 = 0; j0 < max_valid; j0 += kBc) {
         const int64_t cols = std::min(kBc, max_valid - j0);
@@ -111,7 +120,7 @@ void forward_impl(T* out, T* lse, const AttnOperand& q, const AttnOperand& k, co
           l[r] = l[r] * alpha + sum;  // the softmax's denominator counts dropped weights too
           m[r] = m_new;
           if (alpha != T(1)) {
-            T* orow = O + r * Dv;
+            T* orow = O + r * out.st;
             for (int64_t c = 0; c < Dv; ++c) orow[c] *= alpha;
           }
           if (drop) {
@@ -119,10 +128,10 @@ void forward_impl(T* out, T* lse, const AttnOperand& q, const AttnOperand& k, co
             for (int64_t j = 0; j < n; ++j) sr[j] *= z[j];
           }
         }
-        blas_gemm<T>(false, false, rows, Dv, cols, T(1), s.data(), kBc, V + j0 * v.st, v.st, T(1), O, Dv);
+        blas_gemm<T>(false, false, rows, Dv, cols, T(1), s.data(), kBc, V + j0 * v.st, v.st, T(1), O, out.st);
       }
       for (int64_t r = 0; r < rows; ++r) {
-        T* orow = O + r * Dv;
+        T* orow = O + r * out.st;
         if (valid[r] == 0) {  // nothing to attend to: zero output (already), and no weight anywhere
           lse[bh * Tq + i0 + r] = std::numeric_limits<T>::infinity();
           continue;
@@ -139,8 +148,9 @@ void forward_impl(T* out, T* lse, const AttnOperand& q, const AttnOperand& k, co
 //   P = exp(scale S - lse), dV += (P o Z)^T dO, dP = (dO V^T) o Z,
 //   dS = P o (dP - rowsum(dO o O)), dQ += scale dS K, dK += scale dS^T Q.
 template <typename T>
-void backward_impl(T* dq, T* dk, T* dv, const AttnOperand& dout, const AttnOperand& q, const AttnOperand& k,
-                   const AttnOperand& v, const T* out, const T* lse, const AttnParams& a) {
+void backward_impl(const AttnResult& dq, const AttnResult& dk, const AttnResult& dv, const AttnOperand& dout,
+                   const AttnOperand& q, const AttnOperand& k, const AttnOperand& v, const AttnOperand& out,
+                   const T* lse, const AttnParams& a) {
   const int64_t BH = a.B * a.H, Tq = a.Tq, Tk = a.Tk, D = a.D, Dv = a.Dv;
   const T scale = static_cast<T>(a.scale);
   const bool drop = a.dropout_p > 0;
@@ -155,18 +165,18 @@ void backward_impl(T* dq, T* dk, T* dv, const AttnOperand& dout, const AttnOpera
       const T* K = head_ptr<T>(k, bh, a.H);
       const T* V = head_ptr<T>(v, bh, a.H);
       const T* dO = head_ptr<T>(dout, bh, a.H);
-      const T* O = out + bh * Tq * Dv;
+      const T* O = head_ptr<T>(out, bh, a.H);
       const T* L = lse + bh * Tq;
-      T* dQ = dq + bh * Tq * D;
-      T* dK = dk + bh * Tk * D;
-      T* dV = dv + bh * Tk * Dv;
-      std::fill(dQ, dQ + Tq * D, T(0));
-      std::fill(dK, dK + Tk * D, T(0));
-      std::fill(dV, dV + Tk * Dv, T(0));
+      T* dQ = head_ptr<T>(dq, bh, a.H);
+      T* dK = head_ptr<T>(dk, bh, a.H);
+      T* dV = head_ptr<T>(dv, bh, a.H);
+      zero_rows(dQ, Tq, D, dq.st);
+      zero_rows(dK, Tk, D, dk.st);
+      zero_rows(dV, Tk, Dv, dv.st);
       for (int64_t i = 0; i < Tq; ++i) {
         Acc<T> d = 0;
 #pragma omp simd reduction(+ : d)
-        for (int64_t c = 0; c < Dv; ++c) d += dO[i * dout.st + c] * O[i * Dv + c];
+        for (int64_t c = 0; c < Dv; ++c) d += dO[i * dout.st + c] * O[i * out.st + c];
         delta[i] = static_cast<T>(d);
       }
       for (int64_t i0 = 0; i0 < Tq; i0 += kBr) {
@@ -200,9 +210,10 @@ void backward_impl(T* dq, T* dk, T* dv, const AttnOperand& dout, const AttnOpera
             std::fill(dpr + n, dpr + cols, T(0));
           }
           const T* pdrop = drop ? pd.data() : p.data();
-          blas_gemm<T>(true, false, cols, Dv, rows, T(1), pdrop, kBc, dOt, dout.st, T(1), dV + j0 * Dv, Dv);
-          blas_gemm<T>(false, false, rows, D, cols, scale, dp.data(), kBc, K + j0 * k.st, k.st, T(1), dQ + i0 * D, D);
-          blas_gemm<T>(true, false, cols, D, rows, scale, dp.data(), kBc, Qt, q.st, T(1), dK + j0 * D, D);
+          blas_gemm<T>(true, false, cols, Dv, rows, T(1), pdrop, kBc, dOt, dout.st, T(1), dV + j0 * dv.st, dv.st);
+          blas_gemm<T>(false, false, rows, D, cols, scale, dp.data(), kBc, K + j0 * k.st, k.st, T(1), dQ + i0 * dq.st,
+                       dq.st);
+          blas_gemm<T>(true, false, cols, D, rows, scale, dp.data(), kBc, Qt, q.st, T(1), dK + j0 * dk.st, dk.st);
         }
       }
     }
@@ -211,19 +222,19 @@ void backward_impl(T* dq, T* dk, T* dv, const AttnOperand& dout, const AttnOpera
 
 }  // namespace
 
-void CpuBackend::attention_forward(DType dt, void* out, void* lse, const AttnOperand& q, const AttnOperand& k,
-                                   const AttnOperand& v, const AttnParams& a) {
+void CpuBackend::attention_forward(DType dt, const AttnResult& out, void* lse, const AttnOperand& q,
+                                   const AttnOperand& k, const AttnOperand& v, const AttnParams& a) {
   dispatch_float(dt, "attention_forward", [&](auto tag_T) { using T = decltype(tag_T);
-    forward_impl<T>(static_cast<T*>(out), static_cast<T*>(lse), q, k, v, a);
+    forward_impl<T>(out, static_cast<T*>(lse), q, k, v, a);
   });
 }
 
-void CpuBackend::attention_backward(DType dt, void* dq, void* dk, void* dv, const AttnOperand& dout,
-                                    const AttnOperand& q, const AttnOperand& k, const AttnOperand& v,
-                                    const void* out, const void* lse, const AttnParams& a) {
+void CpuBackend::attention_backward(DType dt, const AttnResult& dq, const AttnResult& dk, const AttnResult& dv,
+                                    const AttnOperand& dout, const AttnOperand& q, const AttnOperand& k,
+                                    const AttnOperand& v, const AttnOperand& out, const void* lse,
+                                    const AttnParams& a) {
   dispatch_float(dt, "attention_backward", [&](auto tag_T) { using T = decltype(tag_T);
-    backward_impl<T>(static_cast<T*>(dq), static_cast<T*>(dk), static_cast<T*>(dv), dout, q, k, v,
-                     static_cast<const T*>(out), static_cast<const T*>(lse), a);
+    backward_impl<T>(dq, dk, dv, dout, q, k, v, out, static_cast<const T*>(lse), a);
   });
 }
 

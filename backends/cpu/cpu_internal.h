@@ -145,11 +145,11 @@ struct CpuBackend final : Backend {
 
   // Defined in cpu_attention.cpp.
   bool has_fused_attention() const override { return true; }
-  void attention_forward(DType dt, void* out, void* lse, const AttnOperand& q, const AttnOperand& k,
+  void attention_forward(DType dt, const AttnResult& out, void* lse, const AttnOperand& q, const AttnOperand& k,
                          const AttnOperand& v, const AttnParams& a) override;
-  void attention_backward(DType dt, void* dq, void* dk, void* dv, const AttnOperand& dout, const AttnOperand& q,
-                          const AttnOperand& k, const AttnOperand& v, const void* out, const void* lse,
-                          const AttnParams& a) override;
+  void attention_backward(DType dt, const AttnResult& dq, const AttnResult& dk, const AttnResult& dv,
+                          const AttnOperand& dout, const AttnOperand& q, const AttnOperand& k, const AttnOperand& v,
+                          const AttnOperand& out, const void* lse, const AttnParams& a) override;
 };
 
 }  // namespace headlab::cpu

@@ -29,12 +29,6 @@ std::string backward_name(const char* op) {
   return out + "Backward";
 }
 
-bool has_nonfinite(const Tensor& t) {
-  if (!t.defined() || !is_floating(t.dtype()) || t.numel() == 0) return false;
-  const Tensor c = t.contiguous();
-  return !backend_of(c).all_finite(c.dtype(), c.raw_data(), c.numel());
-}
-
 // A new node for `op`, its saved tensors and their versions in place. Saving the op's output itself
 // would make a cycle (out -> node -> out), so the node keeps a history-free alias of it instead.
 std::shared_ptr<Node> new_node(const char* op, const Tensor& out, std::span<const Tensor> saved) {
@@ -85,7 +79,7 @@ void saved_index_error(const Node& node, size_t i) {
 }
 
 bool should_record(const char* op, const Tensor& out, std::span<const Tensor> inputs) {
-  if (g_anomaly && has_nonfinite(out))
+  if (g_anomaly && !out.all_finite())
     HL_FAIL("anomaly: ", op, " produced NaN or Inf in its output of shape ", shape_str(out.shape()));
   return g_grad_enabled && any_requires_grad(inputs);
 }
@@ -103,7 +97,7 @@ void record_node(const char* op, Tensor& out, std::span<const Tensor> inputs, st
 }
 
 bool should_record_inplace(const char* op, const Tensor& self) {
-  if (g_anomaly && has_nonfinite(self))
+  if (g_anomaly && !self.all_finite())
     HL_FAIL("anomaly: ", op, " produced NaN or Inf in its output of shape ", shape_str(self.shape()));
   return g_grad_enabled && self.requires_grad();
 }
@@ -245,7 +239,7 @@ struct BackwardPass {
         Tensor r = h(dout);
         if (r.defined()) dout = r;
       }
-      if (g_anomaly && has_nonfinite(dout))
+      if (g_anomaly && !dout.all_finite())
         HL_FAIL("anomaly: the gradient flowing into ", n->name, " holds NaN or Inf");
       grads.running_ = n;
       n->fn(dout, Saved(*n), grads);

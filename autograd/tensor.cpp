@@ -92,6 +92,12 @@ bool Tensor::is_contiguous() const {
   return true;
 }
 
+bool Tensor::all_finite() const {
+  if (!defined() || !is_floating(dtype()) || numel() == 0) return true;
+  const Tensor c = contiguous();
+  return backend_for(c.device()).all_finite(c.dtype(), c.raw_data(), c.numel());
+}
+
 void* Tensor::raw_data() const {
   return static_cast<char*>(impl_->storage->data) + impl_->offset * static_cast<int64_t>(dtype_size(dtype()));
 }

@@ -107,6 +107,7 @@ class Tensor {
   template <typename T> T* data() const { return static_cast<T*>(raw_data()); }
   template <typename T> T item() const;
   template <typename T> std::vector<T> to_vector() const;  // any layout, any device, cast to T
+  bool all_finite() const;  // no NaN or +-inf anywhere (true for integer and empty tensors)
 
   // ---- autograd ----
   bool requires_grad() const { return impl_->requires_grad || impl_->grad_fn != nullptr; }

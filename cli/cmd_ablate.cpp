@@ -18,6 +18,7 @@
 #include "cli/common.h"
 #include "io/h5file.h"
 #include "train/config.h"
+#include "train/memory.h"
 
 namespace headlab::cli {
 
@@ -210,6 +211,9 @@ Action add_ablate(CLI::App& app) {
     const nlohmann::json tr = ck.config.value("training", nlohmann::json::object());
     const int64_t n = a->batches > 0 ? a->batches : tr.value("eval_batches", int64_t{8});
     const int64_t B = a->batch_size > 0 ? a->batch_size : tr.value("batch_size", int64_t{64});
+    if (!device.is_cuda())
+      train::check_memory_fits(train::estimate_memory(cfg, B, false, 0), "ablate",
+                               "lower --batch-size (now " + std::to_string(B) + ")");
     const std::string out = a->out.empty() ? join_path(fs::path(a->path).parent_path().string(), "ablation") : a->out;
     make_dir(out, "ablate");
     const analysis::EvalSet data = analysis::make_eval_set(*task, n, B, cfg.context_length);

@@ -8,6 +8,7 @@
 #include "cli/common.h"
 #include "nn/generate.h"
 #include "train/evaluate.h"
+#include "train/memory.h"
 
 namespace headlab::cli {
 
@@ -32,6 +33,9 @@ Action add_eval(CLI::App& app) {
         cfg.contains("training") && cfg["training"].is_object() ? cfg["training"] : nlohmann::json::object();
     const int64_t n = *batches > 0 ? *batches : tr.value("eval_batches", int64_t{8});
     const int64_t B = tr.value("batch_size", int64_t{64});
+    if (!l.model->device().is_cuda())
+      train::check_memory_fits(train::estimate_memory(l.model->config(), B, false, 0), "eval",
+                               "the checkpoint's batch size is " + std::to_string(B));
     const train::Scores r = train::evaluate(*l.model, *l.task, n, B, l.model->config().context_length);
     std::cout << "checkpoint " << *path << " (task " << l.task->name() << ", step "
               << (l.ckpt.has_trainer ? l.ckpt.trainer.step : 0) << ")\n";

@@ -58,6 +58,12 @@ Action add_train(CLI::App& app) {
   app.add_option("--grad-clip", c.run.grad_clip, "clip gradients to this global norm (0: off)")
       ->check(non_negative_number())
       ->capture_default_str();
+  app.add_flag("--skip-nonfinite", c.run.skip_nonfinite,
+               "skip a step whose loss or gradient norm is NaN or inf (no optimizer step) instead of stopping");
+  app.add_option("--max-skipped-steps", c.run.max_skipped_steps,
+                 "with --skip-nonfinite: stop after this many skipped steps in a row")
+      ->check(positive_number())
+      ->capture_default_str();
   app.add_option("--seed", c.run.seed, "seed for initialisation, dropout and data")->capture_default_str();
   app.add_option("--device", c.run.device, "cpu | cuda | cuda:N")->capture_default_str();
   app.add_option("--out", o->out, "output folder for checkpoints and metrics.csv")->capture_default_str();

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "train/config.h"
+#include "train/memory.h"
 
 namespace headlab::cli {
 
@@ -63,14 +64,7 @@ std::string fmt_sci(double v, int precision) {
   return os.str();
 }
 
-std::string fmt_bytes(int64_t b) {
-  std::ostringstream os;
-  const double v = static_cast<double>(b);
-  if (std::abs(v) >= 1 << 20) os << std::fixed << std::setprecision(1) << v / (1 << 20) << " MiB";
-  else if (std::abs(v) >= 1 << 10) os << std::fixed << std::setprecision(1) << v / (1 << 10) << " KiB";
-  else os << b << " B";
-  return os.str();
-}
+std::string fmt_bytes(int64_t b) { return train::format_bytes(static_cast<double>(b)); }
 
 std::string pad(const std::string& s, size_t w, bool left) {
   if (s.size() >= w) return s;

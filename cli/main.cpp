@@ -1,5 +1,6 @@
 // headlab: train, evaluate, generate with, inspect, compare and ablate small GPTs on toy tasks.
 // Library errors become one line on stderr and exit code 1; usage errors exit with code 2.
+#include <csignal>
 #include <algorithm>
 #include <iostream>
 #include <map>
@@ -10,6 +11,9 @@
 
 int main(int argc, char** argv) {
   headlab::cpu::restart_with_passive_omp_waits(argv);
+  // Under a file size limit (ulimit -f) a write past it fails with EFBIG, which the writers report,
+  // instead of SIGXFSZ ending the process half-way through a save.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"headlab: a small, fast C++ deep-learning toolkit for attention experiments.\n"
                "Train toy sequence models, compare wrapper and fused multi-head attention, ablate heads."};
   app.require_subcommand(1);

@@ -42,6 +42,11 @@ inline constexpr uint64_t kSizeSlack = uint64_t(64) << 20;
 // HDF5 prints its error stack to stderr by default; the library must never print. Error stacks
 // are per thread in thread-safe builds, so silence each thread once.
 inline void silence_hdf5() {
+  // No HDF5 clean-up at exit: after a write failed half-way (a full disk, a file size limit) HDF5
+  // 1.10 keeps the file it could not close and crashes closing it again in its atexit handler. Every
+  // file here is closed explicitly. Must come before any other HDF5 call.
+  static const bool no_atexit = H5dont_atexit() >= 0;
+  (void)no_atexit;
   thread_local bool done = false;
   if (!done) {
     H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
@@ -97,6 +102,7 @@ inline std::string hdf5_reason() {
     return 0;
   };
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, walk, &reason);
+  std::replace(reason.begin(), reason.end(), '\n', ' ');  // errors are one line
   return reason;
 }
 

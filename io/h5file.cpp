@@ -1,6 +1,7 @@
 // HDF5 file layer for checkpoints (see h5file.h): the atomic write path (temp file, flush, fsync,
 // rename, fsync folder) and the small helpers of the public header. Reading is in h5_reader.cpp.
 #include "io/h5_internal.h"
+#include "io/temp_files.h"
 
 namespace headlab::io::h5 {
 
@@ -62,7 +63,7 @@ Writer::Writer(std::string path, std::string what) : path_(std::move(path)), wha
   silence_hdf5();
   HL_CHECK(!path_.empty(), what_, ": empty file name");
   HL_CHECK(!is_dir(path_), ctx(), "is a folder, not a file");
-  tmp_path_ = path_ + ".tmp." + std::to_string(::getpid());
+  tmp_path_ = temp_path_for(path_);
   {
     std::lock_guard<std::mutex> lock(g_temp_mutex);
     HL_CHECK(g_temp_paths.insert(tmp_path_).second, ctx(), "another Writer in this process is already writing it");
@@ -268,13 +269,16 @@ void Writer::set_attr(const std::string& object, const std::string& key, double 
 
 void Writer::commit() {
   check_open("commit");
+  errno = 0;
   herr_t flushed = H5Fflush(file_, H5F_SCOPE_GLOBAL);
+  int err = errno;
   std::string reason = flushed < 0 ? hdf5_reason() : "";
   herr_t closed = H5Fclose(file_);
-  if (closed < 0 && reason.empty()) reason = hdf5_reason();
+  if (closed < 0 && reason.empty()) reason = hdf5_reason(), err = errno;
   file_ = -1;  // closed or not, it is not used again; the destructor removes the temp file
+  // The OS's reason first (no space, file too large); HDF5's account after it.
   HL_CHECK(flushed >= 0 && closed >= 0, ctx(), "cannot finish writing '", tmp_path_, "'",
-           reason.empty() ? "" : " (HDF5: " + reason + ")");
+           err != 0 ? ": " + errno_str(err) : "", reason.empty() ? "" : " (HDF5: " + reason + ")");
   fsync_path(ctx(), tmp_path_, false);
   if (::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
     int err = errno;

@@ -71,6 +71,18 @@ GPTConfig GPTConfig::from_json(const nlohmann::json& j) {
   return c;
 }
 
+double GPTConfig::num_parameters() const {
+  const double d = static_cast<double>(emb_dim), V = static_cast<double>(vocab_size);
+  double n = (V + static_cast<double>(context_length)) * d + 2 * d + d * V;  // embeddings, final norm, head
+  for (int64_t l = 0; l < n_layers; ++l) {
+    const double inner = static_cast<double>(heads_in_layer(l)) * static_cast<double>(head_dim());
+    n += 3 * (d * inner + (qkv_bias ? inner : 0)) + inner * d + d;  // W_query, W_key, W_value, out_proj
+    n += d * 4 * d + 4 * d + 4 * d * d + d;                         // feed-forward
+    n += 4 * d;                                                      // norm1, norm2
+  }
+  return n;
+}
+
 TransformerBlock::TransformerBlock(const GPTConfig& cfg, int64_t layer) {
   const int64_t H = cfg.heads_in_layer(layer), D = cfg.head_dim();
   if (cfg.attention == AttentionForm::fused)

@@ -24,6 +24,9 @@ struct GPTConfig {
 
   int64_t head_dim() const { return n_heads ? emb_dim / n_heads : 0; }
   int64_t heads_in_layer(int64_t layer) const;
+  // What GPTModel(*this).num_parameters() will be, computed without building it (as a double: a
+  // size someone mistyped may not fit an int64).
+  double num_parameters() const;
   void validate() const;  // clear errors naming the key
   nlohmann::json to_json() const;
   static GPTConfig from_json(const nlohmann::json& j);  // validates

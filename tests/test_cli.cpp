@@ -140,6 +140,27 @@ TEST_F(CliTest, CompareWritesItsTableAndFiles) {
   for (const char* f : {"compare.csv", "compare.json", "compare.png"}) EXPECT_TRUE(fs::exists(out + "/" + f)) << f;
 }
 
+// A save that cannot finish (a file size limit, as on a full disk) names the file and the OS error,
+// removes its temporary file, and leaves the previous checkpoint as it was.
+TEST_F(CliTest, SaveUnderAFileSizeLimitKeepsThePreviousCheckpoint) {
+  const std::string out = path("fsize");
+  Result r = headlab({"train", "--task", "reverse", "--min-len", "2", "--max-len", "4", "--emb-dim", "32", "--steps", "2",
+                      "--eval-every", "2", "--save-every", "2", "--eval-batches", "1", "--out", out});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string before = slurp(out + "/checkpoint.h5");
+  ASSERT_GT(before.size(), 100000u);
+  // 64 blocks of at most 1 KiB: room for metrics.csv, not for a checkpoint.
+  r = run_process({"/bin/sh", "-c", "ulimit -f 64 && exec \"$0\" \"$@\"", kBinary, "train", "--resume", "--steps", "4",
+                   "--out", out},
+                  scratch_dir(), "OMP_NUM_THREADS=1");
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err, "checkpoint-4.h5")) << r.err;
+  EXPECT_TRUE(contains(r.err, "File too large")) << r.err;
+  EXPECT_EQ(slurp(out + "/checkpoint.h5"), before);
+  for (const auto& e : fs::directory_iterator(out))
+    EXPECT_FALSE(contains(e.path().filename().string(), ".tmp")) << e.path();
+}
+
 TEST_F(CliTest, CompareTorchPeerOnNeedsItsScript) {
   expect_run_error({"compare", "--no-sweep", "--torch-peer", "on", "--torch-peer-script", path("missing.py")},
                    {"--torch-peer on", "missing.py"});

@@ -176,6 +176,19 @@ TEST(GptNames, WrapperWithAndWithoutQkvBias) {
 
 // ---- config, input checks -----------------------------------------------------------------------
 
+// GPTConfig::num_parameters (the estimate made before a model is built) is what the model has.
+TEST(GptConfig, NumParametersWithoutBuildingTheModel) {
+  for (const nn::AttentionForm form : {nn::AttentionForm::fused, nn::AttentionForm::wrapper})
+    for (const bool bias : {false, true}) {
+      nn::GPTConfig c;
+      c.vocab_size = 11, c.context_length = 7, c.emb_dim = 12, c.n_heads = 3, c.n_layers = 2, c.qkv_bias = bias;
+      c.attention = form;
+      EXPECT_DOUBLE_EQ(c.num_parameters(), static_cast<double>(nn::GPTModel(c).num_parameters()));
+      c.kept_heads = {{0, 2}, {1}};  // after pruning
+      EXPECT_DOUBLE_EQ(c.num_parameters(), static_cast<double>(nn::GPTModel(c).num_parameters()));
+    }
+}
+
 TEST(GptConfig, JsonRoundTripAndClearErrors) {
   nn::GPTConfig c = small_config("wrapper", true);
   c.drop_rate = 0.1;

@@ -4,11 +4,13 @@
 // given the seed; keep-last pruning of checkpoint-<step>.h5; metrics.csv; evaluate and
 // task_from_config. Tiny models and few steps, so each test takes a second or so.
 #include "train/trainer.h"
+#include "train/memory.h"
 
 #include <gtest/gtest.h>
 #include <omp.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -429,6 +431,100 @@ TEST_F(TrainerTest, RejectsBadOptionsClearly) {
   o = tiny_options("chars", path("x"), 5);
   o.config.task.options.text_path = path("missing.txt");
   EXPECT_NE(message([&] { Trainer(o).run(); }).find("missing.txt"), std::string::npos);
+}
+
+// ---- divergence and stale files ----------------------------------------------------------------------
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+bool checkpoint_is_finite(const std::string& file) {
+  for (const auto& [name, t] : load_checkpoint(file).model)
+    if (!t.all_finite()) return false;
+  return true;
+}
+
+// lr 1e9 blows the model up within a few steps: the run stops with a message naming the step and
+// what to try, and every checkpoint on disk (saved each step before that) is finite.
+TEST_F(TrainerTest, DivergenceStopsWithoutWritingANonFiniteCheckpoint) {
+  TrainOptions o = tiny_options("reverse", path("d"), 30);
+  o.config.optimizer.lr = 1e9;
+  o.config.schedule.warmup = 0;
+  o.config.run.grad_clip = 0;
+  o.config.run.save_every = 1;
+  o.config.run.keep_last = 100;
+  const std::string err = error_of([&] { Trainer(o).run(); });
+  for (const char* part : {"train: step ", " diverged: ", "Nothing was saved for it", "--lr (now 1e+09)", "--grad-clip 1",
+                           "--skip-nonfinite"})
+    EXPECT_NE(err.find(part), std::string::npos) << part << "\n" << err;
+  const std::vector<std::string> files = checkpoint_files(path("d"));
+  ASSERT_FALSE(files.empty()) << err;
+  for (const std::string& f : files) {
+    EXPECT_EQ(f.find(".tmp"), std::string::npos) << f;
+    EXPECT_TRUE(checkpoint_is_finite(path("d") + "/" + f)) << f;
+  }
+  const int64_t last_step = load_checkpoint(path("d") + "/checkpoint.h5").trainer.step;
+  EXPECT_NE(err.find("train: step " + std::to_string(last_step + 1) + " diverged"), std::string::npos)
+      << "the latest checkpoint is the step before the one that diverged\n" << err;
+}
+
+// --skip-nonfinite skips such steps (no optimizer step) and stops after --max-skipped-steps in a row.
+TEST_F(TrainerTest, SkippingNonFiniteStepsIsBounded) {
+  TrainOptions o = tiny_options("reverse", path("s"), 40);
+  o.config.optimizer.lr = 1e9;
+  o.config.schedule.warmup = 0;
+  o.config.run.grad_clip = 0;
+  o.config.run.save_every = 1;
+  o.config.run.skip_nonfinite = true;
+  o.config.run.max_skipped_steps = 3;
+  const std::string err = error_of([&] { Trainer(o).run(); });
+  EXPECT_NE(err.find("4 such steps in a row, more than --max-skipped-steps 3"), std::string::npos) << err;
+  for (const std::string& f : checkpoint_files(path("s"))) EXPECT_TRUE(checkpoint_is_finite(path("s") + "/" + f)) << f;
+  o.config.run.max_skipped_steps = 0;
+  EXPECT_NE(error_of([&] { Trainer{o}; }).find("--max-skipped-steps must be positive"), std::string::npos);
+}
+
+// Temporary files of writers that no longer run are removed when a run starts in their folder; a live
+// writer's, and files that only look similar, stay.
+TEST_F(TrainerTest, StartRemovesStaleTemporaryFilesOnly) {
+  const std::string dir = path("t");
+  fs::create_directories(dir);
+  auto touch = [&](const std::string& name) { std::ofstream(dir + "/" + name) << "x"; };
+  const std::string dead = "checkpoint-5.h5.tmp.2147483000", dead_csv = "metrics.csv.tmp.2147483001",
+                    live = "checkpoint.h5.tmp." + std::to_string(::getppid()), similar = "notes.tmp", other = "a.tmp.x1";
+  for (const std::string& n : {dead, dead_csv, live, similar, other}) touch(n);
+  TrainOptions o = tiny_options("reverse", dir, 2);
+  Trainer(o).run();
+  EXPECT_FALSE(fs::exists(dir + "/" + dead));
+  EXPECT_FALSE(fs::exists(dir + "/" + dead_csv));
+  for (const std::string& n : {live, similar, other}) EXPECT_TRUE(fs::exists(dir + "/" + n)) << n;
+  EXPECT_TRUE(fs::exists(dir + "/checkpoint.h5"));
+}
+
+// Sizes this machine cannot hold are refused at once, naming the bytes and the option to change.
+TEST_F(TrainerTest, ImpossibleSizesAreRefusedBeforeAllocating) {
+  TrainOptions o = tiny_options("reverse", path("m"), 1);
+  o.config.model.emb_dim = 100000000;
+  o.config.model.n_heads = 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::string err = error_of([&] { Trainer(o).run(); });
+  for (const char* part : {"train: needs about ", " EiB of memory (parameters ", " PiB", "optimizer state", "this machine has available",
+                           "--emb-dim (now 100000000)"})
+    EXPECT_NE(err.find(part), std::string::npos) << part << "\n" << err;
+  o = tiny_options("reverse", path("m"), 1);
+  o.config.run.batch_size = 100000000;
+  err = error_of([&] { Trainer(o).run(); });
+  EXPECT_NE(err.find("--batch-size (100000000)"), std::string::npos) << err;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
+  EXPECT_EQ(train::format_bytes(512), "512 B");
+  EXPECT_EQ(train::format_bytes(1536), "1.5 KiB");
+  EXPECT_EQ(train::format_bytes(3.0 * (1 << 30)), "3.0 GiB");
 }
 
 TEST_F(TrainerTest, TaskFromRunConfig) {

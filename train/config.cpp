@@ -7,7 +7,8 @@
 namespace headlab::train {
 
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(RunSettings, steps, batch_size, grad_clip, seed, device, eval_every,
-                                                eval_batches, save_every, keep_last)
+                                                eval_batches, save_every, keep_last, skip_nonfinite,
+                                                max_skipped_steps)
 
 RunConfig RunConfig::defaults() {
   RunConfig c;
@@ -69,6 +70,7 @@ void RunSettings::validate() const {
   HL_CHECK(batch_size > 0, "train: --batch-size must be positive, got ", batch_size);
   HL_CHECK(eval_every > 0 && save_every > 0 && eval_batches > 0,
            "train: --eval-every, --save-every and --eval-batches must be positive");
+  HL_CHECK(max_skipped_steps > 0, "train: --max-skipped-steps must be positive, got ", max_skipped_steps);
 }
 
 RunConfig resolve(RunConfig c) {

@@ -24,6 +24,11 @@ struct RunSettings {
   uint64_t seed = 1;       // initialisation, dropout and data
   std::string device = "cpu";
   int64_t eval_every = 100, eval_batches = 8, save_every = 200, keep_last = 3;
+  // A step whose loss or gradient norm is not finite stops the run (exit 1; nothing is saved for
+  // it), or with skip_nonfinite is skipped (no optimizer step, as PyTorch's GradScaler does) up to
+  // max_skipped_steps in a row.
+  bool skip_nonfinite = false;
+  int64_t max_skipped_steps = 10;
   void validate() const;  // errors name the command-line option
 };
 

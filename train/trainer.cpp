@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
@@ -17,6 +18,8 @@
 #include <sstream>
 
 #include "backends/backend.h"
+#include "io/temp_files.h"
+#include "train/memory.h"
 
 namespace headlab::train {
 
@@ -55,7 +58,7 @@ std::string fmt_duration(double s) {
 
 // Writes text to path atomically (temp file + rename), so a reader never sees half a file.
 void write_file_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
+  const std::string tmp = io::temp_path_for(path);
   {
     std::ofstream f(tmp, std::ios::trunc);
     HL_CHECK(f.good(), "train: cannot write '", tmp, "'");
@@ -114,6 +117,7 @@ struct Trainer::Session {
   double window_loss = 0, last_norm = 0, rate = 0;
   int64_t window_steps = 0, window_tokens = 0;
   std::chrono::steady_clock::time_point window_start = std::chrono::steady_clock::now();
+  int64_t skipped_in_a_row = 0, skipped_total = 0;
 };
 
 Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)) {
@@ -137,12 +141,23 @@ std::unique_ptr<Trainer::Session> Trainer::start() {
              "': has no optimizer or trainer state, so it cannot be resumed");
     s->config = RunConfig::from_json(resumed.config);
     s->config.run.steps = opts_.config.run.steps;  // --steps is the total; the rest comes from the run
+    s->config.run.skip_nonfinite = opts_.config.run.skip_nonfinite;  // as is what to do on divergence
+    s->config.run.max_skipped_steps = opts_.config.run.max_skipped_steps;
     s->config.schedule.total = s->config.run.steps;
   } else {
     s->config = resolve(opts_.config);
   }
   const Device device = Device::parse(s->config.run.device);
   backend_for(device);  // fails early and clearly when the device is unavailable
+  if (!device.is_cuda()) {
+    const nn::GPTConfig& m = s->config.model;
+    const optim::OptimizerOptions& o = s->config.optimizer;
+    const int slots = o.kind == optim::OptimizerKind::sgd ? (o.momentum != 0 ? 1 : 0) : 2;
+    check_memory_fits(estimate_memory(m, s->config.run.batch_size, true, slots), "train",
+                      "lower --emb-dim (now " + std::to_string(m.emb_dim) + "), --n-layers (" + std::to_string(m.n_layers) +
+                          "), --batch-size (" + std::to_string(s->config.run.batch_size) + ") or the context length (" +
+                          std::to_string(m.context_length) + ")");
+  }
   s->task = s->config.make_task();
   manual_seed(s->config.run.seed);
   s->model = std::make_shared<nn::GPTModel>(s->config.model);
@@ -160,8 +175,29 @@ std::unique_ptr<Trainer::Session> Trainer::start() {
   return s;
 }
 
+// The error that ends a diverged run: what happened at which step, what is kept, what to try.
+void Trainer::diverged(const Session& s, int64_t step, const std::string& what) const {
+  const RunConfig& c = s.config;
+  std::ostringstream os;
+  os << "train: step " << step << " diverged: " << what << ". Nothing was saved for it; ";
+  if (fs::exists(latest_)) os << "'" << latest_ << "' (the last good checkpoint) is untouched";
+  else os << "no checkpoint had been written yet";
+  os << ". Try a lower --lr (now " << c.optimizer.lr << "), ";
+  os << (c.run.grad_clip > 0 ? "a lower --grad-clip (now " + fmt(c.run.grad_clip, 2) + ")" : std::string("--grad-clip 1"));
+  os << ", or --skip-nonfinite to skip such steps";
+  HL_FAIL(os.str());
+}
+
+// A finite loss and gradient can still step a parameter to inf: checked before anything is evaluated
+// or written, so a model with a NaN or inf is never logged as a result or saved.
+void Trainer::check_parameters(const Session& s) const {
+  for (const auto& [name, p] : s.model->named_parameters())
+    if (!p.all_finite()) diverged(s, s.state.step, "parameter '" + name + "' holds NaN or inf after the optimizer step");
+}
+
 // Writes checkpoint-<step>.h5 and checkpoint.h5 and drops numbered ones beyond keep_last.
 std::string Trainer::save(Session& s) const {
+  check_parameters(s);
   io::Checkpoint ck;
   ck.config = s.config.to_json();
   ck.model = io::snapshot_parameters(*s.model);
@@ -204,6 +240,8 @@ TrainResult Trainer::run() {
   fs::create_directories(opts_.out, ec);
   HL_CHECK(!ec && fs::is_directory(opts_.out), "train: cannot create output folder '", opts_.out, "': ",
            ec ? ec.message() : std::string("not a folder"));
+  for (const std::string& f : io::remove_stale_temp_files(opts_.out))
+    log("removed " + f + ", a temporary file left by a writer that no longer runs");
   const std::unique_ptr<Session> session = start();
   Session& s = *session;
   const nn::GPTConfig& mc = s.config.model;
@@ -240,13 +278,28 @@ TrainResult Trainer::run() {
     const Tensor logits = s.model->forward(idx);  // (B, T, V)
     const Tensor loss = cross_entropy(logits.reshape({B * T, V}), tgt.reshape({B * T}), kIgnoreIndex);
     loss.backward();
-    s.last_norm = run.grad_clip > 0 ? optim::clip_grad_norm(s.params, run.grad_clip) : optim::grad_norm(s.params);
-    s.opt->step();
-    s.opt->zero_grad();
+    const double loss_value = loss.item<double>();
+    const double norm = run.grad_clip > 0 ? optim::clip_grad_norm(s.params, run.grad_clip) : optim::grad_norm(s.params);
+    if (!std::isfinite(loss_value) || !std::isfinite(norm)) {
+      const std::string what = "loss " + fmt(loss_value) + ", gradient norm " + fmt(norm, 3);
+      if (!run.skip_nonfinite) diverged(s, s.state.step + 1, what);
+      if (++s.skipped_in_a_row > run.max_skipped_steps)
+        diverged(s, s.state.step + 1, what + " (" + std::to_string(s.skipped_in_a_row) + " such steps in a row, more than --max-skipped-steps " +
+                        std::to_string(run.max_skipped_steps) + ")");
+      ++s.skipped_total;
+      if (tty) std::cout << "\n";
+      log("step " + std::to_string(s.state.step + 1) + ": " + what + ": skipped (" + std::to_string(s.skipped_in_a_row) +
+          " in a row)");
+    } else {
+      s.skipped_in_a_row = 0;
+      s.last_norm = norm;
+      s.opt->step();
+      s.window_loss += loss_value;
+      ++s.window_steps;
+    }
+    s.opt->zero_grad();  // a skipped step's batch is consumed too; its parameters stay as they were
     ++s.state.step;
     ++s.state.data_index;
-    s.window_loss += loss.item<double>();
-    ++s.window_steps;
     s.window_tokens += B * T;
 
     const double window_s = std::chrono::duration<double>(clock::now() - s.window_start).count();
@@ -268,7 +321,9 @@ TrainResult Trainer::run() {
          << fmt_rate(s.rate) << "  ETA " << fmt_duration(eta);
       log(os.str());
     }
-    if (s.state.step % run.eval_every == 0 || s.state.step == steps) evaluate_and_log(s, lr, tty);
+    const bool eval = s.state.step % run.eval_every == 0 || s.state.step == steps;
+    if (eval || s.state.step % run.save_every == 0) check_parameters(s);
+    if (eval) evaluate_and_log(s, lr, tty);
     s.state.elapsed_seconds = elapsed_before + std::chrono::duration<double>(clock::now() - run_start).count();
     if (s.state.step % run.save_every == 0 || s.state.step == steps) save(s);
   }
@@ -291,6 +346,7 @@ TrainResult Trainer::run() {
     result.final_eval.exact_match = result.final_eval.has_exact_match ? m.val_exact_match : result.final_eval.exact_match;
   }
   std::ostringstream os;
+  if (s.skipped_total > 0) os << "skipped " << s.skipped_total << " steps whose loss or gradient norm was not finite\n";
   os << "trained " << trained << " steps in " << fmt(result.seconds, 1) << " s (" << fmt_rate(result.tokens_per_s)
      << ")\nwrote " << latest_ << " (history: checkpoint-<step>.h5, last " << run.keep_last << " kept) and "
      << (fs::path(opts_.out) / "metrics.csv").string();

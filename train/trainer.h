@@ -40,7 +40,9 @@ class Trainer {
  private:
   struct Session;  // the model, optimizer and state of one run
   std::unique_ptr<Session> start();
+  void check_parameters(const Session& s) const;
   std::string save(Session& s) const;
+  [[noreturn]] void diverged(const Session& s, int64_t step, const std::string& what) const;
   void evaluate_and_log(Session& s, double lr, bool tty);
   void log(const std::string& line) const;
   TrainOptions opts_;

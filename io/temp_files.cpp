@@ -1,0 +1,34 @@
+#include "io/temp_files.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <regex>
+
+namespace headlab::io {
+
+namespace fs = std::filesystem;
+
+std::string temp_path_for(const std::string& path) { return path + ".tmp." + std::to_string(::getpid()); }
+
+std::vector<std::string> remove_stale_temp_files(const std::string& dir) {
+  static const std::regex pattern(R"(.+\.tmp\.([0-9]{1,10}))");
+  std::vector<std::string> removed;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::smatch m;
+    const std::string name = it->path().filename().string();
+    if (!std::regex_match(name, m, pattern) || !it->is_regular_file(ec)) continue;
+    const long long pid = std::stoll(m[1].str());
+    // kill(pid, 0) fails with ESRCH only when no such process exists (EPERM: it exists, not ours).
+    const bool gone = pid > 0 && pid != ::getpid() && pid <= 0x7fffffff &&
+                      ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+    std::error_code rm;
+    if (gone && fs::remove(it->path(), rm)) removed.push_back(it->path().string());
+  }
+  return removed;
+}
+
+}  // namespace headlab::io

@@ -1,0 +1,60 @@
+#include "train/memory.h"
+
+#include <cmath>
+#include <fstream>
+#include <iomanip>
+#include <sstream>
+
+#include "autograd/error.h"
+
+namespace headlab::train {
+
+MemoryEstimate estimate_memory(const nn::GPTConfig& m, int64_t batch_size, bool training, int optimizer_slots) {
+  constexpr double kFloat = 4;
+  const double tokens = static_cast<double>(batch_size) * static_cast<double>(m.context_length);
+  const double d = static_cast<double>(m.emb_dim), V = static_cast<double>(m.vocab_size);
+  MemoryEstimate e;
+  e.parameters = m.num_parameters() * kFloat;
+  if (training) {
+    e.gradients = e.parameters;
+    e.optimizer_state = optimizer_slots * e.parameters;
+  }
+  const double per_token = training ? static_cast<double>(m.n_layers) * 24 * d + 4 * V : 12 * d + 2 * V;
+  e.activations = tokens * per_token * kFloat;
+  return e;
+}
+
+double available_memory() {
+  std::ifstream f("/proc/meminfo");
+  std::string key, unit;
+  double kib = 0;
+  while (f >> key >> kib >> unit)
+    if (key == "MemAvailable:") return kib * 1024;
+  return 0;
+}
+
+std::string format_bytes(double b) {
+  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int u = 0;
+  while (std::abs(b) >= 1024 && u < 6) b /= 1024, ++u;
+  std::ostringstream os;
+  if (u == 0) os << static_cast<int64_t>(b) << " B";
+  else if (std::isfinite(b)) os << std::fixed << std::setprecision(1) << b << ' ' << units[u];
+  else os << "more than 1024 EiB";
+  return os.str();
+}
+
+void check_memory_fits(const MemoryEstimate& need, const std::string& who, const std::string& advice) {
+  const double have = available_memory();
+  if (have <= 0 || need.total() <= have) return;
+  std::ostringstream os;
+  os << who << ": needs about " << format_bytes(need.total()) << " of memory (parameters "
+     << format_bytes(need.parameters);
+  if (need.gradients > 0) os << ", gradients " << format_bytes(need.gradients);
+  if (need.optimizer_state > 0) os << ", optimizer state " << format_bytes(need.optimizer_state);
+  os << ", activations " << format_bytes(need.activations) << "), more than the " << format_bytes(have)
+     << " this machine has available; " << advice;
+  HL_FAIL(os.str());
+}
+
+}  // namespace headlab::train

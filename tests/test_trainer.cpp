@@ -407,34 +407,7 @@ TEST_F(TrainerTest, MetricsCsvHasTheColumnsAndOneRowPerEvaluation) {
   }
 }
 
-TEST_F(TrainerTest, RejectsBadOptionsClearly) {
-  auto message = [](const std::function<void()>& f) -> std::string {
-    try {
-      f();
-    } catch (const Error& e) {
-      return e.what();
-    }
-    return "(no error)";
-  };
-  TrainOptions o = tiny_options("reverse", path("x"), 5);
-  o.config.run.steps = 0;
-  EXPECT_NE(message([&] { Trainer{o}; }).find("--steps must be positive"), std::string::npos);
-  o = tiny_options("reverse", path("x"), 5);
-  o.config.task.name = "juggle";
-  EXPECT_NE(message([&] { Trainer(o).run(); }).find("juggle"), std::string::npos);
-  o = tiny_options("reverse", path("x"), 5);
-  o.config.model.context_length = 3;  // too short for a reverse example
-  EXPECT_NE(message([&] { Trainer(o).run(); }).find("task reverse"), std::string::npos);
-  o = tiny_options("reverse", path("x"), 5);
-  o.config.model.n_heads = 5;  // 32 % 5 != 0
-  EXPECT_NE(message([&] { Trainer(o).run(); }).find("emb_dim 32 must be divisible by n_heads 5"), std::string::npos);
-  o = tiny_options("chars", path("x"), 5);
-  o.config.task.options.text_path = path("missing.txt");
-  EXPECT_NE(message([&] { Trainer(o).run(); }).find("missing.txt"), std::string::npos);
-}
-
-// ---- divergence and stale files ----------------------------------------------------------------------
-
+// The message of the headlab::Error f throws ("(no error)" when it throws none).
 std::string error_of(const std::function<void()>& f) {
   try {
     f();
@@ -444,21 +417,47 @@ std::string error_of(const std::function<void()>& f) {
   return "(no error)";
 }
 
+TEST_F(TrainerTest, RejectsBadOptionsClearly) {
+  TrainOptions o = tiny_options("reverse", path("x"), 5);
+  o.config.run.steps = 0;
+  EXPECT_NE(error_of([&] { Trainer{o}; }).find("--steps must be positive"), std::string::npos);
+  o = tiny_options("reverse", path("x"), 5);
+  o.config.task.name = "juggle";
+  EXPECT_NE(error_of([&] { Trainer(o).run(); }).find("juggle"), std::string::npos);
+  o = tiny_options("reverse", path("x"), 5);
+  o.config.model.context_length = 3;  // too short for a reverse example
+  EXPECT_NE(error_of([&] { Trainer(o).run(); }).find("task reverse"), std::string::npos);
+  o = tiny_options("reverse", path("x"), 5);
+  o.config.model.n_heads = 5;  // 32 % 5 != 0
+  EXPECT_NE(error_of([&] { Trainer(o).run(); }).find("emb_dim 32 must be divisible by n_heads 5"), std::string::npos);
+  o = tiny_options("chars", path("x"), 5);
+  o.config.task.options.text_path = path("missing.txt");
+  EXPECT_NE(error_of([&] { Trainer(o).run(); }).find("missing.txt"), std::string::npos);
+}
+
+// ---- divergence and stale files ----------------------------------------------------------------------
+
 bool checkpoint_is_finite(const std::string& file) {
   for (const auto& [name, t] : load_checkpoint(file).model)
     if (!t.all_finite()) return false;
   return true;
 }
 
-// lr 1e9 blows the model up within a few steps: the run stops with a message naming the step and
-// what to try, and every checkpoint on disk (saved each step before that) is finite.
-TEST_F(TrainerTest, DivergenceStopsWithoutWritingANonFiniteCheckpoint) {
-  TrainOptions o = tiny_options("reverse", path("d"), 30);
+// lr 1e9 without clipping blows the model up within a few steps; a checkpoint every step.
+TrainOptions diverging_options(const std::string& out, int64_t steps) {
+  TrainOptions o = tiny_options("reverse", out, steps);
   o.config.optimizer.lr = 1e9;
   o.config.schedule.warmup = 0;
   o.config.run.grad_clip = 0;
   o.config.run.save_every = 1;
   o.config.run.keep_last = 100;
+  return o;
+}
+
+// The run stops with a message naming the step and what to try, and every checkpoint on disk (saved
+// each step before that) is finite.
+TEST_F(TrainerTest, DivergenceStopsWithoutWritingANonFiniteCheckpoint) {
+  const TrainOptions o = diverging_options(path("d"), 30);
   const std::string err = error_of([&] { Trainer(o).run(); });
   for (const char* part : {"train: step ", " diverged: ", "Nothing was saved for it", "--lr (now 1e+09)", "--grad-clip 1",
                            "--skip-nonfinite"})
@@ -476,11 +475,7 @@ TEST_F(TrainerTest, DivergenceStopsWithoutWritingANonFiniteCheckpoint) {
 
 // --skip-nonfinite skips such steps (no optimizer step) and stops after --max-skipped-steps in a row.
 TEST_F(TrainerTest, SkippingNonFiniteStepsIsBounded) {
-  TrainOptions o = tiny_options("reverse", path("s"), 40);
-  o.config.optimizer.lr = 1e9;
-  o.config.schedule.warmup = 0;
-  o.config.run.grad_clip = 0;
-  o.config.run.save_every = 1;
+  TrainOptions o = diverging_options(path("s"), 40);
   o.config.run.skip_nonfinite = true;
   o.config.run.max_skipped_steps = 3;
   const std::string err = error_of([&] { Trainer(o).run(); });

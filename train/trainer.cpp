@@ -42,6 +42,15 @@ std::string fmt(double v, int precision = 4) {
   return os.str();
 }
 
+// A value that may be huge or not finite: "nan", "inf", "1.94457e+15", "2.6972".
+std::string fmt_value(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  std::ostringstream os;
+  os << std::setprecision(6) << v;
+  return os.str();
+}
+
 std::string fmt_rate(double tokens_per_s) {
   std::ostringstream os;
   os << std::fixed << std::setprecision(1) << tokens_per_s / 1000.0 << "k tok/s";
@@ -281,7 +290,7 @@ TrainResult Trainer::run() {
     const double loss_value = loss.item<double>();
     const double norm = run.grad_clip > 0 ? optim::clip_grad_norm(s.params, run.grad_clip) : optim::grad_norm(s.params);
     if (!std::isfinite(loss_value) || !std::isfinite(norm)) {
-      const std::string what = "loss " + fmt(loss_value) + ", gradient norm " + fmt(norm, 3);
+      const std::string what = "loss " + fmt_value(loss_value) + ", gradient norm " + fmt_value(norm);
       if (!run.skip_nonfinite) diverged(s, s.state.step + 1, what);
       if (++s.skipped_in_a_row > run.max_skipped_steps)
         diverged(s, s.state.step + 1, what + " (" + std::to_string(s.skipped_in_a_row) + " such steps in a row, more than --max-skipped-steps " +

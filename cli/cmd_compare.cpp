@@ -53,6 +53,15 @@ void print_compare_header(const analysis::CompareOptions& o) {
 
 std::string ms(double s) { return fmt(s * 1e3, s * 1e3 < 10 ? 3 : 1); }
 
+// The time columns of a row: median, IQR and GFLOP/s, forward then forward+backward.
+std::string time_columns(const analysis::TimeStats& fwd, const analysis::TimeStats& fb, double flops_fwd,
+                         double flops_fb) {
+  std::ostringstream os;
+  os << pad(ms(fwd.median), 10) << pad(ms(fwd.p25) + "-" + ms(fwd.p75), 17) << pad(fmt(flops_fwd / fwd.median / 1e9, 1), 9)
+     << pad(ms(fb.median), 10) << pad(ms(fb.p25) + "-" + ms(fb.p75), 17) << pad(fmt(flops_fb / fb.median / 1e9, 1), 9);
+  return os.str();
+}
+
 void print_compare_row(const analysis::CompareResult& r) {
   const auto& c = r.config;
   auto line = [&](const char* form, const analysis::FormMeasurement& m, bool first) {
@@ -63,29 +72,20 @@ void print_compare_row(const analysis::CompareResult& r) {
     else
       os << std::string(39, ' ');
     os << "  " << pad(form, 8, true) << pad(std::to_string(m.params), 10) << pad(fmt(m.flops_forward / 1e9, 3), 8)
-       << pad(ms(m.forward.median), 10) << pad(ms(m.forward.p25) + "-" + ms(m.forward.p75), 17)
-       << pad(fmt(m.flops_forward / m.forward.median / 1e9, 1), 9) << pad(ms(m.forward_backward.median), 10)
-       << pad(ms(m.forward_backward.p25) + "-" + ms(m.forward_backward.p75), 17)
-       << pad(fmt((m.flops_forward + m.flops_backward) / m.forward_backward.median / 1e9, 1), 9)
+       << time_columns(m.forward, m.forward_backward, m.flops_forward, m.flops_forward + m.flops_backward)
        << pad(fmt_bytes(m.peak_forward), 11) << pad(fmt_bytes(m.peak_forward_backward), 11);
     if (!first) os << pad(fmt_sci(r.max_abs_out), 9) << pad(fmt_sci(r.max_abs_dx), 9);
     std::cout << os.str() << "\n";
   };
   line("wrapper", r.wrapper, true);
   line("fused", r.fused, false);
-  std::cout << std::flush;
-}
-
-void print_torch_rows(const analysis::CompareResult& r) {
-  auto line = [&](const char* form, const analysis::PeerTimes& t, double flops_fwd) {
-    std::cout << std::string(39, ' ') << "  " << pad(form, 8, true) << pad("", 10) << pad("", 8)
-              << pad(ms(t.forward.median), 10) << pad(ms(t.forward.p25) + "-" + ms(t.forward.p75), 17)
-              << pad(fmt(flops_fwd / t.forward.median / 1e9, 1), 9) << pad(ms(t.forward_backward.median), 10)
-              << pad(ms(t.forward_backward.p25) + "-" + ms(t.forward_backward.p75), 17)
-              << pad(fmt(3 * flops_fwd / t.forward_backward.median / 1e9, 1), 9) << "\n";
+  // The PyTorch peer's rows, when it ran: the same FLOPs, its times.
+  auto peer = [&](const char* form, const analysis::PeerTimes& t, const analysis::FormMeasurement& m) {
+    std::cout << std::string(39, ' ') << "  " << pad(form, 8, true) << pad("", 18)
+              << time_columns(t.forward, t.forward_backward, m.flops_forward, m.flops_forward + m.flops_backward) << "\n";
   };
-  if (r.torch_wrapper) line("torch wr", *r.torch_wrapper, r.wrapper.flops_forward);
-  if (r.torch_fused) line("torch fu", *r.torch_fused, r.fused.flops_forward);
+  if (r.torch_wrapper) peer("torch wr", *r.torch_wrapper, r.wrapper);
+  if (r.torch_fused) peer("torch fu", *r.torch_fused, r.fused);
   std::cout << std::flush;
 }
 
@@ -210,7 +210,6 @@ Action add_compare(CLI::App& app) {
         torch.measure(results.back(), o);
         if (list == &sweep) sweep_results.push_back(results.back());
         print_compare_row(results.back());
-        print_torch_rows(results.back());
       }
     std::cout << "\nfused speed-up over wrapper (median time ratio):\n";
     for (const auto& r : results)

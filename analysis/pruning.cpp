@@ -17,12 +17,6 @@
 
 namespace headlab::analysis {
 
-namespace {
-
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
-
-}  // namespace
-
 using namespace detail;
 
 // ---- pruning ----

@@ -19,7 +19,6 @@ namespace headlab::analysis {
 
 namespace {
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // Parameter names of the model a config describes, in registration order.
 std::vector<std::pair<std::string, Shape>> expected_parameters(const nn::GPTConfig& cfg) {

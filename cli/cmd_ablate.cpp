@@ -204,13 +204,13 @@ Action add_ablate(CLI::App& app) {
     const io::Checkpoint ck = io::load_checkpoint(a->path);
     const Device device = Device::parse(a->device);
     std::shared_ptr<nn::GPTModel> model = io::model_from_checkpoint(ck, a->path, device);
-    const std::unique_ptr<tasks::Task> task = train::RunConfig::from_json(ck.config).make_task(a->text);
+    const train::RunConfig run_config = train::RunConfig::from_json(ck.config);
+    const std::unique_ptr<tasks::Task> task = run_config.make_task(a->text);
     HL_CHECK(a->text.empty() || task->name() == "chars", "ablate: --text applies to chars checkpoints; '", a->path,
              "' is a ", task->name(), " checkpoint");
     const nn::GPTConfig& cfg = model->config();
-    const nlohmann::json tr = ck.config.value("training", nlohmann::json::object());
-    const int64_t n = a->batches > 0 ? a->batches : tr.value("eval_batches", int64_t{8});
-    const int64_t B = a->batch_size > 0 ? a->batch_size : tr.value("batch_size", int64_t{64});
+    const int64_t n = a->batches > 0 ? a->batches : run_config.run.eval_batches;
+    const int64_t B = a->batch_size > 0 ? a->batch_size : run_config.run.batch_size;
     if (!device.is_cuda())
       train::check_memory_fits(train::estimate_memory(cfg, B, false, 0), "ablate",
                                "lower --batch-size (now " + std::to_string(B) + ")");

@@ -7,6 +7,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "nn/generate.h"
+#include "train/config.h"
 #include "train/evaluate.h"
 #include "train/memory.h"
 
@@ -27,12 +28,10 @@ Action add_eval(CLI::App& app) {
   return [=] {
     set_threads(*threads);
     Loaded l = load(*path, *device, *text);
-    // Checkpoints made elsewhere (tools/import_torch.py) may have no training section.
-    const nlohmann::json& cfg = l.ckpt.config;
-    const nlohmann::json tr =
-        cfg.contains("training") && cfg["training"].is_object() ? cfg["training"] : nlohmann::json::object();
-    const int64_t n = *batches > 0 ? *batches : tr.value("eval_batches", int64_t{8});
-    const int64_t B = tr.value("batch_size", int64_t{64});
+    // Checkpoints made elsewhere (tools/import_torch.py) may have no training section: defaults.
+    const train::RunSettings run = train::RunConfig::from_json(l.ckpt.config).run;
+    const int64_t n = *batches > 0 ? *batches : run.eval_batches;
+    const int64_t B = run.batch_size;
     if (!l.model->device().is_cuda())
       train::check_memory_fits(train::estimate_memory(l.model->config(), B, false, 0), "eval",
                                "the checkpoint's batch size is " + std::to_string(B));

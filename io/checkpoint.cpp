@@ -105,6 +105,10 @@ Checkpoint load_checkpoint(const std::string& path) {
   } catch (const Error& e) {
     HL_FAIL(ctx, ": ", e.what());
   }
+  // Every parameter is stored as float32, so a config that describes more than the file holds is
+  // damaged: say so before building a model of that size.
+  HL_CHECK(cfg.num_parameters() * 4 <= static_cast<double>(r.file_size()), ctx, ": config describes a model of ",
+           cfg.num_parameters(), " parameters, more than the file's ", r.file_size(), " bytes can hold");
   // The expected parameters are those of the model the config describes.
   // Building it draws initial values from the global generator; reading a file must not move the
   // generator (it decides dropout masks and the next model's init), so its state is put back.
@@ -123,7 +127,7 @@ Checkpoint load_checkpoint(const std::string& path) {
     ck.model.emplace_back(name, read_f32(r, "model/" + name, &shape));
   }
   for (const std::string& name : stored) {
-    const bool known = std::any_of(expected.begin(), expected.end(), [&](const auto& e) { return e.first == name; });
+    const bool known = find_named(expected, name) != expected.end();
     HL_CHECK(known, ctx, ": dataset model/", name, " is not a parameter of the model its config describes");
   }
   if (r.has("optimizer")) {

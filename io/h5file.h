@@ -156,6 +156,7 @@ class Reader {
   double attr_f64(const std::string& object, const std::string& key) const;       // any float or integer type
 
   const std::string& path() const { return path_; }
+  uint64_t file_size() const { return file_size_; }
 
  private:
   std::string ctx() const;

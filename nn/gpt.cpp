@@ -2,6 +2,8 @@
 // x += drop(ff(norm2(x))); logits = out_head(final_norm(x)).
 #include "nn/gpt.h"
 
+#include "nn/json_fields.h"
+
 namespace headlab::nn {
 
 int64_t GPTConfig::heads_in_layer(int64_t layer) const {
@@ -47,11 +49,7 @@ GPTConfig GPTConfig::from_json(const nlohmann::json& j) {
   GPTConfig c;
   auto get = [&](const char* key, auto& out) {
     HL_CHECK(j.contains(key), "GPT config: missing key '", key, "'");
-    try {
-      j.at(key).get_to(out);
-    } catch (const nlohmann::json::exception&) {
-      HL_FAIL("GPT config: key '", key, "' has the wrong type (", j.at(key).type_name(), ")");
-    }
+    read_json_field(j, key, out, "GPT config");
   };
   get("vocab_size", c.vocab_size);
   get("context_length", c.context_length);
@@ -66,7 +64,17 @@ GPTConfig GPTConfig::from_json(const nlohmann::json& j) {
     HL_CHECK(form == "fused" || form == "wrapper", "GPT config: attention must be 'fused' or 'wrapper', got '", form, "'");
     c.attention = parse_attention_form(form);
   }
-  if (j.contains("kept_heads")) get("kept_heads", c.kept_heads);
+  if (j.contains("kept_heads")) {  // [[head, ...] per layer]
+    const nlohmann::json& kept = j.at("kept_heads");
+    HL_CHECK(kept.is_array(), "GPT config: kept_heads must be a list of lists of head indices, got ", json_text(kept));
+    for (const nlohmann::json& layer : kept) {
+      HL_CHECK(layer.is_array(), "GPT config: kept_heads must be a list of lists of head indices, got ", json_text(kept));
+      std::vector<int64_t>& heads = c.kept_heads.emplace_back();
+      for (const nlohmann::json& h : layer)
+        HL_CHECK(json_to_integer(h, heads.emplace_back()), "GPT config: kept_heads holds ", json_text(h),
+                 ", expected head indices");
+    }
+  }
   c.validate();
   return c;
 }

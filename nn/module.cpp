@@ -96,18 +96,18 @@ void Module::load_parameters(const std::vector<std::pair<std::string, Tensor>>& 
   const std::string who = source.empty() ? type_name() : source;
   auto params = named_parameters();
   for (const auto& [name, value] : values) {
-    auto it = std::find_if(params.begin(), params.end(), [&](const auto& p) { return p.first == name; });
+    auto it = find_named(params, name);
     HL_CHECK(it != params.end(), who, ": parameter ", name, " does not exist in the model");
     HL_CHECK(it->second.shape() == value.shape(), who, ": parameter ", name, " has shape ", shape_str(value.shape()),
              ", model expects ", shape_str(it->second.shape()));
   }
   for (const auto& [name, t] : params) {
-    auto it = std::find_if(values.begin(), values.end(), [&](const auto& p) { return p.first == name; });
+    auto it = find_named(values, name);
     HL_CHECK(it != values.end(), who, ": parameter ", name, " is missing");
   }
   NoGradGuard no_grad;
   for (auto& [name, t] : params) {
-    auto it = std::find_if(values.begin(), values.end(), [&](const auto& p) { return p.first == name; });
+    auto it = find_named(values, name);
     Tensor dst = t.detach();
     dst.copy_(it->second.to(t.dtype()));
   }

@@ -1,6 +1,7 @@
 // Module: the PyTorch-style container of parameters, buffers and submodules, with hierarchical
 // state_dict names ("heads.0.W_query.weight"), train/eval mode, device moves and a printed tree.
 #pragma once
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <utility>
@@ -12,6 +13,12 @@ namespace headlab {
 
 // Tensors by state_dict name, in order: parameters, optimizer state, checkpoint contents.
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+// The entry named `name` of a list of (name, value) pairs, or end().
+template <typename List>
+auto find_named(List& list, const std::string& name) {
+  return std::find_if(list.begin(), list.end(), [&](const auto& entry) { return entry.first == name; });
+}
 
 }  // namespace headlab
 

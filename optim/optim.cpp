@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "backends/backend.h"
+#include "nn/json_fields.h"
 
 namespace headlab::optim {
 
@@ -38,15 +39,18 @@ nlohmann::json OptimizerOptions::to_json() const {
 }
 
 OptimizerOptions OptimizerOptions::from_json(const nlohmann::json& j) {
-  OptimizerOptions o = defaults(parse_optimizer_kind(j.value("kind", std::string("adamw"))));
-  o.lr = j.value("lr", o.lr);
-  o.momentum = j.value("momentum", o.momentum);
-  o.dampening = j.value("dampening", o.dampening);
-  o.nesterov = j.value("nesterov", o.nesterov);
-  o.beta1 = j.value("beta1", o.beta1);
-  o.beta2 = j.value("beta2", o.beta2);
-  o.eps = j.value("eps", o.eps);
-  o.weight_decay = j.value("weight_decay", o.weight_decay);
+  HL_CHECK(j.is_object(), "optimizer: expected a JSON object, got ", j.type_name());
+  std::string kind = "adamw";
+  nn::read_json_field(j, "kind", kind, "optimizer");
+  OptimizerOptions o = defaults(parse_optimizer_kind(kind));
+  nn::read_json_field(j, "lr", o.lr, "optimizer");
+  nn::read_json_field(j, "momentum", o.momentum, "optimizer");
+  nn::read_json_field(j, "dampening", o.dampening, "optimizer");
+  nn::read_json_field(j, "nesterov", o.nesterov, "optimizer");
+  nn::read_json_field(j, "beta1", o.beta1, "optimizer");
+  nn::read_json_field(j, "beta2", o.beta2, "optimizer");
+  nn::read_json_field(j, "eps", o.eps, "optimizer");
+  nn::read_json_field(j, "weight_decay", o.weight_decay, "optimizer");
   return o;
 }
 
@@ -118,7 +122,7 @@ void Optimizer::load_state(const NamedTensors& state, const std::vector<std::pai
   HL_CHECK(state.size() == mine.size(), source, ": optimizer state holds ", state.size(), " tensors, expected ",
            mine.size(), " for a ", optimizer_kind_name(opts_.kind), " optimizer over ", slots_.size(), " parameters");
   for (const auto& [name, t] : mine) {
-    auto it = std::find_if(state.begin(), state.end(), [&](const auto& p) { return p.first == name; });
+    auto it = find_named(state, name);
     HL_CHECK(it != state.end(), source, ": optimizer state ", name, " is missing");
     HL_CHECK(it->second.shape() == t.shape(), source, ": optimizer state ", name, " has shape ",
              shape_str(it->second.shape()), ", expected ", shape_str(t.shape()));
@@ -127,7 +131,7 @@ void Optimizer::load_state(const NamedTensors& state, const std::vector<std::pai
     dst.copy_(it->second.to(t.dtype()));
   }
   for (Slot& s : slots_) {
-    auto it = std::find_if(steps.begin(), steps.end(), [&](const auto& p) { return p.first == s.name; });
+    auto it = find_named(steps, s.name);
     HL_CHECK(it != steps.end(), source, ": optimizer step count for ", s.name, " is missing");
     s.step = it->second;
   }
@@ -190,14 +194,17 @@ nlohmann::json LRSchedule::to_json() const {
 }
 
 LRSchedule LRSchedule::from_json(const nlohmann::json& j) {
+  HL_CHECK(j.is_object(), "schedule: expected a JSON object, got ", j.type_name());
   LRSchedule s;
-  s.kind = parse_schedule_kind(j.value("kind", std::string(schedule_kind_name(s.kind))));
-  s.lr = j.value("lr", s.lr);
-  s.min_lr = j.value("min_lr", s.min_lr);
-  s.warmup = j.value("warmup", s.warmup);
-  s.total = j.value("total", s.total);
-  s.step_size = j.value("step_size", s.step_size);
-  s.gamma = j.value("gamma", s.gamma);
+  std::string kind = schedule_kind_name(s.kind);
+  nn::read_json_field(j, "kind", kind, "schedule");
+  s.kind = parse_schedule_kind(kind);
+  nn::read_json_field(j, "lr", s.lr, "schedule");
+  nn::read_json_field(j, "min_lr", s.min_lr, "schedule");
+  nn::read_json_field(j, "warmup", s.warmup, "schedule");
+  nn::read_json_field(j, "total", s.total, "schedule");
+  nn::read_json_field(j, "step_size", s.step_size, "schedule");
+  nn::read_json_field(j, "gamma", s.gamma, "schedule");
   return s;
 }
 

@@ -132,6 +132,10 @@ std::string read_text_file(const std::string& path, std::string& why_not) {
     why_not = "is a directory, not a text file";
     return "";
   }
+  if (!fs::is_regular_file(path, ec)) {  // a device or a pipe could be endless (/dev/zero)
+    why_not = "is not a regular file";
+    return "";
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     why_not = "cannot be opened for reading";

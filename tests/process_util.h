@@ -17,12 +17,12 @@
 
 namespace headlab::testing {
 
-// A unique folder /tmp/<prefix>.XXXXXX, made by the constructor and removed with all its content by the
+// A unique folder <parent>/<prefix>.XXXXXX (parent /tmp by default), made by the constructor and removed with all its content by the
 // destructor. As a fixture member it exists from before SetUp to after TearDown.
 class TempDir {
  public:
-  explicit TempDir(const std::string& prefix = "headlab_test") {
-    std::string tmpl = "/tmp/" + prefix + ".XXXXXX";
+  explicit TempDir(const std::string& prefix = "headlab_test", const std::string& parent = "/tmp") {
+    std::string tmpl = parent + "/" + prefix + ".XXXXXX";
     if (::mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed for " + tmpl);
     dir_ = tmpl;
   }

@@ -104,7 +104,7 @@ bool same_double(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0
 void expect_same_named(const NamedTensors& a, const NamedTensors& b, const std::string& what) {
   ASSERT_EQ(a.size(), b.size()) << what;
   for (const auto& [name, t] : a) {
-    auto it = std::find_if(b.begin(), b.end(), [&](const auto& p) { return p.first == name; });
+    auto it = find_named(b, name);
     ASSERT_NE(it, b.end()) << what << " " << name << " is missing after the round trip";
     EXPECT_TRUE(same_tensor(t, it->second)) << what << " " << name;
   }
@@ -433,7 +433,7 @@ TEST_F(CheckpointTest, FlippedByteInParameterDataFailsItsChecksum) {
   const std::string p = path("c.h5");
   save_checkpoint(p, ck);
   const std::string name = "trf_blocks.1.att.W_query.weight";
-  auto it = std::find_if(ck.model.begin(), ck.model.end(), [&](const auto& e) { return e.first == name; });
+  auto it = find_named(ck.model, name);
   ASSERT_NE(it, ck.model.end());
   const std::vector<float> values = it->second.to_vector<float>();
   std::vector<unsigned char> pattern(16);
@@ -516,6 +516,29 @@ TEST_F(CheckpointTest, BadConfig) {
   cfg["model"]["n_heads"] = 3;
   write_raw(p, 1, cfg.dump());
   expect_load_error(p, {"checkpoint '" + p + "': GPT config: emb_dim 8 must be divisible by n_heads 3"});
+  // Found by fuzz_config: a number too large for int64 became a double, and reading it as an
+  // integer was undefined behaviour; a fraction was truncated.
+  for (const char* value : {"1e93", "3.5", "-1.0"}) {
+    cfg = make_checkpoint().config;
+    cfg["model"]["emb_dim"] = nlohmann::json::parse(value);
+    write_raw(p, 1, cfg.dump());
+    expect_load_error(p, {"checkpoint '" + p + "': GPT config: key 'emb_dim' must be an integer, got"});
+  }
+  cfg = make_checkpoint().config;
+  cfg["model"]["kept_heads"] = nlohmann::json::parse("[[0.5]]");
+  write_raw(p, 1, cfg.dump());
+  expect_load_error(p, {"checkpoint '" + p + "': GPT config: kept_heads holds 0.5, expected head indices"});
+}
+
+// A config that describes a model larger than the file is refused before the model is built
+// (which would allocate what the config says: here 800 GB).
+TEST_F(CheckpointTest, ConfigLargerThanTheFileIsRefusedBeforeBuilding) {
+  const std::string p = path("huge.h5");
+  nlohmann::json cfg = make_checkpoint().config;
+  cfg["model"]["vocab_size"] = 100000000;
+  cfg["model"]["emb_dim"] = 1000;
+  write_raw(p, 1, cfg.dump());
+  expect_load_error(p, {"checkpoint '" + p + "': config describes a model of ", "parameters, more than the file's"});
 }
 
 TEST_F(CheckpointTest, MissingParameter) {
@@ -626,8 +649,7 @@ TEST_F(CheckpointTest, FlippedByteAnywhereIsAnErrorOrHarmless) {
                   back.trainer.rng_seed == ck.trainer.rng_seed && back.trainer.data_index == ck.trainer.data_index;
       for (size_t i = 0; same && i < ck.model.size(); ++i) same = same_tensor(back.model[i].second, ck.model[i].second);
       for (const auto& [name, t] : ck.optimizer_state) {
-        auto it = std::find_if(back.optimizer_state.begin(), back.optimizer_state.end(),
-                               [&](const auto& e) { return e.first == name; });
+        auto it = find_named(back.optimizer_state, name);
         same = same && it != back.optimizer_state.end() && same_tensor(it->second, t);
       }
       for (size_t i = 0; same && i < ck.trainer.metrics.size(); ++i)

@@ -201,7 +201,15 @@ TEST(GptConfig, JsonRoundTripAndClearErrors) {
   EXPECT_NE(error_of([&] { nn::GPTConfig::from_json(j); }).find("GPT config: missing key 'n_heads'"), std::string::npos);
   j = c.to_json();
   j["emb_dim"] = "eight";
-  EXPECT_NE(error_of([&] { nn::GPTConfig::from_json(j); }).find("key 'emb_dim' has the wrong type"), std::string::npos);
+  EXPECT_NE(error_of([&] { nn::GPTConfig::from_json(j); }).find("key 'emb_dim' must be an integer, got \"eight\""),
+            std::string::npos);
+  j["emb_dim"] = 8.5;  // not truncated to 8
+  EXPECT_NE(error_of([&] { nn::GPTConfig::from_json(j); }).find("key 'emb_dim' must be an integer, got 8.5"),
+            std::string::npos);
+  j = c.to_json();
+  j["drop_rate"] = "none";
+  EXPECT_NE(error_of([&] { nn::GPTConfig::from_json(j); }).find("key 'drop_rate' has the wrong type (string)"),
+            std::string::npos);
   j = c.to_json();
   j["n_heads"] = 3;
   EXPECT_NE(error_of([&] { nn::GPTConfig::from_json(j); }).find("emb_dim 8 must be divisible by n_heads 3"),

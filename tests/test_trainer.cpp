@@ -90,9 +90,11 @@ std::map<std::string, io::h5::Array> datasets(const std::string& file) {
 void expect_same_datasets(const std::string& a, const std::string& b, const std::vector<std::string>& prefixes) {
   const auto x = datasets(a), y = datasets(b);
   size_t compared = 0;
+  const auto selected = [&](const std::string& name) {
+    return std::any_of(prefixes.begin(), prefixes.end(), [&](const std::string& p) { return name.rfind(p, 0) == 0; });
+  };
   for (const auto& [name, arr] : x) {
-    if (std::none_of(prefixes.begin(), prefixes.end(), [&](const std::string& p) { return name.rfind(p, 0) == 0; }))
-      continue;
+    if (!selected(name)) continue;
     auto it = y.find(name);
     ASSERT_NE(it, y.end()) << name << " is only in " << a;
     EXPECT_EQ(arr.dtype, it->second.dtype) << name;
@@ -102,8 +104,7 @@ void expect_same_datasets(const std::string& a, const std::string& b, const std:
   }
   size_t in_b = 0;
   for (const auto& [name, arr] : y)
-    if (std::any_of(prefixes.begin(), prefixes.end(), [&](const std::string& p) { return name.rfind(p, 0) == 0; }))
-      ++in_b;
+    if (selected(name)) ++in_b;
   EXPECT_EQ(compared, in_b) << "the same datasets on both sides";
   EXPECT_GT(compared, 10u);
 }

@@ -4,11 +4,50 @@
 #include <filesystem>
 #include <map>
 
+#include "nn/json_fields.h"
+
 namespace headlab::train {
 
-NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(RunSettings, steps, batch_size, grad_clip, seed, device, eval_every,
-                                                eval_batches, save_every, keep_last, skip_nonfinite,
-                                                max_skipped_steps)
+namespace {
+
+nlohmann::json run_settings_to_json(const RunSettings& r) {
+  return {{"steps", r.steps},
+          {"batch_size", r.batch_size},
+          {"grad_clip", r.grad_clip},
+          {"seed", r.seed},
+          {"device", r.device},
+          {"eval_every", r.eval_every},
+          {"eval_batches", r.eval_batches},
+          {"save_every", r.save_every},
+          {"keep_last", r.keep_last},
+          {"skip_nonfinite", r.skip_nonfinite},
+          {"max_skipped_steps", r.max_skipped_steps}};
+}
+
+// Absent keys keep their defaults (checkpoints older than a setting).
+RunSettings run_settings_from_json(const nlohmann::json& j) {
+  RunSettings r;
+  const char* who = "config: training";
+  nn::read_json_field(j, "steps", r.steps, who);
+  nn::read_json_field(j, "batch_size", r.batch_size, who);
+  nn::read_json_field(j, "grad_clip", r.grad_clip, who);
+  nn::read_json_field(j, "seed", r.seed, who);
+  nn::read_json_field(j, "device", r.device, who);
+  nn::read_json_field(j, "eval_every", r.eval_every, who);
+  nn::read_json_field(j, "eval_batches", r.eval_batches, who);
+  nn::read_json_field(j, "save_every", r.save_every, who);
+  nn::read_json_field(j, "keep_last", r.keep_last, who);
+  nn::read_json_field(j, "skip_nonfinite", r.skip_nonfinite, who);
+  nn::read_json_field(j, "max_skipped_steps", r.max_skipped_steps, who);
+  try {
+    r.validate();
+  } catch (const Error& e) {
+    HL_FAIL(who, ": ", e.what());
+  }
+  return r;
+}
+
+}  // namespace
 
 RunConfig RunConfig::defaults() {
   RunConfig c;
@@ -24,7 +63,7 @@ RunConfig RunConfig::defaults() {
 }
 
 nlohmann::json RunConfig::to_json() const {
-  nlohmann::json training = run;
+  nlohmann::json training = run_settings_to_json(run);
   training["optimizer"] = optimizer.to_json();
   training["schedule"] = schedule.to_json();
   return {{"model", model.to_json()},
@@ -49,7 +88,7 @@ RunConfig RunConfig::from_json(const nlohmann::json& j) {
       c.task.options.vocabulary = j["tokenizer"]["vocab"].get<std::vector<std::string>>();
     if (j.contains("training") && j["training"].is_object()) {
       const nlohmann::json& tr = j["training"];
-      c.run = tr.get<RunSettings>();
+      c.run = run_settings_from_json(tr);
       if (tr.contains("optimizer")) c.optimizer = optim::OptimizerOptions::from_json(tr["optimizer"]);
       if (tr.contains("schedule")) c.schedule = optim::LRSchedule::from_json(tr["schedule"]);
     }
@@ -71,6 +110,8 @@ void RunSettings::validate() const {
   HL_CHECK(eval_every > 0 && save_every > 0 && eval_batches > 0,
            "train: --eval-every, --save-every and --eval-batches must be positive");
   HL_CHECK(max_skipped_steps > 0, "train: --max-skipped-steps must be positive, got ", max_skipped_steps);
+  HL_CHECK(grad_clip >= 0, "train: --grad-clip must be >= 0, got ", grad_clip);
+  HL_CHECK(keep_last >= 0, "train: --keep-last must be >= 0, got ", keep_last);
 }
 
 RunConfig resolve(RunConfig c) {

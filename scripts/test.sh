@@ -23,7 +23,7 @@ if [[ "${HEADLAB_SKIP_SANITIZE:-0}" != 1 ]]; then
   cmake --build build-asan -j"$jobs"
   # Every suite but the CUDA ones (label cuda; this build has no CUDA): unit, e2e (training runs,
   # the CLI, analysis, interop) and fuzz (each target replays its seeds and saved crashes, then
-  # tries HEADLAB_FUZZ_RUNS new inputs). OpenMP's runtime keeps thread pools alive at exit: not a
+  # fuzzes for HEADLAB_FUZZ_SECONDS). OpenMP's runtime keeps thread pools alive at exit: not a
   # leak of ours.
   (cd build-asan && ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
      ctest --output-on-failure -j"$jobs" -LE cuda)

@@ -242,6 +242,7 @@ struct BackwardPass {
       if (g_anomaly && !dout.all_finite())
         HL_FAIL("anomaly: the gradient flowing into ", n->name, " holds NaN or Inf");
       grads.running_ = n;
+      const OpScope scope(n->name.c_str());
       n->fn(dout, Saved(*n), grads);
       grads.running_ = nullptr;
       if (!retain_graph) {

@@ -14,6 +14,22 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& msg) : std::runtime_error(msg) {}
 };
 
+// The op at work on this thread, for errors raised far below it: an allocation that fails names
+// the op that asked ("matmul: out of memory allocating ..."). The innermost scope wins; op must
+// outlive the scope (a string literal, or a node's name during its backward).
+class OpScope {
+ public:
+  explicit OpScope(const char* op) noexcept : prev_(current_) { current_ = op; }
+  ~OpScope() { current_ = prev_; }
+  OpScope(const OpScope&) = delete;
+  OpScope& operator=(const OpScope&) = delete;
+  static const char* current() noexcept { return current_; }  // nullptr outside every op
+
+ private:
+  const char* prev_;
+  inline static thread_local const char* current_ = nullptr;
+};
+
 namespace detail {
 template <typename... Args>
 std::string str_cat(Args&&... args) {

@@ -178,6 +178,12 @@ struct Backend {
 
 // The backend that owns memory on `device`. CUDA without a build or without a GPU throws a clear error.
 Backend& backend_for(Device device);
+
+// "512 B", "1.5 KiB", "3.0 GiB": sizes in allocation errors and memory estimates.
+std::string format_bytes(double bytes);
+// "<op>: out of memory allocating 3.0 GiB (3221225472 bytes) on <device>", where op is the
+// innermost OpScope (autograd/error.h), or "<device> alloc" outside every op.
+std::string out_of_memory_message(size_t nbytes, const std::string& device);
 Backend& cpu_backend();
 bool cuda_available();        // built with CUDA and a GPU is visible
 bool cuda_built();

@@ -9,6 +9,7 @@
 #include <iomanip>
 #include <sstream>
 
+#include "backends/backend.h"
 #include "train/config.h"
 #include "train/memory.h"
 
@@ -64,7 +65,7 @@ std::string fmt_sci(double v, int precision) {
   return os.str();
 }
 
-std::string fmt_bytes(int64_t b) { return train::format_bytes(static_cast<double>(b)); }
+std::string fmt_bytes(int64_t b) { return format_bytes(static_cast<double>(b)); }
 
 std::string pad(const std::string& s, size_t w, bool left) {
   if (s.size() >= w) return s;

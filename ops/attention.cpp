@@ -84,6 +84,7 @@ AttentionMask AttentionMask::lengths(const Tensor& valid_lens) {
 Tensor scaled_dot_product_attention_composite(const Tensor& q, const Tensor& k, const Tensor& v,
                                               const AttentionMask& mask, double dropout_p, bool training,
                                               Generator& gen, std::optional<double> scale) {
+  const OpScope scope("scaled_dot_product_attention");
   const AttnShape s = check_attention(q, k, v, mask, dropout_p);
   const double sc = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(s.D));
   const Tensor scores = matmul(q, k.mT());  // (B, H, Tq, Tk)
@@ -104,6 +105,7 @@ Tensor scaled_dot_product_attention_composite(const Tensor& q, const Tensor& k, 
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask,
                                     double dropout_p, bool training, Generator& gen, std::optional<double> scale) {
+  const OpScope scope("scaled_dot_product_attention");
   Backend& be = backend_of(q);
   if (!be.has_fused_attention())  // e.g. CUDA today: the composite path, same maths
     return scaled_dot_product_attention_composite(q, k, v, mask, dropout_p, training, gen, scale);

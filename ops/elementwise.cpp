@@ -10,6 +10,7 @@ using detail::make_loop;
 namespace {
 
 Tensor binary_raw(const char* op, BinaryOp bop, const Tensor& a, const Tensor& b) {
+  const OpScope scope(op);
   detail::check_defined(op, a, "first operand");
   detail::check_defined(op, b, "second operand");
   check_same_device(op, a, b);
@@ -27,6 +28,7 @@ bool derivative_needs_x(UnaryOp op) {
 }
 
 Tensor unary(const char* op, UnaryOp uop, const Tensor& x, double alpha = 0, double beta = 0) {
+  const OpScope scope(op);
   detail::check_floating(op, x);
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
   if (out.numel()) backend_of(x).unary(uop, x.dtype(), make_loop(x.shape(), {&out, &x}), alpha, beta);
@@ -133,6 +135,7 @@ Tensor logical_and(const Tensor& a, const Tensor& b) {
 }
 
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
+  const OpScope scope("where");
   detail::check_defined("where", cond, "condition");
   HL_CHECK(cond.dtype() == DType::b8, "where: condition must be bool, got ", dtype_name(cond.dtype()));
   check_same_device("where", cond, a);
@@ -151,6 +154,7 @@ Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b) {
 }
 
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
+  const OpScope scope("masked_fill");
   detail::check_defined("masked_fill", x);
   detail::check_defined("masked_fill", mask, "mask");
   HL_CHECK(mask.dtype() == DType::b8, "masked_fill: mask must be bool, got ", dtype_name(mask.dtype()));

@@ -14,6 +14,7 @@ Generator& default_generator() {
 }
 
 Tensor full(const Shape& shape, double value, DType dtype, Device device) {
+  const OpScope scope("full");
   Tensor t = Tensor::empty(shape, dtype, device);
   if (t.numel() > 0) backend_of(t).fill(dtype, make_loop(shape, {&t}), value);
   return t;
@@ -72,6 +73,7 @@ Tensor tensor_bool(const std::vector<bool>& v, const Shape& shape, Device device
 }
 
 Tensor uniform(const Shape& shape, double lo, double hi, Generator& gen, DType dtype, Device device) {
+  const OpScope scope("uniform");
   HL_CHECK(is_floating(dtype), "uniform: dtype must be floating, got ", dtype_name(dtype));
   Tensor t = Tensor::empty(shape, dtype, device);
   const uint64_t offset = gen.reserve(t.numel());
@@ -82,6 +84,7 @@ Tensor rand(const Shape& shape, Generator& gen, DType dtype, Device device) {
   return uniform(shape, 0.0, 1.0, gen, dtype, device);
 }
 Tensor randn(const Shape& shape, Generator& gen, DType dtype, Device device) {
+  const OpScope scope("randn");
   HL_CHECK(is_floating(dtype), "randn: dtype must be floating, got ", dtype_name(dtype));
   Tensor t = Tensor::empty(shape, dtype, device);
   const uint64_t offset = gen.reserve(t.numel());
@@ -89,6 +92,7 @@ Tensor randn(const Shape& shape, Generator& gen, DType dtype, Device device) {
   return t;
 }
 Tensor randint(int64_t low, int64_t high, const Shape& shape, Generator& gen, Device device) {
+  const OpScope scope("randint");
   HL_CHECK(high > low, "randint: expected low < high, got [", low, ", ", high, ")");
   HL_CHECK(high - low <= (int64_t{1} << 32), "randint: range [", low, ", ", high, ") is wider than 2^32");
   Tensor t = Tensor::empty(shape, DType::i64, device);

@@ -20,6 +20,7 @@ void check_indices(const char* op, const Tensor& idx, int64_t size, const char* 
 
 // x: (..., n, ...) along dim d; index: (k,) int64 -> (..., k, ...)
 Tensor index_select(const Tensor& x, int64_t d, const Tensor& index) {
+  const OpScope scope("index_select");
   detail::check_defined("index_select", x);
   detail::check_index_tensor("index_select", index);
   check_same_device("index_select", x, index);
@@ -53,6 +54,7 @@ Tensor index_select(const Tensor& x, int64_t d, const Tensor& index) {
 
 // weight: (V, C), indices: any shape of int64 -> indices.shape + (C)
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  const OpScope scope("embedding");
   detail::check_floating("embedding", weight);
   detail::check_index_tensor("embedding", indices, "indices");
   HL_CHECK(weight.dim() == 2, "embedding: weight must be 2-D (num_embeddings, embedding_dim), got shape ",

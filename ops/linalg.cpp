@@ -86,6 +86,7 @@ GemmOperand gemm_operand(const Tensor& t) {
 }  // namespace
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  const OpScope scope("matmul");
   detail::check_floating("matmul", a);
   detail::check_floating("matmul", b);
   check_same_device("matmul", a, b);
@@ -133,6 +134,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 
 // x: (..., in), weight: (out, in), bias: (out) -> (..., out)
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  const OpScope scope("linear");
   detail::check_floating("linear", x);
   detail::check_floating("linear", weight);
   check_same_device("linear", x, weight);

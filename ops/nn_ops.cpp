@@ -11,6 +11,7 @@ namespace {
 // y = softmax(scale * x) over the last dim of x, rows masked as `mask` says. lengths: per row.
 Tensor softmax_last(const char* op, const Tensor& x, double scale, SoftmaxMask mask, const Tensor& lengths,
                     int64_t q_len) {
+  const OpScope scope(op);
   detail::check_floating(op, x);
   HL_CHECK(x.dim() >= 1, op, ": expected at least 1 dimension");
   const Tensor xc = contiguous(x.detach());
@@ -31,6 +32,7 @@ Tensor softmax_last(const char* op, const Tensor& x, double scale, SoftmaxMask m
 }
 
 Tensor log_softmax_last(const Tensor& x) {
+  const OpScope scope("log_softmax");
   const Tensor xc = contiguous(x.detach());
   const int64_t cols = x.size(-1), rows = cols ? x.numel() / cols : 0;
   Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
@@ -97,6 +99,7 @@ Tensor causal_softmax(const Tensor& scores, double scale) {
 }
 
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
+  const OpScope scope("dropout");
   detail::check_floating("dropout", x);
   HL_CHECK(p >= 0 && p <= 1, "dropout: probability must be in [0, 1], got ", p);
   if (!training || p == 0) return x;
@@ -117,6 +120,7 @@ Tensor dropout(const Tensor& x, double p, bool training, Generator& gen) {
 
 // x: (..., C), weight/bias: (C) or undefined
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  const OpScope scope("layer_norm");
   detail::check_floating("layer_norm", x);
   HL_CHECK(x.dim() >= 1, "layer_norm: expected at least 1 dimension");
   const int64_t C = x.size(-1), rows = C ? x.numel() / C : 0;
@@ -163,6 +167,7 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index, Reduction reduction) {
+  const OpScope scope("cross_entropy");
   detail::check_floating("cross_entropy", logits);
   detail::check_index_tensor("cross_entropy", targets, "targets");
   check_same_device("cross_entropy", logits, targets);
@@ -212,6 +217,7 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction) {
+  const OpScope scope("mse_loss");
   detail::check_floating("mse_loss", input);
   detail::check_floating("mse_loss", target);
   HL_CHECK(input.shape() == target.shape(), "mse_loss: input of shape ", shape_str(input.shape()),

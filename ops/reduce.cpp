@@ -53,8 +53,19 @@ void collapse(std::vector<int64_t>& sizes, std::vector<int64_t>& strides) {
   strides = std::move(st2);
 }
 
+const char* reduction_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return "sum";
+    case ReduceOp::max: return "amax";
+    case ReduceOp::min: return "amin";
+    case ReduceOp::argmax: return "argmax";
+  }
+  return "reduction";
+}
+
 // Runs the backend reduction of x over the planned dims into a new contiguous tensor.
 Tensor reduce_raw(ReduceOp op, const Tensor& x, const ReducePlan& p, DType out_dtype) {
+  const OpScope scope(reduction_name(op));
   Tensor out = Tensor::empty(p.out_shape, out_dtype, x.device());
   if (out.numel() == 0) return out;
   std::vector<int64_t> osz, ost, isz, ist;

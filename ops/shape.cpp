@@ -221,12 +221,14 @@ Tensor select(const Tensor& x, int64_t d, int64_t index) {
 }
 
 Tensor contiguous(const Tensor& x) {
+  const OpScope scope("contiguous");
   detail::check_defined("contiguous", x);
   if (x.is_contiguous()) return x;
   return clone(x);
 }
 
 Tensor clone(const Tensor& x) {
+  const OpScope scope("clone");
   detail::check_defined("clone", x);
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
   detail::copy_into(out, x.detach());
@@ -235,6 +237,7 @@ Tensor clone(const Tensor& x) {
 }
 
 Tensor to_dtype(const Tensor& x, DType dtype) {
+  const OpScope scope("to_dtype");
   detail::check_defined("to", x);
   if (x.dtype() == dtype) return x;
   Tensor out = Tensor::empty(x.shape(), dtype, x.device());
@@ -247,6 +250,7 @@ Tensor to_dtype(const Tensor& x, DType dtype) {
 }
 
 Tensor to_device(const Tensor& x, Device device) {
+  const OpScope scope("to_device");
   detail::check_defined("to", x);
   if (x.device() == device) return x;
   Backend& dst_be = backend_for(device);  // throws a clear error when the device is unavailable
@@ -270,6 +274,7 @@ Tensor to_device(const Tensor& x, Device device) {
 }
 
 Tensor cat(const std::vector<Tensor>& xs, int64_t d) {
+  const OpScope scope("cat");
   HL_CHECK(!xs.empty(), "cat: expected a non-empty list of tensors");
   const Tensor& first = xs[0];
   detail::check_defined("cat", first);
@@ -306,6 +311,7 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t d) {
 }
 
 Tensor stack(const std::vector<Tensor>& xs, int64_t d) {
+  const OpScope scope("stack");
   HL_CHECK(!xs.empty(), "stack: expected a non-empty list of tensors");
   for (size_t i = 1; i < xs.size(); ++i)
     HL_CHECK(xs[i].shape() == xs[0].shape(), "stack: tensor ", i, " has shape ", shape_str(xs[i].shape()),

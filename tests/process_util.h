@@ -1,9 +1,14 @@
 // Files and programs for the suites that use them: TempDir, a fresh folder under /tmp for one test;
 // run_process, which runs a program as a user would (through /bin/sh, stdin from /dev/null, both
-// output streams captured in files) and gives back its exit code and the text of stdout and stderr.
+// output streams captured in files) and gives back its exit code and the text of stdout and stderr;
+// run_in_child, which runs a function in a forked child and reports its Error, crash or hang.
 #pragma once
+#include <omp.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <csignal>
+#include <functional>
 
 #include <algorithm>
 #include <cstdlib>
@@ -14,6 +19,8 @@
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "autograd/error.h"
 
 namespace headlab::testing {
 
@@ -83,6 +90,65 @@ inline ProcessResult run_process(const std::vector<std::string>& argv, const std
   std::filesystem::remove(base + ".out");
   std::filesystem::remove(base + ".err");
   return r;
+}
+
+// Runs f in a child process (a crash or a hang fails the test instead of ending it). Returns the
+// message of the headlab::Error it threw, or "" when it succeeded.
+struct ChildOutcome {
+  bool ok = false;        // f returned normally
+  bool error = false;     // f threw headlab::Error
+  std::string message;    // its message
+  std::string abnormal;   // crash, hang or another exception
+};
+
+inline ChildOutcome run_in_child(const std::function<void()>& f) {
+  int fds[2];
+  if (::pipe(fds) != 0) return {false, false, "", "pipe failed"};
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::close(fds[0]);
+    ::alarm(30);  // a hang ends as SIGALRM
+    omp_set_num_threads(1);
+    int code = 3;
+    std::string msg;
+    try {
+      f();
+      code = 0;
+    } catch (const Error& e) {
+      msg = e.what();
+      code = 1;
+    } catch (const std::exception& e) {
+      msg = e.what();
+      code = 2;
+    } catch (...) {
+    }
+    size_t done = 0;
+    while (done < msg.size()) {
+      const ssize_t n = ::write(fds[1], msg.data() + done, msg.size() - done);
+      if (n <= 0) break;
+      done += size_t(n);
+    }
+    ::_exit(code);  // no atexit handlers: gtest and the leak checker belong to the parent
+  }
+  ::close(fds[1]);
+  ChildOutcome out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = ::read(fds[0], buf, sizeof buf)) > 0) out.message.append(buf, size_t(n));
+  ::close(fds[0]);
+  int status = 0;
+  if (pid < 0 || ::waitpid(pid, &status, 0) != pid) return {false, false, "", "fork/waitpid failed"};
+  if (WIFSIGNALED(status)) {
+    out.abnormal = "killed by signal " + std::to_string(WTERMSIG(status)) +
+                   (WTERMSIG(status) == SIGALRM ? " (hang)" : " (crash)");
+  } else if (WEXITSTATUS(status) == 0) {
+    out.ok = true;
+  } else if (WEXITSTATUS(status) == 1) {
+    out.error = true;
+  } else {
+    out.abnormal = "exit code " + std::to_string(WEXITSTATUS(status)) + ": " + out.message;
+  }
+  return out;
 }
 
 }  // namespace headlab::testing

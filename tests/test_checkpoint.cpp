@@ -26,6 +26,8 @@ namespace fs = std::filesystem;
 using namespace headlab;
 using namespace headlab::io;
 using namespace headlab::optim;
+using headlab::testing::ChildOutcome;
+using headlab::testing::run_in_child;
 using headlab::testing::TempDir;
 
 namespace {
@@ -145,64 +147,6 @@ void expect_same_checkpoint(const Checkpoint& a, const Checkpoint& b) {
   }
 }
 
-// Runs f in a child process (a crash or a hang fails the test instead of ending it). Returns the
-// message of the headlab::Error it threw, or "" when it succeeded.
-struct ChildOutcome {
-  bool ok = false;        // f returned normally
-  bool error = false;     // f threw headlab::Error
-  std::string message;    // its message
-  std::string abnormal;   // crash, hang or another exception
-};
-
-ChildOutcome run_in_child(const std::function<void()>& f) {
-  int fds[2];
-  if (::pipe(fds) != 0) return {false, false, "", "pipe failed"};
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::close(fds[0]);
-    ::alarm(30);  // a hang ends as SIGALRM
-    omp_set_num_threads(1);
-    int code = 3;
-    std::string msg;
-    try {
-      f();
-      code = 0;
-    } catch (const Error& e) {
-      msg = e.what();
-      code = 1;
-    } catch (const std::exception& e) {
-      msg = e.what();
-      code = 2;
-    } catch (...) {
-    }
-    size_t done = 0;
-    while (done < msg.size()) {
-      const ssize_t n = ::write(fds[1], msg.data() + done, msg.size() - done);
-      if (n <= 0) break;
-      done += size_t(n);
-    }
-    ::_exit(code);  // no atexit handlers: gtest and the leak checker belong to the parent
-  }
-  ::close(fds[1]);
-  ChildOutcome out;
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::read(fds[0], buf, sizeof buf)) > 0) out.message.append(buf, size_t(n));
-  ::close(fds[0]);
-  int status = 0;
-  if (pid < 0 || ::waitpid(pid, &status, 0) != pid) return {false, false, "", "fork/waitpid failed"};
-  if (WIFSIGNALED(status)) {
-    out.abnormal = "killed by signal " + std::to_string(WTERMSIG(status)) +
-                   (WTERMSIG(status) == SIGALRM ? " (hang)" : " (crash)");
-  } else if (WEXITSTATUS(status) == 0) {
-    out.ok = true;
-  } else if (WEXITSTATUS(status) == 1) {
-    out.error = true;
-  } else {
-    out.abnormal = "exit code " + std::to_string(WEXITSTATUS(status)) + ": " + out.message;
-  }
-  return out;
-}
 
 // load_checkpoint(path) must fail with one headlab::Error that contains every part.
 void expect_load_error(const std::string& path, const std::vector<std::string>& parts) {

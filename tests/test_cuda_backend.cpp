@@ -298,7 +298,7 @@ TEST(CudaBackend, AllocatorOutOfMemoryIsAClearError) {
   Backend& be = gpu();
   const size_t base = be.bytes_in_use();
   const std::string msg = error_of([&] { be.alloc(size_t{1} << 52); });  // 4 PiB
-  EXPECT_NE(msg.find("cuda alloc: out of memory allocating"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("cuda:0 alloc: out of memory allocating"), std::string::npos) << msg;
   EXPECT_NE(msg.find(std::to_string(size_t{1} << 52)), std::string::npos) << msg;
   EXPECT_EQ(be.bytes_in_use(), base);
   // The backend still works afterwards.

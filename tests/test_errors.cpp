@@ -1,9 +1,13 @@
 // Every user-facing error path of the core throws headlab::Error (never aborts or prints) with a
 // message that starts with the op's name and states what was expected and what came, with full shapes.
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+
+#include <fstream>
 
 #include "backends/backend.h"
 #include "tests/core_test_util.h"
+#include "tests/process_util.h"
 
 using namespace headlab;
 using namespace headlab::testing;
@@ -210,4 +214,38 @@ TEST(Errors, AutogradMisuse) {
   EXPECT_ERROR(mul(x, 2.0).requires_grad_(false), "requires_grad_: can only change requires_grad of leaf tensors");
   EXPECT_ERROR(x.fill_(1), "fill_: a leaf tensor that requires grad cannot be modified in place");
   EXPECT_ERROR(grad({sum(x)}, {zeros({1})}), "grad: input 0 does not require grad");
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+#define HEADLAB_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define HEADLAB_ASAN 1
+#endif
+#endif
+
+// An allocation the machine refuses is an Error that names the op that asked and the bytes, never
+// an abort. Run in a child under an address-space limit 1 GiB above what it uses (not under ASan,
+// whose shadow memory needs the address space).
+TEST(Errors, AllocationFailureNamesTheOpAndTheBytes) {
+#ifdef HEADLAB_ASAN
+  GTEST_SKIP() << "an address-space limit and AddressSanitizer do not mix";
+#endif
+  const auto under_limit = [](const std::function<void()>& f) {
+    return run_in_child([&] {
+      size_t pages = 0;
+      std::ifstream("/proc/self/statm") >> pages;
+      const rlim_t limit = pages * static_cast<size_t>(::sysconf(_SC_PAGESIZE)) + (rlim_t{1} << 30);
+      const rlimit r{limit, limit};
+      if (::setrlimit(RLIMIT_AS, &r) != 0) throw std::runtime_error("setrlimit failed");
+      f();
+    });
+  };
+  ChildOutcome o = under_limit([] { matmul(zeros({1 << 16, 1}), zeros({1, 1 << 16})); });  // (65536, 65536) f32
+  EXPECT_TRUE(o.error) << o.abnormal;
+  EXPECT_EQ(o.message, "matmul: out of memory allocating 16.0 GiB (17179869184 bytes) on cpu");
+  o = under_limit([] { sum(zeros({1 << 17, 1 << 15})); });  // zeros is full(): 16 GiB again
+  EXPECT_EQ(o.message, "full: out of memory allocating 16.0 GiB (17179869184 bytes) on cpu");
+  o = under_limit([] { cpu_backend().alloc(size_t{1} << 34); });  // outside every op
+  EXPECT_EQ(o.message, "cpu alloc: out of memory allocating 16.0 GiB (17179869184 bytes) on cpu");
 }

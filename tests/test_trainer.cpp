@@ -19,6 +19,7 @@
 #include <sstream>
 #include <streambuf>
 
+#include "backends/backend.h"
 #include "io/h5file.h"
 #include "tests/process_util.h"
 
@@ -518,9 +519,9 @@ TEST_F(TrainerTest, ImpossibleSizesAreRefusedBeforeAllocating) {
   err = error_of([&] { Trainer(o).run(); });
   EXPECT_NE(err.find("--batch-size (100000000)"), std::string::npos) << err;
   EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 10.0);
-  EXPECT_EQ(train::format_bytes(512), "512 B");
-  EXPECT_EQ(train::format_bytes(1536), "1.5 KiB");
-  EXPECT_EQ(train::format_bytes(3.0 * (1 << 30)), "3.0 GiB");
+  EXPECT_EQ(headlab::format_bytes(512), "512 B");
+  EXPECT_EQ(headlab::format_bytes(1536), "1.5 KiB");
+  EXPECT_EQ(headlab::format_bytes(3.0 * (1 << 30)), "3.0 GiB");
 }
 
 TEST_F(TrainerTest, TaskFromRunConfig) {

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "autograd/error.h"
+#include "backends/backend.h"
 
 namespace headlab::train {
 
@@ -31,17 +32,6 @@ double available_memory() {
   while (f >> key >> kib >> unit)
     if (key == "MemAvailable:") return kib * 1024;
   return 0;
-}
-
-std::string format_bytes(double b) {
-  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  int u = 0;
-  while (std::abs(b) >= 1024 && u < 6) b /= 1024, ++u;
-  std::ostringstream os;
-  if (u == 0) os << static_cast<int64_t>(b) << " B";
-  else if (std::isfinite(b)) os << std::fixed << std::setprecision(1) << b << ' ' << units[u];
-  else os << "more than 1024 EiB";
-  return os.str();
 }
 
 void check_memory_fits(const MemoryEstimate& need, const std::string& who, const std::string& advice) {

@@ -27,7 +27,4 @@ double available_memory();
 // change), when the estimate exceeds the available memory.
 void check_memory_fits(const MemoryEstimate& need, const std::string& who, const std::string& advice);
 
-// "1.5 GiB": bytes in binary units.
-std::string format_bytes(double bytes);
-
 }  // namespace headlab::train

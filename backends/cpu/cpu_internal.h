@@ -62,7 +62,7 @@ struct CpuBackend final : Backend {
       cache.clear([](void* b) { std::free(b); });
       p = std::aligned_alloc(64, rounded + 64);
     }
-    HL_CHECK(p != nullptr, "cpu: out of memory allocating ", nbytes, " bytes");
+    HL_CHECK(p != nullptr, out_of_memory_message(nbytes, "cpu"));
     *static_cast<size_t*>(p) = rounded;
     const size_t now = in_use += rounded;
     size_t prev = peak.load();

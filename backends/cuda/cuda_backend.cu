@@ -23,16 +23,6 @@ std::atomic<CudaBackend*> g_instances[kMaxDevices];
 std::mutex g_instances_mu;
 std::atomic<bool> g_allow_tf32{false};
 
-std::string bytes_str(size_t n) {
-  char buf[64];
-  const double d = static_cast<double>(n);
-  if (n >= (size_t{1} << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", d / (1u << 30));
-  else if (n >= (size_t{1} << 20)) std::snprintf(buf, sizeof buf, "%.2f MiB", d / (1u << 20));
-  else if (n >= (size_t{1} << 10)) std::snprintf(buf, sizeof buf, "%.2f KiB", d / (1u << 10));
-  else std::snprintf(buf, sizeof buf, "%zu B", n);
-  return buf;
-}
-
 __global__ void probe_kernel(int* out) {
   if (out) *out = 1;
 }
@@ -90,9 +80,10 @@ void* CachingAllocator::allocate(size_t nbytes, cudaStream_t stream) {
       if (err == cudaErrorMemoryAllocation) {
         size_t dev_free = 0, dev_total = 0;
         if (cudaMemGetInfo(&dev_free, &dev_total) != cudaSuccess) (void)cudaGetLastError();
-        HL_FAIL("cuda alloc: out of memory allocating ", bytes_str(nbytes), " (", nbytes, " bytes) on cuda:", device_,
-                "; ", bytes_str(in_use_), " in use by tensors (peak ", bytes_str(peak_), "), ", bytes_str(cached_),
-                " cached, ", bytes_str(dev_free), " free of ", bytes_str(dev_total), " on the device");
+        const auto size_of = [](size_t n) { return format_bytes(static_cast<double>(n)); };
+        HL_FAIL(out_of_memory_message(nbytes, "cuda:" + std::to_string(device_)), "; ", size_of(in_use_),
+                " in use by tensors (peak ", size_of(peak_), "), ", size_of(cached_), " cached, ", size_of(dev_free),
+                " free of ", size_of(dev_total), " on the device");
       }
       HL_FAIL("cuda alloc: cudaMalloc of ", nbytes, " bytes failed on cuda:", device_, ": ", cudaGetErrorString(err));
     }

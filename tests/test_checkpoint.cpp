@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <hdf5.h>
 #include <omp.h>
+#include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -344,6 +345,61 @@ TEST_F(CheckpointTest, KilledWriterLeavesTheOldFile) {
   int status = 0;
   ASSERT_EQ(::waitpid(pid, &status, 0), pid);
   EXPECT_EQ(read_bytes(p), before);
+  expect_same_checkpoint(good, load_checkpoint(p));
+}
+
+// A tmpfs of `bytes` mounted on a new folder, unmounted (lazily) at the end. Needs root, as CI has;
+// elsewhere mounted() is false and the tests skip.
+class SmallFileSystem {
+ public:
+  SmallFileSystem(const std::string& dir, size_t bytes) : dir_(dir), options_("size=" + std::to_string(bytes)) {
+    std::filesystem::create_directories(dir_);
+    mounted_ = ::mount("tmpfs", dir_.c_str(), "tmpfs", 0, options_.c_str()) == 0;
+  }
+  ~SmallFileSystem() {
+    if (mounted_) ::umount2(dir_.c_str(), MNT_DETACH);
+  }
+  bool mounted() const { return mounted_; }
+  bool make_read_only() const {
+    return ::mount(nullptr, dir_.c_str(), nullptr, MS_REMOUNT | MS_RDONLY, options_.c_str()) == 0;
+  }
+  // Fills the free space, then gives `leave` bytes of it back.
+  void fill_leaving(size_t leave) const {
+    const std::string filler = dir_ + "/filler";
+    {
+      std::ofstream out(filler, std::ios::binary);
+      const std::vector<char> block(4096, 'x');
+      while (out.write(block.data(), block.size())) {}
+    }
+    std::filesystem::resize_file(filler, std::filesystem::file_size(filler) - leave);
+  }
+
+ private:
+  std::string dir_, options_;
+  bool mounted_ = false;
+};
+
+// A save that runs out of space (ENOSPC) or meets a read-only file system (EROFS) names the path and
+// the OS error, leaves no temporary file and keeps the previous checkpoint as it was.
+TEST_F(CheckpointTest, FullOrReadOnlyFileSystemKeepsThePreviousCheckpoint) {
+  const SmallFileSystem fs(path("small"), 1 << 20);
+  if (!fs.mounted()) GTEST_SKIP() << "mounting a tmpfs needs root";
+  const std::string p = path("small/checkpoint.h5");
+  const Checkpoint good = make_checkpoint();
+  save_checkpoint(p, good);
+  const auto before = read_bytes(p);
+  fs.fill_leaving(before.size() / 3);
+  const std::string full = run_in_child([&] { save_checkpoint(p, make_checkpoint("wrapper")); }).message;
+  EXPECT_NE(full.find(p), std::string::npos) << full;
+  EXPECT_NE(full.find("No space left on device"), std::string::npos) << full;
+  EXPECT_EQ(read_bytes(p), before);
+  ASSERT_TRUE(fs.make_read_only());
+  const std::string read_only = run_in_child([&] { save_checkpoint(p, make_checkpoint("wrapper")); }).message;
+  EXPECT_NE(read_only.find(p), std::string::npos) << read_only;
+  EXPECT_NE(read_only.find("Read-only file system"), std::string::npos) << read_only;
+  EXPECT_EQ(read_bytes(p), before);
+  for (const auto& e : std::filesystem::directory_iterator(path("small")))
+    EXPECT_EQ(e.path().filename().string().find(".tmp."), std::string::npos) << "left behind: " << e.path();
   expect_same_checkpoint(good, load_checkpoint(p));
 }
 

@@ -8,6 +8,7 @@
 #include <limits>
 #include <numeric>
 
+#include "backends/cpu/fast_math.h"
 #include "tests/core_test_util.h"
 
 using namespace headlab;
@@ -663,4 +664,29 @@ TEST(Losses, Mse) {
   EXPECT_NEAR(mse_loss(in, tg).item<float>(), 4.25 / 3, 1e-6);
   EXPECT_NEAR(mse_loss(in, tg, Reduction::sum).item<float>(), 4.25, 1e-6);
   EXPECT_TRUE(all_close(mse_loss(in, tg, Reduction::none), {0.25, 0, 4}));
+}
+
+// ---- the CPU backend's vectorisable exp and tanh against libm ---------------------------------------
+// Every op that uses them is tested against a float64 reference; this pins the functions themselves,
+// including the inputs no op test reaches: NaN (converted to an integer was undefined behaviour, found by
+// clang's UBSan), infinities and both ends of float's range.
+TEST(FastMath, ExpAndTanhMatchLibmEverywhere) {
+  std::vector<float> xs = {0.0f, -0.0f, 1e-30f, -1e-30f, 0.5f, -0.625f, 0.625f, 1.0f, 88.72f, 88.73f, 89.0f,
+                           -87.33f, -87.34f, -103.97f, -104.0f, 1e30f, -1e30f};
+  for (float x = -120.0f; x <= 100.0f; x += 0.0137f) xs.push_back(x);
+  for (float x : xs) {
+    const double e = std::exp(static_cast<double>(x)), t = std::tanh(static_cast<double>(x));
+    const float fe = cpu::fast_exp(x), ft = cpu::fast_tanh(x);
+    if (e > std::numeric_limits<float>::max()) EXPECT_EQ(fe, INFINITY) << x;
+    else if (e < std::numeric_limits<float>::min()) EXPECT_LE(fe, std::numeric_limits<float>::min()) << x;  // 0 or subnormal
+    else EXPECT_NEAR(fe / e, 1.0, 1e-6) << x;
+    EXPECT_NEAR(ft, t, 2e-7 + 2e-7 * std::fabs(t)) << x;
+  }
+  const float inf = INFINITY, nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(cpu::fast_exp(inf), inf);
+  EXPECT_EQ(cpu::fast_exp(-inf), 0.0f);
+  EXPECT_TRUE(std::isnan(cpu::fast_exp(nan)));
+  EXPECT_EQ(cpu::fast_tanh(inf), 1.0f);
+  EXPECT_EQ(cpu::fast_tanh(-inf), -1.0f);
+  EXPECT_TRUE(std::isnan(cpu::fast_tanh(nan)));
 }

@@ -11,7 +11,9 @@ namespace headlab::cpu {
 inline float fast_exp(float x) {
   // Plain comparisons and bit_cast instead of fmin/fmax/floor/memcpy: GCC calls fminf/fmaxf out of
   // line (NaN rules) and then vectorises nothing; this form becomes straight SIMD code.
-  const float xc = x < -87.3365447504f ? -87.3365447504f : x > 88.7228391117f ? 88.7228391117f : x;
+  // NaN fails both tests and becomes the low end, so n stays finite (converting NaN to int is
+  // undefined); the last line returns the NaN.
+  const float xc = x > -87.3365447504f ? (x < 88.7228391117f ? x : 88.7228391117f) : -87.3365447504f;
   // n = round(x / ln 2) by the 1.5 * 2^23 trick (round to nearest even), exact for |n| < 2^22.
   const float n = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   float r = xc - n * 0.693359375f;  // ln 2 split in two so r stays exact

@@ -21,12 +21,25 @@ using namespace detail;
 
 // ---- pruning ----
 Criterion parse_criterion(const std::string& name) {
-  if (name == "gradient") return Criterion::gradient;
+  if (name == "auto") return Criterion::automatic;
   if (name == "ablation") return Criterion::ablation;
-  HL_FAIL("analysis: unknown pruning criterion '", name, "' (expected gradient or ablation)");
+  if (name == "gradient") return Criterion::gradient;
+  HL_FAIL("analysis: unknown pruning criterion '", name, "' (expected auto, ablation or gradient)");
 }
 
-const char* criterion_name(Criterion c) { return c == Criterion::gradient ? "gradient" : "ablation"; }
+const char* criterion_name(Criterion c) {
+  switch (c) {
+    case Criterion::automatic: return "auto";
+    case Criterion::ablation: return "ablation";
+    case Criterion::gradient: return "gradient";
+  }
+  return "?";
+}
+
+Criterion resolve_criterion(Criterion c, int64_t total_heads) {
+  if (c != Criterion::automatic) return c;
+  return total_heads <= kAblationCriterionMaxHeads ? Criterion::ablation : Criterion::gradient;
+}
 
 PruningCurve iterative_pruning(nn::GPTModel& model, const EvalSet& data, const PruneOptions& o) {
   HL_CHECK(o.step_fraction > 0 && o.step_fraction <= 1, "iterative_pruning: step_fraction must be in (0, 1], got ",
@@ -35,6 +48,7 @@ PruningCurve iterative_pruning(nn::GPTModel& model, const EvalSet& data, const P
   c.metric = o.metric;
   HeadMatrix gates = head_matrix(model, 1.0);
   c.total_heads = count_heads(gates);
+  c.criterion = resolve_criterion(o.criterion, c.total_heads);
   PruneStep first;
   first.scores = evaluate_heads(model, data, gates);
   metric_value(first.scores, o.metric);  // throws early for exact match on chars
@@ -45,27 +59,29 @@ PruningCurve iterative_pruning(nn::GPTModel& model, const EvalSet& data, const P
     const int64_t pruned = static_cast<int64_t>(c.order.size());
     if (metric_value(c.steps.back().scores, o.metric) < o.stop_below && pruned >= o.min_pruned) break;
     const int64_t remaining = c.total_heads - pruned;
-    std::vector<std::tuple<double, int64_t, int64_t>> cand;  // (importance, layer, head)
-    const Importance imp = o.criterion == Criterion::gradient ? head_importance(model, data, gates) : Importance{};
+    // (importance, tie-breaker, layer, head): least important first
+    std::vector<std::tuple<double, double, int64_t, int64_t>> cand;
+    const Importance imp = c.criterion == Criterion::gradient ? head_importance(model, data, gates) : Importance{};
+    const Scores& now = c.steps.back().scores;
     for (size_t l = 0; l < gates.size(); ++l)
       for (size_t h = 0; h < gates[l].size(); ++h) {
         if (gates[l][h] == 0 || active[l] <= 1) continue;
-        double score = 0;
-        if (o.criterion == Criterion::gradient) {
-          score = imp.normalized[l][h];
-        } else {  // the loss increase of masking this head too
+        if (c.criterion == Criterion::gradient) {
+          cand.emplace_back(imp.normalized[l][h], 0.0, static_cast<int64_t>(l), static_cast<int64_t>(h));
+        } else {  // what masking this head too costs: metric lost, then loss gained
           HeadMatrix g = gates;
           g[l][h] = 0;
-          score = evaluate_heads(model, data, g).loss - c.steps.back().scores.loss;
+          const Scores s = evaluate_heads(model, data, g);
+          cand.emplace_back(metric_value(now, o.metric) - metric_value(s, o.metric), s.loss - now.loss,
+                            static_cast<int64_t>(l), static_cast<int64_t>(h));
         }
-        cand.emplace_back(score, static_cast<int64_t>(l), static_cast<int64_t>(h));
       }
     if (cand.empty()) break;
     std::sort(cand.begin(), cand.end());
     const int64_t want =
         std::max<int64_t>(1, static_cast<int64_t>(std::floor(o.step_fraction * static_cast<double>(remaining) + 0.5)));
     PruneStep step;
-    for (const auto& [score, l, h] : cand) {
+    for (const auto& [score, tie, l, h] : cand) {
       if (static_cast<int64_t>(step.removed.size()) >= want) break;
       if (active[static_cast<size_t>(l)] <= 1) continue;  // each layer keeps one head
       gates[static_cast<size_t>(l)][static_cast<size_t>(h)] = 0.0;
@@ -79,6 +95,25 @@ PruningCurve iterative_pruning(nn::GPTModel& model, const EvalSet& data, const P
     c.steps.push_back(step);
   }
   return c;
+}
+
+std::vector<std::pair<int64_t, int64_t>> free_heads(const AblationResult& a, Metric metric) {
+  std::map<int64_t, int64_t> heads_in_layer;
+  for (const HeadAblation& h : a.heads) ++heads_in_layer[h.layer];
+  std::vector<std::tuple<double, double, int64_t, int64_t>> cheap;  // (metric lost, loss gained, layer, head)
+  for (const HeadAblation& h : a.heads) {
+    const double lost = metric_value(a.base, metric) - metric_value(h.zero, metric), gained = h.zero.loss - a.base.loss;
+    if (lost <= kFreeHeadCost && gained <= kFreeHeadCost) cheap.emplace_back(lost, gained, h.layer, h.head);
+  }
+  std::sort(cheap.begin(), cheap.end());
+  std::map<int64_t, int64_t> taken;
+  std::vector<std::pair<int64_t, int64_t>> out;
+  for (const auto& [lost, gained, l, h] : cheap)
+    if (taken[l] + 1 < heads_in_layer[l]) {
+      ++taken[l];
+      out.emplace_back(l, h);
+    }
+  return out;
 }
 
 std::vector<std::vector<int64_t>> kept_after(const nn::GPTModel& model,

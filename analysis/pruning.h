@@ -13,19 +13,27 @@ namespace headlab::analysis {
 
 // ------------------------------------------------------------------------------------------------
 // Iterative pruning: mask the least important step_fraction of the remaining heads (at least one),
-// recompute importance over the heads left, repeat. Importance is the gradient score above
-// (Criterion::gradient, the paper's) or, as a check on it, the loss increase when the head is masked
-// on top of the heads already pruned (Criterion::ablation: one evaluation per remaining head and step). Every layer keeps at least one head, so the
-// pruned model stays a GPTModel of the same depth (the library's Linear has no zero-width form).
-// Stops once the metric falls below stop_below (after recording that step), unless fewer than
-// min_pruned heads are pruned yet, or when no head can be pruned any more.
-enum class Criterion { gradient, ablation };
-Criterion parse_criterion(const std::string& name);  // "gradient" | "ablation"
+// recompute importance over the heads left, repeat. Importance is
+// - Criterion::ablation: what masking the head on top of the heads already pruned costs, measured:
+//   the metric lost first, the loss increase breaking ties (exact match moves in steps of one row).
+//   One evaluation per remaining head and step.
+// - Criterion::gradient: the gate-gradient score above (Michel et al.'s): one backward pass per step,
+//   but noise where the loss is near zero (a trained toy model) and the gradients with it.
+// - Criterion::automatic: ablation up to kAblationCriterionMaxHeads heads, gradient beyond.
+// Every layer keeps at least one head, so the pruned model stays a GPTModel of the same depth (the
+// library's Linear has no zero-width form). Stops once the metric falls below stop_below (after
+// recording that step), unless fewer than min_pruned heads are pruned yet, or when no head can be
+// pruned any more.
+enum class Criterion { automatic, ablation, gradient };
+constexpr int64_t kAblationCriterionMaxHeads = 64;
+Criterion parse_criterion(const std::string& name);  // "auto" | "ablation" | "gradient"
 const char* criterion_name(Criterion c);
+// The criterion `c` means for a model of total_heads heads (automatic resolved).
+Criterion resolve_criterion(Criterion c, int64_t total_heads);
 
 struct PruneOptions {
   double step_fraction = 0.1;
-  Criterion criterion = Criterion::gradient;
+  Criterion criterion = Criterion::automatic;
   Metric metric = Metric::exact_match;
   double stop_below = 0;   // absolute metric value
   int64_t min_pruned = 0;  // keep going until at least this many heads are masked
@@ -38,11 +46,18 @@ struct PruneStep {
 };
 struct PruningCurve {
   Metric metric = Metric::exact_match;
+  Criterion criterion = Criterion::ablation;  // the one used (never automatic)
   int64_t total_heads = 0;
   std::vector<PruneStep> steps;                    // steps[0]: nothing pruned
   std::vector<std::pair<int64_t, int64_t>> order;  // every masked (layer, head), in pruning order
 };
 PruningCurve iterative_pruning(nn::GPTModel& model, const EvalSet& data, const PruneOptions& options);
+
+// Heads whose zero ablation alone costs (nearly) nothing: at most kFreeHeadCost of the metric and of
+// the loss. At most all but one head per layer (the most expensive of a layer stays), as pruning
+// allows. (layer, model-local head), cheapest first. Together such heads need not be free.
+constexpr double kFreeHeadCost = 1e-3;
+std::vector<std::pair<int64_t, int64_t>> free_heads(const AblationResult& a, Metric metric);
 
 // Heads per layer left after removing the first k heads of `order` (sorted model-local indices).
 std::vector<std::vector<int64_t>> kept_after(const nn::GPTModel& model,

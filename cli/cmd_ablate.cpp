@@ -27,7 +27,7 @@ namespace fs = std::filesystem;
 namespace {
 
 struct AblateArgs {
-  std::string path, out, text, device = "cpu", metric, criterion = "gradient";
+  std::string path, out, text, device = "cpu", metric, criterion = "auto";
   int64_t batches = 0, batch_size = 0, prune = -1, repeats = 20;
   double threshold = 0.9, step = 0.1, prune_to_metric = std::nan("");
   bool full_curve = false;
@@ -53,6 +53,52 @@ double agreement(const analysis::AblationResult& a, bool normalized) {
     dloss.push_back(h.zero.loss - a.base.loss);
   }
   return analysis::rank_correlation(imp, dloss);
+}
+
+// "ablation (auto: 8 heads <= 64)", or the criterion asked for.
+std::string criterion_text(const AblateArgs& args, const analysis::PruningCurve& curve) {
+  std::string s = analysis::criterion_name(curve.criterion);
+  if (args.criterion == "auto")
+    s += " (auto: " + std::to_string(curve.total_heads) +
+         (curve.criterion == analysis::Criterion::ablation ? " heads <= " : " heads > ") +
+         std::to_string(analysis::kAblationCriterionMaxHeads) + ")";
+  return s;
+}
+
+// Why the gradient scores should not be trusted on this model, or "".
+std::string gradient_warning(const analysis::AblationResult& a) {
+  const double rho = agreement(a, true);
+  std::string why;
+  if (a.base.loss < 0.01) why = "at a loss of " + fmt(a.base.loss) + " the gate gradients are mostly noise";
+  else if (rho < 0.5) why = "they rank the heads unlike zero ablation";
+  if (why.empty()) return "";
+  return "the gradient scores are unreliable here (Spearman " + fmt(rho, 2) + " with zero ablation; " + why +
+         "); the ablation criterion (the default up to 64 heads) measures instead";
+}
+
+// Whether the heads that cost nothing alone can go together: "4 heads cost nothing alone (L0H0 L1H0
+// L1H1 L1H3); pruned together they are not free: exact_match stays within 1% of unpruned for 3 of
+// them (4: 0.863)".
+std::string free_heads_text(const analysis::AblationResult& a, const analysis::PruningCurve& curve,
+                            const nn::GPTConfig& cfg) {
+  const auto free = analysis::free_heads(a, curve.metric);
+  std::string names;
+  for (const auto& [l, h] : free) names += (names.empty() ? "" : " ") + analysis::head_label(l, analysis::original_head(cfg, l, h));
+  const int64_t n = static_cast<int64_t>(free.size());
+  const double base = analysis::metric_value(a.base, curve.metric);
+  const int64_t within = analysis::prune_count_for_metric(curve, base - 0.01 * std::fabs(base));
+  std::string s = std::to_string(n) + " heads cost nothing alone (" + (names.empty() ? "none" : names) + ")";
+  if (n == 0) return s;
+  if (within >= n) return s + "; the curve prunes " + std::to_string(within) + " heads with " +
+                          analysis::metric_name(curve.metric) + " within 1% of unpruned";
+  if (curve.criterion == analysis::Criterion::gradient)
+    return s + "; this curve (gradient scores) keeps " + analysis::metric_name(curve.metric) +
+           " within 1% of unpruned for " + std::to_string(within) + " heads: --criterion ablation prunes by measured cost";
+  s += "; pruned together they are not free: " + std::string(analysis::metric_name(curve.metric)) +
+       " stays within 1% of unpruned for " + std::to_string(within) + " of them";
+  for (const auto& step : curve.steps)
+    if (step.pruned == n) s += " (" + std::to_string(n) + ": " + fmt(analysis::metric_value(step.scores, curve.metric), 3) + ")";
+  return s;
 }
 
 std::string scores_line(const analysis::Scores& s) {
@@ -81,10 +127,12 @@ std::string report_md(const AblateArgs& args, const io::Checkpoint& ck, const nn
   os << "| unpruned | loss " << fmt(a.base.loss) << ", token accuracy " << fmt(a.base.token_accuracy);
   if (ex) os << ", exact match " << fmt(a.base.exact_match);
   os << " |\n";
-  os << "| pruning | " << args.criterion << " criterion; metric " << analysis::metric_name(curve.metric)
+  os << "| pruning | " << criterion_text(args, curve) << " criterion; metric " << analysis::metric_name(curve.metric)
      << ", stop below " << fmt(stop_below) << " |\n";
   os << "| gradient scores vs zero ablation | Spearman " << fmt(agreement(a, true), 2) << " (normalised), "
      << fmt(agreement(a, false), 2) << " (raw) |\n";
+  if (const std::string w = gradient_warning(a); !w.empty()) os << "| warning | " << w << " |\n";
+  os << "| free heads | " << free_heads_text(a, curve, cfg) << " |\n";
   const auto by_imp = [&] {
     std::vector<const analysis::HeadAblation*> v;
     for (const auto& h : a.heads) v.push_back(&h);
@@ -129,7 +177,9 @@ std::string report_md(const AblateArgs& args, const io::Checkpoint& ck, const nn
   os << "Each step masks the least important " << fmt(100 * args.step, 0)
      << "% of the remaining heads (at least one; every layer keeps one head) and recomputes the importance of the "
         "heads left"
-     << (args.criterion == "gradient" ? " (gradient scores)" : " (loss increase when the head is masked too)")
+     << (curve.criterion == analysis::Criterion::gradient
+             ? " (gradient scores)"
+             : " (what masking the head too costs, measured: the metric lost, then the loss increase)")
      << ".\n\n";
   os << "| step | heads pruned | fraction | loss | token accuracy |" << (ex ? " exact match |" : "")
      << " removed (layer/head) |\n|---|---|---|---|---|" << (ex ? "---|" : "") << "---|\n";
@@ -185,8 +235,9 @@ Action add_ablate(CLI::App& app) {
       ->check(CLI::Range(0.001, 1.0))
       ->capture_default_str();
   app.add_option("--criterion", a->criterion,
-                 "pruning order: gradient (Michel et al. importance) | ablation (loss increase of masking the head)")
-      ->check(CLI::IsMember({"gradient", "ablation"}))
+                 "pruning order: auto (ablation up to 64 heads, else gradient) | ablation (measured cost of masking "
+                 "each head: metric, then loss) | gradient (Michel et al. importance)")
+      ->check(CLI::IsMember({"auto", "ablation", "gradient"}))
       ->capture_default_str();
   app.add_flag("--full-curve", a->full_curve, "continue the pruning curve until every layer has one head left");
   auto* k = app.add_option("--prune", a->prune, "write pruned.h5 without the K least important heads (pruning order)")
@@ -251,6 +302,7 @@ Action add_ablate(CLI::App& app) {
 
     std::cout << "agreement of the gradient scores with zero ablation (Spearman, over heads): normalised "
               << fmt(agreement(abl, true), 2) << ", raw " << fmt(agreement(abl, false), 2) << "\n";
+    if (const std::string w = gradient_warning(abl); !w.empty()) std::cout << "warning: " << w << "\n";
 
     // pruning curve
     analysis::PruneOptions po;
@@ -264,7 +316,7 @@ Action add_ablate(CLI::App& app) {
     HL_CHECK(a->prune <= max_prunable, "ablate: --prune ", a->prune, " is more than the ", max_prunable,
              " heads that can go (every layer keeps one head)");
     const analysis::PruningCurve curve = analysis::iterative_pruning(*model, data, po);
-    std::cout << "\npruning curve (" << a->criterion << " criterion, " << fmt(100 * a->step, 0)
+    std::cout << "\npruning curve (" << criterion_text(*a, curve) << " criterion, " << fmt(100 * a->step, 0)
               << "% of the remaining heads per step; stop below "
               << analysis::metric_name(metric) << " " << fmt(stop_below) << " = "
               << (!std::isnan(a->prune_to_metric) && a->prune_to_metric < a->threshold * base_metric
@@ -276,6 +328,7 @@ Action add_ablate(CLI::App& app) {
       std::cout << "  " << pad(std::to_string(s.pruned), 7) << pad(fmt(s.fraction, 3), 9) << pad(fmt(s.scores.loss), 9)
                 << pad(fmt(s.scores.token_accuracy, 3), 9) << (ex ? pad(fmt(s.scores.exact_match, 3), 9) : "")
                 << "  " << analysis::removed_heads_str(s, cfg) << "\n";
+    std::cout << free_heads_text(abl, curve, cfg) << "\n";
 
     // physical pruning
     PrunedReport pr;

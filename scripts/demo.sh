@@ -21,7 +21,7 @@ for p in 31415 9876543 1200; do $hl generate "$out/checkpoint.h5" --prompt "$p";
 say "4. inspect: what the checkpoint holds (config, parameters, training state, metrics)"
 $hl inspect "$out/checkpoint.h5"
 
-say "5. ablate: which heads matter (zero/mean ablation, gradient importance, pruning curve, pruned model)"
+say "5. ablate: which heads matter (zero/mean ablation, gradient importance, pruning curve by measured cost, pruned model)"
 $hl ablate "$out/checkpoint.h5" --out "$out/ablate" --prune 2
 
 say "6. compare: the per-head wrapper against the fused multi-head attention (same maths, different cost)"

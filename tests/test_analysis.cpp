@@ -407,16 +407,43 @@ TEST(Analysis, WrapperAndFusedCheckpointsGiveTheSameScores) {
   };
   EXPECT_EQ(ranking(af), ranking(aw));
   PruneOptions po;
+  po.criterion = Criterion::gradient;
   po.metric = Metric::token_accuracy;
   po.stop_below = -1;  // never below: prune until every layer has one head left
   const PruningCurve cf = iterative_pruning(*f, data, po), cw = iterative_pruning(*w, data, po);
   EXPECT_EQ(cf.order, cw.order);
 }
 
+// free_heads: the heads whose zero ablation alone costs at most kFreeHeadCost of the metric and the
+// loss, cheapest first, never a whole layer.
+TEST(Analysis, FreeHeadsCostNothingAloneAndLeaveEveryLayerAHead) {
+  AblationResult a;
+  a.base.loss = 0.1;
+  a.base.token_accuracy = 1.0;
+  a.base.exact_match = 1.0;
+  a.base.has_exact_match = true;
+  const auto head = [&](int64_t l, int64_t h, double dloss, double dexact) {
+    HeadAblation x;
+    x.layer = l, x.head = h, x.original_head = h;
+    x.zero = a.base;
+    x.zero.loss += dloss;
+    x.zero.exact_match += dexact;
+    return x;
+  };
+  a.heads = {head(0, 0, 0.0004, 0), head(0, 1, 0.0002, 0), head(1, 0, 0.5, -0.3), head(1, 1, 0.0009, 0),
+             head(1, 2, 0.0001, -0.002)};
+  // L0H0 and L0H1 are free, but layer 0 keeps one (the dearer, L0H0); L1H2 loses 0.2% exact match.
+  EXPECT_EQ(free_heads(a, Metric::exact_match), (std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {1, 1}}));
+  // By token accuracy (unchanged everywhere) L1H2 is free, and the cheapest.
+  EXPECT_EQ(free_heads(a, Metric::token_accuracy),
+            (std::vector<std::pair<int64_t, int64_t>>{{1, 2}, {0, 1}, {1, 1}}));
+}
+
 TEST(Analysis, IterativePruningCurve) {
   auto model = load_model(trained_checkpoint());
   const EvalSet data = eval_set();
   PruneOptions po;
+  po.criterion = Criterion::gradient;
   po.metric = Metric::token_accuracy;
   po.stop_below = -1;  // never below: run until every layer has one head
   const PruningCurve c = iterative_pruning(*model, data, po);
@@ -452,18 +479,31 @@ TEST(Analysis, IterativePruningCurve) {
   while (c.steps[first_below].scores.token_accuracy >= stop.stop_below) ++first_below;
   ASSERT_EQ(s.steps.size(), first_below + 1);
   for (size_t i = 0; i < s.steps.size(); ++i) EXPECT_EQ(s.steps[i].scores.loss, c.steps[i].scores.loss);
-  // The ablation criterion masks first the head whose zeroing costs least.
+  // The ablation criterion masks first the head whose zeroing costs least: the least metric lost,
+  // then the least loss gained (the slow reference: one zero ablation per head).
   PruneOptions by_ablation = po;
   by_ablation.criterion = Criterion::ablation;
   by_ablation.min_pruned = 1;
   by_ablation.stop_below = 2;  // stop after the first step
   const PruningCurve ca = iterative_pruning(*model, data, by_ablation);
+  EXPECT_EQ(ca.criterion, Criterion::ablation);
   ASSERT_EQ(ca.order.size(), 1u);
   const AblationResult abl = ablate_heads(*model, data);
+  const auto cost = [&](const HeadAblation& h) {
+    return std::make_pair(abl.base.token_accuracy - h.zero.token_accuracy, h.zero.loss - abl.base.loss);
+  };
   const auto cheapest = std::min_element(abl.heads.begin(), abl.heads.end(),
-                                         [](auto& x, auto& y) { return x.zero.loss < y.zero.loss; });
+                                         [&](auto& x, auto& y) { return cost(x) < cost(y); });
   EXPECT_EQ(ca.order[0], std::make_pair(cheapest->layer, cheapest->head));
   EXPECT_NEAR(ca.steps[1].scores.loss, cheapest->zero.loss, 1e-9);
+  // auto is ablation for this 8-head model, gradient past kAblationCriterionMaxHeads.
+  PruneOptions by_default = by_ablation;
+  by_default.criterion = Criterion::automatic;
+  EXPECT_EQ(iterative_pruning(*model, data, by_default).order, ca.order);
+  EXPECT_EQ(resolve_criterion(Criterion::automatic, 8), Criterion::ablation);
+  EXPECT_EQ(resolve_criterion(Criterion::automatic, kAblationCriterionMaxHeads + 1), Criterion::gradient);
+  EXPECT_EQ(resolve_criterion(Criterion::gradient, 8), Criterion::gradient);
+  EXPECT_EQ(parse_criterion("auto"), Criterion::automatic);
   // prune_count_for_metric: the most heads whose step keeps the metric at or above the target.
   EXPECT_EQ(prune_count_for_metric(c, 2.0), 0);
   EXPECT_EQ(prune_count_for_metric(c, -1.0), 6);
@@ -679,7 +719,13 @@ TEST_F(AnalysisFiles, CommandsLoadPrunedCheckpoints) {
       EXPECT_EQ(rc, 0) << cmd << "\n" << ss.str();
       return ss.str();
     };
-    run("ablate " + ck + " --out " + out + " --prune 3 --batches 1 --batch-size 16 --repeats 2 --threads 1");
+    const std::string log =
+        run("ablate " + ck + " --out " + out + " --prune 3 --batches 1 --batch-size 16 --repeats 2 --threads 1");
+    // By default a model this small is pruned by measured ablation, and both outputs say so.
+    EXPECT_NE(log.find("pruning curve (ablation (auto: 8 heads <= 64) criterion"), std::string::npos) << log;
+    std::ifstream report(fs::path(out) / "report.md");
+    const std::string md((std::istreambuf_iterator<char>(report)), std::istreambuf_iterator<char>());
+    EXPECT_NE(md.find("| pruning | ablation (auto: 8 heads <= 64) criterion; metric exact_match"), std::string::npos);
     for (const char* f : {"heads.csv", "pruning.csv", "report.md", "importance.png", "pruning.png", "pruned.h5"})
       EXPECT_TRUE(fs::exists(fs::path(out) / f)) << f;
     const std::string pruned = (fs::path(out) / "pruned.h5").string();

@@ -73,7 +73,8 @@ std::string gradient_warning(const analysis::AblationResult& a) {
   else if (rho < 0.5) why = "they rank the heads unlike zero ablation";
   if (why.empty()) return "";
   return "the gradient scores are unreliable here (Spearman " + fmt(rho, 2) + " with zero ablation; " + why +
-         "); the ablation criterion (the default up to 64 heads) measures instead";
+         "); the ablation criterion (the default up to " + std::to_string(analysis::kAblationCriterionMaxHeads) +
+         " heads) measures instead";
 }
 
 // Whether the heads that cost nothing alone can go together: "4 heads cost nothing alone (L0H0 L1H0
@@ -235,8 +236,9 @@ Action add_ablate(CLI::App& app) {
       ->check(CLI::Range(0.001, 1.0))
       ->capture_default_str();
   app.add_option("--criterion", a->criterion,
-                 "pruning order: auto (ablation up to 64 heads, else gradient) | ablation (measured cost of masking "
-                 "each head: metric, then loss) | gradient (Michel et al. importance)")
+                 "pruning order: auto (ablation up to " + std::to_string(analysis::kAblationCriterionMaxHeads) +
+                     " heads, else gradient) | ablation (measured cost of masking each head: metric, then loss) | "
+                     "gradient (Michel et al. importance)")
       ->check(CLI::IsMember({"auto", "ablation", "gradient"}))
       ->capture_default_str();
   app.add_flag("--full-curve", a->full_curve, "continue the pruning curve until every layer has one head left");

@@ -3,6 +3,7 @@
 #include "analysis/attention_maps.h"
 #include "analysis/compare.h"
 #include "analysis/heads.h"
+#include "analysis/logit_attribution.h"
 #include "analysis/pruning.h"
 #include "analysis/report.h"
 #include "analysis/stats.h"

@@ -43,6 +43,7 @@ void set_controls(nn::GPTModel& m, const HeadMatrix& gates, const std::vector<Te
     nn::HeadControl& hc = m.attention(l).control();
     hc.keep_context = false;
     hc.context = Tensor();
+    hc.given_context = Tensor();
     hc.gates = gates.empty() ? Tensor()
                              : tensor(gates[static_cast<size_t>(l)], {m.attention(l).head_count()}).to(dt).to(dev);
     const bool has_offset = static_cast<size_t>(l) < offsets.size() && offsets[static_cast<size_t>(l)].defined();
@@ -189,35 +190,186 @@ Importance head_importance(nn::GPTModel& model, const EvalSet& data, const HeadM
   return imp;
 }
 
+std::vector<Batch> rotated_rows(const EvalSet& data) {
+  std::vector<Batch> out = data.batches;
+  for (Batch& b : out) {
+    auto rotate = [&](std::vector<int64_t>& v, int64_t width) {
+      if (!v.empty()) std::rotate(v.begin(), v.begin() + width, v.end());
+    };
+    rotate(b.inputs, b.T);
+    rotate(b.targets, b.T);
+    rotate(b.answer_begin, 1);
+    rotate(b.answer_end, 1);
+  }
+  return out;
+}
+
+namespace {
+
+// Copies per forward so that the largest activation of a chunk, rows x T x max(4 emb, V, H T)
+// elements, stays near 16M (64 MB in float32).
+int64_t copies_per_forward(const nn::GPTModel& m, int64_t B, int64_t T) {
+  const nn::GPTConfig& c = m.config();
+  int64_t heads = 0;
+  for (int64_t l = 0; l < m.n_layers(); ++l) heads = std::max(heads, m.attention(l).head_count());
+  const int64_t per_row = T * std::max({4 * c.emb_dim, c.vocab_size, heads * T});
+  return std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(1, B * per_row));
+}
+
+void check_interventions(const nn::GPTModel& m, const EvalSet& data, const std::vector<HeadIntervention>& list,
+                         const InterventionOptions& o) {
+  const char* who = "evaluate_interventions";
+  check_matrix(who, m, o.base_gates);
+  HL_CHECK(!data.batches.empty(), who, ": the evaluation data has no batches");
+  bool patch = false;
+  for (const HeadIntervention& iv : list) {
+    if (iv.layer == -1) continue;
+    HL_CHECK(iv.layer >= 0 && iv.layer < m.n_layers(), who, ": layer ", iv.layer, " is out of range for ",
+             m.n_layers(), " layers");
+    HL_CHECK(iv.head >= 0 && iv.head < m.attention(iv.layer).head_count(), who, ": layer ", iv.layer, " has no head ",
+             iv.head, " (it has ", m.attention(iv.layer).head_count(), ")");
+    HL_CHECK(iv.position >= -1 && iv.position < data.batches.front().T, who, ": position ", iv.position,
+             " is out of range for ", data.batches.front().T, " tokens");
+    patch = patch || iv.kind == Ablation::patch;
+  }
+  if (!patch) return;
+  HL_CHECK(o.source && o.source->size() == data.batches.size(), who, ": patching needs a source batch per data batch (",
+           data.batches.size(), "), got ", o.source ? o.source->size() : 0);
+  for (size_t i = 0; i < data.batches.size(); ++i)
+    HL_CHECK((*o.source)[i].B == data.batches[i].B && (*o.source)[i].T == data.batches[i].T, who, ": source batch ", i,
+             " is ", (*o.source)[i].B, " x ", (*o.source)[i].T, ", the data batch ", data.batches[i].B, " x ",
+             data.batches[i].T);
+}
+
+// One run under the base gates: every layer's input x_l (B, T, C) and head contexts (B, H_l, T, D),
+// and the logits (B, T, V).
+struct Recorded {
+  std::vector<Tensor> inputs, contexts;
+  Tensor logits;
+};
+Recorded record(nn::GPTModel& m, const HeadMatrix& base_gates, const Tensor& idx) {
+  set_controls(m, base_gates, {});
+  Recorded r;
+  Tensor x = m.embed(idx);
+  for (int64_t l = 0; l < m.n_layers(); ++l) {
+    nn::HeadControl& hc = m.attention(l).control();
+    hc.keep_context = true;
+    r.inputs.push_back(x);
+    x = m.block(l)->forward(x);
+    r.contexts.push_back(hc.context);
+    hc.keep_context = false;
+    hc.context = Tensor();
+  }
+  r.logits = m.unembed(x);
+  return r;
+}
+
+// t (B, ...) repeated c times along a new leading axis, flattened: (c*B, ...).
+Tensor repeat_rows(const Tensor& t, int64_t c) {
+  Shape shape = t.shape(), expanded = t.shape();
+  expanded.insert(expanded.begin(), c);
+  shape[0] *= c;
+  return t.unsqueeze(0).expand(expanded).reshape(shape);
+}
+
+}  // namespace
+
+std::vector<Scores> evaluate_interventions(nn::GPTModel& model, const EvalSet& data,
+                                           const std::vector<HeadIntervention>& list, const InterventionOptions& o) {
+  check_interventions(model, data, list, o);
+  ControlGuard guard(model);
+  model.eval();
+  NoGradGuard no_grad;
+  const int64_t L = model.n_layers();
+  const DType dt = model_dtype(model);
+  const Device dev = model.device();
+  const HeadMatrix base = o.base_gates.empty() ? head_matrix(model, 1.0) : o.base_gates;
+  auto uses = [&](Ablation kind) {
+    return std::any_of(list.begin(), list.end(), [&](auto& iv) { return iv.layer >= 0 && iv.kind == kind; });
+  };
+  const std::vector<Tensor> means = uses(Ablation::mean) && o.means.empty() ? mean_head_contexts(model, data) : o.means;
+  // Interventions by layer: the copies of layer l start from the recorded input of layer l and
+  // its recorded contexts, so only the output projection onwards is recomputed.
+  std::vector<std::vector<size_t>> by_layer(static_cast<size_t>(L));
+  for (size_t i = 0; i < list.size(); ++i)
+    if (list[i].layer >= 0) by_layer[static_cast<size_t>(list[i].layer)].push_back(i);
+  std::vector<train::ScoreSum> sums(list.size());
+  for (size_t bi = 0; bi < data.batches.size(); ++bi) {
+    const Batch& b = data.batches[bi];
+    const int64_t B = b.B, T = b.T;
+    auto [idx, tgt] = batch_tensors(b, dev);
+    const Recorded clean = record(model, base, idx);
+    for (size_t i = 0; i < list.size(); ++i)
+      if (list[i].layer < 0) sums[i].add(b, clean.logits, tgt);
+    const Recorded source = uses(Ablation::patch) ? record(model, base, batch_tensors((*o.source)[bi], dev).first)
+                                                  : Recorded{};
+    const int64_t chunk = o.max_copies > 0 ? o.max_copies : copies_per_forward(model, B, T);
+    for (int64_t l = 0; l < L; ++l) {
+      const std::vector<size_t>& ids = by_layer[static_cast<size_t>(l)];
+      const int64_t n = static_cast<int64_t>(ids.size()), H = model.attention(l).head_count(),
+                    D = model.attention(l).head_size();
+      for (int64_t first = 0; first < n; first += chunk) {
+        const int64_t c = std::min(chunk, n - first);
+        // Copy k's rows [k*B, (k+1)*B): gates (c*B, H, T) from the base gates, 0 where intervened;
+        // offsets (c*B, H, T, D) where a copy needs them.
+        std::vector<double> gates(static_cast<size_t>(c * B * H * T));
+        for (int64_t r = 0; r < c * B; ++r)
+          for (int64_t h = 0; h < H; ++h)
+            std::fill_n(gates.begin() + (r * H + h) * T, T, base[static_cast<size_t>(l)][static_cast<size_t>(h)]);
+        Tensor offsets;
+        for (int64_t k = 0; k < c; ++k) {
+          const HeadIntervention& iv = list[ids[static_cast<size_t>(first + k)]];
+          const int64_t t0 = iv.position < 0 ? 0 : iv.position, nt = iv.position < 0 ? T : 1;
+          for (int64_t r = k * B; r < (k + 1) * B; ++r) std::fill_n(gates.begin() + (r * H + iv.head) * T + t0, nt, 0.0);
+          if (iv.kind == Ablation::zero) continue;
+          if (!offsets.defined()) offsets = zeros({c * B, H, T, D}, dt, dev);
+          Tensor dst = offsets.narrow(0, k * B, B).select(1, iv.head).narrow(1, t0, nt);  // (B, nt, D)
+          if (iv.kind == Ablation::mean)
+            dst.copy_(means[static_cast<size_t>(l)].select(0, iv.head).to(dt).view({1, 1, D}).expand({B, nt, D}));
+          else
+            dst.copy_(source.contexts[static_cast<size_t>(l)].select(1, iv.head).narrow(1, t0, nt));
+        }
+        nn::HeadControl& hc = model.attention(l).control();
+        const nn::HeadControl saved = hc;
+        hc.gates = tensor(gates, {c * B, H, T}).to(dt).to(dev);
+        hc.offsets = offsets;
+        hc.given_context = repeat_rows(clean.contexts[static_cast<size_t>(l)], c);
+        Tensor x = model.block(l)->forward(repeat_rows(clean.inputs[static_cast<size_t>(l)], c));
+        hc = saved;
+        for (int64_t j = l + 1; j < L; ++j) x = model.block(j)->forward(x);
+        const Tensor logits = model.unembed(x);  // (c*B, T, V)
+        for (int64_t k = 0; k < c; ++k) sums[ids[static_cast<size_t>(first + k)]].add(b, logits.narrow(0, k * B, B), tgt);
+      }
+    }
+  }
+  std::vector<Scores> out;
+  for (const train::ScoreSum& s : sums) out.push_back(s.scores());
+  return out;
+}
+
 AblationResult ablate_heads(nn::GPTModel& model, const EvalSet& data) {
   AblationResult r;
-  r.base = evaluate_heads(model, data);
   r.importance = head_importance(model, data);
-  const std::vector<Tensor> means = mean_head_contexts(model, data);
-  const int64_t L = model.n_layers();
-  for (int64_t l = 0; l < L; ++l) {
-    const int64_t H = model.attention(l).head_count();
-    for (int64_t h = 0; h < H; ++h) {
-      HeadAblation a;
-      a.layer = l;
-      a.head = h;
-      a.original_head = original_head(model.config(), l, h);
-      a.importance = r.importance.normalized[static_cast<size_t>(l)][static_cast<size_t>(h)];
-      a.importance_raw = r.importance.raw[static_cast<size_t>(l)][static_cast<size_t>(h)];
-      HeadMatrix gates = head_matrix(model, 1.0);
-      gates[static_cast<size_t>(l)][static_cast<size_t>(h)] = 0.0;
-      a.zero = evaluate_heads(model, data, gates);
-      std::vector<Tensor> offsets(static_cast<size_t>(L));
-      const Tensor& mean_l = means[static_cast<size_t>(l)];  // (H, D)
-      Tensor off = zeros(mean_l.shape(), mean_l.dtype(), mean_l.device());
-      {
-        NoGradGuard no_grad;
-        off.select(0, h).copy_(mean_l.select(0, h));
-      }
-      offsets[static_cast<size_t>(l)] = off;
-      a.mean = evaluate_heads(model, data, gates, offsets);
-      r.heads.push_back(a);
-    }
+  std::vector<HeadIntervention> list = {HeadIntervention{}};  // the unablated model first
+  for (int64_t l = 0; l < model.n_layers(); ++l)
+    for (int64_t h = 0; h < model.attention(l).head_count(); ++h)
+      for (Ablation kind : {Ablation::zero, Ablation::mean, Ablation::patch}) list.push_back({l, h, kind, -1});
+  const std::vector<Batch> others = rotated_rows(data);
+  InterventionOptions o;
+  o.source = &others;
+  const std::vector<Scores> s = evaluate_interventions(model, data, list, o);
+  r.base = s[0];
+  for (size_t i = 1; i < list.size(); i += 3) {
+    HeadAblation a;
+    a.layer = list[i].layer;
+    a.head = list[i].head;
+    a.original_head = original_head(model.config(), a.layer, a.head);
+    a.importance = r.importance.normalized[static_cast<size_t>(a.layer)][static_cast<size_t>(a.head)];
+    a.importance_raw = r.importance.raw[static_cast<size_t>(a.layer)][static_cast<size_t>(a.head)];
+    a.zero = s[i];
+    a.mean = s[i + 1];
+    a.resample = s[i + 2];
+    r.heads.push_back(a);
   }
   return r;
 }

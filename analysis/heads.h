@@ -70,11 +70,40 @@ struct Importance {
 Importance head_importance(nn::GPTModel& model, const EvalSet& data, const HeadMatrix& gates = {});
 
 // ------------------------------------------------------------------------------------------------
-// Ablation of every head, one at a time: zero (gate 0) and mean (gate 0, offset = the head's mean context).
+// Many head interventions in one batched pass. An intervention replaces one head's context c_h (at
+// every position, or at one) by 0 (zero ablation), by its mean over the data (mean ablation), or by
+// its context on other inputs (patch: activation patching from the source batches; resample
+// ablation is a patch from other rows of the same data). Every data batch is repeated once per
+// intervention and the copies run as one forward (chunked to a memory budget), each copy with its
+// own row of gates and offsets (HeadControl's (B, H, T) and (B, H, T, D) forms), so that a sweep
+// over all heads costs a few large GEMMs instead of a pass per head.
+enum class Ablation { zero, mean, patch };
+struct HeadIntervention {
+  int64_t layer = -1, head = -1;  // layer -1: no intervention (the model under base_gates)
+  Ablation kind = Ablation::zero;
+  int64_t position = -1;  // -1: every position
+};
+struct InterventionOptions {
+  HeadMatrix base_gates;                       // in every copy (heads already pruned); empty: ones
+  const std::vector<Batch>* source = nullptr;  // patch: per data batch, the batch whose contexts go in
+  std::vector<Tensor> means;                   // mean: per layer (H_l, D); empty: mean_head_contexts
+  int64_t max_copies = 0;                      // copies per forward; 0: as many as ~64 MB of activations allow
+};
+// Scores per intervention, in the order given. The model's head controls are restored afterwards.
+std::vector<Scores> evaluate_interventions(nn::GPTModel& model, const EvalSet& data,
+                                           const std::vector<HeadIntervention>& interventions,
+                                           const InterventionOptions& options = {});
+// The data's batches with every row's inputs and targets taken from the next row (the last from the
+// first): resample ablation's source, other inputs of the same distribution.
+std::vector<Batch> rotated_rows(const EvalSet& data);
+
+// ------------------------------------------------------------------------------------------------
+// Ablation of every head, one at a time: zero (gate 0), mean (gate 0, offset = the head's mean
+// context) and resample (the head's context from another row), all in one batched pass.
 struct HeadAblation {
   int64_t layer = 0, head = 0, original_head = 0;
   double importance = 0, importance_raw = 0;  // at full gates
-  Scores zero, mean;                          // scores with the head ablated
+  Scores zero, mean, resample;                // scores with the head ablated
 };
 struct AblationResult {
   Scores base;
@@ -82,8 +111,6 @@ struct AblationResult {
   std::vector<HeadAblation> heads;  // layer-major
 };
 AblationResult ablate_heads(nn::GPTModel& model, const EvalSet& data);
-
-
 
 // Max |a - b| over the logits of the data's batches (inputs only), model a against model b with
 // gates_a applied to a.

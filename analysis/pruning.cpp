@@ -61,21 +61,24 @@ PruningCurve iterative_pruning(nn::GPTModel& model, const EvalSet& data, const P
     const int64_t remaining = c.total_heads - pruned;
     // (importance, tie-breaker, layer, head): least important first
     std::vector<std::tuple<double, double, int64_t, int64_t>> cand;
-    const Importance imp = c.criterion == Criterion::gradient ? head_importance(model, data, gates) : Importance{};
-    const Scores& now = c.steps.back().scores;
+    std::vector<HeadIntervention> open;  // the heads that may go next
     for (size_t l = 0; l < gates.size(); ++l)
-      for (size_t h = 0; h < gates[l].size(); ++h) {
-        if (gates[l][h] == 0 || active[l] <= 1) continue;
-        if (c.criterion == Criterion::gradient) {
-          cand.emplace_back(imp.normalized[l][h], 0.0, static_cast<int64_t>(l), static_cast<int64_t>(h));
-        } else {  // what masking this head too costs: metric lost, then loss gained
-          HeadMatrix g = gates;
-          g[l][h] = 0;
-          const Scores s = evaluate_heads(model, data, g);
-          cand.emplace_back(metric_value(now, o.metric) - metric_value(s, o.metric), s.loss - now.loss,
-                            static_cast<int64_t>(l), static_cast<int64_t>(h));
-        }
-      }
+      for (size_t h = 0; h < gates[l].size(); ++h)
+        if (gates[l][h] != 0 && active[l] > 1) open.push_back({static_cast<int64_t>(l), static_cast<int64_t>(h)});
+    if (c.criterion == Criterion::gradient) {
+      const Importance imp = head_importance(model, data, gates);
+      for (const HeadIntervention& iv : open)
+        cand.emplace_back(imp.normalized[static_cast<size_t>(iv.layer)][static_cast<size_t>(iv.head)], 0.0, iv.layer,
+                          iv.head);
+    } else if (!open.empty()) {  // what masking each head too costs (one batched pass): metric lost, then loss gained
+      InterventionOptions io;
+      io.base_gates = gates;
+      const std::vector<Scores> s = evaluate_interventions(model, data, open, io);
+      const Scores& now = c.steps.back().scores;
+      for (size_t i = 0; i < open.size(); ++i)
+        cand.emplace_back(metric_value(now, o.metric) - metric_value(s[i], o.metric), s[i].loss - now.loss,
+                          open[i].layer, open[i].head);
+    }
     if (cand.empty()) break;
     std::sort(cand.begin(), cand.end());
     const int64_t want =

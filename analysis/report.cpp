@@ -67,18 +67,25 @@ std::string token_label(const std::string& t) {
   return out.empty() ? "?" : out;
 }
 
-void save_heads_csv(const std::string& path, const AblationResult& a) {
+void save_heads_csv(const std::string& path, const AblationResult& a, const std::vector<HeadColumn>& extra) {
   const bool ex = a.base.has_exact_match;
   std::ostringstream os;
-  os << "layer,head,importance,importance_raw,zero_delta_loss,zero_delta_accuracy,"
-     << (ex ? "zero_delta_exact_match," : "") << "mean_delta_loss,mean_delta_accuracy"
-     << (ex ? ",mean_delta_exact_match" : "") << "\n";
+  os << "layer,head,importance,importance_raw";
+  for (const char* kind : {"zero", "mean", "resample"})
+    os << ',' << kind << "_delta_loss," << kind << "_delta_accuracy" << (ex ? std::string(",") + kind + "_delta_exact_match" : "");
+  for (const HeadColumn& c : extra) os << ',' << c.name;
+  os << "\n";
   for (const auto& h : a.heads) {
-    os << h.layer << ',' << h.original_head << ',' << num(h.importance) << ',' << num(h.importance_raw) << ','
-       << num(h.zero.loss - a.base.loss) << ',' << num(h.zero.token_accuracy - a.base.token_accuracy) << ',';
-    if (ex) os << num(h.zero.exact_match - a.base.exact_match) << ',';
-    os << num(h.mean.loss - a.base.loss) << ',' << num(h.mean.token_accuracy - a.base.token_accuracy);
-    if (ex) os << ',' << num(h.mean.exact_match - a.base.exact_match);
+    os << h.layer << ',' << h.original_head << ',' << num(h.importance) << ',' << num(h.importance_raw);
+    for (const Scores* s : {&h.zero, &h.mean, &h.resample}) {
+      os << ',' << num(s->loss - a.base.loss) << ',' << num(s->token_accuracy - a.base.token_accuracy);
+      if (ex) os << ',' << num(s->exact_match - a.base.exact_match);
+    }
+    for (const HeadColumn& c : extra) {
+      HL_CHECK(static_cast<size_t>(h.layer) < c.values.size() && static_cast<size_t>(h.head) < c.values[static_cast<size_t>(h.layer)].size(),
+               "save_heads_csv: column ", c.name, " has no value for layer ", h.layer, " head ", h.head);
+      os << ',' << c.values[static_cast<size_t>(h.layer)][static_cast<size_t>(h.head)];
+    }
     os << "\n";
   }
   write_text(path, os.str());

@@ -24,9 +24,14 @@ std::string removed_heads_str(const PruneStep& step, const nn::GPTConfig& cfg); 
 // A token as a picture label: ASCII, blanks made visible (" " -> "sp", "\n" -> "\\n").
 std::string token_label(const std::string& token);
 
-// heads.csv: layer,head (original index),importance,importance_raw,zero_delta_loss,zero_delta_accuracy,
-// [zero_delta_exact_match,]mean_delta_loss,mean_delta_accuracy[,mean_delta_exact_match]
-void save_heads_csv(const std::string& path, const AblationResult& a);
+// A further heads.csv column: a value per (layer, model-local head), already formatted.
+struct HeadColumn {
+  std::string name;
+  std::vector<std::vector<std::string>> values;
+};
+// heads.csv: layer,head (original index),importance,importance_raw, then for zero, mean and resample
+// ablation <kind>_delta_loss,<kind>_delta_accuracy[,<kind>_delta_exact_match], then `extra`.
+void save_heads_csv(const std::string& path, const AblationResult& a, const std::vector<HeadColumn>& extra = {});
 // pruning.csv: step,heads_pruned,fraction_pruned,loss,token_accuracy[,exact_match],removed
 void save_pruning_csv(const std::string& path, const PruningCurve& c, const nn::GPTConfig& cfg);
 // importance.png: layer x head heatmap of the normalised scores (pruned heads grey), colour bar.

@@ -1,6 +1,7 @@
 // headlab ablate: which heads of a checkpoint matter (analysis/heads.h, pruning.h): the terminal
 // table, heads.csv, pruning.csv, report.md, pictures, and a physically pruned checkpoint.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -110,7 +111,7 @@ std::string scores_line(const analysis::Scores& s) {
 
 std::string report_md(const AblateArgs& args, const io::Checkpoint& ck, const nn::GPTModel& model,
                       const analysis::EvalSet& data, const analysis::AblationResult& a, const analysis::PruningCurve& curve,
-                      double stop_below, const PrunedReport& pr, const std::string& task_name) {
+                      double stop_below, const PrunedReport& pr, const std::string& task_name, double sweep_seconds) {
   const nn::GPTConfig& cfg = model.config();
   const bool ex = a.base.has_exact_match;
   std::ostringstream os;
@@ -156,21 +157,25 @@ std::string report_md(const AblateArgs& args, const io::Checkpoint& ck, const nn
   os << "## Heads by importance\n\n";
   os << "Importance: I_h = E_x |dL/d gate_h| over the evaluation batches, divided by the l2 norm of its layer's "
         "scores (Michel, Levy & Neubig 2019). Zero ablation sets the head's gate to 0; mean ablation replaces the "
-        "head's context by its mean over the evaluation data. Deltas are ablated minus unpruned.\n\n";
-  os << "| rank | layer | head | importance | raw mean abs dL/dgate | zero: d loss | zero: d token acc |"
-     << (ex ? " zero: d exact |" : "") << " mean: d loss | mean: d token acc |" << (ex ? " mean: d exact |" : "")
-     << "\n|";
-  for (int i = 0; i < (ex ? 11 : 9); ++i) os << "---|";
+        "head's context by its mean over the evaluation data; resample ablation by its context on another "
+        "validation row. Deltas are ablated minus unpruned, on "
+     << data.tokens() << " scored tokens; all " << 3 * a.heads.size()
+     << " ablations ran as one batched pass (" << fmt(sweep_seconds, 2) << " s).\n\n";
+  os << "| rank | layer | head | importance | raw mean abs dL/dgate |";
+  for (const char* kind : {"zero", "mean", "resample"})
+    os << " " << kind << ": d loss | " << kind << ": d token acc |" << (ex ? std::string(" ") + kind + ": d exact |" : "");
+  os << "\n|";
+  for (int i = 0; i < (ex ? 14 : 11); ++i) os << "---|";
   os << "\n";
   int rank = 1;
   for (const auto* h : by_imp) {
     os << "| " << rank++ << " | " << h->layer << " | " << h->original_head << " | " << fmt(h->importance) << " | "
-       << fmt_sci(h->importance_raw, 2) << " | " << fmt_signed(h->zero.loss - a.base.loss) << " | "
-       << fmt_signed(h->zero.token_accuracy - a.base.token_accuracy) << " |";
-    if (ex) os << " " << fmt_signed(h->zero.exact_match - a.base.exact_match) << " |";
-    os << " " << fmt_signed(h->mean.loss - a.base.loss) << " | "
-       << fmt_signed(h->mean.token_accuracy - a.base.token_accuracy) << " |";
-    if (ex) os << " " << fmt_signed(h->mean.exact_match - a.base.exact_match) << " |";
+       << fmt_sci(h->importance_raw, 2) << " |";
+    for (const analysis::Scores* s : {&h->zero, &h->mean, &h->resample}) {
+      os << " " << fmt_signed(s->loss - a.base.loss) << " | " << fmt_signed(s->token_accuracy - a.base.token_accuracy)
+         << " |";
+      if (ex) os << " " << fmt_signed(s->exact_match - a.base.exact_match) << " |";
+    }
     os << "\n";
   }
 
@@ -278,7 +283,9 @@ Action add_ablate(CLI::App& app) {
               << model->num_parameters() << " parameters, device " << device.str() << ")\n"
               << "data: " << n << " validation batches of " << B << " x " << cfg.context_length << " ("
               << data.tokens() << " scored tokens); pruning metric " << analysis::metric_name(metric) << "\n";
+    const auto sweep_start = std::chrono::steady_clock::now();
     const analysis::AblationResult abl = analysis::ablate_heads(*model, data);
+    const double sweep_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - sweep_start).count();
     const double base_metric = analysis::metric_value(abl.base, metric);
     double stop_below = a->threshold * base_metric;
     if (!std::isnan(a->prune_to_metric)) stop_below = std::min(stop_below, a->prune_to_metric);
@@ -289,18 +296,21 @@ Action add_ablate(CLI::App& app) {
     for (const auto& h : abl.heads) by_imp.push_back(&h);
     std::sort(by_imp.begin(), by_imp.end(), [](auto* x, auto* y) { return x->importance > y->importance; });
     const bool ex = abl.base.has_exact_match;
-    std::cout << "heads by importance (|dL/d gate|, normalised per layer); deltas of zero and mean ablation\n  "
-              << pad("layer", 5) << pad("head", 5) << pad("importance", 11) << pad("zero dloss", 12) << pad("dacc", 9)
-              << (ex ? pad("dexact", 9) : "") << pad("mean dloss", 12) << pad("dacc", 9) << (ex ? pad("dexact", 9) : "")
-              << "\n";
-    for (const auto* h : by_imp)
+    std::cout << "heads by importance (|dL/d gate|, normalised per layer); deltas of zero, mean and resample ablation ("
+              << 3 * abl.heads.size() << " ablations in one batched pass, " << fmt(sweep_seconds, 2) << " s)\n  "
+              << pad("layer", 5) << pad("head", 5) << pad("importance", 11);
+    for (const char* kind : {"zero", "mean", "resample"})
+      std::cout << pad(std::string(kind) + " dloss", 15) << pad("dacc", 9) << (ex ? pad("dexact", 9) : "");
+    std::cout << "\n";
+    for (const auto* h : by_imp) {
       std::cout << "  " << pad(std::to_string(h->layer), 5) << pad(std::to_string(h->original_head), 5)
-                << pad(fmt(h->importance, 3), 11) << pad(fmt_signed(h->zero.loss - abl.base.loss), 12)
-                << pad(fmt_signed(h->zero.token_accuracy - abl.base.token_accuracy, 3), 9)
-                << (ex ? pad(fmt_signed(h->zero.exact_match - abl.base.exact_match, 3), 9) : "")
-                << pad(fmt_signed(h->mean.loss - abl.base.loss), 12)
-                << pad(fmt_signed(h->mean.token_accuracy - abl.base.token_accuracy, 3), 9)
-                << (ex ? pad(fmt_signed(h->mean.exact_match - abl.base.exact_match, 3), 9) : "") << "\n";
+                << pad(fmt(h->importance, 3), 11);
+      for (const analysis::Scores* s : {&h->zero, &h->mean, &h->resample})
+        std::cout << pad(fmt_signed(s->loss - abl.base.loss), 15)
+                  << pad(fmt_signed(s->token_accuracy - abl.base.token_accuracy, 3), 9)
+                  << (ex ? pad(fmt_signed(s->exact_match - abl.base.exact_match, 3), 9) : "");
+      std::cout << "\n";
+    }
 
     std::cout << "agreement of the gradient scores with zero ablation (Spearman, over heads): normalised "
               << fmt(agreement(abl, true), 2) << ", raw " << fmt(agreement(abl, false), 2) << "\n";
@@ -386,7 +396,7 @@ Action add_ablate(CLI::App& app) {
     analysis::save_importance_png(join_path(out, "importance.png"), abl, cfg);
     analysis::save_pruning_png(join_path(out, "pruning.png"), curve, a->full_curve ? -1.0 : stop_below);
     write_text(join_path(out, "report.md"),
-               report_md(*a, ck, *model, data, abl, curve, stop_below, pr, task->name()), "ablate");
+               report_md(*a, ck, *model, data, abl, curve, stop_below, pr, task->name(), sweep_seconds), "ablate");
     std::cout << "\nwrote " << out << "/{heads.csv, pruning.csv, report.md, importance.png, pruning.png"
               << (pr.done ? ", pruned.h5" : "") << "}\n";
     return 0;

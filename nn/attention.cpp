@@ -38,25 +38,48 @@ void check_qkv(const char* who, const Tensor& q, const Tensor& k, const Tensor& 
              ")");
 }
 
-void check_gates(const char* who, const Tensor& gates, int64_t H) {
-  if (!gates.defined()) return;
-  HL_CHECK(gates.dim() == 1 && gates.size(0) == H, who, ": head gates must have shape [", H, "], got ",
-           shape_str(gates.shape()));
+void check_given_context(const char* who, const Tensor& given, int64_t B, int64_t H, int64_t T, int64_t D) {
+  HL_CHECK(given.shape() == Shape({B, H, T, D}), who, ": the given head contexts must have shape [", B, ", ", H, ", ",
+           T, ", ", D, "], got ", shape_str(given.shape()));
 }
 
-// ctx: (B, H, T, D) -> gates[h] * ctx[:, h] + offsets[h]; keeps the ungated context if asked.
+// The shape HeadControl gates of rank r must have for a context (B, H, T, D).
+Shape gate_shape(int64_t rank, int64_t B, int64_t H, int64_t T) {
+  return rank == 1 ? Shape{H} : rank == 2 ? Shape{B, H} : Shape{B, H, T};
+}
+Shape offset_shape(int64_t rank, int64_t B, int64_t H, int64_t T, int64_t D) {
+  return rank == 2 ? Shape{H, D} : rank == 3 ? Shape{B, H, D} : Shape{B, H, T, D};
+}
+
+void check_control(const char* who, const Tensor& gates, const Tensor& offsets, int64_t B, int64_t H, int64_t T,
+                   int64_t D) {
+  if (gates.defined())
+    HL_CHECK(gates.dim() >= 1 && gates.dim() <= 3 && gates.shape() == gate_shape(gates.dim(), B, H, T), who,
+             ": head gates must have shape [", H, "], [", B, ", ", H, "] or [", B, ", ", H, ", ", T, "], got ",
+             shape_str(gates.shape()));
+  if (offsets.defined())
+    HL_CHECK(offsets.dim() >= 2 && offsets.dim() <= 4 && offsets.shape() == offset_shape(offsets.dim(), B, H, T, D),
+             who, ": head offsets must have shape [", H, ", ", D, "], [", B, ", ", H, ", ", D, "] or [", B, ", ", H,
+             ", ", T, ", ", D, "], got ", shape_str(offsets.shape()));
+}
+
+// Gates and offsets as views that broadcast against the context (B, H, T, D).
+Tensor gates_4d(const Tensor& g, int64_t B, int64_t H, int64_t T) {
+  return g.dim() == 1 ? g.view({1, H, 1, 1}) : g.dim() == 2 ? g.view({B, H, 1, 1}) : g.view({B, H, T, 1});
+}
+Tensor offsets_4d(const Tensor& o, int64_t B, int64_t H, int64_t D) {
+  return o.dim() == 2 ? o.view({1, H, 1, D}) : o.dim() == 3 ? o.view({B, H, 1, D}) : o;
+}
+
+// ctx: (B, H, T, D) -> gates * ctx + offsets; keeps the ungated context if asked.
 Tensor apply_head_control(const char* who, const Tensor& ctx, HeadControl& hc, const Tensor& gates_arg) {
-  const int64_t H = ctx.size(1), D = ctx.size(3);
+  const int64_t B = ctx.size(0), H = ctx.size(1), T = ctx.size(2), D = ctx.size(3);
   if (hc.keep_context) hc.context = ctx.detach();
   const Tensor gates = gates_arg.defined() ? gates_arg : hc.gates;
-  check_gates(who, gates, H);
+  check_control(who, gates, hc.offsets, B, H, T, D);
   Tensor out = ctx;
-  if (gates.defined()) out = mul(out, gates.to(ctx.dtype()).view({1, H, 1, 1}));
-  if (hc.offsets.defined()) {
-    HL_CHECK(hc.offsets.shape() == Shape({H, D}), who, ": head offsets must have shape [", H, ", ", D, "], got ",
-             shape_str(hc.offsets.shape()));
-    out = add(out, hc.offsets.to(ctx.dtype()).view({1, H, 1, D}));
-  }
+  if (gates.defined()) out = mul(out, gates_4d(gates.to(ctx.dtype()), B, H, T));
+  if (hc.offsets.defined()) out = add(out, offsets_4d(hc.offsets.to(ctx.dtype()), B, H, D));
   return out;
 }
 
@@ -206,22 +229,26 @@ Tensor MultiHeadAttentionWrapper::last_attention_weights() const {
 Tensor MultiHeadAttentionWrapper::forward(const Tensor& x, const Tensor& gates_arg) {
   const char* who = "MultiHeadAttentionWrapper";
   check_causal_input(who, x, d_in, context_length);
+  const int64_t B = x.size(0), T = x.size(1), H = num_heads, D = d_out;
   const Tensor gates = gates_arg.defined() ? gates_arg : head_control.gates;
-  check_gates(who, gates, num_heads);
-  const auto& offsets = head_control.offsets;
-  if (offsets.defined())
-    HL_CHECK(offsets.shape() == Shape({num_heads, d_out}), who, ": head offsets must have shape [", num_heads, ", ",
-             d_out, "], got ", shape_str(offsets.shape()));
+  const Tensor& offsets = head_control.offsets;
+  check_control(who, gates, offsets, B, H, T, D);
+  // Head h's slice of the (B, H, T, D)-shaped views, as (B, T, D)-broadcastable tensors.
+  const Tensor g4 = gates.defined() ? gates_4d(gates, B, H, T) : Tensor();
+  const Tensor o4 = offsets.defined() ? offsets_4d(offsets, B, H, D) : Tensor();
+  const Tensor& given = head_control.given_context;
+  if (given.defined()) check_given_context(who, given, B, H, T, D);
   std::vector<Tensor> outs, kept;
-  for (int64_t h = 0; h < num_heads; ++h) {
-    Tensor o = heads->at<CausalAttention>(static_cast<size_t>(h))->forward(x);  // (B, T, d_out)
+  for (int64_t h = 0; h < H; ++h) {
+    Tensor o = given.defined() ? given.select(1, h)  // (B, T, d_out)
+                               : heads->at<CausalAttention>(static_cast<size_t>(h))->forward(x);
     if (head_control.keep_context) kept.push_back(o.detach());
-    if (gates.defined()) o = mul(o, gates.narrow(0, h, 1).to(o.dtype()));
-    if (offsets.defined()) o = add(o, offsets.select(0, h).to(o.dtype()));
+    if (g4.defined()) o = mul(o, g4.select(1, h).to(o.dtype()));
+    if (o4.defined()) o = add(o, o4.select(1, h).to(o.dtype()));
     outs.push_back(o);
   }
   if (head_control.keep_context && !kept.empty()) head_control.context = stack(kept, 1);  // (B, H, T, d_out)
-  Tensor out = outs.empty() ? zeros({x.size(0), x.size(1), 0}, x.dtype(), x.device()) : cat(outs, -1);
+  Tensor out = outs.empty() ? zeros({B, T, 0}, x.dtype(), x.device()) : cat(outs, -1);
   return out_proj ? out_proj->forward(out) : out;
 }
 
@@ -247,22 +274,31 @@ Tensor CausalMultiHeadAttention::forward(const Tensor& x, const Tensor& gates) {
   const char* who = "CausalMultiHeadAttention";
   check_causal_input(who, x, d_in, context_length);
   const int64_t B = x.size(0), T = x.size(1), H = num_heads, D = head_dim;
-  // (B, T, H*D) -> (B, H, T, D): views, no copies; matmul batches over H and loops over B.
-  const Tensor keys = W_key->forward(x).view({B, T, H, D}).transpose(1, 2);
-  const Tensor queries = W_query->forward(x).view({B, T, H, D}).transpose(1, 2);
-  const Tensor values = W_value->forward(x).view({B, T, H, D}).transpose(1, 2);
   Tensor ctx;                                                                                 // (B, H, T, D)
-  if (keep_weights) {  // analysis wants the weights: the composite path materialises them anyway
+  if (head_control.given_context.defined()) {
+    check_given_context(who, head_control.given_context, B, H, T, D);
+    ctx = head_control.given_context;
+  } else if (keep_weights) {  // analysis wants the weights: the composite path materialises them anyway
+    const auto [queries, keys, values] = project_qkv(x);
     const Tensor scores = matmul(queries, keys.mT());                                         // (B, H, T, T)
     const Tensor weights = causal_softmax(scores, 1.0 / std::sqrt(static_cast<double>(D)));
     attention_weights = weights.detach();
     ctx = matmul(dropout->forward(weights), values);
   } else {  // fused: reads the strided views directly, saves O(B*H*T) for backward
+    const auto [queries, keys, values] = project_qkv(x);
     ctx = scaled_dot_product_attention(queries, keys, values, AttentionMask::causal(), dropout->p,
                                        dropout->is_training());
   }
   ctx = apply_head_control(who, ctx, head_control, gates);
   return out_proj->forward(ctx.transpose(1, 2).reshape({B, T, H * D}));                       // (B, T, d_out)
+}
+
+// x (B, T, d_in) -> queries, keys, values (B, H, T, D): views of the projections, no copies; matmul
+// batches over H and loops over B.
+std::tuple<Tensor, Tensor, Tensor> CausalMultiHeadAttention::project_qkv(const Tensor& x) const {
+  const int64_t B = x.size(0), T = x.size(1), H = num_heads, D = head_dim;
+  auto heads = [&](Linear& proj) { return proj.forward(x).view({B, T, H, D}).transpose(1, 2); };
+  return {heads(*W_query), heads(*W_key), heads(*W_value)};
 }
 
 // ---- conversion ----

@@ -5,6 +5,8 @@
 // wrapper <-> fused conversion.
 // B = batch, Q = queries, K = keys, T = tokens, H = heads, D = head size.
 #pragma once
+#include <tuple>
+
 #include "nn/layers.h"
 
 namespace headlab::nn {
@@ -50,13 +52,18 @@ class AdditiveAttention : public Module {
 
 // Per-head control shared by the multi-head modules: each head's context c_h becomes
 // gates[h] * c_h + offsets[h]. Gates default to ones (no-op); they may require grad, which makes
-// dL/dgates the head-importance scores of Michel et al. (2019). offsets (H, D) implement mean
-// ablation (gate 0, offset = the head's mean context).
+// dL/dgates the head-importance scores of Michel et al. (2019). offsets implement mean ablation
+// (gate 0, offset = the head's mean context) and activation patching (gate 0, offset = the head's
+// context from another run). Gates and offsets may differ per batch row (and position), so that
+// one batched forward runs a different intervention in each copy of the data.
 struct HeadControl {
-  Tensor gates;    // (H) or undefined
-  Tensor offsets;  // (H, D) or undefined
+  Tensor gates;    // (H), (B, H) or (B, H, T); undefined: all ones
+  Tensor offsets;  // (H, D), (B, H, D) or (B, H, T, D); undefined: none
   bool keep_context = false;  // store each head's context (before gating) in `context`
   Tensor context;             // (B, H, T, D), detached
+  // When defined, used as the heads' contexts instead of computing them from the input (whose shape
+  // must still match): analysis replays a layer's output projection from stored contexts.
+  Tensor given_context;       // (B, H, T, D)
 };
 
 // d2l 10.5: W_q, W_k, W_v project to num_hiddens, split into num_heads heads of DotProductAttention.
@@ -85,7 +92,7 @@ class MultiHeadAttention : public Module {
 class CausalMultiHead : public UnaryModule {
  public:
   Tensor forward(const Tensor& x) override { return forward(x, Tensor()); }
-  virtual Tensor forward(const Tensor& x, const Tensor& gates) = 0;  // gates: (H), overrides control().gates
+  virtual Tensor forward(const Tensor& x, const Tensor& gates) = 0;  // gates as HeadControl's; overrides control().gates
   virtual int64_t head_count() const = 0;
   virtual int64_t head_size() const = 0;
   virtual HeadControl& control() = 0;
@@ -156,6 +163,10 @@ class CausalMultiHeadAttention : public CausalMultiHead {
   HeadControl head_control;
   std::shared_ptr<Linear> W_query, W_key, W_value, out_proj;
   std::shared_ptr<Dropout> dropout;
+
+ private:
+  // x (B, T, d_in) -> queries, keys, values (B, H, T, D)
+  std::tuple<Tensor, Tensor, Tensor> project_qkv(const Tensor& x) const;
 };
 
 // Same maths, other layout: stacks the heads' W_query/W_key/W_value rows into one fused module

@@ -122,18 +122,20 @@ GPTModel::GPTModel(const GPTConfig& cfg) : cfg_(cfg) {
   out_head = register_module("out_head", std::make_shared<Linear>(cfg.emb_dim, cfg.vocab_size, false));
 }
 
-Tensor GPTModel::forward(const Tensor& idx) {
+Tensor GPTModel::forward(const Tensor& idx) { return unembed(trf_blocks->forward(embed(idx))); }
+
+Tensor GPTModel::embed(const Tensor& idx) {
   HL_CHECK(idx.defined() && idx.dim() == 2, "GPTModel: expected token ids of shape (batch, tokens), got ",
            idx.defined() ? shape_str(idx.shape()) : std::string("(undefined)"));
   HL_CHECK(idx.dtype() == DType::i64, "GPTModel: token ids must be int64, got ", dtype_name(idx.dtype()));
   const int64_t T = idx.size(1);
   HL_CHECK(T <= cfg_.context_length, "GPTModel: ", T, " tokens exceed context_length ", cfg_.context_length);
-  const Tensor tok = tok_emb->forward(idx);                                             // (B, T, C)
-  const Tensor pos = pos_emb->forward(arange(T, DType::i64, idx.device()));             // (T, C)
-  Tensor x = drop_emb->forward(add(tok, pos));
-  x = trf_blocks->forward(x);
-  return out_head->forward(final_norm->forward(x));                                     // (B, T, V)
+  const Tensor tok = tok_emb->forward(idx);                                  // (B, T, C)
+  const Tensor pos = pos_emb->forward(arange(T, DType::i64, idx.device()));  // (T, C)
+  return drop_emb->forward(add(tok, pos));
 }
+
+Tensor GPTModel::unembed(const Tensor& x) { return out_head->forward(final_norm->forward(x)); }  // (B, T, V)
 
 std::shared_ptr<TransformerBlock> GPTModel::block(int64_t layer) const {
   HL_CHECK(layer >= 0 && layer < cfg_.n_layers, "GPTModel: layer ", layer, " is out of range for ", cfg_.n_layers,

@@ -48,6 +48,9 @@ class GPTModel : public Module {
   explicit GPTModel(const GPTConfig& cfg);
   std::string type_name() const override { return "GPTModel"; }
   Tensor forward(const Tensor& idx);  // idx: (B, T) int64 -> logits (B, T, vocab_size)
+  // forward = unembed(blocks(embed(idx))), in pieces for analyses that replay part of the model:
+  Tensor embed(const Tensor& idx);  // (B, T) int64 -> the residual stream entering block 0 (B, T, emb_dim)
+  Tensor unembed(const Tensor& x);  // the residual stream after the last block -> logits (B, T, vocab_size)
   Tensor operator()(const Tensor& idx) { return forward(idx); }
   const GPTConfig& config() const { return cfg_; }
   int64_t n_layers() const { return cfg_.n_layers; }

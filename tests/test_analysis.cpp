@@ -277,6 +277,79 @@ TEST(Analysis, MeanContextsAreTheMeanOverRowsAndPositions) {
   EXPECT_NE(a.heads[6].mean.loss, a.heads[6].zero.loss);
 }
 
+// The batched pass (every intervention a copy of the data in one forward) against one pass per head.
+TEST(Analysis, BatchedAblationEqualsOnePassPerHead) {
+  auto model = load_model(trained_checkpoint());
+  const EvalSet data = eval_set(2, 8);
+  const AblationResult a = ablate_heads(*model, data);
+  const std::vector<Tensor> means = mean_head_contexts(*model, data);
+  const std::vector<Batch> others = rotated_rows(data);
+  const double tok = 1.0 / static_cast<double>(data.tokens());
+  auto expect_same = [&](const Scores& batched, const Scores& ref, const std::string& what) {
+    EXPECT_NEAR(batched.loss, ref.loss, 2e-5) << what;
+    EXPECT_NEAR(batched.token_accuracy, ref.token_accuracy, 1.5 * tok) << what;  // a near-tie may flip
+    EXPECT_NEAR(batched.exact_match, ref.exact_match, 1.0 / 16 + 1e-9) << what;
+    EXPECT_EQ(batched.tokens, ref.tokens) << what;
+  };
+  // Patching by hand, batch by batch: the head's context on the source rows (keep_context), then
+  // gates (B, H, T) with 0 where patched and that context as the offset there.
+  auto patched_by_hand = [&](int64_t layer, int64_t head, int64_t position) {
+    train::ScoreSum sum;
+    nn::HeadControl& hc = model->attention(layer).control();
+    for (size_t i = 0; i < data.batches.size(); ++i) {
+      NoGradGuard ng;
+      hc.keep_context = true;
+      model->forward(tensor(others[i].inputs, {others[i].B, others[i].T}));
+      const Tensor src = hc.context;  // (B, H, T, D)
+      hc = nn::HeadControl{};
+      const int64_t B = data.batches[i].B, T = data.batches[i].T;
+      const int64_t t0 = position < 0 ? 0 : position, nt = position < 0 ? T : 1;
+      hc.gates = ones({B, 4, T});
+      hc.gates.select(1, head).narrow(1, t0, nt).fill_(0.0);
+      hc.offsets = zeros(src.shape());
+      hc.offsets.select(1, head).narrow(1, t0, nt).copy_(src.select(1, head).narrow(1, t0, nt));
+      auto [idx, tgt] = batch_tensors(data.batches[i], kCPU);
+      sum.add(data.batches[i], model->forward(idx), tgt);
+      hc = nn::HeadControl{};
+    }
+    return sum.scores();
+  };
+  expect_same(a.base, evaluate_heads(*model, data), "base");
+  ASSERT_EQ(a.heads.size(), 8u);
+  for (const HeadAblation& h : a.heads) {
+    const std::string name = head_label(h.layer, h.head);
+    HeadMatrix g = head_matrix(*model, 1.0);
+    g[static_cast<size_t>(h.layer)][static_cast<size_t>(h.head)] = 0;
+    expect_same(h.zero, evaluate_heads(*model, data, g), name + " zero");
+    std::vector<Tensor> offsets(2);
+    offsets[static_cast<size_t>(h.layer)] = zeros({4, 8});
+    offsets[static_cast<size_t>(h.layer)].select(0, h.head).copy_(means[static_cast<size_t>(h.layer)].select(0, h.head));
+    expect_same(h.mean, evaluate_heads(*model, data, g, offsets), name + " mean");
+    expect_same(h.resample, patched_by_hand(h.layer, h.head, -1), name + " resample");
+    EXPECT_NE(h.resample.loss, h.zero.loss) << name;
+  }
+  // Chunking changes nothing: one copy per forward gives the same scores as all copies at once.
+  std::vector<HeadIntervention> list = {{}, {0, 1, Ablation::zero, -1}, {1, 2, Ablation::mean, -1},
+                                        {1, 3, Ablation::patch, -1}, {0, 2, Ablation::patch, 3}};
+  InterventionOptions o;
+  o.source = &others;
+  const std::vector<Scores> all = evaluate_interventions(*model, data, list, o);
+  o.max_copies = 1;
+  const std::vector<Scores> one = evaluate_interventions(*model, data, list, o);
+  for (size_t i = 0; i < list.size(); ++i) expect_same(all[i], one[i], "chunk " + std::to_string(i));
+  expect_same(all[4], patched_by_hand(0, 2, 3), "patch at position 3");
+  EXPECT_NE(all[4].loss, all[0].loss);
+  // Bad interventions name the function and what was wrong.
+  EXPECT_ERROR_CONTAINS(evaluate_interventions(*model, data, {{2, 0, Ablation::zero, -1}}),
+                        "evaluate_interventions: layer 2 is out of range for 2 layers");
+  EXPECT_ERROR_CONTAINS(evaluate_interventions(*model, data, {{1, 4, Ablation::zero, -1}}),
+                        "evaluate_interventions: layer 1 has no head 4 (it has 4)");
+  EXPECT_ERROR_CONTAINS(evaluate_interventions(*model, data, {{1, 0, Ablation::patch, -1}}),
+                        "evaluate_interventions: patching needs a source batch per data batch (2), got 0");
+  EXPECT_ERROR_CONTAINS(evaluate_interventions(*model, data, {{1, 0, Ablation::zero, 99}}),
+                        "evaluate_interventions: position 99 is out of range");
+}
+
 TEST(Analysis, ImportanceMatchesFiniteDifferencesOfTheGates) {
   auto model = load_model(trained_checkpoint());
   model->to(DType::f64);
@@ -573,17 +646,24 @@ TEST_F(AnalysisFiles, AttentionMapsAndPictures) {
   EXPECT_EQ(img.width, 900);
   EXPECT_EQ(img.height, 560);
   expect_drawn(path("pruning.png"), 900, 560);
-  save_heads_csv(path("heads.csv"), a);
+  HeadColumn label{"label", {{"a", "b", "c", "d"}, {"e", "f", "g", "h"}}};
+  save_heads_csv(path("heads.csv"), a, {label});
   save_pruning_csv(path("pruning.csv"), c, model->config());
   std::ifstream hf(path("heads.csv"));
   std::string header;
   std::getline(hf, header);
   EXPECT_EQ(header,
             "layer,head,importance,importance_raw,zero_delta_loss,zero_delta_accuracy,zero_delta_exact_match,"
-            "mean_delta_loss,mean_delta_accuracy,mean_delta_exact_match");
+            "mean_delta_loss,mean_delta_accuracy,mean_delta_exact_match,resample_delta_loss,resample_delta_accuracy,"
+            "resample_delta_exact_match,label");
   int rows = 0;
-  for (std::string line; std::getline(hf, line);) ++rows;
+  std::string last;
+  for (std::string line; std::getline(hf, line); last = line) ++rows;
   EXPECT_EQ(rows, 8);
+  EXPECT_EQ(last.substr(0, 4), "1,3,");
+  EXPECT_EQ(last.substr(last.size() - 2), ",h");
+  EXPECT_ERROR_CONTAINS(save_heads_csv(path("bad.csv"), a, {HeadColumn{"x", {{"1"}}}}),
+                        "save_heads_csv: column x has no value for layer 0 head 1");
   std::ifstream pf(path("pruning.csv"));
   std::getline(pf, header);
   EXPECT_EQ(header, "step,heads_pruned,fraction_pruned,loss,token_accuracy,exact_match,removed");

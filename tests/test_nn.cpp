@@ -860,6 +860,51 @@ TEST(HeadGates, OffsetsImplementMeanAblation) {
   EXPECT_TRUE(all_close(ablated, f.out_proj->forward(cat({ctx0, c}, -1)), 1e-14, 0));
 }
 
+TEST(HeadGates, PerRowAndPerPositionControlsInBothForms) {
+  // gates (B, H, T) and offsets (B, H, T, D): context c becomes g * c + o element by element;
+  // (B, H) gates and (B, H, D) offsets are the same values broadcast over positions.
+  manual_seed(8);
+  MultiHeadAttentionWrapper w(4, 2, 8, 0.0, 3, true, true);
+  w.to(DType::f64);
+  auto f = nn::wrapper_to_fused(w);
+  const int64_t B = 2, H = 3, T = 5, D = 2;
+  const Tensor x = rnd({B, T, 4}, 12);
+  const Tensor g = rnd({B, H, T}, 13), o = rnd({B, H, T, D}, 14);
+  const Tensor g_row = rnd({B, H}, 15), o_row = rnd({B, H, D}, 16);
+  for (nn::CausalMultiHead* m : {static_cast<nn::CausalMultiHead*>(&w), static_cast<nn::CausalMultiHead*>(f.get())}) {
+    nn::HeadControl& hc = m->control();
+    hc.keep_context = true;
+    m->forward(x);
+    const Tensor ctx = hc.context;  // (B, H, T, D)
+    hc.keep_context = false;
+    auto projected = [&](const Tensor& c) { return f->out_proj->forward(c.transpose(1, 2).reshape({B, T, H * D})); };
+    hc.gates = g;
+    hc.offsets = o;
+    EXPECT_TRUE(all_close(m->forward(x), projected(add(mul(ctx, g.unsqueeze(-1)), o)), 1e-13, 0)) << m->type_name();
+    hc.gates = g_row;
+    hc.offsets = o_row;
+    const Tensor expected = projected(add(mul(ctx, g_row.view({B, H, 1, 1})), o_row.view({B, H, 1, D})));
+    EXPECT_TRUE(all_close(m->forward(x), expected, 1e-13, 0)) << m->type_name();
+    hc.gates = ones({B + 1, H}, DType::f64);
+    EXPECT_NE(error_of([&] { m->forward(x); }).find("head gates must have shape [3], [2, 3] or [2, 3, 5], got [3, 3]"),
+              std::string::npos)
+        << error_of([&] { m->forward(x); });
+    hc.gates = Tensor();
+    hc.offsets = ones({B, H, T}, DType::f64);
+    EXPECT_NE(error_of([&] { m->forward(x); }).find("head offsets must have shape [3, 2], [2, 3, 2] or [2, 3, 5, 2]"),
+              std::string::npos);
+    hc.offsets = Tensor();
+    // Given contexts replace the computed ones (analysis replays a layer from recorded contexts).
+    hc.given_context = mul(ctx, 2.0);
+    EXPECT_TRUE(all_close(m->forward(x), projected(mul(ctx, 2.0)), 1e-13, 0)) << m->type_name();
+    hc.given_context = ctx.narrow(2, 0, T - 1);
+    EXPECT_NE(error_of([&] { m->forward(x); }).find("the given head contexts must have shape [2, 3, 5, 2], got [2, 3, 4, 2]"),
+              std::string::npos)
+        << error_of([&] { m->forward(x); });
+    hc.given_context = Tensor();
+  }
+}
+
 // =====================================================================================================
 // Bad input: clear errors naming the module
 // =====================================================================================================
@@ -901,7 +946,7 @@ TEST(AttentionErrors, Messages) {
   EXPECT_EQ(error_of([&] { mha(ones({2, 4, 99}), Y, Y); }),
             "MultiHeadAttention: queries must have 100 features, got shape [2, 4, 99]");
   EXPECT_EQ(error_of([&] { mha.forward(X, Y, Y, Tensor(), ones({4})); }),
-            "MultiHeadAttention: head gates must have shape [5], got [4]");
+            "MultiHeadAttention: head gates must have shape [5], [2, 5] or [2, 5, 4], got [4]");
   EXPECT_EQ(error_of([&] { MultiHeadAttention(100, 100, 100, 100, 3, 0.5); }),
             "MultiHeadAttention: num_hiddens 100 must be a positive multiple of num_heads 3");
 
@@ -914,14 +959,14 @@ TEST(AttentionErrors, Messages) {
   MultiHeadAttentionWrapper w(3, 2, 8, 0.0, 2);
   EXPECT_EQ(error_of([&] { w(ones({2, 9, 3})); }), "MultiHeadAttentionWrapper: 9 tokens exceed context_length 8");
   EXPECT_EQ(error_of([&] { w.forward(ones({2, 4, 3}), ones({3})); }),
-            "MultiHeadAttentionWrapper: head gates must have shape [2], got [3]");
+            "MultiHeadAttentionWrapper: head gates must have shape [2], [2, 2] or [2, 2, 4], got [3]");
 
   CausalMultiHeadAttention f(3, 4, 8, 0.0, 2);
   EXPECT_EQ(error_of([&] { f(ones({2, 9, 3})); }), "CausalMultiHeadAttention: 9 tokens exceed context_length 8");
   EXPECT_EQ(error_of([&] { f(ones({2, 4})); }),
             "CausalMultiHeadAttention: expected x of shape (batch, tokens, 3), got [2, 4]");
   EXPECT_EQ(error_of([&] { f.forward(ones({2, 4, 3}), ones({2, 1})); }),
-            "CausalMultiHeadAttention: head gates must have shape [2], got [2, 1]");
+            "CausalMultiHeadAttention: head gates must have shape [2], [2, 2] or [2, 2, 4], got [2, 1]");
   EXPECT_EQ(error_of([&] { CausalMultiHeadAttention(3, 5, 8, 0.0, 2); }),
             "CausalMultiHeadAttention: d_out 5 must be divisible by num_heads 2");
   EXPECT_EQ(error_of([&] { CausalMultiHeadAttention(3, 4, 0, 0.0, 2); }),

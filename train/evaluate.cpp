@@ -8,30 +8,35 @@ std::pair<Tensor, Tensor> batch_tensors(const tasks::Batch& b, Device device) {
   return {tensor(b.inputs, {b.B, b.T}).to(device), tensor(b.targets, {b.B, b.T}).to(device)};
 }
 
+void ScoreSum::add(const tasks::Batch& b, const Tensor& logits, const Tensor& targets) {
+  const int64_t V = logits.size(-1);
+  loss_sum += cross_entropy(logits.reshape({-1, V}), targets.reshape({-1}), kIgnoreIndex, Reduction::sum).item<double>();
+  metrics += tasks::score(b, argmax(logits, -1).to_vector<int64_t>());
+}
+
+Scores ScoreSum::scores() const {
+  Scores s;
+  s.tokens = metrics.tokens;
+  s.has_exact_match = metrics.has_exact_match;
+  if (metrics.tokens > 0) {
+    s.loss = loss_sum / static_cast<double>(metrics.tokens);
+    s.token_accuracy = metrics.token_accuracy;
+  }
+  if (metrics.has_exact_match) s.exact_match = metrics.exact_match;
+  return s;
+}
+
 Scores evaluate(nn::GPTModel& model, const std::vector<tasks::Batch>& batches) {
   const bool was_training = model.is_training();
   model.eval();
   NoGradGuard no_grad;
-  const Device device = model.device();
-  const int64_t V = model.config().vocab_size;
-  double loss_sum = 0;
-  tasks::Metrics total;
+  ScoreSum sum;
   for (const tasks::Batch& b : batches) {
-    auto [idx, tgt] = batch_tensors(b, device);
-    const Tensor logits = model.forward(idx);  // (B, T, V)
-    loss_sum += cross_entropy(logits.reshape({-1, V}), tgt.reshape({-1}), kIgnoreIndex, Reduction::sum).item<double>();
-    total += tasks::score(b, argmax(logits, -1).to_vector<int64_t>());
+    auto [idx, tgt] = batch_tensors(b, model.device());
+    sum.add(b, model.forward(idx), tgt);  // logits (B, T, V)
   }
   model.train(was_training);
-  Scores s;
-  s.tokens = total.tokens;
-  s.has_exact_match = total.has_exact_match;
-  if (total.tokens > 0) {
-    s.loss = loss_sum / static_cast<double>(total.tokens);
-    s.token_accuracy = total.token_accuracy;
-  }
-  if (total.has_exact_match) s.exact_match = total.exact_match;
-  return s;
+  return sum.scores();
 }
 
 Scores evaluate(nn::GPTModel& model, const tasks::Task& task, int64_t batches, int64_t batch_size, int64_t T) {

@@ -21,6 +21,15 @@ struct Scores {
   int64_t tokens = 0;  // scored targets
 };
 
+// Scores accumulated over batches: the summed cross entropy and the argmax metrics.
+struct ScoreSum {
+  double loss_sum = 0;
+  tasks::Metrics metrics;
+  // logits: (B, T, V) for batch.inputs; targets: batch.targets as a (B, T) tensor on the logits' device.
+  void add(const tasks::Batch& batch, const Tensor& logits, const Tensor& targets);
+  Scores scores() const;
+};
+
 // A batch's inputs and targets as (B, T) int64 tensors on `device`.
 std::pair<Tensor, Tensor> batch_tensors(const tasks::Batch& batch, Device device);
 

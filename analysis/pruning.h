@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,6 +44,7 @@ struct PruneStep {
   double fraction = 0;                               // pruned / all heads
   std::vector<std::pair<int64_t, int64_t>> removed;  // (layer, head) masked in this step, least important first
   Scores scores;
+  std::optional<Scores> finetuned;  // after fine-tuning the model pruned this far (analysis/finetune.h), when asked
 };
 struct PruningCurve {
   Metric metric = Metric::exact_match;

@@ -95,12 +95,19 @@ void save_pruning_csv(const std::string& path, const PruningCurve& c, const nn::
   HL_CHECK(!c.steps.empty(), "save_pruning_csv: the curve is empty");
   const bool ex = c.steps.front().scores.has_exact_match;
   std::ostringstream os;
-  os << "step,heads_pruned,fraction_pruned,loss,token_accuracy" << (ex ? ",exact_match" : "") << ",removed\n";
+  const bool ft = std::any_of(c.steps.begin(), c.steps.end(), [](const PruneStep& s) { return s.finetuned.has_value(); });
+  os << "step,heads_pruned,fraction_pruned,loss,token_accuracy" << (ex ? ",exact_match" : "");
+  if (ft) os << ",finetuned_loss,finetuned_token_accuracy" << (ex ? ",finetuned_exact_match" : "");
+  os << ",removed\n";
+  auto columns = [&](const Scores& v) {
+    os << ',' << num(v.loss) << ',' << num(v.token_accuracy);
+    if (ex) os << ',' << num(v.exact_match);
+  };
   for (size_t i = 0; i < c.steps.size(); ++i) {
     const auto& s = c.steps[i];
-    os << i << ',' << s.pruned << ',' << num(s.fraction) << ',' << num(s.scores.loss) << ','
-       << num(s.scores.token_accuracy);
-    if (ex) os << ',' << num(s.scores.exact_match);
+    os << i << ',' << s.pruned << ',' << num(s.fraction);
+    columns(s.scores);
+    if (ft) columns(s.finetuned.value_or(Scores{}));  // NaN where a step was not fine-tuned
     os << ',' << removed_heads_str(s, cfg) << "\n";
   }
   write_text(path, os.str());
@@ -132,16 +139,20 @@ void save_pruning_png(const std::string& path, const PruningCurve& c, double sto
   ch.width = 900;
   ch.height = 560;
   plot::Series acc{"token accuracy", {}, {}}, ex{"exact match", {}, {}}, thr{"stop threshold", {}, {}};
+  plot::Series acc_ft{"token accuracy, fine-tuned", {}, {}}, ex_ft{"exact match, fine-tuned", {}, {}};
+  auto add = [](plot::Series& to, double x, double y) {
+    to.x.push_back(x);
+    to.y.push_back(y);
+  };
   for (const auto& s : c.steps) {
-    acc.x.push_back(s.fraction);
-    acc.y.push_back(s.scores.token_accuracy);
-    if (s.scores.has_exact_match) {
-      ex.x.push_back(s.fraction);
-      ex.y.push_back(s.scores.exact_match);
-    }
+    add(acc, s.fraction, s.scores.token_accuracy);
+    if (s.scores.has_exact_match) add(ex, s.fraction, s.scores.exact_match);
+    if (!s.finetuned) continue;
+    add(acc_ft, s.fraction, s.finetuned->token_accuracy);
+    if (s.finetuned->has_exact_match) add(ex_ft, s.fraction, s.finetuned->exact_match);
   }
-  ch.series.push_back(acc);
-  if (!ex.x.empty()) ch.series.push_back(ex);
+  for (const plot::Series* series : {&acc, &ex, &acc_ft, &ex_ft})
+    if (!series->x.empty()) ch.series.push_back(*series);
   if (stop_below > 0) {
     thr.x = {0.0, c.steps.back().fraction > 0 ? c.steps.back().fraction : 1.0};
     thr.y = {stop_below, stop_below};

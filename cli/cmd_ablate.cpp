@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "analysis/analysis.h"
+#include "analysis/finetune.h"
 #include "backends/backend.h"
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -29,9 +30,9 @@ namespace {
 
 struct AblateArgs {
   std::string path, out, text, device = "cpu", metric, criterion = "auto";
-  int64_t batches = 0, batch_size = 0, prune = -1, repeats = 20;
-  double threshold = 0.9, step = 0.1, prune_to_metric = std::nan("");
-  bool full_curve = false;
+  int64_t batches = 0, batch_size = 0, prune = -1, repeats = 20, finetune = 0;
+  double threshold = 0.9, step = 0.1, prune_to_metric = std::nan(""), finetune_lr = 0;
+  bool full_curve = false, finetune_curve = false;
   int threads = 0;
 };
 
@@ -40,6 +41,7 @@ struct PrunedReport {
   std::string path;
   int64_t removed = 0, params_before = 0, params_after = 0;
   std::vector<std::vector<int64_t>> kept_original;
+  std::optional<analysis::FinetuneResult> finetuned;
   double max_diff = 0;
   analysis::Scores gated, scores;
   analysis::TimeStats time_before, time_after;
@@ -187,13 +189,23 @@ std::string report_md(const AblateArgs& args, const io::Checkpoint& ck, const nn
              ? " (gradient scores)"
              : " (what masking the head too costs, measured: the metric lost, then the loss increase)")
      << ".\n\n";
+  const bool ft = args.finetune_curve;
+  if (ft)
+    os << "Each pruned model was also fine-tuned " << args.finetune
+       << " steps on its task (a fresh optimizer; `finetune/pruned_<k>/`): the fine-tuned columns.\n\n";
   os << "| step | heads pruned | fraction | loss | token accuracy |" << (ex ? " exact match |" : "")
-     << " removed (layer/head) |\n|---|---|---|---|---|" << (ex ? "---|" : "") << "---|\n";
+     << (ft ? std::string(" fine-tuned: loss | fine-tuned: token accuracy |") + (ex ? " fine-tuned: exact match |" : "") : "")
+     << " removed (layer/head) |\n|---|---|---|---|---|" << (ex ? "---|" : "") << (ft ? (ex ? "---|---|---|" : "---|---|") : "")
+     << "---|\n";
   for (size_t i = 0; i < curve.steps.size(); ++i) {
     const auto& s = curve.steps[i];
-    os << "| " << i << " | " << s.pruned << " | " << fmt(s.fraction, 3) << " | " << fmt(s.scores.loss) << " | "
-       << fmt(s.scores.token_accuracy) << " |";
-    if (ex) os << " " << fmt(s.scores.exact_match) << " |";
+    auto columns = [&](const analysis::Scores& sc) {
+      os << " " << fmt(sc.loss) << " | " << fmt(sc.token_accuracy) << " |";
+      if (ex) os << " " << fmt(sc.exact_match) << " |";
+    };
+    os << "| " << i << " | " << s.pruned << " | " << fmt(s.fraction, 3) << " |";
+    columns(s.scores);
+    if (ft) columns(s.finetuned.value_or(analysis::Scores{}));
     os << " " << analysis::removed_heads_str(s, cfg) << " |\n";
   }
   os << "\n![pruning curve](pruning.png)\n\n";
@@ -217,6 +229,9 @@ std::string report_md(const AblateArgs& args, const io::Checkpoint& ck, const nn
     os << "| max abs logit difference, pruned vs gated | " << fmt_sci(pr.max_diff, 2) << " |\n";
     os << "| scores, gated model | " << scores_line(pr.gated) << " |\n";
     os << "| scores, pruned.h5 | " << scores_line(pr.scores) << " |\n";
+    if (pr.finetuned)
+      os << "| scores after fine-tuning " << args.finetune << " steps (" << fmt(pr.finetuned->seconds, 1) << " s; `"
+         << pr.finetuned->checkpoint << "`) | " << scores_line(pr.finetuned->after) << " |\n";
   }
   return os.str();
 }
@@ -252,6 +267,15 @@ Action add_ablate(CLI::App& app) {
   app.add_option("--prune-to-metric", a->prune_to_metric,
                  "write pruned.h5 pruned by the curve as far as the metric stays >= X")
       ->excludes(k);
+  app.add_option("--finetune", a->finetune,
+                 "after pruning, train the pruned model N more steps (its task, a fresh optimizer of its run's kind) "
+                 "and report the metric before and after; writes finetune/checkpoint.h5")
+      ->check(positive_number());
+  app.add_option("--finetune-lr", a->finetune_lr, "peak learning rate of the fine-tuning (default: the run's)")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--finetune-curve", a->finetune_curve,
+               "fine-tune the model pruned at every step of the curve too (--finetune steps each; "
+               "finetune/pruned_<k>/), so that the curve shows both");
   app.add_option("--repeats", a->repeats, "timed forward passes for the pruned model's speed-up")
       ->check(positive_number())
       ->capture_default_str();
@@ -327,7 +351,7 @@ Action add_ablate(CLI::App& app) {
     for (int64_t l = 0; l < cfg.n_layers; ++l) max_prunable += model->attention(l).head_count() - 1;
     HL_CHECK(a->prune <= max_prunable, "ablate: --prune ", a->prune, " is more than the ", max_prunable,
              " heads that can go (every layer keeps one head)");
-    const analysis::PruningCurve curve = analysis::iterative_pruning(*model, data, po);
+    analysis::PruningCurve curve = analysis::iterative_pruning(*model, data, po);
     std::cout << "\npruning curve (" << criterion_text(*a, curve) << " criterion, " << fmt(100 * a->step, 0)
               << "% of the remaining heads per step; stop below "
               << analysis::metric_name(metric) << " " << fmt(stop_below) << " = "
@@ -341,6 +365,26 @@ Action add_ablate(CLI::App& app) {
                 << pad(fmt(s.scores.token_accuracy, 3), 9) << (ex ? pad(fmt(s.scores.exact_match, 3), 9) : "")
                 << "  " << analysis::removed_heads_str(s, cfg) << "\n";
     std::cout << free_heads_text(abl, curve, cfg) << "\n";
+
+    HL_CHECK(a->finetune > 0 || (!a->finetune_curve && a->finetune_lr == 0), "ablate: --finetune-curve and "
+             "--finetune-lr need --finetune STEPS");
+    HL_CHECK(a->finetune == 0 || a->finetune_curve || a->prune >= 0 || !std::isnan(a->prune_to_metric),
+             "ablate: --finetune needs a pruned model to train (--prune K or --prune-to-metric X) or --finetune-curve");
+    analysis::FinetuneOptions fo;
+    fo.steps = a->finetune;
+    fo.lr = a->finetune_lr;
+    fo.device = a->device;
+    if (a->finetune_curve) {
+      std::cout << "\nfine-tuning the model pruned at every step of the curve (" << a->finetune << " steps each)\n";
+      for (analysis::PruneStep& step : curve.steps) {
+        fo.out = join_path(out, "finetune/pruned_" + std::to_string(step.pruned));
+        const auto keep = analysis::kept_after(*model, curve.order, step.pruned);
+        step.finetuned = analysis::finetune(analysis::prune_checkpoint(ck, keep, a->path), data, fo).after;
+        std::cout << "  " << pad(std::to_string(step.pruned), 3) << " pruned: " << analysis::metric_name(metric) << " "
+                  << fmt(analysis::metric_value(step.scores, metric), 3) << " -> "
+                  << fmt(analysis::metric_value(*step.finetuned, metric), 3) << "\n";
+      }
+    }
 
     // physical pruning
     PrunedReport pr;
@@ -389,6 +433,12 @@ Action add_ablate(CLI::App& app) {
                 << " ms, speed-up " << fmt(pr.time_before.median / pr.time_after.median, 2) << "x\n"
                 << "  max |logits(pruned) - logits(gated)| = " << fmt_sci(pr.max_diff, 2) << "\n"
                 << "  pruned.h5: " << scores_line(pr.scores) << "\n";
+      if (a->finetune > 0) {
+        fo.out = join_path(out, "finetune");
+        pr.finetuned = analysis::finetune(pck, data, fo);
+        std::cout << "  fine-tuned " << a->finetune << " steps (" << fmt(pr.finetuned->seconds, 1) << " s): "
+                  << scores_line(pr.finetuned->after) << "\n  wrote " << pr.finetuned->checkpoint << "\n";
+      }
     }
 
     analysis::save_heads_csv(join_path(out, "heads.csv"), abl);

@@ -5,6 +5,7 @@
 // `headlab` commands on a pruned checkpoint.
 #include "tests/process_util.h"
 #include "analysis/analysis.h"
+#include "analysis/finetune.h"
 
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -348,6 +349,28 @@ TEST(Analysis, BatchedAblationEqualsOnePassPerHead) {
                         "evaluate_interventions: patching needs a source batch per data batch (2), got 0");
   EXPECT_ERROR_CONTAINS(evaluate_interventions(*model, data, {{1, 0, Ablation::zero, 99}}),
                         "evaluate_interventions: position 99 is out of range");
+}
+
+// Fine-tuning a pruned checkpoint: starts from the pruned weights (its "before" is the pruned model's
+// score), trains on the task, and lowers the loss that pruning raised.
+TEST_F(AnalysisFiles, FinetuningRecoversWhatPruningCost) {
+  const Checkpoint& ck = trained_checkpoint();
+  auto model = load_model(ck);
+  const EvalSet data = eval_set(2, 16);
+  const Scores unpruned = evaluate_heads(*model, data);
+  const Checkpoint pruned = prune_checkpoint(ck, {{0}, {3}});  // 6 of 8 heads gone
+  FinetuneOptions o;
+  o.steps = 60;
+  o.out = path("ft");
+  const FinetuneResult r = finetune(pruned, data, o);
+  EXPECT_NEAR(r.before.loss, evaluate_heads(*model_from_checkpoint(pruned, "pruned"), data).loss, 1e-9);
+  EXPECT_GT(r.before.loss, unpruned.loss + 0.05) << "pruning six heads should cost something";
+  EXPECT_LT(r.after.loss, r.before.loss - 0.02) << "before " << r.before.loss << ", after " << r.after.loss;
+  const Checkpoint out = load_checkpoint(r.checkpoint);
+  EXPECT_EQ(out.config["model"]["kept_heads"], pruned.config["model"]["kept_heads"]);
+  EXPECT_EQ(out.trainer.step, 60);
+  o.steps = 0;
+  EXPECT_ERROR_CONTAINS(finetune(pruned, data, o), "finetune: the number of steps must be positive, got 0");
 }
 
 TEST(Analysis, ImportanceMatchesFiniteDifferencesOfTheGates) {
@@ -799,8 +822,22 @@ TEST_F(AnalysisFiles, CommandsLoadPrunedCheckpoints) {
       EXPECT_EQ(rc, 0) << cmd << "\n" << ss.str();
       return ss.str();
     };
-    const std::string log =
-        run("ablate " + ck + " --out " + out + " --prune 3 --batches 1 --batch-size 16 --repeats 2 --threads 1");
+    const bool finetune = form == "fused";  // once is enough: the form does not matter to the trainer
+    const std::string log = run("ablate " + ck + " --out " + out +
+                                " --prune 3 --batches 1 --batch-size 16 --repeats 2 --threads 1" +
+                                (finetune ? " --finetune 30 --finetune-curve" : ""));
+    if (finetune) {  // the pruned model trained further, and every point of the curve too
+      EXPECT_NE(log.find("fine-tuned 30 steps"), std::string::npos) << log;
+      const Checkpoint ft = load_checkpoint((fs::path(out) / "finetune" / "checkpoint.h5").string());
+      EXPECT_EQ(ft.trainer.step, 30);
+      EXPECT_EQ(ft.config["model"]["kept_heads"], load_checkpoint((fs::path(out) / "pruned.h5").string()).config["model"]["kept_heads"]);
+      EXPECT_TRUE(fs::exists(fs::path(out) / "finetune" / "pruned_0" / "checkpoint.h5"));
+      std::ifstream csv(fs::path(out) / "pruning.csv");
+      std::string header;
+      std::getline(csv, header);
+      EXPECT_NE(header.find(",finetuned_loss,finetuned_token_accuracy,finetuned_exact_match,removed"), std::string::npos)
+          << header;
+    }
     // By default a model this small is pruned by measured ablation, and both outputs say so.
     EXPECT_NE(log.find("pruning curve (ablation (auto: 8 heads <= 64) criterion"), std::string::npos) << log;
     std::ifstream report(fs::path(out) / "report.md");

@@ -171,6 +171,7 @@ std::unique_ptr<Trainer::Session> Trainer::start() {
   manual_seed(s->config.run.seed);
   s->model = std::make_shared<nn::GPTModel>(s->config.model);
   if (opts_.resume) s->model->load_parameters(resumed.model, "checkpoint '" + latest_ + "'");
+  else if (!opts_.init.empty()) s->model->load_parameters(opts_.init, "train: the initial parameters");
   s->model->to(device);
   s->model->train();
   s->opt = std::make_unique<optim::Optimizer>(s->model->named_parameters(), s->config.optimizer);

@@ -18,6 +18,9 @@ struct TrainOptions {
   bool resume = false;  // continue <out>/checkpoint.h5 up to config.run.steps
   int64_t log_every = 50;
   bool quiet = false;  // no progress output (tests)
+  // Non-empty: a fresh run starts from these parameters (fine-tuning, e.g. a pruned checkpoint's)
+  // instead of a random initialisation; they must fit config.model. Ignored on resume.
+  NamedTensors init;
 };
 
 struct TrainResult {

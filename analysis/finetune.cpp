@@ -1,0 +1,37 @@
+// Fine-tuning a pruned checkpoint through the Trainer (checkpoints, metrics, divergence stops included).
+#include "analysis/finetune.h"
+
+#include <chrono>
+
+#include "train/trainer.h"
+
+namespace headlab::analysis {
+
+FinetuneResult finetune(const io::Checkpoint& ck, const EvalSet& data, const FinetuneOptions& o) {
+  HL_CHECK(o.steps > 0, "finetune: the number of steps must be positive, got ", o.steps);
+  HL_CHECK(o.lr >= 0, "finetune: the learning rate must be >= 0 (0: the run's own), got ", o.lr);
+  HL_CHECK(!o.out.empty(), "finetune: no output folder given");
+  train::RunConfig config = train::RunConfig::from_json(ck.config);
+  config.run.steps = o.steps;
+  config.run.eval_every = config.run.save_every = o.steps;
+  config.run.device = o.device;
+  if (o.lr > 0) config.optimizer.lr = o.lr;
+  config.schedule.warmup = std::min(config.schedule.warmup, std::max<int64_t>(1, o.steps / 10));
+  const Device device = Device::parse(o.device);
+  FinetuneResult r;
+  r.before = evaluate_heads(*io::model_from_checkpoint(ck, "finetune", device), data);
+  train::TrainOptions to;
+  to.config = config;
+  to.out = o.out;
+  to.quiet = o.quiet;
+  to.init = ck.model;
+  const auto start = std::chrono::steady_clock::now();
+  const train::TrainResult t = train::Trainer(to).run();
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  HL_CHECK(!t.interrupted, "finetune: interrupted at step ", t.steps_done, " of ", o.steps);
+  r.checkpoint = t.checkpoint;
+  r.after = evaluate_heads(*io::model_from_checkpoint(io::load_checkpoint(r.checkpoint), r.checkpoint, device), data);
+  return r;
+}
+
+}  // namespace headlab::analysis

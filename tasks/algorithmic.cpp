@@ -258,19 +258,42 @@ Batch AlgorithmicTask::batch(Split split, uint64_t index, int64_t B, int64_t T) 
   batch.has_answers = true;
   batch.answer_begin.resize(static_cast<size_t>(B));
   batch.answer_end.resize(static_cast<size_t>(B));
-  for (int64_t b = 0; b < B; ++b) {
-    const Example ex = example(split, index * static_cast<uint64_t>(B) + static_cast<uint64_t>(b));
-    const int64_t len = static_cast<int64_t>(ex.tokens.size());  // <= T by check_context_length
-    int64_t* in = batch.inputs.data() + b * T;
-    int64_t* tg = batch.targets.data() + b * T;
-    for (int64_t t = 0; t < len; ++t) in[t] = ex.tokens[static_cast<size_t>(t)];
-    // Position t predicts token t+1: scored when that token is an answer token or the end.
-    for (int64_t t = ex.answer_begin - 1; t < len - 1; ++t)
-      tg[t] = ex.tokens[static_cast<size_t>(t + 1)];
-    batch.answer_begin[static_cast<size_t>(b)] = ex.answer_begin - 1;
-    batch.answer_end[static_cast<size_t>(b)] = len - 1;
-  }
+  for (int64_t b = 0; b < B; ++b)
+    put_row(batch, b, example(split, index * static_cast<uint64_t>(B) + static_cast<uint64_t>(b)));
   return batch;
+}
+
+void AlgorithmicTask::put_row(Batch& batch, int64_t b, const Example& ex) const {
+  const int64_t T = batch.T, len = static_cast<int64_t>(ex.tokens.size());  // <= T by check_context_length
+  int64_t* in = batch.inputs.data() + b * T;
+  int64_t* tg = batch.targets.data() + b * T;
+  std::fill_n(in, T, pad_id_);
+  std::fill_n(tg, T, kIgnoreIndex);
+  for (int64_t t = 0; t < len; ++t) in[t] = ex.tokens[static_cast<size_t>(t)];
+  // Position t predicts token t+1: scored when that token is an answer token or the end.
+  for (int64_t t = ex.answer_begin - 1; t < len - 1; ++t) tg[t] = ex.tokens[static_cast<size_t>(t + 1)];
+  batch.answer_begin[static_cast<size_t>(b)] = ex.answer_begin - 1;
+  batch.answer_end[static_cast<size_t>(b)] = len - 1;
+}
+
+Batch AlgorithmicTask::corrupt(const Batch& clean, uint64_t seed) const {
+  HL_CHECK(clean.has_answers && static_cast<int64_t>(clean.inputs.size()) == clean.B * clean.T &&
+               static_cast<int64_t>(clean.answer_begin.size()) == clean.B,
+           err(), ": corrupt needs a batch of this task (with answers)");
+  Batch out = clean;
+  for (int64_t b = 0; b < clean.B; ++b) {
+    const int64_t* row = clean.inputs.data() + b * clean.T;
+    const int64_t sep = std::find(row, row + clean.T, sep_id_) - row;
+    HL_CHECK(sep < clean.T, err(), ": row ", b, " of the batch has no separator");
+    std::vector<int64_t> prompt(row, row + sep), digits;
+    for (int64_t i = 0; i < sep; ++i)
+      if (prompt[static_cast<size_t>(i)] != plus_id_) digits.push_back(i);
+    CounterRng rng(hash_combine(seed, static_cast<uint64_t>(b)));
+    int64_t& d = prompt[static_cast<size_t>(digits[rng.below(digits.size())])];
+    d = (d + 1 + static_cast<int64_t>(rng.below(9))) % 10;  // another digit
+    put_row(out, b, build(prompt));
+  }
+  return out;
 }
 
 std::vector<int64_t> AlgorithmicTask::parse_prompt(const std::string& raw) const {

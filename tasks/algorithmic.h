@@ -53,6 +53,11 @@ class AlgorithmicTask : public Task {
   // Which part of the example space a prompt (its token ids, without separator) belongs to.
   Split split_of(const std::vector<int64_t>& prompt_ids) const;
 
+  // The same rows with one prompt digit each changed to another digit (position and digit drawn from
+  // seed and the row) and the answer recomputed: activation patching's corrupted input. The layout
+  // is the clean one position by position (the length does not change).
+  Batch corrupt(const Batch& clean, uint64_t seed) const;
+
   int64_t sep_id() const { return sep_id_; }
   int64_t pad_id() const { return pad_id_; }
   int64_t plus_id() const { return plus_id_; }  // add only; -1 otherwise
@@ -60,6 +65,7 @@ class AlgorithmicTask : public Task {
  private:
   std::vector<int64_t> parse_prompt(const std::string& text) const;  // -> prompt ids
   Example build(const std::vector<int64_t>& prompt_ids) const;
+  void put_row(Batch& batch, int64_t b, const Example& ex) const;  // row b of a (B, T) batch
   std::string err() const { return "task " + name(); }
 
   Kind kind_;

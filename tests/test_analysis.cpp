@@ -6,6 +6,8 @@
 #include "tests/process_util.h"
 #include "analysis/analysis.h"
 #include "analysis/finetune.h"
+#include "analysis/patching.h"
+#include "tasks/algorithmic.h"
 
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -371,6 +373,60 @@ TEST_F(AnalysisFiles, FinetuningRecoversWhatPruningCost) {
   EXPECT_EQ(out.trainer.step, 60);
   o.steps = 0;
   EXPECT_ERROR_CONTAINS(finetune(pruned, data, o), "finetune: the number of steps must be positive, got 0");
+}
+
+// Activation patching against patching by hand, and a dead head (zero out_proj columns) that no
+// patch can move.
+TEST(Analysis, PatchingEqualsPatchingByHandAndADeadHeadDoesNothing) {
+  auto model = load_model(trained_checkpoint());
+  const auto task = test_task();
+  const auto& algo = dynamic_cast<const AlgorithmicTask&>(*task);
+  const EvalSet clean = eval_set(2, 8);
+  std::vector<Batch> corrupted;
+  for (size_t i = 0; i < clean.batches.size(); ++i) corrupted.push_back(algo.corrupt(clean.batches[i], i));
+  {  // plant a dead head: L1H0's out_proj columns zero
+    NoGradGuard ng;
+    dynamic_cast<nn::CausalMultiHeadAttention&>(model->attention(1)).out_proj->weight.narrow(1, 0, 8).zero_();
+  }
+  const PatchingResult r = patch_heads(*model, clean, corrupted, true);
+  EXPECT_GT(r.corrupted.loss, r.clean.loss + 0.5) << "changing a prompt digit must break the clean answer";
+  EXPECT_EQ(r.tokens, clean.tokens());
+  // By hand: the head's context recorded on the source batch, gate 0 and that context as its offset.
+  auto by_hand = [&](const std::vector<Batch>& run_on, const std::vector<Batch>& source, int64_t l, int64_t h) {
+    train::ScoreSum sum;
+    nn::HeadControl& hc = model->attention(l).control();
+    for (size_t i = 0; i < run_on.size(); ++i) {
+      NoGradGuard ng;
+      hc.keep_context = true;
+      model->forward(tensor(source[i].inputs, {source[i].B, source[i].T}));
+      Tensor off = zeros(hc.context.shape());
+      off.select(1, h).copy_(hc.context.select(1, h));
+      hc = nn::HeadControl{};
+      hc.gates = ones({4});
+      hc.gates.narrow(0, h, 1).fill_(0.0);
+      hc.offsets = off;
+      sum.add(clean.batches[i], model->forward(tensor(run_on[i].inputs, {run_on[i].B, run_on[i].T})),
+              tensor(clean.batches[i].targets, {clean.batches[i].B, clean.batches[i].T}));
+      hc = nn::HeadControl{};
+    }
+    return sum.scores();
+  };
+  ASSERT_EQ(r.heads.size(), 8u);
+  double strongest = 0;
+  for (const HeadPatching& p : r.heads) {
+    const std::string name = head_label(p.layer, p.head);
+    EXPECT_NEAR(p.noised.loss, by_hand(clean.batches, corrupted, p.layer, p.head).loss, 2e-5) << name;
+    EXPECT_NEAR(p.denoised.loss, by_hand(corrupted, clean.batches, p.layer, p.head).loss, 2e-5) << name;
+    EXPECT_NEAR(p.noising, (p.noised.loss - r.clean.loss) / (r.corrupted.loss - r.clean.loss), 1e-12);
+    ASSERT_EQ(p.denoising_by_position.size(), static_cast<size_t>(clean.batches[0].T));
+    strongest = std::max(strongest, p.denoising);
+  }
+  EXPECT_GT(strongest, 0.1) << "some head carries the corrupted digit";
+  const HeadPatching& dead = r.heads[4];  // L1H0
+  EXPECT_NEAR(dead.noising, 0.0, 1e-5);
+  EXPECT_NEAR(dead.denoising, 0.0, 1e-5);
+  for (double e : dead.denoising_by_position) EXPECT_NEAR(e, 0.0, 1e-5);
+  EXPECT_ERROR_CONTAINS(patch_heads(*model, clean, {corrupted[0]}), "patch_heads: 1 corrupted batches for 2 clean ones");
 }
 
 TEST(Analysis, ImportanceMatchesFiniteDifferencesOfTheGates) {

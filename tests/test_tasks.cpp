@@ -721,3 +721,33 @@ TEST(Factory, HelpListsEveryTask) {
   EXPECT_NE(help.find("999+001=0001."), std::string::npos);
   EXPECT_NE(help.find("least significant digit first"), std::string::npos);
 }
+
+TEST(AlgorithmicTasks, CorruptChangesOnePromptDigitPerRowAndRecomputesTheAnswer) {
+  for (auto kind : {AlgorithmicTask::Kind::reverse, AlgorithmicTask::Kind::sort, AlgorithmicTask::Kind::add}) {
+    const AlgorithmicTask task = algo(kind);
+    SCOPED_TRACE(task.name());
+    const int64_t T = task.required_context_length();
+    const Batch clean = task.batch(Split::val, 0, 16, T);
+    const Batch bad = task.corrupt(clean, 5);
+    EXPECT_EQ(bad.answer_begin, clean.answer_begin);  // same layout, position by position
+    EXPECT_EQ(bad.answer_end, clean.answer_end);
+    for (int64_t b = 0; b < clean.B; ++b) {
+      const int64_t sep = clean.answer_begin[static_cast<size_t>(b)];  // the separator's position
+      int changed = 0;
+      std::string prompt;
+      for (int64_t t = 0; t < sep; ++t) {
+        changed += bad.input(b, t) != clean.input(b, t);
+        EXPECT_LT(bad.input(b, t), 10 + (kind == AlgorithmicTask::Kind::add)) << "a digit (or +)";
+        prompt += task.tokenizer().decode({bad.input(b, t)});
+      }
+      EXPECT_EQ(changed, 1) << "row " << b;
+      // The answer is the corrupted prompt's: the example built from it, token by token.
+      const Example ex = task.make_example(prompt);
+      for (int64_t t = 0; t < static_cast<int64_t>(ex.tokens.size()); ++t)
+        EXPECT_EQ(bad.input(b, t), ex.tokens[static_cast<size_t>(t)]) << "row " << b << " t " << t;
+    }
+    const Batch again = task.corrupt(clean, 5), other = task.corrupt(clean, 6);
+    EXPECT_EQ(again.inputs, bad.inputs);
+    EXPECT_NE(other.inputs, bad.inputs);
+  }
+}

@@ -113,21 +113,33 @@ void save_pruning_csv(const std::string& path, const PruningCurve& c, const nn::
   write_text(path, os.str());
 }
 
-void save_importance_png(const std::string& path, const AblationResult& a, const nn::GPTConfig& cfg) {
+void save_head_map_png(const std::string& path, const HeadMap& map, const nn::GPTConfig& cfg) {
   plot::Heatmap m;
-  m.title = "head importance (Michel et al. 2019): mean abs dL/dgate, normalised per layer";
+  m.title = map.title;
   m.x_label = "head";
   m.y_label = "layer";
-  m.colorbar_label = "importance";
+  m.colorbar_label = map.colorbar_label;
   m.rows = cfg.n_layers;
   m.cols = cfg.n_heads;
   m.values.assign(static_cast<size_t>(m.rows * m.cols), kNaN);  // heads pruned before: grey
-  for (const auto& h : a.heads) m.values[static_cast<size_t>(h.layer * m.cols + h.original_head)] = h.importance;
+  HL_CHECK(static_cast<int64_t>(map.values.size()) == cfg.n_layers, "save_head_map_png: ", map.values.size(),
+           " layers of values for a model of ", cfg.n_layers);
+  for (int64_t l = 0; l < m.rows; ++l)
+    for (size_t h = 0; h < map.values[static_cast<size_t>(l)].size(); ++h)
+      m.values[static_cast<size_t>(l * m.cols + original_head(cfg, l, static_cast<int64_t>(h)))] =
+          map.values[static_cast<size_t>(l)][h];
   for (int64_t l = 0; l < m.rows; ++l) m.row_labels.push_back(std::to_string(l));
   for (int64_t h = 0; h < m.cols; ++h) m.col_labels.push_back(std::to_string(h));
-  m.vmin = 0.0;
+  m.vmin = map.vmin;
+  m.vmax = map.vmax;
   m.annotate = true;
   plot::save_heatmap(m, path);
+}
+
+void save_importance_png(const std::string& path, const AblationResult& a, const nn::GPTConfig& cfg) {
+  HeadMap map{"head importance (Michel et al. 2019): mean abs dL/dgate, normalised per layer", "importance",
+              a.importance.normalized, 0.0, std::nullopt};
+  save_head_map_png(path, map, cfg);
 }
 
 void save_pruning_png(const std::string& path, const PruningCurve& c, double stop_below) {

@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,6 +35,13 @@ struct HeadColumn {
 void save_heads_csv(const std::string& path, const AblationResult& a, const std::vector<HeadColumn>& extra = {});
 // pruning.csv: step,heads_pruned,fraction_pruned,loss,token_accuracy[,exact_match],removed
 void save_pruning_csv(const std::string& path, const PruningCurve& c, const nn::GPTConfig& cfg);
+// A value per head as a layer x head heatmap by original head index (heads pruned before: grey).
+struct HeadMap {
+  std::string title, colorbar_label;
+  HeadMatrix values;  // [layer][model-local head]
+  std::optional<double> vmin, vmax;  // colour range; default: the data's
+};
+void save_head_map_png(const std::string& path, const HeadMap& map, const nn::GPTConfig& cfg);
 // importance.png: layer x head heatmap of the normalised scores (pruned heads grey), colour bar.
 void save_importance_png(const std::string& path, const AblationResult& a, const nn::GPTConfig& cfg);
 // pruning.png: fraction pruned -> token accuracy (and exact match), with the stop threshold when > 0.

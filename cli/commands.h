@@ -16,5 +16,6 @@ Action add_inspect(CLI::App& app);
 Action add_compare(CLI::App& app);
 Action add_ablate(CLI::App& app);
 Action add_attention(CLI::App& app);
+Action add_heads(CLI::App& app);
 
 }  // namespace headlab::cli

@@ -30,6 +30,8 @@ int main(int argc, char** argv) {
   add("compare", "time and compare the wrapper and fused multi-head attention", headlab::cli::add_compare);
   add("ablate", "find which attention heads of a checkpoint matter", headlab::cli::add_ablate);
   add("attention", "dump and draw every head's attention weights for one input", headlab::cli::add_attention);
+  add("heads", "what each attention head does: ablation, logit attribution, patching, head types",
+      headlab::cli::add_heads);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -1,0 +1,227 @@
+// headlab heads: what every attention head of a checkpoint does, in one command: zero/mean/resample
+// ablation, direct logit attribution, activation patching (noising and denoising), head types.
+// Writes heads.csv (a row per head, a column per score), report.md and its pictures.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include "analysis/analysis.h"
+#include "analysis/patching.h"
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "tasks/algorithmic.h"
+#include "train/config.h"
+#include "train/memory.h"
+
+namespace headlab::cli {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct HeadsArgs {
+  std::string path, out, text, device = "cpu";
+  int64_t batches = 0, batch_size = 0;
+  uint64_t seed = 1;
+  bool by_position = false;
+  int threads = 0;
+};
+
+using analysis::HeadMatrix;
+
+// What every analysis found, by (layer, model-local head).
+struct Findings {
+  analysis::AblationResult ablation;
+  analysis::LogitAttribution dla;
+  analysis::PatchingResult patching;
+  std::string corruption;  // how the corrupted inputs were made
+  double seconds_ablation = 0, seconds_dla = 0, seconds_patching = 0;
+};
+
+HeadMatrix by_head(const nn::GPTModel& m, const auto& rows, auto value) {
+  HeadMatrix v = analysis::head_matrix(m, std::nan(""));
+  for (const auto& r : rows) v[static_cast<size_t>(r.layer)][static_cast<size_t>(r.head)] = value(r);
+  return v;
+}
+
+analysis::HeadColumn column(const std::string& name, const HeadMatrix& values) {
+  analysis::HeadColumn c{name, {}};
+  for (const auto& row : values) {
+    auto& out = c.values.emplace_back();
+    for (double v : row) out.push_back(fmt(v, 6));
+  }
+  return c;
+}
+
+template <class F>
+double timed(F&& f) {
+  const auto start = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// "| L0H1 | v | v |" rows of a head table, heads in `order`.
+void head_rows(std::ostream& os, const nn::GPTConfig& cfg, const std::vector<std::pair<int64_t, int64_t>>& order,
+               const std::vector<std::pair<std::string, HeadMatrix>>& cols) {
+  os << "| head |";
+  for (const auto& [name, v] : cols) os << " " << name << " |";
+  os << "\n|---|";
+  for (size_t i = 0; i < cols.size(); ++i) os << "---|";
+  os << "\n";
+  for (const auto& [l, h] : order) {
+    os << "| " << analysis::head_label(l, analysis::original_head(cfg, l, h)) << " |";
+    for (const auto& [name, v] : cols) os << " " << fmt_signed(v[static_cast<size_t>(l)][static_cast<size_t>(h)], 3) << " |";
+    os << "\n";
+  }
+}
+
+// Heads sorted by |value| descending.
+std::vector<std::pair<int64_t, int64_t>> by_magnitude(const HeadMatrix& v) {
+  std::vector<std::pair<int64_t, int64_t>> order;
+  for (size_t l = 0; l < v.size(); ++l)
+    for (size_t h = 0; h < v[l].size(); ++h) order.emplace_back(l, h);
+  std::stable_sort(order.begin(), order.end(), [&](auto& a, auto& b) {
+    return std::fabs(v[static_cast<size_t>(a.first)][static_cast<size_t>(a.second)]) >
+           std::fabs(v[static_cast<size_t>(b.first)][static_cast<size_t>(b.second)]);
+  });
+  return order;
+}
+
+}  // namespace
+
+Action add_heads(CLI::App& app) {
+  auto a = std::make_shared<HeadsArgs>();
+  app.add_option("checkpoint", a->path, "checkpoint file (.h5)")->required();
+  app.add_option("--out", a->out, "output folder (default: <checkpoint folder>/heads)");
+  app.add_option("--text", a->text, "chars checkpoints: evaluate on the last 10% of this text instead");
+  app.add_option("--batches", a->batches, "validation batches (default: the run's --eval-batches)")
+      ->check(positive_number());
+  app.add_option("--batch-size", a->batch_size, "rows per batch (default: the run's --batch-size)")
+      ->check(positive_number());
+  app.add_flag("--by-position", a->by_position,
+               "activation patching per head and position too (denoising; a pass per position)");
+  app.add_option("--seed", a->seed, "which prompt digit the corruption changes (tasks)")->capture_default_str();
+  app.add_option("--device", a->device, "cpu | cuda | cuda:N")->capture_default_str();
+  app.add_option("--threads", a->threads, "CPU threads (0: all cores)")->check(non_negative_number());
+  return [a] {
+    set_threads(a->threads);
+    Loaded in = load(a->path, a->device, a->text);
+    nn::GPTModel& model = *in.model;
+    const nn::GPTConfig& cfg = model.config();
+    const train::RunConfig run_config = train::RunConfig::from_json(in.ckpt.config);
+    const int64_t n = a->batches > 0 ? a->batches : run_config.run.eval_batches;
+    const int64_t B = a->batch_size > 0 ? a->batch_size : run_config.run.batch_size;
+    if (!model.device().is_cuda())
+      train::check_memory_fits(train::estimate_memory(cfg, B, false, 0), "heads",
+                               "lower --batch-size (now " + std::to_string(B) + ")");
+    const std::string out = a->out.empty() ? join_path(fs::path(a->path).parent_path().string(), "heads") : a->out;
+    make_dir(out, "heads");
+    const analysis::EvalSet data = analysis::make_eval_set(*in.task, n, B, cfg.context_length);
+    std::cout << "headlab heads: " << a->path << " (task " << in.task->name() << ", " << cfg.n_layers << " layers x "
+              << cfg.n_heads << " heads" << (cfg.kept_heads.empty() ? "" : ", pruned: kept " + kept_str(cfg.kept_heads))
+              << ")\ndata: " << n << " validation batches of " << B << " x " << cfg.context_length << " ("
+              << data.tokens() << " scored tokens)\n";
+
+    Findings f;
+    f.seconds_ablation = timed([&] { f.ablation = analysis::ablate_heads(model, data); });
+    f.seconds_dla = timed([&] { f.dla = analysis::logit_attribution(model, data); });
+    std::vector<analysis::Batch> corrupted;
+    if (const auto* algo = dynamic_cast<const tasks::AlgorithmicTask*>(in.task.get())) {
+      for (size_t i = 0; i < data.batches.size(); ++i) corrupted.push_back(algo->corrupt(data.batches[i], a->seed + i));
+      f.corruption = "one prompt digit of every row changed to another digit (the answer changes with it)";
+    } else {
+      corrupted = analysis::rotated_rows(data);
+      f.corruption = "every row replaced by the next row of the data (another stretch of the text)";
+    }
+    f.seconds_patching = timed([&] { f.patching = analysis::patch_heads(model, data, corrupted, a->by_position); });
+
+    const auto& abl = f.ablation;
+    const HeadMatrix zero = by_head(model, abl.heads, [&](auto& h) { return h.zero.loss - abl.base.loss; });
+    const HeadMatrix mean = by_head(model, abl.heads, [&](auto& h) { return h.mean.loss - abl.base.loss; });
+    const HeadMatrix resample = by_head(model, abl.heads, [&](auto& h) { return h.resample.loss - abl.base.loss; });
+    const HeadMatrix noising = by_head(model, f.patching.heads, [](auto& p) { return p.noising; });
+    const HeadMatrix denoising = by_head(model, f.patching.heads, [](auto& p) { return p.denoising; });
+    const HeadMatrix& dla = f.dla.vs_mean.heads;
+
+    // terminal: one line per head
+    std::cout << "unablated: loss " << fmt(abl.base.loss) << ", token accuracy " << fmt(abl.base.token_accuracy)
+              << "\n\n  " << pad("head", 7) << pad("zero dloss", 12) << pad("resample", 12) << pad("DLA", 10)
+              << pad("noising", 10) << pad("denoising", 10) << "\n";
+    for (int64_t l = 0; l < model.n_layers(); ++l)
+      for (int64_t h = 0; h < model.attention(l).head_count(); ++h) {
+        const auto L = static_cast<size_t>(l), H = static_cast<size_t>(h);
+        std::cout << "  " << pad(analysis::head_label(l, analysis::original_head(cfg, l, h)), 7)
+                  << pad(fmt_signed(zero[L][H]), 12) << pad(fmt_signed(resample[L][H]), 12)
+                  << pad(fmt_signed(dla[L][H], 3), 10) << pad(fmt_signed(noising[L][H], 3), 10)
+                  << pad(fmt_signed(denoising[L][H], 3), 10) << "\n";
+      }
+    std::cout << "DLA: each head's direct share of logit(correct) - mean logit (final norm's scale frozen), mean over "
+              << f.dla.tokens << " tokens; the components sum to " << fmt(f.dla.vs_mean.sum(), 4) << " (model: "
+              << fmt(f.dla.vs_mean.total, 4) << ")\npatching: " << f.corruption << "; corrupted loss "
+              << fmt(f.patching.corrupted.loss) << " vs clean " << fmt(f.patching.clean.loss)
+              << "; effects are fractions of that gap\n";
+
+    std::vector<analysis::HeadColumn> extra = {
+        column("dla_logit_vs_mean", dla), column("dla_logit", f.dla.logit.heads),
+        column("patch_noising", noising), column("patch_denoising", denoising)};
+    analysis::save_heads_csv(join_path(out, "heads.csv"), abl, extra);
+    analysis::save_head_map_png(join_path(out, "dla.png"),
+                                {"direct logit attribution: logit(correct) - mean logit", "logit", dla, {}, {}}, cfg);
+    analysis::save_head_map_png(join_path(out, "patching.png"),
+                                {"activation patching, denoising: fraction of the loss gap restored", "fraction",
+                                 denoising, {}, {}},
+                                cfg);
+
+    std::ostringstream md;
+    md << "# Heads of `" << a->path << "`\n\n";
+    md << "| | |\n|---|---|\n| task | " << in.task->name() << " |\n| model | " << cfg.n_layers << " layers x "
+       << cfg.n_heads << " heads, emb " << cfg.emb_dim << " |\n| data | " << n << " validation batches of " << B << " x "
+       << cfg.context_length << ", " << data.tokens() << " scored tokens |\n| unablated | loss " << fmt(abl.base.loss)
+       << ", token accuracy " << fmt(abl.base.token_accuracy) << " |\n| time | ablation " << fmt(f.seconds_ablation, 2)
+       << " s (" << 3 * abl.heads.size() << " ablations, one batched pass), DLA " << fmt(f.seconds_dla, 2)
+       << " s, patching " << fmt(f.seconds_patching, 2) << " s |\n\n";
+    md << "## Ablation\n\nLoss increase when the head's context is replaced by zero, its mean over the data, or its "
+          "context on another row (resample), on "
+       << data.tokens() << " scored tokens.\n\n";
+    head_rows(md, cfg, by_magnitude(resample), {{"zero: d loss", zero}, {"mean: d loss", mean}, {"resample: d loss", resample}});
+    md << "\n## Direct logit attribution\n\nEach head's direct contribution, through out_proj and the unembedding "
+          "with the final layer norm's scale frozen per token, to logit(correct) minus the mean logit (and to the "
+          "raw correct logit), mean over "
+       << f.dla.tokens << " scored tokens. Embeddings " << fmt_signed(f.dla.vs_mean.embeddings, 3)
+       << ", final norm shift " << fmt_signed(f.dla.vs_mean.final_shift, 3) << ", feed-forward blocks";
+    for (double v : f.dla.vs_mean.feed_forward) md << " " << fmt_signed(v, 3);
+    md << ", out_proj biases";
+    for (double v : f.dla.vs_mean.out_proj_bias) md << " " << fmt_signed(v, 3);
+    md << "; everything sums to " << fmt(f.dla.vs_mean.sum(), 4) << " = the model's " << fmt(f.dla.vs_mean.total, 4)
+       << ".\n\n![direct logit attribution](dla.png)\n\n";
+    head_rows(md, cfg, by_magnitude(dla), {{"DLA vs mean", dla}, {"DLA raw logit", f.dla.logit.heads}});
+    md << "\n## Activation patching\n\nCorrupted input: " << f.corruption << ". Clean loss " << fmt(f.patching.clean.loss)
+       << ", corrupted " << fmt(f.patching.corrupted.loss) << " (on the clean targets, " << f.patching.tokens
+       << " tokens). Noising: the clean run with the head's context from the corrupted run, as a fraction of the "
+          "gap it opens; denoising: the corrupted run with the head's clean context, the fraction of the gap it "
+          "closes.\n\n![patching](patching.png)\n\n";
+    head_rows(md, cfg, by_magnitude(denoising), {{"noising", noising}, {"denoising", denoising}});
+    if (a->by_position) {
+      md << "\n### Denoising by position\n\n| head |";
+      const int64_t T = data.batches.front().T;
+      for (int64_t t = 0; t < T; ++t) md << " " << t << " |";
+      md << "\n|---|";
+      for (int64_t t = 0; t < T; ++t) md << "---|";
+      md << "\n";
+      for (const auto& p : f.patching.heads) {
+        md << "| " << analysis::head_label(p.layer, p.original_head) << " |";
+        for (double v : p.denoising_by_position) md << " " << fmt(v, 2) << " |";
+        md << "\n";
+      }
+    }
+    write_text(join_path(out, "report.md"), md.str(), "heads");
+    std::cout << "\nwrote " << out << "/{heads.csv, report.md, dla.png, patching.png}\n";
+    return 0;
+  };
+}
+
+}  // namespace headlab::cli

@@ -24,7 +24,8 @@ Criterion parse_criterion(const std::string& name) {
   if (name == "auto") return Criterion::automatic;
   if (name == "ablation") return Criterion::ablation;
   if (name == "gradient") return Criterion::gradient;
-  HL_FAIL("analysis: unknown pruning criterion '", name, "' (expected auto, ablation or gradient)");
+  if (name == "l0") return Criterion::l0;
+  HL_FAIL("analysis: unknown pruning criterion '", name, "' (expected auto, ablation, gradient or l0)");
 }
 
 const char* criterion_name(Criterion c) {
@@ -32,6 +33,7 @@ const char* criterion_name(Criterion c) {
     case Criterion::automatic: return "auto";
     case Criterion::ablation: return "ablation";
     case Criterion::gradient: return "gradient";
+    case Criterion::l0: return "l0";
   }
   return "?";
 }
@@ -49,6 +51,8 @@ PruningCurve iterative_pruning(nn::GPTModel& model, const EvalSet& data, const P
   HeadMatrix gates = head_matrix(model, 1.0);
   c.total_heads = count_heads(gates);
   c.criterion = resolve_criterion(o.criterion, c.total_heads);
+  if (c.criterion == Criterion::l0) check_matrix("iterative_pruning (l0_rank)", model, o.l0_rank);
+  HL_CHECK(c.criterion != Criterion::l0 || !o.l0_rank.empty(), "iterative_pruning: the l0 criterion needs l0_rank");
   PruneStep first;
   first.scores = evaluate_heads(model, data, gates);
   metric_value(first.scores, o.metric);  // throws early for exact match on chars
@@ -65,7 +69,10 @@ PruningCurve iterative_pruning(nn::GPTModel& model, const EvalSet& data, const P
     for (size_t l = 0; l < gates.size(); ++l)
       for (size_t h = 0; h < gates[l].size(); ++h)
         if (gates[l][h] != 0 && active[l] > 1) open.push_back({static_cast<int64_t>(l), static_cast<int64_t>(h)});
-    if (c.criterion == Criterion::gradient) {
+    if (c.criterion == Criterion::l0) {
+      for (const HeadIntervention& iv : open)
+        cand.emplace_back(o.l0_rank[static_cast<size_t>(iv.layer)][static_cast<size_t>(iv.head)], 0.0, iv.layer, iv.head);
+    } else if (c.criterion == Criterion::gradient) {
       const Importance imp = head_importance(model, data, gates);
       for (const HeadIntervention& iv : open)
         cand.emplace_back(imp.normalized[static_cast<size_t>(iv.layer)][static_cast<size_t>(iv.head)], 0.0, iv.layer,

@@ -20,14 +20,16 @@ namespace headlab::analysis {
 //   One evaluation per remaining head and step.
 // - Criterion::gradient: the gate-gradient score above (Michel et al.'s): one backward pass per step,
 //   but noise where the loss is near zero (a trained toy model) and the gradients with it.
+// - Criterion::l0: the order learned gates close the heads in (analysis/l0_gates.h; PruneOptions::l0_rank),
+//   fixed, not recomputed.
 // - Criterion::automatic: ablation up to kAblationCriterionMaxHeads heads, gradient beyond.
 // Every layer keeps at least one head, so the pruned model stays a GPTModel of the same depth (the
 // library's Linear has no zero-width form). Stops once the metric falls below stop_below (after
 // recording that step), unless fewer than min_pruned heads are pruned yet, or when no head can be
 // pruned any more.
-enum class Criterion { automatic, ablation, gradient };
+enum class Criterion { automatic, ablation, gradient, l0 };
 constexpr int64_t kAblationCriterionMaxHeads = 64;
-Criterion parse_criterion(const std::string& name);  // "auto" | "ablation" | "gradient"
+Criterion parse_criterion(const std::string& name);  // "auto" | "ablation" | "gradient" | "l0"
 const char* criterion_name(Criterion c);
 // The criterion `c` means for a model of total_heads heads (automatic resolved).
 Criterion resolve_criterion(Criterion c, int64_t total_heads);
@@ -38,6 +40,7 @@ struct PruneOptions {
   Metric metric = Metric::exact_match;
   double stop_below = 0;   // absolute metric value
   int64_t min_pruned = 0;  // keep going until at least this many heads are masked
+  HeadMatrix l0_rank;      // Criterion::l0: L0Result::rank
 };
 struct PruneStep {
   int64_t pruned = 0;                                // heads masked after this step

@@ -9,12 +9,14 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <numeric>
 #include <set>
 #include <sstream>
 
 #include "analysis/analysis.h"
 #include "analysis/finetune.h"
+#include "analysis/l0_gates.h"
 #include "backends/backend.h"
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -30,7 +32,8 @@ namespace {
 
 struct AblateArgs {
   std::string path, out, text, device = "cpu", metric, criterion = "auto";
-  int64_t batches = 0, batch_size = 0, prune = -1, repeats = 20, finetune = 0;
+  int64_t batches = 0, batch_size = 0, prune = -1, repeats = 20, finetune = 0, l0_steps = 200;
+  std::vector<double> l0_penalties = analysis::L0Options{}.penalties;
   double threshold = 0.9, step = 0.1, prune_to_metric = std::nan(""), finetune_lr = 0;
   bool full_curve = false, finetune_curve = false;
   int threads = 0;
@@ -105,6 +108,13 @@ std::string free_heads_text(const analysis::AblationResult& a, const analysis::P
   return s;
 }
 
+// "L0H0 L1H3" (original indices), or "none".
+std::string l0_closed_str(const analysis::L0Point& p, const nn::GPTConfig& cfg) {
+  std::string s;
+  for (const auto& [l, h] : p.closed) s += (s.empty() ? "" : " ") + analysis::head_label(l, analysis::original_head(cfg, l, h));
+  return s.empty() ? "none" : s;
+}
+
 std::string scores_line(const analysis::Scores& s) {
   std::string out = "loss " + fmt(s.loss) + "  token accuracy " + fmt(s.token_accuracy);
   if (s.has_exact_match) out += "  exact match " + fmt(s.exact_match);
@@ -113,7 +123,8 @@ std::string scores_line(const analysis::Scores& s) {
 
 std::string report_md(const AblateArgs& args, const io::Checkpoint& ck, const nn::GPTModel& model,
                       const analysis::EvalSet& data, const analysis::AblationResult& a, const analysis::PruningCurve& curve,
-                      double stop_below, const PrunedReport& pr, const std::string& task_name, double sweep_seconds) {
+                      double stop_below, const PrunedReport& pr, const std::string& task_name, double sweep_seconds,
+                      const std::optional<analysis::L0Result>& l0) {
   const nn::GPTConfig& cfg = model.config();
   const bool ex = a.base.has_exact_match;
   std::ostringstream os;
@@ -181,12 +192,24 @@ std::string report_md(const AblateArgs& args, const io::Checkpoint& ck, const nn
     os << "\n";
   }
 
+  if (l0) {
+    os << "\n## Learned gates (L0)\n\nHard-concrete gates on every head of the frozen model, trained with the task's "
+          "loss plus penalty x the expected number of open heads (Voita et al. 2019), "
+       << args.l0_steps << " Adam steps per penalty. Scores: the model with the closed heads masked, on "
+       << data.tokens() << " scored tokens.\n\n| penalty | heads closed | " << analysis::metric_name(curve.metric)
+       << " | loss | which |\n|---|---|---|---|---|\n";
+    for (const auto& p : l0->points)
+      os << "| " << fmt(p.penalty, 4) << " | " << p.closed.size() << " | "
+         << fmt(analysis::metric_value(p.scores, curve.metric), 3) << " | " << fmt(p.scores.loss) << " | "
+         << l0_closed_str(p, cfg) << " |\n";
+  }
   os << "\n## Pruning curve\n\n";
   os << "Each step masks the least important " << fmt(100 * args.step, 0)
      << "% of the remaining heads (at least one; every layer keeps one head) and recomputes the importance of the "
         "heads left"
-     << (curve.criterion == analysis::Criterion::gradient
-             ? " (gradient scores)"
+     << (curve.criterion == analysis::Criterion::gradient ? " (gradient scores)"
+         : curve.criterion == analysis::Criterion::l0
+             ? " (l0: in the order the learned gates close them, not recomputed)"
              : " (what masking the head too costs, measured: the metric lost, then the loss increase)")
      << ".\n\n";
   const bool ft = args.finetune_curve;
@@ -258,9 +281,16 @@ Action add_ablate(CLI::App& app) {
   app.add_option("--criterion", a->criterion,
                  "pruning order: auto (ablation up to " + std::to_string(analysis::kAblationCriterionMaxHeads) +
                      " heads, else gradient) | ablation (measured cost of masking each head: metric, then loss) | "
-                     "gradient (Michel et al. importance)")
-      ->check(CLI::IsMember({"auto", "ablation", "gradient"}))
+                     "gradient (Michel et al. importance) | l0 (the order learned hard-concrete gates close heads "
+                     "in, Voita et al. 2019)")
+      ->check(CLI::IsMember({"auto", "ablation", "gradient", "l0"}))
       ->capture_default_str();
+  app.add_option("--l0-steps", a->l0_steps, "--criterion l0: Adam steps of the gates per penalty strength")
+      ->check(positive_number())
+      ->capture_default_str();
+  app.add_option("--l0-penalties", a->l0_penalties, "--criterion l0: the penalty strengths (L0 weights), one run each")
+      ->delimiter(',')
+      ->check(CLI::NonNegativeNumber);
   app.add_flag("--full-curve", a->full_curve, "continue the pruning curve until every layer has one head left");
   auto* k = app.add_option("--prune", a->prune, "write pruned.h5 without the K least important heads (pruning order)")
                 ->check(non_negative_number());
@@ -351,6 +381,23 @@ Action add_ablate(CLI::App& app) {
     for (int64_t l = 0; l < cfg.n_layers; ++l) max_prunable += model->attention(l).head_count() - 1;
     HL_CHECK(a->prune <= max_prunable, "ablate: --prune ", a->prune, " is more than the ", max_prunable,
              " heads that can go (every layer keeps one head)");
+    std::optional<analysis::L0Result> l0;
+    if (po.criterion == analysis::Criterion::l0) {
+      analysis::L0Options lo;
+      lo.penalties = a->l0_penalties;
+      lo.steps = a->l0_steps;
+      lo.batch_size = B;
+      const auto start = std::chrono::steady_clock::now();
+      l0 = analysis::l0_gates(*model, *task, data, lo);
+      std::cout << "\nlearned gates (hard concrete, L0 penalty; " << a->l0_steps << " Adam steps of batch " << B
+                << " per penalty, " << fmt(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1)
+                << " s)\n";
+      for (const auto& p : l0->points)
+        std::cout << "  penalty " << pad(fmt(p.penalty, 4), 8) << " closes " << p.closed.size() << " heads; "
+                  << analysis::metric_name(metric) << " " << fmt(analysis::metric_value(p.scores, metric), 3) << "  "
+                  << l0_closed_str(p, cfg) << "\n";
+      po.l0_rank = l0->rank;
+    }
     analysis::PruningCurve curve = analysis::iterative_pruning(*model, data, po);
     std::cout << "\npruning curve (" << criterion_text(*a, curve) << " criterion, " << fmt(100 * a->step, 0)
               << "% of the remaining heads per step; stop below "
@@ -446,7 +493,7 @@ Action add_ablate(CLI::App& app) {
     analysis::save_importance_png(join_path(out, "importance.png"), abl, cfg);
     analysis::save_pruning_png(join_path(out, "pruning.png"), curve, a->full_curve ? -1.0 : stop_below);
     write_text(join_path(out, "report.md"),
-               report_md(*a, ck, *model, data, abl, curve, stop_below, pr, task->name(), sweep_seconds), "ablate");
+               report_md(*a, ck, *model, data, abl, curve, stop_below, pr, task->name(), sweep_seconds, l0), "ablate");
     std::cout << "\nwrote " << out << "/{heads.csv, pruning.csv, report.md, importance.png, pruning.png"
               << (pr.done ? ", pruned.h5" : "") << "}\n";
     return 0;

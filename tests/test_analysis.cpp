@@ -6,6 +6,7 @@
 #include "tests/process_util.h"
 #include "analysis/analysis.h"
 #include "analysis/finetune.h"
+#include "analysis/l0_gates.h"
 #include "analysis/patching.h"
 #include "tasks/algorithmic.h"
 
@@ -427,6 +428,46 @@ TEST(Analysis, PatchingEqualsPatchingByHandAndADeadHeadDoesNothing) {
   EXPECT_NEAR(dead.denoising, 0.0, 1e-5);
   for (double e : dead.denoising_by_position) EXPECT_NEAR(e, 0.0, 1e-5);
   EXPECT_ERROR_CONTAINS(patch_heads(*model, clean, {corrupted[0]}), "patch_heads: 1 corrupted batches for 2 clean ones");
+}
+
+// Learned L0 gates on a model with a planted dead head (zero out_proj columns): no penalty closes
+// nothing (the dead head's loss gradient is exactly 0), a moderate one closes the dead head and keeps
+// the head that matters most; the dead head comes first in the pruning order.
+TEST(Analysis, L0GatesCloseAPlantedDeadHead) {
+  EXPECT_EQ(l0_test_gate(10.0), 1.0);
+  EXPECT_EQ(l0_test_gate(-10.0), 0.0);
+  EXPECT_NEAR(l0_test_gate(0.0), 0.5 * (kL0Zeta - kL0Gamma) + kL0Gamma, 1e-15);
+  auto model = load_model(trained_checkpoint());
+  const AblationResult before = ablate_heads(*model, eval_set(1, 16));
+  const auto top = std::max_element(before.heads.begin(), before.heads.end(),
+                                    [](auto& x, auto& y) { return x.zero.loss < y.zero.loss; });
+  const int64_t dead_layer = top->layer == 1 ? 0 : 1, dead_head = 1;  // never the top head
+  {
+    NoGradGuard ng;
+    dynamic_cast<nn::CausalMultiHeadAttention&>(model->attention(dead_layer)).out_proj->weight.narrow(1, 8 * dead_head, 8).zero_();
+  }
+  L0Options o;
+  o.penalties = {0.0, 0.03};
+  o.steps = 120;
+  o.batch_size = 16;
+  const L0Result r = l0_gates(*model, *test_task(), eval_set(1, 16), o);
+  ASSERT_EQ(r.points.size(), 2u);
+  EXPECT_TRUE(r.points[0].closed.empty());
+  const auto& closed = r.points[1].closed;
+  EXPECT_NE(std::find(closed.begin(), closed.end(), std::make_pair(dead_layer, dead_head)), closed.end());
+  EXPECT_EQ(std::find(closed.begin(), closed.end(), std::make_pair(top->layer, top->head)), closed.end());
+  EXPECT_EQ(r.rank[static_cast<size_t>(dead_layer)][static_cast<size_t>(dead_head)], 0.0);
+  for (int64_t l = 0; l < 2; ++l) EXPECT_FALSE(model->attention(l).control().gates.defined());
+  // The l0 criterion prunes in that order.
+  PruneOptions po;
+  po.criterion = Criterion::l0;
+  po.l0_rank = r.rank;
+  po.stop_below = -1;
+  const PruningCurve c = iterative_pruning(*model, eval_set(1, 16), po);
+  ASSERT_FALSE(c.order.empty());
+  EXPECT_EQ(c.order.front(), std::make_pair(dead_layer, dead_head));
+  po.l0_rank = {};
+  EXPECT_ERROR_CONTAINS(iterative_pruning(*model, eval_set(1, 16), po), "the l0 criterion needs l0_rank");
 }
 
 TEST(Analysis, ImportanceMatchesFiniteDifferencesOfTheGates) {

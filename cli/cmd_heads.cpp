@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "analysis/analysis.h"
+#include "analysis/head_scores.h"
 #include "analysis/patching.h"
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -38,8 +39,9 @@ struct Findings {
   analysis::AblationResult ablation;
   analysis::LogitAttribution dla;
   analysis::PatchingResult patching;
+  analysis::HeadTypes types;
   std::string corruption;  // how the corrupted inputs were made
-  double seconds_ablation = 0, seconds_dla = 0, seconds_patching = 0;
+  double seconds_ablation = 0, seconds_dla = 0, seconds_patching = 0, seconds_types = 0;
 };
 
 HeadMatrix by_head(const nn::GPTModel& m, const auto& rows, auto value) {
@@ -129,8 +131,12 @@ Action add_heads(CLI::App& app) {
     Findings f;
     f.seconds_ablation = timed([&] { f.ablation = analysis::ablate_heads(model, data); });
     f.seconds_dla = timed([&] { f.dla = analysis::logit_attribution(model, data); });
+    const auto* algo = dynamic_cast<const tasks::AlgorithmicTask*>(in.task.get());
+    analysis::HeadTypeOptions to;
+    to.separator_id = algo ? algo->sep_id() : -1;
+    f.seconds_types = timed([&] { f.types = analysis::head_types(model, data, to); });
     std::vector<analysis::Batch> corrupted;
-    if (const auto* algo = dynamic_cast<const tasks::AlgorithmicTask*>(in.task.get())) {
+    if (algo) {
       for (size_t i = 0; i < data.batches.size(); ++i) corrupted.push_back(algo->corrupt(data.batches[i], a->seed + i));
       f.corruption = "one prompt digit of every row changed to another digit (the answer changes with it)";
     } else {
@@ -146,18 +152,32 @@ Action add_heads(CLI::App& app) {
     const HeadMatrix noising = by_head(model, f.patching.heads, [](auto& p) { return p.noising; });
     const HeadMatrix denoising = by_head(model, f.patching.heads, [](auto& p) { return p.denoising; });
     const HeadMatrix& dla = f.dla.vs_mean.heads;
+    const auto& types = f.types.heads;
+    auto type_score = [&](double analysis::HeadTypeScores::*field) {
+      return by_head(model, types, [&](auto& t) { return t.*field; });
+    };
+    const HeadMatrix prev = type_score(&analysis::HeadTypeScores::previous_token),
+                     first = type_score(&analysis::HeadTypeScores::first_token),
+                     sep = type_score(&analysis::HeadTypeScores::separator),
+                     entropy = type_score(&analysis::HeadTypeScores::entropy),
+                     entropy_norm = type_score(&analysis::HeadTypeScores::entropy_normalized),
+                     induction = type_score(&analysis::HeadTypeScores::induction),
+                     duplicate = type_score(&analysis::HeadTypeScores::duplicate_token);
+    analysis::HeadColumn labels{"label", {}};
+    for (int64_t l = 0; l < model.n_layers(); ++l) labels.values.emplace_back(static_cast<size_t>(model.attention(l).head_count()));
+    for (const auto& t : types) labels.values[static_cast<size_t>(t.layer)][static_cast<size_t>(t.head)] = t.label;
 
     // terminal: one line per head
     std::cout << "unablated: loss " << fmt(abl.base.loss) << ", token accuracy " << fmt(abl.base.token_accuracy)
               << "\n\n  " << pad("head", 7) << pad("zero dloss", 12) << pad("resample", 12) << pad("DLA", 10)
-              << pad("noising", 10) << pad("denoising", 10) << "\n";
+              << pad("noising", 10) << pad("denoising", 10) << "  type\n";
     for (int64_t l = 0; l < model.n_layers(); ++l)
       for (int64_t h = 0; h < model.attention(l).head_count(); ++h) {
         const auto L = static_cast<size_t>(l), H = static_cast<size_t>(h);
         std::cout << "  " << pad(analysis::head_label(l, analysis::original_head(cfg, l, h)), 7)
                   << pad(fmt_signed(zero[L][H]), 12) << pad(fmt_signed(resample[L][H]), 12)
                   << pad(fmt_signed(dla[L][H], 3), 10) << pad(fmt_signed(noising[L][H], 3), 10)
-                  << pad(fmt_signed(denoising[L][H], 3), 10) << "\n";
+                  << pad(fmt_signed(denoising[L][H], 3), 10) << "  " << labels.values[L][H] << "\n";
       }
     std::cout << "DLA: each head's direct share of logit(correct) - mean logit (final norm's scale frozen), mean over "
               << f.dla.tokens << " tokens; the components sum to " << fmt(f.dla.vs_mean.sum(), 4) << " (model: "
@@ -167,7 +187,10 @@ Action add_heads(CLI::App& app) {
 
     std::vector<analysis::HeadColumn> extra = {
         column("dla_logit_vs_mean", dla), column("dla_logit", f.dla.logit.heads),
-        column("patch_noising", noising), column("patch_denoising", denoising)};
+        column("patch_noising", noising), column("patch_denoising", denoising),
+        column("previous_token", prev), column("first_token", first), column("separator", sep),
+        column("entropy", entropy), column("entropy_normalized", entropy_norm), column("induction", induction),
+        column("duplicate_token", duplicate), labels};
     analysis::save_heads_csv(join_path(out, "heads.csv"), abl, extra);
     analysis::save_head_map_png(join_path(out, "dla.png"),
                                 {"direct logit attribution: logit(correct) - mean logit", "logit", dla, {}, {}}, cfg);
@@ -183,7 +206,7 @@ Action add_heads(CLI::App& app) {
        << cfg.context_length << ", " << data.tokens() << " scored tokens |\n| unablated | loss " << fmt(abl.base.loss)
        << ", token accuracy " << fmt(abl.base.token_accuracy) << " |\n| time | ablation " << fmt(f.seconds_ablation, 2)
        << " s (" << 3 * abl.heads.size() << " ablations, one batched pass), DLA " << fmt(f.seconds_dla, 2)
-       << " s, patching " << fmt(f.seconds_patching, 2) << " s |\n\n";
+       << " s, patching " << fmt(f.seconds_patching, 2) << " s, head types " << fmt(f.seconds_types, 2) << " s |\n\n";
     md << "## Ablation\n\nLoss increase when the head's context is replaced by zero, its mean over the data, or its "
           "context on another row (resample), on "
        << data.tokens() << " scored tokens.\n\n";
@@ -218,6 +241,22 @@ Action add_heads(CLI::App& app) {
         md << "\n";
       }
     }
+    const auto& ht = f.types;
+    md << "\n## Head types\n\nMean attention weight on the previous token, the first token and the separator, over "
+       << ht.queries << " query positions of the data (" << ht.separator_queries
+       << " after a separator); mean attention entropy (nats, and divided by its maximum log(q+1)); induction and "
+          "duplicate-token scores on "
+       << ht.induction_rows << " rows of " << ht.induction_half << " random tokens repeated twice ("
+       << ht.induction_queries << " queries). A label when a score is clear: >= " << fmt(analysis::kPatternThreshold, 1)
+       << " for the pattern scores, >= " << fmt(analysis::kRepeatThreshold, 1) << " for induction and duplicate-token, "
+       << "normalised entropy >= " << fmt(analysis::kBroadThreshold, 1) << " for broad.\n\n"
+       << "| head | previous | first | separator | entropy | entropy / max | induction | duplicate | label |\n"
+       << "|---|---|---|---|---|---|---|---|---|\n";
+    for (const auto& t : ht.heads)
+      md << "| " << analysis::head_label(t.layer, t.original_head) << " | " << fmt(t.previous_token, 3) << " | "
+         << fmt(t.first_token, 3) << " | " << fmt(t.separator, 3) << " | " << fmt(t.entropy, 3) << " | "
+         << fmt(t.entropy_normalized, 3) << " | " << fmt(t.induction, 3) << " | " << fmt(t.duplicate_token, 3) << " | "
+         << t.label << " |\n";
     write_text(join_path(out, "report.md"), md.str(), "heads");
     std::cout << "\nwrote " << out << "/{heads.csv, report.md, dla.png, patching.png}\n";
     return 0;

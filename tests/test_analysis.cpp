@@ -6,6 +6,7 @@
 #include "tests/process_util.h"
 #include "analysis/analysis.h"
 #include "analysis/finetune.h"
+#include "analysis/head_scores.h"
 #include "analysis/l0_gates.h"
 #include "analysis/patching.h"
 #include "tasks/algorithmic.h"
@@ -468,6 +469,85 @@ TEST(Analysis, L0GatesCloseAPlantedDeadHead) {
   EXPECT_EQ(c.order.front(), std::make_pair(dead_layer, dead_head));
   po.l0_rank = {};
   EXPECT_ERROR_CONTAINS(iterative_pruning(*model, eval_set(1, 16), po), "the l0 criterion needs l0_rank");
+}
+
+// Head types against naive loops over attention_maps, and on a planted model: head 0 of layer 0 a
+// previous-token head built by hand (positions one-hot, W_query shifting them by one), head 1
+// uniform (zero W_query and W_key).
+TEST(Analysis, HeadTypesMatchNaiveLoopsAndFindPlantedHeads) {
+  auto model = load_model(trained_checkpoint());
+  const auto task = test_task();
+  const auto& algo = dynamic_cast<const AlgorithmicTask&>(*task);
+  const EvalSet data = eval_set(1, 4);
+  HeadTypeOptions o;
+  o.separator_id = algo.sep_id();
+  o.induction_rows = 3;
+  const HeadTypes ht = head_types(*model, data, o);
+  ASSERT_EQ(ht.heads.size(), 8u);
+  // Naive: per row, attention_maps of its valid tokens; the same sums by hand.
+  const Batch& b = data.batches[0];
+  std::vector<double> prev(8), first(8), sep(8), ent(8);
+  int64_t queries = 0, sep_queries = 0;
+  for (int64_t row = 0; row < b.B; ++row) {
+    const int64_t len = b.answer_end[static_cast<size_t>(row)] + 1;
+    std::vector<int64_t> ids(b.inputs.begin() + row * b.T, b.inputs.begin() + row * b.T + len);
+    const AttentionMaps m = attention_maps(*model, ids);
+    const int64_t s = std::find(ids.begin(), ids.end(), algo.sep_id()) - ids.begin();
+    queries += len - 1;
+    sep_queries += len - 1 - s;
+    for (int64_t i = 0; i < 8; ++i)
+      for (int64_t q = 1; q < len; ++q) {
+        auto at = [&](int64_t k) { return static_cast<double>(m.weights[static_cast<size_t>(((i * len) + q) * len + k)]); };
+        prev[static_cast<size_t>(i)] += at(q - 1);
+        first[static_cast<size_t>(i)] += at(0);
+        if (q > s) sep[static_cast<size_t>(i)] += at(s);
+        for (int64_t k = 0; k <= q; ++k) ent[static_cast<size_t>(i)] -= at(k) > 0 ? at(k) * std::log(at(k)) : 0;
+      }
+  }
+  EXPECT_EQ(ht.queries, queries);
+  EXPECT_EQ(ht.separator_queries, sep_queries);
+  for (size_t i = 0; i < 8; ++i) {
+    const HeadTypeScores& h = ht.heads[i];
+    EXPECT_NEAR(h.previous_token, prev[i] / static_cast<double>(queries), 1e-5) << i;
+    EXPECT_NEAR(h.first_token, first[i] / static_cast<double>(queries), 1e-5) << i;
+    EXPECT_NEAR(h.separator, sep[i] / static_cast<double>(sep_queries), 1e-5) << i;
+    EXPECT_NEAR(h.entropy, ent[i] / static_cast<double>(queries), 1e-4) << i;
+    EXPECT_GE(h.induction, 0.0);
+  }
+  // The planted model: tokens embed to 0, positions to large one-hot vectors, so that norm1 passes
+  // a one-hot code of the position; head 0's query is the previous position's code.
+  nn::GPTConfig cfg;
+  cfg.vocab_size = 5;
+  cfg.context_length = 12;
+  cfg.emb_dim = 32;
+  cfg.n_heads = 2;  // head size 16 >= context
+  cfg.n_layers = 1;
+  manual_seed(3);
+  nn::GPTModel planted(cfg);
+  {
+    NoGradGuard ng;
+    planted.tok_emb->weight.zero_();
+    planted.pos_emb->weight.zero_();
+    for (int64_t t = 0; t < 12; ++t) planted.pos_emb->weight.select(0, t).narrow(0, t, 1).fill_(10.0);
+    auto& att = dynamic_cast<nn::CausalMultiHeadAttention&>(planted.attention(0));
+    att.W_query->weight.zero_();
+    att.W_key->weight.zero_();
+    for (int64_t i = 0; i < 11; ++i) att.W_query->weight.select(0, i).narrow(0, i + 1, 1).fill_(30.0);  // q_i = x_{i+1}
+    for (int64_t i = 0; i < 12; ++i) att.W_key->weight.select(0, i).narrow(0, i, 1).fill_(30.0);
+  }
+  EvalSet random;
+  random.batches.push_back(Batch{2, 12, std::vector<int64_t>(24, 1), std::vector<int64_t>(24, 0), false, {}, {}});
+  HeadTypeOptions po;
+  po.induction_rows = 2;
+  const HeadTypes p = head_types(planted, random, po);
+  ASSERT_EQ(p.heads.size(), 2u);
+  EXPECT_GT(p.heads[0].previous_token, 0.99);
+  EXPECT_EQ(p.heads[0].label, "previous-token");
+  EXPECT_NEAR(p.heads[1].entropy_normalized, 1.0, 1e-6);  // uniform over every key it may see
+  EXPECT_EQ(p.heads[1].label, "broad");
+  EXPECT_TRUE(std::isnan(p.heads[0].separator));
+  po.induction_half = 7;
+  EXPECT_ERROR_CONTAINS(head_types(planted, random, po), "head_types: repeated sequences of 2 x 7 tokens do not fit");
 }
 
 TEST(Analysis, ImportanceMatchesFiniteDifferencesOfTheGates) {
@@ -954,5 +1034,25 @@ TEST_F(AnalysisFiles, CommandsLoadPrunedCheckpoints) {
     EXPECT_TRUE(fs::exists(fs::path(out) / "attention.png"));
     run("ablate " + pruned + " --out " + out + "/again --batches 1 --batch-size 16");
     EXPECT_TRUE(fs::exists(fs::path(out) / "again" / "report.md"));
+    // headlab heads on the pruned model: every analysis, a row per kept head, original head labels.
+    const std::string heads_log = run("heads " + pruned + " --out " + out + "/heads --batches 1 --batch-size 16 --by-position");
+    EXPECT_NE(heads_log.find("the components sum to"), std::string::npos) << heads_log;
+    for (const char* f : {"heads.csv", "report.md", "dla.png", "patching.png"})
+      EXPECT_TRUE(fs::exists(fs::path(out) / "heads" / f)) << f;
+    std::ifstream csv(fs::path(out) / "heads" / "heads.csv");
+    std::string header, line;
+    std::getline(csv, header);
+    EXPECT_NE(header.find(",dla_logit_vs_mean,dla_logit,patch_noising,patch_denoising,previous_token,first_token,"
+                          "separator,entropy,entropy_normalized,induction,duplicate_token,label"),
+              std::string::npos)
+        << header;
+    int rows = 0;
+    while (std::getline(csv, line)) ++rows;
+    EXPECT_EQ(rows, 5);
+    std::ifstream heads_md(fs::path(out) / "heads" / "report.md");
+    const std::string heads_report((std::istreambuf_iterator<char>(heads_md)), std::istreambuf_iterator<char>());
+    for (const char* section : {"## Ablation", "## Direct logit attribution", "## Activation patching",
+                                "### Denoising by position", "## Head types"})
+      EXPECT_NE(heads_report.find(section), std::string::npos) << section;
   }
 }

@@ -1,0 +1,138 @@
+// Head types from attention patterns: one forward per batch with the weights kept, sums in double.
+#include "analysis/head_scores.h"
+
+#include <cmath>
+#include <limits>
+#include <tuple>
+
+#include "analysis/head_control.h"
+
+namespace headlab::analysis {
+
+using namespace detail;
+
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// Every layer's attention weights for ids (B, T): per layer (B, H_l, T, T) in double.
+std::vector<std::vector<double>> attention_weights(nn::GPTModel& m, const Tensor& ids) {
+  for (int64_t l = 0; l < m.n_layers(); ++l) m.attention(l).keep_attention_weights(true);
+  {
+    NoGradGuard no_grad;
+    m.forward(ids);
+  }
+  std::vector<std::vector<double>> w;
+  for (int64_t l = 0; l < m.n_layers(); ++l) {
+    w.push_back(m.attention(l).last_attention_weights().to_vector<double>());
+    m.attention(l).keep_attention_weights(false);
+  }
+  return w;
+}
+
+// Sums of one head's scores and their query counts.
+struct Sums {
+  double prev = 0, first = 0, sep = 0, entropy = 0, entropy_norm = 0, induction = 0, duplicate = 0;
+};
+
+}  // namespace
+
+HeadTypes head_types(nn::GPTModel& model, const EvalSet& data, const HeadTypeOptions& o) {
+  const nn::GPTConfig& cfg = model.config();
+  HL_CHECK(!data.batches.empty(), "head_types: the evaluation data has no batches");
+  HL_CHECK(o.separator_id >= -1 && o.separator_id < cfg.vocab_size, "head_types: separator id ", o.separator_id,
+           " is outside the vocabulary of ", cfg.vocab_size, " tokens");
+  const int64_t half = o.induction_half > 0 ? o.induction_half : cfg.context_length / 2;
+  HL_CHECK(half >= 1 && 2 * half <= cfg.context_length, "head_types: repeated sequences of 2 x ", half,
+           " tokens do not fit the context length ", cfg.context_length);
+  HL_CHECK(o.induction_rows > 0, "head_types: induction_rows must be positive, got ", o.induction_rows);
+  ControlGuard guard(model);
+  model.eval();
+  set_controls(model, {}, {});
+  const int64_t L = model.n_layers();
+  std::vector<std::vector<Sums>> sums(static_cast<size_t>(L));
+  for (int64_t l = 0; l < L; ++l) sums[static_cast<size_t>(l)].resize(static_cast<size_t>(model.attention(l).head_count()));
+  HeadTypes r;
+  for (const Batch& b : data.batches) {
+    const int64_t B = b.B, T = b.T;
+    const auto w = attention_weights(model, train::batch_tensors(b, model.device()).first);
+    for (int64_t row = 0; row < B; ++row) {
+      // Queries 1..last (tasks: up to the end token; padding after it is left out), the separator's position.
+      const int64_t last = b.has_answers ? b.answer_end[static_cast<size_t>(row)] : T - 1;
+      int64_t sep = -1;
+      for (int64_t t = 0; t < T && sep < 0 && o.separator_id >= 0; ++t)
+        if (b.input(row, t) == o.separator_id) sep = t;
+      r.queries += last;
+      if (sep >= 0) r.separator_queries += last - sep;
+      for (int64_t l = 0; l < L; ++l) {
+        const int64_t H = model.attention(l).head_count();
+        for (int64_t h = 0; h < H; ++h) {
+          Sums& s = sums[static_cast<size_t>(l)][static_cast<size_t>(h)];
+          const double* base = w[static_cast<size_t>(l)].data() + ((row * H + h) * T) * T;
+          for (int64_t q = 1; q <= last; ++q) {
+            const double* wq = base + q * T;  // keys 0..q
+            s.prev += wq[q - 1];
+            s.first += wq[0];
+            if (sep >= 0 && q > sep) s.sep += wq[sep];
+            double e = 0;
+            for (int64_t k = 0; k <= q; ++k)
+              if (wq[k] > 0) e -= wq[k] * std::log(wq[k]);
+            s.entropy += e;
+            s.entropy_norm += e / std::log(static_cast<double>(q + 1));
+          }
+        }
+      }
+    }
+  }
+  // Induction: rows of `half` random tokens, twice.
+  Generator gen(o.seed);
+  const Tensor first = randint(0, cfg.vocab_size, {o.induction_rows, half}, gen);
+  const auto w = attention_weights(model, cat({first, first}, 1).to(model.device()));
+  const int64_t T = 2 * half;
+  r.induction_rows = o.induction_rows;
+  r.induction_half = half;
+  r.induction_queries = o.induction_rows * half;
+  for (int64_t l = 0; l < L; ++l) {
+    const int64_t H = model.attention(l).head_count();
+    for (int64_t row = 0; row < o.induction_rows; ++row)
+      for (int64_t h = 0; h < H; ++h) {
+        Sums& s = sums[static_cast<size_t>(l)][static_cast<size_t>(h)];
+        const double* base = w[static_cast<size_t>(l)].data() + ((row * H + h) * T) * T;
+        for (int64_t q = half; q < T; ++q) {
+          s.induction += base[q * T + q - half + 1];
+          s.duplicate += base[q * T + q - half];
+        }
+      }
+  }
+  auto mean = [](double sum, int64_t n) { return n > 0 ? sum / static_cast<double>(n) : kNaN; };
+  for (int64_t l = 0; l < L; ++l)
+    for (int64_t h = 0; h < model.attention(l).head_count(); ++h) {
+      const Sums& s = sums[static_cast<size_t>(l)][static_cast<size_t>(h)];
+      HeadTypeScores t;
+      t.layer = l;
+      t.head = h;
+      t.original_head = original_head(cfg, l, h);
+      t.previous_token = mean(s.prev, r.queries);
+      t.first_token = mean(s.first, r.queries);
+      t.separator = mean(s.sep, r.separator_queries);
+      t.entropy = mean(s.entropy, r.queries);
+      t.entropy_normalized = mean(s.entropy_norm, r.queries);
+      t.induction = mean(s.induction, r.induction_queries);
+      t.duplicate_token = mean(s.duplicate, r.induction_queries);
+      for (const auto& [score, threshold, name] :
+           {std::tuple{t.previous_token, kPatternThreshold, "previous-token"},
+            std::tuple{t.first_token, kPatternThreshold, "first-token"},
+            std::tuple{t.separator, kPatternThreshold, "separator"},
+            std::tuple{t.induction, kRepeatThreshold, "induction"},
+            std::tuple{t.duplicate_token, kRepeatThreshold, "duplicate-token"},
+            std::tuple{t.entropy_normalized, kBroadThreshold, "broad"}})
+        if (score >= threshold) {
+          if (!t.label.empty()) t.label += '+';
+          t.label += name;
+        }
+      r.heads.push_back(t);
+    }
+  return r;
+}
+
+}  // namespace headlab::analysis

@@ -1,0 +1,47 @@
+// Head types from attention patterns, as the interpretability tools score them (TransformerLens's
+// head detectors; Olsson et al. 2022 for induction heads). Per head, each a mean attention weight:
+//   previous_token: on key q-1, over queries q >= 1 of the data;
+//   first_token:    on key 0 (an "attention sink"), over queries q >= 1;
+//   separator:      on the row's separator ('>' or '='), over the queries after it (NaN without one);
+//   entropy:        -sum_k w log w in nats over queries q >= 1, and normalised by its maximum
+//                   log(q+1) (1: uniform over the keys it may see; 0: one key);
+//   induction:      on rows of n random tokens repeated twice, the weight of each query in the second
+//                   half on the token after the earlier occurrence of its own token (key q-n+1);
+//   duplicate_token: on the same rows, the weight on that earlier occurrence itself (key q-n).
+// Algorithmic tasks' padding after the end token is left out of the queries.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "analysis/heads.h"
+
+namespace headlab::analysis {
+
+// A label is given when a score is clear: most of the attention on one kind of key (0.5), or for
+// the two repeated-sequence scores 0.4 (TransformerLens's detectors use 0.4 as the induction
+// threshold; a random head puts ~1/q of its weight there); "broad" when the normalised entropy
+// is >= 0.8 (the head spreads its weight over nearly everything it can see).
+constexpr double kPatternThreshold = 0.5, kRepeatThreshold = 0.4, kBroadThreshold = 0.8;
+
+struct HeadTypeScores {
+  int64_t layer = 0, head = 0, original_head = 0;
+  double previous_token = 0, first_token = 0, separator = 0, entropy = 0, entropy_normalized = 0;
+  double induction = 0, duplicate_token = 0;
+  std::string label;  // "previous-token", "induction+duplicate-token", ...; "" when no score is clear
+};
+struct HeadTypes {
+  std::vector<HeadTypeScores> heads;  // layer-major
+  int64_t queries = 0;                // query positions of the data the pattern scores average over
+  int64_t separator_queries = 0;      // of them, after a separator
+  int64_t induction_rows = 0, induction_half = 0, induction_queries = 0;
+};
+struct HeadTypeOptions {
+  int64_t separator_id = -1;   // -1: none (chars)
+  int64_t induction_rows = 32;
+  int64_t induction_half = 0;  // n; 0: context_length / 2
+  uint64_t seed = 1;
+};
+HeadTypes head_types(nn::GPTModel& model, const EvalSet& data, const HeadTypeOptions& options = {});
+
+}  // namespace headlab::analysis

@@ -146,6 +146,14 @@ std::string report_md(const AblateArgs& args, const io::Checkpoint& ck, const nn
      << ", stop below " << fmt(stop_below) << " |\n";
   os << "| gradient scores vs zero ablation | Spearman " << fmt(agreement(a, true), 2) << " (normalised), "
      << fmt(agreement(a, false), 2) << " (raw) |\n";
+  if (l0) {  // a later place in the L0 order should mean a dearer head
+    std::vector<double> rank, dloss;
+    for (const auto& h : a.heads) {
+      rank.push_back(l0->rank[static_cast<size_t>(h.layer)][static_cast<size_t>(h.head)]);
+      dloss.push_back(h.zero.loss - a.base.loss);
+    }
+    os << "| L0 gate order vs zero ablation | Spearman " << fmt(analysis::rank_correlation(rank, dloss), 2) << " |\n";
+  }
   if (const std::string w = gradient_warning(a); !w.empty()) os << "| warning | " << w << " |\n";
   os << "| free heads | " << free_heads_text(a, curve, cfg) << " |\n";
   const auto by_imp = [&] {

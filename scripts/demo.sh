@@ -21,10 +21,13 @@ for p in 31415 9876543 1200; do $hl generate "$out/checkpoint.h5" --prompt "$p";
 say "4. inspect: what the checkpoint holds (config, parameters, training state, metrics)"
 $hl inspect "$out/checkpoint.h5"
 
-say "5. ablate: which heads matter (zero/mean ablation, gradient importance, pruning curve by measured cost, pruned model)"
-$hl ablate "$out/checkpoint.h5" --out "$out/ablate" --prune 2
+say "5. ablate: which heads matter (zero/mean/resample ablation in one batched pass, gradient importance, pruning curve by measured cost, pruned model fine-tuned 100 steps)"
+$hl ablate "$out/checkpoint.h5" --out "$out/ablate" --prune 2 --finetune 100
 
-say "6. compare: the per-head wrapper against the fused multi-head attention (same maths, different cost)"
+say "6. heads: what each head does (direct logit attribution, activation patching with one prompt digit changed, head types)"
+$hl heads "$out/checkpoint.h5" --out "$out/heads"
+
+say "7. compare: the per-head wrapper against the fused multi-head attention (same maths, different cost)"
 $hl compare --out "$out/compare"
 
-say "done: files in $out/ (checkpoint.h5, metrics.csv, ablate/report.md and PNGs, compare/compare.csv and compare.png)"
+say "done: files in $out/ (checkpoint.h5, metrics.csv, ablate/report.md and PNGs, heads/report.md, compare/compare.csv and compare.png)"

@@ -30,13 +30,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct AblateArgs {
-  std::string path, out, text, device = "cpu", metric, criterion = "auto";
-  int64_t batches = 0, batch_size = 0, prune = -1, repeats = 20, finetune = 0, l0_steps = 200;
+struct AblateArgs : AnalysisArgs {
+  std::string metric, criterion = "auto";
+  int64_t prune = -1, repeats = 20, finetune = 0, l0_steps = 200;
   std::vector<double> l0_penalties = analysis::L0Options{}.penalties;
   double threshold = 0.9, step = 0.1, prune_to_metric = std::nan(""), finetune_lr = 0;
   bool full_curve = false, finetune_curve = false;
-  int threads = 0;
 };
 
 struct PrunedReport {
@@ -271,13 +270,7 @@ std::string report_md(const AblateArgs& args, const io::Checkpoint& ck, const nn
 
 Action add_ablate(CLI::App& app) {
   auto a = std::make_shared<AblateArgs>();
-  app.add_option("checkpoint", a->path, "checkpoint file (.h5)")->required();
-  app.add_option("--out", a->out, "output folder (default: <checkpoint folder>/ablation)");
-  app.add_option("--text", a->text, "chars checkpoints: evaluate on the last 10% of this text instead");
-  app.add_option("--batches", a->batches, "validation batches (default: the run's --eval-batches)")
-      ->check(positive_number());
-  app.add_option("--batch-size", a->batch_size, "rows per batch (default: the run's --batch-size)")
-      ->check(positive_number());
+  add_analysis_options(app, *a, "ablation");
   app.add_option("--metric", a->metric, "pruning metric: exact_match (task default) | token_accuracy (chars default)")
       ->check(CLI::IsMember({"exact_match", "token_accuracy"}));
   app.add_option("--threshold", a->threshold, "stop pruning below this fraction of the unpruned metric")
@@ -317,26 +310,16 @@ Action add_ablate(CLI::App& app) {
   app.add_option("--repeats", a->repeats, "timed forward passes for the pruned model's speed-up")
       ->check(positive_number())
       ->capture_default_str();
-  app.add_option("--device", a->device, "cpu | cuda | cuda:N")->capture_default_str();
-  app.add_option("--threads", a->threads, "CPU threads (0: all cores)")->check(non_negative_number());
   return [a] {
-    set_threads(a->threads);
-    const io::Checkpoint ck = io::load_checkpoint(a->path);
-    const Device device = Device::parse(a->device);
-    std::shared_ptr<nn::GPTModel> model = io::model_from_checkpoint(ck, a->path, device);
-    const train::RunConfig run_config = train::RunConfig::from_json(ck.config);
-    const std::unique_ptr<tasks::Task> task = run_config.make_task(a->text);
-    HL_CHECK(a->text.empty() || task->name() == "chars", "ablate: --text applies to chars checkpoints; '", a->path,
-             "' is a ", task->name(), " checkpoint");
+    const AnalysisInputs ai = load_analysis(*a, "ablate", "ablation");
+    const io::Checkpoint& ck = ai.in.ckpt;
+    const std::shared_ptr<nn::GPTModel>& model = ai.in.model;
+    const Device device = model->device();
+    const std::unique_ptr<tasks::Task>& task = ai.in.task;
     const nn::GPTConfig& cfg = model->config();
-    const int64_t n = a->batches > 0 ? a->batches : run_config.run.eval_batches;
-    const int64_t B = a->batch_size > 0 ? a->batch_size : run_config.run.batch_size;
-    if (!device.is_cuda())
-      train::check_memory_fits(train::estimate_memory(cfg, B, false, 0), "ablate",
-                               "lower --batch-size (now " + std::to_string(B) + ")");
-    const std::string out = a->out.empty() ? join_path(fs::path(a->path).parent_path().string(), "ablation") : a->out;
-    make_dir(out, "ablate");
-    const analysis::EvalSet data = analysis::make_eval_set(*task, n, B, cfg.context_length);
+    const int64_t n = ai.batches, B = ai.batch_size;
+    const std::string& out = ai.out;
+    const analysis::EvalSet& data = ai.data;
     const analysis::Metric metric = a->metric.empty() ? analysis::default_metric(data) : analysis::parse_metric(a->metric);
 
     std::cout << "headlab ablate: " << a->path << " (task " << task->name() << ", " << nn::attention_form_name(cfg.attention) << " attention, "

@@ -24,12 +24,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-struct HeadsArgs {
-  std::string path, out, text, device = "cpu";
-  int64_t batches = 0, batch_size = 0;
+struct HeadsArgs : AnalysisArgs {
   uint64_t seed = 1;
   bool by_position = false;
-  int threads = 0;
 };
 
 using analysis::HeadMatrix;
@@ -97,32 +94,18 @@ std::vector<std::pair<int64_t, int64_t>> by_magnitude(const HeadMatrix& v) {
 
 Action add_heads(CLI::App& app) {
   auto a = std::make_shared<HeadsArgs>();
-  app.add_option("checkpoint", a->path, "checkpoint file (.h5)")->required();
-  app.add_option("--out", a->out, "output folder (default: <checkpoint folder>/heads)");
-  app.add_option("--text", a->text, "chars checkpoints: evaluate on the last 10% of this text instead");
-  app.add_option("--batches", a->batches, "validation batches (default: the run's --eval-batches)")
-      ->check(positive_number());
-  app.add_option("--batch-size", a->batch_size, "rows per batch (default: the run's --batch-size)")
-      ->check(positive_number());
+  add_analysis_options(app, *a, "heads");
   app.add_flag("--by-position", a->by_position,
                "activation patching per head and position too (denoising; a pass per position)");
   app.add_option("--seed", a->seed, "which prompt digit the corruption changes (tasks)")->capture_default_str();
-  app.add_option("--device", a->device, "cpu | cuda | cuda:N")->capture_default_str();
-  app.add_option("--threads", a->threads, "CPU threads (0: all cores)")->check(non_negative_number());
   return [a] {
-    set_threads(a->threads);
-    Loaded in = load(a->path, a->device, a->text);
+    const AnalysisInputs ai = load_analysis(*a, "heads", "heads");
+    const Loaded& in = ai.in;
     nn::GPTModel& model = *in.model;
     const nn::GPTConfig& cfg = model.config();
-    const train::RunConfig run_config = train::RunConfig::from_json(in.ckpt.config);
-    const int64_t n = a->batches > 0 ? a->batches : run_config.run.eval_batches;
-    const int64_t B = a->batch_size > 0 ? a->batch_size : run_config.run.batch_size;
-    if (!model.device().is_cuda())
-      train::check_memory_fits(train::estimate_memory(cfg, B, false, 0), "heads",
-                               "lower --batch-size (now " + std::to_string(B) + ")");
-    const std::string out = a->out.empty() ? join_path(fs::path(a->path).parent_path().string(), "heads") : a->out;
-    make_dir(out, "heads");
-    const analysis::EvalSet data = analysis::make_eval_set(*in.task, n, B, cfg.context_length);
+    const int64_t n = ai.batches, B = ai.batch_size;
+    const std::string& out = ai.out;
+    const analysis::EvalSet& data = ai.data;
     std::cout << "headlab heads: " << a->path << " (task " << in.task->name() << ", " << cfg.n_layers << " layers x "
               << cfg.n_heads << " heads" << (cfg.kept_heads.empty() ? "" : ", pruned: kept " + kept_str(cfg.kept_heads))
               << ")\ndata: " << n << " validation batches of " << B << " x " << cfg.context_length << " ("

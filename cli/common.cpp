@@ -45,6 +45,37 @@ Loaded load(const std::string& path, const std::string& device, const std::strin
   return l;
 }
 
+void add_analysis_options(CLI::App& app, AnalysisArgs& a, const std::string& default_out) {
+  app.add_option("checkpoint", a.path, "checkpoint file (.h5)")->required();
+  app.add_option("--out", a.out, "output folder (default: <checkpoint folder>/" + default_out + ")");
+  app.add_option("--text", a.text, "chars checkpoints: evaluate on the last 10% of this text instead");
+  app.add_option("--batches", a.batches, "validation batches (default: the run's --eval-batches)")
+      ->check(positive_number());
+  app.add_option("--batch-size", a.batch_size, "rows per batch (default: the run's --batch-size)")
+      ->check(positive_number());
+  app.add_option("--device", a.device, "cpu | cuda | cuda:N")->capture_default_str();
+  app.add_option("--threads", a.threads, "CPU threads (0: all cores)")->check(non_negative_number());
+}
+
+AnalysisInputs load_analysis(const AnalysisArgs& a, const char* cmd, const std::string& default_out) {
+  set_threads(a.threads);
+  AnalysisInputs r;
+  r.in = load(a.path, a.device, a.text);
+  HL_CHECK(a.text.empty() || r.in.task->name() == "chars", cmd, ": --text applies to chars checkpoints; '", a.path,
+           "' is a ", r.in.task->name(), " checkpoint");
+  r.run = train::RunConfig::from_json(r.in.ckpt.config);
+  const nn::GPTConfig& cfg = r.in.model->config();
+  r.batches = a.batches > 0 ? a.batches : r.run.run.eval_batches;
+  r.batch_size = a.batch_size > 0 ? a.batch_size : r.run.run.batch_size;
+  if (!r.in.model->device().is_cuda())
+    train::check_memory_fits(train::estimate_memory(cfg, r.batch_size, false, 0), cmd,
+                             "lower --batch-size (now " + std::to_string(r.batch_size) + ")");
+  r.out = a.out.empty() ? join_path(std::filesystem::path(a.path).parent_path().string(), default_out) : a.out;
+  make_dir(r.out, cmd);
+  r.data = analysis::make_eval_set(*r.in.task, r.batches, r.batch_size, cfg.context_length);
+  return r;
+}
+
 std::string fmt(double v, int precision) {
   if (std::isnan(v)) return "nan";
   std::ostringstream os;

@@ -7,8 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "analysis/heads.h"
 #include "io/checkpoint.h"
 #include "tasks/task.h"
+#include "train/config.h"
 
 namespace headlab::cli {
 
@@ -27,6 +29,26 @@ struct Loaded {
   std::unique_ptr<tasks::Task> task;
 };
 Loaded load(const std::string& path, const std::string& device, const std::string& text = "");
+
+// What the head analyses (ablate, heads) share: their options, and the checkpoint, model, task and
+// evaluation batches those options name.
+struct AnalysisArgs {
+  std::string path, out, text, device = "cpu";
+  int64_t batches = 0, batch_size = 0;
+  int threads = 0;
+};
+// The checkpoint argument, --out (default <checkpoint folder>/<default_out>), --text, --batches,
+// --batch-size, --device, --threads.
+void add_analysis_options(CLI::App& app, AnalysisArgs& a, const std::string& default_out);
+struct AnalysisInputs {
+  Loaded in;
+  train::RunConfig run;
+  analysis::EvalSet data;  // --batches validation batches of --batch-size x context_length
+  int64_t batches = 0, batch_size = 0;
+  std::string out;  // created
+};
+// Sets the threads, loads, refuses --text for a task checkpoint and a batch the machine cannot hold.
+AnalysisInputs load_analysis(const AnalysisArgs& a, const char* cmd, const std::string& default_out);
 
 void make_dir(const std::string& dir, const char* cmd);  // creates it (and parents) or throws naming cmd
 void write_text(const std::string& path, const std::string& text, const char* cmd);

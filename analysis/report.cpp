@@ -113,7 +113,10 @@ void save_pruning_csv(const std::string& path, const PruningCurve& c, const nn::
   write_text(path, os.str());
 }
 
-void save_head_map_png(const std::string& path, const HeadMap& map, const nn::GPTConfig& cfg) {
+namespace {
+
+// A HeadMap as a layer x (original) head heatmap; heads pruned before are NaN (grey).
+plot::Heatmap head_heatmap(const HeadMap& map, const nn::GPTConfig& cfg) {
   plot::Heatmap m;
   m.title = map.title;
   m.x_label = "head";
@@ -121,7 +124,7 @@ void save_head_map_png(const std::string& path, const HeadMap& map, const nn::GP
   m.colorbar_label = map.colorbar_label;
   m.rows = cfg.n_layers;
   m.cols = cfg.n_heads;
-  m.values.assign(static_cast<size_t>(m.rows * m.cols), kNaN);  // heads pruned before: grey
+  m.values.assign(static_cast<size_t>(m.rows * m.cols), kNaN);
   HL_CHECK(static_cast<int64_t>(map.values.size()) == cfg.n_layers, "save_head_map_png: ", map.values.size(),
            " layers of values for a model of ", cfg.n_layers);
   for (int64_t l = 0; l < m.rows; ++l)
@@ -133,7 +136,27 @@ void save_head_map_png(const std::string& path, const HeadMap& map, const nn::GP
   m.vmin = map.vmin;
   m.vmax = map.vmax;
   m.annotate = true;
-  plot::save_heatmap(m, path);
+  return m;
+}
+
+}  // namespace
+
+void save_head_map_png(const std::string& path, const HeadMap& map, const nn::GPTConfig& cfg) {
+  plot::save_heatmap(head_heatmap(map, cfg), path);
+}
+
+void save_head_maps_png(const std::string& path, const std::string& title, const std::vector<HeadMap>& maps,
+                        const nn::GPTConfig& cfg, double vmin, double vmax) {
+  HL_CHECK(!maps.empty(), "save_head_maps_png: no maps");
+  plot::HeatmapGrid g;
+  g.title = title;
+  g.grid_rows = 1;
+  g.grid_cols = static_cast<int64_t>(maps.size());
+  g.vmin = vmin;
+  g.vmax = vmax;
+  g.colorbar_label = maps.front().colorbar_label;
+  for (const HeadMap& m : maps) g.panels.push_back(head_heatmap(m, cfg));
+  plot::save_heatmap_grid(g, path);
 }
 
 void save_importance_png(const std::string& path, const AblationResult& a, const nn::GPTConfig& cfg) {

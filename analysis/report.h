@@ -42,6 +42,9 @@ struct HeadMap {
   std::optional<double> vmin, vmax;  // colour range; default: the data's
 };
 void save_head_map_png(const std::string& path, const HeadMap& map, const nn::GPTConfig& cfg);
+// Several such maps side by side with one colour range (e.g. the head-type scores, all in [0, 1]).
+void save_head_maps_png(const std::string& path, const std::string& title, const std::vector<HeadMap>& maps,
+                        const nn::GPTConfig& cfg, double vmin, double vmax);
 // importance.png: layer x head heatmap of the normalised scores (pruned heads grey), colour bar.
 void save_importance_png(const std::string& path, const AblationResult& a, const nn::GPTConfig& cfg);
 // pruning.png: fraction pruned -> token accuracy (and exact match), with the stop threshold when > 0.

@@ -182,6 +182,15 @@ Action add_heads(CLI::App& app) {
                                  denoising, {}, {}},
                                 cfg);
 
+    analysis::save_head_maps_png(join_path(out, "types.png"),
+                                 "head types: attention-pattern scores (entropy as a fraction of its maximum)",
+                                 {{"previous token", "score", prev, {}, {}},
+                                  {"first token", "score", first, {}, {}},
+                                  {"induction", "score", induction, {}, {}},
+                                  {"entropy", "score", entropy_norm, {}, {}}},
+                                 cfg, 0.0, 1.0);
+    analysis::save_head_map_png(join_path(out, "ablation.png"),
+                                {"resample ablation: loss increase", "d loss", resample, 0.0, {}}, cfg);
     std::ostringstream md;
     md << "# Heads of `" << a->path << "`\n\n";
     md << "| | |\n|---|---|\n| task | " << in.task->name() << " |\n| model | " << cfg.n_layers << " layers x "
@@ -193,6 +202,7 @@ Action add_heads(CLI::App& app) {
     md << "## Ablation\n\nLoss increase when the head's context is replaced by zero, its mean over the data, or its "
           "context on another row (resample), on "
        << data.tokens() << " scored tokens.\n\n";
+    md << "![resample ablation](ablation.png)\n\n";
     head_rows(md, cfg, by_magnitude(resample), {{"zero: d loss", zero}, {"mean: d loss", mean}, {"resample: d loss", resample}});
     md << "\n## Direct logit attribution\n\nEach head's direct contribution, through out_proj and the unembedding "
           "with the final layer norm's scale frozen per token, to logit(correct) minus the mean logit (and to the "
@@ -232,7 +242,7 @@ Action add_heads(CLI::App& app) {
        << ht.induction_rows << " rows of " << ht.induction_half << " random tokens repeated twice ("
        << ht.induction_queries << " queries). A label when a score is clear: >= " << fmt(analysis::kPatternThreshold, 1)
        << " for the pattern scores, >= " << fmt(analysis::kRepeatThreshold, 1) << " for induction and duplicate-token, "
-       << "normalised entropy >= " << fmt(analysis::kBroadThreshold, 1) << " for broad.\n\n"
+       << "normalised entropy >= " << fmt(analysis::kBroadThreshold, 1) << " for broad.\n\n![head types](types.png)\n\n"
        << "| head | previous | first | separator | entropy | entropy / max | induction | duplicate | label |\n"
        << "|---|---|---|---|---|---|---|---|---|\n";
     for (const auto& t : ht.heads)
@@ -241,7 +251,7 @@ Action add_heads(CLI::App& app) {
          << fmt(t.entropy_normalized, 3) << " | " << fmt(t.induction, 3) << " | " << fmt(t.duplicate_token, 3) << " | "
          << t.label << " |\n";
     write_text(join_path(out, "report.md"), md.str(), "heads");
-    std::cout << "\nwrote " << out << "/{heads.csv, report.md, dla.png, patching.png}\n";
+    std::cout << "\nwrote " << out << "/{heads.csv, report.md, ablation.png, dla.png, patching.png, types.png}\n";
     return 0;
   };
 }

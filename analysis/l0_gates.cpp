@@ -101,17 +101,18 @@ L0Result l0_gates(nn::GPTModel& model, const tasks::Task& task, const EvalSet& d
     point.scores = evaluate_heads(model, data, mask);
     r.points.push_back(point);
   }
-  // The order: (first penalty index that closes the head, log_alpha at the strongest penalty).
+  // The order: (the smallest penalty that closes the head, its log_alpha summed over every penalty:
+  // the runs that did not close it still say how far it went).
   std::vector<std::tuple<double, double, int64_t, int64_t>> order;
-  const size_t strongest = static_cast<size_t>(
-      std::max_element(o.penalties.begin(), o.penalties.end()) - o.penalties.begin());
   for (int64_t l = 0; l < L; ++l)
     for (int64_t h = 0; h < model.attention(l).head_count(); ++h) {
-      double first = std::numeric_limits<double>::infinity();
-      for (const L0Point& p : r.points)
-        if (std::find(p.closed.begin(), p.closed.end(), std::make_pair(l, h)) != p.closed.end())
-          first = std::min(first, p.penalty);
-      order.emplace_back(first, r.points[strongest].log_alpha[static_cast<size_t>(l)][static_cast<size_t>(h)], l, h);
+      const auto L_ = static_cast<size_t>(l), H_ = static_cast<size_t>(h);
+      double first = std::numeric_limits<double>::infinity(), alpha = 0;
+      for (const L0Point& p : r.points) {
+        if (p.gate[L_][H_] == 0) first = std::min(first, p.penalty);
+        alpha += p.log_alpha[L_][H_];
+      }
+      order.emplace_back(first, alpha, l, h);
     }
   std::sort(order.begin(), order.end());
   r.rank = head_matrix(model, 0.0);

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "analysis/analysis.h"
+#include "analysis/explorer.h"
 #include "backends/backend.h"
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -41,7 +42,7 @@ Action add_attention(CLI::App& app) {
   app.add_option("--max-new-tokens", a->max_new,
                  "greedy tokens appended before drawing (default: a task's answer and end token; chars: 0)")
       ->check(non_negative_number());
-  app.add_option("--out", a->out, "folder for attention.h5 and attention.png")->capture_default_str();
+  app.add_option("--out", a->out, "folder for attention.h5, attention.png and attention.html")->capture_default_str();
   app.add_option("--device", a->device, "cpu | cuda | cuda:N")->capture_default_str();
   app.add_option("--threads", a->threads, "CPU threads (0: all cores)")->check(non_negative_number());
   return [a] {
@@ -73,10 +74,13 @@ Action add_attention(CLI::App& app) {
     const std::string h5path = join_path(a->out, "attention.h5"), png = join_path(a->out, "attention.png");
     analysis::save_attention_h5(h5path, maps, tokens, a->prompt, a->path);
     analysis::save_attention_png(png, maps, tokens);
+    const std::string html = join_path(a->out, "attention.html");
+    analysis::save_attention_html(html, maps, tokens, a->path + ": " + text);
     std::cout << "headlab attention: " << a->path << ", " << maps.T << " tokens: " << text << "\n"
               << cfg.n_layers << " layers, heads per layer " << kept_str(maps.kept) << "\n"
               << "wrote " << h5path << " (weights " << shape_str({maps.layers, maps.heads, maps.T, maps.T})
-              << " float32, token_ids, kept; tokens as JSON in the root attribute 'tokens') and " << png << "\n";
+              << " float32, token_ids, kept; tokens as JSON in the root attribute 'tokens'), " << png << " and "
+              << html << " (interactive, self-contained)\n";
     return 0;
   };
 }

@@ -1037,7 +1037,7 @@ TEST_F(AnalysisFiles, CommandsLoadPrunedCheckpoints) {
     // headlab heads on the pruned model: every analysis, a row per kept head, original head labels.
     const std::string heads_log = run("heads " + pruned + " --out " + out + "/heads --batches 1 --batch-size 16 --by-position");
     EXPECT_NE(heads_log.find("the components sum to"), std::string::npos) << heads_log;
-    for (const char* f : {"heads.csv", "report.md", "ablation.png", "dla.png", "patching.png", "types.png"})
+    for (const char* f : {"heads.csv", "report.md", "ablation.png", "dla.png", "patching.png", "types.png", "attention.html"})
       EXPECT_TRUE(fs::exists(fs::path(out) / "heads" / f)) << f;
     std::ifstream csv(fs::path(out) / "heads" / "heads.csv");
     std::string header, line;

@@ -1,0 +1,207 @@
+// The attention explorer page: data as JSON (weights base64 uint16) inside a fixed inline template.
+#include "analysis/explorer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "io/temp_files.h"
+
+namespace headlab::analysis {
+
+namespace {
+
+std::string base64(const std::vector<uint8_t>& bytes) {
+  static const char* abc = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  out.reserve((bytes.size() + 2) / 3 * 4);
+  for (size_t i = 0; i < bytes.size(); i += 3) {
+    const uint32_t n = static_cast<uint32_t>(bytes[i]) << 16 | (i + 1 < bytes.size() ? bytes[i + 1] << 8 : 0) |
+                       (i + 2 < bytes.size() ? bytes[i + 2] : 0);
+    out += abc[n >> 18 & 63];
+    out += abc[n >> 12 & 63];
+    out += i + 1 < bytes.size() ? abc[n >> 6 & 63] : '=';
+    out += i + 2 < bytes.size() ? abc[n & 63] : '=';
+  }
+  return out;
+}
+
+// The page; /*DATA*/ is replaced by the JSON. Canvas drawing keeps the DOM small for long prompts.
+constexpr const char* kTemplate = R"HTML(<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>headlab attention</title>
+<style>
+body { font: 13px system-ui, sans-serif; margin: 16px; color: #222; }
+#controls { margin: 8px 0; } #main { display: flex; gap: 16px; align-items: flex-start; }
+#view-box { max-height: 80vh; overflow-y: auto; border: 1px solid #ddd; }
+#side { min-width: 260px; } table { border-collapse: collapse; } td, th { padding: 2px 8px; border-bottom: 1px solid #eee; text-align: left; }
+#thumbs { display: grid; gap: 6px; margin-top: 12px; } .thumb { text-align: center; cursor: pointer; font-size: 11px; }
+.thumb canvas { border: 2px solid transparent; image-rendering: pixelated; } .thumb.sel canvas { border-color: #d33; }
+#row { font-family: monospace; white-space: pre; margin-top: 8px; }
+</style></head><body>
+<h1 id="title"></h1>
+<div id="controls">layer <select id="layer"></select> head <select id="head"></select>
+ <span id="summary"></span></div>
+<div id="main"><div id="view-box"><canvas id="view"></canvas></div>
+<div id="side"><table id="scores"></table><div id="row">hover a token on the left</div></div></div>
+<div id="thumbs"></div>
+<script>
+"use strict";
+const D = /*DATA*/;
+const W = (() => { const s = atob(D.weights), u = new Uint16Array(s.length / 2);
+  for (let i = 0; i < u.length; i++) u[i] = s.charCodeAt(2 * i) | (s.charCodeAt(2 * i + 1) << 8); return u; })();
+const T = D.T, ROW = 16, TOP = 24, XQ = 170, XK = 420;
+const weight = (l, h, q, k) => W[((l * D.heads + h) * T + q) * T + k] / D.scale;
+const kept = (l, h) => D.kept[l].includes(h);
+const colour = (h, a) => `hsla(${Math.round(h * 360 / D.heads)}, 70%, 45%, ${a})`;
+const state = { layer: 0, head: D.kept[0].length ? D.kept[0][0] : -1, hovered: -1 };
+const $ = id => document.getElementById(id);
+function heads() { return state.head >= 0 ? [state.head] : D.kept[state.layer]; }
+function draw() {
+  const c = $("view"), g = c.getContext("2d");
+  c.width = 600; c.height = TOP + T * ROW + 8;
+  g.clearRect(0, 0, c.width, c.height); g.font = "12px monospace"; g.textBaseline = "middle";
+  const y = i => TOP + i * ROW + ROW / 2;
+  for (let i = 0; i < T; i++) {
+    const on = i === state.hovered;
+    g.fillStyle = on ? "#d33" : "#222";
+    g.textAlign = "right"; g.fillText(D.tokens[i], XQ - 6, y(i));
+    g.textAlign = "left"; g.fillText(D.tokens[i], XK + 6, y(i));
+  }
+  g.fillStyle = "#888"; g.textAlign = "right"; g.fillText("query", XQ - 6, 10); g.textAlign = "left"; g.fillText("key", XK + 6, 10);
+  const hs = heads();
+  for (const h of hs)
+    for (let q = 0; q < T; q++) {
+      if (state.hovered >= 0 && q !== state.hovered) continue;
+      for (let k = 0; k <= q; k++) {
+        const a = weight(state.layer, h, q, k) / hs.length;
+        if (a < 0.01) continue;
+        g.strokeStyle = colour(h, Math.min(1, a)); g.lineWidth = state.hovered >= 0 ? 2 : 1;
+        g.beginPath(); g.moveTo(XQ, y(q)); g.lineTo(XK, y(k)); g.stroke();
+      }
+    }
+  drawRow(); drawScores(); markThumbs();
+}
+function rowWeights() {  // the hovered query's weights per shown head: [{head, weights: [T]}]
+  if (state.hovered < 0) return [];
+  return heads().map(h => ({ head: h, weights: Array.from({ length: T }, (_, k) => weight(state.layer, h, state.hovered, k)) }));
+}
+function drawRow() {
+  if (state.hovered < 0) { $("row").textContent = "hover a token on the left"; return; }
+  const lines = [`query ${state.hovered} ${JSON.stringify(D.tokens[state.hovered])}`];
+  for (const r of rowWeights()) {
+    const top = r.weights.map((w, k) => [w, k]).sort((a, b) => b[0] - a[0]).slice(0, 8);
+    lines.push(`head ${r.head}: ` + top.map(([w, k]) => `${k}:${JSON.stringify(D.tokens[k])} ${w.toFixed(3)}`).join("  "));
+  }
+  $("row").textContent = lines.join("\n");
+}
+function drawScores() {
+  const t = $("scores"); t.innerHTML = "";
+  const hs = heads(), head = document.createElement("tr");
+  head.innerHTML = "<th>score</th>" + hs.map(h => `<th>L${state.layer}H${h}</th>`).join("");
+  t.appendChild(head);
+  for (const s of D.scores) {
+    const tr = document.createElement("tr"), v = h => s.values[state.layer][h];
+    tr.innerHTML = `<td>${s.name}</td>` + hs.map(h => `<td>${v(h) === null ? "" : (+v(h)).toFixed(4)}</td>`).join("");
+    t.appendChild(tr);
+  }
+}
+function thumbs() {
+  const box = $("thumbs"), px = Math.max(1, Math.floor(96 / T));
+  box.style.gridTemplateColumns = `repeat(${D.heads}, max-content)`;
+  for (let l = 0; l < D.layers; l++)
+    for (let h = 0; h < D.heads; h++) {
+      const div = document.createElement("div"); div.className = "thumb"; div.dataset.layer = l; div.dataset.head = h;
+      const c = document.createElement("canvas"); c.width = T; c.height = T; c.style.width = c.style.height = `${T * px}px`;
+      const g = c.getContext("2d"), img = g.createImageData(T, T);
+      for (let q = 0; q < T; q++) for (let k = 0; k < T; k++) {
+        const v = kept(l, h) ? 255 - Math.round(255 * Math.sqrt(weight(l, h, q, k))) : 200, i = 4 * (q * T + k);
+        img.data[i] = img.data[i + 1] = v; img.data[i + 2] = kept(l, h) ? 255 : 200; img.data[i + 3] = 255;
+      }
+      g.putImageData(img, 0, 0);
+      div.appendChild(c); div.appendChild(document.createElement("br"));
+      div.appendChild(document.createTextNode(`L${l}H${h}${kept(l, h) ? "" : " pruned"}`));
+      if (kept(l, h)) div.onclick = () => select(l, h);
+      box.appendChild(div);
+    }
+}
+function markThumbs() {
+  for (const d of document.querySelectorAll(".thumb"))
+    d.classList.toggle("sel", +d.dataset.layer === state.layer && (state.head < 0 || +d.dataset.head === state.head));
+}
+function select(l, h) {
+  state.layer = l; state.head = h; $("layer").value = l; fillHeads(); $("head").value = h; draw();
+}
+function fillHeads() {
+  const s = $("head"); s.innerHTML = "";
+  for (const h of D.kept[state.layer]) s.add(new Option(String(h), h));
+  s.add(new Option("all (overlaid)", -1));
+}
+function hover(q) { state.hovered = q; draw(); }
+$("title").textContent = D.title;
+$("summary").textContent = `${T} tokens, ${D.layers} layers x ${D.heads} heads`;
+for (let l = 0; l < D.layers; l++) $("layer").add(new Option(String(l), l));
+$("layer").onchange = e => { state.layer = +e.target.value; fillHeads(); state.head = +$("head").value; draw(); };
+$("head").onchange = e => { state.head = +e.target.value; draw(); };
+$("view").addEventListener("mousemove", e => {
+  const r = e.target.getBoundingClientRect(), q = Math.floor((e.clientY - r.top - TOP) / ROW);
+  const on = e.clientX - r.left < XQ && q >= 0 && q < T ? q : -1;
+  if (on !== state.hovered) hover(on);
+});
+$("view").addEventListener("mouseleave", () => hover(-1));
+fillHeads(); thumbs(); draw();
+window.headlab = { data: D, state, weight, rowWeights, select, hover, geometry: { ROW, TOP, XQ, XK } };
+</script></body></html>
+)HTML";
+
+}  // namespace
+
+std::string attention_explorer_html(const AttentionMaps& maps, const std::vector<std::string>& tokens,
+                                    const std::string& title, const std::vector<ExplorerScore>& scores) {
+  HL_CHECK(static_cast<int64_t>(tokens.size()) == maps.T, "attention_explorer_html: ", tokens.size(),
+           " tokens for maps of ", maps.T);
+  std::vector<uint8_t> bytes;
+  bytes.reserve(maps.weights.size() * 2);
+  for (float w : maps.weights) {  // pruned heads (NaN) as 0
+    const auto v = static_cast<uint16_t>(std::isnan(w) ? 0.0 : std::lround(std::clamp<double>(w, 0, 1) * kExplorerWeightScale));
+    bytes.push_back(static_cast<uint8_t>(v & 0xff));
+    bytes.push_back(static_cast<uint8_t>(v >> 8));
+  }
+  nlohmann::json j = {{"title", title},   {"layers", maps.layers}, {"heads", maps.heads},
+                      {"T", maps.T},      {"tokens", tokens},      {"kept", maps.kept},
+                      {"scale", kExplorerWeightScale}, {"weights", base64(bytes)}};
+  j["scores"] = nlohmann::json::array();
+  for (const ExplorerScore& s : scores) {
+    HL_CHECK(static_cast<int64_t>(s.values.size()) == maps.layers, "attention_explorer_html: score ", s.name, " has ",
+             s.values.size(), " layers, the maps ", maps.layers);
+    nlohmann::json values = nlohmann::json::array();
+    for (const auto& row : s.values) {
+      nlohmann::json r = nlohmann::json::array();
+      for (double v : row) r.push_back(std::isfinite(v) ? nlohmann::json(v) : nlohmann::json());
+      values.push_back(r);
+    }
+    j["scores"].push_back({{"name", s.name}, {"values", values}});
+  }
+  // "</" inside the JSON (a token "</script>") would end the script element early.
+  std::string data = j.dump(-1, ' ', true);
+  for (size_t p = 0; (p = data.find("</", p)) != std::string::npos; p += 3) data.replace(p, 2, "<\\/");
+  std::string page = kTemplate;
+  page.replace(page.find("/*DATA*/"), 8, data);
+  return page;
+}
+
+void save_attention_html(const std::string& path, const AttentionMaps& maps, const std::vector<std::string>& tokens,
+                         const std::string& title, const std::vector<ExplorerScore>& scores) {
+  const std::string page = attention_explorer_html(maps, tokens, title, scores);
+  const std::string tmp = io::temp_path_for(path);  // a killed writer's leftover is found by its pid
+  {
+    std::ofstream f(tmp, std::ios::binary);
+    f << page;
+    HL_CHECK(f.good(), "save_attention_html: cannot write '", tmp, "'");
+  }
+  HL_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "save_attention_html: cannot rename '", tmp, "' to '", path, "'");
+}
+
+}  // namespace headlab::analysis

@@ -1,0 +1,29 @@
+// attention.html: every head's attention for one input as one self-contained page (no network: the
+// script and style are inline), in the manner of bertviz's head view: the tokens twice, lines from
+// each query to the keys it attends to, a thumbnail of every (layer, head) to pick from, hovering a
+// token shows its row, and the analysis scores of the chosen head beside it. Drawn on canvases, so
+// a few hundred tokens and 12 x 12 heads stay usable (no DOM node per weight).
+#pragma once
+#include <string>
+#include <vector>
+
+#include "analysis/attention_maps.h"
+#include "analysis/heads.h"
+
+namespace headlab::analysis {
+
+// Per-head numbers shown beside the picture: name -> [layer][original head] (NaN: none).
+struct ExplorerScore {
+  std::string name;
+  HeadMatrix values;
+};
+
+// Weights travel as uint16 (w * 65535, rounded), base64: 2.7 bytes per weight, exact to 8e-6.
+constexpr double kExplorerWeightScale = 65535.0;
+
+std::string attention_explorer_html(const AttentionMaps& maps, const std::vector<std::string>& tokens,
+                                    const std::string& title, const std::vector<ExplorerScore>& scores = {});
+void save_attention_html(const std::string& path, const AttentionMaps& maps, const std::vector<std::string>& tokens,
+                         const std::string& title, const std::vector<ExplorerScore>& scores = {});
+
+}  // namespace headlab::analysis

@@ -1,0 +1,134 @@
+// The attention explorer page (analysis/explorer.h): its data against the maps it was made from, that
+// it needs no network, and, in a real browser (Debian's chromium driven through chromedriver by
+// tests/browser/explorer_driver.py), that it shows the checkpoint's tokens and heads and that hovering
+// a token highlights exactly the weights of attention.h5. The screenshot stays in
+// <build>/tests/artifacts/explorer.png.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "analysis/explorer.h"
+#include "io/checkpoint.h"
+#include "io/h5file.h"
+#include "tasks/task.h"
+#include "tests/core_test_util.h"
+#include "tests/process_util.h"
+
+namespace fs = std::filesystem;
+using namespace headlab;
+using namespace headlab::analysis;
+
+namespace {
+
+// A random 2-layer, 4-head reverse GPT as a checkpoint (the page does not care whether it learned).
+std::string write_checkpoint(const std::string& path) {
+  tasks::TaskOptions o;
+  const auto task = tasks::make_task("reverse", o);
+  nn::GPTConfig cfg;
+  cfg.vocab_size = task->vocab_size();
+  cfg.context_length = task->required_context_length();
+  cfg.emb_dim = 32;
+  cfg.n_heads = 4;
+  cfg.n_layers = 2;
+  manual_seed(5);
+  nn::GPTModel model(cfg);
+  io::Checkpoint c;
+  c.config = {{"model", cfg.to_json()},
+              {"tokenizer", {{"type", "char"}, {"vocab", task->tokenizer().vocab()}}},
+              {"task", {{"name", "reverse"}, {"options", tasks::options_to_map("reverse", o)}}}};
+  c.model = io::snapshot_parameters(model);
+  io::save_checkpoint(path, c);
+  return path;
+}
+
+std::vector<uint8_t> base64_decode(const std::string& s) {
+  std::vector<uint8_t> out;
+  uint32_t acc = 0;
+  int bits = 0;
+  for (char ch : s) {
+    const char* abc = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    const char* p = ch == '=' ? nullptr : std::strchr(abc, ch);
+    if (!p) continue;
+    acc = acc << 6 | static_cast<uint32_t>(p - abc);
+    if ((bits += 6) >= 8) out.push_back(static_cast<uint8_t>(acc >> (bits -= 8) & 0xff));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(Explorer, PageCarriesTheWeightsAndNeedsNoNetwork) {
+  AttentionMaps m;
+  m.layers = 1;
+  m.heads = 2;
+  m.T = 3;
+  m.kept = {{0, 1}};
+  m.weights = {1, 0, 0, 0.25f, 0.75f, 0, 0.1f, 0.2f, 0.7f, 1, 0, 0, 0.5f, 0.5f, 0, 0.3f, 0.3f, 0.4f};
+  const std::vector<std::string> tokens = {"a", "</script>", "\"q\""};
+  const std::string page = attention_explorer_html(m, tokens, "t", {{"importance", {{0.5, std::nan("")}}}});
+  for (const char* external : {"http://", "https://", "src=", "href=", "@import"})
+    EXPECT_EQ(page.find(external), std::string::npos) << external;
+  EXPECT_EQ(page.find("</script>\""), std::string::npos) << "a token must not close the script element";
+  const size_t start = page.find("const D = ") + 10, end = page.find(";\nconst W = ");
+  const nlohmann::json d = nlohmann::json::parse(page.substr(start, end - start));
+  EXPECT_EQ(d["tokens"].get<std::vector<std::string>>(), tokens);
+  EXPECT_EQ(d["scores"][0]["values"][0][0], 0.5);
+  EXPECT_TRUE(d["scores"][0]["values"][0][1].is_null());
+  const std::vector<uint8_t> bytes = base64_decode(d["weights"].get<std::string>());
+  ASSERT_EQ(bytes.size(), 2 * m.weights.size());
+  for (size_t i = 0; i < m.weights.size(); ++i) {
+    const double w = (bytes[2 * i] | bytes[2 * i + 1] << 8) / kExplorerWeightScale;
+    EXPECT_NEAR(w, m.weights[i], 0.5 / kExplorerWeightScale + 1e-9) << i;
+  }
+  EXPECT_NE(headlab::testing::error_of([&] { attention_explorer_html(m, {"a"}, "t"); }).find("1 tokens for maps of 3"),
+            std::string::npos);
+}
+
+TEST(Explorer, HoveringATokenInChromiumShowsItsRowOfAttentionH5) {
+  const fs::path exe = fs::path(HEADLAB_BINARY_DIR) / "headlab";
+  if (!fs::exists(exe)) GTEST_SKIP() << exe << " is not built";
+  if (std::system("command -v python3 > /dev/null 2>&1") != 0) GTEST_SKIP() << "python3 is not installed";
+  headlab::testing::TempDir tmp("headlab_explorer");
+  const std::string ck = write_checkpoint(tmp.path("model.h5")), out = tmp.path("att");
+  ASSERT_EQ(std::system((exe.string() + " attention " + ck + " --prompt 31415 --out " + out + " > /dev/null").c_str()), 0);
+  const fs::path artifacts = fs::path(HEADLAB_BINARY_DIR) / "tests" / "artifacts";
+  fs::create_directories(artifacts);
+  const int query = 3;
+  const std::string result = tmp.path("driver.json");
+  const std::string cmd = "python3 " + std::string(HEADLAB_SOURCE_DIR) + "/tests/browser/explorer_driver.py " + out +
+                          "/attention.html " + std::to_string(query) + " " + (artifacts / "explorer.png").string() +
+                          " > " + result + " 2> " + tmp.path("driver.err");
+  const int rc = std::system(cmd.c_str());
+  std::stringstream err;
+  err << std::ifstream(tmp.path("driver.err")).rdbuf();
+  if (WIFEXITED(rc) && WEXITSTATUS(rc) == 77) GTEST_SKIP() << err.str();
+  ASSERT_EQ(rc, 0) << err.str();
+  nlohmann::json r;
+  std::ifstream(result) >> r;
+  io::h5::Reader h5(out + "/attention.h5");
+  const io::h5::Array w = h5.read("weights");  // (layers, heads, T, T)
+  const int64_t L = w.shape[0], H = w.shape[1], T = w.shape[2];
+  const nlohmann::json& shown = r["shown"];
+  EXPECT_EQ(shown["T"], T);
+  EXPECT_EQ(shown["layers"], L);
+  EXPECT_EQ(shown["heads"], H);
+  EXPECT_EQ(shown["thumbs"], L * H);
+  EXPECT_EQ(shown["tokens"].get<std::vector<std::string>>(),
+            nlohmann::json::parse(h5.attr_str("/", "tokens")).get<std::vector<std::string>>());
+  // The pointer over query 3 of the left column: that row of layer 0 head 0 (the page's first view).
+  const nlohmann::json& hovered = r["hovered"];
+  EXPECT_EQ(hovered["state"]["hovered"], query);
+  ASSERT_EQ(hovered["row"].size(), 1u);
+  const std::vector<double> row = hovered["row"][0]["weights"].get<std::vector<double>>();
+  const std::vector<float> expected = w.as<float>();
+  ASSERT_EQ(static_cast<int64_t>(row.size()), T);
+  for (int64_t k = 0; k < T; ++k) EXPECT_NEAR(row[static_cast<size_t>(k)], expected[static_cast<size_t>(query * T + k)], 1e-5) << k;
+  EXPECT_NE(hovered["text"].get<std::string>().find("query 3"), std::string::npos);
+  EXPECT_GT(fs::file_size(artifacts / "explorer.png"), 1000u);
+}

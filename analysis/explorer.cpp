@@ -204,4 +204,27 @@ void save_attention_html(const std::string& path, const AttentionMaps& maps, con
   HL_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "save_attention_html: cannot rename '", tmp, "' to '", path, "'");
 }
 
+void save_row_explorer(const std::string& path, nn::GPTModel& model, const tasks::Tokenizer& tokenizer,
+                       const Batch& batch, int64_t row, const std::string& title,
+                       const std::vector<ExplorerScore>& scores) {
+  HL_CHECK(row >= 0 && row < batch.B, "save_row_explorer: row ", row, " of a batch of ", batch.B);
+  const int64_t len = batch.has_answers ? batch.answer_end[static_cast<size_t>(row)] + 1 : batch.T;
+  const auto first = batch.inputs.begin() + row * batch.T;
+  const std::vector<int64_t> ids(first, first + len);
+  std::vector<std::string> tokens;
+  for (int64_t id : ids) tokens.push_back(tokenizer.decode({id}));
+  const nn::GPTConfig& cfg = model.config();
+  std::vector<ExplorerScore> by_original;  // [layer][original head], NaN where pruned
+  for (const ExplorerScore& s : scores) {
+    ExplorerScore& o = by_original.emplace_back();
+    o.name = s.name;
+    o.values.assign(s.values.size(), std::vector<double>(static_cast<size_t>(cfg.n_heads), std::nan("")));
+    for (size_t l = 0; l < s.values.size(); ++l)
+      for (size_t h = 0; h < s.values[l].size(); ++h)
+        o.values[l][static_cast<size_t>(original_head(cfg, static_cast<int64_t>(l), static_cast<int64_t>(h)))] =
+            s.values[l][h];
+  }
+  save_attention_html(path, attention_maps(model, ids), tokens, title, by_original);
+}
+
 }  // namespace headlab::analysis

@@ -26,4 +26,10 @@ std::string attention_explorer_html(const AttentionMaps& maps, const std::vector
 void save_attention_html(const std::string& path, const AttentionMaps& maps, const std::vector<std::string>& tokens,
                          const std::string& title, const std::vector<ExplorerScore>& scores = {});
 
+// The page for one row of an evaluation batch (its tokens up to the end token, tasks; all of it,
+// chars), as the analysis commands write it; scores by [layer][model-local head], as analyses give them.
+void save_row_explorer(const std::string& path, nn::GPTModel& model, const tasks::Tokenizer& tokenizer,
+                       const Batch& batch, int64_t row, const std::string& title,
+                       const std::vector<ExplorerScore>& scores);
+
 }  // namespace headlab::analysis

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "analysis/analysis.h"
+#include "analysis/explorer.h"
 #include "analysis/finetune.h"
 #include "analysis/l0_gates.h"
 #include "backends/backend.h"
@@ -172,7 +173,8 @@ std::string report_md(const AblateArgs& args, const io::Checkpoint& ck, const nn
     os << "| prunable at the threshold | " << keep_n << " of " << curve.total_heads << " heads ("
        << fmt(100.0 * static_cast<double>(keep_n) / static_cast<double>(curve.total_heads), 0) << "%) |\n";
   }
-  os << "\n![head importance](importance.png)\n\n";
+  os << "\n![head importance](importance.png)\n\nEvery head's attention on a validation row, with these scores beside "
+        "it: [attention.html](attention.html).\n\n";
 
   os << "## Heads by importance\n\n";
   os << "Importance: I_h = E_x |dL/d gate_h| over the evaluation batches, divided by the l2 norm of its layer's "
@@ -480,12 +482,26 @@ Action add_ablate(CLI::App& app) {
     }
 
     analysis::save_heads_csv(join_path(out, "heads.csv"), abl);
+    {
+      auto delta = [&](const analysis::Scores analysis::HeadAblation::*kind) {
+        analysis::HeadMatrix v = analysis::head_matrix(*model, std::nan(""));
+        for (const auto& h : abl.heads)
+          v[static_cast<size_t>(h.layer)][static_cast<size_t>(h.head)] = (h.*kind).loss - abl.base.loss;
+        return v;
+      };
+      analysis::save_row_explorer(join_path(out, "attention.html"), *model, task->tokenizer(), data.batches.front(), 0,
+                                  a->path + ": validation row 0",
+                                  {{"importance", abl.importance.normalized},
+                                   {"zero: d loss", delta(&analysis::HeadAblation::zero)},
+                                   {"mean: d loss", delta(&analysis::HeadAblation::mean)},
+                                   {"resample: d loss", delta(&analysis::HeadAblation::resample)}});
+    }
     analysis::save_pruning_csv(join_path(out, "pruning.csv"), curve, cfg);
     analysis::save_importance_png(join_path(out, "importance.png"), abl, cfg);
     analysis::save_pruning_png(join_path(out, "pruning.png"), curve, a->full_curve ? -1.0 : stop_below);
     write_text(join_path(out, "report.md"),
                report_md(*a, ck, *model, data, abl, curve, stop_below, pr, task->name(), sweep_seconds, l0), "ablate");
-    std::cout << "\nwrote " << out << "/{heads.csv, pruning.csv, report.md, importance.png, pruning.png"
+    std::cout << "\nwrote " << out << "/{heads.csv, pruning.csv, report.md, importance.png, pruning.png, attention.html"
               << (pr.done ? ", pruned.h5" : "") << "}\n";
     return 0;
   };

@@ -193,25 +193,11 @@ Action add_heads(CLI::App& app) {
     analysis::save_head_map_png(join_path(out, "ablation.png"),
                                 {"resample ablation: loss increase", "d loss", resample, 0.0, {}}, cfg);
     // The explorer page on the first validation row, with every score beside its head.
-    const analysis::Batch& b0 = data.batches.front();
-    const int64_t len = b0.has_answers ? b0.answer_end.front() + 1 : b0.T;
-    const std::vector<int64_t> ids(b0.inputs.begin(), b0.inputs.begin() + len);
-    std::vector<std::string> tokens;
-    for (int64_t id : ids) tokens.push_back(in.task->tokenizer().decode({id}));
-    auto by_original = [&](const HeadMatrix& v) {  // [layer][original head], NaN where pruned
-      HeadMatrix o(v.size(), std::vector<double>(static_cast<size_t>(cfg.n_heads), std::nan("")));
-      for (size_t l = 0; l < v.size(); ++l)
-        for (size_t h = 0; h < v[l].size(); ++h)
-          o[l][static_cast<size_t>(analysis::original_head(cfg, static_cast<int64_t>(l), static_cast<int64_t>(h)))] = v[l][h];
-      return o;
-    };
-    analysis::save_attention_html(
-        join_path(out, "attention.html"), analysis::attention_maps(model, ids), tokens,
-        a->path + ": validation row 0",
-        {{"resample: d loss", by_original(resample)}, {"zero: d loss", by_original(zero)},
-         {"DLA (vs mean)", by_original(dla)}, {"patching: denoising", by_original(denoising)},
-         {"previous token", by_original(prev)}, {"induction", by_original(induction)},
-         {"entropy / max", by_original(entropy_norm)}});
+    analysis::save_row_explorer(join_path(out, "attention.html"), model, in.task->tokenizer(), data.batches.front(), 0,
+                                a->path + ": validation row 0",
+                                {{"resample: d loss", resample}, {"zero: d loss", zero}, {"DLA (vs mean)", dla},
+                                 {"patching: denoising", denoising}, {"previous token", prev},
+                                 {"induction", induction}, {"entropy / max", entropy_norm}});
     std::ostringstream md;
     md << "# Heads of `" << a->path << "`\n\nEvery head's attention on a validation row, with these scores "
           "beside it: [attention.html](attention.html) (open it in a browser).\n\n";

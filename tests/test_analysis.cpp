@@ -1020,7 +1020,7 @@ TEST_F(AnalysisFiles, CommandsLoadPrunedCheckpoints) {
     std::ifstream report(fs::path(out) / "report.md");
     const std::string md((std::istreambuf_iterator<char>(report)), std::istreambuf_iterator<char>());
     EXPECT_NE(md.find("| pruning | ablation (auto: 8 heads <= 64) criterion; metric exact_match"), std::string::npos);
-    for (const char* f : {"heads.csv", "pruning.csv", "report.md", "importance.png", "pruning.png", "pruned.h5"})
+    for (const char* f : {"heads.csv", "pruning.csv", "report.md", "importance.png", "pruning.png", "pruned.h5", "attention.html"})
       EXPECT_TRUE(fs::exists(fs::path(out) / f)) << f;
     const std::string pruned = (fs::path(out) / "pruned.h5").string();
     const Checkpoint pc = load_checkpoint(pruned);

@@ -19,7 +19,7 @@ FinetuneResult finetune(const io::Checkpoint& ck, const EvalSet& data, const Fin
   config.schedule.warmup = std::min(config.schedule.warmup, std::max<int64_t>(1, o.steps / 10));
   const Device device = Device::parse(o.device);
   FinetuneResult r;
-  r.before = evaluate_heads(*io::model_from_checkpoint(ck, "finetune", device), data);
+  r.before = evaluate_heads(*io::load_model(ck, "finetune", device), data);
   train::TrainOptions to;
   to.config = config;
   to.out = o.out;
@@ -30,7 +30,7 @@ FinetuneResult finetune(const io::Checkpoint& ck, const EvalSet& data, const Fin
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   HL_CHECK(!t.interrupted, "finetune: interrupted at step ", t.steps_done, " of ", o.steps);
   r.checkpoint = t.checkpoint;
-  r.after = evaluate_heads(*io::model_from_checkpoint(io::load_checkpoint(r.checkpoint), r.checkpoint, device), data);
+  r.after = evaluate_heads(*io::load_model(io::load_checkpoint(r.checkpoint), r.checkpoint, device), data);
   return r;
 }
 

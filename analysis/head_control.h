@@ -1,4 +1,4 @@
-// Internal to analysis/: saving, setting and restoring every layer's HeadControl (gates, offsets,
+// Internal to analysis/: saving, setting and restoring every attention module's HeadControl (gates, offsets,
 // kept contexts) around a measurement, so that an analysis never leaves a model altered.
 #pragma once
 #include <vector>
@@ -7,19 +7,19 @@
 
 namespace headlab::analysis::detail {
 
-inline DType model_dtype(const nn::GPTModel& m) { return m.tok_emb->weight.dtype(); }
+inline DType model_dtype(const nn::Model& m) { return m.parameters().front().dtype(); }
 
 
 // Saves every layer's HeadControl and restores it (and clears kept contexts) on scope exit.
 class ControlGuard {
  public:
-  explicit ControlGuard(nn::GPTModel& m) : m_(m), training_(m.is_training()) {
-    for (int64_t l = 0; l < m.n_layers(); ++l) saved_.push_back(m.attention(l).control());
+  explicit ControlGuard(nn::Model& m) : m_(m), training_(m.is_training()) {
+    for (int64_t l = 0; l < m.attention_count(); ++l) saved_.push_back(m.head_control(l));
   }
   ~ControlGuard() {
-    for (int64_t l = 0; l < m_.n_layers(); ++l) {
-      m_.attention(l).control() = saved_[static_cast<size_t>(l)];
-      m_.attention(l).control().context = Tensor();
+    for (int64_t l = 0; l < m_.attention_count(); ++l) {
+      m_.head_control(l) = saved_[static_cast<size_t>(l)];
+      m_.head_control(l).context = Tensor();
     }
     m_.train(training_);
   }
@@ -27,14 +27,14 @@ class ControlGuard {
   ControlGuard& operator=(const ControlGuard&) = delete;
 
  private:
-  nn::GPTModel& m_;
+  nn::Model& m_;
   bool training_;
   std::vector<nn::HeadControl> saved_;
 };
 
 // Throws unless gates is empty or lists every head of every layer.
-void check_matrix(const char* who, const nn::GPTModel& m, const HeadMatrix& gates);
+void check_matrix(const char* who, const nn::Model& m, const HeadMatrix& gates);
 // Installs gates (may be empty: none) and offsets on the model's layers; contexts are not kept.
-void set_controls(nn::GPTModel& m, const HeadMatrix& gates, const std::vector<Tensor>& offsets);
+void set_controls(nn::Model& m, const HeadMatrix& gates, const std::vector<Tensor>& offsets);
 
 }  // namespace headlab::analysis::detail

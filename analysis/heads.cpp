@@ -26,26 +26,25 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 namespace detail {
 
-void check_matrix(const char* who, const nn::GPTModel& m, const HeadMatrix& gates) {
+void check_matrix(const char* who, const nn::Model& m, const HeadMatrix& gates) {
   if (gates.empty()) return;
-  HL_CHECK(static_cast<int64_t>(gates.size()) == m.n_layers(), who, ": gates list ", gates.size(),
-           " layers, the model has ", m.n_layers());
-  for (int64_t l = 0; l < m.n_layers(); ++l)
-    HL_CHECK(static_cast<int64_t>(gates[static_cast<size_t>(l)].size()) == m.attention(l).head_count(), who,
-             ": gates of layer ", l, " list ", gates[static_cast<size_t>(l)].size(), " heads, the layer has ",
-             m.attention(l).head_count());
+  HL_CHECK(static_cast<int64_t>(gates.size()) == m.attention_count(), who, ": gates list ", gates.size(),
+           " layers, the model has ", m.attention_count());
+  for (int64_t l = 0; l < m.attention_count(); ++l)
+    HL_CHECK(static_cast<int64_t>(gates[static_cast<size_t>(l)].size()) == m.heads_at(l), who, ": gates of layer ", l,
+             " list ", gates[static_cast<size_t>(l)].size(), " heads, the layer has ", m.heads_at(l), " (",
+             m.attention_label(l), ")");
 }
 
-void set_controls(nn::GPTModel& m, const HeadMatrix& gates, const std::vector<Tensor>& offsets) {
+void set_controls(nn::Model& m, const HeadMatrix& gates, const std::vector<Tensor>& offsets) {
   const DType dt = model_dtype(m);
   const Device dev = m.device();
-  for (int64_t l = 0; l < m.n_layers(); ++l) {
-    nn::HeadControl& hc = m.attention(l).control();
+  for (int64_t l = 0; l < m.attention_count(); ++l) {
+    nn::HeadControl& hc = m.head_control(l);
     hc.keep_context = false;
     hc.context = Tensor();
     hc.given_context = Tensor();
-    hc.gates = gates.empty() ? Tensor()
-                             : tensor(gates[static_cast<size_t>(l)], {m.attention(l).head_count()}).to(dt).to(dev);
+    hc.gates = gates.empty() ? Tensor() : tensor(gates[static_cast<size_t>(l)], {m.heads_at(l)}).to(dt).to(dev);
     const bool has_offset = static_cast<size_t>(l) < offsets.size() && offsets[static_cast<size_t>(l)].defined();
     hc.offsets = has_offset ? offsets[static_cast<size_t>(l)].to(dt).to(dev) : Tensor();
   }
@@ -94,10 +93,9 @@ Metric default_metric(const EvalSet& data) {
   return data.has_exact_match ? Metric::exact_match : Metric::token_accuracy;
 }
 
-HeadMatrix head_matrix(const nn::GPTModel& model, double fill) {
+HeadMatrix head_matrix(const nn::Model& model, double fill) {
   HeadMatrix m;
-  for (int64_t l = 0; l < model.n_layers(); ++l)
-    m.emplace_back(static_cast<size_t>(model.attention(l).head_count()), fill);
+  for (int64_t l = 0; l < model.attention_count(); ++l) m.emplace_back(static_cast<size_t>(model.heads_at(l)), fill);
   return m;
 }
 
@@ -112,7 +110,7 @@ int64_t original_head(const nn::GPTConfig& cfg, int64_t layer, int64_t head) {
   return cfg.kept_heads.at(static_cast<size_t>(layer)).at(static_cast<size_t>(head));
 }
 
-Scores evaluate_heads(nn::GPTModel& model, const EvalSet& data, const HeadMatrix& gates,
+Scores evaluate_heads(nn::Model& model, const EvalSet& data, const HeadMatrix& gates,
                       const std::vector<Tensor>& offsets) {
   check_matrix("evaluate_heads", model, gates);
   ControlGuard guard(model);
@@ -121,54 +119,55 @@ Scores evaluate_heads(nn::GPTModel& model, const EvalSet& data, const HeadMatrix
   return train::evaluate(model, data.batches);
 }
 
-std::vector<Tensor> mean_head_contexts(nn::GPTModel& model, const EvalSet& data) {
+std::vector<Tensor> mean_head_contexts(nn::Model& model, const EvalSet& data) {
   ControlGuard guard(model);
   model.eval();
   set_controls(model, {}, {});
-  const int64_t L = model.n_layers();
+  const int64_t L = model.attention_count();
   std::vector<Tensor> sums(static_cast<size_t>(L));
-  for (int64_t l = 0; l < L; ++l) model.attention(l).control().keep_context = true;
+  std::vector<int64_t> counts(static_cast<size_t>(L), 0);  // positions per module (the encoder's are source positions)
+  for (int64_t l = 0; l < L; ++l) model.head_control(l).keep_context = true;
   NoGradGuard no_grad;
-  int64_t count = 0;
   for (const Batch& b : data.batches) {
-    model.forward(batch_tensors(b, model.device()).first);
+    model.logits(train::model_inputs(b, model.device()));
     for (int64_t l = 0; l < L; ++l) {
-      const Tensor ctx = model.attention(l).control().context;  // (B, H, T, D)
-      const Tensor s = ctx.to(DType::f64).sum({0, 2});             // (H, D)
+      const Tensor ctx = model.head_control(l).context;  // (B, H, T, D)
+      const Tensor s = ctx.to(DType::f64).sum({0, 2});    // (H, D)
       Tensor& acc = sums[static_cast<size_t>(l)];
       acc = acc.defined() ? add(acc, s) : s;
+      counts[static_cast<size_t>(l)] += ctx.size(0) * ctx.size(2);
     }
-    count += b.B * b.T;
   }
   const DType dt = model_dtype(model);
-  for (Tensor& s : sums) s = mul(s, 1.0 / static_cast<double>(count)).to(dt);
+  for (int64_t l = 0; l < L; ++l)
+    sums[static_cast<size_t>(l)] = mul(sums[static_cast<size_t>(l)], 1.0 / static_cast<double>(counts[static_cast<size_t>(l)])).to(dt);
   return sums;
 }
 
-Importance head_importance(nn::GPTModel& model, const EvalSet& data, const HeadMatrix& gates_in) {
+Importance head_importance(nn::Model& model, const EvalSet& data, const HeadMatrix& gates_in) {
   check_matrix("head_importance", model, gates_in);
   const HeadMatrix gates = gates_in.empty() ? head_matrix(model, 1.0) : gates_in;
   ControlGuard guard(model);
   model.eval();
   set_controls(model, {}, {});
-  const int64_t L = model.n_layers(), V = model.config().vocab_size;
+  const int64_t L = model.attention_count();
   const DType dt = model_dtype(model);
   const Device dev = model.device();
   std::vector<Tensor> leaves;
   for (int64_t l = 0; l < L; ++l) {
-    Tensor g = tensor(gates[static_cast<size_t>(l)], {model.attention(l).head_count()}).to(dt).to(dev);
+    Tensor g = tensor(gates[static_cast<size_t>(l)], {model.heads_at(l)}).to(dt).to(dev);
     g.requires_grad_(true);
-    model.attention(l).control().gates = g;
+    model.head_control(l).gates = g;
     leaves.push_back(g);
   }
   Importance imp;
   imp.raw = head_matrix(model, 0.0);
   int64_t n = 0;
   for (const Batch& b : data.batches) {
-    auto [idx, tgt] = batch_tensors(b, dev);
+    const Tensor tgt = batch_tensors(b, dev).second;
     if (std::all_of(b.targets.begin(), b.targets.end(), [](int64_t t) { return t == kIgnoreIndex; })) continue;
-    const Tensor logits = model.forward(idx);
-    const Tensor loss = cross_entropy(logits.reshape({-1, V}), tgt.reshape({-1}), kIgnoreIndex);
+    const Tensor logits = model.logits(train::model_inputs(b, dev));  // (B, T, V)
+    const Tensor loss = cross_entropy(logits.reshape({-1, logits.size(-1)}), tgt.reshape({-1}), kIgnoreIndex);
     const std::vector<Tensor> g = grad({loss}, leaves);
     for (int64_t l = 0; l < L; ++l) {
       const std::vector<double> v = g[static_cast<size_t>(l)].to_vector<double>();
@@ -200,6 +199,8 @@ std::vector<Batch> rotated_rows(const EvalSet& data) {
     rotate(b.targets, b.T);
     rotate(b.answer_begin, 1);
     rotate(b.answer_end, 1);
+    rotate(b.source, b.S);
+    rotate(b.source_valid_lens, 1);
   }
   return out;
 }
@@ -347,23 +348,52 @@ std::vector<Scores> evaluate_interventions(nn::GPTModel& model, const EvalSet& d
   return out;
 }
 
-AblationResult ablate_heads(nn::GPTModel& model, const EvalSet& data) {
+namespace {
+
+// Per-head passes for models without the batched engine (the encoder-decoder): zero and mean
+// ablation through gates and offsets; resample needs per-row contexts of another batch and is left NaN.
+std::vector<Scores> ablate_one_by_one(nn::Model& model, const EvalSet& data) {
+  const std::vector<Tensor> means = mean_head_contexts(model, data);
+  std::vector<Scores> out = {evaluate_heads(model, data)};
+  for (int64_t l = 0; l < model.attention_count(); ++l)
+    for (int64_t h = 0; h < model.heads_at(l); ++h) {
+      HeadMatrix gates = head_matrix(model, 1.0);
+      gates[static_cast<size_t>(l)][static_cast<size_t>(h)] = 0;
+      out.push_back(evaluate_heads(model, data, gates));
+      std::vector<Tensor> offsets(static_cast<size_t>(model.attention_count()));
+      Tensor o = zeros_like(means[static_cast<size_t>(l)]);  // (H, D): the head's mean context, 0 elsewhere
+      o.select(0, h).copy_(means[static_cast<size_t>(l)].select(0, h));
+      offsets[static_cast<size_t>(l)] = o;
+      out.push_back(evaluate_heads(model, data, gates, offsets));
+      out.emplace_back();  // resample: not computed
+    }
+  return out;
+}
+
+}  // namespace
+
+AblationResult ablate_heads(nn::Model& model, const EvalSet& data) {
   AblationResult r;
   r.importance = head_importance(model, data);
   std::vector<HeadIntervention> list = {HeadIntervention{}};  // the unablated model first
-  for (int64_t l = 0; l < model.n_layers(); ++l)
-    for (int64_t h = 0; h < model.attention(l).head_count(); ++h)
+  for (int64_t l = 0; l < model.attention_count(); ++l)
+    for (int64_t h = 0; h < model.heads_at(l); ++h)
       for (Ablation kind : {Ablation::zero, Ablation::mean, Ablation::patch}) list.push_back({l, h, kind, -1});
-  const std::vector<Batch> others = rotated_rows(data);
-  InterventionOptions o;
-  o.source = &others;
-  const std::vector<Scores> s = evaluate_interventions(model, data, list, o);
+  std::vector<Scores> s;
+  if (auto* gpt = dynamic_cast<nn::GPTModel*>(&model)) {
+    const std::vector<Batch> others = rotated_rows(data);
+    InterventionOptions o;
+    o.source = &others;
+    s = evaluate_interventions(*gpt, data, list, o);
+  } else {
+    s = ablate_one_by_one(model, data);
+  }
   r.base = s[0];
   for (size_t i = 1; i < list.size(); i += 3) {
     HeadAblation a;
     a.layer = list[i].layer;
     a.head = list[i].head;
-    a.original_head = original_head(model.config(), a.layer, a.head);
+    a.original_head = model.original_head(a.layer, a.head);
     a.importance = r.importance.normalized[static_cast<size_t>(a.layer)][static_cast<size_t>(a.head)];
     a.importance_raw = r.importance.raw[static_cast<size_t>(a.layer)][static_cast<size_t>(a.head)];
     a.zero = s[i];
@@ -374,7 +404,7 @@ AblationResult ablate_heads(nn::GPTModel& model, const EvalSet& data) {
   return r;
 }
 
-double max_logit_difference(nn::GPTModel& a, const HeadMatrix& gates_a, nn::GPTModel& b, const EvalSet& data) {
+double max_logit_difference(nn::Model& a, const HeadMatrix& gates_a, nn::Model& b, const EvalSet& data) {
   check_matrix("max_logit_difference", a, gates_a);
   ControlGuard ga(a);
   ControlGuard gb(b);
@@ -385,8 +415,8 @@ double max_logit_difference(nn::GPTModel& a, const HeadMatrix& gates_a, nn::GPTM
   NoGradGuard no_grad;
   double worst = 0;
   for (const Batch& batch : data.batches) {
-    const Tensor la = a.forward(batch_tensors(batch, a.device()).first);
-    const Tensor lb = b.forward(batch_tensors(batch, b.device()).first);
+    const Tensor la = a.logits(train::model_inputs(batch, a.device()));
+    const Tensor lb = b.logits(train::model_inputs(batch, b.device()));
     const Tensor diff = sub(la.to(kCPU).to(DType::f64), lb.to(kCPU).to(DType::f64));
     worst = std::max(worst, amax(abs(diff)).item<double>());
   }

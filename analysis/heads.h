@@ -44,7 +44,7 @@ Metric default_metric(const EvalSet& data);    // exact match for tasks, token a
 
 // A value per head: [layer][head], heads in the model's order (for a pruned model, its kept heads).
 using HeadMatrix = std::vector<std::vector<double>>;
-HeadMatrix head_matrix(const nn::GPTModel& model, double fill);
+HeadMatrix head_matrix(const nn::Model& model, double fill);
 int64_t count_heads(const HeadMatrix& m);
 // The original index of a model's head (differs from `head` only in pruned models).
 int64_t original_head(const nn::GPTConfig& cfg, int64_t layer, int64_t head);
@@ -52,11 +52,11 @@ int64_t original_head(const nn::GPTConfig& cfg, int64_t layer, int64_t head);
 // Scores with each head's context c_h replaced by gates[l][h] * c_h + offsets[l][h] (HeadControl).
 // gates empty: all ones; offsets empty or an undefined entry: none; offsets[l] is (H_l, D).
 // The model's own head controls are restored afterwards, also when this throws.
-Scores evaluate_heads(nn::GPTModel& model, const EvalSet& data, const HeadMatrix& gates = {},
+Scores evaluate_heads(nn::Model& model, const EvalSet& data, const HeadMatrix& gates = {},
                       const std::vector<Tensor>& offsets = {});
 
 // Every head's mean context over the data (all rows and positions): per layer (H_l, D), model dtype.
-std::vector<Tensor> mean_head_contexts(nn::GPTModel& model, const EvalSet& data);
+std::vector<Tensor> mean_head_contexts(nn::Model& model, const EvalSet& data);
 
 // ------------------------------------------------------------------------------------------------
 // Importance (Michel et al. 2019): I_h = E_x |dL/dxi_h| where xi are the head gates. One backward per
@@ -67,7 +67,7 @@ std::vector<Tensor> mean_head_contexts(nn::GPTModel& model, const EvalSet& data)
 struct Importance {
   HeadMatrix raw, normalized;
 };
-Importance head_importance(nn::GPTModel& model, const EvalSet& data, const HeadMatrix& gates = {});
+Importance head_importance(nn::Model& model, const EvalSet& data, const HeadMatrix& gates = {});
 
 // ------------------------------------------------------------------------------------------------
 // Many head interventions in one batched pass. An intervention replaces one head's context c_h (at
@@ -110,10 +110,10 @@ struct AblationResult {
   Importance importance;
   std::vector<HeadAblation> heads;  // layer-major
 };
-AblationResult ablate_heads(nn::GPTModel& model, const EvalSet& data);
+AblationResult ablate_heads(nn::Model& model, const EvalSet& data);
 
 // Max |a - b| over the logits of the data's batches (inputs only), model a against model b with
 // gates_a applied to a.
-double max_logit_difference(nn::GPTModel& a, const HeadMatrix& gates_a, nn::GPTModel& b, const EvalSet& data);
+double max_logit_difference(nn::Model& a, const HeadMatrix& gates_a, nn::Model& b, const EvalSet& data);
 
 }  // namespace headlab::analysis

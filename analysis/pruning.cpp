@@ -43,7 +43,28 @@ Criterion resolve_criterion(Criterion c, int64_t total_heads) {
   return total_heads <= kAblationCriterionMaxHeads ? Criterion::ablation : Criterion::gradient;
 }
 
-PruningCurve iterative_pruning(nn::GPTModel& model, const EvalSet& data, const PruneOptions& o) {
+namespace {
+
+// Scores with each of `heads` masked on top of `gates`: one batched pass for a GPT, a pass per head otherwise.
+std::vector<Scores> zero_each(nn::Model& model, const EvalSet& data, const HeadMatrix& gates,
+                              const std::vector<HeadIntervention>& heads) {
+  if (auto* gpt = dynamic_cast<nn::GPTModel*>(&model)) {
+    InterventionOptions io;
+    io.base_gates = gates;
+    return evaluate_interventions(*gpt, data, heads, io);
+  }
+  std::vector<Scores> out;
+  for (const HeadIntervention& iv : heads) {
+    HeadMatrix g = gates;
+    g[static_cast<size_t>(iv.layer)][static_cast<size_t>(iv.head)] = 0;
+    out.push_back(evaluate_heads(model, data, g));
+  }
+  return out;
+}
+
+}  // namespace
+
+PruningCurve iterative_pruning(nn::Model& model, const EvalSet& data, const PruneOptions& o) {
   HL_CHECK(o.step_fraction > 0 && o.step_fraction <= 1, "iterative_pruning: step_fraction must be in (0, 1], got ",
            o.step_fraction);
   PruningCurve c;
@@ -77,10 +98,8 @@ PruningCurve iterative_pruning(nn::GPTModel& model, const EvalSet& data, const P
       for (const HeadIntervention& iv : open)
         cand.emplace_back(imp.normalized[static_cast<size_t>(iv.layer)][static_cast<size_t>(iv.head)], 0.0, iv.layer,
                           iv.head);
-    } else if (!open.empty()) {  // what masking each head too costs (one batched pass): metric lost, then loss gained
-      InterventionOptions io;
-      io.base_gates = gates;
-      const std::vector<Scores> s = evaluate_interventions(model, data, open, io);
+    } else if (!open.empty()) {  // what masking each head too costs: metric lost, then loss gained
+      const std::vector<Scores> s = zero_each(model, data, gates, open);
       const Scores& now = c.steps.back().scores;
       for (size_t i = 0; i < open.size(); ++i)
         cand.emplace_back(metric_value(now, o.metric) - metric_value(s[i], o.metric), s[i].loss - now.loss,
@@ -126,19 +145,19 @@ std::vector<std::pair<int64_t, int64_t>> free_heads(const AblationResult& a, Met
   return out;
 }
 
-std::vector<std::vector<int64_t>> kept_after(const nn::GPTModel& model,
+std::vector<std::vector<int64_t>> kept_after(const nn::Model& model,
                                              const std::vector<std::pair<int64_t, int64_t>>& order, int64_t k) {
   HL_CHECK(k >= 0 && k <= static_cast<int64_t>(order.size()), "kept_after: cannot remove ", k, " heads; the order lists ",
            order.size());
   std::set<std::pair<int64_t, int64_t>> removed(order.begin(), order.begin() + k);
-  std::vector<std::vector<int64_t>> keep(static_cast<size_t>(model.n_layers()));
-  for (int64_t l = 0; l < model.n_layers(); ++l)
-    for (int64_t h = 0; h < model.attention(l).head_count(); ++h)
+  std::vector<std::vector<int64_t>> keep(static_cast<size_t>(model.attention_count()));
+  for (int64_t l = 0; l < model.attention_count(); ++l)
+    for (int64_t h = 0; h < model.heads_at(l); ++h)
       if (!removed.count({l, h})) keep[static_cast<size_t>(l)].push_back(h);
   return keep;
 }
 
-HeadMatrix gates_keeping(const nn::GPTModel& model, const std::vector<std::vector<int64_t>>& keep) {
+HeadMatrix gates_keeping(const nn::Model& model, const std::vector<std::vector<int64_t>>& keep) {
   HeadMatrix g = head_matrix(model, 0.0);
   HL_CHECK(keep.size() == g.size(), "gates_keeping: keep lists ", keep.size(), " layers, the model has ", g.size());
   for (size_t l = 0; l < keep.size(); ++l)
@@ -147,6 +166,27 @@ HeadMatrix gates_keeping(const nn::GPTModel& model, const std::vector<std::vecto
       g[l][static_cast<size_t>(h)] = 1.0;
     }
   return g;
+}
+
+std::vector<BestHeadOnly> best_head_only(nn::Model& model, const EvalSet& data, Metric metric) {
+  std::vector<BestHeadOnly> out;
+  for (int64_t l = 0; l < model.attention_count(); ++l) {
+    BestHeadOnly best;
+    best.layer = l;
+    for (int64_t h = 0; h < model.heads_at(l); ++h) {
+      HeadMatrix gates = head_matrix(model, 1.0);
+      std::fill(gates[static_cast<size_t>(l)].begin(), gates[static_cast<size_t>(l)].end(), 0.0);
+      gates[static_cast<size_t>(l)][static_cast<size_t>(h)] = 1.0;
+      const Scores s = evaluate_heads(model, data, gates);
+      const double m = metric_value(s, metric), m_best = h == 0 ? m : metric_value(best.scores, metric);
+      if (h == 0 || m > m_best || (m == m_best && s.loss < best.scores.loss)) {
+        best.best_head = h;
+        best.scores = s;
+      }
+    }
+    out.push_back(best);
+  }
+  return out;
 }
 
 int64_t prune_count_for_metric(const PruningCurve& curve, double target) {

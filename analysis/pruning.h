@@ -23,8 +23,9 @@ namespace headlab::analysis {
 // - Criterion::l0: the order learned gates close the heads in (analysis/l0_gates.h; PruneOptions::l0_rank),
 //   fixed, not recomputed.
 // - Criterion::automatic: ablation up to kAblationCriterionMaxHeads heads, gradient beyond.
-// Every layer keeps at least one head, so the pruned model stays a GPTModel of the same depth (the
-// library's Linear has no zero-width form). Stops once the metric falls below stop_below (after
+// Every attention module ("layer") keeps at least one head, so the pruned model stays a model of the
+// same depth (the library's Linear has no zero-width form). Works on any nn::Model; the ablation
+// criterion runs batched on a GPT and one pass per head otherwise. Stops once the metric falls below stop_below (after
 // recording that step), unless fewer than min_pruned heads are pruned yet, or when no head can be
 // pruned any more.
 enum class Criterion { automatic, ablation, gradient, l0 };
@@ -56,7 +57,7 @@ struct PruningCurve {
   std::vector<PruneStep> steps;                    // steps[0]: nothing pruned
   std::vector<std::pair<int64_t, int64_t>> order;  // every masked (layer, head), in pruning order
 };
-PruningCurve iterative_pruning(nn::GPTModel& model, const EvalSet& data, const PruneOptions& options);
+PruningCurve iterative_pruning(nn::Model& model, const EvalSet& data, const PruneOptions& options);
 
 // Heads whose zero ablation alone costs (nearly) nothing: at most kFreeHeadCost of the metric and of
 // the loss. At most all but one head per layer (the most expensive of a layer stays), as pruning
@@ -65,12 +66,21 @@ constexpr double kFreeHeadCost = 1e-3;
 std::vector<std::pair<int64_t, int64_t>> free_heads(const AblationResult& a, Metric metric);
 
 // Heads per layer left after removing the first k heads of `order` (sorted model-local indices).
-std::vector<std::vector<int64_t>> kept_after(const nn::GPTModel& model,
+std::vector<std::vector<int64_t>> kept_after(const nn::Model& model,
                                              const std::vector<std::pair<int64_t, int64_t>>& order, int64_t k);
 // The gates that mask every head not in `keep` (1 kept, 0 pruned).
-HeadMatrix gates_keeping(const nn::GPTModel& model, const std::vector<std::vector<int64_t>>& keep);
+HeadMatrix gates_keeping(const nn::Model& model, const std::vector<std::vector<int64_t>>& keep);
 // How many heads to prune (from the curve) to keep the metric at or above `target`: the last step
 // whose metric is >= target.
 int64_t prune_count_for_metric(const PruningCurve& curve, double target);
+
+// Michel et al.'s Table 2, for every attention module ("layer"): the scores with only its best head kept
+// (every other head of that module masked, the rest of the model whole). Best: the highest metric, the
+// lower loss breaking ties. One evaluation per head.
+struct BestHeadOnly {
+  int64_t layer = 0, best_head = 0;  // model-local head
+  Scores scores;
+};
+std::vector<BestHeadOnly> best_head_only(nn::Model& model, const EvalSet& data, Metric metric);
 
 }  // namespace headlab::analysis

@@ -49,11 +49,15 @@ void write_text(const std::string& path, const std::string& text) {
 
 std::string head_label(int64_t layer, int64_t head) { return "L" + std::to_string(layer) + "H" + std::to_string(head); }
 
-std::string removed_heads_str(const PruneStep& s, const nn::GPTConfig& cfg) {
+std::string head_name(const nn::Model& model, int64_t l, int64_t h) {
+  return model.attention_label(l) + "H" + std::to_string(model.original_head(l, h));
+}
+
+std::string removed_heads_str(const PruneStep& s, const nn::Model& model) {
   std::string out;
   for (const auto& [l, h] : s.removed) {
     if (!out.empty()) out += " ";
-    out += head_label(l, original_head(cfg, l, h));
+    out += head_name(model, l, h);
   }
   return out;
 }
@@ -67,15 +71,18 @@ std::string token_label(const std::string& t) {
   return out.empty() ? "?" : out;
 }
 
-void save_heads_csv(const std::string& path, const AblationResult& a, const std::vector<HeadColumn>& extra) {
+void save_heads_csv(const std::string& path, const AblationResult& a, const std::vector<HeadColumn>& extra,
+                    const nn::Model* model) {
   const bool ex = a.base.has_exact_match;
+  const bool named = model && dynamic_cast<const nn::GPTModel*>(model) == nullptr;
   std::ostringstream os;
-  os << "layer,head,importance,importance_raw";
+  os << (named ? "module," : "") << "layer,head,importance,importance_raw";
   for (const char* kind : {"zero", "mean", "resample"})
     os << ',' << kind << "_delta_loss," << kind << "_delta_accuracy" << (ex ? std::string(",") + kind + "_delta_exact_match" : "");
   for (const HeadColumn& c : extra) os << ',' << c.name;
   os << "\n";
   for (const auto& h : a.heads) {
+    if (named) os << model->attention_label(h.layer) << ',';
     os << h.layer << ',' << h.original_head << ',' << num(h.importance) << ',' << num(h.importance_raw);
     for (const Scores* s : {&h.zero, &h.mean, &h.resample}) {
       os << ',' << num(s->loss - a.base.loss) << ',' << num(s->token_accuracy - a.base.token_accuracy);
@@ -91,7 +98,7 @@ void save_heads_csv(const std::string& path, const AblationResult& a, const std:
   write_text(path, os.str());
 }
 
-void save_pruning_csv(const std::string& path, const PruningCurve& c, const nn::GPTConfig& cfg) {
+void save_pruning_csv(const std::string& path, const PruningCurve& c, const nn::Model& model) {
   HL_CHECK(!c.steps.empty(), "save_pruning_csv: the curve is empty");
   const bool ex = c.steps.front().scores.has_exact_match;
   std::ostringstream os;
@@ -108,7 +115,7 @@ void save_pruning_csv(const std::string& path, const PruningCurve& c, const nn::
     os << i << ',' << s.pruned << ',' << num(s.fraction);
     columns(s.scores);
     if (ft) columns(s.finetuned.value_or(Scores{}));  // NaN where a step was not fine-tuned
-    os << ',' << removed_heads_str(s, cfg) << "\n";
+    os << ',' << removed_heads_str(s, model) << "\n";
   }
   write_text(path, os.str());
 }
@@ -116,22 +123,23 @@ void save_pruning_csv(const std::string& path, const PruningCurve& c, const nn::
 namespace {
 
 // A HeadMap as a layer x (original) head heatmap; heads pruned before are NaN (grey).
-plot::Heatmap head_heatmap(const HeadMap& map, const nn::GPTConfig& cfg) {
+plot::Heatmap head_heatmap(const HeadMap& map, const nn::Model& model) {
   plot::Heatmap m;
   m.title = map.title;
   m.x_label = "head";
   m.y_label = "layer";
   m.colorbar_label = map.colorbar_label;
-  m.rows = cfg.n_layers;
-  m.cols = cfg.n_heads;
+  m.rows = model.attention_count();
+  m.cols = model.full_heads();
   m.values.assign(static_cast<size_t>(m.rows * m.cols), kNaN);
-  HL_CHECK(static_cast<int64_t>(map.values.size()) == cfg.n_layers, "save_head_map_png: ", map.values.size(),
-           " layers of values for a model of ", cfg.n_layers);
+  HL_CHECK(static_cast<int64_t>(map.values.size()) == m.rows, "save_head_map_png: ", map.values.size(),
+           " layers of values for a model of ", m.rows);
   for (int64_t l = 0; l < m.rows; ++l)
     for (size_t h = 0; h < map.values[static_cast<size_t>(l)].size(); ++h)
-      m.values[static_cast<size_t>(l * m.cols + original_head(cfg, l, static_cast<int64_t>(h)))] =
+      m.values[static_cast<size_t>(l * m.cols + model.original_head(l, static_cast<int64_t>(h)))] =
           map.values[static_cast<size_t>(l)][h];
-  for (int64_t l = 0; l < m.rows; ++l) m.row_labels.push_back(std::to_string(l));
+  const bool gpt = dynamic_cast<const nn::GPTModel*>(&model) != nullptr;  // rows "0", "1"; else "enc.L0", ...
+  for (int64_t l = 0; l < m.rows; ++l) m.row_labels.push_back(gpt ? std::to_string(l) : model.attention_label(l));
   for (int64_t h = 0; h < m.cols; ++h) m.col_labels.push_back(std::to_string(h));
   m.vmin = map.vmin;
   m.vmax = map.vmax;
@@ -141,12 +149,12 @@ plot::Heatmap head_heatmap(const HeadMap& map, const nn::GPTConfig& cfg) {
 
 }  // namespace
 
-void save_head_map_png(const std::string& path, const HeadMap& map, const nn::GPTConfig& cfg) {
-  plot::save_heatmap(head_heatmap(map, cfg), path);
+void save_head_map_png(const std::string& path, const HeadMap& map, const nn::Model& model) {
+  plot::save_heatmap(head_heatmap(map, model), path);
 }
 
 void save_head_maps_png(const std::string& path, const std::string& title, const std::vector<HeadMap>& maps,
-                        const nn::GPTConfig& cfg, double vmin, double vmax) {
+                        const nn::Model& model, double vmin, double vmax) {
   HL_CHECK(!maps.empty(), "save_head_maps_png: no maps");
   plot::HeatmapGrid g;
   g.title = title;
@@ -155,14 +163,14 @@ void save_head_maps_png(const std::string& path, const std::string& title, const
   g.vmin = vmin;
   g.vmax = vmax;
   g.colorbar_label = maps.front().colorbar_label;
-  for (const HeadMap& m : maps) g.panels.push_back(head_heatmap(m, cfg));
+  for (const HeadMap& m : maps) g.panels.push_back(head_heatmap(m, model));
   plot::save_heatmap_grid(g, path);
 }
 
-void save_importance_png(const std::string& path, const AblationResult& a, const nn::GPTConfig& cfg) {
+void save_importance_png(const std::string& path, const AblationResult& a, const nn::Model& model) {
   HeadMap map{"head importance (Michel et al. 2019): mean abs dL/dgate, normalised per layer", "importance",
               a.importance.normalized, 0.0, std::nullopt};
-  save_head_map_png(path, map, cfg);
+  save_head_map_png(path, map, model);
 }
 
 void save_pruning_png(const std::string& path, const PruningCurve& c, double stop_below) {

@@ -21,7 +21,10 @@ namespace headlab::analysis {
 
 // "L0H3" with the original head index.
 std::string head_label(int64_t layer, int64_t original_head);
-std::string removed_heads_str(const PruneStep& step, const nn::GPTConfig& cfg);  // "L0H3 L1H0"
+// Head h of attention module l as reports name it: "L0H3" (GPT), "enc.L0H3", "dec.L1H0", "cross.L0H2",
+// with the original head index.
+std::string head_name(const nn::Model& model, int64_t l, int64_t h);
+std::string removed_heads_str(const PruneStep& step, const nn::Model& model);  // "L0H3 L1H0"
 // A token as a picture label: ASCII, blanks made visible (" " -> "sp", "\n" -> "\\n").
 std::string token_label(const std::string& token);
 
@@ -32,21 +35,23 @@ struct HeadColumn {
 };
 // heads.csv: layer,head (original index),importance,importance_raw, then for zero, mean and resample
 // ablation <kind>_delta_loss,<kind>_delta_accuracy[,<kind>_delta_exact_match], then `extra`.
-void save_heads_csv(const std::string& path, const AblationResult& a, const std::vector<HeadColumn>& extra = {});
+// Encoder-decoders get a first column `module` (enc.L0, dec.L0, cross.L0; layer is then the module index).
+void save_heads_csv(const std::string& path, const AblationResult& a, const std::vector<HeadColumn>& extra = {},
+                    const nn::Model* model = nullptr);
 // pruning.csv: step,heads_pruned,fraction_pruned,loss,token_accuracy[,exact_match],removed
-void save_pruning_csv(const std::string& path, const PruningCurve& c, const nn::GPTConfig& cfg);
+void save_pruning_csv(const std::string& path, const PruningCurve& c, const nn::Model& model);
 // A value per head as a layer x head heatmap by original head index (heads pruned before: grey).
 struct HeadMap {
   std::string title, colorbar_label;
   HeadMatrix values;  // [layer][model-local head]
   std::optional<double> vmin, vmax;  // colour range; default: the data's
 };
-void save_head_map_png(const std::string& path, const HeadMap& map, const nn::GPTConfig& cfg);
+void save_head_map_png(const std::string& path, const HeadMap& map, const nn::Model& model);
 // Several such maps side by side with one colour range (e.g. the head-type scores, all in [0, 1]).
 void save_head_maps_png(const std::string& path, const std::string& title, const std::vector<HeadMap>& maps,
-                        const nn::GPTConfig& cfg, double vmin, double vmax);
+                        const nn::Model& model, double vmin, double vmax);
 // importance.png: layer x head heatmap of the normalised scores (pruned heads grey), colour bar.
-void save_importance_png(const std::string& path, const AblationResult& a, const nn::GPTConfig& cfg);
+void save_importance_png(const std::string& path, const AblationResult& a, const nn::Model& model);
 // pruning.png: fraction pruned -> token accuracy (and exact match), with the stop threshold when > 0.
 void save_pruning_png(const std::string& path, const PruningCurve& c, double stop_below);
 

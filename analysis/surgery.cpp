@@ -114,21 +114,80 @@ std::pair<nn::GPTConfig, NamedTensors> prune_parameters(const nn::GPTConfig& cfg
   return {out, result};
 }
 
+std::pair<nn::TransformerConfig, NamedTensors> prune_parameters(const nn::TransformerConfig& cfg,
+                                                                const NamedTensors& params,
+                                                                const std::vector<std::vector<int64_t>>& keep) {
+  const char* who = "prune_parameters";
+  const int64_t L = cfg.num_layers, D = cfg.head_size();
+  HL_CHECK(static_cast<int64_t>(keep.size()) == 3 * L, who, ": keep lists ", keep.size(),
+           " attention modules, the encoder-decoder has ", 3 * L);
+  nn::TransformerConfig out = cfg;
+  std::vector<std::vector<int64_t>>* kept_out[3] = {&out.kept_encoder, &out.kept_decoder, &out.kept_cross};
+  const std::vector<std::vector<int64_t>>* kept_in[3] = {&cfg.kept_encoder, &cfg.kept_decoder, &cfg.kept_cross};
+  std::map<std::string, Tensor> rows;  // parameter prefix of module i -> its kept rows
+  for (int64_t i = 0; i < 3 * L; ++i) {
+    const int64_t kind = i / L, l = i % L;
+    const std::vector<std::vector<int64_t>>& before = *kept_in[kind];
+    const int64_t H = before.empty() ? cfg.num_heads : static_cast<int64_t>(before[static_cast<size_t>(l)].size());
+    const auto& k = keep[static_cast<size_t>(i)];
+    HL_CHECK(!k.empty(), who, ": attention module ", i, " must keep at least one head");
+    if (l == 0) kept_out[kind]->assign(static_cast<size_t>(L), {});
+    for (size_t j = 0; j < k.size(); ++j) {
+      HL_CHECK(k[j] >= 0 && k[j] < H, who, ": attention module ", i, " has no head ", k[j], " (it has ", H, ")");
+      HL_CHECK(j == 0 || k[j] > k[j - 1], who, ": the heads kept in attention module ", i, " must be sorted and distinct");
+      (*kept_out[kind])[static_cast<size_t>(l)].push_back(before.empty() ? k[j] : before[static_cast<size_t>(l)][static_cast<size_t>(k[j])]);
+    }
+    const std::string block = (kind == 0 ? "encoder" : "decoder") + std::string(".blks.block") + std::to_string(l) + ".";
+    rows[block + (kind == 0 ? "attention." : kind == 1 ? "attention1." : "attention2.")] = head_rows(k, D);
+  }
+  out.validate();
+  NamedTensors result;
+  for (const auto& [name, t] : params) {
+    const auto it = std::find_if(rows.begin(), rows.end(), [&](const auto& r) { return name.rfind(r.first, 0) == 0; });
+    if (it == rows.end()) {
+      result.emplace_back(name, t);
+      continue;
+    }
+    const std::string rest = name.substr(it->first.size());
+    const Tensor idx = it->second.to(t.device());
+    if (rest == "W_o.weight") result.emplace_back(name, index_select(t, 1, idx));  // (N, H*D): kept columns
+    else if (rest == "W_o.bias") result.emplace_back(name, t);
+    else result.emplace_back(name, index_select(t, 0, idx));  // W_q/W_k/W_v weight (H*D, N) or bias (H*D): kept rows
+  }
+  return {out, result};
+}
+
 Checkpoint prune_checkpoint(const Checkpoint& ckpt, const std::vector<std::vector<int64_t>>& keep,
                             const std::string& source) {
-  const nn::GPTConfig cfg = nn::GPTConfig::from_json(ckpt.config.at("model"));
-  auto [pcfg, params] = prune_parameters(cfg, ckpt.model, keep);
   Checkpoint out;
   out.config = ckpt.config;
-  out.config["model"] = pcfg.to_json();
-  nlohmann::json removed = nlohmann::json::array();
-  for (int64_t l = 0; l < cfg.n_layers; ++l)
-    for (int64_t h = 0; h < cfg.n_heads; ++h) {
-      const auto& k = pcfg.kept_heads[static_cast<size_t>(l)];
-      if (std::find(k.begin(), k.end(), h) == k.end()) removed.push_back({l, h});
-    }
-  out.config["pruning"] = {{"source", source}, {"removed_heads", removed}, {"kept_heads", pcfg.kept_heads}};
-  out.model = params;
+  const nlohmann::json& model = ckpt.config.at("model");
+  // The heads removed, as [module, original head] ([layer, head] for a GPT).
+  nlohmann::json removed = nlohmann::json::array(), kept;
+  auto note_removed = [&](const std::vector<std::vector<int64_t>>& kept_lists, int64_t full_heads, int64_t offset) {
+    for (size_t l = 0; l < kept_lists.size(); ++l)
+      for (int64_t h = 0; h < full_heads; ++h)
+        if (std::find(kept_lists[l].begin(), kept_lists[l].end(), h) == kept_lists[l].end())
+          removed.push_back({static_cast<int64_t>(l) + offset, h});
+  };
+  if (nn::is_encoder_decoder(model)) {
+    const nn::TransformerConfig cfg = nn::TransformerConfig::from_json(model);
+    auto [pcfg, params] = prune_parameters(cfg, ckpt.model, keep);
+    out.config["model"] = pcfg.to_json();
+    note_removed(pcfg.kept_encoder, cfg.num_heads, 0);
+    note_removed(pcfg.kept_decoder, cfg.num_heads, cfg.num_layers);
+    note_removed(pcfg.kept_cross, cfg.num_heads, 2 * cfg.num_layers);
+    kept = {{"encoder", pcfg.kept_encoder}, {"decoder", pcfg.kept_decoder}, {"cross", pcfg.kept_cross}};
+    out.model = params;
+  } else {
+    const nn::GPTConfig cfg = nn::GPTConfig::from_json(model);
+    auto [pcfg, params] = prune_parameters(cfg, ckpt.model, keep);
+    out.config["model"] = pcfg.to_json();
+    note_removed(pcfg.kept_heads, cfg.n_heads, 0);
+    kept = pcfg.kept_heads;
+    out.model = params;
+  }
+  out.config["pruning"] = {{"source", source}, {"removed_heads", removed}, {"kept_heads", kept}};
   out.has_optimizer = false;
   out.has_trainer = ckpt.has_trainer;
   out.trainer = ckpt.trainer;

@@ -10,6 +10,7 @@
 #include "analysis/heads.h"
 #include "io/checkpoint.h"
 #include "nn/gpt.h"
+#include "nn/transformer.h"
 
 namespace headlab::analysis {
 
@@ -25,8 +26,14 @@ std::pair<nn::GPTConfig, NamedTensors> prune_parameters(const nn::GPTConfig& cfg
                                                         const std::vector<std::vector<int64_t>>& keep);
 // A checkpoint of the pruned model: config["model"] replaced (kept_heads), config["pruning"] added,
 // optimizer state dropped (its shapes no longer match); the trainer state is kept for the record.
+// GPT and encoder-decoder checkpoints alike (keep: per attention module in nn::Model's order).
 Checkpoint prune_checkpoint(const Checkpoint& ckpt, const std::vector<std::vector<int64_t>>& keep,
                             const std::string& source = "");
+// The encoder-decoder's pruning: keep[i] for module i (encoder layers, decoder self, cross); fewer W_q/W_k/W_v
+// rows (and bias entries), fewer W_o columns; kept_encoder/kept_decoder/kept_cross hold the original indices.
+std::pair<nn::TransformerConfig, NamedTensors> prune_parameters(const nn::TransformerConfig& cfg,
+                                                                const NamedTensors& params,
+                                                                const std::vector<std::vector<int64_t>>& keep);
 std::shared_ptr<nn::GPTModel> prune_model(const nn::GPTModel& model, const std::vector<std::vector<int64_t>>& keep);
 
 // The same weights in the other attention layout ("fused" <-> "wrapper"); pruned configs too.

@@ -43,7 +43,7 @@ struct PrunedReport {
   bool done = false;
   std::string path;
   int64_t removed = 0, params_before = 0, params_after = 0;
-  std::vector<std::vector<int64_t>> kept_original;
+  std::string kept;  // kept_str of the pruned model
   std::optional<analysis::FinetuneResult> finetuned;
   double max_diff = 0;
   analysis::Scores gated, scores;
@@ -87,10 +87,10 @@ std::string gradient_warning(const analysis::AblationResult& a) {
 // L1H1 L1H3); pruned together they are not free: exact_match stays within 1% of unpruned for 3 of
 // them (4: 0.863)".
 std::string free_heads_text(const analysis::AblationResult& a, const analysis::PruningCurve& curve,
-                            const nn::GPTConfig& cfg) {
+                            const nn::Model& model) {
   const auto free = analysis::free_heads(a, curve.metric);
   std::string names;
-  for (const auto& [l, h] : free) names += (names.empty() ? "" : " ") + analysis::head_label(l, analysis::original_head(cfg, l, h));
+  for (const auto& [l, h] : free) names += (names.empty() ? "" : " ") + analysis::head_name(model, l, h);
   const int64_t n = static_cast<int64_t>(free.size());
   const double base = analysis::metric_value(a.base, curve.metric);
   const int64_t within = analysis::prune_count_for_metric(curve, base - 0.01 * std::fabs(base));
@@ -109,10 +109,76 @@ std::string free_heads_text(const analysis::AblationResult& a, const analysis::P
 }
 
 // "L0H0 L1H3" (original indices), or "none".
-std::string l0_closed_str(const analysis::L0Point& p, const nn::GPTConfig& cfg) {
+std::string l0_closed_str(const analysis::L0Point& p, const nn::Model& model) {
   std::string s;
-  for (const auto& [l, h] : p.closed) s += (s.empty() ? "" : " ") + analysis::head_label(l, analysis::original_head(cfg, l, h));
+  for (const auto& [l, h] : p.closed) s += (s.empty() ? "" : " ") + analysis::head_name(model, l, h);
   return s.empty() ? "none" : s;
+}
+
+bool is_gpt(const nn::Model& m) { return dynamic_cast<const nn::GPTModel*>(&m) != nullptr; }
+
+bool pruned_before(const nn::Model& m) {
+  for (int64_t l = 0; l < m.attention_count(); ++l)
+    if (m.heads_at(l) < m.full_heads()) return true;
+  return false;
+}
+
+// The kinds of attention in the model's order ("self"; or "encoder", "decoder", "cross") and their layers.
+std::vector<std::string> attention_kinds(const nn::Model& m) {
+  std::vector<std::string> kinds;
+  for (int64_t l = 0; l < m.attention_count(); ++l)
+    if (std::find(kinds.begin(), kinds.end(), m.attention_kind(l)) == kinds.end()) kinds.push_back(m.attention_kind(l));
+  return kinds;
+}
+
+const char* kind_title(const std::string& kind) {
+  if (kind == "encoder") return "encoder self-attention";
+  if (kind == "decoder") return "decoder self-attention";
+  if (kind == "cross") return "encoder-decoder (cross) attention";
+  return "self-attention";
+}
+
+// Michel et al.'s Table 2: per layer and kind, the metric with only the layer's best head kept.
+std::string best_head_md(const nn::Model& model, const analysis::AblationResult& a,
+                         const std::vector<analysis::BestHeadOnly>& best, analysis::Metric metric) {
+  const std::vector<std::string> kinds = attention_kinds(model);
+  const double base = analysis::metric_value(a.base, metric);
+  std::ostringstream os;
+  os << "## Only the best head of each layer (Michel et al. 2019, Table 2)\n\nFor each attention layer, every "
+        "head but one masked (the one that keeps "
+     << analysis::metric_name(metric) << " highest), the rest of the model whole; unpruned " << fmt(base, 3)
+     << ".\n\n| layer |";
+  for (const std::string& k : kinds) os << " " << kind_title(k) << ": best head | " << analysis::metric_name(metric) << " | delta |";
+  os << "\n|---|";
+  for (size_t i = 0; i < kinds.size(); ++i) os << "---|---|---|";
+  os << "\n";
+  int64_t layers = 0;
+  for (const auto& b : best) layers = std::max(layers, model.attention_layer(b.layer) + 1);
+  std::map<std::string, std::pair<double, int64_t>> mean_delta;  // kind -> (sum, count)
+  for (int64_t layer = 0; layer < layers; ++layer) {
+    os << "| " << layer << " |";
+    for (const std::string& k : kinds) {
+      const auto it = std::find_if(best.begin(), best.end(), [&](const analysis::BestHeadOnly& b) {
+        return model.attention_kind(b.layer) == k && model.attention_layer(b.layer) == layer;
+      });
+      if (it == best.end()) {
+        os << " | | |";
+        continue;
+      }
+      const double m = analysis::metric_value(it->scores, metric);
+      os << " " << analysis::head_name(model, it->layer, it->best_head) << " (of " << model.heads_at(it->layer) << ") | "
+         << fmt(m, 3) << " | " << fmt_signed(m - base, 3) << " |";
+      mean_delta[k].first += m - base;
+      ++mean_delta[k].second;
+    }
+    os << "\n";
+  }
+  os << "\nMean change per layer:";
+  for (const std::string& k : kinds)
+    os << " " << kind_title(k) << " " << fmt_signed(mean_delta[k].first / static_cast<double>(mean_delta[k].second), 3)
+       << (k == kinds.back() ? "." : ";");
+  os << "\n\n";
+  return os.str();
 }
 
 std::string scores_line(const analysis::Scores& s) {
@@ -121,11 +187,11 @@ std::string scores_line(const analysis::Scores& s) {
   return out;
 }
 
-std::string report_md(const AblateArgs& args, const io::Checkpoint& ck, const nn::GPTModel& model,
-                      const analysis::EvalSet& data, const analysis::AblationResult& a, const analysis::PruningCurve& curve,
-                      double stop_below, const PrunedReport& pr, const std::string& task_name, double sweep_seconds,
-                      const std::optional<analysis::L0Result>& l0) {
-  const nn::GPTConfig& cfg = model.config();
+std::string report_md(const AblateArgs& args, const io::Checkpoint& ck, const nn::Model& model,
+                      const train::RunConfig& run, const analysis::EvalSet& data, const analysis::AblationResult& a,
+                      const analysis::PruningCurve& curve, double stop_below, const PrunedReport& pr,
+                      const std::string& task_name, double sweep_seconds, const std::optional<analysis::L0Result>& l0,
+                      const std::vector<analysis::BestHeadOnly>& best) {
   const bool ex = a.base.has_exact_match;
   std::ostringstream os;
   os << "# Head ablation report\n\n## Summary\n\n";
@@ -133,10 +199,9 @@ std::string report_md(const AblateArgs& args, const io::Checkpoint& ck, const nn
   os << "| checkpoint | `" << args.path << "`" << (ck.has_trainer ? " (step " + std::to_string(ck.trainer.step) + ")" : "")
      << " |\n";
   os << "| task | " << task_name << " |\n";
-  os << "| model | " << cfg.n_layers << " layers x " << cfg.n_heads << " heads (" << nn::attention_form_name(cfg.attention)
-     << " attention), emb " << cfg.emb_dim << ", head size " << cfg.head_dim() << ", context " << cfg.context_length
-     << ", " << model.num_parameters() << " parameters |\n";
-  if (!cfg.kept_heads.empty()) os << "| kept heads (already pruned) | " << kept_str(cfg.kept_heads) << " |\n";
+  os << "| model | " << run.describe_model() << ", head size " << model.head_size_at(0) << ", "
+     << model.num_parameters() << " parameters |\n";
+  if (pruned_before(model)) os << "| kept heads (already pruned) | " << kept_str(model) << " |\n";
   os << "| data | " << data.batches.size() << " validation batches of " << data.batches.front().B << " x "
      << data.batches.front().T << " tokens, " << data.tokens() << " scored tokens |\n";
   os << "| unpruned | loss " << fmt(a.base.loss) << ", token accuracy " << fmt(a.base.token_accuracy);
@@ -155,7 +220,7 @@ std::string report_md(const AblateArgs& args, const io::Checkpoint& ck, const nn
     os << "| L0 gate order vs zero ablation | Spearman " << fmt(analysis::rank_correlation(rank, dloss), 2) << " |\n";
   }
   if (const std::string w = gradient_warning(a); !w.empty()) os << "| warning | " << w << " |\n";
-  os << "| free heads | " << free_heads_text(a, curve, cfg) << " |\n";
+  os << "| free heads | " << free_heads_text(a, curve, model) << " |\n";
   const auto by_imp = [&] {
     std::vector<const analysis::HeadAblation*> v;
     for (const auto& h : a.heads) v.push_back(&h);
@@ -164,7 +229,7 @@ std::string report_md(const AblateArgs& args, const io::Checkpoint& ck, const nn
   }();
   if (!by_imp.empty()) {
     const auto& t = *by_imp.front();
-    os << "| most important head | layer " << t.layer << " head " << t.original_head << " (zero ablation: loss "
+    os << "| most important head | " << analysis::head_name(model, t.layer, t.head) << " (zero ablation: loss "
        << fmt_signed(t.zero.loss - a.base.loss) << ", token accuracy "
        << fmt_signed(t.zero.token_accuracy - a.base.token_accuracy) << ") |\n";
   }
@@ -173,8 +238,9 @@ std::string report_md(const AblateArgs& args, const io::Checkpoint& ck, const nn
     os << "| prunable at the threshold | " << keep_n << " of " << curve.total_heads << " heads ("
        << fmt(100.0 * static_cast<double>(keep_n) / static_cast<double>(curve.total_heads), 0) << "%) |\n";
   }
-  os << "\n![head importance](importance.png)\n\nEvery head's attention on a validation row, with these scores beside "
-        "it: [attention.html](attention.html).\n\n";
+  os << "\n![head importance](importance.png)\n\n";
+  if (is_gpt(model))
+    os << "Every head's attention on a validation row, with these scores beside it: [attention.html](attention.html).\n\n";
 
   os << "## Heads by importance\n\n";
   os << "Importance: I_h = E_x |dL/d gate_h| over the evaluation batches, divided by the l2 norm of its layer's "
@@ -182,16 +248,17 @@ std::string report_md(const AblateArgs& args, const io::Checkpoint& ck, const nn
         "head's context by its mean over the evaluation data; resample ablation by its context on another "
         "validation row. Deltas are ablated minus unpruned, on "
      << data.tokens() << " scored tokens; all " << 3 * a.heads.size()
-     << " ablations ran as one batched pass (" << fmt(sweep_seconds, 2) << " s).\n\n";
-  os << "| rank | layer | head | importance | raw mean abs dL/dgate |";
+     << " ablations ran " << (is_gpt(model) ? "as one batched pass" : "one pass each") << " (" << fmt(sweep_seconds, 2)
+     << " s)" << (is_gpt(model) ? "" : "; resample ablation is not computed for the encoder-decoder (nan)") << ".\n\n";
+  os << "| rank | head | importance | raw mean abs dL/dgate |";
   for (const char* kind : {"zero", "mean", "resample"})
     os << " " << kind << ": d loss | " << kind << ": d token acc |" << (ex ? std::string(" ") + kind + ": d exact |" : "");
   os << "\n|";
-  for (int i = 0; i < (ex ? 14 : 11); ++i) os << "---|";
+  for (int i = 0; i < (ex ? 13 : 10); ++i) os << "---|";
   os << "\n";
   int rank = 1;
   for (const auto* h : by_imp) {
-    os << "| " << rank++ << " | " << h->layer << " | " << h->original_head << " | " << fmt(h->importance) << " | "
+    os << "| " << rank++ << " | " << analysis::head_name(model, h->layer, h->head) << " | " << fmt(h->importance) << " | "
        << fmt_sci(h->importance_raw, 2) << " |";
     for (const analysis::Scores* s : {&h->zero, &h->mean, &h->resample}) {
       os << " " << fmt_signed(s->loss - a.base.loss) << " | " << fmt_signed(s->token_accuracy - a.base.token_accuracy)
@@ -210,7 +277,7 @@ std::string report_md(const AblateArgs& args, const io::Checkpoint& ck, const nn
     for (const auto& p : l0->points)
       os << "| " << fmt(p.penalty, 4) << " | " << p.closed.size() << " | "
          << fmt(analysis::metric_value(p.scores, curve.metric), 3) << " | " << fmt(p.scores.loss) << " | "
-         << l0_closed_str(p, cfg) << " |\n";
+         << l0_closed_str(p, model) << " |\n";
   }
   os << "\n## Pruning curve\n\n";
   os << "Each step masks the least important " << fmt(100 * args.step, 0)
@@ -238,9 +305,10 @@ std::string report_md(const AblateArgs& args, const io::Checkpoint& ck, const nn
     os << "| " << i << " | " << s.pruned << " | " << fmt(s.fraction, 3) << " |";
     columns(s.scores);
     if (ft) columns(s.finetuned.value_or(analysis::Scores{}));
-    os << " " << analysis::removed_heads_str(s, cfg) << " |\n";
+    os << " " << analysis::removed_heads_str(s, model) << " |\n";
   }
   os << "\n![pruning curve](pruning.png)\n\n";
+  os << best_head_md(model, a, best, curve.metric);
 
   os << "## Pruned model\n\n";
   if (!pr.done) {
@@ -249,7 +317,7 @@ std::string report_md(const AblateArgs& args, const io::Checkpoint& ck, const nn
     os << "| | |\n|---|---|\n";
     os << "| file | `" << pr.path << "` |\n";
     os << "| heads removed | " << pr.removed << " of " << curve.total_heads << " |\n";
-    os << "| kept heads (original indices) | " << kept_str(pr.kept_original) << " |\n";
+    os << "| kept heads (original indices) | " << pr.kept << " |\n";
     os << "| parameters | " << pr.params_before << " -> " << pr.params_after << " ("
        << fmt(100.0 * static_cast<double>(pr.params_before - pr.params_after) / static_cast<double>(pr.params_before), 1)
        << "% fewer) |\n";
@@ -315,21 +383,19 @@ Action add_ablate(CLI::App& app) {
   return [a] {
     const AnalysisInputs ai = load_analysis(*a, "ablate", "ablation");
     const io::Checkpoint& ck = ai.in.ckpt;
-    const std::shared_ptr<nn::GPTModel>& model = ai.in.model;
+    const std::shared_ptr<nn::Model>& model = ai.in.model;
     const Device device = model->device();
     const std::unique_ptr<tasks::Task>& task = ai.in.task;
-    const nn::GPTConfig& cfg = model->config();
     const int64_t n = ai.batches, B = ai.batch_size;
     const std::string& out = ai.out;
     const analysis::EvalSet& data = ai.data;
     const analysis::Metric metric = a->metric.empty() ? analysis::default_metric(data) : analysis::parse_metric(a->metric);
 
-    std::cout << "headlab ablate: " << a->path << " (task " << task->name() << ", " << nn::attention_form_name(cfg.attention) << " attention, "
-              << cfg.n_layers << " layers x " << cfg.n_heads << " heads"
-              << (cfg.kept_heads.empty() ? "" : " before pruning, kept " + kept_str(cfg.kept_heads)) << ", "
-              << model->num_parameters() << " parameters, device " << device.str() << ")\n"
-              << "data: " << n << " validation batches of " << B << " x " << cfg.context_length << " ("
-              << data.tokens() << " scored tokens); pruning metric " << analysis::metric_name(metric) << "\n";
+    std::cout << "headlab ablate: " << a->path << " (task " << task->name() << ", " << ai.run.describe_model()
+              << (pruned_before(*model) ? ", pruned: kept " + kept_str(*model) : "") << ", " << model->num_parameters()
+              << " parameters, device " << device.str() << ")\n"
+              << "data: " << n << " validation batches of " << B << " (" << data.tokens()
+              << " scored tokens); pruning metric " << analysis::metric_name(metric) << "\n";
     const auto sweep_start = std::chrono::steady_clock::now();
     const analysis::AblationResult abl = analysis::ablate_heads(*model, data);
     const double sweep_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - sweep_start).count();
@@ -344,14 +410,14 @@ Action add_ablate(CLI::App& app) {
     std::sort(by_imp.begin(), by_imp.end(), [](auto* x, auto* y) { return x->importance > y->importance; });
     const bool ex = abl.base.has_exact_match;
     std::cout << "heads by importance (|dL/d gate|, normalised per layer); deltas of zero, mean and resample ablation ("
-              << 3 * abl.heads.size() << " ablations in one batched pass, " << fmt(sweep_seconds, 2) << " s)\n  "
-              << pad("layer", 5) << pad("head", 5) << pad("importance", 11);
+              << 3 * abl.heads.size() << " ablations" << (is_gpt(*model) ? " in one batched pass, " : ", ")
+              << fmt(sweep_seconds, 2) << " s" << (is_gpt(*model) ? "" : "; resample not computed for the encoder-decoder")
+              << ")\n  " << pad("head", 12) << pad("importance", 11);
     for (const char* kind : {"zero", "mean", "resample"})
       std::cout << pad(std::string(kind) + " dloss", 15) << pad("dacc", 9) << (ex ? pad("dexact", 9) : "");
     std::cout << "\n";
     for (const auto* h : by_imp) {
-      std::cout << "  " << pad(std::to_string(h->layer), 5) << pad(std::to_string(h->original_head), 5)
-                << pad(fmt(h->importance, 3), 11);
+      std::cout << "  " << pad(analysis::head_name(*model, h->layer, h->head), 12) << pad(fmt(h->importance, 3), 11);
       for (const analysis::Scores* s : {&h->zero, &h->mean, &h->resample})
         std::cout << pad(fmt_signed(s->loss - abl.base.loss), 15)
                   << pad(fmt_signed(s->token_accuracy - abl.base.token_accuracy, 3), 9)
@@ -371,7 +437,7 @@ Action add_ablate(CLI::App& app) {
     po.stop_below = a->full_curve ? -1.0 : stop_below;
     po.min_pruned = std::max<int64_t>(a->prune, 0);
     int64_t max_prunable = 0;
-    for (int64_t l = 0; l < cfg.n_layers; ++l) max_prunable += model->attention(l).head_count() - 1;
+    for (int64_t l = 0; l < model->attention_count(); ++l) max_prunable += model->heads_at(l) - 1;
     HL_CHECK(a->prune <= max_prunable, "ablate: --prune ", a->prune, " is more than the ", max_prunable,
              " heads that can go (every layer keeps one head)");
     std::optional<analysis::L0Result> l0;
@@ -381,14 +447,14 @@ Action add_ablate(CLI::App& app) {
       lo.steps = a->l0_steps;
       lo.batch_size = B;
       const auto start = std::chrono::steady_clock::now();
-      l0 = analysis::l0_gates(*model, *task, data, lo);
+      l0 = analysis::l0_gates(ai.in.gpt("ablate --criterion l0"), *task, data, lo);
       std::cout << "\nlearned gates (hard concrete, L0 penalty; " << a->l0_steps << " Adam steps of batch " << B
                 << " per penalty, " << fmt(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1)
                 << " s)\n";
       for (const auto& p : l0->points)
         std::cout << "  penalty " << pad(fmt(p.penalty, 4), 8) << " closes " << p.closed.size() << " heads; "
                   << analysis::metric_name(metric) << " " << fmt(analysis::metric_value(p.scores, metric), 3) << "  "
-                  << l0_closed_str(p, cfg) << "\n";
+                  << l0_closed_str(p, *model) << "\n";
       po.l0_rank = l0->rank;
     }
     analysis::PruningCurve curve = analysis::iterative_pruning(*model, data, po);
@@ -403,8 +469,19 @@ Action add_ablate(CLI::App& app) {
     for (const auto& s : curve.steps)
       std::cout << "  " << pad(std::to_string(s.pruned), 7) << pad(fmt(s.fraction, 3), 9) << pad(fmt(s.scores.loss), 9)
                 << pad(fmt(s.scores.token_accuracy, 3), 9) << (ex ? pad(fmt(s.scores.exact_match, 3), 9) : "")
-                << "  " << analysis::removed_heads_str(s, cfg) << "\n";
-    std::cout << free_heads_text(abl, curve, cfg) << "\n";
+                << "  " << analysis::removed_heads_str(s, *model) << "\n";
+    std::cout << free_heads_text(abl, curve, *model) << "\n";
+
+    // Michel et al.'s Table 2: each layer with only its best head
+    const std::vector<analysis::BestHeadOnly> best = analysis::best_head_only(*model, data, metric);
+    std::cout << "\nonly the best head of each layer kept (Michel et al. Table 2; " << analysis::metric_name(metric)
+              << ", unpruned " << fmt(base_metric, 3) << ")\n";
+    for (const auto& b : best) {
+      const double m = analysis::metric_value(b.scores, metric);
+      std::cout << "  " << pad(model->attention_label(b.layer), 9) << "  best head "
+                << pad(analysis::head_name(*model, b.layer, b.best_head), 11, true) << " " << fmt(m, 3) << " ("
+                << fmt_signed(m - base_metric, 3) << ")\n";
+    }
 
     HL_CHECK(a->finetune > 0 || (!a->finetune_curve && a->finetune_lr == 0), "ablate: --finetune-curve and "
              "--finetune-lr need --finetune STEPS");
@@ -438,8 +515,8 @@ Action add_ablate(CLI::App& app) {
       io::save_checkpoint(pr.path, analysis::prune_checkpoint(ck, keep, a->path));
       // Load it back the way every command does, and hold it against the gated model.
       const io::Checkpoint pck = io::load_checkpoint(pr.path);
-      std::shared_ptr<nn::GPTModel> pruned = io::model_from_checkpoint(pck, pr.path, device);
-      pr.kept_original = pruned->config().kept_heads;
+      std::shared_ptr<nn::Model> pruned = io::load_model(pck, pr.path, device);
+      pr.kept = kept_str(*pruned);
       const analysis::HeadMatrix gates = analysis::gates_keeping(*model, keep);
       pr.max_diff = analysis::max_logit_difference(*model, gates, *pruned, data);
       pr.gated = analysis::evaluate_heads(*model, data, gates);
@@ -449,11 +526,11 @@ Action add_ablate(CLI::App& app) {
       const tasks::Batch& b0 = data.batches.front();
       pr.B = b0.B;
       pr.T = b0.T;
-      const Tensor idx = tensor(b0.inputs, {b0.B, b0.T}).to(device);
-      auto fwd = [&](nn::GPTModel& m) -> std::function<void()> {
-        return [&m, &idx] {
+      const nn::ModelInputs inputs = train::model_inputs(b0, device);
+      auto fwd = [&](nn::Model& m) -> std::function<void()> {
+        return [&m, &inputs] {
           NoGradGuard no_grad;
-          m.forward(idx);
+          m.logits(inputs);
         };
       };
       const auto times = analysis::time_interleaved({fwd(*model), fwd(*pruned)}, device, 3, a->repeats);
@@ -463,7 +540,7 @@ Action add_ablate(CLI::App& app) {
         std::cout << "\nnote: no step of the curve keeps " << analysis::metric_name(metric) << " >= "
                   << fmt(a->prune_to_metric) << ", so pruned.h5 keeps every head";
       std::cout << "\npruned model: removed " << k_remove << " of " << curve.total_heads << " heads, kept "
-                << kept_str(pr.kept_original) << "\n  wrote " << pr.path << "; parameters " << pr.params_before
+                << pr.kept << "\n  wrote " << pr.path << "; parameters " << pr.params_before
                 << " -> " << pr.params_after << " ("
                 << fmt(100.0 * static_cast<double>(pr.params_before - pr.params_after) /
                            static_cast<double>(pr.params_before),
@@ -481,7 +558,7 @@ Action add_ablate(CLI::App& app) {
       }
     }
 
-    analysis::save_heads_csv(join_path(out, "heads.csv"), abl);
+    analysis::save_heads_csv(join_path(out, "heads.csv"), abl, {}, model.get());
     {
       auto delta = [&](const analysis::Scores analysis::HeadAblation::*kind) {
         analysis::HeadMatrix v = analysis::head_matrix(*model, std::nan(""));
@@ -489,20 +566,22 @@ Action add_ablate(CLI::App& app) {
           v[static_cast<size_t>(h.layer)][static_cast<size_t>(h.head)] = (h.*kind).loss - abl.base.loss;
         return v;
       };
-      analysis::save_row_explorer(join_path(out, "attention.html"), *model, task->tokenizer(), data.batches.front(), 0,
+      if (is_gpt(*model))  // (the encoder-decoder's three kinds of attention: headlab attention)
+      analysis::save_row_explorer(join_path(out, "attention.html"), ai.in.gpt("ablate"), task->tokenizer(), data.batches.front(), 0,
                                   a->path + ": validation row 0",
                                   {{"importance", abl.importance.normalized},
                                    {"zero: d loss", delta(&analysis::HeadAblation::zero)},
                                    {"mean: d loss", delta(&analysis::HeadAblation::mean)},
                                    {"resample: d loss", delta(&analysis::HeadAblation::resample)}});
     }
-    analysis::save_pruning_csv(join_path(out, "pruning.csv"), curve, cfg);
-    analysis::save_importance_png(join_path(out, "importance.png"), abl, cfg);
+    analysis::save_pruning_csv(join_path(out, "pruning.csv"), curve, *model);
+    analysis::save_importance_png(join_path(out, "importance.png"), abl, *model);
     analysis::save_pruning_png(join_path(out, "pruning.png"), curve, a->full_curve ? -1.0 : stop_below);
     write_text(join_path(out, "report.md"),
-               report_md(*a, ck, *model, data, abl, curve, stop_below, pr, task->name(), sweep_seconds, l0), "ablate");
-    std::cout << "\nwrote " << out << "/{heads.csv, pruning.csv, report.md, importance.png, pruning.png, attention.html"
-              << (pr.done ? ", pruned.h5" : "") << "}\n";
+               report_md(*a, ck, *model, ai.run, data, abl, curve, stop_below, pr, task->name(), sweep_seconds, l0, best),
+               "ablate");
+    std::cout << "\nwrote " << out << "/{heads.csv, pruning.csv, report.md, importance.png, pruning.png"
+              << (is_gpt(*model) ? ", attention.html" : "") << (pr.done ? ", pruned.h5" : "") << "}\n";
     return 0;
   };
 }

@@ -29,18 +29,27 @@ Action add_eval(CLI::App& app) {
     set_threads(*threads);
     Loaded l = load(*path, *device, *text);
     // Checkpoints made elsewhere (tools/import_torch.py) may have no training section: defaults.
-    const train::RunSettings run = train::RunConfig::from_json(l.ckpt.config).run;
+    const train::RunSettings& run = l.config.run;
     const int64_t n = *batches > 0 ? *batches : run.eval_batches;
     const int64_t B = run.batch_size;
-    if (!l.model->device().is_cuda())
-      train::check_memory_fits(train::estimate_memory(l.model->config(), B, false, 0), "eval",
+    if (!l.model->device().is_cuda() && l.config.arch == train::Arch::gpt)
+      train::check_memory_fits(train::estimate_memory(l.config.model, B, false, 0), "eval",
                                "the checkpoint's batch size is " + std::to_string(B));
-    const train::Scores r = train::evaluate(*l.model, *l.task, n, B, l.model->config().context_length);
+    std::vector<tasks::Batch> data;
+    for (int64_t i = 0; i < n; ++i)
+      data.push_back(l.task->batch(tasks::Split::val, static_cast<uint64_t>(i), B, l.config.batch_tokens()));
+    const train::Scores r = train::evaluate(*l.model, data);
     std::cout << "checkpoint " << *path << " (task " << l.task->name() << ", step "
-              << (l.ckpt.has_trainer ? l.ckpt.trainer.step : 0) << ")\n";
+              << (l.ckpt.has_trainer ? l.ckpt.trainer.step : 0) << ")\nmodel: " << l.config.describe_model() << "\n";
     std::cout << std::fixed << std::setprecision(4) << "val loss        " << r.loss << "\n"
               << "token accuracy  " << r.token_accuracy << "\n";
     if (r.has_exact_match) std::cout << "exact match     " << r.exact_match << "\n";
+    if (nn::EncoderDecoder* m = l.seq2seq()) {
+      const train::DecodeScores d = train::evaluate_decoding(*m, *l.seq2seq_task(), data);
+      // (the exact match above is teacher forced; a row is decoded right iff it is right there too)
+      std::cout << "BLEU            " << d.bleu << " (greedy decoding, d2l's BLEU with k = 2, mean of " << d.rows
+                << " rows; decoded exact match " << d.exact_match << ")\n";
+    }
     std::cout << "(" << r.tokens << " scored tokens in " << n << " batches of " << B << ")\n";
     return 0;
   };
@@ -66,6 +75,17 @@ Action add_generate(CLI::App& app) {
   app.add_option("--device", *device, "cpu | cuda")->capture_default_str();
   return [=] {
     Loaded l = load(*path, *device);
+    if (nn::EncoderDecoder* m = l.seq2seq()) {  // greedy, as d2l's predict_seq2seq
+      const tasks::Seq2SeqTask& task = *l.seq2seq_task();
+      const std::vector<int64_t> src = task.encode_source(*prompt);
+      const int64_t S = static_cast<int64_t>(src.size());
+      const std::vector<std::vector<int64_t>> out =
+          nn::greedy_decode(*m, tensor(src, {1, S}).to(m->device()), tensor(std::vector<int64_t>{S}, {1}).to(m->device()),
+                            task.bos_id(), task.end_id(), std::min(*max_new, m->config().max_len));
+      std::cout << task.decode_source(src) << " => " << task.format_answer(out.front()) << std::endl;
+      return 0;
+    }
+    nn::GPTModel& model = l.gpt("generate");
     const tasks::Prompt p = l.task->encode_prompt(*prompt);
     nn::GenerateOptions o;
     // A task answer stops at its end token or its known length; text runs to max_new_tokens.
@@ -74,7 +94,7 @@ Action add_generate(CLI::App& app) {
     o.top_k = *top_k;
     o.seed = *seed;
     o.end_id = l.task->end_id();
-    const std::vector<int64_t> generated = nn::generate(*l.model, p.ids, o);
+    const std::vector<int64_t> generated = nn::generate(model, p.ids, o);
     std::cout << p.text << l.task->format_answer(generated) << std::endl;
     return 0;
   };

@@ -102,7 +102,7 @@ Action add_heads(CLI::App& app) {
   return [a] {
     const AnalysisInputs ai = load_analysis(*a, "heads", "heads");
     const Loaded& in = ai.in;
-    nn::GPTModel& model = *in.model;
+    nn::GPTModel& model = in.gpt("heads");
     const nn::GPTConfig& cfg = model.config();
     const int64_t n = ai.batches, B = ai.batch_size;
     const std::string& out = ai.out;
@@ -177,11 +177,11 @@ Action add_heads(CLI::App& app) {
         column("duplicate_token", duplicate), labels};
     analysis::save_heads_csv(join_path(out, "heads.csv"), abl, extra);
     analysis::save_head_map_png(join_path(out, "dla.png"),
-                                {"direct logit attribution: logit(correct) - mean logit", "logit", dla, {}, {}}, cfg);
+                                {"direct logit attribution: logit(correct) - mean logit", "logit", dla, {}, {}}, model);
     analysis::save_head_map_png(join_path(out, "patching.png"),
                                 {"activation patching, denoising: fraction of the loss gap restored", "fraction",
                                  denoising, {}, {}},
-                                cfg);
+                                model);
 
     analysis::save_head_maps_png(join_path(out, "types.png"),
                                  "head types: attention-pattern scores (entropy as a fraction of its maximum)",
@@ -189,9 +189,9 @@ Action add_heads(CLI::App& app) {
                                   {"first token", "score", first, {}, {}},
                                   {"induction", "score", induction, {}, {}},
                                   {"entropy", "score", entropy_norm, {}, {}}},
-                                 cfg, 0.0, 1.0);
+                                 model, 0.0, 1.0);
     analysis::save_head_map_png(join_path(out, "ablation.png"),
-                                {"resample ablation: loss increase", "d loss", resample, 0.0, {}}, cfg);
+                                {"resample ablation: loss increase", "d loss", resample, 0.0, {}}, model);
     // The explorer page on the first validation row, with every score beside its head.
     analysis::save_row_explorer(join_path(out, "attention.html"), model, in.task->tokenizer(), data.batches.front(), 0,
                                 a->path + ": validation row 0",

@@ -15,14 +15,21 @@ Action add_train(CLI::App& app) {
   auto o = std::make_shared<train::TrainOptions>();
   train::RunConfig& c = o->config;
   struct Choices {
-    std::string attention = "fused", optimizer = "adamw", schedule = "cosine", text;
+    std::string attention = "fused", optimizer = "adamw", schedule = "cosine", text, arch = "gpt";
+    int64_t ffn_hiddens = 0;  // encoder-decoder: 0 = 2 x --emb-dim, as d2l's 32 / 64
     double weight_decay = -1;  // < 0: the optimizer's PyTorch default
     int threads = 0;
   };
   auto ch = std::make_shared<Choices>();
   tasks::TaskOptions& t = c.task.options;
-  app.add_option("--task", c.task.name, "reverse | copy | sort | add | chars")
-      ->check(CLI::IsMember({"reverse", "copy", "sort", "add", "chars"}))
+  app.add_option("--arch", ch->arch,
+                 "gpt (the book's decoder-only GPTModel) | encoder-decoder (d2l's Transformer: source -> target)")
+      ->check(CLI::IsMember({"gpt", "encoder-decoder"}))
+      ->capture_default_str();
+  app.add_option("--task", c.task.name, "reverse | copy | sort | add | chars (gpt) | numbers (encoder-decoder)")
+      ->check(CLI::IsMember({"reverse", "copy", "sort", "add", "chars", "numbers"}))
+      ->capture_default_str();
+  app.add_option("--max-number", t.max_number, "numbers: the largest number spelled out (up to 999999)")
       ->capture_default_str();
   app.add_option("--text", ch->text, "chars: the text to model (default: data/tiny.txt)");
   app.add_option("--min-len", t.min_len, "copy/reverse/sort: shortest digit string")->capture_default_str();
@@ -31,7 +38,11 @@ Action add_train(CLI::App& app) {
   app.add_option("--attention", ch->attention, "fused (one W_query/W_key/W_value) | wrapper (one module per head)")
       ->check(CLI::IsMember({"fused", "wrapper"}))
       ->capture_default_str();
-  app.add_option("--emb-dim", c.model.emb_dim, "embedding size")->check(positive_number())->capture_default_str();
+  app.add_option("--emb-dim", c.model.emb_dim, "embedding size (encoder-decoder: num_hiddens)")
+      ->check(positive_number())
+      ->capture_default_str();
+  app.add_option("--ffn-hiddens", ch->ffn_hiddens, "encoder-decoder: ffn_num_hiddens (0: 2 x --emb-dim)")
+      ->check(non_negative_number());
   app.add_option("--n-heads", c.model.n_heads, "attention heads per layer")->check(positive_number())->capture_default_str();
   app.add_option("--n-layers", c.model.n_layers, "transformer blocks")->check(positive_number())->capture_default_str();
   app.add_option("--context-length", c.model.context_length, "tokens per sequence (0: what the task needs; chars: 64)")
@@ -83,6 +94,17 @@ Action add_train(CLI::App& app) {
     set_threads(ch->threads);
     train::RunConfig& c = o->config;
     c.model.attention = nn::parse_attention_form(ch->attention);
+    c.arch = train::parse_arch(ch->arch);
+    if (c.arch == train::Arch::encoder_decoder) {  // the shared model options, in d2l's names
+      c.seq2seq.num_hiddens = c.model.emb_dim;
+      c.seq2seq.num_heads = c.model.n_heads;
+      c.seq2seq.num_layers = c.model.n_layers;
+      c.seq2seq.dropout = c.model.drop_rate;
+      c.seq2seq.use_bias = c.model.qkv_bias;
+      c.seq2seq.ffn_num_hiddens = ch->ffn_hiddens > 0 ? ch->ffn_hiddens : 2 * c.model.emb_dim;
+    } else {
+      HL_CHECK(c.task.name != "numbers", "train: task numbers is a source -> target task; use --arch encoder-decoder");
+    }
     const double lr = c.optimizer.lr;
     c.optimizer = optim::OptimizerOptions::defaults(optim::parse_optimizer_kind(ch->optimizer));
     c.optimizer.lr = lr;

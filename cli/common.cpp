@@ -40,9 +40,16 @@ void set_threads(int threads) {
 Loaded load(const std::string& path, const std::string& device, const std::string& text) {
   Loaded l;
   l.ckpt = io::load_checkpoint(path);
-  l.model = io::model_from_checkpoint(l.ckpt, path, Device::parse(device));
-  l.task = train::RunConfig::from_json(l.ckpt.config).make_task(text);
+  l.config = train::RunConfig::from_json(l.ckpt.config);
+  l.model = io::load_model(l.ckpt, path, Device::parse(device));
+  l.task = l.config.make_task(text);
   return l;
+}
+
+nn::GPTModel& Loaded::gpt(const char* cmd) const {
+  auto* g = dynamic_cast<nn::GPTModel*>(model.get());
+  HL_CHECK(g, cmd, ": this command needs a GPT checkpoint; this one holds an encoder-decoder");
+  return *g;
 }
 
 void add_analysis_options(CLI::App& app, AnalysisArgs& a, const std::string& default_out) {
@@ -63,16 +70,15 @@ AnalysisInputs load_analysis(const AnalysisArgs& a, const char* cmd, const std::
   r.in = load(a.path, a.device, a.text);
   HL_CHECK(a.text.empty() || r.in.task->name() == "chars", cmd, ": --text applies to chars checkpoints; '", a.path,
            "' is a ", r.in.task->name(), " checkpoint");
-  r.run = train::RunConfig::from_json(r.in.ckpt.config);
-  const nn::GPTConfig& cfg = r.in.model->config();
+  r.run = r.in.config;
   r.batches = a.batches > 0 ? a.batches : r.run.run.eval_batches;
   r.batch_size = a.batch_size > 0 ? a.batch_size : r.run.run.batch_size;
-  if (!r.in.model->device().is_cuda())
-    train::check_memory_fits(train::estimate_memory(cfg, r.batch_size, false, 0), cmd,
+  if (!r.in.model->device().is_cuda() && r.run.arch == train::Arch::gpt)
+    train::check_memory_fits(train::estimate_memory(r.run.model, r.batch_size, false, 0), cmd,
                              "lower --batch-size (now " + std::to_string(r.batch_size) + ")");
   r.out = a.out.empty() ? join_path(std::filesystem::path(a.path).parent_path().string(), default_out) : a.out;
   make_dir(r.out, cmd);
-  r.data = analysis::make_eval_set(*r.in.task, r.batches, r.batch_size, cfg.context_length);
+  r.data = analysis::make_eval_set(*r.in.task, r.batches, r.batch_size, r.run.batch_tokens());
   return r;
 }
 
@@ -122,6 +128,21 @@ std::string join_path(const std::string& dir, const std::string& name) { return 
 
 int threads_in_use() { return omp_get_max_threads(); }
 
+
+std::string kept_str(const nn::Model& model) {
+  const bool gpt = dynamic_cast<const nn::GPTModel*>(&model) != nullptr;
+  std::string out;
+  for (int64_t l = 0; l < model.attention_count(); ++l) {
+    if (l) out += "; ";
+    out += gpt ? "layer " + std::to_string(l) : model.attention_label(l);
+    out += ": ";
+    for (int64_t h = 0; h < model.heads_at(l); ++h) {
+      if (h) out += ",";
+      out += std::to_string(model.original_head(l, h));
+    }
+  }
+  return out;
+}
 
 std::string kept_str(const std::vector<std::vector<int64_t>>& kept) {
   std::string out;

@@ -25,8 +25,14 @@ int threads_in_use();
 // A checkpoint with its model on `device` and its task (text: a chars task's text file instead).
 struct Loaded {
   io::Checkpoint ckpt;
-  std::shared_ptr<nn::GPTModel> model;
+  train::RunConfig config;
+  std::shared_ptr<nn::Model> model;
   std::unique_ptr<tasks::Task> task;
+  // The model as a GPT, for what only the GPT has (clear error naming cmd for an encoder-decoder).
+  nn::GPTModel& gpt(const char* cmd) const;
+  // The model and task as an encoder-decoder's, or null for a GPT checkpoint.
+  nn::EncoderDecoder* seq2seq() const { return dynamic_cast<nn::EncoderDecoder*>(model.get()); }
+  const tasks::Seq2SeqTask* seq2seq_task() const { return dynamic_cast<const tasks::Seq2SeqTask*>(task.get()); }
 };
 Loaded load(const std::string& path, const std::string& device, const std::string& text = "");
 
@@ -61,5 +67,7 @@ std::string fmt_bytes(int64_t b);                      // "1.5 MiB"
 std::string pad(const std::string& s, size_t w, bool left = false);
 // "layer 0: 1,2; layer 1: 0": the heads each layer keeps.
 std::string kept_str(const std::vector<std::vector<int64_t>>& kept);
+// The heads a model has, by original index: "layer 0: 0,2; layer 1: 1", or "enc.L0: 0,2; ..." for an encoder-decoder.
+std::string kept_str(const nn::Model& model);
 
 }  // namespace headlab::cli

@@ -99,16 +99,16 @@ Checkpoint load_checkpoint(const std::string& path) {
     HL_FAIL(ctx, ": the root attribute 'config' is not valid JSON (", e.what(), ")");
   }
   HL_CHECK(ck.config.is_object() && ck.config.contains("model"), ctx, ": config has no 'model' section");
-  nn::GPTConfig cfg;
+  double n_params = 0;
   try {
-    cfg = nn::GPTConfig::from_json(ck.config["model"]);
+    n_params = nn::num_parameters(ck.config["model"]);
   } catch (const Error& e) {
     HL_FAIL(ctx, ": ", e.what());
   }
   // Every parameter is stored as float32, so a config that describes more than the file holds is
   // damaged: say so before building a model of that size.
-  HL_CHECK(cfg.num_parameters() * 4 <= static_cast<double>(r.file_size()), ctx, ": config describes a model of ",
-           cfg.num_parameters(), " parameters, more than the file's ", r.file_size(), " bytes can hold");
+  HL_CHECK(n_params * 4 <= static_cast<double>(r.file_size()), ctx, ": config describes a model of ",
+           n_params, " parameters, more than the file's ", r.file_size(), " bytes can hold");
   // The expected parameters are those of the model the config describes.
   // Building it draws initial values from the global generator; reading a file must not move the
   // generator (it decides dropout masks and the next model's init), so its state is put back.
@@ -116,9 +116,9 @@ Checkpoint load_checkpoint(const std::string& path) {
   {
     NoGradGuard no_grad;
     const Generator saved = default_generator();
-    const nn::GPTModel shape_model(cfg);
+    const std::shared_ptr<nn::Model> shape_model = nn::make_model(ck.config["model"]);
     default_generator() = saved;
-    for (auto& [name, t] : shape_model.named_parameters()) expected.emplace_back(name, t.shape());
+    for (auto& [name, t] : shape_model->named_parameters()) expected.emplace_back(name, t.shape());
   }
   HL_CHECK(r.has("model"), ctx, ": group /model is missing");
   const std::vector<std::string> stored = r.list("model");
@@ -171,13 +171,18 @@ Checkpoint load_checkpoint(const std::string& path) {
   return ck;
 }
 
-std::shared_ptr<nn::GPTModel> model_from_checkpoint(const Checkpoint& ckpt, const std::string& path, Device device) {
-  const nn::GPTConfig cfg = nn::GPTConfig::from_json(ckpt.config.at("model"));
-  auto model = std::make_shared<nn::GPTModel>(cfg);
+std::shared_ptr<nn::Model> load_model(const Checkpoint& ckpt, const std::string& path, Device device) {
+  std::shared_ptr<nn::Model> model = nn::make_model(ckpt.config.at("model"));
   model->load_parameters(ckpt.model, where(path));
   model->to(device);
   model->eval();
   return model;
+}
+
+std::shared_ptr<nn::GPTModel> model_from_checkpoint(const Checkpoint& ckpt, const std::string& path, Device device) {
+  HL_CHECK(!nn::is_encoder_decoder(ckpt.config.at("model")), where(path),
+           ": holds an encoder-decoder; this needs a GPT checkpoint");
+  return std::dynamic_pointer_cast<nn::GPTModel>(load_model(ckpt, path, device));
 }
 
 }  // namespace headlab::io

@@ -44,7 +44,9 @@ void save_checkpoint(const std::string& path, const Checkpoint& ckpt);
 // config's model, checksum); the first problem is one Error naming the file and the item.
 Checkpoint load_checkpoint(const std::string& path);
 
-// The model described by a checkpoint's config, with its parameters loaded.
+// The model described by a checkpoint's config (GPT or encoder-decoder), its parameters loaded, in eval mode.
+std::shared_ptr<nn::Model> load_model(const Checkpoint& ckpt, const std::string& path, Device device = kCPU);
+// The same for commands that need a GPT: an encoder-decoder checkpoint is a clear error.
 std::shared_ptr<nn::GPTModel> model_from_checkpoint(const Checkpoint& ckpt, const std::string& path,
                                                     Device device = kCPU);
 // Snapshot of a live model's parameters (CPU float32 copies).

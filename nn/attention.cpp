@@ -149,7 +149,7 @@ Tensor AdditiveAttention::forward(const Tensor& queries_in, const Tensor& keys_i
 
 // ---- MultiHeadAttention (d2l) ----
 MultiHeadAttention::MultiHeadAttention(int64_t key_size, int64_t query_size, int64_t value_size, int64_t hiddens,
-                                       int64_t H, double p, bool bias)
+                                       int64_t H, double p, bool bias, int64_t out_size)
     : num_heads(H), num_hiddens(hiddens) {
   HL_CHECK(H > 0 && hiddens % H == 0, "MultiHeadAttention: num_hiddens ", hiddens,
            " must be a positive multiple of num_heads ", H);
@@ -157,7 +157,7 @@ MultiHeadAttention::MultiHeadAttention(int64_t key_size, int64_t query_size, int
   W_q = register_module("W_q", std::make_shared<Linear>(query_size, hiddens, bias));
   W_k = register_module("W_k", std::make_shared<Linear>(key_size, hiddens, bias));
   W_v = register_module("W_v", std::make_shared<Linear>(value_size, hiddens, bias));
-  W_o = register_module("W_o", std::make_shared<Linear>(hiddens, hiddens, bias));
+  W_o = register_module("W_o", std::make_shared<Linear>(hiddens, out_size < 0 ? hiddens : out_size, bias));
 }
 
 Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, const Tensor& values,

@@ -66,11 +66,12 @@ struct HeadControl {
   Tensor given_context;       // (B, H, T, D)
 };
 
-// d2l 10.5: W_q, W_k, W_v project to num_hiddens, split into num_heads heads of DotProductAttention.
+// d2l 10.5: W_q, W_k, W_v project to num_hiddens, split into num_heads heads of DotProductAttention;
+// W_o maps num_hiddens to out_size (default num_hiddens; a pruned module keeps its model's width).
 class MultiHeadAttention : public Module {
  public:
   MultiHeadAttention(int64_t key_size, int64_t query_size, int64_t value_size, int64_t num_hiddens,
-                     int64_t num_heads, double dropout, bool bias = false);
+                     int64_t num_heads, double dropout, bool bias = false, int64_t out_size = -1);
   std::string type_name() const override { return "MultiHeadAttention"; }
   // queries: (B, Q, query_size), keys: (B, K, key_size), values: (B, K, value_size),
   // valid_lens: (B,) or (B, Q) -> (B, Q, num_hiddens). gates: (num_heads), overrides heads.gates.

@@ -26,14 +26,7 @@ void GPTConfig::validate() const {
   HL_CHECK(emb_dim % n_heads == 0, "GPT config: emb_dim ", emb_dim, " must be divisible by n_heads ", n_heads);
   HL_CHECK(n_layers > 0, "GPT config: n_layers must be positive, got ", n_layers);
   HL_CHECK(drop_rate >= 0 && drop_rate < 1, "GPT config: drop_rate must be in [0, 1), got ", drop_rate);
-  if (!kept_heads.empty()) {
-    HL_CHECK(static_cast<int64_t>(kept_heads.size()) == n_layers, "GPT config: kept_heads lists ", kept_heads.size(),
-             " layers, expected n_layers = ", n_layers);
-    for (size_t l = 0; l < kept_heads.size(); ++l)
-      for (int64_t h : kept_heads[l])
-        HL_CHECK(h >= 0 && h < n_heads, "GPT config: kept_heads of layer ", l, " holds head ", h,
-                 ", expected 0..", n_heads - 1);
-  }
+  check_head_lists(kept_heads, n_layers, n_heads, "GPT config", "kept_heads");
 }
 
 nlohmann::json GPTConfig::to_json() const {
@@ -64,17 +57,7 @@ GPTConfig GPTConfig::from_json(const nlohmann::json& j) {
     HL_CHECK(form == "fused" || form == "wrapper", "GPT config: attention must be 'fused' or 'wrapper', got '", form, "'");
     c.attention = parse_attention_form(form);
   }
-  if (j.contains("kept_heads")) {  // [[head, ...] per layer]
-    const nlohmann::json& kept = j.at("kept_heads");
-    HL_CHECK(kept.is_array(), "GPT config: kept_heads must be a list of lists of head indices, got ", json_text(kept));
-    for (const nlohmann::json& layer : kept) {
-      HL_CHECK(layer.is_array(), "GPT config: kept_heads must be a list of lists of head indices, got ", json_text(kept));
-      std::vector<int64_t>& heads = c.kept_heads.emplace_back();
-      for (const nlohmann::json& h : layer)
-        HL_CHECK(json_to_integer(h, heads.emplace_back()), "GPT config: kept_heads holds ", json_text(h),
-                 ", expected head indices");
-    }
-  }
+  read_head_lists(j, "kept_heads", c.kept_heads, "GPT config");
   c.validate();
   return c;
 }
@@ -144,5 +127,14 @@ std::shared_ptr<TransformerBlock> GPTModel::block(int64_t layer) const {
 }
 
 CausalMultiHead& GPTModel::attention(int64_t layer) const { return *block(layer)->att; }
+
+int64_t GPTModel::original_head(int64_t i, int64_t h) const {
+  const std::vector<std::vector<int64_t>>& kept = cfg_.kept_heads;
+  return kept.empty() ? h : kept.at(static_cast<size_t>(i)).at(static_cast<size_t>(h));
+}
+
+void GPTModel::keep_attention_weights(bool on) {
+  for (int64_t l = 0; l < n_layers(); ++l) attention(l).keep_attention_weights(on);
+}
 
 }  // namespace headlab::nn

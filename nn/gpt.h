@@ -4,7 +4,7 @@
 #pragma once
 #include <nlohmann/json.hpp>
 
-#include "nn/attention.h"
+#include "nn/model.h"
 
 namespace headlab::nn {
 
@@ -43,10 +43,23 @@ class TransformerBlock : public UnaryModule {
   std::shared_ptr<Dropout> drop_shortcut;
 };
 
-class GPTModel : public Module {
+class GPTModel : public Model {
  public:
   explicit GPTModel(const GPTConfig& cfg);
   std::string type_name() const override { return "GPTModel"; }
+  Tensor logits(const ModelInputs& in) override { return forward(in.tokens); }
+  nlohmann::json config_json() const override { return cfg_.to_json(); }
+  int64_t attention_count() const override { return cfg_.n_layers; }
+  HeadControl& head_control(int64_t i) override { return attention(i).control(); }
+  int64_t heads_at(int64_t i) const override { return attention(i).head_count(); }
+  int64_t full_heads() const override { return cfg_.n_heads; }
+  int64_t head_size_at(int64_t i) const override { return attention(i).head_size(); }
+  std::string attention_label(int64_t i) const override { return "L" + std::to_string(i); }
+  std::string attention_kind(int64_t) const override { return "self"; }
+  int64_t attention_layer(int64_t i) const override { return i; }
+  int64_t original_head(int64_t i, int64_t h) const override;
+  void keep_attention_weights(bool on) override;
+  Tensor attention_weights(int64_t i) const override { return attention(i).last_attention_weights(); }
   Tensor forward(const Tensor& idx);  // idx: (B, T) int64 -> logits (B, T, vocab_size)
   // forward = unembed(blocks(embed(idx))), in pieces for analyses that replay part of the model:
   Tensor embed(const Tensor& idx);  // (B, T) int64 -> the residual stream entering block 0 (B, T, emb_dim)

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "autograd/error.h"
 
@@ -52,6 +53,33 @@ void read_json_field(const nlohmann::json& j, const char* key, T& out, const cha
       HL_FAIL(who, ": key '", key, "' has the wrong type (", v.type_name(), ")");
     }
   }
+}
+
+// j[key] as lists of head indices, one list per layer ([[0, 2], [1]]), when j has the key.
+inline void read_head_lists(const nlohmann::json& j, const char* key, std::vector<std::vector<int64_t>>& out,
+                            const char* who) {
+  if (!j.contains(key)) return;
+  const nlohmann::json& lists = j.at(key);
+  HL_CHECK(lists.is_array(), who, ": ", key, " must be a list of lists of head indices, got ", json_text(lists));
+  out.clear();
+  for (const nlohmann::json& layer : lists) {
+    HL_CHECK(layer.is_array(), who, ": ", key, " must be a list of lists of head indices, got ", json_text(lists));
+    std::vector<int64_t>& heads = out.emplace_back();
+    for (const nlohmann::json& h : layer)
+      HL_CHECK(json_to_integer(h, heads.emplace_back()), who, ": ", key, " holds ", json_text(h),
+               ", expected head indices");
+  }
+}
+
+// Checks head lists read by read_head_lists: empty (all heads), or one list per layer of indices < n_heads.
+inline void check_head_lists(const std::vector<std::vector<int64_t>>& lists, int64_t n_layers, int64_t n_heads,
+                             const char* who, const char* key) {
+  if (lists.empty()) return;
+  HL_CHECK(static_cast<int64_t>(lists.size()) == n_layers, who, ": ", key, " lists ", lists.size(),
+           " layers, expected ", n_layers);
+  for (size_t l = 0; l < lists.size(); ++l)
+    for (int64_t h : lists[l])
+      HL_CHECK(h >= 0 && h < n_heads, who, ": ", key, " of layer ", l, " holds head ", h, ", expected 0..", n_heads - 1);
 }
 
 }  // namespace headlab::nn

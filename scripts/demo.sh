@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job: build headlab, train the default GPT on the `reverse` task, then evaluate it,
-# generate with it, inspect it, find which heads matter (ablate) and compare the wrapper and
-# fused attention forms. Everything lands in runs/demo/.
+# generate with it, inspect it, find which heads matter (ablate, heads) and compare the wrapper and
+# fused attention forms; then train d2l's encoder-decoder on number words and ablate its heads by
+# kind. Everything lands in runs/demo/ and runs/demo-numbers/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/build.sh --target headlab_cli  # only what the demo runs
@@ -30,4 +31,13 @@ $hl heads "$out/checkpoint.h5" --out "$out/heads"
 say "7. compare: the per-head wrapper against the fused multi-head attention (same maths, different cost)"
 $hl compare --out "$out/compare"
 
-say "done: files in $out/ (checkpoint.h5, metrics.csv, ablate/report.md and PNGs, heads/report.md, compare/compare.csv and compare.png)"
+ed=runs/demo-numbers
+say "8. translate: d2l's encoder-decoder Transformer learns English number words -> digits (source and target padded per batch, valid_lens)"
+$hl train --arch encoder-decoder --task numbers --steps 1000 --out "$ed"
+$hl eval "$ed/checkpoint.h5"
+for p in "three hundred and twelve" "forty two thousand and seven" "ninety nine"; do $hl generate "$ed/checkpoint.h5" --prompt "$p"; done
+
+say "9. ablate the encoder-decoder: heads by kind (encoder self, decoder self, cross), and Michel et al.'s best-head-only table"
+$hl ablate "$ed/checkpoint.h5" --out "$ed/ablate" --prune 4
+
+say "done: files in $out/ (checkpoint.h5, metrics.csv, ablate/report.md and PNGs, heads/report.md, compare/compare.csv and compare.png) and $ed/ (the encoder-decoder, ablate/report.md)"

@@ -14,6 +14,7 @@
 #include "tasks/algorithmic.h"
 #include "tasks/chars.h"
 #include "tasks/internal.h"
+#include "tasks/seq2seq.h"
 
 namespace headlab::tasks {
 
@@ -86,7 +87,10 @@ Metrics score(const Batch& batch, const std::vector<int64_t>& predicted_ids) {
 
 std::map<std::string, std::string> options_to_map(const std::string& name,
                                                   const TaskOptions& o) {
-  const bool any = std::find(task_names().begin(), task_names().end(), name) == task_names().end();
+  auto named = [&](const std::vector<std::string>& names) {
+    return std::find(names.begin(), names.end(), name) != names.end();
+  };
+  const bool any = !named(task_names()) && !named(seq2seq_task_names());
   std::map<std::string, std::string> m;
   m["seed"] = std::to_string(o.seed);
   if (any || name == "copy" || name == "reverse" || name == "sort") {
@@ -94,6 +98,7 @@ std::map<std::string, std::string> options_to_map(const std::string& name,
     m["max_len"] = std::to_string(o.max_len);
   }
   if (any || name == "add") m["n_digits"] = std::to_string(o.n_digits);
+  if (any || name == "numbers") m["max_number"] = std::to_string(o.max_number);
   if (any || name == "chars") {
     m["text_path"] = o.text_path;
     if (!o.text.empty()) m["text"] = o.text;
@@ -119,13 +124,15 @@ TaskOptions options_from_map(const std::map<std::string, std::string>& map) {
       parse(key, value, o.max_len);
     } else if (key == "n_digits") {
       parse(key, value, o.n_digits);
+    } else if (key == "max_number") {
+      parse(key, value, o.max_number);
     } else if (key == "text_path") {
       o.text_path = value;
     } else if (key == "text") {
       o.text = value;
     } else {
       HL_FAIL("task options: unknown key '", key,
-              "'; known keys are seed, min_len, max_len, n_digits, text_path, text");
+              "'; known keys are seed, min_len, max_len, n_digits, max_number, text_path, text");
     }
   }
   return o;
@@ -159,9 +166,12 @@ std::string tasks_help() {
      << "           123+45=168 is 123+045=8610.   999+1=1000 is 999+001=0001.\n"
      << "  chars    character-level language model over --text FILE (default " << d.text_path
      << ")\n"
+     << "  numbers  (encoder-decoder only) number words to digits:\n"
+     << "           one thousand and five -> 1005.   three hundred and twelve -> 312.\n"
      << "copy/reverse/sort use " << range_text(d.min_len, d.max_len)
      << " digits (min_len, max_len); add uses " << d.n_digits
-     << "-digit operands (n_digits). Loss and accuracy count only the answer and its end '.'; "
+     << "-digit operands (n_digits); numbers 0 to " << d.max_number
+     << " (max_number). Loss and accuracy count only the answer and its end '.'; "
         "1/8 of all prompts (by a hash) are held out for validation. chars: first "
      << kTrainPercent << "% of the text trains, the last " << 100 - kTrainPercent
      << "% validates.\n";

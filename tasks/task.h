@@ -42,6 +42,14 @@ struct Batch {
   std::vector<int64_t> answer_begin;  // (B,) first t whose target is an answer token
   std::vector<int64_t> answer_end;    // (B,) one past the t whose target is the end token
 
+  // Encoder-decoder tasks (tasks/seq2seq.h) only: the source sequence, each row padded to the batch's
+  // longest (S). inputs are then the decoder's inputs (bos, target[0..]) and targets the target tokens
+  // (answer, end), both padded to the batch's longest target (T); answer_begin = 0.
+  int64_t S = 0;
+  std::vector<int64_t> source;             // (B, S) source ids, the source pad after each row's length
+  std::vector<int64_t> source_valid_lens;  // (B,) source tokens per row (d2l's valid_lens)
+  bool has_source() const { return S > 0; }
+
   int64_t input(int64_t b, int64_t t) const { return inputs[static_cast<size_t>(b * T + t)]; }
   int64_t target(int64_t b, int64_t t) const { return targets[static_cast<size_t>(b * T + t)]; }
 };
@@ -75,6 +83,9 @@ struct TaskOptions {
   int64_t max_len = 8;
   // add: operands of n_digits digits (zero-padded), sum of n_digits + 1 digits.
   int64_t n_digits = 3;
+  // numbers (encoder-decoder only, tasks/seq2seq.h): numbers 0..max_number (at most 999999) in
+  // words -> digits. 99999 gives targets of 1 to 5 digits.
+  int64_t max_number = 99999;
   // chars: the text is `text` when non-empty, else read from text_path.
   std::string text_path = "data/tiny.txt";
   std::string text;
@@ -84,7 +95,8 @@ struct TaskOptions {
 };
 
 // The options that matter for task `name` as key/value strings: seed, and min_len + max_len
-// (copy/reverse/sort), n_digits (add), text_path and, only when given inline, text (chars).
+// (copy/reverse/sort), n_digits (add), max_number (numbers), text_path and, only when given
+// inline, text (chars).
 // An unknown name gives every key. The vocabulary is not included: it travels as the
 // tokenizer's list.
 std::map<std::string, std::string> options_to_map(const std::string& name,

@@ -2,5 +2,6 @@
 #pragma once
 #include "tasks/algorithmic.h"
 #include "tasks/chars.h"
+#include "tasks/seq2seq.h"
 #include "tasks/task.h"
 #include "tasks/tokenizer.h"

@@ -835,7 +835,7 @@ TEST_F(AnalysisFiles, AttentionMapsAndPictures) {
   // The ablation pictures and tables.
   const EvalSet data = eval_set(1);
   const AblationResult a = ablate_heads(*model, data);
-  save_importance_png(path("importance.png"), a, model->config());
+  save_importance_png(path("importance.png"), a, *model);
   expect_drawn(path("importance.png"), 300, 200);
   PruneOptions po;
   po.metric = Metric::exact_match;
@@ -848,7 +848,7 @@ TEST_F(AnalysisFiles, AttentionMapsAndPictures) {
   expect_drawn(path("pruning.png"), 900, 560);
   HeadColumn label{"label", {{"a", "b", "c", "d"}, {"e", "f", "g", "h"}}};
   save_heads_csv(path("heads.csv"), a, {label});
-  save_pruning_csv(path("pruning.csv"), c, model->config());
+  save_pruning_csv(path("pruning.csv"), c, *model);
   std::ifstream hf(path("heads.csv"));
   std::string header;
   std::getline(hf, header);

@@ -98,7 +98,7 @@ TEST_F(CliTest, BadArgumentsExitTwoWithAUsageMessage) {
   expect_usage_error({}, "A subcommand is required");
   expect_usage_error({"frobnicate"}, "frobnicate");
   expect_usage_error({"train", "--bogus"}, "--bogus");
-  expect_usage_error({"train", "--task", "juggle"}, "--task: juggle not in {reverse,copy,sort,add,chars}");
+  expect_usage_error({"train", "--task", "juggle"}, "--task: juggle not in {reverse,copy,sort,add,chars,numbers}");
   expect_usage_error({"train", "--steps", "abc"}, "--steps");
   expect_usage_error({"train", "--steps", "-5"}, "--steps");
   expect_usage_error({"train", "--steps", "0"}, "--steps");

@@ -1,9 +1,11 @@
 // Central-difference gradient checks (float64, autograd/engine.h's gradcheck) for every
 // differentiable op: broadcast operands, non-contiguous leaves (transposed, sliced with a step)
 // and expanded operands, reductions over several dims, matmul in every rank combination, and the
-// fused nn ops with their masks, ignored targets and replayed dropout masks, and fused attention.
+// fused nn ops with their masks, ignored targets and replayed dropout masks, and fused attention;
+// then d2l's Transformer modules (nn/transformer.h) w.r.t. inputs, parameters and per-head gates.
 #include <gtest/gtest.h>
 
+#include "nn/transformer.h"
 #include "tests/core_test_util.h"
 
 using namespace headlab;
@@ -344,4 +346,103 @@ TEST(Gradcheck, SmallMlpEndToEnd) {
     const Tensor h = tanh(linear(x, v[0], v[1]));
     return mse_loss(linear(h, v[2], v[3]), y);
   }, {leaf({4, 3}, 0.3, -0.5), leaf({4}, 0.1), leaf({2, 4}, 0.2, -0.4), leaf({2}, 0.1)});
+}
+
+// ---- d2l's Transformer (nn/transformer.h): modules in float64, eval mode (dropout 0). A module's
+// parameters are gradcheck inputs as they are (leaves whose memory gradcheck perturbs in place). ----
+
+namespace {
+
+template <typename M>
+std::shared_ptr<M> f64_module(std::shared_ptr<M> m) {
+  m->to(DType::f64);
+  m->eval();
+  return m;
+}
+
+// The named parameters of m followed by `extra` (inputs and gates), as gradcheck's inputs.
+std::vector<Tensor> with_params(const nn::Module& m, const std::vector<std::string>& names, std::vector<Tensor> extra) {
+  for (const std::string& n : names) extra.push_back(m.parameter(n));
+  return extra;
+}
+
+nn::BlockSizes tiny_block(bool bias) {
+  nn::BlockSizes s;
+  s.key_size = s.query_size = s.value_size = s.num_hiddens = s.norm_shape = s.ffn_num_input = 8;
+  s.ffn_num_hiddens = 10;
+  s.num_heads = 2;
+  s.dropout = 0;
+  s.use_bias = bias;
+  return s;
+}
+
+}  // namespace
+
+TEST(Gradcheck, TransformerAddNormAndPositionWiseFFN) {
+  manual_seed(31);
+  auto an = f64_module(std::make_shared<nn::AddNorm>(6, 0.0));
+  check([an](const auto& v) { return an->forward(v[0], v[1]); },
+        with_params(*an, {"ln.weight", "ln.bias"}, {leaf({2, 3, 6}), leaf({2, 3, 6}, 0.23, -0.4)}));
+  auto ffn = f64_module(std::make_shared<nn::PositionWiseFFN>(5, 7, 4));
+  check([ffn](const auto& v) { return ffn->forward(v[0]); },
+        with_params(*ffn, {"dense1.weight", "dense1.bias", "dense2.weight", "dense2.bias"}, {leaf({2, 3, 5})}));
+}
+
+TEST(Gradcheck, TransformerEncoderBlockWithAFullyPaddedRow) {
+  manual_seed(32);
+  auto blk = f64_module(std::make_shared<nn::TransformerEncoderBlock>(tiny_block(true)));
+  const Tensor valid_lens = i64({4, 0, 2}, {3});  // row 1: nothing valid
+  check([blk, valid_lens](const auto& v) { return blk->forward(v[0], valid_lens); },
+        with_params(*blk, {"attention.W_q.weight", "attention.W_v.bias", "attention.W_o.weight", "ffn.dense1.bias",
+                           "addnorm1.ln.bias", "addnorm2.ln.weight"},
+                    {leaf({3, 4, 8}, 0.21, -0.9)}));
+}
+
+TEST(Gradcheck, TransformerDecoderBlockWithACache) {
+  manual_seed(33);
+  auto blk = f64_module(std::make_shared<nn::TransformerDecoderBlock>(tiny_block(false), 1));
+  const Tensor enc_valid_lens = i64({5, 0, 3}, {3});
+  const Tensor past = seq64({3, 2, 8}, 0.17, -0.6);  // two positions decoded before: a constant cache
+  for (bool cached : {false, true}) {
+    SCOPED_TRACE(cached ? "after a cache of 2 positions" : "empty cache");
+    check([blk, enc_valid_lens, past, cached](const auto& v) {
+      nn::DecoderState state;
+      state.enc_outputs = v[1];
+      state.enc_valid_lens = enc_valid_lens;
+      state.key_values.resize(2);
+      if (cached) state.key_values[1] = past;
+      return blk->forward(v[0], state);
+    }, with_params(*blk, {"attention1.W_k.weight", "attention2.W_q.weight", "attention2.W_v.weight",
+                          "ffn.dense2.weight", "addnorm3.ln.weight"},
+                   {leaf({3, 3, 8}, 0.19, -0.8), leaf({3, 5, 8}, 0.23, -1.0)}));
+  }
+}
+
+// The whole model w.r.t. some of its parameters and the gates (3, L, H) of every attention module:
+// encoder l -> head_control(l), decoder self-attention l -> L + l, cross-attention l -> 2L + l.
+TEST(Gradcheck, EncoderDecoderParametersAndGates) {
+  manual_seed(34);
+  nn::TransformerConfig c;
+  c.src_vocab_size = 7;
+  c.tgt_vocab_size = 9;
+  c.num_hiddens = 8;
+  c.ffn_num_hiddens = 10;
+  c.num_heads = 2;
+  c.num_layers = 2;
+  c.dropout = 0;
+  c.use_bias = true;
+  auto model = f64_module(std::make_shared<nn::EncoderDecoder>(c));
+  const Tensor enc_X = i64({3, 5, 2, 6, 4, 6, 1, 1, 1, 1}, {2, 5}), dec_X = i64({0, 4, 8, 3, 0, 7, 2, 1}, {2, 4});
+  const Tensor enc_valid_lens = i64({5, 2}, {2});
+  Tensor gates = f64({1.0, 0.0, 0.5, 1.5, 2.0, 1.0, 1.0, 0.25, 0.0, 0.75, 1.25, 1.0}, {3, 2, 2});
+  gates.requires_grad_();
+  const int64_t L = c.num_layers;
+  check([model, enc_X, dec_X, enc_valid_lens, L](const auto& v) {
+    for (int64_t k = 0; k < 3; ++k)
+      for (int64_t l = 0; l < L; ++l) model->head_control(k * L + l).gates = v[0].select(0, k).select(0, l);
+    return model->forward(enc_X, dec_X, enc_valid_lens);  // logits (2, 4, 9)
+  }, with_params(*model, {"encoder.embedding.weight", "encoder.blks.block1.attention.W_v.weight",
+                          "decoder.blks.block0.attention1.W_q.weight", "decoder.blks.block1.attention2.W_k.bias",
+                          "decoder.blks.block1.addnorm3.ln.weight", "decoder.embedding.weight", "decoder.dense.bias"},
+                 {gates}));
 }

@@ -670,7 +670,7 @@ TEST(Factory, NamesOptionsAndRoundTrips) {
             "task options: key 'min_len' has value '4x', expected an integer");
   EXPECT_EQ(error_of([] { options_from_map({{"length", "4"}}); }),
             "task options: unknown key 'length'; known keys are seed, min_len, max_len, n_digits, "
-            "text_path, text");
+            "max_number, text_path, text");
 }
 
 TEST(Factory, BadOptions) {

@@ -278,6 +278,80 @@ TEST_F(TrainerTest, ExtendedRunMatchesAStraightRun) {
                datasets(path("nodrop/checkpoint.h5")).at("model/tok_emb.weight").bytes);
 }
 
+// ---- the encoder-decoder (d2l's Transformer) through the same loop ------------------------------
+
+TrainOptions tiny_seq2seq(const std::string& task, const std::string& out, int64_t steps) {
+  TrainOptions o = tiny_options(task, out, steps);
+  o.config.arch = Arch::encoder_decoder;
+  o.config.seq2seq.num_hiddens = 32;
+  o.config.seq2seq.num_heads = 2;
+  o.config.seq2seq.num_layers = 2;
+  o.config.seq2seq.ffn_num_hiddens = 64;
+  o.config.seq2seq.dropout = 0;
+  o.config.task.options.max_number = 999;
+  return o;
+}
+
+TEST_F(TrainerTest, EncoderDecoderLearnsReverseAndNumbers) {
+  for (const char* task : {"reverse", "numbers"}) {
+    const int64_t steps = 150;
+    TrainOptions o = tiny_seq2seq(task, path(task), steps);
+    o.config.run.eval_every = steps / 3;
+    const TrainResult r = Trainer(o).run();
+    ASSERT_EQ(r.steps_done, steps);
+    const Checkpoint ck = load_checkpoint(r.checkpoint);
+    EXPECT_EQ(ck.config["model"]["arch"], "encoder-decoder");
+    EXPECT_EQ(ck.config["task"]["name"], task);
+    EXPECT_TRUE(ck.config["tokenizer"].contains("source_vocab"));
+    ASSERT_EQ(ck.trainer.metrics.size(), 3u);
+    // Loss falls from about log V and validation accuracy is far above chance.
+    const double V = ck.config["model"]["tgt_vocab_size"].get<double>();
+    EXPECT_LT(ck.trainer.metrics.back().val_loss, 0.5 * std::log(V)) << task;
+    EXPECT_LT(ck.trainer.metrics.back().val_loss, ck.trainer.metrics.front().val_loss) << task;
+    EXPECT_GT(r.final_eval.token_accuracy, 0.5) << task;
+    // The saved model evaluates to the run's final scores.
+    const RunConfig c = RunConfig::from_json(ck.config);
+    const auto model = load_model(ck, r.checkpoint);
+    const auto t = c.make_task();
+    const Scores again = evaluate(*model, *t, 2, 32, c.batch_tokens());
+    EXPECT_DOUBLE_EQ(again.loss, r.final_eval.loss) << task;
+    EXPECT_DOUBLE_EQ(again.exact_match, r.final_eval.exact_match) << task;
+  }
+}
+
+// Dropout on, a finished run extended with --resume equals the run made straight through.
+TEST_F(TrainerTest, EncoderDecoderResumesBitIdentically) {
+  const int64_t N = 16, k = 7;
+  TrainOptions o = tiny_seq2seq("reverse", path("straight"), N);
+  o.config.seq2seq.dropout = 0.1;
+  o.config.schedule.kind = optim::ScheduleKind::constant;
+  o.config.run.batch_size = 16;
+  Trainer(o).run();
+  TrainOptions first = o;
+  first.out = path("extended");
+  first.config.run.steps = k;
+  EXPECT_EQ(Trainer(first).run().steps_done, k);
+  TrainOptions rest = first;
+  rest.resume = true;
+  rest.config.run.steps = N;
+  EXPECT_EQ(Trainer(rest).run().steps_done, N);
+  expect_same_datasets(path("straight/checkpoint.h5"), path("extended/checkpoint.h5"), kStatePrefixes);
+}
+
+TEST_F(TrainerTest, EncoderDecoderConfigErrors) {
+  TrainOptions o = tiny_seq2seq("chars", path("c"), 5);
+  EXPECT_THROW(Trainer(o).run(), Error);  // chars has no source -> target pairs
+  o = tiny_seq2seq("reverse", path("r"), 5);
+  o.config.seq2seq.num_heads = 3;  // 32 hiddens do not split into 3 heads
+  try {
+    Trainer(o).run();
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("num_hiddens 32 must be a positive multiple of num_heads 3"), std::string::npos)
+        << e.what();
+  }
+}
+
 TEST_F(TrainerTest, ResumeErrorsAndNothingToDo) {
   TrainOptions o = resume_options(path("r"), 5);
   o.resume = true;

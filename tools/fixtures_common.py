@@ -187,8 +187,50 @@ def vl(v):
 
 
 
+# d2l's Transformer (tools/fixtures_transformer.py): decoder states are built inside the call, from
+# enc_outputs / enc_valid_lens with an empty cache, as d2l's init_state does.
+
+
+def call_x_y(m, i, g):
+    """module(x, y)"""
+    return m(i["x"], i["y"])
+
+
+def call_x_valid_lens(m, i, g):
+    """module(x, valid_lens)"""
+    return m(i["x"], i.get("valid_lens"))
+
+
+def call_x_enc(m, i, g):
+    """module(x, enc_outputs, enc_valid_lens)"""
+    return m(i["x"], [i["enc_outputs"], i.get("enc_valid_lens"), [None] * (m.i + 1)])[0]
+
+
+def call_idx_valid_lens(m, i, g):
+    """module(idx, valid_lens)"""
+    return m(i["idx"], i.get("valid_lens"))
+
+
+def call_idx_enc(m, i, g):
+    """module(idx, enc_outputs, enc_valid_lens)"""
+    return m(i["idx"], m.init_state(i["enc_outputs"], i.get("enc_valid_lens")))[0]
+
+
+def call_enc_dec_gates(m, i, g):
+    """module(enc_X, dec_X, enc_valid_lens, gates)"""
+    return m(i["enc_X"], i["dec_X"], i.get("enc_valid_lens"), g)[0]
+
+
+def call_enc_dec_masked_ce(m, i, g):
+    """masked_ce(module(enc_X, dec_X, enc_valid_lens), label, label_valid_len)"""
+    from fixtures_transformer import masked_ce  # (it imports this module)
+    return masked_ce(m(i["enc_X"], i["dec_X"], i.get("enc_valid_lens"))[0], i["label"], i["label_valid_len"])
+
+
 CALL_FNS = {fn.__doc__: fn for fn in (call_qkv, call_qkv_gates, call_xxx_gates, call_x, call_x_gates, call_idx,
-                                      call_masked_softmax)}
+                                      call_masked_softmax, call_x_y, call_x_valid_lens, call_x_enc,
+                                      call_idx_valid_lens, call_idx_enc, call_enc_dec_gates,
+                                      call_enc_dec_masked_ce)}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -199,7 +241,7 @@ CALL_FNS = {fn.__doc__: fn for fn in (call_qkv, call_qkv_gates, call_xxx_gates, 
 def read_group(f, group):
     if group not in f:
         return {}
-    return {k: torch.from_numpy(f[group][k][()]) for k in f[group]}
+    return {k: torch.from_numpy(np.asarray(f[group][k][()])) for k in f[group]}  # (0-d: np.float64)
 
 
 def assert_close(a, b, what):

@@ -4,7 +4,8 @@
 Run with Debian's PyTorch:  /usr/bin/python3 tools/make_fixtures.py [--out tests/fixtures]
 The reference modules are written from the seed texts plus headlab's two extensions (masked_softmax
 gives all-zero rows, and zero gradients, where nothing is valid; every multi-head module takes a
-per-head gate vector): the d2l.ai 10.3 / 10.5 ones in tools/fixtures_d2l.py, the "Build a Large
+per-head gate vector): the d2l.ai 10.3 / 10.5 ones in tools/fixtures_d2l.py, d2l 10.7's Transformer
+(with its two documented differences) in tools/fixtures_transformer.py, the "Build a Large
 Language Model from Scratch" ch. 3/4 ones (CausalAttention up to GPTModel) from tools/book_gpt.py, which
 the interop tools use too, with their fixtures in tools/fixtures_book.py; optimizer trajectories and LR
 schedules are in tools/fixtures_optim.py, and the shared HDF5 writer and module-fixture runner in
@@ -29,6 +30,7 @@ import json  # noqa: E402
 import sys  # noqa: E402
 
 import h5py  # noqa: E402
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 sys.dont_write_bytecode = True  # no __pycache__ in the source tree
@@ -36,6 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fixtures_book  # noqa: E402
 import fixtures_d2l  # noqa: E402
 import fixtures_optim  # noqa: E402
+import fixtures_transformer  # noqa: E402
 from fixtures_common import CALL_FNS, INDEX, assert_close, load_params, read_group  # noqa: E402
 from headlab_hdf5 import attr_str  # noqa: E402
 
@@ -44,7 +47,8 @@ from headlab_hdf5 import attr_str  # noqa: E402
 # recompute it, so a file that is not self-sufficient (or was written wrongly) fails here.
 # ----------------------------------------------------------------------------------------------
 
-FACTORY = {**fixtures_d2l.FACTORY, **fixtures_book.FACTORY}  # module attribute -> constructor(config)
+# module attribute -> constructor(config)
+FACTORY = {**fixtures_d2l.FACTORY, **fixtures_book.FACTORY, **fixtures_transformer.FACTORY}
 
 
 def verify_module(f, fname, call):
@@ -61,7 +65,7 @@ def verify_module(f, fname, call):
             v.requires_grad_(True)
     outp = CALL_FNS[call](model, ins, g)
     (outp * lw).sum().backward()
-    assert_close(outp, torch.from_numpy(f["outputs/output"][()]), fname)
+    assert_close(outp, torch.from_numpy(np.asarray(f["outputs/output"][()])), fname)
     if "outputs/attention_weights" in f:
         assert_close(model.attention_weights, torch.from_numpy(f["outputs/attention_weights"][()]), fname)
     for k, v in ins.items():
@@ -95,6 +99,7 @@ def self_checks():
     """Assert the reference modules against the seeds' printed examples and each other."""
     fixtures_d2l.d2l_self_checks()
     fixtures_book.book_self_checks()
+    fixtures_transformer.transformer_self_checks()
 
 
 def main():
@@ -114,6 +119,7 @@ def main():
     fixtures_book.gpt_fixture(out, "gpt_wrapper.h5", "wrapper", True, seed=1001)
     fixtures_optim.optim_fixtures(out)
     fixtures_optim.schedules(out)
+    fixtures_transformer.transformer_fixtures(out)
     with open(os.path.join(out, "index.json"), "w") as f:
         json.dump({"generator": "tools/make_fixtures.py", "torch": torch.__version__.split("+")[0],
                    "files": INDEX}, f, indent=1, sort_keys=True)

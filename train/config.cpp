@@ -3,8 +3,10 @@
 
 #include <filesystem>
 #include <map>
+#include <sstream>
 
 #include "nn/json_fields.h"
+#include "tasks/seq2seq.h"
 
 namespace headlab::train {
 
@@ -49,6 +51,14 @@ RunSettings run_settings_from_json(const nlohmann::json& j) {
 
 }  // namespace
 
+Arch parse_arch(const std::string& name) {
+  if (name == "gpt") return Arch::gpt;
+  if (name == "encoder-decoder") return Arch::encoder_decoder;
+  HL_FAIL("train: --arch must be 'gpt' or 'encoder-decoder', got '", name, "'");
+}
+
+const char* arch_name(Arch arch) { return arch == Arch::gpt ? "gpt" : "encoder-decoder"; }
+
 RunConfig RunConfig::defaults() {
   RunConfig c;
   c.model.emb_dim = 64;
@@ -66,8 +76,10 @@ nlohmann::json RunConfig::to_json() const {
   nlohmann::json training = run_settings_to_json(run);
   training["optimizer"] = optimizer.to_json();
   training["schedule"] = schedule.to_json();
-  return {{"model", model.to_json()},
-          {"tokenizer", {{"type", "char"}, {"vocab", task.options.vocabulary}}},
+  nlohmann::json tokenizer = {{"type", "char"}, {"vocab", task.options.vocabulary}};
+  if (arch == Arch::encoder_decoder) tokenizer["source_vocab"] = make_seq2seq_task_for(*this)->source_vocab();
+  return {{"model", arch == Arch::gpt ? model.to_json() : seq2seq.to_json()},
+          {"tokenizer", tokenizer},
           {"task", {{"name", task.name}, {"options", tasks::options_to_map(task.name, task.options)}}},
           {"training", training}};
 }
@@ -78,7 +90,12 @@ RunConfig RunConfig::from_json(const nlohmann::json& j) {
   HL_CHECK(j.contains("task") && j["task"].is_object() && j["task"].contains("name") && j["task"]["name"].is_string(),
            "config: the 'task' section is missing or has no name");
   RunConfig c;
-  c.model = nn::GPTConfig::from_json(j["model"]);
+  if (j["model"].is_object() && j["model"].value("arch", "gpt") == "encoder-decoder") {
+    c.arch = Arch::encoder_decoder;
+    c.seq2seq = nn::TransformerConfig::from_json(j["model"]);
+  } else {
+    c.model = nn::GPTConfig::from_json(j["model"]);
+  }
   c.task.name = j["task"]["name"].get<std::string>();
   try {
     std::map<std::string, std::string> options;
@@ -101,7 +118,32 @@ RunConfig RunConfig::from_json(const nlohmann::json& j) {
 std::unique_ptr<tasks::Task> RunConfig::make_task(const std::string& text_override) const {
   tasks::TaskOptions options = task.options;
   if (!text_override.empty()) options.text_path = text_override;
+  if (arch == Arch::encoder_decoder) return tasks::make_seq2seq_task(task.name, options);
   return tasks::make_task(task.name, options);
+}
+
+std::shared_ptr<nn::Model> RunConfig::make_model() const {
+  if (arch == Arch::encoder_decoder) return std::make_shared<nn::EncoderDecoder>(seq2seq);
+  return std::make_shared<nn::GPTModel>(model);
+}
+
+int64_t RunConfig::batch_tokens() const { return arch == Arch::gpt ? model.context_length : seq2seq.max_len; }
+
+std::string RunConfig::describe_model() const {
+  std::ostringstream os;
+  if (arch == Arch::gpt) {
+    os << nn::attention_form_name(model.attention) << " attention, " << model.n_layers << " layers x " << model.n_heads
+       << " heads, emb " << model.emb_dim << ", context " << model.context_length;
+  } else {
+    const nn::TransformerConfig& s = seq2seq;
+    os << "encoder-decoder (d2l), " << s.num_layers << "+" << s.num_layers << " layers x " << s.num_heads
+       << " heads, hiddens " << s.num_hiddens << ", ffn " << s.ffn_num_hiddens;
+  }
+  return os.str();
+}
+
+std::unique_ptr<tasks::Seq2SeqTask> make_seq2seq_task_for(const RunConfig& c) {
+  return tasks::make_seq2seq_task(c.task.name, c.task.options);
 }
 
 void RunSettings::validate() const {
@@ -118,6 +160,20 @@ RunConfig resolve(RunConfig c) {
   c.run.validate();
   HL_CHECK(c.optimizer.lr > 0, "train: --lr must be positive, got ", c.optimizer.lr);
   c.task.options.seed = c.run.seed;
+  if (c.arch == Arch::encoder_decoder) {
+    const std::unique_ptr<tasks::Seq2SeqTask> task = make_seq2seq_task_for(c);
+    c.task.name = task->name();
+    c.task.options.vocabulary = task->tokenizer().vocab();
+    c.seq2seq.src_vocab_size = task->source_vocab_size();
+    c.seq2seq.tgt_vocab_size = task->vocab_size();
+    const int64_t longest = std::max(task->max_source_length(), task->required_context_length());
+    HL_CHECK(longest <= c.seq2seq.max_len, "train: task ", task->name(), " has sequences of up to ", longest,
+             " tokens, more than the positional encoding's max_len ", c.seq2seq.max_len);
+    c.seq2seq.validate();
+    c.schedule.lr = c.optimizer.lr;
+    c.schedule.total = c.run.steps;
+    return c;
+  }
   const bool chars = c.task.name == "chars";
   if (chars) c.task.options.text_path = std::filesystem::absolute(c.task.options.text_path).string();
   const std::unique_ptr<tasks::Task> task = c.make_task();

@@ -7,8 +7,9 @@
 #include <string>
 
 #include "nn/gpt.h"
+#include "nn/transformer.h"
 #include "optim/optim.h"
-#include "tasks/task.h"
+#include "tasks/seq2seq.h"
 
 namespace headlab::train {
 
@@ -32,8 +33,15 @@ struct RunSettings {
   void validate() const;  // errors name the command-line option
 };
 
+// The two architectures a run can train: the book's decoder-only GPT, d2l's encoder-decoder Transformer.
+enum class Arch { gpt, encoder_decoder };
+Arch parse_arch(const std::string& name);  // "gpt" | "encoder-decoder"; clear error otherwise
+const char* arch_name(Arch arch);
+
 struct RunConfig {
-  nn::GPTConfig model;
+  Arch arch = Arch::gpt;
+  nn::GPTConfig model;            // arch gpt
+  nn::TransformerConfig seq2seq;  // arch encoder_decoder (src/tgt vocabularies from the task)
   TaskConfig task;
   optim::OptimizerOptions optimizer;
   optim::LRSchedule schedule;
@@ -47,9 +55,19 @@ struct RunConfig {
   nlohmann::json to_json() const;
   // Checkpoints from elsewhere (tools/import_torch.py) may lack "training": its defaults apply.
   static RunConfig from_json(const nlohmann::json& j);
-  // The task this config describes; text_override replaces a chars task's text file.
+  // The task this config describes (a tasks::Seq2SeqTask for the encoder-decoder); text_override
+  // replaces a chars task's text file.
   std::unique_ptr<tasks::Task> make_task(const std::string& text_override = "") const;
+  // A freshly initialised model of this config's architecture (draws from the default generator).
+  std::shared_ptr<nn::Model> make_model() const;
+  // The T that batch() and make_eval_set are asked for: the GPT's context length; for the
+  // encoder-decoder (whose batches are padded to their longest row) the longest target it may meet.
+  int64_t batch_tokens() const;
+  std::string describe_model() const;  // "fused attention, 2 layers x 4 heads, emb 64, context 18"
 };
+
+// The encoder-decoder form of the config's task (tasks::make_seq2seq_task with its options).
+std::unique_ptr<tasks::Seq2SeqTask> make_seq2seq_task_for(const RunConfig& c);
 
 // A fresh run's config from what a user chose: fills the model's vocab_size, a context_length of 0
 // (the task's need; chars: 64), the tokenizer's vocabulary and the schedule's peak and length

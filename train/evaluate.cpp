@@ -8,6 +8,16 @@ std::pair<Tensor, Tensor> batch_tensors(const tasks::Batch& b, Device device) {
   return {tensor(b.inputs, {b.B, b.T}).to(device), tensor(b.targets, {b.B, b.T}).to(device)};
 }
 
+nn::ModelInputs model_inputs(const tasks::Batch& b, Device device) {
+  nn::ModelInputs in;
+  in.tokens = tensor(b.inputs, {b.B, b.T}).to(device);
+  if (b.has_source()) {
+    in.source = tensor(b.source, {b.B, b.S}).to(device);
+    in.source_valid_lens = tensor(b.source_valid_lens, {b.B}).to(device);
+  }
+  return in;
+}
+
 void ScoreSum::add(const tasks::Batch& b, const Tensor& logits, const Tensor& targets) {
   const int64_t V = logits.size(-1);
   loss_sum += cross_entropy(logits.reshape({-1, V}), targets.reshape({-1}), kIgnoreIndex, Reduction::sum).item<double>();
@@ -26,23 +36,51 @@ Scores ScoreSum::scores() const {
   return s;
 }
 
-Scores evaluate(nn::GPTModel& model, const std::vector<tasks::Batch>& batches) {
+Scores evaluate(nn::Model& model, const std::vector<tasks::Batch>& batches) {
   const bool was_training = model.is_training();
   model.eval();
   NoGradGuard no_grad;
   ScoreSum sum;
   for (const tasks::Batch& b : batches) {
-    auto [idx, tgt] = batch_tensors(b, model.device());
-    sum.add(b, model.forward(idx), tgt);  // logits (B, T, V)
+    const Tensor tgt = tensor(b.targets, {b.B, b.T}).to(model.device());
+    sum.add(b, model.logits(model_inputs(b, model.device())), tgt);  // logits (B, T, V)
   }
   model.train(was_training);
   return sum.scores();
 }
 
-Scores evaluate(nn::GPTModel& model, const tasks::Task& task, int64_t batches, int64_t batch_size, int64_t T) {
+Scores evaluate(nn::Model& model, const tasks::Task& task, int64_t batches, int64_t batch_size, int64_t T) {
   std::vector<tasks::Batch> data;
   for (int64_t i = 0; i < batches; ++i) data.push_back(task.batch(tasks::Split::val, static_cast<uint64_t>(i), batch_size, T));
   return evaluate(model, data);
+}
+
+DecodeScores evaluate_decoding(nn::EncoderDecoder& model, const tasks::Seq2SeqTask& task,
+                               const std::vector<tasks::Batch>& batches) {
+  DecodeScores d;
+  double bleu_sum = 0;
+  int64_t correct = 0;
+  for (const tasks::Batch& b : batches) {
+    HL_CHECK(b.has_source(), "evaluate_decoding: the batches are not seq2seq batches");
+    const nn::ModelInputs in = model_inputs(b, model.device());
+    // One token more than the longest target lets a row that misses eos show it.
+    const std::vector<std::vector<int64_t>> out =
+        nn::greedy_decode(model, in.source, in.source_valid_lens, task.bos_id(), task.end_id(), b.T + 1);
+    for (int64_t r = 0; r < b.B; ++r) {
+      // The reference: the row's target tokens without the end token.
+      std::vector<int64_t> label;
+      for (int64_t t = 0; t < b.answer_end[static_cast<size_t>(r)] - 1; ++t) label.push_back(b.target(r, t));
+      const std::vector<int64_t>& pred = out[static_cast<size_t>(r)];
+      correct += pred == label;
+      bleu_sum += tasks::bleu(pred, label);
+      ++d.rows;
+    }
+  }
+  if (d.rows > 0) {
+    d.exact_match = static_cast<double>(correct) / static_cast<double>(d.rows);
+    d.bleu = bleu_sum / static_cast<double>(d.rows);
+  }
+  return d;
 }
 
 }  // namespace headlab::train

@@ -1,13 +1,14 @@
-// One evaluation for training and analysis alike: teacher-forced loss and argmax scores of a GPT
-// on task batches. B = batch rows, T = tokens, V = vocabulary.
+// One evaluation for training and analysis alike: teacher-forced loss and argmax scores of a model
+// (GPT or encoder-decoder) on task batches. B = batch rows, T = tokens, V = vocabulary.
 #pragma once
 #include <cstdint>
 #include <limits>
 #include <utility>
 #include <vector>
 
-#include "nn/gpt.h"
-#include "tasks/task.h"
+#include "nn/transformer.h"
+#include "tasks/bleu.h"
+#include "tasks/seq2seq.h"
 
 namespace headlab::train {
 
@@ -32,11 +33,24 @@ struct ScoreSum {
 
 // A batch's inputs and targets as (B, T) int64 tensors on `device`.
 std::pair<Tensor, Tensor> batch_tensors(const tasks::Batch& batch, Device device);
+// What the model reads of a batch on `device`: the tokens, and for seq2seq batches the source and its lengths.
+nn::ModelInputs model_inputs(const tasks::Batch& batch, Device device);
 
 // The model as it stands (its head controls included) in eval mode, without gradients; the
 // model's train/eval mode is restored afterwards.
-Scores evaluate(nn::GPTModel& model, const std::vector<tasks::Batch>& batches);
+Scores evaluate(nn::Model& model, const std::vector<tasks::Batch>& batches);
 // Batches 0..n-1 of the task's validation stream, each (batch_size, T).
-Scores evaluate(nn::GPTModel& model, const tasks::Task& task, int64_t batches, int64_t batch_size, int64_t T);
+Scores evaluate(nn::Model& model, const tasks::Task& task, int64_t batches, int64_t batch_size, int64_t T);
+
+// An encoder-decoder's greedy decoding of every row (d2l's predict_seq2seq, batched) scored against the
+// targets: exact match of the whole output (it equals the teacher-forced exact match: a row is decoded
+// right iff every teacher-forced argmax is right) and d2l's BLEU (tasks::bleu, k = 2) averaged over rows.
+struct DecodeScores {
+  double exact_match = std::numeric_limits<double>::quiet_NaN();
+  double bleu = std::numeric_limits<double>::quiet_NaN();
+  int64_t rows = 0;
+};
+DecodeScores evaluate_decoding(nn::EncoderDecoder& model, const tasks::Seq2SeqTask& task,
+                               const std::vector<tasks::Batch>& batches);
 
 }  // namespace headlab::train

@@ -117,14 +117,14 @@ void install_sigint_handler() {
 struct Trainer::Session {
   RunConfig config;
   std::unique_ptr<tasks::Task> task;
-  std::shared_ptr<nn::GPTModel> model;
+  std::shared_ptr<nn::Model> model;
   std::unique_ptr<optim::Optimizer> opt;
   std::vector<Tensor> params;
   io::TrainerState state;
   int64_t first_step = 0;  // the step this process started from
   // The window of steps since the last evaluation, for the logged train loss and tokens/s.
   double window_loss = 0, last_norm = 0, rate = 0;
-  int64_t window_steps = 0, window_tokens = 0;
+  int64_t window_steps = 0, window_tokens = 0, tokens_trained = 0;  // (tokens: decoder positions)
   std::chrono::steady_clock::time_point window_start = std::chrono::steady_clock::now();
   int64_t skipped_in_a_row = 0, skipped_total = 0;
 };
@@ -158,7 +158,7 @@ std::unique_ptr<Trainer::Session> Trainer::start() {
   }
   const Device device = Device::parse(s->config.run.device);
   backend_for(device);  // fails early and clearly when the device is unavailable
-  if (!device.is_cuda()) {
+  if (!device.is_cuda() && s->config.arch == Arch::gpt) {  // (the toy encoder-decoders are far smaller)
     const nn::GPTConfig& m = s->config.model;
     const optim::OptimizerOptions& o = s->config.optimizer;
     const int slots = o.kind == optim::OptimizerKind::sgd ? (o.momentum != 0 ? 1 : 0) : 2;
@@ -169,7 +169,7 @@ std::unique_ptr<Trainer::Session> Trainer::start() {
   }
   s->task = s->config.make_task();
   manual_seed(s->config.run.seed);
-  s->model = std::make_shared<nn::GPTModel>(s->config.model);
+  s->model = s->config.make_model();
   if (opts_.resume) s->model->load_parameters(resumed.model, "checkpoint '" + latest_ + "'");
   else if (!opts_.init.empty()) s->model->load_parameters(opts_.init, "train: the initial parameters");
   s->model->to(device);
@@ -228,7 +228,7 @@ std::string Trainer::save(Session& s) const {
 
 void Trainer::evaluate_and_log(Session& s, double lr, bool tty) {
   const RunSettings& run = s.config.run;
-  const Scores ev = evaluate(*s.model, *s.task, run.eval_batches, run.batch_size, s.config.model.context_length);
+  const Scores ev = evaluate(*s.model, *s.task, run.eval_batches, run.batch_size, s.config.batch_tokens());
   const io::MetricRow row{s.state.step, s.window_loss / static_cast<double>(s.window_steps), ev.loss,
                           ev.token_accuracy, ev.has_exact_match ? ev.exact_match : 0.0, lr, s.last_norm, s.rate};
   s.state.metrics.push_back(row);
@@ -254,14 +254,11 @@ TrainResult Trainer::run() {
     log("removed " + f + ", a temporary file left by a writer that no longer runs");
   const std::unique_ptr<Session> session = start();
   Session& s = *session;
-  const nn::GPTConfig& mc = s.config.model;
   const RunSettings& run = s.config.run;
-  const int64_t steps = run.steps, B = run.batch_size, T = mc.context_length, V = mc.vocab_size;
+  const int64_t steps = run.steps, B = run.batch_size, T = s.config.batch_tokens();
 
-  log("headlab train: task " + s.task->name() + ", " + std::string(nn::attention_form_name(mc.attention)) + " attention, " + std::to_string(mc.n_layers) +
-      " layers x " + std::to_string(mc.n_heads) + " heads, emb " + std::to_string(mc.emb_dim) + ", context " +
-      std::to_string(T) + ", " + std::to_string(s.model->num_parameters()) + " parameters, device " +
-      s.model->device().str());
+  log("headlab train: task " + s.task->name() + ", " + s.config.describe_model() + ", " +
+      std::to_string(s.model->num_parameters()) + " parameters, device " + s.model->device().str());
   if (opts_.resume) log("resuming from " + latest_ + " at step " + std::to_string(s.state.step));
   TrainResult result;
   result.checkpoint = latest_;
@@ -284,9 +281,11 @@ TrainResult Trainer::run() {
     const double lr = s.config.schedule.at(s.state.step);
     s.opt->set_lr(lr);
     const tasks::Batch b = s.task->batch(tasks::Split::train, s.state.data_index, B, T);
-    auto [idx, tgt] = batch_tensors(b, s.model->device());
-    const Tensor logits = s.model->forward(idx);  // (B, T, V)
-    const Tensor loss = cross_entropy(logits.reshape({B * T, V}), tgt.reshape({B * T}), kIgnoreIndex);
+    const Tensor tgt = tensor(b.targets, {b.B, b.T}).to(s.model->device());
+    const Tensor logits = s.model->logits(model_inputs(b, s.model->device()));  // (B, T, V)
+    // The mean cross entropy over scored targets: for seq2seq batches the valid target tokens, the
+    // loss d2l's MaskedSoftmaxCELoss reports (its per-row sums over num_tokens).
+    const Tensor loss = cross_entropy(logits.reshape({b.B * b.T, -1}), tgt.reshape({b.B * b.T}), kIgnoreIndex);
     loss.backward();
     const double loss_value = loss.item<double>();
     const double norm = run.grad_clip > 0 ? optim::clip_grad_norm(s.params, run.grad_clip) : optim::grad_norm(s.params);
@@ -310,7 +309,8 @@ TrainResult Trainer::run() {
     s.opt->zero_grad();  // a skipped step's batch is consumed too; its parameters stay as they were
     ++s.state.step;
     ++s.state.data_index;
-    s.window_tokens += B * T;
+    s.window_tokens += b.B * b.T;
+    s.tokens_trained += b.B * b.T;
 
     const double window_s = std::chrono::duration<double>(clock::now() - s.window_start).count();
     s.rate = window_s > 0 ? static_cast<double>(s.window_tokens) / window_s : 0;
@@ -345,7 +345,7 @@ TrainResult Trainer::run() {
   result.steps_done = s.state.step;
   result.seconds = std::chrono::duration<double>(clock::now() - run_start).count();
   const int64_t trained = s.state.step - s.first_step;
-  result.tokens_per_s = result.seconds > 0 ? static_cast<double>(trained * B * T) / result.seconds : 0;
+  result.tokens_per_s = result.seconds > 0 ? static_cast<double>(s.tokens_trained) / result.seconds : 0;
   if (s.state.metrics.empty()) {
     result.final_eval = evaluate(*s.model, *s.task, run.eval_batches, B, T);
   } else {

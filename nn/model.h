@@ -1,0 +1,51 @@
+// Model: what the trainer, evaluation and head analysis see of a trainable model. Token ids go in,
+// logits come out, and the multi-head attention modules are listed with their head controls, so
+// that one evaluation, one head-gating analysis and one pruning loop serve both architectures:
+// GPTModel (decoder only) and EncoderDecoder (d2l's Transformer).
+// B = batch, S = source tokens, T = tokens (decoder side), V = vocabulary, H = heads, D = head size.
+#pragma once
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "nn/attention.h"
+
+namespace headlab::nn {
+
+struct ModelInputs {
+  Tensor tokens;             // (B, T) int64: the GPT's input, the decoder's input (bos, target...)
+  Tensor source;             // (B, S) int64: the encoder's input (encoder-decoder only)
+  Tensor source_valid_lens;  // (B,) int64: source tokens per row (encoder-decoder only)
+};
+
+class Model : public Module {
+ public:
+  virtual Tensor logits(const ModelInputs& in) = 0;  // (B, T, V), teacher forced
+  virtual nlohmann::json config_json() const = 0;    // the checkpoint's "model" section
+
+  // The multi-head attention modules, in a fixed order analysis calls "layers": the GPT's blocks;
+  // the encoder-decoder's encoder self-attention, then decoder self-attention, then cross-attention.
+  virtual int64_t attention_count() const = 0;
+  virtual HeadControl& head_control(int64_t i) = 0;
+  virtual int64_t heads_at(int64_t i) const = 0;
+  virtual int64_t full_heads() const = 0;  // heads per module before any pruning
+  virtual int64_t head_size_at(int64_t i) const = 0;
+  // How reports name module i and its heads: "L0" (GPT), "enc.L0" / "dec.L0" / "cross.L0".
+  virtual std::string attention_label(int64_t i) const = 0;
+  // The kind of module i ("self" for the GPT; "encoder", "decoder", "cross") and its layer in that kind.
+  virtual std::string attention_kind(int64_t i) const = 0;
+  virtual int64_t attention_layer(int64_t i) const = 0;
+  // The original index of head h of module i (differs from h only in physically pruned models).
+  virtual int64_t original_head(int64_t i, int64_t h) const = 0;
+  // Keep every module's attention weights (B, H, Q, K) from the next forward on (the composite path).
+  virtual void keep_attention_weights(bool on) = 0;
+  virtual Tensor attention_weights(int64_t i) const = 0;
+};
+
+// A model from a checkpoint's "model" section: EncoderDecoder where "arch" is "encoder-decoder", GPTModel
+// otherwise (the section is validated first; errors name the key). Initial values come from the default
+// generator. num_parameters: how many the model will have, computed from the section without building it.
+std::shared_ptr<Model> make_model(const nlohmann::json& model_config);
+double num_parameters(const nlohmann::json& model_config);
+bool is_encoder_decoder(const nlohmann::json& model_config);
+
+}  // namespace headlab::nn

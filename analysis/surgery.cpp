@@ -143,7 +143,8 @@ std::pair<nn::TransformerConfig, NamedTensors> prune_parameters(const nn::Transf
   out.validate();
   NamedTensors result;
   for (const auto& [name, t] : params) {
-    const auto it = std::find_if(rows.begin(), rows.end(), [&](const auto& r) { return name.rfind(r.first, 0) == 0; });
+    const std::string& param = name;  // clang 14 cannot capture a structured binding
+    const auto it = std::find_if(rows.begin(), rows.end(), [&](const auto& r) { return param.rfind(r.first, 0) == 0; });
     if (it == rows.end()) {
       result.emplace_back(name, t);
       continue;

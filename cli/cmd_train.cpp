@@ -88,10 +88,11 @@ Action add_train(CLI::App& app) {
   app.add_option("--log-every", o->log_every, "log line every N steps (when not on a terminal)")
       ->check(positive_number())
       ->capture_default_str();
-  app.add_option("--threads", ch->threads, "CPU threads (0: all cores)")->check(non_negative_number());
+  app.add_option("--threads", ch->threads, "CPU threads (0: all cores, shared out among the MPI ranks on this machine)")->check(non_negative_number());
   app.footer(tasks::tasks_help());
   return [o, ch] {
-    set_threads(ch->threads);
+    o->comm = train::world();  // under mpirun: data parallel over its ranks
+    set_threads(ch->threads, o->comm->local_size());
     train::RunConfig& c = o->config;
     c.model.attention = nn::parse_attention_form(ch->attention);
     c.arch = train::parse_arch(ch->arch);
@@ -112,9 +113,15 @@ Action add_train(CLI::App& app) {
     c.schedule.kind = optim::parse_schedule_kind(ch->schedule);
     if (!ch->text.empty()) c.task.options.text_path = ch->text;
     train::install_sigint_handler();
-    train::Trainer trainer(*o);
-    const train::TrainResult r = trainer.run();
-    return r.interrupted ? 130 : 0;
+    try {
+      return train::Trainer(*o).run().interrupted ? 130 : 0;
+    } catch (const std::exception& e) {
+      if (o->comm->size() == 1) throw;
+      // An error on one rank ends every rank: the others would wait for it in the next allreduce.
+      std::cerr << "headlab: rank " << o->comm->rank() << " of " << o->comm->size() << ": " << e.what() << std::endl;
+      o->comm->abort(1);
+      throw;  // (not reached: abort ends the process)
+    }
   };
 }
 

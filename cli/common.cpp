@@ -3,6 +3,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -33,8 +34,9 @@ CLI::Validator number_at_least(double lowest, bool inclusive, const std::string&
 CLI::Validator positive_number() { return number_at_least(0.0, false, "a positive number"); }
 CLI::Validator non_negative_number() { return number_at_least(0.0, true, "a number >= 0"); }
 
-void set_threads(int threads) {
+void set_threads(int threads, int processes) {
   if (threads > 0) omp_set_num_threads(threads);
+  else if (processes > 1) omp_set_num_threads(std::max(1, omp_get_num_procs() / processes));
 }
 
 Loaded load(const std::string& path, const std::string& device, const std::string& text) {

@@ -19,7 +19,9 @@ namespace headlab::cli {
 CLI::Validator positive_number();
 CLI::Validator non_negative_number();
 // Sets the thread count for OpenMP/OpenBLAS (0: leave the default, all cores).
-void set_threads(int threads);
+// threads > 0: exactly that many; 0: OpenMP's default, or the cores shared out among `processes`
+// headlab processes on this machine (data-parallel ranks).
+void set_threads(int threads, int processes = 1);
 int threads_in_use();
 
 // A checkpoint with its model on `device` and its task (text: a chars task's text file instead).

@@ -6,8 +6,10 @@
 #include <map>
 
 #include "autograd/error.h"
+#include "backends/backend.h"
 #include "backends/cpu/omp_policy.h"
 #include "cli/commands.h"
+#include "train/collectives.h"
 
 int main(int argc, char** argv) {
   headlab::cpu::restart_with_passive_omp_waits(argv);
@@ -17,7 +19,9 @@ int main(int argc, char** argv) {
   CLI::App app{"headlab: a small, fast C++ deep-learning toolkit for attention experiments.\n"
                "Train toy sequence models, compare wrapper and fused multi-head attention, ablate heads."};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "headlab 0.1.0");
+  app.set_version_flag("--version", std::string("headlab 0.1.0 (CUDA backend: ") +
+                                         (headlab::cuda_built() ? "built" : "not built") +
+                                         ", MPI data parallel: " + (headlab::train::built_with_mpi() ? "built" : "not built") + ")");
   std::map<CLI::App*, headlab::cli::Action> actions;
   auto add = [&](const char* name, const char* help, headlab::cli::Action (*fn)(CLI::App&)) {
     CLI::App* sub = app.add_subcommand(name, help);

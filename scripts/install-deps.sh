@@ -6,7 +6,8 @@ set -euo pipefail
 packages=(build-essential cmake pkg-config libopenblas-openmp-dev libhdf5-dev hdf5-tools
           libgtest-dev googletest libbenchmark-dev libcli11-dev nlohmann-json3-dev libstb-dev libplplot-dev plplot-driver-cairo
           clang libclang-rt-dev libomp-dev  # clang: the sanitizer and libFuzzer pass of scripts/test.sh
-          python3 chromium chromium-driver)  # the attention explorer's browser test (tests/browser)
+          python3 chromium chromium-driver  # the attention explorer's browser test (tests/browser)
+          libopenmpi-dev openmpi-bin)  # data-parallel training (mpirun -np N headlab train)
 if [[ "${1:-}" == "--python" ]]; then
   packages+=(python3-torch python3-h5py python3-numpy)
 fi

@@ -43,6 +43,29 @@ Metrics& Metrics::operator+=(const Metrics& other) {
   return *this;
 }
 
+Batch Batch::rows(int64_t first, int64_t count) const {
+  HL_CHECK(first >= 0 && count >= 0 && first + count <= B, "batch: rows [", first, ", ", first + count,
+           ") are outside a batch of ", B, " rows");
+  // The rows of a (B, width) row-major vector; empty vectors (no spans, no source) stay empty.
+  const auto take = [first, count](const std::vector<int64_t>& v, int64_t width) {
+    if (v.empty()) return v;
+    return std::vector<int64_t>(v.begin() + first * width, v.begin() + (first + count) * width);
+  };
+  Batch r = *this;
+  r.B = count;
+  r.inputs = take(inputs, T);
+  r.targets = take(targets, T);
+  r.answer_begin = take(answer_begin, 1);
+  r.answer_end = take(answer_end, 1);
+  r.source = take(source, S);
+  r.source_valid_lens = take(source_valid_lens, 1);
+  return r;
+}
+
+int64_t Batch::scored_targets() const {
+  return static_cast<int64_t>(std::count_if(targets.begin(), targets.end(), [](int64_t t) { return t != kIgnoreIndex; }));
+}
+
 Metrics score(const Batch& batch, const std::vector<int64_t>& predicted_ids) {
   const int64_t B = batch.B, T = batch.T;
   HL_CHECK(B >= 0 && T >= 0 && static_cast<int64_t>(batch.targets.size()) == B * T,

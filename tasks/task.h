@@ -51,6 +51,9 @@ struct Batch {
   bool has_source() const { return S > 0; }
 
   int64_t input(int64_t b, int64_t t) const { return inputs[static_cast<size_t>(b * T + t)]; }
+  // Rows [first, first + count) with the same T and S (data parallelism: one rank's share).
+  Batch rows(int64_t first, int64_t count) const;
+  int64_t scored_targets() const;  // targets that are not kIgnoreIndex
   int64_t target(int64_t b, int64_t t) const { return targets[static_cast<size_t>(b * T + t)]; }
 };
 

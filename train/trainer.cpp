@@ -112,6 +112,7 @@ void install_sigint_handler() {
   sa.sa_handler = on_sigint;
   sigemptyset(&sa.sa_mask);
   sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
 }
 
 struct Trainer::Session {
@@ -127,9 +128,13 @@ struct Trainer::Session {
   int64_t window_steps = 0, window_tokens = 0, tokens_trained = 0;  // (tokens: decoder positions)
   std::chrono::steady_clock::time_point window_start = std::chrono::steady_clock::now();
   int64_t skipped_in_a_row = 0, skipped_total = 0;
+  std::vector<float> reduced;  // data parallelism: every gradient, then [loss, stop], summed over the ranks
+  double allreduce_seconds = 0;  // in the allreduce, waiting for the slowest rank included
 };
 
 Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)) {
+  if (!opts_.comm) opts_.comm = single_process();
+  if (opts_.comm->rank() != 0) opts_.quiet = true;  // rank 0 speaks for the run
   opts_.config.run.validate();
   HL_CHECK(opts_.config.optimizer.lr > 0, "train: --lr must be positive, got ", opts_.config.optimizer.lr);
   latest_ = (fs::path(opts_.out) / "checkpoint.h5").string();
@@ -226,6 +231,59 @@ std::string Trainer::save(Session& s) const {
   return numbered;
 }
 
+// One allreduce of a flat buffer per step: every parameter's gradient (zeros where a rank has none),
+// then `extra`. Every rank ends with the same sums, so the same clipping and optimizer step follow.
+void Trainer::all_reduce_gradients(Session& s, std::vector<float>& extra) const {
+  std::vector<float>& flat = s.reduced;
+  flat.clear();
+  for (const Tensor& p : s.params) {
+    const Tensor g = p.grad();
+    if (!g.defined()) {
+      flat.resize(flat.size() + static_cast<size_t>(p.numel()), 0.0f);
+      continue;
+    }
+    HL_CHECK(g.dtype() == DType::f32, "train: data parallelism reduces float32 gradients, got ", dtype_name(g.dtype()));
+    const Tensor host = g.to(kCPU).contiguous();
+    flat.insert(flat.end(), host.data<float>(), host.data<float>() + host.numel());
+  }
+  flat.insert(flat.end(), extra.begin(), extra.end());
+  const auto start = std::chrono::steady_clock::now();
+  opts_.comm->allreduce_sum(flat.data(), static_cast<int64_t>(flat.size()));
+  s.allreduce_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  size_t at = 0;
+  for (const Tensor& p : s.params) {
+    const size_t n = static_cast<size_t>(p.numel());
+    p.set_grad(tensor(std::vector<float>(flat.begin() + static_cast<std::ptrdiff_t>(at),
+                                         flat.begin() + static_cast<std::ptrdiff_t>(at + n)),
+                      p.shape(), p.device()));
+    at += n;
+  }
+  std::copy(flat.begin() + static_cast<std::ptrdiff_t>(at), flat.end(), extra.begin());
+}
+
+// Every rank steps its own copy of the model with the same summed gradients, so the copies stay
+// bitwise equal unless something is not deterministic (a rank on another CPU, another OpenBLAS).
+// Checked at the start and at every evaluation: a 64-bit FNV-1a hash of the parameters, compared
+// with rank 0's.
+void Trainer::check_ranks_agree(const Session& s) const {
+  Collectives& comm = *opts_.comm;
+  if (comm.size() == 1) return;
+  uint64_t hash = 1469598103934665603ull;
+  for (const Tensor& p : s.params) {
+    const Tensor host = p.detach().to(kCPU).contiguous();
+    const auto* bytes = static_cast<const unsigned char*>(host.raw_data());
+    for (size_t i = 0, n = static_cast<size_t>(host.numel()) * dtype_size(host.dtype()); i < n; ++i)
+      hash = (hash ^ bytes[i]) * 1099511628211ull;
+  }
+  uint64_t root = hash;
+  comm.broadcast(&root, sizeof root, 0);
+  double differing = root == hash ? 0.0 : 1.0;
+  comm.allreduce_sum(&differing, 1);
+  HL_CHECK(differing == 0, "train: data parallelism: at step ", s.state.step, " the parameters of ",
+           static_cast<int64_t>(differing), " of ", comm.size(), " ranks differ from rank 0's (", comm.name(),
+           "); the ranks must run the same headlab build on the same kind of CPU");
+}
+
 void Trainer::evaluate_and_log(Session& s, double lr, bool tty) {
   const RunSettings& run = s.config.run;
   const Scores ev = evaluate(*s.model, *s.task, run.eval_batches, run.batch_size, s.config.batch_tokens());
@@ -246,48 +304,80 @@ void Trainer::evaluate_and_log(Session& s, double lr, bool tty) {
 }
 
 TrainResult Trainer::run() {
-  std::error_code ec;
-  fs::create_directories(opts_.out, ec);
-  HL_CHECK(!ec && fs::is_directory(opts_.out), "train: cannot create output folder '", opts_.out, "': ",
-           ec ? ec.message() : std::string("not a folder"));
-  for (const std::string& f : io::remove_stale_temp_files(opts_.out))
-    log("removed " + f + ", a temporary file left by a writer that no longer runs");
+  Collectives& comm = *opts_.comm;
+  const bool writer = comm.rank() == 0;  // rank 0 alone evaluates and writes files
+  if (writer) {
+    std::error_code ec;
+    fs::create_directories(opts_.out, ec);
+    HL_CHECK(!ec && fs::is_directory(opts_.out), "train: cannot create output folder '", opts_.out, "': ",
+             ec ? ec.message() : std::string("not a folder"));
+    for (const std::string& f : io::remove_stale_temp_files(opts_.out))
+      log("removed " + f + ", a temporary file left by a writer that no longer runs");
+  }
   const std::unique_ptr<Session> session = start();
   Session& s = *session;
   const RunSettings& run = s.config.run;
   const int64_t steps = run.steps, B = run.batch_size, T = s.config.batch_tokens();
+  const int64_t ranks = comm.size(), rows = B / ranks, first_row = comm.rank() * rows;
+  HL_CHECK(B % ranks == 0, "train: --batch-size ", B, " does not split evenly over ", ranks,
+           " ranks; use a multiple of ", ranks);
+  check_ranks_agree(s);
 
   log("headlab train: task " + s.task->name() + ", " + s.config.describe_model() + ", " +
       std::to_string(s.model->num_parameters()) + " parameters, device " + s.model->device().str());
+  if (ranks > 1)
+    log("data parallel: " + std::to_string(ranks) + " ranks (" + comm.name() + "), " + std::to_string(rows) +
+        " of the " + std::to_string(B) + " rows of every batch each");
   if (opts_.resume) log("resuming from " + latest_ + " at step " + std::to_string(s.state.step));
   TrainResult result;
   result.checkpoint = latest_;
   if (s.state.step >= steps) {
     log("already at step " + std::to_string(s.state.step) + " of " + std::to_string(steps) + "; nothing to do");
     result.steps_done = s.state.step;
-    result.final_eval = evaluate(*s.model, *s.task, run.eval_batches, B, T);
+    if (writer) result.final_eval = evaluate(*s.model, *s.task, run.eval_batches, B, T);
     return result;
   }
 
-  const bool tty = !opts_.quiet && isatty(STDOUT_FILENO);
+  // (mpirun hands rank 0 a pseudo-terminal whatever its own output is: data-parallel runs log lines)
+  const bool tty = !opts_.quiet && ranks == 1 && isatty(STDOUT_FILENO);
   using clock = std::chrono::steady_clock;
   const auto run_start = clock::now();
   const double elapsed_before = s.state.elapsed_seconds;
+  bool stop_agreed = false;  // data parallelism: some rank saw a signal during the last step
   while (s.state.step < steps) {
-    if (stop_requested()) {
+    if (ranks == 1 ? stop_requested().load() : stop_agreed) {
       result.interrupted = true;
       break;
     }
     const double lr = s.config.schedule.at(s.state.step);
     s.opt->set_lr(lr);
-    const tasks::Batch b = s.task->batch(tasks::Split::train, s.state.data_index, B, T);
-    const Tensor tgt = tensor(b.targets, {b.B, b.T}).to(s.model->device());
-    const Tensor logits = s.model->logits(model_inputs(b, s.model->device()));  // (B, T, V)
-    // The mean cross entropy over scored targets: for seq2seq batches the valid target tokens, the
-    // loss d2l's MaskedSoftmaxCELoss reports (its per-row sums over num_tokens).
-    const Tensor loss = cross_entropy(logits.reshape({b.B * b.T, -1}), tgt.reshape({b.B * b.T}), kIgnoreIndex);
-    loss.backward();
-    const double loss_value = loss.item<double>();
+    const tasks::Batch b = s.task->batch(tasks::Split::train, s.state.data_index, B, T);  // the global batch
+    double loss_value = 0;
+    if (ranks == 1) {
+      const Tensor tgt = tensor(b.targets, {b.B, b.T}).to(s.model->device());
+      const Tensor logits = s.model->logits(model_inputs(b, s.model->device()));  // (B, T, V)
+      // The mean cross entropy over scored targets: for seq2seq batches the valid target tokens, the
+      // loss d2l's MaskedSoftmaxCELoss reports (its per-row sums over num_tokens).
+      const Tensor loss = cross_entropy(logits.reshape({b.B * b.T, -1}), tgt.reshape({b.B * b.T}), kIgnoreIndex);
+      loss.backward();
+      loss_value = loss.item<double>();
+    } else {
+      // This rank's rows, with the dropout masks they get in the whole batch; the loss is the sum over
+      // its scored targets divided by the whole batch's count, so the ranks' gradients sum to the mean's.
+      const tasks::Batch mine = b.rows(first_row, rows);
+      const Tensor tgt = tensor(mine.targets, {rows, b.T}).to(s.model->device());
+      default_generator().set_row_shard(first_row, rows, B);
+      const Tensor logits = s.model->logits(model_inputs(mine, s.model->device()));  // (B/N, T, V)
+      const Tensor loss = cross_entropy(logits.reshape({rows * b.T, -1}), tgt.reshape({rows * b.T}), kIgnoreIndex,
+                                        Reduction::sum) *
+                          (1.0 / static_cast<double>(std::max<int64_t>(b.scored_targets(), 1)));
+      loss.backward();
+      default_generator().set_row_shard(0, 0, 0);
+      std::vector<float> extra{loss.item<float>(), stop_requested() ? 1.0f : 0.0f};
+      all_reduce_gradients(s, extra);
+      loss_value = extra[0];
+      stop_agreed = extra[1] > 0;
+    }
     const double norm = run.grad_clip > 0 ? optim::clip_grad_norm(s.params, run.grad_clip) : optim::grad_norm(s.params);
     if (!std::isfinite(loss_value) || !std::isfinite(norm)) {
       const std::string what = "loss " + fmt_value(loss_value) + ", gradient norm " + fmt_value(norm);
@@ -333,12 +423,13 @@ TrainResult Trainer::run() {
     }
     const bool eval = s.state.step % run.eval_every == 0 || s.state.step == steps;
     if (eval || s.state.step % run.save_every == 0) check_parameters(s);
-    if (eval) evaluate_and_log(s, lr, tty);
+    if (eval) check_ranks_agree(s);
+    if (eval && writer) evaluate_and_log(s, lr, tty);
     s.state.elapsed_seconds = elapsed_before + std::chrono::duration<double>(clock::now() - run_start).count();
-    if (s.state.step % run.save_every == 0 || s.state.step == steps) save(s);
+    if (writer && (s.state.step % run.save_every == 0 || s.state.step == steps)) save(s);
   }
   if (tty) std::cout << "\n";
-  if (result.interrupted) {
+  if (result.interrupted && writer) {
     save(s);
     log("interrupted: saved " + latest_ + " at step " + std::to_string(s.state.step) + "; continue with --resume");
   }
@@ -346,9 +437,9 @@ TrainResult Trainer::run() {
   result.seconds = std::chrono::duration<double>(clock::now() - run_start).count();
   const int64_t trained = s.state.step - s.first_step;
   result.tokens_per_s = result.seconds > 0 ? static_cast<double>(s.tokens_trained) / result.seconds : 0;
-  if (s.state.metrics.empty()) {
+  if (writer && s.state.metrics.empty()) {  // (rank 0 reports the run)
     result.final_eval = evaluate(*s.model, *s.task, run.eval_batches, B, T);
-  } else {
+  } else if (writer) {
     const io::MetricRow& m = s.state.metrics.back();
     result.final_eval.loss = m.val_loss;
     result.final_eval.token_accuracy = m.val_accuracy;
@@ -358,7 +449,12 @@ TrainResult Trainer::run() {
   std::ostringstream os;
   if (s.skipped_total > 0) os << "skipped " << s.skipped_total << " steps whose loss or gradient norm was not finite\n";
   os << "trained " << trained << " steps in " << fmt(result.seconds, 1) << " s (" << fmt_rate(result.tokens_per_s)
-     << ")\nwrote " << latest_ << " (history: checkpoint-<step>.h5, last " << run.keep_last << " kept) and "
+     << ")\n";
+  if (ranks > 1)
+    os << "data parallel: rank 0 spent " << fmt(s.allreduce_seconds, 2) << " s ("
+       << fmt(100 * s.allreduce_seconds / std::max(result.seconds, 1e-9), 1)
+       << "%) in the gradient allreduce, waiting for the slowest rank included\n";
+  os << "wrote " << latest_ << " (history: checkpoint-<step>.h5, last " << run.keep_last << " kept) and "
      << (fs::path(opts_.out) / "metrics.csv").string();
   log(os.str());
   return result;

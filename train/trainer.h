@@ -7,6 +7,7 @@
 #include <string>
 
 #include "io/checkpoint.h"
+#include "train/collectives.h"
 #include "train/config.h"
 #include "train/evaluate.h"
 
@@ -21,6 +22,11 @@ struct TrainOptions {
   // Non-empty: a fresh run starts from these parameters (fine-tuning, e.g. a pruned checkpoint's)
   // instead of a random initialisation; they must fit config.model. Ignored on resume.
   NamedTensors init;
+  // Data parallelism: the ranks this run is spread over (null: a single process). --batch-size stays the
+  // global batch; rank r computes rows [r B/N, (r+1) B/N) of every global batch (with the dropout masks
+  // those rows get in a single process), gradients are summed over the ranks, every rank steps the same
+  // optimizer state, and rank 0 alone prints, evaluates and writes files.
+  std::shared_ptr<Collectives> comm;
 };
 
 struct TrainResult {
@@ -31,7 +37,8 @@ struct TrainResult {
   std::string checkpoint;  // path of the latest checkpoint
 };
 
-// Set by SIGINT; the loop saves a checkpoint and stops at the next step boundary.
+// Set by SIGINT (and SIGTERM, which an MPI launcher sends on Ctrl-C); the loop saves a checkpoint and
+// stops at the next step boundary (under MPI: the step after any rank saw the signal, on every rank).
 std::atomic<bool>& stop_requested();
 void install_sigint_handler();
 
@@ -48,6 +55,9 @@ class Trainer {
   [[noreturn]] void diverged(const Session& s, int64_t step, const std::string& what) const;
   void evaluate_and_log(Session& s, double lr, bool tty);
   void log(const std::string& line) const;
+  // Data parallelism: sums every gradient and `extra` over the ranks; checks the ranks hold one model.
+  void all_reduce_gradients(Session& s, std::vector<float>& extra) const;
+  void check_ranks_agree(const Session& s) const;
   TrainOptions opts_;
   std::string latest_;  // <out>/checkpoint.h5
 };

@@ -1,0 +1,36 @@
+// Collectives: what data-parallel training needs from the processes it runs on, behind one small
+// interface, as the CUDA backend sits behind backends/backend.h. A transport implements it: a single
+// process (nothing to do), MPI (train/collectives_mpi.cpp, built with HEADLAB_MPI). NCCL would be a
+// third: the same calls on device buffers with ncclAllReduce / ncclBroadcast on one stream, the
+// communicator made from an ncclUniqueId that rank 0 broadcasts over MPI (README, "Data parallel").
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace headlab::train {
+
+class Collectives {
+ public:
+  virtual ~Collectives() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual int local_size() const = 0;  // ranks on this machine (they share its cores)
+  virtual std::string name() const = 0;  // "single process", "MPI (Open MPI 4.1.4)"
+  // Element-wise sum over every rank, in place, host memory. Every rank receives the same values.
+  virtual void allreduce_sum(float* data, int64_t n) = 0;
+  virtual void allreduce_sum(double* data, int64_t n) = 0;
+  virtual void broadcast(void* data, int64_t bytes, int root) = 0;
+  virtual void barrier() = 0;
+  // Ends every rank now (an error on one rank must not leave the others waiting in a collective).
+  [[noreturn]] virtual void abort(int code) = 0;
+};
+
+std::shared_ptr<Collectives> single_process();
+// The processes this one was started among: MPI when headlab was built with it and started by an
+// MPI launcher (mpirun / mpiexec set OMPI_COMM_WORLD_SIZE or PMI_SIZE), else a single process.
+// Initialises MPI on first use; finalised at exit.
+std::shared_ptr<Collectives> world();
+bool built_with_mpi();
+
+}  // namespace headlab::train

@@ -8,17 +8,31 @@
 #include <vector>
 
 #include "nn/gpt.h"
+#include "nn/transformer.h"
 
 namespace headlab::analysis {
 
 // ------------------------------------------------------------------------------------------------
-// Attention maps for one input.
+// Attention maps for one input: one kind of attention (a GPT's, or one of an encoder-decoder's three),
+// every layer and head, queries by keys.
 struct AttentionMaps {
-  std::vector<int64_t> ids;                     // (T) the input
-  int64_t layers = 0, heads = 0, T = 0;         // heads: the original n_heads
-  std::vector<float> weights;                   // (layers, heads, T, T); NaN for pruned heads
+  std::string kind = "attention";               // "attention" (GPT), "encoder self-attention", ...
+  std::vector<std::string> layer_names;         // "L0", ... (GPT); "enc.L0", "dec.L0", "cross.L0"
+  std::vector<int64_t> ids;                     // (T) the queries' tokens
+  std::vector<int64_t> key_ids;                 // (S) the keys' tokens: ids itself for self-attention
+  int64_t layers = 0, heads = 0, T = 0, S = 0;  // heads: the original n_heads
+  std::vector<float> weights;                   // (layers, heads, T, S); NaN for pruned heads
   std::vector<std::vector<int64_t>> kept;       // per layer, the original indices present
 };
 AttentionMaps attention_maps(nn::GPTModel& model, const std::vector<int64_t>& ids);
+// The keys' text for maps whose queries read `tokens`: key_tokens, or tokens itself when empty (self-
+// attention); throws, naming `who`, unless the counts are the maps' T and S and every layer has a name.
+const std::vector<std::string>& checked_key_tokens(const char* who, const AttentionMaps& maps,
+                                                   const std::vector<std::string>& tokens,
+                                                   const std::vector<std::string>& key_tokens);
+// An encoder-decoder's three kinds for one source and decoder input (bos, target tokens...), teacher
+// forced: encoder self-attention (S x S), decoder self-attention (T x T), cross-attention (T x S).
+std::vector<AttentionMaps> attention_maps(nn::EncoderDecoder& model, const std::vector<int64_t>& source,
+                                          const std::vector<int64_t>& decoder_input);
 
 }  // namespace headlab::analysis

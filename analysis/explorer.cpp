@@ -52,8 +52,9 @@ body { font: 13px system-ui, sans-serif; margin: 16px; color: #222; }
 const D = /*DATA*/;
 const W = (() => { const s = atob(D.weights), u = new Uint16Array(s.length / 2);
   for (let i = 0; i < u.length; i++) u[i] = s.charCodeAt(2 * i) | (s.charCodeAt(2 * i + 1) << 8); return u; })();
-const T = D.T, ROW = 16, TOP = 24, XQ = 170, XK = 420;
-const weight = (l, h, q, k) => W[((l * D.heads + h) * T + q) * T + k] / D.scale;
+const T = D.T, S = D.S, ROW = 16, TOP = 24, XQ = 170, XK = 420;
+const weight = (l, h, q, k) => W[((l * D.heads + h) * T + q) * S + k] / D.scale;
+const name = (l, h) => `${D.layer_names[l]}H${h}`;
 const kept = (l, h) => D.kept[l].includes(h);
 const colour = (h, a) => `hsla(${Math.round(h * 360 / D.heads)}, 70%, 45%, ${a})`;
 const state = { layer: 0, head: D.kept[0].length ? D.kept[0][0] : -1, hovered: -1 };
@@ -61,21 +62,21 @@ const $ = id => document.getElementById(id);
 function heads() { return state.head >= 0 ? [state.head] : D.kept[state.layer]; }
 function draw() {
   const c = $("view"), g = c.getContext("2d");
-  c.width = 600; c.height = TOP + T * ROW + 8;
+  c.width = 600; c.height = TOP + Math.max(T, S) * ROW + 8;
   g.clearRect(0, 0, c.width, c.height); g.font = "12px monospace"; g.textBaseline = "middle";
   const y = i => TOP + i * ROW + ROW / 2;
   for (let i = 0; i < T; i++) {
-    const on = i === state.hovered;
-    g.fillStyle = on ? "#d33" : "#222";
+    g.fillStyle = i === state.hovered ? "#d33" : "#222";
     g.textAlign = "right"; g.fillText(D.tokens[i], XQ - 6, y(i));
-    g.textAlign = "left"; g.fillText(D.tokens[i], XK + 6, y(i));
   }
+  g.fillStyle = "#222"; g.textAlign = "left";
+  for (let k = 0; k < S; k++) g.fillText(D.key_tokens[k], XK + 6, y(k));
   g.fillStyle = "#888"; g.textAlign = "right"; g.fillText("query", XQ - 6, 10); g.textAlign = "left"; g.fillText("key", XK + 6, 10);
   const hs = heads();
   for (const h of hs)
     for (let q = 0; q < T; q++) {
       if (state.hovered >= 0 && q !== state.hovered) continue;
-      for (let k = 0; k <= q; k++) {
+      for (let k = 0; k < S; k++) {
         const a = weight(state.layer, h, q, k) / hs.length;
         if (a < 0.01) continue;
         g.strokeStyle = colour(h, Math.min(1, a)); g.lineWidth = state.hovered >= 0 ? 2 : 1;
@@ -84,23 +85,23 @@ function draw() {
     }
   drawRow(); drawScores(); markThumbs();
 }
-function rowWeights() {  // the hovered query's weights per shown head: [{head, weights: [T]}]
+function rowWeights() {  // the hovered query's weights per shown head: [{head, weights: [S]}]
   if (state.hovered < 0) return [];
-  return heads().map(h => ({ head: h, weights: Array.from({ length: T }, (_, k) => weight(state.layer, h, state.hovered, k)) }));
+  return heads().map(h => ({ head: h, weights: Array.from({ length: S }, (_, k) => weight(state.layer, h, state.hovered, k)) }));
 }
 function drawRow() {
   if (state.hovered < 0) { $("row").textContent = "hover a token on the left"; return; }
   const lines = [`query ${state.hovered} ${JSON.stringify(D.tokens[state.hovered])}`];
   for (const r of rowWeights()) {
     const top = r.weights.map((w, k) => [w, k]).sort((a, b) => b[0] - a[0]).slice(0, 8);
-    lines.push(`head ${r.head}: ` + top.map(([w, k]) => `${k}:${JSON.stringify(D.tokens[k])} ${w.toFixed(3)}`).join("  "));
+    lines.push(`head ${r.head}: ` + top.map(([w, k]) => `${k}:${JSON.stringify(D.key_tokens[k])} ${w.toFixed(3)}`).join("  "));
   }
   $("row").textContent = lines.join("\n");
 }
 function drawScores() {
   const t = $("scores"); t.innerHTML = "";
   const hs = heads(), head = document.createElement("tr");
-  head.innerHTML = "<th>score</th>" + hs.map(h => `<th>L${state.layer}H${h}</th>`).join("");
+  head.innerHTML = "<th>score</th>" + hs.map(h => `<th>${name(state.layer, h)}</th>`).join("");
   t.appendChild(head);
   for (const s of D.scores) {
     const tr = document.createElement("tr"), v = h => s.values[state.layer][h];
@@ -109,20 +110,21 @@ function drawScores() {
   }
 }
 function thumbs() {
-  const box = $("thumbs"), px = Math.max(1, Math.floor(96 / T));
+  const box = $("thumbs"), px = Math.max(1, Math.floor(96 / Math.max(T, S)));
   box.style.gridTemplateColumns = `repeat(${D.heads}, max-content)`;
   for (let l = 0; l < D.layers; l++)
     for (let h = 0; h < D.heads; h++) {
       const div = document.createElement("div"); div.className = "thumb"; div.dataset.layer = l; div.dataset.head = h;
-      const c = document.createElement("canvas"); c.width = T; c.height = T; c.style.width = c.style.height = `${T * px}px`;
-      const g = c.getContext("2d"), img = g.createImageData(T, T);
-      for (let q = 0; q < T; q++) for (let k = 0; k < T; k++) {
-        const v = kept(l, h) ? 255 - Math.round(255 * Math.sqrt(weight(l, h, q, k))) : 200, i = 4 * (q * T + k);
+      const c = document.createElement("canvas"); c.width = S; c.height = T;
+      c.style.width = `${S * px}px`; c.style.height = `${T * px}px`;
+      const g = c.getContext("2d"), img = g.createImageData(S, T);
+      for (let q = 0; q < T; q++) for (let k = 0; k < S; k++) {
+        const v = kept(l, h) ? 255 - Math.round(255 * Math.sqrt(weight(l, h, q, k))) : 200, i = 4 * (q * S + k);
         img.data[i] = img.data[i + 1] = v; img.data[i + 2] = kept(l, h) ? 255 : 200; img.data[i + 3] = 255;
       }
       g.putImageData(img, 0, 0);
       div.appendChild(c); div.appendChild(document.createElement("br"));
-      div.appendChild(document.createTextNode(`L${l}H${h}${kept(l, h) ? "" : " pruned"}`));
+      div.appendChild(document.createTextNode(`${name(l, h)}${kept(l, h) ? "" : " pruned"}`));
       if (kept(l, h)) div.onclick = () => select(l, h);
       box.appendChild(div);
     }
@@ -141,8 +143,9 @@ function fillHeads() {
 }
 function hover(q) { state.hovered = q; draw(); }
 $("title").textContent = D.title;
-$("summary").textContent = `${T} tokens, ${D.layers} layers x ${D.heads} heads`;
-for (let l = 0; l < D.layers; l++) $("layer").add(new Option(String(l), l));
+$("summary").textContent = `${D.kind}: ${T === S && D.tokens.every((t, i) => t === D.key_tokens[i]) ? `${T} tokens` :
+  `${T} queries x ${S} keys`}, ${D.layers} layers x ${D.heads} heads`;
+for (let l = 0; l < D.layers; l++) $("layer").add(new Option(D.layer_names[l], l));
 $("layer").onchange = e => { state.layer = +e.target.value; fillHeads(); state.head = +$("head").value; draw(); };
 $("head").onchange = e => { state.head = +e.target.value; draw(); };
 $("view").addEventListener("mousemove", e => {
@@ -159,9 +162,9 @@ window.headlab = { data: D, state, weight, rowWeights, select, hover, geometry: 
 }  // namespace
 
 std::string attention_explorer_html(const AttentionMaps& maps, const std::vector<std::string>& tokens,
-                                    const std::string& title, const std::vector<ExplorerScore>& scores) {
-  HL_CHECK(static_cast<int64_t>(tokens.size()) == maps.T, "attention_explorer_html: ", tokens.size(),
-           " tokens for maps of ", maps.T);
+                                    const std::string& title, const std::vector<ExplorerScore>& scores,
+                                    const std::vector<std::string>& key_tokens) {
+  const std::vector<std::string>& keys = checked_key_tokens("attention_explorer_html", maps, tokens, key_tokens);
   std::vector<uint8_t> bytes;
   bytes.reserve(maps.weights.size() * 2);
   for (float w : maps.weights) {  // pruned heads (NaN) as 0
@@ -169,9 +172,11 @@ std::string attention_explorer_html(const AttentionMaps& maps, const std::vector
     bytes.push_back(static_cast<uint8_t>(v & 0xff));
     bytes.push_back(static_cast<uint8_t>(v >> 8));
   }
-  nlohmann::json j = {{"title", title},   {"layers", maps.layers}, {"heads", maps.heads},
-                      {"T", maps.T},      {"tokens", tokens},      {"kept", maps.kept},
-                      {"scale", kExplorerWeightScale}, {"weights", base64(bytes)}};
+  nlohmann::json j = {{"title", title},     {"kind", maps.kind},   {"layers", maps.layers},
+                      {"heads", maps.heads}, {"layer_names", maps.layer_names},
+                      {"T", maps.T},         {"S", maps.S},         {"tokens", tokens},
+                      {"key_tokens", keys},  {"kept", maps.kept},   {"scale", kExplorerWeightScale},
+                      {"weights", base64(bytes)}};
   j["scores"] = nlohmann::json::array();
   for (const ExplorerScore& s : scores) {
     HL_CHECK(static_cast<int64_t>(s.values.size()) == maps.layers, "attention_explorer_html: score ", s.name, " has ",
@@ -193,8 +198,9 @@ std::string attention_explorer_html(const AttentionMaps& maps, const std::vector
 }
 
 void save_attention_html(const std::string& path, const AttentionMaps& maps, const std::vector<std::string>& tokens,
-                         const std::string& title, const std::vector<ExplorerScore>& scores) {
-  const std::string page = attention_explorer_html(maps, tokens, title, scores);
+                         const std::string& title, const std::vector<ExplorerScore>& scores,
+                         const std::vector<std::string>& key_tokens) {
+  const std::string page = attention_explorer_html(maps, tokens, title, scores, key_tokens);
   const std::string tmp = io::temp_path_for(path);  // a killed writer's leftover is found by its pid
   {
     std::ofstream f(tmp, std::ios::binary);

@@ -206,34 +206,48 @@ void save_pruning_png(const std::string& path, const PruningCurve& c, double sto
 
 void save_attention_h5(const std::string& path, const AttentionMaps& maps, const std::vector<std::string>& tokens,
                        const std::string& prompt, const std::string& checkpoint) {
-  HL_CHECK(static_cast<int64_t>(tokens.size()) == maps.T, "save_attention_h5: ", tokens.size(), " tokens for ", maps.T,
-           " positions");
+  save_attention_h5(path, {{"", &maps, tokens, {}}}, prompt, checkpoint);
+}
+
+void save_attention_h5(const std::string& path, const std::vector<AttentionKindText>& kinds, const std::string& prompt,
+                       const std::string& checkpoint) {
   io::h5::Writer w(path, "attention file");
   w.set_attr("/", "format", "headlab-attention");
   w.set_attr("/", "checkpoint", checkpoint);
   w.set_attr("/", "prompt", prompt);
-  w.set_attr("/", "tokens", nlohmann::json(tokens).dump());
-  w.write_f32("weights", {maps.layers, maps.heads, maps.T, maps.T}, maps.weights.data());
-  w.set_attr("weights", "dims", "layer, head (original index; NaN where pruned), query, key");
-  w.write<int64_t>("token_ids", {maps.T}, maps.ids);
-  std::vector<int64_t> kept(static_cast<size_t>(maps.layers * maps.heads), 0);
-  for (int64_t l = 0; l < maps.layers; ++l)
-    for (int64_t h : maps.kept[static_cast<size_t>(l)]) kept[static_cast<size_t>(l * maps.heads + h)] = 1;
-  w.write<int64_t>("kept", {maps.layers, maps.heads}, kept);
+  for (const AttentionKindText& k : kinds) {
+    const AttentionMaps& maps = *k.maps;
+    const std::vector<std::string>& keys = checked_key_tokens("save_attention_h5", maps, k.tokens, k.key_tokens);
+    const std::string at = k.group.empty() ? "" : k.group + "/", where = k.group.empty() ? "/" : k.group;
+    w.write_f32(at + "weights", {maps.layers, maps.heads, maps.T, maps.S}, maps.weights.data());
+    w.set_attr(at + "weights", "dims", "layer, head (original index; NaN where pruned), query, key");
+    w.write<int64_t>(at + "token_ids", {maps.T}, maps.ids);
+    std::vector<int64_t> kept(static_cast<size_t>(maps.layers * maps.heads), 0);
+    for (int64_t l = 0; l < maps.layers; ++l)
+      for (int64_t h : maps.kept[static_cast<size_t>(l)]) kept[static_cast<size_t>(l * maps.heads + h)] = 1;
+    w.write<int64_t>(at + "kept", {maps.layers, maps.heads}, kept);
+    w.set_attr(where, "tokens", nlohmann::json(k.tokens).dump());
+    if (!k.group.empty()) {
+      w.write<int64_t>(at + "key_token_ids", {maps.S}, maps.key_ids);
+      w.set_attr(where, "key_tokens", nlohmann::json(keys).dump());
+      w.set_attr(where, "kind", maps.kind);
+    }
+  }
   w.commit();
 }
 
-void save_attention_png(const std::string& path, const AttentionMaps& maps, const std::vector<std::string>& tokens) {
-  HL_CHECK(static_cast<int64_t>(tokens.size()) == maps.T, "save_attention_png: ", tokens.size(), " tokens for ",
-           maps.T, " positions");
-  std::vector<std::string> labels;
+void save_attention_png(const std::string& path, const AttentionMaps& maps, const std::vector<std::string>& tokens,
+                        const std::vector<std::string>& key_tokens) {
+  const std::vector<std::string>& keys = checked_key_tokens("save_attention_png", maps, tokens, key_tokens);
+  std::vector<std::string> labels, key_labels;
   std::string text;
   for (const auto& t : tokens) {
     labels.push_back(token_label(t));
     text += t;
   }
+  for (const auto& t : keys) key_labels.push_back(token_label(t));
   plot::HeatmapGrid g;
-  g.title = "attention weights: " + token_label(text);
+  g.title = maps.kind + " weights: " + token_label(text);
   g.x_label = "key";
   g.y_label = "query";
   g.colorbar_label = "attention weight";
@@ -243,23 +257,24 @@ void save_attention_png(const std::string& path, const AttentionMaps& maps, cons
   for (const auto& k : maps.kept) cols = std::max(cols, k.size());
   g.grid_rows = maps.layers;
   g.grid_cols = static_cast<int64_t>(cols);
-  const int64_t T = maps.T;
+  const int64_t T = maps.T, S = maps.S;
   for (int64_t l = 0; l < maps.layers; ++l) {
     const auto& kept = maps.kept[static_cast<size_t>(l)];
+    const std::string& layer = maps.layer_names.at(static_cast<size_t>(l));
     for (size_t i = 0; i < cols; ++i) {
       plot::Heatmap m;
       m.rows = T;
-      m.cols = T;
+      m.cols = S;
       m.row_labels = labels;
-      m.col_labels = labels;
+      m.col_labels = key_labels;
       if (i < kept.size()) {
         const int64_t h = kept[i];
-        m.title = "layer " + std::to_string(l) + " head " + std::to_string(h);
-        const float* w = maps.weights.data() + (l * maps.heads + h) * T * T;
-        m.values.assign(w, w + T * T);
+        m.title = layer + "H" + std::to_string(h);
+        const float* w = maps.weights.data() + (l * maps.heads + h) * T * S;
+        m.values.assign(w, w + T * S);
       } else {  // a pruned model's layer with fewer heads than the widest layer
-        m.title = "layer " + std::to_string(l) + " (pruned)";
-        m.values.assign(static_cast<size_t>(T * T), kNaN);
+        m.title = layer + " (pruned)";
+        m.values.assign(static_cast<size_t>(T * S), kNaN);
       }
       g.panels.push_back(m);
     }

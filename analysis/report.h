@@ -60,8 +60,19 @@ void save_pruning_png(const std::string& path, const PruningCurve& c, double sto
 // tokens (JSON list of strings), prompt, checkpoint.
 void save_attention_h5(const std::string& path, const AttentionMaps& maps, const std::vector<std::string>& tokens,
                        const std::string& prompt, const std::string& checkpoint);
-// attention.png: one heatmap per (layer, kept head), titled "layer L head H", axes labelled by token.
-void save_attention_png(const std::string& path, const AttentionMaps& maps, const std::vector<std::string>& tokens);
+// Several kinds in one file (an encoder-decoder's: groups "encoder", "decoder", "cross"): each group as
+// the root above, plus `key_token_ids` (S) and the attribute key_tokens, and its kind as an attribute.
+struct AttentionKindText {
+  std::string group;
+  const AttentionMaps* maps;
+  std::vector<std::string> tokens, key_tokens;  // (T), (S): the text of maps->ids and maps->key_ids
+};
+void save_attention_h5(const std::string& path, const std::vector<AttentionKindText>& kinds, const std::string& prompt,
+                       const std::string& checkpoint);
+// attention.png: one heatmap per (layer, kept head), titled by the layer's name and head ("L0H1",
+// "cross.L1H3"), axes labelled by token (key_tokens: the keys' when they are not the queries').
+void save_attention_png(const std::string& path, const AttentionMaps& maps, const std::vector<std::string>& tokens,
+                        const std::vector<std::string>& key_tokens = {});
 
 // compare.csv: one row per (config, form); compare.json: every config with both forms and the gap.
 std::string compare_csv(const std::vector<CompareResult>& rows, const CompareOptions& options);

@@ -2,9 +2,12 @@
 // steps, then steps until --seconds have passed), and set against the floor: the step's GEMM FLOPs
 // over the SGEMM rate measured here first (cblas_sgemm, 1024^3), and the CPU backend's peak bytes
 // over one step above what was live before it (parameters, optimizer state).
-// bench/peer_ratios.sh runs it beside the PyTorch peer and prints the ratios.
+// bench/peer_ratios.sh runs it beside the PyTorch peer and prints the ratios. On a GPU (--device cuda)
+// the step ends with a device synchronisation, as the peer's does, and the floor's rate is cuBLAS's
+// SGEMM at 4096^3 through headlab's matmul (TF32 as --tf32 says: off, as the peer's default).
 // Usage: gpt_step [--emb-dim D --n-heads H --n-layers L --context-length T --vocab-size V
-//                  --batch-size B --threads N --attention fused|wrapper --seconds S]
+//                  --batch-size B --threads N --attention fused|wrapper --seconds S --device cpu|cuda
+//                  --tf32 0|1]
 #include <cblas.h>
 #include <omp.h>
 
@@ -15,6 +18,9 @@
 #include <vector>
 
 #include "backends/backend.h"
+#ifdef HEADLAB_HAS_CUDA
+#include "backends/cuda/cuda_backend.h"
+#endif
 #include "backends/cpu/omp_policy.h"
 #include "nn/gpt.h"
 #include "optim/optim.h"
@@ -22,7 +28,7 @@
 using namespace headlab;
 using clock_type = std::chrono::steady_clock;
 
-static double sgemm_gflops() {
+static double sgemm_gflops_cpu() {
   const int n = 1024;
   std::vector<float> a(n * n, 1.0f), b(n * n, 0.5f), c(n * n);
   auto run = [&] { cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1, a.data(), n, b.data(), n, 0, c.data(), n); };
@@ -30,6 +36,25 @@ static double sgemm_gflops() {
   const auto t0 = clock_type::now();
   int reps = 0;
   while (std::chrono::duration<double>(clock_type::now() - t0).count() < 1.0) { run(); ++reps; }
+  const double s = std::chrono::duration<double>(clock_type::now() - t0).count() / reps;
+  return 2.0 * n * n * n / s / 1e9;
+}
+
+// The device's float32 GEMM rate through headlab's matmul (cuBLAS on a GPU).
+static double sgemm_gflops_device(Device device) {
+  const int64_t n = 4096;
+  NoGradGuard no_grad;
+  const Tensor a = ones({n, n}).to(device), b = full({n, n}, 0.5).to(device);
+  Backend& be = backend_for(device);
+  (void)matmul(a, b);
+  be.synchronize();
+  const auto t0 = clock_type::now();
+  int reps = 0;
+  while (std::chrono::duration<double>(clock_type::now() - t0).count() < 1.0) {
+    (void)matmul(a, b);
+    be.synchronize();
+    ++reps;
+  }
   const double s = std::chrono::duration<double>(clock_type::now() - t0).count() / reps;
   return 2.0 * n * n * n / s / 1e9;
 }
@@ -43,13 +68,14 @@ static double step_flops(const nn::GPTConfig& c, int64_t B) {
   return 3 * (c.n_layers * (per_layer_linear + per_layer_attn) + head);
 }
 
-int main(int argc, char** argv) {
-  cpu::restart_with_passive_omp_waits(argv);
+static int run(int argc, char** argv) {
   nn::GPTConfig cfg;
   cfg.vocab_size = 64; cfg.context_length = 64; cfg.emb_dim = 128; cfg.n_heads = 4; cfg.n_layers = 2;
   int64_t B = 32;
   int threads = 2;
   double seconds = 2.0;
+  Device device = kCPU;
+  bool tf32 = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const char* v = argv[i + 1];
@@ -62,24 +88,31 @@ int main(int argc, char** argv) {
     else if (k == "--threads") threads = std::stoi(v);
     else if (k == "--attention") cfg.attention = nn::parse_attention_form(v);
     else if (k == "--seconds") seconds = std::stod(v);
+    else if (k == "--device") device = Device::parse(v);
+    else if (k == "--tf32") tf32 = std::stoi(v) != 0;
     else { std::fprintf(stderr, "gpt_step: unknown option %s\n", argv[i]); return 2; }
   }
   omp_set_num_threads(threads);
-  const double peak = sgemm_gflops();
+#ifdef HEADLAB_HAS_CUDA
+  if (device.is_cuda()) cuda_set_allow_tf32(tf32);
+#endif
+  const double peak = device.is_cuda() ? sgemm_gflops_device(device) : sgemm_gflops_cpu();
   manual_seed(0);
   nn::GPTModel model(cfg);
+  model.to(device);
   optim::Optimizer opt(model.named_parameters(), optim::OptimizerOptions::defaults(optim::OptimizerKind::adamw));
   Generator gen(1);
-  const Tensor idx = randint(0, cfg.vocab_size, {B, cfg.context_length}, gen);
-  const Tensor tgt = randint(0, cfg.vocab_size, {B * cfg.context_length}, gen);
+  const Tensor idx = randint(0, cfg.vocab_size, {B, cfg.context_length}, gen).to(device);
+  const Tensor tgt = randint(0, cfg.vocab_size, {B * cfg.context_length}, gen).to(device);
+  Backend& be = backend_for(device);
   auto step = [&] {
     opt.zero_grad();
     const Tensor logits = model.forward(idx).reshape({-1, cfg.vocab_size});
     cross_entropy(logits, tgt).backward();
     opt.step();
+    be.synchronize();
   };
   for (int i = 0; i < 3; ++i) step();
-  Backend& be = backend_for(kCPU);
   const size_t live = be.bytes_in_use();
   be.reset_peak();
   step();
@@ -89,7 +122,8 @@ int main(int argc, char** argv) {
   while (std::chrono::duration<double>(clock_type::now() - t0).count() < seconds || n < 3) { step(); ++n; }
   const double ms = std::chrono::duration<double>(clock_type::now() - t0).count() / n * 1e3;
   const double flops = step_flops(cfg, B);
-  std::printf("headlab %s threads=%d sgemm=%.0f GFLOP/s\n", nn::attention_form_name(cfg.attention), threads, peak);
+  std::printf("headlab %s device=%s threads=%d tf32=%d sgemm=%.0f GFLOP/s\n", nn::attention_form_name(cfg.attention),
+              device.str().c_str(), threads, tf32 ? 1 : 0, peak);
   std::printf("V=%lld T=%lld d=%lld h=%lld L=%lld B=%lld params=%lld: %.1f ms/step, %.0f tokens/s, "
               "%.1f GFLOP/step, %.0f GFLOP/s = %.0f%% of sgemm (floor %.1f ms), step peak %.1f MiB\n",
               (long long)cfg.vocab_size, (long long)cfg.context_length, (long long)cfg.emb_dim, (long long)cfg.n_heads,
@@ -97,4 +131,14 @@ int main(int argc, char** argv) {
               B * cfg.context_length / ms * 1e3, flops / 1e9, flops / ms / 1e6, 100 * flops / ms / 1e6 / peak,
               flops / peak / 1e6, peak_mib);
   return 0;
+}
+
+int main(int argc, char** argv) {
+  cpu::restart_with_passive_omp_waits(argv);
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpt_step: %s\n", e.what());
+    return 1;
+  }
 }

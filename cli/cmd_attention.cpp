@@ -32,56 +32,114 @@ struct AttentionArgs {
   int threads = 0;
 };
 
+// A GPT: the prompt and its greedy continuation, one kind of attention.
+int gpt_attention(const AttentionArgs& a, const Loaded& l) {
+  nn::GPTModel& model = l.gpt("attention");
+  const tasks::Task& task = *l.task;
+  const nn::GPTConfig& cfg = model.config();
+  const tasks::Prompt p = task.encode_prompt(a.prompt);
+  const int64_t extra = a.max_new >= 0 ? a.max_new : (p.answer_length >= 0 ? p.answer_length + 1 : 0);
+  std::vector<int64_t> ids = p.ids;
+  if (static_cast<int64_t>(ids.size()) > cfg.context_length)  // as generate: the last context_length tokens
+    ids.erase(ids.begin(), ids.end() - cfg.context_length);
+  nn::GenerateOptions gen;
+  gen.max_new_tokens = extra;
+  gen.end_id = task.end_id();
+  gen.keep_end = true;
+  for (int64_t id : nn::generate(model, ids, gen)) ids.push_back(id);
+  if (static_cast<int64_t>(ids.size()) > cfg.context_length)  // the map shows what the model last saw
+    ids.erase(ids.begin(), ids.end() - cfg.context_length);
+  const analysis::AttentionMaps maps = analysis::attention_maps(model, ids);
+  std::vector<std::string> tokens;
+  std::string text;
+  for (int64_t id : ids) {
+    tokens.push_back(task.tokenizer().decode({id}));
+    text += tokens.back();
+  }
+  make_dir(a.out, "attention");
+  const std::string h5path = join_path(a.out, "attention.h5"), png = join_path(a.out, "attention.png");
+  analysis::save_attention_h5(h5path, maps, tokens, a.prompt, a.path);
+  analysis::save_attention_png(png, maps, tokens);
+  const std::string html = join_path(a.out, "attention.html");
+  analysis::save_attention_html(html, maps, tokens, a.path + ": " + text);
+  std::cout << "headlab attention: " << a.path << ", " << maps.T << " tokens: " << text << "\n"
+            << cfg.n_layers << " layers, heads per layer " << kept_str(maps.kept) << "\n"
+            << "wrote " << h5path << " (weights " << shape_str({maps.layers, maps.heads, maps.T, maps.T})
+            << " float32, token_ids, kept; tokens as JSON in the root attribute 'tokens'), " << png << " and "
+            << html << " (interactive, self-contained)\n";
+  return 0;
+}
+
+// An encoder-decoder: the prompt as the source, decoded greedily; the decoder's input (bos and the decoded
+// tokens) teacher forced, and its three kinds of attention, a picture and a page each.
+int seq2seq_attention(const AttentionArgs& a, const Loaded& l, nn::EncoderDecoder& model) {
+  const tasks::Seq2SeqTask& task = *l.seq2seq_task();
+  const std::vector<int64_t> src = task.encode_source(a.prompt);
+  const int64_t S = static_cast<int64_t>(src.size());
+  const int64_t max_steps = std::min<int64_t>(a.max_new >= 0 ? a.max_new : 64, model.config().max_len - 1);
+  const std::vector<int64_t> decoded =
+      nn::greedy_decode(model, tensor(src, {1, S}).to(model.device()), tensor(std::vector<int64_t>{S}, {1}).to(model.device()),
+                        task.bos_id(), task.end_id(), max_steps)
+          .front();
+  std::vector<int64_t> dec_in{task.bos_id()};
+  dec_in.insert(dec_in.end(), decoded.begin(), decoded.end());
+  const std::vector<analysis::AttentionMaps> kinds = analysis::attention_maps(model, src, dec_in);
+  std::vector<std::string> source_tokens, target_tokens;
+  for (int64_t id : src) source_tokens.push_back(task.decode_source({id}));
+  for (int64_t id : dec_in) target_tokens.push_back(task.tokenizer().decode({id}));
+  const std::string translation = task.decode_source(src) + " => " + task.format_answer(decoded);
+  // (encoder, decoder, cross): files, and the text of their queries and keys
+  const char* names[] = {"encoder", "decoder", "cross"};
+  const std::vector<std::string>* queries[] = {&source_tokens, &target_tokens, &target_tokens};
+  const std::vector<std::string>* keys[] = {&source_tokens, &target_tokens, &source_tokens};
+  make_dir(a.out, "attention");
+  std::vector<analysis::AttentionKindText> h5kinds;
+  std::vector<std::string> written;
+  for (size_t k = 0; k < kinds.size(); ++k) {
+    h5kinds.push_back({names[k], &kinds[k], *queries[k], *keys[k]});
+    const std::string base = join_path(a.out, std::string("attention_") + names[k]);
+    analysis::save_attention_png(base + ".png", kinds[k], *queries[k], *keys[k]);
+    analysis::save_attention_html(base + ".html", kinds[k], *queries[k],
+                                  a.path + ", " + kinds[k].kind + ": " + translation, {}, *keys[k]);
+    written.push_back(base + ".png");
+    written.push_back(base + ".html");
+  }
+  const std::string h5path = join_path(a.out, "attention.h5");
+  analysis::save_attention_h5(h5path, h5kinds, a.prompt, a.path);
+  std::cout << "headlab attention: " << a.path << ", " << translation << " (source " << S << " tokens, decoder input "
+            << dec_in.size() << ")\n"
+            << "heads " << kept_str(model) << "\n"
+            << "wrote " << h5path << " (groups encoder, decoder, cross: weights (layer, head, query, key) float32, "
+            << "token_ids, key_token_ids, kept; tokens and key_tokens as JSON attributes)";
+  for (const std::string& f : written) std::cout << ", " << f;
+  std::cout << "\n";
+  return 0;
+}
+
 }  // namespace
 
 Action add_attention(CLI::App& app) {
   auto a = std::make_shared<AttentionArgs>();
   app.add_option("checkpoint", a->path, "checkpoint file (.h5)")->required();
-  app.add_option("--prompt", a->prompt, "the input: a task input (e.g. 31415) or text for chars checkpoints")
+  app.add_option("--prompt", a->prompt,
+                 "the input: a task input (e.g. 31415), text for chars checkpoints, an encoder-decoder's source "
+                 "(e.g. \"three hundred and twelve\")")
       ->required();
   app.add_option("--max-new-tokens", a->max_new,
-                 "greedy tokens appended before drawing (default: a task's answer and end token; chars: 0)")
+                 "greedy tokens appended before drawing (default: a task's answer and end token; chars: 0; "
+                 "encoder-decoder: decoded to the end token, at most 64)")
       ->check(non_negative_number());
-  app.add_option("--out", a->out, "folder for attention.h5, attention.png and attention.html")->capture_default_str();
+  app.add_option("--out", a->out,
+                 "folder for attention.h5, attention.png and attention.html (encoder-decoder: one PNG and page per "
+                 "kind, attention_{encoder,decoder,cross}.{png,html})")
+      ->capture_default_str();
   app.add_option("--device", a->device, "cpu | cuda | cuda:N")->capture_default_str();
   app.add_option("--threads", a->threads, "CPU threads (0: all cores)")->check(non_negative_number());
   return [a] {
     set_threads(a->threads);
-    const io::Checkpoint ck = io::load_checkpoint(a->path);
-    std::shared_ptr<nn::GPTModel> model = io::model_from_checkpoint(ck, a->path, Device::parse(a->device));
-    const std::unique_ptr<tasks::Task> task = train::RunConfig::from_json(ck.config).make_task();
-    const nn::GPTConfig& cfg = model->config();
-    const tasks::Prompt p = task->encode_prompt(a->prompt);
-    const int64_t extra = a->max_new >= 0 ? a->max_new : (p.answer_length >= 0 ? p.answer_length + 1 : 0);
-    std::vector<int64_t> ids = p.ids;
-    if (static_cast<int64_t>(ids.size()) > cfg.context_length)  // as generate: the last context_length tokens
-      ids.erase(ids.begin(), ids.end() - cfg.context_length);
-    nn::GenerateOptions gen;
-    gen.max_new_tokens = extra;
-    gen.end_id = task->end_id();
-    gen.keep_end = true;
-    for (int64_t id : nn::generate(*model, ids, gen)) ids.push_back(id);
-    if (static_cast<int64_t>(ids.size()) > cfg.context_length)  // the map shows what the model last saw
-      ids.erase(ids.begin(), ids.end() - cfg.context_length);
-    const analysis::AttentionMaps maps = analysis::attention_maps(*model, ids);
-    std::vector<std::string> tokens;
-    std::string text;
-    for (int64_t id : ids) {
-      tokens.push_back(task->tokenizer().decode({id}));
-      text += tokens.back();
-    }
-    make_dir(a->out, "attention");
-    const std::string h5path = join_path(a->out, "attention.h5"), png = join_path(a->out, "attention.png");
-    analysis::save_attention_h5(h5path, maps, tokens, a->prompt, a->path);
-    analysis::save_attention_png(png, maps, tokens);
-    const std::string html = join_path(a->out, "attention.html");
-    analysis::save_attention_html(html, maps, tokens, a->path + ": " + text);
-    std::cout << "headlab attention: " << a->path << ", " << maps.T << " tokens: " << text << "\n"
-              << cfg.n_layers << " layers, heads per layer " << kept_str(maps.kept) << "\n"
-              << "wrote " << h5path << " (weights " << shape_str({maps.layers, maps.heads, maps.T, maps.T})
-              << " float32, token_ids, kept; tokens as JSON in the root attribute 'tokens'), " << png << " and "
-              << html << " (interactive, self-contained)\n";
-    return 0;
+    const Loaded l = load(a->path, a->device);
+    if (nn::EncoderDecoder* m = l.seq2seq()) return seq2seq_attention(*a, l, *m);
+    return gpt_attention(*a, l);
   };
 }
 

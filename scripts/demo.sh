@@ -37,7 +37,8 @@ $hl train --arch encoder-decoder --task numbers --steps 1000 --out "$ed"
 $hl eval "$ed/checkpoint.h5"
 for p in "three hundred and twelve" "forty two thousand and seven" "ninety nine"; do $hl generate "$ed/checkpoint.h5" --prompt "$p"; done
 
-say "9. ablate the encoder-decoder: heads by kind (encoder self, decoder self, cross), and Michel et al.'s best-head-only table"
+say "9. ablate the encoder-decoder: heads by kind (encoder self, decoder self, cross), Michel et al.'s best-head-only table, and every head's attention by kind"
 $hl ablate "$ed/checkpoint.h5" --out "$ed/ablate" --prune 4
+$hl attention "$ed/checkpoint.h5" --prompt "three hundred and twelve" --out "$ed/attention"
 
-say "done: files in $out/ (checkpoint.h5, metrics.csv, ablate/report.md and PNGs, heads/report.md, compare/compare.csv and compare.png) and $ed/ (the encoder-decoder, ablate/report.md)"
+say "done: files in $out/ (checkpoint.h5, metrics.csv, ablate/report.md and PNGs, heads/report.md, compare/compare.csv and compare.png) and $ed/ (the encoder-decoder, ablate/report.md, attention/attention_{encoder,decoder,cross}.html)"

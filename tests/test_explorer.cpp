@@ -68,6 +68,8 @@ TEST(Explorer, PageCarriesTheWeightsAndNeedsNoNetwork) {
   m.layers = 1;
   m.heads = 2;
   m.T = 3;
+  m.S = 3;
+  m.layer_names = {"L0"};
   m.kept = {{0, 1}};
   m.weights = {1, 0, 0, 0.25f, 0.75f, 0, 0.1f, 0.2f, 0.7f, 1, 0, 0, 0.5f, 0.5f, 0, 0.3f, 0.3f, 0.4f};
   const std::vector<std::string> tokens = {"a", "</script>", "\"q\""};

@@ -2,7 +2,8 @@
 // greedy decoding against recomputing the whole prefix; decoding exact match against teacher-forced
 // exact match; d2l's BLEU; head analysis through nn::Model (per-head ablation against gates and offsets
 // by hand, Michel et al.'s best-head-only scores by hand, the pruning curve); physical pruning against the
-// gated model; and the commands (train, eval, generate, inspect, ablate) on an encoder-decoder checkpoint.
+// gated model; attention maps of every kind against a padded batch's row; and the commands (train, eval,
+// generate, inspect, ablate, attention) on an encoder-decoder checkpoint.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -12,6 +13,7 @@
 
 #include "analysis/analysis.h"
 #include "io/checkpoint.h"
+#include "io/h5file.h"
 #include "nn/transformer.h"
 #include "tasks/bleu.h"
 #include "train/trainer.h"
@@ -237,6 +239,77 @@ TEST_F(Seq2Seq, PrunedCheckpointComputesWhatTheGatedModelDoes) {
   }
 }
 
+// ---- attention maps ----------------------------------------------------------------------------------
+
+TEST_F(Seq2Seq, AttentionMapsOfEveryKindAreThePaddedBatchsRow) {
+  const auto t = task();
+  const auto model = trained_model();
+  const std::vector<int64_t> src = t->encode_source("1234");
+  const std::vector<int64_t> dec_in = {t->bos_id(), src[3], src[2], src[1]};
+  const int64_t S = static_cast<int64_t>(src.size()), T = static_cast<int64_t>(dec_in.size()), L = 2, H = 4;
+  const std::vector<analysis::AttentionMaps> kinds = analysis::attention_maps(*model, src, dec_in);
+  ASSERT_EQ(kinds.size(), 3u);
+  const int64_t queries[] = {S, T, T}, keys[] = {S, T, S};
+  const char* prefixes[] = {"enc.L", "dec.L", "cross.L"};
+  for (size_t k = 0; k < 3; ++k) {
+    const analysis::AttentionMaps& m = kinds[k];
+    ASSERT_EQ(m.T, queries[k]);
+    ASSERT_EQ(m.S, keys[k]);
+    ASSERT_EQ(m.weights.size(), static_cast<size_t>(L * H * m.T * m.S));
+    EXPECT_EQ(m.layer_names, (std::vector<std::string>{prefixes[k] + std::string("0"), prefixes[k] + std::string("1")}));
+    for (int64_t q = 0; q < L * H * m.T; ++q) {
+      double row = 0;
+      for (int64_t j = 0; j < m.S; ++j) {
+        const float w = m.weights[static_cast<size_t>(q * m.S + j)];
+        if (k == 1 && j > q % m.T) {
+          EXPECT_EQ(w, 0.0f) << "decoder self-attention is causal";
+        }
+        row += w;
+      }
+      EXPECT_NEAR(row, 1.0, 1e-5);
+    }
+  }
+  EXPECT_EQ(kinds[2].ids, dec_in);
+  EXPECT_EQ(kinds[2].key_ids, src);
+  // The same rows inside a padded batch (a second, longer row; row 0 padded, valid_lens S): its weights
+  // on the real keys are the maps, on the padding 0.
+  {
+    NoGradGuard no_grad;
+    model->eval();
+    std::vector<int64_t> enc(static_cast<size_t>(2 * (S + 2)), t->source_pad_id()), dec;
+    std::copy(src.begin(), src.end(), enc.begin());
+    for (int64_t i = 0; i < S + 2; ++i) enc[static_cast<size_t>(S + 2 + i)] = src[static_cast<size_t>(i % S)];
+    dec = dec_in;
+    dec.insert(dec.end(), dec_in.begin(), dec_in.end());
+    model->forward(tensor(enc, {2, S + 2}), tensor(dec, {2, T}), tensor(std::vector<int64_t>{S, S + 2}, {2}));
+  }
+  for (int64_t i : {0, 1, 4, 5}) {  // encoder layers 0-1, cross layers 0-1 (module order: enc, dec, cross)
+    const analysis::AttentionMaps& m = kinds[static_cast<size_t>(i / L)];
+    const std::vector<float> w = model->attention_weights(i).to_vector<float>();  // (2, H, Q, S + 2), row 0 first
+    const int64_t Q = i < L ? S + 2 : T;  // the encoder's queries are its (padded) keys
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t q = 0; q < m.T; ++q)
+        for (int64_t j = 0; j < S + 2; ++j) {
+          const float got = w[static_cast<size_t>((h * Q + q) * (S + 2) + j)];
+          const float want = j < S ? m.weights[static_cast<size_t>((((i % L) * H + h) * m.T + q) * S + j)] : 0.0f;
+          EXPECT_NEAR(got, want, 1e-6) << model->attention_label(i) << "H" << h << " q " << q << " key " << j;
+        }
+  }
+  // A pruned model: cross.L0 keeps heads 2 and 3 (original indices), the others are NaN; head 2's
+  // weights are unchanged (nothing before cross.L0 changed).
+  std::vector<std::vector<int64_t>> keep(6, {0, 1, 2, 3});
+  keep[4] = {2, 3};
+  const auto pruned = std::dynamic_pointer_cast<nn::EncoderDecoder>(
+      io::load_model(analysis::prune_checkpoint(trained(), keep, "trained"), "pruned"));
+  const analysis::AttentionMaps pc = analysis::attention_maps(*pruned, src, dec_in)[2];
+  EXPECT_EQ(pc.kept[0], (std::vector<int64_t>{2, 3}));
+  EXPECT_TRUE(std::isnan(pc.weights[0]));
+  const int64_t head2 = 2 * T * S;
+  for (int64_t j = 0; j < T * S; ++j)
+    EXPECT_NEAR(pc.weights[static_cast<size_t>(head2 + j)], kinds[2].weights[static_cast<size_t>(head2 + j)], 1e-6);
+  EXPECT_THROW(analysis::attention_maps(*model, {}, dec_in), Error);
+}
+
 TEST(TransformerConfigJson, RoundTripsAndNamesBadKeys) {
   nn::TransformerConfig c;
   c.src_vocab_size = 7;
@@ -283,6 +356,22 @@ TEST_F(Seq2Seq, CommandsRunOnAnEncoderDecoderCheckpoint) {
   EXPECT_NE(md.find("Only the best head of each layer"), std::string::npos);
   EXPECT_NE(md.find("encoder-decoder (cross) attention"), std::string::npos);
   EXPECT_NE(run({"eval", path("ablation/pruned.h5")}).find("exact match"), std::string::npos);
+  // Every head's attention, by kind: one file with three groups, a picture and a page per kind.
+  const std::string att = run({"attention", path("ck.h5"), "--prompt", "1234", "--out", path("att")});
+  EXPECT_NE(att.find("1234 => "), std::string::npos) << att;
+  {
+    io::h5::Reader r(path("att/attention.h5"));
+    const int64_t enc_S = r.read("encoder/weights").shape[2];
+    const io::h5::Array cross = r.read("cross/weights");
+    EXPECT_EQ(enc_S, 4);
+    EXPECT_EQ(cross.shape[3], 4) << "cross-attention's keys are the source";
+    EXPECT_EQ(cross.shape[2], r.read("decoder/weights").shape[2]) << "its queries the decoder's inputs";
+    EXPECT_EQ(r.read("cross/key_token_ids").as<int64_t>(), r.read("encoder/token_ids").as<int64_t>());
+    EXPECT_EQ(r.attr_str("cross", "kind"), "encoder-decoder (cross) attention");
+  }
+  for (const char* kind : {"encoder", "decoder", "cross"})
+    for (const char* ext : {".png", ".html"})
+      EXPECT_TRUE(fs::exists(path("att/attention_") + kind + ext)) << kind << ext;
   // What only the GPT has says so.
   EXPECT_NE(run({"heads", path("ck.h5"), "--batches", "1"}, 1).find("needs a GPT checkpoint"), std::string::npos);
   EXPECT_NE(run({"train", "--task", "numbers", "--steps", "1", "--out", path("x")}, 1).find("--arch encoder-decoder"),

@@ -1,0 +1,188 @@
+#!/usr/bin/env bash
+# The whole CUDA check on a GPU machine that has nvcc, cuBLAS and PyTorch but no package registry and
+# none of headlab's other libraries. Two halves:
+#
+#   scripts/gpu-check.sh pack          here (Debian 12, nvcc 13): builds build-gpu/ (Release, CUDA for sm_90,
+#                                      -march=x86-64-v3, no MPI) and packs its programs, every shared library
+#                                      they need that is neither glibc nor CUDA's, and the PyTorch peers into
+#                                      .gpu/headlab-gpu.tar.gz (ignored by git; the programs find the libraries
+#                                      through an RPATH of $ORIGIN/../lib, so nothing else on that machine changes)
+#   scripts/gpu-check.sh run [STEP..]  there, in the repository root, with .gpu carried: unpacks it into
+#                                      /tmp/headlab-gpu and runs the steps (default all): env tests sanitize train
+#                                      cli speed. Each step's output goes to gpu-check.log and a PASS/FAIL line to
+#                                      summary.txt, in $OUT when it is set (the device tool brings it back), else in
+#                                      /tmp/headlab-gpu/out; runs and checkpoints stay in /tmp/headlab-gpu/work.
+#
+# From the device tool: run(command="bash scripts/gpu-check.sh run", carry=[".gpu"]), or a few steps per call
+# to stay inside one call's time (env tests sanitize ~5 min; train cli speed ~5 min on an H100).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+here=$PWD
+pack_file=.gpu/headlab-gpu.tar.gz
+programs=(headlab test_cuda_backend test_cuda_parity gpt_step)
+
+pack() {
+  set -e
+  ./scripts/install-deps.sh
+  command -v nvcc >/dev/null || [[ -x /usr/local/cuda/bin/nvcc ]] || { echo "gpu-check pack: needs nvcc" >&2; exit 1; }
+  # x86-64-v3 (AVX2, FMA): what any H100 host has; this machine's -march=native may not run there.
+  # --disable-new-dtags makes the RPATH apply to the libraries' own dependencies too (RUNPATH does not).
+  cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DHEADLAB_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
+        -DHEADLAB_NATIVE=OFF -DHEADLAB_MPI=OFF -DHEADLAB_EXAMPLES=OFF "-DCMAKE_CXX_FLAGS=-march=x86-64-v3" \
+        "-DCMAKE_EXE_LINKER_FLAGS=-Wl,--disable-new-dtags" "-DCMAKE_BUILD_RPATH=\$ORIGIN/../lib" >/dev/null
+  cmake --build build-gpu -j"$(nproc)" --target headlab_cli test_cuda_backend test_cuda_parity gpt_step
+  local stage=build-gpu/stage
+  rm -rf "$stage" && mkdir -p "$stage/bin" "$stage/lib" "$stage/peers" .gpu
+  cp build-gpu/headlab build-gpu/tests/test_cuda_backend build-gpu/tests/test_cuda_parity build-gpu/bench/gpt_step "$stage/bin/"
+  cp ../shared/peers/*.py bench/torch_mha_peer.py "$stage/peers/"
+  # Every library the programs load, but glibc's (the GPU machine's own must be >= this one's) and
+  # CUDA's (that machine's toolkit and driver provide them).
+  for p in "$stage"/bin/*; do ldd "$p"; done | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
+    grep -Ev '/(libc|libm|libdl|libpthread|librt|libresolv|ld-linux-x86-64)\.so|/libcu(da|dart|blas|blasLt)\.so' |
+    while read -r lib; do cp -L "$lib" "$stage/lib/"; done
+  strip --strip-unneeded "$stage"/bin/* 2>/dev/null || true
+  tar -czf "$pack_file" -C "$stage" .
+  echo "gpu-check pack: $(ls "$stage/lib" | wc -l) libraries, $(du -sh "$stage" | cut -f1) unpacked, $pack_file $(du -h "$pack_file" | cut -f1)"
+  echo "glibc here: $(ldd --version | head -1)"
+  local mib=$(( $(stat -c %s "$pack_file") / 1048576 ))
+  if ((mib > 48)); then echo "gpu-check pack: $pack_file is $mib MiB; the device tool carries 64 MiB with the tree" >&2; exit 1; fi
+}
+
+# ---- the GPU machine ----
+scratch=/tmp/headlab-gpu  # outside the tree, so that nothing unpacked here travels back with the next call
+out=${OUT:-$scratch/out}
+log=$out/gpu-check.log
+summary=$out/summary.txt
+root=$scratch/stage
+work=$scratch/work
+bin=$root/bin
+status=0
+
+say() { echo "$*" | tee -a "$log"; }
+# step NAME COMMAND...: runs it, its output into the log, PASS/FAIL (exit code, seconds) into the summary.
+# A GoogleTest program that skipped tests (no GPU visible) fails its step: a skip proves nothing here.
+step() {
+  local name=$1; shift
+  say "==== $name: $*"
+  local t0=$SECONDS output=$scratch/step.out
+  "$@" >"$output" 2>&1
+  local rc=$?
+  cat "$output" >>"$log"
+  local skipped
+  skipped=$(sed -n 's/^\[  SKIPPED \] \([0-9]*\) tests*[.,].*/\1/p' "$output" | head -1)
+  skipped=${skipped:-0}
+  ((rc == 0 && skipped > 0)) && rc=77
+  local line
+  line=$(printf '%-4s %-40s rc=%d %ds%s' "$([[ $rc == 0 ]] && echo PASS || echo FAIL)" "$name" "$rc" $((SECONDS - t0)) \
+    "$( ((skipped > 0)) && echo " ($skipped tests skipped)")")
+  echo "$line" | tee -a "$summary" "$log"
+  ((rc == 0)) || status=1
+  return $rc
+}
+
+step_env() {
+  say "date: $(date -u +%FT%TZ)  host: $(uname -srm)"
+  step nvidia-smi nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+  step nvcc nvcc --version
+  say "glibc there: $(ldd --version | head -1)"
+  step python-torch python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name(0), 'tf32 matmul', torch.backends.cuda.matmul.allow_tf32)"
+  # A library that does not resolve names itself here, before any test runs.
+  step libraries-resolve bash -c "! ldd $bin/* | grep 'not found'"
+}
+
+step_tests() {
+  step test_cuda_backend "$bin/test_cuda_backend" --gtest_brief=1
+  step test_cuda_parity "$bin/test_cuda_parity" --gtest_brief=1
+}
+
+step_sanitize() {
+  local tool
+  for tool in memcheck racecheck initcheck; do
+    step "compute-sanitizer $tool" timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 1 \
+      "$bin/test_cuda_parity" --gtest_brief=1
+  done
+  step "compute-sanitizer memcheck (leaks)" timeout 300 compute-sanitizer --tool memcheck --leak-check full \
+    --error-exitcode 1 "$bin/test_cuda_backend" --gtest_brief=1
+}
+
+# 20 steps on the CPU and on the GPU from the same seed: the losses must agree (float32, TF32 off).
+step_train() {
+  local w=$work
+  rm -rf "$w" && mkdir -p "$w"
+  local args=(train --task reverse --emb-dim 64 --n-heads 4 --n-layers 2 --batch-size 32 --steps 20 --eval-every 10
+              --eval-batches 2 --save-every 10 --log-every 1 --threads 4)
+  step "train 20 steps cpu" "$bin/headlab" "${args[@]}" --device cpu --out "$w/cpu"
+  step "train 20 steps cuda" "$bin/headlab" "${args[@]}" --device cuda --out "$w/cuda"
+  step "cuda losses track cpu (1e-3 rel)" python3 - "$log" <<'EOF'
+import re, sys
+text = open(sys.argv[1]).read()
+runs = text.split("==== train 20 steps ")[1:]
+losses = [dict((int(s), float(l)) for s, l in re.findall(r"step (\d+)/20  loss ([0-9.]+)", r)) for r in runs[-2:]]
+cpu, gpu = losses
+assert len(cpu) == len(gpu) == 20, (len(cpu), len(gpu))
+worst = max(abs(cpu[k] - gpu[k]) / cpu[k] for k in cpu)
+print("steps", len(cpu), "largest relative difference", worst, "step 20:", cpu[20], gpu[20])
+sys.exit(0 if worst < 1e-3 else 1)
+EOF
+}
+
+step_cli() {
+  local w=$work
+  [[ -f $w/cuda/checkpoint.h5 ]] || step_train
+  step "eval cuda" "$bin/headlab" eval "$w/cuda/checkpoint.h5" --device cuda
+  step "eval cuda checkpoint on cpu" "$bin/headlab" eval "$w/cuda/checkpoint.h5" --device cpu
+  step "eval cpu checkpoint on cuda" "$bin/headlab" eval "$w/cpu/checkpoint.h5" --device cuda
+  step "resume cpu checkpoint on cuda" "$bin/headlab" train --task reverse --emb-dim 64 --n-heads 4 --n-layers 2 \
+    --batch-size 32 --steps 30 --eval-every 10 --eval-batches 2 --save-every 10 --out "$w/cpu" --resume --device cuda
+  step "generate cuda" "$bin/headlab" generate "$w/cuda/checkpoint.h5" --device cuda --prompt "1234>"
+  step "ablate cuda" "$bin/headlab" ablate "$w/cuda/checkpoint.h5" --device cuda --out "$w/ablate" --prune 2
+  step "heads cuda" "$bin/headlab" heads "$w/cuda/checkpoint.h5" --device cuda --out "$w/heads"
+  step "compare cuda" "$bin/headlab" compare --device cuda --torch-peer off
+}
+
+# Interleaved rounds, headlab and PyTorch eager on the same GPU, TF32 off for both (torch's default).
+step_speed() {
+  local r
+  local toy=(--vocab-size 64 --context-length 64 --emb-dim 128 --n-heads 4 --n-layers 2 --batch-size 32)
+  local gpt2=(--vocab-size 50257 --context-length 1024 --emb-dim 768 --n-heads 12 --n-layers 12 --batch-size 8)
+  for r in 1 2 3; do
+    step "speed toy headlab r$r" "$bin/gpt_step" "${toy[@]}" --device cuda --seconds 3
+    step "speed toy torch r$r" python3 "$root/peers/torch_gpt_cpu.py" "${toy[@]}" --device cuda --seconds 3
+    step "speed gpt2-small headlab r$r" "$bin/gpt_step" "${gpt2[@]}" --device cuda --seconds 5
+    step "speed gpt2-small torch r$r" python3 "$root/peers/torch_gpt_cpu.py" "${gpt2[@]}" --device cuda --seconds 5
+  done
+  step "speed mha headlab" "$bin/headlab" compare --device cuda --torch-peer off
+  step "speed mha torch" python3 "$root/peers/torch_mha_cpu.py" --device cuda
+  grep -hE "ms/step" "$log" | tee -a "$summary"
+}
+
+run() {
+  mkdir -p "$out"
+  if [[ ! -x $bin/headlab ]]; then
+    [[ -f $pack_file ]] || { echo "gpu-check run: no $pack_file (run scripts/gpu-check.sh pack first and carry .gpu)" >&2; exit 1; }
+    mkdir -p "$root" && tar -xzf "$pack_file" -C "$root"
+  fi
+  # cuBLAS from the machine's toolkit, or from PyTorch's wheels where the toolkit has none.
+  local cublas
+  cublas=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib 2>/dev/null | head -1)
+  [[ -n $cublas ]] && export LD_LIBRARY_PATH=$cublas${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export PATH=$PATH:/usr/local/cuda/bin PYTHONUNBUFFERED=1
+  local steps=("$@")
+  ((${#steps[@]})) || steps=(env tests sanitize train cli speed)
+  local s
+  for s in "${steps[@]}"; do
+    case $s in
+      env|tests|sanitize|train|cli|speed) "step_$s" ;;
+      *) echo "gpu-check run: unknown step $s (env tests sanitize train cli speed)" >&2; exit 2 ;;
+    esac
+  done
+  echo "---- summary ($summary)"
+  cat "$summary"
+  exit $status
+}
+
+case ${1:-} in
+  pack) pack ;;
+  run) shift; run "$@" ;;
+  *) awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit 2 ;;
+esac

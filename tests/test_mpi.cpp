@@ -246,7 +246,7 @@ pid_t rank_pid(const std::string& out, int rank) {
   return -1;
 }
 
-// Starts a 2-rank run that would take minutes and waits for its first checkpoint.
+// The command of a 2-rank run that would take minutes, its output to `log`.
 std::string start_long_run(const std::string& out, const std::string& log) {
   std::string command = kMpiEnv + " mpirun -np 2 " + testing::quote(kBinary);
   for (const char* a : {"train", "--task", "reverse", "--emb-dim", "32", "--n-heads", "4", "--n-layers", "2",
@@ -265,15 +265,29 @@ bool wait_for_file(const std::string& path, double seconds) {
   return false;
 }
 
-TEST_F(DataParallel, ASignalToOneRankStopsEveryRankAtTheSameStep) {
-  const std::string out = tmp.path("signal"), log = tmp.path("signal.log");
+// Starts a 2-rank run that would take minutes, waits for its first checkpoint, sends `signal` to rank 1
+// alone and waits for the job: its exit code (-1: still running after 60 s) and output.
+std::pair<int, std::string> signal_rank_1(const std::string& out, int signal) {
+  const std::string log = out + ".log";
   Job job(start_long_run(out, log));
-  ASSERT_TRUE(wait_for_file(out + "/checkpoint.h5", 120)) << testing::slurp(log);
+  if (!wait_for_file(out + "/checkpoint.h5", 120)) {
+    ADD_FAILURE() << "no first checkpoint: " << testing::slurp(log);
+    return {-1, ""};
+  }
   const pid_t rank1 = rank_pid(out, 1);
-  ASSERT_GT(rank1, 0);
-  ::kill(rank1, SIGTERM);  // rank 1 alone: its flag reaches rank 0 through the next step's allreduce
+  if (rank1 <= 0) {
+    ADD_FAILURE() << "rank 1 of the job writing " << out << " not found";
+    return {-1, ""};
+  }
+  ::kill(rank1, signal);
   const int code = job.wait(60);
-  const std::string text = testing::slurp(log);
+  return {code, testing::slurp(log)};
+}
+
+TEST_F(DataParallel, ASignalToOneRankStopsEveryRankAtTheSameStep) {
+  const std::string out = tmp.path("signal");
+  // Rank 1 alone: its flag reaches rank 0 through the next step's allreduce.
+  const auto [code, text] = signal_rank_1(out, SIGTERM);
   EXPECT_EQ(code, 130) << text;
   EXPECT_NE(text.find("interrupted: saved"), std::string::npos) << text;
   const io::Checkpoint ck = io::load_checkpoint(out + "/checkpoint.h5");
@@ -282,14 +296,9 @@ TEST_F(DataParallel, ASignalToOneRankStopsEveryRankAtTheSameStep) {
 }
 
 TEST_F(DataParallel, AKilledRankEndsTheJobAndLeavesTheLastCheckpoint) {
-  const std::string out = tmp.path("killed"), log = tmp.path("killed.log");
-  Job job(start_long_run(out, log));
-  ASSERT_TRUE(wait_for_file(out + "/checkpoint.h5", 120)) << testing::slurp(log);
-  const pid_t rank1 = rank_pid(out, 1);
-  ASSERT_GT(rank1, 0);
-  ::kill(rank1, SIGKILL);
-  const int code = job.wait(60);
-  EXPECT_GT(code, 0) << "the job ends, with an error, instead of waiting for the dead rank";
+  const std::string out = tmp.path("killed");
+  const auto [code, text] = signal_rank_1(out, SIGKILL);
+  EXPECT_GT(code, 0) << "the job ends, with an error, instead of waiting for the dead rank\n" << text;
   // Checkpoints are written to a temporary file and renamed: whatever moment rank 0 died at, the
   // last one is whole.
   const io::Checkpoint ck = io::load_checkpoint(out + "/checkpoint.h5");

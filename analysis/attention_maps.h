@@ -25,6 +25,12 @@ struct AttentionMaps {
   std::vector<std::vector<int64_t>> kept;       // per layer, the original indices present
 };
 AttentionMaps attention_maps(nn::GPTModel& model, const std::vector<int64_t>& ids);
+// Maps with the text of their queries and keys, as the files show them.
+struct AttentionText {
+  std::string group;  // its name in a file of several kinds: "encoder", "decoder", "cross" ("": a GPT's)
+  const AttentionMaps* maps = nullptr;
+  std::vector<std::string> tokens, key_tokens;  // (T), (S); key_tokens empty: the queries' (self-attention)
+};
 // The keys' text for maps whose queries read `tokens`: key_tokens, or tokens itself when empty (self-
 // attention); throws, naming `who`, unless the counts are the maps' T and S and every layer has a name.
 const std::vector<std::string>& checked_key_tokens(const char* who, const AttentionMaps& maps,

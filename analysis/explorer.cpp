@@ -42,24 +42,25 @@ body { font: 13px system-ui, sans-serif; margin: 16px; color: #222; }
 #row { font-family: monospace; white-space: pre; margin-top: 8px; }
 </style></head><body>
 <h1 id="title"></h1>
-<div id="controls">layer <select id="layer"></select> head <select id="head"></select>
- <span id="summary"></span></div>
+<div id="controls"><span id="kind-box">attention <select id="kind"></select></span>
+ layer <select id="layer"></select> head <select id="head"></select> <span id="summary"></span></div>
 <div id="main"><div id="view-box"><canvas id="view"></canvas></div>
 <div id="side"><table id="scores"></table><div id="row">hover a token on the left</div></div></div>
 <div id="thumbs"></div>
 <script>
 "use strict";
 const D = /*DATA*/;
-const W = (() => { const s = atob(D.weights), u = new Uint16Array(s.length / 2);
-  for (let i = 0; i < u.length; i++) u[i] = s.charCodeAt(2 * i) | (s.charCodeAt(2 * i + 1) << 8); return u; })();
-const T = D.T, S = D.S, ROW = 16, TOP = 24, XQ = 170, XK = 420;
-const weight = (l, h, q, k) => W[((l * D.heads + h) * T + q) * S + k] / D.scale;
-const name = (l, h) => `${D.layer_names[l]}H${h}`;
-const kept = (l, h) => D.kept[l].includes(h);
-const colour = (h, a) => `hsla(${Math.round(h * 360 / D.heads)}, 70%, 45%, ${a})`;
-const state = { layer: 0, head: D.kept[0].length ? D.kept[0][0] : -1, hovered: -1 };
+const decode = b64 => { const s = atob(b64), u = new Uint16Array(s.length / 2);
+  for (let i = 0; i < u.length; i++) u[i] = s.charCodeAt(2 * i) | (s.charCodeAt(2 * i + 1) << 8); return u; };
+const ROW = 16, TOP = 24, XQ = 170, XK = 420;
+let K, W, T, S;  // the kind of attention shown (an encoder-decoder has three), its weights, queries, keys
+const weight = (l, h, q, k) => W[((l * K.heads + h) * T + q) * S + k] / K.scale;
+const kept = (l, h) => K.kept[l].includes(h);
+const name = (l, h) => `${K.layer_names[l]}H${h}`;
+const colour = (h, a) => `hsla(${Math.round(h * 360 / K.heads)}, 70%, 45%, ${a})`;
+const state = { kind: 0, layer: 0, head: -1, hovered: -1 };
 const $ = id => document.getElementById(id);
-function heads() { return state.head >= 0 ? [state.head] : D.kept[state.layer]; }
+function heads() { return state.head >= 0 ? [state.head] : K.kept[state.layer]; }
 function draw() {
   const c = $("view"), g = c.getContext("2d");
   c.width = 600; c.height = TOP + Math.max(T, S) * ROW + 8;
@@ -67,10 +68,10 @@ function draw() {
   const y = i => TOP + i * ROW + ROW / 2;
   for (let i = 0; i < T; i++) {
     g.fillStyle = i === state.hovered ? "#d33" : "#222";
-    g.textAlign = "right"; g.fillText(D.tokens[i], XQ - 6, y(i));
+    g.textAlign = "right"; g.fillText(K.tokens[i], XQ - 6, y(i));
   }
   g.fillStyle = "#222"; g.textAlign = "left";
-  for (let k = 0; k < S; k++) g.fillText(D.key_tokens[k], XK + 6, y(k));
+  for (let k = 0; k < S; k++) g.fillText(K.key_tokens[k], XK + 6, y(k));
   g.fillStyle = "#888"; g.textAlign = "right"; g.fillText("query", XQ - 6, 10); g.textAlign = "left"; g.fillText("key", XK + 6, 10);
   const hs = heads();
   for (const h of hs)
@@ -91,10 +92,10 @@ function rowWeights() {  // the hovered query's weights per shown head: [{head, 
 }
 function drawRow() {
   if (state.hovered < 0) { $("row").textContent = "hover a token on the left"; return; }
-  const lines = [`query ${state.hovered} ${JSON.stringify(D.tokens[state.hovered])}`];
+  const lines = [`query ${state.hovered} ${JSON.stringify(K.tokens[state.hovered])}`];
   for (const r of rowWeights()) {
     const top = r.weights.map((w, k) => [w, k]).sort((a, b) => b[0] - a[0]).slice(0, 8);
-    lines.push(`head ${r.head}: ` + top.map(([w, k]) => `${k}:${JSON.stringify(D.key_tokens[k])} ${w.toFixed(3)}`).join("  "));
+    lines.push(`head ${r.head}: ` + top.map(([w, k]) => `${k}:${JSON.stringify(K.key_tokens[k])} ${w.toFixed(3)}`).join("  "));
   }
   $("row").textContent = lines.join("\n");
 }
@@ -103,7 +104,7 @@ function drawScores() {
   const hs = heads(), head = document.createElement("tr");
   head.innerHTML = "<th>score</th>" + hs.map(h => `<th>${name(state.layer, h)}</th>`).join("");
   t.appendChild(head);
-  for (const s of D.scores) {
+  for (const s of K.scores) {
     const tr = document.createElement("tr"), v = h => s.values[state.layer][h];
     tr.innerHTML = `<td>${s.name}</td>` + hs.map(h => `<td>${v(h) === null ? "" : (+v(h)).toFixed(4)}</td>`).join("");
     t.appendChild(tr);
@@ -111,9 +112,9 @@ function drawScores() {
 }
 function thumbs() {
   const box = $("thumbs"), px = Math.max(1, Math.floor(96 / Math.max(T, S)));
-  box.style.gridTemplateColumns = `repeat(${D.heads}, max-content)`;
-  for (let l = 0; l < D.layers; l++)
-    for (let h = 0; h < D.heads; h++) {
+  box.innerHTML = ""; box.style.gridTemplateColumns = `repeat(${K.heads}, max-content)`;
+  for (let l = 0; l < K.layers; l++)
+    for (let h = 0; h < K.heads; h++) {
       const div = document.createElement("div"); div.className = "thumb"; div.dataset.layer = l; div.dataset.head = h;
       const c = document.createElement("canvas"); c.width = S; c.height = T;
       c.style.width = `${S * px}px`; c.style.height = `${T * px}px`;
@@ -138,14 +139,23 @@ function select(l, h) {
 }
 function fillHeads() {
   const s = $("head"); s.innerHTML = "";
-  for (const h of D.kept[state.layer]) s.add(new Option(String(h), h));
+  for (const h of K.kept[state.layer]) s.add(new Option(String(h), h));
   s.add(new Option("all (overlaid)", -1));
 }
 function hover(q) { state.hovered = q; draw(); }
+function selectKind(i) {  // shows kind i from its first layer's first head
+  state.kind = i; K = D.kinds[i]; W = K.decoded || (K.decoded = decode(K.weights)); T = K.T; S = K.S;
+  state.layer = 0; state.head = K.kept[0].length ? K.kept[0][0] : -1; state.hovered = -1; $("kind").value = i;
+  $("layer").innerHTML = "";
+  for (let l = 0; l < K.layers; l++) $("layer").add(new Option(K.layer_names[l], l));
+  const same = T === S && K.tokens.every((t, i) => t === K.key_tokens[i]);
+  $("summary").textContent = `${K.kind}: ${same ? `${T} tokens` : `${T} queries x ${S} keys`}, ${K.layers} layers x ${K.heads} heads`;
+  fillHeads(); thumbs(); draw();
+}
 $("title").textContent = D.title;
-$("summary").textContent = `${D.kind}: ${T === S && D.tokens.every((t, i) => t === D.key_tokens[i]) ? `${T} tokens` :
-  `${T} queries x ${S} keys`}, ${D.layers} layers x ${D.heads} heads`;
-for (let l = 0; l < D.layers; l++) $("layer").add(new Option(D.layer_names[l], l));
+D.kinds.forEach((k, i) => $("kind").add(new Option(k.kind, i)));
+$("kind-box").style.display = D.kinds.length > 1 ? "" : "none";
+$("kind").onchange = e => selectKind(+e.target.value);
 $("layer").onchange = e => { state.layer = +e.target.value; fillHeads(); state.head = +$("head").value; draw(); };
 $("head").onchange = e => { state.head = +e.target.value; draw(); };
 $("view").addEventListener("mousemove", e => {
@@ -154,17 +164,21 @@ $("view").addEventListener("mousemove", e => {
   if (on !== state.hovered) hover(on);
 });
 $("view").addEventListener("mouseleave", () => hover(-1));
-fillHeads(); thumbs(); draw();
-window.headlab = { data: D, state, weight, rowWeights, select, hover, geometry: { ROW, TOP, XQ, XK } };
+selectKind(0);
+// (data: the kind shown)
+window.headlab = { get data() { return K; }, kinds: D.kinds.length, state, weight, rowWeights, select, selectKind, hover,
+                   geometry: { ROW, TOP, XQ, XK } };
 </script></body></html>
 )HTML";
 
 }  // namespace
 
-std::string attention_explorer_html(const AttentionMaps& maps, const std::vector<std::string>& tokens,
-                                    const std::string& title, const std::vector<ExplorerScore>& scores,
-                                    const std::vector<std::string>& key_tokens) {
-  const std::vector<std::string>& keys = checked_key_tokens("attention_explorer_html", maps, tokens, key_tokens);
+namespace {
+
+// One kind's part of the page's data: its maps (weights as base64 uint16), token text and scores.
+nlohmann::json kind_json(const AttentionText& k, const std::vector<ExplorerScore>& scores) {
+  const AttentionMaps& maps = *k.maps;
+  const std::vector<std::string>& keys = checked_key_tokens("attention_explorer_html", maps, k.tokens, k.key_tokens);
   std::vector<uint8_t> bytes;
   bytes.reserve(maps.weights.size() * 2);
   for (float w : maps.weights) {  // pruned heads (NaN) as 0
@@ -172,11 +186,10 @@ std::string attention_explorer_html(const AttentionMaps& maps, const std::vector
     bytes.push_back(static_cast<uint8_t>(v & 0xff));
     bytes.push_back(static_cast<uint8_t>(v >> 8));
   }
-  nlohmann::json j = {{"title", title},     {"kind", maps.kind},   {"layers", maps.layers},
-                      {"heads", maps.heads}, {"layer_names", maps.layer_names},
-                      {"T", maps.T},         {"S", maps.S},         {"tokens", tokens},
-                      {"key_tokens", keys},  {"kept", maps.kept},   {"scale", kExplorerWeightScale},
-                      {"weights", base64(bytes)}};
+  nlohmann::json j = {{"kind", maps.kind},      {"layers", maps.layers},     {"heads", maps.heads},
+                      {"layer_names", maps.layer_names}, {"T", maps.T},    {"S", maps.S},
+                      {"tokens", k.tokens},     {"key_tokens", keys},        {"kept", maps.kept},
+                      {"scale", kExplorerWeightScale}, {"weights", base64(bytes)}};
   j["scores"] = nlohmann::json::array();
   for (const ExplorerScore& s : scores) {
     HL_CHECK(static_cast<int64_t>(s.values.size()) == maps.layers, "attention_explorer_html: score ", s.name, " has ",
@@ -189,6 +202,12 @@ std::string attention_explorer_html(const AttentionMaps& maps, const std::vector
     }
     j["scores"].push_back({{"name", s.name}, {"values", values}});
   }
+  return j;
+}
+
+std::string page_of(const std::string& title, const nlohmann::json& kinds) {
+  HL_CHECK(!kinds.empty(), "attention_explorer_html: no attention to show");
+  const nlohmann::json j = {{"title", title}, {"kinds", kinds}};
   // "</" inside the JSON (a token "</script>") would end the script element early.
   std::string data = j.dump(-1, ' ', true);
   for (size_t p = 0; (p = data.find("</", p)) != std::string::npos; p += 3) data.replace(p, 2, "<\\/");
@@ -197,10 +216,7 @@ std::string attention_explorer_html(const AttentionMaps& maps, const std::vector
   return page;
 }
 
-void save_attention_html(const std::string& path, const AttentionMaps& maps, const std::vector<std::string>& tokens,
-                         const std::string& title, const std::vector<ExplorerScore>& scores,
-                         const std::vector<std::string>& key_tokens) {
-  const std::string page = attention_explorer_html(maps, tokens, title, scores, key_tokens);
+void write_page(const std::string& path, const std::string& page) {
   const std::string tmp = io::temp_path_for(path);  // a killed writer's leftover is found by its pid
   {
     std::ofstream f(tmp, std::ios::binary);
@@ -208,6 +224,28 @@ void save_attention_html(const std::string& path, const AttentionMaps& maps, con
     HL_CHECK(f.good(), "save_attention_html: cannot write '", tmp, "'");
   }
   HL_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "save_attention_html: cannot rename '", tmp, "' to '", path, "'");
+}
+
+}  // namespace
+
+std::string attention_explorer_html(const AttentionMaps& maps, const std::vector<std::string>& tokens,
+                                    const std::string& title, const std::vector<ExplorerScore>& scores) {
+  return page_of(title, nlohmann::json::array({kind_json({"", &maps, tokens, {}}, scores)}));
+}
+
+std::string attention_explorer_html(const std::vector<AttentionText>& kinds, const std::string& title) {
+  nlohmann::json all = nlohmann::json::array();
+  for (const AttentionText& k : kinds) all.push_back(kind_json(k, {}));
+  return page_of(title, all);
+}
+
+void save_attention_html(const std::string& path, const AttentionMaps& maps, const std::vector<std::string>& tokens,
+                         const std::string& title, const std::vector<ExplorerScore>& scores) {
+  write_page(path, attention_explorer_html(maps, tokens, title, scores));
+}
+
+void save_attention_html(const std::string& path, const std::vector<AttentionText>& kinds, const std::string& title) {
+  write_page(path, attention_explorer_html(kinds, title));
 }
 
 void save_row_explorer(const std::string& path, nn::GPTModel& model, const tasks::Tokenizer& tokenizer,

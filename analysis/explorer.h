@@ -21,13 +21,13 @@ struct ExplorerScore {
 // Weights travel as uint16 (w * 65535, rounded), base64: 2.7 bytes per weight, exact to 8e-6.
 constexpr double kExplorerWeightScale = 65535.0;
 
-// key_tokens: the keys' text where they are not the queries' (cross-attention).
 std::string attention_explorer_html(const AttentionMaps& maps, const std::vector<std::string>& tokens,
-                                    const std::string& title, const std::vector<ExplorerScore>& scores = {},
-                                    const std::vector<std::string>& key_tokens = {});
+                                    const std::string& title, const std::vector<ExplorerScore>& scores = {});
 void save_attention_html(const std::string& path, const AttentionMaps& maps, const std::vector<std::string>& tokens,
-                         const std::string& title, const std::vector<ExplorerScore>& scores = {},
-                         const std::vector<std::string>& key_tokens = {});
+                         const std::string& title, const std::vector<ExplorerScore>& scores = {});
+// Several kinds on one page with a switch between them (an encoder-decoder's encoder, decoder, cross).
+std::string attention_explorer_html(const std::vector<AttentionText>& kinds, const std::string& title);
+void save_attention_html(const std::string& path, const std::vector<AttentionText>& kinds, const std::string& title);
 
 // The page for one row of an evaluation batch (its tokens up to the end token, tasks; all of it,
 // chars), as the analysis commands write it; scores by [layer][model-local head], as analyses give them.

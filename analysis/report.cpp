@@ -209,13 +209,13 @@ void save_attention_h5(const std::string& path, const AttentionMaps& maps, const
   save_attention_h5(path, {{"", &maps, tokens, {}}}, prompt, checkpoint);
 }
 
-void save_attention_h5(const std::string& path, const std::vector<AttentionKindText>& kinds, const std::string& prompt,
+void save_attention_h5(const std::string& path, const std::vector<AttentionText>& kinds, const std::string& prompt,
                        const std::string& checkpoint) {
   io::h5::Writer w(path, "attention file");
   w.set_attr("/", "format", "headlab-attention");
   w.set_attr("/", "checkpoint", checkpoint);
   w.set_attr("/", "prompt", prompt);
-  for (const AttentionKindText& k : kinds) {
+  for (const AttentionText& k : kinds) {
     const AttentionMaps& maps = *k.maps;
     const std::vector<std::string>& keys = checked_key_tokens("save_attention_h5", maps, k.tokens, k.key_tokens);
     const std::string at = k.group.empty() ? "" : k.group + "/", where = k.group.empty() ? "/" : k.group;

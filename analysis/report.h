@@ -62,12 +62,7 @@ void save_attention_h5(const std::string& path, const AttentionMaps& maps, const
                        const std::string& prompt, const std::string& checkpoint);
 // Several kinds in one file (an encoder-decoder's: groups "encoder", "decoder", "cross"): each group as
 // the root above, plus `key_token_ids` (S) and the attribute key_tokens, and its kind as an attribute.
-struct AttentionKindText {
-  std::string group;
-  const AttentionMaps* maps;
-  std::vector<std::string> tokens, key_tokens;  // (T), (S): the text of maps->ids and maps->key_ids
-};
-void save_attention_h5(const std::string& path, const std::vector<AttentionKindText>& kinds, const std::string& prompt,
+void save_attention_h5(const std::string& path, const std::vector<AttentionText>& kinds, const std::string& prompt,
                        const std::string& checkpoint);
 // attention.png: one heatmap per (layer, kept head), titled by the layer's name and head ("L0H1",
 // "cross.L1H3"), axes labelled by token (key_tokens: the keys' when they are not the queries').

@@ -71,7 +71,7 @@ int gpt_attention(const AttentionArgs& a, const Loaded& l) {
 }
 
 // An encoder-decoder: the prompt as the source, decoded greedily; the decoder's input (bos and the decoded
-// tokens) teacher forced, and its three kinds of attention, a picture and a page each.
+// tokens) teacher forced, and its three kinds of attention: one file, one page, a picture each.
 int seq2seq_attention(const AttentionArgs& a, const Loaded& l, nn::EncoderDecoder& model) {
   const tasks::Seq2SeqTask& task = *l.seq2seq_task();
   const std::vector<int64_t> src = task.encode_source(a.prompt);
@@ -88,30 +88,26 @@ int seq2seq_attention(const AttentionArgs& a, const Loaded& l, nn::EncoderDecode
   for (int64_t id : src) source_tokens.push_back(task.decode_source({id}));
   for (int64_t id : dec_in) target_tokens.push_back(task.tokenizer().decode({id}));
   const std::string translation = task.decode_source(src) + " => " + task.format_answer(decoded);
-  // (encoder, decoder, cross): files, and the text of their queries and keys
-  const char* names[] = {"encoder", "decoder", "cross"};
-  const std::vector<std::string>* queries[] = {&source_tokens, &target_tokens, &target_tokens};
-  const std::vector<std::string>* keys[] = {&source_tokens, &target_tokens, &source_tokens};
+  // encoder, decoder, cross: the text of their queries and keys
+  const std::vector<analysis::AttentionText> texts = {{"encoder", &kinds[0], source_tokens, {}},
+                                                      {"decoder", &kinds[1], target_tokens, {}},
+                                                      {"cross", &kinds[2], target_tokens, source_tokens}};
   make_dir(a.out, "attention");
-  std::vector<analysis::AttentionKindText> h5kinds;
-  std::vector<std::string> written;
-  for (size_t k = 0; k < kinds.size(); ++k) {
-    h5kinds.push_back({names[k], &kinds[k], *queries[k], *keys[k]});
-    const std::string base = join_path(a.out, std::string("attention_") + names[k]);
-    analysis::save_attention_png(base + ".png", kinds[k], *queries[k], *keys[k]);
-    analysis::save_attention_html(base + ".html", kinds[k], *queries[k],
-                                  a.path + ", " + kinds[k].kind + ": " + translation, {}, *keys[k]);
-    written.push_back(base + ".png");
-    written.push_back(base + ".html");
+  const std::string h5path = join_path(a.out, "attention.h5"), html = join_path(a.out, "attention.html");
+  analysis::save_attention_h5(h5path, texts, a.prompt, a.path);
+  analysis::save_attention_html(html, texts, a.path + ": " + translation);
+  std::vector<std::string> pngs;
+  for (const analysis::AttentionText& t : texts) {
+    pngs.push_back(join_path(a.out, "attention_" + t.group + ".png"));
+    analysis::save_attention_png(pngs.back(), *t.maps, t.tokens, t.key_tokens);
   }
-  const std::string h5path = join_path(a.out, "attention.h5");
-  analysis::save_attention_h5(h5path, h5kinds, a.prompt, a.path);
   std::cout << "headlab attention: " << a.path << ", " << translation << " (source " << S << " tokens, decoder input "
             << dec_in.size() << ")\n"
             << "heads " << kept_str(model) << "\n"
             << "wrote " << h5path << " (groups encoder, decoder, cross: weights (layer, head, query, key) float32, "
-            << "token_ids, key_token_ids, kept; tokens and key_tokens as JSON attributes)";
-  for (const std::string& f : written) std::cout << ", " << f;
+            << "token_ids, key_token_ids, kept; tokens and key_tokens as JSON attributes), " << html
+            << " (interactive, self-contained; the three kinds on one page)";
+  for (const std::string& f : pngs) std::cout << ", " << f;
   std::cout << "\n";
   return 0;
 }
@@ -130,8 +126,8 @@ Action add_attention(CLI::App& app) {
                  "encoder-decoder: decoded to the end token, at most 64)")
       ->check(non_negative_number());
   app.add_option("--out", a->out,
-                 "folder for attention.h5, attention.png and attention.html (encoder-decoder: one PNG and page per "
-                 "kind, attention_{encoder,decoder,cross}.{png,html})")
+                 "folder for attention.h5, attention.png and attention.html (encoder-decoder: a PNG per kind, "
+                 "attention_{encoder,decoder,cross}.png)")
       ->capture_default_str();
   app.add_option("--device", a->device, "cpu | cuda | cuda:N")->capture_default_str();
   app.add_option("--threads", a->threads, "CPU threads (0: all cores)")->check(non_negative_number());

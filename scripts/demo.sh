@@ -41,4 +41,4 @@ say "9. ablate the encoder-decoder: heads by kind (encoder self, decoder self, c
 $hl ablate "$ed/checkpoint.h5" --out "$ed/ablate" --prune 4
 $hl attention "$ed/checkpoint.h5" --prompt "three hundred and twelve" --out "$ed/attention"
 
-say "done: files in $out/ (checkpoint.h5, metrics.csv, ablate/report.md and PNGs, heads/report.md, compare/compare.csv and compare.png) and $ed/ (the encoder-decoder, ablate/report.md, attention/attention_{encoder,decoder,cross}.html)"
+say "done: files in $out/ (checkpoint.h5, metrics.csv, ablate/report.md and PNGs, heads/report.md, compare/compare.csv and compare.png) and $ed/ (the encoder-decoder, ablate/report.md, attention/attention.html: encoder, decoder and cross-attention on one page)"

@@ -1,14 +1,15 @@
 // The attention explorer page (analysis/explorer.h): its data against the maps it was made from, that
 // it needs no network, and, in a real browser (Debian's chromium driven through chromedriver by
 // tests/browser/explorer_driver.py), that it shows the checkpoint's tokens and heads and that hovering
-// a token highlights exactly the weights of attention.h5. The screenshot stays in
-// <build>/tests/artifacts/explorer.png.
+// a token highlights exactly the weights of attention.h5, on a GPT's page and on the cross-attention of an
+// encoder-decoder's. The screenshots stay in <build>/tests/artifacts/explorer*.png.
 #include <gtest/gtest.h>
 
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -77,8 +78,10 @@ TEST(Explorer, PageCarriesTheWeightsAndNeedsNoNetwork) {
   for (const char* external : {"http://", "https://", "src=", "href=", "@import"})
     EXPECT_EQ(page.find(external), std::string::npos) << external;
   EXPECT_EQ(page.find("</script>\""), std::string::npos) << "a token must not close the script element";
-  const size_t start = page.find("const D = ") + 10, end = page.find(";\nconst W = ");
-  const nlohmann::json d = nlohmann::json::parse(page.substr(start, end - start));
+  const size_t start = page.find("const D = ") + 10, end = page.find(";\nconst decode = ");
+  const nlohmann::json page_data = nlohmann::json::parse(page.substr(start, end - start));
+  ASSERT_EQ(page_data["kinds"].size(), 1u);
+  const nlohmann::json& d = page_data["kinds"][0];
   EXPECT_EQ(d["tokens"].get<std::vector<std::string>>(), tokens);
   EXPECT_EQ(d["scores"][0]["values"][0][0], 0.5);
   EXPECT_TRUE(d["scores"][0]["values"][0][1].is_null());
@@ -92,27 +95,47 @@ TEST(Explorer, PageCarriesTheWeightsAndNeedsNoNetwork) {
             std::string::npos);
 }
 
-TEST(Explorer, HoveringATokenInChromiumShowsItsRowOfAttentionH5) {
-  const fs::path exe = fs::path(HEADLAB_BINARY_DIR) / "headlab";
-  if (!fs::exists(exe)) GTEST_SKIP() << exe << " is not built";
-  if (std::system("command -v python3 > /dev/null 2>&1") != 0) GTEST_SKIP() << "python3 is not installed";
-  headlab::testing::TempDir tmp("headlab_explorer");
-  const std::string ck = write_checkpoint(tmp.path("model.h5")), out = tmp.path("att");
-  ASSERT_EQ(std::system((exe.string() + " attention " + ck + " --prompt 31415 --out " + out + " > /dev/null").c_str()), 0);
+// What explorer_driver.py saw and did on `page` (hovering query `query`, after choosing `kind` from the
+// menu when >= 0), or nothing when it had no browser (the test then skips).
+std::optional<nlohmann::json> drive(const std::string& page, int query, const std::string& shot_name, int kind = -1) {
+  headlab::testing::TempDir tmp("headlab_driver");
   const fs::path artifacts = fs::path(HEADLAB_BINARY_DIR) / "tests" / "artifacts";
   fs::create_directories(artifacts);
-  const int query = 3;
-  const std::string result = tmp.path("driver.json");
-  const std::string cmd = "python3 " + std::string(HEADLAB_SOURCE_DIR) + "/tests/browser/explorer_driver.py " + out +
-                          "/attention.html " + std::to_string(query) + " " + (artifacts / "explorer.png").string() +
-                          " > " + result + " 2> " + tmp.path("driver.err");
-  const int rc = std::system(cmd.c_str());
-  std::stringstream err;
-  err << std::ifstream(tmp.path("driver.err")).rdbuf();
-  if (WIFEXITED(rc) && WEXITSTATUS(rc) == 77) GTEST_SKIP() << err.str();
-  ASSERT_EQ(rc, 0) << err.str();
+  const std::string result = tmp.path("driver.json"), shot = (artifacts / shot_name).string();
+  std::string cmd = "python3 " + std::string(HEADLAB_SOURCE_DIR) + "/tests/browser/explorer_driver.py " + page + " " +
+                    std::to_string(query) + " " + shot;
+  if (kind >= 0) cmd += " " + std::to_string(kind);
+  const int rc = std::system((cmd + " > " + result + " 2> " + tmp.path("driver.err")).c_str());
+  const std::string err = headlab::testing::slurp(tmp.path("driver.err"));
+  if (WIFEXITED(rc) && WEXITSTATUS(rc) == 77) {
+    std::cout << "skipping the browser part: " << err << "\n";
+    return std::nullopt;
+  }
+  EXPECT_EQ(rc, 0) << err;
+  EXPECT_GT(fs::file_size(shot), 1000u);
   nlohmann::json r;
   std::ifstream(result) >> r;
+  return r;
+}
+
+void run_headlab(const std::string& args) {
+  const fs::path exe = fs::path(HEADLAB_BINARY_DIR) / "headlab";
+  ASSERT_EQ(std::system((exe.string() + " " + args + " > /dev/null").c_str()), 0) << args;
+}
+
+bool browser_test_possible() {
+  return fs::exists(fs::path(HEADLAB_BINARY_DIR) / "headlab") && std::system("command -v python3 > /dev/null 2>&1") == 0;
+}
+
+TEST(Explorer, HoveringATokenInChromiumShowsItsRowOfAttentionH5) {
+  if (!browser_test_possible()) GTEST_SKIP() << "needs build/headlab and python3";
+  headlab::testing::TempDir tmp("headlab_explorer");
+  const std::string ck = write_checkpoint(tmp.path("model.h5")), out = tmp.path("att");
+  run_headlab("attention " + ck + " --prompt 31415 --out " + out);
+  const int query = 3;
+  const std::optional<nlohmann::json> driven = drive(out + "/attention.html", query, "explorer.png");
+  if (!driven) GTEST_SKIP() << "no browser";
+  const nlohmann::json& r = *driven;
   io::h5::Reader h5(out + "/attention.h5");
   const io::h5::Array w = h5.read("weights");  // (layers, heads, T, T)
   const int64_t L = w.shape[0], H = w.shape[1], T = w.shape[2];
@@ -132,5 +155,37 @@ TEST(Explorer, HoveringATokenInChromiumShowsItsRowOfAttentionH5) {
   ASSERT_EQ(static_cast<int64_t>(row.size()), T);
   for (int64_t k = 0; k < T; ++k) EXPECT_NEAR(row[static_cast<size_t>(k)], expected[static_cast<size_t>(query * T + k)], 1e-5) << k;
   EXPECT_NE(hovered["text"].get<std::string>().find("query 3"), std::string::npos);
-  EXPECT_GT(fs::file_size(artifacts / "explorer.png"), 1000u);
+}
+
+TEST(Explorer, AnEncoderDecodersPageSwitchesToCrossAttention) {
+  if (!browser_test_possible()) GTEST_SKIP() << "needs build/headlab and python3";
+  headlab::testing::TempDir tmp("headlab_explorer_ed");
+  run_headlab("train --arch encoder-decoder --task reverse --emb-dim 16 --n-heads 2 --n-layers 2 --steps 2 "
+              "--eval-every 2 --eval-batches 1 --batch-size 8 --threads 1 --out " + tmp.path("run"));
+  const std::string out = tmp.path("att");
+  run_headlab("attention " + tmp.path("run/checkpoint.h5") + " --prompt 31415 --max-new-tokens 3 --out " + out);
+  const int query = 0;  // the decoder's bos: always there, whatever the barely trained model decodes
+  const std::optional<nlohmann::json> driven = drive(out + "/attention.html", query, "explorer_cross.png", 2);
+  if (!driven) GTEST_SKIP() << "no browser";
+  const nlohmann::json& shown = (*driven)["shown"];
+  io::h5::Reader h5(out + "/attention.h5");
+  const io::h5::Array w = h5.read("cross/weights");  // (layers, heads, T, S): decoder queries, source keys
+  const int64_t T = w.shape[2], S = w.shape[3];
+  EXPECT_EQ(shown["kinds"], 3);
+  EXPECT_EQ(shown["kind"], "encoder-decoder (cross) attention");
+  EXPECT_EQ(shown["T"], T);
+  EXPECT_EQ(shown["S"], S);
+  EXPECT_EQ(S, 5);
+  EXPECT_EQ(shown["key_tokens"].get<std::vector<std::string>>(),
+            nlohmann::json::parse(h5.attr_str("cross", "key_tokens")).get<std::vector<std::string>>());
+  EXPECT_EQ(shown["tokens"].get<std::vector<std::string>>(),
+            nlohmann::json::parse(h5.attr_str("decoder", "tokens")).get<std::vector<std::string>>());
+  EXPECT_EQ(shown["thumbs"], w.shape[0] * w.shape[1]);
+  // The pointer over decoder query 0: its weights over the source words, layer 0 head 0.
+  const nlohmann::json& hovered = (*driven)["hovered"];
+  ASSERT_EQ(hovered["row"].size(), 1u);
+  const std::vector<double> row = hovered["row"][0]["weights"].get<std::vector<double>>();
+  const std::vector<float> expected = w.as<float>();
+  ASSERT_EQ(static_cast<int64_t>(row.size()), S);
+  for (int64_t k = 0; k < S; ++k) EXPECT_NEAR(row[static_cast<size_t>(k)], expected[static_cast<size_t>(query * S + k)], 1e-5) << k;
 }

@@ -1,13 +1,15 @@
 """Drives Debian's chromium (headless) through chromedriver's WebDriver protocol, standard library only:
-opens an attention.html, reads what the page shows, moves the pointer over one query token, reads the
-row it highlights, and saves a screenshot. Prints one JSON object; tests/test_explorer.cpp checks it.
+opens an attention.html, picks a kind of attention from its menu when asked (an encoder-decoder's page:
+0 encoder, 1 decoder, 2 cross), reads what the page shows, moves the pointer over one query token, reads
+the row it highlights, and saves a screenshot. Prints one JSON object; tests/test_explorer.cpp checks it.
 
-  explorer_driver.py PAGE.html QUERY SCREENSHOT.png
+  explorer_driver.py PAGE.html QUERY SCREENSHOT.png [KIND]
 Exit 77 (skip) when chromium or chromedriver is missing.
 """
 import base64, json, os, shutil, socket, subprocess, sys, time, urllib.error, urllib.request
 
 page, query, shot = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+kind = int(sys.argv[4]) if len(sys.argv) > 4 else None
 chromium = shutil.which("chromium") or shutil.which("chromium-browser")
 driver = shutil.which("chromedriver")
 if not chromium or not driver:
@@ -46,8 +48,12 @@ try:
     call("POST", sess + "/url", {"url": "file://" + os.path.abspath(page)})
     load_s = time.perf_counter() - start
     script = lambda js: call("POST", sess + "/execute/sync", {"script": js, "args": []})
-    shown = script("const d = headlab.data; return {T: d.T, layers: d.layers, heads: d.heads, kept: d.kept,"
-                   " tokens: d.tokens, thumbs: document.querySelectorAll('.thumb').length,"
+    if kind is not None:  # as a person would: click the kind's entry in the menu
+        option = call("POST", sess + "/element", {"using": "css selector", "value": f'#kind option[value="{kind}"]'})
+        call("POST", f"{sess}/element/{next(iter(option.values()))}/click", {})
+    shown = script("const d = headlab.data; return {T: d.T, S: d.S, kind: d.kind, kinds: headlab.kinds,"
+                   " layers: d.layers, heads: d.heads, kept: d.kept, tokens: d.tokens, key_tokens: d.key_tokens,"
+                   " thumbs: document.querySelectorAll('.thumb').length,"
                    " geometry: headlab.geometry, width: document.getElementById('view').width,"
                    " height: document.getElementById('view').height, state: headlab.state}")
     view = call("POST", sess + "/element", {"using": "css selector", "value": "#view"})

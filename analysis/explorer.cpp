@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/temp_files.h"
+#include "tasks/seq2seq.h"
 
 namespace headlab::analysis {
 
@@ -233,9 +234,12 @@ std::string attention_explorer_html(const AttentionMaps& maps, const std::vector
   return page_of(title, nlohmann::json::array({kind_json({"", &maps, tokens, {}}, scores)}));
 }
 
-std::string attention_explorer_html(const std::vector<AttentionText>& kinds, const std::string& title) {
+std::string attention_explorer_html(const std::vector<AttentionText>& kinds, const std::string& title,
+                                    const std::vector<std::vector<ExplorerScore>>& scores) {
+  HL_CHECK(scores.empty() || scores.size() == kinds.size(), "attention_explorer_html: scores for ", scores.size(),
+           " kinds of attention, the page has ", kinds.size());
   nlohmann::json all = nlohmann::json::array();
-  for (const AttentionText& k : kinds) all.push_back(kind_json(k, {}));
+  for (size_t k = 0; k < kinds.size(); ++k) all.push_back(kind_json(kinds[k], scores.empty() ? std::vector<ExplorerScore>{} : scores[k]));
   return page_of(title, all);
 }
 
@@ -244,31 +248,69 @@ void save_attention_html(const std::string& path, const AttentionMaps& maps, con
   write_page(path, attention_explorer_html(maps, tokens, title, scores));
 }
 
-void save_attention_html(const std::string& path, const std::vector<AttentionText>& kinds, const std::string& title) {
-  write_page(path, attention_explorer_html(kinds, title));
+void save_attention_html(const std::string& path, const std::vector<AttentionText>& kinds, const std::string& title,
+                         const std::vector<std::vector<ExplorerScore>>& scores) {
+  write_page(path, attention_explorer_html(kinds, title, scores));
 }
 
-void save_row_explorer(const std::string& path, nn::GPTModel& model, const tasks::Tokenizer& tokenizer,
-                       const Batch& batch, int64_t row, const std::string& title,
-                       const std::vector<ExplorerScore>& scores) {
-  HL_CHECK(row >= 0 && row < batch.B, "save_row_explorer: row ", row, " of a batch of ", batch.B);
-  const int64_t len = batch.has_answers ? batch.answer_end[static_cast<size_t>(row)] + 1 : batch.T;
-  const auto first = batch.inputs.begin() + row * batch.T;
-  const std::vector<int64_t> ids(first, first + len);
-  std::vector<std::string> tokens;
-  for (int64_t id : ids) tokens.push_back(tokenizer.decode({id}));
-  const nn::GPTConfig& cfg = model.config();
-  std::vector<ExplorerScore> by_original;  // [layer][original head], NaN where pruned
+namespace {
+
+// Scores of attention modules [first, first + layers) by [layer][original head], NaN where pruned.
+std::vector<ExplorerScore> by_original_head(const nn::Model& model, int64_t first, int64_t layers,
+                                            const std::vector<ExplorerScore>& scores) {
+  std::vector<ExplorerScore> out;
   for (const ExplorerScore& s : scores) {
-    ExplorerScore& o = by_original.emplace_back();
+    HL_CHECK(static_cast<int64_t>(s.values.size()) == model.attention_count(), "save_row_explorer: score ", s.name,
+             " has ", s.values.size(), " attention modules, the model ", model.attention_count());
+    ExplorerScore& o = out.emplace_back();
     o.name = s.name;
-    o.values.assign(s.values.size(), std::vector<double>(static_cast<size_t>(cfg.n_heads), std::nan("")));
-    for (size_t l = 0; l < s.values.size(); ++l)
-      for (size_t h = 0; h < s.values[l].size(); ++h)
-        o.values[l][static_cast<size_t>(original_head(cfg, static_cast<int64_t>(l), static_cast<int64_t>(h)))] =
-            s.values[l][h];
+    o.values.assign(static_cast<size_t>(layers), std::vector<double>(static_cast<size_t>(model.full_heads()), std::nan("")));
+    for (int64_t l = 0; l < layers; ++l) {
+      const std::vector<double>& row = s.values[static_cast<size_t>(first + l)];
+      for (size_t h = 0; h < row.size(); ++h)
+        o.values[static_cast<size_t>(l)][static_cast<size_t>(model.original_head(first + l, static_cast<int64_t>(h)))] = row[h];
+    }
   }
-  save_attention_html(path, attention_maps(model, ids), tokens, title, by_original);
+  return out;
+}
+
+}  // namespace
+
+void save_row_explorer(const std::string& path, nn::Model& model, const tasks::Task& task, const Batch& batch,
+                       int64_t row, const std::string& title, const std::vector<ExplorerScore>& scores) {
+  HL_CHECK(row >= 0 && row < batch.B, "save_row_explorer: row ", row, " of a batch of ", batch.B);
+  const tasks::Tokenizer& tokenizer = task.tokenizer();
+  const auto text_of = [&](const std::vector<int64_t>& ids) {
+    std::vector<std::string> tokens;
+    for (int64_t id : ids) tokens.push_back(tokenizer.decode({id}));
+    return tokens;
+  };
+  const auto first = batch.inputs.begin() + row * batch.T;
+  if (auto* ed = dynamic_cast<nn::EncoderDecoder*>(&model)) {
+    const auto* s2s = dynamic_cast<const tasks::Seq2SeqTask*>(&task);
+    HL_CHECK(s2s && batch.has_source(), "save_row_explorer: an encoder-decoder needs a seq2seq task's batch");
+    // The row's source and its decoder input: bos and the target but its last token (answer_end of them).
+    const auto src_first = batch.source.begin() + row * batch.S;
+    const std::vector<int64_t> src(src_first, src_first + batch.source_valid_lens[static_cast<size_t>(row)]);
+    const std::vector<int64_t> dec_in(first, first + batch.answer_end[static_cast<size_t>(row)]);
+    const std::vector<AttentionMaps> kinds = attention_maps(*ed, src, dec_in);
+    std::vector<std::string> source_tokens;
+    for (int64_t id : src) source_tokens.push_back(s2s->decode_source({id}));
+    const std::vector<std::string> target_tokens = text_of(dec_in);
+    const std::vector<AttentionText> texts = {{"encoder", &kinds[0], source_tokens, {}},
+                                              {"decoder", &kinds[1], target_tokens, {}},
+                                              {"cross", &kinds[2], target_tokens, source_tokens}};
+    const int64_t L = ed->config().num_layers;
+    std::vector<std::vector<ExplorerScore>> by_kind;
+    for (int64_t k = 0; k < 3; ++k) by_kind.push_back(by_original_head(model, k * L, L, scores));
+    save_attention_html(path, texts, title, by_kind);
+    return;
+  }
+  auto& gpt = dynamic_cast<nn::GPTModel&>(model);
+  const int64_t len = batch.has_answers ? batch.answer_end[static_cast<size_t>(row)] + 1 : batch.T;
+  const std::vector<int64_t> ids(first, first + len);
+  save_attention_html(path, attention_maps(gpt, ids), text_of(ids), title,
+                      by_original_head(model, 0, model.attention_count(), scores));
 }
 
 }  // namespace headlab::analysis

@@ -9,6 +9,7 @@
 
 #include "analysis/attention_maps.h"
 #include "analysis/heads.h"
+#include "tasks/task.h"
 
 namespace headlab::analysis {
 
@@ -25,14 +26,17 @@ std::string attention_explorer_html(const AttentionMaps& maps, const std::vector
                                     const std::string& title, const std::vector<ExplorerScore>& scores = {});
 void save_attention_html(const std::string& path, const AttentionMaps& maps, const std::vector<std::string>& tokens,
                          const std::string& title, const std::vector<ExplorerScore>& scores = {});
-// Several kinds on one page with a switch between them (an encoder-decoder's encoder, decoder, cross).
-std::string attention_explorer_html(const std::vector<AttentionText>& kinds, const std::string& title);
-void save_attention_html(const std::string& path, const std::vector<AttentionText>& kinds, const std::string& title);
+// Several kinds on one page with a switch between them (an encoder-decoder's encoder, decoder, cross);
+// scores: none, or one list per kind.
+std::string attention_explorer_html(const std::vector<AttentionText>& kinds, const std::string& title,
+                                    const std::vector<std::vector<ExplorerScore>>& scores = {});
+void save_attention_html(const std::string& path, const std::vector<AttentionText>& kinds, const std::string& title,
+                         const std::vector<std::vector<ExplorerScore>>& scores = {});
 
 // The page for one row of an evaluation batch (its tokens up to the end token, tasks; all of it,
-// chars), as the analysis commands write it; scores by [layer][model-local head], as analyses give them.
-void save_row_explorer(const std::string& path, nn::GPTModel& model, const tasks::Tokenizer& tokenizer,
-                       const Batch& batch, int64_t row, const std::string& title,
-                       const std::vector<ExplorerScore>& scores);
+// chars), as the analysis commands write it; scores by [attention module][model-local head], as analyses
+// give them (an encoder-decoder's modules: encoder layers, decoder self, cross; its page has the three kinds).
+void save_row_explorer(const std::string& path, nn::Model& model, const tasks::Task& task, const Batch& batch,
+                       int64_t row, const std::string& title, const std::vector<ExplorerScore>& scores);
 
 }  // namespace headlab::analysis

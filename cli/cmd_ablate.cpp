@@ -566,8 +566,8 @@ Action add_ablate(CLI::App& app) {
           v[static_cast<size_t>(h.layer)][static_cast<size_t>(h.head)] = (h.*kind).loss - abl.base.loss;
         return v;
       };
-      if (is_gpt(*model))  // (the encoder-decoder's three kinds of attention: headlab attention)
-      analysis::save_row_explorer(join_path(out, "attention.html"), ai.in.gpt("ablate"), task->tokenizer(), data.batches.front(), 0,
+      // (an encoder-decoder's page has its three kinds of attention, each head's scores beside it)
+      analysis::save_row_explorer(join_path(out, "attention.html"), *model, *task, data.batches.front(), 0,
                                   a->path + ": validation row 0",
                                   {{"importance", abl.importance.normalized},
                                    {"zero: d loss", delta(&analysis::HeadAblation::zero)},
@@ -580,8 +580,8 @@ Action add_ablate(CLI::App& app) {
     write_text(join_path(out, "report.md"),
                report_md(*a, ck, *model, ai.run, data, abl, curve, stop_below, pr, task->name(), sweep_seconds, l0, best),
                "ablate");
-    std::cout << "\nwrote " << out << "/{heads.csv, pruning.csv, report.md, importance.png, pruning.png"
-              << (is_gpt(*model) ? ", attention.html" : "") << (pr.done ? ", pruned.h5" : "") << "}\n";
+    std::cout << "\nwrote " << out << "/{heads.csv, pruning.csv, report.md, importance.png, pruning.png, attention.html"
+              << (pr.done ? ", pruned.h5" : "") << "}\n";
     return 0;
   };
 }

@@ -193,7 +193,7 @@ Action add_heads(CLI::App& app) {
     analysis::save_head_map_png(join_path(out, "ablation.png"),
                                 {"resample ablation: loss increase", "d loss", resample, 0.0, {}}, model);
     // The explorer page on the first validation row, with every score beside its head.
-    analysis::save_row_explorer(join_path(out, "attention.html"), model, in.task->tokenizer(), data.batches.front(), 0,
+    analysis::save_row_explorer(join_path(out, "attention.html"), model, *in.task, data.batches.front(), 0,
                                 a->path + ": validation row 0",
                                 {{"resample: d loss", resample}, {"zero: d loss", zero}, {"DLA (vs mean)", dla},
                                  {"patching: denoising", denoising}, {"previous token", prev},

@@ -12,6 +12,7 @@
 #include <fstream>
 
 #include "analysis/analysis.h"
+#include "analysis/explorer.h"
 #include "io/checkpoint.h"
 #include "io/h5file.h"
 #include "nn/transformer.h"
@@ -310,6 +311,42 @@ TEST_F(Seq2Seq, AttentionMapsOfEveryKindAreThePaddedBatchsRow) {
   EXPECT_THROW(analysis::attention_maps(*model, {}, dec_in), Error);
 }
 
+TEST_F(Seq2Seq, RowExplorerPutsEachModulesScoresBesideItsKindsHeads) {
+  // Pruned: cross.L0 keeps its original heads 2 and 3, so its scores move to those indices.
+  std::vector<std::vector<int64_t>> keep(6, {0, 1, 2, 3});
+  keep[4] = {2, 3};
+  const auto pruned = io::load_model(analysis::prune_checkpoint(trained(), keep, "trained"), "pruned");
+  const auto t = task();
+  const tasks::Batch b = t->batch(tasks::Split::val, 0, 4, 0);
+  analysis::ExplorerScore score{"module x 10 + head", {}};
+  for (int64_t i = 0; i < pruned->attention_count(); ++i) {
+    score.values.emplace_back();
+    for (int64_t h = 0; h < pruned->heads_at(i); ++h) score.values.back().push_back(static_cast<double>(10 * i + h));
+  }
+  analysis::save_row_explorer(path("row.html"), *pruned, *t, b, 1, "row 1", {score});
+  std::ifstream f(path("row.html"));
+  const std::string page((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  const size_t start = page.find("const D = ") + 10, end = page.find(";\nconst decode = ");
+  const nlohmann::json d = nlohmann::json::parse(page.substr(start, end - start));
+  ASSERT_EQ(d["kinds"].size(), 3u);
+  for (int64_t k = 0; k < 3; ++k)
+    for (int64_t l = 0; l < 2; ++l) {
+      const nlohmann::json& row = d["kinds"][k]["scores"][0]["values"][l];
+      const int64_t i = 2 * k + l;
+      for (int64_t h = 0; h < 4; ++h) {
+        if (i == 4 && h < 2) {
+          EXPECT_TRUE(row[h].is_null()) << "pruned head cross.L0H" << h;
+        } else {
+          EXPECT_EQ(row[h], 10 * i + (i == 4 ? h - 2 : h)) << pruned->attention_label(i) << "H" << h;
+        }
+      }
+    }
+  // The row's own source and decoder input (bos and its target but the end token).
+  const nlohmann::json& cross = d["kinds"][2];
+  EXPECT_EQ(cross["S"], b.source_valid_lens[1]);
+  EXPECT_EQ(cross["T"], b.answer_end[1]);
+}
+
 TEST(TransformerConfigJson, RoundTripsAndNamesBadKeys) {
   nn::TransformerConfig c;
   c.src_vocab_size = 7;
@@ -349,7 +386,8 @@ TEST_F(Seq2Seq, CommandsRunOnAnEncoderDecoderCheckpoint) {
   const std::string ab = run({"ablate", path("ck.h5"), "--batches", "1", "--batch-size", "16", "--prune", "2",
                               "--out", path("ablation"), "--repeats", "2"});
   EXPECT_NE(ab.find("cross.L"), std::string::npos) << ab;
-  for (const char* f : {"heads.csv", "pruning.csv", "report.md", "importance.png", "pruning.png", "pruned.h5"})
+  for (const char* f : {"heads.csv", "pruning.csv", "report.md", "importance.png", "pruning.png", "pruned.h5",
+                        "attention.html"})
     EXPECT_TRUE(fs::exists(path("ablation/") + f)) << f;
   std::ifstream report(path("ablation/report.md"));
   const std::string md((std::istreambuf_iterator<char>(report)), std::istreambuf_iterator<char>());

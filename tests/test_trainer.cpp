@@ -370,6 +370,20 @@ TEST_F(TrainerTest, ResumeErrorsAndNothingToDo) {
   const TrainResult r = Trainer(o).run();  // already at step 5 of 5
   EXPECT_EQ(r.steps_done, 5);
   EXPECT_EQ(datasets(path("r/checkpoint.h5")).at("model/tok_emb.weight").bytes, before.at("model/tok_emb.weight").bytes);
+  // The device is this run's choice, not the checkpoint's: a CPU run resumed on a GPU runs there (and
+  // says clearly when there is none).
+  o.config.run.steps = 6;
+  o.config.run.device = "cuda";
+  if (cuda_available()) {
+    EXPECT_EQ(Trainer(o).run().steps_done, 6);
+  } else {
+    try {
+      Trainer(o).run();
+      ADD_FAILURE() << "resumed on a GPU that is not there";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("cuda"), std::string::npos) << e.what();
+    }
+  }
 }
 
 // ---- determinism ----------------------------------------------------------------------------------

@@ -155,6 +155,7 @@ std::unique_ptr<Trainer::Session> Trainer::start() {
              "': has no optimizer or trainer state, so it cannot be resumed");
     s->config = RunConfig::from_json(resumed.config);
     s->config.run.steps = opts_.config.run.steps;  // --steps is the total; the rest comes from the run
+    s->config.run.device = opts_.config.run.device;  // but where it runs is this process's choice
     s->config.run.skip_nonfinite = opts_.config.run.skip_nonfinite;  // as is what to do on divergence
     s->config.run.max_skipped_steps = opts_.config.run.max_skipped_steps;
     s->config.schedule.total = s->config.run.steps;

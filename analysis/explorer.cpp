@@ -231,7 +231,7 @@ void write_page(const std::string& path, const std::string& page) {
 
 std::string attention_explorer_html(const AttentionMaps& maps, const std::vector<std::string>& tokens,
                                     const std::string& title, const std::vector<ExplorerScore>& scores) {
-  return page_of(title, nlohmann::json::array({kind_json({"", &maps, tokens, {}}, scores)}));
+  return attention_explorer_html({{"", &maps, tokens, {}}}, title, {scores});
 }
 
 std::string attention_explorer_html(const std::vector<AttentionText>& kinds, const std::string& title,

@@ -353,28 +353,25 @@ TrainResult Trainer::run() {
     const double lr = s.config.schedule.at(s.state.step);
     s.opt->set_lr(lr);
     const tasks::Batch b = s.task->batch(tasks::Split::train, s.state.data_index, B, T);  // the global batch
-    double loss_value = 0;
-    if (ranks == 1) {
-      const Tensor tgt = tensor(b.targets, {b.B, b.T}).to(s.model->device());
-      const Tensor logits = s.model->logits(model_inputs(b, s.model->device()));  // (B, T, V)
-      // The mean cross entropy over scored targets: for seq2seq batches the valid target tokens, the
-      // loss d2l's MaskedSoftmaxCELoss reports (its per-row sums over num_tokens).
-      const Tensor loss = cross_entropy(logits.reshape({b.B * b.T, -1}), tgt.reshape({b.B * b.T}), kIgnoreIndex);
-      loss.backward();
-      loss_value = loss.item<double>();
-    } else {
-      // This rank's rows, with the dropout masks they get in the whole batch; the loss is the sum over
-      // its scored targets divided by the whole batch's count, so the ranks' gradients sum to the mean's.
-      const tasks::Batch mine = b.rows(first_row, rows);
-      const Tensor tgt = tensor(mine.targets, {rows, b.T}).to(s.model->device());
-      default_generator().set_row_shard(first_row, rows, B);
-      const Tensor logits = s.model->logits(model_inputs(mine, s.model->device()));  // (B/N, T, V)
-      const Tensor loss = cross_entropy(logits.reshape({rows * b.T, -1}), tgt.reshape({rows * b.T}), kIgnoreIndex,
-                                        Reduction::sum) *
-                          (1.0 / static_cast<double>(std::max<int64_t>(b.scored_targets(), 1)));
-      loss.backward();
+    // Data parallelism: this rank's rows, with the dropout masks they get in the whole batch.
+    const bool sharded = ranks > 1;
+    tasks::Batch shard;
+    if (sharded) shard = b.rows(first_row, rows);
+    const tasks::Batch& mine = sharded ? shard : b;
+    if (sharded) default_generator().set_row_shard(first_row, rows, B);
+    const Tensor tgt = tensor(mine.targets, {mine.B * b.T}).to(s.model->device());
+    const Tensor logits = s.model->logits(model_inputs(mine, s.model->device())).reshape({mine.B * b.T, -1});  // (B T, V)
+    // The mean cross entropy over scored targets: for seq2seq batches the valid target tokens, the loss
+    // d2l's MaskedSoftmaxCELoss reports (its per-row sums over num_tokens). A rank takes the sum over its
+    // scored targets divided by the whole batch's count, so the ranks' gradients sum to the mean's.
+    const Tensor loss = sharded ? cross_entropy(logits, tgt, kIgnoreIndex, Reduction::sum) *
+                                      (1.0 / static_cast<double>(std::max<int64_t>(b.scored_targets(), 1)))
+                                : cross_entropy(logits, tgt, kIgnoreIndex);
+    loss.backward();
+    double loss_value = loss.item<double>();
+    if (sharded) {
       default_generator().set_row_shard(0, 0, 0);
-      std::vector<float> extra{loss.item<float>(), stop_requested() ? 1.0f : 0.0f};
+      std::vector<float> extra{static_cast<float>(loss_value), stop_requested() ? 1.0f : 0.0f};
       all_reduce_gradients(s, extra);
       loss_value = extra[0];
       stop_agreed = extra[1] > 0;

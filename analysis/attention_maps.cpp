@@ -79,7 +79,7 @@ AttentionMaps attention_maps(nn::GPTModel& model, const std::vector<int64_t>& id
   }
   for (int64_t l = 0; l < m.layers; ++l) {
     nn::CausalMultiHead& att = model.attention(l);
-    m.layer_names.push_back("L" + std::to_string(l));
+    m.layer_names.push_back(std::string("L").append(std::to_string(l)));
     fill_layer(m, l, att.last_attention_weights(), [&](int64_t h) { return original_head(cfg, l, h); });
     att.keep_attention_weights(false);
   }

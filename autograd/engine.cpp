@@ -8,7 +8,6 @@
 #include <sstream>
 
 #include "backends/backend.h"
-#include "ops/ops.h"
 
 namespace headlab {
 
@@ -146,10 +145,10 @@ void Grads::acc(size_t i, const Tensor& g) {
 
 void Grads::add(const Node* fn, const Tensor& t, const Tensor& g_in) {
   HL_CHECK(g_in.defined(), "backward: a gradient for a tensor of shape ", shape_str(t.shape()), " is undefined");
-  Tensor g = g_in.shape() == t.shape() ? g_in : sum_to(g_in, t.shape());
-  if (g.dtype() != t.dtype()) g = to_dtype(g, t.dtype());
+  Tensor g = g_in.shape() == t.shape() ? g_in : g_in.sum_to(t.shape());
+  if (g.dtype() != t.dtype()) g = g.to(t.dtype());
   Tensor& slot = fn ? node_grads_[fn] : leaf_grads_[t.impl()];
-  slot = slot.defined() ? headlab::add(slot, g) : g;
+  slot = slot.defined() ? slot.add(g) : g;
 }
 
 // ---- the backward pass ----
@@ -207,7 +206,7 @@ struct BackwardPass {
       if (!g.defined()) {
         HL_CHECK(r.numel() == 1, "backward: grad can be implicitly created only for scalar outputs, got shape ",
                  shape_str(r.shape()), "; pass a gradient of that shape");
-        g = ones_like(r.detach());
+        g = Tensor::empty(r.shape(), r.dtype(), r.device()).fill_(1.0);
       }
       HL_CHECK(g.shape() == r.shape(), "backward: gradient has shape ", shape_str(g.shape()), ", expected ",
                shape_str(r.shape()));
@@ -265,8 +264,8 @@ struct BackwardPass {
         if (r.defined()) grad = r;
       }
       // A leaf's .grad always owns its storage: optimizers and clipping modify it in place.
-      if (leaf->grad) leaf->grad = add(Tensor(leaf->grad), grad).impl_ptr();
-      else leaf->grad = clone(grad).impl_ptr();
+      if (leaf->grad) leaf->grad = Tensor(leaf->grad).add(grad).impl_ptr();
+      else leaf->grad = grad.clone().impl_ptr();
     }
   }
 
@@ -282,7 +281,7 @@ struct BackwardPass {
     }
     if (g.defined()) return g;
     NoGradGuard no_grad;
-    return zeros_like(in);
+    return Tensor::empty(in.shape(), in.dtype(), in.device()).zero_();
   }
 };
 
@@ -341,9 +340,9 @@ GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)
   for (int64_t o = 0; o < n_out; ++o) {
     Tensor out = fn(inputs);
     if (!out.requires_grad()) break;  // constant output: the Jacobian is zero
-    std::vector<double> onehot(static_cast<size_t>(n_out), 0.0);
-    onehot[o] = 1.0;
-    std::vector<Tensor> gs = grad({out}, inputs, {tensor(onehot, out.shape())});
+    Tensor onehot = Tensor::empty(out.shape(), DType::f64).zero_();
+    onehot.data<double>()[o] = 1.0;
+    std::vector<Tensor> gs = grad({out}, inputs, {onehot});
     for (size_t k = 0; k < inputs.size(); ++k) {
       const std::vector<double> gv = gs[k].to_vector<double>();
       for (int64_t i = 0; i < inputs[k].numel(); ++i) analytic[k][o * inputs[k].numel() + i] = gv[i];

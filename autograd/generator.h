@@ -3,7 +3,7 @@
 #pragma once
 #include <cstdint>
 
-#include "autograd/error.h"
+#include "base/error.h"
 
 namespace headlab {
 

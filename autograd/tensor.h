@@ -11,12 +11,12 @@
 #include <string>
 #include <vector>
 
-#include "autograd/dtype.h"
-#include "autograd/error.h"
+#include "base/dtype.h"
+#include "base/error.h"
 
 namespace headlab {
 
-// DType, dtype_name, dtype_size, is_floating, Device and kCPU live in autograd/dtype.h (shared with backends/).
+// DType, dtype_name, dtype_size, is_floating, Device and kCPU live in base/dtype.h (shared with backends/).
 
 using Shape = std::vector<int64_t>;
 std::string shape_str(const Shape& s);  // "[2, 3]"
@@ -154,6 +154,8 @@ class Tensor {
   Tensor argmax(int64_t dim, bool keepdim = false) const;
 
   Tensor matmul(const Tensor& other) const;
+  Tensor add(const Tensor& other) const;          // broadcasting, as headlab::add
+  Tensor sum_to(const Shape& shape) const;        // undo broadcasting by summing, as headlab::sum_to
   Tensor exp() const;
   Tensor log() const;
   Tensor sqrt() const;

@@ -5,8 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "autograd/dtype.h"  // DType and Device: backends never see Tensor or the tape
-#include "autograd/error.h"  // kernels report bad input as headlab::Error
+#include "base/dtype.h"  // DType and Device: backends never see Tensor or the tape
+#include "base/error.h"  // kernels report bad input as headlab::Error
 
 namespace headlab {
 
@@ -182,9 +182,12 @@ Backend& backend_for(Device device);
 // "512 B", "1.5 KiB", "3.0 GiB": sizes in allocation errors and memory estimates.
 std::string format_bytes(double bytes);
 // "<op>: out of memory allocating 3.0 GiB (3221225472 bytes) on <device>", where op is the
-// innermost OpScope (autograd/error.h), or "<device> alloc" outside every op.
+// innermost OpScope (base/error.h), or "<device> alloc" outside every op.
 std::string out_of_memory_message(size_t nbytes, const std::string& device);
 Backend& cpu_backend();
+// Call first thing in a program's main(): applies the CPU backend's threading policy, which must be
+// in place before the OpenMP runtime starts (backends/cpu/omp_policy.h: it may re-execute the program).
+void prepare_process(char** argv);
 bool cuda_available();        // built with CUDA and a GPU is visible
 bool cuda_built();
 

@@ -6,11 +6,14 @@
 #include <iomanip>
 #include <sstream>
 
+#include "backends/cpu/omp_policy.h"
 #ifdef HEADLAB_HAS_CUDA
 #include "backends/cuda/cuda_backend.h"
 #endif
 
 namespace headlab {
+
+void prepare_process(char** argv) { cpu::restart_with_passive_omp_waits(argv); }
 
 bool cuda_built() {
 #ifdef HEADLAB_HAS_CUDA

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "autograd/error.h"
+#include "base/error.h"
 #include "backends/backend.h"
 #include "backends/host_device.h"
 

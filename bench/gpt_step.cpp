@@ -21,7 +21,6 @@
 #ifdef HEADLAB_HAS_CUDA
 #include "backends/cuda/cuda_backend.h"
 #endif
-#include "backends/cpu/omp_policy.h"
 #include "nn/gpt.h"
 #include "optim/optim.h"
 
@@ -134,7 +133,7 @@ static int run(int argc, char** argv) {
 }
 
 int main(int argc, char** argv) {
-  cpu::restart_with_passive_omp_waits(argv);
+  prepare_process(argv);
   try {
     return run(argc, argv);
   } catch (const std::exception& e) {

@@ -5,14 +5,13 @@
 #include <iostream>
 #include <map>
 
-#include "autograd/error.h"
+#include "base/error.h"
 #include "backends/backend.h"
-#include "backends/cpu/omp_policy.h"
 #include "cli/commands.h"
 #include "train/collectives.h"
 
 int main(int argc, char** argv) {
-  headlab::cpu::restart_with_passive_omp_waits(argv);
+  headlab::prepare_process(argv);
   // Under a file size limit (ulimit -f) a write past it fails with EFBIG, which the writers report,
   // instead of SIGXFSZ ending the process half-way through a save.
   std::signal(SIGXFSZ, SIG_IGN);

@@ -8,7 +8,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "autograd/error.h"
+#include "base/error.h"
 
 namespace headlab::io::h5 {
 

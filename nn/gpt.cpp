@@ -2,7 +2,7 @@
 // x += drop(ff(norm2(x))); logits = out_head(final_norm(x)).
 #include "nn/gpt.h"
 
-#include "nn/json_fields.h"
+#include "base/json_fields.h"
 
 namespace headlab::nn {
 

@@ -3,7 +3,7 @@
 
 #include <cmath>
 
-#include "nn/json_fields.h"
+#include "base/json_fields.h"
 
 namespace headlab::nn {
 

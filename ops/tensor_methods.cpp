@@ -23,6 +23,8 @@ Tensor Tensor::to(DType t) const { return headlab::to_dtype(*this, t); }
 Tensor Tensor::clone() const { return headlab::clone(*this); }
 
 Tensor Tensor::sum() const { return headlab::sum(*this); }
+Tensor Tensor::add(const Tensor& other) const { return headlab::add(*this, other); }
+Tensor Tensor::sum_to(const Shape& shape) const { return headlab::sum_to(*this, shape); }
 Tensor Tensor::sum(const Shape& d, bool k) const { return headlab::sum(*this, d, k); }
 Tensor Tensor::mean() const { return headlab::mean(*this); }
 Tensor Tensor::mean(const Shape& d, bool k) const { return headlab::mean(*this, d, k); }

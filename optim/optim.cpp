@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "backends/backend.h"
-#include "nn/json_fields.h"
+#include "base/json_fields.h"
 
 namespace headlab::optim {
 
@@ -41,16 +41,16 @@ nlohmann::json OptimizerOptions::to_json() const {
 OptimizerOptions OptimizerOptions::from_json(const nlohmann::json& j) {
   HL_CHECK(j.is_object(), "optimizer: expected a JSON object, got ", j.type_name());
   std::string kind = "adamw";
-  nn::read_json_field(j, "kind", kind, "optimizer");
+  read_json_field(j, "kind", kind, "optimizer");
   OptimizerOptions o = defaults(parse_optimizer_kind(kind));
-  nn::read_json_field(j, "lr", o.lr, "optimizer");
-  nn::read_json_field(j, "momentum", o.momentum, "optimizer");
-  nn::read_json_field(j, "dampening", o.dampening, "optimizer");
-  nn::read_json_field(j, "nesterov", o.nesterov, "optimizer");
-  nn::read_json_field(j, "beta1", o.beta1, "optimizer");
-  nn::read_json_field(j, "beta2", o.beta2, "optimizer");
-  nn::read_json_field(j, "eps", o.eps, "optimizer");
-  nn::read_json_field(j, "weight_decay", o.weight_decay, "optimizer");
+  read_json_field(j, "lr", o.lr, "optimizer");
+  read_json_field(j, "momentum", o.momentum, "optimizer");
+  read_json_field(j, "dampening", o.dampening, "optimizer");
+  read_json_field(j, "nesterov", o.nesterov, "optimizer");
+  read_json_field(j, "beta1", o.beta1, "optimizer");
+  read_json_field(j, "beta2", o.beta2, "optimizer");
+  read_json_field(j, "eps", o.eps, "optimizer");
+  read_json_field(j, "weight_decay", o.weight_decay, "optimizer");
   return o;
 }
 
@@ -197,14 +197,14 @@ LRSchedule LRSchedule::from_json(const nlohmann::json& j) {
   HL_CHECK(j.is_object(), "schedule: expected a JSON object, got ", j.type_name());
   LRSchedule s;
   std::string kind = schedule_kind_name(s.kind);
-  nn::read_json_field(j, "kind", kind, "schedule");
+  read_json_field(j, "kind", kind, "schedule");
   s.kind = parse_schedule_kind(kind);
-  nn::read_json_field(j, "lr", s.lr, "schedule");
-  nn::read_json_field(j, "min_lr", s.min_lr, "schedule");
-  nn::read_json_field(j, "warmup", s.warmup, "schedule");
-  nn::read_json_field(j, "total", s.total, "schedule");
-  nn::read_json_field(j, "step_size", s.step_size, "schedule");
-  nn::read_json_field(j, "gamma", s.gamma, "schedule");
+  read_json_field(j, "lr", s.lr, "schedule");
+  read_json_field(j, "min_lr", s.min_lr, "schedule");
+  read_json_field(j, "warmup", s.warmup, "schedule");
+  read_json_field(j, "total", s.total, "schedule");
+  read_json_field(j, "step_size", s.step_size, "schedule");
+  read_json_field(j, "gamma", s.gamma, "schedule");
   return s;
 }
 

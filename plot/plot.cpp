@@ -15,7 +15,7 @@
 #include <string_view>
 #include <utility>
 
-#include "autograd/error.h"
+#include "base/error.h"
 
 namespace headlab::plot {
 namespace {
@@ -361,7 +361,7 @@ void save_line_chart(const LineChart& ch, const std::string& path) {
   double lo[2] = {HUGE_VAL, HUGE_VAL}, hi[2] = {-HUGE_VAL, -HUGE_VAL}, name_em = 0;
   for (size_t i = 0; i < ch.series.size(); ++i) {
     const Series& s = ch.series[i];
-    const std::string name = s.name.empty() ? "#" + std::to_string(i) : "'" + s.name + "'";
+    const std::string name = s.name.empty() ? std::string("#").append(std::to_string(i)) : "'" + s.name + "'";
     HL_CHECK(s.x.size() == s.y.size(), fn, ": series ", name, " has ", s.x.size(), " x values but ", s.y.size(),
              " y values");
     for (size_t j = 0; j < s.x.size(); ++j) {

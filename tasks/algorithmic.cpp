@@ -10,7 +10,7 @@
 #include <sstream>
 #include <system_error>
 
-#include "autograd/error.h"
+#include "base/error.h"
 #include "tasks/internal.h"
 
 namespace headlab::tasks {

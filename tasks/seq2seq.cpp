@@ -9,7 +9,7 @@
 #include <optional>
 #include <sstream>
 
-#include "autograd/error.h"
+#include "base/error.h"
 #include "tasks/algorithmic.h"
 #include "tasks/internal.h"
 

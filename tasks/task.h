@@ -20,7 +20,7 @@
 #include <utility>
 #include <vector>
 
-#include "autograd/error.h"  // every bad input throws headlab::Error
+#include "base/error.h"  // every bad input throws headlab::Error
 #include "ops/ops.h"  // kIgnoreIndex
 #include "tasks/tokenizer.h"
 

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "autograd/error.h"  // every bad input throws headlab::Error
+#include "base/error.h"  // every bad input throws headlab::Error
 
 namespace headlab::tasks {
 

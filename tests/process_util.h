@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "autograd/error.h"
+#include "base/error.h"
 
 namespace headlab::testing {
 

@@ -536,7 +536,11 @@ TEST(Analysis, HeadTypesMatchNaiveLoopsAndFindPlantedHeads) {
     for (int64_t i = 0; i < 12; ++i) att.W_key->weight.select(0, i).narrow(0, i, 1).fill_(30.0);
   }
   EvalSet random;
-  random.batches.push_back(Batch{2, 12, std::vector<int64_t>(24, 1), std::vector<int64_t>(24, 0), false, {}, {}});
+  Batch& rows = random.batches.emplace_back();
+  rows.B = 2;
+  rows.T = 12;
+  rows.inputs.assign(24, 1);
+  rows.targets.assign(24, 0);
   HeadTypeOptions po;
   po.induction_rows = 2;
   const HeadTypes p = head_types(planted, random, po);

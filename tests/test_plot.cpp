@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "tests/process_util.h"
-#include "autograd/error.h"
+#include "base/error.h"
 #include "plot/plot.h"
 
 namespace fs = std::filesystem;
@@ -134,7 +134,7 @@ plot::HeatmapGrid attention_grid(int64_t layers, int64_t heads, int64_t T) {
     plot::Heatmap m;
     m.title = "layer " + std::to_string(p / heads) + " head " + std::to_string(p % heads);
     m.rows = m.cols = T;
-    for (int64_t t = 0; t < T; ++t) m.row_labels.push_back("t" + std::to_string(t));
+    for (int64_t t = 0; t < T; ++t) m.row_labels.push_back(std::string("t").append(std::to_string(t)));
     m.col_labels = m.row_labels;
     for (int64_t q = 0; q < T; ++q)
       for (int64_t k = 0; k < T; ++k) m.values.push_back(k <= q ? 1.0 / static_cast<double>(q + 1) : 0.0);

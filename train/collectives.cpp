@@ -3,7 +3,7 @@
 
 #include <cstdlib>
 
-#include "autograd/error.h"
+#include "base/error.h"
 
 namespace headlab::train {
 

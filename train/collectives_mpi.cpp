@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <limits>
 
-#include "autograd/error.h"
+#include "base/error.h"
 #include "train/collectives.h"
 
 namespace headlab::train {

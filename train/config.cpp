@@ -5,7 +5,7 @@
 #include <map>
 #include <sstream>
 
-#include "nn/json_fields.h"
+#include "base/json_fields.h"
 #include "tasks/seq2seq.h"
 
 namespace headlab::train {
@@ -30,17 +30,17 @@ nlohmann::json run_settings_to_json(const RunSettings& r) {
 RunSettings run_settings_from_json(const nlohmann::json& j) {
   RunSettings r;
   const char* who = "config: training";
-  nn::read_json_field(j, "steps", r.steps, who);
-  nn::read_json_field(j, "batch_size", r.batch_size, who);
-  nn::read_json_field(j, "grad_clip", r.grad_clip, who);
-  nn::read_json_field(j, "seed", r.seed, who);
-  nn::read_json_field(j, "device", r.device, who);
-  nn::read_json_field(j, "eval_every", r.eval_every, who);
-  nn::read_json_field(j, "eval_batches", r.eval_batches, who);
-  nn::read_json_field(j, "save_every", r.save_every, who);
-  nn::read_json_field(j, "keep_last", r.keep_last, who);
-  nn::read_json_field(j, "skip_nonfinite", r.skip_nonfinite, who);
-  nn::read_json_field(j, "max_skipped_steps", r.max_skipped_steps, who);
+  read_json_field(j, "steps", r.steps, who);
+  read_json_field(j, "batch_size", r.batch_size, who);
+  read_json_field(j, "grad_clip", r.grad_clip, who);
+  read_json_field(j, "seed", r.seed, who);
+  read_json_field(j, "device", r.device, who);
+  read_json_field(j, "eval_every", r.eval_every, who);
+  read_json_field(j, "eval_batches", r.eval_batches, who);
+  read_json_field(j, "save_every", r.save_every, who);
+  read_json_field(j, "keep_last", r.keep_last, who);
+  read_json_field(j, "skip_nonfinite", r.skip_nonfinite, who);
+  read_json_field(j, "max_skipped_steps", r.max_skipped_steps, who);
   try {
     r.validate();
   } catch (const Error& e) {

@@ -5,7 +5,7 @@
 #include <iomanip>
 #include <sstream>
 
-#include "autograd/error.h"
+#include "base/error.h"
 #include "backends/backend.h"
 
 namespace headlab::train {

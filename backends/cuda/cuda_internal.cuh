@@ -14,7 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "autograd/error.h"
+#include "base/error.h"
 #include "backends/backend.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/scalar_math.h"

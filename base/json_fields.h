@@ -9,9 +9,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "autograd/error.h"
+#include "base/error.h"
 
-namespace headlab::nn {
+namespace headlab {
 
 // v as an integer of type T; false when v is not an integer JSON number within T's range.
 template <typename T>
@@ -82,4 +82,4 @@ inline void check_head_lists(const std::vector<std::vector<int64_t>>& lists, int
       HL_CHECK(h >= 0 && h < n_heads, who, ": ", key, " of layer ", l, " holds head ", h, ", expected 0..", n_heads - 1);
 }
 
-}  // namespace headlab::nn
+}  // namespace headlab

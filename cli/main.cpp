@@ -1,4 +1,4 @@
-// headlab: train, evaluate, generate with, inspect, compare and ablate small GPTs on toy tasks.
+// headlab: train, evaluate, generate with, inspect and analyse the heads of GPTs and encoder-decoders.
 // Library errors become one line on stderr and exit code 1; usage errors exit with code 2.
 #include <csignal>
 #include <algorithm>
@@ -15,8 +15,9 @@ int main(int argc, char** argv) {
   // Under a file size limit (ulimit -f) a write past it fails with EFBIG, which the writers report,
   // instead of SIGXFSZ ending the process half-way through a save.
   std::signal(SIGXFSZ, SIG_IGN);
-  CLI::App app{"headlab: a small, fast C++ deep-learning toolkit for attention experiments.\n"
-               "Train toy sequence models, compare wrapper and fused multi-head attention, ablate heads."};
+  CLI::App app{"headlab: a small, fast C++ deep-learning toolkit for studying attention heads.\n"
+               "Train a GPT or d2l's encoder-decoder Transformer on toy tasks or text, compare the wrapper and\n"
+               "fused forms of multi-head attention, and find which heads matter and what they do."};
   app.require_subcommand(1);
   app.set_version_flag("--version", std::string("headlab 0.1.0 (CUDA backend: ") +
                                          (headlab::cuda_built() ? "built" : "not built") +
@@ -26,12 +27,13 @@ int main(int argc, char** argv) {
     CLI::App* sub = app.add_subcommand(name, help);
     actions[sub] = fn(*sub);
   };
-  add("train", "train a GPT on a toy task (reverse, copy, sort, add, chars)", headlab::cli::add_train);
+  add("train", "train a GPT or an encoder-decoder (--arch) on a task: reverse, copy, sort, add, chars, numbers",
+      headlab::cli::add_train);
   add("eval", "loss and accuracy of a checkpoint on validation data", headlab::cli::add_eval);
   add("generate", "continue a prompt (or answer a task input) with a checkpoint", headlab::cli::add_generate);
   add("inspect", "show a checkpoint's config, parameters and training state", headlab::cli::add_inspect);
   add("compare", "time and compare the wrapper and fused multi-head attention", headlab::cli::add_compare);
-  add("ablate", "find which attention heads of a checkpoint matter", headlab::cli::add_ablate);
+  add("ablate", "which heads matter: ablation, importance, pruning (GPT and encoder-decoder)", headlab::cli::add_ablate);
   add("attention", "dump and draw every head's attention weights for one input", headlab::cli::add_attention);
   add("heads", "what each attention head does: ablation, logit attribution, patching, head types",
       headlab::cli::add_heads);

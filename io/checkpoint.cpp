@@ -5,7 +5,7 @@
 //                        steps/<param> (int64 scalar)
 //   /trainer             step, rng (uint64 seed and offset as int64 [2]), data_index, elapsed_seconds,
 //                        metrics/<column> (float64 (n,))
-// Every dataset carries HDF5's Fletcher32 checksum (train/h5file.h).
+// Every dataset carries HDF5's Fletcher32 checksum (io/h5file.h).
 #include "io/checkpoint.h"
 
 #include <algorithm>

@@ -1,4 +1,4 @@
-// HDF5 checkpoints (DESIGN.md section 8): one self-describing file holding the model config,
+// HDF5 checkpoints (ARCHITECTURE.md section 7): one self-describing file holding the model config,
 // tokenizer, task and training settings (root attribute `config`, JSON), every parameter under its
 // state_dict name, the optimizer state and the trainer state needed for a bit-exact resume.
 #pragma once

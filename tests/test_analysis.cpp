@@ -1,4 +1,4 @@
-// Tests of train/analysis.h on a small GPT trained here on `reverse` in a few seconds: head ablation,
+// Tests of analysis/ on a small GPT trained here on `reverse` in a few seconds: head ablation,
 // Michel et al. importance against finite differences of the gates (float64), pruned vs gated models
 // (fused and wrapper, live and through pruned checkpoints), wrapper/fused agreement of every score,
 // the pruning curve, attention maps, the pictures and files, the compare measurements, and the

@@ -1,4 +1,4 @@
-// HDF5 checkpoints (train/checkpoint.h, DESIGN.md section 8): a round trip of every dataset and
+// HDF5 checkpoints (io/checkpoint.h, ARCHITECTURE.md section 7): a round trip of every dataset and
 // attribute (model, optimizer state and step counts, trainer state with metrics, config JSON) and the
 // on-disk layout other tools rely on; atomic writes; and one clear Error naming the file and the item
 // for every kind of damaged file. Damaged files are read in a child process, so a crash or a hang

@@ -1,6 +1,6 @@
 // GPTModel (book ch. 4) against PyTorch: logits, the ignore_index cross-entropy loss, every parameter
 // gradient and the head-gate gradients of gpt_fused.h5 and gpt_wrapper.h5, in float64 and float32;
-// the exact state_dict names, order and shapes of both attention variants (DESIGN.md section 7);
+// the exact state_dict names, order and shapes of both attention variants (ARCHITECTURE.md section 5);
 // config checks; the context-length error; dropout in train and eval mode.
 #include <gtest/gtest.h>
 
@@ -93,7 +93,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GptParity,
                            return n + (info.param.dtype == DType::f64 ? "_f64" : "_f32");
                          });
 
-// ---- names and shapes, both variants (DESIGN.md section 7), in PyTorch's registration order ----
+// ---- names and shapes, both variants (ARCHITECTURE.md section 5), in PyTorch's registration order ----
 
 using NameShapes = std::vector<std::pair<std::string, Shape>>;
 

@@ -1,4 +1,4 @@
-// Tests for the HDF5 checkpoint file layer (train/h5file.h): round trips of every dtype and shape,
+// Tests for the HDF5 checkpoint file layer (io/h5file.h): round trips of every dtype and shape,
 // attributes, listing, atomic overwrite, and one clear headlab::Error (never a crash) for missing,
 // foreign, truncated and damaged files. Raw HDF5 calls here build files other tools could write and
 // check the layout on disk.

@@ -1,5 +1,5 @@
 """The GPT model of "Build a Large Language Model from Scratch" (Sebastian Raschka), chapter 4, in
-PyTorch, as headlab's GPTModel mirrors it (DESIGN.md section 7).
+PyTorch, as headlab's GPTModel mirrors it (ARCHITECTURE.md section 5).
 
 Written from the book's chapter 3 and 4 code: CausalAttention, the fused MultiHeadAttention (one
 W_query/W_key/W_value split into heads, out_proj), LayerNorm (scale/shift, biased variance, eps 1e-5),
@@ -229,7 +229,7 @@ def generate_text_simple(model, idx, max_new_tokens, context_size):
 
 def expected_parameters(cfg):
     """{state_dict key: shape} of every parameter (buffers excluded) of GPTModel(cfg), computed
-    without building the model: DESIGN.md section 7's names, in registration order."""
+    without building the model: ARCHITECTURE.md section 5's names, in registration order."""
     V, T, C, H, L = (cfg["vocab_size"], cfg["context_length"], cfg["emb_dim"], cfg["n_heads"], cfg["n_layers"])
     qkv_bias, attention = cfg["qkv_bias"], cfg.get("attention", "fused")
     if C % H:

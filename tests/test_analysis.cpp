@@ -31,6 +31,7 @@
 #include "io/h5file.h"
 #include "optim/optim.h"
 #include "tests/core_test_util.h"
+#include "tests/tiny_models.h"
 #include "plot/plot.h"
 #include "train/trainer.h"
 #include "nn/generate.h"
@@ -86,12 +87,8 @@ TaskOptions reverse_options() {
 const Checkpoint& trained_checkpoint() {
   static const Checkpoint ck = [] {
     const auto task = make_task("reverse", reverse_options());
-    nn::GPTConfig cfg;
-    cfg.vocab_size = task->vocab_size();
-    cfg.context_length = task->required_context_length();
-    cfg.emb_dim = 32;
-    cfg.n_heads = 4;
-    cfg.n_layers = 2;
+    const nn::GPTConfig cfg = headlab::testing::tiny_gpt_config(
+        headlab::testing::kFourHeadGpt.sized_for(task->vocab_size(), task->required_context_length()));
     Checkpoint c;
     c.config = {{"model", cfg.to_json()},
                 {"tokenizer", {{"type", "char"}, {"vocab", task->tokenizer().vocab()}}},
@@ -637,16 +634,10 @@ TEST(Analysis, PrunedModelsEqualGatedModels) {
 }
 
 TEST(Analysis, PruningWithQkvBiasEqualsGating) {
-  nn::GPTConfig cfg;
-  cfg.vocab_size = 13;
-  cfg.context_length = 12;
-  cfg.emb_dim = 24;
-  cfg.n_heads = 3;
-  cfg.n_layers = 2;
-  cfg.qkv_bias = true;
   const EvalSet data = eval_set(1, 4);
   for (const std::string form : {"fused", "wrapper"}) {
-    cfg.attention = nn::parse_attention_form(form);
+    const nn::GPTConfig cfg = headlab::testing::tiny_gpt_config(headlab::testing::kThreeHeadGpt.sized_for(13, 12),
+                                                                nn::parse_attention_form(form), /*qkv_bias=*/true);
     manual_seed(11);
     nn::GPTModel model(cfg);
     model.eval();

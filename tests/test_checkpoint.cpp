@@ -22,6 +22,7 @@
 
 #include "io/h5file.h"
 #include "tests/process_util.h"
+#include "tests/tiny_models.h"
 
 namespace fs = std::filesystem;
 using namespace headlab;
@@ -43,16 +44,11 @@ void write_bytes(const std::string& path, const std::vector<unsigned char>& b) {
   out.write(reinterpret_cast<const char*>(b.data()), std::streamsize(b.size()));
 }
 
+// The wrapper form with qkv_bias: checkpoints of both parameter layouts, biases included.
 nn::GPTConfig tiny_config(const std::string& attention = "fused") {
-  nn::GPTConfig c;
-  c.vocab_size = 13;
-  c.context_length = 10;
-  c.emb_dim = 8;
-  c.n_heads = 2;
-  c.n_layers = 2;
+  nn::GPTConfig c = headlab::testing::tiny_gpt_config(headlab::testing::kTwoHeadGpt,
+                                                      nn::parse_attention_form(attention), attention == "wrapper");
   c.drop_rate = 0.1;
-  c.qkv_bias = attention == "wrapper";
-  c.attention = nn::parse_attention_form(attention);
   return c;
 }
 

@@ -1,7 +1,8 @@
-// Parity of the CUDA backend with the CPU backend through the raw Backend interface (no Tensor
-// ops): every entry point on random inputs, contiguous, strided, broadcast and scalar loops, both
-// float dtypes (1e-5 relative for float32, 1e-12 for float64, exact for integers and bool),
-// plus the caching allocator. Every test skips when no GPU is visible (or CUDA is not built).
+// Parity of the CUDA backend with the CPU backend through the raw Backend interface: every entry
+// point on random inputs, contiguous, strided, broadcast and scalar loops, both float dtypes (1e-5
+// relative for float32, 1e-12 for float64, exact for integers and bool), plus the caching allocator;
+// then every case of the op registry (tests/op_cases.h) in float64, where the kernels' float64 paths
+// meet the ops' strides and masks. Every test skips when no GPU is visible (or CUDA is not built).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,6 +21,7 @@
 
 #include "backends/backend.h"
 #include "tests/core_test_util.h"
+#include "tests/op_cases.h"
 #ifdef HEADLAB_HAS_CUDA
 #include "backends/cuda/cuda_backend.h"
 #endif
@@ -29,10 +31,12 @@ using headlab::testing::error_of;
 
 namespace {
 
+const Device kCuda0{Device::cuda, 0};
+
 std::string cuda_skip_reason() {
   if (!cuda_built()) return "headlab was built without CUDA (HEADLAB_CUDA=OFF)";
   try {
-    backend_for(Device{Device::cuda, 0});
+    backend_for(kCuda0);
   } catch (const std::exception& e) {
     return e.what();
   }
@@ -42,7 +46,7 @@ std::string cuda_skip_reason() {
 #define REQUIRE_CUDA() \
   if (!headlab::cuda_available()) GTEST_SKIP() << "no CUDA device visible: " << cuda_skip_reason()
 
-Backend& gpu() { return backend_for(Device{Device::cuda, 0}); }
+Backend& gpu() { return backend_for(kCuda0); }
 Backend& cpu() { return cpu_backend(); }
 
 template <typename T> DType dtype_of() {
@@ -1093,3 +1097,19 @@ TEST(CudaBackend, AdamStep) {
 }
 
 }  // namespace
+
+// ================================================================================================
+// ops in float64: the op registry's cases, forward and backward
+// ================================================================================================
+
+class CudaBackendOp : public ::testing::TestWithParam<headlab::testing::OpCase> {};
+
+// Sums and attention run in another order (and attention as its composite form on the GPU): a
+// thousand ulps of float64 leave room for that and none for a wrong index or mask.
+TEST_P(CudaBackendOp, Float64) {
+  REQUIRE_CUDA();
+  headlab::testing::check_case_against_cpu(GetParam(), kCuda0, DType::f64, 1e-10, 1e-12);
+}
+
+INSTANTIATE_TEST_SUITE_P(Registry, CudaBackendOp, ::testing::ValuesIn(headlab::testing::cuda_op_cases()),
+                         headlab::testing::op_case_name);

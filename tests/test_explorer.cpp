@@ -20,6 +20,7 @@
 #include "tasks/task.h"
 #include "tests/core_test_util.h"
 #include "tests/process_util.h"
+#include "tests/tiny_models.h"
 
 namespace fs = std::filesystem;
 using namespace headlab;
@@ -31,12 +32,8 @@ namespace {
 std::string write_checkpoint(const std::string& path) {
   tasks::TaskOptions o;
   const auto task = tasks::make_task("reverse", o);
-  nn::GPTConfig cfg;
-  cfg.vocab_size = task->vocab_size();
-  cfg.context_length = task->required_context_length();
-  cfg.emb_dim = 32;
-  cfg.n_heads = 4;
-  cfg.n_layers = 2;
+  const nn::GPTConfig cfg = headlab::testing::tiny_gpt_config(
+      headlab::testing::kFourHeadGpt.sized_for(task->vocab_size(), task->required_context_length()));
   manual_seed(5);
   nn::GPTModel model(cfg);
   io::Checkpoint c;

@@ -9,6 +9,7 @@
 #include "nn/gpt.h"
 #include "tests/core_test_util.h"
 #include "tests/fixture_util.h"
+#include "tests/tiny_models.h"
 
 using namespace headlab;
 using namespace headlab::testing;
@@ -103,16 +104,9 @@ NameShapes names_of(const nn::GPTModel& m) {
   return out;
 }
 
+// Vocabulary 7 and context 5: the names-and-shapes tests below spell these sizes out.
 nn::GPTConfig small_config(const std::string& attention, bool qkv_bias) {
-  nn::GPTConfig c;
-  c.vocab_size = 7;
-  c.context_length = 5;
-  c.emb_dim = 8;
-  c.n_heads = 2;
-  c.n_layers = 2;
-  c.qkv_bias = qkv_bias;
-  c.attention = nn::parse_attention_form(attention);
-  return c;
+  return tiny_gpt_config(kTwoHeadGpt.sized_for(7, 5), nn::parse_attention_form(attention), qkv_bias);
 }
 
 TEST(GptNames, FusedWithoutQkvBias) {
@@ -180,11 +174,9 @@ TEST(GptNames, WrapperWithAndWithoutQkvBias) {
 TEST(GptConfig, NumParametersWithoutBuildingTheModel) {
   for (const nn::AttentionForm form : {nn::AttentionForm::fused, nn::AttentionForm::wrapper})
     for (const bool bias : {false, true}) {
-      nn::GPTConfig c;
-      c.vocab_size = 11, c.context_length = 7, c.emb_dim = 12, c.n_heads = 3, c.n_layers = 2, c.qkv_bias = bias;
-      c.attention = form;
+      nn::GPTConfig c = tiny_gpt_config(kThreeHeadGpt, form, bias);
       EXPECT_DOUBLE_EQ(c.num_parameters(), static_cast<double>(nn::GPTModel(c).num_parameters()));
-      c.kept_heads = {{0, 2}, {1}};  // after pruning
+      c.kept_heads = kPrunedHeads;  // after pruning
       EXPECT_DOUBLE_EQ(c.num_parameters(), static_cast<double>(nn::GPTModel(c).num_parameters()));
     }
 }

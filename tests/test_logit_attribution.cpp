@@ -15,35 +15,22 @@
 #include <vector>
 
 #include "tests/core_test_util.h"
+#include "tests/tiny_models.h"
 
 using namespace headlab;
 using namespace headlab::analysis;
 
 namespace {
 
-constexpr int64_t kVocab = 13, kContext = 10, kEmb = 24, kHeads = 3, kHeadDim = kEmb / kHeads;
+using headlab::testing::kThreeHeadGpt;
+constexpr int64_t kVocab = kThreeHeadGpt.vocab_size, kContext = kThreeHeadGpt.context_length,
+                  kEmb = kThreeHeadGpt.emb_dim, kHeads = kThreeHeadGpt.n_heads, kHeadDim = kEmb / kHeads;
 constexpr double kEps = 1e-5;  // the final LayerNorm's
 
-nn::GPTConfig tiny_config(nn::AttentionForm form, std::vector<std::vector<int64_t>> kept = {}) {
-  nn::GPTConfig c;
-  c.vocab_size = kVocab;
-  c.context_length = kContext;
-  c.emb_dim = kEmb;
-  c.n_heads = kHeads;
-  c.n_layers = 2;
-  c.attention = form;
-  c.kept_heads = std::move(kept);
-  return c;
-}
+nn::GPTConfig tiny_config(nn::AttentionForm form) { return headlab::testing::tiny_gpt_config(kThreeHeadGpt, form); }
 
 // Every form the attribution must handle.
-std::vector<std::pair<std::string, nn::GPTConfig>> configs() {
-  using nn::AttentionForm;
-  return {{"fused", tiny_config(AttentionForm::fused)},
-          {"wrapper", tiny_config(AttentionForm::wrapper)},
-          {"pruned fused", tiny_config(AttentionForm::fused, {{0, 2}, {1}})},
-          {"pruned wrapper", tiny_config(AttentionForm::wrapper, {{1}, {0, 2}})}};
-}
+std::vector<std::pair<std::string, nn::GPTConfig>> configs() { return headlab::testing::tiny_gpt_forms(kThreeHeadGpt); }
 
 std::shared_ptr<nn::GPTModel> tiny_model(const nn::GPTConfig& cfg, DType dtype = DType::f64) {
   manual_seed(5);

@@ -22,6 +22,7 @@
 #include "backends/backend.h"
 #include "io/h5file.h"
 #include "tests/process_util.h"
+#include "tests/tiny_models.h"
 
 namespace fs = std::filesystem;
 using namespace headlab;
@@ -614,10 +615,7 @@ TEST_F(TrainerTest, ImpossibleSizesAreRefusedBeforeAllocating) {
 
 TEST_F(TrainerTest, TaskFromRunConfig) {
   EXPECT_THROW(RunConfig::from_json(nlohmann::json::object()).make_task(), Error);
-  nn::GPTConfig model;
-  model.vocab_size = 14;
-  model.context_length = 12;
-  model.emb_dim = model.n_heads = model.n_layers = 1;
+  const nn::GPTConfig model = headlab::testing::tiny_gpt_config(headlab::testing::kTwoHeadGpt.sized_for(14, 12));
   const nlohmann::json cfg = {{"model", model.to_json()},
                               {"task", {{"name", "add"}, {"options", {{"seed", "7"}, {"n_digits", "2"}}}}}};
   const auto t = RunConfig::from_json(cfg).make_task();

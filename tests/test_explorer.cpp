@@ -99,9 +99,9 @@ std::optional<nlohmann::json> drive(const std::string& page, int query, const st
   const fs::path artifacts = fs::path(HEADLAB_BINARY_DIR) / "tests" / "artifacts";
   fs::create_directories(artifacts);
   const std::string result = tmp.path("driver.json"), shot = (artifacts / shot_name).string();
-  std::string cmd = "python3 " + std::string(HEADLAB_SOURCE_DIR) + "/tests/browser/explorer_driver.py " + page + " " +
-                    std::to_string(query) + " " + shot;
-  if (kind >= 0) cmd += " " + std::to_string(kind);
+  std::string cmd = std::string("python3 ").append(HEADLAB_SOURCE_DIR).append("/tests/browser/explorer_driver.py ");
+  cmd.append(page).append(" ").append(std::to_string(query)).append(" ").append(shot);
+  if (kind >= 0) cmd.append(" ").append(std::to_string(kind));
   const int rc = std::system((cmd + " > " + result + " 2> " + tmp.path("driver.err")).c_str());
   const std::string err = headlab::testing::slurp(tmp.path("driver.err"));
   if (WIFEXITED(rc) && WEXITSTATUS(rc) == 77) {

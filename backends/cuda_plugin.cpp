@@ -85,6 +85,7 @@ Loaded load_plugin() {
     if (out.table) return out;
     out.why_not = std::string("the linked-in plugin (") + why + "), ";
   }
+  (void)::dlerror();  // the lookup above leaves "undefined symbol" behind when nothing is linked in
   for (const std::string& path : plugin_candidates()) {
     std::string why;
     if (void* lib = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)) {

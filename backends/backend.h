@@ -185,8 +185,9 @@ std::string format_bytes(double bytes);
 // innermost OpScope (base/error.h), or "<device> alloc" outside every op.
 std::string out_of_memory_message(size_t nbytes, const std::string& device);
 Backend& cpu_backend();
-// Call first thing in a program's main(): applies the CPU backend's threading policy, which must be
-// in place before the OpenMP runtime starts (backends/cpu/omp_policy.h: it may re-execute the program).
+// Call in main() before the program's work: applies the CPU backend's threading policy, which must be
+// in place before the OpenMP runtime starts (backends/cpu/omp_policy.h: it may re-execute the program,
+// so nothing before it may have effects that a second start would repeat).
 void prepare_process(char** argv);
 bool cuda_available();        // built with CUDA and a GPU is visible
 bool cuda_built();

@@ -1,5 +1,6 @@
-// Picks the backend that owns a device's memory. The CUDA backend is compiled in only when
-// HEADLAB_HAS_CUDA is defined (HEADLAB_CUDA=ON, or AUTO with nvcc present).
+// Picks the backend that owns a device's memory. The CUDA backend is built only when HEADLAB_HAS_CUDA
+// is defined (HEADLAB_CUDA=ON, or AUTO with nvcc present), as a plugin loaded on first use of a CUDA
+// device (backends/cuda_plugin.cpp).
 #include "backends/backend.h"
 
 #include <cmath>

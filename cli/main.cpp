@@ -11,7 +11,6 @@
 #include "train/collectives.h"
 
 int main(int argc, char** argv) {
-  headlab::prepare_process(argv);
   // Under a file size limit (ulimit -f) a write past it fails with EFBIG, which the writers report,
   // instead of SIGXFSZ ending the process half-way through a save.
   std::signal(SIGXFSZ, SIG_IGN);
@@ -61,6 +60,9 @@ int main(int argc, char** argv) {
     app.exit(e);  // prints the message and the hint to use --help
     return 2;
   }
+  // The CPU threading policy may re-execute the program; parsing first (it has no side effects)
+  // spares --help, --version and usage errors that second start.
+  headlab::prepare_process(argv);
   try {
     for (auto& [sub, action] : actions)
       if (sub->parsed()) return action();

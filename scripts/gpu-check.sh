@@ -6,7 +6,9 @@
 #                                      -march=x86-64-v3, no MPI) and packs its programs, every shared library
 #                                      they need that is neither glibc nor CUDA's, and the PyTorch peers into
 #                                      .gpu/headlab-gpu.tar.gz (ignored by git; the programs find the libraries
-#                                      through an RPATH of $ORIGIN/../lib, so nothing else on that machine changes)
+#                                      through an RPATH of $ORIGIN/../lib, so nothing else on that machine changes;
+#                                      the CUDA plugin libheadlab_cuda.so goes to lib/, and bin/ gets a link to it,
+#                                      as headlab looks for it beside itself)
 #   scripts/gpu-check.sh run [STEP..]  there, in the repository root, with .gpu carried: unpacks it into
 #                                      /tmp/headlab-gpu and runs the steps (default all): env tests sanitize train
 #                                      cli speed. Each step's output goes to gpu-check.log and a PASS/FAIL line to
@@ -30,17 +32,22 @@ pack() {
   cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DHEADLAB_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
         -DHEADLAB_NATIVE=OFF -DHEADLAB_MPI=OFF -DHEADLAB_EXAMPLES=OFF "-DCMAKE_CXX_FLAGS=-march=x86-64-v3" \
         "-DCMAKE_EXE_LINKER_FLAGS=-Wl,--disable-new-dtags" "-DCMAKE_BUILD_RPATH=\$ORIGIN/../lib" >/dev/null
-  cmake --build build-gpu -j"$(nproc)" --target headlab_cli test_cuda_backend test_cuda_parity gpt_step
+  cmake --build build-gpu -j"$(nproc)" --target headlab_cli headlab_cuda test_cuda_backend test_cuda_parity gpt_step
   local stage=build-gpu/stage
   rm -rf "$stage" && mkdir -p "$stage/bin" "$stage/lib" "$stage/peers" .gpu
   cp build-gpu/headlab build-gpu/tests/test_cuda_backend build-gpu/tests/test_cuda_parity build-gpu/bench/gpt_step "$stage/bin/"
+  # The CUDA backend, a plugin: the suites and gpt_step link it (RPATH: lib/), headlab dlopens it from
+  # beside itself on first use of a GPU.
+  cp build-gpu/libheadlab_cuda.so "$stage/lib/"
+  ln -s ../lib/libheadlab_cuda.so "$stage/bin/libheadlab_cuda.so"
   cp ../shared/peers/*.py bench/torch_mha_peer.py "$stage/peers/"
   # Every library the programs load, but glibc's (the GPU machine's own must be >= this one's) and
   # CUDA's (that machine's toolkit and driver provide them).
   for p in "$stage"/bin/*; do ldd "$p"; done | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
     grep -Ev '/(libc|libm|libdl|libpthread|librt|libresolv|ld-linux-x86-64)\.so|/libcu(da|dart|blas|blasLt)\.so' |
+    grep -v /libheadlab_cuda\.so |
     while read -r lib; do cp -L "$lib" "$stage/lib/"; done
-  strip --strip-unneeded "$stage"/bin/* 2>/dev/null || true
+  find "$stage/bin" -type f -exec strip --strip-unneeded {} + 2>/dev/null || true  # not through the link
   tar -czf "$pack_file" -C "$stage" .
   echo "gpu-check pack: $(ls "$stage/lib" | wc -l) libraries, $(du -sh "$stage" | cut -f1) unpacked, $pack_file $(du -h "$pack_file" | cut -f1)"
   echo "glibc here: $(ldd --version | head -1)"

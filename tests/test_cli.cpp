@@ -449,4 +449,96 @@ TEST_F(CliRunTest, CudaOnACpuBuildIsAClearError) {
 }
 #endif
 
+// ---- startup: what a run loads, and how often it starts ------------------------------------------------
+
+// Runs the binary under the dynamic loader's log of every shared object it opens, at start or later
+// with dlopen (LD_DEBUG=files, on stderr), and libgomp's report of its settings, printed by each
+// start of the program (OMP_DISPLAY_ENV=verbose). No OpenMP policy of the caller's leaks in.
+Result headlab_logged(const std::vector<std::string>& args, const std::string& env = "") {
+  std::vector<std::string> argv{"env", "-u", "OMP_WAIT_POLICY", "-u", "GOMP_SPINCOUNT", "LD_DEBUG=files",
+                                "OMP_DISPLAY_ENV=verbose", "OMP_NUM_THREADS=1"};
+  if (!env.empty()) argv.push_back(env);
+  argv.push_back(kBinary);
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run_process(argv, scratch_dir());
+}
+
+// libgomp's spin counts, one per start of the program, in order.
+std::vector<std::string> spin_counts(const std::string& err) {
+  std::vector<std::string> out;
+  const std::string key = "GOMP_SPINCOUNT = '";
+  for (size_t at = err.find(key); at != std::string::npos; at = err.find(key, at + 1))
+    out.push_back(err.substr(at + key.size(), err.find('\'', at + key.size()) - at - key.size()));
+  return out;
+}
+
+const char* const kCudaLibraries[] = {"libheadlab_cuda.so", "libcudart", "libcublas", "libcuda.so"};
+
+// --help and --version load no CUDA library and start once: the CPU threading policy's re-execution
+// (backends/cpu/omp_policy.h) waits until a command is about to run, and the CUDA backend is a plugin.
+TEST_F(CliTest, HelpAndVersionStartOnceAndLoadNoCudaLibrary) {
+  for (const char* arg : {"--help", "--version"}) {
+    const Result r = headlab_logged({arg});
+    ASSERT_EQ(r.code, 0) << arg << ": " << r.err;
+    ASSERT_TRUE(contains(r.err, "file=libstdc++.so")) << "the loader's log is missing:\n" << r.err;
+    for (const char* lib : kCudaLibraries) EXPECT_FALSE(contains(r.err, lib)) << arg << " loads " << lib;
+    EXPECT_EQ(spin_counts(r.err).size(), 1u) << arg << " started more than once:\n" << r.err;
+  }
+}
+
+// A command starts again with OpenMP threads that wait passively (spin count 0), as training needs.
+TEST_F(CliTest, ACommandRunsWithPassiveOpenMPWaits) {
+  const Result r = headlab_logged({"eval", path("no_such_checkpoint.h5")});
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(spin_counts(r.err), (std::vector<std::string>{"300000", "0"})) << r.err;
+  for (const char* lib : kCudaLibraries) EXPECT_FALSE(contains(r.err, lib)) << "a CPU command loads " << lib;
+}
+
+#ifdef HEADLAB_HAS_CUDA
+// Asking for a GPU loads the plugin beside the binary, and the CUDA runtime with it (which is what
+// the checks above would see). Without a GPU the plugin's error is the one line the user gets.
+TEST_F(CliTest, CudaLoadsThePluginOnFirstUse) {
+  const Result r = headlab_logged({"train", "--task", "reverse", "--steps", "1", "--device", "cuda", "--out",
+                                   path("cuda_run")});
+  EXPECT_TRUE(contains(r.err, "file=" + std::string(HEADLAB_BINARY_DIR) + "/libheadlab_cuda.so")) << r.err;
+  EXPECT_TRUE(contains(r.err, "file=libcudart.so")) << r.err;
+  if (r.code == 0) GTEST_SKIP() << "a GPU is visible: the run trained on it";
+  expect_run_error({"train", "--task", "reverse", "--steps", "1", "--device", "cuda", "--out", path("cuda_run")},
+                   {"cuda: no CUDA device is visible", "use --device cpu"});
+}
+
+// A plugin that cannot be loaded: the error names each file tried and the loader's reason.
+TEST_F(CliTest, AMissingCudaPluginNamesTheFilesTried) {
+  const std::vector<std::string> args{"train", "--task", "reverse", "--steps", "1", "--device", "cuda", "--out",
+                                      path("no_plugin_run")};
+  const auto run = [&](const std::string& binary, const std::string& env) {
+    std::vector<std::string> argv{binary};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return run_process(argv, scratch_dir(), env);
+  };
+  // HEADLAB_CUDA_PLUGIN, when set, is the only file tried.
+  const std::string wrong = path("elsewhere/libheadlab_cuda.so");
+  Result r = run(kBinary, "HEADLAB_CUDA_PLUGIN=" + wrong);
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_EQ(r.err, "headlab: cuda: cannot load the CUDA backend libheadlab_cuda.so: tried " + wrong +
+                       " (cannot open shared object file: No such file or directory); set "
+                       "HEADLAB_CUDA_PLUGIN=/path/to/libheadlab_cuda.so or use --device cpu\n");
+  // A file that is not a shared library.
+  const std::string text = path("not_a_library.so");
+  std::ofstream(text) << "not ELF\n";
+  r = run(kBinary, "HEADLAB_CUDA_PLUGIN=" + text);
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_TRUE(contains(r.err, "cannot load the CUDA backend libheadlab_cuda.so: tried " + text + " (")) << r.err;
+  // A copy of the binary with no plugin beside it looks there, then in the install libdir.
+  const std::string alone = path("alone/headlab");
+  fs::create_directories(path("alone"));
+  fs::copy_file(kBinary, alone, fs::copy_options::overwrite_existing);
+  r = run(alone, "");
+  EXPECT_EQ(r.code, 1) << r.err;
+  EXPECT_TRUE(contains(r.err, "tried " + path("alone/libheadlab_cuda.so") +
+                                  " (cannot open shared object file: No such file or directory), /"))
+      << r.err;
+}
+#endif
+
 }  // namespace

@@ -8,7 +8,8 @@
 
 namespace headlab::cpu {
 
-// Call first thing in main(); returns when there is nothing to do (or exec failed).
+// Call in main() before anything with effects (a command line may be parsed first); returns when
+// there is nothing to do (or exec failed).
 void restart_with_passive_omp_waits(char** argv);
 
 }  // namespace headlab::cpu

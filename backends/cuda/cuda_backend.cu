@@ -80,8 +80,8 @@ void* CachingAllocator::allocate(size_t nbytes, cudaStream_t stream) {
       if (err == cudaErrorMemoryAllocation) {
         size_t dev_free = 0, dev_total = 0;
         if (cudaMemGetInfo(&dev_free, &dev_total) != cudaSuccess) (void)cudaGetLastError();
-        const auto size_of = [](size_t n) { return format_bytes(static_cast<double>(n)); };
-        HL_FAIL(out_of_memory_message(nbytes, "cuda:" + std::to_string(device_)), "; ", size_of(in_use_),
+        const auto size_of = [](size_t n) { return host().format_bytes(static_cast<double>(n)); };
+        HL_FAIL(host().out_of_memory_message(nbytes, "cuda:" + std::to_string(device_)), "; ", size_of(in_use_),
                 " in use by tensors (peak ", size_of(peak_), "), ", size_of(cached_), " cached, ", size_of(dev_free),
                 " free of ", size_of(dev_total), " on the device");
       }
@@ -288,9 +288,13 @@ void CudaBackend::gemm(DType dt, bool trans_a, bool trans_b, int64_t M, int64_t 
 }
 
 // ---------------------------------------------------------------------------------------------
-// Entry points for the registry
+// The plugin's table (backends/cuda/cuda_plugin.h): what the core's cuda_backend.h functions call
 // ---------------------------------------------------------------------------------------------
-bool cuda_device_visible() {
+namespace {
+
+const CudaHost* g_host = nullptr;
+
+bool device_visible() {
   static const bool visible = []() noexcept {
     try {
       int count = 0;
@@ -307,7 +311,7 @@ bool cuda_device_visible() {
   return visible;
 }
 
-Backend& cuda_backend_instance(int device_index) {
+CudaBackend& backend_instance(int device_index) {
   if (device_index >= 0 && device_index < kMaxDevices) {
     if (CudaBackend* be = g_instances[device_index].load(std::memory_order_acquire)) return *be;
   }
@@ -330,15 +334,27 @@ Backend& cuda_backend_instance(int device_index) {
   return *be;
 }
 
-void cuda_set_allow_tf32(bool allow) { g_allow_tf32.store(allow, std::memory_order_relaxed); }
-bool cuda_allow_tf32() { return g_allow_tf32.load(std::memory_order_relaxed); }
+const CudaPlugin kTable = [] {
+  CudaPlugin t;
+  t.device_visible = &device_visible;
+  t.backend_instance = [](int device_index) -> Backend* { return &backend_instance(device_index); };
+  t.set_allow_tf32 = [](bool allow) { g_allow_tf32.store(allow, std::memory_order_relaxed); };
+  t.allow_tf32 = [] { return g_allow_tf32.load(std::memory_order_relaxed); };
+  t.empty_cache = [](int device_index) { backend_instance(device_index).empty_cache(); };
+  t.cached_bytes = [](int device_index) { return backend_instance(device_index).cached_bytes(); };
+  return t;
+}();
 
-void cuda_empty_cache(int device_index) {
-  static_cast<CudaBackend&>(cuda_backend_instance(device_index)).empty_cache();
-}
+}  // namespace
 
-size_t cuda_cached_bytes(int device_index) {
-  return static_cast<CudaBackend&>(cuda_backend_instance(device_index)).cached_bytes();
-}
+const CudaHost& cuda::host() { return *g_host; }
 
 }  // namespace headlab
+
+// The plugin's one exported symbol (everything else is hidden). The core checks the table's abi
+// before calling anything in it.
+extern "C" __attribute__((visibility("default"))) const headlab::CudaPlugin* headlab_cuda_plugin(
+    const headlab::CudaHost* host) {
+  headlab::g_host = host;
+  return &headlab::kTable;
+}

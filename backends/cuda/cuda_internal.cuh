@@ -16,7 +16,7 @@
 
 #include "base/error.h"
 #include "backends/backend.h"
-#include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/cuda_plugin.h"
 #include "backends/scalar_math.h"
 
 // `what` names the op; the message is "cuda <what>: <CUDA error string>".
@@ -65,6 +65,9 @@ constexpr int kRowWarpsPerBlock = 8;    // warps (rows) per block in the warp-pe
 constexpr int kRowBlockThreads = 256;   // threads per row in the block-per-row kernels
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// The services of the core that loaded this plugin (set by the entry point, headlab_cuda_plugin).
+const CudaHost& host();
 
 // ---- the caching allocator ----
 // Sizes are rounded to a class (512 B multiples up to 1 MiB, 2 MiB multiples above); freed blocks

@@ -8,12 +8,6 @@
 
 namespace headlab::nn {
 
-// The two forms of multi-head attention (DESIGN.md section 6): one CausalMultiHeadAttention, or a
-// MultiHeadAttentionWrapper of per-head CausalAttention modules plus out_proj. Same maths.
-enum class AttentionForm { fused, wrapper };
-AttentionForm parse_attention_form(const std::string& name);  // "fused" | "wrapper"; clear error otherwise
-const char* attention_form_name(AttentionForm form);
-
 struct GPTConfig {
   int64_t vocab_size = 0, context_length = 0, emb_dim = 0, n_heads = 0, n_layers = 0;
   double drop_rate = 0.0;
@@ -24,6 +18,8 @@ struct GPTConfig {
 
   int64_t head_dim() const { return n_heads ? emb_dim / n_heads : 0; }
   int64_t heads_in_layer(int64_t layer) const;
+  // The sizes of layer `layer`'s attention (emb_dim -> emb_dim, its heads of head_dim()).
+  CausalAttentionSizes attention_sizes(int64_t layer) const;
   // What GPTModel(*this).num_parameters() will be, computed without building it (as a double: a
   // size someone mistyped may not fit an int64).
   double num_parameters() const;

@@ -1,5 +1,5 @@
-// GPTModel of "Build a LLM from Scratch" ch. 4, with the attention form chosen by config
-// ("fused": CausalMultiHeadAttention, "wrapper": MultiHeadAttentionWrapper + out_proj) and optional
+// GPTModel of "Build a LLM from Scratch" ch. 4, with the attention form chosen by config (built by
+// nn/attention's make_causal_attention: "fused" or "wrapper" with out_proj) and optional
 // per-layer head lists for physically pruned models. Parameter names are DESIGN.md section 7's.
 #pragma once
 #include <nlohmann/json.hpp>

@@ -251,7 +251,7 @@ class CausalMultiHeadAttention : public CausalMultiHead {
   std::tuple<Tensor, Tensor, Tensor> project_qkv(const Tensor& x) const;
 };
 
-// The module of a form: the one place a form is chosen (GPTModel's blocks, the train command).
+// The module of a form: where GPTModel's blocks (and anything else) turn a form into a module.
 std::shared_ptr<CausalMultiHead> make_causal_attention(AttentionForm form, const CausalAttentionSizes& s);
 // make_causal_attention(form, s)->num_parameters(), without building it (a double: sizes someone
 // mistyped may not fit an int64).

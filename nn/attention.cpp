@@ -456,6 +456,7 @@ std::tuple<Tensor, Tensor, Tensor> CausalMultiHeadAttention::project_qkv(const T
 
 // ---- conversion: every causal form to and from per-head form ----
 std::shared_ptr<CausalMultiHead> CausalMultiHead::prune_heads(const std::vector<int64_t>& keep) const {
+  check_head_selection(keep, head_count(), type_name(), "the module");  // before the split, naming this module
   return merge_heads(*split_heads()->select_heads(keep), form());
 }
 

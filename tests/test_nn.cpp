@@ -1380,7 +1380,7 @@ TEST(HeadSurgery, BadKeepListsNameTheModule) {
   CausalMultiHeadAttention f(4, 6, 8, 0.0, 3);
   MultiHeadAttentionWrapper w(4, 2, 8, 0.0, 3);
   MultiHeadAttention d(4, 4, 4, 6, 3, 0.0);
-  EXPECT_ERROR(f.prune_heads({}), "MultiHeadAttentionWrapper: the module must keep at least one head");
+  EXPECT_ERROR(f.prune_heads({}), "CausalMultiHeadAttention: the module must keep at least one head");
   EXPECT_ERROR(w.prune_heads({1, 3}), "MultiHeadAttentionWrapper: the module has no head 3 (it has 3)");
   EXPECT_ERROR(d.prune_heads({2, 0}),
                         "MultiHeadAttention: the heads kept in the module must be sorted and distinct");

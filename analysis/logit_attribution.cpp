@@ -15,12 +15,11 @@ namespace {
 
 constexpr const char* kWho = "logit_attribution";
 
-// out_proj of either attention form: weight (C, H*D), head h's columns [h*D, (h+1)*D).
+// The output projection of any attention form: weight (C, H*D), head h's columns [h*D, (h+1)*D).
 const nn::Linear& out_proj_of(nn::CausalMultiHead& att, int64_t layer) {
-  if (auto* f = dynamic_cast<nn::CausalMultiHeadAttention*>(&att)) return *f->out_proj;
-  auto* w = dynamic_cast<nn::MultiHeadAttentionWrapper*>(&att);
-  HL_CHECK(w && w->out_proj, kWho, ": the attention of layer ", layer, " (", att.type_name(), ") has no out_proj");
-  return *w->out_proj;
+  const nn::Linear* proj = att.output_projection();
+  HL_CHECK(proj, kWho, ": the attention of layer ", layer, " (", att.type_name(), ") has no out_proj");
+  return *proj;
 }
 
 Tensor f64_cpu(const Tensor& t) { return t.to(kCPU).to(DType::f64); }

@@ -1,17 +1,9 @@
-// Parameter surgery by state_dict name: physical pruning (fewer heads) and fused <-> wrapper layout.
+// Physical pruning and attention-layout conversion of parameters and checkpoints. No state_dict name
+// is parsed here: the model is built from its config and loaded, each attention module prunes or
+// converts itself (nn/attention), and the parameters are read back from the model with the new modules.
 #include "analysis/surgery.h"
 
 #include <algorithm>
-#include <chrono>
-#include <cmath>
-#include <fstream>
-#include <iomanip>
-#include <limits>
-#include <map>
-#include <numeric>
-#include <set>
-#include <sstream>
-#include <tuple>
 
 #include "analysis/head_control.h"
 
@@ -19,45 +11,86 @@ namespace headlab::analysis {
 
 namespace {
 
+// Surgery builds modules, and building draws initial values from the default generator: the
+// caller's random stream is put back where it was, so pruning or converting changes no later draw.
+class KeepRandomState {
+ public:
+  KeepRandomState() : seed_(default_generator().seed()), offset_(default_generator().offset()) {}
+  ~KeepRandomState() { default_generator().set_state(seed_, offset_); }
+  KeepRandomState(const KeepRandomState&) = delete;
+  KeepRandomState& operator=(const KeepRandomState&) = delete;
 
-// Parameter names of the model a config describes, in registration order.
-std::vector<std::pair<std::string, Shape>> expected_parameters(const nn::GPTConfig& cfg) {
-  NoGradGuard no_grad;
-  const nn::GPTModel m(cfg);
-  std::vector<std::pair<std::string, Shape>> out;
-  for (auto& [name, t] : m.named_parameters()) out.emplace_back(name, t.shape());
+ private:
+  uint64_t seed_, offset_;
+};
+
+// The state_dict prefix of `target` inside `root` ("trf_blocks.3.att."), found by identity: surgery
+// needs no knowledge of where a model keeps its attention modules.
+bool find_prefix(const nn::Module& root, const nn::Module& target, std::string& prefix) {
+  for (const auto& [name, child] : root.children()) {
+    const size_t before = prefix.size();
+    prefix += name + ".";
+    if (child.get() == &target || find_prefix(*child, target, prefix)) return true;
+    prefix.resize(before);
+  }
+  return false;
+}
+
+// An attention module of `model` and the module that takes its place.
+using Replacement = std::pair<const nn::Module*, std::shared_ptr<nn::Module>>;
+
+// model's parameters in its order, each replaced module's entries taken from its replacement instead
+// (at the place of the replaced module's first one).
+NamedTensors replace_modules(const nn::Module& model, const std::vector<Replacement>& replacements) {
+  std::vector<std::string> prefixes;
+  for (const auto& [replaced, by] : replacements) {
+    std::string prefix;
+    HL_CHECK(find_prefix(model, *replaced, prefix), "surgery: a replaced module is not part of the model");
+    prefixes.push_back(prefix);
+  }
+  std::vector<bool> done(replacements.size(), false);
+  NamedTensors out;
+  for (const auto& [name, t] : model.named_parameters()) {
+    const auto it = std::find_if(prefixes.begin(), prefixes.end(), [&](const std::string& p) { return name.rfind(p, 0) == 0; });
+    if (it == prefixes.end()) {
+      out.emplace_back(name, t.detach());
+      continue;
+    }
+    const auto i = static_cast<size_t>(it - prefixes.begin());
+    if (done[i]) continue;
+    done[i] = true;
+    for (const auto& [sub, v] : replacements[i].second->named_parameters()) out.emplace_back(*it + sub, v.detach());
+  }
   return out;
 }
 
-std::map<std::string, Tensor> by_name(const NamedTensors& params) {
-  std::map<std::string, Tensor> m;
-  for (const auto& [name, t] : params) m[name] = t;
-  return m;
+// keep[i] checked against the model's attention module i; returns the kept heads' original indices.
+std::vector<std::vector<int64_t>> original_heads(const nn::Model& model, const std::vector<std::vector<int64_t>>& keep,
+                                                 const std::string& unit) {
+  std::vector<std::vector<int64_t>> kept(keep.size());
+  for (size_t i = 0; i < keep.size(); ++i) {
+    const auto m = static_cast<int64_t>(i);
+    nn::check_head_selection(keep[i], model.heads_at(m), "prune_parameters", unit + " " + std::to_string(i));
+    for (int64_t h : keep[i]) kept[i].push_back(model.original_head(m, h));
+  }
+  return kept;
 }
 
-const Tensor& lookup(const std::map<std::string, Tensor>& m, const std::string& name, const char* who) {
-  auto it = m.find(name);
-  HL_CHECK(it != m.end(), who, ": parameter ", name, " is missing");
-  return it->second;
+void check_keep_count(const std::vector<std::vector<int64_t>>& keep, const nn::GPTConfig& cfg) {
+  HL_CHECK(static_cast<int64_t>(keep.size()) == cfg.n_layers, "prune_parameters: keep lists ", keep.size(),
+           " layers, the model has ", cfg.n_layers);
 }
 
-// "trf_blocks.3.att.heads.2.W_key.weight" -> (3, "heads.2.W_key.weight"); layer -1 if not attention.
-std::pair<int64_t, std::string> split_attention_name(const std::string& name) {
-  static const std::string pre = "trf_blocks.";
-  if (name.rfind(pre, 0) != 0) return {-1, ""};
-  const size_t dot = name.find('.', pre.size());
-  if (dot == std::string::npos) return {-1, ""};
-  const std::string rest = name.substr(dot + 1);
-  if (rest.rfind("att.", 0) != 0) return {-1, ""};
-  return {std::stoll(name.substr(pre.size(), dot - pre.size())), rest.substr(4)};
-}
-
-// Rows [h*D, (h+1)*D) of every kept head, as an index tensor.
-Tensor head_rows(const std::vector<int64_t>& keep, int64_t D) {
-  std::vector<int64_t> rows;
-  for (int64_t h : keep)
-    for (int64_t i = 0; i < D; ++i) rows.push_back(h * D + i);
-  return tensor(rows, {static_cast<int64_t>(rows.size())});
+// The GPT's config and parameters with layer l keeping heads keep[l] (checked).
+std::pair<nn::GPTConfig, NamedTensors> prune_gpt(const nn::GPTModel& model, const std::vector<std::vector<int64_t>>& keep) {
+  check_keep_count(keep, model.config());
+  nn::GPTConfig out = model.config();
+  out.kept_heads = original_heads(model, keep, "layer");
+  out.validate();
+  std::vector<Replacement> replacements;
+  for (int64_t l = 0; l < model.n_layers(); ++l)
+    replacements.emplace_back(&model.attention(l), model.attention(l).prune_heads(keep[static_cast<size_t>(l)]));
+  return {out, replace_modules(model, replacements)};
 }
 
 }  // namespace
@@ -65,97 +98,36 @@ Tensor head_rows(const std::vector<int64_t>& keep, int64_t D) {
 // ---- physical pruning and conversion ----
 std::pair<nn::GPTConfig, NamedTensors> prune_parameters(const nn::GPTConfig& cfg, const NamedTensors& params,
                                                         const std::vector<std::vector<int64_t>>& keep) {
-  const char* who = "prune_parameters";
-  HL_CHECK(static_cast<int64_t>(keep.size()) == cfg.n_layers, who, ": keep lists ", keep.size(),
-           " layers, the model has ", cfg.n_layers);
-  nn::GPTConfig out = cfg;
-  out.kept_heads.assign(static_cast<size_t>(cfg.n_layers), {});
-  const int64_t D = cfg.head_dim();
-  std::vector<std::map<int64_t, int64_t>> renumber(keep.size());  // old local head -> new local head
-  std::vector<Tensor> rows(keep.size()), cols(keep.size());
-  for (int64_t l = 0; l < cfg.n_layers; ++l) {
-    const auto& k = keep[static_cast<size_t>(l)];
-    const int64_t H = cfg.heads_in_layer(l);
-    HL_CHECK(!k.empty(), who, ": layer ", l, " must keep at least one head");
-    for (size_t i = 0; i < k.size(); ++i) {
-      HL_CHECK(k[i] >= 0 && k[i] < H, who, ": layer ", l, " has no head ", k[i], " (it has ", H, ")");
-      HL_CHECK(i == 0 || k[i] > k[i - 1], who, ": the heads kept in layer ", l, " must be sorted and distinct");
-      renumber[static_cast<size_t>(l)][k[i]] = static_cast<int64_t>(i);
-      out.kept_heads[static_cast<size_t>(l)].push_back(analysis::original_head(cfg, l, k[i]));
-    }
-    rows[static_cast<size_t>(l)] = head_rows(k, D);
-  }
-  out.validate();
-  NamedTensors result;
-  for (const auto& [name, t] : params) {
-    const auto [l, rest] = split_attention_name(name);
-    if (l < 0) {
-      result.emplace_back(name, t);
-      continue;
-    }
-    HL_CHECK(l < cfg.n_layers, who, ": parameter ", name, " names layer ", l, " of ", cfg.n_layers);
-    const Tensor& idx = rows[static_cast<size_t>(l)];
-    if (rest == "out_proj.weight") {  // (C, H*D): keep the kept heads' columns
-      result.emplace_back(name, index_select(t, 1, idx.to(t.device())));
-    } else if (rest == "out_proj.bias") {
-      result.emplace_back(name, t);
-    } else if (rest.rfind("heads.", 0) == 0) {  // wrapper: heads.{j}.<rest>, renumbered
-      const size_t dot = rest.find('.', 6);
-      const int64_t j = std::stoll(rest.substr(6, dot - 6));
-      auto it = renumber[static_cast<size_t>(l)].find(j);
-      if (it == renumber[static_cast<size_t>(l)].end()) continue;
-      result.emplace_back("trf_blocks." + std::to_string(l) + ".att.heads." + std::to_string(it->second) +
-                              rest.substr(dot),
-                          t);
-    } else {  // fused W_query/W_key/W_value weight (H*D, C) or bias (H*D): keep the kept heads' rows
-      result.emplace_back(name, index_select(t, 0, idx.to(t.device())));
-    }
-  }
-  return {out, result};
+  check_keep_count(keep, cfg);
+  KeepRandomState keep_random_state;
+  NoGradGuard no_grad;
+  nn::GPTModel model(cfg);
+  model.load_parameters(params, "prune_parameters");
+  return prune_gpt(model, keep);
 }
 
 std::pair<nn::TransformerConfig, NamedTensors> prune_parameters(const nn::TransformerConfig& cfg,
                                                                 const NamedTensors& params,
                                                                 const std::vector<std::vector<int64_t>>& keep) {
-  const char* who = "prune_parameters";
-  const int64_t L = cfg.num_layers, D = cfg.head_size();
-  HL_CHECK(static_cast<int64_t>(keep.size()) == 3 * L, who, ": keep lists ", keep.size(),
+  const int64_t L = cfg.num_layers;
+  HL_CHECK(static_cast<int64_t>(keep.size()) == 3 * L, "prune_parameters: keep lists ", keep.size(),
            " attention modules, the encoder-decoder has ", 3 * L);
+  KeepRandomState keep_random_state;
+  NoGradGuard no_grad;
+  nn::EncoderDecoder model(cfg);
+  model.load_parameters(params, "prune_parameters");
+  const std::vector<std::vector<int64_t>> kept = original_heads(model, keep, "attention module");
+  // Modules in nn::Model's order: encoder layers, decoder self-attention, cross-attention.
   nn::TransformerConfig out = cfg;
-  std::vector<std::vector<int64_t>>* kept_out[3] = {&out.kept_encoder, &out.kept_decoder, &out.kept_cross};
-  const std::vector<std::vector<int64_t>>* kept_in[3] = {&cfg.kept_encoder, &cfg.kept_decoder, &cfg.kept_cross};
-  std::map<std::string, Tensor> rows;  // parameter prefix of module i -> its kept rows
-  for (int64_t i = 0; i < 3 * L; ++i) {
-    const int64_t kind = i / L, l = i % L;
-    const std::vector<std::vector<int64_t>>& before = *kept_in[kind];
-    const int64_t H = before.empty() ? cfg.num_heads : static_cast<int64_t>(before[static_cast<size_t>(l)].size());
-    const auto& k = keep[static_cast<size_t>(i)];
-    HL_CHECK(!k.empty(), who, ": attention module ", i, " must keep at least one head");
-    if (l == 0) kept_out[kind]->assign(static_cast<size_t>(L), {});
-    for (size_t j = 0; j < k.size(); ++j) {
-      HL_CHECK(k[j] >= 0 && k[j] < H, who, ": attention module ", i, " has no head ", k[j], " (it has ", H, ")");
-      HL_CHECK(j == 0 || k[j] > k[j - 1], who, ": the heads kept in attention module ", i, " must be sorted and distinct");
-      (*kept_out[kind])[static_cast<size_t>(l)].push_back(before.empty() ? k[j] : before[static_cast<size_t>(l)][static_cast<size_t>(k[j])]);
-    }
-    const std::string block = (kind == 0 ? "encoder" : "decoder") + std::string(".blks.block") + std::to_string(l) + ".";
-    rows[block + (kind == 0 ? "attention." : kind == 1 ? "attention1." : "attention2.")] = head_rows(k, D);
-  }
+  const auto Ls = static_cast<size_t>(L);
+  out.kept_encoder.assign(kept.begin(), kept.begin() + static_cast<std::ptrdiff_t>(Ls));
+  out.kept_decoder.assign(kept.begin() + static_cast<std::ptrdiff_t>(Ls), kept.begin() + static_cast<std::ptrdiff_t>(2 * Ls));
+  out.kept_cross.assign(kept.begin() + static_cast<std::ptrdiff_t>(2 * Ls), kept.end());
   out.validate();
-  NamedTensors result;
-  for (const auto& [name, t] : params) {
-    const std::string& param = name;  // clang 14 cannot capture a structured binding
-    const auto it = std::find_if(rows.begin(), rows.end(), [&](const auto& r) { return param.rfind(r.first, 0) == 0; });
-    if (it == rows.end()) {
-      result.emplace_back(name, t);
-      continue;
-    }
-    const std::string rest = name.substr(it->first.size());
-    const Tensor idx = it->second.to(t.device());
-    if (rest == "W_o.weight") result.emplace_back(name, index_select(t, 1, idx));  // (N, H*D): kept columns
-    else if (rest == "W_o.bias") result.emplace_back(name, t);
-    else result.emplace_back(name, index_select(t, 0, idx));  // W_q/W_k/W_v weight (H*D, N) or bias (H*D): kept rows
-  }
-  return {out, result};
+  std::vector<Replacement> replacements;
+  for (int64_t i = 0; i < 3 * L; ++i)
+    replacements.emplace_back(&model.attention(i), model.attention(i).prune_heads(keep[static_cast<size_t>(i)]));
+  return {out, replace_modules(model, replacements)};
 }
 
 Checkpoint prune_checkpoint(const Checkpoint& ckpt, const std::vector<std::vector<int64_t>>& keep,
@@ -196,48 +168,30 @@ Checkpoint prune_checkpoint(const Checkpoint& ckpt, const std::vector<std::vecto
 }
 
 std::shared_ptr<nn::GPTModel> prune_model(const nn::GPTModel& model, const std::vector<std::vector<int64_t>>& keep) {
-  NamedTensors params;
-  for (auto& [name, t] : model.named_parameters()) params.emplace_back(name, t.detach().to(kCPU).clone());
-  auto [cfg, pruned] = prune_parameters(model.config(), params, keep);
+  KeepRandomState keep_random_state;
+  NoGradGuard no_grad;
+  auto [cfg, pruned] = prune_gpt(model, keep);
   auto m = std::make_shared<nn::GPTModel>(cfg);
   m->to(detail::model_dtype(model));
-  m->load_parameters(pruned, "prune_model");
   m->to(model.device());
+  m->load_parameters(pruned, "prune_model");
   m->train(model.is_training());
   return m;
 }
 
 std::pair<nn::GPTConfig, NamedTensors> convert_parameters(const nn::GPTConfig& cfg, const NamedTensors& params,
                                                           nn::AttentionForm attention) {
-  const char* who = "convert_parameters";
   nn::GPTConfig out = cfg;
   out.attention = attention;
   if (attention == cfg.attention) return {out, params};
-  const auto src = by_name(params);
-  const int64_t D = cfg.head_dim();
-  NamedTensors result;
-  for (const auto& [name, shape] : expected_parameters(out)) {
-    const auto [l, rest] = split_attention_name(name);
-    const std::string prefix = "trf_blocks." + std::to_string(l) + ".att.";
-    Tensor value;
-    if (l >= 0 && attention == nn::AttentionForm::wrapper && rest.rfind("heads.", 0) == 0) {
-      // heads.{j}.W_query.weight <- rows [j*D, (j+1)*D) of the fused W_query.weight (bias alike)
-      const size_t dot = rest.find('.', 6);
-      const int64_t j = std::stoll(rest.substr(6, dot - 6));
-      value = lookup(src, prefix + rest.substr(dot + 1), who).narrow(0, j * D, D).contiguous();
-    } else if (l >= 0 && attention == nn::AttentionForm::fused && rest.rfind("W_", 0) == 0) {
-      std::vector<Tensor> parts;
-      for (int64_t j = 0; j < cfg.heads_in_layer(l); ++j)
-        parts.push_back(lookup(src, prefix + "heads." + std::to_string(j) + "." + rest, who));
-      value = cat(parts, 0);
-    } else {
-      value = lookup(src, name, who);
-    }
-    HL_CHECK(value.shape() == shape, who, ": ", name, " came out with shape ", shape_str(value.shape()), ", expected ",
-             shape_str(shape));
-    result.emplace_back(name, value);
-  }
-  return {out, result};
+  KeepRandomState keep_random_state;
+  NoGradGuard no_grad;
+  nn::GPTModel model(cfg);
+  model.load_parameters(params, "convert_parameters");
+  std::vector<Replacement> replacements;
+  for (int64_t l = 0; l < cfg.n_layers; ++l)
+    replacements.emplace_back(&model.attention(l), nn::convert_attention(model.attention(l), attention));
+  return {out, replace_modules(model, replacements)};
 }
 
 Checkpoint convert_checkpoint(const Checkpoint& ckpt, nn::AttentionForm attention) {

@@ -17,7 +17,10 @@ namespace headlab::analysis {
 using io::Checkpoint;
 
 // ------------------------------------------------------------------------------------------------
-// Physical pruning and layout conversion on parameters by state_dict name (DESIGN.md section 7).
+// Physical pruning and layout conversion of a model's parameters: the model is built from the config
+// and loaded, and each attention module prunes or converts itself (nn::CausalMultiHead::prune_heads,
+// nn::MultiHeadAttention::prune_heads, nn::convert_attention). Parameters come back in the order of
+// the model the returned config describes.
 
 // keep[l]: model-local heads of layer l to keep (sorted, at least one). Returns the config with
 // kept_heads (original indices) and the parameters without the other heads: fewer W_query/W_key/

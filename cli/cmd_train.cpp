@@ -35,8 +35,8 @@ Action add_train(CLI::App& app) {
   app.add_option("--min-len", t.min_len, "copy/reverse/sort: shortest digit string")->capture_default_str();
   app.add_option("--max-len", t.max_len, "copy/reverse/sort: longest digit string")->capture_default_str();
   app.add_option("--digits", t.n_digits, "add: digits per operand")->capture_default_str();
-  app.add_option("--attention", ch->attention, "fused (one W_query/W_key/W_value) | wrapper (one module per head)")
-      ->check(CLI::IsMember({"fused", "wrapper"}))
+  app.add_option("--attention", ch->attention, nn::attention_forms_help())
+      ->check(CLI::IsMember(nn::attention_form_names()))
       ->capture_default_str();
   app.add_option("--emb-dim", c.model.emb_dim, "embedding size (encoder-decoder: num_hiddens)")
       ->check(positive_number())

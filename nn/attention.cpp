@@ -2,6 +2,8 @@
 // no mask tensor is materialised; the maths is exactly that of the books' code. Where nobody asks
 // for the attention weights, the causal modules (and DotProductAttention on request) run the fused
 // scaled_dot_product_attention op instead, which never materialises the (.., Q, K) weights.
+// Head surgery copies weights into new modules: pruning keeps rows (projections) and columns (output
+// projection) of the kept heads; the causal forms all convert through the per-head wrapper.
 // B = batch, Q = queries, K = keys, T = tokens, H = heads, D = head size.
 #include "nn/attention.h"
 
@@ -102,7 +104,70 @@ void check_causal_input(const char* who, const Tensor& x, int64_t d_in, int64_t 
   HL_CHECK(x.size(1) <= context_length, who, ": ", x.size(1), " tokens exceed context_length ", context_length);
 }
 
+// Rows [h*D, (h+1)*D) of every kept head h, as an index tensor: the heads' rows of a (H*D, in)
+// projection, or their columns of an (out, H*D) output projection.
+Tensor head_rows(const std::vector<int64_t>& keep, int64_t D, Device device) {
+  std::vector<int64_t> rows;
+  for (int64_t h : keep)
+    for (int64_t i = 0; i < D; ++i) rows.push_back(h * D + i);
+  return tensor(rows, {static_cast<int64_t>(rows.size())}, device);
+}
+
+// A freshly built module made to match `src`: its dtype (from its first parameter), device and mode.
+void like(Module& dst, const Module& src) {
+  const NamedTensors params = src.named_parameters();
+  if (!params.empty()) dst.to(params.front().second.dtype());
+  dst.to(src.device());
+  dst.train(src.is_training());
+}
+
+// Values of src into dst, two modules of one structure (the same names and shapes).
+void copy_parameters(Module& dst, const Module& src) {
+  const NamedTensors from = src.named_parameters();
+  NoGradGuard no_grad;
+  for (auto& [name, t] : dst.named_parameters()) {
+    auto it = find_named(from, name);
+    HL_CHECK(it != from.end(), dst.type_name(), ": parameter ", name, " is missing from the copied module");
+    t.detach().copy_(it->second);
+  }
+}
+
+// What Linear(in, out, bias) holds.
+double linear_parameters(int64_t in, int64_t out, bool bias) {
+  return static_cast<double>(in) * static_cast<double>(out) + (bias ? static_cast<double>(out) : 0.0);
+}
+
 }  // namespace
+
+// ---- head control and head selection ----
+HeadControl HeadControl::select_heads(const std::vector<int64_t>& keep) const {
+  auto pick = [&](const Tensor& t, int64_t head_dim) {
+    if (!t.defined()) return t;
+    Tensor out;
+    {
+      NoGradGuard no_grad;
+      out = index_select(t, head_dim, tensor(keep, {static_cast<int64_t>(keep.size())}, t.device()));
+    }
+    if (t.requires_grad()) out.requires_grad_();
+    return out;
+  };
+  HeadControl c;
+  if (gates.defined()) c.gates = pick(gates, gates.dim() == 1 ? 0 : 1);        // (H), (B, H), (B, H, T)
+  if (offsets.defined()) c.offsets = pick(offsets, offsets.dim() == 2 ? 0 : 1);  // (H, D), (B, H, [T,] D)
+  c.keep_context = keep_context;
+  c.context = pick(context, 1);              // (B, H, T, D)
+  c.given_context = pick(given_context, 1);  // (B, H, T, D)
+  return c;
+}
+
+void check_head_selection(const std::vector<int64_t>& keep, int64_t H, const std::string& who,
+                          const std::string& subject) {
+  HL_CHECK(!keep.empty(), who, ": ", subject, " must keep at least one head");
+  for (size_t i = 0; i < keep.size(); ++i) {
+    HL_CHECK(keep[i] >= 0 && keep[i] < H, who, ": ", subject, " has no head ", keep[i], " (it has ", H, ")");
+    HL_CHECK(i == 0 || keep[i] > keep[i - 1], who, ": the heads kept in ", subject, " must be sorted and distinct");
+  }
+}
 
 // ---- DotProductAttention ----
 DotProductAttention::DotProductAttention(double p) { dropout = register_module("dropout", std::make_shared<Dropout>(p)); }
@@ -160,6 +225,32 @@ MultiHeadAttention::MultiHeadAttention(int64_t key_size, int64_t query_size, int
   W_o = register_module("W_o", std::make_shared<Linear>(hiddens, out_size < 0 ? hiddens : out_size, bias));
 }
 
+double MultiHeadAttention::parameter_count(int64_t key_size, int64_t query_size, int64_t value_size,
+                                           int64_t hiddens, bool bias, int64_t out_size) {
+  return linear_parameters(query_size, hiddens, bias) + linear_parameters(key_size, hiddens, bias) +
+         linear_parameters(value_size, hiddens, bias) + linear_parameters(hiddens, out_size < 0 ? hiddens : out_size, bias);
+}
+
+std::shared_ptr<MultiHeadAttention> MultiHeadAttention::prune_heads(const std::vector<int64_t>& keep) const {
+  check_head_selection(keep, num_heads, "MultiHeadAttention", "the module");
+  const int64_t n = static_cast<int64_t>(keep.size()), D = head_size();
+  const bool bias = W_q->bias.defined();
+  auto m = std::make_shared<MultiHeadAttention>(W_k->in_features, W_q->in_features, W_v->in_features, n * D, n,
+                                                attention->dropout->p, bias, W_o->out_features);
+  like(*m, *this);
+  NoGradGuard no_grad;
+  const Tensor rows = head_rows(keep, D, W_q->weight.device());
+  for (const auto& [dst, src] : {std::pair{m->W_q, W_q}, std::pair{m->W_k, W_k}, std::pair{m->W_v, W_v}}) {
+    dst->weight.detach().copy_(index_select(src->weight, 0, rows));  // (n*D, in) of (H*D, in)
+    if (bias) dst->bias.detach().copy_(index_select(src->bias, 0, rows));
+  }
+  m->W_o->weight.detach().copy_(index_select(W_o->weight, 1, rows));  // (out, n*D) of (out, H*D)
+  if (bias) m->W_o->bias.detach().copy_(W_o->bias);
+  m->attention->keep_attention_weights = attention->keep_attention_weights;
+  m->heads = heads.select_heads(keep);
+  return m;
+}
+
 Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
                                    const Tensor& valid_lens, const Tensor& gates) {
   const char* who = "MultiHeadAttention";
@@ -193,6 +284,10 @@ CausalAttention::CausalAttention(int64_t din, int64_t dout, int64_t ctx, double 
   dropout = register_module("dropout", std::make_shared<Dropout>(p));
 }
 
+double CausalAttention::parameter_count(int64_t din, int64_t dout, bool qkv_bias) {
+  return 3 * linear_parameters(din, dout, qkv_bias);  // W_query, W_key, W_value
+}
+
 Tensor CausalAttention::forward(const Tensor& x) {
   check_causal_input("CausalAttention", x, d_in, context_length);
   const Tensor keys = W_key->forward(x), queries = W_query->forward(x), values = W_value->forward(x);  // (B, T, d_out)
@@ -214,6 +309,54 @@ MultiHeadAttentionWrapper::MultiHeadAttentionWrapper(int64_t din, int64_t dout, 
   for (int64_t h = 0; h < H; ++h) heads->push_back(std::make_shared<CausalAttention>(din, dout, ctx, p, bias));
   if (with_out_proj)
     out_proj = register_module("out_proj", std::make_shared<Linear>(H * dout, out_dim < 0 ? H * dout : out_dim));
+}
+
+std::shared_ptr<MultiHeadAttentionWrapper> MultiHeadAttentionWrapper::create(const CausalAttentionSizes& s) {
+  return std::make_shared<MultiHeadAttentionWrapper>(s.d_in, s.head_dim, s.context_length, s.dropout, s.num_heads,
+                                                     s.qkv_bias, true, s.d_out);
+}
+
+double MultiHeadAttentionWrapper::parameter_count(const CausalAttentionSizes& s) {
+  return static_cast<double>(s.num_heads) * CausalAttention::parameter_count(s.d_in, s.head_dim, s.qkv_bias) +
+         linear_parameters(s.num_heads * s.head_dim, s.d_out, true);  // heads, out_proj
+}
+
+std::shared_ptr<MultiHeadAttentionWrapper> MultiHeadAttentionWrapper::merge_heads(const MultiHeadAttentionWrapper& w) {
+  return w.split_heads();
+}
+
+std::vector<int64_t> MultiHeadAttentionWrapper::all_heads() const {
+  std::vector<int64_t> all(static_cast<size_t>(num_heads));
+  for (int64_t h = 0; h < num_heads; ++h) all[static_cast<size_t>(h)] = h;
+  return all;
+}
+
+std::shared_ptr<MultiHeadAttentionWrapper> MultiHeadAttentionWrapper::split_heads() const {
+  HL_CHECK(num_heads > 0, "MultiHeadAttentionWrapper: the wrapper has no heads");
+  auto w = select_heads(all_heads());
+  w->head_control = head_control;  // the same heads: the same control tensors, as a conversion shares them
+  return w;
+}
+
+std::shared_ptr<MultiHeadAttentionWrapper> MultiHeadAttentionWrapper::select_heads(
+    const std::vector<int64_t>& keep) const {
+  check_head_selection(keep, num_heads, "MultiHeadAttentionWrapper", "the module");
+  const int64_t n = static_cast<int64_t>(keep.size());
+  auto w = std::make_shared<MultiHeadAttentionWrapper>(d_in, d_out, context_length, dropout_p, n, qkv_bias,
+                                                       out_proj != nullptr, out_proj ? out_proj->out_features : -1);
+  like(*w, *this);
+  for (int64_t i = 0; i < n; ++i)
+    copy_parameters(*w->heads->at<CausalAttention>(static_cast<size_t>(i)),
+                    *heads->at<CausalAttention>(static_cast<size_t>(keep[static_cast<size_t>(i)])));
+  if (out_proj) {
+    NoGradGuard no_grad;
+    const Tensor cols = head_rows(keep, d_out, out_proj->weight.device());
+    w->out_proj->weight.detach().copy_(index_select(out_proj->weight, 1, cols));  // (out, n*D) of (out, H*D)
+    w->out_proj->bias.detach().copy_(out_proj->bias);
+  }
+  w->keep_attention_weights(heads->at<CausalAttention>(0)->keep_attention_weights);
+  w->head_control = head_control.select_heads(keep);
+  return w;
 }
 
 void MultiHeadAttentionWrapper::keep_attention_weights(bool on) {
@@ -270,6 +413,16 @@ CausalMultiHeadAttention::CausalMultiHeadAttention(int64_t din, int64_t dout, in
   dropout = register_module("dropout", std::make_shared<Dropout>(p));
 }
 
+std::shared_ptr<CausalMultiHeadAttention> CausalMultiHeadAttention::create(const CausalAttentionSizes& s) {
+  return std::make_shared<CausalMultiHeadAttention>(s.d_in, s.d_out, s.context_length, s.dropout, s.num_heads,
+                                                    s.qkv_bias, s.head_dim);
+}
+
+double CausalMultiHeadAttention::parameter_count(const CausalAttentionSizes& s) {
+  const int64_t inner = s.num_heads * s.head_dim;
+  return 3 * linear_parameters(s.d_in, inner, s.qkv_bias) + linear_parameters(inner, s.d_out, true);
+}
+
 Tensor CausalMultiHeadAttention::forward(const Tensor& x, const Tensor& gates) {
   const char* who = "CausalMultiHeadAttention";
   check_causal_input(who, x, d_in, context_length);
@@ -301,15 +454,18 @@ std::tuple<Tensor, Tensor, Tensor> CausalMultiHeadAttention::project_qkv(const T
   return {heads(*W_query), heads(*W_key), heads(*W_value)};
 }
 
-// ---- conversion ----
-std::shared_ptr<CausalMultiHeadAttention> wrapper_to_fused(const MultiHeadAttentionWrapper& w) {
+// ---- conversion: every causal form to and from per-head form ----
+std::shared_ptr<CausalMultiHead> CausalMultiHead::prune_heads(const std::vector<int64_t>& keep) const {
+  check_head_selection(keep, head_count(), type_name(), "the module");  // before the split, naming this module
+  return merge_heads(*split_heads()->select_heads(keep), form());
+}
+
+std::shared_ptr<CausalMultiHeadAttention> CausalMultiHeadAttention::merge_heads(const MultiHeadAttentionWrapper& w) {
   const int64_t H = w.num_heads, D = w.d_out, inner = H * D;
   HL_CHECK(H > 0, "wrapper_to_fused: the wrapper has no heads");
   const int64_t out_dim = w.out_proj ? w.out_proj->out_features : inner;
   auto f = std::make_shared<CausalMultiHeadAttention>(w.d_in, out_dim, w.context_length, w.dropout_p, H, w.qkv_bias, D);
-  const Tensor ref = w.heads->at<CausalAttention>(0)->W_query->weight;
-  f->to(ref.dtype());
-  f->to(ref.device());
+  like(*f, w);
   NoGradGuard no_grad;
   auto stack_rows = [&](auto pick) {
     std::vector<Tensor> parts;
@@ -328,40 +484,118 @@ std::shared_ptr<CausalMultiHeadAttention> wrapper_to_fused(const MultiHeadAttent
     f->out_proj->weight.detach().copy_(w.out_proj->weight);
     f->out_proj->bias.detach().copy_(w.out_proj->bias);
   } else {  // concatenation alone: an identity projection
-    f->out_proj->weight.detach().copy_(eye(inner, f->out_proj->weight.dtype()));
+    f->out_proj->weight.detach().copy_(eye(inner, f->out_proj->weight.dtype(), f->out_proj->weight.device()));
     f->out_proj->bias.detach().zero_();
   }
-  f->train(w.is_training());
-  f->head_control.gates = w.head_control.gates;
-  f->head_control.offsets = w.head_control.offsets;
+  f->keep_weights = w.heads->at<CausalAttention>(0)->keep_attention_weights;
+  f->head_control = w.head_control;
   return f;
 }
 
-std::shared_ptr<MultiHeadAttentionWrapper> fused_to_wrapper(const CausalMultiHeadAttention& f) {
-  const int64_t H = f.num_heads, D = f.head_dim;
+std::shared_ptr<MultiHeadAttentionWrapper> CausalMultiHeadAttention::split_heads() const {
+  const int64_t H = num_heads, D = head_dim;
   HL_CHECK(H > 0, "fused_to_wrapper: the module has no heads");
-  auto w = std::make_shared<MultiHeadAttentionWrapper>(f.d_in, D, f.context_length, f.dropout_p, H, f.qkv_bias, true,
-                                                       f.d_out);
-  w->to(f.W_query->weight.dtype());
-  w->to(f.W_query->weight.device());
+  auto w = std::make_shared<MultiHeadAttentionWrapper>(d_in, D, context_length, dropout_p, H, qkv_bias, true, d_out);
+  like(*w, *this);
   NoGradGuard no_grad;
   for (int64_t h = 0; h < H; ++h) {
     auto head = w->heads->at<CausalAttention>(static_cast<size_t>(h));
-    head->W_query->weight.detach().copy_(f.W_query->weight.narrow(0, h * D, D));
-    head->W_key->weight.detach().copy_(f.W_key->weight.narrow(0, h * D, D));
-    head->W_value->weight.detach().copy_(f.W_value->weight.narrow(0, h * D, D));
-    if (f.qkv_bias) {
-      head->W_query->bias.detach().copy_(f.W_query->bias.narrow(0, h * D, D));
-      head->W_key->bias.detach().copy_(f.W_key->bias.narrow(0, h * D, D));
-      head->W_value->bias.detach().copy_(f.W_value->bias.narrow(0, h * D, D));
+    head->W_query->weight.detach().copy_(W_query->weight.narrow(0, h * D, D));
+    head->W_key->weight.detach().copy_(W_key->weight.narrow(0, h * D, D));
+    head->W_value->weight.detach().copy_(W_value->weight.narrow(0, h * D, D));
+    if (qkv_bias) {
+      head->W_query->bias.detach().copy_(W_query->bias.narrow(0, h * D, D));
+      head->W_key->bias.detach().copy_(W_key->bias.narrow(0, h * D, D));
+      head->W_value->bias.detach().copy_(W_value->bias.narrow(0, h * D, D));
     }
   }
-  w->out_proj->weight.detach().copy_(f.out_proj->weight);
-  w->out_proj->bias.detach().copy_(f.out_proj->bias);
-  w->train(f.is_training());
-  w->head_control.gates = f.head_control.gates;
-  w->head_control.offsets = f.head_control.offsets;
+  w->out_proj->weight.detach().copy_(out_proj->weight);
+  w->out_proj->bias.detach().copy_(out_proj->bias);
+  w->keep_attention_weights(keep_weights);
+  w->head_control = head_control;
   return w;
+}
+
+std::shared_ptr<CausalMultiHeadAttention> wrapper_to_fused(const MultiHeadAttentionWrapper& w) {
+  return CausalMultiHeadAttention::merge_heads(w);
+}
+
+std::shared_ptr<MultiHeadAttentionWrapper> fused_to_wrapper(const CausalMultiHeadAttention& f) { return f.split_heads(); }
+
+// ---- the table of forms ----
+namespace {
+
+struct FormEntry {
+  AttentionForm form;
+  const char* name;
+  const char* help;
+  std::shared_ptr<CausalMultiHead> (*create)(const CausalAttentionSizes&);
+  double (*parameter_count)(const CausalAttentionSizes&);
+  std::shared_ptr<CausalMultiHead> (*merge_heads)(const MultiHeadAttentionWrapper&);
+};
+
+template <typename M>
+FormEntry form_entry(AttentionForm form, const char* name, const char* help) {
+  return {form, name, help, [](const CausalAttentionSizes& s) -> std::shared_ptr<CausalMultiHead> { return M::create(s); },
+          &M::parameter_count,
+          [](const MultiHeadAttentionWrapper& w) -> std::shared_ptr<CausalMultiHead> { return M::merge_heads(w); }};
+}
+
+// One entry per AttentionForm: how it is named, built, counted and merged from per-head form.
+const std::vector<FormEntry>& forms() {
+  static const std::vector<FormEntry> table = {
+      form_entry<CausalMultiHeadAttention>(AttentionForm::fused, "fused", "one W_query/W_key/W_value"),
+      form_entry<MultiHeadAttentionWrapper>(AttentionForm::wrapper, "wrapper", "one module per head"),
+  };
+  return table;
+}
+
+const FormEntry& entry(AttentionForm form) {
+  for (const FormEntry& e : forms())
+    if (e.form == form) return e;
+  HL_FAIL("attention: form ", static_cast<int>(form), " is missing from the table of forms");
+}
+
+}  // namespace
+
+AttentionForm parse_attention_form(const std::string& name) {
+  std::string names;
+  const std::vector<FormEntry>& table = forms();
+  for (size_t i = 0; i < table.size(); ++i) {
+    if (table[i].name == name) return table[i].form;
+    names += (i == 0 ? "'" : i + 1 == table.size() ? " or '" : ", '") + std::string(table[i].name) + "'";
+  }
+  HL_FAIL("attention: expected ", names, ", got '", name, "'");
+}
+
+const char* attention_form_name(AttentionForm form) { return entry(form).name; }
+
+std::vector<std::string> attention_form_names() {
+  std::vector<std::string> names;
+  for (const FormEntry& e : forms()) names.emplace_back(e.name);
+  return names;
+}
+
+std::string attention_forms_help() {
+  std::string help;
+  for (const FormEntry& e : forms()) help += (help.empty() ? "" : " | ") + std::string(e.name) + " (" + e.help + ")";
+  return help;
+}
+
+std::shared_ptr<CausalMultiHead> make_causal_attention(AttentionForm form, const CausalAttentionSizes& s) {
+  return entry(form).create(s);
+}
+
+double causal_attention_parameters(AttentionForm form, const CausalAttentionSizes& s) {
+  return entry(form).parameter_count(s);
+}
+
+std::shared_ptr<CausalMultiHead> merge_heads(const MultiHeadAttentionWrapper& w, AttentionForm form) {
+  return entry(form).merge_heads(w);
+}
+
+std::shared_ptr<CausalMultiHead> convert_attention(const CausalMultiHead& m, AttentionForm form) {
+  return merge_heads(*m.split_heads(), form);
 }
 
 }  // namespace headlab::nn

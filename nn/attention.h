@@ -1,11 +1,14 @@
 // The attention family, with the semantics of the texts it comes from:
 // d2l.ai 10.3 (masked softmax, DotProductAttention, AdditiveAttention), d2l.ai 10.5
 // (MultiHeadAttention) and "Build a LLM from Scratch" ch. 3 (CausalAttention, the per-head
-// MultiHeadAttentionWrapper and the fused CausalMultiHeadAttention), plus head gates and
-// wrapper <-> fused conversion.
+// MultiHeadAttentionWrapper and the fused CausalMultiHeadAttention), plus head gates, the surgery
+// every multi-head module does on itself (pruning heads, splitting into and merging from per-head
+// form) and the one factory that maps an attention form to its module.
 // B = batch, Q = queries, K = keys, T = tokens, H = heads, D = head size.
 #pragma once
+#include <string>
 #include <tuple>
+#include <vector>
 
 #include "nn/layers.h"
 
@@ -64,15 +67,46 @@ struct HeadControl {
   // When defined, used as the heads' contexts instead of computing them from the input (whose shape
   // must still match): analysis replays a layer's output projection from stored contexts.
   Tensor given_context;       // (B, H, T, D)
+
+  // The control of a module keeping only heads `keep` (its local indices): every defined tensor
+  // indexed along its head dimension; gates stay leaves that require grad if they did.
+  HeadControl select_heads(const std::vector<int64_t>& keep) const;
+};
+
+// A keep list of head indices is valid for a module of H heads: non-empty, sorted, distinct, in
+// range. Errors read "<who>: <subject> has no head 4 (it has 4)", so callers name the module.
+void check_head_selection(const std::vector<int64_t>& keep, int64_t H, const std::string& who,
+                          const std::string& subject);
+
+// What every multi-head module shows analysis and surgery, whatever its layout: its heads, their
+// control and the projection that maps the concatenated head contexts back to the model's width.
+class MultiHead {
+ public:
+  virtual ~MultiHead() = default;
+  virtual int64_t head_count() const = 0;
+  virtual int64_t head_size() const = 0;
+  virtual HeadControl& control() = 0;
+  // weight (out, H*D): head h owns columns [h*D, (h+1)*D). Null where the heads are only concatenated.
+  virtual Linear* output_projection() const = 0;
 };
 
 // d2l 10.5: W_q, W_k, W_v project to num_hiddens, split into num_heads heads of DotProductAttention;
 // W_o maps num_hiddens to out_size (default num_hiddens; a pruned module keeps its model's width).
-class MultiHeadAttention : public Module {
+class MultiHeadAttention : public Module, public MultiHead {
  public:
   MultiHeadAttention(int64_t key_size, int64_t query_size, int64_t value_size, int64_t num_hiddens,
                      int64_t num_heads, double dropout, bool bias = false, int64_t out_size = -1);
   std::string type_name() const override { return "MultiHeadAttention"; }
+  // What MultiHeadAttention(...) with these arguments holds, without building it.
+  static double parameter_count(int64_t key_size, int64_t query_size, int64_t value_size, int64_t num_hiddens,
+                                bool bias, int64_t out_size);
+  int64_t head_count() const override { return num_heads; }
+  int64_t head_size() const override { return num_hiddens / num_heads; }
+  HeadControl& control() override { return heads; }
+  Linear* output_projection() const override { return W_o.get(); }
+  // A new module with heads `keep` only (their W_q/W_k/W_v rows, their W_o columns; W_o still maps to
+  // the same width), in this one's dtype, device and mode, its head control cut to the kept heads.
+  std::shared_ptr<MultiHeadAttention> prune_heads(const std::vector<int64_t>& keep) const;
   // queries: (B, Q, query_size), keys: (B, K, key_size), values: (B, K, value_size),
   // valid_lens: (B,) or (B, Q) -> (B, Q, num_hiddens). gates: (num_heads), overrides heads.gates.
   Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
@@ -89,16 +123,40 @@ class MultiHeadAttention : public Module {
   std::shared_ptr<Linear> W_q, W_k, W_v, W_o;
 };
 
-// The common face of the two causal multi-head forms, so models and analysis can use either.
-class CausalMultiHead : public UnaryModule {
+// The forms of causal multi-head attention a GPT can be built with (same maths, other layouts):
+// "fused", one CausalMultiHeadAttention; "wrapper", a MultiHeadAttentionWrapper of per-head
+// CausalAttention modules plus out_proj. A new form is a CausalMultiHead subclass, a value here and
+// one entry in attention.cpp's table of forms.
+enum class AttentionForm { fused, wrapper };
+AttentionForm parse_attention_form(const std::string& name);  // clear error naming the forms otherwise
+const char* attention_form_name(AttentionForm form);
+std::vector<std::string> attention_form_names();  // every form, in the table's order
+std::string attention_forms_help();                // "fused (...) | wrapper (...)", for command lines
+
+// The sizes of one causal multi-head attention: x (B, T, d_in) -> (B, T, d_out) through num_heads
+// heads of head_dim (num_heads * head_dim need not be d_out: pruned models keep their width).
+struct CausalAttentionSizes {
+  int64_t d_in = 0, d_out = 0, context_length = 0, num_heads = 0, head_dim = 0;
+  double dropout = 0.0;
+  bool qkv_bias = false;
+};
+
+class MultiHeadAttentionWrapper;
+
+// The common face of the causal multi-head forms, so models, analysis and surgery use any of them.
+class CausalMultiHead : public UnaryModule, public MultiHead {
  public:
   Tensor forward(const Tensor& x) override { return forward(x, Tensor()); }
   virtual Tensor forward(const Tensor& x, const Tensor& gates) = 0;  // gates as HeadControl's; overrides control().gates
-  virtual int64_t head_count() const = 0;
-  virtual int64_t head_size() const = 0;
-  virtual HeadControl& control() = 0;
   virtual void keep_attention_weights(bool on) = 0;
   virtual Tensor last_attention_weights() const = 0;  // (B, H, T, T) when kept
+  virtual AttentionForm form() const = 0;
+  // The same function as one module per head (a new module owning copies of the weights, in this
+  // one's dtype, device and mode, with its head control). Every form converts through it.
+  virtual std::shared_ptr<MultiHeadAttentionWrapper> split_heads() const = 0;
+  // A new module of this form with heads `keep` only (local indices, sorted): split, keep the heads
+  // (MultiHeadAttentionWrapper::select_heads), merge back. The output width does not change.
+  std::shared_ptr<CausalMultiHead> prune_heads(const std::vector<int64_t>& keep) const;
 };
 
 // The book's single causal head: x (B, T, d_in) -> (B, T, d_out). Without keep_attention_weights
@@ -107,6 +165,7 @@ class CausalAttention : public UnaryModule {
  public:
   CausalAttention(int64_t d_in, int64_t d_out, int64_t context_length, double dropout, bool qkv_bias = false);
   std::string type_name() const override { return "CausalAttention"; }
+  static double parameter_count(int64_t d_in, int64_t d_out, bool qkv_bias);
   Tensor forward(const Tensor& x) override;
   int64_t d_in, d_out, context_length;
   bool keep_attention_weights = false;
@@ -123,19 +182,33 @@ class MultiHeadAttentionWrapper : public CausalMultiHead {
   MultiHeadAttentionWrapper(int64_t d_in, int64_t d_out, int64_t context_length, double dropout, int64_t num_heads,
                             bool qkv_bias = false, bool out_proj = false, int64_t out_dim = -1);
   std::string type_name() const override { return "MultiHeadAttentionWrapper"; }
+  // The table of forms' entry points: built from sizes (with out_proj to sizes.d_out), its
+  // parameter count, and built from per-head form (a copy).
+  static std::shared_ptr<MultiHeadAttentionWrapper> create(const CausalAttentionSizes& s);
+  static double parameter_count(const CausalAttentionSizes& s);
+  static std::shared_ptr<MultiHeadAttentionWrapper> merge_heads(const MultiHeadAttentionWrapper& w);
   using CausalMultiHead::forward;
   Tensor forward(const Tensor& x, const Tensor& gates) override;
   int64_t head_count() const override { return num_heads; }
   int64_t head_size() const override { return d_out; }
   HeadControl& control() override { return head_control; }
+  Linear* output_projection() const override { return out_proj.get(); }
   void keep_attention_weights(bool on) override;
   Tensor last_attention_weights() const override;  // stacked from the heads
+  AttentionForm form() const override { return AttentionForm::wrapper; }
+  std::shared_ptr<MultiHeadAttentionWrapper> split_heads() const override;  // a copy
+  // A new wrapper of heads `keep` (renumbered 0..), out_proj reading only their columns: the one
+  // implementation of head pruning for the causal forms.
+  std::shared_ptr<MultiHeadAttentionWrapper> select_heads(const std::vector<int64_t>& keep) const;
   int64_t d_in, d_out, context_length, num_heads;
   double dropout_p;
   bool qkv_bias;
   HeadControl head_control;
   std::shared_ptr<ModuleList> heads;
   std::shared_ptr<Linear> out_proj;  // null unless out_proj
+
+ private:
+  std::vector<int64_t> all_heads() const;
 };
 
 // The book's fused MultiHeadAttention: one W_query/W_key/W_value (d_in -> H*D), split into heads by
@@ -149,13 +222,21 @@ class CausalMultiHeadAttention : public CausalMultiHead {
                            bool qkv_bias = false, int64_t head_dim = -1);
   // The book calls this class MultiHeadAttention too; printing the C++ name keeps it apart from d2l's.
   std::string type_name() const override { return "CausalMultiHeadAttention"; }
+  // The table of forms' entry points: built from sizes, its parameter count, and built from per-head
+  // form (the heads' W_query/W_key/W_value rows stacked; a wrapper without out_proj gets an identity).
+  static std::shared_ptr<CausalMultiHeadAttention> create(const CausalAttentionSizes& s);
+  static double parameter_count(const CausalAttentionSizes& s);
+  static std::shared_ptr<CausalMultiHeadAttention> merge_heads(const MultiHeadAttentionWrapper& w);
   using CausalMultiHead::forward;
   Tensor forward(const Tensor& x, const Tensor& gates) override;
   int64_t head_count() const override { return num_heads; }
   int64_t head_size() const override { return head_dim; }
   HeadControl& control() override { return head_control; }
+  Linear* output_projection() const override { return out_proj.get(); }
   void keep_attention_weights(bool on) override { keep_weights = on; }
   Tensor last_attention_weights() const override { return attention_weights; }
+  AttentionForm form() const override { return AttentionForm::fused; }
+  std::shared_ptr<MultiHeadAttentionWrapper> split_heads() const override;  // head h: rows [h*D, (h+1)*D)
   int64_t d_in, d_out, context_length, num_heads, head_dim;
   double dropout_p;
   bool qkv_bias;
@@ -170,8 +251,16 @@ class CausalMultiHeadAttention : public CausalMultiHead {
   std::tuple<Tensor, Tensor, Tensor> project_qkv(const Tensor& x) const;
 };
 
-// Same maths, other layout: stacks the heads' W_query/W_key/W_value rows into one fused module
-// (a wrapper without out_proj gets an identity out_proj), and splits a fused module into heads.
+// The module of a form: where GPTModel's blocks (and anything else) turn a form into a module.
+std::shared_ptr<CausalMultiHead> make_causal_attention(AttentionForm form, const CausalAttentionSizes& s);
+// make_causal_attention(form, s)->num_parameters(), without building it (a double: sizes someone
+// mistyped may not fit an int64).
+double causal_attention_parameters(AttentionForm form, const CausalAttentionSizes& s);
+// The module of a form built from per-head form; and any module in another form (split, then merge).
+std::shared_ptr<CausalMultiHead> merge_heads(const MultiHeadAttentionWrapper& w, AttentionForm form);
+std::shared_ptr<CausalMultiHead> convert_attention(const CausalMultiHead& m, AttentionForm form);
+
+// The two conversions by their familiar names: CausalMultiHeadAttention::merge_heads(w) and f.split_heads().
 std::shared_ptr<CausalMultiHeadAttention> wrapper_to_fused(const MultiHeadAttentionWrapper& w);
 std::shared_ptr<MultiHeadAttentionWrapper> fused_to_wrapper(const CausalMultiHeadAttention& f);
 

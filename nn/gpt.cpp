@@ -10,13 +10,16 @@ int64_t GPTConfig::heads_in_layer(int64_t layer) const {
   return kept_heads.empty() ? n_heads : static_cast<int64_t>(kept_heads.at(static_cast<size_t>(layer)).size());
 }
 
-AttentionForm parse_attention_form(const std::string& name) {
-  if (name == "fused") return AttentionForm::fused;
-  if (name == "wrapper") return AttentionForm::wrapper;
-  HL_FAIL("attention: expected 'fused' or 'wrapper', got '", name, "'");
+CausalAttentionSizes GPTConfig::attention_sizes(int64_t layer) const {
+  CausalAttentionSizes s;
+  s.d_in = s.d_out = emb_dim;
+  s.context_length = context_length;
+  s.num_heads = heads_in_layer(layer);
+  s.head_dim = head_dim();
+  s.dropout = drop_rate;
+  s.qkv_bias = qkv_bias;
+  return s;
 }
-
-const char* attention_form_name(AttentionForm form) { return form == AttentionForm::fused ? "fused" : "wrapper"; }
 
 void GPTConfig::validate() const {
   HL_CHECK(vocab_size > 0, "GPT config: vocab_size must be positive, got ", vocab_size);
@@ -66,8 +69,7 @@ double GPTConfig::num_parameters() const {
   const double d = static_cast<double>(emb_dim), V = static_cast<double>(vocab_size);
   double n = (V + static_cast<double>(context_length)) * d + 2 * d + d * V;  // embeddings, final norm, head
   for (int64_t l = 0; l < n_layers; ++l) {
-    const double inner = static_cast<double>(heads_in_layer(l)) * static_cast<double>(head_dim());
-    n += 3 * (d * inner + (qkv_bias ? inner : 0)) + inner * d + d;  // W_query, W_key, W_value, out_proj
+    n += causal_attention_parameters(attention, attention_sizes(l));
     n += d * 4 * d + 4 * d + 4 * d * d + d;                         // feed-forward
     n += 4 * d;                                                      // norm1, norm2
   }
@@ -75,14 +77,7 @@ double GPTConfig::num_parameters() const {
 }
 
 TransformerBlock::TransformerBlock(const GPTConfig& cfg, int64_t layer) {
-  const int64_t H = cfg.heads_in_layer(layer), D = cfg.head_dim();
-  if (cfg.attention == AttentionForm::fused)
-    att = register_module("att", std::make_shared<CausalMultiHeadAttention>(cfg.emb_dim, cfg.emb_dim, cfg.context_length,
-                                                                            cfg.drop_rate, H, cfg.qkv_bias, D));
-  else
-    att = register_module("att", std::make_shared<MultiHeadAttentionWrapper>(cfg.emb_dim, D, cfg.context_length,
-                                                                             cfg.drop_rate, H, cfg.qkv_bias, true,
-                                                                             cfg.emb_dim));
+  att = register_module("att", make_causal_attention(cfg.attention, cfg.attention_sizes(layer)));
   ff = register_module("ff", std::make_shared<FeedForward>(cfg.emb_dim));
   norm1 = register_module("norm1", std::make_shared<LayerNorm>(cfg.emb_dim, 1e-5, LayerNorm::Style::Book));
   norm2 = register_module("norm2", std::make_shared<LayerNorm>(cfg.emb_dim, 1e-5, LayerNorm::Style::Book));

@@ -1,5 +1,5 @@
-// GPTModel of "Build a LLM from Scratch" ch. 4, with the attention form chosen by config
-// ("fused": CausalMultiHeadAttention, "wrapper": MultiHeadAttentionWrapper + out_proj) and optional
+// GPTModel of "Build a LLM from Scratch" ch. 4, with the attention form chosen by config (built by
+// nn/attention's make_causal_attention: "fused" or "wrapper" with out_proj) and optional
 // per-layer head lists for physically pruned models. Parameter names are DESIGN.md section 7's.
 #pragma once
 #include <nlohmann/json.hpp>
@@ -7,12 +7,6 @@
 #include "nn/model.h"
 
 namespace headlab::nn {
-
-// The two forms of multi-head attention (DESIGN.md section 6): one CausalMultiHeadAttention, or a
-// MultiHeadAttentionWrapper of per-head CausalAttention modules plus out_proj. Same maths.
-enum class AttentionForm { fused, wrapper };
-AttentionForm parse_attention_form(const std::string& name);  // "fused" | "wrapper"; clear error otherwise
-const char* attention_form_name(AttentionForm form);
 
 struct GPTConfig {
   int64_t vocab_size = 0, context_length = 0, emb_dim = 0, n_heads = 0, n_layers = 0;
@@ -24,6 +18,8 @@ struct GPTConfig {
 
   int64_t head_dim() const { return n_heads ? emb_dim / n_heads : 0; }
   int64_t heads_in_layer(int64_t layer) const;
+  // The sizes of layer `layer`'s attention (emb_dim -> emb_dim, its heads of head_dim()).
+  CausalAttentionSizes attention_sizes(int64_t layer) const;
   // What GPTModel(*this).num_parameters() will be, computed without building it (as a double: a
   // size someone mistyped may not fit an int64).
   double num_parameters() const;

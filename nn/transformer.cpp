@@ -123,10 +123,9 @@ int64_t kept_count(const std::vector<std::vector<int64_t>>& kept, int64_t layer)
 
 double TransformerConfig::num_parameters() const {
   const double N = static_cast<double>(num_hiddens), F = static_cast<double>(ffn_num_hiddens);
-  const double D = static_cast<double>(head_size()), bias = use_bias ? 1 : 0;
-  auto attention = [&](const std::vector<std::vector<int64_t>>& kept, int64_t l) {
-    const double inner = D * static_cast<double>(kept.empty() ? num_heads : kept_count(kept, l));
-    return 3 * (N * inner + bias * inner) + inner * N + bias * N;  // W_q, W_k, W_v, W_o
+  auto attention = [&](const std::vector<std::vector<int64_t>>& kept, int64_t l) {  // as block_attention builds it
+    const int64_t inner = head_size() * (kept.empty() ? num_heads : kept_count(kept, l));
+    return MultiHeadAttention::parameter_count(num_hiddens, num_hiddens, num_hiddens, inner, use_bias, num_hiddens);
   };
   const double ffn = N * F + F + F * N + N, addnorm = 2 * N;
   double n = static_cast<double>(src_vocab_size + tgt_vocab_size) * N + N * static_cast<double>(tgt_vocab_size) +

@@ -647,6 +647,24 @@ TEST(Analysis, PruningWithQkvBiasEqualsGating) {
   }
 }
 
+TEST(Analysis, SurgeryLeavesTheRandomStreamAlone) {
+  // Pruning and converting build modules (which draws initial values); the caller's stream stays put,
+  // so a fine-tuning run after pruning sees the random numbers it would have seen.
+  const Checkpoint& ck = trained_checkpoint();
+  auto model = load_model(ck);
+  manual_seed(77);
+  Generator& g = default_generator();
+  g.reserve(10);
+  const uint64_t offset = g.offset();
+  const Checkpoint pruned = prune_checkpoint(ck, {{0, 1}, {2}});
+  const Checkpoint converted = convert_checkpoint(ck, nn::AttentionForm::wrapper);
+  prune_model(*model, {{3}, {0, 1}});
+  EXPECT_EQ(g.seed(), 77u);
+  EXPECT_EQ(g.offset(), offset);
+  EXPECT_EQ(pruned.config["model"]["kept_heads"], nlohmann::json::parse("[[0,1],[2]]"));
+  EXPECT_EQ(converted.config["model"]["attention"], "wrapper");
+}
+
 TEST(Analysis, WrapperAndFusedCheckpointsGiveTheSameScores) {
   const Checkpoint& fused_ck = trained_checkpoint();
   const Checkpoint wrapper_ck = convert_checkpoint(fused_ck, nn::AttentionForm::wrapper);

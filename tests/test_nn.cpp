@@ -1176,3 +1176,213 @@ TEST(Gradcheck, Layers) {
   ff.to(DType::f64);
   EXPECT_TRUE(gradchecks([&](const auto& in) { return ff(in[0]); }, with_params({rnd({2, 2, 3}, 5)}, ff)));
 }
+
+// =====================================================================================================
+// Head surgery on the modules: pruning, per-head form, output projection, the table of forms
+// =====================================================================================================
+
+namespace {
+
+// Gates (H) that keep exactly the heads in `keep`.
+Tensor gates_keeping(const std::vector<int64_t>& keep, int64_t H, DType dt) {
+  std::vector<double> g(static_cast<size_t>(H), 0.0);
+  for (int64_t h : keep) g[static_cast<size_t>(h)] = 1.0;
+  return f64(g, {H}).to(dt);
+}
+
+// Every parameter of a and b (same names) bit for bit equal.
+void expect_same_parameters(const nn::Module& a, const nn::Module& b) {
+  const NamedTensors pa = a.named_parameters(), pb = b.named_parameters();
+  ASSERT_EQ(names_of(a), names_of(b));
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_EQ(pa[i].second.dtype(), pb[i].second.dtype()) << pa[i].first;
+    EXPECT_EQ(values(pa[i].second), values(pb[i].second)) << pa[i].first;
+  }
+}
+
+// The causal modules of each form (and a wrapper without out_proj), 3 heads of 2, d_in 4, float64.
+std::vector<std::shared_ptr<nn::CausalMultiHead>> causal_modules(bool qkv_bias) {
+  manual_seed(500);
+  std::vector<std::shared_ptr<nn::CausalMultiHead>> ms;
+  ms.push_back(std::make_shared<CausalMultiHeadAttention>(4, 5, 8, 0.0, 3, qkv_bias, 2));
+  ms.push_back(std::make_shared<MultiHeadAttentionWrapper>(4, 2, 8, 0.0, 3, qkv_bias, true, 5));
+  ms.push_back(std::make_shared<MultiHeadAttentionWrapper>(4, 2, 8, 0.0, 3, qkv_bias, false));
+  for (auto& m : ms) m->to(DType::f64);
+  return ms;
+}
+
+}  // namespace
+
+TEST(HeadSurgery, PrunedCausalModuleIsTheModuleWithTheOtherHeadsGatedOff) {
+  const std::vector<int64_t> keep = {0, 2};
+  for (bool qkv_bias : {false, true}) {
+    for (const auto& m : causal_modules(qkv_bias)) {
+      SCOPED_TRACE(m->type_name() + (m->output_projection() ? "" : " without out_proj") + ", qkv_bias " +
+                   nn::py_bool(qkv_bias));
+      m->eval();
+      const Tensor x = rnd({2, 5, 4}, 31).detach();
+      m->control().keep_context = true;
+      const Tensor gated = m->forward(x, gates_keeping(keep, 3, DType::f64));
+      const Tensor ctx = m->control().context;  // (B, 3, T, D), before gating
+      auto p = m->prune_heads(keep);
+      EXPECT_EQ(p->type_name(), m->type_name());
+      EXPECT_EQ(p->form(), m->form());
+      EXPECT_EQ(p->head_count(), 2);
+      EXPECT_EQ(p->head_size(), 2);
+      EXPECT_FALSE(p->is_training());
+      EXPECT_EQ(p->num_parameters(), m->num_parameters() - (qkv_bias ? 3 * (2 * 4 + 2) : 3 * 2 * 4) -
+                                         (m->output_projection() ? 5 * 2 : 0));
+      for (const auto& [name, t] : p->named_parameters()) EXPECT_EQ(t.dtype(), DType::f64) << name;
+      const Tensor y = p->forward(x);
+      // The kept heads compute exactly what they did.
+      EXPECT_EQ(values(p->control().context), values(index_select(ctx, 1, tensor(keep, {2}))));
+      if (m->output_projection()) {
+        EXPECT_TRUE(close(y, gated, 1e-13));
+      } else {  // concatenation alone: the kept heads' columns of the full output
+        EXPECT_EQ(values(y), values(index_select(gated, 2, tensor(std::vector<int64_t>{0, 1, 4, 5}, {4}))));
+      }
+    }
+  }
+}
+
+TEST(HeadSurgery, PruningCutsTheHeadControlToTheKeptHeads) {
+  for (const auto& m : causal_modules(true)) {
+    SCOPED_TRACE(m->type_name() + (m->output_projection() ? "" : " without out_proj"));
+    const int64_t B = 2, T = 4;
+    nn::HeadControl& hc = m->control();
+    hc.gates = leaf(f64({0.5, 2, 3}, {3}));
+    hc.offsets = rnd({B, 3, 2}, 32).detach();  // per row
+    hc.keep_context = true;
+    m->keep_attention_weights(true);
+    const Tensor x = rnd({B, T, 4}, 33).detach();
+    auto p = m->prune_heads({1, 2});
+    const nn::HeadControl& pc = p->control();
+    EXPECT_EQ(values(pc.gates), (std::vector<double>{2, 3}));
+    EXPECT_TRUE(pc.gates.requires_grad());
+    EXPECT_TRUE(pc.gates.is_leaf());
+    EXPECT_EQ(values(pc.offsets), values(index_select(hc.offsets, 1, tensor(std::vector<int64_t>{1, 2}, {2}))));
+    EXPECT_TRUE(pc.keep_context);
+    const Tensor y = p->forward(x);
+    EXPECT_EQ(p->last_attention_weights().shape(), (Shape{B, 2, T, T}));  // keep_attention_weights carried over
+    // The original with head 0 off (gate 0, no offset) and the same control on heads 1 and 2.
+    {
+      NoGradGuard ng;
+      hc.offsets = mul(hc.offsets, f64({0, 1, 1}, {1, 3, 1})).detach();
+    }
+    const Tensor ref = m->forward(x, f64({0, 2, 3}, {3}));
+    if (m->output_projection())
+      EXPECT_TRUE(close(y, ref, 1e-13));
+    else
+      EXPECT_EQ(values(y), values(ref.narrow(2, 2, 4)));
+    y.sum().backward();
+    EXPECT_EQ(pc.gates.grad().shape(), (Shape{2}));
+    EXPECT_FALSE(hc.gates.grad().defined());  // the pruned module's gates are its own leaf
+  }
+}
+
+TEST(HeadSurgery, PrunedD2lModuleIsTheModuleWithTheOtherHeadsGatedOff) {
+  for (bool bias : {false, true}) {
+    SCOPED_TRACE(nn::py_bool(bias));
+    manual_seed(501);
+    MultiHeadAttention m(3, 5, 4, 8, 4, 0.0, bias, 6);  // cross-attention sizes, W_o to 6
+    m.to(DType::f64);
+    m.eval();
+    const Tensor q = rnd({2, 3, 5}, 34).detach(), k = rnd({2, 7, 3}, 35).detach(), v = rnd({2, 7, 4}, 36).detach();
+    const Tensor vl = tensor(std::vector<int64_t>{4, 7}, {2});
+    const std::vector<int64_t> keep = {1, 3};
+    m.heads.keep_context = true;
+    m.heads.offsets = mul(rnd({4, 2}, 37), f64({0, 1, 0, 1}, {4, 1})).detach();  // none on the removed heads
+    const Tensor gated = m.forward(q, k, v, vl, gates_keeping(keep, 4, DType::f64));
+    const Tensor ctx = m.heads.context;
+    auto p = m.prune_heads(keep);
+    EXPECT_EQ(p->num_heads, 2);
+    EXPECT_EQ(p->num_hiddens, 4);
+    EXPECT_EQ(p->head_size(), 2);
+    EXPECT_EQ(p->W_o->out_features, 6);
+    EXPECT_FALSE(p->is_training());
+    EXPECT_EQ(static_cast<double>(p->num_parameters()), MultiHeadAttention::parameter_count(3, 5, 4, 4, bias, 6));
+    const Tensor y = p->forward(q, k, v, vl);
+    EXPECT_EQ(values(p->heads.context), values(index_select(ctx, 1, tensor(keep, {2}))));
+    EXPECT_EQ(values(p->heads.offsets), values(index_select(m.heads.offsets, 0, tensor(keep, {2}))));
+    EXPECT_TRUE(close(y, gated, 1e-13));
+  }
+}
+
+TEST(HeadSurgery, SplitAndMergeRoundTripsAreExact) {
+  for (bool qkv_bias : {false, true}) {
+    for (const auto& m : causal_modules(qkv_bias)) {
+      SCOPED_TRACE(m->type_name() + (m->output_projection() ? "" : " without out_proj"));
+      m->eval();
+      m->control().gates = f64({1, 0.5, 0}, {3});
+      auto w = m->split_heads();
+      EXPECT_EQ(w->form(), nn::AttentionForm::wrapper);
+      EXPECT_TRUE(w->control().gates.shares_storage(m->control().gates));  // the same control
+      EXPECT_FALSE(w->is_training());
+      // Back into the module's own form: the same parameters, bit for bit.
+      auto back = nn::merge_heads(*w, m->form());
+      if (m->output_projection()) expect_same_parameters(*back, *m);
+      // Through every form and back.
+      for (const std::string& name : nn::attention_form_names()) {
+        const nn::AttentionForm form = nn::parse_attention_form(name);
+        auto other = nn::convert_attention(*m, form);
+        EXPECT_EQ(other->form(), form);
+        auto again = nn::convert_attention(*other, m->form());
+        if (m->output_projection() || form == nn::AttentionForm::wrapper) expect_same_parameters(*again, *m);
+        const Tensor x = rnd({2, 5, 4}, 38).detach();
+        EXPECT_TRUE(close(other->forward(x), m->forward(x), 1e-13)) << name;
+      }
+    }
+  }
+}
+
+TEST(HeadSurgery, OutputProjectionOfEveryForm) {
+  auto ms = causal_modules(false);
+  auto& fused = static_cast<CausalMultiHeadAttention&>(*ms[0]);
+  auto& wrapper = static_cast<MultiHeadAttentionWrapper&>(*ms[1]);
+  EXPECT_EQ(ms[0]->output_projection(), fused.out_proj.get());
+  EXPECT_EQ(ms[1]->output_projection(), wrapper.out_proj.get());
+  EXPECT_EQ(ms[2]->output_projection(), nullptr);  // a wrapper built without out_proj
+  MultiHeadAttention d2l(4, 4, 4, 8, 2, 0.0);
+  const nn::MultiHead& shared = d2l;
+  EXPECT_EQ(shared.output_projection(), d2l.W_o.get());
+  EXPECT_EQ(shared.output_projection()->weight.shape(), (Shape{8, 8}));
+  EXPECT_EQ(ms[0]->output_projection()->weight.shape(), (Shape{5, 6}));  // (d_out, H*D)
+}
+
+TEST(HeadSurgery, TheTableOfFormsBuildsAndCountsEveryForm) {
+  EXPECT_EQ(nn::attention_form_names(), (std::vector<std::string>{"fused", "wrapper"}));
+  EXPECT_EQ(nn::attention_forms_help(), "fused (one W_query/W_key/W_value) | wrapper (one module per head)");
+  for (const std::string& name : nn::attention_form_names()) {
+    const nn::AttentionForm form = nn::parse_attention_form(name);
+    EXPECT_EQ(nn::attention_form_name(form), name);
+    for (bool qkv_bias : {false, true}) {
+      nn::CausalAttentionSizes s;
+      s.d_in = s.d_out = 12;
+      s.context_length = 6;
+      s.num_heads = 2;
+      s.head_dim = 3;  // 2 x 3 != 12, as in a pruned GPT layer
+      s.qkv_bias = qkv_bias;
+      auto m = nn::make_causal_attention(form, s);
+      EXPECT_EQ(m->form(), form);
+      EXPECT_EQ(m->head_count(), 2);
+      EXPECT_EQ(m->head_size(), 3);
+      EXPECT_EQ(static_cast<double>(m->num_parameters()), nn::causal_attention_parameters(form, s)) << name;
+      EXPECT_EQ(m->forward(rnd({1, 6, 12}, 39, 1.0, DType::f32).detach()).shape(), (Shape{1, 6, 12}));
+    }
+  }
+  EXPECT_EQ(static_cast<double>(MultiHeadAttention(3, 5, 4, 8, 4, 0.0, true, 6).num_parameters()),
+            MultiHeadAttention::parameter_count(3, 5, 4, 8, true, 6));
+  EXPECT_EQ(static_cast<double>(CausalAttention(4, 3, 8, 0.0, true).num_parameters()),
+            CausalAttention::parameter_count(4, 3, true));
+}
+
+TEST(HeadSurgery, BadKeepListsNameTheModule) {
+  CausalMultiHeadAttention f(4, 6, 8, 0.0, 3);
+  MultiHeadAttentionWrapper w(4, 2, 8, 0.0, 3);
+  MultiHeadAttention d(4, 4, 4, 6, 3, 0.0);
+  EXPECT_ERROR(f.prune_heads({}), "CausalMultiHeadAttention: the module must keep at least one head");
+  EXPECT_ERROR(w.prune_heads({1, 3}), "MultiHeadAttentionWrapper: the module has no head 3 (it has 3)");
+  EXPECT_ERROR(d.prune_heads({2, 0}),
+                        "MultiHeadAttention: the heads kept in the module must be sorted and distinct");
+  EXPECT_ERROR(nn::parse_attention_form("both"), "attention: expected 'fused' or 'wrapper', got 'both'");
+}

@@ -41,11 +41,19 @@ std::string num(double v) {
 }
 
 // A picture through plot/, written to a temp name and renamed like every other file (plot/ sits
-// below io/, so the atomic part is here). The temp name keeps the extension plot/ picks the format by.
+// below io/, so the atomic part is here). The temp name keeps the extension plot/ picks the format by;
+// plot/'s errors name the file the caller asked for, not the temp name.
 template <typename Draw>
 void save_picture(const std::string& path, const char* who, Draw draw) {
   io::AtomicFile f(path, who);
-  draw(f.temp_path());
+  try {
+    draw(f.temp_path());
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    for (size_t at = 0; (at = msg.find(f.temp_path(), at)) != std::string::npos; at += path.size())
+      msg.replace(at, f.temp_path().size(), path);
+    throw Error(msg);
+  }
   f.commit();
 }
 

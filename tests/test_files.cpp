@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "analysis/report.h"
 #include "analysis/table.h"
 #include "io/atomic_file.h"
 #include "io/temp_files.h"
@@ -142,6 +143,38 @@ TEST(AtomicFile, AFailedWriteKeepsThePreviousFile) {
   std::vector<std::string> left;
   for (const auto& e : fs::directory_iterator(tmp.path("out"))) left.push_back(e.path().filename().string());
   EXPECT_EQ(left, std::vector<std::string>{"heads.csv"});
+}
+
+// A picture is written through the same temp name and rename: a PLplot write that fails keeps the
+// previous picture, leaves no temp file, and the error names the picture, not the temp name.
+TEST(AtomicFile, PicturesAreReplacedAtomically) {
+  TempDir tmp("files_test");
+  const std::string p = tmp.path("pruning.png");
+  analysis::PruningCurve c;
+  c.total_heads = 2;
+  for (int i = 0; i < 2; ++i) {
+    analysis::PruneStep s;
+    s.pruned = i;
+    s.fraction = 0.5 * i;
+    s.scores.token_accuracy = 0.9 - 0.2 * i;
+    c.steps.push_back(s);
+  }
+  analysis::save_pruning_png(p, c, 0.5);
+  const std::string first = slurp(p);
+  ASSERT_GT(first.size(), 1000u);
+  EXPECT_EQ(tmp.entries(), std::vector<std::string>{"pruning.png"});
+  const auto outcome = run_in_child([&] {
+    ::signal(SIGXFSZ, SIG_IGN);
+    const rlimit limit{512, 512};
+    ::setrlimit(RLIMIT_FSIZE, &limit);
+    analysis::save_pruning_png(p, c, 0.7);
+  });
+  ASSERT_TRUE(outcome.abnormal.empty()) << outcome.abnormal;
+  ASSERT_TRUE(outcome.error);
+  EXPECT_EQ(outcome.message, "save_line_chart: cannot write '" + p + "': File too large");
+  EXPECT_EQ(outcome.message.find("headlab-tmp"), std::string::npos) << outcome.message;
+  EXPECT_EQ(slurp(p), first);
+  EXPECT_EQ(tmp.entries(), std::vector<std::string>{"pruning.png"});
 }
 
 TEST(AtomicFile, AMissingFolderIsNamed) {

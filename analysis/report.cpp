@@ -32,14 +32,6 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 // ---- files ----
 namespace {
 
-// A CSV number: 10 significant digits, "nan" for NaN.
-std::string num(double v) {
-  if (std::isnan(v)) return "nan";
-  std::ostringstream os;
-  os << std::setprecision(10) << v;
-  return os.str();
-}
-
 // A picture through plot/, written to a temp name and renamed like every other file (plot/ sits
 // below io/, so the atomic part is here). The temp name keeps the extension plot/ picks the format by;
 // plot/'s errors name the file the caller asked for, not the temp name.
@@ -287,35 +279,46 @@ void save_attention_png(const std::string& path, const AttentionMaps& maps, cons
 }
 
 std::string compare_csv(const std::vector<CompareResult>& rows, const CompareOptions& o) {
-  std::ostringstream os;
-  os << "config,B,T,d_in,d_out,heads,form,params,gflop_forward,gflop_forward_backward,"
-        "forward_ms_median,forward_ms_p25,forward_ms_p75,forward_ms_min,forward_ms_max,forward_gflops,"
-        "forward_backward_ms_median,forward_backward_ms_p25,forward_backward_ms_p75,forward_backward_ms_min,"
-        "forward_backward_ms_max,forward_backward_gflops,peak_forward_bytes,peak_forward_backward_bytes,"
-        "max_abs_diff_output,max_abs_diff_input_grad,repeats,device,threads,torch_forward_ms_median,"
-        "torch_forward_backward_ms_median\n";
+  Table t;
+  const Column integer{"", NumberFormat::integer, 0}, number{"", NumberFormat::fixed, 4};
+  auto add = [&](const Column& kind, std::initializer_list<const char*> names) {
+    for (const char* name : names) t.columns.push_back({name, kind.format, kind.precision});
+  };
+  t.columns.push_back(text_column("config"));
+  add(integer, {"B", "T", "d_in", "d_out", "heads"});
+  t.columns.push_back(text_column("form"));
+  add(integer, {"params"});
+  add(number, {"gflop_forward", "gflop_forward_backward", "forward_ms_median", "forward_ms_p25", "forward_ms_p75",
+               "forward_ms_min", "forward_ms_max", "forward_gflops", "forward_backward_ms_median",
+               "forward_backward_ms_p25", "forward_backward_ms_p75", "forward_backward_ms_min",
+               "forward_backward_ms_max", "forward_backward_gflops"});
+  add(integer, {"peak_forward_bytes", "peak_forward_backward_bytes"});
+  add(number, {"max_abs_diff_output", "max_abs_diff_input_grad"});
+  add(integer, {"repeats"});
+  t.columns.push_back(text_column("device"));
+  add(integer, {"threads"});
+  add(number, {"torch_forward_ms_median", "torch_forward_backward_ms_median"});
+  auto d = [](auto v) { return Cell(static_cast<double>(v)); };
   for (const auto& r : rows) {
     const auto& c = r.config;
     for (int f = 0; f < 2; ++f) {
       const FormMeasurement& m = f == 0 ? r.wrapper : r.fused;
       const double fb = m.flops_forward + m.flops_backward;
-      os << c.name << ',' << c.B << ',' << c.T << ',' << c.d_in << ',' << c.d_out << ',' << c.heads << ','
-         << (f == 0 ? "wrapper" : "fused") << ',' << m.params << ',' << num(m.flops_forward / 1e9) << ','
-         << num(fb / 1e9) << ',' << num(m.forward.median * 1e3) << ',' << num(m.forward.p25 * 1e3) << ','
-         << num(m.forward.p75 * 1e3) << ',' << num(m.forward.min * 1e3) << ',' << num(m.forward.max * 1e3) << ','
-         << num(m.flops_forward / m.forward.median / 1e9) << ',' << num(m.forward_backward.median * 1e3) << ','
-         << num(m.forward_backward.p25 * 1e3) << ',' << num(m.forward_backward.p75 * 1e3) << ','
-         << num(m.forward_backward.min * 1e3) << ',' << num(m.forward_backward.max * 1e3) << ','
-         << num(fb / m.forward_backward.median / 1e9) << ',' << m.peak_forward << ',' << m.peak_forward_backward << ','
-         << num(r.max_abs_out) << ',' << num(r.max_abs_dx) << ',' << o.repeats << ',' << o.device.str() << ','
-         << omp_get_max_threads() << ',';
-      const std::optional<PeerTimes>& t = f == 0 ? r.torch_wrapper : r.torch_fused;
-      if (t) os << num(t->forward.median * 1e3) << ',' << num(t->forward_backward.median * 1e3);
-      else os << ',';
-      os << '\n';
+      std::vector<Cell> row = {c.name, d(c.B), d(c.T), d(c.d_in), d(c.d_out), d(c.heads),
+                               std::string(f == 0 ? "wrapper" : "fused"), d(m.params), m.flops_forward / 1e9, fb / 1e9};
+      for (const TimeStats* ts : {&m.forward, &m.forward_backward}) {
+        for (double v : {ts->median, ts->p25, ts->p75, ts->min, ts->max}) row.emplace_back(v * 1e3);
+        row.emplace_back((ts == &m.forward ? m.flops_forward : fb) / ts->median / 1e9);
+      }
+      row.insert(row.end(), {d(m.peak_forward), d(m.peak_forward_backward), Cell(r.max_abs_out), Cell(r.max_abs_dx),
+                             d(o.repeats), Cell(o.device.str()), d(omp_get_max_threads())});
+      const std::optional<PeerTimes>& peer = f == 0 ? r.torch_wrapper : r.torch_fused;
+      if (peer) row.insert(row.end(), {Cell(peer->forward.median * 1e3), Cell(peer->forward_backward.median * 1e3)});
+      else row.insert(row.end(), {Cell(std::string()), Cell(std::string())});
+      t.add_row(std::move(row));
     }
   }
-  return os.str();
+  return render_csv(t);
 }
 
 namespace {

@@ -81,6 +81,7 @@ std::string render_text(const Table& t, int indent) {
       if (c) l += "  ";
       l += text_aligned(t, c) ? s + (c + 1 < n ? fill : "") : fill + s;
     }
+    l.erase(l.find_last_not_of(' ') + 1);  // an empty last cell leaves no trailing blanks
     os << l << "\n";
   };
   line([&](size_t c) { return t.columns[c].name; });

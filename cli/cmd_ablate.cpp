@@ -118,10 +118,11 @@ Action add_ablate(CLI::App& app) {
 
     analysis::AblationTables tables;
     tables.importance = analysis::importance_table(abl, *model);
-    std::cout << "heads by importance (|dL/d gate|, normalised per layer); deltas of zero, mean and resample ablation ("
-              << 3 * abl.heads.size() << " ablations" << (is_gpt(*model) ? " in one batched pass, " : ", ")
-              << fmt(sweep_seconds, 2) << " s" << (is_gpt(*model) ? "" : "; resample not computed for the encoder-decoder")
-              << ")\n" << analysis::render_text(tables.importance);
+    tables.importance.title =
+        "heads by importance (|dL/d gate|, normalised per layer); deltas of zero, mean and resample ablation (" +
+        std::to_string(3 * abl.heads.size()) + " ablations" + (is_gpt(*model) ? " in one batched pass, " : ", ") +
+        fmt(sweep_seconds, 2) + " s" + (is_gpt(*model) ? "" : "; resample not computed for the encoder-decoder") + ")";
+    std::cout << analysis::render_text(tables.importance);
     std::cout << "agreement of the gradient scores with zero ablation (Spearman, over heads): normalised "
               << fmt(analysis::agreement(abl, true), 2) << ", raw " << fmt(analysis::agreement(abl, false), 2) << "\n";
     if (const std::string w = analysis::gradient_warning(abl); !w.empty()) std::cout << "warning: " << w << "\n";
@@ -145,29 +146,34 @@ Action add_ablate(CLI::App& app) {
       lo.batch_size = B;
       const auto start = std::chrono::steady_clock::now();
       l0 = analysis::l0_gates(ai.in.gpt("ablate --criterion l0"), *task, data, lo);
-      std::cout << "\nlearned gates (hard concrete, L0 penalty; " << a->l0_steps << " Adam steps of batch " << B
-                << " per penalty, " << fmt(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1)
-                << " s)\n";
-      tables.l0 = analysis::l0_table(*l0, metric, *model);
-      std::cout << analysis::render_text(*tables.l0);
+      tables.l0 = analysis::l0_table(
+          *l0, metric, *model,
+          "learned gates (hard concrete, L0 penalty; " + std::to_string(a->l0_steps) + " Adam steps of batch " +
+              std::to_string(B) + " per penalty, " +
+              fmt(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1) + " s)");
+      std::cout << "\n" << analysis::render_text(*tables.l0);
       po.l0_rank = l0->rank;
     }
     analysis::PruningCurve curve = analysis::iterative_pruning(*model, data, po);
-    std::cout << "\npruning curve (" << analysis::criterion_text(curve, a->criterion == "auto") << " criterion, " << fmt(100 * a->step, 0)
-              << "% of the remaining heads per step; stop below "
-              << analysis::metric_name(metric) << " " << fmt(stop_below) << " = "
-              << (!std::isnan(a->prune_to_metric) && a->prune_to_metric < a->threshold * base_metric
-                      ? "--prune-to-metric"
-                      : fmt(a->threshold, 2) + " x unpruned")
-              << ")\n" << analysis::render_text(analysis::pruning_table(curve, *model));
+    const std::string curve_title =
+        "pruning curve (" + analysis::criterion_text(curve, a->criterion == "auto") + " criterion, " +
+        fmt(100 * a->step, 0) + "% of the remaining heads per step; stop below " + analysis::metric_name(metric) + " " +
+        fmt(stop_below) + " = " +
+        (!std::isnan(a->prune_to_metric) && a->prune_to_metric < a->threshold * base_metric
+             ? "--prune-to-metric"
+             : fmt(a->threshold, 2) + " x unpruned") +
+        ")";
+    std::cout << "\n" << analysis::render_text(analysis::pruning_table(curve, *model, curve_title));
     std::cout << analysis::free_heads_text(abl, curve, *model) << "\n";
 
     // Michel et al.'s Table 2: each layer with only its best head
     const std::vector<analysis::BestHeadOnly> best = analysis::best_head_only(*model, data, metric);
-    std::cout << "\nonly the best head of each layer kept (Michel et al. Table 2; " << analysis::metric_name(metric)
-              << ", unpruned " << fmt(base_metric, 3) << ")\n";
-    tables.best_head = analysis::best_head_table(*model, abl, best, metric, &tables.best_head_mean);
-    std::cout << analysis::render_text(tables.best_head) << "  mean change per layer: " << tables.best_head_mean << "\n";
+    tables.best_head = analysis::best_head_table(*model, abl, best, metric, &tables.best_head_mean,
+                                                 "only the best head of each layer kept (Michel et al. Table 2; " +
+                                                     std::string(analysis::metric_name(metric)) + ", unpruned " +
+                                                     fmt(base_metric, 3) + ")");
+    std::cout << "\n" << analysis::render_text(tables.best_head) << "  mean change per layer: " << tables.best_head_mean
+              << "\n";
 
     HL_CHECK(a->finetune > 0 || (!a->finetune_curve && a->finetune_lr == 0), "ablate: --finetune-curve and "
              "--finetune-lr need --finetune STEPS");

@@ -58,9 +58,10 @@ TEST(Table, TextIsAlignedByColumn) {
             "  head     loss  d loss      raw   n\n"
             "  L0H1    1.235   +0.50  1.2e-04   7\n"
             "  a, \"b\"    nan   -0.12  1.2e+04  12\n");
-  analysis::Table untitled("", {analysis::text_column("x")});
-  untitled.add_row({"y"});
-  EXPECT_EQ(analysis::render_text(untitled, 0), "x\ny\n");
+  analysis::Table untitled("", {analysis::text_column("x"), analysis::text_column("removed")});
+  untitled.add_row({"y", ""});
+  untitled.add_row({"z", "L0H1"});
+  EXPECT_EQ(analysis::render_text(untitled, 0), "x  removed\ny\nz  L0H1\n");
 }
 
 TEST(Table, Markdown) {

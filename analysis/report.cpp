@@ -4,8 +4,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <fstream>
-#include <iomanip>
 #include <limits>
 #include <map>
 #include <numeric>

@@ -1,18 +1,12 @@
 // headlab ablate: which heads of a checkpoint matter (analysis/heads.h, pruning.h): the terminal
-// table, heads.csv, pruning.csv, report.md, pictures, and a physically pruned checkpoint.
+// tables, heads.csv, pruning.csv, report.md (built in analysis/reports.h), pictures, and a physically
+// pruned checkpoint.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
-#include <iomanip>
 #include <iostream>
-#include <map>
 #include <memory>
 #include <optional>
-#include <numeric>
-#include <set>
-#include <sstream>
 
 #include "analysis/analysis.h"
 #include "analysis/explorer.h"
@@ -27,8 +21,6 @@
 #include "train/memory.h"
 
 namespace headlab::cli {
-
-namespace fs = std::filesystem;
 
 namespace {
 

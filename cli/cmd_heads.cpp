@@ -1,13 +1,11 @@
 // headlab heads: what every attention head of a checkpoint does, in one command: zero/mean/resample
 // ablation, direct logit attribution, activation patching (noising and denoising), head types.
-// Writes heads.csv (a row per head, a column per score), report.md and its pictures.
+// Writes heads.csv (a row per head, a column per score), report.md (analysis/reports.h) and its pictures.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <filesystem>
 #include <iostream>
 #include <memory>
-#include <sstream>
 
 #include "analysis/analysis.h"
 #include "analysis/explorer.h"
@@ -21,8 +19,6 @@
 #include "train/memory.h"
 
 namespace headlab::cli {
-
-namespace fs = std::filesystem;
 
 namespace {
 

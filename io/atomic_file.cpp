@@ -39,7 +39,7 @@ AtomicFile::AtomicFile(std::string path, std::string who)
     HL_CHECK(g_temp_paths.insert(tmp_path_).second, who_, ": cannot write '", path_,
              "': another Writer in this process is already writing it");
   }
-  fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);  // less the umask, as any new file
   if (fd_ < 0) {
     const int err = errno;
     const std::string folder = folder_of(path_);

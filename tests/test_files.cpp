@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -176,6 +177,17 @@ TEST(AtomicFile, PicturesAreReplacedAtomically) {
   EXPECT_EQ(outcome.message.find("headlab-tmp"), std::string::npos) << outcome.message;
   EXPECT_EQ(slurp(p), first);
   EXPECT_EQ(tmp.entries(), std::vector<std::string>{"pruning.png"});
+}
+
+// A new file gets the permissions any new file gets (0666 less the umask), as the streams it replaced gave.
+TEST(AtomicFile, PermissionsFollowTheUmask) {
+  TempDir tmp("files_test");
+  const mode_t old = ::umask(002);
+  io::write_file_atomic(tmp.path("shared.csv"), "x", "test");
+  ::umask(old);
+  EXPECT_EQ(fs::status(tmp.path("shared.csv")).permissions(),
+            fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::group_write |
+                fs::perms::others_read);
 }
 
 TEST(AtomicFile, AMissingFolderIsNamed) {

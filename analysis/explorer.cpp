@@ -4,11 +4,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 
 #include <nlohmann/json.hpp>
 
-#include "io/temp_files.h"
+#include "io/atomic_file.h"
 #include "tasks/seq2seq.h"
 
 namespace headlab::analysis {
@@ -218,13 +217,7 @@ std::string page_of(const std::string& title, const nlohmann::json& kinds) {
 }
 
 void write_page(const std::string& path, const std::string& page) {
-  const std::string tmp = io::temp_path_for(path);  // a killed writer's leftover is found by its pid
-  {
-    std::ofstream f(tmp, std::ios::binary);
-    f << page;
-    HL_CHECK(f.good(), "save_attention_html: cannot write '", tmp, "'");
-  }
-  HL_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, "save_attention_html: cannot rename '", tmp, "' to '", path, "'");
+  io::write_file_atomic(path, page, "save_attention_html");
 }
 
 }  // namespace

@@ -4,8 +4,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <fstream>
-#include <iomanip>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -15,6 +13,9 @@
 
 #include <omp.h>
 
+#include "analysis/reports.h"
+#include "analysis/table.h"
+#include "io/atomic_file.h"
 #include "io/h5file.h"
 #include "plot/plot.h"
 
@@ -29,20 +30,21 @@ constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 // ---- files ----
 namespace {
 
-// A CSV number: 10 significant digits, "nan" for NaN.
-std::string num(double v) {
-  if (std::isnan(v)) return "nan";
-  std::ostringstream os;
-  os << std::setprecision(10) << v;
-  return os.str();
-}
-
-void write_text(const std::string& path, const std::string& text) {
-  std::ofstream f(path, std::ios::trunc);
-  HL_CHECK(f.good(), "analysis: cannot write '", path, "' (does the folder exist?)");
-  f << text;
-  f.close();
-  HL_CHECK(f.good(), "analysis: writing '", path, "' failed (disk full?)");
+// A picture through plot/, written to a temp name and renamed like every other file (plot/ sits
+// below io/, so the atomic part is here). The temp name keeps the extension plot/ picks the format by;
+// plot/'s errors name the file the caller asked for, not the temp name.
+template <typename Draw>
+void save_picture(const std::string& path, const char* who, Draw draw) {
+  io::AtomicFile f(path, who);
+  try {
+    draw(f.temp_path());
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    for (size_t at = 0; (at = msg.find(f.temp_path(), at)) != std::string::npos; at += path.size())
+      msg.replace(at, f.temp_path().size(), path);
+    throw Error(msg);
+  }
+  f.commit();
 }
 
 }  // namespace
@@ -75,49 +77,41 @@ void save_heads_csv(const std::string& path, const AblationResult& a, const std:
                     const nn::Model* model) {
   const bool ex = a.base.has_exact_match;
   const bool named = model && dynamic_cast<const nn::GPTModel*>(model) == nullptr;
-  std::ostringstream os;
-  os << (named ? "module," : "") << "layer,head,importance,importance_raw";
-  for (const char* kind : {"zero", "mean", "resample"})
-    os << ',' << kind << "_delta_loss," << kind << "_delta_accuracy" << (ex ? std::string(",") + kind + "_delta_exact_match" : "");
-  for (const HeadColumn& c : extra) os << ',' << c.name;
-  os << "\n";
+  const Column integer{"", NumberFormat::integer, 0}, number{"", NumberFormat::fixed, 4};
+  auto col = [](Column c, std::string name) { return c.name = std::move(name), c; };
+  Table t;
+  if (named) t.columns.push_back(text_column("module"));
+  for (const char* name : {"layer", "head"}) t.columns.push_back(col(integer, name));
+  for (const char* name : {"importance", "importance_raw"}) t.columns.push_back(col(number, name));
+  for (const std::string kind : {"zero", "mean", "resample"}) {
+    t.columns.push_back(col(number, kind + "_delta_loss"));
+    t.columns.push_back(col(number, kind + "_delta_accuracy"));
+    if (ex) t.columns.push_back(col(number, kind + "_delta_exact_match"));
+  }
+  for (const HeadColumn& c : extra) t.columns.push_back(text_column(c.name));
   for (const auto& h : a.heads) {
-    if (named) os << model->attention_label(h.layer) << ',';
-    os << h.layer << ',' << h.original_head << ',' << num(h.importance) << ',' << num(h.importance_raw);
+    std::vector<Cell> row;
+    if (named) row.emplace_back(model->attention_label(h.layer));
+    row.insert(row.end(), {Cell(static_cast<double>(h.layer)), Cell(static_cast<double>(h.original_head)),
+                           Cell(h.importance), Cell(h.importance_raw)});
     for (const Scores* s : {&h.zero, &h.mean, &h.resample}) {
-      os << ',' << num(s->loss - a.base.loss) << ',' << num(s->token_accuracy - a.base.token_accuracy);
-      if (ex) os << ',' << num(s->exact_match - a.base.exact_match);
+      row.emplace_back(s->loss - a.base.loss);
+      row.emplace_back(s->token_accuracy - a.base.token_accuracy);
+      if (ex) row.emplace_back(s->exact_match - a.base.exact_match);
     }
     for (const HeadColumn& c : extra) {
       HL_CHECK(static_cast<size_t>(h.layer) < c.values.size() && static_cast<size_t>(h.head) < c.values[static_cast<size_t>(h.layer)].size(),
                "save_heads_csv: column ", c.name, " has no value for layer ", h.layer, " head ", h.head);
-      os << ',' << c.values[static_cast<size_t>(h.layer)][static_cast<size_t>(h.head)];
+      row.emplace_back(c.values[static_cast<size_t>(h.layer)][static_cast<size_t>(h.head)]);
     }
-    os << "\n";
+    t.add_row(std::move(row));
   }
-  write_text(path, os.str());
+  io::write_file_atomic(path, render_csv(t), "save_heads_csv");
 }
 
 void save_pruning_csv(const std::string& path, const PruningCurve& c, const nn::Model& model) {
   HL_CHECK(!c.steps.empty(), "save_pruning_csv: the curve is empty");
-  const bool ex = c.steps.front().scores.has_exact_match;
-  std::ostringstream os;
-  const bool ft = std::any_of(c.steps.begin(), c.steps.end(), [](const PruneStep& s) { return s.finetuned.has_value(); });
-  os << "step,heads_pruned,fraction_pruned,loss,token_accuracy" << (ex ? ",exact_match" : "");
-  if (ft) os << ",finetuned_loss,finetuned_token_accuracy" << (ex ? ",finetuned_exact_match" : "");
-  os << ",removed\n";
-  auto columns = [&](const Scores& v) {
-    os << ',' << num(v.loss) << ',' << num(v.token_accuracy);
-    if (ex) os << ',' << num(v.exact_match);
-  };
-  for (size_t i = 0; i < c.steps.size(); ++i) {
-    const auto& s = c.steps[i];
-    os << i << ',' << s.pruned << ',' << num(s.fraction);
-    columns(s.scores);
-    if (ft) columns(s.finetuned.value_or(Scores{}));  // NaN where a step was not fine-tuned
-    os << ',' << removed_heads_str(s, model) << "\n";
-  }
-  write_text(path, os.str());
+  io::write_file_atomic(path, render_csv(pruning_table(c, model)), "save_pruning_csv");
 }
 
 namespace {
@@ -150,7 +144,7 @@ plot::Heatmap head_heatmap(const HeadMap& map, const nn::Model& model) {
 }  // namespace
 
 void save_head_map_png(const std::string& path, const HeadMap& map, const nn::Model& model) {
-  plot::save_heatmap(head_heatmap(map, model), path);
+  save_picture(path, "save_head_map_png", [&](const std::string& tmp) { plot::save_heatmap(head_heatmap(map, model), tmp); });
 }
 
 void save_head_maps_png(const std::string& path, const std::string& title, const std::vector<HeadMap>& maps,
@@ -164,7 +158,7 @@ void save_head_maps_png(const std::string& path, const std::string& title, const
   g.vmax = vmax;
   g.colorbar_label = maps.front().colorbar_label;
   for (const HeadMap& m : maps) g.panels.push_back(head_heatmap(m, model));
-  plot::save_heatmap_grid(g, path);
+  save_picture(path, "save_head_maps_png", [&](const std::string& tmp) { plot::save_heatmap_grid(g, tmp); });
 }
 
 void save_importance_png(const std::string& path, const AblationResult& a, const nn::Model& model) {
@@ -201,7 +195,7 @@ void save_pruning_png(const std::string& path, const PruningCurve& c, double sto
     thr.y = {stop_below, stop_below};
     ch.series.push_back(thr);
   }
-  plot::save_line_chart(ch, path);
+  save_picture(path, "save_pruning_png", [&](const std::string& tmp) { plot::save_line_chart(ch, tmp); });
 }
 
 void save_attention_h5(const std::string& path, const AttentionMaps& maps, const std::vector<std::string>& tokens,
@@ -279,39 +273,50 @@ void save_attention_png(const std::string& path, const AttentionMaps& maps, cons
       g.panels.push_back(m);
     }
   }
-  plot::save_heatmap_grid(g, path);
+  save_picture(path, "save_attention_png", [&](const std::string& tmp) { plot::save_heatmap_grid(g, tmp); });
 }
 
 std::string compare_csv(const std::vector<CompareResult>& rows, const CompareOptions& o) {
-  std::ostringstream os;
-  os << "config,B,T,d_in,d_out,heads,form,params,gflop_forward,gflop_forward_backward,"
-        "forward_ms_median,forward_ms_p25,forward_ms_p75,forward_ms_min,forward_ms_max,forward_gflops,"
-        "forward_backward_ms_median,forward_backward_ms_p25,forward_backward_ms_p75,forward_backward_ms_min,"
-        "forward_backward_ms_max,forward_backward_gflops,peak_forward_bytes,peak_forward_backward_bytes,"
-        "max_abs_diff_output,max_abs_diff_input_grad,repeats,device,threads,torch_forward_ms_median,"
-        "torch_forward_backward_ms_median\n";
+  Table t;
+  const Column integer{"", NumberFormat::integer, 0}, number{"", NumberFormat::fixed, 4};
+  auto add = [&](const Column& kind, std::initializer_list<const char*> names) {
+    for (const char* name : names) t.columns.push_back({name, kind.format, kind.precision});
+  };
+  t.columns.push_back(text_column("config"));
+  add(integer, {"B", "T", "d_in", "d_out", "heads"});
+  t.columns.push_back(text_column("form"));
+  add(integer, {"params"});
+  add(number, {"gflop_forward", "gflop_forward_backward", "forward_ms_median", "forward_ms_p25", "forward_ms_p75",
+               "forward_ms_min", "forward_ms_max", "forward_gflops", "forward_backward_ms_median",
+               "forward_backward_ms_p25", "forward_backward_ms_p75", "forward_backward_ms_min",
+               "forward_backward_ms_max", "forward_backward_gflops"});
+  add(integer, {"peak_forward_bytes", "peak_forward_backward_bytes"});
+  add(number, {"max_abs_diff_output", "max_abs_diff_input_grad"});
+  add(integer, {"repeats"});
+  t.columns.push_back(text_column("device"));
+  add(integer, {"threads"});
+  add(number, {"torch_forward_ms_median", "torch_forward_backward_ms_median"});
+  auto d = [](auto v) { return Cell(static_cast<double>(v)); };
   for (const auto& r : rows) {
     const auto& c = r.config;
     for (int f = 0; f < 2; ++f) {
       const FormMeasurement& m = f == 0 ? r.wrapper : r.fused;
       const double fb = m.flops_forward + m.flops_backward;
-      os << c.name << ',' << c.B << ',' << c.T << ',' << c.d_in << ',' << c.d_out << ',' << c.heads << ','
-         << (f == 0 ? "wrapper" : "fused") << ',' << m.params << ',' << num(m.flops_forward / 1e9) << ','
-         << num(fb / 1e9) << ',' << num(m.forward.median * 1e3) << ',' << num(m.forward.p25 * 1e3) << ','
-         << num(m.forward.p75 * 1e3) << ',' << num(m.forward.min * 1e3) << ',' << num(m.forward.max * 1e3) << ','
-         << num(m.flops_forward / m.forward.median / 1e9) << ',' << num(m.forward_backward.median * 1e3) << ','
-         << num(m.forward_backward.p25 * 1e3) << ',' << num(m.forward_backward.p75 * 1e3) << ','
-         << num(m.forward_backward.min * 1e3) << ',' << num(m.forward_backward.max * 1e3) << ','
-         << num(fb / m.forward_backward.median / 1e9) << ',' << m.peak_forward << ',' << m.peak_forward_backward << ','
-         << num(r.max_abs_out) << ',' << num(r.max_abs_dx) << ',' << o.repeats << ',' << o.device.str() << ','
-         << omp_get_max_threads() << ',';
-      const std::optional<PeerTimes>& t = f == 0 ? r.torch_wrapper : r.torch_fused;
-      if (t) os << num(t->forward.median * 1e3) << ',' << num(t->forward_backward.median * 1e3);
-      else os << ',';
-      os << '\n';
+      std::vector<Cell> row = {c.name, d(c.B), d(c.T), d(c.d_in), d(c.d_out), d(c.heads),
+                               std::string(f == 0 ? "wrapper" : "fused"), d(m.params), m.flops_forward / 1e9, fb / 1e9};
+      for (const TimeStats* ts : {&m.forward, &m.forward_backward}) {
+        for (double v : {ts->median, ts->p25, ts->p75, ts->min, ts->max}) row.emplace_back(v * 1e3);
+        row.emplace_back((ts == &m.forward ? m.flops_forward : fb) / ts->median / 1e9);
+      }
+      row.insert(row.end(), {d(m.peak_forward), d(m.peak_forward_backward), Cell(r.max_abs_out), Cell(r.max_abs_dx),
+                             d(o.repeats), Cell(o.device.str()), d(omp_get_max_threads())});
+      const std::optional<PeerTimes>& peer = f == 0 ? r.torch_wrapper : r.torch_fused;
+      if (peer) row.insert(row.end(), {Cell(peer->forward.median * 1e3), Cell(peer->forward_backward.median * 1e3)});
+      else row.insert(row.end(), {Cell(std::string()), Cell(std::string())});
+      t.add_row(std::move(row));
     }
   }
-  return os.str();
+  return render_csv(t);
 }
 
 namespace {
@@ -426,7 +431,7 @@ void save_compare_png(const std::string& path, const std::vector<CompareResult>&
         ch.series.push_back(s);
       }
   }
-  plot::save_line_chart(ch, path);
+  save_picture(path, "save_compare_png", [&](const std::string& tmp) { plot::save_line_chart(ch, tmp); });
 }
 
 }  // namespace headlab::analysis

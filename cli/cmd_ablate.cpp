@@ -1,23 +1,18 @@
 // headlab ablate: which heads of a checkpoint matter (analysis/heads.h, pruning.h): the terminal
-// table, heads.csv, pruning.csv, report.md, pictures, and a physically pruned checkpoint.
+// tables, heads.csv, pruning.csv, report.md (built in analysis/reports.h), pictures, and a physically
+// pruned checkpoint.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
-#include <iomanip>
 #include <iostream>
-#include <map>
 #include <memory>
 #include <optional>
-#include <numeric>
-#include <set>
-#include <sstream>
 
 #include "analysis/analysis.h"
 #include "analysis/explorer.h"
 #include "analysis/finetune.h"
 #include "analysis/l0_gates.h"
+#include "analysis/reports.h"
 #include "backends/backend.h"
 #include "cli/commands.h"
 #include "cli/common.h"
@@ -26,8 +21,6 @@
 #include "train/memory.h"
 
 namespace headlab::cli {
-
-namespace fs = std::filesystem;
 
 namespace {
 
@@ -39,301 +32,12 @@ struct AblateArgs : AnalysisArgs {
   bool full_curve = false, finetune_curve = false;
 };
 
-struct PrunedReport {
-  bool done = false;
-  std::string path;
-  int64_t removed = 0, params_before = 0, params_after = 0;
-  std::string kept;  // kept_str of the pruned model
-  std::optional<analysis::FinetuneResult> finetuned;
-  double max_diff = 0;
-  analysis::Scores gated, scores;
-  analysis::TimeStats time_before, time_after;
-  int64_t B = 0, T = 0;
-};
-
-// Spearman correlation of a head's importance with the loss increase of zeroing it.
-double agreement(const analysis::AblationResult& a, bool normalized) {
-  std::vector<double> imp, dloss;
-  for (const auto& h : a.heads) {
-    imp.push_back(normalized ? h.importance : h.importance_raw);
-    dloss.push_back(h.zero.loss - a.base.loss);
-  }
-  return analysis::rank_correlation(imp, dloss);
-}
-
-// "ablation (auto: 8 heads <= 64)", or the criterion asked for.
-std::string criterion_text(const AblateArgs& args, const analysis::PruningCurve& curve) {
-  std::string s = analysis::criterion_name(curve.criterion);
-  if (args.criterion == "auto")
-    s += " (auto: " + std::to_string(curve.total_heads) +
-         (curve.criterion == analysis::Criterion::ablation ? " heads <= " : " heads > ") +
-         std::to_string(analysis::kAblationCriterionMaxHeads) + ")";
-  return s;
-}
-
-// Why the gradient scores should not be trusted on this model, or "".
-std::string gradient_warning(const analysis::AblationResult& a) {
-  const double rho = agreement(a, true);
-  std::string why;
-  if (a.base.loss < 0.01) why = "at a loss of " + fmt(a.base.loss) + " the gate gradients are mostly noise";
-  else if (rho < 0.5) why = "they rank the heads unlike zero ablation";
-  if (why.empty()) return "";
-  return "the gradient scores are unreliable here (Spearman " + fmt(rho, 2) + " with zero ablation; " + why +
-         "); the ablation criterion (the default up to " + std::to_string(analysis::kAblationCriterionMaxHeads) +
-         " heads) measures instead";
-}
-
-// Whether the heads that cost nothing alone can go together: "4 heads cost nothing alone (L0H0 L1H0
-// L1H1 L1H3); pruned together they are not free: exact_match stays within 1% of unpruned for 3 of
-// them (4: 0.863)".
-std::string free_heads_text(const analysis::AblationResult& a, const analysis::PruningCurve& curve,
-                            const nn::Model& model) {
-  const auto free = analysis::free_heads(a, curve.metric);
-  std::string names;
-  for (const auto& [l, h] : free) names += (names.empty() ? "" : " ") + analysis::head_name(model, l, h);
-  const int64_t n = static_cast<int64_t>(free.size());
-  const double base = analysis::metric_value(a.base, curve.metric);
-  const int64_t within = analysis::prune_count_for_metric(curve, base - 0.01 * std::fabs(base));
-  std::string s = std::to_string(n) + " heads cost nothing alone (" + (names.empty() ? "none" : names) + ")";
-  if (n == 0) return s;
-  if (within >= n) return s + "; the curve prunes " + std::to_string(within) + " heads with " +
-                          analysis::metric_name(curve.metric) + " within 1% of unpruned";
-  if (curve.criterion == analysis::Criterion::gradient)
-    return s + "; this curve (gradient scores) keeps " + analysis::metric_name(curve.metric) +
-           " within 1% of unpruned for " + std::to_string(within) + " heads: --criterion ablation prunes by measured cost";
-  s += "; pruned together they are not free: " + std::string(analysis::metric_name(curve.metric)) +
-       " stays within 1% of unpruned for " + std::to_string(within) + " of them";
-  for (const auto& step : curve.steps)
-    if (step.pruned == n) s += " (" + std::to_string(n) + ": " + fmt(analysis::metric_value(step.scores, curve.metric), 3) + ")";
-  return s;
-}
-
-// "L0H0 L1H3" (original indices), or "none".
-std::string l0_closed_str(const analysis::L0Point& p, const nn::Model& model) {
-  std::string s;
-  for (const auto& [l, h] : p.closed) s += (s.empty() ? "" : " ") + analysis::head_name(model, l, h);
-  return s.empty() ? "none" : s;
-}
-
 bool is_gpt(const nn::Model& m) { return dynamic_cast<const nn::GPTModel*>(&m) != nullptr; }
 
 bool pruned_before(const nn::Model& m) {
   for (int64_t l = 0; l < m.attention_count(); ++l)
     if (m.heads_at(l) < m.full_heads()) return true;
   return false;
-}
-
-// The kinds of attention in the model's order ("self"; or "encoder", "decoder", "cross") and their layers.
-std::vector<std::string> attention_kinds(const nn::Model& m) {
-  std::vector<std::string> kinds;
-  for (int64_t l = 0; l < m.attention_count(); ++l)
-    if (std::find(kinds.begin(), kinds.end(), m.attention_kind(l)) == kinds.end()) kinds.push_back(m.attention_kind(l));
-  return kinds;
-}
-
-const char* kind_title(const std::string& kind) {
-  if (kind == "encoder") return "encoder self-attention";
-  if (kind == "decoder") return "decoder self-attention";
-  if (kind == "cross") return "encoder-decoder (cross) attention";
-  return "self-attention";
-}
-
-// Michel et al.'s Table 2: per layer and kind, the metric with only the layer's best head kept.
-std::string best_head_md(const nn::Model& model, const analysis::AblationResult& a,
-                         const std::vector<analysis::BestHeadOnly>& best, analysis::Metric metric) {
-  const std::vector<std::string> kinds = attention_kinds(model);
-  const double base = analysis::metric_value(a.base, metric);
-  std::ostringstream os;
-  os << "## Only the best head of each layer (Michel et al. 2019, Table 2)\n\nFor each attention layer, every "
-        "head but one masked (the one that keeps "
-     << analysis::metric_name(metric) << " highest), the rest of the model whole; unpruned " << fmt(base, 3)
-     << ".\n\n| layer |";
-  for (const std::string& k : kinds) os << " " << kind_title(k) << ": best head | " << analysis::metric_name(metric) << " | delta |";
-  os << "\n|---|";
-  for (size_t i = 0; i < kinds.size(); ++i) os << "---|---|---|";
-  os << "\n";
-  int64_t layers = 0;
-  for (const auto& b : best) layers = std::max(layers, model.attention_layer(b.layer) + 1);
-  std::map<std::string, std::pair<double, int64_t>> mean_delta;  // kind -> (sum, count)
-  for (int64_t layer = 0; layer < layers; ++layer) {
-    os << "| " << layer << " |";
-    for (const std::string& k : kinds) {
-      const auto it = std::find_if(best.begin(), best.end(), [&](const analysis::BestHeadOnly& b) {
-        return model.attention_kind(b.layer) == k && model.attention_layer(b.layer) == layer;
-      });
-      if (it == best.end()) {
-        os << " | | |";
-        continue;
-      }
-      const double m = analysis::metric_value(it->scores, metric);
-      os << " " << analysis::head_name(model, it->layer, it->best_head) << " (of " << model.heads_at(it->layer) << ") | "
-         << fmt(m, 3) << " | " << fmt_signed(m - base, 3) << " |";
-      mean_delta[k].first += m - base;
-      ++mean_delta[k].second;
-    }
-    os << "\n";
-  }
-  os << "\nMean change per layer:";
-  for (const std::string& k : kinds)
-    os << " " << kind_title(k) << " " << fmt_signed(mean_delta[k].first / static_cast<double>(mean_delta[k].second), 3)
-       << (k == kinds.back() ? "." : ";");
-  os << "\n\n";
-  return os.str();
-}
-
-std::string scores_line(const analysis::Scores& s) {
-  std::string out = "loss " + fmt(s.loss) + "  token accuracy " + fmt(s.token_accuracy);
-  if (s.has_exact_match) out += "  exact match " + fmt(s.exact_match);
-  return out;
-}
-
-std::string report_md(const AblateArgs& args, const io::Checkpoint& ck, const nn::Model& model,
-                      const train::RunConfig& run, const analysis::EvalSet& data, const analysis::AblationResult& a,
-                      const analysis::PruningCurve& curve, double stop_below, const PrunedReport& pr,
-                      const std::string& task_name, double sweep_seconds, const std::optional<analysis::L0Result>& l0,
-                      const std::vector<analysis::BestHeadOnly>& best) {
-  const bool ex = a.base.has_exact_match;
-  std::ostringstream os;
-  os << "# Head ablation report\n\n## Summary\n\n";
-  os << "| | |\n|---|---|\n";
-  os << "| checkpoint | `" << args.path << "`" << (ck.has_trainer ? " (step " + std::to_string(ck.trainer.step) + ")" : "")
-     << " |\n";
-  os << "| task | " << task_name << " |\n";
-  os << "| model | " << run.describe_model() << ", head size " << model.head_size_at(0) << ", "
-     << model.num_parameters() << " parameters |\n";
-  if (pruned_before(model)) os << "| kept heads (already pruned) | " << kept_str(model) << " |\n";
-  os << "| data | " << data.batches.size() << " validation batches of " << data.batches.front().B << " x "
-     << data.batches.front().T << " tokens, " << data.tokens() << " scored tokens |\n";
-  os << "| unpruned | loss " << fmt(a.base.loss) << ", token accuracy " << fmt(a.base.token_accuracy);
-  if (ex) os << ", exact match " << fmt(a.base.exact_match);
-  os << " |\n";
-  os << "| pruning | " << criterion_text(args, curve) << " criterion; metric " << analysis::metric_name(curve.metric)
-     << ", stop below " << fmt(stop_below) << " |\n";
-  os << "| gradient scores vs zero ablation | Spearman " << fmt(agreement(a, true), 2) << " (normalised), "
-     << fmt(agreement(a, false), 2) << " (raw) |\n";
-  if (l0) {  // a later place in the L0 order should mean a dearer head
-    std::vector<double> rank, dloss;
-    for (const auto& h : a.heads) {
-      rank.push_back(l0->rank[static_cast<size_t>(h.layer)][static_cast<size_t>(h.head)]);
-      dloss.push_back(h.zero.loss - a.base.loss);
-    }
-    os << "| L0 gate order vs zero ablation | Spearman " << fmt(analysis::rank_correlation(rank, dloss), 2) << " |\n";
-  }
-  if (const std::string w = gradient_warning(a); !w.empty()) os << "| warning | " << w << " |\n";
-  os << "| free heads | " << free_heads_text(a, curve, model) << " |\n";
-  const auto by_imp = [&] {
-    std::vector<const analysis::HeadAblation*> v;
-    for (const auto& h : a.heads) v.push_back(&h);
-    std::sort(v.begin(), v.end(), [](auto* x, auto* y) { return x->importance > y->importance; });
-    return v;
-  }();
-  if (!by_imp.empty()) {
-    const auto& t = *by_imp.front();
-    os << "| most important head | " << analysis::head_name(model, t.layer, t.head) << " (zero ablation: loss "
-       << fmt_signed(t.zero.loss - a.base.loss) << ", token accuracy "
-       << fmt_signed(t.zero.token_accuracy - a.base.token_accuracy) << ") |\n";
-  }
-  if (curve.steps.size() > 1) {
-    const int64_t keep_n = analysis::prune_count_for_metric(curve, stop_below);
-    os << "| prunable at the threshold | " << keep_n << " of " << curve.total_heads << " heads ("
-       << fmt(100.0 * static_cast<double>(keep_n) / static_cast<double>(curve.total_heads), 0) << "%) |\n";
-  }
-  os << "\n![head importance](importance.png)\n\n";
-  if (is_gpt(model))
-    os << "Every head's attention on a validation row, with these scores beside it: [attention.html](attention.html).\n\n";
-
-  os << "## Heads by importance\n\n";
-  os << "Importance: I_h = E_x |dL/d gate_h| over the evaluation batches, divided by the l2 norm of its layer's "
-        "scores (Michel, Levy & Neubig 2019). Zero ablation sets the head's gate to 0; mean ablation replaces the "
-        "head's context by its mean over the evaluation data; resample ablation by its context on another "
-        "validation row. Deltas are ablated minus unpruned, on "
-     << data.tokens() << " scored tokens; all " << 3 * a.heads.size()
-     << " ablations ran " << (is_gpt(model) ? "as one batched pass" : "one pass each") << " (" << fmt(sweep_seconds, 2)
-     << " s)" << (is_gpt(model) ? "" : "; resample ablation is not computed for the encoder-decoder (nan)") << ".\n\n";
-  os << "| rank | head | importance | raw mean abs dL/dgate |";
-  for (const char* kind : {"zero", "mean", "resample"})
-    os << " " << kind << ": d loss | " << kind << ": d token acc |" << (ex ? std::string(" ") + kind + ": d exact |" : "");
-  os << "\n|";
-  for (int i = 0; i < (ex ? 13 : 10); ++i) os << "---|";
-  os << "\n";
-  int rank = 1;
-  for (const auto* h : by_imp) {
-    os << "| " << rank++ << " | " << analysis::head_name(model, h->layer, h->head) << " | " << fmt(h->importance) << " | "
-       << fmt_sci(h->importance_raw, 2) << " |";
-    for (const analysis::Scores* s : {&h->zero, &h->mean, &h->resample}) {
-      os << " " << fmt_signed(s->loss - a.base.loss) << " | " << fmt_signed(s->token_accuracy - a.base.token_accuracy)
-         << " |";
-      if (ex) os << " " << fmt_signed(s->exact_match - a.base.exact_match) << " |";
-    }
-    os << "\n";
-  }
-
-  if (l0) {
-    os << "\n## Learned gates (L0)\n\nHard-concrete gates on every head of the frozen model, trained with the task's "
-          "loss plus penalty x the expected number of open heads (Voita et al. 2019), "
-       << args.l0_steps << " Adam steps per penalty. Scores: the model with the closed heads masked, on "
-       << data.tokens() << " scored tokens.\n\n| penalty | heads closed | " << analysis::metric_name(curve.metric)
-       << " | loss | which |\n|---|---|---|---|---|\n";
-    for (const auto& p : l0->points)
-      os << "| " << fmt(p.penalty, 4) << " | " << p.closed.size() << " | "
-         << fmt(analysis::metric_value(p.scores, curve.metric), 3) << " | " << fmt(p.scores.loss) << " | "
-         << l0_closed_str(p, model) << " |\n";
-  }
-  os << "\n## Pruning curve\n\n";
-  os << "Each step masks the least important " << fmt(100 * args.step, 0)
-     << "% of the remaining heads (at least one; every layer keeps one head) and recomputes the importance of the "
-        "heads left"
-     << (curve.criterion == analysis::Criterion::gradient ? " (gradient scores)"
-         : curve.criterion == analysis::Criterion::l0
-             ? " (l0: in the order the learned gates close them, not recomputed)"
-             : " (what masking the head too costs, measured: the metric lost, then the loss increase)")
-     << ".\n\n";
-  const bool ft = args.finetune_curve;
-  if (ft)
-    os << "Each pruned model was also fine-tuned " << args.finetune
-       << " steps on its task (a fresh optimizer; `finetune/pruned_<k>/`): the fine-tuned columns.\n\n";
-  os << "| step | heads pruned | fraction | loss | token accuracy |" << (ex ? " exact match |" : "")
-     << (ft ? std::string(" fine-tuned: loss | fine-tuned: token accuracy |") + (ex ? " fine-tuned: exact match |" : "") : "")
-     << " removed (layer/head) |\n|---|---|---|---|---|" << (ex ? "---|" : "") << (ft ? (ex ? "---|---|---|" : "---|---|") : "")
-     << "---|\n";
-  for (size_t i = 0; i < curve.steps.size(); ++i) {
-    const auto& s = curve.steps[i];
-    auto columns = [&](const analysis::Scores& sc) {
-      os << " " << fmt(sc.loss) << " | " << fmt(sc.token_accuracy) << " |";
-      if (ex) os << " " << fmt(sc.exact_match) << " |";
-    };
-    os << "| " << i << " | " << s.pruned << " | " << fmt(s.fraction, 3) << " |";
-    columns(s.scores);
-    if (ft) columns(s.finetuned.value_or(analysis::Scores{}));
-    os << " " << analysis::removed_heads_str(s, model) << " |\n";
-  }
-  os << "\n![pruning curve](pruning.png)\n\n";
-  os << best_head_md(model, a, best, curve.metric);
-
-  os << "## Pruned model\n\n";
-  if (!pr.done) {
-    os << "Not written (use `--prune K` or `--prune-to-metric X`).\n";
-  } else {
-    os << "| | |\n|---|---|\n";
-    os << "| file | `" << pr.path << "` |\n";
-    os << "| heads removed | " << pr.removed << " of " << curve.total_heads << " |\n";
-    os << "| kept heads (original indices) | " << pr.kept << " |\n";
-    os << "| parameters | " << pr.params_before << " -> " << pr.params_after << " ("
-       << fmt(100.0 * static_cast<double>(pr.params_before - pr.params_after) / static_cast<double>(pr.params_before), 1)
-       << "% fewer) |\n";
-    os << "| forward time, batch " << pr.B << " x " << pr.T << " (median of " << pr.time_before.repeats << ") | "
-       << fmt(pr.time_before.median * 1e3, 3) << " ms -> " << fmt(pr.time_after.median * 1e3, 3) << " ms (speed-up "
-       << fmt(pr.time_before.median / pr.time_after.median, 2) << "x; IQR " << fmt(pr.time_before.p25 * 1e3, 3) << "-"
-       << fmt(pr.time_before.p75 * 1e3, 3) << " -> " << fmt(pr.time_after.p25 * 1e3, 3) << "-"
-       << fmt(pr.time_after.p75 * 1e3, 3) << " ms) |\n";
-    os << "| max abs logit difference, pruned vs gated | " << fmt_sci(pr.max_diff, 2) << " |\n";
-    os << "| scores, gated model | " << scores_line(pr.gated) << " |\n";
-    os << "| scores, pruned.h5 | " << scores_line(pr.scores) << " |\n";
-    if (pr.finetuned)
-      os << "| scores after fine-tuning " << args.finetune << " steps (" << fmt(pr.finetuned->seconds, 1) << " s; `"
-         << pr.finetuned->checkpoint << "`) | " << scores_line(pr.finetuned->after) << " |\n";
-  }
-  return os.str();
 }
 
 }  // namespace
@@ -402,32 +106,18 @@ Action add_ablate(CLI::App& app) {
     const double base_metric = analysis::metric_value(abl.base, metric);
     double stop_below = a->threshold * base_metric;
     if (!std::isnan(a->prune_to_metric)) stop_below = std::min(stop_below, a->prune_to_metric);
-    std::cout << "unpruned: " << scores_line(abl.base) << "\n\n";
+    std::cout << "unpruned: " << analysis::scores_line(abl.base) << "\n\n";
 
-    // per-head table, by importance
-    std::vector<const analysis::HeadAblation*> by_imp;
-    for (const auto& h : abl.heads) by_imp.push_back(&h);
-    std::sort(by_imp.begin(), by_imp.end(), [](auto* x, auto* y) { return x->importance > y->importance; });
-    const bool ex = abl.base.has_exact_match;
-    std::cout << "heads by importance (|dL/d gate|, normalised per layer); deltas of zero, mean and resample ablation ("
-              << 3 * abl.heads.size() << " ablations" << (is_gpt(*model) ? " in one batched pass, " : ", ")
-              << fmt(sweep_seconds, 2) << " s" << (is_gpt(*model) ? "" : "; resample not computed for the encoder-decoder")
-              << ")\n  " << pad("head", 12) << pad("importance", 11);
-    for (const char* kind : {"zero", "mean", "resample"})
-      std::cout << pad(std::string(kind) + " dloss", 15) << pad("dacc", 9) << (ex ? pad("dexact", 9) : "");
-    std::cout << "\n";
-    for (const auto* h : by_imp) {
-      std::cout << "  " << pad(analysis::head_name(*model, h->layer, h->head), 12) << pad(fmt(h->importance, 3), 11);
-      for (const analysis::Scores* s : {&h->zero, &h->mean, &h->resample})
-        std::cout << pad(fmt_signed(s->loss - abl.base.loss), 15)
-                  << pad(fmt_signed(s->token_accuracy - abl.base.token_accuracy, 3), 9)
-                  << (ex ? pad(fmt_signed(s->exact_match - abl.base.exact_match, 3), 9) : "");
-      std::cout << "\n";
-    }
-
+    analysis::AblationTables tables;
+    tables.importance = analysis::importance_table(abl, *model);
+    tables.importance.title =
+        "heads by importance (|dL/d gate|, normalised per layer); deltas of zero, mean and resample ablation (" +
+        std::to_string(3 * abl.heads.size()) + " ablations" + (is_gpt(*model) ? " in one batched pass, " : ", ") +
+        fmt(sweep_seconds, 2) + " s" + (is_gpt(*model) ? "" : "; resample not computed for the encoder-decoder") + ")";
+    std::cout << analysis::render_text(tables.importance);
     std::cout << "agreement of the gradient scores with zero ablation (Spearman, over heads): normalised "
-              << fmt(agreement(abl, true), 2) << ", raw " << fmt(agreement(abl, false), 2) << "\n";
-    if (const std::string w = gradient_warning(abl); !w.empty()) std::cout << "warning: " << w << "\n";
+              << fmt(analysis::agreement(abl, true), 2) << ", raw " << fmt(analysis::agreement(abl, false), 2) << "\n";
+    if (const std::string w = analysis::gradient_warning(abl); !w.empty()) std::cout << "warning: " << w << "\n";
 
     // pruning curve
     analysis::PruneOptions po;
@@ -448,40 +138,34 @@ Action add_ablate(CLI::App& app) {
       lo.batch_size = B;
       const auto start = std::chrono::steady_clock::now();
       l0 = analysis::l0_gates(ai.in.gpt("ablate --criterion l0"), *task, data, lo);
-      std::cout << "\nlearned gates (hard concrete, L0 penalty; " << a->l0_steps << " Adam steps of batch " << B
-                << " per penalty, " << fmt(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1)
-                << " s)\n";
-      for (const auto& p : l0->points)
-        std::cout << "  penalty " << pad(fmt(p.penalty, 4), 8) << " closes " << p.closed.size() << " heads; "
-                  << analysis::metric_name(metric) << " " << fmt(analysis::metric_value(p.scores, metric), 3) << "  "
-                  << l0_closed_str(p, *model) << "\n";
+      tables.l0 = analysis::l0_table(
+          *l0, metric, *model,
+          "learned gates (hard concrete, L0 penalty; " + std::to_string(a->l0_steps) + " Adam steps of batch " +
+              std::to_string(B) + " per penalty, " +
+              fmt(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1) + " s)");
+      std::cout << "\n" << analysis::render_text(*tables.l0);
       po.l0_rank = l0->rank;
     }
     analysis::PruningCurve curve = analysis::iterative_pruning(*model, data, po);
-    std::cout << "\npruning curve (" << criterion_text(*a, curve) << " criterion, " << fmt(100 * a->step, 0)
-              << "% of the remaining heads per step; stop below "
-              << analysis::metric_name(metric) << " " << fmt(stop_below) << " = "
-              << (!std::isnan(a->prune_to_metric) && a->prune_to_metric < a->threshold * base_metric
-                      ? "--prune-to-metric"
-                      : fmt(a->threshold, 2) + " x unpruned")
-              << ")\n  " << pad("pruned", 7) << pad("fraction", 9) << pad("loss", 9) << pad("tok acc", 9)
-              << (ex ? pad("exact", 9) : "") << "  removed\n";
-    for (const auto& s : curve.steps)
-      std::cout << "  " << pad(std::to_string(s.pruned), 7) << pad(fmt(s.fraction, 3), 9) << pad(fmt(s.scores.loss), 9)
-                << pad(fmt(s.scores.token_accuracy, 3), 9) << (ex ? pad(fmt(s.scores.exact_match, 3), 9) : "")
-                << "  " << analysis::removed_heads_str(s, *model) << "\n";
-    std::cout << free_heads_text(abl, curve, *model) << "\n";
+    const std::string curve_title =
+        "pruning curve (" + analysis::criterion_text(curve, a->criterion == "auto") + " criterion, " +
+        fmt(100 * a->step, 0) + "% of the remaining heads per step; stop below " + analysis::metric_name(metric) + " " +
+        fmt(stop_below) + " = " +
+        (!std::isnan(a->prune_to_metric) && a->prune_to_metric < a->threshold * base_metric
+             ? "--prune-to-metric"
+             : fmt(a->threshold, 2) + " x unpruned") +
+        ")";
+    std::cout << "\n" << analysis::render_text(analysis::pruning_table(curve, *model, curve_title));
+    std::cout << analysis::free_heads_text(abl, curve, *model) << "\n";
 
     // Michel et al.'s Table 2: each layer with only its best head
     const std::vector<analysis::BestHeadOnly> best = analysis::best_head_only(*model, data, metric);
-    std::cout << "\nonly the best head of each layer kept (Michel et al. Table 2; " << analysis::metric_name(metric)
-              << ", unpruned " << fmt(base_metric, 3) << ")\n";
-    for (const auto& b : best) {
-      const double m = analysis::metric_value(b.scores, metric);
-      std::cout << "  " << pad(model->attention_label(b.layer), 9) << "  best head "
-                << pad(analysis::head_name(*model, b.layer, b.best_head), 11, true) << " " << fmt(m, 3) << " ("
-                << fmt_signed(m - base_metric, 3) << ")\n";
-    }
+    tables.best_head = analysis::best_head_table(*model, abl, best, metric, &tables.best_head_mean,
+                                                 "only the best head of each layer kept (Michel et al. Table 2; " +
+                                                     std::string(analysis::metric_name(metric)) + ", unpruned " +
+                                                     fmt(base_metric, 3) + ")");
+    std::cout << "\n" << analysis::render_text(tables.best_head) << "  mean change per layer: " << tables.best_head_mean
+              << "\n";
 
     HL_CHECK(a->finetune > 0 || (!a->finetune_curve && a->finetune_lr == 0), "ablate: --finetune-curve and "
              "--finetune-lr need --finetune STEPS");
@@ -504,7 +188,7 @@ Action add_ablate(CLI::App& app) {
     }
 
     // physical pruning
-    PrunedReport pr;
+    analysis::PrunedModelReport pr;
     if (a->prune >= 0 || !std::isnan(a->prune_to_metric)) {
       const int64_t k_remove =
           a->prune >= 0 ? a->prune : analysis::prune_count_for_metric(curve, a->prune_to_metric);
@@ -549,12 +233,12 @@ Action add_ablate(CLI::App& app) {
                 << "): " << fmt(pr.time_before.median * 1e3, 3) << " ms -> " << fmt(pr.time_after.median * 1e3, 3)
                 << " ms, speed-up " << fmt(pr.time_before.median / pr.time_after.median, 2) << "x\n"
                 << "  max |logits(pruned) - logits(gated)| = " << fmt_sci(pr.max_diff, 2) << "\n"
-                << "  pruned.h5: " << scores_line(pr.scores) << "\n";
+                << "  pruned.h5: " << analysis::scores_line(pr.scores) << "\n";
       if (a->finetune > 0) {
         fo.out = join_path(out, "finetune");
         pr.finetuned = analysis::finetune(pck, data, fo);
         std::cout << "  fine-tuned " << a->finetune << " steps (" << fmt(pr.finetuned->seconds, 1) << " s): "
-                  << scores_line(pr.finetuned->after) << "\n  wrote " << pr.finetuned->checkpoint << "\n";
+                  << analysis::scores_line(pr.finetuned->after) << "\n  wrote " << pr.finetuned->checkpoint << "\n";
       }
     }
 
@@ -577,9 +261,26 @@ Action add_ablate(CLI::App& app) {
     analysis::save_pruning_csv(join_path(out, "pruning.csv"), curve, *model);
     analysis::save_importance_png(join_path(out, "importance.png"), abl, *model);
     analysis::save_pruning_png(join_path(out, "pruning.png"), curve, a->full_curve ? -1.0 : stop_below);
-    write_text(join_path(out, "report.md"),
-               report_md(*a, ck, *model, ai.run, data, abl, curve, stop_below, pr, task->name(), sweep_seconds, l0, best),
-               "ablate");
+    tables.pruning = analysis::pruning_table(curve, *model);  // with the fine-tuned columns, if any
+    analysis::AblationReport report;
+    report.checkpoint = a->path;
+    if (ck.has_trainer) report.checkpoint_step = ck.trainer.step;
+    report.task = task->name();
+    report.model_description = ai.run.describe_model();
+    if (pruned_before(*model)) report.kept_before = kept_str(*model);
+    report.criterion = analysis::criterion_text(curve, a->criterion == "auto");
+    report.step_fraction = a->step;
+    report.sweep_seconds = sweep_seconds;
+    report.stop_below = stop_below;
+    report.l0_steps = a->l0_steps;
+    report.finetune_steps = a->finetune;
+    report.finetune_curve = a->finetune_curve;
+    report.ablation = abl;
+    report.curve = curve;
+    report.l0 = l0;
+    report.tables = std::move(tables);
+    report.pruned = pr;
+    write_text(join_path(out, "report.md"), analysis::ablation_report_md(*model, data, report), "ablate");
     std::cout << "\nwrote " << out << "/{heads.csv, pruning.csv, report.md, importance.png, pruning.png, attention.html"
               << (pr.done ? ", pruned.h5" : "") << "}\n";
     return 0;

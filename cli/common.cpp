@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "backends/backend.h"
+#include "io/atomic_file.h"
 #include "train/config.h"
 #include "train/memory.h"
 
@@ -84,26 +85,6 @@ AnalysisInputs load_analysis(const AnalysisArgs& a, const char* cmd, const std::
   return r;
 }
 
-std::string fmt(double v, int precision) {
-  if (std::isnan(v)) return "nan";
-  std::ostringstream os;
-  os << std::fixed << std::setprecision(precision) << v;
-  return os.str();
-}
-
-std::string fmt_signed(double v, int precision) {
-  if (std::isnan(v)) return "nan";
-  std::ostringstream os;
-  os << std::showpos << std::fixed << std::setprecision(precision) << v;
-  return os.str();
-}
-
-std::string fmt_sci(double v, int precision) {
-  std::ostringstream os;
-  os << std::scientific << std::setprecision(precision) << v;
-  return os.str();
-}
-
 std::string fmt_bytes(int64_t b) { return format_bytes(static_cast<double>(b)); }
 
 std::string pad(const std::string& s, size_t w, bool left) {
@@ -119,11 +100,7 @@ void make_dir(const std::string& dir, const char* cmd) {
 }
 
 void write_text(const std::string& path, const std::string& text, const char* cmd) {
-  std::ofstream f(path, std::ios::trunc);
-  HL_CHECK(f.good(), cmd, ": cannot write '", path, "'");
-  f << text;
-  f.close();
-  HL_CHECK(f.good(), cmd, ": writing '", path, "' failed (disk full?)");
+  io::write_file_atomic(path, text, cmd);
 }
 
 std::string join_path(const std::string& dir, const std::string& name) { return (fs::path(dir) / name).string(); }

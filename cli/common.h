@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "analysis/heads.h"
+#include "analysis/table.h"
 #include "io/checkpoint.h"
 #include "tasks/task.h"
 #include "train/config.h"
@@ -59,12 +60,13 @@ struct AnalysisInputs {
 AnalysisInputs load_analysis(const AnalysisArgs& a, const char* cmd, const std::string& default_out);
 
 void make_dir(const std::string& dir, const char* cmd);  // creates it (and parents) or throws naming cmd
+// Replaces the file atomically (io/atomic_file.h); errors start with cmd.
 void write_text(const std::string& path, const std::string& text, const char* cmd);
 std::string join_path(const std::string& dir, const std::string& name);
 
-std::string fmt(double v, int precision = 4);         // fixed; "nan" for NaN
-std::string fmt_signed(double v, int precision = 4);  // with a sign
-std::string fmt_sci(double v, int precision = 1);
+using analysis::fmt;         // fixed; "nan" for NaN (analysis/table.h, as the result tables show numbers)
+using analysis::fmt_signed;  // with a sign
+using analysis::fmt_sci;
 std::string fmt_bytes(int64_t b);                      // "1.5 MiB"
 std::string pad(const std::string& s, size_t w, bool left = false);
 // "layer 0: 1,2; layer 1: 0": the heads each layer keeps.

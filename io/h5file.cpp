@@ -1,7 +1,7 @@
-// HDF5 file layer for checkpoints (see h5file.h): the atomic write path (temp file, flush, fsync,
-// rename, fsync folder) and the small helpers of the public header. Reading is in h5_reader.cpp.
+// HDF5 file layer for checkpoints (see h5file.h): the write path (HDF5 into an AtomicFile's temp
+// file, committed by it) and the small helpers of the public header. Reading is in h5_reader.cpp.
 #include "io/h5_internal.h"
-#include "io/temp_files.h"
+#include "io/atomic_file.h"
 
 namespace headlab::io::h5 {
 
@@ -50,71 +50,34 @@ int64_t shape_numel(const std::vector<int64_t>& shape) {
 // ------------------------------------------------------------------------------------------------
 // Writer
 
-namespace {
-
-// Temp files being written by this process. The name has only the pid in it (a crashed run's
-// leftover is simply overwritten), so two Writers on one path in one process would share it.
-std::mutex g_temp_mutex;
-std::set<std::string> g_temp_paths;
-
-}  // namespace
-
 Writer::Writer(std::string path, std::string what) : path_(std::move(path)), what_(std::move(what)) {
   silence_hdf5();
   HL_CHECK(!path_.empty(), what_, ": empty file name");
   HL_CHECK(!is_dir(path_), ctx(), "is a folder, not a file");
-  tmp_path_ = temp_path_for(path_);
-  {
-    std::lock_guard<std::mutex> lock(g_temp_mutex);
-    HL_CHECK(g_temp_paths.insert(tmp_path_).second, ctx(), "another Writer in this process is already writing it");
-  }
-  try {
-    create_temp();
-  } catch (...) {
-    std::lock_guard<std::mutex> lock(g_temp_mutex);
-    g_temp_paths.erase(tmp_path_);
-    throw;
-  }
-}
-
-void Writer::create_temp() {
-  // Create the file with POSIX first: unlike HDF5, it says why it failed (errno).
-  int fd = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    int err = errno;
-    std::string folder = folder_of(path_);
-    std::string hint = err == ENOENT && !is_dir(folder) ? " (folder '" + folder + "' does not exist)" : "";
-    HL_FAIL(ctx(), "cannot create '", tmp_path_, "': ", errno_str(err), hint);
-  }
-  ::close(fd);
-
-  try {
-    Plist fcpl(H5Pcreate(H5P_FILE_CREATE));
-    // No timestamps on the root group (nor, below, on other objects): same content, same bytes.
-    HL_CHECK(fcpl.ok() && H5Pset_obj_track_times(fcpl.get(), 0) >= 0, ctx(), "cannot create an HDF5 property list");
-    Plist fapl = make_fapl(ctx(), true);
-    // The 1.10 format checksums all metadata (superblock, object headers, chunk indexes), so damage
-    // outside the data is detected too. h5py and h5dump built on HDF5 >= 1.10 read it.
-    HL_CHECK(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V110, H5F_LIBVER_V110) >= 0, ctx(),
-             "cannot set the HDF5 format version");
-    file_ = H5Fcreate(tmp_path_.c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get());
-    HL_CHECK(file_ >= 0, with_reason(ctx() + "cannot create '" + tmp_path_ + "' as an HDF5 file"));
-  } catch (...) {
-    ::unlink(tmp_path_.c_str());
-    throw;
-  }
+  // The temp file is created by AtomicFile first: unlike HDF5, it says why it failed (errno).
+  out_ = std::make_unique<AtomicFile>(path_, what_);
+  Plist fcpl(H5Pcreate(H5P_FILE_CREATE));
+  // No timestamps on the root group (nor, below, on other objects): same content, same bytes.
+  HL_CHECK(fcpl.ok() && H5Pset_obj_track_times(fcpl.get(), 0) >= 0, ctx(), "cannot create an HDF5 property list");
+  Plist fapl = make_fapl(ctx(), true);
+  // The 1.10 format checksums all metadata (superblock, object headers, chunk indexes), so damage
+  // outside the data is detected too. h5py and h5dump built on HDF5 >= 1.10 read it.
+  HL_CHECK(H5Pset_libver_bounds(fapl.get(), H5F_LIBVER_V110, H5F_LIBVER_V110) >= 0, ctx(),
+           "cannot set the HDF5 format version");
+  file_ = H5Fcreate(temp_path().c_str(), H5F_ACC_TRUNC, fcpl.get(), fapl.get());
+  HL_CHECK(file_ >= 0, with_reason(ctx() + "cannot create '" + temp_path() + "' as an HDF5 file"));
 }
 
 Writer::~Writer() {
   try {
     if (file_ >= 0) H5Fclose(file_);
     file_ = -1;
-    if (!committed_) ::unlink(tmp_path_.c_str());
-    std::lock_guard<std::mutex> lock(g_temp_mutex);
-    g_temp_paths.erase(tmp_path_);
   } catch (...) {
   }
+  out_.reset();  // removes the temp file unless committed
 }
+
+const std::string& Writer::temp_path() const { return out_->temp_path(); }
 
 std::string Writer::ctx() const { return what_ + " '" + path_ + "': "; }
 
@@ -277,16 +240,9 @@ void Writer::commit() {
   if (closed < 0 && reason.empty()) reason = hdf5_reason(), err = errno;
   file_ = -1;  // closed or not, it is not used again; the destructor removes the temp file
   // The OS's reason first (no space, file too large); HDF5's account after it.
-  HL_CHECK(flushed >= 0 && closed >= 0, ctx(), "cannot finish writing '", tmp_path_, "'",
+  HL_CHECK(flushed >= 0 && closed >= 0, ctx(), "cannot finish writing '", temp_path(), "'",
            err != 0 ? ": " + errno_str(err) : "", reason.empty() ? "" : " (HDF5: " + reason + ")");
-  fsync_path(ctx(), tmp_path_, false);
-  if (::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
-    int err = errno;
-    HL_FAIL(ctx(), "cannot rename '", tmp_path_, "' onto it: ", errno_str(err));
-  }
-  committed_ = true;
-  // The rename itself is durable only once the folder is synced.
-  fsync_path(ctx(), folder_of(path_), true);
+  out_->commit();
 }
 
 }  // namespace headlab::io::h5

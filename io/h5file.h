@@ -4,11 +4,16 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "base/error.h"
+
+namespace headlab::io {
+class AtomicFile;
+}
 
 namespace headlab::io::h5 {
 
@@ -60,7 +65,7 @@ struct Array {
   }
 };
 
-// Writes <path>.tmp.<pid> in the folder of <path>; commit() renames it onto <path>. Until commit()
+// Writes a temp file in the folder of <path> (io/atomic_file.h); commit() renames it onto <path>. Until commit()
 // succeeds an existing <path> is untouched, and destroying an uncommitted Writer deletes the
 // temporary file. Names may contain '/' (groups, created as needed); any other character, dots
 // included, is part of the name: "model/trf_blocks.0.att.W_query.weight".
@@ -112,16 +117,15 @@ class Writer {
   void commit();
 
   const std::string& path() const { return path_; }
-  const std::string& temp_path() const { return tmp_path_; }
+  const std::string& temp_path() const;
 
  private:
   std::string ctx() const;  // "checkpoint '<path>': "
-  void create_temp();
   void check_open(const std::string& op) const;
 
-  std::string path_, what_, tmp_path_;
+  std::string path_, what_;
+  std::unique_ptr<AtomicFile> out_;  // the temp file, renamed onto path_ by commit()
   int64_t file_ = -1;  // hid_t; -1 once closed
-  bool committed_ = false;
 };
 
 struct ArrayInfo {

@@ -1,3 +1,4 @@
+// Temp-file names of headlab's atomic writers and the removal of dead writers' leftovers (temp_files.h).
 #include "io/temp_files.h"
 
 #include <signal.h>
@@ -11,10 +12,17 @@ namespace headlab::io {
 
 namespace fs = std::filesystem;
 
-std::string temp_path_for(const std::string& path) { return path + ".tmp." + std::to_string(::getpid()); }
+namespace {
+constexpr const char* kMarker = ".headlab-tmp-";
+}  // namespace
+
+std::string temp_path_for(const std::string& path) {
+  const fs::path p(path);
+  return (p.parent_path() / (kMarker + std::to_string(::getpid()) + "." + p.filename().string())).string();
+}
 
 std::vector<std::string> remove_stale_temp_files(const std::string& dir) {
-  static const std::regex pattern(R"(.+\.tmp\.([0-9]{1,10}))");
+  static const std::regex pattern(R"(\.headlab-tmp-([0-9]{1,10})\..+)");
   std::vector<std::string> removed;
   std::error_code ec;
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {

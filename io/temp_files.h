@@ -1,17 +1,19 @@
-// Temporary files of atomic writes: <path>.tmp.<pid> beside <path>, renamed onto it when complete.
-// A writer killed half-way leaves its temporary file behind; the pid in the name tells whether the
-// writer is gone, so a later run can remove exactly those.
+// Temporary files of atomic writes: ".headlab-tmp-<pid>.<name>" beside <name>, renamed onto it when
+// complete. The fixed hidden marker says the file is headlab's own; the extension stays last, so a
+// writer that picks its format by extension (PLplot) writes the temp file as it would the real one.
+// A writer killed half-way leaves its temp file behind; the pid in the name tells whether it is gone.
 #pragma once
 #include <string>
 #include <vector>
 
 namespace headlab::io {
 
-// "<path>.tmp.<pid of this process>".
+// "<folder>/.headlab-tmp-<pid of this process>.<file name>".
 std::string temp_path_for(const std::string& path);
 
-// Removes the files in `dir` named <name>.tmp.<pid> whose process no longer exists, and only those
-// (a live writer's file, or one whose pid cannot be checked, stays). Returns the removed paths.
+// Removes the files in `dir` named .headlab-tmp-<pid>.<name> whose process no longer exists, and only
+// those: a live writer's file, one whose pid cannot be checked, and a user's own "x.tmp.<pid>" stay.
+// Returns the removed paths.
 std::vector<std::string> remove_stale_temp_files(const std::string& dir);
 
 }  // namespace headlab::io

@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
@@ -107,8 +108,9 @@ const char* g_fn = "plot";  // the save_* call under way, for PLplot's error mes
 int on_plexit(const char* msg) { HL_FAIL(g_fn, ": PLplot failed: ", msg); }
 void on_plabort(const char* msg) { HL_FAIL(g_fn, ": PLplot refused a call: ", msg); }
 
-// One picture: holds the lock and a PLplot stream writing to a file opened here, so that a failure
-// names the path and the reason; a picture not finished is removed. Coordinates are pixels from the
+// One picture: holds the lock and a PLplot stream drawing into memory, and the file, opened here and
+// written when the picture is finished, so that a failure (a full disk included) names the path and
+// the reason; a picture not finished is removed. Coordinates are pixels from the
 // top-left corner; SVG and PDF pages get 0.72 pt per pixel.
 class Page {
  public:
@@ -122,8 +124,16 @@ class Page {
     g_fn = fn;
     plsexit(on_plexit);
     plsabort(on_plabort);
-    file_ = std::fopen(path.c_str(), "wb");
-    if (!file_) HL_FAIL(fn, ": cannot write '", path, "': ", std::strerror(errno), " (does the directory exist?)");
+    // The file is opened now, so that a path that cannot be written fails before any drawing; PLplot
+    // writes into memory (its drivers ignore write errors), and finish() writes the bytes, checked.
+    out_ = std::fopen(path.c_str(), "wb");
+    if (!out_) HL_FAIL(fn, ": cannot write '", path, "': ", std::strerror(errno), " (does the directory exist?)");
+    file_ = open_memstream(&buf_, &len_);
+    if (!file_) {
+      const int err = errno;
+      release();
+      HL_FAIL(fn, ": cannot draw '", path, "' into memory: ", std::strerror(err));
+    }
     try {
       plmkstrm(&stream_);
       HL_CHECK(stream_ >= 0, fn, ": PLplot has no free stream");
@@ -146,11 +156,15 @@ class Page {
     }
   }
   ~Page() { release(); }
-  void finish() {  // PLplot renders and writes the picture when its stream ends
+  void finish() {  // PLplot renders the picture when its stream ends; then its bytes go to the file
     end();
-    std::error_code ec;
-    done_ = std::filesystem::file_size(path_, ec) > 0;
-    HL_CHECK(done_, fn_, ": cannot write '", path_, "': nothing was written (disk full?)");
+    HL_CHECK(buf_ && len_ > 0, fn_, ": cannot write '", path_, "': PLplot produced nothing");
+    errno = 0;
+    int err = std::fwrite(buf_, 1, len_, out_) == len_ ? 0 : (errno ? errno : EIO);
+    if (std::fflush(out_) != 0 && !err) err = errno;
+    if (std::fclose(std::exchange(out_, nullptr)) != 0 && !err) err = errno;
+    HL_CHECK(!err, fn_, ": cannot write '", path_, "': ", std::strerror(err));
+    done_ = true;
   }
   // The pixel rectangle [x0, x1] x [y0, y1] shows world [wx0, wx1] x [wy0 (bottom), wy1].
   void area(double x0, double y0, double x1, double y1, double wx0, double wx1, double wy0, double wy1) {
@@ -180,13 +194,18 @@ class Page {
       end();
     } catch (...) {  // drawing failed: keep the error already on its way
     }
+    if (out_) std::fclose(std::exchange(out_, nullptr));
+    std::free(std::exchange(buf_, nullptr));
     if (!done_) std::remove(path_.c_str());
   }
   std::lock_guard<std::mutex> lock_{g_mutex};
   const char* fn_;
   std::string path_;
   double w_, h_, u_ = 1;
-  std::FILE* file_ = nullptr;
+  std::FILE* file_ = nullptr;  // PLplot's: a memory stream over buf_ / len_
+  std::FILE* out_ = nullptr;   // path_
+  char* buf_ = nullptr;
+  size_t len_ = 0;
   PLINT stream_ = -1;
   bool done_ = false;
 };

@@ -158,7 +158,7 @@ TEST_F(CliTest, SaveUnderAFileSizeLimitKeepsThePreviousCheckpoint) {
   EXPECT_TRUE(contains(r.err, "File too large")) << r.err;
   EXPECT_EQ(slurp(out + "/checkpoint.h5"), before);
   for (const auto& e : fs::directory_iterator(out))
-    EXPECT_FALSE(contains(e.path().filename().string(), ".tmp")) << e.path();
+    EXPECT_FALSE(contains(e.path().filename().string(), "headlab-tmp")) << e.path();
 }
 
 TEST_F(CliTest, CompareTorchPeerOnNeedsItsScript) {

@@ -307,7 +307,7 @@ TEST_F(H5FileTest, OverwriteIsAtomic) {
 
   {  // destroyed without commit: old content intact, temp file gone
     Writer w(p);
-    EXPECT_EQ(w.temp_path(), p + ".tmp." + std::to_string(::getpid()));
+    EXPECT_EQ(w.temp_path(), path(".headlab-tmp-" + std::to_string(::getpid()) + ".checkpoint.h5"));
     w.write("v", {3}, std::vector<float>{9, 9, 9});
     EXPECT_TRUE(fs::exists(w.temp_path()));
     EXPECT_EQ(value_in_file(), (std::vector<float>{1, 2, 3}));  // the real name is untouched while writing
@@ -338,7 +338,7 @@ TEST_F(H5FileTest, OverwriteIsAtomic) {
 TEST_F(H5FileTest, WriterErrors) {
   const std::string missing_dir = path("no_such_dir");
   const std::string in_missing = missing_dir + "/checkpoint.h5";
-  EXPECT_ERROR(Writer w(in_missing), "checkpoint '" + in_missing + "': cannot create '" + in_missing + ".tmp.",
+  EXPECT_ERROR(Writer w(in_missing), "checkpoint: cannot write '" + in_missing + "': ",
                "No such file or directory", "folder '" + missing_dir + "' does not exist");
   EXPECT_ERROR(Writer w(tmp_.dir()), tmp_.dir(), "is a folder");
   EXPECT_FALSE(fs::exists(missing_dir));  // never created

@@ -582,14 +582,16 @@ TEST_F(TrainerTest, StartRemovesStaleTemporaryFilesOnly) {
   const std::string dir = path("t");
   fs::create_directories(dir);
   auto touch = [&](const std::string& name) { std::ofstream(dir + "/" + name) << "x"; };
-  const std::string dead = "checkpoint-5.h5.tmp.2147483000", dead_csv = "metrics.csv.tmp.2147483001",
-                    live = "checkpoint.h5.tmp." + std::to_string(::getppid()), similar = "notes.tmp", other = "a.tmp.x1";
-  for (const std::string& n : {dead, dead_csv, live, similar, other}) touch(n);
+  const std::string dead = ".headlab-tmp-2147483000.checkpoint-5.h5", dead_csv = ".headlab-tmp-2147483001.metrics.csv",
+                    live = ".headlab-tmp-" + std::to_string(::getppid()) + ".checkpoint.h5", similar = "notes.tmp",
+                    other = "a.tmp.x1", users = "notes.tmp.2147483002", old_style = "checkpoint.h5.tmp.2147483003";
+  for (const std::string& n : {dead, dead_csv, live, similar, other, users, old_style}) touch(n);
   TrainOptions o = tiny_options("reverse", dir, 2);
   Trainer(o).run();
   EXPECT_FALSE(fs::exists(dir + "/" + dead));
   EXPECT_FALSE(fs::exists(dir + "/" + dead_csv));
-  for (const std::string& n : {live, similar, other}) EXPECT_TRUE(fs::exists(dir + "/" + n)) << n;
+  // a user's own file that merely ends in .tmp.<dead pid> is not headlab's to remove
+  for (const std::string& n : {live, similar, other, users, old_style}) EXPECT_TRUE(fs::exists(dir + "/" + n)) << n;
   EXPECT_TRUE(fs::exists(dir + "/checkpoint.h5"));
 }
 

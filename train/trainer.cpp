@@ -11,13 +11,13 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <regex>
 #include <sstream>
 
 #include "backends/backend.h"
+#include "io/atomic_file.h"
 #include "io/temp_files.h"
 #include "train/memory.h"
 
@@ -65,20 +65,6 @@ std::string fmt_duration(double s) {
   return os.str();
 }
 
-// Writes text to path atomically (temp file + rename), so a reader never sees half a file.
-void write_file_atomically(const std::string& path, const std::string& text) {
-  const std::string tmp = io::temp_path_for(path);
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    HL_CHECK(f.good(), "train: cannot write '", tmp, "'");
-    f << text;
-    HL_CHECK(f.good(), "train: writing '", tmp, "' failed");
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  HL_CHECK(!ec, "train: cannot rename '", tmp, "' to '", path, "': ", ec.message());
-}
-
 void write_metrics_csv(const std::string& path, const std::vector<io::MetricRow>& rows) {
   std::ostringstream os;
   os << "step,train_loss,val_loss,val_accuracy,val_exact_match,lr,grad_norm,tokens_per_s\n";
@@ -86,7 +72,7 @@ void write_metrics_csv(const std::string& path, const std::vector<io::MetricRow>
   for (const io::MetricRow& m : rows)
     os << m.step << ',' << m.train_loss << ',' << m.val_loss << ',' << m.val_accuracy << ',' << m.val_exact_match
        << ',' << m.lr << ',' << m.grad_norm << ',' << m.tokens_per_s << '\n';
-  write_file_atomically(path, os.str());
+  io::write_file_atomic(path, os.str(), "train");
 }
 
 // Removes checkpoint-<step>.h5 files beyond the newest `keep`.

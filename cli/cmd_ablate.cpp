@@ -63,7 +63,7 @@ double agreement(const analysis::AblationResult& a, bool normalized) {
 
 // "ablation (auto: 8 heads <= 64)", or the criterion asked for.
 std::string criterion_text(const AblateArgs& args, const analysis::PruningCurve& curve) {
-  std::string s = analysis::criterion_name(curve.criterion);
+  std::string s = enum_name(curve.criterion);
   if (args.criterion == "auto")
     s += " (auto: " + std::to_string(curve.total_heads) +
          (curve.criterion == analysis::Criterion::ablation ? " heads <= " : " heads > ") +
@@ -342,7 +342,7 @@ Action add_ablate(CLI::App& app) {
   auto a = std::make_shared<AblateArgs>();
   add_analysis_options(app, *a, "ablation");
   app.add_option("--metric", a->metric, "pruning metric: exact_match (task default) | token_accuracy (chars default)")
-      ->check(CLI::IsMember({"exact_match", "token_accuracy"}));
+      ->check(CLI::IsMember(enum_names<analysis::Metric>()));
   app.add_option("--threshold", a->threshold, "stop pruning below this fraction of the unpruned metric")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
@@ -354,7 +354,7 @@ Action add_ablate(CLI::App& app) {
                      " heads, else gradient) | ablation (measured cost of masking each head: metric, then loss) | "
                      "gradient (Michel et al. importance) | l0 (the order learned hard-concrete gates close heads "
                      "in, Voita et al. 2019)")
-      ->check(CLI::IsMember({"auto", "ablation", "gradient", "l0"}))
+      ->check(CLI::IsMember(enum_names<analysis::Criterion>()))
       ->capture_default_str();
   app.add_option("--l0-steps", a->l0_steps, "--criterion l0: Adam steps of the gates per penalty strength")
       ->check(positive_number())
@@ -389,7 +389,7 @@ Action add_ablate(CLI::App& app) {
     const int64_t n = ai.batches, B = ai.batch_size;
     const std::string& out = ai.out;
     const analysis::EvalSet& data = ai.data;
-    const analysis::Metric metric = a->metric.empty() ? analysis::default_metric(data) : analysis::parse_metric(a->metric);
+    const analysis::Metric metric = a->metric.empty() ? analysis::default_metric(data) : parse_enum<analysis::Metric>(a->metric, "ablate: --metric");
 
     std::cout << "headlab ablate: " << a->path << " (task " << task->name() << ", " << ai.run.describe_model()
               << (pruned_before(*model) ? ", pruned: kept " + kept_str(*model) : "") << ", " << model->num_parameters()
@@ -432,7 +432,7 @@ Action add_ablate(CLI::App& app) {
     // pruning curve
     analysis::PruneOptions po;
     po.step_fraction = a->step;
-    po.criterion = analysis::parse_criterion(a->criterion);
+    po.criterion = parse_enum<analysis::Criterion>(a->criterion, "ablate: --criterion");
     po.metric = metric;
     po.stop_below = a->full_curve ? -1.0 : stop_below;
     po.min_pruned = std::max<int64_t>(a->prune, 0);

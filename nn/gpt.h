@@ -4,6 +4,7 @@
 #pragma once
 #include <nlohmann/json.hpp>
 
+#include "base/enum_names.h"
 #include "nn/model.h"
 
 namespace headlab::nn {
@@ -11,8 +12,9 @@ namespace headlab::nn {
 // The two forms of multi-head attention (DESIGN.md section 6): one CausalMultiHeadAttention, or a
 // MultiHeadAttentionWrapper of per-head CausalAttention modules plus out_proj. Same maths.
 enum class AttentionForm { fused, wrapper };
-AttentionForm parse_attention_form(const std::string& name);  // "fused" | "wrapper"; clear error otherwise
-const char* attention_form_name(AttentionForm form);
+constexpr auto enum_table(AttentionForm) {  // enum_name, parse_enum (base/enum_names.h)
+  return std::to_array<EnumName<AttentionForm>>({{AttentionForm::fused, "fused"}, {AttentionForm::wrapper, "wrapper"}});
+}
 
 struct GPTConfig {
   int64_t vocab_size = 0, context_length = 0, emb_dim = 0, n_heads = 0, n_layers = 0;

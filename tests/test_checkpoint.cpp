@@ -52,7 +52,7 @@ nn::GPTConfig tiny_config(const std::string& attention = "fused") {
   c.n_layers = 2;
   c.drop_rate = 0.1;
   c.qkv_bias = attention == "wrapper";
-  c.attention = nn::parse_attention_form(attention);
+  c.attention = parse_enum<nn::AttentionForm>(attention, "test");
   return c;
 }
 

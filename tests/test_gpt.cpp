@@ -111,7 +111,7 @@ nn::GPTConfig small_config(const std::string& attention, bool qkv_bias) {
   c.n_heads = 2;
   c.n_layers = 2;
   c.qkv_bias = qkv_bias;
-  c.attention = nn::parse_attention_form(attention);
+  c.attention = parse_enum<nn::AttentionForm>(attention, "test");
   return c;
 }
 
@@ -216,7 +216,7 @@ TEST(GptConfig, JsonRoundTripAndClearErrors) {
             std::string::npos);
   j = c.to_json();
   j["attention"] = "flash";
-  EXPECT_NE(error_of([&] { nn::GPTConfig::from_json(j); }).find("attention must be 'fused' or 'wrapper', got 'flash'"),
+  EXPECT_NE(error_of([&] { nn::GPTConfig::from_json(j); }).find("GPT config: attention: expected one of 'fused', 'wrapper', got 'flash'"),
             std::string::npos);
   j = c.to_json();
   j["drop_rate"] = 1.0;

@@ -5,6 +5,8 @@
 
 #include <nlohmann/json.hpp>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <limits>
 
@@ -268,4 +270,23 @@ TEST(ConfigFields, RunConfigTrainingSectionAndArch) {
   train::RunSettings r;
   r.keep_last = -1;
   EXPECT_EQ(error_of([&] { r.validate(); }), "train: --keep-last must be >= 0, got -1");
+}
+
+// The configs of real checkpoints written before the field lists (the fuzz seeds) read and write
+// back unchanged, key for key; the saved fuzz finding is still refused with a clear error.
+TEST(ConfigFields, OldCheckpointConfigsReadAndWriteBackUnchanged) {
+  const std::filesystem::path dir = std::filesystem::path(HEADLAB_SOURCE_DIR) / "tests/fuzz/corpus/config";
+  int seen = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    SCOPED_TRACE(entry.path().string());
+    std::ifstream in(entry.path());
+    nlohmann::json stored = nlohmann::json::parse(in);
+    stored.erase("pruning");  // written beside the run's config by pruning (analysis/surgery), not part of it
+    EXPECT_EQ(train::RunConfig::from_json(stored).to_json(), stored);
+    ++seen;
+  }
+  EXPECT_GE(seen, 3);
+  std::ifstream in(std::filesystem::path(HEADLAB_SOURCE_DIR) / "tests/fuzz/regressions/config/emb_dim_1e93.json");
+  const nlohmann::json found = nlohmann::json::parse(in);
+  EXPECT_ERROR_HAS(train::RunConfig::from_json(found), "GPT config: key 'emb_dim' must be an integer, got 1.1111111111111112e+93");
 }

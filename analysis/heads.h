@@ -38,9 +38,12 @@ using train::Scores;  // teacher-forced scores over an EvalSet
 
 // The metric pruning watches (higher is better).
 enum class Metric { exact_match, token_accuracy };
-constexpr auto enum_table(Metric) {  // enum_name, parse_enum (base/enum_names.h); "exact", "accuracy", "token": aliases
-  return std::to_array<EnumName<Metric>>({{Metric::exact_match, "exact_match"}, {Metric::token_accuracy, "token_accuracy"},
-                                          {Metric::exact_match, "exact"}, {Metric::token_accuracy, "accuracy"},
+// enum_name, parse_enum (base/enum_names.h); "exact", "accuracy" and "token" are aliases.
+constexpr auto enum_table(Metric) {
+  return std::to_array<EnumName<Metric>>({{Metric::exact_match, "exact_match"},
+                                          {Metric::token_accuracy, "token_accuracy"},
+                                          {Metric::exact_match, "exact"},
+                                          {Metric::token_accuracy, "accuracy"},
                                           {Metric::token_accuracy, "token"}});
 }
 inline const char* metric_name(Metric m) { return enum_name(m); }  // for the reports' many lines

@@ -22,7 +22,8 @@ struct EnumName {
 // entry per value, in the order help lists them) is declared in the enum's namespace, found by ADL:
 //   enum class AttentionForm { fused, wrapper };
 //   constexpr auto enum_table(AttentionForm) {
-//     return std::to_array<EnumName<AttentionForm>>({{AttentionForm::fused, "fused"}, {AttentionForm::wrapper, "wrapper"}});
+//     return std::to_array<EnumName<AttentionForm>>(
+//         {{AttentionForm::fused, "fused"}, {AttentionForm::wrapper, "wrapper"}});
 //   }
 // A value listed again under another name is an alias: parse_enum accepts it, enum_name and the
 // lists give the first name only.

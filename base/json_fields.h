@@ -105,7 +105,9 @@ struct Bounds {
   double lo = -std::numeric_limits<double>::infinity(), hi = std::numeric_limits<double>::infinity();
   bool lo_open = false, hi_open = false;
 
-  bool any() const { return lo == -std::numeric_limits<double>::infinity() && hi == std::numeric_limits<double>::infinity(); }
+  bool any() const {
+    return lo == -std::numeric_limits<double>::infinity() && hi == std::numeric_limits<double>::infinity();
+  }
   bool holds(double v) const {  // false for NaN
     return (lo_open ? v > lo : v >= lo) && (hi_open ? v < hi : v <= hi);
   }

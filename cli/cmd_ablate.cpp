@@ -389,7 +389,8 @@ Action add_ablate(CLI::App& app) {
     const int64_t n = ai.batches, B = ai.batch_size;
     const std::string& out = ai.out;
     const analysis::EvalSet& data = ai.data;
-    const analysis::Metric metric = a->metric.empty() ? analysis::default_metric(data) : parse_enum<analysis::Metric>(a->metric, "ablate: --metric");
+    const analysis::Metric metric =
+        a->metric.empty() ? analysis::default_metric(data) : parse_enum<analysis::Metric>(a->metric, "ablate: --metric");
 
     std::cout << "headlab ablate: " << a->path << " (task " << task->name() << ", " << ai.run.describe_model()
               << (pruned_before(*model) ? ", pruned: kept " + kept_str(*model) : "") << ", " << model->num_parameters()

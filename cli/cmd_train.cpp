@@ -107,7 +107,8 @@ Action add_train(CLI::App& app) {
       HL_CHECK(c.task.name != "numbers", "train: task numbers is a source -> target task; use --arch encoder-decoder");
     }
     const double lr = c.optimizer.lr;
-    c.optimizer = optim::OptimizerOptions::defaults(parse_enum<optim::OptimizerKind>(ch->optimizer, "train: --optimizer"));
+    c.optimizer =
+        optim::OptimizerOptions::defaults(parse_enum<optim::OptimizerKind>(ch->optimizer, "train: --optimizer"));
     c.optimizer.lr = lr;
     if (ch->weight_decay >= 0) c.optimizer.weight_decay = ch->weight_decay;
     c.schedule.kind = parse_enum<optim::ScheduleKind>(ch->schedule, "train: --schedule");

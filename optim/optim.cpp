@@ -43,7 +43,8 @@ OptimizerOptions OptimizerOptions::defaults(OptimizerKind kind) {
 
 void OptimizerOptions::validate() const {
   check_fields(*this, kOptimizerFields, "optimizer");
-  HL_CHECK(!nesterov || (momentum > 0 && dampening == 0), "optimizer: nesterov momentum requires momentum > 0 and dampening 0");
+  HL_CHECK(!nesterov || (momentum > 0 && dampening == 0),
+           "optimizer: nesterov momentum requires momentum > 0 and dampening 0");
 }
 
 nlohmann::json OptimizerOptions::to_json() const { return fields_to_json(*this, kOptimizerFields); }

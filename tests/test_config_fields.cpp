@@ -27,7 +27,8 @@ std::string error_of(const std::function<void()>& f) {
   return "(no error)";
 }
 
-#define EXPECT_ERROR_HAS(stmt, text) EXPECT_NE(error_of([&] { stmt; }).find(text), std::string::npos) << error_of([&] { stmt; })
+#define EXPECT_ERROR_HAS(stmt, text) \
+  EXPECT_NE(error_of([&] { stmt; }).find(text), std::string::npos) << error_of([&] { stmt; })
 
 // Every value of E (listed by the caller from the enum's declaration) has its own name, which parses
 // back to it; the names are exactly `names`; an unknown name is refused, listing them.

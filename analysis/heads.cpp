@@ -73,14 +73,6 @@ EvalSet make_eval_set(const Task& task, int64_t batches, int64_t batch_size, int
   return s;
 }
 
-Metric parse_metric(const std::string& name) {
-  if (name == "exact_match" || name == "exact") return Metric::exact_match;
-  if (name == "token_accuracy" || name == "accuracy" || name == "token") return Metric::token_accuracy;
-  HL_FAIL("analysis: unknown metric '", name, "' (expected exact_match or token_accuracy)");
-}
-
-const char* metric_name(Metric m) { return m == Metric::exact_match ? "exact_match" : "token_accuracy"; }
-
 double metric_value(const Scores& s, Metric m) {
   if (m == Metric::exact_match) {
     HL_CHECK(s.has_exact_match, "analysis: exact match does not apply to this data (chars); use token_accuracy");

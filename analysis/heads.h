@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/enum_names.h"
 #include "nn/gpt.h"
 #include "tasks/task.h"
 #include "train/evaluate.h"
@@ -37,8 +38,14 @@ using train::Scores;  // teacher-forced scores over an EvalSet
 
 // The metric pruning watches (higher is better).
 enum class Metric { exact_match, token_accuracy };
-Metric parse_metric(const std::string& name);  // "exact_match" | "exact" | "token_accuracy" | "accuracy"
-const char* metric_name(Metric m);             // "exact_match" / "token_accuracy"
+// enum_name, parse_enum (base/enum_names.h); "exact", "accuracy" and "token" are aliases.
+constexpr auto enum_table(Metric) {
+  return std::to_array<EnumName<Metric>>({{Metric::exact_match, "exact_match"},
+                                          {Metric::token_accuracy, "token_accuracy"},
+                                          {Metric::exact_match, "exact"},
+                                          {Metric::token_accuracy, "accuracy"},
+                                          {Metric::token_accuracy, "token"}});
+}
 double metric_value(const Scores& s, Metric m);
 Metric default_metric(const EvalSet& data);    // exact match for tasks, token accuracy for chars
 

@@ -20,24 +20,6 @@ namespace headlab::analysis {
 using namespace detail;
 
 // ---- pruning ----
-Criterion parse_criterion(const std::string& name) {
-  if (name == "auto") return Criterion::automatic;
-  if (name == "ablation") return Criterion::ablation;
-  if (name == "gradient") return Criterion::gradient;
-  if (name == "l0") return Criterion::l0;
-  HL_FAIL("analysis: unknown pruning criterion '", name, "' (expected auto, ablation, gradient or l0)");
-}
-
-const char* criterion_name(Criterion c) {
-  switch (c) {
-    case Criterion::automatic: return "auto";
-    case Criterion::ablation: return "ablation";
-    case Criterion::gradient: return "gradient";
-    case Criterion::l0: return "l0";
-  }
-  return "?";
-}
-
 Criterion resolve_criterion(Criterion c, int64_t total_heads) {
   if (c != Criterion::automatic) return c;
   return total_heads <= kAblationCriterionMaxHeads ? Criterion::ablation : Criterion::gradient;

@@ -95,7 +95,7 @@ Table pruning_table(const PruningCurve& c, const nn::Model& model, const std::st
 }
 
 Table l0_table(const L0Result& l0, Metric metric, const nn::Model& model, const std::string& title) {
-  Table t(title, {fixed("penalty"), integer("heads closed"), fixed(metric_name(metric), 3), fixed("loss"),
+  Table t(title, {fixed("penalty"), integer("heads closed"), fixed(enum_name(metric), 3), fixed("loss"),
                   text_column("which")});
   for (const L0Point& p : l0.points) {
     std::string which;
@@ -113,7 +113,7 @@ Table best_head_table(const nn::Model& model, const AblationResult& a, const std
   Table t(title, {integer("layer")});
   for (const std::string& k : kinds) {
     t.columns.push_back(text_column(std::string(kind_title(k)) + ": best head"));
-    t.columns.push_back(fixed(metric_name(metric), 3));
+    t.columns.push_back(fixed(enum_name(metric), 3));
     t.columns.push_back(signed_col("delta", 3));
   }
   int64_t layers = 0;
@@ -321,7 +321,7 @@ double agreement(const analysis::AblationResult& a, bool normalized) {
 }
 
 std::string criterion_text(const PruningCurve& curve, bool automatic) {
-  std::string s = analysis::criterion_name(curve.criterion);
+  std::string s = enum_name(curve.criterion);
   if (automatic)
     s += " (auto: " + std::to_string(curve.total_heads) +
          (curve.criterion == analysis::Criterion::ablation ? " heads <= " : " heads > ") +
@@ -351,11 +351,11 @@ std::string free_heads_text(const analysis::AblationResult& a, const analysis::P
   std::string s = std::to_string(n) + " heads cost nothing alone (" + (names.empty() ? "none" : names) + ")";
   if (n == 0) return s;
   if (within >= n) return s + "; the curve prunes " + std::to_string(within) + " heads with " +
-                          analysis::metric_name(curve.metric) + " within 1% of unpruned";
+                          enum_name(curve.metric) + " within 1% of unpruned";
   if (curve.criterion == analysis::Criterion::gradient)
-    return s + "; this curve (gradient scores) keeps " + analysis::metric_name(curve.metric) +
+    return s + "; this curve (gradient scores) keeps " + enum_name(curve.metric) +
            " within 1% of unpruned for " + std::to_string(within) + " heads: --criterion ablation prunes by measured cost";
-  s += "; pruned together they are not free: " + std::string(analysis::metric_name(curve.metric)) +
+  s += "; pruned together they are not free: " + std::string(enum_name(curve.metric)) +
        " stays within 1% of unpruned for " + std::to_string(within) + " of them";
   for (const auto& step : curve.steps)
     if (step.pruned == n) s += " (" + std::to_string(n) + ": " + fmt(analysis::metric_value(step.scores, curve.metric), 3) + ")";
@@ -391,7 +391,7 @@ std::string ablation_report_md(const nn::Model& model, const EvalSet& data, cons
   os << "| unpruned | loss " << fmt(a.base.loss) << ", token accuracy " << fmt(a.base.token_accuracy);
   if (ex) os << ", exact match " << fmt(a.base.exact_match);
   os << " |\n";
-  os << "| pruning | " << r.criterion << " criterion; metric " << analysis::metric_name(curve.metric)
+  os << "| pruning | " << r.criterion << " criterion; metric " << enum_name(curve.metric)
      << ", stop below " << fmt(stop_below) << " |\n";
   os << "| gradient scores vs zero ablation | Spearman " << fmt(agreement(a, true), 2) << " (normalised), "
      << fmt(agreement(a, false), 2) << " (raw) |\n";
@@ -459,7 +459,7 @@ std::string ablation_report_md(const nn::Model& model, const EvalSet& data, cons
   os << "\n![pruning curve](pruning.png)\n\n";
   os << "## Only the best head of each layer (Michel et al. 2019, Table 2)\n\nFor each attention layer, every "
         "head but one masked (the one that keeps "
-     << analysis::metric_name(curve.metric) << " highest), the rest of the model whole; unpruned "
+     << enum_name(curve.metric) << " highest), the rest of the model whole; unpruned "
      << fmt(analysis::metric_value(a.base, curve.metric), 3) << ".\n\n"
      << analysis::render_markdown(tables.best_head) << "\nMean change per layer: " << tables.best_head_mean << ".\n\n";
 

@@ -85,7 +85,7 @@ static int run(int argc, char** argv) {
     else if (k == "--vocab-size") cfg.vocab_size = std::stoll(v);
     else if (k == "--batch-size") B = std::stoll(v);
     else if (k == "--threads") threads = std::stoi(v);
-    else if (k == "--attention") cfg.attention = nn::parse_attention_form(v);
+    else if (k == "--attention") cfg.attention = parse_enum<nn::AttentionForm>(v, "gpt_step: --attention");
     else if (k == "--seconds") seconds = std::stod(v);
     else if (k == "--device") device = Device::parse(v);
     else if (k == "--tf32") tf32 = std::stoi(v) != 0;
@@ -121,7 +121,7 @@ static int run(int argc, char** argv) {
   while (std::chrono::duration<double>(clock_type::now() - t0).count() < seconds || n < 3) { step(); ++n; }
   const double ms = std::chrono::duration<double>(clock_type::now() - t0).count() / n * 1e3;
   const double flops = step_flops(cfg, B);
-  std::printf("headlab %s device=%s threads=%d tf32=%d sgemm=%.0f GFLOP/s\n", nn::attention_form_name(cfg.attention),
+  std::printf("headlab %s device=%s threads=%d tf32=%d sgemm=%.0f GFLOP/s\n", enum_name(cfg.attention),
               device.str().c_str(), threads, tf32 ? 1 : 0, peak);
   std::printf("V=%lld T=%lld d=%lld h=%lld L=%lld B=%lld params=%lld: %.1f ms/step, %.0f tokens/s, "
               "%.1f GFLOP/step, %.0f GFLOP/s = %.0f%% of sgemm (floor %.1f ms), step peak %.1f MiB\n",

@@ -46,7 +46,7 @@ Action add_ablate(CLI::App& app) {
   auto a = std::make_shared<AblateArgs>();
   add_analysis_options(app, *a, "ablation");
   app.add_option("--metric", a->metric, "pruning metric: exact_match (task default) | token_accuracy (chars default)")
-      ->check(CLI::IsMember({"exact_match", "token_accuracy"}));
+      ->check(CLI::IsMember(enum_names<analysis::Metric>()));
   app.add_option("--threshold", a->threshold, "stop pruning below this fraction of the unpruned metric")
       ->check(CLI::Range(0.0, 1.0))
       ->capture_default_str();
@@ -58,7 +58,7 @@ Action add_ablate(CLI::App& app) {
                      " heads, else gradient) | ablation (measured cost of masking each head: metric, then loss) | "
                      "gradient (Michel et al. importance) | l0 (the order learned hard-concrete gates close heads "
                      "in, Voita et al. 2019)")
-      ->check(CLI::IsMember({"auto", "ablation", "gradient", "l0"}))
+      ->check(CLI::IsMember(enum_names<analysis::Criterion>()))
       ->capture_default_str();
   app.add_option("--l0-steps", a->l0_steps, "--criterion l0: Adam steps of the gates per penalty strength")
       ->check(positive_number())
@@ -93,13 +93,14 @@ Action add_ablate(CLI::App& app) {
     const int64_t n = ai.batches, B = ai.batch_size;
     const std::string& out = ai.out;
     const analysis::EvalSet& data = ai.data;
-    const analysis::Metric metric = a->metric.empty() ? analysis::default_metric(data) : analysis::parse_metric(a->metric);
+    const analysis::Metric metric =
+        a->metric.empty() ? analysis::default_metric(data) : parse_enum<analysis::Metric>(a->metric, "ablate: --metric");
 
     std::cout << "headlab ablate: " << a->path << " (task " << task->name() << ", " << ai.run.describe_model()
               << (pruned_before(*model) ? ", pruned: kept " + kept_str(*model) : "") << ", " << model->num_parameters()
               << " parameters, device " << device.str() << ")\n"
               << "data: " << n << " validation batches of " << B << " (" << data.tokens()
-              << " scored tokens); pruning metric " << analysis::metric_name(metric) << "\n";
+              << " scored tokens); pruning metric " << enum_name(metric) << "\n";
     const auto sweep_start = std::chrono::steady_clock::now();
     const analysis::AblationResult abl = analysis::ablate_heads(*model, data);
     const double sweep_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - sweep_start).count();
@@ -122,7 +123,7 @@ Action add_ablate(CLI::App& app) {
     // pruning curve
     analysis::PruneOptions po;
     po.step_fraction = a->step;
-    po.criterion = analysis::parse_criterion(a->criterion);
+    po.criterion = parse_enum<analysis::Criterion>(a->criterion, "ablate: --criterion");
     po.metric = metric;
     po.stop_below = a->full_curve ? -1.0 : stop_below;
     po.min_pruned = std::max<int64_t>(a->prune, 0);
@@ -149,7 +150,7 @@ Action add_ablate(CLI::App& app) {
     analysis::PruningCurve curve = analysis::iterative_pruning(*model, data, po);
     const std::string curve_title =
         "pruning curve (" + analysis::criterion_text(curve, a->criterion == "auto") + " criterion, " +
-        fmt(100 * a->step, 0) + "% of the remaining heads per step; stop below " + analysis::metric_name(metric) + " " +
+        fmt(100 * a->step, 0) + "% of the remaining heads per step; stop below " + enum_name(metric) + " " +
         fmt(stop_below) + " = " +
         (!std::isnan(a->prune_to_metric) && a->prune_to_metric < a->threshold * base_metric
              ? "--prune-to-metric"
@@ -162,7 +163,7 @@ Action add_ablate(CLI::App& app) {
     const std::vector<analysis::BestHeadOnly> best = analysis::best_head_only(*model, data, metric);
     tables.best_head = analysis::best_head_table(*model, abl, best, metric, &tables.best_head_mean,
                                                  "only the best head of each layer kept (Michel et al. Table 2; " +
-                                                     std::string(analysis::metric_name(metric)) + ", unpruned " +
+                                                     std::string(enum_name(metric)) + ", unpruned " +
                                                      fmt(base_metric, 3) + ")");
     std::cout << "\n" << analysis::render_text(tables.best_head) << "  mean change per layer: " << tables.best_head_mean
               << "\n";
@@ -181,7 +182,7 @@ Action add_ablate(CLI::App& app) {
         fo.out = join_path(out, "finetune/pruned_" + std::to_string(step.pruned));
         const auto keep = analysis::kept_after(*model, curve.order, step.pruned);
         step.finetuned = analysis::finetune(analysis::prune_checkpoint(ck, keep, a->path), data, fo).after;
-        std::cout << "  " << pad(std::to_string(step.pruned), 3) << " pruned: " << analysis::metric_name(metric) << " "
+        std::cout << "  " << pad(std::to_string(step.pruned), 3) << " pruned: " << enum_name(metric) << " "
                   << fmt(analysis::metric_value(step.scores, metric), 3) << " -> "
                   << fmt(analysis::metric_value(*step.finetuned, metric), 3) << "\n";
       }
@@ -221,7 +222,7 @@ Action add_ablate(CLI::App& app) {
       pr.time_before = times[0];
       pr.time_after = times[1];
       if (k_remove == 0)
-        std::cout << "\nnote: no step of the curve keeps " << analysis::metric_name(metric) << " >= "
+        std::cout << "\nnote: no step of the curve keeps " << enum_name(metric) << " >= "
                   << fmt(a->prune_to_metric) << ", so pruned.h5 keeps every head";
       std::cout << "\npruned model: removed " << k_remove << " of " << curve.total_heads << " heads, kept "
                 << pr.kept << "\n  wrote " << pr.path << "; parameters " << pr.params_before

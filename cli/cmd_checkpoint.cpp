@@ -121,7 +121,7 @@ Action add_inspect(CLI::App& app) {
     }
     std::cout << "  " << std::left << std::setw(60) << "total" << std::right << std::setw(10) << total << "\n";
     if (ck.has_optimizer)
-      std::cout << "\noptimizer " << optim::optimizer_kind_name(ck.optimizer.kind) << " " << ck.optimizer.to_json().dump() << " ("
+      std::cout << "\noptimizer " << enum_name(ck.optimizer.kind) << " " << ck.optimizer.to_json().dump() << " ("
                 << ck.optimizer_state.size() << " state tensors)\n";
     if (ck.has_trainer) {
       const auto& t = ck.trainer;

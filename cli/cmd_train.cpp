@@ -24,7 +24,7 @@ Action add_train(CLI::App& app) {
   tasks::TaskOptions& t = c.task.options;
   app.add_option("--arch", ch->arch,
                  "gpt (the book's decoder-only GPTModel) | encoder-decoder (d2l's Transformer: source -> target)")
-      ->check(CLI::IsMember({"gpt", "encoder-decoder"}))
+      ->check(CLI::IsMember(enum_names<train::Arch>()))
       ->capture_default_str();
   app.add_option("--task", c.task.name, "reverse | copy | sort | add | chars (gpt) | numbers (encoder-decoder)")
       ->check(CLI::IsMember({"reverse", "copy", "sort", "add", "chars", "numbers"}))
@@ -36,7 +36,7 @@ Action add_train(CLI::App& app) {
   app.add_option("--max-len", t.max_len, "copy/reverse/sort: longest digit string")->capture_default_str();
   app.add_option("--digits", t.n_digits, "add: digits per operand")->capture_default_str();
   app.add_option("--attention", ch->attention, nn::attention_forms_help())
-      ->check(CLI::IsMember(nn::attention_form_names()))
+      ->check(CLI::IsMember(enum_names<nn::AttentionForm>()))
       ->capture_default_str();
   app.add_option("--emb-dim", c.model.emb_dim, "embedding size (encoder-decoder: num_hiddens)")
       ->check(positive_number())
@@ -60,10 +60,10 @@ Action add_train(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--warmup", c.schedule.warmup, "linear warmup steps")->check(non_negative_number())->capture_default_str();
   app.add_option("--schedule", ch->schedule, "constant | cosine | step")
-      ->check(CLI::IsMember({"constant", "cosine", "step"}))
+      ->check(CLI::IsMember(enum_names<optim::ScheduleKind>()))
       ->capture_default_str();
   app.add_option("--optimizer", ch->optimizer, "adamw | adam | sgd")
-      ->check(CLI::IsMember({"adamw", "adam", "sgd"}))
+      ->check(CLI::IsMember(enum_names<optim::OptimizerKind>()))
       ->capture_default_str();
   app.add_option("--weight-decay", ch->weight_decay, "weight decay (default: the optimizer's PyTorch default)");
   app.add_option("--grad-clip", c.run.grad_clip, "clip gradients to this global norm (0: off)")
@@ -94,8 +94,8 @@ Action add_train(CLI::App& app) {
     o->comm = train::world();  // under mpirun: data parallel over its ranks
     set_threads(ch->threads, o->comm->local_size());
     train::RunConfig& c = o->config;
-    c.model.attention = nn::parse_attention_form(ch->attention);
-    c.arch = train::parse_arch(ch->arch);
+    c.model.attention = parse_enum<nn::AttentionForm>(ch->attention, "train: --attention");
+    c.arch = parse_enum<train::Arch>(ch->arch, "train: --arch");
     if (c.arch == train::Arch::encoder_decoder) {  // the shared model options, in d2l's names
       c.seq2seq.num_hiddens = c.model.emb_dim;
       c.seq2seq.num_heads = c.model.n_heads;
@@ -107,10 +107,11 @@ Action add_train(CLI::App& app) {
       HL_CHECK(c.task.name != "numbers", "train: task numbers is a source -> target task; use --arch encoder-decoder");
     }
     const double lr = c.optimizer.lr;
-    c.optimizer = optim::OptimizerOptions::defaults(optim::parse_optimizer_kind(ch->optimizer));
+    c.optimizer =
+        optim::OptimizerOptions::defaults(parse_enum<optim::OptimizerKind>(ch->optimizer, "train: --optimizer"));
     c.optimizer.lr = lr;
     if (ch->weight_decay >= 0) c.optimizer.weight_decay = ch->weight_decay;
-    c.schedule.kind = optim::parse_schedule_kind(ch->schedule);
+    c.schedule.kind = parse_enum<optim::ScheduleKind>(ch->schedule, "train: --schedule");
     if (!ch->text.empty()) c.task.options.text_path = ch->text;
     train::install_sigint_handler();
     try {

@@ -60,7 +60,7 @@ void save_checkpoint(const std::string& path, const Checkpoint& ckpt) {
   for (const auto& [name, t] : ckpt.model) write_tensor(w, "model/" + name, t);
   if (ckpt.has_optimizer) {
     w.create_group("optimizer");
-    w.set_attr("/optimizer", "kind", optim::optimizer_kind_name(ckpt.optimizer.kind));
+    w.set_attr("/optimizer", "kind", enum_name(ckpt.optimizer.kind));
     w.set_attr("/optimizer", "hyperparameters", ckpt.optimizer.to_json().dump());
     for (const auto& [name, t] : ckpt.optimizer_state) write_tensor(w, "optimizer/state/" + name, t);
     for (const auto& [name, s] : ckpt.optimizer_steps) w.write<int64_t>("optimizer/steps/" + name, {}, {s});

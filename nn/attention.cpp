@@ -527,7 +527,6 @@ namespace {
 
 struct FormEntry {
   AttentionForm form;
-  const char* name;
   const char* help;
   std::shared_ptr<CausalMultiHead> (*create)(const CausalAttentionSizes&);
   double (*parameter_count)(const CausalAttentionSizes&);
@@ -535,17 +534,17 @@ struct FormEntry {
 };
 
 template <typename M>
-FormEntry form_entry(AttentionForm form, const char* name, const char* help) {
-  return {form, name, help, [](const CausalAttentionSizes& s) -> std::shared_ptr<CausalMultiHead> { return M::create(s); },
+FormEntry form_entry(AttentionForm form, const char* help) {
+  return {form, help, [](const CausalAttentionSizes& s) -> std::shared_ptr<CausalMultiHead> { return M::create(s); },
           &M::parameter_count,
           [](const MultiHeadAttentionWrapper& w) -> std::shared_ptr<CausalMultiHead> { return M::merge_heads(w); }};
 }
 
-// One entry per AttentionForm: how it is named, built, counted and merged from per-head form.
+// One entry per AttentionForm (its name: enum_table in attention.h): how it is built, counted and merged from per-head form.
 const std::vector<FormEntry>& forms() {
   static const std::vector<FormEntry> table = {
-      form_entry<CausalMultiHeadAttention>(AttentionForm::fused, "fused", "one W_query/W_key/W_value"),
-      form_entry<MultiHeadAttentionWrapper>(AttentionForm::wrapper, "wrapper", "one module per head"),
+      form_entry<CausalMultiHeadAttention>(AttentionForm::fused, "one W_query/W_key/W_value"),
+      form_entry<MultiHeadAttentionWrapper>(AttentionForm::wrapper, "one module per head"),
   };
   return table;
 }
@@ -558,27 +557,9 @@ const FormEntry& entry(AttentionForm form) {
 
 }  // namespace
 
-AttentionForm parse_attention_form(const std::string& name) {
-  std::string names;
-  const std::vector<FormEntry>& table = forms();
-  for (size_t i = 0; i < table.size(); ++i) {
-    if (table[i].name == name) return table[i].form;
-    names += (i == 0 ? "'" : i + 1 == table.size() ? " or '" : ", '") + std::string(table[i].name) + "'";
-  }
-  HL_FAIL("attention: expected ", names, ", got '", name, "'");
-}
-
-const char* attention_form_name(AttentionForm form) { return entry(form).name; }
-
-std::vector<std::string> attention_form_names() {
-  std::vector<std::string> names;
-  for (const FormEntry& e : forms()) names.emplace_back(e.name);
-  return names;
-}
-
 std::string attention_forms_help() {
   std::string help;
-  for (const FormEntry& e : forms()) help += (help.empty() ? "" : " | ") + std::string(e.name) + " (" + e.help + ")";
+  for (const FormEntry& e : forms()) help += (help.empty() ? "" : " | ") + std::string(enum_name(e.form)) + " (" + e.help + ")";
   return help;
 }
 

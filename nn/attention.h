@@ -10,6 +10,7 @@
 #include <tuple>
 #include <vector>
 
+#include "base/enum_names.h"
 #include "nn/layers.h"
 
 namespace headlab::nn {
@@ -128,10 +129,10 @@ class MultiHeadAttention : public Module, public MultiHead {
 // CausalAttention modules plus out_proj. A new form is a CausalMultiHead subclass, a value here and
 // one entry in attention.cpp's table of forms.
 enum class AttentionForm { fused, wrapper };
-AttentionForm parse_attention_form(const std::string& name);  // clear error naming the forms otherwise
-const char* attention_form_name(AttentionForm form);
-std::vector<std::string> attention_form_names();  // every form, in the table's order
-std::string attention_forms_help();                // "fused (...) | wrapper (...)", for command lines
+constexpr auto enum_table(AttentionForm) {  // enum_name, parse_enum, enum_names (base/enum_names.h)
+  return std::to_array<EnumName<AttentionForm>>({{AttentionForm::fused, "fused"}, {AttentionForm::wrapper, "wrapper"}});
+}
+std::string attention_forms_help();  // "fused (...) | wrapper (...)", for command lines
 
 // The sizes of one causal multi-head attention: x (B, T, d_in) -> (B, T, d_out) through num_heads
 // heads of head_dim (num_heads * head_dim need not be d_out: pruned models keep their width).

@@ -21,46 +21,35 @@ CausalAttentionSizes GPTConfig::attention_sizes(int64_t layer) const {
   return s;
 }
 
+namespace {
+
+// GPTConfig's JSON: the book's keys plus attention (absent in the oldest checkpoints: fused) and
+// kept_heads (only in pruned models' configs).
+const auto kGptFields = std::tuple{
+    field("vocab_size", &GPTConfig::vocab_size, Need::required, kPositive),
+    field("context_length", &GPTConfig::context_length, Need::required, kPositive),
+    field("emb_dim", &GPTConfig::emb_dim, Need::required, kPositive),
+    field("n_heads", &GPTConfig::n_heads, Need::required, kPositive),
+    field("n_layers", &GPTConfig::n_layers, Need::required, kPositive),
+    field("drop_rate", &GPTConfig::drop_rate, Need::required, kFraction),
+    field("qkv_bias", &GPTConfig::qkv_bias, Need::required),
+    field("attention", &GPTConfig::attention),
+    field("kept_heads", &GPTConfig::kept_heads),
+};
+
+}  // namespace
+
 void GPTConfig::validate() const {
-  HL_CHECK(vocab_size > 0, "GPT config: vocab_size must be positive, got ", vocab_size);
-  HL_CHECK(context_length > 0, "GPT config: context_length must be positive, got ", context_length);
-  HL_CHECK(emb_dim > 0, "GPT config: emb_dim must be positive, got ", emb_dim);
-  HL_CHECK(n_heads > 0, "GPT config: n_heads must be positive, got ", n_heads);
+  check_fields(*this, kGptFields, "GPT config");
   HL_CHECK(emb_dim % n_heads == 0, "GPT config: emb_dim ", emb_dim, " must be divisible by n_heads ", n_heads);
-  HL_CHECK(n_layers > 0, "GPT config: n_layers must be positive, got ", n_layers);
-  HL_CHECK(drop_rate >= 0 && drop_rate < 1, "GPT config: drop_rate must be in [0, 1), got ", drop_rate);
   check_head_lists(kept_heads, n_layers, n_heads, "GPT config", "kept_heads");
 }
 
-nlohmann::json GPTConfig::to_json() const {
-  nlohmann::json j = {{"vocab_size", vocab_size}, {"context_length", context_length}, {"emb_dim", emb_dim},
-                      {"n_heads", n_heads},       {"n_layers", n_layers},             {"drop_rate", drop_rate},
-                      {"qkv_bias", qkv_bias},     {"attention", attention_form_name(attention)}};
-  if (!kept_heads.empty()) j["kept_heads"] = kept_heads;
-  return j;
-}
+nlohmann::json GPTConfig::to_json() const { return fields_to_json(*this, kGptFields); }
 
 GPTConfig GPTConfig::from_json(const nlohmann::json& j) {
-  HL_CHECK(j.is_object(), "GPT config: expected a JSON object, got ", j.type_name());
   GPTConfig c;
-  auto get = [&](const char* key, auto& out) {
-    HL_CHECK(j.contains(key), "GPT config: missing key '", key, "'");
-    read_json_field(j, key, out, "GPT config");
-  };
-  get("vocab_size", c.vocab_size);
-  get("context_length", c.context_length);
-  get("emb_dim", c.emb_dim);
-  get("n_heads", c.n_heads);
-  get("n_layers", c.n_layers);
-  get("drop_rate", c.drop_rate);
-  get("qkv_bias", c.qkv_bias);
-  if (j.contains("attention")) {
-    std::string form;
-    get("attention", form);
-    HL_CHECK(form == "fused" || form == "wrapper", "GPT config: attention must be 'fused' or 'wrapper', got '", form, "'");
-    c.attention = parse_attention_form(form);
-  }
-  read_head_lists(j, "kept_heads", c.kept_heads, "GPT config");
+  fields_from_json(j, c, kGptFields, "GPT config");
   c.validate();
   return c;
 }

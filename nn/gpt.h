@@ -1,9 +1,10 @@
 // GPTModel of "Build a LLM from Scratch" ch. 4, with the attention form chosen by config (built by
 // nn/attention's make_causal_attention: "fused" or "wrapper" with out_proj) and optional
-// per-layer head lists for physically pruned models. Parameter names are DESIGN.md section 7's.
+// per-layer head lists for physically pruned models. Parameter names: ARCHITECTURE.md section 5.
 #pragma once
 #include <nlohmann/json.hpp>
 
+#include "base/enum_names.h"
 #include "nn/model.h"
 
 namespace headlab::nn {

@@ -137,17 +137,33 @@ double TransformerConfig::num_parameters() const {
   return n;
 }
 
+namespace {
+
+// TransformerConfig's JSON (d2l's names); to_json adds "arch": "encoder-decoder", which tells the
+// run's config reader which model a checkpoint holds.
+constexpr const char* kTransformerWho = "encoder-decoder config";
+const auto kTransformerFields = std::tuple{
+    field("src_vocab_size", &TransformerConfig::src_vocab_size, Need::required, kPositive),
+    field("tgt_vocab_size", &TransformerConfig::tgt_vocab_size, Need::required, kPositive),
+    field("num_hiddens", &TransformerConfig::num_hiddens, Need::required, kPositive),
+    field("ffn_num_hiddens", &TransformerConfig::ffn_num_hiddens, Need::required, kPositive),
+    field("num_heads", &TransformerConfig::num_heads, Need::required, kPositive),
+    field("num_layers", &TransformerConfig::num_layers, Need::required, kPositive),
+    field("dropout", &TransformerConfig::dropout, Need::required, kFraction),
+    field("use_bias", &TransformerConfig::use_bias),
+    field("max_len", &TransformerConfig::max_len, Need::required, kPositive),
+    field("kept_encoder", &TransformerConfig::kept_encoder),
+    field("kept_decoder", &TransformerConfig::kept_decoder),
+    field("kept_cross", &TransformerConfig::kept_cross),
+};
+
+}  // namespace
+
 void TransformerConfig::validate() const {
-  const char* who = "encoder-decoder config";
-  HL_CHECK(src_vocab_size > 0 && tgt_vocab_size > 0, who, ": src_vocab_size and tgt_vocab_size must be positive, got ",
-           src_vocab_size, " and ", tgt_vocab_size);
-  HL_CHECK(num_hiddens > 0, who, ": num_hiddens must be positive, got ", num_hiddens);
-  HL_CHECK(ffn_num_hiddens > 0, who, ": ffn_num_hiddens must be positive, got ", ffn_num_hiddens);
-  HL_CHECK(num_heads > 0 && num_hiddens % num_heads == 0, who, ": num_hiddens ", num_hiddens,
-           " must be a positive multiple of num_heads ", num_heads);
-  HL_CHECK(num_layers > 0, who, ": num_layers must be positive, got ", num_layers);
-  HL_CHECK(dropout >= 0 && dropout < 1, who, ": dropout must be in [0, 1), got ", dropout);
-  HL_CHECK(max_len > 0, who, ": max_len must be positive, got ", max_len);
+  const char* who = kTransformerWho;
+  check_fields(*this, kTransformerFields, who);
+  HL_CHECK(num_hiddens % num_heads == 0, who, ": num_hiddens ", num_hiddens, " must be a positive multiple of num_heads ",
+           num_heads);
   for (const auto& [key, kept] : {std::pair{"kept_encoder", &kept_encoder}, std::pair{"kept_decoder", &kept_decoder},
                                   std::pair{"kept_cross", &kept_cross}}) {
     check_head_lists(*kept, num_layers, num_heads, who, key);
@@ -157,37 +173,14 @@ void TransformerConfig::validate() const {
 }
 
 nlohmann::json TransformerConfig::to_json() const {
-  nlohmann::json j = {{"arch", "encoder-decoder"},  {"src_vocab_size", src_vocab_size},
-                      {"tgt_vocab_size", tgt_vocab_size}, {"num_hiddens", num_hiddens},
-                      {"ffn_num_hiddens", ffn_num_hiddens}, {"num_heads", num_heads},
-                      {"num_layers", num_layers},   {"dropout", dropout},
-                      {"use_bias", use_bias},       {"max_len", max_len}};
-  if (!kept_encoder.empty()) j["kept_encoder"] = kept_encoder;
-  if (!kept_decoder.empty()) j["kept_decoder"] = kept_decoder;
-  if (!kept_cross.empty()) j["kept_cross"] = kept_cross;
+  nlohmann::json j = fields_to_json(*this, kTransformerFields);
+  j["arch"] = "encoder-decoder";
   return j;
 }
 
 TransformerConfig TransformerConfig::from_json(const nlohmann::json& j) {
-  const char* who = "encoder-decoder config";
-  HL_CHECK(j.is_object(), who, ": expected a JSON object, got ", j.type_name());
   TransformerConfig c;
-  auto get = [&](const char* key, auto& out) {
-    HL_CHECK(j.contains(key), who, ": missing key '", key, "'");
-    read_json_field(j, key, out, who);
-  };
-  get("src_vocab_size", c.src_vocab_size);
-  get("tgt_vocab_size", c.tgt_vocab_size);
-  get("num_hiddens", c.num_hiddens);
-  get("ffn_num_hiddens", c.ffn_num_hiddens);
-  get("num_heads", c.num_heads);
-  get("num_layers", c.num_layers);
-  get("dropout", c.dropout);
-  get("max_len", c.max_len);
-  read_json_field(j, "use_bias", c.use_bias, who);
-  read_head_lists(j, "kept_encoder", c.kept_encoder, who);
-  read_head_lists(j, "kept_decoder", c.kept_decoder, who);
-  read_head_lists(j, "kept_cross", c.kept_cross, who);
+  fields_from_json(j, c, kTransformerFields, kTransformerWho);
   c.validate();
   return c;
 }

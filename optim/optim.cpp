@@ -9,21 +9,29 @@
 
 namespace headlab::optim {
 
-OptimizerKind parse_optimizer_kind(const std::string& name) {
-  if (name == "sgd") return OptimizerKind::sgd;
-  if (name == "adam") return OptimizerKind::adam;
-  if (name == "adamw") return OptimizerKind::adamw;
-  HL_FAIL("optimizer: expected 'sgd', 'adam' or 'adamw', got '", name, "'");
-}
+namespace {
 
-const char* optimizer_kind_name(OptimizerKind kind) {
-  switch (kind) {
-    case OptimizerKind::sgd: return "sgd";
-    case OptimizerKind::adam: return "adam";
-    case OptimizerKind::adamw: return "adamw";
-  }
-  return "?";
-}
+// OptimizerOptions' and LRSchedule's JSON (the checkpoint's training.optimizer / training.schedule).
+// Every key is optional: absent ones keep the kind's defaults.
+const auto kOptimizerFields = std::tuple{
+    field("kind", &OptimizerOptions::kind),
+    field("lr", &OptimizerOptions::lr, kNonNegative),
+    field("momentum", &OptimizerOptions::momentum, kNonNegative),
+    field("dampening", &OptimizerOptions::dampening),
+    field("nesterov", &OptimizerOptions::nesterov),
+    field("beta1", &OptimizerOptions::beta1, kFraction),
+    field("beta2", &OptimizerOptions::beta2, kFraction),
+    field("eps", &OptimizerOptions::eps),
+    field("weight_decay", &OptimizerOptions::weight_decay),
+};
+const auto kScheduleFields = std::tuple{
+    field("kind", &LRSchedule::kind),           field("lr", &LRSchedule::lr),
+    field("min_lr", &LRSchedule::min_lr),       field("warmup", &LRSchedule::warmup),
+    field("total", &LRSchedule::total),         field("step_size", &LRSchedule::step_size),
+    field("gamma", &LRSchedule::gamma),
+};
+
+}  // namespace
 
 OptimizerOptions OptimizerOptions::defaults(OptimizerKind kind) {
   OptimizerOptions o;
@@ -33,34 +41,24 @@ OptimizerOptions OptimizerOptions::defaults(OptimizerKind kind) {
   return o;
 }
 
-nlohmann::json OptimizerOptions::to_json() const {
-  return {{"kind", optimizer_kind_name(kind)}, {"lr", lr}, {"momentum", momentum}, {"dampening", dampening},
-          {"nesterov", nesterov}, {"beta1", beta1}, {"beta2", beta2}, {"eps", eps}, {"weight_decay", weight_decay}};
+void OptimizerOptions::validate() const {
+  check_fields(*this, kOptimizerFields, "optimizer");
+  HL_CHECK(!nesterov || (momentum > 0 && dampening == 0),
+           "optimizer: nesterov momentum requires momentum > 0 and dampening 0");
 }
 
+nlohmann::json OptimizerOptions::to_json() const { return fields_to_json(*this, kOptimizerFields); }
+
 OptimizerOptions OptimizerOptions::from_json(const nlohmann::json& j) {
-  HL_CHECK(j.is_object(), "optimizer: expected a JSON object, got ", j.type_name());
-  std::string kind = "adamw";
-  read_json_field(j, "kind", kind, "optimizer");
-  OptimizerOptions o = defaults(parse_optimizer_kind(kind));
-  read_json_field(j, "lr", o.lr, "optimizer");
-  read_json_field(j, "momentum", o.momentum, "optimizer");
-  read_json_field(j, "dampening", o.dampening, "optimizer");
-  read_json_field(j, "nesterov", o.nesterov, "optimizer");
-  read_json_field(j, "beta1", o.beta1, "optimizer");
-  read_json_field(j, "beta2", o.beta2, "optimizer");
-  read_json_field(j, "eps", o.eps, "optimizer");
-  read_json_field(j, "weight_decay", o.weight_decay, "optimizer");
+  OptimizerOptions kind_only;  // the kind first: it picks the defaults of the keys that are absent
+  read_json_field(j, "kind", kind_only.kind, "optimizer");
+  OptimizerOptions o = defaults(kind_only.kind);
+  fields_from_json(j, o, kOptimizerFields, "optimizer");
   return o;
 }
 
 Optimizer::Optimizer(NamedTensors params, OptimizerOptions opts) : opts_(std::move(opts)) {
-  HL_CHECK(opts_.lr >= 0, "optimizer: learning rate must be >= 0, got ", opts_.lr);
-  HL_CHECK(opts_.momentum >= 0, "optimizer: momentum must be >= 0, got ", opts_.momentum);
-  HL_CHECK(!opts_.nesterov || (opts_.momentum > 0 && opts_.dampening == 0),
-           "optimizer: nesterov momentum requires momentum > 0 and dampening 0");
-  HL_CHECK(opts_.beta1 >= 0 && opts_.beta1 < 1 && opts_.beta2 >= 0 && opts_.beta2 < 1,
-           "optimizer: betas must be in [0, 1), got (", opts_.beta1, ", ", opts_.beta2, ")");
+  opts_.validate();
   for (auto& [name, p] : params) {
     HL_CHECK(is_floating(p.dtype()), "optimizer: parameter ", name, " is not floating point");
     Slot s{name, p, Tensor(), Tensor(), Tensor(), 0};
@@ -120,7 +118,7 @@ void Optimizer::load_state(const NamedTensors& state, const std::vector<std::pai
                            const std::string& source) {
   NamedTensors mine = this->state();
   HL_CHECK(state.size() == mine.size(), source, ": optimizer state holds ", state.size(), " tensors, expected ",
-           mine.size(), " for a ", optimizer_kind_name(opts_.kind), " optimizer over ", slots_.size(), " parameters");
+           mine.size(), " for a ", enum_name(opts_.kind), " optimizer over ", slots_.size(), " parameters");
   for (const auto& [name, t] : mine) {
     auto it = find_named(state, name);
     HL_CHECK(it != state.end(), source, ": optimizer state ", name, " is missing");
@@ -163,22 +161,6 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
   return norm;
 }
 
-ScheduleKind parse_schedule_kind(const std::string& name) {
-  if (name == "constant") return ScheduleKind::constant;
-  if (name == "cosine") return ScheduleKind::cosine;
-  if (name == "step") return ScheduleKind::step;
-  HL_FAIL("lr schedule: expected 'constant', 'cosine' or 'step', got '", name, "'");
-}
-
-const char* schedule_kind_name(ScheduleKind kind) {
-  switch (kind) {
-    case ScheduleKind::constant: return "constant";
-    case ScheduleKind::cosine: return "cosine";
-    case ScheduleKind::step: return "step";
-  }
-  return "?";
-}
-
 double LRSchedule::at(int64_t t) const {
   if (kind == ScheduleKind::constant) return lr;
   if (kind == ScheduleKind::step) return lr * std::pow(gamma, static_cast<double>(t / std::max<int64_t>(step_size, 1)));
@@ -188,23 +170,11 @@ double LRSchedule::at(int64_t t) const {
   return min_lr + 0.5 * (lr - min_lr) * (1.0 + std::cos(M_PI * progress));
 }
 
-nlohmann::json LRSchedule::to_json() const {
-  return {{"kind", schedule_kind_name(kind)}, {"lr", lr}, {"min_lr", min_lr}, {"warmup", warmup},
-          {"total", total}, {"step_size", step_size}, {"gamma", gamma}};
-}
+nlohmann::json LRSchedule::to_json() const { return fields_to_json(*this, kScheduleFields); }
 
 LRSchedule LRSchedule::from_json(const nlohmann::json& j) {
-  HL_CHECK(j.is_object(), "schedule: expected a JSON object, got ", j.type_name());
   LRSchedule s;
-  std::string kind = schedule_kind_name(s.kind);
-  read_json_field(j, "kind", kind, "schedule");
-  s.kind = parse_schedule_kind(kind);
-  read_json_field(j, "lr", s.lr, "schedule");
-  read_json_field(j, "min_lr", s.min_lr, "schedule");
-  read_json_field(j, "warmup", s.warmup, "schedule");
-  read_json_field(j, "total", s.total, "schedule");
-  read_json_field(j, "step_size", s.step_size, "schedule");
-  read_json_field(j, "gamma", s.gamma, "schedule");
+  fields_from_json(j, s, kScheduleFields, "schedule");
   return s;
 }
 

@@ -7,13 +7,16 @@
 #include <utility>
 #include <vector>
 
+#include "base/enum_names.h"
 #include "nn/module.h"  // NamedTensors
 
 namespace headlab::optim {
 
 enum class OptimizerKind { sgd, adam, adamw };
-OptimizerKind parse_optimizer_kind(const std::string& name);  // "sgd" | "adam" | "adamw"; clear error otherwise
-const char* optimizer_kind_name(OptimizerKind kind);
+constexpr auto enum_table(OptimizerKind) {  // enum_name, parse_enum (base/enum_names.h)
+  return std::to_array<EnumName<OptimizerKind>>(
+      {{OptimizerKind::sgd, "sgd"}, {OptimizerKind::adam, "adam"}, {OptimizerKind::adamw, "adamw"}});
+}
 
 struct OptimizerOptions {
   OptimizerKind kind = OptimizerKind::adamw;
@@ -23,6 +26,7 @@ struct OptimizerOptions {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   double weight_decay = 0.0;  // PyTorch defaults: 0 for sgd/adam, 0.01 for adamw
   static OptimizerOptions defaults(OptimizerKind kind);
+  void validate() const;  // lr, momentum >= 0, betas in [0, 1), nesterov's needs; Optimizer calls it
   nlohmann::json to_json() const;
   static OptimizerOptions from_json(const nlohmann::json& j);
 };
@@ -58,8 +62,10 @@ double clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
 double grad_norm(const std::vector<Tensor>& params);
 
 enum class ScheduleKind { constant, cosine, step };  // cosine: linear warmup, then cosine decay
-ScheduleKind parse_schedule_kind(const std::string& name);  // "constant" | "cosine" | "step"
-const char* schedule_kind_name(ScheduleKind kind);
+constexpr auto enum_table(ScheduleKind) {
+  return std::to_array<EnumName<ScheduleKind>>(
+      {{ScheduleKind::constant, "constant"}, {ScheduleKind::cosine, "cosine"}, {ScheduleKind::step, "step"}});
+}
 
 struct LRSchedule {
   ScheduleKind kind = ScheduleKind::cosine;

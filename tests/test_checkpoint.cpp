@@ -47,7 +47,7 @@ void write_bytes(const std::string& path, const std::vector<unsigned char>& b) {
 // The wrapper form with qkv_bias: checkpoints of both parameter layouts, biases included.
 nn::GPTConfig tiny_config(const std::string& attention = "fused") {
   nn::GPTConfig c = headlab::testing::tiny_gpt_config(headlab::testing::kTwoHeadGpt,
-                                                      nn::parse_attention_form(attention), attention == "wrapper");
+                                                      parse_enum<nn::AttentionForm>(attention, "test"), attention == "wrapper");
   c.drop_rate = 0.1;
   return c;
 }

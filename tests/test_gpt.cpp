@@ -106,7 +106,7 @@ NameShapes names_of(const nn::GPTModel& m) {
 
 // Vocabulary 7 and context 5: the names-and-shapes tests below spell these sizes out.
 nn::GPTConfig small_config(const std::string& attention, bool qkv_bias) {
-  return tiny_gpt_config(kTwoHeadGpt.sized_for(7, 5), nn::parse_attention_form(attention), qkv_bias);
+  return tiny_gpt_config(kTwoHeadGpt.sized_for(7, 5), parse_enum<nn::AttentionForm>(attention, "test"), qkv_bias);
 }
 
 TEST(GptNames, FusedWithoutQkvBias) {
@@ -208,7 +208,7 @@ TEST(GptConfig, JsonRoundTripAndClearErrors) {
             std::string::npos);
   j = c.to_json();
   j["attention"] = "flash";
-  EXPECT_NE(error_of([&] { nn::GPTConfig::from_json(j); }).find("attention must be 'fused' or 'wrapper', got 'flash'"),
+  EXPECT_NE(error_of([&] { nn::GPTConfig::from_json(j); }).find("GPT config: attention: expected one of 'fused', 'wrapper', got 'flash'"),
             std::string::npos);
   j = c.to_json();
   j["drop_rate"] = 1.0;

@@ -117,7 +117,7 @@ TEST_F(InteropTest, TrainedHereExportsToTheBooksModelAndImportsBackExactly) {
     o.config.model.emb_dim = 16;
     o.config.model.n_heads = 2;
     o.config.model.n_layers = 2;
-    o.config.model.attention = nn::parse_attention_form(v.attention);
+    o.config.model.attention = parse_enum<nn::AttentionForm>(v.attention, "test");
     o.config.model.qkv_bias = v.qkv_bias;
     o.config.run.steps = 20;
     o.config.run.batch_size = 16;

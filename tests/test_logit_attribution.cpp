@@ -265,7 +265,7 @@ TEST(LogitAttribution, LastLayerHeadIsItsFrozenScaleAblation) {
 // 0's share, in the same run, so under the same sigma.
 TEST(LogitAttribution, PlantedHeads) {
   for (const nn::AttentionForm form : {nn::AttentionForm::fused, nn::AttentionForm::wrapper}) {
-    SCOPED_TRACE(nn::attention_form_name(form));
+    SCOPED_TRACE(enum_name(form));
     auto m = tiny_model(tiny_config(form));
     const auto weight = [&](int64_t l, const std::string& rest) {
       for (const auto& [n, p] : m->named_parameters())

@@ -1322,8 +1322,8 @@ TEST(HeadSurgery, SplitAndMergeRoundTripsAreExact) {
       auto back = nn::merge_heads(*w, m->form());
       if (m->output_projection()) expect_same_parameters(*back, *m);
       // Through every form and back.
-      for (const std::string& name : nn::attention_form_names()) {
-        const nn::AttentionForm form = nn::parse_attention_form(name);
+      for (const std::string& name : enum_names<nn::AttentionForm>()) {
+        const nn::AttentionForm form = parse_enum<nn::AttentionForm>(name, "test");
         auto other = nn::convert_attention(*m, form);
         EXPECT_EQ(other->form(), form);
         auto again = nn::convert_attention(*other, m->form());
@@ -1350,11 +1350,11 @@ TEST(HeadSurgery, OutputProjectionOfEveryForm) {
 }
 
 TEST(HeadSurgery, TheTableOfFormsBuildsAndCountsEveryForm) {
-  EXPECT_EQ(nn::attention_form_names(), (std::vector<std::string>{"fused", "wrapper"}));
+  EXPECT_EQ(enum_names<nn::AttentionForm>(), (std::vector<std::string>{"fused", "wrapper"}));
   EXPECT_EQ(nn::attention_forms_help(), "fused (one W_query/W_key/W_value) | wrapper (one module per head)");
-  for (const std::string& name : nn::attention_form_names()) {
-    const nn::AttentionForm form = nn::parse_attention_form(name);
-    EXPECT_EQ(nn::attention_form_name(form), name);
+  for (const std::string& name : enum_names<nn::AttentionForm>()) {
+    const nn::AttentionForm form = parse_enum<nn::AttentionForm>(name, "test");
+    EXPECT_EQ(enum_name(form), name);
     for (bool qkv_bias : {false, true}) {
       nn::CausalAttentionSizes s;
       s.d_in = s.d_out = 12;
@@ -1384,5 +1384,5 @@ TEST(HeadSurgery, BadKeepListsNameTheModule) {
   EXPECT_ERROR(w.prune_heads({1, 3}), "MultiHeadAttentionWrapper: the module has no head 3 (it has 3)");
   EXPECT_ERROR(d.prune_heads({2, 0}),
                         "MultiHeadAttention: the heads kept in the module must be sorted and distinct");
-  EXPECT_ERROR(nn::parse_attention_form("both"), "attention: expected 'fused' or 'wrapper', got 'both'");
+  EXPECT_ERROR(parse_enum<nn::AttentionForm>("both", "attention"), "attention: expected one of 'fused', 'wrapper', got 'both'");
 }

@@ -172,7 +172,7 @@ TEST(Optimizer, ParametersWithoutGradientKeepValueAndState) {
   for (const std::string kind : {"sgd", "adam", "adamw"}) {
     Tensor a = tensor(std::vector<float>{1, 2, 3}, {3}).requires_grad_();
     Tensor b = tensor(std::vector<float>{4, 5}, {2}).requires_grad_();
-    OptimizerOptions o = OptimizerOptions::defaults(optim::parse_optimizer_kind(kind));
+    OptimizerOptions o = OptimizerOptions::defaults(parse_enum<optim::OptimizerKind>(kind, "test"));
     o.momentum = kind == "sgd" ? 0.9 : 0.0;
     o.weight_decay = 0.1;  // even decoupled decay leaves a parameter without gradient alone, as PyTorch
     Optimizer opt({{"a", a}, {"b", b}}, o);
@@ -205,7 +205,7 @@ TEST(Optimizer, LoadStateContinuesBitIdentically) {
         opt.step();
       }
     };
-    OptimizerOptions o = OptimizerOptions::defaults(optim::parse_optimizer_kind(kind));
+    OptimizerOptions o = OptimizerOptions::defaults(parse_enum<optim::OptimizerKind>(kind, "test"));
     if (kind == "sgd") o.momentum = 0.9, o.nesterov = true;
     manual_seed(7);
     auto m1 = make_mlp(DType::f32);
@@ -254,7 +254,8 @@ TEST(Optimizer, OptionsDefaultsJsonAndChecks) {
   o.lr = 0.05, o.momentum = 0.8, o.dampening = 0.1, o.weight_decay = 0.02;
   const OptimizerOptions back = OptimizerOptions::from_json(nlohmann::json::parse(o.to_json().dump()));
   EXPECT_EQ(back.to_json(), o.to_json());
-  EXPECT_NE(error_of([] { optim::parse_optimizer_kind("rmsprop"); }).find("expected 'sgd', 'adam' or 'adamw', got 'rmsprop'"),
+  EXPECT_NE(error_of([] { OptimizerOptions::from_json({{"kind", "rmsprop"}}); })
+                .find("optimizer: kind: expected one of 'sgd', 'adam', 'adamw', got 'rmsprop'"),
             std::string::npos);
   Tensor p = zeros({2}).requires_grad_();
   OptimizerOptions bad = OptimizerOptions::defaults(optim::OptimizerKind::sgd);
@@ -263,10 +264,10 @@ TEST(Optimizer, OptionsDefaultsJsonAndChecks) {
             std::string::npos);
   bad = OptimizerOptions::defaults(optim::OptimizerKind::adam);
   bad.beta1 = 1.0;
-  EXPECT_NE(error_of([&] { Optimizer({{"p", p}}, bad); }).find("betas must be in [0, 1)"), std::string::npos);
+  EXPECT_NE(error_of([&] { Optimizer({{"p", p}}, bad); }).find("optimizer: beta1 must be in [0, 1), got 1"), std::string::npos);
   bad = OptimizerOptions::defaults(optim::OptimizerKind::adam);
   bad.lr = -1;
-  EXPECT_NE(error_of([&] { Optimizer({{"p", p}}, bad); }).find("learning rate must be >= 0"), std::string::npos);
+  EXPECT_NE(error_of([&] { Optimizer({{"p", p}}, bad); }).find("optimizer: lr must be >= 0, got -1"), std::string::npos);
   Tensor ids = zeros({2}, DType::i64);
   EXPECT_NE(error_of([&] { Optimizer({{"ids", ids}}, OptimizerOptions()); }).find("parameter ids is not floating point"),
             std::string::npos);
@@ -334,7 +335,7 @@ TEST(LRSchedule, ConstantNoWarmupAndBadKind) {
   EXPECT_NEAR(cos.at(5), 0.5, 1e-15);
   EXPECT_NEAR(cos.at(10), 0.0, 1e-15);
   EXPECT_NE(error_of([] { LRSchedule::from_json({{"kind", "linear"}}); })
-                .find("lr schedule: expected 'constant', 'cosine' or 'step', got 'linear'"),
+                .find("schedule: kind: expected one of 'constant', 'cosine', 'step', got 'linear'"),
             std::string::npos);
 }
 

@@ -12,35 +12,27 @@ namespace headlab::train {
 
 namespace {
 
-nlohmann::json run_settings_to_json(const RunSettings& r) {
-  return {{"steps", r.steps},
-          {"batch_size", r.batch_size},
-          {"grad_clip", r.grad_clip},
-          {"seed", r.seed},
-          {"device", r.device},
-          {"eval_every", r.eval_every},
-          {"eval_batches", r.eval_batches},
-          {"save_every", r.save_every},
-          {"keep_last", r.keep_last},
-          {"skip_nonfinite", r.skip_nonfinite},
-          {"max_skipped_steps", r.max_skipped_steps}};
-}
+// The JSON section "training" (with "optimizer" and "schedule" beside these). Every key is optional:
+// checkpoints older than a setting, or from tools/import_torch.py, get its default. Errors name the
+// command-line option that sets the field.
+const auto kRunFields = std::tuple{
+    field("steps", &RunSettings::steps, kPositive),
+    field("batch_size", &RunSettings::batch_size, kPositive),
+    field("grad_clip", &RunSettings::grad_clip, kNonNegative),
+    field("seed", &RunSettings::seed),
+    field("device", &RunSettings::device),
+    field("eval_every", &RunSettings::eval_every, kPositive),
+    field("eval_batches", &RunSettings::eval_batches, kPositive),
+    field("save_every", &RunSettings::save_every, kPositive),
+    field("keep_last", &RunSettings::keep_last, kNonNegative),
+    field("skip_nonfinite", &RunSettings::skip_nonfinite),
+    field("max_skipped_steps", &RunSettings::max_skipped_steps, kPositive),
+};
 
-// Absent keys keep their defaults (checkpoints older than a setting).
 RunSettings run_settings_from_json(const nlohmann::json& j) {
   RunSettings r;
   const char* who = "config: training";
-  read_json_field(j, "steps", r.steps, who);
-  read_json_field(j, "batch_size", r.batch_size, who);
-  read_json_field(j, "grad_clip", r.grad_clip, who);
-  read_json_field(j, "seed", r.seed, who);
-  read_json_field(j, "device", r.device, who);
-  read_json_field(j, "eval_every", r.eval_every, who);
-  read_json_field(j, "eval_batches", r.eval_batches, who);
-  read_json_field(j, "save_every", r.save_every, who);
-  read_json_field(j, "keep_last", r.keep_last, who);
-  read_json_field(j, "skip_nonfinite", r.skip_nonfinite, who);
-  read_json_field(j, "max_skipped_steps", r.max_skipped_steps, who);
+  fields_from_json(j, r, kRunFields, who);
   try {
     r.validate();
   } catch (const Error& e) {
@@ -50,14 +42,6 @@ RunSettings run_settings_from_json(const nlohmann::json& j) {
 }
 
 }  // namespace
-
-Arch parse_arch(const std::string& name) {
-  if (name == "gpt") return Arch::gpt;
-  if (name == "encoder-decoder") return Arch::encoder_decoder;
-  HL_FAIL("train: --arch must be 'gpt' or 'encoder-decoder', got '", name, "'");
-}
-
-const char* arch_name(Arch arch) { return arch == Arch::gpt ? "gpt" : "encoder-decoder"; }
 
 RunConfig RunConfig::defaults() {
   RunConfig c;
@@ -73,7 +57,7 @@ RunConfig RunConfig::defaults() {
 }
 
 nlohmann::json RunConfig::to_json() const {
-  nlohmann::json training = run_settings_to_json(run);
+  nlohmann::json training = fields_to_json(run, kRunFields);
   training["optimizer"] = optimizer.to_json();
   training["schedule"] = schedule.to_json();
   nlohmann::json tokenizer = {{"type", "char"}, {"vocab", task.options.vocabulary}};
@@ -90,12 +74,11 @@ RunConfig RunConfig::from_json(const nlohmann::json& j) {
   HL_CHECK(j.contains("task") && j["task"].is_object() && j["task"].contains("name") && j["task"]["name"].is_string(),
            "config: the 'task' section is missing or has no name");
   RunConfig c;
-  if (j["model"].is_object() && j["model"].value("arch", "gpt") == "encoder-decoder") {
-    c.arch = Arch::encoder_decoder;
+  read_json_field(j["model"], "arch", c.arch, "config: model");
+  if (c.arch == Arch::encoder_decoder)
     c.seq2seq = nn::TransformerConfig::from_json(j["model"]);
-  } else {
+  else
     c.model = nn::GPTConfig::from_json(j["model"]);
-  }
   c.task.name = j["task"]["name"].get<std::string>();
   try {
     std::map<std::string, std::string> options;
@@ -132,7 +115,7 @@ int64_t RunConfig::batch_tokens() const { return arch == Arch::gpt ? model.conte
 std::string RunConfig::describe_model() const {
   std::ostringstream os;
   if (arch == Arch::gpt) {
-    os << nn::attention_form_name(model.attention) << " attention, " << model.n_layers << " layers x " << model.n_heads
+    os << enum_name(model.attention) << " attention, " << model.n_layers << " layers x " << model.n_heads
        << " heads, emb " << model.emb_dim << ", context " << model.context_length;
   } else {
     const nn::TransformerConfig& s = seq2seq;
@@ -146,15 +129,7 @@ std::unique_ptr<tasks::Seq2SeqTask> make_seq2seq_task_for(const RunConfig& c) {
   return tasks::make_seq2seq_task(c.task.name, c.task.options);
 }
 
-void RunSettings::validate() const {
-  HL_CHECK(steps > 0, "train: --steps must be positive, got ", steps);
-  HL_CHECK(batch_size > 0, "train: --batch-size must be positive, got ", batch_size);
-  HL_CHECK(eval_every > 0 && save_every > 0 && eval_batches > 0,
-           "train: --eval-every, --save-every and --eval-batches must be positive");
-  HL_CHECK(max_skipped_steps > 0, "train: --max-skipped-steps must be positive, got ", max_skipped_steps);
-  HL_CHECK(grad_clip >= 0, "train: --grad-clip must be >= 0, got ", grad_clip);
-  HL_CHECK(keep_last >= 0, "train: --keep-last must be >= 0, got ", keep_last);
-}
+void RunSettings::validate() const { check_fields(*this, kRunFields, "train", FieldNames::options); }
 
 RunConfig resolve(RunConfig c) {
   c.run.validate();

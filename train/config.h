@@ -34,9 +34,11 @@ struct RunSettings {
 };
 
 // The two architectures a run can train: the book's decoder-only GPT, d2l's encoder-decoder Transformer.
+// The config's model section names it by "arch" (absent: gpt).
 enum class Arch { gpt, encoder_decoder };
-Arch parse_arch(const std::string& name);  // "gpt" | "encoder-decoder"; clear error otherwise
-const char* arch_name(Arch arch);
+constexpr auto enum_table(Arch) {  // enum_name, parse_enum (base/enum_names.h)
+  return std::to_array<EnumName<Arch>>({{Arch::gpt, "gpt"}, {Arch::encoder_decoder, "encoder-decoder"}});
+}
 
 struct RunConfig {
   Arch arch = Arch::gpt;

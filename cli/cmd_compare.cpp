@@ -200,7 +200,7 @@ Action add_compare(CLI::App& app) {
       for (const auto& c : analysis::peer_compare_grid()) extra.push_back(c);
     for (const auto& s : a->configs) extra.push_back(analysis::parse_compare_config(s));
     HL_CHECK(!sweep.empty() || !extra.empty(), "compare: nothing to measure (--no-sweep and --no-peer-grid without --config)");
-    make_dir(a->out, "compare");
+    const io::FolderLock lock = make_locked_dir(a->out, "compare");
     TorchPeer torch(o.device.is_cuda() ? "off" : a->torch_peer, a->torch_peer_script);  // a CPU peer
     print_compare_header(o);
     std::vector<analysis::CompareResult> results, sweep_results;

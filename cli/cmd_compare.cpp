@@ -17,6 +17,7 @@
 
 #include "analysis/analysis.h"
 #include "backends/backend.h"
+#include "base/input_path.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "io/h5file.h"
@@ -187,6 +188,8 @@ Action add_compare(CLI::App& app) {
     o.warmup = a->warmup;
     o.seed = a->seed;
     backend_for(o.device);  // a clear error before any work when the device is missing
+    if (a->torch_peer != "off")  // (python3 would block on a FIFO; a missing script is the peer's to report)
+      check_input_file(a->torch_peer_script, "compare: --torch-peer-script", true);
     std::vector<analysis::CompareConfig> sweep, extra;
     if (!a->no_sweep)
       for (int64_t B : a->batch)

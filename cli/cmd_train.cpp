@@ -78,7 +78,9 @@ Action add_train(CLI::App& app) {
   app.add_option("--seed", c.run.seed, "seed for initialisation, dropout and data")->capture_default_str();
   app.add_option("--device", c.run.device, "cpu | cuda | cuda:N")->capture_default_str();
   app.add_option("--out", o->out, "output folder for checkpoints and metrics.csv")->capture_default_str();
-  app.add_flag("--resume", o->resume, "continue from <out>/checkpoint.h5 up to --steps");
+  app.add_flag("--resume", o->resume,
+               "continue from <out>/checkpoint.h5 up to --steps; options given that fix the model, task or data must "
+               "match it; the learning rate and schedule, --grad-clip and the eval/save cadences may change");
   app.add_option("--eval-every", c.run.eval_every, "evaluate every N steps")->check(positive_number())->capture_default_str();
   app.add_option("--eval-batches", c.run.eval_batches, "validation batches per evaluation")
       ->check(positive_number())

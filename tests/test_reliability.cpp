@@ -196,6 +196,12 @@ TEST_F(ReliabilityTest, InputsThatAreNotRegularFilesAreRefusedWithoutOpeningThem
       EXPECT_TRUE(contains(r.err, cmd + ": checkpoint '" + input + "' " + what)) << cmd << ": " << r.err;
     }
   }
+  const Result peer = headlab({"compare", "--no-peer-grid", "--heads", "1", "--emb-dim", "8", "--tokens", "4",
+                               "--batch", "1", "--torch-peer", "on", "--torch-peer-script", fifo, "--out", path("c")},
+                              20);
+  EXPECT_EQ(peer.code, 1) << peer.err;
+  EXPECT_TRUE(contains(peer.err, "compare: --torch-peer-script '" + fifo + "' is not a regular file (it is a FIFO)"))
+      << peer.err;
   // --text: the task says which file, as for a missing one
   const Result text = headlab({"train", "--task", "chars", "--text", fifo, "--steps", "1", "--out", path("t")}, 20);
   EXPECT_EQ(text.code, 1) << text.err;

@@ -328,6 +328,7 @@ void Trainer::apply_resume_options(Session& s) const {
   if (!differences.empty())
     throw ResumeMismatch("train --resume: " + differences + ". These are fixed by '" + latest_ +
                          "'; leave them out to continue it, or train a new run into another --out");
+  s.config.run.validate();
   if (!changes.empty()) log("resume: changed " + changes);
 }
 

@@ -14,11 +14,13 @@
 #include "analysis/analysis.h"
 #include "analysis/explorer.h"
 #include "backends/backend.h"
+#include "base/input_path.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "io/h5file.h"
 #include "nn/generate.h"
 #include "train/config.h"
+#include "train/memory.h"
 
 namespace headlab::cli {
 
@@ -39,6 +41,7 @@ int gpt_attention(const AttentionArgs& a, const Loaded& l) {
   const nn::GPTConfig& cfg = model.config();
   const tasks::Prompt p = task.encode_prompt(a.prompt);
   const int64_t extra = a.max_new >= 0 ? a.max_new : (p.answer_length >= 0 ? p.answer_length + 1 : 0);
+  train::check_generation_fits(cfg, model.device().is_cuda(), static_cast<int64_t>(p.ids.size()), extra, "attention");
   std::vector<int64_t> ids = p.ids;
   if (static_cast<int64_t>(ids.size()) > cfg.context_length)  // as generate: the last context_length tokens
     ids.erase(ids.begin(), ids.end() - cfg.context_length);
@@ -56,7 +59,7 @@ int gpt_attention(const AttentionArgs& a, const Loaded& l) {
     tokens.push_back(task.tokenizer().decode({id}));
     text += tokens.back();
   }
-  make_dir(a.out, "attention");
+  const io::FolderLock lock = make_locked_dir(a.out, "attention");
   const std::string h5path = join_path(a.out, "attention.h5"), png = join_path(a.out, "attention.png");
   analysis::save_attention_h5(h5path, maps, tokens, a.prompt, a.path);
   analysis::save_attention_png(png, maps, tokens);
@@ -92,7 +95,7 @@ int seq2seq_attention(const AttentionArgs& a, const Loaded& l, nn::EncoderDecode
   const std::vector<analysis::AttentionText> texts = {{"encoder", &kinds[0], source_tokens, {}},
                                                       {"decoder", &kinds[1], target_tokens, {}},
                                                       {"cross", &kinds[2], target_tokens, source_tokens}};
-  make_dir(a.out, "attention");
+  const io::FolderLock lock = make_locked_dir(a.out, "attention");
   const std::string h5path = join_path(a.out, "attention.h5"), html = join_path(a.out, "attention.html");
   analysis::save_attention_h5(h5path, texts, a.prompt, a.path);
   analysis::save_attention_html(html, texts, a.path + ": " + translation);
@@ -133,6 +136,7 @@ Action add_attention(CLI::App& app) {
   app.add_option("--threads", a->threads, "CPU threads (0: all cores)")->check(non_negative_number());
   return [a] {
     set_threads(a->threads);
+    check_input_file(a->path, "attention: checkpoint", true);
     const Loaded l = load(a->path, a->device);
     if (nn::EncoderDecoder* m = l.seq2seq()) return seq2seq_attention(*a, l, *m);
     return gpt_attention(*a, l);

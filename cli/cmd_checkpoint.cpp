@@ -1,9 +1,11 @@
 // headlab eval / generate / inspect: everything they need is in the checkpoint.
+#include <cmath>
 #include <iomanip>
 #include <iostream>
 #include <memory>
 #include <sstream>
 
+#include "base/input_path.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "nn/generate.h"
@@ -27,18 +29,21 @@ Action add_eval(CLI::App& app) {
   app.add_option("--threads", *threads, "CPU threads (0: all cores)")->check(non_negative_number());
   return [=] {
     set_threads(*threads);
+    check_input_file(*path, "eval: checkpoint", true);
     Loaded l = load(*path, *device, *text);
     // Checkpoints made elsewhere (tools/import_torch.py) may have no training section: defaults.
     const train::RunSettings& run = l.config.run;
     const int64_t n = *batches > 0 ? *batches : run.eval_batches;
     const int64_t B = run.batch_size;
-    if (!l.model->device().is_cuda() && l.config.arch == train::Arch::gpt)
-      train::check_memory_fits(train::estimate_memory(l.config.model, B, false, 0), "eval",
-                               "the checkpoint's batch size is " + std::to_string(B));
+    train::check_evaluation_fits(l.config, l.model->device().is_cuda(), n, B, "eval",
+                                 "lower --batches (now " + std::to_string(n) + "); the checkpoint's batch size is " +
+                                     std::to_string(B));
     std::vector<tasks::Batch> data;
     for (int64_t i = 0; i < n; ++i)
       data.push_back(l.task->batch(tasks::Split::val, static_cast<uint64_t>(i), B, l.config.batch_tokens()));
     const train::Scores r = train::evaluate(*l.model, data);
+    HL_CHECK(std::isfinite(r.loss), "eval: the model's loss on the validation data is ", fmt(r.loss),
+             ": the checkpoint holds a diverged model");
     std::cout << "checkpoint " << *path << " (task " << l.task->name() << ", step "
               << (l.ckpt.has_trainer ? l.ckpt.trainer.step : 0) << ")\nmodel: " << l.config.describe_model() << "\n";
     std::cout << std::fixed << std::setprecision(4) << "val loss        " << r.loss << "\n"
@@ -74,6 +79,7 @@ Action add_generate(CLI::App& app) {
   app.add_option("--seed", *seed, "sampling seed")->capture_default_str();
   app.add_option("--device", *device, "cpu | cuda")->capture_default_str();
   return [=] {
+    check_input_file(*path, "generate: checkpoint", true);
     Loaded l = load(*path, *device);
     if (nn::EncoderDecoder* m = l.seq2seq()) {  // greedy, as d2l's predict_seq2seq
       const tasks::Seq2SeqTask& task = *l.seq2seq_task();
@@ -90,6 +96,8 @@ Action add_generate(CLI::App& app) {
     nn::GenerateOptions o;
     // A task answer stops at its end token or its known length; text runs to max_new_tokens.
     o.max_new_tokens = p.answer_length >= 0 ? std::min<int64_t>(*max_new, p.answer_length + 1) : *max_new;
+    train::check_generation_fits(model.config(), model.device().is_cuda(), static_cast<int64_t>(p.ids.size()),
+                                 o.max_new_tokens, "generate");
     o.temperature = *temperature;
     o.top_k = *top_k;
     o.seed = *seed;
@@ -104,6 +112,7 @@ Action add_inspect(CLI::App& app) {
   auto path = std::make_shared<std::string>();
   app.add_option("checkpoint", *path, "checkpoint file (.h5)")->required();
   return [=] {
+    check_input_file(*path, "inspect: checkpoint", true);
     const io::Checkpoint ck = io::load_checkpoint(*path);
     nlohmann::json cfg = ck.config;
     if (cfg.contains("tokenizer") && cfg["tokenizer"].contains("vocab")) {  // the vocabulary on one line

@@ -17,6 +17,7 @@
 
 #include "analysis/analysis.h"
 #include "backends/backend.h"
+#include "base/input_path.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "io/h5file.h"
@@ -187,6 +188,8 @@ Action add_compare(CLI::App& app) {
     o.warmup = a->warmup;
     o.seed = a->seed;
     backend_for(o.device);  // a clear error before any work when the device is missing
+    if (a->torch_peer != "off")  // (python3 would block on a FIFO; a missing script is the peer's to report)
+      check_input_file(a->torch_peer_script, "compare: --torch-peer-script", true);
     std::vector<analysis::CompareConfig> sweep, extra;
     if (!a->no_sweep)
       for (int64_t B : a->batch)
@@ -200,7 +203,7 @@ Action add_compare(CLI::App& app) {
       for (const auto& c : analysis::peer_compare_grid()) extra.push_back(c);
     for (const auto& s : a->configs) extra.push_back(analysis::parse_compare_config(s));
     HL_CHECK(!sweep.empty() || !extra.empty(), "compare: nothing to measure (--no-sweep and --no-peer-grid without --config)");
-    make_dir(a->out, "compare");
+    const io::FolderLock lock = make_locked_dir(a->out, "compare");
     TorchPeer torch(o.device.is_cuda() ? "off" : a->torch_peer, a->torch_peer_script);  // a CPU peer
     print_compare_header(o);
     std::vector<analysis::CompareResult> results, sweep_results;

@@ -78,7 +78,9 @@ Action add_train(CLI::App& app) {
   app.add_option("--seed", c.run.seed, "seed for initialisation, dropout and data")->capture_default_str();
   app.add_option("--device", c.run.device, "cpu | cuda | cuda:N")->capture_default_str();
   app.add_option("--out", o->out, "output folder for checkpoints and metrics.csv")->capture_default_str();
-  app.add_flag("--resume", o->resume, "continue from <out>/checkpoint.h5 up to --steps");
+  app.add_flag("--resume", o->resume,
+               "continue from <out>/checkpoint.h5 up to --steps; options given that fix the model, task or data must "
+               "match it; the learning rate and schedule, --grad-clip and the eval/save cadences may change");
   app.add_option("--eval-every", c.run.eval_every, "evaluate every N steps")->check(positive_number())->capture_default_str();
   app.add_option("--eval-batches", c.run.eval_batches, "validation batches per evaluation")
       ->check(positive_number())
@@ -90,22 +92,25 @@ Action add_train(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--threads", ch->threads, "CPU threads (0: all cores, shared out among the MPI ranks on this machine)")->check(non_negative_number());
   app.footer(tasks::tasks_help());
-  return [o, ch] {
+  CLI::App* self = &app;
+  return [o, ch, self] {
+    for (const CLI::Option* opt : self->get_options())  // what the user gave, for --resume to compare
+      if (opt->count() > 0) o->told.push_back(opt->get_name());
     o->comm = train::world();  // under mpirun: data parallel over its ranks
     set_threads(ch->threads, o->comm->local_size());
     train::RunConfig& c = o->config;
     c.model.attention = parse_enum<nn::AttentionForm>(ch->attention, "train: --attention");
     c.arch = parse_enum<train::Arch>(ch->arch, "train: --arch");
-    if (c.arch == train::Arch::encoder_decoder) {  // the shared model options, in d2l's names
-      c.seq2seq.num_hiddens = c.model.emb_dim;
-      c.seq2seq.num_heads = c.model.n_heads;
-      c.seq2seq.num_layers = c.model.n_layers;
-      c.seq2seq.dropout = c.model.drop_rate;
-      c.seq2seq.use_bias = c.model.qkv_bias;
-      c.seq2seq.ffn_num_hiddens = ch->ffn_hiddens > 0 ? ch->ffn_hiddens : 2 * c.model.emb_dim;
-    } else {
+    // The shared model options, in d2l's names too (whatever --arch: --resume compares them with a
+    // checkpoint of either architecture).
+    c.seq2seq.num_hiddens = c.model.emb_dim;
+    c.seq2seq.num_heads = c.model.n_heads;
+    c.seq2seq.num_layers = c.model.n_layers;
+    c.seq2seq.dropout = c.model.drop_rate;
+    c.seq2seq.use_bias = c.model.qkv_bias;
+    c.seq2seq.ffn_num_hiddens = ch->ffn_hiddens > 0 ? ch->ffn_hiddens : 2 * c.model.emb_dim;
+    if (c.arch == train::Arch::gpt && !o->resume)
       HL_CHECK(c.task.name != "numbers", "train: task numbers is a source -> target task; use --arch encoder-decoder");
-    }
     const double lr = c.optimizer.lr;
     c.optimizer =
         optim::OptimizerOptions::defaults(parse_enum<optim::OptimizerKind>(ch->optimizer, "train: --optimizer"));
@@ -116,6 +121,9 @@ Action add_train(CLI::App& app) {
     train::install_sigint_handler();
     try {
       return train::Trainer(*o).run().interrupted ? 130 : 0;
+    } catch (const train::ResumeMismatch& e) {  // a usage error: every rank finds the same
+      if (o->comm->rank() == 0) std::cerr << "headlab: " << e.what() << std::endl;
+      return 2;
     } catch (const std::exception& e) {
       if (o->comm->size() == 1) throw;
       // An error on one rank ends every rank: the others would wait for it in the next allreduce.

@@ -12,6 +12,7 @@
 
 #include "backends/backend.h"
 #include "io/atomic_file.h"
+#include "base/input_path.h"
 #include "train/config.h"
 #include "train/memory.h"
 
@@ -70,17 +71,18 @@ void add_analysis_options(CLI::App& app, AnalysisArgs& a, const std::string& def
 AnalysisInputs load_analysis(const AnalysisArgs& a, const char* cmd, const std::string& default_out) {
   set_threads(a.threads);
   AnalysisInputs r;
+  check_input_file(a.path, std::string(cmd) + ": checkpoint", true);
   r.in = load(a.path, a.device, a.text);
   HL_CHECK(a.text.empty() || r.in.task->name() == "chars", cmd, ": --text applies to chars checkpoints; '", a.path,
            "' is a ", r.in.task->name(), " checkpoint");
   r.run = r.in.config;
   r.batches = a.batches > 0 ? a.batches : r.run.run.eval_batches;
   r.batch_size = a.batch_size > 0 ? a.batch_size : r.run.run.batch_size;
-  if (!r.in.model->device().is_cuda() && r.run.arch == train::Arch::gpt)
-    train::check_memory_fits(train::estimate_memory(r.run.model, r.batch_size, false, 0), cmd,
-                             "lower --batch-size (now " + std::to_string(r.batch_size) + ")");
+  train::check_evaluation_fits(r.run, r.in.model->device().is_cuda(), r.batches, r.batch_size, cmd,
+                               "lower --batches (now " + std::to_string(r.batches) + ") or --batch-size (now " +
+                                   std::to_string(r.batch_size) + ")");
   r.out = a.out.empty() ? join_path(std::filesystem::path(a.path).parent_path().string(), default_out) : a.out;
-  make_dir(r.out, cmd);
+  r.lock = make_locked_dir(r.out, cmd);
   r.data = analysis::make_eval_set(*r.in.task, r.batches, r.batch_size, r.run.batch_tokens());
   return r;
 }
@@ -97,6 +99,11 @@ void make_dir(const std::string& dir, const char* cmd) {
   fs::create_directories(dir, ec);
   HL_CHECK(!ec && fs::is_directory(dir), cmd, ": cannot create output folder '", dir, "': ",
            ec ? ec.message() : std::string("not a folder"));
+}
+
+io::FolderLock make_locked_dir(const std::string& dir, const char* cmd) {
+  make_dir(dir, cmd);
+  return io::FolderLock(dir, cmd);
 }
 
 void write_text(const std::string& path, const std::string& text, const char* cmd) {

@@ -10,6 +10,7 @@
 #include "analysis/heads.h"
 #include "analysis/table.h"
 #include "io/checkpoint.h"
+#include "io/folder_lock.h"
 #include "tasks/task.h"
 #include "train/config.h"
 
@@ -55,11 +56,14 @@ struct AnalysisInputs {
   analysis::EvalSet data;  // --batches validation batches of --batch-size x context_length
   int64_t batches = 0, batch_size = 0;
   std::string out;  // created
+  io::FolderLock lock;  // on out, for the command's lifetime
 };
 // Sets the threads, loads, refuses --text for a task checkpoint and a batch the machine cannot hold.
 AnalysisInputs load_analysis(const AnalysisArgs& a, const char* cmd, const std::string& default_out);
 
 void make_dir(const std::string& dir, const char* cmd);  // creates it (and parents) or throws naming cmd
+// make_dir, then the folder's lock (io/folder_lock.h), to hold while cmd writes there.
+io::FolderLock make_locked_dir(const std::string& dir, const char* cmd);
 // Replaces the file atomically (io/atomic_file.h); errors start with cmd.
 void write_text(const std::string& path, const std::string& text, const char* cmd);
 std::string join_path(const std::string& dir, const std::string& name);

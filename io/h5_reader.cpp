@@ -2,6 +2,8 @@
 // headlab::Error sentence naming the file and the item.
 #include "io/h5_internal.h"
 
+#include "base/input_path.h"
+
 namespace headlab::io::h5 {
 
 using namespace detail;
@@ -17,7 +19,9 @@ Reader::Reader(std::string path, std::string what) : path_(std::move(path)), wha
     HL_CHECK(err != ENOENT && err != ENOTDIR, ctx(), "no such file");
     HL_FAIL(ctx(), "cannot open: ", errno_str(err));
   }
-  HL_CHECK(!S_ISDIR(st.st_mode), ctx(), "is a folder, not a file");
+  // A FIFO would block the open() below forever, a device never end: only a regular file is opened.
+  const std::string not_file = not_a_file_reason(path_);
+  HL_CHECK(not_file.empty(), ctx(), not_file);
   file_size_ = static_cast<uint64_t>(st.st_size);
   // Open with POSIX first: unlike HDF5, it says why it failed (errno).
   int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);

@@ -2,6 +2,8 @@
 // accents is a sequence of characters, not bytes), printable forms for error messages, file reading.
 #include "tasks/internal.h"
 
+#include "base/input_path.h"
+
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -122,20 +124,8 @@ std::string range_text(int64_t lo, int64_t hi) {
 }
 
 std::string read_text_file(const std::string& path, std::string& why_not) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (!fs::exists(path, ec)) {
-    why_not = "does not exist";
-    return "";
-  }
-  if (fs::is_directory(path, ec)) {
-    why_not = "is a directory, not a text file";
-    return "";
-  }
-  if (!fs::is_regular_file(path, ec)) {  // a device or a pipe could be endless (/dev/zero)
-    why_not = "is not a regular file";
-    return "";
-  }
+  why_not = not_a_file_reason(path);  // a device or a pipe could block or be endless (/dev/zero)
+  if (!why_not.empty()) return "";
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     why_not = "cannot be opened for reading";

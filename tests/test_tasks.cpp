@@ -553,11 +553,11 @@ TEST(Chars, MissingAndEmptyFiles) {
   EXPECT_EQ(error_of([&] { make_task("chars", o); }),
             "task chars: text file '" + empty.path + "' is empty");
   o.text_path = std::filesystem::temp_directory_path().string();
-  EXPECT_ERROR_CONTAINS(make_task("chars", o), "is a directory, not a text file");
+  EXPECT_ERROR_CONTAINS(make_task("chars", o), "is a folder, not a file");
   // A device is no text: reading /dev/zero never ended.
   o.text_path = "/dev/zero";
   EXPECT_EQ(error_of([&] { make_task("chars", o); }),
-            "task chars: text file '/dev/zero' is not a regular file; pass --text FILE with a plain-text file");
+            "task chars: text file '/dev/zero' is not a regular file (it is a character device); pass --text FILE with a plain-text file");
 }
 
 TEST(Chars, DefaultTextIsUsable) {

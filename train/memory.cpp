@@ -25,6 +25,26 @@ MemoryEstimate estimate_memory(const nn::GPTConfig& m, int64_t batch_size, bool 
   return e;
 }
 
+double estimate_batches_memory(int64_t batches, int64_t batch_size, int64_t tokens) {
+  constexpr double kId = 8, kIdsPerPosition = 4;
+  return static_cast<double>(batches) * static_cast<double>(batch_size) * static_cast<double>(tokens) * kIdsPerPosition * kId;
+}
+
+MemoryEstimate estimate_generation_memory(const nn::GPTConfig& model, int64_t prompt_tokens, int64_t new_tokens) {
+  MemoryEstimate e = estimate_memory(model, 1, false, 0);
+  e.data = (static_cast<double>(prompt_tokens) + static_cast<double>(new_tokens)) * 2 * 8;
+  return e;
+}
+
+void check_generation_fits(const nn::GPTConfig& model, bool on_cuda, int64_t prompt_tokens, int64_t new_tokens,
+                           const std::string& who) {
+  MemoryEstimate need = estimate_generation_memory(model, prompt_tokens, new_tokens);
+  if (on_cuda) need = MemoryEstimate{0, 0, 0, 0, need.data};
+  check_memory_fits(need, who,
+                    "lower --max-new-tokens (now " + std::to_string(new_tokens) + ") or shorten the prompt (" +
+                        std::to_string(prompt_tokens) + " tokens)");
+}
+
 double available_memory() {
   std::ifstream f("/proc/meminfo");
   std::string key, unit;
@@ -32,6 +52,14 @@ double available_memory() {
   while (f >> key >> kib >> unit)
     if (key == "MemAvailable:") return kib * 1024;
   return 0;
+}
+
+void check_evaluation_fits(const RunConfig& config, bool on_cuda, int64_t batches, int64_t batch_size,
+                           const std::string& who, const std::string& advice) {
+  MemoryEstimate need;
+  if (!on_cuda && config.arch == Arch::gpt) need = estimate_memory(config.model, batch_size, false, 0);
+  need.data = estimate_batches_memory(batches, batch_size, config.batch_tokens());
+  check_memory_fits(need, who, advice);
 }
 
 void check_memory_fits(const MemoryEstimate& need, const std::string& who, const std::string& advice) {
@@ -42,7 +70,9 @@ void check_memory_fits(const MemoryEstimate& need, const std::string& who, const
      << format_bytes(need.parameters);
   if (need.gradients > 0) os << ", gradients " << format_bytes(need.gradients);
   if (need.optimizer_state > 0) os << ", optimizer state " << format_bytes(need.optimizer_state);
-  os << ", activations " << format_bytes(need.activations) << "), more than the " << format_bytes(have)
+  os << ", activations " << format_bytes(need.activations);
+  if (need.data > 0) os << ", token ids " << format_bytes(need.data);
+  os << "), more than the " << format_bytes(have)
      << " this machine has available; " << advice;
   HL_FAIL(os.str());
 }

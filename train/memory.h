@@ -5,13 +5,15 @@
 #include <string>
 
 #include "nn/gpt.h"
+#include "train/config.h"
 
 namespace headlab::train {
 
 struct MemoryEstimate {
   double parameters = 0, gradients = 0, optimizer_state = 0;
   double activations = 0;  // one step's peak (training) or one batch's (evaluation)
-  double total() const { return parameters + gradients + optimizer_state + activations; }
+  double data = 0;  // token ids held at once: evaluation batches, a generated sequence
+  double total() const { return parameters + gradients + optimizer_state + activations + data; }
 };
 
 // optimizer_slots: tensors of state per parameter (AdamW 2, SGD with momentum 1); training: whether
@@ -20,11 +22,28 @@ struct MemoryEstimate {
 // of an estimated 52 for bench/gpt_step's default config), 12 when not, plus the logits.
 MemoryEstimate estimate_memory(const nn::GPTConfig& model, int64_t batch_size, bool training, int optimizer_slots);
 
+// The token ids of `batches` evaluation batches of batch_size x tokens, all held at once (a
+// tasks::Batch keeps int64 inputs and targets, an encoder-decoder's its source too: 4 ids a position
+// covers both). In double, so that no user's number overflows on the way to the comparison.
+double estimate_batches_memory(int64_t batches, int64_t batch_size, int64_t tokens);
+
+// Generating new_tokens after a prompt of prompt_tokens: the model, one forward over its context
+// window, and the growing sequence (the ids and the generated copy, int64 each).
+MemoryEstimate estimate_generation_memory(const nn::GPTConfig& model, int64_t prompt_tokens, int64_t new_tokens);
+// check_memory_fits for that, naming who and --max-new-tokens (on a GPU only the host's sequence counts).
+void check_generation_fits(const nn::GPTConfig& model, bool on_cuda, int64_t prompt_tokens, int64_t new_tokens,
+                           const std::string& who);
+
 // MemAvailable of /proc/meminfo (bytes); 0 when it cannot be read.
 double available_memory();
 
 // Fails, naming who asks, the estimate's parts, what the machine has and `advice` (the options to
 // change), when the estimate exceeds the available memory.
 void check_memory_fits(const MemoryEstimate& need, const std::string& who, const std::string& advice);
+
+// check_memory_fits for evaluating `batches` batches of batch_size rows of config's model, all held at
+// once: their ids, and one batch's forward where it is estimated (a GPT on the CPU).
+void check_evaluation_fits(const RunConfig& config, bool on_cuda, int64_t batches, int64_t batch_size,
+                           const std::string& who, const std::string& advice);
 
 }  // namespace headlab::train

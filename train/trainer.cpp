@@ -18,6 +18,7 @@
 
 #include "backends/backend.h"
 #include "io/atomic_file.h"
+#include "io/folder_lock.h"
 #include "io/temp_files.h"
 #include "train/memory.h"
 
@@ -91,7 +92,107 @@ void prune_history(const std::string& dir, int64_t keep) {
   }
 }
 
+// What --resume compares: a command-line option and its value in a config. The model options are read
+// where the checkpoint's architecture keeps them (train's command line fills both places).
+struct ResumeSetting {
+  const char* option;
+  std::string (*value)(const RunConfig& c, Arch arch);
+  void (*apply)(RunConfig& to, const RunConfig& from);  // null: fixed by the checkpoint
+};
+
+template <typename T>
+std::string str(T v) {
+  std::ostringstream os;
+  os << std::setprecision(8) << v;
+  return os.str();
+}
+
+std::string text_file(const RunConfig& c, Arch) {
+  return fs::absolute(c.task.options.text_path).lexically_normal().string();
+}
+
+const std::vector<ResumeSetting>& resume_settings() {
+  using A = Arch;
+  static const std::vector<ResumeSetting> settings = {
+      // the model
+      {"--arch", [](const RunConfig& c, A) { return std::string(enum_name(c.arch)); }, nullptr},
+      {"--attention", [](const RunConfig& c, A) { return std::string(enum_name(c.model.attention)); }, nullptr},
+      {"--emb-dim", [](const RunConfig& c, A a) { return str(a == A::gpt ? c.model.emb_dim : c.seq2seq.num_hiddens); }, nullptr},
+      {"--ffn-hiddens", [](const RunConfig& c, A) { return str(c.seq2seq.ffn_num_hiddens); }, nullptr},
+      {"--n-heads", [](const RunConfig& c, A a) { return str(a == A::gpt ? c.model.n_heads : c.seq2seq.num_heads); }, nullptr},
+      {"--n-layers", [](const RunConfig& c, A a) { return str(a == A::gpt ? c.model.n_layers : c.seq2seq.num_layers); }, nullptr},
+      {"--context-length", [](const RunConfig& c, A) { return str(c.model.context_length); }, nullptr},
+      {"--drop-rate", [](const RunConfig& c, A a) { return str(a == A::gpt ? c.model.drop_rate : c.seq2seq.dropout); }, nullptr},
+      {"--qkv-bias", [](const RunConfig& c, A a) { return str(a == A::gpt ? c.model.qkv_bias : c.seq2seq.use_bias); }, nullptr},
+      // the task and the data
+      {"--task", [](const RunConfig& c, A) { return c.task.name; }, nullptr},
+      {"--max-number", [](const RunConfig& c, A) { return str(c.task.options.max_number); }, nullptr},
+      {"--text", text_file, nullptr},
+      {"--min-len", [](const RunConfig& c, A) { return str(c.task.options.min_len); }, nullptr},
+      {"--max-len", [](const RunConfig& c, A) { return str(c.task.options.max_len); }, nullptr},
+      {"--digits", [](const RunConfig& c, A) { return str(c.task.options.n_digits); }, nullptr},
+      {"--seed", [](const RunConfig& c, A) { return str(c.run.seed); }, nullptr},
+      {"--batch-size", [](const RunConfig& c, A) { return str(c.run.batch_size); }, nullptr},
+      {"--optimizer", [](const RunConfig& c, A) { return std::string(enum_name(c.optimizer.kind)); }, nullptr},
+      // what may change
+      {"--lr", [](const RunConfig& c, A) { return str(c.optimizer.lr); },
+       [](RunConfig& to, const RunConfig& from) { to.optimizer.lr = to.schedule.lr = from.optimizer.lr; }},
+      {"--min-lr", [](const RunConfig& c, A) { return str(c.schedule.min_lr); },
+       [](RunConfig& to, const RunConfig& from) { to.schedule.min_lr = from.schedule.min_lr; }},
+      {"--warmup", [](const RunConfig& c, A) { return str(c.schedule.warmup); },
+       [](RunConfig& to, const RunConfig& from) { to.schedule.warmup = from.schedule.warmup; }},
+      {"--schedule", [](const RunConfig& c, A) { return std::string(enum_name(c.schedule.kind)); },
+       [](RunConfig& to, const RunConfig& from) { to.schedule.kind = from.schedule.kind; }},
+      {"--weight-decay", [](const RunConfig& c, A) { return str(c.optimizer.weight_decay); },
+       [](RunConfig& to, const RunConfig& from) { to.optimizer.weight_decay = from.optimizer.weight_decay; }},
+      {"--grad-clip", [](const RunConfig& c, A) { return str(c.run.grad_clip); },
+       [](RunConfig& to, const RunConfig& from) { to.run.grad_clip = from.run.grad_clip; }},
+      {"--eval-every", [](const RunConfig& c, A) { return str(c.run.eval_every); },
+       [](RunConfig& to, const RunConfig& from) { to.run.eval_every = from.run.eval_every; }},
+      {"--eval-batches", [](const RunConfig& c, A) { return str(c.run.eval_batches); },
+       [](RunConfig& to, const RunConfig& from) { to.run.eval_batches = from.run.eval_batches; }},
+      {"--save-every", [](const RunConfig& c, A) { return str(c.run.save_every); },
+       [](RunConfig& to, const RunConfig& from) { to.run.save_every = from.run.save_every; }},
+      {"--keep-last", [](const RunConfig& c, A) { return str(c.run.keep_last); },
+       [](RunConfig& to, const RunConfig& from) { to.run.keep_last = from.run.keep_last; }},
+      // always this process's, given or not
+      {"--steps", [](const RunConfig& c, A) { return str(c.run.steps); },
+       [](RunConfig& to, const RunConfig& from) { to.run.steps = to.schedule.total = from.run.steps; }},
+      {"--device", [](const RunConfig& c, A) { return c.run.device; },
+       [](RunConfig& to, const RunConfig& from) { to.run.device = from.run.device; }},
+      {"--skip-nonfinite", [](const RunConfig& c, A) { return str(c.run.skip_nonfinite); },
+       [](RunConfig& to, const RunConfig& from) { to.run.skip_nonfinite = from.run.skip_nonfinite; }},
+      {"--max-skipped-steps", [](const RunConfig& c, A) { return str(c.run.max_skipped_steps); },
+       [](RunConfig& to, const RunConfig& from) { to.run.max_skipped_steps = from.run.max_skipped_steps; }},
+  };
+  return settings;
+}
+
+bool always_applied(const std::string& option) {
+  return option == "--steps" || option == "--device" || option == "--skip-nonfinite" || option == "--max-skipped-steps";
+}
+
+// The median of the last (up to) 50 logged train losses.
+double median_of_recent(const std::vector<io::MetricRow>& logged) {
+  const size_t n = std::min<size_t>(logged.size(), 50);
+  std::vector<double> v;
+  for (size_t i = logged.size() - n; i < logged.size(); ++i) v.push_back(logged[i].train_loss);
+  std::sort(v.begin(), v.end());
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 }  // namespace
+
+std::string loss_spike(double loss, const std::vector<io::MetricRow>& logged, int64_t step, int64_t warmup,
+                       int64_t vocab_size) {
+  if (step <= warmup || logged.size() < 3 || !std::isfinite(loss)) return "";
+  const double median = median_of_recent(logged);
+  const double uniform = std::log(static_cast<double>(std::max<int64_t>(vocab_size, 2)));
+  if (!(loss > 10 * median && loss > uniform)) return "";
+  return "loss " + fmt_value(loss) + ", more than 10 x the median " + fmt_value(median) + " of the last " +
+         std::to_string(std::min<size_t>(logged.size(), 50)) + " logged train losses and more than ln(vocab) " +
+         fmt(uniform, 3) + ", a uniform guess's";
+}
 
 void install_sigint_handler() {
   struct sigaction sa {};
@@ -114,6 +215,10 @@ struct Trainer::Session {
   int64_t window_steps = 0, window_tokens = 0, tokens_trained = 0;  // (tokens: decoder positions)
   std::chrono::steady_clock::time_point window_start = std::chrono::steady_clock::now();
   int64_t skipped_in_a_row = 0, skipped_total = 0;
+  // What this process has written: the step of the checkpoint it saved or resumed from (-1: none), and
+  // whether metrics.csv was written; the closing messages claim no more.
+  int64_t good_checkpoint_step = -1;
+  bool wrote_checkpoint = false, wrote_metrics = false;
   std::vector<float> reduced;  // data parallelism: every gradient, then [loss, stop], summed over the ranks
   double allreduce_seconds = 0;  // in the allreduce, waiting for the slowest rank included
 };
@@ -140,24 +245,29 @@ std::unique_ptr<Trainer::Session> Trainer::start() {
     HL_CHECK(resumed.has_optimizer && resumed.has_trainer, "checkpoint '", latest_,
              "': has no optimizer or trainer state, so it cannot be resumed");
     s->config = RunConfig::from_json(resumed.config);
-    s->config.run.steps = opts_.config.run.steps;  // --steps is the total; the rest comes from the run
-    s->config.run.device = opts_.config.run.device;  // but where it runs is this process's choice
-    s->config.run.skip_nonfinite = opts_.config.run.skip_nonfinite;  // as is what to do on divergence
-    s->config.run.max_skipped_steps = opts_.config.run.max_skipped_steps;
-    s->config.schedule.total = s->config.run.steps;
+    apply_resume_options(*s);
   } else {
     s->config = resolve(opts_.config);
   }
   const Device device = Device::parse(s->config.run.device);
   backend_for(device);  // fails early and clearly when the device is unavailable
-  if (!device.is_cuda() && s->config.arch == Arch::gpt) {  // (the toy encoder-decoders are far smaller)
-    const nn::GPTConfig& m = s->config.model;
-    const optim::OptimizerOptions& o = s->config.optimizer;
-    const int slots = o.kind == optim::OptimizerKind::sgd ? (o.momentum != 0 ? 1 : 0) : 2;
-    check_memory_fits(estimate_memory(m, s->config.run.batch_size, true, slots), "train",
-                      "lower --emb-dim (now " + std::to_string(m.emb_dim) + "), --n-layers (" + std::to_string(m.n_layers) +
-                          "), --batch-size (" + std::to_string(s->config.run.batch_size) + ") or the context length (" +
-                          std::to_string(m.context_length) + ")");
+  {
+    // A training step's peak (a GPT on the CPU; the toy encoder-decoders are far smaller), and the
+    // evaluation batches, which are all held at once.
+    const RunSettings& run = s->config.run;
+    MemoryEstimate need;
+    std::string advice;
+    if (!device.is_cuda() && s->config.arch == Arch::gpt) {
+      const nn::GPTConfig& m = s->config.model;
+      const optim::OptimizerOptions& o = s->config.optimizer;
+      const int slots = o.kind == optim::OptimizerKind::sgd ? (o.momentum != 0 ? 1 : 0) : 2;
+      need = estimate_memory(m, run.batch_size, true, slots);
+      advice = "lower --emb-dim (now " + std::to_string(m.emb_dim) + "), --n-layers (" + std::to_string(m.n_layers) +
+               "), --batch-size (" + std::to_string(run.batch_size) + "), the context length (" +
+               std::to_string(m.context_length) + ") or ";
+    }
+    need.data = estimate_batches_memory(run.eval_batches, run.batch_size, s->config.batch_tokens());
+    check_memory_fits(need, "train", advice + "--eval-batches (now " + std::to_string(run.eval_batches) + ")");
   }
   s->task = s->config.make_task();
   manual_seed(s->config.run.seed);
@@ -170,6 +280,7 @@ std::unique_ptr<Trainer::Session> Trainer::start() {
   if (opts_.resume) {
     s->opt->load_state(resumed.optimizer_state, resumed.optimizer_steps, "checkpoint '" + latest_ + "'");
     s->state = resumed.trainer;
+    s->good_checkpoint_step = s->state.step;
     default_generator().set_state(s->state.rng_seed, s->state.rng_offset);
   }
   s->params = s->model->parameters();
@@ -177,24 +288,65 @@ std::unique_ptr<Trainer::Session> Trainer::start() {
   return s;
 }
 
+// The checkpoint's config, with what this process was told: a told option that fixes the model, task
+// or data must agree (every difference in one ResumeMismatch), one that may change replaces the
+// checkpoint's; every change is logged.
+void Trainer::apply_resume_options(Session& s) const {
+  const RunConfig& ours = opts_.config;
+  const Arch arch = s.config.arch;
+  const auto told = [&](const std::string& option) {
+    return std::find(opts_.told.begin(), opts_.told.end(), option) != opts_.told.end();
+  };
+  std::string differences, changes;
+  for (const ResumeSetting& r : resume_settings()) {
+    if (!told(r.option) && !always_applied(r.option)) continue;
+    if (std::string(r.option) == "--context-length" && ours.model.context_length == 0) continue;  // (the task's need)
+    const std::string mine = r.value(ours, arch), theirs = r.value(s.config, arch);
+    if (mine == theirs) continue;
+    if (!r.apply) {
+      differences += std::string(differences.empty() ? "" : "; ") + r.option + " " + mine + " differs from the checkpoint's " + theirs;
+      continue;
+    }
+    r.apply(s.config, ours);
+    if (!always_applied(r.option) || told(r.option))
+      changes += std::string(changes.empty() ? "" : ", ") + r.option + " " + mine + " (was " + theirs + ")";
+  }
+  if (!differences.empty())
+    throw ResumeMismatch("train --resume: " + differences + ". These are fixed by '" + latest_ +
+                         "'; leave them out to continue it, or train a new run into another --out");
+  s.config.run.validate();
+  if (!changes.empty()) log("resume: changed " + changes);
+}
+
 // The error that ends a diverged run: what happened at which step, what is kept, what to try.
-void Trainer::diverged(const Session& s, int64_t step, const std::string& what) const {
+void Trainer::diverged(const Session& s, int64_t step, const std::string& what, bool nonfinite) const {
   const RunConfig& c = s.config;
   std::ostringstream os;
   os << "train: step " << step << " diverged: " << what << ". Nothing was saved for it; ";
-  if (fs::exists(latest_)) os << "'" << latest_ << "' (the last good checkpoint) is untouched";
-  else os << "no checkpoint had been written yet";
-  os << ". Try a lower --lr (now " << c.optimizer.lr << "), ";
+  if (s.good_checkpoint_step >= 0)
+    os << "'" << latest_ << "' (the last good checkpoint, step " << s.good_checkpoint_step << ") is untouched";
+  else os << "no checkpoint of this run had been written yet";
+  os << ". Try a lower --lr (now " << c.optimizer.lr << ")" << (nonfinite ? ", " : " or ");
   os << (c.run.grad_clip > 0 ? "a lower --grad-clip (now " + fmt(c.run.grad_clip, 2) + ")" : std::string("--grad-clip 1"));
-  os << ", or --skip-nonfinite to skip such steps";
+  if (nonfinite) os << ", or --skip-nonfinite to skip such steps";
   HL_FAIL(os.str());
 }
 
-// A finite loss and gradient can still step a parameter to inf: checked before anything is evaluated
-// or written, so a model with a NaN or inf is never logged as a result or saved.
+// A finite loss and gradient can still step a parameter to inf, or grow it without bound: checked
+// before anything is evaluated or written, so a model with a NaN, an inf or a parameter past
+// kMaxParameter is never logged as a result or saved. (A copy of every parameter to the host: done at
+// the evaluation and save steps only, not every step.)
 void Trainer::check_parameters(const Session& s) const {
-  for (const auto& [name, p] : s.model->named_parameters())
+  for (const auto& [name, p] : s.model->named_parameters()) {
     if (!p.all_finite()) diverged(s, s.state.step, "parameter '" + name + "' holds NaN or inf after the optimizer step");
+    const Tensor host = p.detach().to(kCPU).to(DType::f32).contiguous();
+    const float* v = host.data<float>();
+    double largest = 0;
+    for (int64_t i = 0; i < host.numel(); ++i) largest = std::max(largest, static_cast<double>(std::fabs(v[i])));
+    if (largest > kMaxParameter)
+      diverged(s, s.state.step, "parameter '" + name + "' holds a value of magnitude " + fmt_value(largest) +
+                                    ", more than " + fmt_value(kMaxParameter), false);
+  }
 }
 
 // Writes checkpoint-<step>.h5 and checkpoint.h5 and drops numbered ones beyond keep_last.
@@ -214,6 +366,8 @@ std::string Trainer::save(Session& s) const {
   const std::string numbered = (fs::path(opts_.out) / ("checkpoint-" + std::to_string(s.state.step) + ".h5")).string();
   io::save_checkpoint(numbered, ck);
   io::save_checkpoint(latest_, ck);
+  s.good_checkpoint_step = s.state.step;
+  s.wrote_checkpoint = true;
   prune_history(opts_.out, s.config.run.keep_last);
   return numbered;
 }
@@ -278,6 +432,7 @@ void Trainer::evaluate_and_log(Session& s, double lr, bool tty) {
                           ev.token_accuracy, ev.has_exact_match ? ev.exact_match : 0.0, lr, s.last_norm, s.rate};
   s.state.metrics.push_back(row);
   write_metrics_csv((fs::path(opts_.out) / "metrics.csv").string(), s.state.metrics);
+  s.wrote_metrics = true;
   if (tty) std::cout << "\n";
   std::ostringstream os;
   os << "eval step " << s.state.step << ": train loss " << fmt(row.train_loss) << "  val loss " << fmt(ev.loss)
@@ -293,11 +448,13 @@ void Trainer::evaluate_and_log(Session& s, double lr, bool tty) {
 TrainResult Trainer::run() {
   Collectives& comm = *opts_.comm;
   const bool writer = comm.rank() == 0;  // rank 0 alone evaluates and writes files
+  io::FolderLock lock;  // rank 0's, on the output folder, until the run ends
   if (writer) {
     std::error_code ec;
     fs::create_directories(opts_.out, ec);
     HL_CHECK(!ec && fs::is_directory(opts_.out), "train: cannot create output folder '", opts_.out, "': ",
              ec ? ec.message() : std::string("not a folder"));
+    lock = io::FolderLock(opts_.out, "train");  // before anything in it is touched, the stale temp files included
     for (const std::string& f : io::remove_stale_temp_files(opts_.out))
       log("removed " + f + ", a temporary file left by a writer that no longer runs");
   }
@@ -374,6 +531,9 @@ TrainResult Trainer::run() {
       log("step " + std::to_string(s.state.step + 1) + ": " + what + ": skipped (" + std::to_string(s.skipped_in_a_row) +
           " in a row)");
     } else {
+      const std::string spike =
+          loss_spike(loss_value, s.state.metrics, s.state.step + 1, s.config.schedule.warmup, s.task->vocab_size());
+      if (!spike.empty()) diverged(s, s.state.step + 1, spike, false);
       s.skipped_in_a_row = 0;
       s.last_norm = norm;
       s.opt->step();
@@ -438,8 +598,15 @@ TrainResult Trainer::run() {
     os << "data parallel: rank 0 spent " << fmt(s.allreduce_seconds, 2) << " s ("
        << fmt(100 * s.allreduce_seconds / std::max(result.seconds, 1e-9), 1)
        << "%) in the gradient allreduce, waiting for the slowest rank included\n";
-  os << "wrote " << latest_ << " (history: checkpoint-<step>.h5, last " << run.keep_last << " kept) and "
-     << (fs::path(opts_.out) / "metrics.csv").string();
+  const std::string metrics = (fs::path(opts_.out) / "metrics.csv").string();
+  if (s.wrote_checkpoint)
+    os << "wrote " << latest_ << " (history: checkpoint-<step>.h5, last " << run.keep_last << " kept)"
+       << (s.wrote_metrics ? " and " + metrics : std::string());
+  else if (s.wrote_metrics)
+    os << "wrote " << metrics << "; no checkpoint (no step reached --save-every " << run.save_every << ")";
+  else
+    os << "wrote no checkpoint and no metrics (no step reached --save-every " << run.save_every << " or --eval-every "
+       << run.eval_every << ")";
   log(os.str());
   return result;
 }

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "io/checkpoint.h"
 #include "train/collectives.h"
@@ -27,7 +28,32 @@ struct TrainOptions {
   // those rows get in a single process), gradients are summed over the ranks, every rank steps the same
   // optimizer state, and rank 0 alone prints, evaluates and writes files.
   std::shared_ptr<Collectives> comm;
+  // On resume, the command-line options the user gave ("--lr", "--emb-dim"): a given option that fixes
+  // the model, the task or the data must agree with the checkpoint (ResumeMismatch otherwise); a given
+  // option that may change (learning rate and schedule, cadences, gradient clipping) replaces the
+  // checkpoint's, and the run says so. --steps, --device and the --skip-nonfinite settings are always
+  // this process's. Empty (a library caller): the checkpoint decides everything else.
+  std::vector<std::string> told;
 };
+
+// A --resume whose options contradict the checkpoint's model, task or data; the message names every
+// difference. (headlab train exits 2 on it: a usage error, nothing was run.)
+class ResumeMismatch : public Error {
+ public:
+  using Error::Error;
+};
+
+// Divergence without a NaN. A parameter whose magnitude passes kMaxParameter stops the run: the models
+// here start at |w| ~ 0.02 and healthy training keeps weights O(1) (weight decay pulls them in), so 1e6
+// is five orders of magnitude past any healthy weight, yet 32 orders below float32's overflow: a
+// run growing its weights to 1e30 is stopped long before it reaches inf, and never saved.
+inline constexpr double kMaxParameter = 1e6;
+// A loss spike: once past the warm-up, with at least 3 logged train losses (metrics rows), a step's
+// loss above both 10 x the median of the last (up to) 50 logged train losses and ln(vocab_size), the
+// loss of a uniform guess (so a near-perfect model's 0.001 -> 0.05 is no divergence). "" when the step
+// is fine, otherwise what happened, for the message.
+std::string loss_spike(double loss, const std::vector<io::MetricRow>& logged, int64_t step, int64_t warmup,
+                       int64_t vocab_size);
 
 struct TrainResult {
   int64_t steps_done = 0;
@@ -50,9 +76,11 @@ class Trainer {
  private:
   struct Session;  // the model, optimizer and state of one run
   std::unique_ptr<Session> start();
+  void apply_resume_options(Session& s) const;
   void check_parameters(const Session& s) const;
   std::string save(Session& s) const;
-  [[noreturn]] void diverged(const Session& s, int64_t step, const std::string& what) const;
+  // nonfinite: a NaN or inf, which --skip-nonfinite could skip (advised only then)
+  [[noreturn]] void diverged(const Session& s, int64_t step, const std::string& what, bool nonfinite = true) const;
   void evaluate_and_log(Session& s, double lr, bool tty);
   void log(const std::string& line) const;
   // Data parallelism: sums every gradient and `extra` over the ranks; checks the ranks hold one model.

@@ -1,0 +1,417 @@
+// What a hostile user found, each checked against the real `headlab` binary (or the library where a
+// child process is not needed): one writer per output folder; inputs that are not regular files refused
+// instead of opened (a FIFO blocked forever); --resume refusing options that contradict the checkpoint
+// and applying the ones that may change; divergence without a NaN; messages that claim only what was
+// written; sizes the machine cannot hold refused before anything is allocated.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "base/input_path.h"
+#include "io/checkpoint.h"
+#include "io/folder_lock.h"
+#include "tests/core_test_util.h"
+#include "tests/process_util.h"
+#include "train/trainer.h"
+
+namespace fs = std::filesystem;
+using namespace headlab;
+using headlab::testing::error_of;
+using headlab::testing::run_process;
+using headlab::testing::slurp;
+using Result = headlab::testing::ProcessResult;
+
+extern char** environ;
+
+namespace {
+
+const std::string kBinary = std::string(HEADLAB_BINARY_DIR) + "/headlab";
+
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+class ReliabilityTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { ASSERT_TRUE(fs::exists(kBinary)) << kBinary << " is not built (target headlab_cli)"; }
+  std::string path(const std::string& name) const { return tmp_.path(name); }
+  // The binary with these arguments, one thread, under a time limit: a hang ends as exit code 124.
+  Result headlab(const std::vector<std::string>& args, int seconds = 60) const {
+    std::vector<std::string> argv{kBinary};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return run_process(argv, tmp_.dir(), "OMP_NUM_THREADS=1 timeout " + std::to_string(seconds));
+  }
+  // A tiny reverse run (emb 16, batch 8) of `steps` steps into `out`, every step logged and evaluated.
+  void train_tiny(const std::string& out, int64_t steps, std::vector<std::string> extra = {}) const {
+    std::vector<std::string> args{"train", "--out", out, "--steps", std::to_string(steps), "--emb-dim", "16",
+                                  "--batch-size", "8", "--eval-batches", "1", "--eval-every", "1", "--warmup", "0"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const Result r = headlab(args);
+    ASSERT_EQ(r.code, 0) << r.err;
+  }
+  headlab::testing::TempDir tmp_{"reliability_test"};
+};
+
+// The pid in a folder's lock file ("" when empty or absent).
+std::string lock_holder(const std::string& dir) { return slurp(dir + "/" + io::FolderLock::file_name()); }
+
+// ---- one writer per folder ------------------------------------------------------------------------
+
+TEST_F(ReliabilityTest, FolderLockRefusesASecondHolderAndIsTakenOverOnceReleased) {
+  const std::string dir = path("out");
+  fs::create_directories(dir);
+  {
+    const io::FolderLock first(dir, "train");
+    EXPECT_TRUE(first.held());
+    EXPECT_EQ(lock_holder(dir), std::to_string(::getpid()));
+    // (flock conflicts between two open file descriptions even in one process)
+    EXPECT_EQ(error_of([&] { io::FolderLock second(dir, "ablate"); }),
+              "ablate: '" + dir + "' is in use by headlab process " + std::to_string(::getpid()) +
+                  "; wait for it or choose another --out");
+  }
+  const io::FolderLock again(dir, "train");  // released with the first: taken at once
+  EXPECT_TRUE(again.held());
+}
+
+// A process that dies holding the lock (no destructor runs) leaves its pid in the file; the kernel has
+// dropped the flock, so the next run takes it over and writes its own pid.
+TEST_F(ReliabilityTest, TheLockOfADeadProcessIsTakenOver) {
+  const std::string dir = path("out");
+  fs::create_directories(dir);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    try {
+      io::FolderLock held(dir, "train");
+      ::_exit(0);  // dies holding it
+    } catch (...) {
+      ::_exit(1);
+    }
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_EQ(lock_holder(dir), std::to_string(child)) << "the dead process's pid is left in the file";
+  const io::FolderLock mine(dir, "train");
+  EXPECT_EQ(lock_holder(dir), std::to_string(::getpid()));
+}
+
+// Every command that writes into a folder refuses one another process holds, naming that process,
+// and writes nothing there.
+TEST_F(ReliabilityTest, EveryWritingCommandRefusesAFolderInUse) {
+  train_tiny(path("run"), 2);
+  const std::string ck = path("run/checkpoint.h5"), busy = path("busy");
+  fs::create_directories(busy);
+  const io::FolderLock held(busy, "test");
+  const std::string holder = "is in use by headlab process " + std::to_string(::getpid()) +
+                             "; wait for it or choose another --out";
+  const std::vector<std::pair<std::string, std::vector<std::string>>> commands = {
+      {"train", {"train", "--out", busy, "--steps", "2", "--emb-dim", "16"}},
+      {"ablate", {"ablate", ck, "--out", busy, "--batches", "1"}},
+      {"heads", {"heads", ck, "--out", busy, "--batches", "1"}},
+      {"attention", {"attention", ck, "--prompt", "1234", "--out", busy}},
+      {"compare", {"compare", "--no-peer-grid", "--heads", "1", "--emb-dim", "8", "--tokens", "4", "--batch", "1",
+                   "--repeats", "1", "--warmup", "0", "--torch-peer", "off", "--out", busy}},
+  };
+  for (const auto& [cmd, args] : commands) {
+    const Result r = headlab(args);
+    EXPECT_EQ(r.code, 1) << cmd << ": " << r.out << r.err;
+    EXPECT_TRUE(contains(r.err, cmd + ": '" + busy + "' " + holder)) << cmd << ": " << r.err;
+  }
+  EXPECT_EQ(fs::directory_iterator(busy)->path().filename(), io::FolderLock::file_name()) << "nothing else written";
+  EXPECT_EQ(std::distance(fs::directory_iterator(busy), fs::directory_iterator()), 1);
+}
+
+// Two real train runs into one folder: the second is refused naming the first's pid; once the first
+// has ended, a third run goes ahead.
+TEST_F(ReliabilityTest, ASecondTrainRunIntoTheSameFolderIsRefused) {
+  const std::string out = path("shared");
+  std::vector<std::string> args{kBinary, "train", "--out", out, "--steps", "100000", "--emb-dim", "16",
+                                "--batch-size", "8", "--eval-batches", "1", "--save-every", "100000", "--eval-every", "100000"};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+  pid_t first = 0;
+  ASSERT_EQ(posix_spawn(&first, kBinary.c_str(), &actions, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&actions);
+  const auto t0 = std::chrono::steady_clock::now();
+  while (lock_holder(out) != std::to_string(first) && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_EQ(lock_holder(out), std::to_string(first)) << "the first run holds the folder";
+  const Result second = headlab({"train", "--out", out, "--steps", "2", "--emb-dim", "16"});
+  ::kill(first, SIGINT);  // it saves a checkpoint and ends
+  int status = 0;
+  ::waitpid(first, &status, 0);
+  EXPECT_EQ(second.code, 1) << second.out << second.err;
+  EXPECT_TRUE(contains(second.err, "train: '" + out + "' is in use by headlab process " + std::to_string(first) +
+                                       "; wait for it or choose another --out"))
+      << second.err;
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 130) << "the first run was interrupted, not disturbed";
+  const Result third = headlab({"train", "--out", out, "--resume", "--steps", std::to_string(
+      io::load_checkpoint(out + "/checkpoint.h5").trainer.step + 1)});
+  EXPECT_EQ(third.code, 0) << third.err;
+}
+
+// ---- input paths ------------------------------------------------------------------------------------
+
+// A FIFO, a folder, a character device and a socket given as a checkpoint or a text file: one line
+// naming the command, the path and what it is, at once (a FIFO blocked open() until the time limit).
+TEST_F(ReliabilityTest, InputsThatAreNotRegularFilesAreRefusedWithoutOpeningThem) {
+  train_tiny(path("run"), 1);
+  const std::string fifo = path("fifo"), sock = path("sock");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0644), 0);
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof addr.sun_path, "%s", sock.c_str());
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const std::vector<std::pair<std::string, std::string>> inputs = {
+      {fifo, "is not a regular file (it is a FIFO)"},
+      {sock, "is not a regular file (it is a socket)"},
+      {"/dev/zero", "is not a regular file (it is a character device)"},
+      {path("run"), "is a folder, not a file"}};
+  for (const auto& [input, what] : inputs) {
+    for (const std::string cmd : {"eval", "inspect", "ablate", "heads"}) {
+      const Result r = cmd == "eval" || cmd == "inspect" ? headlab({cmd, input}, 20)
+                                                         : headlab({cmd, input, "--out", path("o")}, 20);
+      EXPECT_EQ(r.code, 1) << cmd << " " << input << ": " << r.err;
+      EXPECT_TRUE(contains(r.err, cmd + ": checkpoint '" + input + "' " + what)) << cmd << ": " << r.err;
+    }
+    for (const std::string cmd : {"generate", "attention"}) {
+      const Result r = headlab({cmd, input, "--prompt", "12"}, 20);
+      EXPECT_EQ(r.code, 1) << cmd << " " << input << ": " << r.err;
+      EXPECT_TRUE(contains(r.err, cmd + ": checkpoint '" + input + "' " + what)) << cmd << ": " << r.err;
+    }
+  }
+  const Result peer = headlab({"compare", "--no-peer-grid", "--heads", "1", "--emb-dim", "8", "--tokens", "4",
+                               "--batch", "1", "--torch-peer", "on", "--torch-peer-script", fifo, "--out", path("c")},
+                              20);
+  EXPECT_EQ(peer.code, 1) << peer.err;
+  EXPECT_TRUE(contains(peer.err, "compare: --torch-peer-script '" + fifo + "' is not a regular file (it is a FIFO)"))
+      << peer.err;
+  // --text: the task says which file, as for a missing one
+  const Result text = headlab({"train", "--task", "chars", "--text", fifo, "--steps", "1", "--out", path("t")}, 20);
+  EXPECT_EQ(text.code, 1) << text.err;
+  EXPECT_TRUE(contains(text.err, "text file '" + fifo + "' is not a regular file (it is a FIFO)")) << text.err;
+  // The library's readers: an error, not a hang.
+  const auto child = headlab::testing::run_in_child([&] { io::load_checkpoint(fifo); });
+  EXPECT_TRUE(child.error) << child.abnormal;
+  EXPECT_TRUE(contains(child.message, "checkpoint '" + fifo + "': is not a regular file (it is a FIFO)")) << child.message;
+  ::close(fd);
+}
+
+TEST_F(ReliabilityTest, InputPathHelperNamesWhatThePathIs) {
+  const std::string file = path("f.txt"), dir = path("d");
+  std::ofstream(file) << "x";
+  fs::create_directories(dir);
+  EXPECT_EQ(not_a_file_reason(file), "");
+  EXPECT_EQ(not_a_file_reason(path("missing")), "does not exist");
+  EXPECT_EQ(not_a_file_reason(path("f.txt/below")), "does not exist");
+  EXPECT_EQ(not_a_file_reason(dir), "is a folder, not a file");
+  EXPECT_EQ(error_of([&] { check_input_file(path("missing"), "eval: checkpoint", true); }), "<no error>")
+      << "missing_ok: the reader reports it";
+  EXPECT_EQ(error_of([&] { check_input_file(path("missing"), "eval: checkpoint"); }),
+            "eval: checkpoint '" + path("missing") + "' does not exist");
+  EXPECT_EQ(error_of([&] { check_input_file("/dev/null", "eval: checkpoint"); }),
+            "eval: checkpoint '/dev/null' is not a regular file (it is a character device)");
+  EXPECT_EQ(error_of([&] { check_input_folder(dir, "x:"); }), "<no error>");
+  EXPECT_EQ(error_of([&] { check_input_folder(file, "x:"); }), "x: '" + file + "' is not a folder (it is a file)");
+  EXPECT_EQ(error_of([&] { check_input_folder(path("missing"), "x:"); }), "x: '" + path("missing") + "' does not exist");
+}
+
+// ---- --resume -------------------------------------------------------------------------------------
+
+TEST_F(ReliabilityTest, ResumeRefusesOptionsThatContradictTheCheckpoint) {
+  const std::string out = path("r");
+  train_tiny(out, 3);
+  const std::string before = slurp(out + "/checkpoint.h5");
+  const Result r = headlab({"train", "--resume", "--out", out, "--steps", "6", "--emb-dim", "32", "--task", "copy",
+                            "--n-layers", "2", "--batch-size", "4", "--seed", "7"});
+  EXPECT_EQ(r.code, 2) << r.out << r.err;
+  for (const char* part : {"train --resume: ", "--emb-dim 32 differs from the checkpoint's 16",
+                           "--task copy differs from the checkpoint's reverse",
+                           "--batch-size 4 differs from the checkpoint's 8", "--seed 7 differs from the checkpoint's 1"})
+    EXPECT_TRUE(contains(r.err, part)) << part << "\n" << r.err;
+  EXPECT_FALSE(contains(r.err, "--n-layers")) << "2 layers is what the checkpoint has\n" << r.err;
+  EXPECT_EQ(slurp(out + "/checkpoint.h5"), before) << "nothing was run";
+  // Told, but equal to the checkpoint's: no difference.
+  const Result same = headlab({"train", "--resume", "--out", out, "--steps", "4", "--emb-dim", "16", "--task", "reverse"});
+  EXPECT_EQ(same.code, 0) << same.err;
+  EXPECT_EQ(io::load_checkpoint(out + "/checkpoint.h5").trainer.step, 4);
+}
+
+// Options that may change are applied (the checkpoint written after resuming holds them) and reported.
+TEST_F(ReliabilityTest, ResumeAppliesAndReportsWhatMayChange) {
+  const std::string out = path("r");
+  train_tiny(out, 3);
+  const Result r = headlab({"train", "--resume", "--out", out, "--steps", "8", "--lr", "0.001", "--eval-every", "4",
+                            "--grad-clip", "0.5", "--save-every", "4"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "resume: changed --lr 0.001 (was 0.003), --grad-clip 0.5 (was 1), --eval-every 4 (was 1), "
+                              "--save-every 4 (was 200), --steps 8 (was 3)"))
+      << r.out;
+  const io::Checkpoint ck = io::load_checkpoint(out + "/checkpoint.h5");
+  const train::RunConfig c = train::RunConfig::from_json(ck.config);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 0.001);
+  EXPECT_DOUBLE_EQ(c.schedule.lr, 0.001);
+  EXPECT_DOUBLE_EQ(c.run.grad_clip, 0.5);
+  EXPECT_EQ(c.run.eval_every, 4);
+  std::vector<int64_t> steps;
+  for (const io::MetricRow& m : ck.trainer.metrics) steps.push_back(m.step);
+  EXPECT_EQ(steps, (std::vector<int64_t>{1, 2, 3, 4, 8})) << "evaluated every 4 steps after the resume";
+  EXPECT_DOUBLE_EQ(ck.trainer.metrics.back().lr, c.schedule.at(7)) << "the schedule from the new peak";
+  EXPECT_TRUE(fs::exists(out + "/checkpoint-4.h5"));
+}
+
+// ---- divergence ---------------------------------------------------------------------------------------
+
+TEST_F(ReliabilityTest, LossSpikeRule) {
+  auto rows = [](std::vector<double> losses) {
+    std::vector<io::MetricRow> r;
+    for (size_t i = 0; i < losses.size(); ++i) r.push_back(io::MetricRow{int64_t(i + 1), losses[i]});
+    return r;
+  };
+  const int64_t V = 14;  // ln 14 = 2.64
+  EXPECT_EQ(train::loss_spike(30, rows({2.0, 2.0, 2.0}), 10, 0, V).substr(0, 8), "loss 30,");
+  EXPECT_EQ(train::loss_spike(30, rows({2.0, 2.0, 2.0}), 10, 10, V), "") << "within the warm-up";
+  EXPECT_EQ(train::loss_spike(30, rows({2.0, 2.0}), 10, 0, V), "") << "too few logged losses";
+  EXPECT_EQ(train::loss_spike(19, rows({2.0, 2.0, 2.0}), 10, 0, V), "") << "below 10 x the median";
+  EXPECT_EQ(train::loss_spike(0.5, rows({0.001, 0.001, 0.001}), 10, 0, V), "")
+      << "a near-perfect model's noise is below a uniform guess";
+  EXPECT_NE(train::loss_spike(3.0, rows({0.001, 0.001, 0.001}), 10, 0, V), "");
+  // The median of the last 50: 60 rows of 100 then 50 of 1.
+  std::vector<double> many(60, 100.0);
+  many.insert(many.end(), 50, 1.0);
+  EXPECT_TRUE(contains(train::loss_spike(11, rows(many), 200, 0, V), "the median 1 of the last 50 logged"));
+}
+
+// A learning rate raised on resume blows the loss up without a NaN: the run stops at that step, and the
+// checkpoint it resumed from stays the last one.
+TEST_F(ReliabilityTest, ALossSpikeStopsTheRunAndNothingIsSavedAfterIt) {
+  const std::string out = path("s");
+  train_tiny(out, 10, {"--optimizer", "sgd", "--lr", "0.1", "--grad-clip", "0"});
+  const std::string before = slurp(out + "/checkpoint.h5");
+  const Result r = headlab({"train", "--resume", "--out", out, "--steps", "50", "--lr", "30", "--eval-every", "100"});
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err, " diverged: loss ")) << r.err;
+  EXPECT_TRUE(contains(r.err, "more than 10 x the median")) << r.err;
+  EXPECT_TRUE(contains(r.err, "'" + out + "/checkpoint.h5' (the last good checkpoint, step 10) is untouched")) << r.err;
+  EXPECT_FALSE(contains(r.err, "--skip-nonfinite")) << "skipping does not apply to a finite loss";
+  EXPECT_EQ(slurp(out + "/checkpoint.h5"), before);
+  EXPECT_FALSE(fs::exists(out + "/checkpoint-11.h5"));
+}
+
+// Weights growing towards 1e30 without a NaN: stopped at the first check past 1e6, nothing saved for it.
+TEST_F(ReliabilityTest, AParameterPastTheLimitStopsTheRun) {
+  const std::string out = path("p");
+  const Result r = headlab({"train", "--out", out, "--steps", "200", "--optimizer", "sgd", "--lr", "30", "--warmup", "0",
+                            "--grad-clip", "0", "--eval-every", "2", "--save-every", "2", "--emb-dim", "16",
+                            "--batch-size", "8", "--eval-batches", "1"});
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err, "holds a value of magnitude ")) << r.err;
+  EXPECT_TRUE(contains(r.err, ", more than 1e+06")) << r.err;
+  for (const auto& e : fs::directory_iterator(out)) {
+    if (e.path().extension() != ".h5") continue;
+    for (const auto& [name, t] : io::load_checkpoint(e.path().string()).model) {
+      const Tensor f = t.to(DType::f32).contiguous();
+      for (int64_t i = 0; i < f.numel(); ++i)
+        ASSERT_LE(std::fabs(f.data<float>()[i]), train::kMaxParameter) << e.path() << " " << name;
+    }
+  }
+}
+
+// eval of a checkpoint whose loss is not finite says so and fails.
+TEST_F(ReliabilityTest, EvalOfADivergedCheckpointFails) {
+  train_tiny(path("e"), 1);
+  io::Checkpoint ck = io::load_checkpoint(path("e/checkpoint.h5"));
+  for (auto& [name, t] : ck.model) {
+    Tensor bad = t.to(DType::f32).contiguous();
+    for (int64_t i = 0; i < bad.numel(); ++i) bad.data<float>()[i] = std::nanf("");
+    t = bad;
+  }
+  io::save_checkpoint(path("e/nan.h5"), ck);
+  const Result r = headlab({"eval", path("e/nan.h5")});
+  EXPECT_EQ(r.code, 1) << r.out << r.err;
+  EXPECT_TRUE(contains(r.err, "eval: the model's loss on the validation data is nan: the checkpoint holds a diverged model"))
+      << r.err;
+  EXPECT_FALSE(contains(r.out, "val loss")) << r.out;
+}
+
+// ---- messages -----------------------------------------------------------------------------------------
+
+// Interrupted before any evaluation: the checkpoint is saved and said so; metrics.csv was not written
+// and is not claimed.
+TEST_F(ReliabilityTest, AnInterruptedRunClaimsOnlyWhatItWrote) {
+  train::TrainOptions o;
+  o.out = path("i");
+  o.config.run.steps = 50;
+  o.config.model.emb_dim = 16;
+  o.config.run.batch_size = 8;
+  o.config.run.eval_every = 40;
+  o.config.run.eval_batches = 1;
+  std::ostringstream captured;
+  std::streambuf* old = std::cout.rdbuf(captured.rdbuf());
+  train::stop_requested() = true;  // a Ctrl-C before the first step
+  const std::string err = error_of([&] { train::Trainer(o).run(); });
+  train::stop_requested() = false;
+  std::cout.rdbuf(old);
+  EXPECT_EQ(err, "<no error>");
+  EXPECT_TRUE(contains(captured.str(), "interrupted: saved " + o.out + "/checkpoint.h5 at step 0")) << captured.str();
+  EXPECT_FALSE(fs::exists(o.out + "/metrics.csv"));
+  EXPECT_FALSE(contains(captured.str(), "metrics.csv")) << captured.str();
+  EXPECT_TRUE(contains(captured.str(), "wrote " + o.out + "/checkpoint.h5")) << captured.str();
+}
+
+// ---- memory -------------------------------------------------------------------------------------------
+
+// Numbers no machine can hold are refused at once with the estimate, not allocated until killed.
+TEST_F(ReliabilityTest, HugeEvaluationAndGenerationSizesAreRefusedBeforeAllocating) {
+  train_tiny(path("m"), 1);
+  const std::string ck = path("m/checkpoint.h5"), huge = "1000000000000000";
+  {
+    std::ofstream text(path("text.txt"));
+    for (int i = 0; i < 20; ++i) text << "the quick brown fox jumps over the lazy dog\n";
+  }
+  {
+    const Result chars = headlab({"train", "--task", "chars", "--text", path("text.txt"), "--steps", "1", "--emb-dim",
+                                  "16", "--batch-size", "2", "--context-length", "8", "--eval-batches", "1", "--out",
+                                  path("c")});
+    ASSERT_EQ(chars.code, 0) << chars.err;
+  }
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"eval", ck, "--batches", huge}, "lower --batches (now " + huge + ")"},
+      {{"ablate", ck, "--batches", huge, "--out", path("a")}, "lower --batches (now " + huge + ")"},
+      {{"heads", ck, "--batch-size", huge, "--batches", "1", "--out", path("h")}, "--batch-size (now " + huge + ")"},
+      {{"generate", path("c/checkpoint.h5"), "--prompt", "the", "--max-new-tokens", huge},
+       "lower --max-new-tokens (now " + huge + ")"},
+      {{"attention", ck, "--prompt", "1234", "--max-new-tokens", huge, "--out", path("t")},
+       "lower --max-new-tokens (now " + huge + ")"},
+      {{"train", "--out", path("tr"), "--eval-batches", huge, "--steps", "1"}, "--eval-batches (now " + huge + ")"},
+  };
+  for (const auto& [args, advice] : cases) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const Result r = headlab(args, 30);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(r.code, 1) << args[0] << ": " << r.err;
+    EXPECT_TRUE(contains(r.err, args[0] + ": needs about ")) << r.err;
+    EXPECT_TRUE(contains(r.err, "this machine has available")) << r.err;
+    EXPECT_TRUE(contains(r.err, advice)) << advice << "\n" << r.err;
+    EXPECT_FALSE(contains(r.err, "internal error")) << r.err;
+    EXPECT_LT(s, 15.0) << args[0];
+  }
+}
+
+}  // namespace

@@ -10,7 +10,6 @@
 #include <array>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <queue>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -118,54 +117,68 @@ void BpeTokenizer::Impl::merge_piece(std::string_view piece, std::vector<int64_t
       return;
     }
   }
-  std::vector<int32_t> id(n);
-  std::vector<int32_t> next(n), prev(n);  // linked list over live symbols; -1 ends it
+  // Scratch arrays reused across calls on this thread: a new word costs no allocation.
+  struct Candidate {
+    int32_t rank, left, left_id, right_id;
+    bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
+  };
+  struct Scratch {
+    std::vector<int32_t> id, next, prev, ids;  // (n,) per byte: its symbol's token, the live list's links
+    std::vector<char> dead;
+    std::vector<Candidate> heap, round;
+  };
+  thread_local Scratch s;
+  std::vector<int32_t>& id = s.id;
+  std::vector<int32_t>& next = s.next;
+  std::vector<int32_t>& prev = s.prev;
+  id.resize(n), next.resize(n), prev.resize(n);
+  s.dead.assign(n, 0);
+  s.heap.clear();
   for (size_t i = 0; i < n; ++i) {
     id[i] = byte_id[static_cast<uint8_t>(piece[i])];
     next[i] = i + 1 < n ? static_cast<int32_t>(i + 1) : -1;
     prev[i] = static_cast<int32_t>(i) - 1;
   }
-  struct Candidate {
-    int32_t rank, left, left_id, right_id;
-    bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
-  };
-  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
-  const auto push = [&](int32_t left) {
+  const auto push = [&](int32_t left) {  // the pair starting at symbol `left`, when it is a merge
     if (left < 0 || next[static_cast<size_t>(left)] < 0) return;
     const int32_t a = id[static_cast<size_t>(left)], b = id[static_cast<size_t>(next[static_cast<size_t>(left)])];
     const auto it = merges.find(pair_key(a, b));
-    if (it != merges.end()) heap.push({it->second.rank, left, a, b});
+    if (it == merges.end()) return;
+    s.heap.push_back({it->second.rank, left, a, b});
+    std::push_heap(s.heap.begin(), s.heap.end(), std::greater<>());
+  };
+  const auto pop = [&] {
+    std::pop_heap(s.heap.begin(), s.heap.end(), std::greater<>());
+    const Candidate c = s.heap.back();
+    s.heap.pop_back();
+    return c;
   };
   for (size_t i = 0; i + 1 < n; ++i) push(static_cast<int32_t>(i));
-  std::vector<char> dead(n, 0);
-  std::vector<Candidate> round;
-  while (!heap.empty()) {
-    const int32_t rank = heap.top().rank;
-    round.clear();
-    while (!heap.empty() && heap.top().rank == rank) {
-      round.push_back(heap.top());
-      heap.pop();
-    }
-    for (const Candidate& c : round) {  // by position, left to right
+  while (!s.heap.empty()) {
+    const int32_t rank = s.heap.front().rank;
+    s.round.clear();
+    while (!s.heap.empty() && s.heap.front().rank == rank) s.round.push_back(pop());
+    for (const Candidate& c : s.round) {  // by position, left to right
       const size_t l = static_cast<size_t>(c.left);
-      if (dead[l] || id[l] != c.left_id || next[l] < 0) continue;
+      if (s.dead[l] || id[l] != c.left_id || next[l] < 0) continue;
       const size_t r = static_cast<size_t>(next[l]);
       if (id[r] != c.right_id) continue;  // stale: a neighbour merged first
       id[l] = merges.at(pair_key(c.left_id, c.right_id)).result;
-      dead[r] = 1;
+      s.dead[r] = 1;
       next[l] = next[r];
       if (next[r] >= 0) prev[static_cast<size_t>(next[r])] = static_cast<int32_t>(l);
       push(prev[l]);
       push(static_cast<int32_t>(l));
     }
   }
-  std::vector<int32_t> ids;
+  std::vector<int32_t>& ids = s.ids;
+  ids.clear();
   for (int32_t i = 0; i >= 0; i = next[static_cast<size_t>(i)]) ids.push_back(id[static_cast<size_t>(i)]);
   out.insert(out.end(), ids.begin(), ids.end());
   if (cacheable) {
     std::lock_guard<std::mutex> lock(cache_mutex);
     if (cache.size() >= kMaxCacheEntries) cache.clear();
-    cache.emplace(std::string(piece), std::move(ids));
+    cache.emplace(std::string(piece), ids);
   }
 }
 

@@ -83,7 +83,7 @@ float f16_to_float(uint16_t h) {
     bits = sign | ((exp + 112) << 23) | (mant << 13);  // rebias 15 -> 127
   } else if (mant == 0) {
     bits = sign;  // +-0
-  } else {  // subnormal: mant * 2^-24, exact in float32
+  } else {        // subnormal: mant * 2^-24, exact in float32
     const float v = static_cast<float>(mant) * 0x1p-24f;
     return sign ? -v : v;
   }
@@ -97,7 +97,8 @@ float bf16_to_float(uint16_t b) { return std::bit_cast<float>(static_cast<uint32
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   const ReadOnlyFile file(path);
-  HL_CHECK(file.size >= 8, path, ": ", file.size, " bytes, too short for a safetensors file (8-byte header length first)");
+  HL_CHECK(file.size >= 8, path, ": ", file.size,
+           " bytes, too short for a safetensors file (8-byte header length first)");
   void* map = ::mmap(nullptr, file.size, PROT_READ, MAP_PRIVATE, file.fd, 0);
   const int err = errno;
   HL_CHECK(map != MAP_FAILED, path, ": cannot map the file: ", std::strerror(err));
@@ -136,8 +137,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
       size_t bytes = elem;
       for (const json& d : value["shape"]) {
         int64_t size = -1;
-        HL_CHECK(json_to_integer(d, size) && size >= 0, who, ": shape ", json_text(value["shape"]),
-                 " holds ", json_text(d), ", expected sizes >= 0");
+        HL_CHECK(json_to_integer(d, size) && size >= 0, who, ": shape ", json_text(value["shape"]), " holds ",
+                 json_text(d), ", expected sizes >= 0");
         e.shape.push_back(size);
         HL_CHECK(!__builtin_mul_overflow(bytes, static_cast<size_t>(size), &bytes), who, ": shape ",
                  json_text(value["shape"]), " is too large");
@@ -147,8 +148,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
                    json_to_integer((*off)[1], e.end),
                who, ": expected data_offsets [begin, end], got ", off ? json_text(*off) : std::string("none"));
       HL_CHECK(e.begin <= e.end, who, ": data_offsets [", e.begin, ", ", e.end, "] end before they begin");
-      HL_CHECK(e.end <= data_size, who, ": data_offsets [", e.begin, ", ", e.end, "] reach past the data's ",
-               data_size, " bytes");
+      HL_CHECK(e.end <= data_size, who, ": data_offsets [", e.begin, ", ", e.end, "] reach past the data's ", data_size,
+               " bytes");
       HL_CHECK(e.end - e.begin == bytes, who, ": shape ", shape_str(e.shape), " of ", e.dtype, " is ", bytes,
                " bytes, but data_offsets [", e.begin, ", ", e.end, "] span ", e.end - e.begin);
       const auto [it, fresh] = entries_.emplace(name, std::move(e));
@@ -167,8 +168,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
                "] leave a gap after byte ", at, " of the data");
       at = e->end;
     }
-    HL_CHECK(at == data_size, path, ": the tensors end at byte ", at, " of the data, but the file holds ",
-             data_size, " bytes of data");
+    HL_CHECK(at == data_size, path, ": the tensors end at byte ", at, " of the data, but the file holds ", data_size,
+             " bytes of data");
   } catch (...) {
     ::munmap(const_cast<std::byte*>(map_), map_size_);
     throw;
@@ -180,8 +181,12 @@ SafetensorsFile::~SafetensorsFile() {
 }
 
 SafetensorsFile::SafetensorsFile(SafetensorsFile&& o) noexcept
-    : path_(std::move(o.path_)), map_(std::exchange(o.map_, nullptr)), map_size_(std::exchange(o.map_size_, 0)),
-      data_start_(o.data_start_), metadata_(std::move(o.metadata_)), entries_(std::move(o.entries_)) {}
+    : path_(std::move(o.path_)),
+      map_(std::exchange(o.map_, nullptr)),
+      map_size_(std::exchange(o.map_size_, 0)),
+      data_start_(o.data_start_),
+      metadata_(std::move(o.metadata_)),
+      entries_(std::move(o.entries_)) {}
 
 SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& o) noexcept {
   if (this != &o) {
@@ -209,8 +214,8 @@ std::span<const std::byte> SafetensorsFile::bytes(const std::string& name) const
 
 Tensor SafetensorsFile::to_float(const std::string& name) const {
   const SafetensorsEntry& e = entry(name);
-  HL_CHECK(e.dtype == "F32" || e.dtype == "F16" || e.dtype == "BF16", path_, ": tensor ", quoted(name),
-           " has dtype ", e.dtype, "; only F32, F16 and BF16 convert to float32");
+  HL_CHECK(e.dtype == "F32" || e.dtype == "F16" || e.dtype == "BF16", path_, ": tensor ", quoted(name), " has dtype ",
+           e.dtype, "; only F32, F16 and BF16 convert to float32");
   Tensor t = Tensor::empty(e.shape);  // (shape...) float32, CPU
   const std::span<const std::byte> src = bytes(name);
   float* dst = t.data<float>();
@@ -238,7 +243,8 @@ SafetensorsModel SafetensorsModel::open(const std::string& path) {
   std::error_code ec;
   std::string file = path;
   if (fs::is_directory(path, ec)) {
-    const fs::path single = fs::path(path) / "model.safetensors", index = fs::path(path) / "model.safetensors.index.json";
+    const fs::path single = fs::path(path) / "model.safetensors",
+                   index = fs::path(path) / "model.safetensors.index.json";
     HL_CHECK(fs::exists(single, ec) || fs::exists(index, ec), path,
              ": holds neither model.safetensors nor model.safetensors.index.json");
     file = (fs::exists(single, ec) ? single : index).string();
@@ -261,9 +267,10 @@ SafetensorsModel SafetensorsModel::open(const std::string& path) {
     HL_CHECK(shard.is_string(), file, ": weight_map's tensor ", quoted(name), " names ", json_text(shard),
              ", expected a shard file name");
     const std::string shard_name = shard.get<std::string>();
-    HL_CHECK(!shard_name.empty() && shard_name.find('/') == std::string::npos && shard_name != "." && shard_name != "..",
-             file, ": weight_map's tensor ", quoted(name), " names ", json_text(shard),
-             ", expected a file name in the index's folder");
+    HL_CHECK(
+        !shard_name.empty() && shard_name.find('/') == std::string::npos && shard_name != "." && shard_name != "..",
+        file, ": weight_map's tensor ", quoted(name), " names ", json_text(shard),
+        ", expected a file name in the index's folder");
     auto it = shard_index.find(shard_name);
     if (it == shard_index.end()) {
       model.files_.emplace_back((folder / shard_name).string());

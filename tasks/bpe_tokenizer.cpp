@@ -42,7 +42,9 @@ struct StringHash {
 };
 using TokenIndex = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
 
-uint64_t pair_key(int32_t a, int32_t b) { return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b); }
+uint64_t pair_key(int32_t a, int32_t b) {
+  return (static_cast<uint64_t>(static_cast<uint32_t>(a)) << 32) | static_cast<uint32_t>(b);
+}
 
 // The UTF-8 of a vocabulary spelling -> the bytes it stands for; the spelling itself when some
 // character is not one of the 256 byte characters (a special token such as <|endoftext|> is all
@@ -195,7 +197,8 @@ void BpeTokenizer::Impl::encode_ordinary(std::string_view text, std::vector<int6
     if (rc < 0) {
       std::array<PCRE2_UCHAR, 256> msg{};
       pcre2_get_error_message(rc, msg.data(), msg.size());
-      HL_FAIL(kWho, ": the pre-tokenizer failed at byte offset ", offset, ": ", reinterpret_cast<const char*>(msg.data()));
+      HL_FAIL(kWho, ": the pre-tokenizer failed at byte offset ", offset, ": ",
+              reinterpret_cast<const char*>(msg.data()));
     }
     const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(match.data);
     HL_CHECK(ov[1] > ov[0], kWho, ": the pre-tokenizer matched nothing at byte offset ", ov[0]);
@@ -242,8 +245,8 @@ BpeTokenizer::BpeTokenizer(std::string_view vocab_json, std::string_view merges_
     int64_t id = -1;
     HL_CHECK(json_to_integer(value, id), vn, ": key ", json_text(key), " has id ", json_text(value),
              ", expected an integer");
-    HL_CHECK(id >= 0 && static_cast<size_t>(id) < n, vn, ": key ", json_text(key), " has id ", id,
-             ", outside 0..", n - 1, " (ids must number the ", n, " tokens)");
+    HL_CHECK(id >= 0 && static_cast<size_t>(id) < n, vn, ": key ", json_text(key), " has id ", id, ", outside 0..",
+             n - 1, " (ids must number the ", n, " tokens)");
     HL_CHECK(!taken[static_cast<size_t>(id)], vn, ": id ", id, " is given to both ",
              json_text(m.spellings[static_cast<size_t>(id)]), " and ", json_text(key));
     HL_CHECK(!key.empty(), vn, ": the empty string is not a token (id ", id, ")");

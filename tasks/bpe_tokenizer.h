@@ -13,7 +13,9 @@
 
 namespace headlab::tasks {
 
-// GPT-2's pre-tokenizer pattern (encoder.py), matched with Unicode categories.
+// GPT-2's pre-tokenizer pattern (encoder.py), matched with Unicode categories. Implementations
+// differ on what \s holds among rare characters: PCRE2 counts U+180E as a space, JavaScript
+// (js-tiktoken, gpt-3-encoder) counts U+FEFF; ids around those two may differ from theirs.
 inline constexpr const char* kGpt2Pattern =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
 inline constexpr const char* kEndOfText = "<|endoftext|>";
@@ -32,8 +34,7 @@ class BpeTokenizer {
   // equal the number of tokens (a model's embedding rows); 0 accepts any.
   BpeTokenizer(std::string_view vocab_json, std::string_view merges_txt, std::string vocab_name = "vocab.json",
                std::string merges_name = "merges.txt", int64_t vocab_size = 0);
-  static BpeTokenizer from_files(const std::string& vocab_path, const std::string& merges_path,
-                                 int64_t vocab_size = 0);
+  static BpeTokenizer from_files(const std::string& vocab_path, const std::string& merges_path, int64_t vocab_size = 0);
   ~BpeTokenizer();
   BpeTokenizer(BpeTokenizer&&) noexcept;
   BpeTokenizer& operator=(BpeTokenizer&&) noexcept;

@@ -59,7 +59,7 @@ std::string small_vocab(const std::vector<std::string>& extra) {
 }
 
 TEST(Gpt2Tokenizer, ByteToUnicodeIsGpt2s) {
-  EXPECT_EQ(tasks::gpt2_byte_to_unicode(' '), U'\u0120');  // "Ġ"
+  EXPECT_EQ(tasks::gpt2_byte_to_unicode(' '), U'\u0120');   // "Ġ"
   EXPECT_EQ(tasks::gpt2_byte_to_unicode('\n'), U'\u010A');  // "Ċ"
   EXPECT_EQ(tasks::gpt2_byte_to_unicode(0), U'\u0100');
   EXPECT_EQ(tasks::gpt2_byte_to_unicode('A'), U'A');
@@ -101,9 +101,10 @@ TEST(Gpt2Tokenizer, TokenStringsAndBytes) {
 // decode(encode(x)) == x, and encode of a text with <|endoftext|> is its parts' ids around 50256.
 TEST(Gpt2Tokenizer, DecodeEncodeRoundTrips) {
   const tasks::BpeTokenizer& tok = gpt2();
-  const std::vector<uint32_t> pool = {'a', 'Z', '0', '7', ' ', ' ', '\t', '\n', '\r', '\'', 's', '!', '.', '<', '|',
-                                      0xE9, 0x301, 0x4E2D, 0x6587, 0x1EC7, 0x131, 0x130, 0x1F600, 0x1F3FD, 0x200D,
-                                      0xA0, 0x3000, 0x663, 0xBD, 0x10FFFF, 0xFFFD, 0x7F, 0x1};
+  const std::vector<uint32_t> pool = {'a',    'Z',    '0',      '7',    ' ',     ' ',     '\t',   '\n',  '\r',
+                                      '\'',   's',    '!',      '.',    '<',     '|',     0xE9,   0x301, 0x4E2D,
+                                      0x6587, 0x1EC7, 0x131,    0x130,  0x1F600, 0x1F3FD, 0x200D, 0xA0,  0x3000,
+                                      0x663,  0xBD,   0x10FFFF, 0xFFFD, 0x7F,    0x1};
   std::mt19937 rng(7);
   for (int trial = 0; trial < 300; ++trial) {
     std::string text;
@@ -136,9 +137,9 @@ TEST(Gpt2Tokenizer, VeryLongPreToken) {
 TEST(Gpt2Tokenizer, InvalidUtf8NamesTheOffset) {
   const tasks::BpeTokenizer& tok = gpt2();
   EXPECT_ERROR(tok.encode("abc\xFF"), "prompt has invalid UTF-8 at byte offset 3 (byte 0xff)");
-  EXPECT_ERROR(tok.encode("caf\xC3"), "at byte offset 3");                         // cut short
-  EXPECT_ERROR(tok.encode("ok \xC0\xAF"), "at byte offset 3");                     // overlong '/'
-  EXPECT_ERROR(tok.encode("\xE4\xB8\xAD\xED\xA0\x80"), "at byte offset 3");        // a surrogate
+  EXPECT_ERROR(tok.encode("caf\xC3"), "at byte offset 3");                   // cut short
+  EXPECT_ERROR(tok.encode("ok \xC0\xAF"), "at byte offset 3");               // overlong '/'
+  EXPECT_ERROR(tok.encode("\xE4\xB8\xAD\xED\xA0\x80"), "at byte offset 3");  // a surrogate
   EXPECT_ERROR(tok.encode("x\xF4\x90\x80\x80", "war.txt"), "war.txt has invalid UTF-8 at byte offset 1");
 }
 
@@ -177,6 +178,8 @@ TEST(Gpt2Tokenizer, MalformedVocabularyIsRefused) {
   };
   EXPECT_ERROR(load("{\"a\": 1"), "my_vocab.json: not JSON");
   EXPECT_ERROR(load("[1, 2]"), "my_vocab.json: expected a JSON object of token -> id, got a array");
+  EXPECT_ERROR(load("{\"a\": " + std::string(100000, '[')),
+               "my_vocab.json: expected an object of token -> id, got values nested 3 deep");
   std::string v = small_vocab({"he"});
   EXPECT_ERROR(load(v, 300), "my_vocab.json: holds 257 tokens, but the model's vocab_size is 300");
   EXPECT_NO_THROW(load(v, 257));
@@ -282,12 +285,13 @@ TEST(Safetensors, RoundTripIsBitwise) {
 
 TEST(Safetensors, HalfAndBfloat16ConvertExactly) {
   TempDir dir;
-  const std::vector<uint16_t> f16 = {0x3C00, 0xC000, 0x7BFF, 0x0001, 0x03FF, 0x0400, 0x7C00, 0xFC00, 0x8000, 0x3555, 0x8001};
-  const std::vector<float> f16_want = {1.0f, -2.0f, 65504.0f, 0x1p-24f, 1023 * 0x1p-24f, 0x1p-14f, INFINITY, -INFINITY,
-                                       -0.0f, 0.333251953125f, -0x1p-24f};
+  const std::vector<uint16_t> f16 = {0x3C00, 0xC000, 0x7BFF, 0x0001, 0x03FF, 0x0400,
+                                     0x7C00, 0xFC00, 0x8000, 0x3555, 0x8001};
+  const std::vector<float> f16_want = {1.0f,     -2.0f,     65504.0f, 0x1p-24f,        1023 * 0x1p-24f, 0x1p-14f,
+                                       INFINITY, -INFINITY, -0.0f,    0.333251953125f, -0x1p-24f};
   const std::vector<uint16_t> bf16 = {0x3F80, 0xC049, 0x7F80, 0x0001, 0xFF7F, 0x8000};
-  const std::vector<float> bf16_want = {1.0f, -3.140625f, INFINITY, std::bit_cast<float>(0x00010000u),
-                                        std::bit_cast<float>(0xFF7F0000u), -0.0f};
+  const std::vector<float> bf16_want = {
+      1.0f, -3.140625f, INFINITY, std::bit_cast<float>(0x00010000u), std::bit_cast<float>(0xFF7F0000u), -0.0f};
   std::string data(reinterpret_cast<const char*>(f16.data()), f16.size() * 2);
   data.append(reinterpret_cast<const char*>(bf16.data()), bf16.size() * 2);
   data.append("\x00\x7E", 2);  // one F16 NaN
@@ -310,12 +314,14 @@ TEST(Safetensors, HalfAndBfloat16ConvertExactly) {
 
 TEST(Safetensors, ShardedIndex) {
   TempDir dir;
-  io::write_safetensors(dir.path("model-00001-of-00002.safetensors"), {{"a", filled({2}, {1, 2})}, {"b", filled({1}, {3})}});
+  io::write_safetensors(dir.path("model-00001-of-00002.safetensors"),
+                        {{"a", filled({2}, {1, 2})}, {"b", filled({1}, {3})}});
   io::write_safetensors(dir.path("model-00002-of-00002.safetensors"), {{"c", filled({1}, {4})}});
   const json index = {{"metadata", {{"total_size", 16}}},
-                      {"weight_map", {{"a", "model-00001-of-00002.safetensors"},
-                                      {"b", "model-00001-of-00002.safetensors"},
-                                      {"c", "model-00002-of-00002.safetensors"}}}};
+                      {"weight_map",
+                       {{"a", "model-00001-of-00002.safetensors"},
+                        {"b", "model-00001-of-00002.safetensors"},
+                        {"c", "model-00002-of-00002.safetensors"}}}};
   write_all(dir.path("model.safetensors.index.json"), index.dump());
   for (const std::string& where : {dir.dir(), dir.path("model.safetensors.index.json")}) {
     const io::SafetensorsModel m = io::SafetensorsModel::open(where);
@@ -343,7 +349,8 @@ TEST(Safetensors, ShardedIndex) {
   EXPECT_ERROR(io::SafetensorsModel::open(index_with({{"weight_map", {{"a", "../x.safetensors"}}}})),
                "expected a file name in the index's folder");
   EXPECT_ERROR(io::SafetensorsModel::open(index_with({{"weight_map", {{"a", 3}}}})), "expected a shard file name");
-  EXPECT_ERROR(io::SafetensorsModel::open(index_with({{"files", json::array()}})), "expected an object with a \"weight_map\"");
+  EXPECT_ERROR(io::SafetensorsModel::open(index_with({{"files", json::array()}})),
+               "expected an object with a \"weight_map\"");
   write_all(dir.path("bad.index.json"), "{not json");
   EXPECT_ERROR(io::SafetensorsModel::open(dir.path("bad.index.json")), "bad.index.json: not JSON");
   TempDir empty;
@@ -373,19 +380,23 @@ TEST(Safetensors, LyingFilesAreRefused) {
   EXPECT_ERROR(open_with(std::string(5000, '[') + std::string(5000, ']'), ""), "nested deeper than");
   EXPECT_ERROR(open_with("{\"t\": 3}", ""), "tensor 't': expected an object");
   EXPECT_ERROR(open_with(one("F17", {2}, {0, 8}), eight), "tensor 't': unknown dtype \"F17\"");
-  EXPECT_ERROR(open_with(R"({"t": {"shape": [2], "data_offsets": [0, 8]}})", eight), "tensor 't': expected a string dtype");
+  EXPECT_ERROR(open_with(R"({"t": {"shape": [2], "data_offsets": [0, 8]}})", eight),
+               "tensor 't': expected a string dtype");
   EXPECT_ERROR(open_with(one("F32", {-2}, {0, 8}), eight), "tensor 't': shape [-2] holds -2");
   EXPECT_ERROR(open_with(one("F32", "2", {0, 8}), eight), "tensor 't': expected a shape");
-  EXPECT_ERROR(open_with(one("F32", {3}, {0, 8}), eight), "tensor 't': shape [3] of F32 is 12 bytes, but data_offsets [0, 8] span 8");
+  EXPECT_ERROR(open_with(one("F32", {3}, {0, 8}), eight),
+               "tensor 't': shape [3] of F32 is 12 bytes, but data_offsets [0, 8] span 8");
   // A claimed size far past the file is refused before anything is allocated.
   EXPECT_ERROR(open_with(one("F32", {1ll << 40, 1ll << 20}, {0, 8}), eight), "tensor 't': shape");
   EXPECT_ERROR(open_with(one("F64", {1ll << 62, 1ll << 62}, {0, 8}), eight), "is too large");
-  EXPECT_ERROR(open_with(one("F32", {2}, {0, 16}), eight), "tensor 't': data_offsets [0, 16] reach past the data's 8 bytes");
+  EXPECT_ERROR(open_with(one("F32", {2}, {0, 16}), eight),
+               "tensor 't': data_offsets [0, 16] reach past the data's 8 bytes");
   EXPECT_ERROR(open_with(one("F32", {0}, {8, 0}), eight), "tensor 't': data_offsets [8, 0] end before they begin");
   EXPECT_ERROR(open_with(one("F32", {2}, {0}), eight), "tensor 't': expected data_offsets [begin, end], got [0]");
   EXPECT_ERROR(open_with(one("F32", {2}, {0, -8}), eight), "expected data_offsets");
   EXPECT_ERROR(open_with(one("F32", {1}, {4, 8}), eight), "tensor 't': data_offsets [4, 8] leave a gap after byte 0");
-  EXPECT_ERROR(open_with(one("F32", {1}, {0, 4}), eight), "the tensors end at byte 4 of the data, but the file holds 8");
+  EXPECT_ERROR(open_with(one("F32", {1}, {0, 4}), eight),
+               "the tensors end at byte 4 of the data, but the file holds 8");
   const json overlap = {{"a", {{"dtype", "F32"}, {"shape", {2}}, {"data_offsets", {0, 8}}}},
                         {"b", {{"dtype", "F32"}, {"shape", {1}}, {"data_offsets", {4, 8}}}}};
   EXPECT_ERROR(open_with(overlap.dump(), eight), "tensor 'b': data_offsets [4, 8] overlap the tensor before it");

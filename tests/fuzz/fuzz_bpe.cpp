@@ -18,9 +18,10 @@ const tasks::BpeTokenizer& small_tokenizer() {
     nlohmann::json vocab = nlohmann::json::object();
     for (int b = 0; b < 256; ++b)
       vocab[tasks::detail::encode_utf8(tasks::gpt2_byte_to_unicode(static_cast<uint8_t>(b)))] = b;
-    const std::string merges = "#version: 0.2\n\xC4\xA0 t\nh e\nt h\nth e\n\xC4\xA0t he\na a\naa a\ni n\n\xC4\xA0 \xC4\xA0\n";
-    const char* results[] = {"\xC4\xA0t", "he", "th", "the", "\xC4\xA0the", "aa", "aaa", "in", "\xC4\xA0\xC4\xA0",
-                             "<|endoftext|>"};
+    const std::string merges =
+        "#version: 0.2\n\xC4\xA0 t\nh e\nt h\nth e\n\xC4\xA0t he\na a\naa a\ni n\n\xC4\xA0 \xC4\xA0\n";
+    const char* results[] = {"\xC4\xA0t",        "he",           "th", "the", "\xC4\xA0the", "aa", "aaa", "in",
+                             "\xC4\xA0\xC4\xA0", "<|endoftext|>"};
     int id = 256;
     for (const char* r : results) vocab[r] = id++;
     return tasks::BpeTokenizer(vocab.dump(), merges);
@@ -41,8 +42,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view bytes(reinterpret_cast<const char*>(data), size);
   try {
     check_round_trip(small_tokenizer(), bytes);
-  } catch (const Error&) {
-  }
+  } catch (const Error&) {}
   const size_t nul = bytes.find('\0');
   const std::string_view vocab = bytes.substr(0, nul);
   const std::string_view merges = nul == std::string_view::npos ? std::string_view() : bytes.substr(nul + 1);
@@ -50,7 +50,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const tasks::BpeTokenizer tok(vocab, merges);
     check_round_trip(tok, "Hello world, the  theaaaa\t<|endoftext|> 東京 🙂\n");
     check_round_trip(tok, merges);
-  } catch (const Error&) {
-  }
+  } catch (const Error&) {}
   return 0;
 }

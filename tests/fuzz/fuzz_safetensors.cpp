@@ -30,15 +30,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::write_file(path, data, size);
   try {
     check_file(path);
-  } catch (const Error&) {
-  }
+  } catch (const Error&) {}
   // As an index: its weight_map may name model.safetensors, the file just written.
   const std::string index = fuzz::scratch_path("model.safetensors.index.json");
   fuzz::write_file(index, data, size);
   try {
     const io::SafetensorsModel m = io::SafetensorsModel::open(index);
     for (const std::string& name : m.names()) m.file_of(name).entry(name);
-  } catch (const Error&) {
-  }
+  } catch (const Error&) {}
   return 0;
 }

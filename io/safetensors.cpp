@@ -1,0 +1,349 @@
+// safetensors reading and writing (see safetensors.h): the header's checks, the read-only mapping
+// that tensors are read from, F16/BF16 -> F32, sharded index files, and the atomic writer.
+#include "io/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "base/json_fields.h"
+#include "io/temp_files.h"
+
+namespace headlab::io {
+
+static_assert(std::endian::native == std::endian::little, "safetensors data is little-endian, read in place");
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr size_t kMaxHeaderBytes = 100u << 20;  // the format's own limit (100 MB)
+constexpr int kMaxJsonDepth = 8;                // a header is 3 deep; deeper is a lie, refused before it costs
+
+// JSON parsed with a depth limit: deeply nested input never reaches nlohmann's recursive code.
+json parse_shallow_json(std::string_view text, const std::string& who) {
+  const json::parser_callback_t limit = [&](int depth, json::parse_event_t, json&) {
+    HL_CHECK(depth <= kMaxJsonDepth, who, ": JSON nested deeper than ", kMaxJsonDepth, " levels");
+    return true;
+  };
+  try {
+    return json::parse(text.begin(), text.end(), limit);
+  } catch (const json::exception& e) {
+    HL_FAIL(who, ": not JSON (", e.what(), ")");
+  }
+}
+
+std::string quoted(const std::string& name) { return "'" + name + "'"; }
+
+// Size of the file at path, its descriptor open read-only.
+struct ReadOnlyFile {
+  int fd = -1;
+  size_t size = 0;
+  explicit ReadOnlyFile(const std::string& path) {
+    fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    const int err = errno;
+    HL_CHECK(fd >= 0, path, ": cannot open: ", std::strerror(err));
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+      ::close(fd);
+      HL_FAIL(path, ": not a regular file");
+    }
+    size = static_cast<size_t>(st.st_size);
+  }
+  ~ReadOnlyFile() { ::close(fd); }
+};
+
+}  // namespace
+
+size_t safetensors_dtype_size(const std::string& dtype) {
+  static const std::map<std::string, size_t> sizes = {
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"I16", 2}, {"U16", 2}, {"F16", 2},
+      {"BF16", 2}, {"I32", 4}, {"U32", 4}, {"F32", 4},     {"F64", 8},     {"I64", 8}, {"U64", 8}};
+  const auto it = sizes.find(dtype);
+  return it == sizes.end() ? 0 : it->second;
+}
+
+float f16_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu;
+  uint32_t bits;
+  if (exp == 0x1F) {
+    bits = sign | 0x7F800000u | (mant << 13);  // inf, NaN (payload kept)
+  } else if (exp != 0) {
+    bits = sign | ((exp + 112) << 23) | (mant << 13);  // rebias 15 -> 127
+  } else if (mant == 0) {
+    bits = sign;  // +-0
+  } else {        // subnormal: mant * 2^-24, exact in float32
+    const float v = static_cast<float>(mant) * 0x1p-24f;
+    return sign ? -v : v;
+  }
+  return std::bit_cast<float>(bits);
+}
+
+float bf16_to_float(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
+
+// ---------------------------------------------------------------------------------------------
+// SafetensorsFile
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  const ReadOnlyFile file(path);
+  HL_CHECK(file.size >= 8, path, ": ", file.size,
+           " bytes, too short for a safetensors file (8-byte header length first)");
+  void* map = ::mmap(nullptr, file.size, PROT_READ, MAP_PRIVATE, file.fd, 0);
+  const int err = errno;
+  HL_CHECK(map != MAP_FAILED, path, ": cannot map the file: ", std::strerror(err));
+  map_ = static_cast<const std::byte*>(map);
+  map_size_ = file.size;
+  try {
+    uint64_t n = 0;
+    std::memcpy(&n, map_, 8);
+    HL_CHECK(n <= file.size - 8, path, ": the header claims ", n, " bytes, but only ", file.size - 8,
+             " follow the length field");
+    HL_CHECK(n <= kMaxHeaderBytes, path, ": the header claims ", n, " bytes, more than the format's 100 MB");
+    data_start_ = 8 + static_cast<size_t>(n);
+    const size_t data_size = map_size_ - data_start_;
+    const json header = parse_shallow_json(
+        std::string_view(reinterpret_cast<const char*>(map_ + 8), static_cast<size_t>(n)), path + ": header");
+    HL_CHECK(header.is_object(), path, ": the header must be a JSON object, got a ", header.type_name());
+
+    std::vector<std::pair<const std::string*, const SafetensorsEntry*>> by_offset;
+    for (const auto& [name, value] : header.items()) {
+      if (name == "__metadata__") {
+        HL_CHECK(value.is_object(), path, ": __metadata__ must be an object of strings, got a ", value.type_name());
+        for (const auto& [key, v] : value.items()) {
+          HL_CHECK(v.is_string(), path, ": __metadata__ key ", quoted(key), " must be a string, got ", json_text(v));
+          metadata_.emplace(key, v.get<std::string>());
+        }
+        continue;
+      }
+      const std::string who = path + ": tensor " + quoted(name);
+      HL_CHECK(value.is_object(), who, ": expected an object {dtype, shape, data_offsets}, got ", json_text(value));
+      SafetensorsEntry e;
+      HL_CHECK(value.contains("dtype") && value["dtype"].is_string(), who, ": expected a string dtype");
+      e.dtype = value["dtype"].get<std::string>();
+      const size_t elem = safetensors_dtype_size(e.dtype);
+      HL_CHECK(elem != 0, who, ": unknown dtype ", json_text(e.dtype));
+      HL_CHECK(value.contains("shape") && value["shape"].is_array(), who, ": expected a shape (a list of sizes)");
+      size_t bytes = elem;
+      for (const json& d : value["shape"]) {
+        int64_t size = -1;
+        HL_CHECK(json_to_integer(d, size) && size >= 0, who, ": shape ", json_text(value["shape"]), " holds ",
+                 json_text(d), ", expected sizes >= 0");
+        e.shape.push_back(size);
+        HL_CHECK(!__builtin_mul_overflow(bytes, static_cast<size_t>(size), &bytes), who, ": shape ",
+                 json_text(value["shape"]), " is too large");
+      }
+      const json* off = value.contains("data_offsets") ? &value["data_offsets"] : nullptr;
+      HL_CHECK(off && off->is_array() && off->size() == 2 && json_to_integer((*off)[0], e.begin) &&
+                   json_to_integer((*off)[1], e.end),
+               who, ": expected data_offsets [begin, end], got ", off ? json_text(*off) : std::string("none"));
+      HL_CHECK(e.begin <= e.end, who, ": data_offsets [", e.begin, ", ", e.end, "] end before they begin");
+      HL_CHECK(e.end <= data_size, who, ": data_offsets [", e.begin, ", ", e.end, "] reach past the data's ", data_size,
+               " bytes");
+      HL_CHECK(e.end - e.begin == bytes, who, ": shape ", shape_str(e.shape), " of ", e.dtype, " is ", bytes,
+               " bytes, but data_offsets [", e.begin, ", ", e.end, "] span ", e.end - e.begin);
+      const auto [it, fresh] = entries_.emplace(name, std::move(e));
+      HL_CHECK(fresh, who, ": appears twice in the header");
+      by_offset.emplace_back(&it->first, &it->second);
+    }
+    // The data must be the tensors back to back, in some order: no gap, no overlap, nothing after.
+    std::sort(by_offset.begin(), by_offset.end(), [](const auto& a, const auto& b) {
+      return a.second->begin != b.second->begin ? a.second->begin < b.second->begin : a.second->end < b.second->end;
+    });
+    size_t at = 0;
+    for (const auto& [name, e] : by_offset) {
+      HL_CHECK(e->begin >= at, path, ": tensor ", quoted(*name), ": data_offsets [", e->begin, ", ", e->end,
+               "] overlap the tensor before it, which ends at ", at);
+      HL_CHECK(e->begin == at, path, ": tensor ", quoted(*name), ": data_offsets [", e->begin, ", ", e->end,
+               "] leave a gap after byte ", at, " of the data");
+      at = e->end;
+    }
+    HL_CHECK(at == data_size, path, ": the tensors end at byte ", at, " of the data, but the file holds ", data_size,
+             " bytes of data");
+  } catch (...) {
+    ::munmap(const_cast<std::byte*>(map_), map_size_);
+    throw;
+  }
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_ != nullptr) ::munmap(const_cast<std::byte*>(map_), map_size_);
+}
+
+SafetensorsFile::SafetensorsFile(SafetensorsFile&& o) noexcept
+    : path_(std::move(o.path_)),
+      map_(std::exchange(o.map_, nullptr)),
+      map_size_(std::exchange(o.map_size_, 0)),
+      data_start_(o.data_start_),
+      metadata_(std::move(o.metadata_)),
+      entries_(std::move(o.entries_)) {}
+
+SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& o) noexcept {
+  if (this != &o) {
+    if (map_ != nullptr) ::munmap(const_cast<std::byte*>(map_), map_size_);
+    path_ = std::move(o.path_);
+    map_ = std::exchange(o.map_, nullptr);
+    map_size_ = std::exchange(o.map_size_, 0);
+    data_start_ = o.data_start_;
+    metadata_ = std::move(o.metadata_);
+    entries_ = std::move(o.entries_);
+  }
+  return *this;
+}
+
+const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
+  const auto it = entries_.find(name);
+  HL_CHECK(it != entries_.end(), path_, ": no tensor ", quoted(name), " (the file has ", entries_.size(), " tensors)");
+  return it->second;
+}
+
+std::span<const std::byte> SafetensorsFile::bytes(const std::string& name) const {
+  const SafetensorsEntry& e = entry(name);
+  return {map_ + data_start_ + e.begin, e.end - e.begin};
+}
+
+Tensor SafetensorsFile::to_float(const std::string& name) const {
+  const SafetensorsEntry& e = entry(name);
+  HL_CHECK(e.dtype == "F32" || e.dtype == "F16" || e.dtype == "BF16", path_, ": tensor ", quoted(name), " has dtype ",
+           e.dtype, "; only F32, F16 and BF16 convert to float32");
+  Tensor t = Tensor::empty(e.shape);  // (shape...) float32, CPU
+  const std::span<const std::byte> src = bytes(name);
+  float* dst = t.data<float>();
+  const size_t n = static_cast<size_t>(t.numel());
+  if (e.dtype == "F32") {
+    if (n > 0) std::memcpy(dst, src.data(), n * sizeof(float));
+    return t;
+  }
+  // The data section need not be 2-byte aligned (the header length is any number): read by memcpy.
+  const bool half = e.dtype == "F16";
+  for (size_t i = 0; i < n; ++i) {
+    uint16_t bits;
+    std::memcpy(&bits, src.data() + 2 * i, 2);
+    dst[i] = half ? f16_to_float(bits) : bf16_to_float(bits);
+  }
+  return t;
+}
+
+// ---------------------------------------------------------------------------------------------
+// SafetensorsModel
+
+SafetensorsModel SafetensorsModel::open(const std::string& path) {
+  SafetensorsModel model;
+  model.path_ = path;
+  std::error_code ec;
+  std::string file = path;
+  if (fs::is_directory(path, ec)) {
+    const fs::path single = fs::path(path) / "model.safetensors",
+                   index = fs::path(path) / "model.safetensors.index.json";
+    HL_CHECK(fs::exists(single, ec) || fs::exists(index, ec), path,
+             ": holds neither model.safetensors nor model.safetensors.index.json");
+    file = (fs::exists(single, ec) ? single : index).string();
+  }
+  if (!file.ends_with(".index.json")) {
+    model.files_.emplace_back(file);
+    for (const auto& [name, e] : model.files_.back().entries()) model.where_.emplace(name, 0);
+    return model;
+  }
+  // A sharded model: the index names each tensor's shard, a file beside it.
+  std::ifstream in(file, std::ios::binary);
+  HL_CHECK(in, file, ": cannot open: ", std::strerror(errno));
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const json index = parse_shallow_json(text, file);
+  HL_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(), file,
+           ": expected an object with a \"weight_map\" object of tensor name -> shard file");
+  const fs::path folder = fs::path(file).parent_path();
+  std::map<std::string, size_t> shard_index;  // shard file name -> index in files_
+  for (const auto& [name, shard] : index["weight_map"].items()) {
+    HL_CHECK(shard.is_string(), file, ": weight_map's tensor ", quoted(name), " names ", json_text(shard),
+             ", expected a shard file name");
+    const std::string shard_name = shard.get<std::string>();
+    HL_CHECK(
+        !shard_name.empty() && shard_name.find('/') == std::string::npos && shard_name != "." && shard_name != "..",
+        file, ": weight_map's tensor ", quoted(name), " names ", json_text(shard),
+        ", expected a file name in the index's folder");
+    auto it = shard_index.find(shard_name);
+    if (it == shard_index.end()) {
+      model.files_.emplace_back((folder / shard_name).string());
+      it = shard_index.emplace(shard_name, model.files_.size() - 1).first;
+    }
+    const SafetensorsFile& f = model.files_[it->second];
+    HL_CHECK(f.contains(name), file, ": weight_map puts tensor ", quoted(name), " in ", shard_name,
+             ", which has no such tensor");
+    model.where_.emplace(name, it->second);
+  }
+  return model;
+}
+
+std::vector<std::string> SafetensorsModel::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, i] : where_) out.push_back(name);
+  return out;
+}
+
+const SafetensorsFile& SafetensorsModel::file_of(const std::string& name) const {
+  const auto it = where_.find(name);
+  HL_CHECK(it != where_.end(), path_, ": no tensor ", quoted(name), " (the model has ", where_.size(), " tensors)");
+  return files_[it->second];
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writer
+
+void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  const std::string who = "write_safetensors '" + path + "'";
+  json header = json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::vector<std::vector<float>> data;
+  size_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    HL_CHECK(!name.empty() && name != "__metadata__", who, ": expected a tensor name, got ", quoted(name));
+    HL_CHECK(!header.contains(name), who, ": tensor ", quoted(name), " is given twice");
+    HL_CHECK(t.defined() && t.dtype() == DType::f32, who, ": tensor ", quoted(name), " must be float32");
+    data.push_back(t.to_vector<float>());
+    const size_t bytes = data.back().size() * sizeof(float);
+    header[name] = {{"dtype", "F32"}, {"shape", t.shape()}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned (readers may map it)
+  const uint64_t n = text.size();
+
+  const std::string tmp = temp_path_for(path);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int err = errno;
+  HL_CHECK(fd >= 0, who, ": cannot create '", tmp, "': ", std::strerror(err));
+  const auto write_all = [&](const void* p, size_t size) {
+    const char* c = static_cast<const char*>(p);
+    while (size > 0) {
+      const ssize_t w = ::write(fd, c, size);
+      if (w < 0 && errno == EINTR) continue;
+      if (w <= 0) return false;
+      c += w;
+      size -= static_cast<size_t>(w);
+    }
+    return true;
+  };
+  bool ok = write_all(&n, 8) && write_all(text.data(), text.size());
+  for (size_t i = 0; ok && i < data.size(); ++i) ok = write_all(data[i].data(), data[i].size() * sizeof(float));
+  ok = ok && ::fsync(fd) == 0;
+  err = errno;
+  ::close(fd);
+  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    if (ok) err = errno;
+    ::unlink(tmp.c_str());
+    HL_FAIL(who, ": cannot write: ", std::strerror(err));
+  }
+}
+
+}  // namespace headlab::io

@@ -15,8 +15,9 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "base/input_path.h"
 #include "base/json_fields.h"
-#include "io/temp_files.h"
+#include "io/atomic_file.h"
 
 namespace headlab::io {
 
@@ -50,6 +51,7 @@ struct ReadOnlyFile {
   int fd = -1;
   size_t size = 0;
   explicit ReadOnlyFile(const std::string& path) {
+    check_input_file(path, "safetensors file");  // a FIFO would block open()
     fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     const int err = errno;
     HL_CHECK(fd >= 0, path, ": cannot open: ", std::strerror(err));
@@ -255,6 +257,7 @@ SafetensorsModel SafetensorsModel::open(const std::string& path) {
     return model;
   }
   // A sharded model: the index names each tensor's shard, a file beside it.
+  check_input_file(file, "safetensors index");
   std::ifstream in(file, std::ios::binary);
   HL_CHECK(in, file, ": cannot open: ", std::strerror(errno));
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -319,31 +322,12 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   text.append((8 - text.size() % 8) % 8, ' ');  // the data starts 8-byte aligned (readers may map it)
   const uint64_t n = text.size();
 
-  const std::string tmp = temp_path_for(path);
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  int err = errno;
-  HL_CHECK(fd >= 0, who, ": cannot create '", tmp, "': ", std::strerror(err));
-  const auto write_all = [&](const void* p, size_t size) {
-    const char* c = static_cast<const char*>(p);
-    while (size > 0) {
-      const ssize_t w = ::write(fd, c, size);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) return false;
-      c += w;
-      size -= static_cast<size_t>(w);
-    }
-    return true;
-  };
-  bool ok = write_all(&n, 8) && write_all(text.data(), text.size());
-  for (size_t i = 0; ok && i < data.size(); ++i) ok = write_all(data[i].data(), data[i].size() * sizeof(float));
-  ok = ok && ::fsync(fd) == 0;
-  err = errno;
-  ::close(fd);
-  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    if (ok) err = errno;
-    ::unlink(tmp.c_str());
-    HL_FAIL(who, ": cannot write: ", std::strerror(err));
-  }
+  AtomicFile file(path, who);
+  file.write(std::string_view(reinterpret_cast<const char*>(&n), 8));
+  file.write(text);
+  for (const std::vector<float>& d : data)
+    file.write(std::string_view(reinterpret_cast<const char*>(d.data()), d.size() * sizeof(float)));
+  file.commit();
 }
 
 }  // namespace headlab::io

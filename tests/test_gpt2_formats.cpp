@@ -345,7 +345,7 @@ TEST(Safetensors, ShardedIndex) {
   EXPECT_ERROR(io::SafetensorsModel::open(index_with({{"weight_map", {{"c", "model-00001-of-00002.safetensors"}}}})),
                "weight_map puts tensor 'c' in model-00001-of-00002.safetensors, which has no such tensor");
   EXPECT_ERROR(io::SafetensorsModel::open(index_with({{"weight_map", {{"a", "missing.safetensors"}}}})),
-               "missing.safetensors: cannot open");
+               "missing.safetensors' does not exist");
   EXPECT_ERROR(io::SafetensorsModel::open(index_with({{"weight_map", {{"a", "../x.safetensors"}}}})),
                "expected a file name in the index's folder");
   EXPECT_ERROR(io::SafetensorsModel::open(index_with({{"weight_map", {{"a", 3}}}})), "expected a shard file name");
@@ -412,8 +412,8 @@ TEST(Safetensors, LyingFilesAreRefused) {
   EXPECT_ERROR(f.to_float("z"), "lie.safetensors: tensor 'z' has dtype I64; only F32, F16 and BF16 convert");
   EXPECT_EQ(f.bytes("z").size(), 8u);
   EXPECT_EQ(f.entry("a").shape, (Shape{2, 0}));
-  EXPECT_ERROR(io::SafetensorsFile(dir.path("absent.safetensors")), "absent.safetensors: cannot open");
-  EXPECT_ERROR(io::SafetensorsFile(dir.dir()), "not a regular file");
+  EXPECT_ERROR(io::SafetensorsFile(dir.path("absent.safetensors")), "absent.safetensors' does not exist");
+  EXPECT_ERROR(io::SafetensorsFile(dir.dir()), "is a folder, not a file");
 }
 
 }  // namespace

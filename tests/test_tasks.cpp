@@ -63,7 +63,7 @@ std::string printable_ascii() {
 }
 
 std::string repo_path(const std::string& rel) {
-  return (std::filesystem::path(__FILE__).parent_path().parent_path() / rel).string();
+  return (std::filesystem::path(HEADLAB_SOURCE_DIR) / rel).string();
 }
 
 }  // namespace

@@ -108,10 +108,10 @@ std::vector<AttentionMaps> attention_maps(nn::EncoderDecoder& model, const std::
                   tensor(std::vector<int64_t>{S}, {1}).to(d));
   }
   const int64_t L = cfg.num_layers;
-  std::vector<AttentionMaps> kinds = {empty_maps("encoder self-attention", L, cfg.num_heads, source, source),
-                                      empty_maps("decoder self-attention", L, cfg.num_heads, decoder_input, decoder_input),
-                                      empty_maps("encoder-decoder (cross) attention", L, cfg.num_heads, decoder_input,
-                                                 source)};
+  std::vector<AttentionMaps> kinds = {
+      empty_maps("encoder self-attention", L, cfg.num_heads, source, source),
+      empty_maps("decoder self-attention", L, cfg.num_heads, decoder_input, decoder_input),
+      empty_maps("encoder-decoder (cross) attention", L, cfg.num_heads, decoder_input, source)};
   for (int64_t i = 0; i < model.attention_count(); ++i) {  // encoder layers, decoder self, cross
     AttentionMaps& m = kinds[static_cast<size_t>(i / L)];
     m.layer_names.push_back(model.attention_label(i));

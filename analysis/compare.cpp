@@ -159,8 +159,8 @@ void attach_torch_peer(CompareResult& r, const std::string& json_line) {
     r.torch_fused = form("fused");
     r.torch_version = j.value("torch", "");
   } catch (const nlohmann::json::exception& e) {
-    HL_FAIL("compare: cannot read the PyTorch peer's output for config '", c.name, "' (", e.what(), "): ",
-            json_line.substr(0, 200));
+    HL_FAIL("compare: cannot read the PyTorch peer's output for config '", c.name, "' (", e.what(),
+            "): ", json_line.substr(0, 200));
   }
 }
 

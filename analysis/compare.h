@@ -33,8 +33,8 @@ struct CompareOptions {
 };
 struct FormMeasurement {
   int64_t params = 0;
-  double flops_forward = 0, flops_backward = 0;  // GEMM FLOPs (2 per multiply-add); f+b = both
-  TimeStats forward, forward_backward;            // forward under no-grad; f+b: loss = sum(y), backward
+  double flops_forward = 0, flops_backward = 0;         // GEMM FLOPs (2 per multiply-add); f+b = both
+  TimeStats forward, forward_backward;                  // forward under no-grad; f+b: loss = sum(y), backward
   int64_t peak_forward = 0, peak_forward_backward = 0;  // bytes: backend peak during the call above what was live
 };
 // The PyTorch eager peer's times for one form of the same config (bench/torch_mha_peer.py).
@@ -44,7 +44,7 @@ struct PeerTimes {
 struct CompareResult {
   CompareConfig config;
   FormMeasurement wrapper, fused;
-  double max_abs_out = 0, max_abs_dx = 0;  // fused vs wrapper, same weights, same input (and dL/dy)
+  double max_abs_out = 0, max_abs_dx = 0;               // fused vs wrapper, same weights, same input (and dL/dy)
   std::optional<PeerTimes> torch_wrapper, torch_fused;  // when the peer ran
   std::string torch_version;
 };

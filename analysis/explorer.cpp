@@ -182,14 +182,22 @@ nlohmann::json kind_json(const AttentionText& k, const std::vector<ExplorerScore
   std::vector<uint8_t> bytes;
   bytes.reserve(maps.weights.size() * 2);
   for (float w : maps.weights) {  // pruned heads (NaN) as 0
-    const auto v = static_cast<uint16_t>(std::isnan(w) ? 0.0 : std::lround(std::clamp<double>(w, 0, 1) * kExplorerWeightScale));
+    const auto v =
+        static_cast<uint16_t>(std::isnan(w) ? 0.0 : std::lround(std::clamp<double>(w, 0, 1) * kExplorerWeightScale));
     bytes.push_back(static_cast<uint8_t>(v & 0xff));
     bytes.push_back(static_cast<uint8_t>(v >> 8));
   }
-  nlohmann::json j = {{"kind", maps.kind},      {"layers", maps.layers},     {"heads", maps.heads},
-                      {"layer_names", maps.layer_names}, {"T", maps.T},    {"S", maps.S},
-                      {"tokens", k.tokens},     {"key_tokens", keys},        {"kept", maps.kept},
-                      {"scale", kExplorerWeightScale}, {"weights", base64(bytes)}};
+  nlohmann::json j = {{"kind", maps.kind},
+                      {"layers", maps.layers},
+                      {"heads", maps.heads},
+                      {"layer_names", maps.layer_names},
+                      {"T", maps.T},
+                      {"S", maps.S},
+                      {"tokens", k.tokens},
+                      {"key_tokens", keys},
+                      {"kept", maps.kept},
+                      {"scale", kExplorerWeightScale},
+                      {"weights", base64(bytes)}};
   j["scores"] = nlohmann::json::array();
   for (const ExplorerScore& s : scores) {
     HL_CHECK(static_cast<int64_t>(s.values.size()) == maps.layers, "attention_explorer_html: score ", s.name, " has ",
@@ -232,7 +240,8 @@ std::string attention_explorer_html(const std::vector<AttentionText>& kinds, con
   HL_CHECK(scores.empty() || scores.size() == kinds.size(), "attention_explorer_html: scores for ", scores.size(),
            " kinds of attention, the page has ", kinds.size());
   nlohmann::json all = nlohmann::json::array();
-  for (size_t k = 0; k < kinds.size(); ++k) all.push_back(kind_json(kinds[k], scores.empty() ? std::vector<ExplorerScore>{} : scores[k]));
+  for (size_t k = 0; k < kinds.size(); ++k)
+    all.push_back(kind_json(kinds[k], scores.empty() ? std::vector<ExplorerScore>{} : scores[k]));
   return page_of(title, all);
 }
 
@@ -257,11 +266,13 @@ std::vector<ExplorerScore> by_original_head(const nn::Model& model, int64_t firs
              " has ", s.values.size(), " attention modules, the model ", model.attention_count());
     ExplorerScore& o = out.emplace_back();
     o.name = s.name;
-    o.values.assign(static_cast<size_t>(layers), std::vector<double>(static_cast<size_t>(model.full_heads()), std::nan("")));
+    o.values.assign(static_cast<size_t>(layers),
+                    std::vector<double>(static_cast<size_t>(model.full_heads()), std::nan("")));
     for (int64_t l = 0; l < layers; ++l) {
       const std::vector<double>& row = s.values[static_cast<size_t>(first + l)];
       for (size_t h = 0; h < row.size(); ++h)
-        o.values[static_cast<size_t>(l)][static_cast<size_t>(model.original_head(first + l, static_cast<int64_t>(h)))] = row[h];
+        o.values[static_cast<size_t>(l)][static_cast<size_t>(model.original_head(first + l, static_cast<int64_t>(h)))] =
+            row[h];
     }
   }
   return out;

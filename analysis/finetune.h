@@ -11,8 +11,8 @@ namespace headlab::analysis {
 
 struct FinetuneOptions {
   int64_t steps = 100;
-  double lr = 0;     // peak learning rate; 0: the run's own
-  std::string out;   // the run's folder: checkpoint.h5 (the fine-tuned model) and metrics.csv
+  double lr = 0;    // peak learning rate; 0: the run's own
+  std::string out;  // the run's folder: checkpoint.h5 (the fine-tuned model) and metrics.csv
   std::string device = "cpu";
   bool quiet = true;
 };

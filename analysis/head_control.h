@@ -9,7 +9,6 @@ namespace headlab::analysis::detail {
 
 inline DType model_dtype(const nn::Model& m) { return m.parameters().front().dtype(); }
 
-
 // Saves every layer's HeadControl and restores it (and clears kept contexts) on scope exit.
 class ControlGuard {
  public:

@@ -51,7 +51,8 @@ HeadTypes head_types(nn::GPTModel& model, const EvalSet& data, const HeadTypeOpt
   set_controls(model, {}, {});
   const int64_t L = model.n_layers();
   std::vector<std::vector<Sums>> sums(static_cast<size_t>(L));
-  for (int64_t l = 0; l < L; ++l) sums[static_cast<size_t>(l)].resize(static_cast<size_t>(model.attention(l).head_count()));
+  for (int64_t l = 0; l < L; ++l)
+    sums[static_cast<size_t>(l)].resize(static_cast<size_t>(model.attention(l).head_count()));
   HeadTypes r;
   for (const Batch& b : data.batches) {
     const int64_t B = b.B, T = b.T;
@@ -119,13 +120,12 @@ HeadTypes head_types(nn::GPTModel& model, const EvalSet& data, const HeadTypeOpt
       t.entropy_normalized = mean(s.entropy_norm, r.queries);
       t.induction = mean(s.induction, r.induction_queries);
       t.duplicate_token = mean(s.duplicate, r.induction_queries);
-      for (const auto& [score, threshold, name] :
-           {std::tuple{t.previous_token, kPatternThreshold, "previous-token"},
-            std::tuple{t.first_token, kPatternThreshold, "first-token"},
-            std::tuple{t.separator, kPatternThreshold, "separator"},
-            std::tuple{t.induction, kRepeatThreshold, "induction"},
-            std::tuple{t.duplicate_token, kRepeatThreshold, "duplicate-token"},
-            std::tuple{t.entropy_normalized, kBroadThreshold, "broad"}})
+      for (const auto& [score, threshold, name] : {std::tuple{t.previous_token, kPatternThreshold, "previous-token"},
+                                                   std::tuple{t.first_token, kPatternThreshold, "first-token"},
+                                                   std::tuple{t.separator, kPatternThreshold, "separator"},
+                                                   std::tuple{t.induction, kRepeatThreshold, "induction"},
+                                                   std::tuple{t.duplicate_token, kRepeatThreshold, "duplicate-token"},
+                                                   std::tuple{t.entropy_normalized, kBroadThreshold, "broad"}})
         if (score >= threshold) {
           if (!t.label.empty()) t.label += '+';
           t.label += name;

@@ -37,7 +37,7 @@ struct HeadTypes {
   int64_t induction_rows = 0, induction_half = 0, induction_queries = 0;
 };
 struct HeadTypeOptions {
-  int64_t separator_id = -1;   // -1: none (chars)
+  int64_t separator_id = -1;  // -1: none (chars)
   int64_t induction_rows = 32;
   int64_t induction_half = 0;  // n; 0: context_length / 2
   uint64_t seed = 1;

@@ -124,7 +124,7 @@ std::vector<Tensor> mean_head_contexts(nn::Model& model, const EvalSet& data) {
     model.logits(train::model_inputs(b, model.device()));
     for (int64_t l = 0; l < L; ++l) {
       const Tensor ctx = model.head_control(l).context;  // (B, H, T, D)
-      const Tensor s = ctx.to(DType::f64).sum({0, 2});    // (H, D)
+      const Tensor s = ctx.to(DType::f64).sum({0, 2});   // (H, D)
       Tensor& acc = sums[static_cast<size_t>(l)];
       acc = acc.defined() ? add(acc, s) : s;
       counts[static_cast<size_t>(l)] += ctx.size(0) * ctx.size(2);
@@ -132,7 +132,8 @@ std::vector<Tensor> mean_head_contexts(nn::Model& model, const EvalSet& data) {
   }
   const DType dt = model_dtype(model);
   for (int64_t l = 0; l < L; ++l)
-    sums[static_cast<size_t>(l)] = mul(sums[static_cast<size_t>(l)], 1.0 / static_cast<double>(counts[static_cast<size_t>(l)])).to(dt);
+    sums[static_cast<size_t>(l)] =
+        mul(sums[static_cast<size_t>(l)], 1.0 / static_cast<double>(counts[static_cast<size_t>(l)])).to(dt);
   return sums;
 }
 
@@ -176,7 +177,8 @@ Importance head_importance(nn::Model& model, const EvalSet& data, const HeadMatr
       if (gates[l][h] != 0) sq += imp.raw[l][h] * imp.raw[l][h];
     }
     const double norm = std::sqrt(sq) + 1e-20;  // the paper's code adds 1e-20 too
-    for (size_t h = 0; h < imp.raw[l].size(); ++h) imp.normalized[l][h] = gates[l][h] != 0 ? imp.raw[l][h] / norm : kNaN;
+    for (size_t h = 0; h < imp.raw[l].size(); ++h)
+      imp.normalized[l][h] = gates[l][h] != 0 ? imp.raw[l][h] / norm : kNaN;
   }
   return imp;
 }
@@ -217,8 +219,8 @@ void check_interventions(const nn::GPTModel& m, const EvalSet& data, const std::
   bool patch = false;
   for (const HeadIntervention& iv : list) {
     if (iv.layer == -1) continue;
-    HL_CHECK(iv.layer >= 0 && iv.layer < m.n_layers(), who, ": layer ", iv.layer, " is out of range for ",
-             m.n_layers(), " layers");
+    HL_CHECK(iv.layer >= 0 && iv.layer < m.n_layers(), who, ": layer ", iv.layer, " is out of range for ", m.n_layers(),
+             " layers");
     HL_CHECK(iv.head >= 0 && iv.head < m.attention(iv.layer).head_count(), who, ": layer ", iv.layer, " has no head ",
              iv.head, " (it has ", m.attention(iv.layer).head_count(), ")");
     HL_CHECK(iv.position >= -1 && iv.position < data.batches.front().T, who, ": position ", iv.position,
@@ -294,8 +296,8 @@ std::vector<Scores> evaluate_interventions(nn::GPTModel& model, const EvalSet& d
     const Recorded clean = record(model, base, idx);
     for (size_t i = 0; i < list.size(); ++i)
       if (list[i].layer < 0) sums[i].add(b, clean.logits, tgt);
-    const Recorded source = uses(Ablation::patch) ? record(model, base, batch_tensors((*o.source)[bi], dev).first)
-                                                  : Recorded{};
+    const Recorded source =
+        uses(Ablation::patch) ? record(model, base, batch_tensors((*o.source)[bi], dev).first) : Recorded{};
     const int64_t chunk = o.max_copies > 0 ? o.max_copies : copies_per_forward(model, B, T);
     for (int64_t l = 0; l < L; ++l) {
       const std::vector<size_t>& ids = by_layer[static_cast<size_t>(l)];
@@ -313,7 +315,8 @@ std::vector<Scores> evaluate_interventions(nn::GPTModel& model, const EvalSet& d
         for (int64_t k = 0; k < c; ++k) {
           const HeadIntervention& iv = list[ids[static_cast<size_t>(first + k)]];
           const int64_t t0 = iv.position < 0 ? 0 : iv.position, nt = iv.position < 0 ? T : 1;
-          for (int64_t r = k * B; r < (k + 1) * B; ++r) std::fill_n(gates.begin() + (r * H + iv.head) * T + t0, nt, 0.0);
+          for (int64_t r = k * B; r < (k + 1) * B; ++r)
+            std::fill_n(gates.begin() + (r * H + iv.head) * T + t0, nt, 0.0);
           if (iv.kind == Ablation::zero) continue;
           if (!offsets.defined()) offsets = zeros({c * B, H, T, D}, dt, dev);
           Tensor dst = offsets.narrow(0, k * B, B).select(1, iv.head).narrow(1, t0, nt);  // (B, nt, D)
@@ -331,7 +334,8 @@ std::vector<Scores> evaluate_interventions(nn::GPTModel& model, const EvalSet& d
         hc = saved;
         for (int64_t j = l + 1; j < L; ++j) x = model.block(j)->forward(x);
         const Tensor logits = model.unembed(x);  // (c*B, T, V)
-        for (int64_t k = 0; k < c; ++k) sums[ids[static_cast<size_t>(first + k)]].add(b, logits.narrow(0, k * B, B), tgt);
+        for (int64_t k = 0; k < c; ++k)
+          sums[ids[static_cast<size_t>(first + k)]].add(b, logits.narrow(0, k * B, B), tgt);
       }
     }
   }

@@ -47,7 +47,7 @@ constexpr auto enum_table(Metric) {
                                           {Metric::token_accuracy, "token"}});
 }
 double metric_value(const Scores& s, Metric m);
-Metric default_metric(const EvalSet& data);    // exact match for tasks, token accuracy for chars
+Metric default_metric(const EvalSet& data);  // exact match for tasks, token accuracy for chars
 
 // A value per head: [layer][head], heads in the model's order (for a pruned model, its kept heads).
 using HeadMatrix = std::vector<std::vector<double>>;

@@ -117,7 +117,8 @@ L0Result l0_gates(nn::GPTModel& model, const tasks::Task& task, const EvalSet& d
   std::sort(order.begin(), order.end());
   r.rank = head_matrix(model, 0.0);
   for (size_t i = 0; i < order.size(); ++i)
-    r.rank[static_cast<size_t>(std::get<2>(order[i]))][static_cast<size_t>(std::get<3>(order[i]))] = static_cast<double>(i);
+    r.rank[static_cast<size_t>(std::get<2>(order[i]))][static_cast<size_t>(std::get<3>(order[i]))] =
+        static_cast<double>(i);
   return r;
 }
 

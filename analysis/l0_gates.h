@@ -21,18 +21,18 @@ struct L0Options {
   // Per head, closing it pays off once the penalty exceeds what the head is worth in loss: from
   // ~1e-3 (a free head of a toy model at loss 1e-3) to ~0.3 (a head of a character model).
   std::vector<double> penalties = {0.001, 0.003, 0.01, 0.03, 0.1, 0.3};
-  int64_t steps = 200;       // Adam steps per penalty
-  int64_t batch_size = 64;   // rows of the task's training stream per step
-  double lr = 0.1;           // Adam's, on log_alpha
-  double init_log_alpha = 3; // P(gate open) ~ 1 at the start
-  uint64_t seed = 1;         // the gates' noise
+  int64_t steps = 200;        // Adam steps per penalty
+  int64_t batch_size = 64;    // rows of the task's training stream per step
+  double lr = 0.1;            // Adam's, on log_alpha
+  double init_log_alpha = 3;  // P(gate open) ~ 1 at the start
+  uint64_t seed = 1;          // the gates' noise
 };
 struct L0Point {
   double penalty = 0;
-  HeadMatrix log_alpha, gate;  // learned; the test-time gate (0: closed)
+  HeadMatrix log_alpha, gate;                       // learned; the test-time gate (0: closed)
   std::vector<std::pair<int64_t, int64_t>> closed;  // (layer, head) whose test-time gate is 0
-  Scores scores;               // on the analysis data with the closed heads masked (the others open)
-  double final_loss = 0;       // cross entropy of the last training step (with sampled gates)
+  Scores scores;          // on the analysis data with the closed heads masked (the others open)
+  double final_loss = 0;  // cross entropy of the last training step (with sampled gates)
 };
 struct L0Result {
   std::vector<L0Point> points;  // one per penalty, in the order given

@@ -62,10 +62,10 @@ LogitAttribution logit_attribution(nn::GPTModel& model, const EvalSet& data) {
     a->out_proj_bias.assign(Ls, 0.0);
     a->feed_forward.assign(Ls, 0.0);
   }
-  const Tensor W_U = f64_cpu(model.out_head->weight);                    // (V, C)
-  const Tensor W_U_mean = W_U.mean({0});                                  // (C): its row gives the mean logit
+  const Tensor W_U = f64_cpu(model.out_head->weight);  // (V, C)
+  const Tensor W_U_mean = W_U.mean({0});               // (C): its row gives the mean logit
   const Tensor gamma = f64_cpu(model.final_norm->weight), shift = f64_cpu(model.final_norm->bias);  // (C)
-  std::vector<Tensor> W_O(Ls), b_O(Ls);                                   // (C, H*D), (C)
+  std::vector<Tensor> W_O(Ls), b_O(Ls);                                                             // (C, H*D), (C)
   for (int64_t l = 0; l < L; ++l) {
     const nn::Linear& proj = out_proj_of(model.attention(l), l);
     W_O[static_cast<size_t>(l)] = f64_cpu(proj.weight);
@@ -104,12 +104,12 @@ LogitAttribution logit_attribution(nn::GPTModel& model, const EvalSet& data) {
 
     // Frozen scale: comp . dirs[k, n] is comp's share of variant k at token n, with
     // dirs = centre_C(gamma * row) / sigma (centring the direction = centring the component).
-    const Tensor x_L = scored(x);                                                           // (N, C)
-    const Tensor sigma = sqrt(add(var(x_L, {1}, true, 0), model.final_norm->eps));          // (N, 1)
-    const Tensor W_y = index_select(W_U, 0, tensor(ys, {N}));                               // (N, C)
-    const Tensor unembed = stack({sub(W_y, W_U_mean), W_y}, 0);                             // (2, N, C)
+    const Tensor x_L = scored(x);                                                   // (N, C)
+    const Tensor sigma = sqrt(add(var(x_L, {1}, true, 0), model.final_norm->eps));  // (N, 1)
+    const Tensor W_y = index_select(W_U, 0, tensor(ys, {N}));                       // (N, C)
+    const Tensor unembed = stack({sub(W_y, W_U_mean), W_y}, 0);                     // (2, N, C)
     const Tensor g = mul(unembed, gamma);
-    const Tensor dirs = div(sub(g, g.mean({2}, true)), sigma.unsqueeze(0));                 // (2, N, C)
+    const Tensor dirs = div(sub(g, g.mean({2}, true)), sigma.unsqueeze(0));  // (2, N, C)
     // comp: (N, C), or (C) for one shared by every token -> its summed share of both variants
     const auto share = [&](const Tensor& comp) { return mul(dirs, comp).sum({1, 2}).to_vector<double>(); };
     const auto add_both = [&](double DirectAttribution::*field, const std::vector<double>& v) {

@@ -15,12 +15,12 @@ namespace headlab::analysis {
 
 // One quantity split over the components; means over the scored tokens, so that they sum to `total`.
 struct DirectAttribution {
-  HeadMatrix heads;                 // [layer][head], heads in the model's order (original_head for labels)
+  HeadMatrix heads;  // [layer][head], heads in the model's order (original_head for labels)
   std::vector<double> out_proj_bias, feed_forward;  // [layer]
-  double embeddings = 0;            // token + position embedding
-  double final_shift = 0;           // the final LayerNorm's shift . W_U row
-  double total = 0;                 // the quantity itself, from the model's own final_norm and out_head
-  double sum() const;               // of the components: equals total up to rounding
+  double embeddings = 0;                            // token + position embedding
+  double final_shift = 0;                           // the final LayerNorm's shift . W_U row
+  double total = 0;                                 // the quantity itself, from the model's own final_norm and out_head
+  double sum() const;                               // of the components: equals total up to rounding
 };
 
 struct LogitAttribution {

@@ -5,14 +5,14 @@ namespace headlab::analysis {
 
 PatchingResult patch_heads(nn::GPTModel& model, const EvalSet& clean, const std::vector<Batch>& corrupted,
                            bool by_position) {
-  HL_CHECK(corrupted.size() == clean.batches.size(), "patch_heads: ", corrupted.size(),
-           " corrupted batches for ", clean.batches.size(), " clean ones");
+  HL_CHECK(corrupted.size() == clean.batches.size(), "patch_heads: ", corrupted.size(), " corrupted batches for ",
+           clean.batches.size(), " clean ones");
   // The corrupted inputs scored against the clean targets; sources: the other run's batches.
   EvalSet hybrid = clean;
   for (size_t i = 0; i < corrupted.size(); ++i) {
-    HL_CHECK(corrupted[i].B == clean.batches[i].B && corrupted[i].T == clean.batches[i].T, "patch_heads: corrupted batch ",
-             i, " is ", corrupted[i].B, " x ", corrupted[i].T, ", the clean one ", clean.batches[i].B, " x ",
-             clean.batches[i].T);
+    HL_CHECK(corrupted[i].B == clean.batches[i].B && corrupted[i].T == clean.batches[i].T,
+             "patch_heads: corrupted batch ", i, " is ", corrupted[i].B, " x ", corrupted[i].T, ", the clean one ",
+             clean.batches[i].B, " x ", clean.batches[i].T);
     hybrid.batches[i].inputs = corrupted[i].inputs;
   }
   const int64_t T = clean.batches.front().T;
@@ -28,8 +28,8 @@ PatchingResult patch_heads(nn::GPTModel& model, const EvalSet& clean, const std:
   from_clean.source = &clean.batches;
   const std::vector<Scores> noised = evaluate_interventions(model, clean, whole, from_corrupted);
   const std::vector<Scores> denoised = evaluate_interventions(model, hybrid, whole, from_clean);
-  const std::vector<Scores> at = by_position ? evaluate_interventions(model, hybrid, positions, from_clean)
-                                             : std::vector<Scores>{};
+  const std::vector<Scores> at =
+      by_position ? evaluate_interventions(model, hybrid, positions, from_clean) : std::vector<Scores>{};
   PatchingResult r;
   r.clean = noised[0];
   r.corrupted = denoised[0];
@@ -45,7 +45,8 @@ PatchingResult patch_heads(nn::GPTModel& model, const EvalSet& clean, const std:
     p.noising = (p.noised.loss - r.clean.loss) / gap;
     p.denoising = (r.corrupted.loss - p.denoised.loss) / gap;
     for (int64_t t = 0; by_position && t < T; ++t)
-      p.denoising_by_position.push_back((r.corrupted.loss - at[(i - 1) * static_cast<size_t>(T) + static_cast<size_t>(t)].loss) / gap);
+      p.denoising_by_position.push_back(
+          (r.corrupted.loss - at[(i - 1) * static_cast<size_t>(T) + static_cast<size_t>(t)].loss) / gap);
     r.heads.push_back(p);
   }
   return r;

@@ -18,11 +18,11 @@ namespace headlab::analysis {
 struct HeadPatching {
   int64_t layer = 0, head = 0, original_head = 0;
   Scores noised, denoised;
-  double noising = 0, denoising = 0;  // normalised effects (above)
+  double noising = 0, denoising = 0;          // normalised effects (above)
   std::vector<double> denoising_by_position;  // (T) when asked: the head patched at one position only
 };
 struct PatchingResult {
-  Scores clean, corrupted;  // against the clean targets
+  Scores clean, corrupted;          // against the clean targets
   std::vector<HeadPatching> heads;  // layer-major
   int64_t tokens = 0;               // scored clean targets
 };

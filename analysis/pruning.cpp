@@ -74,7 +74,8 @@ PruningCurve iterative_pruning(nn::Model& model, const EvalSet& data, const Prun
         if (gates[l][h] != 0 && active[l] > 1) open.push_back({static_cast<int64_t>(l), static_cast<int64_t>(h)});
     if (c.criterion == Criterion::l0) {
       for (const HeadIntervention& iv : open)
-        cand.emplace_back(o.l0_rank[static_cast<size_t>(iv.layer)][static_cast<size_t>(iv.head)], 0.0, iv.layer, iv.head);
+        cand.emplace_back(o.l0_rank[static_cast<size_t>(iv.layer)][static_cast<size_t>(iv.head)], 0.0, iv.layer,
+                          iv.head);
     } else if (c.criterion == Criterion::gradient) {
       const Importance imp = head_importance(model, data, gates);
       for (const HeadIntervention& iv : open)
@@ -129,8 +130,8 @@ std::vector<std::pair<int64_t, int64_t>> free_heads(const AblationResult& a, Met
 
 std::vector<std::vector<int64_t>> kept_after(const nn::Model& model,
                                              const std::vector<std::pair<int64_t, int64_t>>& order, int64_t k) {
-  HL_CHECK(k >= 0 && k <= static_cast<int64_t>(order.size()), "kept_after: cannot remove ", k, " heads; the order lists ",
-           order.size());
+  HL_CHECK(k >= 0 && k <= static_cast<int64_t>(order.size()), "kept_after: cannot remove ", k,
+           " heads; the order lists ", order.size());
   std::set<std::pair<int64_t, int64_t>> removed(order.begin(), order.begin() + k);
   std::vector<std::vector<int64_t>> keep(static_cast<size_t>(model.attention_count()));
   for (int64_t l = 0; l < model.attention_count(); ++l)

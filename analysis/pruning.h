@@ -31,8 +31,10 @@ namespace headlab::analysis {
 enum class Criterion { automatic, ablation, gradient, l0 };
 constexpr int64_t kAblationCriterionMaxHeads = 64;
 constexpr auto enum_table(Criterion) {  // enum_name, parse_enum (base/enum_names.h)
-  return std::to_array<EnumName<Criterion>>({{Criterion::automatic, "auto"}, {Criterion::ablation, "ablation"},
-                                             {Criterion::gradient, "gradient"}, {Criterion::l0, "l0"}});
+  return std::to_array<EnumName<Criterion>>({{Criterion::automatic, "auto"},
+                                             {Criterion::ablation, "ablation"},
+                                             {Criterion::gradient, "gradient"},
+                                             {Criterion::l0, "l0"}});
 }
 // The criterion `c` means for a model of total_heads heads (automatic resolved).
 Criterion resolve_criterion(Criterion c, int64_t total_heads);

@@ -100,7 +100,8 @@ void save_heads_csv(const std::string& path, const AblationResult& a, const std:
       if (ex) row.emplace_back(s->exact_match - a.base.exact_match);
     }
     for (const HeadColumn& c : extra) {
-      HL_CHECK(static_cast<size_t>(h.layer) < c.values.size() && static_cast<size_t>(h.head) < c.values[static_cast<size_t>(h.layer)].size(),
+      HL_CHECK(static_cast<size_t>(h.layer) < c.values.size() &&
+                   static_cast<size_t>(h.head) < c.values[static_cast<size_t>(h.layer)].size(),
                "save_heads_csv: column ", c.name, " has no value for layer ", h.layer, " head ", h.head);
       row.emplace_back(c.values[static_cast<size_t>(h.layer)][static_cast<size_t>(h.head)]);
     }
@@ -144,7 +145,8 @@ plot::Heatmap head_heatmap(const HeadMap& map, const nn::Model& model) {
 }  // namespace
 
 void save_head_map_png(const std::string& path, const HeadMap& map, const nn::Model& model) {
-  save_picture(path, "save_head_map_png", [&](const std::string& tmp) { plot::save_heatmap(head_heatmap(map, model), tmp); });
+  save_picture(path, "save_head_map_png",
+               [&](const std::string& tmp) { plot::save_heatmap(head_heatmap(map, model), tmp); });
 }
 
 void save_head_maps_png(const std::string& path, const std::string& title, const std::vector<HeadMap>& maps,
@@ -286,10 +288,10 @@ std::string compare_csv(const std::vector<CompareResult>& rows, const CompareOpt
   add(integer, {"B", "T", "d_in", "d_out", "heads"});
   t.columns.push_back(text_column("form"));
   add(integer, {"params"});
-  add(number, {"gflop_forward", "gflop_forward_backward", "forward_ms_median", "forward_ms_p25", "forward_ms_p75",
-               "forward_ms_min", "forward_ms_max", "forward_gflops", "forward_backward_ms_median",
-               "forward_backward_ms_p25", "forward_backward_ms_p75", "forward_backward_ms_min",
-               "forward_backward_ms_max", "forward_backward_gflops"});
+  add(number,
+      {"gflop_forward", "gflop_forward_backward", "forward_ms_median", "forward_ms_p25", "forward_ms_p75",
+       "forward_ms_min", "forward_ms_max", "forward_gflops", "forward_backward_ms_median", "forward_backward_ms_p25",
+       "forward_backward_ms_p75", "forward_backward_ms_min", "forward_backward_ms_max", "forward_backward_gflops"});
   add(integer, {"peak_forward_bytes", "peak_forward_backward_bytes"});
   add(number, {"max_abs_diff_output", "max_abs_diff_input_grad"});
   add(integer, {"repeats"});
@@ -302,8 +304,16 @@ std::string compare_csv(const std::vector<CompareResult>& rows, const CompareOpt
     for (int f = 0; f < 2; ++f) {
       const FormMeasurement& m = f == 0 ? r.wrapper : r.fused;
       const double fb = m.flops_forward + m.flops_backward;
-      std::vector<Cell> row = {c.name, d(c.B), d(c.T), d(c.d_in), d(c.d_out), d(c.heads),
-                               std::string(f == 0 ? "wrapper" : "fused"), d(m.params), m.flops_forward / 1e9, fb / 1e9};
+      std::vector<Cell> row = {c.name,
+                               d(c.B),
+                               d(c.T),
+                               d(c.d_in),
+                               d(c.d_out),
+                               d(c.heads),
+                               std::string(f == 0 ? "wrapper" : "fused"),
+                               d(m.params),
+                               m.flops_forward / 1e9,
+                               fb / 1e9};
       for (const TimeStats* ts : {&m.forward, &m.forward_backward}) {
         for (double v : {ts->median, ts->p25, ts->p75, ts->min, ts->max}) row.emplace_back(v * 1e3);
         row.emplace_back((ts == &m.forward ? m.flops_forward : fb) / ts->median / 1e9);
@@ -311,8 +321,10 @@ std::string compare_csv(const std::vector<CompareResult>& rows, const CompareOpt
       row.insert(row.end(), {d(m.peak_forward), d(m.peak_forward_backward), Cell(r.max_abs_out), Cell(r.max_abs_dx),
                              d(o.repeats), Cell(o.device.str()), d(omp_get_max_threads())});
       const std::optional<PeerTimes>& peer = f == 0 ? r.torch_wrapper : r.torch_fused;
-      if (peer) row.insert(row.end(), {Cell(peer->forward.median * 1e3), Cell(peer->forward_backward.median * 1e3)});
-      else row.insert(row.end(), {Cell(std::string()), Cell(std::string())});
+      if (peer)
+        row.insert(row.end(), {Cell(peer->forward.median * 1e3), Cell(peer->forward_backward.median * 1e3)});
+      else
+        row.insert(row.end(), {Cell(std::string()), Cell(std::string())});
       t.add_row(std::move(row));
     }
   }
@@ -337,10 +349,14 @@ nlohmann::json compare_json(const std::vector<CompareResult>& rows, const Compar
                       {"configs", nlohmann::json::array()}};
   for (const auto& r : rows) {
     const auto& c = r.config;
-    nlohmann::json e = {{"name", c.name},   {"B", c.B},
-                        {"T", c.T},         {"d_in", c.d_in},
-                        {"d_out", c.d_out}, {"heads", c.heads},
-                        {"max_abs_diff_output", r.max_abs_out}, {"max_abs_diff_input_grad", r.max_abs_dx}};
+    nlohmann::json e = {{"name", c.name},
+                        {"B", c.B},
+                        {"T", c.T},
+                        {"d_in", c.d_in},
+                        {"d_out", c.d_out},
+                        {"heads", c.heads},
+                        {"max_abs_diff_output", r.max_abs_out},
+                        {"max_abs_diff_input_grad", r.max_abs_dx}};
     for (int f = 0; f < 2; ++f) {
       const FormMeasurement& m = f == 0 ? r.wrapper : r.fused;
       const double fb = m.flops_forward + m.flops_backward;
@@ -381,7 +397,8 @@ void save_compare_png(const std::string& path, const std::vector<CompareResult>&
     }
   } else {
     const std::map<std::string, size_t> dims = {{"heads", 0}, {"tokens", 1}, {"emb", 2}, {"batch", 3}};
-    HL_CHECK(dims.count(x_choice), "save_compare_png: x must be auto, heads, tokens, emb or batch, got '", x_choice, "'");
+    HL_CHECK(dims.count(x_choice), "save_compare_png: x must be auto, heads, tokens, emb or batch, got '", x_choice,
+             "'");
     xd = dims.at(x_choice);
   }
   // One set of lines per combination of the other dimensions.

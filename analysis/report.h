@@ -43,7 +43,7 @@ void save_pruning_csv(const std::string& path, const PruningCurve& c, const nn::
 // A value per head as a layer x head heatmap by original head index (heads pruned before: grey).
 struct HeadMap {
   std::string title, colorbar_label;
-  HeadMatrix values;  // [layer][model-local head]
+  HeadMatrix values;                 // [layer][model-local head]
   std::optional<double> vmin, vmax;  // colour range; default: the data's
 };
 void save_head_map_png(const std::string& path, const HeadMap& map, const nn::Model& model);

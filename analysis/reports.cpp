@@ -5,8 +5,8 @@
 #include <cmath>
 #include <limits>
 #include <map>
-#include <sstream>
 #include <optional>
+#include <sstream>
 
 #include "analysis/report.h"
 #include "nn/gpt.h"
@@ -18,7 +18,9 @@ namespace {
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 Column fixed(std::string name, int precision = 4) { return {std::move(name), NumberFormat::fixed, precision}; }
-Column signed_col(std::string name, int precision = 4) { return {std::move(name), NumberFormat::signed_fixed, precision}; }
+Column signed_col(std::string name, int precision = 4) {
+  return {std::move(name), NumberFormat::signed_fixed, precision};
+}
 Column integer(std::string name) { return {std::move(name), NumberFormat::integer, 0}; }
 
 std::vector<std::string> attention_kinds(const nn::Model& m) {
@@ -41,8 +43,8 @@ std::string signed3(double v) { return fmt_signed(v, 3); }
 
 Table importance_table(const AblationResult& a, const nn::Model& model) {
   const bool ex = a.base.has_exact_match;
-  Table t("", {integer("rank"), text_column("head"), fixed("importance"),
-               {"raw dL/dgate", NumberFormat::scientific, 2}});
+  Table t("",
+          {integer("rank"), text_column("head"), fixed("importance"), {"raw dL/dgate", NumberFormat::scientific, 2}});
   for (const char* kind : {"zero", "mean", "resample"}) {
     t.columns.push_back(signed_col(std::string(kind) + " dloss"));
     t.columns.push_back(signed_col(std::string(kind) + " dacc"));
@@ -68,7 +70,8 @@ Table importance_table(const AblationResult& a, const nn::Model& model) {
 Table pruning_table(const PruningCurve& c, const nn::Model& model, const std::string& title) {
   HL_CHECK(!c.steps.empty(), "pruning_table: the curve is empty");
   const bool ex = c.steps.front().scores.has_exact_match;
-  const bool ft = std::any_of(c.steps.begin(), c.steps.end(), [](const PruneStep& s) { return s.finetuned.has_value(); });
+  const bool ft =
+      std::any_of(c.steps.begin(), c.steps.end(), [](const PruneStep& s) { return s.finetuned.has_value(); });
   Table t(title, {integer("step"), integer("heads_pruned"), fixed("fraction_pruned", 3), fixed("loss"),
                   fixed("token_accuracy")});
   if (ex) t.columns.push_back(fixed("exact_match"));
@@ -130,7 +133,8 @@ Table best_head_table(const nn::Model& model, const AblationResult& a, const std
         continue;
       }
       const double m = metric_value(it->scores, metric);
-      row.emplace_back(head_name(model, it->layer, it->best_head) + " (of " + std::to_string(model.heads_at(it->layer)) + ")");
+      row.emplace_back(head_name(model, it->layer, it->best_head) + " (of " +
+                       std::to_string(model.heads_at(it->layer)) + ")");
       row.emplace_back(m);
       row.emplace_back(m - base);
       mean_delta[k].first += m - base;
@@ -142,8 +146,10 @@ Table best_head_table(const nn::Model& model, const AblationResult& a, const std
     std::string s;
     for (const std::string& k : kinds) {
       const auto& [sum, count] = mean_delta[k];
-      s.append(s.empty() ? "" : "; ").append(kind_title(k)).append(" ").append(
-          signed3(count ? sum / static_cast<double>(count) : kNaN));
+      s.append(s.empty() ? "" : "; ")
+          .append(kind_title(k))
+          .append(" ")
+          .append(signed3(count ? sum / static_cast<double>(count) : kNaN));
     }
     *mean_change = s;
   }
@@ -188,27 +194,35 @@ HeadsScores heads_scores(const nn::GPTModel& model, const HeadsFindings& f) {
   s.entropy_normalized = type_score(&HeadTypeScores::entropy_normalized);
   s.induction = type_score(&HeadTypeScores::induction);
   s.duplicate = type_score(&HeadTypeScores::duplicate_token);
-  for (int64_t l = 0; l < model.n_layers(); ++l) s.labels.emplace_back(static_cast<size_t>(model.attention(l).head_count()));
+  for (int64_t l = 0; l < model.n_layers(); ++l)
+    s.labels.emplace_back(static_cast<size_t>(model.attention(l).head_count()));
   for (const auto& t : f.types.heads) s.labels[static_cast<size_t>(t.layer)][static_cast<size_t>(t.head)] = t.label;
   return s;
 }
 
 std::vector<HeadColumn> heads_csv_columns(const HeadsFindings& f, const HeadsScores& s) {
-  return {csv_column("dla_logit_vs_mean", s.dla),    csv_column("dla_logit", f.dla.logit.heads),
-          csv_column("patch_noising", s.noising),    csv_column("patch_denoising", s.denoising),
-          csv_column("previous_token", s.previous),  csv_column("first_token", s.first),
-          csv_column("separator", s.separator),      csv_column("entropy", s.entropy),
-          csv_column("entropy_normalized", s.entropy_normalized), csv_column("induction", s.induction),
-          csv_column("duplicate_token", s.duplicate), HeadColumn{"label", s.labels}};
+  return {csv_column("dla_logit_vs_mean", s.dla),
+          csv_column("dla_logit", f.dla.logit.heads),
+          csv_column("patch_noising", s.noising),
+          csv_column("patch_denoising", s.denoising),
+          csv_column("previous_token", s.previous),
+          csv_column("first_token", s.first),
+          csv_column("separator", s.separator),
+          csv_column("entropy", s.entropy),
+          csv_column("entropy_normalized", s.entropy_normalized),
+          csv_column("induction", s.induction),
+          csv_column("duplicate_token", s.duplicate),
+          HeadColumn{"label", s.labels}};
 }
 
-std::string heads_report_md(const nn::GPTModel& model, const EvalSet& data, const HeadsRun& run,
-                            const HeadsFindings& f, const HeadsScores& s) {
+std::string heads_report_md(const nn::GPTModel& model, const EvalSet& data, const HeadsRun& run, const HeadsFindings& f,
+                            const HeadsScores& s) {
   const nn::GPTConfig& cfg = model.config();
   const AblationResult& abl = f.ablation;
   const tasks::Batch& b0 = data.batches.front();
   std::ostringstream md;
-  md << "# Heads of `" << run.checkpoint << "`\n\nEvery head's attention on a validation row, with these scores "
+  md << "# Heads of `" << run.checkpoint
+     << "`\n\nEvery head's attention on a validation row, with these scores "
         "beside it: [attention.html](attention.html) (open it in a browser).\n\n";
   md << "| | |\n|---|---|\n| task | " << run.task << " |\n| model | " << cfg.n_layers << " layers x " << cfg.n_heads
      << " heads, emb " << cfg.emb_dim << " |\n| data | " << data.batches.size() << " validation batches of " << b0.B
@@ -220,8 +234,9 @@ std::string heads_report_md(const nn::GPTModel& model, const EvalSet& data, cons
   md << "## Ablation\n\nLoss increase when the head's context is replaced by zero, its mean over the data, or its "
         "context on another row (resample), on "
      << data.tokens() << " scored tokens.\n\n![resample ablation](ablation.png)\n\n"
-     << render_markdown(head_value_table(model, by_magnitude(s.resample),
-                                         {{"zero: d loss", s.zero}, {"mean: d loss", s.mean}, {"resample: d loss", s.resample}}));
+     << render_markdown(
+            head_value_table(model, by_magnitude(s.resample),
+                             {{"zero: d loss", s.zero}, {"mean: d loss", s.mean}, {"resample: d loss", s.resample}}));
   md << "\n## Direct logit attribution\n\nEach head's direct contribution, through out_proj and the unembedding "
         "with the final layer norm's scale frozen per token, to logit(correct) minus the mean logit (and to the "
         "raw correct logit), mean over "
@@ -232,13 +247,15 @@ std::string heads_report_md(const nn::GPTModel& model, const EvalSet& data, cons
   for (double v : f.dla.vs_mean.out_proj_bias) md << " " << fmt_signed(v, 3);
   md << "; everything sums to " << fmt(f.dla.vs_mean.sum(), 4) << " = the model's " << fmt(f.dla.vs_mean.total, 4)
      << ".\n\n![direct logit attribution](dla.png)\n\n"
-     << render_markdown(head_value_table(model, by_magnitude(s.dla), {{"DLA vs mean", s.dla}, {"DLA raw logit", f.dla.logit.heads}}));
+     << render_markdown(head_value_table(model, by_magnitude(s.dla),
+                                         {{"DLA vs mean", s.dla}, {"DLA raw logit", f.dla.logit.heads}}));
   md << "\n## Activation patching\n\nCorrupted input: " << f.corruption << ". Clean loss " << fmt(f.patching.clean.loss)
      << ", corrupted " << fmt(f.patching.corrupted.loss) << " (on the clean targets, " << f.patching.tokens
      << " tokens). Noising: the clean run with the head's context from the corrupted run, as a fraction of the "
         "gap it opens; denoising: the corrupted run with the head's clean context, the fraction of the gap it "
         "closes.\n\n![patching](patching.png)\n\n"
-     << render_markdown(head_value_table(model, by_magnitude(s.denoising), {{"noising", s.noising}, {"denoising", s.denoising}}));
+     << render_markdown(
+            head_value_table(model, by_magnitude(s.denoising), {{"noising", s.noising}, {"denoising", s.denoising}}));
   if (run.by_position)
     md << "\n### Denoising by position\n\n" << render_markdown(denoising_by_position_table(f.patching, b0.T));
   const HeadTypes& ht = f.types;
@@ -332,8 +349,10 @@ std::string criterion_text(const PruningCurve& curve, bool automatic) {
 std::string gradient_warning(const analysis::AblationResult& a) {
   const double rho = agreement(a, true);
   std::string why;
-  if (a.base.loss < 0.01) why = "at a loss of " + fmt(a.base.loss) + " the gate gradients are mostly noise";
-  else if (rho < 0.5) why = "they rank the heads unlike zero ablation";
+  if (a.base.loss < 0.01)
+    why = "at a loss of " + fmt(a.base.loss) + " the gate gradients are mostly noise";
+  else if (rho < 0.5)
+    why = "they rank the heads unlike zero ablation";
   if (why.empty()) return "";
   return "the gradient scores are unreliable here (Spearman " + fmt(rho, 2) + " with zero ablation; " + why +
          "); the ablation criterion (the default up to " + std::to_string(analysis::kAblationCriterionMaxHeads) +
@@ -350,15 +369,17 @@ std::string free_heads_text(const analysis::AblationResult& a, const analysis::P
   const int64_t within = analysis::prune_count_for_metric(curve, base - 0.01 * std::fabs(base));
   std::string s = std::to_string(n) + " heads cost nothing alone (" + (names.empty() ? "none" : names) + ")";
   if (n == 0) return s;
-  if (within >= n) return s + "; the curve prunes " + std::to_string(within) + " heads with " +
-                          enum_name(curve.metric) + " within 1% of unpruned";
+  if (within >= n)
+    return s + "; the curve prunes " + std::to_string(within) + " heads with " + enum_name(curve.metric) +
+           " within 1% of unpruned";
   if (curve.criterion == analysis::Criterion::gradient)
-    return s + "; this curve (gradient scores) keeps " + enum_name(curve.metric) +
-           " within 1% of unpruned for " + std::to_string(within) + " heads: --criterion ablation prunes by measured cost";
+    return s + "; this curve (gradient scores) keeps " + enum_name(curve.metric) + " within 1% of unpruned for " +
+           std::to_string(within) + " heads: --criterion ablation prunes by measured cost";
   s += "; pruned together they are not free: " + std::string(enum_name(curve.metric)) +
        " stays within 1% of unpruned for " + std::to_string(within) + " of them";
   for (const auto& step : curve.steps)
-    if (step.pruned == n) s += " (" + std::to_string(n) + ": " + fmt(analysis::metric_value(step.scores, curve.metric), 3) + ")";
+    if (step.pruned == n)
+      s += " (" + std::to_string(n) + ": " + fmt(analysis::metric_value(step.scores, curve.metric), 3) + ")";
   return s;
 }
 
@@ -380,19 +401,19 @@ std::string ablation_report_md(const nn::Model& model, const EvalSet& data, cons
   std::ostringstream os;
   os << "# Head ablation report\n\n## Summary\n\n";
   os << "| | |\n|---|---|\n";
-  os << "| checkpoint | `" << r.checkpoint << "`" << (r.checkpoint_step ? " (step " + std::to_string(*r.checkpoint_step) + ")" : "")
-     << " |\n";
+  os << "| checkpoint | `" << r.checkpoint << "`"
+     << (r.checkpoint_step ? " (step " + std::to_string(*r.checkpoint_step) + ")" : "") << " |\n";
   os << "| task | " << r.task << " |\n";
-  os << "| model | " << r.model_description << ", head size " << model.head_size_at(0) << ", "
-     << model.num_parameters() << " parameters |\n";
+  os << "| model | " << r.model_description << ", head size " << model.head_size_at(0) << ", " << model.num_parameters()
+     << " parameters |\n";
   if (!r.kept_before.empty()) os << "| kept heads (already pruned) | " << r.kept_before << " |\n";
   os << "| data | " << data.batches.size() << " validation batches of " << data.batches.front().B << " x "
      << data.batches.front().T << " tokens, " << data.tokens() << " scored tokens |\n";
   os << "| unpruned | loss " << fmt(a.base.loss) << ", token accuracy " << fmt(a.base.token_accuracy);
   if (ex) os << ", exact match " << fmt(a.base.exact_match);
   os << " |\n";
-  os << "| pruning | " << r.criterion << " criterion; metric " << enum_name(curve.metric)
-     << ", stop below " << fmt(stop_below) << " |\n";
+  os << "| pruning | " << r.criterion << " criterion; metric " << enum_name(curve.metric) << ", stop below "
+     << fmt(stop_below) << " |\n";
   os << "| gradient scores vs zero ablation | Spearman " << fmt(agreement(a, true), 2) << " (normalised), "
      << fmt(agreement(a, false), 2) << " (raw) |\n";
   if (l0) {  // a later place in the L0 order should mean a dearer head
@@ -424,23 +445,25 @@ std::string ablation_report_md(const nn::Model& model, const EvalSet& data, cons
   }
   os << "\n![head importance](importance.png)\n\n";
   if (gpt)
-    os << "Every head's attention on a validation row, with these scores beside it: [attention.html](attention.html).\n\n";
+    os << "Every head's attention on a validation row, with these scores beside it: "
+          "[attention.html](attention.html).\n\n";
 
   os << "## Heads by importance\n\n";
   os << "Importance: I_h = E_x |dL/d gate_h| over the evaluation batches, divided by the l2 norm of its layer's "
         "scores (Michel, Levy & Neubig 2019). Zero ablation sets the head's gate to 0; mean ablation replaces the "
         "head's context by its mean over the evaluation data; resample ablation by its context on another "
         "validation row. Deltas are ablated minus unpruned, on "
-     << data.tokens() << " scored tokens; all " << 3 * a.heads.size()
-     << " ablations ran " << (gpt ? "as one batched pass" : "one pass each") << " (" << fmt(r.sweep_seconds, 2)
-     << " s)" << (gpt ? "" : "; resample ablation is not computed for the encoder-decoder (nan)") << ".\n\n";
+     << data.tokens() << " scored tokens; all " << 3 * a.heads.size() << " ablations ran "
+     << (gpt ? "as one batched pass" : "one pass each") << " (" << fmt(r.sweep_seconds, 2) << " s)"
+     << (gpt ? "" : "; resample ablation is not computed for the encoder-decoder (nan)") << ".\n\n";
   os << analysis::render_markdown(tables.importance);
 
   if (l0) {
     os << "\n## Learned gates (L0)\n\nHard-concrete gates on every head of the frozen model, trained with the task's "
           "loss plus penalty x the expected number of open heads (Voita et al. 2019), "
-       << r.l0_steps << " Adam steps per penalty. Scores: the model with the closed heads masked, on "
-       << data.tokens() << " scored tokens.\n\n" << analysis::render_markdown(*tables.l0);
+       << r.l0_steps << " Adam steps per penalty. Scores: the model with the closed heads masked, on " << data.tokens()
+       << " scored tokens.\n\n"
+       << analysis::render_markdown(*tables.l0);
   }
   os << "\n## Pruning curve\n\n";
   os << "Each step masks the least important " << fmt(100 * r.step_fraction, 0)
@@ -472,7 +495,8 @@ std::string ablation_report_md(const nn::Model& model, const EvalSet& data, cons
     os << "| heads removed | " << pr.removed << " of " << curve.total_heads << " |\n";
     os << "| kept heads (original indices) | " << pr.kept << " |\n";
     os << "| parameters | " << pr.params_before << " -> " << pr.params_after << " ("
-       << fmt(100.0 * static_cast<double>(pr.params_before - pr.params_after) / static_cast<double>(pr.params_before), 1)
+       << fmt(100.0 * static_cast<double>(pr.params_before - pr.params_after) / static_cast<double>(pr.params_before),
+              1)
        << "% fewer) |\n";
     os << "| forward time, batch " << pr.B << " x " << pr.T << " (median of " << pr.time_before.repeats << ") | "
        << fmt(pr.time_before.median * 1e3, 3) << " ms -> " << fmt(pr.time_after.median * 1e3, 3) << " ms (speed-up "
@@ -488,6 +512,5 @@ std::string ablation_report_md(const nn::Model& model, const EvalSet& data, cons
   }
   return os.str();
 }
-
 
 }  // namespace headlab::analysis

@@ -11,9 +11,9 @@
 #include "analysis/heads.h"
 #include "analysis/l0_gates.h"
 #include "analysis/logit_attribution.h"
-#include "analysis/report.h"
 #include "analysis/patching.h"
 #include "analysis/pruning.h"
+#include "analysis/report.h"
 #include "analysis/stats.h"
 #include "analysis/table.h"
 
@@ -112,8 +112,8 @@ struct HeadsRun {
   bool by_position = false;
 };
 // report.md of headlab heads: the run, then a section per analysis with its table.
-std::string heads_report_md(const nn::GPTModel& model, const EvalSet& data, const HeadsRun& run,
-                            const HeadsFindings& f, const HeadsScores& s);
+std::string heads_report_md(const nn::GPTModel& model, const EvalSet& data, const HeadsRun& run, const HeadsFindings& f,
+                            const HeadsScores& s);
 // A head column per score, heads in `order` ((layer, model-local head)), values signed to 3 decimals.
 Table head_value_table(const nn::GPTModel& model, const std::vector<std::pair<int64_t, int64_t>>& order,
                        const std::vector<std::pair<std::string, HeadMatrix>>& columns);

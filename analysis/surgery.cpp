@@ -51,7 +51,8 @@ NamedTensors replace_modules(const nn::Module& model, const std::vector<Replacem
   std::vector<bool> done(replacements.size(), false);
   NamedTensors out;
   for (const auto& [name, t] : model.named_parameters()) {
-    const auto it = std::find_if(prefixes.begin(), prefixes.end(), [&](const std::string& p) { return name.rfind(p, 0) == 0; });
+    const auto it =
+        std::find_if(prefixes.begin(), prefixes.end(), [&](const std::string& p) { return name.rfind(p, 0) == 0; });
     if (it == prefixes.end()) {
       out.emplace_back(name, t.detach());
       continue;
@@ -82,7 +83,8 @@ void check_keep_count(const std::vector<std::vector<int64_t>>& keep, const nn::G
 }
 
 // The GPT's config and parameters with layer l keeping heads keep[l] (checked).
-std::pair<nn::GPTConfig, NamedTensors> prune_gpt(const nn::GPTModel& model, const std::vector<std::vector<int64_t>>& keep) {
+std::pair<nn::GPTConfig, NamedTensors> prune_gpt(const nn::GPTModel& model,
+                                                 const std::vector<std::vector<int64_t>>& keep) {
   check_keep_count(keep, model.config());
   nn::GPTConfig out = model.config();
   out.kept_heads = original_heads(model, keep, "layer");
@@ -121,7 +123,8 @@ std::pair<nn::TransformerConfig, NamedTensors> prune_parameters(const nn::Transf
   nn::TransformerConfig out = cfg;
   const auto Ls = static_cast<size_t>(L);
   out.kept_encoder.assign(kept.begin(), kept.begin() + static_cast<std::ptrdiff_t>(Ls));
-  out.kept_decoder.assign(kept.begin() + static_cast<std::ptrdiff_t>(Ls), kept.begin() + static_cast<std::ptrdiff_t>(2 * Ls));
+  out.kept_decoder.assign(kept.begin() + static_cast<std::ptrdiff_t>(Ls),
+                          kept.begin() + static_cast<std::ptrdiff_t>(2 * Ls));
   out.kept_cross.assign(kept.begin() + static_cast<std::ptrdiff_t>(2 * Ls), kept.end());
   out.validate();
   std::vector<Replacement> replacements;

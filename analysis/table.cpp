@@ -33,8 +33,10 @@ std::string csv_field(const std::string& s) {
 std::string csv_number(double v, NumberFormat f) {
   if (std::isnan(v)) return "nan";
   std::ostringstream os;
-  if (f == NumberFormat::integer) os << std::llround(v);
-  else os << std::setprecision(10) << v;
+  if (f == NumberFormat::integer)
+    os << std::llround(v);
+  else
+    os << std::setprecision(10) << v;
   return os.str();
 }
 
@@ -46,10 +48,18 @@ std::string format_cell(const Cell& cell, const Column& column) {
   if (std::isnan(v)) return "nan";
   std::ostringstream os;
   switch (column.format) {
-    case NumberFormat::fixed: os << std::fixed << std::setprecision(column.precision) << v; break;
-    case NumberFormat::signed_fixed: os << std::showpos << std::fixed << std::setprecision(column.precision) << v; break;
-    case NumberFormat::scientific: os << std::scientific << std::setprecision(column.precision) << v; break;
-    case NumberFormat::integer: os << std::llround(v); break;
+    case NumberFormat::fixed:
+      os << std::fixed << std::setprecision(column.precision) << v;
+      break;
+    case NumberFormat::signed_fixed:
+      os << std::showpos << std::fixed << std::setprecision(column.precision) << v;
+      break;
+    case NumberFormat::scientific:
+      os << std::scientific << std::setprecision(column.precision) << v;
+      break;
+    case NumberFormat::integer:
+      os << std::llround(v);
+      break;
   }
   return os.str();
 }
@@ -116,7 +126,8 @@ std::string render_csv(const Table& t) {
   for (const auto& row : t.rows) {
     for (size_t c = 0; c < t.columns.size(); ++c) {
       os << (c ? "," : "");
-      os << (is_text(row[c]) ? csv_field(std::get<std::string>(row[c])) : csv_number(std::get<double>(row[c]), t.columns[c].format));
+      os << (is_text(row[c]) ? csv_field(std::get<std::string>(row[c]))
+                             : csv_number(std::get<double>(row[c]), t.columns[c].format));
     }
     os << "\n";
   }

@@ -21,7 +21,10 @@ std::string backward_name(const char* op) {
   std::string out;
   bool upper = true;
   for (const char* c = op; *c; ++c) {
-    if (*c == '_') { upper = true; continue; }
+    if (*c == '_') {
+      upper = true;
+      continue;
+    }
     out += upper ? static_cast<char>(std::toupper(static_cast<unsigned char>(*c))) : *c;
     upper = false;
   }
@@ -36,8 +39,10 @@ std::shared_ptr<Node> new_node(const char* op, const Tensor& out, std::span<cons
   node->seq = g_next_seq++;
   node->saved.reserve(saved.size());
   for (const Tensor& t : saved) {
-    if (!t.defined()) node->saved.emplace_back();
-    else node->saved.push_back({t.impl() == out.impl() ? t.detach() : t, t.version()});
+    if (!t.defined())
+      node->saved.emplace_back();
+    else
+      node->saved.push_back({t.impl() == out.impl() ? t.detach() : t, t.version()});
   }
   return node;
 }
@@ -67,9 +72,10 @@ namespace detail {
 void throw_tensor_in_closure() {
   const char* op = t_closure_op;
   t_closure_op = nullptr;  // building the message must not trip the watch again
-  HL_FAIL(op, ": its backward closure captures a Tensor. Pass the tensors backward reads to record() as saved "
-              "(the closure gets them as saved[i], their in-place edits caught) and reach the inputs by position "
-              "(g.needs(i), g.acc(i, ...), g.shape(i)); capture scalars only");
+  HL_FAIL(op,
+          ": its backward closure captures a Tensor. Pass the tensors backward reads to record() as saved "
+          "(the closure gets them as saved[i], their in-place edits caught) and reach the inputs by position "
+          "(g.needs(i), g.acc(i, ...), g.shape(i)); capture scalars only");
 }
 
 void saved_index_error(const Node& node, size_t i) {
@@ -178,8 +184,10 @@ struct BackwardPass {
     grads.functional_ = true;
     std::unordered_set<const Node*> target_nodes;
     for (const Tensor& t : targets) {
-      if (t.is_leaf()) grads.target_leaves_.insert(t.impl());
-      else target_nodes.insert(t.grad_fn().get());
+      if (t.is_leaf())
+        grads.target_leaves_.insert(t.impl());
+      else
+        target_nodes.insert(t.grad_fn().get());
     }
     // Oldest first, so a node's inputs are decided before the node.
     for (auto it = order.rbegin(); it != order.rend(); ++it) {
@@ -187,8 +195,10 @@ struct BackwardPass {
       bool needed = false;
       for (const Node::Input& in : n->inputs) {
         if (!in.requires_grad) continue;
-        if (!in.fn) needed |= grads.target_leaves_.count(in.tensor.impl()) > 0;
-        else needed |= target_nodes.count(in.fn.get()) > 0 || grads.needed_nodes_.count(in.fn.get()) > 0;
+        if (!in.fn)
+          needed |= grads.target_leaves_.count(in.tensor.impl()) > 0;
+        else
+          needed |= target_nodes.count(in.fn.get()) > 0 || grads.needed_nodes_.count(in.fn.get()) > 0;
       }
       // A node freed by an earlier backward has lost its edges: keep it so run() reports the reuse
       // instead of silently returning zero gradients.
@@ -200,8 +210,8 @@ struct BackwardPass {
   void seed(const std::vector<Tensor>& roots, const std::vector<Tensor>& grad_roots) {
     for (size_t i = 0; i < roots.size(); ++i) {
       const Tensor& r = roots[i];
-      HL_CHECK(r.defined() && r.requires_grad(),
-               "backward: tensor ", i, " does not require grad and has no grad_fn (nothing to differentiate)");
+      HL_CHECK(r.defined() && r.requires_grad(), "backward: tensor ", i,
+               " does not require grad and has no grad_fn (nothing to differentiate)");
       Tensor g = i < grad_roots.size() ? grad_roots[i] : Tensor();
       if (!g.defined()) {
         HL_CHECK(r.numel() == 1, "backward: grad can be implicitly created only for scalar outputs, got shape ",
@@ -238,8 +248,7 @@ struct BackwardPass {
         Tensor r = h(dout);
         if (r.defined()) dout = r;
       }
-      if (g_anomaly && !dout.all_finite())
-        HL_FAIL("anomaly: the gradient flowing into ", n->name, " holds NaN or Inf");
+      if (g_anomaly && !dout.all_finite()) HL_FAIL("anomaly: the gradient flowing into ", n->name, " holds NaN or Inf");
       grads.running_ = n;
       const OpScope scope(n->name.c_str());
       n->fn(dout, Saved(*n), grads);
@@ -264,8 +273,10 @@ struct BackwardPass {
         if (r.defined()) grad = r;
       }
       // A leaf's .grad always owns its storage: optimizers and clipping modify it in place.
-      if (leaf->grad) leaf->grad = Tensor(leaf->grad).add(grad).impl_ptr();
-      else leaf->grad = grad.clone().impl_ptr();
+      if (leaf->grad)
+        leaf->grad = Tensor(leaf->grad).add(grad).impl_ptr();
+      else
+        leaf->grad = grad.clone().impl_ptr();
     }
   }
 
@@ -327,9 +338,8 @@ GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)
                           const std::vector<Tensor>& inputs, double eps, double atol, double rtol) {
   GradcheckResult res;
   for (size_t k = 0; k < inputs.size(); ++k) {
-    HL_CHECK(inputs[k].dtype() == DType::f64 && inputs[k].device() == kCPU,
-             "gradcheck: input ", k, " must be a float64 CPU tensor, got ", dtype_name(inputs[k].dtype()), " on ",
-             inputs[k].device().str());
+    HL_CHECK(inputs[k].dtype() == DType::f64 && inputs[k].device() == kCPU, "gradcheck: input ", k,
+             " must be a float64 CPU tensor, got ", dtype_name(inputs[k].dtype()), " on ", inputs[k].device().str());
     HL_CHECK(inputs[k].requires_grad(), "gradcheck: input ", k, " does not require grad");
   }
   const Tensor out0 = fn(inputs);

@@ -163,7 +163,8 @@ bool any_requires_grad(std::span<const Tensor> ts);
 void check_inplace(const char* op, const Tensor& self);
 
 inline const Tensor& Saved::operator[](size_t i) const {
-  if (i >= node_->saved.size()) [[unlikely]] detail::saved_index_error(*node_, i);
+  if (i >= node_->saved.size()) [[unlikely]]
+    detail::saved_index_error(*node_, i);
   return node_->saved[i].tensor;
 }
 
@@ -197,7 +198,6 @@ struct GradcheckResult {
 };
 // fn maps the inputs (float64 leaves with requires_grad) to one tensor of any shape.
 GradcheckResult gradcheck(const std::function<Tensor(const std::vector<Tensor>&)>& fn,
-                          const std::vector<Tensor>& inputs, double eps = 1e-6, double atol = 1e-5,
-                          double rtol = 1e-3);
+                          const std::vector<Tensor>& inputs, double eps = 1e-6, double atol = 1e-5, double rtol = 1e-3);
 
 }  // namespace headlab

@@ -10,10 +10,16 @@ namespace headlab {
 class Generator {
  public:
   explicit Generator(uint64_t seed = 0) : seed_(seed) {}
-  void manual_seed(uint64_t seed) { seed_ = seed; offset_ = 0; }
+  void manual_seed(uint64_t seed) {
+    seed_ = seed;
+    offset_ = 0;
+  }
   uint64_t seed() const { return seed_; }
   uint64_t offset() const { return offset_; }
-  void set_state(uint64_t seed, uint64_t offset) { seed_ = seed; offset_ = offset; }
+  void set_state(uint64_t seed, uint64_t offset) {
+    seed_ = seed;
+    offset_ = offset;
+  }
   // Reserves the Philox counters for a draw of n elements and returns the first one.
   uint64_t reserve(int64_t n) {
     if (shard_rows_ > 0) return reserve_rows(n);

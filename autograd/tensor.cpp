@@ -47,8 +47,10 @@ Tensor Tensor::empty_strided(const Shape& shape, const Shape& strides, DType dty
   int64_t extent = 1;  // elements the strided layout can reach
   for (size_t i = 0; i < shape.size(); ++i) {
     HL_CHECK(shape[i] >= 0, "tensor: negative dimension in shape ", shape_str(shape));
-    if (shape[i] == 0) extent = 0;
-    else if (extent) extent += (shape[i] - 1) * strides[i];
+    if (shape[i] == 0)
+      extent = 0;
+    else if (extent)
+      extent += (shape[i] - 1) * strides[i];
   }
   HL_CHECK(extent <= (int64_t{1} << 40), "tensor: shape ", shape_str(shape), " is too large");
   auto impl = std::make_shared<TensorImpl>();
@@ -96,10 +98,26 @@ std::vector<T> Tensor::to_vector() const {
   std::vector<T> out(static_cast<size_t>(host.numel()));
   const int64_t n = host.numel();
   switch (host.dtype()) {
-    case DType::f32: { const float* p = host.data<float>(); for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(p[i]); break; }
-    case DType::f64: { const double* p = host.data<double>(); for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(p[i]); break; }
-    case DType::i64: { const int64_t* p = host.data<int64_t>(); for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(p[i]); break; }
-    case DType::b8: { const uint8_t* p = host.data<uint8_t>(); for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(p[i]); break; }
+    case DType::f32: {
+      const float* p = host.data<float>();
+      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(p[i]);
+      break;
+    }
+    case DType::f64: {
+      const double* p = host.data<double>();
+      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(p[i]);
+      break;
+    }
+    case DType::i64: {
+      const int64_t* p = host.data<int64_t>();
+      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(p[i]);
+      break;
+    }
+    case DType::b8: {
+      const uint8_t* p = host.data<uint8_t>();
+      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(p[i]);
+      break;
+    }
   }
   return out;
 }
@@ -144,14 +162,14 @@ Tensor Tensor::as_strided_raw(const Shape& shape, const Shape& strides, int64_t 
   return Tensor(std::move(impl));
 }
 
-void Tensor::backward(const Tensor& grad, bool retain_graph) const {
-  headlab::backward({*this}, {grad}, retain_graph);
-}
+void Tensor::backward(const Tensor& grad, bool retain_graph) const { headlab::backward({*this}, {grad}, retain_graph); }
 
 void Tensor::register_hook(TensorHook hook) const {
   HL_CHECK(requires_grad(), "register_hook: cannot register a hook on a tensor that does not require grad");
-  if (impl_->grad_fn) impl_->grad_fn->hooks.push_back(std::move(hook));
-  else impl_->hooks.push_back(std::move(hook));
+  if (impl_->grad_fn)
+    impl_->grad_fn->hooks.push_back(std::move(hook));
+  else
+    impl_->hooks.push_back(std::move(hook));
 }
 
 // ---- printing, in PyTorch's format: tensor([[1.0000, 2.0000]], grad_fn=<MatmulBackward>) ----
@@ -171,10 +189,14 @@ void print_values(std::ostream& os, const std::vector<double>& v, const Shape& s
   if (shape.empty()) {
     std::ostringstream e;
     const double x = v[static_cast<size_t>(pos)];
-    if (dt == DType::b8) e << (x != 0 ? "True" : "False");
-    else if (dt == DType::i64) e << static_cast<int64_t>(x);
-    else if (sci) e << std::scientific << std::setprecision(4) << x;
-    else e << std::fixed << std::setprecision(4) << x;
+    if (dt == DType::b8)
+      e << (x != 0 ? "True" : "False");
+    else if (dt == DType::i64)
+      e << static_cast<int64_t>(x);
+    else if (sci)
+      e << std::scientific << std::setprecision(4) << x;
+    else
+      e << std::fixed << std::setprecision(4) << x;
     os << std::setw(width) << e.str();
     ++pos;
     return;
@@ -182,8 +204,10 @@ void print_values(std::ostream& os, const std::vector<double>& v, const Shape& s
   os << "[";
   for (int64_t i = 0; i < n; ++i) {
     if (summarise && i == edge) {
-      if (last) os << "..., ";
-      else os << "...,\n" << std::string(indent + 1, ' ');
+      if (last)
+        os << "..., ";
+      else
+        os << "...,\n" << std::string(indent + 1, ' ');
       skip(n - 2 * edge);
       i = n - edge;
     }
@@ -193,8 +217,10 @@ void print_values(std::ostream& os, const std::vector<double>& v, const Shape& s
       print_values(os, v, shape, dim + 1, pos, indent + 1, dt, width, sci);
     }
     if (i + 1 < n) {
-      if (last) os << ", ";
-      else os << ',' << std::string(shape.size() - dim - 1, '\n') << std::string(indent + 1, ' ');
+      if (last)
+        os << ", ";
+      else
+        os << ',' << std::string(shape.size() - dim - 1, '\n') << std::string(indent + 1, ' ');
     }
   }
   os << "]";
@@ -210,29 +236,40 @@ std::ostream& operator<<(std::ostream& os, const Tensor& t) {
   if (is_floating(t.dtype())) {
     double mx = 0, mn = INFINITY;
     for (double x : v)
-      if (std::isfinite(x) && x != 0) { mx = std::max(mx, std::abs(x)); mn = std::min(mn, std::abs(x)); }
+      if (std::isfinite(x) && x != 0) {
+        mx = std::max(mx, std::abs(x));
+        mn = std::min(mn, std::abs(x));
+      }
     sci = mx >= 1e8 || (mn < 1e-4 && mx > 0);
   }
   for (double x : v) {  // width of the widest element so columns line up
     std::ostringstream e;
-    if (t.dtype() == DType::i64) e << static_cast<int64_t>(x);
-    else if (t.dtype() == DType::b8) e << (x != 0 ? "True" : "False");
-    else if (sci) e << std::scientific << std::setprecision(4) << x;
-    else e << std::fixed << std::setprecision(4) << x;
+    if (t.dtype() == DType::i64)
+      e << static_cast<int64_t>(x);
+    else if (t.dtype() == DType::b8)
+      e << (x != 0 ? "True" : "False");
+    else if (sci)
+      e << std::scientific << std::setprecision(4) << x;
+    else
+      e << std::fixed << std::setprecision(4) << x;
     width = std::max(width, static_cast<int>(e.str().size()));
   }
   os << "tensor(";
   int64_t pos = 0;
-  if (t.numel() == 0) os << "[]";
-  else print_values(os, v, t.shape(), 0, pos, 7, t.dtype(), width, sci);
+  if (t.numel() == 0)
+    os << "[]";
+  else
+    print_values(os, v, t.shape(), 0, pos, 7, t.dtype(), width, sci);
   if (t.numel() == 0 && t.dim() != 1) {  // PyTorch shows the size of empty tensors unless 1-D
     const std::string s = shape_str(t.shape());
     os << ", size=(" << s.substr(1, s.size() - 2) << ")";
   }
   if (t.device().is_cuda()) os << ", device='" << t.device().str() << "'";
   if (t.dtype() == DType::f64) os << ", dtype=torch.float64";
-  if (t.grad_fn()) os << ", grad_fn=<" << t.grad_fn_name() << ">";
-  else if (t.requires_grad()) os << ", requires_grad=True";
+  if (t.grad_fn())
+    os << ", grad_fn=<" << t.grad_fn_name() << ">";
+  else if (t.requires_grad())
+    os << ", requires_grad=True";
   return os << ")";
 }
 

@@ -64,7 +64,8 @@ class Tensor {
   Tensor() = default;
   explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
   Tensor(const Tensor& other) : impl_(other.impl_) {
-    if (detail::t_closure_op) [[unlikely]] detail::throw_tensor_in_closure();
+    if (detail::t_closure_op) [[unlikely]]
+      detail::throw_tensor_in_closure();
   }
   Tensor(Tensor&&) noexcept = default;
   Tensor& operator=(const Tensor&) = default;
@@ -84,7 +85,7 @@ class Tensor {
   const Shape& strides() const { return impl_->strides; }
   int64_t offset() const { return impl_->offset; }
   int64_t dim() const { return static_cast<int64_t>(impl_->shape.size()); }
-  int64_t size(int64_t d) const;    // negative d counts from the end
+  int64_t size(int64_t d) const;  // negative d counts from the end
   int64_t stride(int64_t d) const;
   int64_t numel() const { return shape_numel(impl_->shape); }
   DType dtype() const { return impl_->dtype; }
@@ -104,10 +105,15 @@ class Tensor {
 
   // ---- raw data (host tensors; device tensors must be copied with to(kCPU) first) ----
   void* raw_data() const;  // storage base + offset, on the tensor's device
-  template <typename T> T* data() const { return static_cast<T*>(raw_data()); }
-  template <typename T> T item() const;
-  template <typename T> std::vector<T> to_vector() const;  // any layout, any device, cast to T
-  bool all_finite() const;  // no NaN or +-inf anywhere (true for integer and empty tensors)
+  template <typename T>
+  T* data() const {
+    return static_cast<T*>(raw_data());
+  }
+  template <typename T>
+  T item() const;
+  template <typename T>
+  std::vector<T> to_vector() const;  // any layout, any device, cast to T
+  bool all_finite() const;           // no NaN or +-inf anywhere (true for integer and empty tensors)
 
   // ---- autograd ----
   bool requires_grad() const { return impl_->requires_grad || impl_->grad_fn != nullptr; }
@@ -154,8 +160,8 @@ class Tensor {
   Tensor argmax(int64_t dim, bool keepdim = false) const;
 
   Tensor matmul(const Tensor& other) const;
-  Tensor add(const Tensor& other) const;          // broadcasting, as headlab::add
-  Tensor sum_to(const Shape& shape) const;        // undo broadcasting by summing, as headlab::sum_to
+  Tensor add(const Tensor& other) const;    // broadcasting, as headlab::add
+  Tensor sum_to(const Shape& shape) const;  // undo broadcasting by summing, as headlab::sum_to
   Tensor exp() const;
   Tensor log() const;
   Tensor sqrt() const;

@@ -28,7 +28,21 @@ struct Loop {
 };
 
 enum class UnaryOp : uint8_t {
-  neg, exp, log, sqrt, rsqrt, abs, tanh, sigmoid, relu, gelu, gelu_tanh, pow, affine, sign, gt_zero
+  neg,
+  exp,
+  log,
+  sqrt,
+  rsqrt,
+  abs,
+  tanh,
+  sigmoid,
+  relu,
+  gelu,
+  gelu_tanh,
+  pow,
+  affine,
+  sign,
+  gt_zero
 };
 // out = op(x); pow uses alpha as the exponent; affine is alpha * x + beta.
 enum class BinaryOp : uint8_t { add, sub, mul, div, maximum, minimum, eq, ne, lt, le, gt, ge, logical_and };
@@ -71,29 +85,28 @@ struct Backend {
   virtual void reset_peak() = 0;
 
   // ---- fill, copy, elementwise ----
-  virtual void fill(DType dt, const Loop& l, double value) = 0;                      // op 0
+  virtual void fill(DType dt, const Loop& l, double value) = 0;  // op 0
   virtual void arange(DType dt, void* out, int64_t n, double start, double step) = 0;
-  virtual void copy(DType dst_dt, DType src_dt, const Loop& l) = 0;                  // 0 <- 1, casting
+  virtual void copy(DType dst_dt, DType src_dt, const Loop& l) = 0;  // 0 <- 1, casting
   virtual void unary(UnaryOp op, DType dt, const Loop& l, double alpha, double beta) = 0;
   // din = dout * op'(x), with y = op(x) available for ops whose derivative is cheaper from y.
   // Contiguous, n elements. Ops: exp, log, sqrt, rsqrt, abs, tanh, sigmoid, relu, gelu, gelu_tanh, pow.
-  virtual void unary_backward(UnaryOp op, DType dt, void* din, const void* dout, const void* x,
-                              const void* y, int64_t n, double alpha) = 0;
-  virtual void binary(BinaryOp op, DType dt, const Loop& l) = 0;   // 0 = 1 op 2; comparisons write bool
-  virtual void where(DType dt, const Loop& l) = 0;                 // 0 = (bool)1 ? 2 : 3
+  virtual void unary_backward(UnaryOp op, DType dt, void* din, const void* dout, const void* x, const void* y,
+                              int64_t n, double alpha) = 0;
+  virtual void binary(BinaryOp op, DType dt, const Loop& l) = 0;  // 0 = 1 op 2; comparisons write bool
+  virtual void where(DType dt, const Loop& l) = 0;                // 0 = (bool)1 ? 2 : 3
   // Reduce `in` over the inner dims for each outer index; out is contiguous over the outer dims.
-  virtual void reduce(ReduceOp op, DType dt, void* out, const void* in, int n_outer,
-                      const int64_t* outer_sizes, const int64_t* outer_strides, int n_inner,
-                      const int64_t* inner_sizes, const int64_t* inner_strides) = 0;
+  virtual void reduce(ReduceOp op, DType dt, void* out, const void* in, int n_outer, const int64_t* outer_sizes,
+                      const int64_t* outer_strides, int n_inner, const int64_t* inner_sizes,
+                      const int64_t* inner_strides) = 0;
   virtual bool all_finite(DType dt, const void* p, int64_t n) = 0;  // anomaly mode
   // Range check for index tensors: returns true iff every idx in [lo, hi).
   virtual bool indices_in_range(const int64_t* idx, int64_t n, int64_t lo, int64_t hi) = 0;
 
   // ---- GEMM: C[b] = alpha * op(A[b]) @ op(B[b]) + beta * C[b], row-major, b < batch ----
-  virtual void gemm(DType dt, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha,
-                    const void* A, int64_t lda, int64_t stride_a, const void* B, int64_t ldb,
-                    int64_t stride_b, double beta, void* C, int64_t ldc, int64_t stride_c,
-                    int64_t batch) = 0;
+  virtual void gemm(DType dt, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha, const void* A,
+                    int64_t lda, int64_t stride_a, const void* B, int64_t ldb, int64_t stride_b, double beta, void* C,
+                    int64_t ldc, int64_t stride_c, int64_t batch) = 0;
 
   // ---- softmax over the last dim of contiguous (rows, cols); y = softmax(scale * x) ----
   // mask: lengths -> row r keeps columns < lengths[r]; causal -> row r keeps columns <= r % q_len.
@@ -101,20 +114,18 @@ struct Backend {
   virtual void softmax_forward(DType dt, void* y, const void* x, int64_t rows, int64_t cols, double scale,
                                SoftmaxMask mask, const int64_t* lengths, int64_t q_len) = 0;
   // dx = scale * y * (dy - sum(dy * y))
-  virtual void softmax_backward(DType dt, void* dx, const void* dy, const void* y, int64_t rows,
-                                int64_t cols, double scale) = 0;
+  virtual void softmax_backward(DType dt, void* dx, const void* dy, const void* y, int64_t rows, int64_t cols,
+                                double scale) = 0;
   virtual void log_softmax_forward(DType dt, void* y, const void* x, int64_t rows, int64_t cols) = 0;
   // dx = dy - exp(y) * sum(dy)
-  virtual void log_softmax_backward(DType dt, void* dx, const void* dy, const void* y, int64_t rows,
-                                    int64_t cols) = 0;
+  virtual void log_softmax_backward(DType dt, void* dx, const void* dy, const void* y, int64_t rows, int64_t cols) = 0;
 
   // ---- layer norm over the last dim of contiguous (rows, cols); weight/bias may be null ----
-  virtual void layernorm_forward(DType dt, void* y, void* mean, void* rstd, const void* x, const void* w,
-                                 const void* b, int64_t rows, int64_t cols, double eps) = 0;
+  virtual void layernorm_forward(DType dt, void* y, void* mean, void* rstd, const void* x, const void* w, const void* b,
+                                 int64_t rows, int64_t cols, double eps) = 0;
   // dx is written; dw and db (when not null) are written (not accumulated).
   virtual void layernorm_backward(DType dt, void* dx, void* dw, void* db, const void* dy, const void* x,
-                                  const void* mean, const void* rstd, const void* w, int64_t rows,
-                                  int64_t cols) = 0;
+                                  const void* mean, const void* rstd, const void* w, int64_t rows, int64_t cols) = 0;
 
   // ---- fused scaled-dot-product attention (FlashAttention-style): O(B*H*Tq) saved state ----
   // Every tensor is (B, H, T, *) with a contiguous last dim; AttnView gives the other strides.
@@ -125,55 +136,50 @@ struct Backend {
   virtual bool has_fused_attention() const { return false; }
   // out: (B, H, Tq, Dv); lse: (B, H, Tq) contiguous, log-sum-exp of the scaled scores (+inf for an
   // empty row). q: (B, H, Tq, D), k: (B, H, Tk, D), v: (B, H, Tk, Dv).
-  virtual void attention_forward(DType dt, const AttnResult& out, void* lse, const AttnOperand& q,
-                                 const AttnOperand& k, const AttnOperand& v, const AttnParams& a) {
+  virtual void attention_forward(DType dt, const AttnResult& out, void* lse, const AttnOperand& q, const AttnOperand& k,
+                                 const AttnOperand& v, const AttnParams& a) {
     (void)dt, (void)out, (void)lse, (void)q, (void)k, (void)v, (void)a;
     HL_FAIL(name(), ": attention_forward is not implemented");
   }
   // dq, dk, dv: written (not accumulated); dout: (B, H, Tq, Dv); out and lse as forward gave them.
   virtual void attention_backward(DType dt, const AttnResult& dq, const AttnResult& dk, const AttnResult& dv,
                                   const AttnOperand& dout, const AttnOperand& q, const AttnOperand& k,
-                                  const AttnOperand& v, const AttnOperand& out, const void* lse,
-                                  const AttnParams& a) {
+                                  const AttnOperand& v, const AttnOperand& out, const void* lse, const AttnParams& a) {
     (void)dt, (void)dq, (void)dk, (void)dv, (void)dout, (void)q, (void)k, (void)v, (void)out, (void)lse, (void)a;
     HL_FAIL(name(), ": attention_backward is not implemented");
   }
 
   // ---- randomness: Philox4x32-10 keyed by seed, counter = offset + i / 4 (same on every device) ----
-  virtual void random_uniform(DType dt, void* out, int64_t n, uint64_t seed, uint64_t offset, double lo,
-                              double hi) = 0;
+  virtual void random_uniform(DType dt, void* out, int64_t n, uint64_t seed, uint64_t offset, double lo, double hi) = 0;
   virtual void random_normal(DType dt, void* out, int64_t n, uint64_t seed, uint64_t offset, double mean,
                              double std) = 0;
   virtual void random_int(void* out, int64_t n, uint64_t seed, uint64_t offset, int64_t lo, int64_t hi) = 0;
   // out = keep ? x / (1 - p) : 0 where keep = uniform(seed, offset)[i] >= p. Applied to dout in backward.
-  virtual void dropout(DType dt, void* out, const void* x, int64_t n, double p, uint64_t seed,
-                       uint64_t offset) = 0;
+  virtual void dropout(DType dt, void* out, const void* x, int64_t n, double p, uint64_t seed, uint64_t offset) = 0;
 
   // ---- gather / scatter along one dim of contiguous (outer, dim, inner) ----
   // out[o, i, :] = in[o, idx[i], :]
-  virtual void index_select(DType dt, void* out, const void* in, const int64_t* idx, int64_t outer,
-                            int64_t in_dim, int64_t inner, int64_t n_idx) = 0;
+  virtual void index_select(DType dt, void* out, const void* in, const int64_t* idx, int64_t outer, int64_t in_dim,
+                            int64_t inner, int64_t n_idx) = 0;
   // dst[o, idx[i], :] += src[o, i, :]
-  virtual void index_add(DType dt, void* dst, const void* src, const int64_t* idx, int64_t outer,
-                         int64_t dst_dim, int64_t inner, int64_t n_idx) = 0;
+  virtual void index_add(DType dt, void* dst, const void* src, const int64_t* idx, int64_t outer, int64_t dst_dim,
+                         int64_t inner, int64_t n_idx) = 0;
 
   // ---- cross entropy over contiguous logits (rows, classes) ----
   // loss[r] = logsumexp(logits[r]) - logits[r, target[r]]; 0 where target == ignore_index.
-  virtual void cross_entropy_forward(DType dt, void* loss, const void* logits, const int64_t* targets,
-                                     int64_t rows, int64_t classes, int64_t ignore_index) = 0;
+  virtual void cross_entropy_forward(DType dt, void* loss, const void* logits, const int64_t* targets, int64_t rows,
+                                     int64_t classes, int64_t ignore_index) = 0;
   // dlogits[r] = dloss[r * dloss_stride] * scale * (softmax(logits[r]) - onehot(target[r])); 0 if ignored.
-  virtual void cross_entropy_backward(DType dt, void* dlogits, const void* dloss, int64_t dloss_stride,
-                                      double scale, const void* logits, const int64_t* targets, int64_t rows,
-                                      int64_t classes, int64_t ignore_index) = 0;
+  virtual void cross_entropy_backward(DType dt, void* dlogits, const void* dloss, int64_t dloss_stride, double scale,
+                                      const void* logits, const int64_t* targets, int64_t rows, int64_t classes,
+                                      int64_t ignore_index) = 0;
 
   // ---- optimizer updates, in place over n contiguous elements (PyTorch's formulas) ----
   virtual void sgd_step(DType dt, void* param, const void* grad, void* momentum_buf, int64_t n, double lr,
-                        double momentum, double dampening, double weight_decay, bool nesterov,
-                        bool first_step) = 0;
+                        double momentum, double dampening, double weight_decay, bool nesterov, bool first_step) = 0;
   // decoupled: AdamW (param *= 1 - lr * wd) else Adam (grad += wd * param).
-  virtual void adam_step(DType dt, void* param, const void* grad, void* exp_avg, void* exp_avg_sq, int64_t n,
-                         double lr, double beta1, double beta2, double eps, double weight_decay, int64_t step,
-                         bool decoupled) = 0;
+  virtual void adam_step(DType dt, void* param, const void* grad, void* exp_avg, void* exp_avg_sq, int64_t n, double lr,
+                         double beta1, double beta2, double eps, double weight_decay, int64_t step, bool decoupled) = 0;
 };
 
 // The backend that owns memory on `device`. CUDA without a build or without a GPU throws a clear error.
@@ -189,7 +195,7 @@ Backend& cpu_backend();
 // in place before the OpenMP runtime starts (backends/cpu/omp_policy.h: it may re-execute the program,
 // so nothing before it may have effects that a second start would repeat).
 void prepare_process(char** argv);
-bool cuda_available();        // built with CUDA and a GPU is visible
+bool cuda_available();  // built with CUDA and a GPU is visible
 bool cuda_built();
 
 }  // namespace headlab

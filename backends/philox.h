@@ -28,7 +28,10 @@ HL_HOST_DEVICE U4 philox4x32(uint64_t ctr, uint64_t seed) {
     mulhilo(0xD2511F53u, c0, hi0, lo0);
     mulhilo(0xCD9E8D57u, c2, hi1, lo1);
     const uint32_t n0 = hi1 ^ c1 ^ k0, n1 = lo1, n2 = hi0 ^ c3 ^ k1, n3 = lo0;
-    c0 = n0; c1 = n1; c2 = n2; c3 = n3;
+    c0 = n0;
+    c1 = n1;
+    c2 = n2;
+    c3 = n3;
     k0 += 0x9E3779B9u;
     k1 += 0xBB67AE85u;
   }
@@ -51,7 +54,8 @@ HL_HOST_DEVICE int64_t uniform_int(uint64_t seed, uint64_t offset, int64_t i, in
 }
 
 // Dropout of element i: kept (scaled by keep_scale = dropout_scale(p)) when its uniform draw is >= p.
-template <typename T> HL_HOST_DEVICE T dropout_scale(double p) {
+template <typename T>
+HL_HOST_DEVICE T dropout_scale(double p) {
   return p < 1 ? static_cast<T>(1.0 / (1.0 - p)) : T(0);
 }
 template <typename T>

@@ -37,9 +37,12 @@ std::string format_bytes(double b) {
   int u = 0;
   while (std::abs(b) >= 1024 && u < 6) b /= 1024, ++u;
   std::ostringstream os;
-  if (u == 0) os << static_cast<int64_t>(b) << " B";
-  else if (std::isfinite(b)) os << std::fixed << std::setprecision(1) << b << ' ' << units[u];
-  else os << "more than 1024 EiB";
+  if (u == 0)
+    os << static_cast<int64_t>(b) << " B";
+  else if (std::isfinite(b))
+    os << std::fixed << std::setprecision(1) << b << ' ' << units[u];
+  else
+    os << "more than 1024 EiB";
   return os.str();
 }
 

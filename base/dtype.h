@@ -11,20 +11,28 @@ enum class DType : uint8_t { f32, f64, i64, b8 };
 
 constexpr const char* dtype_name(DType d) {  // "float32", "float64", "int64", "bool"
   switch (d) {
-    case DType::f32: return "float32";
-    case DType::f64: return "float64";
-    case DType::i64: return "int64";
-    case DType::b8: return "bool";
+    case DType::f32:
+      return "float32";
+    case DType::f64:
+      return "float64";
+    case DType::i64:
+      return "int64";
+    case DType::b8:
+      return "bool";
   }
   return "?";
 }
 
 constexpr size_t dtype_size(DType d) {  // bytes per element; bool is one byte 0/1
   switch (d) {
-    case DType::f32: return 4;
-    case DType::f64: return 8;
-    case DType::i64: return 8;
-    case DType::b8: return 1;
+    case DType::f32:
+      return 4;
+    case DType::f64:
+      return 8;
+    case DType::i64:
+      return 8;
+    case DType::b8:
+      return 1;
   }
   return 0;
 }

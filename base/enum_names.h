@@ -28,7 +28,9 @@ struct EnumName {
 // A value listed again under another name is an alias: parse_enum accepts it, enum_name and the
 // lists give the first name only.
 template <typename E>
-concept NamedEnum = std::is_enum_v<E> && requires(E e) { enum_table(e); };
+concept NamedEnum = std::is_enum_v<E> && requires(E e) {
+  enum_table(e);
+};
 
 // The canonical names, in table order, without aliases ("fused", "wrapper").
 template <NamedEnum E>

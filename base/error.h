@@ -42,8 +42,8 @@ std::string str_cat(Args&&... args) {
 }  // namespace headlab
 
 // HL_CHECK(cond, "op: expected ", x, " but got ", y): throws headlab::Error with the streamed message.
-#define HL_CHECK(cond, ...)                                                  \
-  do {                                                                       \
+#define HL_CHECK(cond, ...)                                                       \
+  do {                                                                            \
     if (!(cond)) throw ::headlab::Error(::headlab::detail::str_cat(__VA_ARGS__)); \
   } while (0)
 

@@ -4,9 +4,9 @@
 // wrong type names its key. A config struct lists its fields once (Field: key, member, presence,
 // bounds); its to_json, from_json and the per-field part of validate() come from that list.
 #pragma once
-#include <nlohmann/json.hpp>
 #include <cstdint>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -66,7 +66,8 @@ inline void check_head_lists(const std::vector<std::vector<int64_t>>& lists, int
            " layers, expected ", n_layers);
   for (size_t l = 0; l < lists.size(); ++l)
     for (int64_t h : lists[l])
-      HL_CHECK(h >= 0 && h < n_heads, who, ": ", key, " of layer ", l, " holds head ", h, ", expected 0..", n_heads - 1);
+      HL_CHECK(h >= 0 && h < n_heads, who, ": ", key, " of layer ", l, " holds head ", h, ", expected 0..",
+               n_heads - 1);
 }
 
 // Reads j[key] into out when j has the key, else leaves out as it is. who prefixes the error
@@ -77,8 +78,8 @@ void read_json_field(const nlohmann::json& j, const char* key, T& out, const cha
   if (!j.contains(key)) return;
   const nlohmann::json& v = j.at(key);
   if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-    HL_CHECK(json_to_integer(v, out), who, ": key '", key, "' must be an integer",
-             std::is_unsigned_v<T> ? " >= 0" : "", ", got ", json_text(v));
+    HL_CHECK(json_to_integer(v, out), who, ": key '", key, "' must be an integer", std::is_unsigned_v<T> ? " >= 0" : "",
+             ", got ", json_text(v));
   } else if constexpr (std::is_same_v<T, std::vector<std::vector<int64_t>>>) {
     read_head_lists(j, key, out, who);
   } else if constexpr (NamedEnum<T>) {

@@ -77,9 +77,9 @@ void BM_ablate_all_heads(benchmark::State& state) {
       }
     }
   }
-  state.counters["heads_per_s"] =
-      benchmark::Counter(static_cast<double>(count_heads(head_matrix(m, 1.0))) * static_cast<double>(state.iterations()),
-                         benchmark::Counter::kIsRate);
+  state.counters["heads_per_s"] = benchmark::Counter(
+      static_cast<double>(count_heads(head_matrix(m, 1.0))) * static_cast<double>(state.iterations()),
+      benchmark::Counter::kIsRate);
   omp_set_num_threads(prev);
 }
 

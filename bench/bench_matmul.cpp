@@ -15,8 +15,8 @@ using namespace headlab;
 namespace {
 
 void report_flops(benchmark::State& state, double flops_per_iteration) {
-  state.counters["GFLOP/s"] =
-      benchmark::Counter(1e-9 * flops_per_iteration * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+  state.counters["GFLOP/s"] = benchmark::Counter(1e-9 * flops_per_iteration * static_cast<double>(state.iterations()),
+                                                 benchmark::Counter::kIsRate);
 }
 
 // ---- square: (n, n) @ (n, n) ----
@@ -36,8 +36,8 @@ void BM_cblas_sgemm(benchmark::State& state) {
   Generator gen(1);
   const Tensor a = randn({n, n}, gen), b = randn({n, n}, gen), c = zeros({n, n});
   for (auto _ : state) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data<float>(), n, b.data<float>(), n,
-                0.0f, c.data<float>(), n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a.data<float>(), n, b.data<float>(), n, 0.0f,
+                c.data<float>(), n);
     benchmark::DoNotOptimize(c.raw_data());
   }
   report_flops(state, 2.0 * n * n * n);
@@ -88,8 +88,8 @@ void BM_cblas_linear(benchmark::State& state) {  // the same work by hand: rows 
   for (auto _ : state) {
     float* py = y.data<float>();
     for (int64_t r = 0; r < kRows; ++r) std::memcpy(py + r * kOut, bias.data<float>(), kOut * sizeof(float));
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, kRows, kOut, kIn, 1.0f, x.data<float>(), kIn,
-                w.data<float>(), kIn, 1.0f, py, kOut);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, kRows, kOut, kIn, 1.0f, x.data<float>(), kIn, w.data<float>(),
+                kIn, 1.0f, py, kOut);
     benchmark::DoNotOptimize(y.raw_data());
   }
   report_flops(state, 2.0 * kRows * kIn * kOut);

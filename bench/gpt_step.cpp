@@ -30,11 +30,16 @@ using clock_type = std::chrono::steady_clock;
 static double sgemm_gflops_cpu() {
   const int n = 1024;
   std::vector<float> a(n * n, 1.0f), b(n * n, 0.5f), c(n * n);
-  auto run = [&] { cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1, a.data(), n, b.data(), n, 0, c.data(), n); };
+  auto run = [&] {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1, a.data(), n, b.data(), n, 0, c.data(), n);
+  };
   run();
   const auto t0 = clock_type::now();
   int reps = 0;
-  while (std::chrono::duration<double>(clock_type::now() - t0).count() < 1.0) { run(); ++reps; }
+  while (std::chrono::duration<double>(clock_type::now() - t0).count() < 1.0) {
+    run();
+    ++reps;
+  }
   const double s = std::chrono::duration<double>(clock_type::now() - t0).count() / reps;
   return 2.0 * n * n * n / s / 1e9;
 }
@@ -61,7 +66,7 @@ static double sgemm_gflops_device(Device device) {
 // Matrix-multiply FLOPs of one forward+backward (3x forward) of the model on B x T tokens.
 static double step_flops(const nn::GPTConfig& c, int64_t B) {
   const double tokens = static_cast<double>(B * c.context_length), d = static_cast<double>(c.emb_dim);
-  const double per_layer_linear = 2 * tokens * (4 * d * d + 8 * d * d);            // qkv + out_proj, two FF layers
+  const double per_layer_linear = 2 * tokens * (4 * d * d + 8 * d * d);  // qkv + out_proj, two FF layers
   const double per_layer_attn = 2 * 2 * B * static_cast<double>(c.context_length) * c.context_length * d;  // QK^T, AV
   const double head = 2 * tokens * d * static_cast<double>(c.vocab_size);
   return 3 * (c.n_layers * (per_layer_linear + per_layer_attn) + head);
@@ -69,7 +74,11 @@ static double step_flops(const nn::GPTConfig& c, int64_t B) {
 
 static int run(int argc, char** argv) {
   nn::GPTConfig cfg;
-  cfg.vocab_size = 64; cfg.context_length = 64; cfg.emb_dim = 128; cfg.n_heads = 4; cfg.n_layers = 2;
+  cfg.vocab_size = 64;
+  cfg.context_length = 64;
+  cfg.emb_dim = 128;
+  cfg.n_heads = 4;
+  cfg.n_layers = 2;
   int64_t B = 32;
   int threads = 2;
   double seconds = 2.0;
@@ -78,18 +87,32 @@ static int run(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const char* v = argv[i + 1];
-    if (k == "--emb-dim") cfg.emb_dim = std::stoll(v);
-    else if (k == "--n-heads") cfg.n_heads = std::stoll(v);
-    else if (k == "--n-layers") cfg.n_layers = std::stoll(v);
-    else if (k == "--context-length") cfg.context_length = std::stoll(v);
-    else if (k == "--vocab-size") cfg.vocab_size = std::stoll(v);
-    else if (k == "--batch-size") B = std::stoll(v);
-    else if (k == "--threads") threads = std::stoi(v);
-    else if (k == "--attention") cfg.attention = parse_enum<nn::AttentionForm>(v, "gpt_step: --attention");
-    else if (k == "--seconds") seconds = std::stod(v);
-    else if (k == "--device") device = Device::parse(v);
-    else if (k == "--tf32") tf32 = std::stoi(v) != 0;
-    else { std::fprintf(stderr, "gpt_step: unknown option %s\n", argv[i]); return 2; }
+    if (k == "--emb-dim")
+      cfg.emb_dim = std::stoll(v);
+    else if (k == "--n-heads")
+      cfg.n_heads = std::stoll(v);
+    else if (k == "--n-layers")
+      cfg.n_layers = std::stoll(v);
+    else if (k == "--context-length")
+      cfg.context_length = std::stoll(v);
+    else if (k == "--vocab-size")
+      cfg.vocab_size = std::stoll(v);
+    else if (k == "--batch-size")
+      B = std::stoll(v);
+    else if (k == "--threads")
+      threads = std::stoi(v);
+    else if (k == "--attention")
+      cfg.attention = parse_enum<nn::AttentionForm>(v, "gpt_step: --attention");
+    else if (k == "--seconds")
+      seconds = std::stod(v);
+    else if (k == "--device")
+      device = Device::parse(v);
+    else if (k == "--tf32")
+      tf32 = std::stoi(v) != 0;
+    else {
+      std::fprintf(stderr, "gpt_step: unknown option %s\n", argv[i]);
+      return 2;
+    }
   }
   omp_set_num_threads(threads);
 #ifdef HEADLAB_HAS_CUDA
@@ -118,17 +141,20 @@ static int run(int argc, char** argv) {
   const double peak_mib = static_cast<double>(be.peak_bytes() - live) / (1 << 20);
   int n = 0;
   const auto t0 = clock_type::now();
-  while (std::chrono::duration<double>(clock_type::now() - t0).count() < seconds || n < 3) { step(); ++n; }
+  while (std::chrono::duration<double>(clock_type::now() - t0).count() < seconds || n < 3) {
+    step();
+    ++n;
+  }
   const double ms = std::chrono::duration<double>(clock_type::now() - t0).count() / n * 1e3;
   const double flops = step_flops(cfg, B);
   std::printf("headlab %s device=%s threads=%d tf32=%d sgemm=%.0f GFLOP/s\n", enum_name(cfg.attention),
               device.str().c_str(), threads, tf32 ? 1 : 0, peak);
-  std::printf("V=%lld T=%lld d=%lld h=%lld L=%lld B=%lld params=%lld: %.1f ms/step, %.0f tokens/s, "
-              "%.1f GFLOP/step, %.0f GFLOP/s = %.0f%% of sgemm (floor %.1f ms), step peak %.1f MiB\n",
-              (long long)cfg.vocab_size, (long long)cfg.context_length, (long long)cfg.emb_dim, (long long)cfg.n_heads,
-              (long long)cfg.n_layers, (long long)B, (long long)model.num_parameters(), ms,
-              B * cfg.context_length / ms * 1e3, flops / 1e9, flops / ms / 1e6, 100 * flops / ms / 1e6 / peak,
-              flops / peak / 1e6, peak_mib);
+  std::printf(
+      "V=%lld T=%lld d=%lld h=%lld L=%lld B=%lld params=%lld: %.1f ms/step, %.0f tokens/s, "
+      "%.1f GFLOP/step, %.0f GFLOP/s = %.0f%% of sgemm (floor %.1f ms), step peak %.1f MiB\n",
+      (long long)cfg.vocab_size, (long long)cfg.context_length, (long long)cfg.emb_dim, (long long)cfg.n_heads,
+      (long long)cfg.n_layers, (long long)B, (long long)model.num_parameters(), ms, B * cfg.context_length / ms * 1e3,
+      flops / 1e9, flops / ms / 1e6, 100 * flops / ms / 1e6 / peak, flops / peak / 1e6, peak_mib);
   return 0;
 }
 

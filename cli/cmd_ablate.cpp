@@ -93,8 +93,8 @@ Action add_ablate(CLI::App& app) {
     const int64_t n = ai.batches, B = ai.batch_size;
     const std::string& out = ai.out;
     const analysis::EvalSet& data = ai.data;
-    const analysis::Metric metric =
-        a->metric.empty() ? analysis::default_metric(data) : parse_enum<analysis::Metric>(a->metric, "ablate: --metric");
+    const analysis::Metric metric = a->metric.empty() ? analysis::default_metric(data)
+                                                      : parse_enum<analysis::Metric>(a->metric, "ablate: --metric");
 
     std::cout << "headlab ablate: " << a->path << " (task " << task->name() << ", " << ai.run.describe_model()
               << (pruned_before(*model) ? ", pruned: kept " + kept_str(*model) : "") << ", " << model->num_parameters()
@@ -148,27 +148,29 @@ Action add_ablate(CLI::App& app) {
       po.l0_rank = l0->rank;
     }
     analysis::PruningCurve curve = analysis::iterative_pruning(*model, data, po);
-    const std::string curve_title =
-        "pruning curve (" + analysis::criterion_text(curve, a->criterion == "auto") + " criterion, " +
-        fmt(100 * a->step, 0) + "% of the remaining heads per step; stop below " + enum_name(metric) + " " +
-        fmt(stop_below) + " = " +
-        (!std::isnan(a->prune_to_metric) && a->prune_to_metric < a->threshold * base_metric
-             ? "--prune-to-metric"
-             : fmt(a->threshold, 2) + " x unpruned") +
-        ")";
+    const std::string curve_title = "pruning curve (" + analysis::criterion_text(curve, a->criterion == "auto") +
+                                    " criterion, " + fmt(100 * a->step, 0) +
+                                    "% of the remaining heads per step; stop below " + enum_name(metric) + " " +
+                                    fmt(stop_below) + " = " +
+                                    (!std::isnan(a->prune_to_metric) && a->prune_to_metric < a->threshold * base_metric
+                                         ? "--prune-to-metric"
+                                         : fmt(a->threshold, 2) + " x unpruned") +
+                                    ")";
     std::cout << "\n" << analysis::render_text(analysis::pruning_table(curve, *model, curve_title));
     std::cout << analysis::free_heads_text(abl, curve, *model) << "\n";
 
     // Michel et al.'s Table 2: each layer with only its best head
     const std::vector<analysis::BestHeadOnly> best = analysis::best_head_only(*model, data, metric);
-    tables.best_head = analysis::best_head_table(*model, abl, best, metric, &tables.best_head_mean,
-                                                 "only the best head of each layer kept (Michel et al. Table 2; " +
-                                                     std::string(enum_name(metric)) + ", unpruned " +
-                                                     fmt(base_metric, 3) + ")");
-    std::cout << "\n" << analysis::render_text(tables.best_head) << "  mean change per layer: " << tables.best_head_mean
+    tables.best_head =
+        analysis::best_head_table(*model, abl, best, metric, &tables.best_head_mean,
+                                  "only the best head of each layer kept (Michel et al. Table 2; " +
+                                      std::string(enum_name(metric)) + ", unpruned " + fmt(base_metric, 3) + ")");
+    std::cout << "\n"
+              << analysis::render_text(tables.best_head) << "  mean change per layer: " << tables.best_head_mean
               << "\n";
 
-    HL_CHECK(a->finetune > 0 || (!a->finetune_curve && a->finetune_lr == 0), "ablate: --finetune-curve and "
+    HL_CHECK(a->finetune > 0 || (!a->finetune_curve && a->finetune_lr == 0),
+             "ablate: --finetune-curve and "
              "--finetune-lr need --finetune STEPS");
     HL_CHECK(a->finetune == 0 || a->finetune_curve || a->prune >= 0 || !std::isnan(a->prune_to_metric),
              "ablate: --finetune needs a pruned model to train (--prune K or --prune-to-metric X) or --finetune-curve");
@@ -191,8 +193,7 @@ Action add_ablate(CLI::App& app) {
     // physical pruning
     analysis::PrunedModelReport pr;
     if (a->prune >= 0 || !std::isnan(a->prune_to_metric)) {
-      const int64_t k_remove =
-          a->prune >= 0 ? a->prune : analysis::prune_count_for_metric(curve, a->prune_to_metric);
+      const int64_t k_remove = a->prune >= 0 ? a->prune : analysis::prune_count_for_metric(curve, a->prune_to_metric);
       const auto keep = analysis::kept_after(*model, curve.order, k_remove);
       pr.done = true;
       pr.removed = k_remove;
@@ -222,11 +223,10 @@ Action add_ablate(CLI::App& app) {
       pr.time_before = times[0];
       pr.time_after = times[1];
       if (k_remove == 0)
-        std::cout << "\nnote: no step of the curve keeps " << enum_name(metric) << " >= "
-                  << fmt(a->prune_to_metric) << ", so pruned.h5 keeps every head";
-      std::cout << "\npruned model: removed " << k_remove << " of " << curve.total_heads << " heads, kept "
-                << pr.kept << "\n  wrote " << pr.path << "; parameters " << pr.params_before
-                << " -> " << pr.params_after << " ("
+        std::cout << "\nnote: no step of the curve keeps " << enum_name(metric) << " >= " << fmt(a->prune_to_metric)
+                  << ", so pruned.h5 keeps every head";
+      std::cout << "\npruned model: removed " << k_remove << " of " << curve.total_heads << " heads, kept " << pr.kept
+                << "\n  wrote " << pr.path << "; parameters " << pr.params_before << " -> " << pr.params_after << " ("
                 << fmt(100.0 * static_cast<double>(pr.params_before - pr.params_after) /
                            static_cast<double>(pr.params_before),
                        1)
@@ -238,8 +238,9 @@ Action add_ablate(CLI::App& app) {
       if (a->finetune > 0) {
         fo.out = join_path(out, "finetune");
         pr.finetuned = analysis::finetune(pck, data, fo);
-        std::cout << "  fine-tuned " << a->finetune << " steps (" << fmt(pr.finetuned->seconds, 1) << " s): "
-                  << analysis::scores_line(pr.finetuned->after) << "\n  wrote " << pr.finetuned->checkpoint << "\n";
+        std::cout << "  fine-tuned " << a->finetune << " steps (" << fmt(pr.finetuned->seconds, 1)
+                  << " s): " << analysis::scores_line(pr.finetuned->after) << "\n  wrote " << pr.finetuned->checkpoint
+                  << "\n";
       }
     }
 

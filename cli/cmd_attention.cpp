@@ -68,8 +68,8 @@ int gpt_attention(const AttentionArgs& a, const Loaded& l) {
   std::cout << "headlab attention: " << a.path << ", " << maps.T << " tokens: " << text << "\n"
             << cfg.n_layers << " layers, heads per layer " << kept_str(maps.kept) << "\n"
             << "wrote " << h5path << " (weights " << shape_str({maps.layers, maps.heads, maps.T, maps.T})
-            << " float32, token_ids, kept; tokens as JSON in the root attribute 'tokens'), " << png << " and "
-            << html << " (interactive, self-contained)\n";
+            << " float32, token_ids, kept; tokens as JSON in the root attribute 'tokens'), " << png << " and " << html
+            << " (interactive, self-contained)\n";
   return 0;
 }
 
@@ -80,10 +80,10 @@ int seq2seq_attention(const AttentionArgs& a, const Loaded& l, nn::EncoderDecode
   const std::vector<int64_t> src = task.encode_source(a.prompt);
   const int64_t S = static_cast<int64_t>(src.size());
   const int64_t max_steps = std::min<int64_t>(a.max_new >= 0 ? a.max_new : 64, model.config().max_len - 1);
-  const std::vector<int64_t> decoded =
-      nn::greedy_decode(model, tensor(src, {1, S}).to(model.device()), tensor(std::vector<int64_t>{S}, {1}).to(model.device()),
-                        task.bos_id(), task.end_id(), max_steps)
-          .front();
+  const std::vector<int64_t> decoded = nn::greedy_decode(model, tensor(src, {1, S}).to(model.device()),
+                                                         tensor(std::vector<int64_t>{S}, {1}).to(model.device()),
+                                                         task.bos_id(), task.end_id(), max_steps)
+                                           .front();
   std::vector<int64_t> dec_in{task.bos_id()};
   dec_in.insert(dec_in.end(), decoded.begin(), decoded.end());
   const std::vector<analysis::AttentionMaps> kinds = analysis::attention_maps(model, src, dec_in);

@@ -35,9 +35,9 @@ Action add_eval(CLI::App& app) {
     const train::RunSettings& run = l.config.run;
     const int64_t n = *batches > 0 ? *batches : run.eval_batches;
     const int64_t B = run.batch_size;
-    train::check_evaluation_fits(l.config, l.model->device().is_cuda(), n, B, "eval",
-                                 "lower --batches (now " + std::to_string(n) + "); the checkpoint's batch size is " +
-                                     std::to_string(B));
+    train::check_evaluation_fits(
+        l.config, l.model->device().is_cuda(), n, B, "eval",
+        "lower --batches (now " + std::to_string(n) + "); the checkpoint's batch size is " + std::to_string(B));
     std::vector<tasks::Batch> data;
     for (int64_t i = 0; i < n; ++i)
       data.push_back(l.task->batch(tasks::Split::val, static_cast<uint64_t>(i), B, l.config.batch_tokens()));
@@ -71,7 +71,9 @@ Action add_generate(CLI::App& app) {
   app.add_option("checkpoint", *path, "checkpoint file (.h5)")->required();
   app.add_option("--prompt", *prompt, "text to continue; for task checkpoints a task input, e.g. 31415 or 123+45")
       ->required();
-  app.add_option("--max-new-tokens", *max_new, "tokens to generate at most")->check(non_negative_number())->capture_default_str();
+  app.add_option("--max-new-tokens", *max_new, "tokens to generate at most")
+      ->check(non_negative_number())
+      ->capture_default_str();
   app.add_option("--temperature", *temperature, "0: greedy; otherwise sample from softmax(logits / T)")
       ->check(non_negative_number())
       ->capture_default_str();
@@ -85,9 +87,9 @@ Action add_generate(CLI::App& app) {
       const tasks::Seq2SeqTask& task = *l.seq2seq_task();
       const std::vector<int64_t> src = task.encode_source(*prompt);
       const int64_t S = static_cast<int64_t>(src.size());
-      const std::vector<std::vector<int64_t>> out =
-          nn::greedy_decode(*m, tensor(src, {1, S}).to(m->device()), tensor(std::vector<int64_t>{S}, {1}).to(m->device()),
-                            task.bos_id(), task.end_id(), std::min(*max_new, m->config().max_len));
+      const std::vector<std::vector<int64_t>> out = nn::greedy_decode(
+          *m, tensor(src, {1, S}).to(m->device()), tensor(std::vector<int64_t>{S}, {1}).to(m->device()), task.bos_id(),
+          task.end_id(), std::min(*max_new, m->config().max_len));
       std::cout << task.decode_source(src) << " => " << task.format_answer(out.front()) << std::endl;
       return 0;
     }
@@ -118,8 +120,8 @@ Action add_inspect(CLI::App& app) {
     if (cfg.contains("tokenizer") && cfg["tokenizer"].contains("vocab")) {  // the vocabulary on one line
       std::string v;
       for (const auto& tok : cfg["tokenizer"]["vocab"]) v += tok.get<std::string>();
-      cfg["tokenizer"]["vocab"] = nlohmann::json(v).dump() + " (" + std::to_string(cfg["tokenizer"]["vocab"].size()) +
-                                  " tokens)";
+      cfg["tokenizer"]["vocab"] =
+          nlohmann::json(v).dump() + " (" + std::to_string(cfg["tokenizer"]["vocab"].size()) + " tokens)";
     }
     std::cout << "checkpoint " << *path << "\n\nconfig\n" << cfg.dump(2) << "\n\nparameters\n";
     int64_t total = 0;
@@ -140,7 +142,8 @@ Action add_inspect(CLI::App& app) {
       if (!t.metrics.empty()) {
         std::cout << "\nmetrics\n  " << std::setw(6) << "step" << std::setw(12) << "train loss" << std::setw(10)
                   << "val loss" << std::setw(10) << "val acc" << std::setw(10) << "exact" << std::setw(10) << "lr"
-                  << std::setw(11) << "grad norm" << std::setw(11) << "tok/s" << "\n";
+                  << std::setw(11) << "grad norm" << std::setw(11) << "tok/s"
+                  << "\n";
         for (const auto& m : t.metrics)
           std::cout << "  " << std::setw(6) << m.step << std::setprecision(4) << std::setw(12) << m.train_loss
                     << std::setw(10) << m.val_loss << std::setw(10) << m.val_accuracy << std::setw(10)

@@ -1,6 +1,8 @@
 // headlab compare: the wrapper and fused multi-head attention, timed side by side (analysis/compare.h),
 // as a terminal table, compare.csv, compare.json and compare.png, beside the PyTorch eager peer
 // (bench/torch_mha_peer.py) when python3-torch is installed.
+#include <stdio.h>
+#include <sys/wait.h>
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -11,8 +13,6 @@
 #include <memory>
 #include <numeric>
 #include <set>
-#include <stdio.h>
-#include <sys/wait.h>
 #include <sstream>
 
 #include "analysis/analysis.h"
@@ -58,8 +58,9 @@ std::string ms(double s) { return fmt(s * 1e3, s * 1e3 < 10 ? 3 : 1); }
 std::string time_columns(const analysis::TimeStats& fwd, const analysis::TimeStats& fb, double flops_fwd,
                          double flops_fb) {
   std::ostringstream os;
-  os << pad(ms(fwd.median), 10) << pad(ms(fwd.p25) + "-" + ms(fwd.p75), 17) << pad(fmt(flops_fwd / fwd.median / 1e9, 1), 9)
-     << pad(ms(fb.median), 10) << pad(ms(fb.p25) + "-" + ms(fb.p75), 17) << pad(fmt(flops_fb / fb.median / 1e9, 1), 9);
+  os << pad(ms(fwd.median), 10) << pad(ms(fwd.p25) + "-" + ms(fwd.p75), 17)
+     << pad(fmt(flops_fwd / fwd.median / 1e9, 1), 9) << pad(ms(fb.median), 10) << pad(ms(fb.p25) + "-" + ms(fb.p75), 17)
+     << pad(fmt(flops_fb / fb.median / 1e9, 1), 9);
   return os.str();
 }
 
@@ -83,7 +84,8 @@ void print_compare_row(const analysis::CompareResult& r) {
   // The PyTorch peer's rows, when it ran: the same FLOPs, its times.
   auto peer = [&](const char* form, const analysis::PeerTimes& t, const analysis::FormMeasurement& m) {
     std::cout << std::string(39, ' ') << "  " << pad(form, 8, true) << pad("", 18)
-              << time_columns(t.forward, t.forward_backward, m.flops_forward, m.flops_forward + m.flops_backward) << "\n";
+              << time_columns(t.forward, t.forward_backward, m.flops_forward, m.flops_forward + m.flops_backward)
+              << "\n";
   };
   if (r.torch_wrapper) peer("torch wr", *r.torch_wrapper, r.wrapper);
   if (r.torch_fused) peer("torch fu", *r.torch_fused, r.fused);
@@ -118,7 +120,8 @@ struct TorchPeer {
   TorchPeer(const std::string& mode, std::string path) : script(std::move(path)) {
     if (mode == "off") return;
     std::string why;
-    if (!fs::exists(script)) why = "its script " + script + " does not exist (--torch-peer-script)";
+    if (!fs::exists(script))
+      why = "its script " + script + " does not exist (--torch-peer-script)";
     else {
       for (const char* candidate : {"python3", "/usr/bin/python3"})
         if (python.empty() && run_capture(std::string(candidate) + " -c 'import torch' >/dev/null 2>&1").second)
@@ -156,10 +159,20 @@ Action add_compare(CLI::App& app) {
       ->delimiter(',')
       ->check(positive_number())
       ->capture_default_str();
-  app.add_option("--emb-dim", a->emb, "sweep: d_in = d_out values")->delimiter(',')->check(positive_number())->capture_default_str();
-  app.add_option("--tokens", a->tokens, "sweep: sequence lengths T")->delimiter(',')->check(positive_number())->capture_default_str();
-  app.add_option("--batch", a->batch, "sweep: batch sizes B")->delimiter(',')->check(positive_number())->capture_default_str();
-  app.add_option("--config", a->configs, "extra config name,B,T,d_in,d_out,heads (repeatable; the PyTorch peer's format)");
+  app.add_option("--emb-dim", a->emb, "sweep: d_in = d_out values")
+      ->delimiter(',')
+      ->check(positive_number())
+      ->capture_default_str();
+  app.add_option("--tokens", a->tokens, "sweep: sequence lengths T")
+      ->delimiter(',')
+      ->check(positive_number())
+      ->capture_default_str();
+  app.add_option("--batch", a->batch, "sweep: batch sizes B")
+      ->delimiter(',')
+      ->check(positive_number())
+      ->capture_default_str();
+  app.add_option("--config", a->configs,
+                 "extra config name,B,T,d_in,d_out,heads (repeatable; the PyTorch peer's format)");
   app.add_flag("--no-peer-grid", a->no_peer,
                "leave out the PyTorch peer's default configs (seed-toy, small, medium, gpt2-ctx256)");
   app.add_flag("--no-sweep", a->no_sweep, "leave out the heads x emb-dim x tokens x batch sweep");
@@ -167,7 +180,9 @@ Action add_compare(CLI::App& app) {
   app.add_option("--repeats", a->repeats, "timed runs per measurement (the median is reported)")
       ->check(positive_number())
       ->capture_default_str();
-  app.add_option("--warmup", a->warmup, "untimed runs before timing")->check(non_negative_number())->capture_default_str();
+  app.add_option("--warmup", a->warmup, "untimed runs before timing")
+      ->check(non_negative_number())
+      ->capture_default_str();
   app.add_option("--seed", a->seed, "seed for weights and inputs")->capture_default_str();
   app.add_option("--x", a->x, "x axis of compare.png: auto | heads | tokens | emb | batch")
       ->check(CLI::IsMember({"auto", "heads", "tokens", "emb", "batch"}))
@@ -187,7 +202,7 @@ Action add_compare(CLI::App& app) {
     o.repeats = a->repeats;
     o.warmup = a->warmup;
     o.seed = a->seed;
-    backend_for(o.device);  // a clear error before any work when the device is missing
+    backend_for(o.device);       // a clear error before any work when the device is missing
     if (a->torch_peer != "off")  // (python3 would block on a FIFO; a missing script is the peer's to report)
       check_input_file(a->torch_peer_script, "compare: --torch-peer-script", true);
     std::vector<analysis::CompareConfig> sweep, extra;
@@ -202,7 +217,8 @@ Action add_compare(CLI::App& app) {
     if (!a->no_peer)
       for (const auto& c : analysis::peer_compare_grid()) extra.push_back(c);
     for (const auto& s : a->configs) extra.push_back(analysis::parse_compare_config(s));
-    HL_CHECK(!sweep.empty() || !extra.empty(), "compare: nothing to measure (--no-sweep and --no-peer-grid without --config)");
+    HL_CHECK(!sweep.empty() || !extra.empty(),
+             "compare: nothing to measure (--no-sweep and --no-peer-grid without --config)");
     const io::FolderLock lock = make_locked_dir(a->out, "compare");
     TorchPeer torch(o.device.is_cuda() ? "off" : a->torch_peer, a->torch_peer_script);  // a CPU peer
     print_compare_header(o);
@@ -217,8 +233,9 @@ Action add_compare(CLI::App& app) {
     std::cout << "\nfused speed-up over wrapper (median time ratio):\n";
     for (const auto& r : results)
       std::cout << "  " << pad(r.config.name, 12, true) << " H=" << pad(std::to_string(r.config.heads), 2, true)
-                << " T=" << pad(std::to_string(r.config.T), 4, true) << " d=" << pad(std::to_string(r.config.d_out), 4, true)
-                << "  forward " << fmt(r.wrapper.forward.median / r.fused.forward.median, 2) << "x  fwd+bwd "
+                << " T=" << pad(std::to_string(r.config.T), 4, true)
+                << " d=" << pad(std::to_string(r.config.d_out), 4, true) << "  forward "
+                << fmt(r.wrapper.forward.median / r.fused.forward.median, 2) << "x  fwd+bwd "
                 << fmt(r.wrapper.forward_backward.median / r.fused.forward_backward.median, 2) << "x\n";
     if (std::any_of(results.begin(), results.end(), [](const auto& r) { return r.torch_fused.has_value(); })) {
       std::cout << "\nheadlab over PyTorch " << results.front().torch_version
@@ -229,8 +246,9 @@ Action add_compare(CLI::App& app) {
           return fmt(theirs.median / ours.median, 2) + "x";
         };
         std::cout << "  " << pad(r.config.name, 12, true) << " H=" << pad(std::to_string(r.config.heads), 2, true)
-                  << " T=" << pad(std::to_string(r.config.T), 4, true) << " d=" << pad(std::to_string(r.config.d_out), 4, true)
-                  << "  wrapper fwd " << pad(x(r.wrapper.forward, r.torch_wrapper->forward), 7) << " fwd+bwd "
+                  << " T=" << pad(std::to_string(r.config.T), 4, true)
+                  << " d=" << pad(std::to_string(r.config.d_out), 4, true) << "  wrapper fwd "
+                  << pad(x(r.wrapper.forward, r.torch_wrapper->forward), 7) << " fwd+bwd "
                   << pad(x(r.wrapper.forward_backward, r.torch_wrapper->forward_backward), 7) << "   fused fwd "
                   << pad(x(r.fused.forward, r.torch_fused->forward), 7) << " fwd+bwd "
                   << pad(x(r.fused.forward_backward, r.torch_fused->forward_backward), 7) << "\n";

@@ -77,20 +77,21 @@ Action add_heads(CLI::App& app) {
     // terminal: one line per head
     const analysis::Table summary = analysis::heads_summary_table(model, sc);
     std::cout << "unablated: loss " << fmt(abl.base.loss) << ", token accuracy " << fmt(abl.base.token_accuracy)
-              << "\n\n" << analysis::render_text(summary);
+              << "\n\n"
+              << analysis::render_text(summary);
     std::cout << "DLA: each head's direct share of logit(correct) - mean logit (final norm's scale frozen), mean over "
-              << f.dla.tokens << " tokens; the components sum to " << fmt(f.dla.vs_mean.sum(), 4) << " (model: "
-              << fmt(f.dla.vs_mean.total, 4) << ")\npatching: " << f.corruption << "; corrupted loss "
+              << f.dla.tokens << " tokens; the components sum to " << fmt(f.dla.vs_mean.sum(), 4)
+              << " (model: " << fmt(f.dla.vs_mean.total, 4) << ")\npatching: " << f.corruption << "; corrupted loss "
               << fmt(f.patching.corrupted.loss) << " vs clean " << fmt(f.patching.clean.loss)
               << "; effects are fractions of that gap\n";
 
     analysis::save_heads_csv(join_path(out, "heads.csv"), abl, analysis::heads_csv_columns(f, sc));
     analysis::save_head_map_png(join_path(out, "dla.png"),
-                                {"direct logit attribution: logit(correct) - mean logit", "logit", sc.dla, {}, {}}, model);
-    analysis::save_head_map_png(join_path(out, "patching.png"),
-                                {"activation patching, denoising: fraction of the loss gap restored", "fraction",
-                                 sc.denoising, {}, {}},
+                                {"direct logit attribution: logit(correct) - mean logit", "logit", sc.dla, {}, {}},
                                 model);
+    analysis::save_head_map_png(
+        join_path(out, "patching.png"),
+        {"activation patching, denoising: fraction of the loss gap restored", "fraction", sc.denoising, {}, {}}, model);
 
     analysis::save_head_maps_png(join_path(out, "types.png"),
                                  "head types: attention-pattern scores (entropy as a fraction of its maximum)",
@@ -104,12 +105,17 @@ Action add_heads(CLI::App& app) {
     // The explorer page on the first validation row, with every score beside its head.
     analysis::save_row_explorer(join_path(out, "attention.html"), model, *in.task, data.batches.front(), 0,
                                 a->path + ": validation row 0",
-                                {{"resample: d loss", sc.resample}, {"zero: d loss", sc.zero}, {"DLA (vs mean)", sc.dla},
-                                 {"patching: denoising", sc.denoising}, {"previous token", sc.previous},
-                                 {"induction", sc.induction}, {"entropy / max", sc.entropy_normalized}});
+                                {{"resample: d loss", sc.resample},
+                                 {"zero: d loss", sc.zero},
+                                 {"DLA (vs mean)", sc.dla},
+                                 {"patching: denoising", sc.denoising},
+                                 {"previous token", sc.previous},
+                                 {"induction", sc.induction},
+                                 {"entropy / max", sc.entropy_normalized}});
     write_text(join_path(out, "report.md"),
                analysis::heads_report_md(model, data, {a->path, in.task->name(), a->by_position}, f, sc), "heads");
-    std::cout << "\nwrote " << out << "/{heads.csv, report.md, ablation.png, dla.png, patching.png, types.png, attention.html}\n";
+    std::cout << "\nwrote " << out
+              << "/{heads.csv, report.md, ablation.png, dla.png, patching.png, types.png, attention.html}\n";
     return 0;
   };
 }

@@ -16,7 +16,7 @@ Action add_train(CLI::App& app) {
   train::RunConfig& c = o->config;
   struct Choices {
     std::string attention = "fused", optimizer = "adamw", schedule = "cosine", text, arch = "gpt";
-    int64_t ffn_hiddens = 0;  // encoder-decoder: 0 = 2 x --emb-dim, as d2l's 32 / 64
+    int64_t ffn_hiddens = 0;   // encoder-decoder: 0 = 2 x --emb-dim, as d2l's 32 / 64
     double weight_decay = -1;  // < 0: the optimizer's PyTorch default
     int threads = 0;
   };
@@ -43,22 +43,30 @@ Action add_train(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--ffn-hiddens", ch->ffn_hiddens, "encoder-decoder: ffn_num_hiddens (0: 2 x --emb-dim)")
       ->check(non_negative_number());
-  app.add_option("--n-heads", c.model.n_heads, "attention heads per layer")->check(positive_number())->capture_default_str();
+  app.add_option("--n-heads", c.model.n_heads, "attention heads per layer")
+      ->check(positive_number())
+      ->capture_default_str();
   app.add_option("--n-layers", c.model.n_layers, "transformer blocks")->check(positive_number())->capture_default_str();
   app.add_option("--context-length", c.model.context_length, "tokens per sequence (0: what the task needs; chars: 64)")
       ->check(non_negative_number())
       ->capture_default_str();
-  app.add_option("--drop-rate", c.model.drop_rate, "dropout probability")->check(CLI::Range(0.0, 0.99))->capture_default_str();
+  app.add_option("--drop-rate", c.model.drop_rate, "dropout probability")
+      ->check(CLI::Range(0.0, 0.99))
+      ->capture_default_str();
   app.add_flag("--qkv-bias", c.model.qkv_bias, "bias in the query/key/value projections");
   app.add_option("--steps", c.run.steps, "total optimizer steps (with --resume: continue up to this many)")
       ->check(positive_number())
       ->capture_default_str();
-  app.add_option("--batch-size", c.run.batch_size, "sequences per step")->check(positive_number())->capture_default_str();
+  app.add_option("--batch-size", c.run.batch_size, "sequences per step")
+      ->check(positive_number())
+      ->capture_default_str();
   app.add_option("--lr", c.optimizer.lr, "peak learning rate")->check(positive_number())->capture_default_str();
   app.add_option("--min-lr", c.schedule.min_lr, "final learning rate of the cosine schedule")
       ->check(non_negative_number())
       ->capture_default_str();
-  app.add_option("--warmup", c.schedule.warmup, "linear warmup steps")->check(non_negative_number())->capture_default_str();
+  app.add_option("--warmup", c.schedule.warmup, "linear warmup steps")
+      ->check(non_negative_number())
+      ->capture_default_str();
   app.add_option("--schedule", ch->schedule, "constant | cosine | step")
       ->check(CLI::IsMember(enum_names<optim::ScheduleKind>()))
       ->capture_default_str();
@@ -81,16 +89,23 @@ Action add_train(CLI::App& app) {
   app.add_flag("--resume", o->resume,
                "continue from <out>/checkpoint.h5 up to --steps; options given that fix the model, task or data must "
                "match it; the learning rate and schedule, --grad-clip and the eval/save cadences may change");
-  app.add_option("--eval-every", c.run.eval_every, "evaluate every N steps")->check(positive_number())->capture_default_str();
+  app.add_option("--eval-every", c.run.eval_every, "evaluate every N steps")
+      ->check(positive_number())
+      ->capture_default_str();
   app.add_option("--eval-batches", c.run.eval_batches, "validation batches per evaluation")
       ->check(positive_number())
       ->capture_default_str();
-  app.add_option("--save-every", c.run.save_every, "checkpoint every N steps")->check(positive_number())->capture_default_str();
-  app.add_option("--keep-last", c.run.keep_last, "numbered checkpoints to keep")->check(non_negative_number())->capture_default_str();
+  app.add_option("--save-every", c.run.save_every, "checkpoint every N steps")
+      ->check(positive_number())
+      ->capture_default_str();
+  app.add_option("--keep-last", c.run.keep_last, "numbered checkpoints to keep")
+      ->check(non_negative_number())
+      ->capture_default_str();
   app.add_option("--log-every", o->log_every, "log line every N steps (when not on a terminal)")
       ->check(positive_number())
       ->capture_default_str();
-  app.add_option("--threads", ch->threads, "CPU threads (0: all cores, shared out among the MPI ranks on this machine)")->check(non_negative_number());
+  app.add_option("--threads", ch->threads, "CPU threads (0: all cores, shared out among the MPI ranks on this machine)")
+      ->check(non_negative_number());
   app.footer(tasks::tasks_help());
   CLI::App* self = &app;
   return [o, ch, self] {

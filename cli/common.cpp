@@ -11,8 +11,8 @@
 #include <sstream>
 
 #include "backends/backend.h"
-#include "io/atomic_file.h"
 #include "base/input_path.h"
+#include "io/atomic_file.h"
 #include "train/config.h"
 #include "train/memory.h"
 
@@ -37,8 +37,10 @@ CLI::Validator positive_number() { return number_at_least(0.0, false, "a positiv
 CLI::Validator non_negative_number() { return number_at_least(0.0, true, "a number >= 0"); }
 
 void set_threads(int threads, int processes) {
-  if (threads > 0) omp_set_num_threads(threads);
-  else if (processes > 1) omp_set_num_threads(std::max(1, omp_get_num_procs() / processes));
+  if (threads > 0)
+    omp_set_num_threads(threads);
+  else if (processes > 1)
+    omp_set_num_threads(std::max(1, omp_get_num_procs() / processes));
 }
 
 Loaded load(const std::string& path, const std::string& device, const std::string& text) {
@@ -97,8 +99,8 @@ std::string pad(const std::string& s, size_t w, bool left) {
 void make_dir(const std::string& dir, const char* cmd) {
   std::error_code ec;
   fs::create_directories(dir, ec);
-  HL_CHECK(!ec && fs::is_directory(dir), cmd, ": cannot create output folder '", dir, "': ",
-           ec ? ec.message() : std::string("not a folder"));
+  HL_CHECK(!ec && fs::is_directory(dir), cmd, ": cannot create output folder '", dir,
+           "': ", ec ? ec.message() : std::string("not a folder"));
 }
 
 io::FolderLock make_locked_dir(const std::string& dir, const char* cmd) {
@@ -113,7 +115,6 @@ void write_text(const std::string& path, const std::string& text, const char* cm
 std::string join_path(const std::string& dir, const std::string& name) { return (fs::path(dir) / name).string(); }
 
 int threads_in_use() { return omp_get_max_threads(); }
-
 
 std::string kept_str(const nn::Model& model) {
   const bool gpt = dynamic_cast<const nn::GPTModel*>(&model) != nullptr;

@@ -55,7 +55,7 @@ struct AnalysisInputs {
   train::RunConfig run;
   analysis::EvalSet data;  // --batches validation batches of --batch-size x context_length
   int64_t batches = 0, batch_size = 0;
-  std::string out;  // created
+  std::string out;      // created
   io::FolderLock lock;  // on out, for the command's lifetime
 };
 // Sets the threads, loads, refuses --text for a task checkpoint and a batch the machine cannot hold.
@@ -68,10 +68,10 @@ io::FolderLock make_locked_dir(const std::string& dir, const char* cmd);
 void write_text(const std::string& path, const std::string& text, const char* cmd);
 std::string join_path(const std::string& dir, const std::string& name);
 
-using analysis::fmt;         // fixed; "nan" for NaN (analysis/table.h, as the result tables show numbers)
-using analysis::fmt_signed;  // with a sign
+using analysis::fmt;  // fixed; "nan" for NaN (analysis/table.h, as the result tables show numbers)
 using analysis::fmt_sci;
-std::string fmt_bytes(int64_t b);                      // "1.5 MiB"
+using analysis::fmt_signed;        // with a sign
+std::string fmt_bytes(int64_t b);  // "1.5 MiB"
 std::string pad(const std::string& s, size_t w, bool left = false);
 // "layer 0: 1,2; layer 1: 0": the heads each layer keeps.
 std::string kept_str(const std::vector<std::vector<int64_t>>& kept);

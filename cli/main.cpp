@@ -1,12 +1,12 @@
 // headlab: train, evaluate, generate with, inspect and analyse the heads of GPTs and encoder-decoders.
 // Library errors become one line on stderr and exit code 1; usage errors exit with code 2.
-#include <csignal>
 #include <algorithm>
+#include <csignal>
 #include <iostream>
 #include <map>
 
-#include "base/error.h"
 #include "backends/backend.h"
+#include "base/error.h"
 #include "cli/commands.h"
 #include "train/collectives.h"
 
@@ -14,13 +14,14 @@ int main(int argc, char** argv) {
   // Under a file size limit (ulimit -f) a write past it fails with EFBIG, which the writers report,
   // instead of SIGXFSZ ending the process half-way through a save.
   std::signal(SIGXFSZ, SIG_IGN);
-  CLI::App app{"headlab: a small, fast C++ deep-learning toolkit for studying attention heads.\n"
-               "Train a GPT or d2l's encoder-decoder Transformer on toy tasks or text, compare the wrapper and\n"
-               "fused forms of multi-head attention, and find which heads matter and what they do."};
+  CLI::App app{
+      "headlab: a small, fast C++ deep-learning toolkit for studying attention heads.\n"
+      "Train a GPT or d2l's encoder-decoder Transformer on toy tasks or text, compare the wrapper and\n"
+      "fused forms of multi-head attention, and find which heads matter and what they do."};
   app.require_subcommand(1);
-  app.set_version_flag("--version", std::string("headlab 0.1.0 (CUDA backend: ") +
-                                         (headlab::cuda_built() ? "built" : "not built") +
-                                         ", MPI data parallel: " + (headlab::train::built_with_mpi() ? "built" : "not built") + ")");
+  app.set_version_flag("--version",
+                       std::string("headlab 0.1.0 (CUDA backend: ") + (headlab::cuda_built() ? "built" : "not built") +
+                           ", MPI data parallel: " + (headlab::train::built_with_mpi() ? "built" : "not built") + ")");
   std::map<CLI::App*, headlab::cli::Action> actions;
   auto add = [&](const char* name, const char* help, headlab::cli::Action (*fn)(CLI::App&)) {
     CLI::App* sub = app.add_subcommand(name, help);
@@ -32,7 +33,8 @@ int main(int argc, char** argv) {
   add("generate", "continue a prompt (or answer a task input) with a checkpoint", headlab::cli::add_generate);
   add("inspect", "show a checkpoint's config, parameters and training state", headlab::cli::add_inspect);
   add("compare", "time and compare the wrapper and fused multi-head attention", headlab::cli::add_compare);
-  add("ablate", "which heads matter: ablation, importance, pruning (GPT and encoder-decoder)", headlab::cli::add_ablate);
+  add("ablate", "which heads matter: ablation, importance, pruning (GPT and encoder-decoder)",
+      headlab::cli::add_ablate);
   add("attention", "dump and draw every head's attention weights for one input", headlab::cli::add_attention);
   add("heads", "what each attention head does: ablation, logit attribution, patching, head types",
       headlab::cli::add_heads);
@@ -47,7 +49,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     // A mistyped command name is left over as an extra argument while CLI11 reports only that a
     // subcommand is required; name it instead.
-    const bool no_command = std::none_of(actions.begin(), actions.end(), [](const auto& a) { return a.first->parsed(); });
+    const bool no_command =
+        std::none_of(actions.begin(), actions.end(), [](const auto& a) { return a.first->parsed(); });
     const std::vector<std::string> rest = app.remaining();
     if (no_command && !rest.empty() && !rest.front().empty() && rest.front()[0] != '-') {
       std::string names;

@@ -43,16 +43,16 @@ int main() {
     std::cout << "attention(X, Y, Y, valid_lens).shape: " << shape_str(out.shape()) << "\n";
     // Exercise 1 of the chapter: each head's weights. (B, H, Q, K); valid_lens applies to every head.
     std::cout << "attention_weights.shape: " << shape_str(attention.attention_weights.shape()) << "\n";
-    std::cout << "head 0 of batch entry 1 (valid length 2):\n" << attention.attention_weights.select(0, 1).select(0, 0)
-              << "\n\n";
+    std::cout << "head 0 of batch entry 1 (valid length 2):\n"
+              << attention.attention_weights.select(0, 1).select(0, 0) << "\n\n";
 
     std::cout << "== Build a LLM from Scratch, ch. 3: MultiHeadAttentionWrapper ==\n";
-    const Tensor inputs = tensor(std::vector<float>{0.43f, 0.15f, 0.89f,    // Your     (x^1)
-                                                    0.55f, 0.87f, 0.66f,    // journey  (x^2)
-                                                    0.57f, 0.85f, 0.64f,    // starts   (x^3)
-                                                    0.22f, 0.58f, 0.33f,    // with     (x^4)
-                                                    0.77f, 0.25f, 0.10f,    // one      (x^5)
-                                                    0.05f, 0.80f, 0.55f},   // step     (x^6)
+    const Tensor inputs = tensor(std::vector<float>{0.43f, 0.15f, 0.89f,   // Your     (x^1)
+                                                    0.55f, 0.87f, 0.66f,   // journey  (x^2)
+                                                    0.57f, 0.85f, 0.64f,   // starts   (x^3)
+                                                    0.22f, 0.58f, 0.33f,   // with     (x^4)
+                                                    0.77f, 0.25f, 0.10f,   // one      (x^5)
+                                                    0.05f, 0.80f, 0.55f},  // step     (x^6)
                                  {6, 3});
     const Tensor batch = stack({inputs, inputs}, 0);
     const int64_t context_length = batch.size(1), d_in = 3, d_out = 2;
@@ -75,7 +75,8 @@ int main() {
     nn::CausalMultiHeadAttention fused(d_in, d_out, context_length, 0.0, /*num_heads=*/2);
     set(fused.W_query->weight, {-0.235429645f, 0.0191244762f, -0.286745936f, 0.217726618f, -0.49193421f, 0.423223078f});
     set(fused.W_key->weight, {-0.419641405f, -0.459017664f, -0.364820182f, 0.261478186f, -0.213326395f, 0.216052175f});
-    set(fused.W_value->weight, {-0.490014136f, -0.350292057f, -0.211989194f, -0.11346072f, -0.440439373f, 0.378043622f});
+    set(fused.W_value->weight,
+        {-0.490014136f, -0.350292057f, -0.211989194f, -0.11346072f, -0.440439373f, 0.378043622f});
     set(fused.out_proj->weight, {-0.166757792f, 0.22697258f, 0.500025988f, 0.131738231f});
     set(fused.out_proj->bias, {0.193358868f, 0.682540953f});
     context_vecs = fused(batch);

@@ -44,7 +44,8 @@ AtomicFile::AtomicFile(std::string path, std::string who)
     const int err = errno;
     const std::string folder = folder_of(path_);
     std::error_code ec;
-    fail(err, err == ENOENT && !std::filesystem::is_directory(folder, ec) ? " (folder '" + folder + "' does not exist)" : "");
+    fail(err, err == ENOENT && !std::filesystem::is_directory(folder, ec) ? " (folder '" + folder + "' does not exist)"
+                                                                          : "");
   }
 }
 
@@ -57,8 +58,7 @@ void AtomicFile::discard() noexcept {
   try {
     std::lock_guard<std::mutex> lock(g_mutex);
     g_temp_paths.erase(tmp_path_);
-  } catch (...) {
-  }
+  } catch (...) {}
 }
 
 void AtomicFile::fail(int err, const std::string& hint) {

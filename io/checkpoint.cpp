@@ -39,9 +39,13 @@ Tensor read_f32(const h5::Reader& r, const std::string& name, const Shape* expec
 }
 
 const std::vector<std::pair<const char*, double MetricRow::*>> kMetricColumns = {
-    {"train_loss", &MetricRow::train_loss}, {"val_loss", &MetricRow::val_loss},
-    {"val_accuracy", &MetricRow::val_accuracy}, {"val_exact_match", &MetricRow::val_exact_match},
-    {"lr", &MetricRow::lr}, {"grad_norm", &MetricRow::grad_norm}, {"tokens_per_s", &MetricRow::tokens_per_s}};
+    {"train_loss", &MetricRow::train_loss},
+    {"val_loss", &MetricRow::val_loss},
+    {"val_accuracy", &MetricRow::val_accuracy},
+    {"val_exact_match", &MetricRow::val_exact_match},
+    {"lr", &MetricRow::lr},
+    {"grad_norm", &MetricRow::grad_norm},
+    {"tokens_per_s", &MetricRow::tokens_per_s}};
 
 }  // namespace
 
@@ -107,8 +111,8 @@ Checkpoint load_checkpoint(const std::string& path) {
   }
   // Every parameter is stored as float32, so a config that describes more than the file holds is
   // damaged: say so before building a model of that size.
-  HL_CHECK(n_params * 4 <= static_cast<double>(r.file_size()), ctx, ": config describes a model of ",
-           n_params, " parameters, more than the file's ", r.file_size(), " bytes can hold");
+  HL_CHECK(n_params * 4 <= static_cast<double>(r.file_size()), ctx, ": config describes a model of ", n_params,
+           " parameters, more than the file's ", r.file_size(), " bytes can hold");
   // The expected parameters are those of the model the config describes.
   // Building it draws initial values from the global generator; reading a file must not move the
   // generator (it decides dropout masks and the next model's init), so its state is put back.

@@ -19,8 +19,8 @@ struct MetricRow {
 };
 
 struct TrainerState {
-  int64_t step = 0;            // optimizer steps done
-  uint64_t rng_seed = 0;       // the default Generator (dropout), so resume replays the same masks
+  int64_t step = 0;       // optimizer steps done
+  uint64_t rng_seed = 0;  // the default Generator (dropout), so resume replays the same masks
   uint64_t rng_offset = 0;
   uint64_t data_index = 0;     // next training batch index
   double elapsed_seconds = 0;  // training time so far

@@ -28,7 +28,6 @@ using LinkInfo = H5L_info2_t;
 using LinkInfo = H5L_info_t;
 #endif
 
-
 // Chunks of about 1 MiB: Fletcher32 is kept per chunk, and a chunk this size reads fast.
 inline constexpr uint64_t kChunkTargetBytes = 1u << 20;
 // Rank-0 arrays cannot be chunked (and so cannot carry Fletcher32): they are stored as shape [1]
@@ -97,8 +96,7 @@ inline std::string hdf5_reason() {
   auto walk = [](unsigned n, const H5E_error2_t* e, void* data) -> herr_t {
     try {
       if (n == 0 && e && e->desc) *static_cast<std::string*>(data) = e->desc;
-    } catch (...) {
-    }
+    } catch (...) {}
     return 0;
   };
   H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, walk, &reason);
@@ -156,30 +154,38 @@ inline const char* h5_name(const std::string& clean) { return clean.empty() ? "/
 
 inline hid_t file_type_of(DType d) {
   switch (d) {
-    case DType::f32: return H5T_IEEE_F32LE;
-    case DType::f64: return H5T_IEEE_F64LE;
-    case DType::i64: return H5T_STD_I64LE;
-    case DType::u8: return H5T_STD_U8LE;
+    case DType::f32:
+      return H5T_IEEE_F32LE;
+    case DType::f64:
+      return H5T_IEEE_F64LE;
+    case DType::i64:
+      return H5T_STD_I64LE;
+    case DType::u8:
+      return H5T_STD_U8LE;
   }
   return -1;
 }
 
 inline hid_t mem_type_of(DType d) {
   switch (d) {
-    case DType::f32: return H5T_NATIVE_FLOAT;
-    case DType::f64: return H5T_NATIVE_DOUBLE;
-    case DType::i64: return H5T_NATIVE_INT64;
-    case DType::u8: return H5T_NATIVE_UINT8;
+    case DType::f32:
+      return H5T_NATIVE_FLOAT;
+    case DType::f64:
+      return H5T_NATIVE_DOUBLE;
+    case DType::i64:
+      return H5T_NATIVE_INT64;
+    case DType::u8:
+      return H5T_NATIVE_UINT8;
   }
   return -1;
 }
 
 // Maps a stored type onto a DType (either byte order); false if it is none of them.
 inline bool dtype_from_h5(hid_t type, DType* out) {
-  const std::pair<DType, hid_t> known[] = {
-      {DType::f32, H5T_IEEE_F32LE}, {DType::f32, H5T_IEEE_F32BE}, {DType::f64, H5T_IEEE_F64LE},
-      {DType::f64, H5T_IEEE_F64BE}, {DType::i64, H5T_STD_I64LE},  {DType::i64, H5T_STD_I64BE},
-      {DType::u8, H5T_STD_U8LE},    {DType::u8, H5T_STD_U8BE}};
+  const std::pair<DType, hid_t> known[] = {{DType::f32, H5T_IEEE_F32LE}, {DType::f32, H5T_IEEE_F32BE},
+                                           {DType::f64, H5T_IEEE_F64LE}, {DType::f64, H5T_IEEE_F64BE},
+                                           {DType::i64, H5T_STD_I64LE},  {DType::i64, H5T_STD_I64BE},
+                                           {DType::u8, H5T_STD_U8LE},    {DType::u8, H5T_STD_U8BE}};
   for (auto [d, t] : known) {
     if (H5Tequal(type, t) > 0) {
       *out = d;
@@ -195,16 +201,26 @@ inline std::string describe_type(hid_t type) {
   switch (H5Tget_class(type)) {
     case H5T_INTEGER:
       return std::string(H5Tget_sign(type) == H5T_SGN_NONE ? "uint" : "int") + std::to_string(size * 8);
-    case H5T_FLOAT: return "float" + std::to_string(size * 8) + (size == 4 || size == 8 ? " (non-IEEE)" : "");
-    case H5T_STRING: return "string";
-    case H5T_COMPOUND: return "compound";
-    case H5T_ENUM: return "enum";
-    case H5T_ARRAY: return "array";
-    case H5T_VLEN: return "variable-length";
-    case H5T_BITFIELD: return "bitfield";
-    case H5T_OPAQUE: return "opaque";
-    case H5T_REFERENCE: return "reference";
-    default: return "unknown";
+    case H5T_FLOAT:
+      return "float" + std::to_string(size * 8) + (size == 4 || size == 8 ? " (non-IEEE)" : "");
+    case H5T_STRING:
+      return "string";
+    case H5T_COMPOUND:
+      return "compound";
+    case H5T_ENUM:
+      return "enum";
+    case H5T_ARRAY:
+      return "array";
+    case H5T_VLEN:
+      return "variable-length";
+    case H5T_BITFIELD:
+      return "bitfield";
+    case H5T_OPAQUE:
+      return "opaque";
+    case H5T_REFERENCE:
+      return "reference";
+    default:
+      return "unknown";
   }
 }
 

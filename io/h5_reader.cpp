@@ -45,7 +45,10 @@ Reader::~Reader() {
 }
 
 Reader::Reader(Reader&& o) noexcept
-    : path_(std::move(o.path_)), what_(std::move(o.what_)), file_(std::exchange(o.file_, -1)), file_size_(o.file_size_) {}
+    : path_(std::move(o.path_)),
+      what_(std::move(o.what_)),
+      file_(std::exchange(o.file_, -1)),
+      file_size_(o.file_size_) {}
 
 Reader& Reader::operator=(Reader&& o) noexcept {
   if (this != &o) {
@@ -138,7 +141,8 @@ ArrayInfo inspect(hid_t ds, const std::string& ctx, const std::string& clean) {
   H5S_class_t cls = H5Sget_simple_extent_type(space.get());
   if (cls == H5S_SIMPLE) {
     int rank = H5Sget_simple_extent_ndims(space.get());
-    HL_CHECK(rank >= 0 && rank <= H5S_MAX_RANK, ctx, "dataset ", clean, " has an unreadable shape (the file is damaged)");
+    HL_CHECK(rank >= 0 && rank <= H5S_MAX_RANK, ctx, "dataset ", clean,
+             " has an unreadable shape (the file is damaged)");
     std::vector<hsize_t> dims(size_t(rank) + 1);
     HL_CHECK(H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr) == rank, ctx, "dataset ", clean,
              " has an unreadable shape (the file is damaged)");
@@ -233,7 +237,8 @@ Attr open_attr(hid_t file, const std::string& ctx, const std::string& object, co
                std::string* where) {
   auto parts = split_name(ctx, object);
   *where = shown(join(parts, parts.size()));
-  HL_CHECK(object_exists(file, ctx, parts), ctx, "attribute ", key, ": ", *where, " is missing (no such group or dataset)");
+  HL_CHECK(object_exists(file, ctx, parts), ctx, "attribute ", key, ": ", *where,
+           " is missing (no such group or dataset)");
   Object owner = open_object(file, ctx, join(parts, parts.size()));
   htri_t exists = H5Aexists(owner.get(), key.c_str());
   HL_CHECK(exists >= 0, ctx, "attribute ", key, " on ", *where, " cannot be looked up (the file is damaged)");
@@ -251,10 +256,14 @@ std::string attr_kind(hid_t attr) {
   Type type(H5Aget_type(attr));
   if (!type.ok()) return "unknown";
   switch (H5Tget_class(type.get())) {
-    case H5T_STRING: return "a string";
-    case H5T_INTEGER: return "an integer";
-    case H5T_FLOAT: return "a float";
-    default: return "a " + describe_type(type.get());
+    case H5T_STRING:
+      return "a string";
+    case H5T_INTEGER:
+      return "an integer";
+    case H5T_FLOAT:
+      return "a float";
+    default:
+      return "a " + describe_type(type.get());
   }
 }
 
@@ -284,9 +293,9 @@ std::string Reader::attr_str(const std::string& object, const std::string& key) 
   HL_CHECK(variable >= 0, ctx(), "attribute ", key, " on ", where, " cannot be read (the file is damaged)");
   if (variable > 0) {
     Type mem(H5Tcopy(H5T_C_S1));
-    HL_CHECK(mem.ok() && H5Tset_size(mem.get(), H5T_VARIABLE) >= 0 &&
-                 H5Tset_cset(mem.get(), H5Tget_cset(type.get())) >= 0,
-             ctx(), "cannot make an HDF5 string type");
+    HL_CHECK(
+        mem.ok() && H5Tset_size(mem.get(), H5T_VARIABLE) >= 0 && H5Tset_cset(mem.get(), H5Tget_cset(type.get())) >= 0,
+        ctx(), "cannot make an HDF5 string type");
     char* p = nullptr;
     HL_CHECK(H5Aread(attr.get(), mem.get(), &p) >= 0, ctx(), "attribute ", key, " on ", where,
              " cannot be read (the file is damaged)");

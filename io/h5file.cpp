@@ -1,7 +1,7 @@
 // HDF5 file layer for checkpoints (see h5file.h): the write path (HDF5 into an AtomicFile's temp
 // file, committed by it) and the small helpers of the public header. Reading is in h5_reader.cpp.
-#include "io/h5_internal.h"
 #include "io/atomic_file.h"
+#include "io/h5_internal.h"
 
 namespace headlab::io::h5 {
 
@@ -9,20 +9,28 @@ using namespace detail;
 
 const char* dtype_name(DType d) {
   switch (d) {
-    case DType::f32: return "float32";
-    case DType::f64: return "float64";
-    case DType::i64: return "int64";
-    case DType::u8: return "uint8";
+    case DType::f32:
+      return "float32";
+    case DType::f64:
+      return "float64";
+    case DType::i64:
+      return "int64";
+    case DType::u8:
+      return "uint8";
   }
   return "?";
 }
 
 size_t dtype_size(DType d) {
   switch (d) {
-    case DType::f32: return 4;
-    case DType::f64: return 8;
-    case DType::i64: return 8;
-    case DType::u8: return 1;
+    case DType::f32:
+      return 4;
+    case DType::f64:
+      return 8;
+    case DType::i64:
+      return 8;
+    case DType::u8:
+      return 1;
   }
   return 0;
 }
@@ -72,8 +80,7 @@ Writer::~Writer() {
   try {
     if (file_ >= 0) H5Fclose(file_);
     file_ = -1;
-  } catch (...) {
-  }
+  } catch (...) {}
   out_.reset();  // removes the temp file unless committed
 }
 
@@ -117,8 +124,8 @@ Object open_or_create_groups(hid_t file, const std::string& ctx, const std::vect
 }
 
 // Creates (or replaces) a scalar attribute on an open object.
-void put_attr(hid_t owner, const std::string& ctx, const std::string& where, const std::string& key,
-              hid_t file_type, hid_t mem_type, const void* value) {
+void put_attr(hid_t owner, const std::string& ctx, const std::string& where, const std::string& key, hid_t file_type,
+              hid_t mem_type, const void* value) {
   HL_CHECK(!key.empty(), ctx, "attribute on ", where, " needs a non-empty name");
   htri_t exists = H5Aexists(owner, key.c_str());
   HL_CHECK(exists >= 0, with_reason(ctx + "cannot look up attribute " + key + " on " + where));
@@ -128,7 +135,8 @@ void put_attr(hid_t owner, const std::string& ctx, const std::string& where, con
   HL_CHECK(space.ok(), ctx, "cannot create an HDF5 dataspace");
   Attr attr(H5Acreate2(owner, key.c_str(), file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT));
   HL_CHECK(attr.ok(), with_reason(ctx + "cannot create attribute " + key + " on " + where));
-  HL_CHECK(H5Awrite(attr.get(), mem_type, value) >= 0, with_reason(ctx + "cannot write attribute " + key + " on " + where));
+  HL_CHECK(H5Awrite(attr.get(), mem_type, value) >= 0,
+           with_reason(ctx + "cannot write attribute " + key + " on " + where));
 }
 
 }  // namespace
@@ -171,8 +179,8 @@ void Writer::write(const std::string& name, DType dtype, const std::vector<int64
     HL_CHECK(H5Pset_chunk(dcpl.get(), int(chunk.size()), chunk.data()) >= 0 && H5Pset_fletcher32(dcpl.get()) >= 0,
              with_reason(ctx() + "cannot set chunking and checksum for " + clean));
   }
-  Dataset ds(H5Dcreate2(parent.get(), leaf.c_str(), file_type_of(dtype), space.get(), H5P_DEFAULT, dcpl.get(),
-                        H5P_DEFAULT));
+  Dataset ds(
+      H5Dcreate2(parent.get(), leaf.c_str(), file_type_of(dtype), space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT));
   HL_CHECK(ds.ok(), with_reason(ctx() + "cannot create dataset " + clean));
   if (numel > 0)
     HL_CHECK(H5Dwrite(ds.get(), mem_type_of(dtype), H5S_ALL, H5S_ALL, H5P_DEFAULT, data) >= 0,

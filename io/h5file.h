@@ -34,11 +34,16 @@ size_t dtype_size(DType d);
 
 template <typename T>
 constexpr DType dtype_of() {
-  if constexpr (std::is_same_v<T, float>) return DType::f32;
-  else if constexpr (std::is_same_v<T, double>) return DType::f64;
-  else if constexpr (std::is_same_v<T, int64_t>) return DType::i64;
-  else if constexpr (std::is_same_v<T, uint8_t>) return DType::u8;
-  else static_assert(!sizeof(T), "h5: element type must be float, double, int64_t or uint8_t");
+  if constexpr (std::is_same_v<T, float>)
+    return DType::f32;
+  else if constexpr (std::is_same_v<T, double>)
+    return DType::f64;
+  else if constexpr (std::is_same_v<T, int64_t>)
+    return DType::i64;
+  else if constexpr (std::is_same_v<T, uint8_t>)
+    return DType::u8;
+  else
+    static_assert(!sizeof(T), "h5: element type must be float, double, int64_t or uint8_t");
 }
 
 // "[64, 32]"; "[]" for rank 0.
@@ -125,7 +130,7 @@ class Writer {
 
   std::string path_, what_;
   std::unique_ptr<AtomicFile> out_;  // the temp file, renamed onto path_ by commit()
-  int64_t file_ = -1;  // hid_t; -1 once closed
+  int64_t file_ = -1;                // hid_t; -1 once closed
 };
 
 struct ArrayInfo {

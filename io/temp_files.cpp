@@ -31,8 +31,8 @@ std::vector<std::string> remove_stale_temp_files(const std::string& dir) {
     if (!std::regex_match(name, m, pattern) || !it->is_regular_file(ec)) continue;
     const long long pid = std::stoll(m[1].str());
     // kill(pid, 0) fails with ESRCH only when no such process exists (EPERM: it exists, not ours).
-    const bool gone = pid > 0 && pid != ::getpid() && pid <= 0x7fffffff &&
-                      ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+    const bool gone =
+        pid > 0 && pid != ::getpid() && pid <= 0x7fffffff && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
     std::error_code rm;
     if (gone && fs::remove(it->path(), rm)) removed.push_back(it->path().string());
   }

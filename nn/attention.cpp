@@ -152,7 +152,7 @@ HeadControl HeadControl::select_heads(const std::vector<int64_t>& keep) const {
     return out;
   };
   HeadControl c;
-  if (gates.defined()) c.gates = pick(gates, gates.dim() == 1 ? 0 : 1);        // (H), (B, H), (B, H, T)
+  if (gates.defined()) c.gates = pick(gates, gates.dim() == 1 ? 0 : 1);          // (H), (B, H), (B, H, T)
   if (offsets.defined()) c.offsets = pick(offsets, offsets.dim() == 2 ? 0 : 1);  // (H, D), (B, H, [T,] D)
   c.keep_context = keep_context;
   c.context = pick(context, 1);              // (B, H, T, D)
@@ -170,7 +170,9 @@ void check_head_selection(const std::vector<int64_t>& keep, int64_t H, const std
 }
 
 // ---- DotProductAttention ----
-DotProductAttention::DotProductAttention(double p) { dropout = register_module("dropout", std::make_shared<Dropout>(p)); }
+DotProductAttention::DotProductAttention(double p) {
+  dropout = register_module("dropout", std::make_shared<Dropout>(p));
+}
 
 Tensor DotProductAttention::forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
                                     const Tensor& valid_lens) {
@@ -183,10 +185,10 @@ Tensor DotProductAttention::forward(const Tensor& queries, const Tensor& keys, c
     return scaled_dot_product_attention(queries, keys, values, AttentionMask::lengths(valid_lens), dropout->p,
                                         dropout->is_training());  // (B, Q, v)
   }
-  const Tensor scores = matmul(queries, keys.mT());                          // (B, Q, K)
+  const Tensor scores = matmul(queries, keys.mT());  // (B, Q, K)
   const Tensor weights = headlab::masked_softmax(scores, valid_lens, 1.0 / std::sqrt(d));
   attention_weights = weights.detach();
-  return matmul(dropout->forward(weights), values);                          // (B, Q, v)
+  return matmul(dropout->forward(weights), values);  // (B, Q, v)
 }
 
 // ---- AdditiveAttention ----
@@ -205,8 +207,8 @@ Tensor AdditiveAttention::forward(const Tensor& queries_in, const Tensor& keys_i
   HL_CHECK(keys_in.size(2) == W_k->in_features, "AdditiveAttention: keys must have ", W_k->in_features,
            " features, got shape ", shape_str(keys_in.shape()));
   const Tensor queries = W_q->forward(queries_in), keys = W_k->forward(keys_in);  // (B, Q, h), (B, K, h)
-  const Tensor features = tanh(add(queries.unsqueeze(2), keys.unsqueeze(1)));      // (B, Q, K, h)
-  const Tensor scores = w_v->forward(features).squeeze(-1);                          // (B, Q, K)
+  const Tensor features = tanh(add(queries.unsqueeze(2), keys.unsqueeze(1)));     // (B, Q, K, h)
+  const Tensor scores = w_v->forward(features).squeeze(-1);                       // (B, Q, K)
   const Tensor weights = headlab::masked_softmax(scores, valid_lens, 1.0);
   attention_weights = weights.detach();
   return matmul(dropout->forward(weights), values);
@@ -225,10 +227,11 @@ MultiHeadAttention::MultiHeadAttention(int64_t key_size, int64_t query_size, int
   W_o = register_module("W_o", std::make_shared<Linear>(hiddens, out_size < 0 ? hiddens : out_size, bias));
 }
 
-double MultiHeadAttention::parameter_count(int64_t key_size, int64_t query_size, int64_t value_size,
-                                           int64_t hiddens, bool bias, int64_t out_size) {
+double MultiHeadAttention::parameter_count(int64_t key_size, int64_t query_size, int64_t value_size, int64_t hiddens,
+                                           bool bias, int64_t out_size) {
   return linear_parameters(query_size, hiddens, bias) + linear_parameters(key_size, hiddens, bias) +
-         linear_parameters(value_size, hiddens, bias) + linear_parameters(hiddens, out_size < 0 ? hiddens : out_size, bias);
+         linear_parameters(value_size, hiddens, bias) +
+         linear_parameters(hiddens, out_size < 0 ? hiddens : out_size, bias);
 }
 
 std::shared_ptr<MultiHeadAttention> MultiHeadAttention::prune_heads(const std::vector<int64_t>& keep) const {
@@ -267,7 +270,7 @@ Tensor MultiHeadAttention::forward(const Tensor& queries, const Tensor& keys, co
   const Tensor v = transpose_qkv(W_v->forward(values), H);   // (B*H, K, D)
   // As d2l: each batch entry's valid_lens repeated for its heads.
   const Tensor vl = valid_lens.defined() ? repeat_interleave(valid_lens, H, 0) : Tensor();
-  const Tensor out = attention->forward(q, k, v, vl);       // (B*H, Q, D)
+  const Tensor out = attention->forward(q, k, v, vl);  // (B*H, Q, D)
   const Tensor& w = attention->attention_weights;
   attention_weights = w.defined() ? w.view({B, H, Q, K}) : Tensor();
   const Tensor ctx = apply_head_control(who, out.view({B, H, Q, -1}), heads, gates);
@@ -294,7 +297,7 @@ Tensor CausalAttention::forward(const Tensor& x) {
   if (!keep_attention_weights)
     return scaled_dot_product_attention(queries, keys, values, AttentionMask::causal(), dropout->p,
                                         dropout->is_training());
-  const Tensor scores = matmul(queries, keys.mT());                                                  // (B, T, T)
+  const Tensor scores = matmul(queries, keys.mT());  // (B, T, T)
   const Tensor weights = causal_softmax(scores, 1.0 / std::sqrt(static_cast<double>(d_out)));
   attention_weights = weights.detach();
   return matmul(dropout->forward(weights), values);
@@ -427,13 +430,13 @@ Tensor CausalMultiHeadAttention::forward(const Tensor& x, const Tensor& gates) {
   const char* who = "CausalMultiHeadAttention";
   check_causal_input(who, x, d_in, context_length);
   const int64_t B = x.size(0), T = x.size(1), H = num_heads, D = head_dim;
-  Tensor ctx;                                                                                 // (B, H, T, D)
+  Tensor ctx;  // (B, H, T, D)
   if (head_control.given_context.defined()) {
     check_given_context(who, head_control.given_context, B, H, T, D);
     ctx = head_control.given_context;
   } else if (keep_weights) {  // analysis wants the weights: the composite path materialises them anyway
     const auto [queries, keys, values] = project_qkv(x);
-    const Tensor scores = matmul(queries, keys.mT());                                         // (B, H, T, T)
+    const Tensor scores = matmul(queries, keys.mT());  // (B, H, T, T)
     const Tensor weights = causal_softmax(scores, 1.0 / std::sqrt(static_cast<double>(D)));
     attention_weights = weights.detach();
     ctx = matmul(dropout->forward(weights), values);
@@ -443,7 +446,7 @@ Tensor CausalMultiHeadAttention::forward(const Tensor& x, const Tensor& gates) {
                                        dropout->is_training());
   }
   ctx = apply_head_control(who, ctx, head_control, gates);
-  return out_proj->forward(ctx.transpose(1, 2).reshape({B, T, H * D}));                       // (B, T, d_out)
+  return out_proj->forward(ctx.transpose(1, 2).reshape({B, T, H * D}));  // (B, T, d_out)
 }
 
 // x (B, T, d_in) -> queries, keys, values (B, H, T, D): views of the projections, no copies; matmul
@@ -520,7 +523,9 @@ std::shared_ptr<CausalMultiHeadAttention> wrapper_to_fused(const MultiHeadAttent
   return CausalMultiHeadAttention::merge_heads(w);
 }
 
-std::shared_ptr<MultiHeadAttentionWrapper> fused_to_wrapper(const CausalMultiHeadAttention& f) { return f.split_heads(); }
+std::shared_ptr<MultiHeadAttentionWrapper> fused_to_wrapper(const CausalMultiHeadAttention& f) {
+  return f.split_heads();
+}
 
 // ---- the table of forms ----
 namespace {
@@ -540,7 +545,8 @@ FormEntry form_entry(AttentionForm form, const char* help) {
           [](const MultiHeadAttentionWrapper& w) -> std::shared_ptr<CausalMultiHead> { return M::merge_heads(w); }};
 }
 
-// One entry per AttentionForm (its name: enum_table in attention.h): how it is built, counted and merged from per-head form.
+// One entry per AttentionForm (its name: enum_table in attention.h): how it is built, counted and merged from per-head
+// form.
 const std::vector<FormEntry>& forms() {
   static const std::vector<FormEntry> table = {
       form_entry<CausalMultiHeadAttention>(AttentionForm::fused, "one W_query/W_key/W_value"),
@@ -559,7 +565,8 @@ const FormEntry& entry(AttentionForm form) {
 
 std::string attention_forms_help() {
   std::string help;
-  for (const FormEntry& e : forms()) help += (help.empty() ? "" : " | ") + std::string(enum_name(e.form)) + " (" + e.help + ")";
+  for (const FormEntry& e : forms())
+    help += (help.empty() ? "" : " | ") + std::string(enum_name(e.form)) + " (" + e.help + ")";
   return help;
 }
 

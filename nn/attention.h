@@ -28,8 +28,7 @@ class DotProductAttention : public Module {
   explicit DotProductAttention(double dropout);
   std::string type_name() const override { return "DotProductAttention"; }
   // queries: (B, Q, d), keys: (B, K, d), values: (B, K, v) -> (B, Q, v)
-  Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
-                 const Tensor& valid_lens = Tensor());
+  Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values, const Tensor& valid_lens = Tensor());
   Tensor operator()(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& vl = Tensor()) {
     return forward(q, k, v, vl);
   }
@@ -44,8 +43,7 @@ class AdditiveAttention : public Module {
   AdditiveAttention(int64_t key_size, int64_t query_size, int64_t num_hiddens, double dropout);
   std::string type_name() const override { return "AdditiveAttention"; }
   // queries: (B, Q, query_size), keys: (B, K, key_size), values: (B, K, v) -> (B, Q, v)
-  Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
-                 const Tensor& valid_lens = Tensor());
+  Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values, const Tensor& valid_lens = Tensor());
   Tensor operator()(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& vl = Tensor()) {
     return forward(q, k, v, vl);
   }
@@ -61,13 +59,13 @@ class AdditiveAttention : public Module {
 // context from another run). Gates and offsets may differ per batch row (and position), so that
 // one batched forward runs a different intervention in each copy of the data.
 struct HeadControl {
-  Tensor gates;    // (H), (B, H) or (B, H, T); undefined: all ones
-  Tensor offsets;  // (H, D), (B, H, D) or (B, H, T, D); undefined: none
+  Tensor gates;               // (H), (B, H) or (B, H, T); undefined: all ones
+  Tensor offsets;             // (H, D), (B, H, D) or (B, H, T, D); undefined: none
   bool keep_context = false;  // store each head's context (before gating) in `context`
   Tensor context;             // (B, H, T, D), detached
   // When defined, used as the heads' contexts instead of computing them from the input (whose shape
   // must still match): analysis replays a layer's output projection from stored contexts.
-  Tensor given_context;       // (B, H, T, D)
+  Tensor given_context;  // (B, H, T, D)
 
   // The control of a module keeping only heads `keep` (its local indices): every defined tensor
   // indexed along its head dimension; gates stay leaves that require grad if they did.
@@ -95,8 +93,8 @@ class MultiHead {
 // W_o maps num_hiddens to out_size (default num_hiddens; a pruned module keeps its model's width).
 class MultiHeadAttention : public Module, public MultiHead {
  public:
-  MultiHeadAttention(int64_t key_size, int64_t query_size, int64_t value_size, int64_t num_hiddens,
-                     int64_t num_heads, double dropout, bool bias = false, int64_t out_size = -1);
+  MultiHeadAttention(int64_t key_size, int64_t query_size, int64_t value_size, int64_t num_hiddens, int64_t num_heads,
+                     double dropout, bool bias = false, int64_t out_size = -1);
   std::string type_name() const override { return "MultiHeadAttention"; }
   // What MultiHeadAttention(...) with these arguments holds, without building it.
   static double parameter_count(int64_t key_size, int64_t query_size, int64_t value_size, int64_t num_hiddens,
@@ -110,8 +108,8 @@ class MultiHeadAttention : public Module, public MultiHead {
   std::shared_ptr<MultiHeadAttention> prune_heads(const std::vector<int64_t>& keep) const;
   // queries: (B, Q, query_size), keys: (B, K, key_size), values: (B, K, value_size),
   // valid_lens: (B,) or (B, Q) -> (B, Q, num_hiddens). gates: (num_heads), overrides heads.gates.
-  Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values,
-                 const Tensor& valid_lens = Tensor(), const Tensor& gates = Tensor());
+  Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values, const Tensor& valid_lens = Tensor(),
+                 const Tensor& gates = Tensor());
   Tensor operator()(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& vl = Tensor()) {
     return forward(q, k, v, vl);
   }
@@ -148,7 +146,8 @@ class MultiHeadAttentionWrapper;
 class CausalMultiHead : public UnaryModule, public MultiHead {
  public:
   Tensor forward(const Tensor& x) override { return forward(x, Tensor()); }
-  virtual Tensor forward(const Tensor& x, const Tensor& gates) = 0;  // gates as HeadControl's; overrides control().gates
+  virtual Tensor forward(const Tensor& x,
+                         const Tensor& gates) = 0;  // gates as HeadControl's; overrides control().gates
   virtual void keep_attention_weights(bool on) = 0;
   virtual Tensor last_attention_weights() const = 0;  // (B, H, T, T) when kept
   virtual AttentionForm form() const = 0;

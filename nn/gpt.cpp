@@ -59,8 +59,8 @@ double GPTConfig::num_parameters() const {
   double n = (V + static_cast<double>(context_length)) * d + 2 * d + d * V;  // embeddings, final norm, head
   for (int64_t l = 0; l < n_layers; ++l) {
     n += causal_attention_parameters(attention, attention_sizes(l));
-    n += d * 4 * d + 4 * d + 4 * d * d + d;                         // feed-forward
-    n += 4 * d;                                                      // norm1, norm2
+    n += d * 4 * d + 4 * d + 4 * d * d + d;  // feed-forward
+    n += 4 * d;                              // norm1, norm2
   }
   return n;
 }

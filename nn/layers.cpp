@@ -76,7 +76,9 @@ Embedding::Embedding(int64_t n, int64_t d) : num_embeddings(n), embedding_dim(d)
   weight = register_parameter("weight", randn({n, d}));
 }
 
-std::string Embedding::extra_repr() const { return std::to_string(num_embeddings) + ", " + std::to_string(embedding_dim); }
+std::string Embedding::extra_repr() const {
+  return std::to_string(num_embeddings) + ", " + std::to_string(embedding_dim);
+}
 
 Tensor Embedding::forward(const Tensor& idx) { return embedding(weight, idx); }
 

@@ -31,7 +31,7 @@ class Module {
   Module(const Module&) = delete;
   Module& operator=(const Module&) = delete;
 
-  virtual std::string type_name() const = 0;           // "Linear"
+  virtual std::string type_name() const = 0;             // "Linear"
   virtual std::string extra_repr() const { return ""; }  // "in_features=3, out_features=2, bias=True"
 
   // Names exactly like PyTorch's state_dict() keys, in registration order.

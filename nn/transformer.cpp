@@ -14,7 +14,8 @@ PositionalEncoding::PositionalEncoding(int64_t n, double p, int64_t max) : num_h
   for (int64_t t = 0; t < max; ++t)
     for (int64_t j = 0; j < n; ++j) {
       // column pair (2i, 2i+1) shares the frequency 1 / 10000^(2i / N)
-      const double angle = static_cast<double>(t) / std::pow(10000.0, static_cast<double>(j - j % 2) / static_cast<double>(n));
+      const double angle =
+          static_cast<double>(t) / std::pow(10000.0, static_cast<double>(j - j % 2) / static_cast<double>(n));
       table[static_cast<size_t>(t * n + j)] = j % 2 == 0 ? std::sin(angle) : std::cos(angle);
     }
   P = tensor(table, {max, n});
@@ -93,8 +94,11 @@ Tensor TransformerDecoderBlock::forward(const Tensor& X, DecoderState& state) {
   const Tensor key_values = past ? cat({cache, X}, 1) : X;  // (B, past + T, N)
   cache = key_values;
   // Causal: query t sees keys 0..past + t. (d2l sets this only in training.)
-  const Tensor causal = expand(arange(static_cast<double>(past + 1), static_cast<double>(past + T + 1), 1, DType::i64,
-                                      X.device()).view({1, T}), {B, T}).contiguous();  // (B, T)
+  const Tensor causal =
+      expand(arange(static_cast<double>(past + 1), static_cast<double>(past + T + 1), 1, DType::i64, X.device())
+                 .view({1, T}),
+             {B, T})
+          .contiguous();  // (B, T)
   const Tensor X2 = attention1->forward(X, key_values, key_values, causal);
   const Tensor Y = addnorm1->forward(X, X2);
   const Tensor Y2 = attention2->forward(Y, state.enc_outputs, state.enc_outputs, state.enc_valid_lens);
@@ -162,8 +166,8 @@ const auto kTransformerFields = std::tuple{
 void TransformerConfig::validate() const {
   const char* who = kTransformerWho;
   check_fields(*this, kTransformerFields, who);
-  HL_CHECK(num_hiddens % num_heads == 0, who, ": num_hiddens ", num_hiddens, " must be a positive multiple of num_heads ",
-           num_heads);
+  HL_CHECK(num_hiddens % num_heads == 0, who, ": num_hiddens ", num_hiddens,
+           " must be a positive multiple of num_heads ", num_heads);
   for (const auto& [key, kept] : {std::pair{"kept_encoder", &kept_encoder}, std::pair{"kept_decoder", &kept_decoder},
                                   std::pair{"kept_cross", &kept_cross}}) {
     check_head_lists(*kept, num_layers, num_heads, who, key);
@@ -200,7 +204,8 @@ Tensor scaled_embedding(const char* who, Embedding& embedding, const Tensor& ids
 
 TransformerEncoder::TransformerEncoder(const TransformerConfig& c) : num_hiddens(c.num_hiddens) {
   embedding = register_module("embedding", std::make_shared<Embedding>(c.src_vocab_size, c.num_hiddens));
-  pos_encoding = register_module("pos_encoding", std::make_shared<PositionalEncoding>(c.num_hiddens, c.dropout, c.max_len));
+  pos_encoding =
+      register_module("pos_encoding", std::make_shared<PositionalEncoding>(c.num_hiddens, c.dropout, c.max_len));
   blks = register_module("blks", std::make_shared<Blocks>());
   for (int64_t l = 0; l < c.num_layers; ++l)
     blks->add(std::make_shared<TransformerEncoderBlock>(c.block_sizes(), kept_count(c.kept_encoder, l)));
@@ -212,13 +217,15 @@ Tensor TransformerEncoder::forward(const Tensor& X, const Tensor& valid_lens) {
   return h;
 }
 
-TransformerDecoder::TransformerDecoder(const TransformerConfig& c) : num_hiddens(c.num_hiddens), num_layers(c.num_layers) {
+TransformerDecoder::TransformerDecoder(const TransformerConfig& c)
+    : num_hiddens(c.num_hiddens), num_layers(c.num_layers) {
   embedding = register_module("embedding", std::make_shared<Embedding>(c.tgt_vocab_size, c.num_hiddens));
-  pos_encoding = register_module("pos_encoding", std::make_shared<PositionalEncoding>(c.num_hiddens, c.dropout, c.max_len));
+  pos_encoding =
+      register_module("pos_encoding", std::make_shared<PositionalEncoding>(c.num_hiddens, c.dropout, c.max_len));
   blks = register_module("blks", std::make_shared<Blocks>());
   for (int64_t l = 0; l < c.num_layers; ++l)
     blks->add(std::make_shared<TransformerDecoderBlock>(c.block_sizes(), l, kept_count(c.kept_decoder, l),
-                                                       kept_count(c.kept_cross, l)));
+                                                        kept_count(c.kept_cross, l)));
   dense = register_module("dense", std::make_shared<Linear>(c.num_hiddens, c.tgt_vocab_size));
 }
 

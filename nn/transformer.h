@@ -77,10 +77,10 @@ class TransformerEncoderBlock : public Module {
 // d2l's decoder state: the encoder's outputs and valid lengths, and per block the decoder inputs seen
 // so far (d2l's state[2][i], the keys and values of the masked self-attention).
 struct DecoderState {
-  Tensor enc_outputs;                // (B, S, N)
-  Tensor enc_valid_lens;             // (B,) or undefined
-  std::vector<Tensor> key_values;    // per block: (B, t, N) after t decoded positions; undefined at first
-  int64_t steps = 0;                 // positions decoded so far (the next one's positional encoding)
+  Tensor enc_outputs;              // (B, S, N)
+  Tensor enc_valid_lens;           // (B,) or undefined
+  std::vector<Tensor> key_values;  // per block: (B, t, N) after t decoded positions; undefined at first
+  int64_t steps = 0;               // positions decoded so far (the next one's positional encoding)
 };
 
 // d2l's DecoderBlock i: masked self-attention over the inputs so far (attention1, addnorm1), attention over
@@ -130,8 +130,8 @@ struct TransformerConfig {
 
   int64_t head_size() const { return num_heads ? num_hiddens / num_heads : 0; }
   BlockSizes block_sizes() const;
-  double num_parameters() const;  // of EncoderDecoder(*this), computed without building it
-  void validate() const;          // clear errors naming the key
+  double num_parameters() const;   // of EncoderDecoder(*this), computed without building it
+  void validate() const;           // clear errors naming the key
   nlohmann::json to_json() const;  // includes "arch": "encoder-decoder"
   static TransformerConfig from_json(const nlohmann::json& j);  // validates
 };

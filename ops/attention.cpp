@@ -65,7 +65,8 @@ Tensor unit_last(const Tensor& t) {
 
 template <typename View = AttnOperand>
 View attn_view(const Tensor& t, bool heads) {
-  return heads ? View{t.raw_data(), t.stride(0), t.stride(1), t.stride(2)} : View{t.raw_data(), t.stride(0), 0, t.stride(1)};
+  return heads ? View{t.raw_data(), t.stride(0), t.stride(1), t.stride(2)}
+               : View{t.raw_data(), t.stride(0), 0, t.stride(1)};
 }
 
 // A new (B, H, T, C) result laid out as (B, T, H, C): the layout the multi-head modules' projections
@@ -147,10 +148,10 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
            Tensor dq = empty_result(s, s.Tq, s.D, qs), dk = empty_result(s, s.Tk, s.D, qs),
                   dv = empty_result(s, s.Tk, s.Dv, qs);
            if (s.B * s.H > 0)
-             backend_of(qs).attention_backward(
-                 qs.dtype(), attn_view<AttnResult>(dq, s.heads), attn_view<AttnResult>(dk, s.heads),
-                 attn_view<AttnResult>(dv, s.heads), attn_view(dy, s.heads), attn_view(qs, s.heads),
-                 attn_view(ks, s.heads), attn_view(vs, s.heads), attn_view(os, s.heads), ls.raw_data(), p);
+             backend_of(qs).attention_backward(qs.dtype(), attn_view<AttnResult>(dq, s.heads),
+                                               attn_view<AttnResult>(dk, s.heads), attn_view<AttnResult>(dv, s.heads),
+                                               attn_view(dy, s.heads), attn_view(qs, s.heads), attn_view(ks, s.heads),
+                                               attn_view(vs, s.heads), attn_view(os, s.heads), ls.raw_data(), p);
            if (g.needs(0)) g.acc(0, dq);
            if (g.needs(1)) g.acc(1, dk);
            if (g.needs(2)) g.acc(2, dv);

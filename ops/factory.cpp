@@ -50,8 +50,8 @@ namespace {
 template <typename T>
 Tensor from_host(const T* values, size_t count, Shape shape, DType dtype, Device device) {
   if (shape.empty() && count != 1) shape = {static_cast<int64_t>(count)};
-  HL_CHECK(shape_numel(shape) == static_cast<int64_t>(count), "tensor: ", count,
-           " values cannot fill shape ", shape_str(shape), " (", shape_numel(shape), " elements)");
+  HL_CHECK(shape_numel(shape) == static_cast<int64_t>(count), "tensor: ", count, " values cannot fill shape ",
+           shape_str(shape), " (", shape_numel(shape), " elements)");
   Tensor t = Tensor::empty(shape, dtype, device);
   if (count) backend_of(t).copy_from_host(t.raw_data(), values, count * sizeof(T));
   return t;

@@ -12,8 +12,8 @@ void check_indices(const char* op, const Tensor& idx, int64_t size, const char* 
   const Tensor c = contiguous(idx);
   if (backend_of(c).indices_in_range(c.data<int64_t>(), c.numel(), 0, size)) return;
   for (int64_t v : c.to_vector<int64_t>())
-    HL_CHECK(v >= 0 && v < size, op, ": ", what, " ", v, " is out of range for size ", size, " (expected 0..",
-             size - 1, ")");
+    HL_CHECK(v >= 0 && v < size, op, ": ", what, " ", v, " is out of range for size ", size, " (expected 0..", size - 1,
+             ")");
 }
 
 }  // namespace

@@ -6,8 +6,8 @@ namespace headlab {
 Backend& backend_of(const Tensor& t) { return backend_for(t.device()); }
 
 void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
-  HL_CHECK(a.device() == b.device(), op, ": expected all tensors on the same device, got ", a.device().str(),
-           " and ", b.device().str());
+  HL_CHECK(a.device() == b.device(), op, ": expected all tensors on the same device, got ", a.device().str(), " and ",
+           b.device().str());
 }
 
 namespace detail {

@@ -21,8 +21,16 @@ bool matrix_layout(const Tensor& t, GemmOperand& op) {
   int64_t sr = t.stride(-2), sc = t.stride(-1);
   if (C == 1) sc = 1;  // size-1 dims have meaningless strides
   if (R == 1) sr = std::max<int64_t>(C, 1);
-  if (sc == 1 && sr >= std::max<int64_t>(C, 1)) { op.trans = false; op.ld = sr; return true; }
-  if (sr == 1 && sc >= std::max<int64_t>(R, 1)) { op.trans = true; op.ld = sc; return true; }
+  if (sc == 1 && sr >= std::max<int64_t>(C, 1)) {
+    op.trans = false;
+    op.ld = sr;
+    return true;
+  }
+  if (sr == 1 && sc >= std::max<int64_t>(R, 1)) {
+    op.trans = true;
+    op.ld = sc;
+    return true;
+  }
   return false;
 }
 
@@ -33,12 +41,20 @@ bool matrix_layout(const Tensor& t, GemmOperand& op) {
 void batched_gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, const Shape& batch) {
   const int64_t M = a_in.size(-2), K = a_in.size(-1), N = b_in.size(-1);
   GemmOperand A{a_in}, B{b_in};
-  if (!matrix_layout(A.t, A)) { A.t = contiguous(a_in); matrix_layout(A.t, A); }
-  if (!matrix_layout(B.t, B)) { B.t = contiguous(b_in); matrix_layout(B.t, B); }
+  if (!matrix_layout(A.t, A)) {
+    A.t = contiguous(a_in);
+    matrix_layout(A.t, A);
+  }
+  if (!matrix_layout(B.t, B)) {
+    B.t = contiguous(b_in);
+    matrix_layout(B.t, B);
+  }
   Backend& be = backend_of(out);
   const int64_t nb = static_cast<int64_t>(batch.size());
   // Merge batch dims (outer to inner) into runs of (size, stride_a, stride_b, stride_out).
-  struct Run { int64_t size, sa, sb, so; };
+  struct Run {
+    int64_t size, sa, sb, so;
+  };
   std::vector<Run> runs;
   for (int64_t d = 0; d < nb; ++d) {
     if (batch[d] == 1) continue;
@@ -79,7 +95,10 @@ void batched_gemm(const Tensor& out, const Tensor& a_in, const Tensor& b_in, con
 // A single 2-D operand for linear().
 GemmOperand gemm_operand(const Tensor& t) {
   GemmOperand op{t};
-  if (!matrix_layout(t, op)) { op.t = contiguous(t); matrix_layout(op.t, op); }
+  if (!matrix_layout(t, op)) {
+    op.t = contiguous(t);
+    matrix_layout(op.t, op);
+  }
   return op;
 }
 
@@ -160,13 +179,13 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     const Tensor out2 = out.as_strided_raw({rows, out_f}, {out_f, 1}, 0);
     if (bias.defined()) detail::copy_into(out2, bias.as_strided_raw({rows, out_f}, {0, bias.stride(0)}, bias.offset()));
     const GemmOperand X = gemm_operand(x2), W = gemm_operand(weight.detach());
-    backend_of(x).gemm(x.dtype(), X.trans, !W.trans, rows, out_f, in_f, 1.0, X.t.raw_data(), X.ld, 0,
-                       W.t.raw_data(), W.ld, 0, bias.defined() ? 1.0 : 0.0, out.raw_data(), out_f, 0, 1);
+    backend_of(x).gemm(x.dtype(), X.trans, !W.trans, rows, out_f, in_f, 1.0, X.t.raw_data(), X.ld, 0, W.t.raw_data(),
+                       W.ld, 0, bias.defined() ? 1.0 : 0.0, out.raw_data(), out_f, 0, 1);
   }
   record("linear", out, {x, weight, bias}, {x, weight}, [rows, in_f, out_f](const Tensor& dout, Saved s, Grads& g) {
     const Tensor &x = s[0], &weight = s[1];
     const Tensor d2 = reshape(dout, {rows, out_f});
-    if (g.needs(0)) g.acc(0, reshape(matmul(d2, weight), x.shape()));       // (rows, in)
+    if (g.needs(0)) g.acc(0, reshape(matmul(d2, weight), x.shape()));     // (rows, in)
     if (g.needs(1)) g.acc(1, matmul(d2.mT(), reshape(x, {rows, in_f})));  // (out, in)
     if (g.needs(2)) g.acc(2, sum(d2, {0}));                               // (out)
   });

@@ -86,8 +86,8 @@ Tensor masked_softmax(const Tensor& scores, const Tensor& valid_lens, double sca
            rows / std::max<int64_t>(lead, 1), "]");
   lengths = per_batch ? repeat_interleave(valid_lens, Q, 0) : contiguous(reshape(valid_lens, {-1}));
   for (int64_t v : lengths.to_vector<int64_t>())
-    HL_CHECK(v >= 0 && v <= K, "masked_softmax: valid length ", v, " is out of range for ", K, " keys (expected 0..",
-             K, ")");
+    HL_CHECK(v >= 0 && v <= K, "masked_softmax: valid length ", v, " is out of range for ", K, " keys (expected 0..", K,
+             ")");
   return softmax_last("masked_softmax", scores, scale, SoftmaxMask::lengths, lengths, Q);
 }
 
@@ -153,8 +153,8 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
     if (dx.numel())
       backend_of(xc).layernorm_backward(xc.dtype(), dx.raw_data(), dw.defined() ? dw.raw_data() : nullptr,
                                         db.defined() ? db.raw_data() : nullptr, dy.raw_data(), xc.raw_data(),
-                                        mean.raw_data(), rstd.raw_data(), wc.defined() ? wc.raw_data() : nullptr,
-                                        rows, C);
+                                        mean.raw_data(), rstd.raw_data(), wc.defined() ? wc.raw_data() : nullptr, rows,
+                                        C);
     else {
       if (dw.defined()) dw = zeros({C}, xc.dtype(), xc.device());
       if (db.defined()) db = zeros({C}, xc.dtype(), xc.device());

@@ -30,8 +30,8 @@ Tensor tensor_bool(const std::vector<bool>& values, const Shape& shape = {}, Dev
 Tensor scalar_tensor(double value, DType dtype = DType::f32, Device device = kCPU);
 Tensor rand(const Shape& shape, Generator& gen = default_generator(), DType dtype = DType::f32, Device device = kCPU);
 Tensor randn(const Shape& shape, Generator& gen = default_generator(), DType dtype = DType::f32, Device device = kCPU);
-Tensor uniform(const Shape& shape, double lo, double hi, Generator& gen = default_generator(),
-               DType dtype = DType::f32, Device device = kCPU);
+Tensor uniform(const Shape& shape, double lo, double hi, Generator& gen = default_generator(), DType dtype = DType::f32,
+               Device device = kCPU);
 Tensor randint(int64_t low, int64_t high, const Shape& shape, Generator& gen = default_generator(),
                Device device = kCPU);
 
@@ -86,8 +86,8 @@ Tensor sum(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
 Tensor mean(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
 Tensor amax(const Tensor& x, const Shape& dims = {}, bool keepdim = false);  // ties share the gradient
 Tensor var(const Tensor& x, const Shape& dims = {}, bool keepdim = false, int64_t correction = 1);
-Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);           // int64, no gradient
-Tensor sum_to(const Tensor& x, const Shape& shape);  // undo broadcasting by summing
+Tensor argmax(const Tensor& x, int64_t dim, bool keepdim = false);  // int64, no gradient
+Tensor sum_to(const Tensor& x, const Shape& shape);                 // undo broadcasting by summing
 
 // ---- linear algebra ----
 // a: (..., M, K), b: (..., K, N) -> (..., M, N); 1-D operands as in torch.matmul
@@ -96,7 +96,7 @@ Tensor matmul(const Tensor& a, const Tensor& b);
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
 
 // ---- shape and views ----
-Tensor view(const Tensor& x, const Shape& shape);  // -1 infers one dim; must be expressible as a view
+Tensor view(const Tensor& x, const Shape& shape);     // -1 infers one dim; must be expressible as a view
 Tensor reshape(const Tensor& x, const Shape& shape);  // a view when possible, a copy otherwise
 Tensor flatten(const Tensor& x, int64_t start_dim = 0, int64_t end_dim = -1);
 Tensor transpose(const Tensor& x, int64_t d0, int64_t d1);
@@ -148,9 +148,9 @@ struct AttentionMask {
 // Philox mask over the (B, H, Tq, Tk) weights, advancing gen as it would), @ v. scale defaults to
 // 1/sqrt(D). Fused on the CPU (FlashAttention-2: saves one log-sum-exp per query row, never the
 // weights); other backends run the composite path below.
-Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v,
-                                    const AttentionMask& mask = {}, double dropout_p = 0.0, bool training = false,
-                                    Generator& gen = default_generator(), std::optional<double> scale = std::nullopt);
+Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask = {},
+                                    double dropout_p = 0.0, bool training = false, Generator& gen = default_generator(),
+                                    std::optional<double> scale = std::nullopt);
 // The same through matmul, causal_softmax / masked_softmax, dropout and matmul (the reference).
 Tensor scaled_dot_product_attention_composite(const Tensor& q, const Tensor& k, const Tensor& v,
                                               const AttentionMask& mask = {}, double dropout_p = 0.0,

@@ -55,10 +55,14 @@ void collapse(std::vector<int64_t>& sizes, std::vector<int64_t>& strides) {
 
 const char* reduction_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return "sum";
-    case ReduceOp::max: return "amax";
-    case ReduceOp::min: return "amin";
-    case ReduceOp::argmax: return "argmax";
+    case ReduceOp::sum:
+      return "sum";
+    case ReduceOp::max:
+      return "amax";
+    case ReduceOp::min:
+      return "amin";
+    case ReduceOp::argmax:
+      return "argmax";
   }
   return "reduction";
 }
@@ -75,8 +79,14 @@ Tensor reduce_raw(ReduceOp op, const Tensor& x, const ReducePlan& p, DType out_d
   }
   collapse(osz, ost);
   collapse(isz, ist);
-  if (isz.empty()) { isz.push_back(1); ist.push_back(0); }
-  if (osz.empty()) { osz.push_back(1); ost.push_back(0); }
+  if (isz.empty()) {
+    isz.push_back(1);
+    ist.push_back(0);
+  }
+  if (osz.empty()) {
+    osz.push_back(1);
+    ost.push_back(0);
+  }
   backend_of(x).reduce(op, x.dtype(), out.raw_data(), x.raw_data(), static_cast<int>(osz.size()), osz.data(),
                        ost.data(), static_cast<int>(isz.size()), isz.data(), ist.data());
   return out;
@@ -145,10 +155,13 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
   HL_CHECK(lead >= 0, "sum_to: cannot reduce shape ", shape_str(x.shape()), " to ", shape_str(shape));
   Shape dims;
   for (int64_t d = 0; d < x.dim(); ++d) {
-    if (d < lead) dims.push_back(d);
-    else if (shape[d - lead] == 1 && x.size(d) != 1) dims.push_back(d);
-    else HL_CHECK(shape[d - lead] == x.size(d), "sum_to: cannot reduce shape ", shape_str(x.shape()), " to ",
-                  shape_str(shape));
+    if (d < lead)
+      dims.push_back(d);
+    else if (shape[d - lead] == 1 && x.size(d) != 1)
+      dims.push_back(d);
+    else
+      HL_CHECK(shape[d - lead] == x.size(d), "sum_to: cannot reduce shape ", shape_str(x.shape()), " to ",
+               shape_str(shape));
   }
   if (dims.empty()) return reshape(x, shape);
   return reshape(sum(x, dims, false), shape);

@@ -31,7 +31,8 @@ Shape infer_shape(const char* op, const Shape& shape, int64_t numel) {
     }
   }
   if (infer >= 0) {
-    HL_CHECK(known > 0 && numel % known == 0, op, ": shape ", shape_str(shape), " is invalid for input of size ", numel);
+    HL_CHECK(known > 0 && numel % known == 0, op, ": shape ", shape_str(shape), " is invalid for input of size ",
+             numel);
     out[infer] = numel / known;
   }
   HL_CHECK(shape_numel(out) == numel, op, ": shape ", shape_str(shape), " is invalid for input of size ", numel);
@@ -111,9 +112,8 @@ Tensor permute(const Tensor& x, const Shape& dims) {
     inverse[d] = static_cast<int64_t>(i);
   }
   Tensor out = x.as_strided_raw(shape, strides, x.offset());
-  record("permute", out, {x}, {}, [inverse = std::move(inverse)](const Tensor& dout, Saved, Grads& g) {
-    g.acc(0, permute(dout, inverse));
-  });
+  record("permute", out, {x}, {},
+         [inverse = std::move(inverse)](const Tensor& dout, Saved, Grads& g) { g.acc(0, permute(dout, inverse)); });
   return out;
 }
 
@@ -155,7 +155,10 @@ Tensor squeeze(const Tensor& x) {
   detail::check_defined("squeeze", x);
   Shape shape, strides;
   for (int64_t d = 0; d < x.dim(); ++d)
-    if (x.size(d) != 1) { shape.push_back(x.size(d)); strides.push_back(x.stride(d)); }
+    if (x.size(d) != 1) {
+      shape.push_back(x.size(d));
+      strides.push_back(x.stride(d));
+    }
   return make_view("squeeze", x, shape, strides, x.offset());
 }
 
@@ -172,9 +175,8 @@ Tensor expand(const Tensor& x, const Shape& shape_in) {
     }
     const int64_t xs = x.size(static_cast<int64_t>(i - lead));
     if (shape[i] == -1) shape[i] = xs;
-    HL_CHECK(xs == shape[i] || xs == 1, "expand: the size ", xs, " at dim ", i - lead,
-             " must match the expanded size ", shape[i], " or be 1 (shape ", shape_str(x.shape()), " to ",
-             shape_str(shape_in), ")");
+    HL_CHECK(xs == shape[i] || xs == 1, "expand: the size ", xs, " at dim ", i - lead, " must match the expanded size ",
+             shape[i], " or be 1 (shape ", shape_str(x.shape()), " to ", shape_str(shape_in), ")");
     strides[i] = xs == shape[i] ? x.stride(static_cast<int64_t>(i - lead)) : 0;
   }
   if (shape == x.shape()) return x;
@@ -243,9 +245,7 @@ Tensor to_dtype(const Tensor& x, DType dtype) {
   Tensor out = Tensor::empty(x.shape(), dtype, x.device());
   detail::copy_into(out, x.detach());
   if (is_floating(x.dtype()) && is_floating(dtype))
-    record("to_dtype", out, {x}, {}, [](const Tensor& dout, Saved, Grads& g) {
-      g.acc(0, to_dtype(dout, g.dtype(0)));
-    });
+    record("to_dtype", out, {x}, {}, [](const Tensor& dout, Saved, Grads& g) { g.acc(0, to_dtype(dout, g.dtype(0))); });
   return out;
 }
 
@@ -267,9 +267,8 @@ Tensor to_device(const Tensor& x, Device device) {
       dst_be.copy_from_host(out.raw_data(), host.raw_data(), bytes);
     }
   }
-  record("to_device", out, {x}, {}, [](const Tensor& dout, Saved, Grads& g) {
-    g.acc(0, to_device(dout, g.device(0)));
-  });
+  record("to_device", out, {x}, {},
+         [](const Tensor& dout, Saved, Grads& g) { g.acc(0, to_device(dout, g.device(0))); });
   return out;
 }
 
@@ -283,8 +282,8 @@ Tensor cat(const std::vector<Tensor>& xs, int64_t d) {
   int64_t total = 0;
   for (size_t i = 0; i < xs.size(); ++i) {
     detail::check_defined("cat", xs[i]);
-    HL_CHECK(xs[i].dim() == first.dim(), "cat: tensor ", i, " has shape ", shape_str(xs[i].shape()),
-             ", expected rank ", first.dim(), " like tensor 0 ", shape_str(first.shape()));
+    HL_CHECK(xs[i].dim() == first.dim(), "cat: tensor ", i, " has shape ", shape_str(xs[i].shape()), ", expected rank ",
+             first.dim(), " like tensor 0 ", shape_str(first.shape()));
     check_same_device("cat", first, xs[i]);
     detail::check_same_dtype("cat", first, xs[i]);
     for (int64_t k = 0; k < first.dim(); ++k)

@@ -25,9 +25,9 @@ const auto kOptimizerFields = std::tuple{
     field("weight_decay", &OptimizerOptions::weight_decay),
 };
 const auto kScheduleFields = std::tuple{
-    field("kind", &LRSchedule::kind),           field("lr", &LRSchedule::lr),
-    field("min_lr", &LRSchedule::min_lr),       field("warmup", &LRSchedule::warmup),
-    field("total", &LRSchedule::total),         field("step_size", &LRSchedule::step_size),
+    field("kind", &LRSchedule::kind),     field("lr", &LRSchedule::lr),
+    field("min_lr", &LRSchedule::min_lr), field("warmup", &LRSchedule::warmup),
+    field("total", &LRSchedule::total),   field("step_size", &LRSchedule::step_size),
     field("gamma", &LRSchedule::gamma),
 };
 
@@ -82,9 +82,9 @@ void Optimizer::step() {
     Backend& be = backend_of(s.param);
     ++s.step;
     if (opts_.kind == OptimizerKind::sgd) {
-      be.sgd_step(s.param.dtype(), s.param.raw_data(), gc.raw_data(), s.momentum.defined() ? s.momentum.raw_data() : nullptr,
-                  s.param.numel(), opts_.lr, opts_.momentum, opts_.dampening, opts_.weight_decay, opts_.nesterov,
-                  s.step == 1);
+      be.sgd_step(s.param.dtype(), s.param.raw_data(), gc.raw_data(),
+                  s.momentum.defined() ? s.momentum.raw_data() : nullptr, s.param.numel(), opts_.lr, opts_.momentum,
+                  opts_.dampening, opts_.weight_decay, opts_.nesterov, s.step == 1);
     } else {
       be.adam_step(s.param.dtype(), s.param.raw_data(), gc.raw_data(), s.exp_avg.raw_data(), s.exp_avg_sq.raw_data(),
                    s.param.numel(), opts_.lr, opts_.beta1, opts_.beta2, opts_.eps, opts_.weight_decay, s.step,

@@ -34,8 +34,8 @@ struct OptimizerOptions {
 class Optimizer {
  public:
   Optimizer(NamedTensors params, OptimizerOptions opts);
-  void step();        // one update of every parameter that has a gradient
-  void zero_grad();   // drops gradients (set_to_none, as PyTorch's default)
+  void step();       // one update of every parameter that has a gradient
+  void zero_grad();  // drops gradients (set_to_none, as PyTorch's default)
   double lr() const { return opts_.lr; }
   void set_lr(double lr) { opts_.lr = lr; }
   const OptimizerOptions& options() const { return opts_; }

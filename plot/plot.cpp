@@ -42,9 +42,10 @@ int channel(unsigned rgb, int c) { return static_cast<int>(rgb >> (16 - 8 * c) &
 double em_of(std::string_view ascii) {
   double em = 0;
   for (char c : ascii)  // narrow, wide, capital, other
-    em += std::strchr(" !'(),.:;I[]fijlrt|", c) ? 0.36 : std::strchr("%@MWmw", c) ? 0.95
-          : c >= 'A' && c <= 'Z'                 ? 0.76
-                                                 : 0.65;
+    em += std::strchr(" !'(),.:;I[]fijlrt|", c) ? 0.36
+          : std::strchr("%@MWmw", c)            ? 0.95
+          : c >= 'A' && c <= 'Z'                ? 0.76
+                                                : 0.65;
   return em;
 }
 
@@ -63,8 +64,12 @@ Label label(std::string_view s, size_t max_chars = 120) {
     const char b = s[i];
     char hex[8];
     std::snprintf(hex, sizeof(hex), "\\x%02X", static_cast<unsigned char>(b));
-    const std::string ascii = chars == max_chars ? "..." : b >= 32 && b < 127 ? std::string(1, b)
-                              : b == '\n' ? "\\n" : b == '\t' ? "\\t" : b == '\r' ? "\\r" : hex;
+    const std::string ascii = chars == max_chars   ? "..."
+                              : b >= 32 && b < 127 ? std::string(1, b)
+                              : b == '\n'          ? "\\n"
+                              : b == '\t'          ? "\\t"
+                              : b == '\r'          ? "\\r"
+                                                   : hex;
     i = chars == max_chars ? s.size() : i + 1;
     for (char c : ascii) out.pl += c == '#' ? "##" : std::string(1, c);
     out.em += em_of(ascii);
@@ -229,8 +234,8 @@ void tick_label(PLINT axis, PLFLT w, char* out, PLINT length, PLPointer axes) { 
 }
 
 void make_ticks(Axis& a, double len, double fs, bool stacked) {  // stacked: labels one above another
-  double raw = (a.hi - a.lo) * (stacked ? 4 : 6) * fs / len;  // the step for the spacing wanted, in pixels
-  for (int pass = 0; pass < 2; ++pass) {  // the second makes room for labels wider than that
+  double raw = (a.hi - a.lo) * (stacked ? 4 : 6) * fs / len;     // the step for the spacing wanted, in pixels
+  for (int pass = 0; pass < 2; ++pass) {                         // the second makes room for labels wider than that
     const double p = std::pow(10.0, std::floor(std::log10(raw)));
     a.step = a.log ? std::ceil(raw / 2) : raw <= p ? p : raw <= 2 * p ? 2 * p : raw <= 5 * p ? 5 * p : 10 * p;
     a.em = 0;
@@ -245,10 +250,10 @@ void validate_panel(const Heatmap& m, const std::string& who) {
            ": rows and cols must be in 1..", kMaxSide, ", got ", m.rows, " x ", m.cols);
   HL_CHECK(static_cast<int64_t>(m.values.size()) == m.rows * m.cols, who, ": ", m.values.size(), " values for a ",
            m.rows, " x ", m.cols, " heatmap (expected ", m.rows * m.cols, ")");
-  HL_CHECK(m.row_labels.empty() || static_cast<int64_t>(m.row_labels.size()) == m.rows, who, ": ",
-           m.row_labels.size(), " row labels for ", m.rows, " rows");
-  HL_CHECK(m.col_labels.empty() || static_cast<int64_t>(m.col_labels.size()) == m.cols, who, ": ",
-           m.col_labels.size(), " column labels for ", m.cols, " columns");
+  HL_CHECK(m.row_labels.empty() || static_cast<int64_t>(m.row_labels.size()) == m.rows, who, ": ", m.row_labels.size(),
+           " row labels for ", m.rows, " rows");
+  HL_CHECK(m.col_labels.empty() || static_cast<int64_t>(m.col_labels.size()) == m.cols, who, ": ", m.col_labels.size(),
+           " column labels for ", m.cols, " columns");
 }
 std::vector<Label> tick_names(const std::vector<std::string>& given, int64_t count) {  // empty: 0, 1, 2, ...
   std::vector<Label> out;
@@ -313,8 +318,10 @@ void draw_grid(const char* fn, const HeatmapGrid& g, const std::string& path, do
     for (int64_t j = 0; j < p.rows * p.cols; ++j) {  // cell (r, c) spans c - 0.5 .. c + 0.5, row 0 on top
       const double v = p.values[j], cx = static_cast<double>(j % p.cols) - 0.5 - e;
       const double cy = static_cast<double>(j / p.cols) - 0.5 - e;
-      if (std::isnan(v)) plcol0(kNanGrey);
-      else plcol1(std::clamp((v - g.vmin) / (g.vmax - g.vmin), 0.0, 1.0));
+      if (std::isnan(v))
+        plcol0(kNanGrey);
+      else
+        plcol1(std::clamp((v - g.vmin) / (g.vmax - g.vmin), 0.0, 1.0));
       const PLFLT xs[4] = {cx, cx + 1 + 2 * e, cx + 1 + 2 * e, cx}, ys[4] = {cy, cy, cy + 1 + 2 * e, cy + 1 + 2 * e};
       plfill(4, xs, ys);
     }
@@ -506,7 +513,8 @@ void save_heatmap_grid(const HeatmapGrid& grid, const std::string& path) {
   HL_CHECK(static_cast<int64_t>(grid.panels.size()) <= grid.grid_rows * grid.grid_cols, fn, ": ", grid.panels.size(),
            " panels do not fit a ", grid.grid_rows, " x ", grid.grid_cols, " grid");
   HL_CHECK(std::isfinite(grid.vmin) && std::isfinite(grid.vmax) && std::isfinite(grid.vmax - grid.vmin) &&
-               grid.vmin < grid.vmax, fn, ": need finite vmin < vmax, got [", grid.vmin, ", ", grid.vmax, "]");
+               grid.vmin < grid.vmax,
+           fn, ": need finite vmin < vmax, got [", grid.vmin, ", ", grid.vmax, "]");
   for (size_t i = 0; i < grid.panels.size(); ++i)
     validate_panel(grid.panels[i], std::string(fn) + ": panel " + std::to_string(i) +
                                        (grid.panels[i].title.empty() ? "" : " ('" + grid.panels[i].title + "')"));

@@ -23,10 +23,14 @@ using namespace detail;
 namespace {
 const char* kind_name(AlgorithmicTask::Kind kind) {
   switch (kind) {
-    case AlgorithmicTask::Kind::copy: return "copy";
-    case AlgorithmicTask::Kind::reverse: return "reverse";
-    case AlgorithmicTask::Kind::sort: return "sort";
-    case AlgorithmicTask::Kind::add: return "add";
+    case AlgorithmicTask::Kind::copy:
+      return "copy";
+    case AlgorithmicTask::Kind::reverse:
+      return "reverse";
+    case AlgorithmicTask::Kind::sort:
+      return "sort";
+    case AlgorithmicTask::Kind::add:
+      return "add";
   }
   return "?";
 }
@@ -72,24 +76,22 @@ uint64_t digits_value(const std::vector<int64_t>& ids, size_t begin, size_t end)
 }
 }  // namespace
 
-AlgorithmicTask::AlgorithmicTask(Kind kind, const TaskOptions& options)
-    : kind_(kind), options_(options) {
+AlgorithmicTask::AlgorithmicTask(Kind kind, const TaskOptions& options) : kind_(kind), options_(options) {
   const std::string e = err();
   if (kind_ == Kind::add) {
-    HL_CHECK(options_.n_digits >= 1 && options_.n_digits <= kMaxAddDigits, e,
-             ": n_digits must be between 1 and ", kMaxAddDigits, ", got ", options_.n_digits);
+    HL_CHECK(options_.n_digits >= 1 && options_.n_digits <= kMaxAddDigits, e, ": n_digits must be between 1 and ",
+             kMaxAddDigits, ", got ", options_.n_digits);
   } else {
     HL_CHECK(options_.min_len >= 1, e, ": min_len must be at least 1, got ", options_.min_len);
-    HL_CHECK(options_.max_len <= kMaxLen, e, ": max_len must be at most ", kMaxLen, ", got ",
+    HL_CHECK(options_.max_len <= kMaxLen, e, ": max_len must be at most ", kMaxLen, ", got ", options_.max_len);
+    HL_CHECK(options_.min_len <= options_.max_len, e, ": min_len ", options_.min_len, " is greater than max_len ",
              options_.max_len);
-    HL_CHECK(options_.min_len <= options_.max_len, e, ": min_len ", options_.min_len,
-             " is greater than max_len ", options_.max_len);
   }
   tokenizer_ = Tokenizer(algorithmic_vocab(kind_), e);
   if (!options_.vocabulary.empty()) {
     HL_CHECK(options_.vocabulary == tokenizer_.vocab(), e, ": the given vocabulary ",
-             Tokenizer(options_.vocabulary, e).describe(),
-             " does not match this task's vocabulary ", tokenizer_.describe());
+             Tokenizer(options_.vocabulary, e).describe(), " does not match this task's vocabulary ",
+             tokenizer_.describe());
   }
   options_.vocabulary.clear();  // fixed by the kind; options() stays minimal
   sep_id_ = *tokenizer_.find(kind_ == Kind::add ? "=" : ">");
@@ -176,7 +178,7 @@ std::string AlgorithmicTask::description() const {
 
 int64_t AlgorithmicTask::required_context_length() const {
   if (kind_ == Kind::add) return 3 * options_.n_digits + 4;  // A + B = S(n+1) .
-  return 2 * options_.max_len + 2;                            // digits > answer .
+  return 2 * options_.max_len + 2;                           // digits > answer .
 }
 
 void AlgorithmicTask::check_context_length(int64_t T) const {
@@ -185,9 +187,8 @@ void AlgorithmicTask::check_context_length(int64_t T) const {
   if (T >= need) return;
   const int64_t prompt = kind_ == Kind::add ? 2 * options_.n_digits + 1 : options_.max_len;
   const int64_t answer = kind_ == Kind::add ? options_.n_digits + 1 : options_.max_len;
-  HL_FAIL(err(), ": context length ", T, " is too small: the longest example needs ", need,
-          " tokens (", prompt, " prompt + 1 separator + ", answer,
-          " answer + 1 end); use a context length of at least ", need);
+  HL_FAIL(err(), ": context length ", T, " is too small: the longest example needs ", need, " tokens (", prompt,
+          " prompt + 1 separator + ", answer, " answer + 1 end); use a context length of at least ", need);
 }
 
 Split AlgorithmicTask::split_of(const std::vector<int64_t>& prompt_ids) const {
@@ -304,22 +305,21 @@ std::vector<int64_t> AlgorithmicTask::parse_prompt(const std::string& raw) const
   std::vector<int64_t> ids;
   if (kind_ == Kind::add) {
     const int64_t n = options_.n_digits;
-    const std::string form = "of the form A+B with A and B of 1 to " + std::to_string(n) +
-                             " digits, e.g. '" + std::string(static_cast<size_t>(n), '1') + "+" +
-                             std::string(static_cast<size_t>(std::max<int64_t>(1, n - 1)), '2') +
-                             "'";
+    const std::string form = "of the form A+B with A and B of 1 to " + std::to_string(n) + " digits, e.g. '" +
+                             std::string(static_cast<size_t>(n), '1') + "+" +
+                             std::string(static_cast<size_t>(std::max<int64_t>(1, n - 1)), '2') + "'";
     HL_CHECK(!text.empty(), e, ": prompt is empty; expected a prompt ", form);
     const std::string bad = first_non_digit(text, "+");
-    HL_CHECK(bad.empty(), e, ": prompt '", printable_text(text), "' has character '",
-             printable(bad), "' outside the vocabulary \"0123456789+\"");
+    HL_CHECK(bad.empty(), e, ": prompt '", printable_text(text), "' has character '", printable(bad),
+             "' outside the vocabulary \"0123456789+\"");
     const size_t plus = text.find('+');
     HL_CHECK(plus != std::string::npos && plus > 0 && plus + 1 < text.size() &&
                  text.find('+', plus + 1) == std::string::npos,
              e, ": prompt '", text, "' is not ", form);
     const std::string a = text.substr(0, plus), b = text.substr(plus + 1);
     for (const std::string& operand : {a, b})
-      HL_CHECK(static_cast<int64_t>(operand.size()) <= n, e, ": operand '", operand,
-               "' in prompt '", text, "' has ", operand.size(), " digits, at most n_digits = ", n);
+      HL_CHECK(static_cast<int64_t>(operand.size()) <= n, e, ": operand '", operand, "' in prompt '", text, "' has ",
+               operand.size(), " digits, at most n_digits = ", n);
     push_digits(ids, std::stoull(a), n);
     ids.push_back(plus_id_);
     push_digits(ids, std::stoull(b), n);
@@ -338,16 +338,13 @@ std::vector<int64_t> AlgorithmicTask::parse_prompt(const std::string& raw) const
   return ids;
 }
 
-Example AlgorithmicTask::make_example(const std::string& prompt_text) const {
-  return build(parse_prompt(prompt_text));
-}
+Example AlgorithmicTask::make_example(const std::string& prompt_text) const { return build(parse_prompt(prompt_text)); }
 
 Prompt AlgorithmicTask::encode_prompt(const std::string& text) const {
   Prompt p;
   p.ids = parse_prompt(text);
   p.ids.push_back(sep_id_);
-  p.answer_length = kind_ == Kind::add ? options_.n_digits + 1
-                                       : static_cast<int64_t>(p.ids.size()) - 1;
+  p.answer_length = kind_ == Kind::add ? options_.n_digits + 1 : static_cast<int64_t>(p.ids.size()) - 1;
   p.text = tokenizer_.decode(p.ids);
   return p;
 }
@@ -356,8 +353,8 @@ std::string AlgorithmicTask::format_answer(const std::vector<int64_t>& ids) cons
   tokenizer_.decode(ids);  // validates every id
   std::vector<int64_t> answer(ids.begin(), std::find(ids.begin(), ids.end(), end_id_));
   if (kind_ != Kind::add) return tokenizer_.decode(answer);
-  const bool digits = !answer.empty() && std::all_of(answer.begin(), answer.end(),
-                                                     [](int64_t id) { return id >= 0 && id <= 9; });
+  const bool digits =
+      !answer.empty() && std::all_of(answer.begin(), answer.end(), [](int64_t id) { return id >= 0 && id <= 9; });
   if (!digits) return tokenizer_.decode(answer);  // not a number: show the tokens as generated
   std::reverse(answer.begin(), answer.end());     // the model writes least significant first
   std::string s = tokenizer_.decode(answer);
@@ -365,8 +362,6 @@ std::string AlgorithmicTask::format_answer(const std::vector<int64_t>& ids) cons
   return nz == std::string::npos ? "0" : s.substr(nz);
 }
 
-std::string AlgorithmicTask::expected_answer(const std::string& text) const {
-  return make_example(text).answer_text;
-}
+std::string AlgorithmicTask::expected_answer(const std::string& text) const { return make_example(text).answer_text; }
 
 }  // namespace headlab::tasks

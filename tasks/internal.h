@@ -57,12 +57,12 @@ inline uint64_t example_key(uint64_t seed, Split split, uint64_t n) {
 
 bool next_code_point(std::string_view s, size_t& pos, uint32_t& cp);  // false on malformed input
 std::string encode_utf8(uint32_t cp);
-std::string printable(std::string_view ch);       // one character, escaped for messages
-std::string printable_text(std::string_view s);   // a text, escaped and shortened for messages
+std::string printable(std::string_view ch);      // one character, escaped for messages
+std::string printable_text(std::string_view s);  // a text, escaped and shortened for messages
 std::string trim(const std::string& s);
 // The first character of s that is not a digit nor in also_allowed, printable; "" if none.
 std::string first_non_digit(std::string_view s, std::string_view also_allowed = "");
-std::string range_text(int64_t lo, int64_t hi);   // "4 to 8", or "4"
+std::string range_text(int64_t lo, int64_t hi);  // "4 to 8", or "4"
 // The whole file, or "" with why_not set.
 std::string read_text_file(const std::string& path, std::string& why_not);
 

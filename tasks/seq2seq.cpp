@@ -22,9 +22,8 @@ using namespace detail;
 
 void Seq2SeqTask::check_context_length(int64_t T) const {
   const int64_t need = required_context_length();
-  HL_CHECK(T >= need, "task ", name(), ": decoder context length ", T,
-           " is too small: the longest target needs ", need, " tokens (", need - 1,
-           " answer + 1 end); use a context length of at least ", need);
+  HL_CHECK(T >= need, "task ", name(), ": decoder context length ", T, " is too small: the longest target needs ", need,
+           " tokens (", need - 1, " answer + 1 end); use a context length of at least ", need);
 }
 
 // T is not used: a row's length is its example's, so padding to a fixed T would only add work.
@@ -73,15 +72,14 @@ Prompt Seq2SeqTask::encode_prompt(const std::string& text) const {
 
 namespace {
 
-constexpr uint64_t kMaxAttempts = uint64_t{1}
-                                  << 24;  // rejection sampling gives up (never in practice)
+constexpr uint64_t kMaxAttempts = uint64_t{1} << 24;  // rejection sampling gives up (never in practice)
 
 // The tail every description shares: decoder layout and what is scored.
 std::string layout_text(const Seq2SeqTask& task) {
   const auto& vocab = task.tokenizer().vocab();
   std::ostringstream os;
-  os << " The decoder starts from '" << vocab[static_cast<size_t>(task.bos_id())]
-     << "' (bos) and must hold " << task.required_context_length() << " tokens (the longest "
+  os << " The decoder starts from '" << vocab[static_cast<size_t>(task.bos_id())] << "' (bos) and must hold "
+     << task.required_context_length() << " tokens (the longest "
      << "answer + the end '" << vocab[static_cast<size_t>(task.end_id())] << "'); sources have up "
      << "to " << task.max_source_length() << " tokens. Loss and scores on every target token "
      << "(answer and end); exact match needs the whole target.";
@@ -105,12 +103,8 @@ class AlgorithmicPairs final : public Seq2SeqTask {
     return (is_add() ? gpt_.options().n_digits + 1 : gpt_.options().max_len) + 1;
   }
   int64_t end_id() const override { return gpt_.end_id(); }
-  std::string format_answer(const std::vector<int64_t>& ids) const override {
-    return gpt_.format_answer(ids);
-  }
-  std::string expected_answer(const std::string& text) const override {
-    return gpt_.expected_answer(text);
-  }
+  std::string format_answer(const std::vector<int64_t>& ids) const override { return gpt_.format_answer(ids); }
+  std::string expected_answer(const std::string& text) const override { return gpt_.expected_answer(text); }
 
   std::vector<std::string> source_vocab() const override { return tokenizer_.vocab(); }
   int64_t source_pad_id() const override { return gpt_.pad_id(); }
@@ -124,14 +118,11 @@ class AlgorithmicPairs final : public Seq2SeqTask {
     ids.pop_back();  // the separator: here it is the decoder's bos, not part of the source
     return ids;
   }
-  std::string decode_source(const std::vector<int64_t>& ids) const override {
-    return tokenizer_.decode(ids);
-  }
+  std::string decode_source(const std::vector<int64_t>& ids) const override { return tokenizer_.decode(ids); }
   Seq2SeqExample example(Split split, uint64_t n) const override {
     const Example ex = gpt_.example(split, n);
     const auto sep = ex.tokens.begin() + ex.answer_begin - 1;
-    return {std::vector<int64_t>(ex.tokens.begin(), sep),
-            std::vector<int64_t>(sep + 1, ex.tokens.end())};
+    return {std::vector<int64_t>(ex.tokens.begin(), sep), std::vector<int64_t>(sep + 1, ex.tokens.end())};
   }
 
  private:
@@ -158,8 +149,8 @@ std::string AlgorithmicPairs::description() const {
       break;
     case AlgorithmicTask::Kind::add:
       os << "add (encoder-decoder): the sum of two " << o.n_digits << "-digit numbers. Source "
-         << "A+B with A and B zero-padded to " << o.n_digits << " digits, target the sum in "
-         << o.n_digits + 1 << " digits LEAST SIGNIFICANT DIGIT FIRST then '.', e.g. 123+045 -> "
+         << "A+B with A and B zero-padded to " << o.n_digits << " digits, target the sum in " << o.n_digits + 1
+         << " digits LEAST SIGNIFICANT DIGIT FIRST then '.', e.g. 123+045 -> "
          << "8610.; generate prints the ordinary sum (168).";
       break;
   }
@@ -244,8 +235,7 @@ std::optional<int64_t> words_value(const std::vector<int64_t>& ids) {
 
 // Seed-independent, like the GPT tasks' partition of prompts.
 Split split_of_number(int64_t n) {
-  return hash_combine(kPartitionSalt, static_cast<uint64_t>(n)) % kValModulus == 0 ? Split::val
-                                                                                   : Split::train;
+  return hash_combine(kPartitionSalt, static_cast<uint64_t>(n)) % kValModulus == 0 ? Split::val : Split::train;
 }
 
 int64_t pow10(int64_t k) {
@@ -265,8 +255,7 @@ class NumbersTask final : public Seq2SeqTask {
   int64_t end_id() const override { return end_id_; }
   std::string format_answer(const std::vector<int64_t>& ids) const override {
     tokenizer_.decode(ids);  // validates every id
-    return tokenizer_.decode(
-        std::vector<int64_t>(ids.begin(), std::find(ids.begin(), ids.end(), end_id_)));
+    return tokenizer_.decode(std::vector<int64_t>(ids.begin(), std::find(ids.begin(), ids.end(), end_id_)));
   }
   std::string expected_answer(const std::string& text) const override {
     return std::to_string(*words_value(encode_source(text)));
@@ -296,12 +285,11 @@ NumbersTask::NumbersTask(const TaskOptions& options) : options_(options) {
   HL_CHECK(max >= 0 && max <= kMaxNumber, e, ": max_number must be between 0 and ", kMaxNumber,
            " (the words stop at thousands), got ", max);
   // The target is copy/reverse/sort's character vocabulary: digits first (id == digit), > . _
-  tokenizer_ =
-      Tokenizer(AlgorithmicTask(AlgorithmicTask::Kind::copy, TaskOptions{}).tokenizer().vocab(), e);
+  tokenizer_ = Tokenizer(AlgorithmicTask(AlgorithmicTask::Kind::copy, TaskOptions{}).tokenizer().vocab(), e);
   if (!options_.vocabulary.empty()) {
     HL_CHECK(options_.vocabulary == tokenizer_.vocab(), e, ": the given vocabulary ",
-             Tokenizer(options_.vocabulary, e).describe(),
-             " does not match this task's vocabulary ", tokenizer_.describe());
+             Tokenizer(options_.vocabulary, e).describe(), " does not match this task's vocabulary ",
+             tokenizer_.describe());
   }
   options_.vocabulary.clear();  // fixed; options() stays minimal
   bos_id_ = *tokenizer_.find(">");
@@ -357,10 +345,9 @@ std::vector<int64_t> NumbersTask::encode_source(const std::string& raw) const {
     const auto it = std::find(vocab.begin() + 1, vocab.end(), w);  // "<pad>" is no number word
     if (it == vocab.end()) {
       std::string allowed;
-      for (auto v = vocab.begin() + 1; v != vocab.end(); ++v)
-        allowed += (allowed.empty() ? "" : ", ") + *v;
-      HL_FAIL(e, ": prompt '", printable_text(raw), "' has word '", printable_text(w),
-              "' outside the vocabulary (", allowed, ")");
+      for (auto v = vocab.begin() + 1; v != vocab.end(); ++v) allowed += (allowed.empty() ? "" : ", ") + *v;
+      HL_FAIL(e, ": prompt '", printable_text(raw), "' has word '", printable_text(w), "' outside the vocabulary (",
+              allowed, ")");
     }
     ids.push_back(it - vocab.begin());
   }
@@ -370,8 +357,7 @@ std::vector<int64_t> NumbersTask::encode_source(const std::string& raw) const {
   const std::optional<int64_t> value = words_value(ids);
   std::vector<int64_t> canonical;
   if (value) append_number_words(canonical, *value);
-  HL_CHECK(value && canonical == ids, e, ": prompt '", printable_text(text),
-           "' is not a number from 0 to ", kMaxNumber,
+  HL_CHECK(value && canonical == ids, e, ": prompt '", printable_text(text), "' is not a number from 0 to ", kMaxNumber,
            " written in this task's style (British, with 'and'), e.g. 'twenty one', 'one hundred "
            "and one', 'one thousand and five', 'one thousand two hundred'");
   HL_CHECK(*value <= options_.max_number, e, ": prompt '", text, "' is ", *value,
@@ -383,9 +369,8 @@ std::string NumbersTask::decode_source(const std::vector<int64_t>& ids) const {
   const auto& vocab = number_vocab();
   std::string text;
   for (size_t i = 0; i < ids.size(); ++i) {
-    HL_CHECK(ids[i] >= 0 && ids[i] < static_cast<int64_t>(vocab.size()), err(),
-             ": cannot decode source id ", ids[i], " at position ", i,
-             ": the source vocabulary has ", vocab.size(), " words (ids 0 to ", vocab.size() - 1,
+    HL_CHECK(ids[i] >= 0 && ids[i] < static_cast<int64_t>(vocab.size()), err(), ": cannot decode source id ", ids[i],
+             " at position ", i, ": the source vocabulary has ", vocab.size(), " words (ids 0 to ", vocab.size() - 1,
              ")");
     text += (i ? " " : "") + vocab[static_cast<size_t>(ids[i])];
   }
@@ -423,8 +408,7 @@ std::string number_words(int64_t n) {
   std::vector<int64_t> ids;
   append_number_words(ids, n);
   std::string text;
-  for (int64_t id : ids)
-    text += (text.empty() ? "" : " ") + number_vocab()[static_cast<size_t>(id)];
+  for (int64_t id : ids) text += (text.empty() ? "" : " ") + number_vocab()[static_cast<size_t>(id)];
   return text;
 }
 
@@ -433,8 +417,7 @@ const std::vector<std::string>& seq2seq_task_names() {
   return names;
 }
 
-std::unique_ptr<Seq2SeqTask> make_seq2seq_task(const std::string& name,
-                                               const TaskOptions& options) {
+std::unique_ptr<Seq2SeqTask> make_seq2seq_task(const std::string& name, const TaskOptions& options) {
   using Kind = AlgorithmicTask::Kind;
   if (name == "copy") return std::make_unique<AlgorithmicPairs>(Kind::copy, options);
   if (name == "reverse") return std::make_unique<AlgorithmicPairs>(Kind::reverse, options);
@@ -443,8 +426,7 @@ std::unique_ptr<Seq2SeqTask> make_seq2seq_task(const std::string& name,
   if (name == "numbers") return std::make_unique<NumbersTask>(options);
   std::string valid;
   for (const auto& n : seq2seq_task_names()) valid += (valid.empty() ? "" : ", ") + n;
-  const bool gpt_only =
-      std::find(task_names().begin(), task_names().end(), name) != task_names().end();
+  const bool gpt_only = std::find(task_names().begin(), task_names().end(), name) != task_names().end();
   HL_FAIL("unknown seq2seq task '", name, "': valid seq2seq tasks are ", valid,
           gpt_only ? " (" + name + " has no source/target pairs; it is a GPT task only)" : "");
 }

@@ -27,8 +27,7 @@ const char* split_name(Split split) { return split == Split::train ? "train" : "
 
 namespace {
 double ratio(int64_t num, int64_t den) {
-  return den > 0 ? static_cast<double>(num) / static_cast<double>(den)
-                 : std::numeric_limits<double>::quiet_NaN();
+  return den > 0 ? static_cast<double>(num) / static_cast<double>(den) : std::numeric_limits<double>::quiet_NaN();
 }
 }  // namespace
 
@@ -63,22 +62,21 @@ Batch Batch::rows(int64_t first, int64_t count) const {
 }
 
 int64_t Batch::scored_targets() const {
-  return static_cast<int64_t>(std::count_if(targets.begin(), targets.end(), [](int64_t t) { return t != kIgnoreIndex; }));
+  return static_cast<int64_t>(
+      std::count_if(targets.begin(), targets.end(), [](int64_t t) { return t != kIgnoreIndex; }));
 }
 
 Metrics score(const Batch& batch, const std::vector<int64_t>& predicted_ids) {
   const int64_t B = batch.B, T = batch.T;
-  HL_CHECK(B >= 0 && T >= 0 && static_cast<int64_t>(batch.targets.size()) == B * T,
-           "score: batch targets have ", batch.targets.size(), " entries, expected B * T = ", B,
-           " * ", T, " = ", B * T);
-  HL_CHECK(static_cast<int64_t>(predicted_ids.size()) == B * T, "score: predicted_ids has ",
-           predicted_ids.size(), " entries, expected B * T = ", B, " * ", T, " = ", B * T,
+  HL_CHECK(B >= 0 && T >= 0 && static_cast<int64_t>(batch.targets.size()) == B * T, "score: batch targets have ",
+           batch.targets.size(), " entries, expected B * T = ", B, " * ", T, " = ", B * T);
+  HL_CHECK(static_cast<int64_t>(predicted_ids.size()) == B * T, "score: predicted_ids has ", predicted_ids.size(),
+           " entries, expected B * T = ", B, " * ", T, " = ", B * T,
            " (argmax of the logits for every input position)");
   if (batch.has_answers)
-    HL_CHECK(static_cast<int64_t>(batch.answer_begin.size()) == B &&
-                 static_cast<int64_t>(batch.answer_end.size()) == B,
-             "score: batch has answers but its answer spans have ", batch.answer_begin.size(),
-             " and ", batch.answer_end.size(), " entries, expected B = ", B);
+    HL_CHECK(static_cast<int64_t>(batch.answer_begin.size()) == B && static_cast<int64_t>(batch.answer_end.size()) == B,
+             "score: batch has answers but its answer spans have ", batch.answer_begin.size(), " and ",
+             batch.answer_end.size(), " entries, expected B = ", B);
   Metrics m;
   m.has_exact_match = batch.has_answers;
   for (int64_t b = 0; b < B; ++b) {
@@ -91,8 +89,8 @@ Metrics score(const Batch& batch, const std::vector<int64_t>& predicted_ids) {
     if (!batch.has_answers) continue;
     const int64_t begin = batch.answer_begin[static_cast<size_t>(b)];
     const int64_t end = batch.answer_end[static_cast<size_t>(b)];
-    HL_CHECK(0 <= begin && begin < end && end <= T, "score: row ", b, " has answer span [", begin,
-             ", ", end, ") outside [0, T = ", T, ")");
+    HL_CHECK(0 <= begin && begin < end && end <= T, "score: row ", b, " has answer span [", begin, ", ", end,
+             ") outside [0, T = ", T, ")");
     bool all = true;
     for (int64_t t = begin; t < end; ++t)
       all = all && predicted_ids[static_cast<size_t>(b * T + t)] == batch.target(b, t);
@@ -100,16 +98,14 @@ Metrics score(const Batch& batch, const std::vector<int64_t>& predicted_ids) {
     if (all) ++m.rows_correct;
   }
   m.token_accuracy = ratio(m.tokens_correct, m.tokens);
-  m.exact_match = m.has_exact_match ? ratio(m.rows_correct, m.rows)
-                                    : std::numeric_limits<double>::quiet_NaN();
+  m.exact_match = m.has_exact_match ? ratio(m.rows_correct, m.rows) : std::numeric_limits<double>::quiet_NaN();
   return m;
 }
 
 // =============================================================================================
 // Options and factory
 
-std::map<std::string, std::string> options_to_map(const std::string& name,
-                                                  const TaskOptions& o) {
+std::map<std::string, std::string> options_to_map(const std::string& name, const TaskOptions& o) {
   auto named = [&](const std::vector<std::string>& names) {
     return std::find(names.begin(), names.end(), name) != names.end();
   };
@@ -135,8 +131,8 @@ TaskOptions options_from_map(const std::map<std::string, std::string>& map) {
     const char* first = value.data();
     const char* last = value.data() + value.size();
     const auto [ptr, ec] = std::from_chars(first, last, out);
-    HL_CHECK(ec == std::errc() && ptr == last && !value.empty(), "task options: key '", key,
-             "' has value '", value, "', expected an integer");
+    HL_CHECK(ec == std::errc() && ptr == last && !value.empty(), "task options: key '", key, "' has value '", value,
+             "', expected an integer");
   };
   for (const auto& [key, value] : map) {
     if (key == "seed") {
@@ -187,17 +183,14 @@ std::string tasks_help() {
      << "  sort     sort digits ascending        31415926>11234569.\n"
      << "  add      add two numbers, the sum written least significant digit first:\n"
      << "           123+45=168 is 123+045=8610.   999+1=1000 is 999+001=0001.\n"
-     << "  chars    character-level language model over --text FILE (default " << d.text_path
-     << ")\n"
+     << "  chars    character-level language model over --text FILE (default " << d.text_path << ")\n"
      << "  numbers  (encoder-decoder only) number words to digits:\n"
      << "           one thousand and five -> 1005.   three hundred and twelve -> 312.\n"
-     << "copy/reverse/sort use " << range_text(d.min_len, d.max_len)
-     << " digits (min_len, max_len); add uses " << d.n_digits
-     << "-digit operands (n_digits); numbers 0 to " << d.max_number
+     << "copy/reverse/sort use " << range_text(d.min_len, d.max_len) << " digits (min_len, max_len); add uses "
+     << d.n_digits << "-digit operands (n_digits); numbers 0 to " << d.max_number
      << " (max_number). Loss and accuracy count only the answer and its end '.'; "
         "1/8 of all prompts (by a hash) are held out for validation. chars: first "
-     << kTrainPercent << "% of the text trains, the last " << 100 - kTrainPercent
-     << "% validates.\n";
+     << kTrainPercent << "% of the text trains, the last " << 100 - kTrainPercent << "% validates.\n";
   return os.str();
 }
 

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "base/error.h"  // every bad input throws headlab::Error
-#include "ops/ops.h"  // kIgnoreIndex
+#include "ops/ops.h"     // kIgnoreIndex
 #include "tasks/tokenizer.h"
 
 namespace headlab::tasks {
@@ -59,10 +59,10 @@ struct Batch {
 
 // Teacher-forced scores of argmax predictions. Accumulate over batches with +=.
 struct Metrics {
-  int64_t tokens = 0;          // targets scored (not kIgnoreIndex)
+  int64_t tokens = 0;  // targets scored (not kIgnoreIndex)
   int64_t tokens_correct = 0;
-  int64_t rows = 0;            // rows with an answer (0 when exact match does not apply)
-  int64_t rows_correct = 0;    // rows whose every answer target (answer digits + end) is right
+  int64_t rows = 0;          // rows with an answer (0 when exact match does not apply)
+  int64_t rows_correct = 0;  // rows whose every answer target (answer digits + end) is right
   bool has_exact_match = false;
   double token_accuracy = std::numeric_limits<double>::quiet_NaN();  // tokens_correct / tokens
   double exact_match = std::numeric_limits<double>::quiet_NaN();     // rows_correct / rows; NaN
@@ -102,8 +102,7 @@ struct TaskOptions {
 // inline, text (chars).
 // An unknown name gives every key. The vocabulary is not included: it travels as the
 // tokenizer's list.
-std::map<std::string, std::string> options_to_map(const std::string& name,
-                                                  const TaskOptions& options);
+std::map<std::string, std::string> options_to_map(const std::string& name, const TaskOptions& options);
 // Inverse of options_to_map; unknown keys and malformed numbers throw.
 TaskOptions options_from_map(const std::map<std::string, std::string>& map);
 
@@ -149,7 +148,6 @@ class Task {
  protected:
   Tokenizer tokenizer_;
 };
-
 
 // ---------------------------------------------------------------------------------------------
 // "copy", "reverse", "sort", "add", "chars".

@@ -38,8 +38,7 @@ bool next_code_point(std::string_view s, size_t& pos, uint32_t& cp) {
     cp = (cp << 6) | (d & 0x3Fu);
   }
   // Reject overlong forms, surrogates and values past U+10FFFF.
-  if ((extra == 2 && cp < 0x800) || (extra == 3 && (cp < 0x10000 || cp > 0x10FFFF)) ||
-      (cp >= 0xD800 && cp <= 0xDFFF))
+  if ((extra == 2 && cp < 0x800) || (extra == 3 && (cp < 0x10000 || cp > 0x10FFFF)) || (cp >= 0xD800 && cp <= 0xDFFF))
     return false;
   pos += static_cast<size_t>(extra) + 1;
   return true;
@@ -70,11 +69,16 @@ std::string printable(std::string_view ch) {
   if (ch.size() != 1) return std::string(ch);
   const unsigned char c = static_cast<unsigned char>(ch[0]);
   switch (c) {
-    case '\n': return "\\n";
-    case '\t': return "\\t";
-    case '\r': return "\\r";
-    case '\\': return "\\\\";
-    default: break;
+    case '\n':
+      return "\\n";
+    case '\t':
+      return "\\t";
+    case '\r':
+      return "\\r";
+    case '\\':
+      return "\\\\";
+    default:
+      break;
   }
   if (c < 0x20 || c == 0x7F) {
     static const char* hex = "0123456789abcdef";
@@ -112,8 +116,7 @@ std::string first_non_digit(std::string_view s, std::string_view also_allowed) {
     uint32_t cp;
     if (!next_code_point(s, pos, cp)) pos = start + 1;
     std::string_view ch = s.substr(start, pos - start);
-    if (ch.size() == 1 && (is_digit(ch[0]) || also_allowed.find(ch[0]) != std::string_view::npos))
-      continue;
+    if (ch.size() == 1 && (is_digit(ch[0]) || also_allowed.find(ch[0]) != std::string_view::npos)) continue;
     return std::string(ch);
   }
   return "";

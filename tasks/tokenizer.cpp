@@ -28,11 +28,10 @@ Tokenizer::Tokenizer(std::vector<std::string> vocab, std::string owner)
     size_t pos = 0;
     uint32_t cp = 0;
     const bool ok = !entry.empty() && next_code_point(entry, pos, cp) && pos == entry.size();
-    HL_CHECK(ok, owner_, ": vocabulary entry ", i, " '", printable_text(entry),
-             "' is not a single character (", entry.size(), " bytes)");
+    HL_CHECK(ok, owner_, ": vocabulary entry ", i, " '", printable_text(entry), "' is not a single character (",
+             entry.size(), " bytes)");
     const auto [it, inserted] = index_.emplace(cp, static_cast<int64_t>(i));
-    HL_CHECK(inserted, owner_, ": vocabulary entry ", i, " '", printable(entry),
-             "' repeats entry ", it->second);
+    HL_CHECK(inserted, owner_, ": vocabulary entry ", i, " '", printable(entry), "' repeats entry ", it->second);
     if (cp < 128) ascii_[cp] = static_cast<int32_t>(i);
   }
 }
@@ -43,8 +42,7 @@ Tokenizer Tokenizer::from_text(std::string_view text, std::string owner) {
   while (pos < text.size()) {
     uint32_t cp;
     HL_CHECK(next_code_point(text, pos, cp), owner, ": text is not valid UTF-8 (byte 0x", std::hex,
-             static_cast<int>(static_cast<unsigned char>(text[pos])), std::dec, " at offset ", pos,
-             ")");
+             static_cast<int>(static_cast<unsigned char>(text[pos])), std::dec, " at offset ", pos, ")");
     seen[cp] = true;
   }
   HL_CHECK(!seen.empty(), owner, ": cannot build a vocabulary from an empty text");
@@ -70,8 +68,7 @@ std::string Tokenizer::describe() const {
   return s + "\"";
 }
 
-std::vector<int64_t> Tokenizer::encode(std::string_view text, std::string_view label,
-                                       bool quote_text) const {
+std::vector<int64_t> Tokenizer::encode(std::string_view text, std::string_view label, bool quote_text) const {
   HL_CHECK(!vocab_.empty(), owner_, ": encode called on a tokenizer without a vocabulary");
   std::vector<int64_t> ids;
   ids.reserve(text.size());
@@ -85,19 +82,18 @@ std::vector<int64_t> Tokenizer::encode(std::string_view text, std::string_view l
     }
     const size_t start = pos;
     uint32_t cp = 0;
-    HL_CHECK(next_code_point(text, pos, cp), owner_, ": ", label, " is not valid UTF-8 (byte 0x",
-             std::hex, static_cast<int>(c), std::dec, " at offset ", start, ")");
+    HL_CHECK(next_code_point(text, pos, cp), owner_, ": ", label, " is not valid UTF-8 (byte 0x", std::hex,
+             static_cast<int>(c), std::dec, " at offset ", start, ")");
     const auto it = index_.find(cp);
     if (it != index_.end()) {
       ids.push_back(it->second);
       continue;
     }
     const std::string ch = printable(text.substr(start, pos - start));
-    const bool short_text =
-        quote_text && text.size() <= 64 && text.find('\n') == std::string_view::npos;
+    const bool short_text = quote_text && text.size() <= 64 && text.find('\n') == std::string_view::npos;
     if (short_text)
-      HL_FAIL(owner_, ": ", label, " '", printable_text(text), "' has character '", ch,
-              "' outside the vocabulary ", describe());
+      HL_FAIL(owner_, ": ", label, " '", printable_text(text), "' has character '", ch, "' outside the vocabulary ",
+              describe());
     // Long texts: point at the place instead of echoing the text.
     int64_t line = 1, column = 1;
     for (size_t i = 0; i < start; ++i) {
@@ -117,9 +113,8 @@ std::string Tokenizer::decode(const std::vector<int64_t>& ids) const {
   std::string out;
   out.reserve(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) {
-    HL_CHECK(ids[i] >= 0 && ids[i] < size(), owner_, ": cannot decode id ", ids[i],
-             " at position ", i, ": the vocabulary has ", size(), " tokens (ids 0 to ",
-             size() - 1, ")");
+    HL_CHECK(ids[i] >= 0 && ids[i] < size(), owner_, ": cannot decode id ", ids[i], " at position ", i,
+             ": the vocabulary has ", size(), " tokens (ids 0 to ", size() - 1, ")");
     out += vocab_[static_cast<size_t>(ids[i])];
   }
   return out;

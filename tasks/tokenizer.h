@@ -32,8 +32,7 @@ class Tokenizer {
   // "<owner>: <label> '<text>' has character 'a' outside the vocabulary \"...\"", or, when the
   // text is long, multi-line or quote_text is false, "... <label> has character 'a' at line L,
   // column C outside ...". Invalid UTF-8 throws too.
-  std::vector<int64_t> encode(std::string_view text, std::string_view label = "text",
-                              bool quote_text = true) const;
+  std::vector<int64_t> encode(std::string_view text, std::string_view label = "text", bool quote_text = true) const;
   // Ids outside [0, size) throw.
   std::string decode(const std::vector<int64_t>& ids) const;
   // Id of one character (given as UTF-8), or nullopt.
@@ -45,7 +44,7 @@ class Tokenizer {
   std::vector<std::string> vocab_;
   std::string owner_ = "tokenizer";
   std::map<uint32_t, int64_t> index_;  // code point -> id
-  std::vector<int32_t> ascii_;          // (128,) fast path of index_ for ASCII; -1 = absent
+  std::vector<int32_t> ascii_;         // (128,) fast path of index_ for ASCII; -1 = absent
 };
 
 }  // namespace headlab::tasks

@@ -65,8 +65,8 @@ std::string error_of(F&& f) {
 }  // namespace headlab::testing
 
 // EXPECT_ERROR(stmt, "substring"): stmt throws headlab::Error whose message contains the substring.
-#define EXPECT_ERROR(stmt, needle)                                                           \
-  do {                                                                                       \
-    const std::string hl_msg_ = ::headlab::testing::error_of([&] { stmt; });                 \
-    EXPECT_NE(hl_msg_.find(needle), std::string::npos) << "message: " << hl_msg_;            \
+#define EXPECT_ERROR(stmt, needle)                                                \
+  do {                                                                            \
+    const std::string hl_msg_ = ::headlab::testing::error_of([&] { stmt; });      \
+    EXPECT_NE(hl_msg_.find(needle), std::string::npos) << "message: " << hl_msg_; \
   } while (0)

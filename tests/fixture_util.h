@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "ops/ops.h"
 #include "io/h5file.h"
+#include "ops/ops.h"
 
 namespace headlab::testing {
 
@@ -49,13 +49,16 @@ inline std::vector<FixtureEntry> fixture_index() {
 // A dataset as a CPU tensor: float64 datasets as f64, int64 ones as i64.
 inline Tensor to_tensor(const io::h5::Array& a) {
   switch (a.dtype) {
-    case io::h5::DType::f64: return tensor(a.as<double>(), a.shape);
-    case io::h5::DType::i64: return tensor(a.as<int64_t>(), a.shape);
+    case io::h5::DType::f64:
+      return tensor(a.as<double>(), a.shape);
+    case io::h5::DType::i64:
+      return tensor(a.as<int64_t>(), a.shape);
     case io::h5::DType::f32: {
       const std::vector<float> v = a.as<float>();
       return tensor(std::vector<double>(v.begin(), v.end()), a.shape);
     }
-    default: throw Error(std::string("fixture: unsupported dtype ") + io::h5::dtype_name(a.dtype));
+    default:
+      throw Error(std::string("fixture: unsupported dtype ") + io::h5::dtype_name(a.dtype));
   }
 }
 
@@ -97,8 +100,8 @@ inline Deviation deviation(const Tensor& actual, const Tensor& expected) {
   Deviation d;
   if (!actual.defined() || actual.shape() != expected.shape()) {
     d.max_abs = d.max_rel = INFINITY;
-    d.where = "shape " + (actual.defined() ? shape_str(actual.shape()) : std::string("(undefined)")) +
-              " != expected " + shape_str(expected.shape());
+    d.where = "shape " + (actual.defined() ? shape_str(actual.shape()) : std::string("(undefined)")) + " != expected " +
+              shape_str(expected.shape());
     return d;
   }
   const std::vector<double> a = actual.to_vector<double>(), b = expected.to_vector<double>();

@@ -25,9 +25,9 @@ struct InputSpec {
   enum class Kind { floating, index, mask };
   enum class Layout { contiguous, transposed, stepped };
   Kind kind = Kind::floating;
-  Shape shape;                   // the input's shape (the view's, for transposed and stepped)
+  Shape shape;  // the input's shape (the view's, for transposed and stepped)
   double scale = 0.37, shift = -1.1;
-  std::vector<double> literal;   // the values instead of seq64's, row-major (index and mask inputs too)
+  std::vector<double> literal;  // the values instead of seq64's, row-major (index and mask inputs too)
   Layout layout = Layout::contiguous;
 };
 
@@ -70,7 +70,8 @@ inline Tensor make_input(const InputSpec& in, DType dtype, Device device) {
     case InputSpec::Kind::mask: {
       return tensor_bool(std::vector<bool>(in.literal.begin(), in.literal.end()), in.shape, device);
     }
-    case InputSpec::Kind::floating: break;
+    case InputSpec::Kind::floating:
+      break;
   }
   Tensor t;
   if (!in.literal.empty()) {
@@ -94,8 +95,8 @@ struct OpCase {
   std::vector<InputSpec> inputs;
   double eps = 1e-6, grad_atol = 1e-5, grad_rtol = 1e-3;  // gradcheck, float64
   double cuda_rtol = 1e-5, cuda_atol = 1e-5;              // CUDA vs CPU, float32 (float64: the suite's own)
-  bool differentiable = true;  // false: an integer result, no gradient to check
-  bool on_cuda = true;         // false: CPU only (the op itself names the CPU)
+  bool differentiable = true;                             // false: an integer result, no gradient to check
+  bool on_cuda = true;                                    // false: CPU only (the op itself names the CPU)
 
   OpCase& gradcheck_tol(double e, double atol, double rtol) {
     eps = e, grad_atol = atol, grad_rtol = rtol;
@@ -209,15 +210,16 @@ inline std::vector<OpCase> build() {
       {val({3, 4}), mask({false, true, true, false}, {4})});
   def("masked_fill_transposed", [](const auto& v) { return masked_fill(v[0], v[1], 0.0); },
       {transposed(2, 3), mask({true, false}, {2, 1})});
-  def("masked_fill_from_comparison", [](const auto& v) {
-    return masked_fill(v[0], lt(v[1], zeros({}, v[1].dtype(), v[1].device())), 9.0);
-  }, {a3, b2});
+  def("masked_fill_from_comparison",
+      [](const auto& v) { return masked_fill(v[0], lt(v[1], zeros({}, v[1].dtype(), v[1].device())), 9.0); }, {a3, b2});
   // In place on a non-leaf: the filled positions get no gradient, the others flow through.
-  def("masked_fill_in_place_on_a_non_leaf", [](const auto& v) {
-    Tensor y = mul(v[0], v[0]);
-    y.masked_fill_(v[1], 1.5);
-    return mul(y, v[0]);
-  }, {val({3, 4}), mask({false, true, true, false}, {4})});
+  def("masked_fill_in_place_on_a_non_leaf",
+      [](const auto& v) {
+        Tensor y = mul(v[0], v[0]);
+        y.masked_fill_(v[1], 1.5);
+        return mul(y, v[0]);
+      },
+      {val({3, 4}), mask({false, true, true, false}, {4})});
   def("triu", [](const auto& v) { return triu(v[0]); }, {val({3, 4})});
   def("triu_batched_k1", [](const auto& v) { return triu(v[0], 1); }, {val({2, 3, 3})});
   def("triu_3d_k1", [](const auto& v) { return triu(v[0], 1); }, {a3});
@@ -250,9 +252,18 @@ inline std::vector<OpCase> build() {
 
   // ---- matmul in every rank combination, non-contiguous operands, linear ----
   const std::vector<std::pair<Shape, Shape>> ranks = {
-      {{3}, {3}},          {{3}, {3, 2}},          {{2, 3}, {3}},          {{2, 3}, {3, 4}},
-      {{2, 2, 3}, {2, 3, 2}}, {{2, 2, 3}, {3, 2}},  {{2, 3}, {2, 3, 2}},   {{3}, {2, 3, 2}},
-      {{2, 2, 3}, {3}},    {{2, 1, 2, 3}, {3, 3, 2}}, {{2, 1, 1, 3}, {1, 2, 3, 2}}, {{2, 3, 4, 5}, {5, 6}},
+      {{3}, {3}},
+      {{3}, {3, 2}},
+      {{2, 3}, {3}},
+      {{2, 3}, {3, 4}},
+      {{2, 2, 3}, {2, 3, 2}},
+      {{2, 2, 3}, {3, 2}},
+      {{2, 3}, {2, 3, 2}},
+      {{3}, {2, 3, 2}},
+      {{2, 2, 3}, {3}},
+      {{2, 1, 2, 3}, {3, 3, 2}},
+      {{2, 1, 1, 3}, {1, 2, 3, 2}},
+      {{2, 3, 4, 5}, {5, 6}},
   };
   for (const auto& [sa, sb] : ranks)
     def("matmul_" + dims(sa) + "_by_" + dims(sb), [](const auto& v) { return matmul(v[0], v[1]); },
@@ -260,23 +271,25 @@ inline std::vector<OpCase> build() {
   def("matmul_transposed_operands", [](const auto& v) { return matmul(v[0], v[1]); },
       {transposed(2, 3), transposed(3, 4)});
   def("matmul_stepped_operands", [](const auto& v) { return matmul(v[0], v[1]); }, {stepped(2, 3), stepped(3, 2)});
-  def("matmul_expanded_by_mT", [](const auto& v) { return matmul(v[0].expand({2, 2, 3}), v[1].mT()); },
+  def("matmul_expanded_by_mT",
+      [](const auto& v) {
+        return matmul(v[0].expand({2, 2, 3}), v[1].mT());
+      },
       {val({2, 3}), val({2, 4, 3})});
   def("matmul_by_own_mT", [](const auto& v) { return matmul(v[0], v[0].mT()); }, {x4});
   // Heads split out of a projection: (B, T, H*D) -> (B, H, T, D).
-  def("matmul_heads_split_from_projection", [](const auto& v) {
-    const Tensor q = v[0].view({2, 3, 2, 2}).transpose(1, 2);
-    return matmul(q, q.mT());
-  }, {val({2, 3, 4})});
-  def("matmul_heads_view", [](const auto& v) {
-    return matmul(v[0].transpose(1, 2), v[0].transpose(1, 2).mT());
-  }, {x4});
+  def("matmul_heads_split_from_projection",
+      [](const auto& v) {
+        const Tensor q = v[0].view({2, 3, 2, 2}).transpose(1, 2);
+        return matmul(q, q.mT());
+      },
+      {val({2, 3, 4})});
+  def("matmul_heads_view", [](const auto& v) { return matmul(v[0].transpose(1, 2), v[0].transpose(1, 2).mT()); }, {x4});
   def("linear", [](const auto& v) { return linear(v[0], v[1], v[2]); }, {val({3, 4}), val({2, 4}, 0.3), val({2}, 0.5)});
   def("linear_no_bias", [](const auto& v) { return linear(v[0], v[1]); }, {val({3, 4}), val({2, 4}, 0.3)});
   def("linear_3d_input", [](const auto& v) { return linear(v[0], v[1], v[2]); },
       {val({2, 2, 3}), val({4, 3}, 0.3), val({4})});
-  def("linear_4d_input", [](const auto& v) { return linear(v[0], v[1], v[2]); },
-      {x4, val({7, 5}, 0.3), val({7}, 0.5)});
+  def("linear_4d_input", [](const auto& v) { return linear(v[0], v[1], v[2]); }, {x4, val({7, 5}, 0.3), val({7}, 0.5)});
   def("linear_1d_input_transposed_weight", [](const auto& v) { return linear(v[0], v[1], v[2]); },
       {val({3}), transposed(2, 3), val({2})});
   def("linear_stepped_input_no_bias", [](const auto& v) { return linear(v[0], v[1]); }, {stepped(3, 2), val({2, 2})});
@@ -297,33 +310,44 @@ inline std::vector<OpCase> build() {
   def("clone", [](const auto& v) { return weighted(v[0].clone()); }, {r3});
   def("expand_leading_dim", [](const auto& v) { return weighted(v[0].expand({3, 2, 4})); }, {val({2, 1})});
   def("expand_keeping_a_dim", [](const auto& v) { return weighted(v[0].expand({2, -1, 3})); }, {val({4, 1})});
-  def("expand_of_narrow_times_input", [](const auto& v) {
-    return mul(v[0].narrow(0, 0, 1).expand({2, 3, 4, 5}), v[0]);
-  }, {x4});
+  def("expand_of_narrow_times_input",
+      [](const auto& v) {
+        return mul(v[0].narrow(0, 0, 1).expand({2, 3, 4, 5}), v[0]);
+      },
+      {x4});
   // float32 in the middle: a larger step keeps rounding error out of the difference quotient.
   def("to_f32_and_back", [](const auto& v) { return mul(v[0].to(DType::f32).to(DType::f64), 3.0); }, {val({4})})
       .gradcheck_tol(1e-2, 1e-4, 1e-3);
   def("to_cpu", [](const auto& v) { return v[0].to(kCPU); }, {val({2})}).cpu_only();
 
   // ---- cat, stack, split, chunk ----
-  def("cat_three_dim1", [](const auto& v) { return cat({v[0], exp(v[1]), v[2]}, 1); },
+  def("cat_three_dim1",
+      [](const auto& v) {
+        return cat({v[0], exp(v[1]), v[2]}, 1);
+      },
       {val({2, 1}), val({2, 3}), val({2, 2})});
   def("cat_transposed_dim0", [](const auto& v) { return cat({v[0], v[1]}, 0); }, {transposed(2, 3), val({1, 3})});
   def("cat_with_own_narrow_4d", [](const auto& v) { return cat({v[0], v[0].narrow(1, 0, 2)}, 1); }, {x4});
   def("stack_dim1", [](const auto& v) { return stack({v[0], mul(v[1], v[1])}, 1); }, {val({2, 3}), val({2, 3}, 0.4)});
   def("stack_dim0_4d", [](const auto& v) { return stack({v[0], mul(v[0], 2.0)}, 0); }, {x4});
-  def("split_by_size", [](const auto& v) {
-    const std::vector<Tensor> parts = split(v[0], 2, 1);  // widths 2, 2, 1
-    return cat({mul(parts[0], 2.0), parts[2], exp(parts[1])}, 1);
-  }, {val({2, 5})});
-  def("split_by_sizes", [](const auto& v) {
-    const std::vector<Tensor> parts = split(v[0], std::vector<int64_t>{1, 3}, 0);
-    return add(parts[0], mul(parts[1], parts[1]));  // (1, 2) + (3, 2) broadcasts
-  }, {val({4, 2})});
-  def("chunk", [](const auto& v) {
-    const std::vector<Tensor> c = chunk(v[0], 2, -1);
-    return mul(c[0], c[1]);
-  }, {val({3, 4})});
+  def("split_by_size",
+      [](const auto& v) {
+        const std::vector<Tensor> parts = split(v[0], 2, 1);  // widths 2, 2, 1
+        return cat({mul(parts[0], 2.0), parts[2], exp(parts[1])}, 1);
+      },
+      {val({2, 5})});
+  def("split_by_sizes",
+      [](const auto& v) {
+        const std::vector<Tensor> parts = split(v[0], std::vector<int64_t>{1, 3}, 0);
+        return add(parts[0], mul(parts[1], parts[1]));  // (1, 2) + (3, 2) broadcasts
+      },
+      {val({4, 2})});
+  def("chunk",
+      [](const auto& v) {
+        const std::vector<Tensor> c = chunk(v[0], 2, -1);
+        return mul(c[0], c[1]);
+      },
+      {val({3, 4})});
 
   // ---- indexing ----
   def("index_select_dim0_repeats", [](const auto& v) { return index_select(v[0], 0, v[1]); },
@@ -352,7 +376,10 @@ inline std::vector<OpCase> build() {
   def("masked_softmax_2d_lens_scaled", [](const auto& v) { return masked_softmax(v[0], v[1], 0.5); },
       {r3, idx({1, 0, 4, 2, 3, 0}, {2, 3})});
   def("masked_softmax_no_lens_scaled", [](const auto& v) { return masked_softmax(v[0], Tensor(), 2.0); }, {r3});
-  def("masked_softmax_of_a_reshape", [](const auto& v) { return masked_softmax(v[0].reshape({6, 4, 4}), v[1], 0.7); },
+  def("masked_softmax_of_a_reshape",
+      [](const auto& v) {
+        return masked_softmax(v[0].reshape({6, 4, 4}), v[1], 0.7);
+      },
       {s4, idx({0, 1, 2, 3, 4, 2}, {6})});
   def("causal_softmax_scaled", [](const auto& v) { return causal_softmax(v[0], 0.7); }, {val({2, 3, 3})});
   def("causal_softmax_4d", [](const auto& v) { return causal_softmax(v[0], 0.5); }, {s4});
@@ -361,18 +388,24 @@ inline std::vector<OpCase> build() {
 
   // ---- dropout: a Generator rebuilt in the same state on each call replays its mask (and the
   // mask is a function of (seed, offset) only: the same on every device) ----
-  def("dropout_replays_its_mask", [](const auto& v) {
-    Generator g(3);
-    return dropout(v[0], 0.4, true, g);
-  }, {val({3, 5})});
-  def("dropout_times_input_transposed", [](const auto& v) {
-    Generator g(8);
-    return mul(dropout(v[0], 0.5, true, g), v[0]);
-  }, {transposed(3, 4)});
-  def("dropout_p03_rows", [](const auto& v) {
-    Generator g(3);
-    return dropout(v[0], 0.3, true, g);
-  }, {val({6, 10})});
+  def("dropout_replays_its_mask",
+      [](const auto& v) {
+        Generator g(3);
+        return dropout(v[0], 0.4, true, g);
+      },
+      {val({3, 5})});
+  def("dropout_times_input_transposed",
+      [](const auto& v) {
+        Generator g(8);
+        return mul(dropout(v[0], 0.5, true, g), v[0]);
+      },
+      {transposed(3, 4)});
+  def("dropout_p03_rows",
+      [](const auto& v) {
+        Generator g(3);
+        return dropout(v[0], 0.3, true, g);
+      },
+      {val({6, 10})});
   def("dropout_eval", [](const auto& v) { return dropout(v[0], 0.4, false); }, {val({3})});
 
   // ---- fused attention: every mask (zero valid lengths included), Tq != Tk, (B, H, T, D) views of
@@ -383,30 +416,47 @@ inline std::vector<OpCase> build() {
   const InputSpec qt = val({2, 4, 2, 3}, 0.23, -0.6), kt = val({2, 4, 2, 3}, 0.19, -0.4), vt = val({2, 4, 2, 2});
   def("sdpa_no_mask", [](const auto& x) { return scaled_dot_product_attention(x[0], x[1], x[2]); }, {q, k, vv})
       .cuda_tol(1e-4, 1e-5);
-  def("sdpa_1d_lens_with_a_zero", [](const auto& x) {
-    return scaled_dot_product_attention(x[0], x[1], x[2], M::lengths(x[3]));
-  }, {q, k, vv, idx({0, 4}, {2})}).cuda_tol(1e-4, 1e-5);
-  def("sdpa_2d_lens_scaled", [](const auto& x) {
-    return scaled_dot_product_attention(x[0], x[1], x[2], M::lengths(x[3]), 0.0, false, default_generator(), 0.6);
-  }, {q, k, vv, idx({1, 0, 5, 2, 3, 4}, {2, 3})}).cuda_tol(1e-4, 1e-5);
-  def("sdpa_causal_heads_view", [heads](const auto& x) {
-    return scaled_dot_product_attention(heads(x[0]), heads(x[1]), heads(x[2]), M::causal());
-  }, {qt, kt, vt}).cuda_tol(1e-4, 1e-5);
+  def("sdpa_1d_lens_with_a_zero",
+      [](const auto& x) { return scaled_dot_product_attention(x[0], x[1], x[2], M::lengths(x[3])); },
+      {q, k, vv, idx({0, 4}, {2})})
+      .cuda_tol(1e-4, 1e-5);
+  def("sdpa_2d_lens_scaled",
+      [](const auto& x) {
+        return scaled_dot_product_attention(x[0], x[1], x[2], M::lengths(x[3]), 0.0, false, default_generator(), 0.6);
+      },
+      {q, k, vv, idx({1, 0, 5, 2, 3, 4}, {2, 3})})
+      .cuda_tol(1e-4, 1e-5);
+  def("sdpa_causal_heads_view",
+      [heads](const auto& x) {
+        return scaled_dot_product_attention(heads(x[0]), heads(x[1]), heads(x[2]), M::causal());
+      },
+      {qt, kt, vt})
+      .cuda_tol(1e-4, 1e-5);
   // q and k from one leaf, as self-attention on a shared projection.
-  def("sdpa_causal_shared_qk", [heads](const auto& x) {
-    return scaled_dot_product_attention(heads(x[0]), heads(x[0]), heads(x[1]), M::causal());
-  }, {qt, vt}).cuda_tol(1e-4, 1e-5);
-  def("sdpa_3d_one_head_lens", [](const auto& x) {
-    return scaled_dot_product_attention(x[0], x[1], x[2], M::lengths(x[3]));
-  }, {val({2, 3, 4}), val({2, 5, 4}, 0.2), val({2, 5, 2}), idx({2, 5}, {2})}).cuda_tol(1e-4, 1e-5);
-  def("sdpa_causal_dropout", [](const auto& x) {
-    Generator g(3);
-    return scaled_dot_product_attention(x[0], x[1], x[2], M::causal(), 0.4, true, g);
-  }, {val({1, 2, 4, 3}, 0.3), val({1, 2, 4, 3}, 0.2), val({1, 2, 4, 2})}).cuda_tol(1e-4, 1e-5);
-  def("sdpa_lens_dropout_heads_view", [heads](const auto& x) {
-    Generator g(8);
-    return scaled_dot_product_attention(heads(x[0]), heads(x[1]), heads(x[2]), M::lengths(x[3]), 0.5, true, g);
-  }, {val({2, 3, 2, 3}, 0.3), val({2, 4, 2, 3}, 0.2), val({2, 4, 2, 2}), idx({3, 1}, {2})}).cuda_tol(1e-4, 1e-5);
+  def("sdpa_causal_shared_qk",
+      [heads](const auto& x) {
+        return scaled_dot_product_attention(heads(x[0]), heads(x[0]), heads(x[1]), M::causal());
+      },
+      {qt, vt})
+      .cuda_tol(1e-4, 1e-5);
+  def("sdpa_3d_one_head_lens",
+      [](const auto& x) { return scaled_dot_product_attention(x[0], x[1], x[2], M::lengths(x[3])); },
+      {val({2, 3, 4}), val({2, 5, 4}, 0.2), val({2, 5, 2}), idx({2, 5}, {2})})
+      .cuda_tol(1e-4, 1e-5);
+  def("sdpa_causal_dropout",
+      [](const auto& x) {
+        Generator g(3);
+        return scaled_dot_product_attention(x[0], x[1], x[2], M::causal(), 0.4, true, g);
+      },
+      {val({1, 2, 4, 3}, 0.3), val({1, 2, 4, 3}, 0.2), val({1, 2, 4, 2})})
+      .cuda_tol(1e-4, 1e-5);
+  def("sdpa_lens_dropout_heads_view",
+      [heads](const auto& x) {
+        Generator g(8);
+        return scaled_dot_product_attention(heads(x[0]), heads(x[1]), heads(x[2]), M::lengths(x[3]), 0.5, true, g);
+      },
+      {val({2, 3, 2, 3}, 0.3), val({2, 4, 2, 3}, 0.2), val({2, 4, 2, 2}), idx({3, 1}, {2})})
+      .cuda_tol(1e-4, 1e-5);
 
   // ---- layer norm ----
   def("layer_norm", [](const auto& v) { return layer_norm(v[0], v[1], v[2]); },
@@ -438,10 +488,12 @@ inline std::vector<OpCase> build() {
   def("mse_loss_rows", [](const auto& v) { return mse_loss(v[0], v[1]); }, {val({6, 10}), val({6, 10}, 0.18, -0.5)});
 
   // ---- a small MLP end to end: x (5, 3) -> tanh(linear 4) -> linear 2, against y (5, 2) ----
-  def("mlp_tanh_mse", [](const auto& v) {
-    const Tensor h = tanh(linear(v[0], v[2], v[3]));
-    return mse_loss(linear(h, v[4], v[5]), v[1]);
-  }, {val({5, 3}), val({5, 2}, 0.1), val({4, 3}, 0.3, -0.5), val({4}, 0.1), val({2, 4}, 0.2, -0.4), val({2}, 0.1)});
+  def("mlp_tanh_mse",
+      [](const auto& v) {
+        const Tensor h = tanh(linear(v[0], v[2], v[3]));
+        return mse_loss(linear(h, v[4], v[5]), v[1]);
+      },
+      {val({5, 3}), val({5, 2}, 0.1), val({4, 3}, 0.3, -0.5), val({4}, 0.1), val({2, 4}, 0.2, -0.4), val({2}, 0.1)});
   return r;
 }
 
@@ -502,8 +554,8 @@ inline void check_case_against_cpu(const OpCase& c, Device device, DType dtype, 
     if (!is_floating(cpu_in[i].dtype())) continue;
     ASSERT_EQ(cpu_in[i].grad().defined(), gpu_in[i].grad().defined()) << c.name << " grad of input " << i;
     if (cpu_in[i].grad().defined())
-      expect_close_on_devices(gpu_in[i].grad(), cpu_in[i].grad(), c.name + " grad of input " + std::to_string(i),
-                              rtol, atol);
+      expect_close_on_devices(gpu_in[i].grad(), cpu_in[i].grad(), c.name + " grad of input " + std::to_string(i), rtol,
+                              atol);
   }
 }
 

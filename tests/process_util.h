@@ -24,8 +24,8 @@
 
 namespace headlab::testing {
 
-// A unique folder <parent>/<prefix>.XXXXXX (parent /tmp by default), made by the constructor and removed with all its content by the
-// destructor. As a fixture member it exists from before SetUp to after TearDown.
+// A unique folder <parent>/<prefix>.XXXXXX (parent /tmp by default), made by the constructor and removed with all its
+// content by the destructor. As a fixture member it exists from before SetUp to after TearDown.
 class TempDir {
  public:
   explicit TempDir(const std::string& prefix = "headlab_test", const std::string& parent = "/tmp") {
@@ -95,10 +95,10 @@ inline ProcessResult run_process(const std::vector<std::string>& argv, const std
 // Runs f in a child process (a crash or a hang fails the test instead of ending it). Returns the
 // message of the headlab::Error it threw, or "" when it succeeded.
 struct ChildOutcome {
-  bool ok = false;        // f returned normally
-  bool error = false;     // f threw headlab::Error
-  std::string message;    // its message
-  std::string abnormal;   // crash, hang or another exception
+  bool ok = false;       // f returned normally
+  bool error = false;    // f threw headlab::Error
+  std::string message;   // its message
+  std::string abnormal;  // crash, hang or another exception
 };
 
 inline ChildOutcome run_in_child(const std::function<void()>& f) {
@@ -120,8 +120,7 @@ inline ChildOutcome run_in_child(const std::function<void()>& f) {
     } catch (const std::exception& e) {
       msg = e.what();
       code = 2;
-    } catch (...) {
-    }
+    } catch (...) {}
     size_t done = 0;
     while (done < msg.size()) {
       const ssize_t n = ::write(fds[1], msg.data() + done, msg.size() - done);
@@ -139,8 +138,8 @@ inline ChildOutcome run_in_child(const std::function<void()>& f) {
   int status = 0;
   if (pid < 0 || ::waitpid(pid, &status, 0) != pid) return {false, false, "", "fork/waitpid failed"};
   if (WIFSIGNALED(status)) {
-    out.abnormal = "killed by signal " + std::to_string(WTERMSIG(status)) +
-                   (WTERMSIG(status) == SIGALRM ? " (hang)" : " (crash)");
+    out.abnormal =
+        "killed by signal " + std::to_string(WTERMSIG(status)) + (WTERMSIG(status) == SIGALRM ? " (hang)" : " (crash)");
   } else if (WEXITSTATUS(status) == 0) {
     out.ok = true;
   } else if (WEXITSTATUS(status) == 1) {

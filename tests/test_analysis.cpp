@@ -3,13 +3,13 @@
 // (fused and wrapper, live and through pruned checkpoints), wrapper/fused agreement of every score,
 // the pruning curve, attention maps, the pictures and files, the compare measurements, and the
 // `headlab` commands on a pruned checkpoint.
-#include "tests/process_util.h"
 #include "analysis/analysis.h"
 #include "analysis/finetune.h"
 #include "analysis/head_scores.h"
 #include "analysis/l0_gates.h"
 #include "analysis/patching.h"
 #include "tasks/algorithmic.h"
+#include "tests/process_util.h"
 
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -29,12 +29,12 @@
 #include <vector>
 
 #include "io/h5file.h"
+#include "nn/generate.h"
 #include "optim/optim.h"
+#include "plot/plot.h"
 #include "tests/core_test_util.h"
 #include "tests/tiny_models.h"
-#include "plot/plot.h"
 #include "train/trainer.h"
-#include "nn/generate.h"
 
 // stb_image's implementation lives in Debian's libstb (-lstb, HEADLAB_STB_SHARED defined); without
 // that library it is compiled here, static so that it cannot clash with anything.
@@ -100,8 +100,7 @@ const Checkpoint& trained_checkpoint() {
         Checkpoint cached = load_checkpoint(cache.string());
         if (cached.config == c.config) return cached;
       }
-    } catch (const Error&) {
-    }
+    } catch (const Error&) {}
     manual_seed(7);
     nn::GPTModel model(cfg);
     model.train();
@@ -240,8 +239,8 @@ TEST(Analysis, AblatingAUsedHeadChangesTheLoss) {
   EXPECT_GT(worst_mean, 0.01);
   EXPECT_GT(mean_vs_zero, 1e-4) << "mean ablation must differ from zero ablation";
   // The head that matters most by zero ablation is among the two most important by gradient score.
-  const auto top_zero = std::max_element(a.heads.begin(), a.heads.end(),
-                                         [](auto& x, auto& y) { return x.zero.loss < y.zero.loss; });
+  const auto top_zero =
+      std::max_element(a.heads.begin(), a.heads.end(), [](auto& x, auto& y) { return x.zero.loss < y.zero.loss; });
   int higher = 0;
   for (const auto& h : a.heads)
     if (h.layer == top_zero->layer && h.importance > top_zero->importance) ++higher;
@@ -325,14 +324,18 @@ TEST(Analysis, BatchedAblationEqualsOnePassPerHead) {
     expect_same(h.zero, evaluate_heads(*model, data, g), name + " zero");
     std::vector<Tensor> offsets(2);
     offsets[static_cast<size_t>(h.layer)] = zeros({4, 8});
-    offsets[static_cast<size_t>(h.layer)].select(0, h.head).copy_(means[static_cast<size_t>(h.layer)].select(0, h.head));
+    offsets[static_cast<size_t>(h.layer)].select(0, h.head).copy_(
+        means[static_cast<size_t>(h.layer)].select(0, h.head));
     expect_same(h.mean, evaluate_heads(*model, data, g, offsets), name + " mean");
     expect_same(h.resample, patched_by_hand(h.layer, h.head, -1), name + " resample");
     EXPECT_NE(h.resample.loss, h.zero.loss) << name;
   }
   // Chunking changes nothing: one copy per forward gives the same scores as all copies at once.
-  std::vector<HeadIntervention> list = {{}, {0, 1, Ablation::zero, -1}, {1, 2, Ablation::mean, -1},
-                                        {1, 3, Ablation::patch, -1}, {0, 2, Ablation::patch, 3}};
+  std::vector<HeadIntervention> list = {{},
+                                        {0, 1, Ablation::zero, -1},
+                                        {1, 2, Ablation::mean, -1},
+                                        {1, 3, Ablation::patch, -1},
+                                        {0, 2, Ablation::patch, 3}};
   InterventionOptions o;
   o.source = &others;
   const std::vector<Scores> all = evaluate_interventions(*model, data, list, o);
@@ -425,7 +428,8 @@ TEST(Analysis, PatchingEqualsPatchingByHandAndADeadHeadDoesNothing) {
   EXPECT_NEAR(dead.noising, 0.0, 1e-5);
   EXPECT_NEAR(dead.denoising, 0.0, 1e-5);
   for (double e : dead.denoising_by_position) EXPECT_NEAR(e, 0.0, 1e-5);
-  EXPECT_ERROR_CONTAINS(patch_heads(*model, clean, {corrupted[0]}), "patch_heads: 1 corrupted batches for 2 clean ones");
+  EXPECT_ERROR_CONTAINS(patch_heads(*model, clean, {corrupted[0]}),
+                        "patch_heads: 1 corrupted batches for 2 clean ones");
 }
 
 // Learned L0 gates on a model with a planted dead head (zero out_proj columns): no penalty closes
@@ -442,7 +446,9 @@ TEST(Analysis, L0GatesCloseAPlantedDeadHead) {
   const int64_t dead_layer = top->layer == 1 ? 0 : 1, dead_head = 1;  // never the top head
   {
     NoGradGuard ng;
-    dynamic_cast<nn::CausalMultiHeadAttention&>(model->attention(dead_layer)).out_proj->weight.narrow(1, 8 * dead_head, 8).zero_();
+    dynamic_cast<nn::CausalMultiHeadAttention&>(model->attention(dead_layer))
+        .out_proj->weight.narrow(1, 8 * dead_head, 8)
+        .zero_();
   }
   L0Options o;
   o.penalties = {0.0, 0.03};
@@ -494,7 +500,9 @@ TEST(Analysis, HeadTypesMatchNaiveLoopsAndFindPlantedHeads) {
     sep_queries += len - 1 - s;
     for (int64_t i = 0; i < 8; ++i)
       for (int64_t q = 1; q < len; ++q) {
-        auto at = [&](int64_t k) { return static_cast<double>(m.weights[static_cast<size_t>(((i * len) + q) * len + k)]); };
+        auto at = [&](int64_t k) {
+          return static_cast<double>(m.weights[static_cast<size_t>(((i * len) + q) * len + k)]);
+        };
         prev[static_cast<size_t>(i)] += at(q - 1);
         first[static_cast<size_t>(i)] += at(0);
         if (q > s) sep[static_cast<size_t>(i)] += at(s);
@@ -571,7 +579,8 @@ TEST(Analysis, ImportanceMatchesFiniteDifferencesOfTheGates) {
           HeadMatrix plus = at, minus = at;
           plus[l][h] += eps;
           minus[l][h] -= eps;
-          const double fd = (evaluate_heads(*model, one, plus).loss - evaluate_heads(*model, one, minus).loss) / (2 * eps);
+          const double fd =
+              (evaluate_heads(*model, one, plus).loss - evaluate_heads(*model, one, minus).loss) / (2 * eps);
           expected += std::abs(fd) / static_cast<double>(data.batches.size());
         }
         EXPECT_NEAR(imp.raw[l][h], expected, 1e-7 + 1e-5 * expected) << "layer " << l << " head " << h;
@@ -602,7 +611,8 @@ TEST(Analysis, PrunedModelsEqualGatedModels) {
     // Each removed head takes 3 * (C x D) projection weights and a (C x D) block of out_proj.
     EXPECT_EQ(model->num_parameters() - pruned->num_parameters(), 5 * 4 * 32 * 8);
     // Through a checkpoint file, as every command loads it.
-    const std::string path = (fs::temp_directory_path() / ("headlab_pruned_" + std::to_string(::getpid()) + form + ".h5")).string();
+    const std::string path =
+        (fs::temp_directory_path() / ("headlab_pruned_" + std::to_string(::getpid()) + form + ".h5")).string();
     save_checkpoint(path, prune_checkpoint(ck, keep, "test"));
     const Checkpoint loaded = load_checkpoint(path);
     fs::remove(path);
@@ -636,8 +646,9 @@ TEST(Analysis, PrunedModelsEqualGatedModels) {
 TEST(Analysis, PruningWithQkvBiasEqualsGating) {
   const EvalSet data = eval_set(1, 4);
   for (const std::string form : {"fused", "wrapper"}) {
-    const nn::GPTConfig cfg = headlab::testing::tiny_gpt_config(headlab::testing::kThreeHeadGpt.sized_for(13, 12),
-                                                                parse_enum<nn::AttentionForm>(form, "test"), /*qkv_bias=*/true);
+    const nn::GPTConfig cfg =
+        headlab::testing::tiny_gpt_config(headlab::testing::kThreeHeadGpt.sized_for(13, 12),
+                                          parse_enum<nn::AttentionForm>(form, "test"), /*qkv_bias=*/true);
     manual_seed(11);
     nn::GPTModel model(cfg);
     model.eval();
@@ -688,7 +699,8 @@ TEST(Analysis, WrapperAndFusedCheckpointsGiveTheSameScores) {
   auto ranking = [](const AblationResult& a) {
     std::vector<size_t> idx(a.heads.size());
     std::iota(idx.begin(), idx.end(), 0);
-    std::stable_sort(idx.begin(), idx.end(), [&](size_t x, size_t y) { return a.heads[x].importance > a.heads[y].importance; });
+    std::stable_sort(idx.begin(), idx.end(),
+                     [&](size_t x, size_t y) { return a.heads[x].importance > a.heads[y].importance; });
     return idx;
   };
   EXPECT_EQ(ranking(af), ranking(aw));
@@ -721,8 +733,7 @@ TEST(Analysis, FreeHeadsCostNothingAloneAndLeaveEveryLayerAHead) {
   // L0H0 and L0H1 are free, but layer 0 keeps one (the dearer, L0H0); L1H2 loses 0.2% exact match.
   EXPECT_EQ(free_heads(a, Metric::exact_match), (std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {1, 1}}));
   // By token accuracy (unchanged everywhere) L1H2 is free, and the cheapest.
-  EXPECT_EQ(free_heads(a, Metric::token_accuracy),
-            (std::vector<std::pair<int64_t, int64_t>>{{1, 2}, {0, 1}, {1, 1}}));
+  EXPECT_EQ(free_heads(a, Metric::token_accuracy), (std::vector<std::pair<int64_t, int64_t>>{{1, 2}, {0, 1}, {1, 1}}));
 }
 
 TEST(Analysis, IterativePruningCurve) {
@@ -755,7 +766,8 @@ TEST(Analysis, IterativePruningCurve) {
   double lowest = 1e300;
   for (const auto& row : imp.normalized)
     for (double v : row) lowest = std::min(lowest, v);
-  EXPECT_DOUBLE_EQ(imp.normalized[static_cast<size_t>(c.order[0].first)][static_cast<size_t>(c.order[0].second)], lowest);
+  EXPECT_DOUBLE_EQ(imp.normalized[static_cast<size_t>(c.order[0].first)][static_cast<size_t>(c.order[0].second)],
+                   lowest);
 
   // Stopping at a threshold: the run is the full curve up to the first step below it.
   PruneOptions stop = po;
@@ -778,8 +790,8 @@ TEST(Analysis, IterativePruningCurve) {
   const auto cost = [&](const HeadAblation& h) {
     return std::make_pair(abl.base.token_accuracy - h.zero.token_accuracy, h.zero.loss - abl.base.loss);
   };
-  const auto cheapest = std::min_element(abl.heads.begin(), abl.heads.end(),
-                                         [&](auto& x, auto& y) { return cost(x) < cost(y); });
+  const auto cheapest =
+      std::min_element(abl.heads.begin(), abl.heads.end(), [&](auto& x, auto& y) { return cost(x) < cost(y); });
   EXPECT_EQ(ca.order[0], std::make_pair(cheapest->layer, cheapest->head));
   EXPECT_NEAR(ca.steps[1].scores.loss, cheapest->zero.loss, 1e-9);
   // auto is ablation for this 8-head model, gradient past kAblationCriterionMaxHeads.
@@ -839,7 +851,7 @@ TEST_F(AnalysisFiles, AttentionMapsAndPictures) {
   auto pruned = prune_model(*model, {{0, 3}, {1}});
   const AttentionMaps pm = attention_maps(*pruned, ids);
   EXPECT_EQ(pm.kept, (std::vector<std::vector<int64_t>>{{0, 3}, {1}}));
-  EXPECT_TRUE(std::isnan(pm.weights[static_cast<size_t>(1 * T * T)]));       // layer 0 head 1
+  EXPECT_TRUE(std::isnan(pm.weights[static_cast<size_t>(1 * T * T)]));  // layer 0 head 1
   EXPECT_EQ(pm.weights[static_cast<size_t>(3 * T * T)], maps.weights[static_cast<size_t>(3 * T * T)]);  // head 3
   save_attention_png(path("attention_pruned.png"), pm, tokens);
   expect_drawn(path("attention_pruned.png"), 400, 300);
@@ -882,8 +894,8 @@ TEST_F(AnalysisFiles, AttentionMapsAndPictures) {
 }
 
 TEST_F(AnalysisFiles, CompareOnATinyGrid) {
-  const std::vector<CompareConfig> grid = {parse_compare_config("toy,2,6,3,2,2"), {"sweep", 2, 8, 16, 16, 1},
-                                           {"sweep", 2, 8, 16, 16, 4}};
+  const std::vector<CompareConfig> grid = {
+      parse_compare_config("toy,2,6,3,2,2"), {"sweep", 2, 8, 16, 16, 1}, {"sweep", 2, 8, 16, 16, 4}};
   CompareOptions o;
   o.repeats = 3;
   o.warmup = 1;
@@ -910,14 +922,15 @@ TEST_F(AnalysisFiles, CompareOnATinyGrid) {
       EXPECT_GT(m->peak_forward_backward, 0);
     }
   }
-  EXPECT_DOUBLE_EQ(attention_flops_forward(grid[0]), 2.0 * 2 * 6 * 3 * 3 * 2 + 4.0 * 2 * 6 * 6 * 2 + 2.0 * 2 * 6 * 2 * 2);
+  EXPECT_DOUBLE_EQ(attention_flops_forward(grid[0]),
+                   2.0 * 2 * 6 * 3 * 3 * 2 + 4.0 * 2 * 6 * 6 * 2 + 2.0 * 2 * 6 * 2 * 2);
   std::istringstream csv(compare_csv(rows, o));
   std::string header;
   std::getline(csv, header);
-  for (const char* col : {"config", "heads", "form", "params", "gflop_forward", "forward_ms_median", "forward_ms_p25",
-                          "forward_ms_p75", "forward_ms_min", "forward_ms_max", "forward_gflops",
-                          "forward_backward_ms_median", "forward_backward_gflops", "peak_forward_bytes",
-                          "peak_forward_backward_bytes", "max_abs_diff_output", "max_abs_diff_input_grad"})
+  for (const char* col :
+       {"config", "heads", "form", "params", "gflop_forward", "forward_ms_median", "forward_ms_p25", "forward_ms_p75",
+        "forward_ms_min", "forward_ms_max", "forward_gflops", "forward_backward_ms_median", "forward_backward_gflops",
+        "peak_forward_bytes", "peak_forward_backward_bytes", "max_abs_diff_output", "max_abs_diff_input_grad"})
     EXPECT_NE(("," + header + ",").find(std::string(",") + col + ","), std::string::npos) << col;
   int lines = 0;
   for (std::string line; std::getline(csv, line);) ++lines;
@@ -955,12 +968,14 @@ TEST(Analysis, CompareReadsThePyTorchPeersLine) {
   std::getline(csv, wrapper_row);
   EXPECT_NE(header.find(",torch_forward_ms_median,torch_forward_backward_ms_median"), std::string::npos) << header;
   EXPECT_NE(wrapper_row.find(",2,6"), std::string::npos) << wrapper_row;
-  EXPECT_DOUBLE_EQ(compare_json({r}, CompareOptions{})["configs"][0]["fused"]["torch"]["forward"]["median_ms"].get<double>(), 1.0);
+  EXPECT_DOUBLE_EQ(
+      compare_json({r}, CompareOptions{})["configs"][0]["fused"]["torch"]["forward"]["median_ms"].get<double>(), 1.0);
 
   CompareResult other;
   other.config = parse_compare_config("tiny,2,16,16,16,2");  // T differs from the peer's line
   EXPECT_ERROR_CONTAINS(attach_torch_peer(other, line), "the PyTorch peer measured B=2 T=8");
-  EXPECT_ERROR_CONTAINS(attach_torch_peer(r, "Traceback (most recent call last):"), "cannot read the PyTorch peer's output");
+  EXPECT_ERROR_CONTAINS(attach_torch_peer(r, "Traceback (most recent call last):"),
+                        "cannot read the PyTorch peer's output");
   EXPECT_ERROR_CONTAINS(attach_torch_peer(r, R"({"B": 2, "T": 8, "d_in": 16, "d_out": 16, "heads": 2})"),
                         "cannot read the PyTorch peer's output for config 'tiny'");
 }
@@ -1009,19 +1024,21 @@ TEST_F(AnalysisFiles, CommandsLoadPrunedCheckpoints) {
       return ss.str();
     };
     const bool finetune = form == "fused";  // once is enough: the form does not matter to the trainer
-    const std::string log = run("ablate " + ck + " --out " + out +
-                                " --prune 3 --batches 1 --batch-size 16 --repeats 2 --threads 1" +
-                                (finetune ? " --finetune 30 --finetune-curve" : ""));
+    const std::string log =
+        run("ablate " + ck + " --out " + out + " --prune 3 --batches 1 --batch-size 16 --repeats 2 --threads 1" +
+            (finetune ? " --finetune 30 --finetune-curve" : ""));
     if (finetune) {  // the pruned model trained further, and every point of the curve too
       EXPECT_NE(log.find("fine-tuned 30 steps"), std::string::npos) << log;
       const Checkpoint ft = load_checkpoint((fs::path(out) / "finetune" / "checkpoint.h5").string());
       EXPECT_EQ(ft.trainer.step, 30);
-      EXPECT_EQ(ft.config["model"]["kept_heads"], load_checkpoint((fs::path(out) / "pruned.h5").string()).config["model"]["kept_heads"]);
+      EXPECT_EQ(ft.config["model"]["kept_heads"],
+                load_checkpoint((fs::path(out) / "pruned.h5").string()).config["model"]["kept_heads"]);
       EXPECT_TRUE(fs::exists(fs::path(out) / "finetune" / "pruned_0" / "checkpoint.h5"));
       std::ifstream csv(fs::path(out) / "pruning.csv");
       std::string header;
       std::getline(csv, header);
-      EXPECT_NE(header.find(",finetuned_loss,finetuned_token_accuracy,finetuned_exact_match,removed"), std::string::npos)
+      EXPECT_NE(header.find(",finetuned_loss,finetuned_token_accuracy,finetuned_exact_match,removed"),
+                std::string::npos)
           << header;
     }
     // By default a model this small is pruned by measured ablation, and both outputs say so.
@@ -1029,7 +1046,8 @@ TEST_F(AnalysisFiles, CommandsLoadPrunedCheckpoints) {
     std::ifstream report(fs::path(out) / "report.md");
     const std::string md((std::istreambuf_iterator<char>(report)), std::istreambuf_iterator<char>());
     EXPECT_NE(md.find("| pruning | ablation (auto: 8 heads <= 64) criterion; metric exact_match"), std::string::npos);
-    for (const char* f : {"heads.csv", "pruning.csv", "report.md", "importance.png", "pruning.png", "pruned.h5", "attention.html"})
+    for (const char* f :
+         {"heads.csv", "pruning.csv", "report.md", "importance.png", "pruning.png", "pruned.h5", "attention.html"})
       EXPECT_TRUE(fs::exists(fs::path(out) / f)) << f;
     const std::string pruned = (fs::path(out) / "pruned.h5").string();
     const Checkpoint pc = load_checkpoint(pruned);
@@ -1044,9 +1062,11 @@ TEST_F(AnalysisFiles, CommandsLoadPrunedCheckpoints) {
     run("ablate " + pruned + " --out " + out + "/again --batches 1 --batch-size 16");
     EXPECT_TRUE(fs::exists(fs::path(out) / "again" / "report.md"));
     // headlab heads on the pruned model: every analysis, a row per kept head, original head labels.
-    const std::string heads_log = run("heads " + pruned + " --out " + out + "/heads --batches 1 --batch-size 16 --by-position");
+    const std::string heads_log =
+        run("heads " + pruned + " --out " + out + "/heads --batches 1 --batch-size 16 --by-position");
     EXPECT_NE(heads_log.find("the components sum to"), std::string::npos) << heads_log;
-    for (const char* f : {"heads.csv", "report.md", "ablation.png", "dla.png", "patching.png", "types.png", "attention.html"})
+    for (const char* f :
+         {"heads.csv", "report.md", "ablation.png", "dla.png", "patching.png", "types.png", "attention.html"})
       EXPECT_TRUE(fs::exists(fs::path(out) / "heads" / f)) << f;
     std::ifstream csv(fs::path(out) / "heads" / "heads.csv");
     std::string header, line;

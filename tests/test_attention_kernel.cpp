@@ -24,10 +24,14 @@ enum class MaskKind { none, causal, lens1, lens2 };
 
 const char* mask_name(MaskKind m) {
   switch (m) {
-    case MaskKind::none: return "none";
-    case MaskKind::causal: return "causal";
-    case MaskKind::lens1: return "lens(B)";
-    default: return "lens(B,Tq)";
+    case MaskKind::none:
+      return "none";
+    case MaskKind::causal:
+      return "causal";
+    case MaskKind::lens1:
+      return "lens(B)";
+    default:
+      return "lens(B,Tq)";
   }
 }
 
@@ -75,12 +79,13 @@ double compare(int64_t B, int64_t H, int64_t Tq, int64_t Tk, int64_t D, int64_t 
   const Tensor dout = randn({B, H, Tq, Dv}, g, dt);
   const AttentionMask mask = make_mask(m, B, Tq, Tk, 7 + Tq);
   const bool train = p > 0;
-  const Result f = run([&](auto& a, auto& b, auto& c, Generator& gg) {
-    return scaled_dot_product_attention(a, b, c, mask, p, train, gg);
-  }, q, k, v, dout, 5);
-  const Result r = run([&](auto& a, auto& b, auto& c, Generator& gg) {
-    return scaled_dot_product_attention_composite(a, b, c, mask, p, train, gg);
-  }, q, k, v, dout, 5);
+  const Result f = run([&](auto& a, auto& b, auto& c,
+                           Generator& gg) { return scaled_dot_product_attention(a, b, c, mask, p, train, gg); },
+                       q, k, v, dout, 5);
+  const Result r =
+      run([&](auto& a, auto& b, auto& c,
+              Generator& gg) { return scaled_dot_product_attention_composite(a, b, c, mask, p, train, gg); },
+          q, k, v, dout, 5);
   double e = 0;
   e = std::max(e, max_err(f.out, r.out));
   e = std::max(e, max_err(f.dq, r.dq));

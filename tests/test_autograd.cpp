@@ -94,8 +94,9 @@ TEST(Autograd, RetainGraph) {
   y.backward();
   const std::vector<double> once = {std::exp(1.0), std::exp(2.0)};
   EXPECT_TRUE(all_close(x.grad(), once, 1e-12));
-  EXPECT_ERROR(y.backward(), "backward: trying to backward through SumBackward a second time; its saved tensors "
-                             "were freed. Pass retain_graph=true to the first backward.");
+  EXPECT_ERROR(y.backward(),
+               "backward: trying to backward through SumBackward a second time; its saved tensors "
+               "were freed. Pass retain_graph=true to the first backward.");
   x.zero_grad();
   const Tensor z = sum(exp(x));
   z.backward(Tensor(), true);
@@ -152,8 +153,9 @@ TEST(Autograd, Detach) {
 TEST(Autograd, RequiresGradRules) {
   Tensor x = leaf64({1});
   Tensor y = mul(x, 2.0);
-  EXPECT_ERROR(y.requires_grad_(), "requires_grad_: can only change requires_grad of leaf tensors (this one comes "
-                                   "from AffineBackward); use detach() first");
+  EXPECT_ERROR(y.requires_grad_(),
+               "requires_grad_: can only change requires_grad of leaf tensors (this one comes "
+               "from AffineBackward); use detach() first");
   EXPECT_ERROR(arange(3).requires_grad_(), "only floating-point tensors can require gradients, got int64");
   Tensor z = f64({1});
   z.requires_grad_(true);
@@ -234,8 +236,9 @@ TEST(Autograd, InPlaceOnASavedTensorIsCaught) {
   Tensor x = leaf64({1, 2, 3});
   Tensor y = x.exp();  // exp saves its output for backward
   y.masked_fill_(tensor_bool({false, true, false}), 0.0);
-  EXPECT_ERROR(y.sum().backward(), "ExpBackward: one of the tensors saved for backward was modified by an in-place "
-                                   "operation (its version is 1, expected 0)");
+  EXPECT_ERROR(y.sum().backward(),
+               "ExpBackward: one of the tensors saved for backward was modified by an in-place "
+               "operation (its version is 1, expected 0)");
   // Through a view: the counter belongs to the storage.
   Tensor x2 = leaf64({1, 2, 3, 4}, {2, 2});
   Tensor s = sigmoid(x2);
@@ -259,17 +262,19 @@ TEST(Autograd, InPlaceOnASavedTensorIsCaught) {
 TEST(Autograd, InPlaceEditOfASavedTensorIsCaughtForEveryOpThatReadsIt) {
   const Tensor m = tensor_bool({true, false, false, true, false, true}, {2, 3});
   struct Case {
-    const char* name;  // the node expected in the message
+    const char* name;           // the node expected in the message
     std::function<void()> run;  // forward, in-place edit, backward
   };
   const std::vector<Case> cases = {
-      {"MulBackward", [] {  // a constant operand
+      {"MulBackward",
+       [] {  // a constant operand
          Tensor x = leaf64({1, 2, 3}), c = f64({4, 5, 6});
          const Tensor y = mul(x, c);
          c.fill_(0);
          sum(y).backward();
        }},
-      {"MulBackward", [] {  // a parameter stepped by an optimizer before backward
+      {"MulBackward",
+       [] {  // a parameter stepped by an optimizer before backward
          Tensor w = leaf64({1, 2, 3});
          const Tensor y = mul(w, f64({4, 5, 6}));
          {
@@ -278,32 +283,37 @@ TEST(Autograd, InPlaceEditOfASavedTensorIsCaughtForEveryOpThatReadsIt) {
          }
          sum(y).backward();
        }},
-      {"DivBackward", [] {
+      {"DivBackward",
+       [] {
          Tensor x = leaf64({1, 2}), d = f64({4, 5});
          const Tensor y = div(x, d);
          d.fill_(1);
          sum(y).backward();
        }},
-      {"MaximumBackward", [] {
+      {"MaximumBackward",
+       [] {
          Tensor x = leaf64({1, 7}), c = f64({4, 5});
          const Tensor y = maximum(x, c);
          c.fill_(9);
          sum(y).backward();
        }},
-      {"MatmulBackward", [] {
+      {"MatmulBackward",
+       [] {
          Tensor a = leaf64({1, 2, 3, 4}, {2, 2}), b = f64({1, 0, 0, 2}, {2, 2});
          const Tensor y = matmul(a, b);
          b.fill_(3);
          sum(y).backward();
        }},
-      {"MatmulBackward", [] {  // a non-leaf input edited through a transposed view
+      {"MatmulBackward",
+       [] {  // a non-leaf input edited through a transposed view
          Tensor a = leaf64({1, 2, 3, 4}, {2, 2});
          Tensor h = mul(a, 1.0);
          const Tensor y = matmul(f64({1, 2, 3, 4}, {2, 2}), h.mT());
          h.mT().masked_fill_(tensor_bool({true, false, false, false}, {2, 2}), 0.0);
          sum(y).backward();
        }},
-      {"LinearBackward", [] {
+      {"LinearBackward",
+       [] {
          Tensor x = leaf64({1, 2, 3, 4}, {2, 2}), w = leaf64({1, 0, 0, 1}, {2, 2});
          const Tensor y = linear(x, w, Tensor());
          {
@@ -312,32 +322,37 @@ TEST(Autograd, InPlaceEditOfASavedTensorIsCaughtForEveryOpThatReadsIt) {
          }
          sum(y).backward();
        }},
-      {"SoftmaxBackward", [m] {  // the output it saves
+      {"SoftmaxBackward",
+       [m] {  // the output it saves
          Tensor x = leaf64({1, 2, 3, 4, 5, 6}, {2, 3});
          Tensor y = softmax(x, -1);
          y.masked_fill_(m, 0.0);
          sum(mul(y, y)).backward();
        }},
-      {"LogSoftmaxBackward", [m] {
+      {"LogSoftmaxBackward",
+       [m] {
          Tensor x = leaf64({1, 2, 3, 4, 5, 6}, {2, 3});
          Tensor y = log_softmax(x, 1);
          y.masked_fill_(m, 0.0);
          sum(y).backward();
        }},
-      {"CausalSoftmaxBackward", [] {
+      {"CausalSoftmaxBackward",
+       [] {
          Tensor x = leaf64({1, 2, 3, 4}, {2, 2});
          Tensor y = causal_softmax(x, 0.5);
          y.select(0, 1).masked_fill_(tensor_bool({true, false}), 0.0);  // through a view
          sum(mul(y, y)).backward();
        }},
-      {"LayerNormBackward", [m] {  // its input
+      {"LayerNormBackward",
+       [m] {  // its input
          Tensor x = leaf64({1, 2, 3, 4, 5, 7}, {2, 3});
          Tensor h = mul(x, 1.0);
          const Tensor y = layer_norm(h, Tensor(), Tensor());
          h.masked_fill_(m, 0.0);
          sum(mul(y, y)).backward();
        }},
-      {"LayerNormBackward", [] {  // its weight, stepped before backward
+      {"LayerNormBackward",
+       [] {  // its weight, stepped before backward
          Tensor x = leaf64({1, 2, 3, 4, 5, 7}, {2, 3}), w = leaf64({1, 2, 3}), b = leaf64({0, 0, 0});
          const Tensor y = layer_norm(x, w, b);
          {
@@ -346,49 +361,56 @@ TEST(Autograd, InPlaceEditOfASavedTensorIsCaughtForEveryOpThatReadsIt) {
          }
          sum(mul(y, y)).backward();
        }},
-      {"CrossEntropyBackward", [] {  // its targets
+      {"CrossEntropyBackward",
+       [] {  // its targets
          Tensor x = leaf64({1, 2, 3, 4, 5, 7}, {2, 3});
          Tensor t = i64({2, 0});
          const Tensor loss = cross_entropy(x, t);
          t.fill_(1);
          loss.backward();
        }},
-      {"CrossEntropyBackward", [m] {  // its logits
+      {"CrossEntropyBackward",
+       [m] {  // its logits
          Tensor x = leaf64({1, 2, 3, 4, 5, 7}, {2, 3});
          Tensor h = mul(x, 1.0);
          const Tensor loss = cross_entropy(h, i64({2, 0}));
          h.masked_fill_(m, 0.0);
          loss.backward();
        }},
-      {"IndexSelectBackward", [] {  // the indices it scatters by
+      {"IndexSelectBackward",
+       [] {  // the indices it scatters by
          Tensor x = leaf64({1, 2, 3, 4, 5, 6}, {2, 3});
          Tensor idx = i64({2, 0, 2}, {3});
          const Tensor y = index_select(x, 1, idx);
          idx.fill_(1);
          sum(y).backward();
        }},
-      {"IndexSelectBackward", [] {  // embedding is index_select underneath
+      {"IndexSelectBackward",
+       [] {  // embedding is index_select underneath
          Tensor w = leaf64({1, 2, 3, 4, 5, 6}, {3, 2});
          Tensor ids = i64({2, 0, 2, 1}, {2, 2});
          const Tensor y = embedding(w, ids);
          ids.fill_(0);
          sum(y).backward();
        }},
-      {"WhereBackward", [] {  // its condition
+      {"WhereBackward",
+       [] {  // its condition
          Tensor x = leaf64({1, 2, 3});
          Tensor cond = tensor_bool({true, false, true});
          const Tensor y = where(cond, x, f64({0, 0, 0}));
          cond.fill_(1);
          sum(y).backward();
        }},
-      {"MaskedFillBackward", [] {  // its mask
+      {"MaskedFillBackward",
+       [] {  // its mask
          Tensor x = leaf64({1, 2, 3});
          Tensor mask = tensor_bool({true, false, true});
          const Tensor y = masked_fill(x, mask, 0.0);
          mask.fill_(0);
          sum(y).backward();
        }},
-      {"MaskedFillBackward", [] {  // the mask of the in-place form
+      {"MaskedFillBackward",
+       [] {  // the mask of the in-place form
          Tensor x = leaf64({1, 2, 3});
          Tensor mask = tensor_bool({true, false, true});
          Tensor y = mul(x, 1.0);
@@ -396,20 +418,23 @@ TEST(Autograd, InPlaceEditOfASavedTensorIsCaughtForEveryOpThatReadsIt) {
          mask.fill_(0);
          sum(y).backward();
        }},
-      {"LogBackward", [] {  // a unary op that reads its input
+      {"LogBackward",
+       [] {  // a unary op that reads its input
          Tensor x = leaf64({1, 2, 3});
          Tensor h = mul(x, 1.0);
          const Tensor y = log(h);
          h.fill_(1);
          sum(y).backward();
        }},
-      {"TanhBackward", [] {  // one that reads its output
+      {"TanhBackward",
+       [] {  // one that reads its output
          Tensor x = leaf64({1, 2, 3});
          Tensor y = tanh(x);
          y.fill_(0);
          sum(y).backward();
        }},
-      {"AmaxBackward", [] {
+      {"AmaxBackward",
+       [] {
          Tensor x = leaf64({1, 5, 3, 4}, {2, 2});
          Tensor h = mul(x, 1.0);
          const Tensor y = amax(h, {1});
@@ -505,16 +530,15 @@ TEST(Autograd, ABackwardClosureThatCapturesATensorIsRejected) {
   EXPECT_ERROR(record_inplace("leaky_", h, {}, [x](const Tensor& dout, Saved) { return mul(dout, x); }),
                "leaky_: its backward closure captures a Tensor");
   EXPECT_EQ(h.grad_fn_name(), "AffineBackward");  // its history is untouched
-  const Tensor copy = x;  // the watch is off again after a rejection
+  const Tensor copy = x;                          // the watch is off again after a rejection
   EXPECT_TRUE(copy.shares_storage(x));
 
   // Scalars and shapes may be captured; saved tensors come back as saved[i].
   Tensor y = mul(x.detach(), x.detach());
-  record("scaled_square", y, {x}, {x},
-         [k = 2.0, shape = x.shape()](const Tensor& dout, Saved s, Grads& g) {
-           ASSERT_EQ(s.size(), 1u);
-           g.acc(0, reshape(mul(mul(dout, s[0]), k), shape));
-         });
+  record("scaled_square", y, {x}, {x}, [k = 2.0, shape = x.shape()](const Tensor& dout, Saved s, Grads& g) {
+    ASSERT_EQ(s.size(), 1u);
+    g.acc(0, reshape(mul(mul(dout, s[0]), k), shape));
+  });
   EXPECT_EQ(y.grad_fn_name(), "ScaledSquareBackward");
   sum(y).backward();
   EXPECT_TRUE(all_close(x.grad(), {2, 4, 6}));
@@ -558,7 +582,7 @@ TEST(Autograd, InPlaceAfterAUseKeepsTheHistoryThatUseRead) {
   EXPECT_TRUE(all_close(x.grad(), {2, 2, 2}));
   x.zero_grad();
   const Tensor y2 = add(h, f64({1, 1, 1}));
-  Tensor h2 = h;  // another handle to the edited tensor
+  Tensor h2 = h;                          // another handle to the edited tensor
   sum(add(y2, mul(h2, 3.0))).backward();  // both uses see the fill: 4 * 2 where kept, 0 where filled
   EXPECT_TRUE(all_close(x.grad(), {8, 0, 8}));
   // The functional form routes the same way.
@@ -652,7 +676,8 @@ TEST(Autograd, GraphsAreFreedWithoutBackward) {
       {"gelu_tanh", [](const Tensor& x) { return gelu(x, true); }},
       {"where", [m](const Tensor& x) { return where(m, x, mul(x, 2.0)); }},
       {"masked_fill", [m](const Tensor& x) { return masked_fill(x, m, 0.0); }},
-      {"masked_fill_", [m](const Tensor& x) {
+      {"masked_fill_",
+       [m](const Tensor& x) {
          Tensor y = mul(x, 1.0);
          y.masked_fill_(m, 0.0);
          return y;
@@ -665,33 +690,61 @@ TEST(Autograd, GraphsAreFreedWithoutBackward) {
       {"var", [](const Tensor& x) { return var(x, {1}, true); }},
       {"matmul", [](const Tensor& x) { return matmul(x, x.mT()); }},
       {"linear", [](const Tensor& x) { return linear(x, x, x.select(1, 0)); }},
-      {"view", [](const Tensor& x) { return x.view({3, 2}); }},
+      {"view",
+       [](const Tensor& x) {
+         return x.view({3, 2});
+       }},
       {"reshape_copy", [](const Tensor& x) { return x.mT().reshape({6}); }},
-      {"permute", [](const Tensor& x) { return x.permute({1, 0}); }},
+      {"permute",
+       [](const Tensor& x) {
+         return x.permute({1, 0});
+       }},
       {"unsqueeze", [](const Tensor& x) { return x.unsqueeze(0).squeeze(0); }},
-      {"expand", [](const Tensor& x) { return x.unsqueeze(0).expand({4, 2, 3}); }},
+      {"expand",
+       [](const Tensor& x) {
+         return x.unsqueeze(0).expand({4, 2, 3});
+       }},
       {"slice", [](const Tensor& x) { return x.slice(1, 0, 3, 2).select(0, 1); }},
       {"contiguous", [](const Tensor& x) { return x.mT().contiguous(); }},
       {"clone", [](const Tensor& x) { return x.clone(); }},
       {"to_dtype", [](const Tensor& x) { return x.to(DType::f32); }},
-      {"cat", [](const Tensor& x) { return cat({x, x}, 0); }},
-      {"stack", [](const Tensor& x) { return stack({x, x}, 1); }},
+      {"cat",
+       [](const Tensor& x) {
+         return cat({x, x}, 0);
+       }},
+      {"stack",
+       [](const Tensor& x) {
+         return stack({x, x}, 1);
+       }},
       {"split", [](const Tensor& x) { return split(x, 2, 1)[1]; }},
-      {"index_select", [](const Tensor& x) { return index_select(x, 1, i64({2, 0, 2})); }},
-      {"embedding", [](const Tensor& x) { return embedding(x, i64({1, 0, 1}, {3})); }},
+      {"index_select",
+       [](const Tensor& x) {
+         return index_select(x, 1, i64({2, 0, 2}));
+       }},
+      {"embedding",
+       [](const Tensor& x) {
+         return embedding(x, i64({1, 0, 1}, {3}));
+       }},
       {"repeat_interleave", [](const Tensor& x) { return repeat_interleave(x, 2, 0); }},
       {"triu", [](const Tensor& x) { return triu(x); }},
       {"softmax", [](const Tensor& x) { return softmax(x, 0); }},
       {"log_softmax", [](const Tensor& x) { return log_softmax(x, 1); }},
       {"masked_softmax", [](const Tensor& x) { return masked_softmax(x.unsqueeze(0), i64({2}, {1})); }},
       {"causal_softmax", [](const Tensor& x) { return causal_softmax(x.narrow(1, 0, 2), 0.5); }},
-      {"dropout", [](const Tensor& x) {
+      {"dropout",
+       [](const Tensor& x) {
          Generator g(1);
          return dropout(x, 0.5, true, g);
        }},
       {"layer_norm", [](const Tensor& x) { return layer_norm(x, x.select(0, 0), x.select(0, 1)); }},
-      {"cross_entropy", [](const Tensor& x) { return cross_entropy(x, i64({2, 0})); }},
-      {"cross_entropy_none", [](const Tensor& x) { return cross_entropy(x, i64({2, -100}), -100, Reduction::none); }},
+      {"cross_entropy",
+       [](const Tensor& x) {
+         return cross_entropy(x, i64({2, 0}));
+       }},
+      {"cross_entropy_none",
+       [](const Tensor& x) {
+         return cross_entropy(x, i64({2, -100}), -100, Reduction::none);
+       }},
       {"mse_loss", [](const Tensor& x) { return mse_loss(x, zeros_like(x)); }},
   };
   Tensor x = leaf64({0.5, 1, 1.5, 2, 2.5, 3}, {2, 3});

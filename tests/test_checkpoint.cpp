@@ -46,8 +46,8 @@ void write_bytes(const std::string& path, const std::vector<unsigned char>& b) {
 
 // The wrapper form with qkv_bias: checkpoints of both parameter layouts, biases included.
 nn::GPTConfig tiny_config(const std::string& attention = "fused") {
-  nn::GPTConfig c = headlab::testing::tiny_gpt_config(headlab::testing::kTwoHeadGpt,
-                                                      parse_enum<nn::AttentionForm>(attention, "test"), attention == "wrapper");
+  nn::GPTConfig c = headlab::testing::tiny_gpt_config(
+      headlab::testing::kTwoHeadGpt, parse_enum<nn::AttentionForm>(attention, "test"), attention == "wrapper");
   c.drop_rate = 0.1;
   return c;
 }
@@ -72,8 +72,13 @@ Checkpoint make_checkpoint(const std::string& attention = "fused") {
   ck.config = {{"model", cfg.to_json()},
                {"tokenizer", {{"type", "char"}, {"vocab", vocab}}},
                {"task", {{"name", "reverse"}, {"options", {{"seed", "1"}, {"min_len", "4"}, {"max_len", "8"}}}}},
-               {"training", {{"steps", 200}, {"batch_size", 4}, {"optimizer", opt.options().to_json()},
-                             {"grad_clip", 1.0}, {"seed", 1}, {"note", "ünïcode ✓"}}}};
+               {"training",
+                {{"steps", 200},
+                 {"batch_size", 4},
+                 {"optimizer", opt.options().to_json()},
+                 {"grad_clip", 1.0},
+                 {"seed", 1},
+                 {"note", "ünïcode ✓"}}}};
   ck.model = snapshot_parameters(model);
   ck.has_optimizer = true;
   ck.optimizer = opt.options();
@@ -143,7 +148,6 @@ void expect_same_checkpoint(const Checkpoint& a, const Checkpoint& b) {
     }
   }
 }
-
 
 // load_checkpoint(path) must fail with one headlab::Error that contains every part.
 void expect_load_error(const std::string& path, const std::vector<std::string>& parts) {
@@ -234,9 +238,9 @@ TEST_F(CheckpointTest, LayoutOnDisk) {
     size_t nelem = 0;
     char fname[32];
     unsigned filter_config = 0;
-    EXPECT_GE(H5Pget_filter_by_id2(dcpl, H5Z_FILTER_FLETCHER32, &flags, &nelem, nullptr, sizeof fname, fname,
-                                   &filter_config),
-              0)
+    EXPECT_GE(
+        H5Pget_filter_by_id2(dcpl, H5Z_FILTER_FLETCHER32, &flags, &nelem, nullptr, sizeof fname, fname, &filter_config),
+        0)
         << name << " carries Fletcher32";
     H5Pclose(dcpl);
     H5Tclose(type);
@@ -260,8 +264,7 @@ TEST_F(CheckpointTest, LayoutOnDisk) {
   for (const char* section : {"model", "tokenizer", "task", "training"}) EXPECT_TRUE(cfg.contains(section)) << section;
   EXPECT_EQ(r.list("/"), (std::vector<std::string>{"model", "optimizer", "trainer"}));
   EXPECT_EQ(r.attr_str("/optimizer", "kind"), "adamw");
-  EXPECT_EQ(r.list("trainer"),
-            (std::vector<std::string>{"data_index", "elapsed_seconds", "metrics", "rng", "step"}));
+  EXPECT_EQ(r.list("trainer"), (std::vector<std::string>{"data_index", "elapsed_seconds", "metrics", "rng", "step"}));
   EXPECT_EQ(r.list("trainer/metrics"),
             (std::vector<std::string>{"grad_norm", "lr", "step", "tokens_per_s", "train_loss", "val_accuracy",
                                       "val_exact_match", "val_loss"}));
@@ -318,7 +321,8 @@ TEST_F(CheckpointTest, FailedWriteKeepsTheExistingCheckpoint) {
     save_checkpoint(missing, good);
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("checkpoint: cannot write '" + missing + "': No such file or directory"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("checkpoint: cannot write '" + missing + "': No such file or directory"),
+              std::string::npos)
         << e.what();
   }
   EXPECT_FALSE(fs::exists(path("no")));
@@ -444,8 +448,8 @@ TEST_F(CheckpointTest, FlippedByteInParameterDataFailsItsChecksum) {
     damaged[start + offset] ^= 0x10;
     const std::string d = path("flipped" + std::to_string(offset) + ".h5");
     write_bytes(d, damaged);
-    expect_load_error(d, {"checkpoint '" + d + "': dataset model/" + name +
-                              " failed its checksum (the file is damaged)"});
+    expect_load_error(d,
+                      {"checkpoint '" + d + "': dataset model/" + name + " failed its checksum (the file is damaged)"});
   }
 }
 
@@ -555,8 +559,8 @@ TEST_F(CheckpointTest, WrongShape) {
     if (name == "trf_blocks.0.att.W_query.weight") t = zeros({16, 8});
   const std::string p = path("shape.h5");
   save_checkpoint(p, ck);
-  expect_load_error(p, {"checkpoint '" + p +
-                        "': parameter trf_blocks.0.att.W_query.weight has shape [16, 8], model expects [8, 8]"});
+  expect_load_error(
+      p, {"checkpoint '" + p + "': parameter trf_blocks.0.att.W_query.weight has shape [16, 8], model expects [8, 8]"});
 }
 
 TEST_F(CheckpointTest, WrongDtypeAndUnknownParameter) {
@@ -576,8 +580,9 @@ TEST_F(CheckpointTest, WrongDtypeAndUnknownParameter) {
   Checkpoint extra = make_checkpoint();
   extra.model.emplace_back("trf_blocks.2.norm1.scale", ones({8}));
   save_checkpoint(p, extra);
-  expect_load_error(p, {"checkpoint '" + p +
-                        "': dataset model/trf_blocks.2.norm1.scale is not a parameter of the model its config describes"});
+  expect_load_error(p,
+                    {"checkpoint '" + p +
+                     "': dataset model/trf_blocks.2.norm1.scale is not a parameter of the model its config describes"});
 }
 
 TEST_F(CheckpointTest, DamagedOptimizerOrTrainerGroups) {

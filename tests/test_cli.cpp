@@ -2,9 +2,9 @@
 // every command; usage errors exit 2 with a usage message; a missing or damaged checkpoint exits 1
 // with one clear line on stderr; a tiny train, then eval, generate (greedy, sampling, sliding
 // window) and inspect, checked against the library doing the same in this process.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <omp.h>
-#include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -18,9 +18,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "train/trainer.h"
 #include "io/checkpoint.h"
 #include "tests/process_util.h"
+#include "train/trainer.h"
 
 namespace fs = std::filesystem;
 using namespace headlab;
@@ -124,7 +124,8 @@ void expect_run_error(const std::vector<std::string>& args, const std::vector<st
   EXPECT_EQ(r.code, 1) << shown << "\nstderr: " << r.err;
   EXPECT_EQ(r.err.rfind("headlab: ", 0), 0u) << shown << "\nstderr: " << r.err;
   EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << shown << ": one line\n" << r.err;
-  for (const std::string& m : mentions) EXPECT_TRUE(contains(r.err, m)) << shown << "\nstderr: " << r.err << "\nmissing: " << m;
+  for (const std::string& m : mentions)
+    EXPECT_TRUE(contains(r.err, m)) << shown << "\nstderr: " << r.err << "\nmissing: " << m;
   EXPECT_TRUE(r.out.empty()) << shown << "\nstdout: " << r.out;
 }
 
@@ -132,8 +133,8 @@ void expect_run_error(const std::vector<std::string>& args, const std::vector<st
 // python3-torch is installed (on / off / a missing script).
 TEST_F(CliTest, CompareWritesItsTableAndFiles) {
   const std::string out = path("compare_off");
-  const Result r = headlab({"compare", "--no-peer-grid", "--heads", "1,2", "--emb-dim", "16", "--tokens", "8", "--batch",
-                            "2", "--repeats", "2", "--warmup", "0", "--torch-peer", "off", "--out", out});
+  const Result r = headlab({"compare", "--no-peer-grid", "--heads", "1,2", "--emb-dim", "16", "--tokens", "8",
+                            "--batch", "2", "--repeats", "2", "--warmup", "0", "--torch-peer", "off", "--out", out});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(contains(r.out, "fused speed-up over wrapper")) << r.out;
   EXPECT_FALSE(contains(r.out, "torch fu")) << r.out;
@@ -144,8 +145,8 @@ TEST_F(CliTest, CompareWritesItsTableAndFiles) {
 // removes its temporary file, and leaves the previous checkpoint as it was.
 TEST_F(CliTest, SaveUnderAFileSizeLimitKeepsThePreviousCheckpoint) {
   const std::string out = path("fsize");
-  Result r = headlab({"train", "--task", "reverse", "--min-len", "2", "--max-len", "4", "--emb-dim", "32", "--steps", "2",
-                      "--eval-every", "2", "--save-every", "2", "--eval-batches", "1", "--out", out});
+  Result r = headlab({"train", "--task", "reverse", "--min-len", "2", "--max-len", "4", "--emb-dim", "32", "--steps",
+                      "2", "--eval-every", "2", "--save-every", "2", "--eval-batches", "1", "--out", out});
   ASSERT_EQ(r.code, 0) << r.err;
   const std::string before = slurp(out + "/checkpoint.h5");
   ASSERT_GT(before.size(), 100000u);
@@ -181,7 +182,8 @@ TEST_F(CliTest, CompareBesideThePyTorchPeer) {
 
 TEST_F(CliTest, MissingOrDamagedCheckpointExitsOneWithAClearMessage) {
   const std::string missing = path("nope.h5");
-  for (const char* cmd : {"eval", "inspect"}) expect_run_error({cmd, missing}, {"checkpoint '" + missing + "': no such file"});
+  for (const char* cmd : {"eval", "inspect"})
+    expect_run_error({cmd, missing}, {"checkpoint '" + missing + "': no such file"});
   expect_run_error({"generate", missing, "--prompt", "12"}, {"checkpoint '" + missing + "': no such file"});
   const std::string text = path("notes.h5");
   std::ofstream(text) << "not a checkpoint\n";
@@ -219,8 +221,8 @@ CachedRuns make_runs() {
   if (::stat(kBinary.c_str(), &st) != 0) return {};
   const std::string root = std::string(HEADLAB_BINARY_DIR) + "/tests/cli_test_runs";
   fs::create_directories(root);
-  const std::string key = std::to_string(st.st_size) + "-" + std::to_string(st.st_mtim.tv_sec) + "-" +
-                          std::to_string(st.st_mtim.tv_nsec);
+  const std::string key =
+      std::to_string(st.st_size) + "-" + std::to_string(st.st_mtim.tv_sec) + "-" + std::to_string(st.st_mtim.tv_nsec);
   const std::string dir = root + "/" + key;
   const int lock = ::open((root + "/lock").c_str(), O_CREAT | O_RDWR, 0644);
   if (lock >= 0) ::flock(lock, LOCK_EX);
@@ -229,15 +231,58 @@ CachedRuns make_runs() {
       if (e.is_directory()) fs::remove_all(e.path());
     const std::string tmp = dir + ".tmp";
     fs::create_directories(tmp);
-    const Result reverse = headlab({"train", "--task", "reverse", "--min-len", "2", "--max-len", "4", "--emb-dim",
-                                    "32", "--n-heads", "2", "--steps", "150", "--batch-size", "32", "--lr", "5e-3",
-                                    "--warmup", "10", "--eval-every", "75", "--eval-batches", "2", "--out",
-                                    tmp + "/reverse", "--threads", "1"});
-    const Result chars = headlab({"train", "--task", "chars", "--text",
-                                  std::string(HEADLAB_SOURCE_DIR) + "/data/tiny.txt", "--context-length", "8",
-                                  "--emb-dim", "16", "--n-heads", "2", "--n-layers", "1", "--steps", "20",
-                                  "--batch-size", "8", "--eval-every", "20", "--eval-batches", "1", "--out",
-                                  tmp + "/chars", "--threads", "1"});
+    const Result reverse = headlab({"train",
+                                    "--task",
+                                    "reverse",
+                                    "--min-len",
+                                    "2",
+                                    "--max-len",
+                                    "4",
+                                    "--emb-dim",
+                                    "32",
+                                    "--n-heads",
+                                    "2",
+                                    "--steps",
+                                    "150",
+                                    "--batch-size",
+                                    "32",
+                                    "--lr",
+                                    "5e-3",
+                                    "--warmup",
+                                    "10",
+                                    "--eval-every",
+                                    "75",
+                                    "--eval-batches",
+                                    "2",
+                                    "--out",
+                                    tmp + "/reverse",
+                                    "--threads",
+                                    "1"});
+    const Result chars = headlab({"train",
+                                  "--task",
+                                  "chars",
+                                  "--text",
+                                  std::string(HEADLAB_SOURCE_DIR) + "/data/tiny.txt",
+                                  "--context-length",
+                                  "8",
+                                  "--emb-dim",
+                                  "16",
+                                  "--n-heads",
+                                  "2",
+                                  "--n-layers",
+                                  "1",
+                                  "--steps",
+                                  "20",
+                                  "--batch-size",
+                                  "8",
+                                  "--eval-every",
+                                  "20",
+                                  "--eval-batches",
+                                  "1",
+                                  "--out",
+                                  tmp + "/chars",
+                                  "--threads",
+                                  "1"});
     save_result(tmp + "/reverse", reverse);
     save_result(tmp + "/chars", chars);
     if (reverse.code == 0 && chars.code == 0) {
@@ -296,7 +341,8 @@ std::string library_greedy(const std::string& file, const std::string& prompt, i
 
 TEST_F(CliRunTest, TrainWritesCheckpointsMetricsAndAReport) {
   const Result& train = runs_.reverse;
-  EXPECT_TRUE(contains(train.out, "headlab train: task reverse, fused attention, 2 layers x 2 heads, emb 32")) << train.out;
+  EXPECT_TRUE(contains(train.out, "headlab train: task reverse, fused attention, 2 layers x 2 heads, emb 32"))
+      << train.out;
   EXPECT_TRUE(contains(train.out, "trained 150 steps")) << train.out;
   EXPECT_TRUE(contains(train.out, "eval step 75:")) << train.out;
   EXPECT_TRUE(train.err.empty()) << train.err;
@@ -345,8 +391,8 @@ TEST_F(CliRunTest, GenerateGreedyPrintsThePromptAndTheAnswer) {
 }
 
 TEST_F(CliRunTest, SamplingIsReproducibleWithASeed) {
-  const std::vector<std::string> args = {"generate", chars_ckpt(), "--prompt", "Th", "--max-new-tokens", "24",
-                                         "--temperature", "1.0"};
+  const std::vector<std::string> args = {"generate",         chars_ckpt(), "--prompt",      "Th",
+                                         "--max-new-tokens", "24",         "--temperature", "1.0"};
   auto with_seed = [&](const char* seed) {
     std::vector<std::string> a = args;
     a.insert(a.end(), {"--seed", seed});
@@ -377,9 +423,9 @@ TEST_F(CliRunTest, InspectShowsConfigParametersAndTrainingState) {
   const io::Checkpoint ck = io::load_checkpoint(ckpt());
   for (const std::string& part :
        {std::string("config"), std::string("\"vocab_size\": 13"), std::string("\"attention\": \"fused\""),
-        std::string("\"name\": \"reverse\""), std::string("0123456789>._"), std::string("(13 tokens)"), std::string("parameters"),
-        std::string("optimizer adamw"), std::string("training state"), std::string("step 150, next batch 150"),
-        std::string("metrics")})
+        std::string("\"name\": \"reverse\""), std::string("0123456789>._"), std::string("(13 tokens)"),
+        std::string("parameters"), std::string("optimizer adamw"), std::string("training state"),
+        std::string("step 150, next batch 150"), std::string("metrics")})
     EXPECT_TRUE(contains(r.out, part)) << "missing: " << part << "\n" << r.out;
   int64_t total = 0;
   for (const auto& [name, t] : ck.model) {
@@ -396,8 +442,7 @@ TEST_F(CliRunTest, InspectShowsConfigParametersAndTrainingState) {
       found = true;
       EXPECT_TRUE(contains(line, shape_str(t.shape()))) << line;
       std::string size;
-      while (cells >> size) {
-      }
+      while (cells >> size) {}
       EXPECT_EQ(size, std::to_string(t.numel())) << line;
     }
     EXPECT_TRUE(found) << name << " is not in the table";
@@ -455,8 +500,14 @@ TEST_F(CliRunTest, CudaOnACpuBuildIsAClearError) {
 // with dlopen (LD_DEBUG=files, on stderr), and libgomp's report of its settings, printed by each
 // start of the program (OMP_DISPLAY_ENV=verbose). No OpenMP policy of the caller's leaks in.
 Result headlab_logged(const std::vector<std::string>& args, const std::string& env = "") {
-  std::vector<std::string> argv{"env", "-u", "OMP_WAIT_POLICY", "-u", "GOMP_SPINCOUNT", "LD_DEBUG=files",
-                                "OMP_DISPLAY_ENV=verbose", "OMP_NUM_THREADS=1"};
+  std::vector<std::string> argv{"env",
+                                "-u",
+                                "OMP_WAIT_POLICY",
+                                "-u",
+                                "GOMP_SPINCOUNT",
+                                "LD_DEBUG=files",
+                                "OMP_DISPLAY_ENV=verbose",
+                                "OMP_NUM_THREADS=1"};
   if (!env.empty()) argv.push_back(env);
   argv.push_back(kBinary);
   argv.insert(argv.end(), args.begin(), args.end());
@@ -498,8 +549,8 @@ TEST_F(CliTest, ACommandRunsWithPassiveOpenMPWaits) {
 // Asking for a GPU loads the plugin beside the binary, and the CUDA runtime with it (which is what
 // the checks above would see). Without a GPU the plugin's error is the one line the user gets.
 TEST_F(CliTest, CudaLoadsThePluginOnFirstUse) {
-  const Result r = headlab_logged({"train", "--task", "reverse", "--steps", "1", "--device", "cuda", "--out",
-                                   path("cuda_run")});
+  const Result r =
+      headlab_logged({"train", "--task", "reverse", "--steps", "1", "--device", "cuda", "--out", path("cuda_run")});
   EXPECT_TRUE(contains(r.err, "file=" + std::string(HEADLAB_BINARY_DIR) + "/libheadlab_cuda.so")) << r.err;
   EXPECT_TRUE(contains(r.err, "file=libcudart.so")) << r.err;
   if (r.code == 0) GTEST_SKIP() << "a GPU is visible: the run trained on it";
@@ -509,8 +560,8 @@ TEST_F(CliTest, CudaLoadsThePluginOnFirstUse) {
 
 // A plugin that cannot be loaded: the error names each file tried and the loader's reason.
 TEST_F(CliTest, AMissingCudaPluginNamesTheFilesTried) {
-  const std::vector<std::string> args{"train", "--task", "reverse", "--steps", "1", "--device", "cuda", "--out",
-                                      path("no_plugin_run")};
+  const std::vector<std::string> args{
+      "train", "--task", "reverse", "--steps", "1", "--device", "cuda", "--out", path("no_plugin_run")};
   const auto run = [&](const std::string& binary, const std::string& env) {
     std::vector<std::string> argv{binary};
     argv.insert(argv.end(), args.begin(), args.end());

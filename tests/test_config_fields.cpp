@@ -3,12 +3,12 @@
 // through to_json/from_json with the keys checkpoints have always had, and a bad field names its key.
 #include <gtest/gtest.h>
 
-#include <nlohmann/json.hpp>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <nlohmann/json.hpp>
 
 #include "analysis/pruning.h"
 #include "base/json_fields.h"
@@ -51,7 +51,8 @@ void expect_names(const std::vector<E>& values, const std::vector<std::string>& 
 
 TEST(EnumNames, EveryValueRoundTripsAndUnknownNamesListTheChoices) {
   using nn::AttentionForm;
-  expect_names<AttentionForm>({AttentionForm::fused, AttentionForm::wrapper}, {"fused", "wrapper"}, "'fused', 'wrapper'");
+  expect_names<AttentionForm>({AttentionForm::fused, AttentionForm::wrapper}, {"fused", "wrapper"},
+                              "'fused', 'wrapper'");
   expect_names<train::Arch>({train::Arch::gpt, train::Arch::encoder_decoder}, {"gpt", "encoder-decoder"},
                             "'gpt', 'encoder-decoder'");
   using optim::OptimizerKind, optim::ScheduleKind;
@@ -142,7 +143,8 @@ TEST(ConfigFields, BadFieldsNameTheirKey) {
   EXPECT_ERROR_HAS(read({{"count", 1}, {"rate", "high"}}), "demo: key 'rate' has the wrong type (string)");
   EXPECT_ERROR_HAS(read({{"count", 1}, {"flag", 1}}), "demo: key 'flag' has the wrong type (number)");
   EXPECT_ERROR_HAS(read({{"count", 1}, {"colour", 1}}), "demo: key 'colour' has the wrong type (number)");
-  EXPECT_ERROR_HAS(read({{"count", 1}, {"colour", "blue"}}), "demo: colour: expected one of 'red', 'green', got 'blue'");
+  EXPECT_ERROR_HAS(read({{"count", 1}, {"colour", "blue"}}),
+                   "demo: colour: expected one of 'red', 'green', got 'blue'");
   EXPECT_ERROR_HAS(read({{"count", 1}, {"lists", nlohmann::json::parse("[[0.5]]")}}),
                    "demo: lists holds 0.5, expected head indices");
   EXPECT_ERROR_HAS(read(nlohmann::json::array()), "demo: expected a JSON object, got array");
@@ -214,10 +216,12 @@ TEST(ConfigFields, TransformerConfigKeysAndRoundTrip) {
   EXPECT_ERROR_HAS(nn::TransformerConfig::from_json(j), "encoder-decoder config: missing key 'max_len'");
   j = stored;
   j["dropout"] = "0.1";
-  EXPECT_ERROR_HAS(nn::TransformerConfig::from_json(j), "encoder-decoder config: key 'dropout' has the wrong type (string)");
+  EXPECT_ERROR_HAS(nn::TransformerConfig::from_json(j),
+                   "encoder-decoder config: key 'dropout' has the wrong type (string)");
   j = stored;
   j["src_vocab_size"] = 0;
-  EXPECT_ERROR_HAS(nn::TransformerConfig::from_json(j), "encoder-decoder config: src_vocab_size must be positive, got 0");
+  EXPECT_ERROR_HAS(nn::TransformerConfig::from_json(j),
+                   "encoder-decoder config: src_vocab_size must be positive, got 0");
 }
 
 TEST(ConfigFields, OptimizerAndScheduleKeysAndErrors) {
@@ -229,7 +233,8 @@ TEST(ConfigFields, OptimizerAndScheduleKeysAndErrors) {
   // An absent key takes the kind's default: adamw's weight decay 0.01, sgd's lr 0.1.
   EXPECT_EQ(optim::OptimizerOptions::from_json({{"kind", "adamw"}}).weight_decay, 0.01);
   EXPECT_EQ(optim::OptimizerOptions::from_json({{"kind", "sgd"}, {"momentum", 0.5}}).lr, 0.1);
-  EXPECT_ERROR_HAS(optim::OptimizerOptions::from_json({{"eps", "small"}}), "optimizer: key 'eps' has the wrong type (string)");
+  EXPECT_ERROR_HAS(optim::OptimizerOptions::from_json({{"eps", "small"}}),
+                   "optimizer: key 'eps' has the wrong type (string)");
   o.beta2 = 1.5;
   EXPECT_ERROR_HAS(o.validate(), "optimizer: beta2 must be in [0, 1), got 1.5");
 
@@ -238,7 +243,8 @@ TEST(ConfigFields, OptimizerAndScheduleKeysAndErrors) {
   EXPECT_EQ(s.to_json(), nlohmann::json::parse(R"({"kind": "step", "lr": 0.001, "min_lr": 0.0, "warmup": 0,
       "total": 1, "step_size": 30, "gamma": 0.1})"));
   EXPECT_EQ(optim::LRSchedule::from_json(s.to_json()).to_json(), s.to_json());
-  EXPECT_ERROR_HAS(optim::LRSchedule::from_json({{"warmup", 2.5}}), "schedule: key 'warmup' must be an integer, got 2.5");
+  EXPECT_ERROR_HAS(optim::LRSchedule::from_json({{"warmup", 2.5}}),
+                   "schedule: key 'warmup' must be an integer, got 2.5");
 }
 
 TEST(ConfigFields, RunConfigTrainingSectionAndArch) {
@@ -265,7 +271,8 @@ TEST(ConfigFields, RunConfigTrainingSectionAndArch) {
   EXPECT_ERROR_HAS(train::RunConfig::from_json(bad), "config: training: key 'seed' must be an integer >= 0");
   bad = j;
   bad["model"]["arch"] = "bert";
-  EXPECT_ERROR_HAS(train::RunConfig::from_json(bad), "config: model: arch: expected one of 'gpt', 'encoder-decoder', got 'bert'");
+  EXPECT_ERROR_HAS(train::RunConfig::from_json(bad),
+                   "config: model: arch: expected one of 'gpt', 'encoder-decoder', got 'bert'");
   bad["model"]["arch"] = 3;
   EXPECT_ERROR_HAS(train::RunConfig::from_json(bad), "config: model: key 'arch' has the wrong type (number)");
   train::RunSettings r;
@@ -289,5 +296,6 @@ TEST(ConfigFields, OldCheckpointConfigsReadAndWriteBackUnchanged) {
   EXPECT_GE(seen, 3);
   std::ifstream in(std::filesystem::path(HEADLAB_SOURCE_DIR) / "tests/fuzz/regressions/config/emb_dim_1e93.json");
   const nlohmann::json found = nlohmann::json::parse(in);
-  EXPECT_ERROR_HAS(train::RunConfig::from_json(found), "GPT config: key 'emb_dim' must be an integer, got 1.1111111111111112e+93");
+  EXPECT_ERROR_HAS(train::RunConfig::from_json(found),
+                   "GPT config: key 'emb_dim' must be an integer, got 1.1111111111111112e+93");
 }

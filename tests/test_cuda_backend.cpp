@@ -49,23 +49,39 @@ std::string cuda_skip_reason() {
 Backend& gpu() { return backend_for(kCuda0); }
 Backend& cpu() { return cpu_backend(); }
 
-template <typename T> DType dtype_of() {
-  if constexpr (std::is_same_v<T, float>) return DType::f32;
-  else if constexpr (std::is_same_v<T, double>) return DType::f64;
-  else if constexpr (std::is_same_v<T, int64_t>) return DType::i64;
-  else return DType::b8;
+template <typename T>
+DType dtype_of() {
+  if constexpr (std::is_same_v<T, float>)
+    return DType::f32;
+  else if constexpr (std::is_same_v<T, double>)
+    return DType::f64;
+  else if constexpr (std::is_same_v<T, int64_t>)
+    return DType::i64;
+  else
+    return DType::b8;
 }
-template <typename T> const char* type_name() {
-  if constexpr (std::is_same_v<T, float>) return "float32";
-  else if constexpr (std::is_same_v<T, double>) return "float64";
-  else if constexpr (std::is_same_v<T, int64_t>) return "int64";
-  else return "bool";
+template <typename T>
+const char* type_name() {
+  if constexpr (std::is_same_v<T, float>)
+    return "float32";
+  else if constexpr (std::is_same_v<T, double>)
+    return "float64";
+  else if constexpr (std::is_same_v<T, int64_t>)
+    return "int64";
+  else
+    return "bool";
 }
 
 // The tolerances of the brief: 1e-5 relative for float32, 1e-12 for float64; a small absolute
 // floor for results near zero (cancellation), scaled up by tests whose sums are long.
-template <typename T> double rtol() { return std::is_same_v<T, float> ? 1e-5 : 1e-12; }
-template <typename T> double atol() { return std::is_same_v<T, float> ? 1e-6 : 1e-13; }
+template <typename T>
+double rtol() {
+  return std::is_same_v<T, float> ? 1e-5 : 1e-12;
+}
+template <typename T>
+double atol() {
+  return std::is_same_v<T, float> ? 1e-6 : 1e-13;
+}
 
 // ---- device buffers ----
 class DeviceBuf {
@@ -79,8 +95,12 @@ class DeviceBuf {
   DeviceBuf(const DeviceBuf&) = delete;
   DeviceBuf& operator=(const DeviceBuf&) = delete;
   void* get() const { return p_; }
-  template <typename T> T* as() const { return static_cast<T*>(p_); }
-  template <typename T> std::vector<T> to_host() const {
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+  template <typename T>
+  std::vector<T> to_host() const {
     std::vector<T> v(n_ / sizeof(T));
     gpu().copy_to_host(v.data(), p_, v.size() * sizeof(T));
     return v;
@@ -115,19 +135,24 @@ std::vector<T> grid_vec(size_t n, int lo, int hi, uint64_t seed) {
   std::uniform_int_distribution<int> d(lo, hi);
   std::vector<T> v(n);
   for (auto& x : v) {
-    if constexpr (std::is_same_v<T, uint8_t>) x = static_cast<uint8_t>(d(rng) & 1);
-    else if constexpr (std::is_floating_point_v<T>) x = static_cast<T>(d(rng)) / T(2);
-    else x = static_cast<T>(d(rng));
+    if constexpr (std::is_same_v<T, uint8_t>)
+      x = static_cast<uint8_t>(d(rng) & 1);
+    else if constexpr (std::is_floating_point_v<T>)
+      x = static_cast<T>(d(rng)) / T(2);
+    else
+      x = static_cast<T>(d(rng));
   }
   return v;
 }
 
-template <typename T> std::vector<char> to_bytes(const std::vector<T>& v) {
+template <typename T>
+std::vector<char> to_bytes(const std::vector<T>& v) {
   std::vector<char> b(v.size() * sizeof(T));
   if (!b.empty()) std::memcpy(b.data(), v.data(), b.size());
   return b;
 }
-template <typename T> std::vector<T> from_bytes(const std::vector<char>& b) {
+template <typename T>
+std::vector<T> from_bytes(const std::vector<char>& b) {
   std::vector<T> v(b.size() / sizeof(T));
   if (!v.empty()) std::memcpy(v.data(), b.data(), v.size() * sizeof(T));
   return v;
@@ -135,16 +160,20 @@ template <typename T> std::vector<T> from_bytes(const std::vector<char>& b) {
 
 // ---- comparison ----
 template <typename T>
-void expect_close(const std::vector<T>& got, const std::vector<T>& want, double rt, double at, const std::string& what) {
+void expect_close(const std::vector<T>& got, const std::vector<T>& want, double rt, double at,
+                  const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   size_t bad = 0;
   for (size_t i = 0; i < got.size(); ++i) {
     bool ok;
     if constexpr (std::is_floating_point_v<T>) {
       const double g = got[i], w = want[i];
-      if (std::isnan(g) || std::isnan(w)) ok = std::isnan(g) && std::isnan(w);
-      else if (std::isinf(g) || std::isinf(w)) ok = g == w;
-      else ok = std::abs(g - w) <= at + rt * std::abs(w);
+      if (std::isnan(g) || std::isnan(w))
+        ok = std::isnan(g) && std::isnan(w);
+      else if (std::isinf(g) || std::isinf(w))
+        ok = g == w;
+      else
+        ok = std::abs(g - w) <= at + rt * std::abs(w);
     } else {
       ok = got[i] == want[i];
     }
@@ -212,7 +241,7 @@ std::vector<LoopSpec> geometries(int nops, bool with_large = false) {
 // Runs call(backend, loop) on the CPU (host buffers) and on the GPU (device buffers) from the same
 // initial bytes of every operand; returns operand 0 (the output) of each: {cuda, cpu}.
 std::pair<std::vector<char>, std::vector<char>> run_both(const LoopSpec& s, const std::vector<std::vector<char>>& init,
-                                                        const std::function<void(Backend&, const Loop&)>& call) {
+                                                         const std::function<void(Backend&, const Loop&)>& call) {
   std::vector<std::vector<char>> host = init;
   std::vector<void*> hp;
   for (auto& h : host) hp.push_back(h.data());
@@ -329,7 +358,7 @@ TEST(CudaBackend, AllocatorReuseIsStreamOrdered) {
   be.fill(DType::f32, make_loop(s, {b}), 3.0);
   LoopSpec s2{"contiguous", {n}, {{1}, {1}}};
   be.copy(DType::f32, DType::f32, make_loop(s2, {b, a}));  // b <- a (queued)
-  be.free(a);                                             // freed while the copy may be pending
+  be.free(a);                                              // freed while the copy may be pending
   void* c = be.alloc(n * sizeof(float));
   EXPECT_EQ(c, a);
   be.fill(DType::f32, make_loop(s, {c}), 2.0);
@@ -402,9 +431,8 @@ void check_copy() {
   for (const auto& s : geometries(2)) {
     const auto out = to_bytes(random_vec<TD>(extent(s, 0), -5, 5, 4));
     const auto in = to_bytes(grid_vec<TS>(extent(s, 1), -7, 7, 5));  // exact zeros and halves
-    auto [got, want] = run_both(s, {out, in}, [&](Backend& be, const Loop& l) {
-      be.copy(dtype_of<TD>(), dtype_of<TS>(), l);
-    });
+    auto [got, want] =
+        run_both(s, {out, in}, [&](Backend& be, const Loop& l) { be.copy(dtype_of<TD>(), dtype_of<TS>(), l); });
     expect_close(from_bytes<TD>(got), from_bytes<TD>(want), 0, 0,
                  std::string("copy ") + type_name<TS>() + " -> " + type_name<TD>() + " " + s.name);
   }
@@ -426,9 +454,9 @@ TEST(CudaBackend, CopyCastsBetweenAllDtypes) {
   check_copy_from_all<uint8_t>();
 }
 
-const UnaryOp kAllUnary[] = {UnaryOp::neg,     UnaryOp::exp,  UnaryOp::log,       UnaryOp::sqrt, UnaryOp::rsqrt,
-                             UnaryOp::abs,     UnaryOp::tanh, UnaryOp::sigmoid,   UnaryOp::relu, UnaryOp::gelu,
-                             UnaryOp::gelu_tanh, UnaryOp::pow, UnaryOp::affine,   UnaryOp::sign, UnaryOp::gt_zero};
+const UnaryOp kAllUnary[] = {UnaryOp::neg,       UnaryOp::exp,  UnaryOp::log,     UnaryOp::sqrt, UnaryOp::rsqrt,
+                             UnaryOp::abs,       UnaryOp::tanh, UnaryOp::sigmoid, UnaryOp::relu, UnaryOp::gelu,
+                             UnaryOp::gelu_tanh, UnaryOp::pow,  UnaryOp::affine,  UnaryOp::sign, UnaryOp::gt_zero};
 
 bool needs_positive(UnaryOp op) {
   return op == UnaryOp::log || op == UnaryOp::sqrt || op == UnaryOp::rsqrt || op == UnaryOp::pow;
@@ -441,9 +469,8 @@ void check_unary(UnaryOp op, double alpha, double beta) {
     const auto out = to_bytes(random_vec<T>(extent(s, 0), -1, 1, 6));
     auto x = random_vec<T>(extent(s, 1), lo, hi, 7);
     if (!needs_positive(op)) x[0] = T(0);  // sign, relu, gt_zero at 0
-    auto [got, want] = run_both(s, {out, to_bytes(x)}, [&](Backend& be, const Loop& l) {
-      be.unary(op, dtype_of<T>(), l, alpha, beta);
-    });
+    auto [got, want] = run_both(s, {out, to_bytes(x)},
+                                [&](Backend& be, const Loop& l) { be.unary(op, dtype_of<T>(), l, alpha, beta); });
     expect_close(from_bytes<T>(got), from_bytes<T>(want),
                  std::string("unary op ") + std::to_string(static_cast<int>(op)) + " " + type_name<T>() + " " + s.name);
   }
@@ -464,7 +491,9 @@ TEST(CudaBackend, UnaryRejectsIntegers) {
   REQUIRE_CUDA();
   DeviceBuf a(64), b(64);
   LoopSpec s{"c", {8}, {{1}, {1}}};
-  EXPECT_EQ(error_of([&] { gpu().unary(UnaryOp::exp, DType::i64, make_loop(s, {a.get(), b.get()}), 0, 0); }),
+  EXPECT_EQ(error_of([&] {
+              gpu().unary(UnaryOp::exp, DType::i64, make_loop(s, {a.get(), b.get()}), 0, 0);
+            }),
             "cuda unary: expected a floating dtype, got int64");
 }
 
@@ -507,9 +536,9 @@ TEST(CudaBackend, UnaryBackwardAllOps) {
   }
 }
 
-const BinaryOp kAllBinary[] = {BinaryOp::add, BinaryOp::sub, BinaryOp::mul, BinaryOp::div, BinaryOp::maximum,
-                               BinaryOp::minimum, BinaryOp::eq, BinaryOp::ne, BinaryOp::lt, BinaryOp::le,
-                               BinaryOp::gt, BinaryOp::ge, BinaryOp::logical_and};
+const BinaryOp kAllBinary[] = {BinaryOp::add,     BinaryOp::sub, BinaryOp::mul,        BinaryOp::div, BinaryOp::maximum,
+                               BinaryOp::minimum, BinaryOp::eq,  BinaryOp::ne,         BinaryOp::lt,  BinaryOp::le,
+                               BinaryOp::gt,      BinaryOp::ge,  BinaryOp::logical_and};
 
 template <typename T>
 void check_binary(BinaryOp op) {
@@ -522,18 +551,20 @@ void check_binary(BinaryOp op) {
       b[0] = std::numeric_limits<T>::quiet_NaN();
       if (b.size() > 3) b[3] = std::numeric_limits<T>::infinity();
     } else if (op == BinaryOp::div) {  // integer division by zero traps on the CPU
-      for (auto& v : b) if (v == T(0)) v = T(1);
+      for (auto& v : b)
+        if (v == T(0)) v = T(1);
     }
     const bool cmp = is_comparison(op);
-    const auto out = cmp ? to_bytes(random_vec<uint8_t>(extent(s, 0), 0, 2, 12))
-                         : to_bytes(random_vec<TO>(extent(s, 0), -1, 1, 12));
-    auto [got, want] = run_both(s, {out, to_bytes(a), to_bytes(b)}, [&](Backend& be, const Loop& l) {
-      be.binary(op, dtype_of<T>(), l);
-    });
+    const auto out =
+        cmp ? to_bytes(random_vec<uint8_t>(extent(s, 0), 0, 2, 12)) : to_bytes(random_vec<TO>(extent(s, 0), -1, 1, 12));
+    auto [got, want] = run_both(s, {out, to_bytes(a), to_bytes(b)},
+                                [&](Backend& be, const Loop& l) { be.binary(op, dtype_of<T>(), l); });
     const std::string what =
         std::string("binary op ") + std::to_string(static_cast<int>(op)) + " " + type_name<T>() + " " + s.name;
-    if (cmp) expect_close(from_bytes<uint8_t>(got), from_bytes<uint8_t>(want), 0, 0, what);
-    else expect_close(from_bytes<T>(got), from_bytes<T>(want), what);
+    if (cmp)
+      expect_close(from_bytes<uint8_t>(got), from_bytes<uint8_t>(want), 0, 0, what);
+    else
+      expect_close(from_bytes<T>(got), from_bytes<T>(want), what);
   }
 }
 
@@ -554,8 +585,7 @@ void check_where() {
     const auto cond = to_bytes(random_vec<uint8_t>(extent(s, 1), 0, 2, 14));
     const auto a = to_bytes(random_vec<T>(extent(s, 2), -9, 9, 15));
     const auto b = to_bytes(random_vec<T>(extent(s, 3), -9, 9, 16));
-    auto [got, want] =
-        run_both(s, {out, cond, a, b}, [&](Backend& be, const Loop& l) { be.where(dtype_of<T>(), l); });
+    auto [got, want] = run_both(s, {out, cond, a, b}, [&](Backend& be, const Loop& l) { be.where(dtype_of<T>(), l); });
     expect_close(from_bytes<T>(got), from_bytes<T>(want), 0, 0, std::string("where ") + type_name<T>() + " " + s.name);
   }
 }
@@ -579,14 +609,10 @@ struct ReduceCase {
 
 std::vector<ReduceCase> reduce_cases() {
   return {
-      {"rows (last dim)", {50}, {300}, {300}, {1}},
-      {"columns (first dim)", {300}, {1}, {50}, {300}},
-      {"everything", {}, {}, {7, 11, 13}, {143, 13, 1}},
-      {"two strided inner dims", {40}, {9}, {6, 9}, {360, 1}},
-      {"one long row (split)", {}, {}, {1 << 20}, {1}},
-      {"few long columns (split)", {3}, {1}, {200000}, {3}},
-      {"many short rows", {100000}, {3}, {3}, {1}},
-      {"short inner, 3-D outer", {4, 6, 5}, {60, 10, 1}, {2}, {5}},
+      {"rows (last dim)", {50}, {300}, {300}, {1}},        {"columns (first dim)", {300}, {1}, {50}, {300}},
+      {"everything", {}, {}, {7, 11, 13}, {143, 13, 1}},   {"two strided inner dims", {40}, {9}, {6, 9}, {360, 1}},
+      {"one long row (split)", {}, {}, {1 << 20}, {1}},    {"few long columns (split)", {3}, {1}, {200000}, {3}},
+      {"many short rows", {100000}, {3}, {3}, {1}},        {"short inner, 3-D outer", {4, 6, 5}, {60, 10, 1}, {2}, {5}},
       {"empty outer dims (one output)", {}, {}, {1}, {1}},
   };
 }
@@ -660,8 +686,9 @@ TEST(CudaBackend, ReduceRejectsBool) {
   REQUIRE_CUDA();
   DeviceBuf a(16), b(16);
   const int64_t sz[] = {4}, st[] = {1};
-  EXPECT_NE(error_of([&] { gpu().reduce(ReduceOp::sum, DType::b8, b.get(), a.get(), 0, sz, st, 1, sz, st); })
-                .find("bool tensors cannot be reduced"),
+  EXPECT_NE(error_of([&] {
+              gpu().reduce(ReduceOp::sum, DType::b8, b.get(), a.get(), 0, sz, st, 1, sz, st);
+            }).find("bool tensors cannot be reduced"),
             std::string::npos);
 }
 
@@ -671,8 +698,8 @@ void check_all_finite() {
   DeviceBuf d(v);
   EXPECT_TRUE(gpu().all_finite(dtype_of<T>(), d.get(), static_cast<int64_t>(v.size())));
   EXPECT_TRUE(gpu().all_finite(dtype_of<T>(), d.get(), 0));
-  for (T bad : {std::numeric_limits<T>::infinity(), -std::numeric_limits<T>::infinity(),
-                std::numeric_limits<T>::quiet_NaN()}) {
+  for (T bad :
+       {std::numeric_limits<T>::infinity(), -std::numeric_limits<T>::infinity(), std::numeric_limits<T>::quiet_NaN()}) {
     v[77777] = bad;
     DeviceBuf e(v);
     EXPECT_FALSE(gpu().all_finite(dtype_of<T>(), e.get(), static_cast<int64_t>(v.size())));
@@ -899,8 +926,8 @@ void check_layernorm(int64_t rows, int64_t cols, bool affine) {
   DeviceBuf dx(x), dw(w), db(b), dy(rows * cols * sizeof(T)), dmean(rows * sizeof(T)), drstd(rows * sizeof(T));
   gpu().layernorm_forward(dtype_of<T>(), dy.get(), dmean.get(), drstd.get(), dx.get(), affine ? dw.get() : nullptr,
                           affine ? db.get() : nullptr, rows, cols, eps);
-  const std::string what = std::string(" ") + type_name<T>() + " " + std::to_string(rows) + "x" +
-                           std::to_string(cols) + (affine ? " affine" : "");
+  const std::string what = std::string(" ") + type_name<T>() + " " + std::to_string(rows) + "x" + std::to_string(cols) +
+                           (affine ? " affine" : "");
   expect_close(dy.to_host<T>(), y, "layernorm_forward y" + what, 10);
   expect_close(dmean.to_host<T>(), mean, "layernorm_forward mean" + what);
   expect_close(drstd.to_host<T>(), rstd, "layernorm_forward rstd" + what);
@@ -913,9 +940,9 @@ void check_layernorm(int64_t rows, int64_t cols, bool affine) {
                              dout.data(), x.data(), mean.data(), rstd.data(), affine ? w.data() : nullptr, rows, cols);
     DeviceBuf d_dout(dout), d_mean(mean), d_rstd(rstd), d_gx(rows * cols * sizeof(T));
     DeviceBuf d_gw(std::vector<T>(cols, T(-7))), d_gb(std::vector<T>(cols, T(-7)));
-    gpu().layernorm_backward(dtype_of<T>(), d_gx.get(), want_wb ? d_gw.get() : nullptr,
-                             want_wb ? d_gb.get() : nullptr, d_dout.get(), dx.get(), d_mean.get(), d_rstd.get(),
-                             affine ? dw.get() : nullptr, rows, cols);
+    gpu().layernorm_backward(dtype_of<T>(), d_gx.get(), want_wb ? d_gw.get() : nullptr, want_wb ? d_gb.get() : nullptr,
+                             d_dout.get(), dx.get(), d_mean.get(), d_rstd.get(), affine ? dw.get() : nullptr, rows,
+                             cols);
     expect_close(d_gx.to_host<T>(), gx, "layernorm_backward dx" + what, 10);
     // Column sums over `rows` rows: the absolute floor grows with the row count.
     expect_close(d_gw.to_host<T>(), gw, "layernorm_backward dw" + what, static_cast<double>(rows));

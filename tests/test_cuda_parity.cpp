@@ -20,10 +20,9 @@ namespace {
 
 const Device kCuda{Device::cuda, 0};
 
-#define REQUIRE_GPU()                                                                        \
-  do {                                                                                       \
-    if (!cuda_available())                                                                   \
-      GTEST_SKIP() << (cuda_built() ? "no CUDA device is visible" : "built without CUDA"); \
+#define REQUIRE_GPU()                                                                                           \
+  do {                                                                                                          \
+    if (!cuda_available()) GTEST_SKIP() << (cuda_built() ? "no CUDA device is visible" : "built without CUDA"); \
   } while (0)
 
 }  // namespace
@@ -62,9 +61,10 @@ TEST(CudaParity, AttentionModules) {
     }
     gpu_m->to(kCuda);
     // x (2, 5, 8) and the gates of the two heads
-    const OpCase module{wrapper ? "wrapper" : "fused", [&](const std::vector<Tensor>& in) {
-      return (in[0].device() == kCuda ? gpu_m : cpu_m)->forward(in[0], in[1]);
-    }, {val({2, 5, 8}), lit({1.0, 0.25}, {2})}};
+    const OpCase module{
+        wrapper ? "wrapper" : "fused",
+        [&](const std::vector<Tensor>& in) { return (in[0].device() == kCuda ? gpu_m : cpu_m)->forward(in[0], in[1]); },
+        {val({2, 5, 8}), lit({1.0, 0.25}, {2})}};
     check_case_against_cpu(module, kCuda, DType::f32, 1e-5, 1e-5);
   }
   manual_seed(2);
@@ -73,9 +73,11 @@ TEST(CudaParity, AttentionModules) {
   d2l_gpu.load_parameters(d2l.named_parameters());
   d2l_gpu.to(kCuda);
   // queries (2, 3, 3), keys (2, 4, 5), values (2, 4, 4), valid_lens (2,) with a fully masked row
-  const OpCase d2l_module{"d2l_MultiHeadAttention", [&](const std::vector<Tensor>& in) {
-    return (in[0].device() == kCuda ? d2l_gpu : d2l).forward(in[0], in[1], in[2], in[3]);
-  }, {val({2, 3, 3}), val({2, 4, 5}, 0.23, -0.6), val({2, 4, 4}, 0.19, -0.4), idx({2, 0}, {2})}};
+  const OpCase d2l_module{"d2l_MultiHeadAttention",
+                          [&](const std::vector<Tensor>& in) {
+                            return (in[0].device() == kCuda ? d2l_gpu : d2l).forward(in[0], in[1], in[2], in[3]);
+                          },
+                          {val({2, 3, 3}), val({2, 4, 5}, 0.23, -0.6), val({2, 4, 4}, 0.19, -0.4), idx({2, 0}, {2})}};
   check_case_against_cpu(d2l_module, kCuda, DType::f32, 1e-5, 1e-5);
 }
 
@@ -87,8 +89,10 @@ TEST(CudaParity, TrainingTracksTheCpuAndTheAllocatorReturnsToBaseline) {
   nn::GPTModel cpu_model(cfg), gpu_model(cfg);
   gpu_model.load_parameters(cpu_model.named_parameters());
   gpu_model.to(kCuda);
-  optim::Optimizer cpu_opt(cpu_model.named_parameters(), optim::OptimizerOptions::defaults(optim::OptimizerKind::adamw));
-  optim::Optimizer gpu_opt(gpu_model.named_parameters(), optim::OptimizerOptions::defaults(optim::OptimizerKind::adamw));
+  optim::Optimizer cpu_opt(cpu_model.named_parameters(),
+                           optim::OptimizerOptions::defaults(optim::OptimizerKind::adamw));
+  optim::Optimizer gpu_opt(gpu_model.named_parameters(),
+                           optim::OptimizerOptions::defaults(optim::OptimizerKind::adamw));
   Generator data(9);
   Backend& cuda = backend_for(kCuda);
   size_t baseline = 0;
@@ -98,7 +102,8 @@ TEST(CudaParity, TrainingTracksTheCpuAndTheAllocatorReturnsToBaseline) {
     default_generator().set_state(100 + step, 0);
     const Tensor loss_cpu = cross_entropy(cpu_model.forward(idx).reshape({-1, cfg.vocab_size}), tgt);
     default_generator().set_state(100 + step, 0);  // the same dropout masks on the GPU
-    const Tensor loss_gpu = cross_entropy(gpu_model.forward(idx.to(kCuda)).reshape({-1, cfg.vocab_size}), tgt.to(kCuda));
+    const Tensor loss_gpu =
+        cross_entropy(gpu_model.forward(idx.to(kCuda)).reshape({-1, cfg.vocab_size}), tgt.to(kCuda));
     EXPECT_NEAR(loss_gpu.item<double>(), loss_cpu.item<double>(), 1e-4 * (1 + std::abs(loss_cpu.item<double>())))
         << "step " << step;
     loss_cpu.backward();

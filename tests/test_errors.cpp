@@ -16,7 +16,8 @@ using namespace headlab::testing;
 #define EXPECT_ERROR_EQ(stmt, text) EXPECT_EQ(::headlab::testing::error_of([&] { stmt; }), std::string(text))
 
 TEST(Errors, MatmulShapes) {
-  EXPECT_ERROR_EQ(matmul(zeros({2, 3}), zeros({4, 5})), "matmul: shapes [2, 3] and [4, 5] cannot be multiplied (3 != 4)");
+  EXPECT_ERROR_EQ(matmul(zeros({2, 3}), zeros({4, 5})),
+                  "matmul: shapes [2, 3] and [4, 5] cannot be multiplied (3 != 4)");
   EXPECT_ERROR_EQ(matmul(zeros({3}), zeros({4})), "matmul: shapes [3] and [4] cannot be multiplied (3 != 4)");
   EXPECT_ERROR_EQ(matmul(zeros({2, 3}), zeros({2})), "matmul: shapes [2, 3] and [2] cannot be multiplied (3 != 2)");
   EXPECT_ERROR_EQ(matmul(zeros({2, 2, 3}), zeros({3, 3, 4})),
@@ -62,11 +63,13 @@ TEST(Errors, RankChecksViaDims) {
   const auto [R, C] = x.dims<2>("test");
   EXPECT_EQ(R, 2);
   EXPECT_EQ(C, 3);
-  EXPECT_ERROR(causal_softmax(zeros({2, 3})), "causal_softmax: expected square scores of shape (..., T, T), got [2, 3]");
+  EXPECT_ERROR(causal_softmax(zeros({2, 3})),
+               "causal_softmax: expected square scores of shape (..., T, T), got [2, 3]");
   EXPECT_ERROR(masked_softmax(zeros({3}), Tensor()), "masked_softmax: expected scores of shape (..., queries, keys)");
   EXPECT_ERROR(triu(zeros({3})), "triu: expected a tensor with at least 2 dims, got shape [3]");
   EXPECT_ERROR(embedding(zeros({5}), i64({1})), "embedding: weight must be 2-D");
-  EXPECT_ERROR(index_select(zeros({3, 2}), 0, i64({0, 1}, {1, 2})), "index_select: index must be 1-D, got shape [1, 2]");
+  EXPECT_ERROR(index_select(zeros({3, 2}), 0, i64({0, 1}, {1, 2})),
+               "index_select: index must be 1-D, got shape [1, 2]");
 }
 
 TEST(Errors, ViewsAndShapes) {
@@ -170,7 +173,8 @@ TEST(Errors, DropoutProbability) {
 }
 
 TEST(Errors, FactoriesAndData) {
-  EXPECT_ERROR_EQ(tensor(std::vector<float>{1, 2, 3}, {2, 2}), "tensor: 3 values cannot fill shape [2, 2] (4 elements)");
+  EXPECT_ERROR_EQ(tensor(std::vector<float>{1, 2, 3}, {2, 2}),
+                  "tensor: 3 values cannot fill shape [2, 2] (4 elements)");
   EXPECT_ERROR(tensor(std::vector<int64_t>{}, {1}), "tensor: 0 values cannot fill shape [1] (1 elements)");
   EXPECT_ERROR(tensor_bool({true, false}, {3}), "tensor: 2 values cannot fill shape [3]");
   EXPECT_ERROR_EQ(zeros({2, 2}).item<float>(), "item: expected a tensor with one element, got shape [2, 2]");
@@ -183,7 +187,8 @@ TEST(Errors, FactoriesAndData) {
   EXPECT_ERROR(rand({2}, default_generator(), DType::i64), "uniform: dtype must be floating, got int64");
   EXPECT_ERROR(randn({2}, default_generator(), DType::b8), "randn: dtype must be floating, got bool");
   EXPECT_ERROR(arange(3).requires_grad_(), "requires_grad_: only floating-point tensors can require gradients");
-  EXPECT_ERROR(layer_norm(zeros({2, 4}), zeros({3}), Tensor()), "layer_norm: weight and bias must have shape [4], got [3]");
+  EXPECT_ERROR(layer_norm(zeros({2, 4}), zeros({3}), Tensor()),
+               "layer_norm: weight and bias must have shape [4], got [3]");
   EXPECT_ERROR(repeat_interleave(zeros({2}), -1, 0), "repeat_interleave: repeats must be >= 0, got -1");
 }
 

@@ -121,7 +121,8 @@ void run_headlab(const std::string& args) {
 }
 
 bool browser_test_possible() {
-  return fs::exists(fs::path(HEADLAB_BINARY_DIR) / "headlab") && std::system("command -v python3 > /dev/null 2>&1") == 0;
+  return fs::exists(fs::path(HEADLAB_BINARY_DIR) / "headlab") &&
+         std::system("command -v python3 > /dev/null 2>&1") == 0;
 }
 
 TEST(Explorer, HoveringATokenInChromiumShowsItsRowOfAttentionH5) {
@@ -150,15 +151,18 @@ TEST(Explorer, HoveringATokenInChromiumShowsItsRowOfAttentionH5) {
   const std::vector<double> row = hovered["row"][0]["weights"].get<std::vector<double>>();
   const std::vector<float> expected = w.as<float>();
   ASSERT_EQ(static_cast<int64_t>(row.size()), T);
-  for (int64_t k = 0; k < T; ++k) EXPECT_NEAR(row[static_cast<size_t>(k)], expected[static_cast<size_t>(query * T + k)], 1e-5) << k;
+  for (int64_t k = 0; k < T; ++k)
+    EXPECT_NEAR(row[static_cast<size_t>(k)], expected[static_cast<size_t>(query * T + k)], 1e-5) << k;
   EXPECT_NE(hovered["text"].get<std::string>().find("query 3"), std::string::npos);
 }
 
 TEST(Explorer, AnEncoderDecodersPageSwitchesToCrossAttention) {
   if (!browser_test_possible()) GTEST_SKIP() << "needs build/headlab and python3";
   headlab::testing::TempDir tmp("headlab_explorer_ed");
-  run_headlab("train --arch encoder-decoder --task reverse --emb-dim 16 --n-heads 2 --n-layers 2 --steps 2 "
-              "--eval-every 2 --eval-batches 1 --batch-size 8 --threads 1 --out " + tmp.path("run"));
+  run_headlab(
+      "train --arch encoder-decoder --task reverse --emb-dim 16 --n-heads 2 --n-layers 2 --steps 2 "
+      "--eval-every 2 --eval-batches 1 --batch-size 8 --threads 1 --out " +
+      tmp.path("run"));
   const std::string out = tmp.path("att");
   run_headlab("attention " + tmp.path("run/checkpoint.h5") + " --prompt 31415 --max-new-tokens 3 --out " + out);
   const int query = 0;  // the decoder's bos: always there, whatever the barely trained model decodes
@@ -184,5 +188,6 @@ TEST(Explorer, AnEncoderDecodersPageSwitchesToCrossAttention) {
   const std::vector<double> row = hovered["row"][0]["weights"].get<std::vector<double>>();
   const std::vector<float> expected = w.as<float>();
   ASSERT_EQ(static_cast<int64_t>(row.size()), S);
-  for (int64_t k = 0; k < S; ++k) EXPECT_NEAR(row[static_cast<size_t>(k)], expected[static_cast<size_t>(query * S + k)], 1e-5) << k;
+  for (int64_t k = 0; k < S; ++k)
+    EXPECT_NEAR(row[static_cast<size_t>(k)], expected[static_cast<size_t>(query * S + k)], 1e-5) << k;
 }

@@ -92,7 +92,8 @@ TEST(Table, RowsMustMatchTheColumns) {
     t.add_row({"L1H0", 1.0});
     FAIL() << "a short row was accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("Table 'scores': expected 5 cells in a row, got 2"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("Table 'scores': expected 5 cells in a row, got 2"), std::string::npos)
+        << e.what();
   }
 }
 
@@ -185,9 +186,9 @@ TEST(AtomicFile, PermissionsFollowTheUmask) {
   const mode_t old = ::umask(002);
   io::write_file_atomic(tmp.path("shared.csv"), "x", "test");
   ::umask(old);
-  EXPECT_EQ(fs::status(tmp.path("shared.csv")).permissions(),
-            fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::group_write |
-                fs::perms::others_read);
+  EXPECT_EQ(fs::status(tmp.path("shared.csv")).permissions(), fs::perms::owner_read | fs::perms::owner_write |
+                                                                  fs::perms::group_read | fs::perms::group_write |
+                                                                  fs::perms::others_read);
 }
 
 TEST(AtomicFile, AMissingFolderIsNamed) {
@@ -214,8 +215,9 @@ TEST(TempFiles, OnlyHeadlabsOwnDeadTempFilesAreRemoved) {
   int status = 0;
   ASSERT_EQ(::waitpid(dead, &status, 0), dead);
   const std::string d = std::to_string(dead), live = std::to_string(::getppid());
-  const std::string headlab_dead = ".headlab-tmp-" + d + ".checkpoint.h5", headlab_live = ".headlab-tmp-" + live + ".a.csv",
-                    users = "notes.tmp." + d, old_style = "checkpoint.h5.tmp." + d, lookalike = ".headlab-tmp-" + d;
+  const std::string headlab_dead = ".headlab-tmp-" + d + ".checkpoint.h5",
+                    headlab_live = ".headlab-tmp-" + live + ".a.csv", users = "notes.tmp." + d,
+                    old_style = "checkpoint.h5.tmp." + d, lookalike = ".headlab-tmp-" + d;
   for (const std::string& n : {headlab_dead, headlab_live, users, old_style, lookalike}) touch(tmp.path(n));
   EXPECT_EQ(io::remove_stale_temp_files(tmp.dir()), std::vector<std::string>{tmp.path(headlab_dead)});
   EXPECT_FALSE(fs::exists(tmp.path(headlab_dead)));

@@ -114,12 +114,18 @@ TEST(GptNames, FusedWithoutQkvBias) {
   NameShapes expected = {{"tok_emb.weight", {7, 8}}, {"pos_emb.weight", {5, 8}}};
   for (int l = 0; l < 2; ++l) {
     const std::string b = "trf_blocks." + std::to_string(l) + ".";
-    NameShapes block = {{b + "att.W_query.weight", {8, 8}}, {b + "att.W_key.weight", {8, 8}},
-                        {b + "att.W_value.weight", {8, 8}}, {b + "att.out_proj.weight", {8, 8}},
-                        {b + "att.out_proj.bias", {8}},     {b + "ff.layers.0.weight", {32, 8}},
-                        {b + "ff.layers.0.bias", {32}},     {b + "ff.layers.2.weight", {8, 32}},
-                        {b + "ff.layers.2.bias", {8}},      {b + "norm1.scale", {8}},
-                        {b + "norm1.shift", {8}},           {b + "norm2.scale", {8}},
+    NameShapes block = {{b + "att.W_query.weight", {8, 8}},
+                        {b + "att.W_key.weight", {8, 8}},
+                        {b + "att.W_value.weight", {8, 8}},
+                        {b + "att.out_proj.weight", {8, 8}},
+                        {b + "att.out_proj.bias", {8}},
+                        {b + "ff.layers.0.weight", {32, 8}},
+                        {b + "ff.layers.0.bias", {32}},
+                        {b + "ff.layers.2.weight", {8, 32}},
+                        {b + "ff.layers.2.bias", {8}},
+                        {b + "norm1.scale", {8}},
+                        {b + "norm1.shift", {8}},
+                        {b + "norm2.scale", {8}},
                         {b + "norm2.shift", {8}}};
     expected.insert(expected.end(), block.begin(), block.end());
   }
@@ -159,7 +165,7 @@ TEST(GptNames, WrapperWithAndWithoutQkvBias) {
     expected_att.push_back({"trf_blocks.1.att.out_proj.weight", {8, 8}});
     expected_att.push_back({"trf_blocks.1.att.out_proj.bias", {8}});
     const size_t per_block = expected_att.size() + 8;  // + ff (4) + norms (4)
-    const size_t start = 2 + per_block;                 // after the embeddings and block 0
+    const size_t start = 2 + per_block;                // after the embeddings and block 0
     ASSERT_GE(names.size(), start + expected_att.size());
     EXPECT_EQ(NameShapes(names.begin() + start, names.begin() + start + expected_att.size()), expected_att)
         << "qkv_bias " << bias;
@@ -190,7 +196,8 @@ TEST(GptConfig, JsonRoundTripAndClearErrors) {
 
   nlohmann::json j = c.to_json();
   j.erase("n_heads");
-  EXPECT_NE(error_of([&] { nn::GPTConfig::from_json(j); }).find("GPT config: missing key 'n_heads'"), std::string::npos);
+  EXPECT_NE(error_of([&] { nn::GPTConfig::from_json(j); }).find("GPT config: missing key 'n_heads'"),
+            std::string::npos);
   j = c.to_json();
   j["emb_dim"] = "eight";
   EXPECT_NE(error_of([&] { nn::GPTConfig::from_json(j); }).find("key 'emb_dim' must be an integer, got \"eight\""),
@@ -208,7 +215,9 @@ TEST(GptConfig, JsonRoundTripAndClearErrors) {
             std::string::npos);
   j = c.to_json();
   j["attention"] = "flash";
-  EXPECT_NE(error_of([&] { nn::GPTConfig::from_json(j); }).find("GPT config: attention: expected one of 'fused', 'wrapper', got 'flash'"),
+  EXPECT_NE(error_of([&] {
+              nn::GPTConfig::from_json(j);
+            }).find("GPT config: attention: expected one of 'fused', 'wrapper', got 'flash'"),
             std::string::npos);
   j = c.to_json();
   j["drop_rate"] = 1.0;
@@ -222,11 +231,15 @@ TEST(GptModel, ContextOverflowAndBadInputsAreClearErrors) {
     nn::GPTModel m(small_config(att, false));
     EXPECT_EQ(m(zeros({2, 5}, DType::i64)).shape(), (Shape{2, 5, 7}));  // T = context_length is fine
     EXPECT_EQ(m(zeros({3, 1}, DType::i64)).shape(), (Shape{3, 1, 7}));
-    EXPECT_NE(error_of([&] { m(zeros({1, 6}, DType::i64)); }).find("GPTModel: 6 tokens exceed context_length 5"),
+    EXPECT_NE(error_of([&] {
+                m(zeros({1, 6}, DType::i64));
+              }).find("GPTModel: 6 tokens exceed context_length 5"),
               std::string::npos);
     EXPECT_NE(error_of([&] { m(zeros({6}, DType::i64)); }).find("expected token ids of shape (batch, tokens), got [6]"),
               std::string::npos);
-    EXPECT_NE(error_of([&] { m(zeros({1, 3}, DType::f32)); }).find("token ids must be int64, got float32"),
+    EXPECT_NE(error_of([&] {
+                m(zeros({1, 3}, DType::f32));
+              }).find("token ids must be int64, got float32"),
               std::string::npos);
     EXPECT_THROW(m(full({1, 3}, 7, DType::i64)), Error) << "token id == vocab_size is out of range";
   }

@@ -23,8 +23,7 @@ Tensor leaf(const Shape& s, double scale = 0.37, double shift = -1.1) {
   return t;
 }
 
-void check(const Fn& fn, const std::vector<Tensor>& inputs, double eps = 1e-6, double atol = 1e-5,
-           double rtol = 1e-3) {
+void check(const Fn& fn, const std::vector<Tensor>& inputs, double eps = 1e-6, double atol = 1e-5, double rtol = 1e-3) {
   const GradcheckResult r = gradcheck(fn, inputs, eps, atol, rtol);
   EXPECT_TRUE(r.ok) << r.message << " (max abs error " << r.max_abs_error << ")";
 }
@@ -67,8 +66,12 @@ TEST(OpRegistry, InputsAreWhatTheirSpecsName) {
           EXPECT_TRUE(in[i].requires_grad()) << "input " << i;
           EXPECT_EQ(in[i].is_contiguous(), spec.layout == InputSpec::Layout::contiguous) << "input " << i;
           break;
-        case InputSpec::Kind::index: EXPECT_EQ(in[i].dtype(), DType::i64) << "input " << i; break;
-        case InputSpec::Kind::mask: EXPECT_EQ(in[i].dtype(), DType::b8) << "input " << i; break;
+        case InputSpec::Kind::index:
+          EXPECT_EQ(in[i].dtype(), DType::i64) << "input " << i;
+          break;
+        case InputSpec::Kind::mask:
+          EXPECT_EQ(in[i].dtype(), DType::b8) << "input " << i;
+          break;
       }
     }
   }
@@ -148,8 +151,9 @@ TEST(Gradcheck, TransformerEncoderBlockWithAFullyPaddedRow) {
   auto blk = f64_module(std::make_shared<nn::TransformerEncoderBlock>(tiny_block(true)));
   const Tensor valid_lens = i64({4, 0, 2}, {3});  // row 1: nothing valid
   check([blk, valid_lens](const auto& v) { return blk->forward(v[0], valid_lens); },
-        with_params(*blk, {"attention.W_q.weight", "attention.W_v.bias", "attention.W_o.weight", "ffn.dense1.bias",
-                           "addnorm1.ln.bias", "addnorm2.ln.weight"},
+        with_params(*blk,
+                    {"attention.W_q.weight", "attention.W_v.bias", "attention.W_o.weight", "ffn.dense1.bias",
+                     "addnorm1.ln.bias", "addnorm2.ln.weight"},
                     {leaf({3, 4, 8}, 0.21, -0.9)}));
 }
 
@@ -160,16 +164,19 @@ TEST(Gradcheck, TransformerDecoderBlockWithACache) {
   const Tensor past = seq64({3, 2, 8}, 0.17, -0.6);  // two positions decoded before: a constant cache
   for (bool cached : {false, true}) {
     SCOPED_TRACE(cached ? "after a cache of 2 positions" : "empty cache");
-    check([blk, enc_valid_lens, past, cached](const auto& v) {
-      nn::DecoderState state;
-      state.enc_outputs = v[1];
-      state.enc_valid_lens = enc_valid_lens;
-      state.key_values.resize(2);
-      if (cached) state.key_values[1] = past;
-      return blk->forward(v[0], state);
-    }, with_params(*blk, {"attention1.W_k.weight", "attention2.W_q.weight", "attention2.W_v.weight",
-                          "ffn.dense2.weight", "addnorm3.ln.weight"},
-                   {leaf({3, 3, 8}, 0.19, -0.8), leaf({3, 5, 8}, 0.23, -1.0)}));
+    check(
+        [blk, enc_valid_lens, past, cached](const auto& v) {
+          nn::DecoderState state;
+          state.enc_outputs = v[1];
+          state.enc_valid_lens = enc_valid_lens;
+          state.key_values.resize(2);
+          if (cached) state.key_values[1] = past;
+          return blk->forward(v[0], state);
+        },
+        with_params(*blk,
+                    {"attention1.W_k.weight", "attention2.W_q.weight", "attention2.W_v.weight", "ffn.dense2.weight",
+                     "addnorm3.ln.weight"},
+                    {leaf({3, 3, 8}, 0.19, -0.8), leaf({3, 5, 8}, 0.23, -1.0)}));
   }
 }
 
@@ -192,12 +199,15 @@ TEST(Gradcheck, EncoderDecoderParametersAndGates) {
   Tensor gates = f64({1.0, 0.0, 0.5, 1.5, 2.0, 1.0, 1.0, 0.25, 0.0, 0.75, 1.25, 1.0}, {3, 2, 2});
   gates.requires_grad_();
   const int64_t L = c.num_layers;
-  check([model, enc_X, dec_X, enc_valid_lens, L](const auto& v) {
-    for (int64_t k = 0; k < 3; ++k)
-      for (int64_t l = 0; l < L; ++l) model->head_control(k * L + l).gates = v[0].select(0, k).select(0, l);
-    return model->forward(enc_X, dec_X, enc_valid_lens);  // logits (2, 4, 9)
-  }, with_params(*model, {"encoder.embedding.weight", "encoder.blks.block1.attention.W_v.weight",
-                          "decoder.blks.block0.attention1.W_q.weight", "decoder.blks.block1.attention2.W_k.bias",
-                          "decoder.blks.block1.addnorm3.ln.weight", "decoder.embedding.weight", "decoder.dense.bias"},
-                 {gates}));
+  check(
+      [model, enc_X, dec_X, enc_valid_lens, L](const auto& v) {
+        for (int64_t k = 0; k < 3; ++k)
+          for (int64_t l = 0; l < L; ++l) model->head_control(k * L + l).gates = v[0].select(0, k).select(0, l);
+        return model->forward(enc_X, dec_X, enc_valid_lens);  // logits (2, 4, 9)
+      },
+      with_params(*model,
+                  {"encoder.embedding.weight", "encoder.blks.block1.attention.W_v.weight",
+                   "decoder.blks.block0.attention1.W_q.weight", "decoder.blks.block1.attention2.W_k.bias",
+                   "decoder.blks.block1.addnorm3.ln.weight", "decoder.embedding.weight", "decoder.dense.bias"},
+                  {gates}));
 }

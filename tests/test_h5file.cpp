@@ -34,14 +34,13 @@ namespace {
 // This suite's EXPECT_ERROR takes several substrings, and fails the test when stmt throws nothing or
 // something other than a headlab::Error.
 #undef EXPECT_ERROR
-#define EXPECT_ERROR(stmt, ...)                                                  \
-  do {                                                                           \
-    std::string msg_ = error_of([&] { stmt; });                                  \
-    if (msg_ == "<no error>" || msg_.rfind("<not a headlab::Error>", 0) == 0)    \
-      ADD_FAILURE() << "expected headlab::Error, got: " << msg_;                 \
-    for (const std::string& part_ : std::vector<std::string>{__VA_ARGS__})       \
-      EXPECT_NE(msg_.find(part_), std::string::npos) << "message: " << msg_      \
-                                                     << "\nmissing: " << part_;  \
+#define EXPECT_ERROR(stmt, ...)                                                                        \
+  do {                                                                                                 \
+    std::string msg_ = error_of([&] { stmt; });                                                        \
+    if (msg_ == "<no error>" || msg_.rfind("<not a headlab::Error>", 0) == 0)                          \
+      ADD_FAILURE() << "expected headlab::Error, got: " << msg_;                                       \
+    for (const std::string& part_ : std::vector<std::string>{__VA_ARGS__})                             \
+      EXPECT_NE(msg_.find(part_), std::string::npos) << "message: " << msg_ << "\nmissing: " << part_; \
   } while (0)
 
 template <typename T>
@@ -253,7 +252,8 @@ TEST_F(H5FileTest, ListsGroupsAndDatasets) {
   EXPECT_EQ(r.list("model"), (V{"a.weight", "b.bias", "sub"}));
   EXPECT_EQ(r.list("model/sub/"), (V{"c"}));
   EXPECT_EQ(r.list("empty_group"), V{});
-  EXPECT_EQ(r.list_datasets_recursive("/"), (V{"model/a.weight", "model/b.bias", "model/sub/c", "optimizer/step", "top"}));
+  EXPECT_EQ(r.list_datasets_recursive("/"),
+            (V{"model/a.weight", "model/b.bias", "model/sub/c", "optimizer/step", "top"}));
   EXPECT_EQ(r.list_datasets_recursive("model"), (V{"a.weight", "b.bias", "sub/c"}));
   EXPECT_EQ(r.list_datasets_recursive("empty_group"), V{});
 
@@ -338,8 +338,8 @@ TEST_F(H5FileTest, OverwriteIsAtomic) {
 TEST_F(H5FileTest, WriterErrors) {
   const std::string missing_dir = path("no_such_dir");
   const std::string in_missing = missing_dir + "/checkpoint.h5";
-  EXPECT_ERROR(Writer w(in_missing), "checkpoint: cannot write '" + in_missing + "': ",
-               "No such file or directory", "folder '" + missing_dir + "' does not exist");
+  EXPECT_ERROR(Writer w(in_missing), "checkpoint: cannot write '" + in_missing + "': ", "No such file or directory",
+               "folder '" + missing_dir + "' does not exist");
   EXPECT_ERROR(Writer w(tmp_.dir()), tmp_.dir(), "is a folder");
   EXPECT_FALSE(fs::exists(missing_dir));  // never created
   {
@@ -500,8 +500,7 @@ int read_in_child(const std::string& p, const Snapshot& original) {
       code = read_everything(p) == original ? kIntact : kSilentlyDifferent;
     } catch (const Error& e) {
       code = std::string(e.what()).find("'" + p + "'") != std::string::npos ? kError : kErrorWithoutPath;
-    } catch (...) {
-    }
+    } catch (...) {}
     ::_exit(code);  // no atexit handlers: gtest and the leak checker belong to the parent
   }
   int status = 0;
@@ -545,11 +544,20 @@ TEST_F(H5FileTest, FlippedByteAnywhereGivesAnErrorOrTheOriginalData) {
       continue;
     }
     switch (WEXITSTATUS(status)) {
-      case kIntact: break;  // the byte was unused
-      case kError: ++detected; break;
-      case kErrorWithoutPath: ADD_FAILURE() << "byte " << offset << ": error message does not name the file"; break;
-      case kSilentlyDifferent: ADD_FAILURE() << "byte " << offset << ": content changed without an error"; break;
-      default: ADD_FAILURE() << "byte " << offset << ": threw something other than headlab::Error"; break;
+      case kIntact:
+        break;  // the byte was unused
+      case kError:
+        ++detected;
+        break;
+      case kErrorWithoutPath:
+        ADD_FAILURE() << "byte " << offset << ": error message does not name the file";
+        break;
+      case kSilentlyDifferent:
+        ADD_FAILURE() << "byte " << offset << ": content changed without an error";
+        break;
+      default:
+        ADD_FAILURE() << "byte " << offset << ": threw something other than headlab::Error";
+        break;
     }
   }
   // Nearly all of the file is checksummed data or checksummed (1.10 format) metadata.

@@ -14,8 +14,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "train/trainer.h"
 #include "tests/process_util.h"
+#include "train/trainer.h"
 
 namespace fs = std::filesystem;
 using namespace headlab;
@@ -169,8 +169,7 @@ TEST_F(InteropTest, TrainedHereExportsToTheBooksModelAndImportsBackExactly) {
     // The state_dict: every parameter under its name plus the book's mask buffers.
     const auto keys = r.at("keys").get<std::vector<std::string>>();
     const Checkpoint& ck = trained[v.attention];
-    for (const auto& [name, t] : ck.model)
-      EXPECT_NE(std::find(keys.begin(), keys.end(), name), keys.end()) << name;
+    for (const auto& [name, t] : ck.model) EXPECT_NE(std::find(keys.begin(), keys.end(), name), keys.end()) << name;
     const size_t masks = v.attention == "fused" ? 2 : 4;  // per layer: one, or one per head
     EXPECT_EQ(keys.size(), ck.model.size() + masks);
     EXPECT_NE(std::find(keys.begin(), keys.end(),
@@ -215,7 +214,8 @@ TEST_F(InteropTest, TrainedHereExportsToTheBooksModelAndImportsBackExactly) {
       EXPECT_EQ(again.model[i].first, ck.model[i].first);
       EXPECT_TRUE(same_bits(again.model[i].second, ck.model[i].second)) << ck.model[i].first;
     }
-    for (const char* section : {"model", "tokenizer", "task"}) EXPECT_EQ(again.config[section], ck.config[section]) << section;
+    for (const char* section : {"model", "tokenizer", "task"})
+      EXPECT_EQ(again.config[section], ck.config[section]) << section;
     EXPECT_FALSE(again.has_optimizer);
     EXPECT_FALSE(again.has_trainer);
     for (const auto& e : fs::directory_iterator(tmp_.dir()))
@@ -247,8 +247,8 @@ json.dump({"logits": logits.flatten().tolist(), "idx": idx.tolist(), "generated"
 
 TEST_F(InteropTest, BookModelImportsWithAConfigAndATask) {
   std::ofstream(path("book.py")) << kBookScript;
-  const Result made = python({path("book.py"), kTools, "wrapper", path("book.pt"), path("book_cfg.json"),
-                              path("book_out.json")});
+  const Result made =
+      python({path("book.py"), kTools, "wrapper", path("book.pt"), path("book_cfg.json"), path("book_out.json")});
   ASSERT_EQ(made.code, 0) << made.err;
   const Result im = python({kTools + "/import_torch.py", path("book.pt"), path("book.h5"), "--config",
                             path("book_cfg.json"), "--task", "add", "--task-option", "n_digits=2"});
@@ -286,16 +286,16 @@ TEST_F(InteropTest, BookModelImportsWithAConfigAndATask) {
   // A config that does not describe the state_dict is refused, naming the parameter.
   nlohmann::json wrong = nlohmann::json::parse(slurp(path("book_cfg.json")));
   wrong["attention"] = "fused";
-  const Result bad = python({kTools + "/import_torch.py", path("book.pt"), path("bad.h5"), "--config", wrong.dump(),
-                             "--task", "add"});
+  const Result bad =
+      python({kTools + "/import_torch.py", path("book.pt"), path("bad.h5"), "--config", wrong.dump(), "--task", "add"});
   EXPECT_EQ(bad.code, 1);
   EXPECT_NE(bad.err.find("import_torch: '" + path("book.pt") + "': buffer trf_blocks.0.att.heads.0.mask"),
             std::string::npos)
       << bad.err;
   EXPECT_NE(bad.err.find("does not belong to the model the config describes"), std::string::npos) << bad.err;
   EXPECT_FALSE(fs::exists(path("bad.h5")));
-  const Result no_task = python({kTools + "/import_torch.py", path("book.pt"), path("bad.h5"), "--config",
-                                 path("book_cfg.json")});
+  const Result no_task =
+      python({kTools + "/import_torch.py", path("book.pt"), path("bad.h5"), "--config", path("book_cfg.json")});
   EXPECT_EQ(no_task.code, 1);
   EXPECT_NE(no_task.err.find("give --task"), std::string::npos) << no_task.err;
 }

@@ -18,8 +18,8 @@
 #include "io/checkpoint.h"
 #include "ops/ops.h"
 #include "process_util.h"
-#include "tasks/task.h"
 #include "tasks/seq2seq.h"
+#include "tasks/task.h"
 #include "train/collectives.h"
 
 namespace headlab {
@@ -115,9 +115,33 @@ class DataParallel : public ::testing::Test {
   }
   // A small GPT on reverse with dropout on, so that the masks matter; every step logged.
   std::vector<std::string> train_args(const std::string& out, int64_t steps) const {
-    return {"train", "--task", "reverse", "--emb-dim", "32", "--n-heads", "4", "--n-layers", "2", "--drop-rate", "0.1",
-            "--batch-size", "16", "--steps", std::to_string(steps), "--eval-every", "10", "--eval-batches", "2",
-            "--save-every", "10", "--log-every", "1", "--threads", "1", "--out", tmp.path(out)};
+    return {"train",
+            "--task",
+            "reverse",
+            "--emb-dim",
+            "32",
+            "--n-heads",
+            "4",
+            "--n-layers",
+            "2",
+            "--drop-rate",
+            "0.1",
+            "--batch-size",
+            "16",
+            "--steps",
+            std::to_string(steps),
+            "--eval-every",
+            "10",
+            "--eval-batches",
+            "2",
+            "--save-every",
+            "10",
+            "--log-every",
+            "1",
+            "--threads",
+            "1",
+            "--out",
+            tmp.path(out)};
   }
   ProcessResult single(const std::vector<std::string>& args) {
     std::vector<std::string> argv{kBinary};
@@ -249,9 +273,10 @@ pid_t rank_pid(const std::string& out, int rank) {
 // The command of a 2-rank run that would take minutes, its output to `log`.
 std::string start_long_run(const std::string& out, const std::string& log) {
   std::string command = kMpiEnv + " mpirun -np 2 " + testing::quote(kBinary);
-  for (const char* a : {"train", "--task", "reverse", "--emb-dim", "32", "--n-heads", "4", "--n-layers", "2",
-                        "--batch-size", "16", "--steps", "100000", "--eval-every", "50", "--eval-batches", "1",
-                        "--save-every", "20", "--log-every", "10", "--threads", "1", "--out"})
+  for (const char* a :
+       {"train", "--task",       "reverse", "--emb-dim",   "32",     "--n-heads",    "4",  "--n-layers",
+        "2",     "--batch-size", "16",      "--steps",     "100000", "--eval-every", "50", "--eval-batches",
+        "1",     "--save-every", "20",      "--log-every", "10",     "--threads",    "1",  "--out"})
     command += std::string(" ") + a;
   return command + " " + testing::quote(out) + " >" + testing::quote(log) + " 2>&1";
 }

@@ -69,8 +69,8 @@ std::vector<Tensor> with_params(std::vector<Tensor> inputs, const nn::Module& m)
 
 // The book's ch. 3 `inputs` ("Your journey starts with one step"), (6, 3), and it stacked twice.
 Tensor book_inputs() {
-  return tensor(std::vector<float>{0.43f, 0.15f, 0.89f, 0.55f, 0.87f, 0.66f, 0.57f, 0.85f, 0.64f,
-                                   0.22f, 0.58f, 0.33f, 0.77f, 0.25f, 0.10f, 0.05f, 0.80f, 0.55f},
+  return tensor(std::vector<float>{0.43f, 0.15f, 0.89f, 0.55f, 0.87f, 0.66f, 0.57f, 0.85f, 0.64f, 0.22f, 0.58f, 0.33f,
+                                   0.77f, 0.25f, 0.10f, 0.05f, 0.80f, 0.55f},
                 {6, 3});
 }
 Tensor book_batch() { return stack({book_inputs(), book_inputs()}, 0); }  // (2, 6, 3)
@@ -103,12 +103,12 @@ class Block : public nn::Module {
 
 TEST(Module, NamedParametersAreStateDictKeysInRegistrationOrder) {
   MultiHeadAttentionWrapper w(3, 2, 6, 0.0, 2, /*qkv_bias=*/true, /*out_proj=*/true);
-  EXPECT_EQ(names_of(w), (std::vector<std::string>{
-                             "heads.0.W_query.weight", "heads.0.W_query.bias", "heads.0.W_key.weight",
-                             "heads.0.W_key.bias", "heads.0.W_value.weight", "heads.0.W_value.bias",
-                             "heads.1.W_query.weight", "heads.1.W_query.bias", "heads.1.W_key.weight",
-                             "heads.1.W_key.bias", "heads.1.W_value.weight", "heads.1.W_value.bias",
-                             "out_proj.weight", "out_proj.bias"}));
+  EXPECT_EQ(names_of(w),
+            (std::vector<std::string>{"heads.0.W_query.weight", "heads.0.W_query.bias", "heads.0.W_key.weight",
+                                      "heads.0.W_key.bias", "heads.0.W_value.weight", "heads.0.W_value.bias",
+                                      "heads.1.W_query.weight", "heads.1.W_query.bias", "heads.1.W_key.weight",
+                                      "heads.1.W_key.bias", "heads.1.W_value.weight", "heads.1.W_value.bias",
+                                      "out_proj.weight", "out_proj.bias"}));
   EXPECT_EQ(w.parameter("heads.1.W_key.weight").shape(), (Shape{2, 3}));
   EXPECT_EQ(w.parameter("out_proj.weight").shape(), (Shape{4, 4}));
 
@@ -120,8 +120,8 @@ TEST(Module, NamedParametersAreStateDictKeysInRegistrationOrder) {
   AdditiveAttention add_att(2, 20, 8, 0.1);
   EXPECT_EQ(names_of(add_att), (std::vector<std::string>{"W_k.weight", "W_q.weight", "w_v.weight"}));
   nn::FeedForward ff(6);
-  EXPECT_EQ(names_of(ff), (std::vector<std::string>{"layers.0.weight", "layers.0.bias", "layers.2.weight",
-                                                    "layers.2.bias"}));
+  EXPECT_EQ(names_of(ff),
+            (std::vector<std::string>{"layers.0.weight", "layers.0.bias", "layers.2.weight", "layers.2.bias"}));
   EXPECT_EQ(names_of(nn::LayerNorm(8)), (std::vector<std::string>{"weight", "bias"}));
   EXPECT_EQ(names_of(nn::LayerNorm(8, 1e-5, nn::LayerNorm::Style::Book)), (std::vector<std::string>{"scale", "shift"}));
   EXPECT_TRUE(names_of(DotProductAttention(0.1)).empty());
@@ -130,7 +130,7 @@ TEST(Module, NamedParametersAreStateDictKeysInRegistrationOrder) {
 TEST(Module, NumParameters) {
   EXPECT_EQ(MultiHeadAttention(100, 100, 100, 100, 5, 0.5).num_parameters(), 4 * 100 * 100);
   EXPECT_EQ(MultiHeadAttention(100, 100, 100, 100, 5, 0.5, true).num_parameters(), 4 * (100 * 100 + 100));
-  EXPECT_EQ(MultiHeadAttentionWrapper(3, 2, 6, 0.0, 2).num_parameters(), 2 * 3 * (2 * 3));        // 36
+  EXPECT_EQ(MultiHeadAttentionWrapper(3, 2, 6, 0.0, 2).num_parameters(), 2 * 3 * (2 * 3));         // 36
   EXPECT_EQ(CausalMultiHeadAttention(3, 2, 6, 0.0, 2).num_parameters(), 3 * (2 * 3) + 2 * 2 + 2);  // 24
   EXPECT_EQ(MultiHeadAttentionWrapper(4, 3, 8, 0.0, 2, true, true).num_parameters(), 2 * 3 * (12 + 3) + 36 + 6);
   EXPECT_EQ(AdditiveAttention(2, 20, 8, 0.1).num_parameters(), 16 + 160 + 8);
@@ -456,8 +456,10 @@ TEST(Layers, DropoutTrainZeroesAboutPAndScalesTheRest) {
   const auto y = d(x).to_vector<float>();
   int64_t zeros_n = 0;
   for (float v : y) {
-    if (v == 0) ++zeros_n;
-    else EXPECT_EQ(v, static_cast<float>(1.0 / (1.0 - p)));
+    if (v == 0)
+      ++zeros_n;
+    else
+      EXPECT_EQ(v, static_cast<float>(1.0 / (1.0 - p)));
   }
   EXPECT_NEAR(static_cast<double>(zeros_n) / 200000.0, p, 0.005);
 
@@ -480,8 +482,10 @@ TEST(Layers, DropoutTrainZeroesAboutPAndScalesTheRest) {
   yr.backward(ones({1000}));
   const auto yv = values(yr), gv = values(xr.grad()), xv = values(xr);
   for (size_t i = 0; i < yv.size(); ++i) {
-    if (yv[i] == 0 && xv[i] != 0) EXPECT_EQ(gv[i], 0);
-    else EXPECT_FLOAT_EQ(static_cast<float>(gv[i]), static_cast<float>(1.0 / (1.0 - p)));
+    if (yv[i] == 0 && xv[i] != 0)
+      EXPECT_EQ(gv[i], 0);
+    else
+      EXPECT_FLOAT_EQ(static_cast<float>(gv[i]), static_cast<float>(1.0 / (1.0 - p)));
   }
 }
 
@@ -510,8 +514,10 @@ void expect_masked(const Tensor& y, const std::vector<int64_t>& row_lens, int64_
     double sum = 0;
     for (int64_t j = 0; j < K; ++j) {
       const double w = v[r * K + j];
-      if (j < row_lens[r]) EXPECT_GT(w, 0) << "row " << r << " col " << j;
-      else EXPECT_EQ(w, 0) << "row " << r << " col " << j;
+      if (j < row_lens[r])
+        EXPECT_GT(w, 0) << "row " << r << " col " << j;
+      else
+        EXPECT_EQ(w, 0) << "row " << r << " col " << j;
       sum += w;
     }
     EXPECT_NEAR(sum, 1, 1e-6) << "row " << r;
@@ -699,9 +705,9 @@ TEST(BookCh3, PrintedOutputsFromTorchsSeed123Weights) {
   set(h1->W_query->weight, {-0.13615717f, 0.185322329f, 0.408269495f, 0.107563816f, 0.157876849f, 0.557292342f});
   set(h1->W_key->weight, {-0.260390401f, 0.182876408f, -0.256872445f, 0.41260317f, 0.461104512f, -0.532300949f});
   set(h1->W_value->weight, {0.492852628f, 0.275693059f, 0.251590222f, 0.237680584f, 0.479950726f, -0.0762330666f});
-  const std::vector<double> printed_wrapper = {
-      -0.4519, 0.2216,  0.4772, 0.1063, -0.5874, 0.0058,  0.5891, 0.3257, -0.6300, -0.0632, 0.6202, 0.3860,
-      -0.5675, -0.0843, 0.5478, 0.3589, -0.5526, -0.0981, 0.5321, 0.3428, -0.5299, -0.1081, 0.5077, 0.3493};
+  const std::vector<double> printed_wrapper = {-0.4519, 0.2216,  0.4772, 0.1063, -0.5874, 0.0058,  0.5891, 0.3257,
+                                               -0.6300, -0.0632, 0.6202, 0.3860, -0.5675, -0.0843, 0.5478, 0.3589,
+                                               -0.5526, -0.0981, 0.5321, 0.3428, -0.5299, -0.1081, 0.5077, 0.3493};
   const Tensor got = mha(book_batch());
   EXPECT_TRUE(all_close(got.select(0, 0), printed_wrapper, 5.1e-5, 0));
   EXPECT_TRUE(all_close(got.select(0, 1), printed_wrapper, 5.1e-5, 0));
@@ -836,8 +842,9 @@ TEST(HeadGates, GradientIsEachHeadsContributionInEveryForm) {
       std::vector<double> gp = {1, 0.5, 2}, gm = gp;
       gp[h] += eps;
       gm[h] -= eps;
-      const double num = (m->forward(x, f64(gp, {3})).sum().item<double>() -
-                          m->forward(x, f64(gm, {3})).sum().item<double>()) / (2 * eps);
+      const double num =
+          (m->forward(x, f64(gp, {3})).sum().item<double>() - m->forward(x, f64(gm, {3})).sum().item<double>()) /
+          (2 * eps);
       EXPECT_NEAR(dg[h], num, 1e-7) << "head " << h;
     }
   }
@@ -898,8 +905,9 @@ TEST(HeadGates, PerRowAndPerPositionControlsInBothForms) {
     hc.given_context = mul(ctx, 2.0);
     EXPECT_TRUE(all_close(m->forward(x), projected(mul(ctx, 2.0)), 1e-13, 0)) << m->type_name();
     hc.given_context = ctx.narrow(2, 0, T - 1);
-    EXPECT_NE(error_of([&] { m->forward(x); }).find("the given head contexts must have shape [2, 3, 5, 2], got [2, 3, 4, 2]"),
-              std::string::npos)
+    EXPECT_NE(
+        error_of([&] { m->forward(x); }).find("the given head contexts must have shape [2, 3, 5, 2], got [2, 3, 4, 2]"),
+        std::string::npos)
         << error_of([&] { m->forward(x); });
     hc.given_context = Tensor();
   }
@@ -912,38 +920,66 @@ TEST(HeadGates, PerRowAndPerPositionControlsInBothForms) {
 TEST(AttentionErrors, Messages) {
   DotProductAttention dot(0.0);
   const Tensor keys = d2l_keys(), vals = d2l_values(), vl = d2l_valid_lens();
-  EXPECT_EQ(error_of([&] { dot(ones({2, 2}), keys, vals); }),
+  EXPECT_EQ(error_of([&] {
+              dot(ones({2, 2}), keys, vals);
+            }),
             "DotProductAttention: queries must be 3-D (batch, length, features), got shape [2, 2]");
-  EXPECT_EQ(error_of([&] { dot(ones({2, 1, 2}), ones({3, 10, 2}), vals); }),
+  EXPECT_EQ(error_of([&] {
+              dot(ones({2, 1, 2}), ones({3, 10, 2}), vals);
+            }),
             "DotProductAttention: batch sizes differ: queries [2, 1, 2], keys [3, 10, 2], values [2, 10, 4]");
-  EXPECT_EQ(error_of([&] { dot(ones({2, 1, 3}), keys, vals); }),
+  EXPECT_EQ(error_of([&] {
+              dot(ones({2, 1, 3}), keys, vals);
+            }),
             "DotProductAttention: queries [2, 1, 3] and keys [2, 10, 2] must have the same feature size");
-  EXPECT_EQ(error_of([&] { dot(ones({2, 1, 2}), keys, ones({2, 9, 4})); }),
+  EXPECT_EQ(error_of([&] {
+              dot(ones({2, 1, 2}), keys, ones({2, 9, 4}));
+            }),
             "DotProductAttention: keys [2, 10, 2] and values [2, 9, 4] must have the same length");
-  EXPECT_EQ(error_of([&] { dot(ones({2, 1, 2}), keys, vals, i64({1, 2, 3}, {3})); }),
+  EXPECT_EQ(error_of([&] {
+              dot(ones({2, 1, 2}), keys, vals, i64({1, 2, 3}, {3}));
+            }),
             "DotProductAttention: valid_lens must have shape [2] or [2, 1], got [3]");
-  EXPECT_EQ(error_of([&] { dot(ones({2, 1, 2}), keys, vals, f32({1, 2}, {2})); }),
+  EXPECT_EQ(error_of([&] {
+              dot(ones({2, 1, 2}), keys, vals, f32({1, 2}, {2}));
+            }),
             "DotProductAttention: valid_lens must be int64, got float32");
-  EXPECT_EQ(error_of([&] { dot(ones({2, 1, 2}), keys, vals, i64({2, 11}, {2})); }),
+  EXPECT_EQ(error_of([&] {
+              dot(ones({2, 1, 2}), keys, vals, i64({2, 11}, {2}));
+            }),
             "DotProductAttention: valid length 11 is out of range for 10 keys (expected 0..10)");
 
   AdditiveAttention add_att(2, 20, 8, 0.1);
-  EXPECT_EQ(error_of([&] { add_att(ones({2, 1, 20}), keys, vals, i64({-1, 2}, {2})); }),
+  EXPECT_EQ(error_of([&] {
+              add_att(ones({2, 1, 20}), keys, vals, i64({-1, 2}, {2}));
+            }),
             "AdditiveAttention: valid length -1 is out of range for 10 keys (expected 0..10)");
-  EXPECT_EQ(error_of([&] { add_att(ones({2, 1, 19}), keys, vals); }),
+  EXPECT_EQ(error_of([&] {
+              add_att(ones({2, 1, 19}), keys, vals);
+            }),
             "AdditiveAttention: queries must have 20 features, got shape [2, 1, 19]");
-  EXPECT_EQ(error_of([&] { add_att(ones({2, 1, 20}), ones({2, 10}), vals); }),
+  EXPECT_EQ(error_of([&] {
+              add_att(ones({2, 1, 20}), ones({2, 10}), vals);
+            }),
             "AdditiveAttention: keys must be 3-D (batch, length, features), got shape [2, 10]");
 
   MultiHeadAttention mha(100, 100, 100, 100, 5, 0.5);
   const Tensor X = ones({2, 4, 100}), Y = ones({2, 6, 100});
-  EXPECT_EQ(error_of([&] { mha(X, Y, Y, i64({3, 2, 1}, {3})); }),
+  EXPECT_EQ(error_of([&] {
+              mha(X, Y, Y, i64({3, 2, 1}, {3}));
+            }),
             "MultiHeadAttention: valid_lens must have shape [2] or [2, 4], got [3]");
-  EXPECT_EQ(error_of([&] { mha(X, Y, Y, i64({3, 2, 1, 7, 1, 1, 1, 1}, {2, 4})); }),
+  EXPECT_EQ(error_of([&] {
+              mha(X, Y, Y, i64({3, 2, 1, 7, 1, 1, 1, 1}, {2, 4}));
+            }),
             "MultiHeadAttention: valid length 7 is out of range for 6 keys (expected 0..6)");
-  EXPECT_EQ(error_of([&] { mha(ones({3, 4, 100}), Y, Y); }),
+  EXPECT_EQ(error_of([&] {
+              mha(ones({3, 4, 100}), Y, Y);
+            }),
             "MultiHeadAttention: batch sizes differ: queries [3, 4, 100], keys [2, 6, 100], values [2, 6, 100]");
-  EXPECT_EQ(error_of([&] { mha(ones({2, 4, 99}), Y, Y); }),
+  EXPECT_EQ(error_of([&] {
+              mha(ones({2, 4, 99}), Y, Y);
+            }),
             "MultiHeadAttention: queries must have 100 features, got shape [2, 4, 99]");
   EXPECT_EQ(error_of([&] { mha.forward(X, Y, Y, Tensor(), ones({4})); }),
             "MultiHeadAttention: head gates must have shape [5], [2, 5] or [2, 5, 4], got [4]");
@@ -953,19 +989,27 @@ TEST(AttentionErrors, Messages) {
   CausalAttention ca(3, 2, 8, 0.0);
   EXPECT_EQ(error_of([&] { ca(ones({1, 9, 3})); }), "CausalAttention: 9 tokens exceed context_length 8");
   EXPECT_EQ(error_of([&] { ca(ones({9, 3})); }), "CausalAttention: expected x of shape (batch, tokens, 3), got [9, 3]");
-  EXPECT_EQ(error_of([&] { ca(ones({1, 4, 5})); }),
+  EXPECT_EQ(error_of([&] {
+              ca(ones({1, 4, 5}));
+            }),
             "CausalAttention: expected x of shape (batch, tokens, 3), got [1, 4, 5]");
 
   MultiHeadAttentionWrapper w(3, 2, 8, 0.0, 2);
   EXPECT_EQ(error_of([&] { w(ones({2, 9, 3})); }), "MultiHeadAttentionWrapper: 9 tokens exceed context_length 8");
-  EXPECT_EQ(error_of([&] { w.forward(ones({2, 4, 3}), ones({3})); }),
+  EXPECT_EQ(error_of([&] {
+              w.forward(ones({2, 4, 3}), ones({3}));
+            }),
             "MultiHeadAttentionWrapper: head gates must have shape [2], [2, 2] or [2, 2, 4], got [3]");
 
   CausalMultiHeadAttention f(3, 4, 8, 0.0, 2);
   EXPECT_EQ(error_of([&] { f(ones({2, 9, 3})); }), "CausalMultiHeadAttention: 9 tokens exceed context_length 8");
-  EXPECT_EQ(error_of([&] { f(ones({2, 4})); }),
+  EXPECT_EQ(error_of([&] {
+              f(ones({2, 4}));
+            }),
             "CausalMultiHeadAttention: expected x of shape (batch, tokens, 3), got [2, 4]");
-  EXPECT_EQ(error_of([&] { f.forward(ones({2, 4, 3}), ones({2, 1})); }),
+  EXPECT_EQ(error_of([&] {
+              f.forward(ones({2, 4, 3}), ones({2, 1}));
+            }),
             "CausalMultiHeadAttention: head gates must have shape [2], [2, 2] or [2, 2, 4], got [2, 1]");
   EXPECT_EQ(error_of([&] { CausalMultiHeadAttention(3, 5, 8, 0.0, 2); }),
             "CausalMultiHeadAttention: d_out 5 must be divisible by num_heads 2");
@@ -1117,8 +1161,11 @@ TEST(Gradcheck, MultiHeadAttentionWithMaskingAndGates) {
   const Tensor x = rnd({2, 3, 5}, 4);
   MultiHeadAttention s(5, 5, 5, 4, 2, 0.0, false);
   s.to(DType::f64);
-  EXPECT_TRUE(gradchecks([&](const auto& in) { return s.forward(in[0], in[0], in[0], i64({0, 2}, {2}), in[1]); },
-                         {x, g}));
+  EXPECT_TRUE(gradchecks(
+      [&](const auto& in) {
+        return s.forward(in[0], in[0], in[0], i64({0, 2}, {2}), in[1]);
+      },
+      {x, g}));
 }
 
 TEST(Gradcheck, CausalAttention) {
@@ -1230,8 +1277,8 @@ TEST(HeadSurgery, PrunedCausalModuleIsTheModuleWithTheOtherHeadsGatedOff) {
       EXPECT_EQ(p->head_count(), 2);
       EXPECT_EQ(p->head_size(), 2);
       EXPECT_FALSE(p->is_training());
-      EXPECT_EQ(p->num_parameters(), m->num_parameters() - (qkv_bias ? 3 * (2 * 4 + 2) : 3 * 2 * 4) -
-                                         (m->output_projection() ? 5 * 2 : 0));
+      EXPECT_EQ(p->num_parameters(),
+                m->num_parameters() - (qkv_bias ? 3 * (2 * 4 + 2) : 3 * 2 * 4) - (m->output_projection() ? 5 * 2 : 0));
       for (const auto& [name, t] : p->named_parameters()) EXPECT_EQ(t.dtype(), DType::f64) << name;
       const Tensor y = p->forward(x);
       // The kept heads compute exactly what they did.
@@ -1382,7 +1429,7 @@ TEST(HeadSurgery, BadKeepListsNameTheModule) {
   MultiHeadAttention d(4, 4, 4, 6, 3, 0.0);
   EXPECT_ERROR(f.prune_heads({}), "CausalMultiHeadAttention: the module must keep at least one head");
   EXPECT_ERROR(w.prune_heads({1, 3}), "MultiHeadAttentionWrapper: the module has no head 3 (it has 3)");
-  EXPECT_ERROR(d.prune_heads({2, 0}),
-                        "MultiHeadAttention: the heads kept in the module must be sorted and distinct");
-  EXPECT_ERROR(parse_enum<nn::AttentionForm>("both", "attention"), "attention: expected one of 'fused', 'wrapper', got 'both'");
+  EXPECT_ERROR(d.prune_heads({2, 0}), "MultiHeadAttention: the heads kept in the module must be sorted and distinct");
+  EXPECT_ERROR(parse_enum<nn::AttentionForm>("both", "attention"),
+               "attention: expected one of 'fused', 'wrapper', got 'both'");
 }

@@ -113,10 +113,9 @@ Subject build(const FixtureEntry& e) {
   } else if (e.module == "MultiHeadAttentionWrapper" || e.module == "CausalMultiHeadAttention") {
     std::shared_ptr<nn::CausalMultiHead> m;
     if (e.module == "MultiHeadAttentionWrapper")
-      m = std::make_shared<nn::MultiHeadAttentionWrapper>(cfg_i(c, "d_in"), cfg_i(c, "d_out"),
-                                                          cfg_i(c, "context_length"), cfg_d(c, "dropout"),
-                                                          cfg_i(c, "num_heads"), cfg_b(c, "qkv_bias"),
-                                                          cfg_b(c, "out_proj"));
+      m = std::make_shared<nn::MultiHeadAttentionWrapper>(
+          cfg_i(c, "d_in"), cfg_i(c, "d_out"), cfg_i(c, "context_length"), cfg_d(c, "dropout"), cfg_i(c, "num_heads"),
+          cfg_b(c, "qkv_bias"), cfg_b(c, "out_proj"));
     else
       m = std::make_shared<nn::CausalMultiHeadAttention>(cfg_i(c, "d_in"), cfg_i(c, "d_out"),
                                                          cfg_i(c, "context_length"), cfg_d(c, "dropout"),
@@ -148,7 +147,8 @@ Subject build(const FixtureEntry& e) {
     s.module = m;
     s.forward = [m](auto& in) { return m->forward(in.at("x")); };
   } else if (e.module == "PositionalEncoding") {
-    auto m = std::make_shared<nn::PositionalEncoding>(cfg_i(c, "num_hiddens"), cfg_d(c, "dropout"), cfg_i(c, "max_len"));
+    auto m =
+        std::make_shared<nn::PositionalEncoding>(cfg_i(c, "num_hiddens"), cfg_d(c, "dropout"), cfg_i(c, "max_len"));
     s.module = m;
     s.forward = [m](auto& in) { return m->forward(in.at("x")); };
   } else if (e.module == "PositionWiseFFN") {
@@ -257,8 +257,10 @@ RunStats run_fixture(const FixtureEntry& e, const Fixture& f, DType dt) {
   EXPECT_EQ(out.dtype(), dt);
   compare("output", out, f.outputs.at("output"), tol, st);
   auto w = f.outputs.find("attention_weights");
-  if (w != f.outputs.end()) compare("attention_weights", s.weights(), w->second, tol, st);
-  else EXPECT_FALSE(s.weights().defined());
+  if (w != f.outputs.end())
+    compare("attention_weights", s.weights(), w->second, tol, st);
+  else
+    EXPECT_FALSE(s.weights().defined());
 
   out.backward(f.inputs.at("loss_weight").to(dt));
   for (const auto& [name, g] : f.grad_inputs) {
@@ -303,8 +305,8 @@ TEST(NNParity, EveryModuleFixtureMatchesPyTorch) {
       s32 = run_fixture(e, f, DType::f32);
     }
     // output + every gradient at least (+ the attention weights where the fixture has them)
-    EXPECT_EQ(s64.compared, 1 + static_cast<int>(f.grad_inputs.size() + f.grad_params.size() +
-                                                 f.outputs.count("attention_weights")));
+    EXPECT_EQ(s64.compared,
+              1 + static_cast<int>(f.grad_inputs.size() + f.grad_params.size() + f.outputs.count("attention_weights")));
     rows.push_back({e.file, e.module, s64.max_abs, s32.max_abs, s64.compared});
     auto& pm = per_module[e.module];
     pm.first = std::max(pm.first, s64.max_abs);

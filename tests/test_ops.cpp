@@ -156,12 +156,12 @@ TEST(Elementwise, UnaryMath) {
   EXPECT_TRUE(all_close(tanh(x), map(xs, [](double v) { return std::tanh(v); }), 1e-12, 1e-12));
   EXPECT_TRUE(all_close(sigmoid(x), map(xs, [](double v) { return 1 / (1 + std::exp(-v)); }), 1e-12, 1e-12));
   EXPECT_TRUE(all_close(relu(x), {0, 0, 0, 0.5, 1, 3}));
-  EXPECT_TRUE(all_close(gelu(x), map(xs, [](double v) { return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))); }),
-                        1e-12, 1e-12));
-  EXPECT_TRUE(all_close(gelu(x, true), map(xs, [](double v) {
-                          return 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
-                        }),
-                        1e-12, 1e-12));
+  EXPECT_TRUE(
+      all_close(gelu(x), map(xs, [](double v) { return 0.5 * v * (1 + std::erf(v / std::sqrt(2.0))); }), 1e-12, 1e-12));
+  EXPECT_TRUE(all_close(
+      gelu(x, true),
+      map(xs, [](double v) { return 0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v))); }),
+      1e-12, 1e-12));
   // Known values, in float32 (what models run in).
   EXPECT_NEAR(gelu(f32({1.f})).item<float>(), 0.8413447f, 1e-6);
   EXPECT_NEAR(gelu(f32({1.f}), true).item<float>(), 0.8411920f, 1e-6);
@@ -305,7 +305,7 @@ TEST(Matmul, VectorAndMatrixRanks) {
   EXPECT_EQ(dot.dim(), 0);
   EXPECT_DOUBLE_EQ(dot.item<double>(), 32);
   const Tensor m = f64({1, 2, 3, 4, 5, 6}, {2, 3});  // [[1, 2, 3], [4, 5, 6]]
-  const Tensor mv = matmul(m, v);                     // (2, 3) @ (3) -> (2)
+  const Tensor mv = matmul(m, v);                    // (2, 3) @ (3) -> (2)
   EXPECT_EQ(mv.shape(), (Shape{2}));
   EXPECT_TRUE(all_close(mv, {14, 32}));
   const Tensor vm = matmul(f64({1, -1}), m);  // (2) @ (2, 3) -> (3)
@@ -330,7 +330,9 @@ TEST(Matmul, VectorAndMatrixRanks) {
 }
 
 TEST(Matmul, BatchedAndBroadcast) {
-  struct Case { Shape a, b; };
+  struct Case {
+    Shape a, b;
+  };
   const std::vector<Case> cases = {
       {{4, 2, 3}, {4, 3, 5}},        // plain batch
       {{4, 2, 3}, {3, 5}},           // b shared by the batch (folded into one GEMM)
@@ -566,9 +568,9 @@ TEST(Softmax, Causal) {
   }
   EXPECT_TRUE(all_close(causal_softmax(s, 0.5), e, 1e-12));
   // Same as masking the upper triangle with -inf and taking a softmax.
-  const Tensor mask = tensor_bool({false, true, true, true, false, false, true, true, false, false, false, true,
-                                   false, false, false, false},
-                                  {4, 4});
+  const Tensor mask = tensor_bool(
+      {false, true, true, true, false, false, true, true, false, false, false, true, false, false, false, false},
+      {4, 4});
   EXPECT_TRUE(all_close(causal_softmax(s), softmax(masked_fill(s, mask, -INFINITY), -1), 1e-12));
 }
 
@@ -582,8 +584,10 @@ TEST(Dropout, EvalTrainAndReplay) {
   const std::vector<float> y = dropout(x, 0.3, true, g).to_vector<float>();
   int64_t zeros_n = 0;
   for (float v : y) {
-    if (v == 0.f) ++zeros_n;
-    else ASSERT_FLOAT_EQ(v, 1.f / 0.7f);  // survivors scaled by 1 / (1 - p)
+    if (v == 0.f)
+      ++zeros_n;
+    else
+      ASSERT_FLOAT_EQ(v, 1.f / 0.7f);  // survivors scaled by 1 / (1 - p)
   }
   EXPECT_NEAR(static_cast<double>(zeros_n) / y.size(), 0.3, 0.01);
   // The same generator state gives the same mask; the next draw a different one.
@@ -617,8 +621,8 @@ TEST(LayerNorm, MatchesHandComputation) {
   EXPECT_TRUE(all_close(layer_norm(full({1, 3}, 7.0), Tensor(), Tensor()), {0, 0, 0}));
   // 3-D, float32, strided input
   const Tensor x3 = seq64({2, 3, 5}).transpose(0, 1);
-  const Tensor y3 = layer_norm(x3.to(DType::f32), w.to(DType::f32).narrow(0, 0, 1).expand({5}).contiguous(),
-                               Tensor(), 1e-5);
+  const Tensor y3 =
+      layer_norm(x3.to(DType::f32), w.to(DType::f32).narrow(0, 0, 1).expand({5}).contiguous(), Tensor(), 1e-5);
   const std::vector<double> xv = values(x3);
   std::vector<double> e3;
   for (int r = 0; r < 6; ++r) {
@@ -639,7 +643,7 @@ TEST(Losses, CrossEntropy) {
     for (double v : r) s += std::exp(v);
     return std::log(s);
   };
-  const double l0 = lse({1, 2, 3, 4}) - 2;    // target 1
+  const double l0 = lse({1, 2, 3, 4}) - 2;         // target 1
   const double l2 = lse({-1, 0.5, 2, -3}) - (-3);  // target 3
   const Tensor t = i64({1, -100, 3});
   EXPECT_NEAR(cross_entropy(logits, t).item<double>(), (l0 + l2) / 2, 1e-12);  // mean over non-ignored
@@ -671,15 +675,18 @@ TEST(Losses, Mse) {
 // including the inputs no op test reaches: NaN (converted to an integer was undefined behaviour, found by
 // clang's UBSan), infinities and both ends of float's range.
 TEST(FastMath, ExpAndTanhMatchLibmEverywhere) {
-  std::vector<float> xs = {0.0f, -0.0f, 1e-30f, -1e-30f, 0.5f, -0.625f, 0.625f, 1.0f, 88.72f, 88.73f, 89.0f,
-                           -87.33f, -87.34f, -103.97f, -104.0f, 1e30f, -1e30f};
+  std::vector<float> xs = {0.0f,   -0.0f, 1e-30f,  -1e-30f, 0.5f,     -0.625f, 0.625f, 1.0f,  88.72f,
+                           88.73f, 89.0f, -87.33f, -87.34f, -103.97f, -104.0f, 1e30f,  -1e30f};
   for (float x = -120.0f; x <= 100.0f; x += 0.0137f) xs.push_back(x);
   for (float x : xs) {
     const double e = std::exp(static_cast<double>(x)), t = std::tanh(static_cast<double>(x));
     const float fe = cpu::fast_exp(x), ft = cpu::fast_tanh(x);
-    if (e > std::numeric_limits<float>::max()) EXPECT_EQ(fe, INFINITY) << x;
-    else if (e < std::numeric_limits<float>::min()) EXPECT_LE(fe, std::numeric_limits<float>::min()) << x;  // 0 or subnormal
-    else EXPECT_NEAR(fe / e, 1.0, 1e-6) << x;
+    if (e > std::numeric_limits<float>::max())
+      EXPECT_EQ(fe, INFINITY) << x;
+    else if (e < std::numeric_limits<float>::min())
+      EXPECT_LE(fe, std::numeric_limits<float>::min()) << x;  // 0 or subnormal
+    else
+      EXPECT_NEAR(fe / e, 1.0, 1e-6) << x;
     EXPECT_NEAR(ft, t, 2e-7 + 2e-7 * std::fabs(t)) << x;
   }
   const float inf = INFINITY, nan = std::numeric_limits<float>::quiet_NaN();

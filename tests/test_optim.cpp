@@ -10,16 +10,16 @@
 #include <map>
 
 #include "nn/layers.h"
-#include "tests/fixture_util.h"
 #include "optim/optim.h"
 #include "tests/core_test_util.h"
+#include "tests/fixture_util.h"
 
 using namespace headlab;
 using namespace headlab::testing;
 namespace optim = headlab::optim;
 namespace io = headlab::io;
-using headlab::optim::LRSchedule;
 using headlab::NamedTensors;
+using headlab::optim::LRSchedule;
 using headlab::optim::Optimizer;
 using headlab::optim::OptimizerOptions;
 
@@ -121,8 +121,10 @@ TEST_P(OptimTrajectory, MatchesPyTorchEveryStepAndFinalState) {
     for (const std::string& name : r.list_datasets_recursive("state")) {
       const Tensor t = to_tensor(r.read("state/" + name));
       const std::string param = name.substr(0, name.rfind('/')), item = name.substr(name.rfind('/') + 1);
-      if (item == "step") expected_steps[param] = t.item<double>();
-      else expected_state[name] = t;
+      if (item == "step")
+        expected_steps[param] = t.item<double>();
+      else
+        expected_state[name] = t;
     }
   const NamedTensors state = opt.state();
   EXPECT_EQ(state.size(), expected_state.size()) << c.file;
@@ -231,17 +233,21 @@ TEST(Optimizer, LoadStateContinuesBitIdentically) {
 TEST(Optimizer, LoadStateErrorsNameTheItem) {
   Tensor a = zeros({3}).requires_grad_();
   Optimizer opt({{"a", a}}, OptimizerOptions::defaults(optim::OptimizerKind::adam));
-  EXPECT_NE(error_of([&] { opt.load_state({{"a/exp_avg", zeros({3})}}, {{"a", 1}}, "ck"); })
-                .find("ck: optimizer state holds 1 tensors, expected 2"),
+  EXPECT_NE(error_of([&] {
+              opt.load_state({{"a/exp_avg", zeros({3})}}, {{"a", 1}}, "ck");
+            }).find("ck: optimizer state holds 1 tensors, expected 2"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { opt.load_state({{"a/exp_avg", zeros({3})}, {"a/exp_avg_sq", zeros({4})}}, {{"a", 1}}, "ck"); })
-                .find("ck: optimizer state a/exp_avg_sq has shape [4], expected [3]"),
+  EXPECT_NE(error_of([&] {
+              opt.load_state({{"a/exp_avg", zeros({3})}, {"a/exp_avg_sq", zeros({4})}}, {{"a", 1}}, "ck");
+            }).find("ck: optimizer state a/exp_avg_sq has shape [4], expected [3]"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { opt.load_state({{"a/exp_avg", zeros({3})}, {"a/momentum", zeros({3})}}, {{"a", 1}}, "ck"); })
-                .find("optimizer state a/exp_avg_sq is missing"),
+  EXPECT_NE(error_of([&] {
+              opt.load_state({{"a/exp_avg", zeros({3})}, {"a/momentum", zeros({3})}}, {{"a", 1}}, "ck");
+            }).find("optimizer state a/exp_avg_sq is missing"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { opt.load_state({{"a/exp_avg", zeros({3})}, {"a/exp_avg_sq", zeros({3})}}, {}, "ck"); })
-                .find("optimizer step count for a is missing"),
+  EXPECT_NE(error_of([&] {
+              opt.load_state({{"a/exp_avg", zeros({3})}, {"a/exp_avg_sq", zeros({3})}}, {}, "ck");
+            }).find("optimizer step count for a is missing"),
             std::string::npos);
 }
 
@@ -254,22 +260,33 @@ TEST(Optimizer, OptionsDefaultsJsonAndChecks) {
   o.lr = 0.05, o.momentum = 0.8, o.dampening = 0.1, o.weight_decay = 0.02;
   const OptimizerOptions back = OptimizerOptions::from_json(nlohmann::json::parse(o.to_json().dump()));
   EXPECT_EQ(back.to_json(), o.to_json());
-  EXPECT_NE(error_of([] { OptimizerOptions::from_json({{"kind", "rmsprop"}}); })
-                .find("optimizer: kind: expected one of 'sgd', 'adam', 'adamw', got 'rmsprop'"),
+  EXPECT_NE(error_of([] {
+              OptimizerOptions::from_json({{"kind", "rmsprop"}});
+            }).find("optimizer: kind: expected one of 'sgd', 'adam', 'adamw', got 'rmsprop'"),
             std::string::npos);
   Tensor p = zeros({2}).requires_grad_();
   OptimizerOptions bad = OptimizerOptions::defaults(optim::OptimizerKind::sgd);
   bad.nesterov = true;
-  EXPECT_NE(error_of([&] { Optimizer({{"p", p}}, bad); }).find("nesterov momentum requires momentum > 0"),
+  EXPECT_NE(error_of([&] {
+              Optimizer({{"p", p}}, bad);
+            }).find("nesterov momentum requires momentum > 0"),
             std::string::npos);
   bad = OptimizerOptions::defaults(optim::OptimizerKind::adam);
   bad.beta1 = 1.0;
-  EXPECT_NE(error_of([&] { Optimizer({{"p", p}}, bad); }).find("optimizer: beta1 must be in [0, 1), got 1"), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              Optimizer({{"p", p}}, bad);
+            }).find("optimizer: beta1 must be in [0, 1), got 1"),
+            std::string::npos);
   bad = OptimizerOptions::defaults(optim::OptimizerKind::adam);
   bad.lr = -1;
-  EXPECT_NE(error_of([&] { Optimizer({{"p", p}}, bad); }).find("optimizer: lr must be >= 0, got -1"), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              Optimizer({{"p", p}}, bad);
+            }).find("optimizer: lr must be >= 0, got -1"),
+            std::string::npos);
   Tensor ids = zeros({2}, DType::i64);
-  EXPECT_NE(error_of([&] { Optimizer({{"ids", ids}}, OptimizerOptions()); }).find("parameter ids is not floating point"),
+  EXPECT_NE(error_of([&] {
+              Optimizer({{"ids", ids}}, OptimizerOptions());
+            }).find("parameter ids is not floating point"),
             std::string::npos);
 }
 
@@ -334,8 +351,9 @@ TEST(LRSchedule, ConstantNoWarmupAndBadKind) {
   EXPECT_DOUBLE_EQ(cos.at(0), 1.0);  // no warmup: the peak at t = 0
   EXPECT_NEAR(cos.at(5), 0.5, 1e-15);
   EXPECT_NEAR(cos.at(10), 0.0, 1e-15);
-  EXPECT_NE(error_of([] { LRSchedule::from_json({{"kind", "linear"}}); })
-                .find("schedule: kind: expected one of 'constant', 'cosine', 'step', got 'linear'"),
+  EXPECT_NE(error_of([] {
+              LRSchedule::from_json({{"kind", "linear"}});
+            }).find("schedule: kind: expected one of 'constant', 'cosine', 'step', got 'linear'"),
             std::string::npos);
 }
 
@@ -343,7 +361,8 @@ TEST(LRSchedule, ConstantNoWarmupAndBadKind) {
 
 TEST(ClipGradNorm, ScalesToMaxNormAndReturnsTheNormBefore) {
   for (DType dt : {DType::f32, DType::f64}) {
-    Tensor a = zeros({2, 2}, dt).requires_grad_(), b = zeros({3}, dt).requires_grad_(), c = zeros({4}, dt).requires_grad_();
+    Tensor a = zeros({2, 2}, dt).requires_grad_(), b = zeros({3}, dt).requires_grad_(),
+           c = zeros({4}, dt).requires_grad_();
     const std::vector<double> ga = {3, -4, 1, 2}, gb = {0.5, -2, 6};
     a.set_grad(tensor(ga, {2, 2}).to(dt));
     b.set_grad(tensor(gb, {3}).to(dt));

@@ -16,9 +16,9 @@
 #include <thread>
 #include <vector>
 
-#include "tests/process_util.h"
 #include "base/error.h"
 #include "plot/plot.h"
+#include "tests/process_util.h"
 
 namespace fs = std::filesystem;
 using namespace headlab;
@@ -219,16 +219,18 @@ TEST_F(PlotTest, OneLonePointOrOneValueIsStillDrawn) {
 TEST_F(PlotTest, LineChartErrorsNameTheProblem) {
   plot::LineChart ch = timing_chart();
   ch.series[1].x[1] = 0;
-  EXPECT_NE(error_of([&] { plot::save_line_chart(ch, path("a.png")); })
-                .find("save_line_chart: log_x needs x > 0; series 'fused forward' has x[1] = 0"),
+  EXPECT_NE(error_of([&] {
+              plot::save_line_chart(ch, path("a.png"));
+            }).find("save_line_chart: log_x needs x > 0; series 'fused forward' has x[1] = 0"),
             std::string::npos);
   ch = timing_chart();
   ch.series[0].y[3] = -1;
   EXPECT_NE(error_of([&] { plot::save_line_chart(ch, path("a.png")); }).find("log_y needs y > 0"), std::string::npos);
   ch = timing_chart();
   ch.series[0].y.pop_back();
-  EXPECT_NE(error_of([&] { plot::save_line_chart(ch, path("a.png")); })
-                .find("series 'wrapper forward' has 7 x values but 6 y values"),
+  EXPECT_NE(error_of([&] {
+              plot::save_line_chart(ch, path("a.png"));
+            }).find("series 'wrapper forward' has 7 x values but 6 y values"),
             std::string::npos);
   ch = timing_chart(199, 500);
   EXPECT_NE(error_of([&] { plot::save_line_chart(ch, path("a.png")); }).find("size 199 x 500 is outside 200..8000"),
@@ -242,8 +244,9 @@ TEST_F(PlotTest, LineChartErrorsNameTheProblem) {
 
 TEST_F(PlotTest, TheExtensionPicksTheFormat) {
   for (const char* name : {"a.jpg", "noext", "a.png.txt"})
-    EXPECT_NE(error_of([&] { plot::save_line_chart(timing_chart(), path(name)); })
-                  .find("from its extension: expected .png, .svg or .pdf"),
+    EXPECT_NE(error_of([&] {
+                plot::save_line_chart(timing_chart(), path(name));
+              }).find("from its extension: expected .png, .svg or .pdf"),
               std::string::npos)
         << name;
   EXPECT_TRUE(tmp_.entries().empty());
@@ -331,8 +334,9 @@ TEST_F(PlotTest, AnnotationsWriteValuesInBigEnoughCells) {
 TEST_F(PlotTest, HeatmapErrorsNameTheProblem) {
   plot::Heatmap m = importance_map();
   m.values.pop_back();
-  EXPECT_NE(error_of([&] { plot::save_heatmap(m, path("m.png")); })
-                .find("save_heatmap: 5 values for a 2 x 3 heatmap (expected 6)"),
+  EXPECT_NE(error_of([&] {
+              plot::save_heatmap(m, path("m.png"));
+            }).find("save_heatmap: 5 values for a 2 x 3 heatmap (expected 6)"),
             std::string::npos);
   m = importance_map();
   m.rows = 0;
@@ -340,8 +344,7 @@ TEST_F(PlotTest, HeatmapErrorsNameTheProblem) {
             std::string::npos);
   m = importance_map();
   m.row_labels = {"only one"};
-  EXPECT_NE(error_of([&] { plot::save_heatmap(m, path("m.png")); }).find("1 row labels for 2 rows"),
-            std::string::npos);
+  EXPECT_NE(error_of([&] { plot::save_heatmap(m, path("m.png")); }).find("1 row labels for 2 rows"), std::string::npos);
   m = importance_map();
   m.vmin = 1.0;
   m.vmax = 0.5;
@@ -370,8 +373,8 @@ TEST_F(PlotTest, GridDrawsEveryPanelWithOneSharedRange) {
   EXPECT_LE(w, 8000u);
   plot::save_heatmap_grid(g, path("g.svg"));
   const std::string svg = read_file(path("g.svg"));
-  EXPECT_EQ(count(svg, "fill:" + kNanGrey), 36u);       // the pruned panel
-  EXPECT_GE(count(svg, "fill:" + kViridisHigh), 5u);    // weight 1 = vmax in each live panel
+  EXPECT_EQ(count(svg, "fill:" + kNanGrey), 36u);         // the pruned panel
+  EXPECT_GE(count(svg, "fill:" + kViridisHigh), 5u);      // weight 1 = vmax in each live panel
   EXPECT_GE(count(svg, "fill:" + kViridisLow), 5u * 15);  // the masked upper triangles
 }
 
@@ -391,8 +394,9 @@ TEST_F(PlotTest, GridMayLeaveTheLastRowShortAndStaysSane) {
 TEST_F(PlotTest, GridErrorsNameThePanel) {
   plot::HeatmapGrid g = attention_grid(1, 2, 3);
   g.panels[1].values.pop_back();
-  EXPECT_NE(error_of([&] { plot::save_heatmap_grid(g, path("g.png")); })
-                .find("save_heatmap_grid: panel 1 ('layer 0 head 1'): 8 values for a 3 x 3 heatmap"),
+  EXPECT_NE(error_of([&] {
+              plot::save_heatmap_grid(g, path("g.png"));
+            }).find("save_heatmap_grid: panel 1 ('layer 0 head 1'): 8 values for a 3 x 3 heatmap"),
             std::string::npos);
   g = attention_grid(1, 2, 3);
   g.grid_cols = 1;
@@ -411,8 +415,16 @@ TEST_F(PlotTest, GridErrorsNameThePanel) {
 
 TEST_F(PlotTest, TokenLabelsWithOddBytesAreDrawnLiterally) {
   // '#' is PLplot's escape character; the others are control bytes, markup and bytes beyond ASCII.
-  const std::vector<std::string> tokens = {"#", "a\nb", "#u", "##(123)", "<b>&amp;", "\t", "\xff", "caf\xc3\xa9",
-                                           std::string(1, '\0'), std::string(300, 'w')};
+  const std::vector<std::string> tokens = {"#",
+                                           "a\nb",
+                                           "#u",
+                                           "##(123)",
+                                           "<b>&amp;",
+                                           "\t",
+                                           "\xff",
+                                           "caf\xc3\xa9",
+                                           std::string(1, '\0'),
+                                           std::string(300, 'w')};
   plot::HeatmapGrid g = attention_grid(1, 1, static_cast<int64_t>(tokens.size()));
   g.title = "attention # of \"a\\nb\" \x01";
   g.panels[0].row_labels = g.panels[0].col_labels = tokens;

@@ -54,8 +54,21 @@ class ReliabilityTest : public ::testing::Test {
   }
   // A tiny reverse run (emb 16, batch 8) of `steps` steps into `out`, every step logged and evaluated.
   void train_tiny(const std::string& out, int64_t steps, std::vector<std::string> extra = {}) const {
-    std::vector<std::string> args{"train", "--out", out, "--steps", std::to_string(steps), "--emb-dim", "16",
-                                  "--batch-size", "8", "--eval-batches", "1", "--eval-every", "1", "--warmup", "0"};
+    std::vector<std::string> args{"train",
+                                  "--out",
+                                  out,
+                                  "--steps",
+                                  std::to_string(steps),
+                                  "--emb-dim",
+                                  "16",
+                                  "--batch-size",
+                                  "8",
+                                  "--eval-batches",
+                                  "1",
+                                  "--eval-every",
+                                  "1",
+                                  "--warmup",
+                                  "0"};
     args.insert(args.end(), extra.begin(), extra.end());
     const Result r = headlab(args);
     ASSERT_EQ(r.code, 0) << r.err;
@@ -113,15 +126,16 @@ TEST_F(ReliabilityTest, EveryWritingCommandRefusesAFolderInUse) {
   const std::string ck = path("run/checkpoint.h5"), busy = path("busy");
   fs::create_directories(busy);
   const io::FolderLock held(busy, "test");
-  const std::string holder = "is in use by headlab process " + std::to_string(::getpid()) +
-                             "; wait for it or choose another --out";
+  const std::string holder =
+      "is in use by headlab process " + std::to_string(::getpid()) + "; wait for it or choose another --out";
   const std::vector<std::pair<std::string, std::vector<std::string>>> commands = {
       {"train", {"train", "--out", busy, "--steps", "2", "--emb-dim", "16"}},
       {"ablate", {"ablate", ck, "--out", busy, "--batches", "1"}},
       {"heads", {"heads", ck, "--out", busy, "--batches", "1"}},
       {"attention", {"attention", ck, "--prompt", "1234", "--out", busy}},
-      {"compare", {"compare", "--no-peer-grid", "--heads", "1", "--emb-dim", "8", "--tokens", "4", "--batch", "1",
-                   "--repeats", "1", "--warmup", "0", "--torch-peer", "off", "--out", busy}},
+      {"compare",
+       {"compare", "--no-peer-grid", "--heads", "1", "--emb-dim", "8", "--tokens", "4", "--batch", "1", "--repeats",
+        "1", "--warmup", "0", "--torch-peer", "off", "--out", busy}},
   };
   for (const auto& [cmd, args] : commands) {
     const Result r = headlab(args);
@@ -136,8 +150,9 @@ TEST_F(ReliabilityTest, EveryWritingCommandRefusesAFolderInUse) {
 // has ended, a third run goes ahead.
 TEST_F(ReliabilityTest, ASecondTrainRunIntoTheSameFolderIsRefused) {
   const std::string out = path("shared");
-  std::vector<std::string> args{kBinary, "train", "--out", out, "--steps", "100000", "--emb-dim", "16",
-                                "--batch-size", "8", "--eval-batches", "1", "--save-every", "100000", "--eval-every", "100000"};
+  std::vector<std::string> args{kBinary,        "train",  "--out",        out,     "--steps",        "100000",
+                                "--emb-dim",    "16",     "--batch-size", "8",     "--eval-batches", "1",
+                                "--save-every", "100000", "--eval-every", "100000"};
   std::vector<char*> argv;
   for (std::string& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -160,8 +175,8 @@ TEST_F(ReliabilityTest, ASecondTrainRunIntoTheSameFolderIsRefused) {
                                        "; wait for it or choose another --out"))
       << second.err;
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 130) << "the first run was interrupted, not disturbed";
-  const Result third = headlab({"train", "--out", out, "--resume", "--steps", std::to_string(
-      io::load_checkpoint(out + "/checkpoint.h5").trainer.step + 1)});
+  const Result third = headlab({"train", "--out", out, "--resume", "--steps",
+                                std::to_string(io::load_checkpoint(out + "/checkpoint.h5").trainer.step + 1)});
   EXPECT_EQ(third.code, 0) << third.err;
 }
 
@@ -185,8 +200,8 @@ TEST_F(ReliabilityTest, InputsThatAreNotRegularFilesAreRefusedWithoutOpeningThem
       {path("run"), "is a folder, not a file"}};
   for (const auto& [input, what] : inputs) {
     for (const std::string cmd : {"eval", "inspect", "ablate", "heads"}) {
-      const Result r = cmd == "eval" || cmd == "inspect" ? headlab({cmd, input}, 20)
-                                                         : headlab({cmd, input, "--out", path("o")}, 20);
+      const Result r =
+          cmd == "eval" || cmd == "inspect" ? headlab({cmd, input}, 20) : headlab({cmd, input, "--out", path("o")}, 20);
       EXPECT_EQ(r.code, 1) << cmd << " " << input << ": " << r.err;
       EXPECT_TRUE(contains(r.err, cmd + ": checkpoint '" + input + "' " + what)) << cmd << ": " << r.err;
     }
@@ -209,7 +224,8 @@ TEST_F(ReliabilityTest, InputsThatAreNotRegularFilesAreRefusedWithoutOpeningThem
   // The library's readers: an error, not a hang.
   const auto child = headlab::testing::run_in_child([&] { io::load_checkpoint(fifo); });
   EXPECT_TRUE(child.error) << child.abnormal;
-  EXPECT_TRUE(contains(child.message, "checkpoint '" + fifo + "': is not a regular file (it is a FIFO)")) << child.message;
+  EXPECT_TRUE(contains(child.message, "checkpoint '" + fifo + "': is not a regular file (it is a FIFO)"))
+      << child.message;
   ::close(fd);
 }
 
@@ -229,7 +245,8 @@ TEST_F(ReliabilityTest, InputPathHelperNamesWhatThePathIs) {
             "eval: checkpoint '/dev/null' is not a regular file (it is a character device)");
   EXPECT_EQ(error_of([&] { check_input_folder(dir, "x:"); }), "<no error>");
   EXPECT_EQ(error_of([&] { check_input_folder(file, "x:"); }), "x: '" + file + "' is not a folder (it is a file)");
-  EXPECT_EQ(error_of([&] { check_input_folder(path("missing"), "x:"); }), "x: '" + path("missing") + "' does not exist");
+  EXPECT_EQ(error_of([&] { check_input_folder(path("missing"), "x:"); }),
+            "x: '" + path("missing") + "' does not exist");
 }
 
 // ---- --resume -------------------------------------------------------------------------------------
@@ -241,14 +258,16 @@ TEST_F(ReliabilityTest, ResumeRefusesOptionsThatContradictTheCheckpoint) {
   const Result r = headlab({"train", "--resume", "--out", out, "--steps", "6", "--emb-dim", "32", "--task", "copy",
                             "--n-layers", "2", "--batch-size", "4", "--seed", "7"});
   EXPECT_EQ(r.code, 2) << r.out << r.err;
-  for (const char* part : {"train --resume: ", "--emb-dim 32 differs from the checkpoint's 16",
-                           "--task copy differs from the checkpoint's reverse",
-                           "--batch-size 4 differs from the checkpoint's 8", "--seed 7 differs from the checkpoint's 1"})
+  for (const char* part :
+       {"train --resume: ", "--emb-dim 32 differs from the checkpoint's 16",
+        "--task copy differs from the checkpoint's reverse", "--batch-size 4 differs from the checkpoint's 8",
+        "--seed 7 differs from the checkpoint's 1"})
     EXPECT_TRUE(contains(r.err, part)) << part << "\n" << r.err;
   EXPECT_FALSE(contains(r.err, "--n-layers")) << "2 layers is what the checkpoint has\n" << r.err;
   EXPECT_EQ(slurp(out + "/checkpoint.h5"), before) << "nothing was run";
   // Told, but equal to the checkpoint's: no difference.
-  const Result same = headlab({"train", "--resume", "--out", out, "--steps", "4", "--emb-dim", "16", "--task", "reverse"});
+  const Result same =
+      headlab({"train", "--resume", "--out", out, "--steps", "4", "--emb-dim", "16", "--task", "reverse"});
   EXPECT_EQ(same.code, 0) << same.err;
   EXPECT_EQ(io::load_checkpoint(out + "/checkpoint.h5").trainer.step, 4);
 }
@@ -260,8 +279,9 @@ TEST_F(ReliabilityTest, ResumeAppliesAndReportsWhatMayChange) {
   const Result r = headlab({"train", "--resume", "--out", out, "--steps", "8", "--lr", "0.001", "--eval-every", "4",
                             "--grad-clip", "0.5", "--save-every", "4"});
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_TRUE(contains(r.out, "resume: changed --lr 0.001 (was 0.003), --grad-clip 0.5 (was 1), --eval-every 4 (was 1), "
-                              "--save-every 4 (was 200), --steps 8 (was 3)"))
+  EXPECT_TRUE(contains(r.out,
+                       "resume: changed --lr 0.001 (was 0.003), --grad-clip 0.5 (was 1), --eval-every 4 (was 1), "
+                       "--save-every 4 (was 200), --steps 8 (was 3)"))
       << r.out;
   const io::Checkpoint ck = io::load_checkpoint(out + "/checkpoint.h5");
   const train::RunConfig c = train::RunConfig::from_json(ck.config);
@@ -317,9 +337,9 @@ TEST_F(ReliabilityTest, ALossSpikeStopsTheRunAndNothingIsSavedAfterIt) {
 // Weights growing towards 1e30 without a NaN: stopped at the first check past 1e6, nothing saved for it.
 TEST_F(ReliabilityTest, AParameterPastTheLimitStopsTheRun) {
   const std::string out = path("p");
-  const Result r = headlab({"train", "--out", out, "--steps", "200", "--optimizer", "sgd", "--lr", "30", "--warmup", "0",
-                            "--grad-clip", "0", "--eval-every", "2", "--save-every", "2", "--emb-dim", "16",
-                            "--batch-size", "8", "--eval-batches", "1"});
+  const Result r = headlab({"train", "--out",     out,  "--steps",      "200", "--optimizer",    "sgd", "--lr",
+                            "30",    "--warmup",  "0",  "--grad-clip",  "0",   "--eval-every",   "2",   "--save-every",
+                            "2",     "--emb-dim", "16", "--batch-size", "8",   "--eval-batches", "1"});
   EXPECT_EQ(r.code, 1) << r.out << r.err;
   EXPECT_TRUE(contains(r.err, "holds a value of magnitude ")) << r.err;
   EXPECT_TRUE(contains(r.err, ", more than 1e+06")) << r.err;
@@ -345,7 +365,8 @@ TEST_F(ReliabilityTest, EvalOfADivergedCheckpointFails) {
   io::save_checkpoint(path("e/nan.h5"), ck);
   const Result r = headlab({"eval", path("e/nan.h5")});
   EXPECT_EQ(r.code, 1) << r.out << r.err;
-  EXPECT_TRUE(contains(r.err, "eval: the model's loss on the validation data is nan: the checkpoint holds a diverged model"))
+  EXPECT_TRUE(
+      contains(r.err, "eval: the model's loss on the validation data is nan: the checkpoint holds a diverged model"))
       << r.err;
   EXPECT_FALSE(contains(r.out, "val loss")) << r.out;
 }
@@ -386,9 +407,9 @@ TEST_F(ReliabilityTest, HugeEvaluationAndGenerationSizesAreRefusedBeforeAllocati
     for (int i = 0; i < 20; ++i) text << "the quick brown fox jumps over the lazy dog\n";
   }
   {
-    const Result chars = headlab({"train", "--task", "chars", "--text", path("text.txt"), "--steps", "1", "--emb-dim",
-                                  "16", "--batch-size", "2", "--context-length", "8", "--eval-batches", "1", "--out",
-                                  path("c")});
+    const Result chars =
+        headlab({"train", "--task", "chars", "--text", path("text.txt"), "--steps", "1", "--emb-dim", "16",
+                 "--batch-size", "2", "--context-length", "8", "--eval-batches", "1", "--out", path("c")});
     ASSERT_EQ(chars.code, 0) << chars.err;
   }
   const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {

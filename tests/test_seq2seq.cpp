@@ -17,8 +17,8 @@
 #include "io/h5file.h"
 #include "nn/transformer.h"
 #include "tasks/bleu.h"
-#include "train/trainer.h"
 #include "tests/process_util.h"
+#include "train/trainer.h"
 
 namespace fs = std::filesystem;
 using namespace headlab;
@@ -236,7 +236,8 @@ TEST_F(Seq2Seq, PrunedCheckpointComputesWhatTheGatedModelDoes) {
     analysis::prune_checkpoint(ck, keep);
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("attention module 2 must keep at least one head"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("attention module 2 must keep at least one head"), std::string::npos)
+        << e.what();
   }
 }
 
@@ -257,7 +258,8 @@ TEST_F(Seq2Seq, AttentionMapsOfEveryKindAreThePaddedBatchsRow) {
     ASSERT_EQ(m.T, queries[k]);
     ASSERT_EQ(m.S, keys[k]);
     ASSERT_EQ(m.weights.size(), static_cast<size_t>(L * H * m.T * m.S));
-    EXPECT_EQ(m.layer_names, (std::vector<std::string>{prefixes[k] + std::string("0"), prefixes[k] + std::string("1")}));
+    EXPECT_EQ(m.layer_names,
+              (std::vector<std::string>{prefixes[k] + std::string("0"), prefixes[k] + std::string("1")}));
     for (int64_t q = 0; q < L * H * m.T; ++q) {
       double row = 0;
       for (int64_t j = 0; j < m.S; ++j) {
@@ -383,11 +385,11 @@ TEST_F(Seq2Seq, CommandsRunOnAnEncoderDecoderCheckpoint) {
   EXPECT_NE(run({"eval", path("ck.h5")}).find("BLEU"), std::string::npos);
   EXPECT_NE(run({"generate", path("ck.h5"), "--prompt", "1234"}).find("1234 => "), std::string::npos);
   EXPECT_NE(run({"inspect", path("ck.h5")}).find("decoder.blks.block1.attention2.W_o.weight"), std::string::npos);
-  const std::string ab = run({"ablate", path("ck.h5"), "--batches", "1", "--batch-size", "16", "--prune", "2",
-                              "--out", path("ablation"), "--repeats", "2"});
+  const std::string ab = run({"ablate", path("ck.h5"), "--batches", "1", "--batch-size", "16", "--prune", "2", "--out",
+                              path("ablation"), "--repeats", "2"});
   EXPECT_NE(ab.find("cross.L"), std::string::npos) << ab;
-  for (const char* f : {"heads.csv", "pruning.csv", "report.md", "importance.png", "pruning.png", "pruned.h5",
-                        "attention.html"})
+  for (const char* f :
+       {"heads.csv", "pruning.csv", "report.md", "importance.png", "pruning.png", "pruned.h5", "attention.html"})
     EXPECT_TRUE(fs::exists(path("ablation/") + f)) << f;
   std::ifstream report(path("ablation/report.md"));
   const std::string md((std::istreambuf_iterator<char>(report)), std::istreambuf_iterator<char>());

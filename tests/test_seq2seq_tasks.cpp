@@ -69,8 +69,7 @@ TEST(Seq2SeqBatch, LayoutPadsValidLensAndShiftedInputs) {
     EXPECT_LE(batch.S, task->max_source_length());
     int64_t longest_source = 0, longest_target = 0;
     for (int64_t b = 0; b < B; ++b) {
-      const Seq2SeqExample ex =
-          task->example(Split::train, 3 * B + b);  // row b is example index*B + b
+      const Seq2SeqExample ex = task->example(Split::train, 3 * B + b);  // row b is example index*B + b
       const int64_t S = batch.S, T = batch.T;
       const int64_t slen = static_cast<int64_t>(ex.source.size());
       const int64_t tlen = static_cast<int64_t>(ex.target.size());
@@ -110,11 +109,9 @@ TEST(Seq2SeqBatch, NumbersRowsAreWordsAndDigits) {
   std::set<int64_t> digit_counts;
   for (int64_t b = 0; b < batch.B; ++b) {
     const int64_t slen = batch.source_valid_lens[static_cast<size_t>(b)];
-    const std::vector<int64_t> source(batch.source.begin() + b * batch.S,
-                                      batch.source.begin() + b * batch.S + slen);
+    const std::vector<int64_t> source(batch.source.begin() + b * batch.S, batch.source.begin() + b * batch.S + slen);
     const int64_t tlen = batch.answer_end[static_cast<size_t>(b)];
-    std::vector<int64_t> answer(batch.targets.begin() + b * batch.T,
-                                batch.targets.begin() + b * batch.T + tlen);
+    std::vector<int64_t> answer(batch.targets.begin() + b * batch.T, batch.targets.begin() + b * batch.T + tlen);
     const std::string digits = task->format_answer(answer);
     ASSERT_EQ(static_cast<int64_t>(digits.size()), tlen - 1);
     digit_counts.insert(tlen - 1);
@@ -146,8 +143,8 @@ TEST(Seq2SeqBatch, DeterministicAndKeyed) {
 }
 
 TEST(Seq2SeqBatch, PairsAreTheGptTasksExamples) {
-  for (auto kind : {AlgorithmicTask::Kind::copy, AlgorithmicTask::Kind::reverse,
-                    AlgorithmicTask::Kind::sort, AlgorithmicTask::Kind::add}) {
+  for (auto kind : {AlgorithmicTask::Kind::copy, AlgorithmicTask::Kind::reverse, AlgorithmicTask::Kind::sort,
+                    AlgorithmicTask::Kind::add}) {
     const AlgorithmicTask gpt(kind, TaskOptions{});
     auto task = make_seq2seq_task(gpt.name(), TaskOptions{});
     SCOPED_TRACE(task->name());
@@ -213,8 +210,7 @@ TEST(Seq2SeqSplits, TrainAndValidationAreDisjoint) {
   auto seed2 = make_seq2seq_task("numbers", numbers_options(99999, 2));
   std::set<std::vector<int64_t>> train1;
   for (uint64_t n = 0; n < 3000; ++n) train1.insert(seed1->example(Split::train, n).source);
-  for (uint64_t n = 0; n < 3000; ++n)
-    EXPECT_EQ(train1.count(seed2->example(Split::val, n).source), 0u);
+  for (uint64_t n = 0; n < 3000; ++n) EXPECT_EQ(train1.count(seed2->example(Split::val, n).source), 0u);
 }
 
 // =============================================================================================
@@ -254,16 +250,14 @@ TEST(Numbers, VocabulariesAndNormalisation) {
   EXPECT_EQ((std::vector<std::string>(vocab.end() - 3, vocab.end())),
             (std::vector<std::string>{"hundred", "thousand", "and"}));
   // Target: copy/reverse/sort's characters, id == digit.
-  EXPECT_EQ(task->tokenizer().vocab(),
-            make_seq2seq_task("copy", TaskOptions{})->tokenizer().vocab());
+  EXPECT_EQ(task->tokenizer().vocab(), make_seq2seq_task("copy", TaskOptions{})->tokenizer().vocab());
   EXPECT_EQ(task->bos_id(), 10);
   EXPECT_EQ(task->end_id(), 11);
   EXPECT_EQ(task->target_pad_id(), 12);
   EXPECT_EQ(task->format_answer({1, 0, 0, 5, 11, 12, 3}), "1005");
   EXPECT_EQ(task->format_answer({4, 2}), "42");
   // Case, hyphens and extra spaces are normalised.
-  EXPECT_EQ(task->encode_prompt("  Twenty-One  Thousand\tand FIVE\n").text,
-            "twenty one thousand and five");
+  EXPECT_EQ(task->encode_prompt("  Twenty-One  Thousand\tand FIVE\n").text, "twenty one thousand and five");
   EXPECT_EQ(task->expected_answer("twenty-one"), "21");
 }
 
@@ -281,8 +275,7 @@ TEST(Numbers, PromptErrors) {
   EXPECT_ERROR(task->encode_source("one thousand five"), "prompt 'one thousand five" + style);
   EXPECT_ERROR(task->encode_source("five five"), "prompt 'five five" + style);
   EXPECT_ERROR(task->encode_source("twenty zero"), "prompt 'twenty zero" + style);
-  EXPECT_ERROR(task->encode_source("one thousand thousand"),
-               "prompt 'one thousand thousand" + style);
+  EXPECT_ERROR(task->encode_source("one thousand thousand"), "prompt 'one thousand thousand" + style);
   EXPECT_ERROR(task->encode_source("ninety hundred hundred hundred thousand thousand"), style);
   EXPECT_EQ(error_of([&] { task->encode_source("one hundred thousand"); }),
             "task numbers: prompt 'one hundred thousand' is 100000, above max_number = 99999");
@@ -292,8 +285,7 @@ TEST(Numbers, PromptErrors) {
   EXPECT_EQ(error_of([&] { task->decode_source({32}); }),
             "task numbers: cannot decode source id 32 at position 0: the source vocabulary has 32 "
             "words (ids 0 to 31)");
-  EXPECT_EQ(error_of([] { number_words(1000000); }),
-            "number_words: 1000000 is outside [0, 999999]");
+  EXPECT_EQ(error_of([] { number_words(1000000); }), "number_words: 1000000 is outside [0, 999999]");
   // The digit tasks validate as their GPT forms do; the separator is not part of the source.
   auto rev = make_seq2seq_task("reverse", TaskOptions{});
   EXPECT_EQ(error_of([&] { rev->encode_source("12a"); }),
@@ -310,20 +302,17 @@ TEST(Numbers, PromptErrors) {
 // Factory and options
 
 TEST(Seq2SeqFactory, NamesDescriptionsAndErrors) {
-  EXPECT_EQ(seq2seq_task_names(),
-            (std::vector<std::string>{"copy", "reverse", "sort", "add", "numbers"}));
+  EXPECT_EQ(seq2seq_task_names(), (std::vector<std::string>{"copy", "reverse", "sort", "add", "numbers"}));
   for (const auto& name : seq2seq_task_names()) {
     auto task = make_seq2seq_task(name, TaskOptions{});
     EXPECT_EQ(task->name(), name);
     EXPECT_NE(task->description().find("encoder-decoder"), std::string::npos) << name;
   }
-  EXPECT_EQ(
-      error_of([] { make_seq2seq_task("chars", TaskOptions{}); }),
-      "unknown seq2seq task 'chars': valid seq2seq tasks are copy, reverse, sort, add, numbers "
-      "(chars has no source/target pairs; it is a GPT task only)");
-  EXPECT_EQ(
-      error_of([] { make_seq2seq_task("number", TaskOptions{}); }),
-      "unknown seq2seq task 'number': valid seq2seq tasks are copy, reverse, sort, add, numbers");
+  EXPECT_EQ(error_of([] { make_seq2seq_task("chars", TaskOptions{}); }),
+            "unknown seq2seq task 'chars': valid seq2seq tasks are copy, reverse, sort, add, numbers "
+            "(chars has no source/target pairs; it is a GPT task only)");
+  EXPECT_EQ(error_of([] { make_seq2seq_task("number", TaskOptions{}); }),
+            "unknown seq2seq task 'number': valid seq2seq tasks are copy, reverse, sort, add, numbers");
   EXPECT_EQ(error_of([] { make_seq2seq_task("numbers", numbers_options(1000000)); }),
             "task numbers: max_number must be between 0 and 999999 (the words stop at thousands), "
             "got 1000000");
@@ -348,8 +337,7 @@ TEST(Seq2SeqFactory, OptionsRoundTrip) {
   const auto map = options_to_map("numbers", numbers->options());
   EXPECT_EQ(map, (std::map<std::string, std::string>{{"seed", "7"}, {"max_number", "4321"}}));
   auto restored = make_seq2seq_task("numbers", options_from_map(map));
-  EXPECT_EQ(restored->batch(Split::val, 2, 8, 0).source,
-            numbers->batch(Split::val, 2, 8, 0).source);
+  EXPECT_EQ(restored->batch(Split::val, 2, 8, 0).source, numbers->batch(Split::val, 2, 8, 0).source);
   EXPECT_EQ(options_to_map("add", TaskOptions{}),
             (std::map<std::string, std::string>{{"seed", "1"}, {"n_digits", "3"}}));
   EXPECT_EQ(options_to_map("unknown", TaskOptions{}).count("max_number"), 1u);  // every key

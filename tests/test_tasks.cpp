@@ -27,16 +27,14 @@ namespace {
 #define EXPECT_ERROR_CONTAINS(stmt, needle) \
   EXPECT_NE(error_of([&] { stmt; }).find(needle), std::string::npos) << error_of([&] { stmt; })
 
-AlgorithmicTask algo(AlgorithmicTask::Kind kind, int64_t min_len = 4, int64_t max_len = 8,
-                     int64_t n_digits = 3, uint64_t seed = 1) {
+AlgorithmicTask algo(AlgorithmicTask::Kind kind, int64_t min_len = 4, int64_t max_len = 8, int64_t n_digits = 3,
+                     uint64_t seed = 1) {
   TaskOptions o;
   o.min_len = min_len, o.max_len = max_len, o.n_digits = n_digits, o.seed = seed;
   return AlgorithmicTask(kind, o);
 }
 
-std::vector<int64_t> ids_of(const Task& task, const std::string& s) {
-  return task.tokenizer().encode(s);
-}
+std::vector<int64_t> ids_of(const Task& task, const std::string& s) { return task.tokenizer().encode(s); }
 
 std::string row_text(const Task& task, const std::vector<int64_t>& v, int64_t b, int64_t T) {
   return task.tokenizer().decode(std::vector<int64_t>(v.begin() + b * T, v.begin() + (b + 1) * T));
@@ -46,8 +44,7 @@ std::string row_text(const Task& task, const std::vector<int64_t>& v, int64_t b,
 struct TempFile {
   std::string path;
   explicit TempFile(const std::string& name, const std::string& content) {
-    path = (std::filesystem::temp_directory_path() /
-            ("headlab_tasks_" + std::to_string(::getpid()) + "_" + name))
+    path = (std::filesystem::temp_directory_path() / ("headlab_tasks_" + std::to_string(::getpid()) + "_" + name))
                .string();
     std::ofstream(path, std::ios::binary) << content;
   }
@@ -62,9 +59,7 @@ std::string printable_ascii() {
   return s;
 }
 
-std::string repo_path(const std::string& rel) {
-  return (std::filesystem::path(HEADLAB_SOURCE_DIR) / rel).string();
-}
+std::string repo_path(const std::string& rel) { return (std::filesystem::path(HEADLAB_SOURCE_DIR) / rel).string(); }
 
 }  // namespace
 
@@ -101,19 +96,20 @@ TEST(Tokenizer, UnknownCharacterAndBadIdErrors) {
             "\"\\nab\"");
   EXPECT_EQ(error_of([&] { tok.encode("a\tb"); }),
             "tok: text 'a\\tb' has character '\\t' outside the vocabulary \"ab\"");
-  EXPECT_EQ(error_of([&] { tok.decode({0, 2}); }),
+  EXPECT_EQ(error_of([&] {
+              tok.decode({0, 2});
+            }),
             "tok: cannot decode id 2 at position 1: the vocabulary has 2 tokens (ids 0 to 1)");
-  EXPECT_EQ(error_of([&] { tok.encode("a\xFF"); }),
-            "tok: text is not valid UTF-8 (byte 0xff at offset 1)");
+  EXPECT_EQ(error_of([&] { tok.encode("a\xFF"); }), "tok: text is not valid UTF-8 (byte 0xff at offset 1)");
 }
 
 TEST(Tokenizer, RejectsBadVocabularies) {
-  EXPECT_EQ(error_of([] { Tokenizer({}, "tok"); }),
-            "tok: the vocabulary is empty; expected a list of characters");
-  EXPECT_EQ(error_of([] { Tokenizer({"a", "bc"}, "tok"); }),
+  EXPECT_EQ(error_of([] { Tokenizer({}, "tok"); }), "tok: the vocabulary is empty; expected a list of characters");
+  EXPECT_EQ(error_of([] {
+              Tokenizer({"a", "bc"}, "tok");
+            }),
             "tok: vocabulary entry 1 'bc' is not a single character (2 bytes)");
-  EXPECT_EQ(error_of([] { Tokenizer({"a", "b", "a"}, "tok"); }),
-            "tok: vocabulary entry 2 'a' repeats entry 0");
+  EXPECT_EQ(error_of([] { Tokenizer({"a", "b", "a"}, "tok"); }), "tok: vocabulary entry 2 'a' repeats entry 0");
 }
 
 // =============================================================================================
@@ -121,14 +117,14 @@ TEST(Tokenizer, RejectsBadVocabularies) {
 
 TEST(AlgorithmicTasks, VocabulariesPutDigitsFirst) {
   auto rev = algo(AlgorithmicTask::Kind::reverse);
-  EXPECT_EQ(rev.tokenizer().vocab(), (std::vector<std::string>{"0", "1", "2", "3", "4", "5", "6",
-                                                               "7", "8", "9", ">", ".", "_"}));
+  EXPECT_EQ(rev.tokenizer().vocab(),
+            (std::vector<std::string>{"0", "1", "2", "3", "4", "5", "6", "7", "8", "9", ">", ".", "_"}));
   EXPECT_EQ(rev.sep_id(), 10);
   EXPECT_EQ(rev.end_id(), 11);
   EXPECT_EQ(rev.pad_id(), 12);
   auto add = algo(AlgorithmicTask::Kind::add);
-  EXPECT_EQ(add.tokenizer().vocab(), (std::vector<std::string>{"0", "1", "2", "3", "4", "5", "6",
-                                                               "7", "8", "9", "+", "=", ".", "_"}));
+  EXPECT_EQ(add.tokenizer().vocab(),
+            (std::vector<std::string>{"0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "+", "=", ".", "_"}));
   EXPECT_EQ(add.plus_id(), 10);
   EXPECT_EQ(add.sep_id(), 11);
   EXPECT_EQ(add.end_id(), 12);
@@ -172,8 +168,7 @@ TEST(AlgorithmicTasks, AddWritesTheSumReversedWithCarries) {
 
 TEST(AlgorithmicTasks, StreamExamplesObeyTheirTask) {
   // Every sampled example is a well-formed instance of its task.
-  for (auto kind : {AlgorithmicTask::Kind::copy, AlgorithmicTask::Kind::reverse,
-                    AlgorithmicTask::Kind::sort}) {
+  for (auto kind : {AlgorithmicTask::Kind::copy, AlgorithmicTask::Kind::reverse, AlgorithmicTask::Kind::sort}) {
     auto task = algo(kind);
     for (uint64_t n = 0; n < 300; ++n) {
       const Example e = task.example(n % 2 ? Split::val : Split::train, n);
@@ -294,8 +289,7 @@ TEST(Determinism, SameKeySameBatchOtherKeysDiffer) {
   EXPECT_EQ(a.targets, b.targets);
   EXPECT_NE(rev.batch(Split::train, 4, 16, 18).inputs, a.inputs);
   EXPECT_NE(rev.batch(Split::val, 3, 16, 18).inputs, a.inputs);
-  EXPECT_NE(algo(AlgorithmicTask::Kind::reverse, 4, 8, 3, 2).batch(Split::train, 3, 16, 18).inputs,
-            a.inputs);
+  EXPECT_NE(algo(AlgorithmicTask::Kind::reverse, 4, 8, 3, 2).batch(Split::train, 3, 16, 18).inputs, a.inputs);
   // A longer T only adds padding: the examples do not depend on T.
   const Batch wide = rev.batch(Split::train, 3, 16, 24);
   for (int64_t r = 0; r < 16; ++r)
@@ -402,8 +396,7 @@ TEST(Score, PerfectPredictionsAndOneWrongToken) {
   EXPECT_EQ(total.rows_correct, B - 2);
   EXPECT_DOUBLE_EQ(total.exact_match, static_cast<double>(B - 2) / static_cast<double>(2 * B));
   EXPECT_EQ(total.tokens, 2 * scored);
-  EXPECT_DOUBLE_EQ(total.token_accuracy,
-                   static_cast<double>(scored - 2) / static_cast<double>(2 * scored));
+  EXPECT_DOUBLE_EQ(total.token_accuracy, static_cast<double>(scored - 2) / static_cast<double>(2 * scored));
 }
 
 TEST(Score, CharsHasNoExactMatchAndSizesAreChecked) {
@@ -466,8 +459,7 @@ TEST(Chars, VocabularyRoundTripAndEvalOnAnotherText) {
   TaskOptions o;
   o.text = "to be or not to be";
   auto chars = make_task("chars", o);
-  EXPECT_EQ(chars->tokenizer().vocab(),
-            (std::vector<std::string>{" ", "b", "e", "n", "o", "r", "t"}));
+  EXPECT_EQ(chars->tokenizer().vocab(), (std::vector<std::string>{" ", "b", "e", "n", "o", "r", "t"}));
   // Stored description -> same task.
   const TaskOptions stored = chars->options();
   EXPECT_EQ(stored.vocabulary, chars->tokenizer().vocab());
@@ -515,8 +507,7 @@ TEST(Chars, PromptsAndErrors) {
   EXPECT_EQ(chars->end_id(), -1);
   EXPECT_EQ(error_of([&] { chars->encode_prompt("ab"); }),
             "task chars: prompt 'ab' has character 'b' outside the vocabulary \"a\"");
-  EXPECT_EQ(error_of([&] { chars->encode_prompt(""); }),
-            "task chars: prompt is empty; give at least one character");
+  EXPECT_EQ(error_of([&] { chars->encode_prompt(""); }), "task chars: prompt is empty; give at least one character");
   // Text shorter than T + 2.
   EXPECT_EQ(error_of([&] { chars->check_context_length(128); }),
             "task chars: text has 120 characters, need at least context_length + 2 = 130");
@@ -529,8 +520,7 @@ TEST(Chars, PromptsAndErrors) {
             "context length");
   EXPECT_NO_THROW(chars->batch(Split::train, 0, 1, 20));  // the train part is long enough
   EXPECT_NO_THROW(chars->check_context_length(11));
-  EXPECT_EQ(error_of([&] { chars->batch(Split::train, 0, 0, 4); }),
-            "task chars: batch size must be positive, got 0");
+  EXPECT_EQ(error_of([&] { chars->batch(Split::train, 0, 0, 4); }), "task chars: batch size must be positive, got 0");
   EXPECT_EQ(error_of([&] { chars->batch(Split::train, 0, 2, 0); }),
             "task chars: context length must be positive, got 0");
 
@@ -538,8 +528,7 @@ TEST(Chars, PromptsAndErrors) {
   TaskOptions f;
   f.text_path = short_file.path;
   EXPECT_EQ(error_of([&] { make_task("chars", f)->check_context_length(128); }),
-            "task chars: text '" + short_file.path +
-                "' has 120 characters, need at least context_length + 2 = 130");
+            "task chars: text '" + short_file.path + "' has 120 characters, need at least context_length + 2 = 130");
 }
 
 TEST(Chars, MissingAndEmptyFiles) {
@@ -550,14 +539,14 @@ TEST(Chars, MissingAndEmptyFiles) {
             "FILE with a plain-text file");
   TempFile empty("empty.txt", "");
   o.text_path = empty.path;
-  EXPECT_EQ(error_of([&] { make_task("chars", o); }),
-            "task chars: text file '" + empty.path + "' is empty");
+  EXPECT_EQ(error_of([&] { make_task("chars", o); }), "task chars: text file '" + empty.path + "' is empty");
   o.text_path = std::filesystem::temp_directory_path().string();
   EXPECT_ERROR_CONTAINS(make_task("chars", o), "is a folder, not a file");
   // A device is no text: reading /dev/zero never ended.
   o.text_path = "/dev/zero";
   EXPECT_EQ(error_of([&] { make_task("chars", o); }),
-            "task chars: text file '/dev/zero' is not a regular file (it is a character device); pass --text FILE with a plain-text file");
+            "task chars: text file '/dev/zero' is not a regular file (it is a character device); pass --text FILE with "
+            "a plain-text file");
 }
 
 TEST(Chars, DefaultTextIsUsable) {
@@ -622,8 +611,7 @@ TEST(Generation, PromptErrors) {
   EXPECT_EQ(error_of([&] { rev->encode_prompt("  "); }),
             "task reverse: prompt is empty; expected 4 to 8 digits, e.g. '31415926'");
   auto copy8 = algo(AlgorithmicTask::Kind::copy, 8, 8);
-  EXPECT_EQ(error_of([&] { copy8.encode_prompt("1234"); }),
-            "task copy: prompt '1234' has 4 digits, expected 8 digits");
+  EXPECT_EQ(error_of([&] { copy8.encode_prompt("1234"); }), "task copy: prompt '1234' has 4 digits, expected 8 digits");
 
   auto add = make_task("add", TaskOptions{});
   EXPECT_EQ(error_of([&] { add->encode_prompt("12-3"); }),
@@ -657,8 +645,8 @@ TEST(Factory, NamesOptionsAndRoundTrips) {
   o.min_len = 3, o.max_len = 6;
   auto sort = make_task("sort", o);
   const auto map = options_to_map("sort", sort->options());
-  EXPECT_EQ(map, (std::map<std::string, std::string>{
-                     {"seed", "18446744073709551615"}, {"min_len", "3"}, {"max_len", "6"}}));
+  EXPECT_EQ(map,
+            (std::map<std::string, std::string>{{"seed", "18446744073709551615"}, {"min_len", "3"}, {"max_len", "6"}}));
   auto restored = make_task("sort", options_from_map(map));
   EXPECT_EQ(restored->batch(Split::val, 9, 4, 14).inputs, sort->batch(Split::val, 9, 4, 14).inputs);
   EXPECT_EQ(options_to_map("add", TaskOptions{}),
@@ -666,9 +654,13 @@ TEST(Factory, NamesOptionsAndRoundTrips) {
   EXPECT_EQ(options_to_map("chars", TaskOptions{}),
             (std::map<std::string, std::string>{{"seed", "1"}, {"text_path", "data/tiny.txt"}}));
 
-  EXPECT_EQ(error_of([] { options_from_map({{"min_len", "4x"}}); }),
+  EXPECT_EQ(error_of([] {
+              options_from_map({{"min_len", "4x"}});
+            }),
             "task options: key 'min_len' has value '4x', expected an integer");
-  EXPECT_EQ(error_of([] { options_from_map({{"length", "4"}}); }),
+  EXPECT_EQ(error_of([] {
+              options_from_map({{"length", "4"}});
+            }),
             "task options: unknown key 'length'; known keys are seed, min_len, max_len, n_digits, "
             "max_number, text_path, text");
 }
@@ -678,15 +670,13 @@ TEST(Factory, BadOptions) {
   o.min_len = 0;
   EXPECT_EQ(error_of([&] { make_task("copy", o); }), "task copy: min_len must be at least 1, got 0");
   o.min_len = 9;
-  EXPECT_EQ(error_of([&] { make_task("reverse", o); }),
-            "task reverse: min_len 9 is greater than max_len 8");
+  EXPECT_EQ(error_of([&] { make_task("reverse", o); }), "task reverse: min_len 9 is greater than max_len 8");
   o = TaskOptions{};
   o.max_len = 1000;
   EXPECT_EQ(error_of([&] { make_task("sort", o); }), "task sort: max_len must be at most 256, got 1000");
   o = TaskOptions{};
   o.n_digits = 0;
-  EXPECT_EQ(error_of([&] { make_task("add", o); }),
-            "task add: n_digits must be between 1 and 18, got 0");
+  EXPECT_EQ(error_of([&] { make_task("add", o); }), "task add: n_digits must be between 1 and 18, got 0");
   o = TaskOptions{};
   o.vocabulary = {"0", "1"};
   EXPECT_EQ(error_of([&] { make_task("reverse", o); }),
@@ -707,8 +697,7 @@ TEST(Factory, ContextLengthAndBatchSizeChecks) {
   EXPECT_EQ(error_of([&] { make_task("add", TaskOptions{})->batch(Split::train, 0, 4, 12); }),
             "task add: context length 12 is too small: the longest example needs 13 tokens "
             "(7 prompt + 1 separator + 4 answer + 1 end); use a context length of at least 13");
-  EXPECT_EQ(error_of([&] { rev->batch(Split::train, 0, 0, 18); }),
-            "task reverse: batch size must be positive, got 0");
+  EXPECT_EQ(error_of([&] { rev->batch(Split::train, 0, 0, 18); }), "task reverse: batch size must be positive, got 0");
   EXPECT_EQ(error_of([&] { rev->batch(Split::train, 0, -2, 18); }),
             "task reverse: batch size must be positive, got -2");
   EXPECT_EQ(error_of([&] { rev->batch(Split::train, 0, 4, 0); }),

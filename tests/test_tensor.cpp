@@ -143,7 +143,11 @@ TEST(Random, RandUniformRange) {
   Generator g(123);
   const std::vector<double> v = values(rand({100000}, g));
   double mn = 1, mx = 0, sum = 0;
-  for (double x : v) { mn = std::min(mn, x); mx = std::max(mx, x); sum += x; }
+  for (double x : v) {
+    mn = std::min(mn, x);
+    mx = std::max(mx, x);
+    sum += x;
+  }
   EXPECT_GE(mn, 0.0);
   EXPECT_LT(mx, 1.0);
   EXPECT_NEAR(sum / v.size(), 0.5, 0.01);
@@ -162,7 +166,11 @@ TEST(Random, RandnMoments) {
   const std::vector<double> v = values(randn({100000}, g));
   double sum = 0, sq = 0;
   int64_t within1 = 0;
-  for (double x : v) { sum += x; sq += x * x; within1 += std::abs(x) < 1; }
+  for (double x : v) {
+    sum += x;
+    sq += x * x;
+    within1 += std::abs(x) < 1;
+  }
   const double mean = sum / v.size(), stddev = std::sqrt(sq / v.size() - mean * mean);
   EXPECT_NEAR(mean, 0.0, 0.02);
   EXPECT_NEAR(stddev, 1.0, 0.02);
@@ -286,10 +294,10 @@ TEST(Views, CopyNothing) {
   const Tensor x = grid();
   const size_t before = cpu_backend().bytes_in_use();
   {
-    const std::vector<Tensor> views = {
-        x.view({6, 4}),         x.reshape({4, 6}),   x.transpose(0, 2), x.permute({1, 2, 0}),
-        x.narrow(1, 0, 2),      x.slice(2, 0, 4, 3), x.select(0, 1),    x.unsqueeze(1),
-        x.expand({5, 2, 3, 4}), x.flatten(),         x.contiguous(),    x.mT()};
+    const std::vector<Tensor> views = {x.view({6, 4}),       x.reshape({4, 6}), x.transpose(0, 2),
+                                       x.permute({1, 2, 0}), x.narrow(1, 0, 2), x.slice(2, 0, 4, 3),
+                                       x.select(0, 1),       x.unsqueeze(1),    x.expand({5, 2, 3, 4}),
+                                       x.flatten(),          x.contiguous(),    x.mT()};
     for (const Tensor& v : views) EXPECT_TRUE(v.shares_storage(x));
     EXPECT_EQ(cpu_backend().bytes_in_use(), before);
   }
@@ -397,7 +405,7 @@ TEST(DTypes, Conversions) {
   EXPECT_EQ(d.dtype(), DType::f64);
   EXPECT_EQ(values(d), (std::vector<double>{3, -4}));
   const Tensor f = f64({0.1}).to(DType::f32);
-  EXPECT_EQ(f.to_vector<float>()[0], 0.1f);  // rounded to the nearest float
+  EXPECT_EQ(f.to_vector<float>()[0], 0.1f);         // rounded to the nearest float
   EXPECT_TRUE(x.to(DType::f32).shares_storage(x));  // same dtype: no copy
   // Non-contiguous source converts in logical order.
   EXPECT_EQ(grid().select(0, 0).transpose(0, 1).to(DType::i64).to_vector<int64_t>(),

@@ -3,8 +3,8 @@
 // extended, is bit-identical to training straight through, with dropout on; runs are deterministic
 // given the seed; keep-last pruning of checkpoint-<step>.h5; metrics.csv; evaluate and
 // task_from_config. Tiny models and few steps, so each test takes a second or so.
-#include "train/trainer.h"
 #include "train/memory.h"
+#include "train/trainer.h"
 
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -42,9 +42,7 @@ class TrainerTest : public ::testing::Test {
     // OpenMP barriers between descheduled threads make every op wait for a time slice.
     omp_set_num_threads(1);
   }
-  void TearDown() override {
-    stop_requested() = false;
-  }
+  void TearDown() override { stop_requested() = false; }
   std::string path(const std::string& name) const { return tmp_.path(name); }
   TempDir tmp_{"trainer_test"};
 };
@@ -232,7 +230,7 @@ TEST_F(TrainerTest, InterruptedRunResumesBitIdentically) {
   stop_requested() = false;
   TrainOptions rest = resume_options(path("resumed"), N);
   rest.resume = true;
-  rest.config.run.seed = 999;     // ignored on resume: the run's settings come from the checkpoint
+  rest.config.run.seed = 999;       // ignored on resume: the run's settings come from the checkpoint
   rest.config.model.drop_rate = 0;  // likewise
   const TrainResult resumed = Trainer(rest).run();
   EXPECT_FALSE(resumed.interrupted);
@@ -242,7 +240,8 @@ TEST_F(TrainerTest, InterruptedRunResumesBitIdentically) {
   // Checkpoints taken after the resume match the straight run's too.
   expect_same_datasets(path("straight/checkpoint-15.h5"), path("resumed/checkpoint-15.h5"), kStatePrefixes);
   // Validation metrics at the same steps are identical (train loss windows and timings are not).
-  const Checkpoint a = load_checkpoint(path("straight/checkpoint.h5")), b = load_checkpoint(path("resumed/checkpoint.h5"));
+  const Checkpoint a = load_checkpoint(path("straight/checkpoint.h5")),
+                   b = load_checkpoint(path("resumed/checkpoint.h5"));
   ASSERT_EQ(a.trainer.metrics.size(), b.trainer.metrics.size());
   for (size_t i = 0; i < a.trainer.metrics.size(); ++i) {
     EXPECT_EQ(a.trainer.metrics[i].step, b.trainer.metrics[i].step);
@@ -348,7 +347,8 @@ TEST_F(TrainerTest, EncoderDecoderConfigErrors) {
     Trainer(o).run();
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("num_hiddens 32 must be a positive multiple of num_heads 3"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("num_hiddens 32 must be a positive multiple of num_heads 3"),
+              std::string::npos)
         << e.what();
   }
 }
@@ -370,7 +370,8 @@ TEST_F(TrainerTest, ResumeErrorsAndNothingToDo) {
   o.resume = true;
   const TrainResult r = Trainer(o).run();  // already at step 5 of 5
   EXPECT_EQ(r.steps_done, 5);
-  EXPECT_EQ(datasets(path("r/checkpoint.h5")).at("model/tok_emb.weight").bytes, before.at("model/tok_emb.weight").bytes);
+  EXPECT_EQ(datasets(path("r/checkpoint.h5")).at("model/tok_emb.weight").bytes,
+            before.at("model/tok_emb.weight").bytes);
   // The device is this run's choice, not the checkpoint's: a CPU run resumed on a GPU runs there (and
   // says clearly when there is none).
   o.config.run.steps = 6;
@@ -395,11 +396,11 @@ TEST_F(TrainerTest, SameSeedSameCheckpointsOtherSeedOtherModel) {
   o.out = path("b");
   Trainer(o).run();
   // Everything but wall-clock quantities.
-  expect_same_datasets(path("a/checkpoint.h5"), path("b/checkpoint.h5"),
-                       {"model/", "optimizer/", "trainer/step", "trainer/rng", "trainer/data_index",
-                        "trainer/metrics/step", "trainer/metrics/train_loss", "trainer/metrics/val_loss",
-                        "trainer/metrics/val_accuracy", "trainer/metrics/val_exact_match", "trainer/metrics/lr",
-                        "trainer/metrics/grad_norm"});
+  expect_same_datasets(
+      path("a/checkpoint.h5"), path("b/checkpoint.h5"),
+      {"model/", "optimizer/", "trainer/step", "trainer/rng", "trainer/data_index", "trainer/metrics/step",
+       "trainer/metrics/train_loss", "trainer/metrics/val_loss", "trainer/metrics/val_accuracy",
+       "trainer/metrics/val_exact_match", "trainer/metrics/lr", "trainer/metrics/grad_norm"});
   EXPECT_EQ(load_checkpoint(path("a/checkpoint.h5")).config, load_checkpoint(path("b/checkpoint.h5")).config);
   o.out = path("c");
   o.config.run.seed = 4;
@@ -436,8 +437,8 @@ TEST_F(TrainerTest, KeepsTheLastCheckpointsOnly) {
   o.resume = true;
   o.config.run.keep_last = 100;  // ignored on resume: the checkpoint's settings rule
   Trainer(o).run();
-  EXPECT_EQ(checkpoint_files(path("k")), (std::vector<std::string>{"checkpoint-24.h5", "checkpoint-26.h5",
-                                                                   "checkpoint-best.h5", "checkpoint.h5"}));
+  EXPECT_EQ(checkpoint_files(path("k")),
+            (std::vector<std::string>{"checkpoint-24.h5", "checkpoint-26.h5", "checkpoint-best.h5", "checkpoint.h5"}));
   for (const auto& e : fs::directory_iterator(path("k")))
     EXPECT_EQ(e.path().filename().string().find(".tmp"), std::string::npos) << "left behind: " << e.path();
   // keep_last 0 keeps only checkpoint.h5.
@@ -482,15 +483,15 @@ TEST_F(TrainerTest, MetricsCsvHasTheColumnsAndOneRowPerEvaluation) {
     std::vector<double> v;
     for (size_t c = 1; c < row.size(); ++c) v.push_back(std::stod(row[c]));
     for (double x : v) EXPECT_TRUE(std::isfinite(x)) << "row " << i;
-    EXPECT_GT(v[0], 0);                       // train_loss
-    EXPECT_GT(v[1], 0);                       // val_loss
-    EXPECT_GE(v[2], 0);                       // val_accuracy
+    EXPECT_GT(v[0], 0);  // train_loss
+    EXPECT_GT(v[1], 0);  // val_loss
+    EXPECT_GE(v[2], 0);  // val_accuracy
     EXPECT_LE(v[2], 1);
-    EXPECT_GE(v[3], 0);                       // val_exact_match
+    EXPECT_GE(v[3], 0);  // val_exact_match
     EXPECT_LE(v[3], 1);
     EXPECT_NEAR(v[4], sched.at(steps[i] - 1), 1e-7 * sched.lr) << "lr of the step just taken";
-    EXPECT_GT(v[5], 0);                       // grad_norm
-    EXPECT_GT(v[6], 0);                       // tokens_per_s
+    EXPECT_GT(v[5], 0);  // grad_norm
+    EXPECT_GT(v[6], 0);  // tokens_per_s
     const MetricRow& m = ck.trainer.metrics[i];
     EXPECT_EQ(m.step, steps[i]);
     EXPECT_NEAR(m.val_loss, v[1], 1e-6 * v[1]);
@@ -550,8 +551,8 @@ TrainOptions diverging_options(const std::string& out, int64_t steps) {
 TEST_F(TrainerTest, DivergenceStopsWithoutWritingANonFiniteCheckpoint) {
   const TrainOptions o = diverging_options(path("d"), 30);
   const std::string err = error_of([&] { Trainer(o).run(); });
-  for (const char* part : {"train: step ", " diverged: ", "Nothing was saved for it", "--lr (now 100000)", "--grad-clip 1",
-                           "--skip-nonfinite"})
+  for (const char* part : {"train: step ", " diverged: ", "Nothing was saved for it", "--lr (now 100000)",
+                           "--grad-clip 1", "--skip-nonfinite"})
     EXPECT_NE(err.find(part), std::string::npos) << part << "\n" << err;
   const std::vector<std::string> files = checkpoint_files(path("d"));
   ASSERT_FALSE(files.empty()) << err;
@@ -561,7 +562,8 @@ TEST_F(TrainerTest, DivergenceStopsWithoutWritingANonFiniteCheckpoint) {
   }
   const int64_t last_step = load_checkpoint(path("d") + "/checkpoint.h5").trainer.step;
   EXPECT_NE(err.find("train: step " + std::to_string(last_step + 1) + " diverged"), std::string::npos)
-      << "the latest checkpoint is the step before the one that diverged\n" << err;
+      << "the latest checkpoint is the step before the one that diverged\n"
+      << err;
 }
 
 // --skip-nonfinite skips such steps (no optimizer step) and stops after --max-skipped-steps in a row.
@@ -602,8 +604,8 @@ TEST_F(TrainerTest, ImpossibleSizesAreRefusedBeforeAllocating) {
   o.config.model.n_heads = 1;
   const auto t0 = std::chrono::steady_clock::now();
   std::string err = error_of([&] { Trainer(o).run(); });
-  for (const char* part : {"train: needs about ", " EiB of memory (parameters ", " PiB", "optimizer state", "this machine has available",
-                           "--emb-dim (now 100000000)"})
+  for (const char* part : {"train: needs about ", " EiB of memory (parameters ", " PiB", "optimizer state",
+                           "this machine has available", "--emb-dim (now 100000000)"})
     EXPECT_NE(err.find(part), std::string::npos) << part << "\n" << err;
   o = tiny_options("reverse", path("m"), 1);
   o.config.run.batch_size = 100000000;

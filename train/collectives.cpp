@@ -39,8 +39,9 @@ std::shared_ptr<Collectives> world() {
 #ifdef HEADLAB_HAVE_MPI
     if (launched) return mpi_world();
 #else
-    HL_CHECK(!launched, "train: started by an MPI launcher, but this headlab was built without MPI "
-                        "(install libopenmpi-dev and configure with -DHEADLAB_MPI=ON)");
+    HL_CHECK(!launched,
+             "train: started by an MPI launcher, but this headlab was built without MPI "
+             "(install libopenmpi-dev and configure with -DHEADLAB_MPI=ON)");
 #endif
     return single_process();
   }();

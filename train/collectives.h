@@ -15,7 +15,7 @@ class Collectives {
   virtual ~Collectives() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  virtual int local_size() const = 0;  // ranks on this machine (they share its cores)
+  virtual int local_size() const = 0;    // ranks on this machine (they share its cores)
   virtual std::string name() const = 0;  // "single process", "MPI (Open MPI 4.1.4)"
   // Element-wise sum over every rank, in place, host memory. Every rank receives the same values.
   virtual void allreduce_sum(float* data, int64_t n) = 0;

@@ -2,8 +2,8 @@
 // settings. Every checkpoint stores it as its `config` JSON (README, "Checkpoint schema"), and
 // every command rebuilds what it needs from that.
 #pragma once
-#include <nlohmann/json.hpp>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "nn/gpt.h"

@@ -20,7 +20,8 @@ nn::ModelInputs model_inputs(const tasks::Batch& b, Device device) {
 
 void ScoreSum::add(const tasks::Batch& b, const Tensor& logits, const Tensor& targets) {
   const int64_t V = logits.size(-1);
-  loss_sum += cross_entropy(logits.reshape({-1, V}), targets.reshape({-1}), kIgnoreIndex, Reduction::sum).item<double>();
+  loss_sum +=
+      cross_entropy(logits.reshape({-1, V}), targets.reshape({-1}), kIgnoreIndex, Reduction::sum).item<double>();
   metrics += tasks::score(b, argmax(logits, -1).to_vector<int64_t>());
 }
 
@@ -51,7 +52,8 @@ Scores evaluate(nn::Model& model, const std::vector<tasks::Batch>& batches) {
 
 Scores evaluate(nn::Model& model, const tasks::Task& task, int64_t batches, int64_t batch_size, int64_t T) {
   std::vector<tasks::Batch> data;
-  for (int64_t i = 0; i < batches; ++i) data.push_back(task.batch(tasks::Split::val, static_cast<uint64_t>(i), batch_size, T));
+  for (int64_t i = 0; i < batches; ++i)
+    data.push_back(task.batch(tasks::Split::val, static_cast<uint64_t>(i), batch_size, T));
   return evaluate(model, data);
 }
 

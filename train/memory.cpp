@@ -5,8 +5,8 @@
 #include <iomanip>
 #include <sstream>
 
-#include "base/error.h"
 #include "backends/backend.h"
+#include "base/error.h"
 
 namespace headlab::train {
 
@@ -27,7 +27,8 @@ MemoryEstimate estimate_memory(const nn::GPTConfig& m, int64_t batch_size, bool 
 
 double estimate_batches_memory(int64_t batches, int64_t batch_size, int64_t tokens) {
   constexpr double kId = 8, kIdsPerPosition = 4;
-  return static_cast<double>(batches) * static_cast<double>(batch_size) * static_cast<double>(tokens) * kIdsPerPosition * kId;
+  return static_cast<double>(batches) * static_cast<double>(batch_size) * static_cast<double>(tokens) *
+         kIdsPerPosition * kId;
 }
 
 MemoryEstimate estimate_generation_memory(const nn::GPTConfig& model, int64_t prompt_tokens, int64_t new_tokens) {
@@ -72,8 +73,7 @@ void check_memory_fits(const MemoryEstimate& need, const std::string& who, const
   if (need.optimizer_state > 0) os << ", optimizer state " << format_bytes(need.optimizer_state);
   os << ", activations " << format_bytes(need.activations);
   if (need.data > 0) os << ", token ids " << format_bytes(need.data);
-  os << "), more than the " << format_bytes(have)
-     << " this machine has available; " << advice;
+  os << "), more than the " << format_bytes(have) << " this machine has available; " << advice;
   HL_FAIL(os.str());
 }
 

@@ -12,7 +12,7 @@ namespace headlab::train {
 struct MemoryEstimate {
   double parameters = 0, gradients = 0, optimizer_state = 0;
   double activations = 0;  // one step's peak (training) or one batch's (evaluation)
-  double data = 0;  // token ids held at once: evaluation batches, a generated sequence
+  double data = 0;         // token ids held at once: evaluation batches, a generated sequence
   double total() const { return parameters + gradients + optimizer_state + activations + data; }
 };
 

@@ -61,8 +61,10 @@ std::string fmt_rate(double tokens_per_s) {
 std::string fmt_duration(double s) {
   const int64_t t = static_cast<int64_t>(s + 0.5);
   std::ostringstream os;
-  if (t >= 60) os << t / 60 << "m" << std::setw(2) << std::setfill('0') << t % 60 << "s";
-  else os << t << "s";
+  if (t >= 60)
+    os << t / 60 << "m" << std::setw(2) << std::setfill('0') << t % 60 << "s";
+  else
+    os << t << "s";
   return os.str();
 }
 
@@ -71,8 +73,8 @@ void write_metrics_csv(const std::string& path, const std::vector<io::MetricRow>
   os << "step,train_loss,val_loss,val_accuracy,val_exact_match,lr,grad_norm,tokens_per_s\n";
   os << std::setprecision(8);
   for (const io::MetricRow& m : rows)
-    os << m.step << ',' << m.train_loss << ',' << m.val_loss << ',' << m.val_accuracy << ',' << m.val_exact_match
-       << ',' << m.lr << ',' << m.grad_norm << ',' << m.tokens_per_s << '\n';
+    os << m.step << ',' << m.train_loss << ',' << m.val_loss << ',' << m.val_accuracy << ',' << m.val_exact_match << ','
+       << m.lr << ',' << m.grad_norm << ',' << m.tokens_per_s << '\n';
   io::write_file_atomic(path, os.str(), "train");
 }
 
@@ -117,13 +119,18 @@ const std::vector<ResumeSetting>& resume_settings() {
       // the model
       {"--arch", [](const RunConfig& c, A) { return std::string(enum_name(c.arch)); }, nullptr},
       {"--attention", [](const RunConfig& c, A) { return std::string(enum_name(c.model.attention)); }, nullptr},
-      {"--emb-dim", [](const RunConfig& c, A a) { return str(a == A::gpt ? c.model.emb_dim : c.seq2seq.num_hiddens); }, nullptr},
+      {"--emb-dim", [](const RunConfig& c, A a) { return str(a == A::gpt ? c.model.emb_dim : c.seq2seq.num_hiddens); },
+       nullptr},
       {"--ffn-hiddens", [](const RunConfig& c, A) { return str(c.seq2seq.ffn_num_hiddens); }, nullptr},
-      {"--n-heads", [](const RunConfig& c, A a) { return str(a == A::gpt ? c.model.n_heads : c.seq2seq.num_heads); }, nullptr},
-      {"--n-layers", [](const RunConfig& c, A a) { return str(a == A::gpt ? c.model.n_layers : c.seq2seq.num_layers); }, nullptr},
+      {"--n-heads", [](const RunConfig& c, A a) { return str(a == A::gpt ? c.model.n_heads : c.seq2seq.num_heads); },
+       nullptr},
+      {"--n-layers", [](const RunConfig& c, A a) { return str(a == A::gpt ? c.model.n_layers : c.seq2seq.num_layers); },
+       nullptr},
       {"--context-length", [](const RunConfig& c, A) { return str(c.model.context_length); }, nullptr},
-      {"--drop-rate", [](const RunConfig& c, A a) { return str(a == A::gpt ? c.model.drop_rate : c.seq2seq.dropout); }, nullptr},
-      {"--qkv-bias", [](const RunConfig& c, A a) { return str(a == A::gpt ? c.model.qkv_bias : c.seq2seq.use_bias); }, nullptr},
+      {"--drop-rate", [](const RunConfig& c, A a) { return str(a == A::gpt ? c.model.drop_rate : c.seq2seq.dropout); },
+       nullptr},
+      {"--qkv-bias", [](const RunConfig& c, A a) { return str(a == A::gpt ? c.model.qkv_bias : c.seq2seq.use_bias); },
+       nullptr},
       // the task and the data
       {"--task", [](const RunConfig& c, A) { return c.task.name; }, nullptr},
       {"--max-number", [](const RunConfig& c, A) { return str(c.task.options.max_number); }, nullptr},
@@ -219,7 +226,7 @@ struct Trainer::Session {
   // whether metrics.csv was written; the closing messages claim no more.
   int64_t good_checkpoint_step = -1;
   bool wrote_checkpoint = false, wrote_metrics = false;
-  std::vector<float> reduced;  // data parallelism: every gradient, then [loss, stop], summed over the ranks
+  std::vector<float> reduced;    // data parallelism: every gradient, then [loss, stop], summed over the ranks
   double allreduce_seconds = 0;  // in the allreduce, waiting for the slowest rank included
 };
 
@@ -272,8 +279,10 @@ std::unique_ptr<Trainer::Session> Trainer::start() {
   s->task = s->config.make_task();
   manual_seed(s->config.run.seed);
   s->model = s->config.make_model();
-  if (opts_.resume) s->model->load_parameters(resumed.model, "checkpoint '" + latest_ + "'");
-  else if (!opts_.init.empty()) s->model->load_parameters(opts_.init, "train: the initial parameters");
+  if (opts_.resume)
+    s->model->load_parameters(resumed.model, "checkpoint '" + latest_ + "'");
+  else if (!opts_.init.empty())
+    s->model->load_parameters(opts_.init, "train: the initial parameters");
   s->model->to(device);
   s->model->train();
   s->opt = std::make_unique<optim::Optimizer>(s->model->named_parameters(), s->config.optimizer);
@@ -304,7 +313,8 @@ void Trainer::apply_resume_options(Session& s) const {
     const std::string mine = r.value(ours, arch), theirs = r.value(s.config, arch);
     if (mine == theirs) continue;
     if (!r.apply) {
-      differences += std::string(differences.empty() ? "" : "; ") + r.option + " " + mine + " differs from the checkpoint's " + theirs;
+      differences += std::string(differences.empty() ? "" : "; ") + r.option + " " + mine +
+                     " differs from the checkpoint's " + theirs;
       continue;
     }
     r.apply(s.config, ours);
@@ -325,9 +335,11 @@ void Trainer::diverged(const Session& s, int64_t step, const std::string& what, 
   os << "train: step " << step << " diverged: " << what << ". Nothing was saved for it; ";
   if (s.good_checkpoint_step >= 0)
     os << "'" << latest_ << "' (the last good checkpoint, step " << s.good_checkpoint_step << ") is untouched";
-  else os << "no checkpoint of this run had been written yet";
+  else
+    os << "no checkpoint of this run had been written yet";
   os << ". Try a lower --lr (now " << c.optimizer.lr << ")" << (nonfinite ? ", " : " or ");
-  os << (c.run.grad_clip > 0 ? "a lower --grad-clip (now " + fmt(c.run.grad_clip, 2) + ")" : std::string("--grad-clip 1"));
+  os << (c.run.grad_clip > 0 ? "a lower --grad-clip (now " + fmt(c.run.grad_clip, 2) + ")"
+                             : std::string("--grad-clip 1"));
   if (nonfinite) os << ", or --skip-nonfinite to skip such steps";
   HL_FAIL(os.str());
 }
@@ -338,14 +350,17 @@ void Trainer::diverged(const Session& s, int64_t step, const std::string& what, 
 // the evaluation and save steps only, not every step.)
 void Trainer::check_parameters(const Session& s) const {
   for (const auto& [name, p] : s.model->named_parameters()) {
-    if (!p.all_finite()) diverged(s, s.state.step, "parameter '" + name + "' holds NaN or inf after the optimizer step");
+    if (!p.all_finite())
+      diverged(s, s.state.step, "parameter '" + name + "' holds NaN or inf after the optimizer step");
     const Tensor host = p.detach().to(kCPU).to(DType::f32).contiguous();
     const float* v = host.data<float>();
     double largest = 0;
     for (int64_t i = 0; i < host.numel(); ++i) largest = std::max(largest, static_cast<double>(std::fabs(v[i])));
     if (largest > kMaxParameter)
-      diverged(s, s.state.step, "parameter '" + name + "' holds a value of magnitude " + fmt_value(largest) +
-                                    ", more than " + fmt_value(kMaxParameter), false);
+      diverged(s, s.state.step,
+               "parameter '" + name + "' holds a value of magnitude " + fmt_value(largest) + ", more than " +
+                   fmt_value(kMaxParameter),
+               false);
   }
 }
 
@@ -428,8 +443,14 @@ void Trainer::check_ranks_agree(const Session& s) const {
 void Trainer::evaluate_and_log(Session& s, double lr, bool tty) {
   const RunSettings& run = s.config.run;
   const Scores ev = evaluate(*s.model, *s.task, run.eval_batches, run.batch_size, s.config.batch_tokens());
-  const io::MetricRow row{s.state.step, s.window_loss / static_cast<double>(s.window_steps), ev.loss,
-                          ev.token_accuracy, ev.has_exact_match ? ev.exact_match : 0.0, lr, s.last_norm, s.rate};
+  const io::MetricRow row{s.state.step,
+                          s.window_loss / static_cast<double>(s.window_steps),
+                          ev.loss,
+                          ev.token_accuracy,
+                          ev.has_exact_match ? ev.exact_match : 0.0,
+                          lr,
+                          s.last_norm,
+                          s.rate};
   s.state.metrics.push_back(row);
   write_metrics_csv((fs::path(opts_.out) / "metrics.csv").string(), s.state.metrics);
   s.wrote_metrics = true;
@@ -448,12 +469,12 @@ void Trainer::evaluate_and_log(Session& s, double lr, bool tty) {
 TrainResult Trainer::run() {
   Collectives& comm = *opts_.comm;
   const bool writer = comm.rank() == 0;  // rank 0 alone evaluates and writes files
-  io::FolderLock lock;  // rank 0's, on the output folder, until the run ends
+  io::FolderLock lock;                   // rank 0's, on the output folder, until the run ends
   if (writer) {
     std::error_code ec;
     fs::create_directories(opts_.out, ec);
-    HL_CHECK(!ec && fs::is_directory(opts_.out), "train: cannot create output folder '", opts_.out, "': ",
-             ec ? ec.message() : std::string("not a folder"));
+    HL_CHECK(!ec && fs::is_directory(opts_.out), "train: cannot create output folder '", opts_.out,
+             "': ", ec ? ec.message() : std::string("not a folder"));
     lock = io::FolderLock(opts_.out, "train");  // before anything in it is touched, the stale temp files included
     for (const std::string& f : io::remove_stale_temp_files(opts_.out))
       log("removed " + f + ", a temporary file left by a writer that no longer runs");
@@ -503,7 +524,8 @@ TrainResult Trainer::run() {
     const tasks::Batch& mine = sharded ? shard : b;
     if (sharded) default_generator().set_row_shard(first_row, rows, B);
     const Tensor tgt = tensor(mine.targets, {mine.B * b.T}).to(s.model->device());
-    const Tensor logits = s.model->logits(model_inputs(mine, s.model->device())).reshape({mine.B * b.T, -1});  // (B T, V)
+    const Tensor logits =
+        s.model->logits(model_inputs(mine, s.model->device())).reshape({mine.B * b.T, -1});  // (B T, V)
     // The mean cross entropy over scored targets: for seq2seq batches the valid target tokens, the loss
     // d2l's MaskedSoftmaxCELoss reports (its per-row sums over num_tokens). A rank takes the sum over its
     // scored targets divided by the whole batch's count, so the ranks' gradients sum to the mean's.
@@ -524,12 +546,14 @@ TrainResult Trainer::run() {
       const std::string what = "loss " + fmt_value(loss_value) + ", gradient norm " + fmt_value(norm);
       if (!run.skip_nonfinite) diverged(s, s.state.step + 1, what);
       if (++s.skipped_in_a_row > run.max_skipped_steps)
-        diverged(s, s.state.step + 1, what + " (" + std::to_string(s.skipped_in_a_row) + " such steps in a row, more than --max-skipped-steps " +
-                        std::to_string(run.max_skipped_steps) + ")");
+        diverged(s, s.state.step + 1,
+                 what + " (" + std::to_string(s.skipped_in_a_row) +
+                     " such steps in a row, more than --max-skipped-steps " + std::to_string(run.max_skipped_steps) +
+                     ")");
       ++s.skipped_total;
       if (tty) std::cout << "\n";
-      log("step " + std::to_string(s.state.step + 1) + ": " + what + ": skipped (" + std::to_string(s.skipped_in_a_row) +
-          " in a row)");
+      log("step " + std::to_string(s.state.step + 1) + ": " + what + ": skipped (" +
+          std::to_string(s.skipped_in_a_row) + " in a row)");
     } else {
       const std::string spike =
           loss_spike(loss_value, s.state.metrics, s.state.step + 1, s.config.schedule.warmup, s.task->vocab_size());
@@ -588,7 +612,8 @@ TrainResult Trainer::run() {
     result.final_eval.loss = m.val_loss;
     result.final_eval.token_accuracy = m.val_accuracy;
     result.final_eval.has_exact_match = s.task->end_id() >= 0;
-    result.final_eval.exact_match = result.final_eval.has_exact_match ? m.val_exact_match : result.final_eval.exact_match;
+    result.final_eval.exact_match =
+        result.final_eval.has_exact_match ? m.val_exact_match : result.final_eval.exact_match;
   }
   std::ostringstream os;
   if (s.skipped_total > 0) os << "skipped " << s.skipped_total << " steps whose loss or gradient norm was not finite\n";

@@ -15,7 +15,8 @@
 namespace headlab::train {
 
 struct TrainOptions {
-  RunConfig config = RunConfig::defaults();  // what to train (resolve() fills in what the task decides); ignored on resume
+  RunConfig config =
+      RunConfig::defaults();  // what to train (resolve() fills in what the task decides); ignored on resume
   std::string out = "runs/reverse";
   bool resume = false;  // continue <out>/checkpoint.h5 up to config.run.steps
   int64_t log_every = 50;

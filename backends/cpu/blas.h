@@ -10,8 +10,8 @@ namespace headlab::cpu {
 
 // C (M, N) = alpha * op(A) @ op(B) + beta * C, row-major with leading dims.
 template <typename T>
-inline void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda,
-                      const T* B, int64_t ldb, T beta, T* C, int64_t ldc) {
+inline void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
+                      int64_t ldb, T beta, T* C, int64_t ldc) {
   if (M == 0 || N == 0) return;
   if (K == 0) {  // BLAS may leave C alone when K == 0; PyTorch: C = beta * C
     for (int64_t r = 0; r < M; ++r)

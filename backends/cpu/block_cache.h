@@ -12,8 +12,8 @@ namespace headlab::cpu {
 
 class BlockCache {
  public:
-  static constexpr size_t kMinBytes = size_t(64) << 10;   // smaller blocks are not cached
-  static constexpr size_t kMaxCached = size_t(2) << 30;   // beyond this, freed blocks go back to the OS
+  static constexpr size_t kMinBytes = size_t(64) << 10;  // smaller blocks are not cached
+  static constexpr size_t kMaxCached = size_t(2) << 30;  // beyond this, freed blocks go back to the OS
 
   // The size a block of n >= kMinBytes bytes is allocated with: a quarter-octave class, so at most
   // 25% is wasted and blocks of nearly equal size share a class.

@@ -40,9 +40,12 @@ inline void dropout_row(T* z, int64_t n, int64_t e0, double p, T keep_scale, uin
 // The keys row i of head bh may see: j < valid.
 inline int64_t valid_keys(const AttnParams& a, int64_t bh, int64_t i) {
   switch (a.mask) {
-    case SoftmaxMask::causal: return std::min(i + 1, a.Tk);
-    case SoftmaxMask::lengths: return std::clamp<int64_t>(a.lengths[bh * a.Tq + i], 0, a.Tk);
-    default: return a.Tk;
+    case SoftmaxMask::causal:
+      return std::min(i + 1, a.Tk);
+    case SoftmaxMask::lengths:
+      return std::clamp<int64_t>(a.lengths[bh * a.Tq + i], 0, a.Tk);
+    default:
+      return a.Tk;
   }
 }
 
@@ -224,7 +227,8 @@ void backward_impl(const AttnResult& dq, const AttnResult& dk, const AttnResult&
 
 void CpuBackend::attention_forward(DType dt, const AttnResult& out, void* lse, const AttnOperand& q,
                                    const AttnOperand& k, const AttnOperand& v, const AttnParams& a) {
-  dispatch_float(dt, "attention_forward", [&](auto tag_T) { using T = decltype(tag_T);
+  dispatch_float(dt, "attention_forward", [&](auto tag_T) {
+    using T = decltype(tag_T);
     forward_impl<T>(out, static_cast<T*>(lse), q, k, v, a);
   });
 }
@@ -233,7 +237,8 @@ void CpuBackend::attention_backward(DType dt, const AttnResult& dq, const AttnRe
                                     const AttnOperand& dout, const AttnOperand& q, const AttnOperand& k,
                                     const AttnOperand& v, const AttnOperand& out, const void* lse,
                                     const AttnParams& a) {
-  dispatch_float(dt, "attention_backward", [&](auto tag_T) { using T = decltype(tag_T);
+  dispatch_float(dt, "attention_backward", [&](auto tag_T) {
+    using T = decltype(tag_T);
     backward_impl<T>(dq, dk, dv, dout, q, k, v, out, static_cast<const T*>(lse), a);
   });
 }

@@ -14,27 +14,33 @@ namespace headlab::cpu {
 
 // ---- fill, copy, elementwise ----
 void CpuBackend::fill(DType dt, const Loop& l, double value) {
-  dispatch_all(dt, [&](auto tag_T) { using T = decltype(tag_T);
+  dispatch_all(dt, [&](auto tag_T) {
+    using T = decltype(tag_T);
     T* o = static_cast<T*>(l.ptr[0]);
     const T v = dt == DType::b8 ? T(value != 0) : static_cast<T>(value);
     for_each_row<1>(l, [&](const int64_t* base, int64_t n, const int64_t* s) {
       T* p = o + base[0];
-      if (s[0] == 1) std::fill(p, p + n, v);
-      else for (int64_t i = 0; i < n; ++i) p[i * s[0]] = v;
+      if (s[0] == 1)
+        std::fill(p, p + n, v);
+      else
+        for (int64_t i = 0; i < n; ++i) p[i * s[0]] = v;
     });
   });
 }
 
 void CpuBackend::arange(DType dt, void* out, int64_t n, double start, double step) {
-  dispatch_all(dt, [&](auto tag_T) { using T = decltype(tag_T);
+  dispatch_all(dt, [&](auto tag_T) {
+    using T = decltype(tag_T);
     T* o = static_cast<T*>(out);
     for (int64_t i = 0; i < n; ++i) o[i] = static_cast<T>(start + step * static_cast<double>(i));
   });
 }
 
 void CpuBackend::copy(DType dst_dt, DType src_dt, const Loop& l) {
-  dispatch_all(dst_dt, [&](auto tag_TD) { using TD = decltype(tag_TD);
-    dispatch_all(src_dt, [&](auto tag_TS) { using TS = decltype(tag_TS);
+  dispatch_all(dst_dt, [&](auto tag_TD) {
+    using TD = decltype(tag_TD);
+    dispatch_all(src_dt, [&](auto tag_TS) {
+      using TS = decltype(tag_TS);
       TD* o = static_cast<TD*>(l.ptr[0]);
       const TS* a = static_cast<const TS*>(l.ptr[1]);
       for_each_row<2>(l, [&](const int64_t* base, int64_t n, const int64_t* s) {
@@ -49,7 +55,8 @@ void CpuBackend::copy(DType dst_dt, DType src_dt, const Loop& l) {
 
 // One loop per op (the switch is hoisted out of the element loop, so each case vectorises).
 void CpuBackend::unary(UnaryOp op, DType dt, const Loop& l, double alpha, double beta) {
-  dispatch_float(dt, "unary", [&](auto tag_T) { using T = decltype(tag_T);
+  dispatch_float(dt, "unary", [&](auto tag_T) {
+    using T = decltype(tag_T);
     T* o = static_cast<T*>(l.ptr[0]);
     const T* a = static_cast<const T*>(l.ptr[1]);
     const T al = static_cast<T>(alpha), be = static_cast<T>(beta);
@@ -66,7 +73,8 @@ void CpuBackend::unary_backward(UnaryOp op, DType dt, void* din, const void* dou
                                 int64_t n, double alpha) {
   if (n <= 0) return;
   smath::check_grad_operand(op, x, y, "unary_backward");
-  dispatch_float(dt, "unary_backward", [&](auto tag_T) { using T = decltype(tag_T);
+  dispatch_float(dt, "unary_backward", [&](auto tag_T) {
+    using T = decltype(tag_T);
     T* di = static_cast<T*>(din);
     const T* dy = static_cast<const T*>(dout);
     const T* px = static_cast<const T*>(x);
@@ -81,7 +89,8 @@ void CpuBackend::unary_backward(UnaryOp op, DType dt, void* din, const void* dou
 }
 
 void CpuBackend::binary(BinaryOp op, DType dt, const Loop& l) {
-  dispatch_all(dt, [&](auto tag_T) { using T = decltype(tag_T);
+  dispatch_all(dt, [&](auto tag_T) {
+    using T = decltype(tag_T);
     const T* a = static_cast<const T*>(l.ptr[1]);
     const T* b = static_cast<const T*>(l.ptr[2]);
     smath::dispatch_binary_op(op, "binary", [&](auto op_c) {
@@ -97,7 +106,8 @@ void CpuBackend::binary(BinaryOp op, DType dt, const Loop& l) {
 }
 
 void CpuBackend::where(DType dt, const Loop& l) {
-  dispatch_all(dt, [&](auto tag_T) { using T = decltype(tag_T);
+  dispatch_all(dt, [&](auto tag_T) {
+    using T = decltype(tag_T);
     T* o = static_cast<T*>(l.ptr[0]);
     const uint8_t* c = static_cast<const uint8_t*>(l.ptr[1]);
     const T* a = static_cast<const T*>(l.ptr[2]);
@@ -112,12 +122,13 @@ void CpuBackend::where(DType dt, const Loop& l) {
 void CpuBackend::reduce(ReduceOp op, DType dt, void* out, const void* in, int n_outer, const int64_t* outer_sizes,
                         const int64_t* outer_strides, int n_inner, const int64_t* inner_sizes,
                         const int64_t* inner_strides) {
-  dispatch_all(dt, [&](auto tag_T) { using T = decltype(tag_T);
+  dispatch_all(dt, [&](auto tag_T) {
+    using T = decltype(tag_T);
     if constexpr (std::is_same_v<T, uint8_t>) {
       HL_FAIL("reduce: bool tensors cannot be reduced; convert with to(int64) first");
     } else {
-      reduce_typed<T>(op, out, static_cast<const T*>(in), n_outer, outer_sizes, outer_strides, n_inner,
-                      inner_sizes, inner_strides);
+      reduce_typed<T>(op, out, static_cast<const T*>(in), n_outer, outer_sizes, outer_strides, n_inner, inner_sizes,
+                      inner_strides);
     }
   });
 }
@@ -179,17 +190,23 @@ void CpuBackend::reduce_typed(ReduceOp op, void* out, const T* in, int n_outer, 
       for (int64_t j = 1; j < n_red && !(best != best); ++j) {
         const T v = p[offset_of(j)];
         const bool better = (v != v) || (op == ReduceOp::min ? v < best : v > best);
-        if (better) { best = v; best_j = j; }
+        if (better) {
+          best = v;
+          best_j = j;
+        }
       }
-      if (op == ReduceOp::argmax) static_cast<int64_t*>(out)[o] = best_j;
-      else static_cast<T*>(out)[o] = best;
+      if (op == ReduceOp::argmax)
+        static_cast<int64_t*>(out)[o] = best_j;
+      else
+        static_cast<T*>(out)[o] = best;
     }
   }
 }
 
 bool CpuBackend::all_finite(DType dt, const void* p, int64_t n) {
   bool ok = true;
-  dispatch_float(dt, "all_finite", [&](auto tag_T) { using T = decltype(tag_T);
+  dispatch_float(dt, "all_finite", [&](auto tag_T) {
+    using T = decltype(tag_T);
     const T* x = static_cast<const T*>(p);
     for (int64_t i = 0; i < n; ++i) ok &= std::isfinite(x[i]);
   });
@@ -215,24 +232,28 @@ int64_t band_edge(int64_t n, int64_t s, int64_t splits) { return s == splits ? n
 }  // namespace
 
 void CpuBackend::gemm(DType dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const void* A,
-                      int64_t lda, int64_t sa, const void* B, int64_t ldb, int64_t sb, double beta, void* C, int64_t ldc,
-                      int64_t sc, int64_t batch) {
+                      int64_t lda, int64_t sa, const void* B, int64_t ldb, int64_t sb, double beta, void* C,
+                      int64_t ldc, int64_t sc, int64_t batch) {
   if (M == 0 || N == 0 || batch == 0) return;
   const int64_t threads = omp_get_max_threads();
   const bool split_rows = M >= N;
   const int64_t dim = split_rows ? M : N;
   const bool parallel = threads > 1 && static_cast<double>(batch) * M * N * std::max<int64_t>(K, 1) > kGemmParallelWork;
-  const int64_t splits = parallel && batch < 2 * threads ? std::min<int64_t>(threads, std::max<int64_t>(dim / 32, 1)) : 1;
+  const int64_t splits =
+      parallel && batch < 2 * threads ? std::min<int64_t>(threads, std::max<int64_t>(dim / 32, 1)) : 1;
   const int64_t items = batch * splits;
-  dispatch_float(dt, "gemm", [&](auto tag_T) { using T = decltype(tag_T);
+  dispatch_float(dt, "gemm", [&](auto tag_T) {
+    using T = decltype(tag_T);
 #pragma omp parallel for schedule(static) if (parallel && items > 1)
     for (int64_t it = 0; it < items; ++it) {
-      const int64_t i = it / splits, lo = band_edge(dim, it % splits, splits), hi = band_edge(dim, it % splits + 1, splits);
+      const int64_t i = it / splits, lo = band_edge(dim, it % splits, splits),
+                    hi = band_edge(dim, it % splits + 1, splits);
       const T* a = static_cast<const T*>(A) + i * sa;
       const T* b = static_cast<const T*>(B) + i * sb;
       T* c = static_cast<T*>(C) + i * sc;
       if (split_rows)  // rows lo..hi of C come from rows (columns when transposed) lo..hi of op(A)
-        blas_gemm<T>(ta, tb, hi - lo, N, K, T(alpha), a + (ta ? lo : lo * lda), lda, b, ldb, T(beta), c + lo * ldc, ldc);
+        blas_gemm<T>(ta, tb, hi - lo, N, K, T(alpha), a + (ta ? lo : lo * lda), lda, b, ldb, T(beta), c + lo * ldc,
+                     ldc);
       else
         blas_gemm<T>(ta, tb, M, hi - lo, K, T(alpha), a, lda, b + (tb ? lo * ldb : lo), ldb, T(beta), c + lo, ldc);
     }
@@ -241,15 +262,18 @@ void CpuBackend::gemm(DType dt, bool ta, bool tb, int64_t M, int64_t N, int64_t 
 
 // ---- randomness ----
 void CpuBackend::random_uniform(DType dt, void* out, int64_t n, uint64_t seed, uint64_t offset, double lo, double hi) {
-  dispatch_float(dt, "rand", [&](auto tag_T) { using T = decltype(tag_T);
+  dispatch_float(dt, "rand", [&](auto tag_T) {
+    using T = decltype(tag_T);
     T* o = static_cast<T*>(out);
 #pragma omp parallel for schedule(static) if (n > kParallelGrain)
     for (int64_t i = 0; i < n; ++i) o[i] = static_cast<T>(lo + (hi - lo) * philox::uniform(seed, offset, i));
   });
 }
 
-void CpuBackend::random_normal(DType dt, void* out, int64_t n, uint64_t seed, uint64_t offset, double mean, double std) {
-  dispatch_float(dt, "randn", [&](auto tag_T) { using T = decltype(tag_T);
+void CpuBackend::random_normal(DType dt, void* out, int64_t n, uint64_t seed, uint64_t offset, double mean,
+                               double std) {
+  dispatch_float(dt, "randn", [&](auto tag_T) {
+    using T = decltype(tag_T);
     T* o = static_cast<T*>(out);
 #pragma omp parallel for schedule(static) if (n > kParallelGrain)
     for (int64_t i = 0; i < n; ++i) o[i] = static_cast<T>(mean + std * philox::normal(seed, offset, i));
@@ -265,7 +289,8 @@ void CpuBackend::random_int(void* out, int64_t n, uint64_t seed, uint64_t offset
 // ---- gather / scatter ----
 void CpuBackend::index_select(DType dt, void* out, const void* in, const int64_t* idx, int64_t outer, int64_t in_dim,
                               int64_t inner, int64_t n_idx) {
-  dispatch_all(dt, [&](auto tag_T) { using T = decltype(tag_T);
+  dispatch_all(dt, [&](auto tag_T) {
+    using T = decltype(tag_T);
     T* o = static_cast<T*>(out);
     const T* a = static_cast<const T*>(in);
 #pragma omp parallel for schedule(static) if (outer * n_idx * inner > kParallelGrain)
@@ -278,7 +303,8 @@ void CpuBackend::index_select(DType dt, void* out, const void* in, const int64_t
 
 void CpuBackend::index_add(DType dt, void* dst, const void* src, const int64_t* idx, int64_t outer, int64_t dst_dim,
                            int64_t inner, int64_t n_idx) {
-  dispatch_float(dt, "index_add", [&](auto tag_T) { using T = decltype(tag_T);
+  dispatch_float(dt, "index_add", [&](auto tag_T) {
+    using T = decltype(tag_T);
     T* d = static_cast<T*>(dst);
     const T* s = static_cast<const T*>(src);
     // Parallel over the outer dim only: repeated indices would race inside one slice.

@@ -24,19 +24,32 @@ using Fast = FastExpTanh;  // the exp/tanh of the shared formulas (backends/scal
 template <typename F>
 void dispatch_float(DType dt, const char* who, F&& f) {
   switch (dt) {
-    case DType::f32: f(float{}); break;
-    case DType::f64: f(double{}); break;
-    default: HL_FAIL(who, ": expected a floating dtype, got ", dtype_name(dt));
+    case DType::f32:
+      f(float{});
+      break;
+    case DType::f64:
+      f(double{});
+      break;
+    default:
+      HL_FAIL(who, ": expected a floating dtype, got ", dtype_name(dt));
   }
 }
 
 template <typename F>
 void dispatch_all(DType dt, F&& f) {
   switch (dt) {
-    case DType::f32: f(float{}); break;
-    case DType::f64: f(double{}); break;
-    case DType::i64: f(int64_t{}); break;
-    case DType::b8: f(uint8_t{}); break;
+    case DType::f32:
+      f(float{});
+      break;
+    case DType::f64:
+      f(double{});
+      break;
+    case DType::i64:
+      f(int64_t{});
+      break;
+    case DType::b8:
+      f(uint8_t{});
+      break;
   }
 }
 
@@ -76,8 +89,12 @@ struct CpuBackend final : Backend {
     in_use -= bytes;
     if (bytes < BlockCache::kMinBytes || !cache.give(base, bytes)) std::free(base);
   }
-  void copy_from_host(void* dst, const void* src, size_t n) override { if (n) std::memcpy(dst, src, n); }
-  void copy_to_host(void* dst, const void* src, size_t n) override { if (n) std::memcpy(dst, src, n); }
+  void copy_from_host(void* dst, const void* src, size_t n) override {
+    if (n) std::memcpy(dst, src, n);
+  }
+  void copy_to_host(void* dst, const void* src, size_t n) override {
+    if (n) std::memcpy(dst, src, n);
+  }
   void synchronize() override {}
   size_t bytes_in_use() const override { return in_use.load(); }
   size_t peak_bytes() const override { return peak.load(); }
@@ -89,8 +106,8 @@ struct CpuBackend final : Backend {
   void arange(DType dt, void* out, int64_t n, double start, double step) override;
   void copy(DType dst_dt, DType src_dt, const Loop& l) override;
   void unary(UnaryOp op, DType dt, const Loop& l, double alpha, double beta) override;
-  void unary_backward(UnaryOp op, DType dt, void* din, const void* dout, const void* x, const void* y,
-                      int64_t n, double alpha) override;
+  void unary_backward(UnaryOp op, DType dt, void* din, const void* dout, const void* x, const void* y, int64_t n,
+                      double alpha) override;
   void binary(BinaryOp op, DType dt, const Loop& l) override;
   void where(DType dt, const Loop& l) override;
   void reduce(ReduceOp op, DType dt, void* out, const void* in, int n_outer, const int64_t* outer_sizes,
@@ -102,9 +119,9 @@ struct CpuBackend final : Backend {
   bool all_finite(DType dt, const void* p, int64_t n) override;
   bool indices_in_range(const int64_t* idx, int64_t n, int64_t lo, int64_t hi) override;
   // ---- GEMM ----
-  void gemm(DType dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const void* A,
-            int64_t lda, int64_t sa, const void* B, int64_t ldb, int64_t sb, double beta, void* C, int64_t ldc,
-            int64_t sc, int64_t batch) override;
+  void gemm(DType dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const void* A, int64_t lda,
+            int64_t sa, const void* B, int64_t ldb, int64_t sb, double beta, void* C, int64_t ldc, int64_t sc,
+            int64_t batch) override;
   // ---- randomness ----
   void random_uniform(DType dt, void* out, int64_t n, uint64_t seed, uint64_t offset, double lo, double hi) override;
   void random_normal(DType dt, void* out, int64_t n, uint64_t seed, uint64_t offset, double mean, double std) override;
@@ -117,13 +134,12 @@ struct CpuBackend final : Backend {
 
   // Defined in cpu_nn.cpp.
   // ---- softmax ----
-  void softmax_forward(DType dt, void* y, const void* x, int64_t rows, int64_t cols, double scale,
-                       SoftmaxMask mask, const int64_t* lengths, int64_t q_len) override;
+  void softmax_forward(DType dt, void* y, const void* x, int64_t rows, int64_t cols, double scale, SoftmaxMask mask,
+                       const int64_t* lengths, int64_t q_len) override;
   void softmax_backward(DType dt, void* dx, const void* dy, const void* y, int64_t rows, int64_t cols,
                         double scale) override;
   void log_softmax_forward(DType dt, void* y, const void* x, int64_t rows, int64_t cols) override;
-  void log_softmax_backward(DType dt, void* dx, const void* dy, const void* y, int64_t rows,
-                            int64_t cols) override;
+  void log_softmax_backward(DType dt, void* dx, const void* dy, const void* y, int64_t rows, int64_t cols) override;
   // ---- layer norm ----
   void layernorm_forward(DType dt, void* y, void* mean, void* rstd, const void* x, const void* w, const void* b,
                          int64_t rows, int64_t cols, double eps) override;

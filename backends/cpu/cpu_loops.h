@@ -67,8 +67,8 @@ inline void map1(TO* __restrict o, int64_t so, const TA* __restrict a, int64_t s
 
 // o[i*so] = f(a[i*sa], b[i*sb]) with unit-stride and broadcast fast paths.
 template <typename TO, typename TA, typename TB, typename F>
-inline void map2(TO* __restrict o, int64_t so, const TA* __restrict a, int64_t sa, const TB* __restrict b,
-                 int64_t sb, int64_t n, F f) {
+inline void map2(TO* __restrict o, int64_t so, const TA* __restrict a, int64_t sa, const TB* __restrict b, int64_t sb,
+                 int64_t n, F f) {
   if (so == 1 && sa == 1 && sb == 1) {
     for (int64_t i = 0; i < n; ++i) o[i] = f(a[i], b[i]);
   } else if (so == 1 && sa == 1 && sb == 0) {

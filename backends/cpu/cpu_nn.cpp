@@ -41,7 +41,8 @@ inline smath::RowLse<T> row_logsumexp(const T* x, int64_t n, T scale = T(1), T* 
 // ---- softmax ----
 void CpuBackend::softmax_forward(DType dt, void* y, const void* x, int64_t rows, int64_t cols, double scale,
                                  SoftmaxMask mask, const int64_t* lengths, int64_t q_len) {
-  dispatch_float(dt, "softmax", [&](auto tag_T) { using T = decltype(tag_T);
+  dispatch_float(dt, "softmax", [&](auto tag_T) {
+    using T = decltype(tag_T);
     T* py = static_cast<T*>(y);
     const T* px = static_cast<const T*>(x);
     const T sc = static_cast<T>(scale);
@@ -60,7 +61,8 @@ void CpuBackend::softmax_forward(DType dt, void* y, const void* x, int64_t rows,
 
 void CpuBackend::softmax_backward(DType dt, void* dx, const void* dy, const void* y, int64_t rows, int64_t cols,
                                   double scale) {
-  dispatch_float(dt, "softmax_backward", [&](auto tag_T) { using T = decltype(tag_T);
+  dispatch_float(dt, "softmax_backward", [&](auto tag_T) {
+    using T = decltype(tag_T);
     T* pdx = static_cast<T*>(dx);
     const T* pdy = static_cast<const T*>(dy);
     const T* py = static_cast<const T*>(y);
@@ -79,7 +81,8 @@ void CpuBackend::softmax_backward(DType dt, void* dx, const void* dy, const void
 }
 
 void CpuBackend::log_softmax_forward(DType dt, void* y, const void* x, int64_t rows, int64_t cols) {
-  dispatch_float(dt, "log_softmax", [&](auto tag_T) { using T = decltype(tag_T);
+  dispatch_float(dt, "log_softmax", [&](auto tag_T) {
+    using T = decltype(tag_T);
     T* py = static_cast<T*>(y);
     const T* px = static_cast<const T*>(x);
 #pragma omp parallel for schedule(static) if (rows * cols > kParallelGrain)
@@ -91,9 +94,9 @@ void CpuBackend::log_softmax_forward(DType dt, void* y, const void* x, int64_t r
   });
 }
 
-void CpuBackend::log_softmax_backward(DType dt, void* dx, const void* dy, const void* y, int64_t rows,
-                                      int64_t cols) {
-  dispatch_float(dt, "log_softmax_backward", [&](auto tag_T) { using T = decltype(tag_T);
+void CpuBackend::log_softmax_backward(DType dt, void* dx, const void* dy, const void* y, int64_t rows, int64_t cols) {
+  dispatch_float(dt, "log_softmax_backward", [&](auto tag_T) {
+    using T = decltype(tag_T);
     T* pdx = static_cast<T*>(dx);
     const T* pdy = static_cast<const T*>(dy);
     const T* py = static_cast<const T*>(y);
@@ -109,9 +112,10 @@ void CpuBackend::log_softmax_backward(DType dt, void* dx, const void* dy, const 
 }
 
 // ---- layer norm ----
-void CpuBackend::layernorm_forward(DType dt, void* y, void* mean, void* rstd, const void* x, const void* w, const void* b,
-                                   int64_t rows, int64_t cols, double eps) {
-  dispatch_float(dt, "layer_norm", [&](auto tag_T) { using T = decltype(tag_T);
+void CpuBackend::layernorm_forward(DType dt, void* y, void* mean, void* rstd, const void* x, const void* w,
+                                   const void* b, int64_t rows, int64_t cols, double eps) {
+  dispatch_float(dt, "layer_norm", [&](auto tag_T) {
+    using T = decltype(tag_T);
     T* py = static_cast<T*>(y);
     T* pm = static_cast<T*>(mean);
     T* pr = static_cast<T*>(rstd);
@@ -142,9 +146,10 @@ void CpuBackend::layernorm_forward(DType dt, void* y, void* mean, void* rstd, co
   });
 }
 
-void CpuBackend::layernorm_backward(DType dt, void* dx, void* dw, void* db, const void* dy, const void* x, const void* mean,
-                                    const void* rstd, const void* w, int64_t rows, int64_t cols) {
-  dispatch_float(dt, "layer_norm_backward", [&](auto tag_T) { using T = decltype(tag_T);
+void CpuBackend::layernorm_backward(DType dt, void* dx, void* dw, void* db, const void* dy, const void* x,
+                                    const void* mean, const void* rstd, const void* w, int64_t rows, int64_t cols) {
+  dispatch_float(dt, "layer_norm_backward", [&](auto tag_T) {
+    using T = decltype(tag_T);
     T* pdx = static_cast<T*>(dx);
     const T* pdy = static_cast<const T*>(dy);
     const T* px = static_cast<const T*>(x);
@@ -185,7 +190,10 @@ void CpuBackend::layernorm_backward(DType dt, void* dx, void* dw, void* db, cons
     }
     for (int64_t j = 0; j < cols; ++j) {
       Acc<T> sw = 0, sb = 0;
-      for (int t = 0; t < nt; ++t) { sw += part_w[t * cols + j]; sb += part_b[t * cols + j]; }
+      for (int t = 0; t < nt; ++t) {
+        sw += part_w[t * cols + j];
+        sb += part_b[t * cols + j];
+      }
       if (dw) static_cast<T*>(dw)[j] = static_cast<T>(sw);
       if (db) static_cast<T*>(db)[j] = static_cast<T>(sb);
     }
@@ -194,7 +202,8 @@ void CpuBackend::layernorm_backward(DType dt, void* dx, void* dw, void* db, cons
 
 // ---- dropout ----
 void CpuBackend::dropout(DType dt, void* out, const void* x, int64_t n, double p, uint64_t seed, uint64_t offset) {
-  dispatch_float(dt, "dropout", [&](auto tag_T) { using T = decltype(tag_T);
+  dispatch_float(dt, "dropout", [&](auto tag_T) {
+    using T = decltype(tag_T);
     T* o = static_cast<T*>(out);
     const T* px = static_cast<const T*>(x);
     const T keep_scale = philox::dropout_scale<T>(p);
@@ -206,12 +215,16 @@ void CpuBackend::dropout(DType dt, void* out, const void* x, int64_t n, double p
 // ---- cross entropy ----
 void CpuBackend::cross_entropy_forward(DType dt, void* loss, const void* logits, const int64_t* targets, int64_t rows,
                                        int64_t classes, int64_t ignore_index) {
-  dispatch_float(dt, "cross_entropy", [&](auto tag_T) { using T = decltype(tag_T);
+  dispatch_float(dt, "cross_entropy", [&](auto tag_T) {
+    using T = decltype(tag_T);
     T* l = static_cast<T*>(loss);
     const T* x = static_cast<const T*>(logits);
 #pragma omp parallel for schedule(static) if (rows * classes > kParallelGrain)
     for (int64_t r = 0; r < rows; ++r) {
-      if (targets[r] == ignore_index) { l[r] = T(0); continue; }
+      if (targets[r] == ignore_index) {
+        l[r] = T(0);
+        continue;
+      }
       const T* xr = x + r * classes;
       const smath::RowLse<T> lse = row_logsumexp(xr, classes);
       l[r] = static_cast<T>(lse.max + lse.log_sum() - xr[targets[r]]);
@@ -222,14 +235,18 @@ void CpuBackend::cross_entropy_forward(DType dt, void* loss, const void* logits,
 void CpuBackend::cross_entropy_backward(DType dt, void* dlogits, const void* dloss, int64_t dloss_stride, double scale,
                                         const void* logits, const int64_t* targets, int64_t rows, int64_t classes,
                                         int64_t ignore_index) {
-  dispatch_float(dt, "cross_entropy_backward", [&](auto tag_T) { using T = decltype(tag_T);
+  dispatch_float(dt, "cross_entropy_backward", [&](auto tag_T) {
+    using T = decltype(tag_T);
     T* dx = static_cast<T*>(dlogits);
     const T* dl = static_cast<const T*>(dloss);
     const T* x = static_cast<const T*>(logits);
 #pragma omp parallel for schedule(static) if (rows * classes > kParallelGrain)
     for (int64_t r = 0; r < rows; ++r) {
       T* dr = dx + r * classes;
-      if (targets[r] == ignore_index) { std::fill(dr, dr + classes, T(0)); continue; }
+      if (targets[r] == ignore_index) {
+        std::fill(dr, dr + classes, T(0));
+        continue;
+      }
       const T* xr = x + r * classes;
       const smath::RowLse<T> lse = row_logsumexp(xr, classes);
       const T g = static_cast<T>(dl[r * dloss_stride] * scale);
@@ -243,7 +260,8 @@ void CpuBackend::cross_entropy_backward(DType dt, void* dlogits, const void* dlo
 // ---- optimizers (firstprivate: each thread's own copy, which no store through p can alias) ----
 void CpuBackend::sgd_step(DType dt, void* param, const void* grad, void* buf, int64_t n, double lr, double momentum,
                           double dampening, double wd, bool nesterov, bool first_step) {
-  dispatch_float(dt, "sgd_step", [&](auto tag_T) { using T = decltype(tag_T);
+  dispatch_float(dt, "sgd_step", [&](auto tag_T) {
+    using T = decltype(tag_T);
     T* p = static_cast<T*>(param);
     const T* g = static_cast<const T*>(grad);
     T* b = static_cast<T*>(buf);
@@ -253,9 +271,10 @@ void CpuBackend::sgd_step(DType dt, void* param, const void* grad, void* buf, in
   });
 }
 
-void CpuBackend::adam_step(DType dt, void* param, const void* grad, void* exp_avg, void* exp_avg_sq, int64_t n, double lr,
-                           double beta1, double beta2, double eps, double wd, int64_t step, bool decoupled) {
-  dispatch_float(dt, "adam_step", [&](auto tag_T) { using T = decltype(tag_T);
+void CpuBackend::adam_step(DType dt, void* param, const void* grad, void* exp_avg, void* exp_avg_sq, int64_t n,
+                           double lr, double beta1, double beta2, double eps, double wd, int64_t step, bool decoupled) {
+  dispatch_float(dt, "adam_step", [&](auto tag_T) {
+    using T = decltype(tag_T);
     T* p = static_cast<T*>(param);
     const T* g = static_cast<const T*>(grad);
     T* m = static_cast<T*>(exp_avg);

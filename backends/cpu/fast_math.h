@@ -52,8 +52,14 @@ inline double fast_tanh(double x) { return std::tanh(x); }
 
 // The exp/tanh policy of the shared formulas (backends/scalar_math.h) on the CPU.
 struct FastExpTanh {
-  template <typename T> static T exp(T x) { return fast_exp(x); }
-  template <typename T> static T tanh(T x) { return fast_tanh(x); }
+  template <typename T>
+  static T exp(T x) {
+    return fast_exp(x);
+  }
+  template <typename T>
+  static T tanh(T x) {
+    return fast_tanh(x);
+  }
 };
 
 }  // namespace headlab::cpu

@@ -29,8 +29,7 @@ __global__ void probe_kernel(int* out) {
 
 // C[b] = beta * C[b] (0 when beta == 0, so NaNs in C do not survive), for GEMMs with K == 0.
 template <typename T>
-__global__ void scale_matrix_kernel(T* c, int64_t M, int64_t N, int64_t ldc, int64_t stride_c, int64_t batch,
-                                    T beta) {
+__global__ void scale_matrix_kernel(T* c, int64_t M, int64_t N, int64_t ldc, int64_t stride_c, int64_t batch, T beta) {
   const int64_t total = batch * M * N;
   for (int64_t e = cuda::global_thread(); e < total; e += cuda::grid_threads()) {
     const int64_t q = e % N, t = e / N, r = t % M, b = t / M;
@@ -176,8 +175,7 @@ CudaBackend::~CudaBackend() {
   if (stream_) cudaStreamSynchronize(stream_);
   try {
     alloc_.empty_cache(stream_);
-  } catch (...) {
-  }
+  } catch (...) {}
   if (cublas_) cublasDestroy(cublas_);
   if (stream_) cudaStreamDestroy(stream_);
   (void)cudaGetLastError();
@@ -242,8 +240,7 @@ void CudaBackend::gemm(DType dt, bool trans_a, bool trans_b, int64_t M, int64_t 
   if (M == 0 || N == 0 || batch == 0) return;
   HL_CHECK(M > 0 && N > 0 && K >= 0 && batch > 0, "cuda gemm: invalid sizes M=", M, " N=", N, " K=", K,
            " batch=", batch);
-  if (dt != DType::f32 && dt != DType::f64)
-    HL_FAIL("cuda gemm: expected a floating dtype, got ", dtype_name(dt));
+  if (dt != DType::f32 && dt != DType::f64) HL_FAIL("cuda gemm: expected a floating dtype, got ", dtype_name(dt));
   activate();
   if (K == 0) {  // PyTorch semantics: C = beta * C (cuBLAS would reject lda = 0 here)
     HLC_DISPATCH_FLOAT(dt, T, "gemm", {

@@ -21,8 +21,10 @@ struct FillOp {
 template <typename TD, typename TS>
 struct CastFn {
   __device__ __forceinline__ TD operator()(TS x) const {
-    if constexpr (std::is_same_v<TD, uint8_t> && !std::is_same_v<TS, uint8_t>) return TD(x != TS(0));
-    else return static_cast<TD>(x);
+    if constexpr (std::is_same_v<TD, uint8_t> && !std::is_same_v<TS, uint8_t>)
+      return TD(x != TS(0));
+    else
+      return static_cast<TD>(x);
   }
 };
 
@@ -30,7 +32,7 @@ template <typename T>
 struct WhereOp {
   __device__ __forceinline__ void operator()(void* const* p, const int64_t* off) const {
     static_cast<T*>(p[0])[off[0]] = static_cast<const uint8_t*>(p[1])[off[1]] ? static_cast<const T*>(p[2])[off[2]]
-                                                                               : static_cast<const T*>(p[3])[off[3]];
+                                                                              : static_cast<const T*>(p[3])[off[3]];
   }
 };
 
@@ -68,17 +70,15 @@ void CudaBackend::fill(DType dt, const Loop& l, double value) {
 void CudaBackend::arange(DType dt, void* out, int64_t n, double start, double step) {
   if (n <= 0) return;
   activate();
-  HLC_DISPATCH_ALL(dt, T, "arange", {
-    arange_kernel<T><<<grid_for(n), kThreads, 0, stream_>>>(static_cast<T*>(out), n, start, step);
-  });
+  HLC_DISPATCH_ALL(dt, T, "arange",
+                   { arange_kernel<T><<<grid_for(n), kThreads, 0, stream_>>>(static_cast<T*>(out), n, start, step); });
   HL_CUDA_LAUNCH_CHECK("arange");
 }
 
 void CudaBackend::copy(DType dst_dt, DType src_dt, const Loop& l) {
   HLC_DISPATCH_ALL(dst_dt, TD, "copy", {
-    HLC_DISPATCH_ALL(src_dt, TS, "copy", {
-      run_loop<2>(*this, "copy", l, Map1<TD, TS, CastFn<TD, TS>>{CastFn<TD, TS>{}});
-    });
+    HLC_DISPATCH_ALL(src_dt, TS, "copy",
+                     { run_loop<2>(*this, "copy", l, Map1<TD, TS, CastFn<TD, TS>>{CastFn<TD, TS>{}}); });
   });
 }
 

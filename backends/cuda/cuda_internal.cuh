@@ -14,22 +14,22 @@
 #include <unordered_map>
 #include <vector>
 
-#include "base/error.h"
 #include "backends/backend.h"
 #include "backends/cuda/cuda_plugin.h"
 #include "backends/scalar_math.h"
+#include "base/error.h"
 
 // `what` names the op; the message is "cuda <what>: <CUDA error string>".
-#define HL_CUDA_CHECK(what, expr)                                                         \
-  do {                                                                                    \
-    const cudaError_t hl_err_ = (expr);                                                   \
+#define HL_CUDA_CHECK(what, expr)                                                          \
+  do {                                                                                     \
+    const cudaError_t hl_err_ = (expr);                                                    \
     if (hl_err_ != cudaSuccess) HL_FAIL("cuda ", what, ": ", cudaGetErrorString(hl_err_)); \
   } while (0)
 
-#define HL_CUBLAS_CHECK(what, expr)                                                         \
-  do {                                                                                      \
-    const cublasStatus_t hl_st_ = (expr);                                                   \
-    if (hl_st_ != CUBLAS_STATUS_SUCCESS)                                                    \
+#define HL_CUBLAS_CHECK(what, expr)                                                                                  \
+  do {                                                                                                               \
+    const cublasStatus_t hl_st_ = (expr);                                                                            \
+    if (hl_st_ != CUBLAS_STATUS_SUCCESS)                                                                             \
       HL_FAIL("cuda ", what, ": cuBLAS error ", cublasGetStatusString(hl_st_), " (", static_cast<int>(hl_st_), ")"); \
   } while (0)
 
@@ -38,20 +38,46 @@
 #define HL_CUDA_LAUNCH_CHECK(what) HL_CUDA_CHECK(what, cudaGetLastError())
 
 // Dispatch on the element type once per call; bool is stored as one byte 0/1 (uint8_t).
-#define HLC_DISPATCH_FLOAT(dt, T, who, ...)                                                   \
-  switch (dt) {                                                                               \
-    case ::headlab::DType::f32: { using T = float; __VA_ARGS__; break; }                      \
-    case ::headlab::DType::f64: { using T = double; __VA_ARGS__; break; }                     \
-    default: HL_FAIL("cuda ", who, ": expected a floating dtype, got ", ::headlab::dtype_name(dt)); \
+#define HLC_DISPATCH_FLOAT(dt, T, who, ...)                                                  \
+  switch (dt) {                                                                              \
+    case ::headlab::DType::f32: {                                                            \
+      using T = float;                                                                       \
+      __VA_ARGS__;                                                                           \
+      break;                                                                                 \
+    }                                                                                        \
+    case ::headlab::DType::f64: {                                                            \
+      using T = double;                                                                      \
+      __VA_ARGS__;                                                                           \
+      break;                                                                                 \
+    }                                                                                        \
+    default:                                                                                 \
+      HL_FAIL("cuda ", who, ": expected a floating dtype, got ", ::headlab::dtype_name(dt)); \
   }
 
-#define HLC_DISPATCH_ALL(dt, T, who, ...)                                                     \
-  switch (dt) {                                                                               \
-    case ::headlab::DType::f32: { using T = float; __VA_ARGS__; break; }                      \
-    case ::headlab::DType::f64: { using T = double; __VA_ARGS__; break; }                     \
-    case ::headlab::DType::i64: { using T = int64_t; __VA_ARGS__; break; }                    \
-    case ::headlab::DType::b8: { using T = uint8_t; __VA_ARGS__; break; }                     \
-    default: HL_FAIL("cuda ", who, ": unknown dtype ", static_cast<int>(dt));                \
+#define HLC_DISPATCH_ALL(dt, T, who, ...)                              \
+  switch (dt) {                                                        \
+    case ::headlab::DType::f32: {                                      \
+      using T = float;                                                 \
+      __VA_ARGS__;                                                     \
+      break;                                                           \
+    }                                                                  \
+    case ::headlab::DType::f64: {                                      \
+      using T = double;                                                \
+      __VA_ARGS__;                                                     \
+      break;                                                           \
+    }                                                                  \
+    case ::headlab::DType::i64: {                                      \
+      using T = int64_t;                                               \
+      __VA_ARGS__;                                                     \
+      break;                                                           \
+    }                                                                  \
+    case ::headlab::DType::b8: {                                       \
+      using T = uint8_t;                                               \
+      __VA_ARGS__;                                                     \
+      break;                                                           \
+    }                                                                  \
+    default:                                                           \
+      HL_FAIL("cuda ", who, ": unknown dtype ", static_cast<int>(dt)); \
   }
 
 namespace headlab {
@@ -59,10 +85,10 @@ namespace cuda {
 
 using smath::Acc;  // float sums accumulate in double, as on the CPU
 
-constexpr int kThreads = 256;           // default block size of elementwise kernels
+constexpr int kThreads = 256;              // default block size of elementwise kernels
 constexpr int64_t kWarpRowMaxCols = 1024;  // rows up to this many columns get one warp each
-constexpr int kRowWarpsPerBlock = 8;    // warps (rows) per block in the warp-per-row kernels
-constexpr int kRowBlockThreads = 256;   // threads per row in the block-per-row kernels
+constexpr int kRowWarpsPerBlock = 8;       // warps (rows) per block in the warp-per-row kernels
+constexpr int kRowBlockThreads = 256;      // threads per row in the block-per-row kernels
 
 inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -91,8 +117,8 @@ class CachingAllocator {
   void free_cached_locked(cudaStream_t stream);  // mu_ held
   int device_;
   mutable std::mutex mu_;
-  std::unordered_map<void*, size_t> live_;           // handed out: pointer -> block size
-  std::map<size_t, std::vector<void*>> free_;        // cached: block size -> blocks (LIFO)
+  std::unordered_map<void*, size_t> live_;     // handed out: pointer -> block size
+  std::map<size_t, std::vector<void*>> free_;  // cached: block size -> blocks (LIFO)
   size_t in_use_ = 0, peak_ = 0, cached_ = 0;
 };
 
@@ -146,8 +172,7 @@ struct CudaBackend final : Backend {
                           const void* rstd, const void* w, int64_t rows, int64_t cols) override;
 
   void random_uniform(DType dt, void* out, int64_t n, uint64_t seed, uint64_t offset, double lo, double hi) override;
-  void random_normal(DType dt, void* out, int64_t n, uint64_t seed, uint64_t offset, double mean,
-                     double std) override;
+  void random_normal(DType dt, void* out, int64_t n, uint64_t seed, uint64_t offset, double mean, double std) override;
   void random_int(void* out, int64_t n, uint64_t seed, uint64_t offset, int64_t lo, int64_t hi) override;
   void dropout(DType dt, void* out, const void* x, int64_t n, double p, uint64_t seed, uint64_t offset) override;
 
@@ -200,30 +225,42 @@ class TempBuffer {
   ~TempBuffer() { be_.free(p_); }
   TempBuffer(const TempBuffer&) = delete;
   TempBuffer& operator=(const TempBuffer&) = delete;
-  template <typename T> T* as() const { return static_cast<T*>(p_); }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
 
  private:
   CudaBackend& be_;
   void* p_;
 };
 
-template <typename T> __device__ __forceinline__ T neg_inf() { return -static_cast<T>(INFINITY); }
+template <typename T>
+__device__ __forceinline__ T neg_inf() {
+  return -static_cast<T>(INFINITY);
+}
 // std::max as the CPU uses it: (a < b) ? b : a (a NaN b is ignored, a NaN a is kept).
-template <typename T> __device__ __forceinline__ T std_max(T a, T b) { return (a < b) ? b : a; }
+template <typename T>
+__device__ __forceinline__ T std_max(T a, T b) {
+  return (a < b) ? b : a;
+}
 
 // ---- warp and block reductions (all lanes / threads get the result) ----
-template <typename T> __device__ __forceinline__ T warp_sum(T v) {
+template <typename T>
+__device__ __forceinline__ T warp_sum(T v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
-template <typename T> __device__ __forceinline__ T warp_max(T v) {
+template <typename T>
+__device__ __forceinline__ T warp_max(T v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = std_max(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 // shm: 32 entries of shared memory; blockDim.x a multiple of 32, blockDim.y == 1.
-template <typename T> __device__ __forceinline__ T block_sum(T v, T* shm) {
+template <typename T>
+__device__ __forceinline__ T block_sum(T v, T* shm) {
   v = warp_sum(v);
   const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
   __syncthreads();  // shm may still be read by a previous reduction
@@ -231,7 +268,8 @@ template <typename T> __device__ __forceinline__ T block_sum(T v, T* shm) {
   __syncthreads();
   return warp_sum(lane < nw ? shm[lane] : T(0));
 }
-template <typename T> __device__ __forceinline__ T block_max(T v, T* shm) {
+template <typename T>
+__device__ __forceinline__ T block_max(T v, T* shm) {
   v = warp_max(v);
   const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
   __syncthreads();
@@ -243,23 +281,29 @@ template <typename T> __device__ __forceinline__ T block_max(T v, T* shm) {
 // The threads that share one row: a warp (kBlock = false; blockDim = (32, kRowWarpsPerBlock), one
 // row per warp) or a whole block (kBlock = true; blockDim = (kRowBlockThreads), one row per block).
 // Row loops are uniform over the team, so the team reductions below are always reached by all.
-template <bool kBlock> struct RowTeam {
+template <bool kBlock>
+struct RowTeam {
   __device__ static int rank() { return static_cast<int>(threadIdx.x); }
   __device__ static int size() { return kBlock ? static_cast<int>(blockDim.x) : 32; }
   __device__ static int64_t first_row() {
-    return kBlock ? static_cast<int64_t>(blockIdx.x)
-                  : static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
+    return kBlock ? static_cast<int64_t>(blockIdx.x) : static_cast<int64_t>(blockIdx.x) * blockDim.y + threadIdx.y;
   }
   __device__ static int64_t row_step() {
     return kBlock ? static_cast<int64_t>(gridDim.x) : static_cast<int64_t>(gridDim.x) * blockDim.y;
   }
-  template <typename T> __device__ static T sum(T v, T* shm) {
-    if constexpr (kBlock) return block_sum(v, shm);
-    else return warp_sum(v);
+  template <typename T>
+  __device__ static T sum(T v, T* shm) {
+    if constexpr (kBlock)
+      return block_sum(v, shm);
+    else
+      return warp_sum(v);
   }
-  template <typename T> __device__ static T max(T v, T* shm) {
-    if constexpr (kBlock) return block_max(v, shm);
-    else return warp_max(v);
+  template <typename T>
+  __device__ static T max(T v, T* shm) {
+    if constexpr (kBlock)
+      return block_max(v, shm);
+    else
+      return warp_max(v);
   }
 };
 

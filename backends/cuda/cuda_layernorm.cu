@@ -159,7 +159,8 @@ void CudaBackend::layernorm_backward(DType dt, void* dx, void* dw, void* db, con
                           static_cast<const T*>(mean), static_cast<const T*>(rstd), rows, cols, rows_per_chunk);
         HL_CUDA_LAUNCH_CHECK("layernorm_backward (dw, db partials)");
       } else {
-        HL_CUDA_CHECK("layernorm_backward", cudaMemsetAsync(part.as<void>(), 0, 2 * chunks * cols * sizeof(A), stream_));
+        HL_CUDA_CHECK("layernorm_backward",
+                      cudaMemsetAsync(part.as<void>(), 0, 2 * chunks * cols * sizeof(A), stream_));
       }
       layernorm_backward_wb_final_kernel<T><<<grid_for(cols), kThreads, 0, stream_>>>(
           static_cast<T*>(dw), static_cast<T*>(db), part_w, part_b, cols, chunks);

@@ -22,15 +22,13 @@ __global__ void random_normal_kernel(T* out, int64_t n, uint64_t seed, uint64_t 
     out[i] = static_cast<T>(mean + std * philox::normal(seed, offset, i));
 }
 
-__global__ void random_int_kernel(int64_t* out, int64_t n, uint64_t seed, uint64_t offset, int64_t lo,
-                                  uint64_t range) {
+__global__ void random_int_kernel(int64_t* out, int64_t n, uint64_t seed, uint64_t offset, int64_t lo, uint64_t range) {
   for (int64_t i = global_thread(); i < n; i += grid_threads())
     out[i] = philox::uniform_int(seed, offset, i, lo, range);
 }
 
 template <typename T>
-__global__ void dropout_kernel(T* out, const T* x, int64_t n, double p, T keep_scale, uint64_t seed,
-                               uint64_t offset) {
+__global__ void dropout_kernel(T* out, const T* x, int64_t n, double p, T keep_scale, uint64_t seed, uint64_t offset) {
   for (int64_t i = global_thread(); i < n; i += grid_threads())
     out[i] = philox::dropout(x[i], p, keep_scale, seed, offset, i);
 }
@@ -76,8 +74,7 @@ __global__ void adam_kernel(T* p, const T* g, T* m, T* v, int64_t n, smath::Adam
 
 using namespace cuda;
 
-void CudaBackend::random_uniform(DType dt, void* out, int64_t n, uint64_t seed, uint64_t offset, double lo,
-                                 double hi) {
+void CudaBackend::random_uniform(DType dt, void* out, int64_t n, uint64_t seed, uint64_t offset, double lo, double hi) {
   if (n <= 0) return;
   activate();
   HLC_DISPATCH_FLOAT(dt, T, "random_uniform", {
@@ -145,8 +142,9 @@ void CudaBackend::sgd_step(DType dt, void* param, const void* grad, void* moment
   HL_CHECK(momentum == 0 || momentum_buf != nullptr, "cuda sgd_step: momentum ", momentum, " needs a momentum buffer");
   activate();
   HLC_DISPATCH_FLOAT(dt, T, "sgd_step", {
-    const smath::SgdParams<T> h{static_cast<T>(lr), static_cast<T>(momentum), static_cast<T>(dampening),
-                                static_cast<T>(weight_decay), nesterov, first_step};
+    const smath::SgdParams<T> h{
+        static_cast<T>(lr), static_cast<T>(momentum), static_cast<T>(dampening), static_cast<T>(weight_decay), nesterov,
+        first_step};
     sgd_kernel<T><<<grid_for(n), kThreads, 0, stream_>>>(static_cast<T*>(param), static_cast<const T*>(grad),
                                                          static_cast<T*>(momentum_buf), n, h);
   });

@@ -52,13 +52,19 @@ __device__ __forceinline__ int64_t dims_offset(int64_t linear, int n, const int6
   return n > 0 ? off + linear * st[0] : 0;
 }
 
-template <typename T> __device__ __forceinline__ T lowest_value() {
-  if constexpr (std::is_floating_point_v<T>) return -static_cast<T>(INFINITY);
-  else return static_cast<T>(INT64_MIN);
+template <typename T>
+__device__ __forceinline__ T lowest_value() {
+  if constexpr (std::is_floating_point_v<T>)
+    return -static_cast<T>(INFINITY);
+  else
+    return static_cast<T>(INT64_MIN);
 }
-template <typename T> __device__ __forceinline__ T highest_value() {
-  if constexpr (std::is_floating_point_v<T>) return static_cast<T>(INFINITY);
-  else return static_cast<T>(INT64_MAX);
+template <typename T>
+__device__ __forceinline__ T highest_value() {
+  if constexpr (std::is_floating_point_v<T>)
+    return static_cast<T>(INFINITY);
+  else
+    return static_cast<T>(INT64_MAX);
 }
 
 template <typename T>
@@ -72,14 +78,17 @@ __device__ __forceinline__ double shfl_xor(double v, int o) { return __shfl_xor_
 __device__ __forceinline__ int64_t shfl_xor(int64_t v, int o) {
   return static_cast<int64_t>(__shfl_xor_sync(0xffffffffu, static_cast<long long>(v), o));
 }
-template <typename T> __device__ __forceinline__ ArgAcc<T> shfl_xor(ArgAcc<T> a, int o) {
+template <typename T>
+__device__ __forceinline__ ArgAcc<T> shfl_xor(ArgAcc<T> a, int o) {
   return ArgAcc<T>{shfl_xor(a.v, o), shfl_xor(a.i, o)};
 }
 
 // One reducer per (element type, op): identity, take (element j), combine, store.
-template <typename T, ReduceOp kOp> struct Reducer;
+template <typename T, ReduceOp kOp>
+struct Reducer;
 
-template <typename T> struct Reducer<T, ReduceOp::sum> {
+template <typename T>
+struct Reducer<T, ReduceOp::sum> {
   using A = Acc<T>;
   __device__ static A identity() { return A(0); }
   __device__ static A take(T v, int64_t) { return static_cast<A>(v); }
@@ -87,7 +96,8 @@ template <typename T> struct Reducer<T, ReduceOp::sum> {
   __device__ static void store(void* out, int64_t o, A a) { static_cast<T*>(out)[o] = static_cast<T>(a); }
 };
 
-template <typename T> struct Reducer<T, ReduceOp::max> {
+template <typename T>
+struct Reducer<T, ReduceOp::max> {
   using A = T;
   __device__ static A identity() { return lowest_value<T>(); }
   __device__ static A take(T v, int64_t) { return v; }
@@ -95,7 +105,8 @@ template <typename T> struct Reducer<T, ReduceOp::max> {
   __device__ static void store(void* out, int64_t o, A a) { static_cast<T*>(out)[o] = a; }
 };
 
-template <typename T> struct Reducer<T, ReduceOp::min> {
+template <typename T>
+struct Reducer<T, ReduceOp::min> {
   using A = T;
   __device__ static A identity() { return highest_value<T>(); }
   __device__ static A take(T v, int64_t) { return v; }
@@ -104,7 +115,8 @@ template <typename T> struct Reducer<T, ReduceOp::min> {
 };
 
 // Order-independent: the larger value wins, NaN beats numbers, ties go to the smaller index.
-template <typename T> struct Reducer<T, ReduceOp::argmax> {
+template <typename T>
+struct Reducer<T, ReduceOp::argmax> {
   using A = ArgAcc<T>;
   __device__ static A identity() { return A{lowest_value<T>(), INT64_MAX}; }
   __device__ static A take(T v, int64_t j) { return A{v, j}; }
@@ -123,7 +135,8 @@ template <typename T> struct Reducer<T, ReduceOp::argmax> {
   }
 };
 
-template <typename R> __device__ __forceinline__ typename R::A warp_combine(typename R::A a) {
+template <typename R>
+__device__ __forceinline__ typename R::A warp_combine(typename R::A a) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) a = R::combine(a, shfl_xor(a, o));
   return a;
@@ -149,8 +162,10 @@ __global__ void reduce_rows_kernel(void* out, const T* in, ReduceGeom g, int64_t
     }
     acc = warp_combine<R>(acc);
     if (lane == 0) {
-      if constexpr (kFinal) R::store(out, o, acc);
-      else static_cast<typename R::A*>(out)[task] = acc;
+      if constexpr (kFinal)
+        R::store(out, o, acc);
+      else
+        static_cast<typename R::A*>(out)[task] = acc;
     }
   }
 }
@@ -170,8 +185,10 @@ __global__ void reduce_cols_kernel(void* out, const T* in, ReduceGeom g, int64_t
         const int64_t off = kInner1D ? j * g.ist[0] : dims_offset(j, g.n_inner, g.isz, g.ist);
         acc = R::combine(acc, R::take(base[off], j));
       }
-      if constexpr (kFinal) R::store(out, o, acc);
-      else static_cast<typename R::A*>(out)[o * splits + s] = acc;
+      if constexpr (kFinal)
+        R::store(out, o, acc);
+      else
+        static_cast<typename R::A*>(out)[o * splits + s] = acc;
     }
   }
 }
@@ -218,7 +235,8 @@ void reduce_typed(CudaBackend& be, void* out, const T* in, const ReduceGeom& g, 
   auto launch = [&](auto final_c, auto inner1d_c) {
     constexpr bool kFinal = decltype(final_c)::value, kInner1D = decltype(inner1d_c)::value;
     if (rows) {
-      const int grid = static_cast<int>(std::min<int64_t>(ceil_div(n_out * splits, kRowWarpsPerBlock), be.max_blocks()));
+      const int grid =
+          static_cast<int>(std::min<int64_t>(ceil_div(n_out * splits, kRowWarpsPerBlock), be.max_blocks()));
       reduce_rows_kernel<T, kOp, kInner1D, kFinal>
           <<<grid, dim3(32, kRowWarpsPerBlock), 0, st>>>(dst, in, g, n_out, n_red, splits, chunk);
     } else {
@@ -228,13 +246,15 @@ void reduce_typed(CudaBackend& be, void* out, const T* in, const ReduceGeom& g, 
   };
   using True = std::true_type;
   using False = std::false_type;
-  if (splits == 1) inner1d ? launch(True{}, True{}) : launch(True{}, False{});
-  else inner1d ? launch(False{}, True{}) : launch(False{}, False{});
+  if (splits == 1)
+    inner1d ? launch(True{}, True{}) : launch(True{}, False{});
+  else
+    inner1d ? launch(False{}, True{}) : launch(False{}, False{});
   HL_CUDA_LAUNCH_CHECK("reduce");
   if (splits > 1) {
     const int grid = static_cast<int>(std::min<int64_t>(ceil_div(n_out, kRowWarpsPerBlock), be.max_blocks()));
-    reduce_partials_kernel<T, kOp><<<grid, dim3(32, kRowWarpsPerBlock), 0, st>>>(
-        out, partial->as<typename R::A>(), n_out, splits);
+    reduce_partials_kernel<T, kOp>
+        <<<grid, dim3(32, kRowWarpsPerBlock), 0, st>>>(out, partial->as<typename R::A>(), n_out, splits);
     HL_CUDA_LAUNCH_CHECK("reduce (combine partials)");
   }
 }
@@ -288,11 +308,20 @@ void CudaBackend::reduce(ReduceOp op, DType dt, void* out, const void* in, int n
     if constexpr (!std::is_same_v<T, uint8_t>) {
       const T* x = static_cast<const T*>(in);
       switch (op) {
-        case ReduceOp::sum: reduce_typed<T, ReduceOp::sum>(*this, out, x, g, n_out, n_red); break;
-        case ReduceOp::max: reduce_typed<T, ReduceOp::max>(*this, out, x, g, n_out, n_red); break;
-        case ReduceOp::min: reduce_typed<T, ReduceOp::min>(*this, out, x, g, n_out, n_red); break;
-        case ReduceOp::argmax: reduce_typed<T, ReduceOp::argmax>(*this, out, x, g, n_out, n_red); break;
-        default: HL_FAIL("cuda reduce: unknown reduce op ", static_cast<int>(op));
+        case ReduceOp::sum:
+          reduce_typed<T, ReduceOp::sum>(*this, out, x, g, n_out, n_red);
+          break;
+        case ReduceOp::max:
+          reduce_typed<T, ReduceOp::max>(*this, out, x, g, n_out, n_red);
+          break;
+        case ReduceOp::min:
+          reduce_typed<T, ReduceOp::min>(*this, out, x, g, n_out, n_red);
+          break;
+        case ReduceOp::argmax:
+          reduce_typed<T, ReduceOp::argmax>(*this, out, x, g, n_out, n_red);
+          break;
+        default:
+          HL_FAIL("cuda reduce: unknown reduce op ", static_cast<int>(op));
       }
     }
   });

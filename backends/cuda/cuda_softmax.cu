@@ -76,8 +76,10 @@ __global__ void cross_entropy_forward_kernel(T* loss, const T* logits, const int
     const T* xr = logits + r * classes;
     const smath::RowLse<T> lse = team_row_logsumexp<Team>(xr, classes);
     if (Team::rank() == 0) {
-      if (t < 0 || t >= classes) loss[r] = static_cast<T>(NAN);
-      else loss[r] = static_cast<T>(lse.max + lse.log_sum() - xr[t]);
+      if (t < 0 || t >= classes)
+        loss[r] = static_cast<T>(NAN);
+      else
+        loss[r] = static_cast<T>(lse.max + lse.log_sum() - xr[t]);
     }
   }
 }
@@ -115,8 +117,7 @@ using namespace cuda;
 
 void CudaBackend::softmax_forward(DType dt, void* y, const void* x, int64_t rows, int64_t cols, double scale,
                                   SoftmaxMask mask, const int64_t* lengths, int64_t q_len) {
-  HL_CHECK(mask != SoftmaxMask::causal || q_len > 0, "cuda softmax_forward: causal mask needs q_len > 0, got ",
-           q_len);
+  HL_CHECK(mask != SoftmaxMask::causal || q_len > 0, "cuda softmax_forward: causal mask needs q_len > 0, got ", q_len);
   HL_CHECK(mask != SoftmaxMask::lengths || lengths != nullptr || rows == 0,
            "cuda softmax_forward: lengths mask without lengths");
   if (rows <= 0 || cols <= 0) return;
@@ -168,9 +169,9 @@ void CudaBackend::cross_entropy_forward(DType dt, void* loss, const void* logits
   });
 }
 
-void CudaBackend::cross_entropy_backward(DType dt, void* dlogits, const void* dloss, int64_t dloss_stride,
-                                         double scale, const void* logits, const int64_t* targets, int64_t rows,
-                                         int64_t classes, int64_t ignore_index) {
+void CudaBackend::cross_entropy_backward(DType dt, void* dlogits, const void* dloss, int64_t dloss_stride, double scale,
+                                         const void* logits, const int64_t* targets, int64_t rows, int64_t classes,
+                                         int64_t ignore_index) {
   if (rows <= 0 || classes <= 0) return;
   activate();
   HLC_DISPATCH_FLOAT(dt, T, "cross_entropy_backward", {

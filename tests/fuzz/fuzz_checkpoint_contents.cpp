@@ -38,7 +38,8 @@ const Contents& base() {
     for (const std::string& name : r.list_datasets_recursive("/")) c.datasets.push_back({name, r.read(name)});
     for (const char* key : {"format", "config"}) c.attributes.push_back({"/", key, r.attr_str("/", key)});
     c.attributes.push_back({"/", "format_version", r.attr_i64("/", "format_version")});
-    for (const char* key : {"kind", "hyperparameters"}) c.attributes.push_back({"/optimizer", key, r.attr_str("/optimizer", key)});
+    for (const char* key : {"kind", "hyperparameters"})
+      c.attributes.push_back({"/optimizer", key, r.attr_str("/optimizer", key)});
     return c;
   }();
   return c;
@@ -55,14 +56,22 @@ void pointers(const json& j, const json::json_pointer& at, std::vector<json::jso
 
 json any_value(FuzzedDataProvider& in) {
   switch (in.ConsumeIntegralInRange(0, 7)) {
-    case 0: return in.ConsumeIntegralInRange<int64_t>(-4, 70);
-    case 1: return in.ConsumeIntegral<int64_t>();
-    case 2: return in.ConsumeFloatingPoint<double>();
-    case 3: return in.ConsumeRandomLengthString(24);
-    case 4: return in.ConsumeBool();
-    case 5: return json::array({in.ConsumeIntegralInRange<int64_t>(-1, 4), in.ConsumeIntegralInRange<int64_t>(-1, 4)});
-    case 6: return json::object();
-    default: return nullptr;
+    case 0:
+      return in.ConsumeIntegralInRange<int64_t>(-4, 70);
+    case 1:
+      return in.ConsumeIntegral<int64_t>();
+    case 2:
+      return in.ConsumeFloatingPoint<double>();
+    case 3:
+      return in.ConsumeRandomLengthString(24);
+    case 4:
+      return in.ConsumeBool();
+    case 5:
+      return json::array({in.ConsumeIntegralInRange<int64_t>(-1, 4), in.ConsumeIntegralInRange<int64_t>(-1, 4)});
+    case 6:
+      return json::object();
+    default:
+      return nullptr;
   }
 }
 
@@ -85,14 +94,20 @@ void edit_dataset(FuzzedDataProvider& in, Contents& c) {
   const size_t i = in.ConsumeIntegralInRange<size_t>(0, c.datasets.size() - 1);
   Dataset& d = c.datasets[i];
   switch (in.ConsumeIntegralInRange(0, 4)) {
-    case 0: c.datasets.erase(c.datasets.begin() + static_cast<std::ptrdiff_t>(i)); return;
-    case 1: d.name = in.ConsumeRandomLengthString(40); return;
+    case 0:
+      c.datasets.erase(c.datasets.begin() + static_cast<std::ptrdiff_t>(i));
+      return;
+    case 1:
+      d.name = in.ConsumeRandomLengthString(40);
+      return;
     case 2: {  // another shape: rank 0..3, small dims
       d.array.shape.assign(in.ConsumeIntegralInRange<size_t>(0, 3), 0);
       for (int64_t& n : d.array.shape) n = in.ConsumeIntegralInRange<int64_t>(0, 70);
       break;
     }
-    case 3: d.array.dtype = static_cast<io::h5::DType>(in.ConsumeIntegralInRange(0, 3)); break;
+    case 3:
+      d.array.dtype = static_cast<io::h5::DType>(in.ConsumeIntegralInRange(0, 3));
+      break;
     default: {  // new values from the input (NaN, infinities, huge steps and indices)
       const std::vector<uint8_t> bytes = in.ConsumeBytes<uint8_t>(in.ConsumeIntegralInRange<size_t>(1, 64));
       const size_t at = in.ConsumeIntegralInRange<size_t>(0, d.array.bytes.size());
@@ -106,12 +121,18 @@ void edit_dataset(FuzzedDataProvider& in, Contents& c) {
 void edit(FuzzedDataProvider& in, Contents& c) {
   switch (in.ConsumeIntegralInRange(0, 5)) {
     case 0:
-    case 1: edit_config(in, c.attributes[1]); return;
-    case 2: c.attributes[1].value = in.ConsumeRandomLengthString(200); return;  // any text as config
+    case 1:
+      edit_config(in, c.attributes[1]);
+      return;
+    case 2:
+      c.attributes[1].value = in.ConsumeRandomLengthString(200);
+      return;  // any text as config
     case 3: {
       Attribute& a = c.attributes[in.ConsumeIntegralInRange<size_t>(0, c.attributes.size() - 1)];
-      if (in.ConsumeBool()) a.value = in.ConsumeRandomLengthString(60);
-      else a.value = in.ConsumeIntegralInRange<int64_t>(-1, 3);
+      if (in.ConsumeBool())
+        a.value = in.ConsumeRandomLengthString(60);
+      else
+        a.value = in.ConsumeIntegralInRange<int64_t>(-1, 3);
       return;
     }
     case 4: {  // a new dataset, often beside the real ones ("model/<name>", "optimizer/steps/<name>")
@@ -122,7 +143,9 @@ void edit(FuzzedDataProvider& in, Contents& c) {
       c.datasets.push_back(std::move(d));
       return;
     }
-    default: edit_dataset(in, c); return;
+    default:
+      edit_dataset(in, c);
+      return;
   }
 }
 
@@ -153,7 +176,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!write(c, path)) return 0;
   try {
     fuzz::exercise_checkpoint(path);
-  } catch (const Error&) {
-  }
+  } catch (const Error&) {}
   return 0;
 }

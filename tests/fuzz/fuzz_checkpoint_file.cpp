@@ -8,7 +8,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   headlab::fuzz::write_file(path, data, size);
   try {
     headlab::fuzz::exercise_checkpoint(path);
-  } catch (const headlab::Error&) {
-  }
+  } catch (const headlab::Error&) {}
   return 0;
 }

@@ -25,7 +25,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const tasks::Batch batch = task->batch(tasks::Split::val, 0, 2, T);
     for (int64_t id : batch.inputs)
       if (id < 0 || id >= task->vocab_size()) __builtin_trap();  // every input id is a token
-  } catch (const Error&) {
-  }
+  } catch (const Error&) {}
   return 0;
 }

@@ -52,11 +52,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   fuzz::write_file(path, data, size);
   try {
     check_text(path);
-  } catch (const Error&) {
-  }
+  } catch (const Error&) {}
   try {
     check_vocabulary(std::string(reinterpret_cast<const char*>(data), size));
-  } catch (const Error&) {
-  }
+  } catch (const Error&) {}
   return 0;
 }

@@ -51,8 +51,9 @@ NamedTensors replace_modules(const nn::Module& model, const std::vector<Replacem
   std::vector<bool> done(replacements.size(), false);
   NamedTensors out;
   for (const auto& [name, t] : model.named_parameters()) {
+    const std::string& param = name;  // clang 14 cannot capture a structured binding
     const auto it =
-        std::find_if(prefixes.begin(), prefixes.end(), [&](const std::string& p) { return name.rfind(p, 0) == 0; });
+        std::find_if(prefixes.begin(), prefixes.end(), [&](const std::string& p) { return param.rfind(p, 0) == 0; });
     if (it == prefixes.end()) {
       out.emplace_back(name, t.detach());
       continue;

@@ -449,6 +449,35 @@ Tensor CausalMultiHeadAttention::forward(const Tensor& x, const Tensor& gates) {
   return out_proj->forward(ctx.transpose(1, 2).reshape({B, T, H * D}));  // (B, T, d_out)
 }
 
+Tensor CausalMultiHead::forward_cached(const Tensor&, KVCache&) {
+  HL_FAIL(type_name(), ": no key/value cache for this attention form; check supports_kv_cache()");
+}
+
+Tensor CausalMultiHeadAttention::forward_cached(const Tensor& x, KVCache& cache) {
+  const char* who = "CausalMultiHeadAttention (cached)";
+  HL_CHECK(x.defined() && x.dim() == 3 && x.size(2) == d_in, who, ": expected x of shape (batch, tokens, ", d_in,
+           "), got ", x.defined() ? shape_str(x.shape()) : std::string("(undefined)"));
+  const int64_t B = x.size(0), T = x.size(1), H = num_heads, D = head_dim, past = cache.length;
+  HL_CHECK(past == 0 || T == 1, who, ": after the prefill the cache takes one token a step, got ", T);
+  HL_CHECK(past + T <= context_length, who, ": ", past, " cached + ", T, " new tokens exceed context_length ",
+           context_length);
+  if (past == 0) {
+    cache.keys = Tensor::empty({B, H, context_length, D}, x.dtype(), x.device());
+    cache.values = Tensor::empty({B, H, context_length, D}, x.dtype(), x.device());
+  }
+  HL_CHECK(cache.keys.size(0) == B, who, ": the cache holds ", cache.keys.size(0), " rows, the input ", B);
+  const auto [queries, keys, values] = project_qkv(x);  // (B, H, T, D)
+  cache.keys.narrow(2, past, T).copy_(keys);
+  cache.values.narrow(2, past, T).copy_(values);
+  cache.length = past + T;
+  // A prefill is causal within itself; a new token sees every cached position.
+  Tensor ctx =
+      scaled_dot_product_attention(queries, cache.keys.narrow(2, 0, past + T), cache.values.narrow(2, 0, past + T),
+                                   past == 0 ? AttentionMask::causal() : AttentionMask::none());
+  ctx = apply_head_control(who, ctx, head_control, Tensor());
+  return out_proj->forward(ctx.transpose(1, 2).reshape({B, T, H * D}));  // (B, T, d_out)
+}
+
 // x (B, T, d_in) -> queries, keys, values (B, H, T, D): views of the projections, no copies; matmul
 // batches over H and loops over B.
 std::tuple<Tensor, Tensor, Tensor> CausalMultiHeadAttention::project_qkv(const Tensor& x) const {

@@ -142,6 +142,13 @@ struct CausalAttentionSizes {
 
 class MultiHeadAttentionWrapper;
 
+// One layer's keys and values for incremental decoding (nn/generate.h): (B, H, context_length, D),
+// allocated on first use; positions [0, length) are filled.
+struct KVCache {
+  Tensor keys, values;
+  int64_t length = 0;
+};
+
 // The common face of the causal multi-head forms, so models, analysis and surgery use any of them.
 class CausalMultiHead : public UnaryModule, public MultiHead {
  public:
@@ -154,6 +161,12 @@ class CausalMultiHead : public UnaryModule, public MultiHead {
   // The same function as one module per head (a new module owning copies of the weights, in this
   // one's dtype, device and mode, with its head control). Every form converts through it.
   virtual std::shared_ptr<MultiHeadAttentionWrapper> split_heads() const = 0;
+  // Incremental decoding: x (B, T, d_in) holds the tokens at positions [cache.length, cache.length + T)
+  // (a prefill from an empty cache, then one token a step); their keys and values join the cache and
+  // each attends to every cached position up to its own. No dropout, no attention weights kept.
+  // Forms without it say so (supports_kv_cache), and generation recomputes the window instead.
+  virtual bool supports_kv_cache() const { return false; }
+  virtual Tensor forward_cached(const Tensor& x, KVCache& cache);
   // A new module of this form with heads `keep` only (local indices, sorted): split, keep the heads
   // (MultiHeadAttentionWrapper::select_heads), merge back. The output width does not change.
   std::shared_ptr<CausalMultiHead> prune_heads(const std::vector<int64_t>& keep) const;
@@ -237,6 +250,8 @@ class CausalMultiHeadAttention : public CausalMultiHead {
   Tensor last_attention_weights() const override { return attention_weights; }
   AttentionForm form() const override { return AttentionForm::fused; }
   std::shared_ptr<MultiHeadAttentionWrapper> split_heads() const override;  // head h: rows [h*D, (h+1)*D)
+  bool supports_kv_cache() const override { return true; }
+  Tensor forward_cached(const Tensor& x, KVCache& cache) override;
   int64_t d_in, d_out, context_length, num_heads, head_dim;
   double dropout_p;
   bool qkv_bias;

@@ -41,13 +41,25 @@ std::vector<int64_t> generate(GPTModel& model, const std::vector<int64_t>& promp
   NoGradGuard no_grad;
   Generator gen(o.seed);
   const int64_t ctx = model.config().context_length;
+  // With a key/value cache a step computes one token; a window that slides past context_length
+  // renumbers every position, so the cache is refilled from the window then (as without one).
+  const bool cached = model.supports_kv_cache();
+  std::vector<KVCache> caches(static_cast<size_t>(model.n_layers()));
   std::vector<int64_t> ids = prompt, generated;
   for (int64_t i = 0; i < o.max_new_tokens; ++i) {
     const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(ids.size()) - ctx);
     const std::vector<int64_t> window(ids.begin() + start, ids.end());
     const int64_t n = static_cast<int64_t>(window.size());
-    const Tensor logits = model.forward(tensor(window, {1, n}).to(model.device()));  // (1, n, V)
-    const int64_t next = pick_token(logits.select(1, n - 1).select(0, 0), o.temperature, o.top_k, gen);
+    Tensor last;  // (V): the logits after the window
+    if (cached && i > 0 && caches.front().length + 1 == n) {
+      last = model.forward_cached(tensor(std::vector<int64_t>{ids.back()}, {1, 1}).to(model.device()), caches);
+    } else if (cached) {
+      for (KVCache& c : caches) c = KVCache{};
+      last = model.forward_cached(tensor(window, {1, n}).to(model.device()), caches);
+    } else {
+      last = model.forward(tensor(window, {1, n}).to(model.device())).select(1, n - 1);  // (1, V)
+    }
+    const int64_t next = pick_token(last.select(0, 0), o.temperature, o.top_k, gen);
     if (next == o.end_id && !o.keep_end) break;
     ids.push_back(next);
     generated.push_back(next);

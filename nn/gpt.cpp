@@ -89,16 +89,38 @@ GPTModel::GPTModel(const GPTConfig& cfg) : cfg_(cfg) {
   out_head = register_module("out_head", std::make_shared<Linear>(cfg.emb_dim, cfg.vocab_size, false));
 }
 
+Tensor TransformerBlock::forward_cached(const Tensor& x, KVCache& cache) {
+  Tensor h = add(x, drop_shortcut->forward(att->forward_cached(norm1->forward(x), cache)));
+  return add(h, drop_shortcut->forward(ff->forward(norm2->forward(h))));
+}
+
 Tensor GPTModel::forward(const Tensor& idx) { return unembed(trf_blocks->forward(embed(idx))); }
 
-Tensor GPTModel::embed(const Tensor& idx) {
+bool GPTModel::supports_kv_cache() const {
+  for (int64_t l = 0; l < cfg_.n_layers; ++l)
+    if (!attention(l).supports_kv_cache()) return false;
+  return true;
+}
+
+Tensor GPTModel::forward_cached(const Tensor& idx, std::vector<KVCache>& caches) {
+  HL_CHECK(static_cast<int64_t>(caches.size()) == cfg_.n_layers, "GPTModel: ", caches.size(), " key/value caches for ",
+           cfg_.n_layers, " layers");
+  Tensor x = embed(idx, caches.front().length);
+  for (int64_t l = 0; l < cfg_.n_layers; ++l) x = block(l)->forward_cached(x, caches[static_cast<size_t>(l)]);
+  const int64_t T = x.size(1);
+  return unembed(x.narrow(1, T - 1, 1)).select(1, 0);  // (B, V)
+}
+
+Tensor GPTModel::embed(const Tensor& idx, int64_t offset) {
   HL_CHECK(idx.defined() && idx.dim() == 2, "GPTModel: expected token ids of shape (batch, tokens), got ",
            idx.defined() ? shape_str(idx.shape()) : std::string("(undefined)"));
   HL_CHECK(idx.dtype() == DType::i64, "GPTModel: token ids must be int64, got ", dtype_name(idx.dtype()));
   const int64_t T = idx.size(1);
-  HL_CHECK(T <= cfg_.context_length, "GPTModel: ", T, " tokens exceed context_length ", cfg_.context_length);
-  const Tensor tok = tok_emb->forward(idx);                                  // (B, T, C)
-  const Tensor pos = pos_emb->forward(arange(T, DType::i64, idx.device()));  // (T, C)
+  HL_CHECK(offset >= 0 && offset + T <= cfg_.context_length, "GPTModel: ", T, " tokens",
+           offset ? " after " + std::to_string(offset) : std::string(), " exceed context_length ", cfg_.context_length);
+  const Tensor tok = tok_emb->forward(idx);  // (B, T, C)
+  const Tensor pos = pos_emb->forward(
+      arange(static_cast<double>(offset), static_cast<double>(offset + T), 1, DType::i64, idx.device()));  // (T, C)
   return drop_emb->forward(add(tok, pos));
 }
 

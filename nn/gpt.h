@@ -33,7 +33,8 @@ class TransformerBlock : public UnaryModule {
  public:
   TransformerBlock(const GPTConfig& cfg, int64_t layer);
   std::string type_name() const override { return "TransformerBlock"; }
-  Tensor forward(const Tensor& x) override;  // x: (B, T, emb_dim)
+  Tensor forward(const Tensor& x) override;                // x: (B, T, emb_dim)
+  Tensor forward_cached(const Tensor& x, KVCache& cache);  // as CausalMultiHead::forward_cached
   std::shared_ptr<CausalMultiHead> att;
   std::shared_ptr<FeedForward> ff;
   std::shared_ptr<LayerNorm> norm1, norm2;
@@ -59,9 +60,15 @@ class GPTModel : public Model {
   Tensor attention_weights(int64_t i) const override { return attention(i).last_attention_weights(); }
   Tensor forward(const Tensor& idx);  // idx: (B, T) int64 -> logits (B, T, vocab_size)
   // forward = unembed(blocks(embed(idx))), in pieces for analyses that replay part of the model:
-  Tensor embed(const Tensor& idx);  // (B, T) int64 -> the residual stream entering block 0 (B, T, emb_dim)
+  // (B, T) int64 at positions [offset, offset + T) -> the residual stream entering block 0 (B, T, emb_dim)
+  Tensor embed(const Tensor& idx, int64_t offset = 0);
   Tensor unembed(const Tensor& x);  // the residual stream after the last block -> logits (B, T, vocab_size)
   Tensor operator()(const Tensor& idx) { return forward(idx); }
+  // Incremental decoding (nn/generate.h): idx (B, T) are the tokens after the caches' positions
+  // (a prefill into empty caches, then one token a step); one cache per layer. Returns the logits
+  // of the last position only, (B, vocab_size): the head's GEMM runs on one row, not T.
+  bool supports_kv_cache() const;
+  Tensor forward_cached(const Tensor& idx, std::vector<KVCache>& caches);
   const GPTConfig& config() const { return cfg_; }
   int64_t n_layers() const { return cfg_.n_layers; }
   CausalMultiHead& attention(int64_t layer) const;

@@ -6,6 +6,9 @@
 
 #include <functional>
 
+#include "analysis/surgery.h"
+#include "autograd/engine.h"
+#include "nn/generate.h"
 #include "nn/gpt.h"
 #include "tests/core_test_util.h"
 #include "tests/fixture_util.h"
@@ -312,3 +315,50 @@ TEST(GptModel, DropoutGradientUsesTheForwardMask) {
 }
 
 }  // namespace
+
+// ---- key/value cache ----------------------------------------------------------------------------
+
+TEST(GptKvCache, EachStepsLogitsEqualTheFullForward) {
+  for (const bool bias : {false, true}) {
+    nn::GPTModel m(tiny_gpt_config(kFourHeadGpt, nn::AttentionForm::fused, bias));
+    m.eval();
+    NoGradGuard no_grad;
+    const std::vector<int64_t> ids{3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8};  // 12 = context_length
+    std::vector<nn::KVCache> caches(2);
+    const Tensor all = m.forward(tensor(ids, {1, 12}));  // (1, 12, V)
+    Tensor last = m.forward_cached(tensor(std::vector<int64_t>(ids.begin(), ids.begin() + 5), {1, 5}), caches);
+    EXPECT_TRUE(all_close(last, all.select(1, 4)));
+    for (int64_t t = 5; t < 12; ++t) {
+      last = m.forward_cached(tensor(std::vector<int64_t>{ids[size_t(t)]}, {1, 1}), caches);
+      EXPECT_TRUE(all_close(last, all.select(1, t))) << "position " << t;
+    }
+    EXPECT_EQ(caches[0].length, 12);
+    EXPECT_ERROR(m.forward_cached(tensor(std::vector<int64_t>{1}, {1, 1}), caches), "exceed context_length 12");
+    std::vector<nn::KVCache> fresh(2);
+    m.forward_cached(tensor(std::vector<int64_t>{1, 2}, {1, 2}), fresh);
+    EXPECT_ERROR(m.forward_cached(tensor(std::vector<int64_t>{1, 2}, {1, 2}), fresh), "one token a step");
+  }
+}
+
+// generate() with the cache (fused form) gives the tokens of the same model in the wrapper form,
+// which has none and recomputes its window: greedy and sampled, past the context (the window slides).
+TEST(GptKvCache, GenerationEqualsTheUncachedPath) {
+  nn::GPTModel fused(tiny_gpt_config(kFourHeadGpt, nn::AttentionForm::fused, true));
+  auto [cfg, params] =
+      analysis::convert_parameters(fused.config(), fused.named_parameters(), nn::AttentionForm::wrapper);
+  nn::GPTModel wrapper(cfg);
+  wrapper.load_parameters(params, "test");
+  ASSERT_TRUE(fused.supports_kv_cache());
+  ASSERT_FALSE(wrapper.supports_kv_cache());
+  for (const double temperature : {0.0, 1.0}) {
+    nn::GenerateOptions o;
+    o.max_new_tokens = 30;  // 3 + 30 tokens > context_length 12
+    o.temperature = temperature;
+    o.top_k = 5;
+    o.seed = 11;
+    const std::vector<int64_t> prompt{2, 7, 1};
+    const std::vector<int64_t> a = nn::generate(fused, prompt, o), b = nn::generate(wrapper, prompt, o);
+    EXPECT_EQ(a.size(), 30u);
+    EXPECT_EQ(a, b) << "temperature " << temperature;
+  }
+}

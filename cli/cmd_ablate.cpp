@@ -48,10 +48,10 @@ Action add_ablate(CLI::App& app) {
   app.add_option("--metric", a->metric, "pruning metric: exact_match (task default) | token_accuracy (chars default)")
       ->check(CLI::IsMember(enum_names<analysis::Metric>()));
   app.add_option("--threshold", a->threshold, "stop pruning below this fraction of the unpruned metric")
-      ->check(CLI::Range(0.0, 1.0))
+      ->check(in_range(0, 1))
       ->capture_default_str();
   app.add_option("--step", a->step, "fraction of the remaining heads pruned per step")
-      ->check(CLI::Range(0.001, 1.0))
+      ->check(in_range(0.001, 1))
       ->capture_default_str();
   app.add_option("--criterion", a->criterion,
                  "pruning order: auto (ablation up to " + std::to_string(analysis::kAblationCriterionMaxHeads) +
@@ -61,28 +61,29 @@ Action add_ablate(CLI::App& app) {
       ->check(CLI::IsMember(enum_names<analysis::Criterion>()))
       ->capture_default_str();
   app.add_option("--l0-steps", a->l0_steps, "--criterion l0: Adam steps of the gates per penalty strength")
-      ->check(positive_number())
+      ->check(positive_number(1e6))
       ->capture_default_str();
   app.add_option("--l0-penalties", a->l0_penalties, "--criterion l0: the penalty strengths (L0 weights), one run each")
       ->delimiter(',')
-      ->check(CLI::NonNegativeNumber);
+      ->check(non_negative_number(1e6));
   app.add_flag("--full-curve", a->full_curve, "continue the pruning curve until every layer has one head left");
   auto* k = app.add_option("--prune", a->prune, "write pruned.h5 without the K least important heads (pruning order)")
-                ->check(non_negative_number());
+                ->check(non_negative_number(1e6));
   app.add_option("--prune-to-metric", a->prune_to_metric,
                  "write pruned.h5 pruned by the curve as far as the metric stays >= X")
+      ->check(in_range(0, 1))
       ->excludes(k);
   app.add_option("--finetune", a->finetune,
                  "after pruning, train the pruned model N more steps (its task, a fresh optimizer of its run's kind) "
                  "and report the metric before and after; writes finetune/checkpoint.h5")
-      ->check(positive_number());
+      ->check(positive_number(1e12));
   app.add_option("--finetune-lr", a->finetune_lr, "peak learning rate of the fine-tuning (default: the run's)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive_number(1e3));
   app.add_flag("--finetune-curve", a->finetune_curve,
                "fine-tune the model pruned at every step of the curve too (--finetune steps each; "
                "finetune/pruned_<k>/), so that the curve shows both");
   app.add_option("--repeats", a->repeats, "timed forward passes for the pruned model's speed-up")
-      ->check(positive_number())
+      ->check(positive_number(1e6))
       ->capture_default_str();
   return [a] {
     const AnalysisInputs ai = load_analysis(*a, "ablate", "ablation");

@@ -119,7 +119,7 @@ int seq2seq_attention(const AttentionArgs& a, const Loaded& l, nn::EncoderDecode
 
 Action add_attention(CLI::App& app) {
   auto a = std::make_shared<AttentionArgs>();
-  app.add_option("checkpoint", a->path, "checkpoint file (.h5)")->required();
+  app.add_option("checkpoint", a->path, "checkpoint file (.h5)")->type_name(kInputFile)->required();
   app.add_option("--prompt", a->prompt,
                  "the input: a task input (e.g. 31415), text for chars checkpoints, an encoder-decoder's source "
                  "(e.g. \"three hundred and twelve\")")
@@ -127,13 +127,14 @@ Action add_attention(CLI::App& app) {
   app.add_option("--max-new-tokens", a->max_new,
                  "greedy tokens appended before drawing (default: a task's answer and end token; chars: 0; "
                  "encoder-decoder: decoded to the end token, at most 64)")
-      ->check(non_negative_number());
+      ->check(non_negative_number(1e15));
   app.add_option("--out", a->out,
                  "folder for attention.h5, attention.png and attention.html (encoder-decoder: a PNG per kind, "
                  "attention_{encoder,decoder,cross}.png)")
+      ->type_name(kOutputDir)
       ->capture_default_str();
   app.add_option("--device", a->device, "cpu | cuda | cuda:N")->capture_default_str();
-  app.add_option("--threads", a->threads, "CPU threads (0: all cores)")->check(non_negative_number());
+  add_threads_option(app, a->threads);
   return [a] {
     set_threads(a->threads);
     check_input_file(a->path, "attention: checkpoint", true);

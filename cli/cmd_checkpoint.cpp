@@ -21,12 +21,13 @@ Action add_eval(CLI::App& app) {
   auto device = std::make_shared<std::string>("cpu");
   auto batches = std::make_shared<int64_t>(0);
   auto threads = std::make_shared<int>(0);
-  app.add_option("checkpoint", *path, "checkpoint file (.h5)")->required();
-  app.add_option("--text", *text, "chars checkpoints: evaluate on the last 10% of this text instead");
+  app.add_option("checkpoint", *path, "checkpoint file (.h5)")->type_name(kInputFile)->required();
+  app.add_option("--text", *text, "chars checkpoints: evaluate on the last 10% of this text instead")
+      ->type_name(kInputFile);
   app.add_option("--batches", *batches, "validation batches (default: the run's --eval-batches)")
-      ->check(non_negative_number());
+      ->check(non_negative_number(1e15));
   app.add_option("--device", *device, "cpu | cuda")->capture_default_str();
-  app.add_option("--threads", *threads, "CPU threads (0: all cores)")->check(non_negative_number());
+  add_threads_option(app, *threads);
   return [=] {
     set_threads(*threads);
     check_input_file(*path, "eval: checkpoint", true);
@@ -68,17 +69,18 @@ Action add_generate(CLI::App& app) {
   auto top_k = std::make_shared<int64_t>(0);
   auto seed = std::make_shared<uint64_t>(0);
   auto device = std::make_shared<std::string>("cpu");
-  app.add_option("checkpoint", *path, "checkpoint file (.h5)")->required();
+  app.add_option("checkpoint", *path, "checkpoint file (.h5)")->type_name(kInputFile)->required();
   app.add_option("--prompt", *prompt, "text to continue; for task checkpoints a task input, e.g. 31415 or 123+45")
       ->required();
   app.add_option("--max-new-tokens", *max_new, "tokens to generate at most")
-      ->check(non_negative_number())
+      ->check(non_negative_number(1e15))
       ->capture_default_str();
   app.add_option("--temperature", *temperature, "0: greedy; otherwise sample from softmax(logits / T)")
-      ->check(non_negative_number())
+      ->check(non_negative_number(1e6))
       ->capture_default_str();
-  app.add_option("--top-k", *top_k, "sample only from the k most likely tokens (0: all)")->check(non_negative_number());
-  app.add_option("--seed", *seed, "sampling seed")->capture_default_str();
+  app.add_option("--top-k", *top_k, "sample only from the k most likely tokens (0: all)")
+      ->check(non_negative_number(1e9));
+  add_seed_option(app, *seed, "sampling seed");
   app.add_option("--device", *device, "cpu | cuda")->capture_default_str();
   return [=] {
     check_input_file(*path, "generate: checkpoint", true);
@@ -112,7 +114,7 @@ Action add_generate(CLI::App& app) {
 
 Action add_inspect(CLI::App& app) {
   auto path = std::make_shared<std::string>();
-  app.add_option("checkpoint", *path, "checkpoint file (.h5)")->required();
+  app.add_option("checkpoint", *path, "checkpoint file (.h5)")->type_name(kInputFile)->required();
   return [=] {
     check_input_file(*path, "inspect: checkpoint", true);
     const io::Checkpoint ck = io::load_checkpoint(*path);

@@ -157,19 +157,19 @@ Action add_compare(CLI::App& app) {
   auto a = std::make_shared<CompareArgs>();
   app.add_option("--heads", a->heads, "sweep: head counts (comma-separated)")
       ->delimiter(',')
-      ->check(positive_number())
+      ->check(positive_number(1e6))
       ->capture_default_str();
   app.add_option("--emb-dim", a->emb, "sweep: d_in = d_out values")
       ->delimiter(',')
-      ->check(positive_number())
+      ->check(positive_number(1e6))
       ->capture_default_str();
   app.add_option("--tokens", a->tokens, "sweep: sequence lengths T")
       ->delimiter(',')
-      ->check(positive_number())
+      ->check(positive_number(1e6))
       ->capture_default_str();
   app.add_option("--batch", a->batch, "sweep: batch sizes B")
       ->delimiter(',')
-      ->check(positive_number())
+      ->check(positive_number(1e6))
       ->capture_default_str();
   app.add_option("--config", a->configs,
                  "extra config name,B,T,d_in,d_out,heads (repeatable; the PyTorch peer's format)");
@@ -178,33 +178,39 @@ Action add_compare(CLI::App& app) {
   app.add_flag("--no-sweep", a->no_sweep, "leave out the heads x emb-dim x tokens x batch sweep");
   app.add_option("--device", a->device, "cpu | cuda | cuda:N")->capture_default_str();
   app.add_option("--repeats", a->repeats, "timed runs per measurement (the median is reported)")
-      ->check(positive_number())
+      ->check(positive_number(1e6))
       ->capture_default_str();
   app.add_option("--warmup", a->warmup, "untimed runs before timing")
-      ->check(non_negative_number())
+      ->check(non_negative_number(1e6))
       ->capture_default_str();
-  app.add_option("--seed", a->seed, "seed for weights and inputs")->capture_default_str();
+  add_seed_option(app, a->seed, "seed for weights and inputs");
   app.add_option("--x", a->x, "x axis of compare.png: auto | heads | tokens | emb | batch")
       ->check(CLI::IsMember({"auto", "heads", "tokens", "emb", "batch"}))
       ->capture_default_str();
-  app.add_option("--out", a->out, "folder for compare.csv, compare.json and compare.png")->capture_default_str();
-  app.add_option("--threads", a->threads, "CPU threads (0: all cores)")->check(non_negative_number());
+  app.add_option("--out", a->out, "folder for compare.csv, compare.json and compare.png")
+      ->type_name(kOutputDir)
+      ->capture_default_str();
+  add_threads_option(app, a->threads);
   app.add_option("--torch-peer", a->torch_peer,
                  "time the same forms in PyTorch eager (bench/torch_mha_peer.py) beside each config: auto (when "
                  "python3 can import torch) | on | off")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
-  app.add_option("--torch-peer-script", a->torch_peer_script, "the PyTorch peer script")->capture_default_str();
-  return [a] {
+  app.add_option("--torch-peer-script", a->torch_peer_script, "the PyTorch peer script")
+      ->type_name(kInputFile)
+      ->capture_default_str();
+  CLI::Option* peer_script = app.get_option("--torch-peer-script");
+  return [a, peer_script] {
     set_threads(a->threads);
     analysis::CompareOptions o;
     o.device = Device::parse(a->device);
     o.repeats = a->repeats;
     o.warmup = a->warmup;
     o.seed = a->seed;
-    backend_for(o.device);       // a clear error before any work when the device is missing
-    if (a->torch_peer != "off")  // (python3 would block on a FIFO; a missing script is the peer's to report)
-      check_input_file(a->torch_peer_script, "compare: --torch-peer-script", true);
+    backend_for(o.device);  // a clear error before any work when the device is missing
+    // python3 would block on a FIFO; a missing script is the peer's to report, unless the user named it.
+    if (a->torch_peer != "off" || peer_script->count() > 0)
+      check_input_file(a->torch_peer_script, "compare: --torch-peer-script", a->torch_peer != "off");
     std::vector<analysis::CompareConfig> sweep, extra;
     if (!a->no_sweep)
       for (int64_t B : a->batch)

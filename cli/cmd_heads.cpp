@@ -41,7 +41,7 @@ Action add_heads(CLI::App& app) {
   add_analysis_options(app, *a, "heads");
   app.add_flag("--by-position", a->by_position,
                "activation patching per head and position too (denoising; a pass per position)");
-  app.add_option("--seed", a->seed, "which prompt digit the corruption changes (tasks)")->capture_default_str();
+  add_seed_option(app, a->seed, "which prompt digit the corruption changes (tasks)");
   return [a] {
     const AnalysisInputs ai = load_analysis(*a, "heads", "heads");
     const Loaded& in = ai.in;

@@ -29,43 +29,50 @@ Action add_train(CLI::App& app) {
   app.add_option("--task", c.task.name, "reverse | copy | sort | add | chars (gpt) | numbers (encoder-decoder)")
       ->check(CLI::IsMember({"reverse", "copy", "sort", "add", "chars", "numbers"}))
       ->capture_default_str();
-  app.add_option("--max-number", t.max_number, "numbers: the largest number spelled out (up to 999999)")
+  app.add_option("--max-number", t.max_number, "numbers: the largest number spelled out")
+      ->check(non_negative_number(999999))
       ->capture_default_str();
-  app.add_option("--text", ch->text, "chars: the text to model (default: data/tiny.txt)");
-  app.add_option("--min-len", t.min_len, "copy/reverse/sort: shortest digit string")->capture_default_str();
-  app.add_option("--max-len", t.max_len, "copy/reverse/sort: longest digit string")->capture_default_str();
-  app.add_option("--digits", t.n_digits, "add: digits per operand")->capture_default_str();
+  app.add_option("--text", ch->text, "chars: the text to model (default: data/tiny.txt)")->type_name(kInputFile);
+  app.add_option("--min-len", t.min_len, "copy/reverse/sort: shortest digit string")
+      ->check(positive_number(1e4))
+      ->capture_default_str();
+  app.add_option("--max-len", t.max_len, "copy/reverse/sort: longest digit string")
+      ->check(positive_number(1e4))
+      ->capture_default_str();
+  app.add_option("--digits", t.n_digits, "add: digits per operand")->check(in_range(1, 18))->capture_default_str();
   app.add_option("--attention", ch->attention, nn::attention_forms_help())
       ->check(CLI::IsMember(enum_names<nn::AttentionForm>()))
       ->capture_default_str();
   app.add_option("--emb-dim", c.model.emb_dim, "embedding size (encoder-decoder: num_hiddens)")
-      ->check(positive_number())
+      ->check(positive_number(1e9))
       ->capture_default_str();
   app.add_option("--ffn-hiddens", ch->ffn_hiddens, "encoder-decoder: ffn_num_hiddens (0: 2 x --emb-dim)")
-      ->check(non_negative_number());
+      ->check(non_negative_number(1e9));
   app.add_option("--n-heads", c.model.n_heads, "attention heads per layer")
-      ->check(positive_number())
+      ->check(positive_number(1e6))
       ->capture_default_str();
-  app.add_option("--n-layers", c.model.n_layers, "transformer blocks")->check(positive_number())->capture_default_str();
+  app.add_option("--n-layers", c.model.n_layers, "transformer blocks")
+      ->check(positive_number(1e6))
+      ->capture_default_str();
   app.add_option("--context-length", c.model.context_length, "tokens per sequence (0: what the task needs; chars: 64)")
-      ->check(non_negative_number())
+      ->check(non_negative_number(1e9))
       ->capture_default_str();
   app.add_option("--drop-rate", c.model.drop_rate, "dropout probability")
-      ->check(CLI::Range(0.0, 0.99))
+      ->check(in_range(0, 0.99))
       ->capture_default_str();
   app.add_flag("--qkv-bias", c.model.qkv_bias, "bias in the query/key/value projections");
   app.add_option("--steps", c.run.steps, "total optimizer steps (with --resume: continue up to this many)")
-      ->check(positive_number())
+      ->check(positive_number(1e12))
       ->capture_default_str();
   app.add_option("--batch-size", c.run.batch_size, "sequences per step")
-      ->check(positive_number())
+      ->check(positive_number(1e15))
       ->capture_default_str();
-  app.add_option("--lr", c.optimizer.lr, "peak learning rate")->check(positive_number())->capture_default_str();
+  app.add_option("--lr", c.optimizer.lr, "peak learning rate")->check(positive_number(1e3))->capture_default_str();
   app.add_option("--min-lr", c.schedule.min_lr, "final learning rate of the cosine schedule")
-      ->check(non_negative_number())
+      ->check(non_negative_number(1e3))
       ->capture_default_str();
   app.add_option("--warmup", c.schedule.warmup, "linear warmup steps")
-      ->check(non_negative_number())
+      ->check(non_negative_number(1e12))
       ->capture_default_str();
   app.add_option("--schedule", ch->schedule, "constant | cosine | step")
       ->check(CLI::IsMember(enum_names<optim::ScheduleKind>()))
@@ -73,39 +80,41 @@ Action add_train(CLI::App& app) {
   app.add_option("--optimizer", ch->optimizer, "adamw | adam | sgd")
       ->check(CLI::IsMember(enum_names<optim::OptimizerKind>()))
       ->capture_default_str();
-  app.add_option("--weight-decay", ch->weight_decay, "weight decay (default: the optimizer's PyTorch default)");
+  app.add_option("--weight-decay", ch->weight_decay, "weight decay (default: the optimizer's PyTorch default)")
+      ->check(non_negative_number(1e3));
   app.add_option("--grad-clip", c.run.grad_clip, "clip gradients to this global norm (0: off)")
-      ->check(non_negative_number())
+      ->check(non_negative_number(1e12))
       ->capture_default_str();
   app.add_flag("--skip-nonfinite", c.run.skip_nonfinite,
                "skip a step whose loss or gradient norm is NaN or inf (no optimizer step) instead of stopping");
   app.add_option("--max-skipped-steps", c.run.max_skipped_steps,
                  "with --skip-nonfinite: stop after this many skipped steps in a row")
-      ->check(positive_number())
+      ->check(positive_number(1e12))
       ->capture_default_str();
-  app.add_option("--seed", c.run.seed, "seed for initialisation, dropout and data")->capture_default_str();
+  add_seed_option(app, c.run.seed, "seed for initialisation, dropout and data");
   app.add_option("--device", c.run.device, "cpu | cuda | cuda:N")->capture_default_str();
-  app.add_option("--out", o->out, "output folder for checkpoints and metrics.csv")->capture_default_str();
+  app.add_option("--out", o->out, "output folder for checkpoints and metrics.csv")
+      ->type_name(kOutputDir)
+      ->capture_default_str();
   app.add_flag("--resume", o->resume,
                "continue from <out>/checkpoint.h5 up to --steps; options given that fix the model, task or data must "
                "match it; the learning rate and schedule, --grad-clip and the eval/save cadences may change");
   app.add_option("--eval-every", c.run.eval_every, "evaluate every N steps")
-      ->check(positive_number())
+      ->check(positive_number(1e12))
       ->capture_default_str();
   app.add_option("--eval-batches", c.run.eval_batches, "validation batches per evaluation")
-      ->check(positive_number())
+      ->check(positive_number(1e15))
       ->capture_default_str();
   app.add_option("--save-every", c.run.save_every, "checkpoint every N steps")
-      ->check(positive_number())
+      ->check(positive_number(1e12))
       ->capture_default_str();
   app.add_option("--keep-last", c.run.keep_last, "numbered checkpoints to keep")
-      ->check(non_negative_number())
+      ->check(non_negative_number(1e6))
       ->capture_default_str();
   app.add_option("--log-every", o->log_every, "log line every N steps (when not on a terminal)")
-      ->check(positive_number())
+      ->check(positive_number(1e12))
       ->capture_default_str();
-  app.add_option("--threads", ch->threads, "CPU threads (0: all cores, shared out among the MPI ranks on this machine)")
-      ->check(non_negative_number());
+  add_threads_option(app, ch->threads, "CPU threads (0: all cores, shared out among the MPI ranks on this machine)");
   app.footer(tasks::tasks_help());
   CLI::App* self = &app;
   return [o, ch, self] {

@@ -21,20 +21,99 @@ namespace headlab::cli {
 namespace fs = std::filesystem;
 
 namespace {
-CLI::Validator number_at_least(double lowest, bool inclusive, const std::string& what) {
-  return CLI::Validator(
+constexpr const char* kRangeValidator = "RANGE";  // the name in_range's validators carry
+
+// The range as --help and the options table show it: "[0, 8]", "(0, 1e+09]".
+std::string range_text(double lo, double hi, bool lo_open) {
+  std::ostringstream s;
+  s << (lo_open ? "(" : "[") << lo << ", " << hi << "]";
+  return s.str();
+}
+
+CLI::Validator number_in(double lo, double hi, bool lo_open) {
+  const std::string range = range_text(lo, hi, lo_open);
+  CLI::Validator v(
       [=](std::string& s) -> std::string {
-        double v = 0;
-        if (!CLI::detail::lexical_cast(s, v) || !std::isfinite(v)) return "expected " + what + ", got '" + s + "'";
-        if (inclusive ? v < lowest : v <= lowest) return "expected " + what + ", got " + s;
+        // long double: 2^63 and 1e30 are numbers to compare, not conversion failures.
+        char* end = nullptr;
+        const long double x = s.empty() ? NAN : std::strtold(s.c_str(), &end);
+        if (end != s.c_str() + s.size() || !std::isfinite(x))
+          return "expected a number in " + range + ", got '" + s + "'";
+        if ((lo_open ? x <= lo : x < lo) || x > hi) return "expected a number in " + range + ", got " + s;
         return "";
       },
-      inclusive ? "NONNEGATIVE" : "POSITIVE");
+      range);
+  return v.name(kRangeValidator);
 }
 }  // namespace
 
-CLI::Validator positive_number() { return number_at_least(0.0, false, "a positive number"); }
-CLI::Validator non_negative_number() { return number_at_least(0.0, true, "a number >= 0"); }
+CLI::Validator in_range(double lo, double hi) { return number_in(lo, hi, false); }
+CLI::Validator positive_number(double hi) { return number_in(0.0, hi, true); }
+CLI::Validator non_negative_number(double hi) { return number_in(0.0, hi, false); }
+
+void add_threads_option(CLI::App& app, int& threads, const std::string& help) {
+  const int cores = std::max(1, omp_get_num_procs());
+  app.add_option(
+         "--threads", threads,
+         help + "; at most " + std::to_string(kMaxThreadsPerCore) + " x the " + std::to_string(cores) + " cores")
+      ->check(non_negative_number(double(kMaxThreadsPerCore) * cores));
+}
+
+void add_seed_option(CLI::App& app, uint64_t& seed, const std::string& help) {
+  app.add_option("--seed", seed, help)->check(in_range(0, 18446744073709551615.0))->capture_default_str();
+}
+
+namespace {
+// CLI11's type of an option's value, without the validators' descriptions it appends after ':'.
+std::string base_type(const CLI::Option& opt) {
+  const std::string t = opt.get_type_name();
+  return t.substr(0, t.find(':'));
+}
+bool is_number(const std::string& type) { return type == "INT" || type == "UINT" || type == "FLOAT"; }
+const CLI::Validator* range_of(const CLI::Option& opt) {
+  try {
+    return const_cast<CLI::Option&>(opt).get_validator(kRangeValidator);
+  } catch (const CLI::OptionNotFound&) {
+    return nullptr;
+  }
+}
+std::vector<const CLI::App*> commands(const CLI::App& app) {
+  std::vector<const CLI::App*> subs;
+  for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) subs.push_back(sub);
+  return subs;
+}
+}  // namespace
+
+void finish_options(CLI::App& app) {
+  const CLI::Validator non_empty([](std::string& s) { return s.empty() ? std::string("expected a path, got ''") : ""; },
+                                 "");
+  for (CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; }))
+    for (CLI::Option* opt : sub->get_options()) {
+      const std::string type = base_type(*opt);
+      if (is_number(type))
+        HL_CHECK(range_of(*opt) != nullptr, "headlab ", sub->get_name(), " ", opt->get_name(),
+                 ": a number option without a declared range (cli/common.h: in_range)");
+      if (type == kInputFile || type == kInputFolder || type == kOutputDir) opt->check(non_empty);
+    }
+}
+
+std::string options_table(const CLI::App& app) {
+  std::string out;
+  for (const CLI::App* sub : commands(app))
+    for (const CLI::Option* opt : sub->get_options()) {
+      if (opt->get_name() == "--help") continue;
+      std::string type = opt->get_type_size() == 0 ? "FLAG" : base_type(*opt);
+      std::string range = "\t\t";
+      if (const CLI::Validator* v = range_of(*opt)) {
+        const std::string d = v->get_description();  // "[lo, hi]" or "(lo, hi]"
+        const size_t comma = d.find(", ");
+        const std::string lo = d.substr(1, comma - 1), hi = d.substr(comma + 2, d.size() - comma - 3);
+        range = "\t" + (d[0] == '(' ? "(" + lo : lo) + "\t" + hi;
+      }
+      out += sub->get_name() + "\t" + opt->get_name() + "\t" + type + range + "\n";
+    }
+  return out;
+}
 
 void set_threads(int threads, int processes) {
   if (threads > 0)
@@ -59,15 +138,17 @@ nn::GPTModel& Loaded::gpt(const char* cmd) const {
 }
 
 void add_analysis_options(CLI::App& app, AnalysisArgs& a, const std::string& default_out) {
-  app.add_option("checkpoint", a.path, "checkpoint file (.h5)")->required();
-  app.add_option("--out", a.out, "output folder (default: <checkpoint folder>/" + default_out + ")");
-  app.add_option("--text", a.text, "chars checkpoints: evaluate on the last 10% of this text instead");
+  app.add_option("checkpoint", a.path, "checkpoint file (.h5)")->type_name(kInputFile)->required();
+  app.add_option("--out", a.out, "output folder (default: <checkpoint folder>/" + default_out + ")")
+      ->type_name(kOutputDir);
+  app.add_option("--text", a.text, "chars checkpoints: evaluate on the last 10% of this text instead")
+      ->type_name(kInputFile);
   app.add_option("--batches", a.batches, "validation batches (default: the run's --eval-batches)")
-      ->check(positive_number());
+      ->check(positive_number(1e15));
   app.add_option("--batch-size", a.batch_size, "rows per batch (default: the run's --batch-size)")
-      ->check(positive_number());
+      ->check(positive_number(1e15));
   app.add_option("--device", a.device, "cpu | cuda | cuda:N")->capture_default_str();
-  app.add_option("--threads", a.threads, "CPU threads (0: all cores)")->check(non_negative_number());
+  add_threads_option(app, a.threads);
 }
 
 AnalysisInputs load_analysis(const AnalysisArgs& a, const char* cmd, const std::string& default_out) {

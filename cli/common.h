@@ -16,10 +16,29 @@
 
 namespace headlab::cli {
 
-// Number checks whose errors say what was expected in a few words (CLI11 2.1's PositiveNumber
-// spells DBL_MAX out in 309 digits).
-CLI::Validator positive_number();
-CLI::Validator non_negative_number();
+// Every number option of every command declares its allowed range with one of these (finish_options
+// refuses a command whose number option has none): NaN, inf, an empty value, a non-number and anything
+// outside the range are refused while parsing (exit 2), naming the option and the range. The range
+// shows in --help and in the options table (options_table) that the CLI property test reads.
+CLI::Validator in_range(double lo, double hi);  // [lo, hi]
+CLI::Validator positive_number(double hi);      // (0, hi]
+CLI::Validator non_negative_number(double hi);  // [0, hi]
+// Options naming paths say what they are through CLI11's type name, for --help and the options table:
+inline constexpr const char* kInputFile = "FILE";      // read: checked as a regular file before it is opened
+inline constexpr const char* kInputFolder = "FOLDER";  // read: a folder of files (a model's)
+inline constexpr const char* kOutputDir = "DIR";       // written: created, then locked (io/folder_lock.h)
+// --threads, declared once: 0 (all cores) up to kMaxThreadsPerCore x the machine's cores.
+inline constexpr int kMaxThreadsPerCore = 4;
+void add_threads_option(CLI::App& app, int& threads, const std::string& help = "CPU threads (0: all cores)");
+// --seed (0 .. 2^64 - 1), declared once.
+void add_seed_option(CLI::App& app, uint64_t& seed, const std::string& help);
+// Once every command is declared: throws (a programming error) when a number option of any command
+// lacks a range, and gives every path option (kInputFile, kInputFolder, kOutputDir) the check that
+// refuses an empty value while parsing (an empty --out would otherwise mean "the default").
+void finish_options(CLI::App& app);
+// One line per option of every command: "command<TAB>option<TAB>type<TAB>lo<TAB>hi" (type: INT, UINT,
+// FLOAT, FILE, FOLDER, DIR, TEXT or FLAG; lo and hi for numbers, the lower bound open when prefixed by '(').
+std::string options_table(const CLI::App& app);
 // Sets the thread count for OpenMP/OpenBLAS (0: leave the default, all cores).
 // threads > 0: exactly that many; 0: OpenMP's default, or the cores shared out among `processes`
 // headlab processes on this machine (data-parallel ranks).

@@ -8,6 +8,7 @@
 #include "backends/backend.h"
 #include "base/error.h"
 #include "cli/commands.h"
+#include "cli/common.h"
 #include "train/collectives.h"
 
 int main(int argc, char** argv) {
@@ -38,6 +39,20 @@ int main(int argc, char** argv) {
   add("attention", "dump and draw every head's attention weights for one input", headlab::cli::add_attention);
   add("heads", "what each attention head does: ablation, logit attribution, patching, head types",
       headlab::cli::add_heads);
+  add("tokenize", "GPT-2's byte-level BPE tokenizer of a Hugging Face folder: text -> ids", headlab::cli::add_tokenize);
+  add("export", "write a GPT checkpoint as a Hugging Face GPT-2 folder (config.json, model.safetensors)",
+      headlab::cli::add_export);
+  try {
+    headlab::cli::finish_options(app);
+  } catch (const headlab::Error& e) {
+    std::cerr << "headlab: internal error: " << e.what() << std::endl;
+    return 1;
+  }
+  // Every command's options with their kinds and ranges, for the CLI property test (not in --help).
+  if (argc == 2 && std::string(argv[1]) == "--options-table") {
+    std::cout << headlab::cli::options_table(app);
+    return 0;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

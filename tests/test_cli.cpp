@@ -18,7 +18,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "autograd/engine.h"
 #include "io/checkpoint.h"
+#include "io/hf_gpt2.h"
+#include "ops/ops.h"
 #include "tests/process_util.h"
 #include "train/trainer.h"
 
@@ -68,7 +71,8 @@ class CliTest : public ::testing::Test {
 TEST_F(CliTest, HelpOnEveryCommandExitsZero) {
   const Result top = headlab({"--help"});
   EXPECT_EQ(top.code, 0) << top.err;
-  for (const char* cmd : {"train", "eval", "generate", "inspect", "compare", "ablate", "attention"}) {
+  for (const char* cmd :
+       {"train", "eval", "generate", "inspect", "compare", "ablate", "attention", "heads", "tokenize", "export"}) {
     EXPECT_TRUE(contains(top.out, cmd)) << "headlab --help lists " << cmd;
     const Result r = headlab({cmd, "--help"});
     EXPECT_EQ(r.code, 0) << cmd << ": " << r.err;
@@ -591,5 +595,70 @@ TEST_F(CliTest, AMissingCudaPluginNamesTheFilesTried) {
       << r.err;
 }
 #endif
+
+// ---- the Hugging Face GPT-2 layout: tokenize and export ---------------------------------------------
+
+// GPT-2's vocabulary (fetched by scripts/install-deps.sh) as a folder tokenize takes.
+TEST_F(CliTest, TokenizeGivesGpt2sIds) {
+  const std::string vocab = HEADLAB_GPT2_VOCAB_DIR;
+  ASSERT_TRUE(fs::exists(vocab + "/vocab.json")) << "run scripts/install-deps.sh: it fetches GPT-2's vocabulary";
+  Result r = headlab({"tokenize", vocab, "--prompt", "Hello world<|endoftext|>"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(r.out, "15496 995 50256\n");
+  r = headlab({"tokenize", vocab, "--prompt", "Hello world", "--show"});
+  EXPECT_EQ(r.out, "Hello \xc4\xa0world\n");  // Ġ: the space
+  std::ofstream(path("text.txt")) << "Hello world";
+  r = headlab({"tokenize", vocab, "--text", path("text.txt")});
+  EXPECT_EQ(r.out, "15496 995\n");
+  std::ofstream(path("bad.txt")) << "ok \xff";
+  r = headlab({"tokenize", vocab, "--text", path("bad.txt")});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.err, path("bad.txt") + " has invalid UTF-8 at byte offset 3")) << r.err;
+  r = headlab({"tokenize", vocab});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.err, "give --text FILE or --prompt TEXT")) << r.err;
+  // A folder whose config.json disagrees with the vocabulary's size.
+  fs::create_directories(path("mismatch"));
+  for (const char* f : {"vocab.json", "merges.txt"}) fs::copy_file(vocab + "/" + f, path("mismatch/") + f);
+  fs::copy_file(std::string(HEADLAB_SOURCE_DIR) + "/tests/fixtures/gpt2_folders/untied/config.json",
+                path("mismatch/config.json"));
+  r = headlab({"tokenize", path("mismatch"), "--prompt", "x"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.err, "96")) << r.err;
+}
+
+// export writes what PyTorch loads: the checkpoint's logits from the folder, pruned models included.
+TEST_F(CliTest, ExportWritesAFolderWithTheCheckpointsFunction) {
+  Result r = headlab({"train", "--task", "reverse", "--steps", "3", "--emb-dim", "16", "--n-heads", "4", "--batch-size",
+                      "4", "--eval-every", "3", "--eval-batches", "1", "--out", path("exp")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = headlab({"ablate", path("exp/checkpoint.h5"), "--batches", "1", "--batch-size", "4", "--prune", "2", "--repeats",
+               "1", "--out", path("exp/ablate")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const std::string ckpt : {"exp/checkpoint.h5", "exp/ablate/pruned.h5"}) {
+    const std::string out = path(ckpt + ".hf");
+    r = headlab({"export", path(ckpt), "--out", out});
+    ASSERT_EQ(r.code, 0) << r.err;
+    EXPECT_TRUE(contains(r.out, "model.safetensors")) << r.out;
+    const io::Checkpoint ck = io::load_checkpoint(path(ckpt));
+    const std::shared_ptr<nn::GPTModel> want = io::model_from_checkpoint(ck, path(ckpt));
+    const io::HfGpt2 hf = io::read_hf_gpt2(out);
+    nn::GPTModel got(hf.config);
+    got.load_parameters(hf.parameters, out);
+    got.eval();
+    want->eval();
+    const NoGradGuard no_grad;
+    const Tensor ids = tensor(std::vector<int64_t>{1, 2, 3, 4, 5, 6}, {1, 6});
+    const std::vector<float> a = want->forward(ids).to_vector<float>(), b = got.forward(ids).to_vector<float>();
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5) << ckpt << " logit " << i;
+    if (ckpt.find("pruned") != std::string::npos) {
+      EXPECT_TRUE(contains(r.out, "written as zeros")) << r.out;
+    }
+  }
+  r = headlab({"export", path("exp/checkpoint.h5"), "--out", path("exp/checkpoint.h5")});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.err, "export")) << r.err;
+}
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "bench/bench_util.h"
 #ifdef HEADLAB_HAS_CUDA
 #include "backends/cuda/cuda_backend.h"
 #endif
@@ -25,24 +26,8 @@
 #include "optim/optim.h"
 
 using namespace headlab;
-using clock_type = std::chrono::steady_clock;
-
-static double sgemm_gflops_cpu() {
-  const int n = 1024;
-  std::vector<float> a(n * n, 1.0f), b(n * n, 0.5f), c(n * n);
-  auto run = [&] {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1, a.data(), n, b.data(), n, 0, c.data(), n);
-  };
-  run();
-  const auto t0 = clock_type::now();
-  int reps = 0;
-  while (std::chrono::duration<double>(clock_type::now() - t0).count() < 1.0) {
-    run();
-    ++reps;
-  }
-  const double s = std::chrono::duration<double>(clock_type::now() - t0).count() / reps;
-  return 2.0 * n * n * n / s / 1e9;
-}
+using headlab::bench::clock_type;
+using headlab::bench::sgemm_gflops_cpu;
 
 // The device's float32 GEMM rate through headlab's matmul (cuBLAS on a GPU).
 static double sgemm_gflops_device(Device device) {

@@ -1,0 +1,51 @@
+// What the benchmark programs share: the CPU's SGEMM rate (the floor's denominator) and its memory
+// read bandwidth (decoding's floor), each measured here, now, on the threads OpenMP/OpenBLAS have.
+#pragma once
+#include <cblas.h>
+
+#include <chrono>
+#include <cstdint>
+#include <numeric>
+#include <vector>
+
+namespace headlab::bench {
+
+using clock_type = std::chrono::steady_clock;
+
+inline double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+// cblas_sgemm at 1024^3 for about a second: GFLOP/s.
+inline double sgemm_gflops_cpu() {
+  const int n = 1024;
+  std::vector<float> a(n * n, 1.0f), b(n * n, 0.5f), c(n * n);
+  auto run = [&] {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1, a.data(), n, b.data(), n, 0, c.data(), n);
+  };
+  run();
+  const auto t0 = clock_type::now();
+  int reps = 0;
+  while (seconds_since(t0) < 1.0) {
+    run();
+    ++reps;
+  }
+  return 2.0 * n * n * n / (seconds_since(t0) / reps) / 1e9;
+}
+
+// Reading a 512 MiB buffer (a dot product through OpenBLAS, threaded as the model's GEMVs are): GB/s.
+inline double read_gbytes_per_s() {
+  const size_t n = size_t(128) << 20;  // floats
+  std::vector<float> x(n, 1.0f);
+  volatile float sink = cblas_sdot(static_cast<int>(n), x.data(), 1, x.data(), 1);
+  const auto t0 = clock_type::now();
+  int reps = 0;
+  while (seconds_since(t0) < 1.0) {
+    sink = cblas_sdot(static_cast<int>(n), x.data(), 1, x.data(), 1);
+    ++reps;
+  }
+  (void)sink;
+  return double(n) * sizeof(float) * reps / seconds_since(t0) / 1e9;
+}
+
+}  // namespace headlab::bench

@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# GPT-2 inference speed from one command: bench/gpt2_infer against the PyTorch eager peer
+# (../shared/peers/torch_gpt2_infer.py, GPT2LMHeadModel's maths) on a random GPT-2-small shape (or
+# --model DIR), alternately for --rounds rounds; medians and ratios of prefill (1 x 1024 tokens, every
+# position's logits, as the peer computes them) and KV-cached decoding (64 tokens after a 960-token
+# prompt, batch 1), each against its floor (GEMM FLOPs over the SGEMM rate; weight bytes per token over
+# the read bandwidth, both measured by gpt2_infer).
+# Usage: bench/gpt2_ratios.sh [--rounds N] [--threads N] [--model DIR] [--peer PATH]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=3 threads=2 model=""
+peer=../shared/peers/torch_gpt2_infer.py
+while (($#)); do
+  case "$1" in
+    --rounds) rounds=$2; shift 2 ;;
+    --threads) threads=$2; shift 2 ;;
+    --model) model=$2; shift 2 ;;
+    --peer) peer=$2; shift 2 ;;
+    *) echo "gpt2_ratios.sh: unknown option $1 (see the header of $0)" >&2; exit 2 ;;
+  esac
+done
+[[ -f build/CMakeCache.txt ]] || cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$(nproc)" --target gpt2_infer >/dev/null
+have_peer=0
+if [[ -f "$peer" ]] && /usr/bin/python3 -c "import torch" 2>/dev/null; then have_peer=1; else
+  echo "gpt2_ratios.sh: no PyTorch peer ($peer with python3-torch; apt-get install python3-torch): headlab only" >&2
+fi
+model_args=()
+[[ -n "$model" ]] && model_args=(--model "$model")
+
+median() { sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "nan"; else if (NR % 2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+# Each program once per round and case: prefill (1 x 1024, no decoding), then decoding (960 + 64).
+for ((r = 1; r <= rounds; r++)); do
+  build/bench/gpt2_infer "${model_args[@]}" --threads "$threads" --prefill 1024 --decode 0 >"$tmp/ours.pre.$r"
+  build/bench/gpt2_infer "${model_args[@]}" --threads "$threads" --prefill 960 --decode 64 >"$tmp/ours.dec.$r"
+  if ((have_peer)); then
+    /usr/bin/python3 "$peer" "${model_args[@]}" --threads "$threads" --prefill 1024 --decode 0 >"$tmp/peer.pre.$r"
+    /usr/bin/python3 "$peer" "${model_args[@]}" --threads "$threads" --prefill 960 --decode 64 >"$tmp/peer.dec.$r"
+  fi
+  echo "round $r/$rounds done" >&2
+done
+
+# The number before `unit` on the line starting with `prefix`, each round, their median.
+pick() {  # file-glob prefix unit
+  for f in $1; do [[ -f "$f" ]] && grep "^$2" "$f" | grep -o "[0-9.]* $3" | head -1 | cut -d' ' -f1; done | median
+}
+pct() { for f in $1; do [[ -f "$f" ]] && grep "^$2" "$f" | grep -o "[0-9]*%" | head -1 | tr -d %; done | median; }
+
+printf '%s, %s cores, %s threads, load %s, %s\n' "$(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')" \
+  "$(nproc)" "$threads" "$(cut -d' ' -f1-3 /proc/loadavg)" "$(date -u +%F)"
+head -1 "$tmp/ours.dec.1" | grep -q '^load' && head -1 "$tmp/ours.dec.1"
+grep -h "^headlab" "$tmp/ours.dec.1"
+o_pre=$(pick "$tmp/ours.pre.*" "prefill" "tokens/s") o_gen=$(pick "$tmp/ours.dec.*" "generate's prefill" "tokens/s")
+o_dec=$(pick "$tmp/ours.dec.*" "decode" "tokens/s")
+f_pre=$(pct "$tmp/ours.pre.*" "prefill") f_dec=$(pct "$tmp/ours.dec.*" "decode")
+p_pre=nan p_dec=nan
+if ((have_peer)); then
+  p_pre=$(pick "$tmp/peer.pre.*" "prefill" "tokens/s") p_dec=$(pick "$tmp/peer.dec.*" "decode" "tokens/s")
+fi
+printf '%-52s %12s %12s %8s %9s\n' "" "headlab" "PyTorch" ratio "of floor"
+awk -v o="$o_pre" -v p="$p_pre" -v f="$f_pre" -v o2="$o_dec" -v p2="$p_dec" -v f2="$f_dec" -v g="$o_gen" 'BEGIN {
+  r = (p == "nan") ? "-" : sprintf("%.2fx", o / p); r2 = (p2 == "nan") ? "-" : sprintf("%.2fx", o2 / p2)
+  printf "%-52s %12.0f %12s %8s %8s%%\n", "prefill 1 x 1024, every position (tokens/s)", o, p, r, f
+  printf "%-52s %12.0f %12s %8s %9s\n", "generate prefill 1 x 960, last position (tokens/s)", g, "-", "-", "-"
+  printf "%-52s %12.1f %12s %8s %8s%%\n", "decode 64 after 960, KV cache (tokens/s)", o2, p2, r2, f2 }'

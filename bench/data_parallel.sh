@@ -7,6 +7,7 @@
 # Usage: bench/data_parallel.sh [--rounds N] [--steps N]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/common.sh
 rounds=3 steps=300
 while (($#)); do
   case "$1" in
@@ -23,7 +24,6 @@ build/headlab --version | grep -q 'MPI data parallel: built' || {
 # Open MPI: root needs consent; vader's single copy needs ptrace rights that containers lack.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
 
-median() { sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "nan"; else if (NR % 2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 
 models=("reverse --task reverse --emb-dim 64 --n-heads 4 --n-layers 2 --batch-size 64"
         "chars --task chars --emb-dim 128 --n-heads 4 --n-layers 4 --context-length 128 --batch-size 32")

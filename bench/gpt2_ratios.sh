@@ -8,6 +8,7 @@
 # Usage: bench/gpt2_ratios.sh [--rounds N] [--threads N] [--model DIR] [--peer PATH]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/common.sh
 rounds=3 threads=2 model=""
 peer=../shared/peers/torch_gpt2_infer.py
 while (($#)); do
@@ -22,13 +23,10 @@ done
 [[ -f build/CMakeCache.txt ]] || cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)" --target gpt2_infer >/dev/null
 have_peer=0
-if [[ -f "$peer" ]] && /usr/bin/python3 -c "import torch" 2>/dev/null; then have_peer=1; else
-  echo "gpt2_ratios.sh: no PyTorch peer ($peer with python3-torch; apt-get install python3-torch): headlab only" >&2
-fi
+peer_available gpt2_ratios.sh "$peer" && have_peer=1
 model_args=()
 [[ -n "$model" ]] && model_args=(--model "$model")
 
-median() { sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "nan"; else if (NR % 2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # Each program once per round and case: prefill (1 x 1024, no decoding), then decoding (960 + 64).

@@ -7,6 +7,7 @@
 # Usage: bench/peer_ratios.sh [--rounds N] [--seconds S] [--peer PATH] [--no-memory]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source bench/common.sh
 rounds=3 seconds=3 memory=1
 peer=../shared/peers/torch_gpt_cpu.py
 while (($#)); do
@@ -21,11 +22,8 @@ done
 [[ -f build/CMakeCache.txt ]] || cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$(nproc)" --target gpt_step >/dev/null
 have_peer=0
-if [[ -f "$peer" ]] && /usr/bin/python3 -c "import torch" 2>/dev/null; then have_peer=1; else
-  echo "peer_ratios.sh: no PyTorch peer ($peer with python3-torch; apt-get install python3-torch): headlab only" >&2
-fi
+peer_available peer_ratios.sh "$peer" && have_peer=1
 
-median() { sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "nan"; else if (NR % 2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 field() { grep -o "[0-9.]* $1" | head -1 | cut -d' ' -f1; }  # the number before a unit
 
 toy="--vocab-size 64 --context-length 64 --emb-dim 128 --n-heads 4 --n-layers 2 --batch-size 32"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job: build headlab, train the default GPT on the `reverse` task, then evaluate it,
 # generate with it, inspect it, find which heads matter (ablate, heads) and compare the wrapper and
-# fused attention forms; then train d2l's encoder-decoder on number words and ablate its heads by
+# fused attention forms, export it for PyTorch; then train d2l's encoder-decoder on number words and ablate its heads by
 # kind. Everything lands in runs/demo/ and runs/demo-numbers/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +31,9 @@ $hl heads "$out/checkpoint.h5" --out "$out/heads"
 say "7. compare: the per-head wrapper against the fused multi-head attention (same maths, different cost)"
 $hl compare --out "$out/compare"
 
+say "7b. export: the GPT as a Hugging Face GPT2LMHeadModel folder (config.json, model.safetensors) that PyTorch loads"
+$hl export "$out/checkpoint.h5" --out "$out/hf"
+
 ed=runs/demo-numbers
 say "8. translate: d2l's encoder-decoder Transformer learns English number words -> digits (source and target padded per batch, valid_lens)"
 $hl train --arch encoder-decoder --task numbers --steps 1000 --out "$ed"
@@ -41,4 +44,4 @@ say "9. ablate the encoder-decoder: heads by kind (encoder self, decoder self, c
 $hl ablate "$ed/checkpoint.h5" --out "$ed/ablate" --prune 4
 $hl attention "$ed/checkpoint.h5" --prompt "three hundred and twelve" --out "$ed/attention"
 
-say "done: files in $out/ (checkpoint.h5, metrics.csv, ablate/report.md and PNGs, heads/report.md, compare/compare.csv and compare.png) and $ed/ (the encoder-decoder, ablate/report.md, attention/attention.html: encoder, decoder and cross-attention on one page)"
+say "done: files in $out/ (checkpoint.h5, metrics.csv, ablate/report.md and PNGs, heads/report.md, compare/compare.csv and compare.png, hf/ for PyTorch) and $ed/ (the encoder-decoder, ablate/report.md, attention/attention.html: encoder, decoder and cross-attention on one page)"

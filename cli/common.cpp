@@ -102,7 +102,7 @@ std::string options_table(const CLI::App& app) {
   for (const CLI::App* sub : commands(app))
     for (const CLI::Option* opt : sub->get_options()) {
       if (opt->get_name() == "--help") continue;
-      std::string type = opt->get_type_size() == 0 ? "FLAG" : base_type(*opt);
+      const std::string type = base_type(*opt).empty() ? "FLAG" : base_type(*opt);  // flags take no value
       std::string range = "\t\t";
       if (const CLI::Validator* v = range_of(*opt)) {
         const std::string d = v->get_description();  // "[lo, hi]" or "(lo, hi]"

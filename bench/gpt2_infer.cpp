@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "autograd/engine.h"
+#include "backends/backend.h"
 #include "bench/bench_util.h"
 #include "io/hf_gpt2.h"
 #include "nn/gpt.h"
@@ -58,6 +59,7 @@ double forward_flops(const nn::GPTConfig& c, double B, double T, double head_row
 }  // namespace
 
 int main(int argc, char** argv) {
+  prepare_process(argv);  // headlab's threading policy (passive OpenMP waits), as the headlab command runs
   std::string model_dir;
   nn::GPTConfig c;
   c.n_layers = 12, c.n_heads = 12, c.emb_dim = 768, c.context_length = 1024, c.vocab_size = 50257;

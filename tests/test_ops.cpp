@@ -383,6 +383,24 @@ TEST(Matmul, StridedOperandsMatchContiguous) {
   EXPECT_TRUE(all_close(matmul(row, b.select(0, 0)), ref_matmul(row.contiguous(), b.select(0, 0)), 1e-12));
 }
 
+// One-row products go to GEMV (backends/cpu/blas.h): against the naive reference, with each operand
+// stored transposed or not, batched, and wide enough (1 x 300 x 4096) to be split between threads.
+TEST(Matmul, OneRowIsGemvAndMatchesTheReference) {
+  const Tensor a = seq64({2, 1, 300}), b = seq64({2, 300, 4096}, 0.01, -0.3);
+  const std::vector<double> expect = ref_matmul(a, b);
+  const Tensor at = a.transpose(1, 2).contiguous().transpose(1, 2);  // (K, 1) storage: A transposed
+  const Tensor bt = b.transpose(1, 2).contiguous().transpose(1, 2);  // (N, K) storage: B transposed
+  for (const Tensor& x : {a, at})
+    for (const Tensor& y : {b, bt}) EXPECT_TRUE(all_close(matmul(x, y), expect, 1e-9));
+  // float32 and beta: linear's bias path through addmm-like accumulation.
+  const Tensor w = seq64({64, 300}, 0.02, -0.5).to(DType::f32), bias = seq64({64}).to(DType::f32);
+  const Tensor x = seq64({1, 300}).to(DType::f32);
+  std::vector<double> want = ref_matmul(x, w.mT().contiguous());
+  const std::vector<double> bv = bias.to_vector<double>();
+  for (size_t i = 0; i < want.size(); ++i) want[i] += bv[i];
+  EXPECT_TRUE(all_close(linear(x, w, bias), want, 1e-4));
+}
+
 TEST(Matmul, ZeroSizeDims) {
   const Tensor k0 = matmul(zeros({2, 0}), zeros({0, 3}));  // empty sum: zeros
   EXPECT_EQ(k0.shape(), (Shape{2, 3}));

@@ -1,5 +1,5 @@
-// One BLAS GEMM on the calling thread, with PyTorch's K == 0 meaning. Inside one of our parallel
-// regions OpenBLAS's OpenMP build runs serially, so callers there get exactly one thread's work.
+// One BLAS GEMM on the calling thread, with PyTorch's K == 0 meaning (a GEMV when C is one row). Inside one of our
+// parallel regions OpenBLAS's OpenMP build runs serially, so callers there get exactly one thread's work.
 #pragma once
 #include <cblas.h>
 
@@ -16,6 +16,16 @@ inline void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha
   if (K == 0) {  // BLAS may leave C alone when K == 0; PyTorch: C = beta * C
     for (int64_t r = 0; r < M; ++r)
       for (int64_t c = 0; c < N; ++c) C[r * ldc + c] = beta == T(0) ? T(0) : beta * C[r * ldc + c];
+    return;
+  }
+  if (M == 1) {  // a row times a matrix (decoding's shape): GEMV reads B once, where GEMM would pack it first
+    const int64_t inc_a = ta ? lda : 1;              // A is (1, K), or (K, 1) when transposed
+    const auto TB = tb ? CblasNoTrans : CblasTrans;  // C^T = op(B)^T A^T; B is (N, K) when tb, else (K, N)
+    const int64_t rows = tb ? N : K, cols = tb ? K : N;
+    if constexpr (std::is_same_v<T, float>)
+      cblas_sgemv(CblasRowMajor, TB, rows, cols, alpha, B, ldb, A, inc_a, beta, C, 1);
+    else
+      cblas_dgemv(CblasRowMajor, TB, rows, cols, alpha, B, ldb, A, inc_a, beta, C, 1);
     return;
   }
   const auto TA = ta ? CblasTrans : CblasNoTrans, TB = tb ? CblasTrans : CblasNoTrans;

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <iostream>
 #include <map>
@@ -34,20 +35,27 @@ struct AttentionArgs {
   int threads = 0;
 };
 
+// What a GPT's attention page needs of its tokenizer (a task's, or a GPT-2 folder's BPE).
+struct GptTokens {
+  std::vector<int64_t> prompt;
+  int64_t answer_length = -1;  // a task answer's length; -1: open-ended text
+  int64_t end_id = -1;
+  std::function<std::string(int64_t)> text;  // one token as text
+};
+
 // A GPT: the prompt and its greedy continuation, one kind of attention.
-int gpt_attention(const AttentionArgs& a, const Loaded& l) {
-  nn::GPTModel& model = l.gpt("attention");
-  const tasks::Task& task = *l.task;
+int gpt_attention(const AttentionArgs& a, nn::GPTModel& model, const GptTokens& t) {
   const nn::GPTConfig& cfg = model.config();
-  const tasks::Prompt p = task.encode_prompt(a.prompt);
-  const int64_t extra = a.max_new >= 0 ? a.max_new : (p.answer_length >= 0 ? p.answer_length + 1 : 0);
-  train::check_generation_fits(cfg, model.device().is_cuda(), static_cast<int64_t>(p.ids.size()), extra, "attention");
-  std::vector<int64_t> ids = p.ids;
+  const int64_t extra = a.max_new >= 0 ? a.max_new : (t.answer_length >= 0 ? t.answer_length + 1 : 0);
+  HL_CHECK(!t.prompt.empty(), "attention: the prompt is empty; give at least one character");
+  train::check_generation_fits(cfg, model.device().is_cuda(), static_cast<int64_t>(t.prompt.size()), extra,
+                               "attention");
+  std::vector<int64_t> ids = t.prompt;
   if (static_cast<int64_t>(ids.size()) > cfg.context_length)  // as generate: the last context_length tokens
     ids.erase(ids.begin(), ids.end() - cfg.context_length);
   nn::GenerateOptions gen;
   gen.max_new_tokens = extra;
-  gen.end_id = task.end_id();
+  gen.end_id = t.end_id;
   gen.keep_end = true;
   for (int64_t id : nn::generate(model, ids, gen)) ids.push_back(id);
   if (static_cast<int64_t>(ids.size()) > cfg.context_length)  // the map shows what the model last saw
@@ -56,7 +64,7 @@ int gpt_attention(const AttentionArgs& a, const Loaded& l) {
   std::vector<std::string> tokens;
   std::string text;
   for (int64_t id : ids) {
-    tokens.push_back(task.tokenizer().decode({id}));
+    tokens.push_back(t.text(id));
     text += tokens.back();
   }
   const io::FolderLock lock = make_locked_dir(a.out, "attention");
@@ -119,10 +127,12 @@ int seq2seq_attention(const AttentionArgs& a, const Loaded& l, nn::EncoderDecode
 
 Action add_attention(CLI::App& app) {
   auto a = std::make_shared<AttentionArgs>();
-  app.add_option("checkpoint", a->path, "checkpoint file (.h5)")->type_name(kInputFile)->required();
+  app.add_option("checkpoint", a->path, "checkpoint file (.h5) or Hugging Face GPT-2 folder")
+      ->type_name(kInputFile)
+      ->required();
   app.add_option("--prompt", a->prompt,
-                 "the input: a task input (e.g. 31415), text for chars checkpoints, an encoder-decoder's source "
-                 "(e.g. \"three hundred and twelve\")")
+                 "the input: a task input (e.g. 31415), text for chars checkpoints and GPT-2 folders, an "
+                 "encoder-decoder's source (e.g. \"three hundred and twelve\")")
       ->required();
   app.add_option("--max-new-tokens", a->max_new,
                  "greedy tokens appended before drawing (default: a task's answer and end token; chars: 0; "
@@ -137,10 +147,21 @@ Action add_attention(CLI::App& app) {
   add_threads_option(app, a->threads);
   return [a] {
     set_threads(a->threads);
+    if (io::is_hf_model_folder(a->path)) {
+      const LoadedFolder f = load_folder(a->path, a->device);
+      const tasks::BpeTokenizer& tok = f.bpe("attention", a->path);
+      return gpt_attention(*a, *f.model,
+                           {tok.encode(a->prompt, "prompt"), -1, tok.end_of_text().value_or(-1),
+                            [&](int64_t id) { return tok.token_text(id); }});
+    }
     check_input_file(a->path, "attention: checkpoint", true);
     const Loaded l = load(a->path, a->device);
     if (nn::EncoderDecoder* m = l.seq2seq()) return seq2seq_attention(*a, l, *m);
-    return gpt_attention(*a, l);
+    const tasks::Prompt p = l.task->encode_prompt(a->prompt);
+    const tasks::Task& task = *l.task;
+    return gpt_attention(*a, l.gpt("attention"), {p.ids, p.answer_length, task.end_id(), [&](int64_t id) {
+                                                    return task.tokenizer().decode({id});
+                                                  }});
   };
 }
 

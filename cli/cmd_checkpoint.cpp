@@ -1,4 +1,5 @@
 // headlab eval / generate / inspect: everything they need is in the checkpoint.
+#include <algorithm>
 #include <cmath>
 #include <iomanip>
 #include <iostream>
@@ -15,21 +16,88 @@
 
 namespace headlab::cli {
 
+namespace {
+
+// eval on a GPT-2 folder: the perplexity of a whole text file (train::evaluate_text).
+int eval_text(const std::string& folder, const std::string& device, const std::string& text, int64_t stride) {
+  HL_CHECK(!text.empty(), "eval: a GPT-2 folder is evaluated on a text: give --text FILE");
+  const LoadedFolder l = load_folder(folder, device);
+  const std::vector<int64_t> ids = l.bpe("eval", folder).encode(read_input_file(text, "eval: --text"), text);
+  const int64_t ctx = l.hf.config.context_length, s = stride > 0 ? stride : std::max<int64_t>(1, ctx / 2);
+  HL_CHECK(s <= ctx, "eval: --stride ", s, " is longer than the context (", ctx, " tokens)");
+  const train::TextScores r = train::evaluate_text(*l.model, ids, s);
+  std::cout << "model " << folder << " (GPT-2: " << l.hf.config.n_layers << " layers x " << l.hf.config.n_heads
+            << " heads, n_embd " << l.hf.config.emb_dim << ")\ntext " << text << ": " << ids.size() << " tokens, "
+            << r.windows << " windows of " << ctx << " (stride " << s << ")\n"
+            << std::fixed << std::setprecision(4) << "loss            " << r.loss << "\n"
+            << "perplexity      " << r.perplexity << "\n(" << r.tokens << " scored tokens)\n";
+  HL_CHECK(std::isfinite(r.loss), "eval: the loss is ", fmt(r.loss), ": the folder holds a diverged model");
+  return 0;
+}
+
+// generate on a GPT-2 folder: its BPE tokenizer, stopping at <|endoftext|>.
+int generate_text(const std::string& folder, const std::string& device, const std::string& prompt,
+                  nn::GenerateOptions o) {
+  const LoadedFolder l = load_folder(folder, device);
+  const tasks::BpeTokenizer& tok = l.bpe("generate", folder);
+  const std::vector<int64_t> ids = tok.encode(prompt, "prompt");
+  HL_CHECK(!ids.empty(), "generate: the prompt is empty; give at least one character");
+  train::check_generation_fits(l.hf.config, l.model->device().is_cuda(), static_cast<int64_t>(ids.size()),
+                               o.max_new_tokens, "generate");
+  o.end_id = tok.end_of_text().value_or(-1);
+  const std::vector<int64_t> generated = nn::generate(*l.model, ids, o);
+  std::cout << prompt << tok.decode(generated) << std::endl;
+  return 0;
+}
+
+// inspect on a GPT-2 folder: its config as headlab reads it, the parameters by headlab's names.
+int inspect_folder(const std::string& folder) {
+  const io::HfGpt2 hf = io::read_hf_gpt2(folder);
+  std::cout << "Hugging Face GPT-2 folder " << folder << "\n\nconfig (as headlab's GPTModel)\n"
+            << hf.config.to_json().dump(2) << "\nhead: " << (hf.tied_head ? "tied to wte" : "lm_head.weight")
+            << "\ntokenizer: "
+            << (hf.vocab_path.empty() || hf.merges_path.empty() ? "none (no vocab.json and merges.txt)"
+                                                                : hf.vocab_path + ", " + hf.merges_path)
+            << "\n\nparameters\n";
+  int64_t total = 0;
+  for (const auto& [name, t] : hf.parameters) {
+    if (hf.tied_head && name == "out_head.weight") continue;  // wte itself
+    std::cout << "  " << std::left << std::setw(44) << name << std::setw(16) << shape_str(t.shape()) << std::right
+              << std::setw(10) << t.numel() << "\n";
+    total += t.numel();
+  }
+  std::cout << "  " << std::left << std::setw(60) << "total" << std::right << std::setw(10) << total << "\n";
+  return 0;
+}
+
+}  // namespace
+
 Action add_eval(CLI::App& app) {
   auto path = std::make_shared<std::string>();
   auto text = std::make_shared<std::string>();
   auto device = std::make_shared<std::string>("cpu");
   auto batches = std::make_shared<int64_t>(0);
   auto threads = std::make_shared<int>(0);
-  app.add_option("checkpoint", *path, "checkpoint file (.h5)")->type_name(kInputFile)->required();
-  app.add_option("--text", *text, "chars checkpoints: evaluate on the last 10% of this text instead")
+  auto stride = std::make_shared<int64_t>(0);
+  app.add_option("checkpoint", *path, "checkpoint file (.h5) or Hugging Face GPT-2 folder")
+      ->type_name(kInputFile)
+      ->required();
+  app.add_option("--text", *text,
+                 "chars checkpoints: evaluate on the last 10% of this text instead; a GPT-2 folder: the whole "
+                 "file's perplexity")
       ->type_name(kInputFile);
+  app.add_option("--stride", *stride,
+                 "GPT-2 folders: windows of the context start every N tokens, each scoring the tokens no earlier "
+                 "window scored (default: half the context)")
+      ->check(positive_number(1e9));
   app.add_option("--batches", *batches, "validation batches (default: the run's --eval-batches)")
       ->check(non_negative_number(1e15));
   app.add_option("--device", *device, "cpu | cuda")->capture_default_str();
   add_threads_option(app, *threads);
   return [=] {
     set_threads(*threads);
+    if (io::is_hf_model_folder(*path)) return eval_text(*path, *device, *text, *stride);
+    HL_CHECK(*stride == 0, "eval: --stride applies to GPT-2 folders with --text");
     check_input_file(*path, "eval: checkpoint", true);
     Loaded l = load(*path, *device, *text);
     // Checkpoints made elsewhere (tools/import_torch.py) may have no training section: defaults.
@@ -69,7 +137,9 @@ Action add_generate(CLI::App& app) {
   auto top_k = std::make_shared<int64_t>(0);
   auto seed = std::make_shared<uint64_t>(0);
   auto device = std::make_shared<std::string>("cpu");
-  app.add_option("checkpoint", *path, "checkpoint file (.h5)")->type_name(kInputFile)->required();
+  app.add_option("checkpoint", *path, "checkpoint file (.h5) or Hugging Face GPT-2 folder")
+      ->type_name(kInputFile)
+      ->required();
   app.add_option("--prompt", *prompt, "text to continue; for task checkpoints a task input, e.g. 31415 or 123+45")
       ->required();
   app.add_option("--max-new-tokens", *max_new, "tokens to generate at most")
@@ -83,6 +153,12 @@ Action add_generate(CLI::App& app) {
   add_seed_option(app, *seed, "sampling seed");
   app.add_option("--device", *device, "cpu | cuda")->capture_default_str();
   return [=] {
+    nn::GenerateOptions o;
+    o.max_new_tokens = *max_new;
+    o.temperature = *temperature;
+    o.top_k = *top_k;
+    o.seed = *seed;
+    if (io::is_hf_model_folder(*path)) return generate_text(*path, *device, *prompt, o);
     check_input_file(*path, "generate: checkpoint", true);
     Loaded l = load(*path, *device);
     if (nn::EncoderDecoder* m = l.seq2seq()) {  // greedy, as d2l's predict_seq2seq
@@ -97,14 +173,10 @@ Action add_generate(CLI::App& app) {
     }
     nn::GPTModel& model = l.gpt("generate");
     const tasks::Prompt p = l.task->encode_prompt(*prompt);
-    nn::GenerateOptions o;
     // A task answer stops at its end token or its known length; text runs to max_new_tokens.
-    o.max_new_tokens = p.answer_length >= 0 ? std::min<int64_t>(*max_new, p.answer_length + 1) : *max_new;
+    if (p.answer_length >= 0) o.max_new_tokens = std::min<int64_t>(*max_new, p.answer_length + 1);
     train::check_generation_fits(model.config(), model.device().is_cuda(), static_cast<int64_t>(p.ids.size()),
                                  o.max_new_tokens, "generate");
-    o.temperature = *temperature;
-    o.top_k = *top_k;
-    o.seed = *seed;
     o.end_id = l.task->end_id();
     const std::vector<int64_t> generated = nn::generate(model, p.ids, o);
     std::cout << p.text << l.task->format_answer(generated) << std::endl;
@@ -114,8 +186,11 @@ Action add_generate(CLI::App& app) {
 
 Action add_inspect(CLI::App& app) {
   auto path = std::make_shared<std::string>();
-  app.add_option("checkpoint", *path, "checkpoint file (.h5)")->type_name(kInputFile)->required();
+  app.add_option("checkpoint", *path, "checkpoint file (.h5) or Hugging Face GPT-2 folder")
+      ->type_name(kInputFile)
+      ->required();
   return [=] {
+    if (io::is_hf_model_folder(*path)) return inspect_folder(*path);
     check_input_file(*path, "inspect: checkpoint", true);
     const io::Checkpoint ck = io::load_checkpoint(*path);
     nlohmann::json cfg = ck.config;

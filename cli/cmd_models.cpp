@@ -1,10 +1,8 @@
 // headlab tokenize / export: the Hugging Face GPT-2 layout (io/hf_gpt2.h) from the command line.
 // tokenize runs a folder's byte-level BPE tokenizer; export writes a headlab GPT checkpoint as a
 // GPT2LMHeadModel folder that PyTorch loads.
-#include <fstream>
 #include <iostream>
 #include <memory>
-#include <sstream>
 
 #include "base/input_path.h"
 #include "cli/commands.h"
@@ -13,18 +11,6 @@
 #include "tasks/bpe_tokenizer.h"
 
 namespace headlab::cli {
-
-namespace {
-std::string read_text(const std::string& path, const char* who) {
-  check_input_file(path, who);
-  std::ifstream in(path, std::ios::binary);
-  HL_CHECK(in, who, " '", path, "': cannot open");
-  std::ostringstream s;
-  s << in.rdbuf();
-  HL_CHECK(!in.bad(), who, " '", path, "': read error");
-  return s.str();
-}
-}  // namespace
 
 Action add_tokenize(CLI::App& app) {
   struct Args {
@@ -46,7 +32,7 @@ Action add_tokenize(CLI::App& app) {
     const int64_t vocab_size = io::is_hf_model_folder(folder) ? io::read_hf_gpt2_config(folder).config.vocab_size : 0;
     const tasks::BpeTokenizer tok =
         tasks::BpeTokenizer::from_files(join_path(folder, "vocab.json"), join_path(folder, "merges.txt"), vocab_size);
-    const std::string input = a->text.empty() ? a->prompt : read_text(a->text, "tokenize: --text");
+    const std::string input = a->text.empty() ? a->prompt : read_input_file(a->text, "tokenize: --text");
     const std::vector<int64_t> ids = tok.encode(input, a->text.empty() ? "prompt" : a->text);
     std::string line;
     for (size_t i = 0; i < ids.size(); ++i) {

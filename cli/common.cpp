@@ -131,6 +131,27 @@ Loaded load(const std::string& path, const std::string& device, const std::strin
   return l;
 }
 
+LoadedFolder load_folder(const std::string& folder, const std::string& device) {
+  io::HfGpt2 read = io::read_hf_gpt2(folder);
+  LoadedFolder l;
+  l.model = std::make_shared<nn::GPTModel>(read.config);
+  l.model->load_parameters(read.parameters, folder);
+  read.parameters.clear();  // the model holds its own copies
+  l.model->to(Device::parse(device));
+  l.model->eval();
+  if (!read.vocab_path.empty() && !read.merges_path.empty())
+    l.tokenizer = std::make_unique<tasks::BpeTokenizer>(
+        tasks::BpeTokenizer::from_files(read.vocab_path, read.merges_path, read.config.vocab_size));
+  l.hf = read;
+  return l;
+}
+
+const tasks::BpeTokenizer& LoadedFolder::bpe(const char* cmd, const std::string& folder) const {
+  HL_CHECK(tokenizer != nullptr, cmd, ": the folder '", folder,
+           "' has no vocab.json and merges.txt (GPT-2's tokenizer)");
+  return *tokenizer;
+}
+
 nn::GPTModel& Loaded::gpt(const char* cmd) const {
   auto* g = dynamic_cast<nn::GPTModel*>(model.get());
   HL_CHECK(g, cmd, ": this command needs a GPT checkpoint; this one holds an encoder-decoder");
@@ -187,6 +208,16 @@ void make_dir(const std::string& dir, const char* cmd) {
 io::FolderLock make_locked_dir(const std::string& dir, const char* cmd) {
   make_dir(dir, cmd);
   return io::FolderLock(dir, cmd);
+}
+
+std::string read_input_file(const std::string& path, const char* who) {
+  check_input_file(path, who);
+  std::ifstream in(path, std::ios::binary);
+  HL_CHECK(in, who, " '", path, "': cannot open");
+  std::ostringstream s;
+  s << in.rdbuf();
+  HL_CHECK(!in.bad(), who, " '", path, "': read error");
+  return s.str();
 }
 
 void write_text(const std::string& path, const std::string& text, const char* cmd) {

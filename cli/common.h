@@ -11,6 +11,8 @@
 #include "analysis/table.h"
 #include "io/checkpoint.h"
 #include "io/folder_lock.h"
+#include "io/hf_gpt2.h"
+#include "tasks/bpe_tokenizer.h"
 #include "tasks/task.h"
 #include "train/config.h"
 
@@ -59,6 +61,17 @@ struct Loaded {
 };
 Loaded load(const std::string& path, const std::string& device, const std::string& text = "");
 
+// A Hugging Face GPT-2 folder (io/hf_gpt2.h) as a model on `device`, in eval mode, with the folder's
+// BPE tokenizer (null when it has no vocab.json and merges.txt).
+struct LoadedFolder {
+  io::HfGpt2Config hf;
+  std::shared_ptr<nn::GPTModel> model;
+  std::unique_ptr<tasks::BpeTokenizer> tokenizer;
+  // The tokenizer, or an error naming cmd and the folder.
+  const tasks::BpeTokenizer& bpe(const char* cmd, const std::string& folder) const;
+};
+LoadedFolder load_folder(const std::string& folder, const std::string& device);
+
 // What the head analyses (ablate, heads) share: their options, and the checkpoint, model, task and
 // evaluation batches those options name.
 struct AnalysisArgs {
@@ -83,6 +96,8 @@ AnalysisInputs load_analysis(const AnalysisArgs& a, const char* cmd, const std::
 void make_dir(const std::string& dir, const char* cmd);  // creates it (and parents) or throws naming cmd
 // make_dir, then the folder's lock (io/folder_lock.h), to hold while cmd writes there.
 io::FolderLock make_locked_dir(const std::string& dir, const char* cmd);
+// The whole of a user's input file, checked as a regular file first; errors start with who.
+std::string read_input_file(const std::string& path, const char* who);
 // Replaces the file atomically (io/atomic_file.h); errors start with cmd.
 void write_text(const std::string& path, const std::string& text, const char* cmd);
 std::string join_path(const std::string& dir, const std::string& name);

@@ -376,6 +376,23 @@ const std::string& BpeTokenizer::token_bytes(int64_t id) const {
   return impl_->bytes[static_cast<size_t>(id)];
 }
 
+std::string BpeTokenizer::token_text(int64_t id) const {
+  const std::string& b = token_bytes(id);
+  std::string out;
+  size_t pos = 0;
+  while (pos < b.size()) {
+    const size_t start = pos;
+    uint32_t cp = 0;
+    if (detail::next_code_point(b, pos, cp)) {
+      out.append(b, start, pos - start);
+    } else {
+      out += "\xEF\xBF\xBD";  // U+FFFD
+      pos = start + 1;
+    }
+  }
+  return out;
+}
+
 std::optional<int64_t> BpeTokenizer::find(std::string_view token) const {
   const auto it = impl_->index.find(token);
   if (it == impl_->index.end()) return std::nullopt;

@@ -49,6 +49,9 @@ class BpeTokenizer {
   // A token as vocab.json spells it ("Ġworld"), and the bytes it stands for (" world").
   const std::string& token_string(int64_t id) const;
   const std::string& token_bytes(int64_t id) const;
+  // The token's bytes as text to show (attention pages, tables): valid UTF-8, a byte that does not
+  // complete a character (GPT-2 splits some characters across tokens) shown as U+FFFD.
+  std::string token_text(int64_t id) const;
   // Id of a token spelled as in vocab.json, or nullopt.
   std::optional<int64_t> find(std::string_view token) const;
   // <|endoftext|>'s id (50256 in GPT-2), or nullopt when the vocabulary lacks it.

@@ -21,8 +21,11 @@
 #include "autograd/engine.h"
 #include "io/checkpoint.h"
 #include "io/hf_gpt2.h"
+#include "nn/generate.h"
 #include "ops/ops.h"
+#include "tasks/bpe_tokenizer.h"
 #include "tests/process_util.h"
+#include "train/evaluate.h"
 #include "train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -659,6 +662,63 @@ TEST_F(CliTest, ExportWritesAFolderWithTheCheckpointsFunction) {
   r = headlab({"export", path("exp/checkpoint.h5"), "--out", path("exp/checkpoint.h5")});
   EXPECT_EQ(r.code, 1);
   EXPECT_TRUE(contains(r.err, "export")) << r.err;
+}
+
+// eval, generate and inspect take a Hugging Face GPT-2 folder: a random one with GPT-2's vocabulary,
+// each command's figures against the library doing the same here.
+TEST_F(CliTest, Gpt2FolderEvalGenerateInspect) {
+  const std::string vocab = HEADLAB_GPT2_VOCAB_DIR, dir = path("gpt2");
+  ASSERT_TRUE(fs::exists(vocab + "/vocab.json")) << "run scripts/install-deps.sh: it fetches GPT-2's vocabulary";
+  nn::GPTConfig c;
+  c.vocab_size = 50257, c.context_length = 16, c.emb_dim = 8, c.n_heads = 2, c.n_layers = 1, c.qkv_bias = true;
+  nn::GPTModel random(c);
+  NoGradGuard no_grad;
+  random.out_head->weight.copy_(random.tok_emb->weight);  // tied, as GPT-2
+  io::write_hf_gpt2(dir, random, vocab + "/vocab.json", vocab + "/merges.txt");
+  const io::HfGpt2 hf = io::read_hf_gpt2(dir);
+  nn::GPTModel model(hf.config);
+  model.load_parameters(hf.parameters, dir);
+  const tasks::BpeTokenizer tok = tasks::BpeTokenizer::from_files(hf.vocab_path, hf.merges_path, 50257);
+
+  Result r = headlab({"inspect", dir});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "\"vocab_size\": 50257")) << r.out;
+  EXPECT_TRUE(contains(r.out, "head: tied to wte")) << r.out;
+
+  r = headlab({"generate", dir, "--prompt", "Hello, world", "--max-new-tokens", "6"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  nn::GenerateOptions o;
+  o.max_new_tokens = 6;
+  o.end_id = 50256;
+  EXPECT_EQ(r.out, "Hello, world" + tok.decode(nn::generate(model, tok.encode("Hello, world"), o)) + "\n");
+
+  std::ofstream(path("story.txt")) << "Once upon a time there was a small model that read a long story. "
+                                      "It read every word, one token after another, and guessed the next.";
+  r = headlab({"eval", dir, "--text", path("story.txt"), "--stride", "4"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const train::TextScores s = train::evaluate_text(model, tok.encode(slurp(path("story.txt"))), 4);
+  std::ostringstream want;
+  want << std::fixed << std::setprecision(4) << "loss            " << s.loss << "\nperplexity      " << s.perplexity;
+  EXPECT_TRUE(contains(r.out, want.str())) << r.out << "\nwant " << want.str();
+  EXPECT_TRUE(contains(r.out, std::to_string(s.windows) + " windows of 16 (stride 4)")) << r.out;
+
+  // attention: GPT-2 splits the emoji's bytes over tokens; the page shows them as U+FFFD.
+  r = headlab({"attention", dir, "--prompt", "Hi \xF0\x9F\x99\x82 there", "--max-new-tokens", "2", "--out",
+               path("gpt2_attention")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(path("gpt2_attention/attention.html")));
+  EXPECT_TRUE(contains(slurp(path("gpt2_attention/attention.html")), "Hi")) << "the page holds the tokens";
+
+  r = headlab({"eval", dir});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.err, "give --text FILE")) << r.err;
+  r = headlab({"eval", path("any.h5"), "--stride", "4"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.err, "--stride applies to GPT-2 folders")) << r.err;
+  fs::remove(dir + "/vocab.json");
+  r = headlab({"generate", dir, "--prompt", "x"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.err, "has no vocab.json and merges.txt")) << r.err;
 }
 
 }  // namespace

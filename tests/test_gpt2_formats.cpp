@@ -95,6 +95,15 @@ TEST(Gpt2Tokenizer, TokenStringsAndBytes) {
   EXPECT_FALSE(tok.find("no such token").has_value());
   EXPECT_ERROR(tok.decode({50257}), "0..50256, got 50257");
   EXPECT_ERROR(tok.token_string(-1), "got -1");
+  EXPECT_EQ(tok.token_text(995), " world");
+  // An emoji GPT-2 splits over tokens: each piece's bytes are not a whole character, shown as U+FFFD;
+  // the pieces decode back to the emoji.
+  const std::vector<int64_t> emoji = tok.encode("\xF0\x9F\x99\x82");
+  ASSERT_GT(emoji.size(), 1u);
+  std::string shown;
+  for (int64_t id : emoji) shown += tok.token_text(id);
+  EXPECT_NE(shown.find("\xEF\xBF\xBD"), std::string::npos) << shown;
+  EXPECT_EQ(tok.decode(emoji), "\xF0\x9F\x99\x82");
 }
 
 // Random text over many scripts and categories, whitespace runs and special-token fragments:

@@ -5,6 +5,7 @@
 // folder is an error naming the file and the key or tensor.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -18,6 +19,7 @@
 #include "ops/ops.h"
 #include "tests/core_test_util.h"
 #include "tests/process_util.h"
+#include "train/evaluate.h"
 
 namespace fs = std::filesystem;
 using namespace headlab;
@@ -186,6 +188,38 @@ TEST_F(HfGpt2Errors, WeightProblemsNameTheTensor) {
   const std::string d = folder();
   fs::remove(d + "/model.safetensors");
   EXPECT_ERROR(read(d), "model.safetensors");
+}
+
+// ---- perplexity over a whole text -------------------------------------------------------------------
+
+// The loss of predicting ids[p] from ids[begin, p), where begin is the start of the first window (a
+// multiple of the stride) whose context reaches p: evaluate_text's windows, one forward per token.
+double naive_text_loss(nn::GPTModel& m, const std::vector<int64_t>& ids, int64_t stride) {
+  const int64_t n = int64_t(ids.size()), ctx = m.config().context_length;
+  const NoGradGuard no_grad;
+  double sum = 0;
+  for (int64_t p = 1; p < n; ++p) {
+    const int64_t begin = p <= ctx ? 0 : stride * ((p - ctx + stride - 1) / stride);
+    const std::vector<int64_t> in(ids.begin() + begin, ids.begin() + p);
+    const Tensor logp = m.forward(tensor(in, {1, p - begin})).select(1, p - begin - 1).log_softmax(-1);  // (1, V)
+    sum -= logp.select(0, 0).select(0, ids[size_t(p)]).item<double>();
+  }
+  return sum / double(n - 1);
+}
+
+TEST(HfGpt2Text, EvaluateTextScoresEveryTokenOnceWithTheStridesContext) {
+  const std::shared_ptr<nn::GPTModel> m = build(io::read_hf_gpt2(fixture("lm_head_model")));  // context 16
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 53; ++i) ids.push_back((i * 37 + 11) % 96);
+  for (const int64_t stride : {1, 3, 8, 16}) {
+    const train::TextScores s = train::evaluate_text(*m, ids, stride);
+    EXPECT_EQ(s.tokens, 52) << stride;
+    EXPECT_NEAR(s.loss, naive_text_loss(*m, ids, stride), 1e-5) << "stride " << stride;
+    EXPECT_NEAR(s.perplexity, std::exp(s.loss), 1e-9);
+  }
+  EXPECT_EQ(train::evaluate_text(*m, ids, 16).windows, 4);  // 52 targets in windows of 16
+  EXPECT_ERROR(train::evaluate_text(*m, ids, 17), "stride 17 must be in [1, context_length 16]");
+  EXPECT_ERROR(train::evaluate_text(*m, {5}, 4), "need at least 2");
 }
 
 }  // namespace

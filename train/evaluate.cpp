@@ -2,6 +2,9 @@
 // every head-analysis score.
 #include "train/evaluate.h"
 
+#include <algorithm>
+#include <cmath>
+
 namespace headlab::train {
 
 std::pair<Tensor, Tensor> batch_tensors(const tasks::Batch& b, Device device) {
@@ -55,6 +58,36 @@ Scores evaluate(nn::Model& model, const tasks::Task& task, int64_t batches, int6
   for (int64_t i = 0; i < batches; ++i)
     data.push_back(task.batch(tasks::Split::val, static_cast<uint64_t>(i), batch_size, T));
   return evaluate(model, data);
+}
+
+TextScores evaluate_text(nn::GPTModel& model, const std::vector<int64_t>& ids, int64_t stride) {
+  const int64_t n = static_cast<int64_t>(ids.size()), ctx = model.config().context_length;
+  HL_CHECK(n >= 2, "evaluate_text: ", n, " tokens; need at least 2 (a token and the next)");
+  HL_CHECK(stride >= 1 && stride <= ctx, "evaluate_text: stride ", stride, " must be in [1, context_length ", ctx, "]");
+  const bool was_training = model.is_training();
+  model.eval();
+  NoGradGuard no_grad;
+  double nll = 0;
+  TextScores s;
+  int64_t scored_to = 1;  // targets at positions < scored_to are scored
+  for (int64_t begin = 0; scored_to < n; begin += stride) {
+    const int64_t end = std::min(begin + ctx + 1, n);  // inputs [begin, end - 1), targets [begin + 1, end)
+    const int64_t T = end - 1 - begin;
+    std::vector<int64_t> targets(ids.begin() + begin + 1, ids.begin() + end);
+    for (int64_t t = 0; t < T; ++t)  // scored by an earlier window, with more context
+      if (begin + 1 + t < scored_to) targets[static_cast<size_t>(t)] = kIgnoreIndex;
+    const std::vector<int64_t> inputs(ids.begin() + begin, ids.begin() + end - 1);
+    const Tensor logits = model.forward(tensor(inputs, {1, T}).to(model.device()));  // (1, T, V)
+    nll +=
+        cross_entropy(logits, tensor(targets, {1, T}).to(model.device()), kIgnoreIndex, Reduction::sum).item<double>();
+    s.tokens += end - scored_to;
+    scored_to = end;
+    ++s.windows;
+  }
+  model.train(was_training);
+  s.loss = nll / static_cast<double>(s.tokens);
+  s.perplexity = std::exp(s.loss);
+  return s;
 }
 
 DecodeScores evaluate_decoding(nn::EncoderDecoder& model, const tasks::Seq2SeqTask& task,

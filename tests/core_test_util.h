@@ -13,6 +13,20 @@
 
 namespace headlab::testing {
 
+// Built with AddressSanitizer (gcc's define, clang's feature): it reserves terabytes of address space,
+// so address-space limits and resident-memory checks do not apply.
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kAddressSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+inline constexpr bool kAddressSanitizer = true;
+#else
+inline constexpr bool kAddressSanitizer = false;
+#endif
+#else
+inline constexpr bool kAddressSanitizer = false;
+#endif
+
 // float32 / float64 / int64 tensors from literals: f32({1, 2, 3, 4}, {2, 2}).
 inline Tensor f32(const std::vector<float>& v, const Shape& shape = {}) { return tensor(v, shape); }
 inline Tensor f64(const std::vector<double>& v, const Shape& shape = {}) { return tensor(v, shape); }

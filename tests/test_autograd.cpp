@@ -778,18 +778,6 @@ int64_t resident_bytes() {
   return resident * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
 }
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kAsan = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kAsan = true;
-#else
-constexpr bool kAsan = false;
-#endif
-#else
-constexpr bool kAsan = false;
-#endif
-
 }  // namespace
 
 // 10,000 forward / backward / SGD steps of a 16-32-1 MLP must not grow memory: every graph,
@@ -825,7 +813,7 @@ TEST(Autograd, MemoryStaysFlatOverManySteps) {
   EXPECT_EQ(cpu.bytes_in_use(), baseline);
   EXPECT_LT(last_loss, first_loss);  // it did train
   // AddressSanitizer's quarantine holds freed memory back, so RSS says nothing under it.
-  if (!kAsan) {
+  if (!headlab::testing::kAddressSanitizer) {
     EXPECT_LT(rss_10k - rss_1k, int64_t{2} << 20) << "RSS grew from " << rss_1k << " to " << rss_10k;
   }
 }

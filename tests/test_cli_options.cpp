@@ -20,6 +20,7 @@
 
 #include "tasks/bpe_tokenizer.h"
 #include "tasks/internal.h"
+#include "tests/core_test_util.h"
 #include "tests/process_util.h"
 
 namespace fs = std::filesystem;
@@ -29,18 +30,6 @@ using headlab::testing::run_process;
 namespace {
 
 const std::string kBinary = std::string(HEADLAB_BINARY_DIR) + "/headlab";
-
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
 
 struct OptionRow {
   std::string command, name, type;
@@ -169,7 +158,8 @@ class CliOptionsTest : public ::testing::TestWithParam<std::string> {
       argv.push_back(value);
     }
     std::string limits = "OMP_NUM_THREADS=1 timeout -s KILL 60";
-    if (!kSanitized) limits += " prlimit --as=8000000000";  // ASan reserves terabytes of address space
+    if (!headlab::testing::kAddressSanitizer)
+      limits += " prlimit --as=8000000000";  // ASan reserves terabytes of address space
     return run_process(argv, scratch_->dir(), limits);
   }
 

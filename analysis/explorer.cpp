@@ -283,10 +283,9 @@ std::vector<ExplorerScore> by_original_head(const nn::Model& model, int64_t firs
 void save_row_explorer(const std::string& path, nn::Model& model, const tasks::Task& task, const Batch& batch,
                        int64_t row, const std::string& title, const std::vector<ExplorerScore>& scores) {
   HL_CHECK(row >= 0 && row < batch.B, "save_row_explorer: row ", row, " of a batch of ", batch.B);
-  const tasks::Tokenizer& tokenizer = task.tokenizer();
   const auto text_of = [&](const std::vector<int64_t>& ids) {
     std::vector<std::string> tokens;
-    for (int64_t id : ids) tokens.push_back(tokenizer.decode({id}));
+    for (int64_t id : ids) tokens.push_back(task.token_text(id));
     return tokens;
   };
   const auto first = batch.inputs.begin() + row * batch.T;

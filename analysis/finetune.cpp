@@ -11,7 +11,7 @@ FinetuneResult finetune(const io::Checkpoint& ck, const EvalSet& data, const Fin
   HL_CHECK(o.steps > 0, "finetune: the number of steps must be positive, got ", o.steps);
   HL_CHECK(o.lr >= 0, "finetune: the learning rate must be >= 0 (0: the run's own), got ", o.lr);
   HL_CHECK(!o.out.empty(), "finetune: no output folder given");
-  train::RunConfig config = train::RunConfig::from_json(ck.config);
+  train::RunConfig config = train::config_of(ck, "finetune");
   config.run.steps = o.steps;
   config.run.eval_every = config.run.save_every = o.steps;
   config.run.device = o.device;

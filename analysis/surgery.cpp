@@ -138,6 +138,7 @@ Checkpoint prune_checkpoint(const Checkpoint& ckpt, const std::vector<std::vecto
                             const std::string& source) {
   Checkpoint out;
   out.config = ckpt.config;
+  out.tokenizer = ckpt.tokenizer;
   const nlohmann::json& model = ckpt.config.at("model");
   // The heads removed, as [module, original head] ([layer, head] for a GPT).
   nlohmann::json removed = nlohmann::json::array(), kept;

@@ -7,7 +7,8 @@
 // token over the read bandwidth measured here (decoding is memory-bound).
 // bench/gpt2_ratios.sh runs it beside the peer and prints the ratios.
 // Usage: gpt2_infer [--model DIR | --n-layer L --n-head H --n-embd C --n-positions P] [--batch-size B]
-//                   [--prefill T] [--decode N] [--threads N] [--repeats R]
+//                   [--prefill T] [--decode N] [--threads N] [--repeats R] [--save DIR]
+// --save DIR writes the (random) model as a Hugging Face folder and exits.
 #include <omp.h>
 #include <sys/resource.h>
 
@@ -64,6 +65,8 @@ int main(int argc, char** argv) {
   nn::GPTConfig c;
   c.n_layers = 12, c.n_heads = 12, c.emb_dim = 768, c.context_length = 1024, c.vocab_size = 50257;
   c.qkv_bias = true;
+  c.tie_embeddings = true;  // GPT-2's head is wte, as the peer's GPT2LMHeadModel
+  std::string save_dir;
   int64_t B = 1, prefill = 960, decode = 64;
   int threads = 2, repeats = 3;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -71,6 +74,8 @@ int main(int argc, char** argv) {
     const char* v = argv[i + 1];
     if (k == "--model")
       model_dir = v;
+    else if (k == "--save")
+      save_dir = v;
     else if (k == "--n-layer")
       c.n_layers = std::stoll(v);
     else if (k == "--n-head")
@@ -99,14 +104,21 @@ int main(int argc, char** argv) {
 
   std::shared_ptr<nn::GPTModel> model;
   if (!model_dir.empty()) {
+    const double before = peak_rss_mb();
     const auto t0 = clock_type::now();
-    const io::HfGpt2 hf = io::read_hf_gpt2(model_dir);
-    model = std::make_shared<nn::GPTModel>(hf.config);
-    model->load_parameters(hf.parameters, model_dir);
-    std::printf("load %s: %.3f s, peak resident %.0f MB\n", model_dir.c_str(), seconds_since(t0), peak_rss_mb());
+    io::HfGpt2 hf = io::read_hf_gpt2(model_dir);
     c = hf.config;
+    model = io::build_hf_gpt2(std::move(hf), model_dir);
+    const double weights = double(model->num_parameters()) * 4 / 1048576.0;
+    std::printf("load %s: %.3f s, peak resident %.0f MB (%.0f MB before loading), weights %.0f MB: %.2fx\n",
+                model_dir.c_str(), seconds_since(t0), peak_rss_mb(), before, weights, peak_rss_mb() / weights);
   } else {
     model = std::make_shared<nn::GPTModel>(c);
+  }
+  if (!save_dir.empty()) {  // a random model of this shape as a folder (the load benchmark's input)
+    io::write_hf_gpt2(save_dir, *model);
+    std::printf("wrote %s\n", save_dir.c_str());
+    return 0;
   }
   model->eval();
   if (prefill + decode > c.context_length) {

@@ -147,21 +147,12 @@ Action add_attention(CLI::App& app) {
   add_threads_option(app, a->threads);
   return [a] {
     set_threads(a->threads);
-    if (io::is_hf_model_folder(a->path)) {
-      const LoadedFolder f = load_folder(a->path, a->device);
-      const tasks::BpeTokenizer& tok = f.bpe("attention", a->path);
-      return gpt_attention(*a, *f.model,
-                           {tok.encode(a->prompt, "prompt"), -1, tok.end_of_text().value_or(-1),
-                            [&](int64_t id) { return tok.token_text(id); }});
-    }
-    check_input_file(a->path, "attention: checkpoint", true);
-    const Loaded l = load(a->path, a->device);
+    const Loaded l = load("attention", a->path, a->device);
     if (nn::EncoderDecoder* m = l.seq2seq()) return seq2seq_attention(*a, l, *m);
     const tasks::Prompt p = l.task->encode_prompt(a->prompt);
     const tasks::Task& task = *l.task;
-    return gpt_attention(*a, l.gpt("attention"), {p.ids, p.answer_length, task.end_id(), [&](int64_t id) {
-                                                    return task.tokenizer().decode({id});
-                                                  }});
+    return gpt_attention(*a, l.gpt("attention"),
+                         {p.ids, p.answer_length, task.end_id(), [&](int64_t id) { return task.token_text(id); }});
   };
 }
 

@@ -18,35 +18,21 @@ namespace headlab::cli {
 
 namespace {
 
-// eval on a GPT-2 folder: the perplexity of a whole text file (train::evaluate_text).
-int eval_text(const std::string& folder, const std::string& device, const std::string& text, int64_t stride) {
-  HL_CHECK(!text.empty(), "eval: a GPT-2 folder is evaluated on a text: give --text FILE");
-  const LoadedFolder l = load_folder(folder, device);
-  const std::vector<int64_t> ids = l.bpe("eval", folder).encode(read_input_file(text, "eval: --text"), text);
-  const int64_t ctx = l.hf.config.context_length, s = stride > 0 ? stride : std::max<int64_t>(1, ctx / 2);
+// eval of a GPT-2 (BPE) model: the perplexity of a whole text file (train::evaluate_text).
+int eval_text(const Loaded& l, const std::string& path, const std::string& text, int64_t stride) {
+  HL_CHECK(!text.empty(), "eval: a GPT-2 model is evaluated on a text: give --text FILE");
+  const std::vector<int64_t> ids = l.bpe()->encode(read_input_file(text, "eval: --text"), text);
+  const nn::GPTModel& model = l.gpt("eval");
+  const nn::GPTConfig& c = model.config();
+  const int64_t ctx = c.context_length, s = stride > 0 ? stride : std::max<int64_t>(1, ctx / 2);
   HL_CHECK(s <= ctx, "eval: --stride ", s, " is longer than the context (", ctx, " tokens)");
-  const train::TextScores r = train::evaluate_text(*l.model, ids, s);
-  std::cout << "model " << folder << " (GPT-2: " << l.hf.config.n_layers << " layers x " << l.hf.config.n_heads
-            << " heads, n_embd " << l.hf.config.emb_dim << ")\ntext " << text << ": " << ids.size() << " tokens, "
-            << r.windows << " windows of " << ctx << " (stride " << s << ")\n"
+  const train::TextScores r = train::evaluate_text(l.gpt("eval"), ids, s);
+  std::cout << "model " << path << " (GPT-2: " << c.n_layers << " layers x " << c.n_heads << " heads, n_embd "
+            << c.emb_dim << ")\ntext " << text << ": " << ids.size() << " tokens, " << r.windows << " windows of "
+            << ctx << " (stride " << s << ")\n"
             << std::fixed << std::setprecision(4) << "loss            " << r.loss << "\n"
             << "perplexity      " << r.perplexity << "\n(" << r.tokens << " scored tokens)\n";
-  HL_CHECK(std::isfinite(r.loss), "eval: the loss is ", fmt(r.loss), ": the folder holds a diverged model");
-  return 0;
-}
-
-// generate on a GPT-2 folder: its BPE tokenizer, stopping at <|endoftext|>.
-int generate_text(const std::string& folder, const std::string& device, const std::string& prompt,
-                  nn::GenerateOptions o) {
-  const LoadedFolder l = load_folder(folder, device);
-  const tasks::BpeTokenizer& tok = l.bpe("generate", folder);
-  const std::vector<int64_t> ids = tok.encode(prompt, "prompt");
-  HL_CHECK(!ids.empty(), "generate: the prompt is empty; give at least one character");
-  train::check_generation_fits(l.hf.config, l.model->device().is_cuda(), static_cast<int64_t>(ids.size()),
-                               o.max_new_tokens, "generate");
-  o.end_id = tok.end_of_text().value_or(-1);
-  const std::vector<int64_t> generated = nn::generate(*l.model, ids, o);
-  std::cout << prompt << tok.decode(generated) << std::endl;
+  HL_CHECK(std::isfinite(r.loss), "eval: the loss is ", fmt(r.loss), ": '", path, "' holds a diverged model");
   return 0;
 }
 
@@ -54,14 +40,13 @@ int generate_text(const std::string& folder, const std::string& device, const st
 int inspect_folder(const std::string& folder) {
   const io::HfGpt2 hf = io::read_hf_gpt2(folder);
   std::cout << "Hugging Face GPT-2 folder " << folder << "\n\nconfig (as headlab's GPTModel)\n"
-            << hf.config.to_json().dump(2) << "\nhead: " << (hf.tied_head ? "tied to wte" : "lm_head.weight")
-            << "\ntokenizer: "
+            << hf.config.to_json().dump(2)
+            << "\nhead: " << (hf.config.tie_embeddings ? "tied to wte" : "lm_head.weight") << "\ntokenizer: "
             << (hf.vocab_path.empty() || hf.merges_path.empty() ? "none (no vocab.json and merges.txt)"
                                                                 : hf.vocab_path + ", " + hf.merges_path)
             << "\n\nparameters\n";
   int64_t total = 0;
   for (const auto& [name, t] : hf.parameters) {
-    if (hf.tied_head && name == "out_head.weight") continue;  // wte itself
     std::cout << "  " << std::left << std::setw(44) << name << std::setw(16) << shape_str(t.shape()) << std::right
               << std::setw(10) << t.numel() << "\n";
     total += t.numel();
@@ -83,11 +68,11 @@ Action add_eval(CLI::App& app) {
       ->type_name(kInputFile)
       ->required();
   app.add_option("--text", *text,
-                 "chars checkpoints: evaluate on the last 10% of this text instead; a GPT-2 folder: the whole "
+                 "chars checkpoints: evaluate on the last 10% of this text instead; GPT-2 models: the whole "
                  "file's perplexity")
       ->type_name(kInputFile);
   app.add_option("--stride", *stride,
-                 "GPT-2 folders: windows of the context start every N tokens, each scoring the tokens no earlier "
+                 "GPT-2 models: windows of the context start every N tokens, each scoring the tokens no earlier "
                  "window scored (default: half the context)")
       ->check(positive_number(1e9));
   app.add_option("--batches", *batches, "validation batches (default: the run's --eval-batches)")
@@ -96,10 +81,10 @@ Action add_eval(CLI::App& app) {
   add_threads_option(app, *threads);
   return [=] {
     set_threads(*threads);
-    if (io::is_hf_model_folder(*path)) return eval_text(*path, *device, *text, *stride);
-    HL_CHECK(*stride == 0, "eval: --stride applies to GPT-2 folders with --text");
-    check_input_file(*path, "eval: checkpoint", true);
-    Loaded l = load(*path, *device, *text);
+    Loaded l = load("eval", *path, *device);
+    if (l.bpe()) return eval_text(l, *path, *text, *stride);
+    HL_CHECK(*stride == 0, "eval: --stride applies to GPT-2 models, with --text");
+    if (!text->empty()) l.task = l.config.make_task(*text);
     // Checkpoints made elsewhere (tools/import_torch.py) may have no training section: defaults.
     const train::RunSettings& run = l.config.run;
     const int64_t n = *batches > 0 ? *batches : run.eval_batches;
@@ -158,9 +143,7 @@ Action add_generate(CLI::App& app) {
     o.temperature = *temperature;
     o.top_k = *top_k;
     o.seed = *seed;
-    if (io::is_hf_model_folder(*path)) return generate_text(*path, *device, *prompt, o);
-    check_input_file(*path, "generate: checkpoint", true);
-    Loaded l = load(*path, *device);
+    Loaded l = load("generate", *path, *device);
     if (nn::EncoderDecoder* m = l.seq2seq()) {  // greedy, as d2l's predict_seq2seq
       const tasks::Seq2SeqTask& task = *l.seq2seq_task();
       const std::vector<int64_t> src = task.encode_source(*prompt);

@@ -52,8 +52,8 @@ Action add_heads(CLI::App& app) {
     const analysis::EvalSet& data = ai.data;
     std::cout << "headlab heads: " << a->path << " (task " << in.task->name() << ", " << cfg.n_layers << " layers x "
               << cfg.n_heads << " heads" << (cfg.kept_heads.empty() ? "" : ", pruned: kept " + kept_str(cfg.kept_heads))
-              << ")\ndata: " << n << " validation batches of " << B << " x " << cfg.context_length << " ("
-              << data.tokens() << " scored tokens)\n";
+              << ")\ndata: " << n << " validation batches of " << B << " x " << ai.tokens << " (" << data.tokens()
+              << " scored tokens)\n";
 
     analysis::HeadsFindings f;
     f.seconds_ablation = timed([&] { f.ablation = analysis::ablate_heads(model, data); });

@@ -1,6 +1,6 @@
-// headlab tokenize / export: the Hugging Face GPT-2 layout (io/hf_gpt2.h) from the command line.
-// tokenize runs a folder's byte-level BPE tokenizer; export writes a headlab GPT checkpoint as a
-// GPT2LMHeadModel folder that PyTorch loads.
+// headlab tokenize / convert / export: the Hugging Face GPT-2 layout (io/hf_gpt2.h) from the command line.
+// tokenize runs a folder's byte-level BPE tokenizer; convert writes a folder as a self-contained headlab
+// checkpoint; export writes a headlab GPT checkpoint as a GPT2LMHeadModel folder that PyTorch loads.
 #include <iostream>
 #include <memory>
 
@@ -50,15 +50,15 @@ Action add_export(CLI::App& app) {
   };
   auto a = std::make_shared<Args>();
   app.add_option("checkpoint", a->checkpoint, "a headlab GPT checkpoint (.h5)")->type_name(kInputFile)->required();
-  app.add_option("--out", a->out, "the folder to write (config.json, model.safetensors)")
+  app.add_option("--out", a->out, "the folder to write (config.json, model.safetensors, and GPT-2's tokenizer files)")
       ->type_name(kOutputDir)
       ->required();
   return [a] {
-    check_input_file(a->checkpoint, "export: checkpoint", true);
-    const Loaded l = load(a->checkpoint, "cpu");
+    const Loaded l = load("export", a->checkpoint, "cpu");
     const nn::GPTModel& model = l.gpt("export");
     const io::FolderLock lock = make_locked_dir(a->out, "export");
-    io::write_hf_gpt2(a->out, model);
+    const io::TokenizerFiles tokenizer = l.config.tokenizer_files();
+    io::write_hf_gpt2(a->out, model, tokenizer);
     const nn::GPTConfig& c = model.config();
     std::cout << "export: wrote " << join_path(a->out, "config.json") << " and "
               << join_path(a->out, "model.safetensors") << " (GPT2LMHeadModel: " << c.n_layers << " layers x "
@@ -66,8 +66,35 @@ Action add_export(CLI::App& app) {
     if (!c.kept_heads.empty())
       std::cout << "export: the pruned heads are written as zeros at full width (" << kept_str(model)
                 << " kept), so the folder computes what the pruned model computes\n";
-    std::cout << "export: no tokenizer files: this checkpoint's tokenizer is headlab's " << l.task->name()
-              << " vocabulary, not GPT-2's BPE\n";
+    if (tokenizer.empty())
+      std::cout << "export: no tokenizer files: this checkpoint's tokenizer is headlab's " << l.task->name()
+                << " vocabulary, not GPT-2's BPE\n";
+    else
+      std::cout << "export: wrote vocab.json and merges.txt (GPT-2's tokenizer, from the checkpoint)\n";
+    return 0;
+  };
+}
+
+Action add_convert(CLI::App& app) {
+  struct Args {
+    std::string folder, out;
+  };
+  auto a = std::make_shared<Args>();
+  app.add_option("model", a->folder, "a Hugging Face GPT-2 folder (config.json, weights, vocab.json, merges.txt)")
+      ->type_name(kInputFolder)
+      ->required();
+  app.add_option("--out", a->out, "the checkpoint to write (.h5)")->type_name(kOutputFile)->required();
+  return [a] {
+    check_input_folder(a->folder, "convert: model");
+    HL_CHECK(io::is_hf_model_folder(a->folder), "convert: model '", a->folder,
+             "' has no config.json: not a Hugging Face model folder");
+    const Loaded l = load("convert", a->folder, "cpu");
+    check_output_file(a->out, "convert: --out");
+    io::save_checkpoint(a->out, l.ckpt);
+    const nn::GPTConfig& c = l.gpt("convert").config();
+    std::cout << "convert: wrote " << a->out << " (GPT-2: " << c.n_layers << " layers x " << c.n_heads
+              << " heads, n_embd " << c.emb_dim << ", " << l.model->num_parameters()
+              << " parameters, GPT-2's tokenizer inside)\n";
     return 0;
   };
 }

@@ -1,4 +1,5 @@
 // headlab train: every option of train::TrainOptions, with the defaults of train::RunConfig::defaults().
+#include <algorithm>
 #include <cmath>
 #include <iostream>
 #include <memory>
@@ -9,13 +10,43 @@
 
 namespace headlab::cli {
 
+namespace {
+
+// train --init: the run's model and task from a checkpoint or a GPT-2 folder, its parameters the start.
+void start_from(const std::string& path, train::TrainOptions& o, const std::string& text) {
+  HL_CHECK(!o.resume, "train: --init starts a new run and --resume continues one; give one of them");
+  const auto told = [&](const char* name) { return std::find(o.told.begin(), o.told.end(), name) != o.told.end(); };
+  for (const char* fixed : {"--arch", "--attention", "--emb-dim", "--n-heads", "--n-layers", "--context-length",
+                            "--qkv-bias", "--ffn-hiddens"})
+    HL_CHECK(!told(fixed), "train: ", fixed, " is fixed by --init '", path, "' (its model's)");
+  Loaded l = load("train: --init", path, "cpu", text);
+  train::RunConfig& c = o.config;
+  const double drop_rate = c.model.drop_rate;
+  c.arch = train::Arch::gpt;
+  c.model = l.gpt("train --init").config();
+  if (told("--drop-rate")) c.model.drop_rate = drop_rate;
+  if (l.bpe()) {
+    HL_CHECK(!text.empty(), "train: a GPT-2 model trains on a text: give --text FILE with --init '", path, "'");
+    HL_CHECK(!told("--task") || c.task.name == "text", "train: --init '", path,
+             "' is a GPT-2 model: it trains on --text FILE (task text), not task ", c.task.name);
+  } else {
+    HL_CHECK(!told("--task") || c.task.name == l.config.task.name, "train: --init '", path, "' was trained on task ",
+             l.config.task.name, ", not ", c.task.name);
+  }
+  c.task = l.config.task;  // its tokenizer (resolve() gives it the run's seed)
+  if (!text.empty()) c.task.options.text_path = text;
+  o.init = std::move(l.ckpt.model);
+}
+
+}  // namespace
+
 // The options bind straight to the run's config (train/config.h); --optimizer, --weight-decay and
 // --lr are combined after parsing, since an optimizer's defaults depend on its kind.
 Action add_train(CLI::App& app) {
   auto o = std::make_shared<train::TrainOptions>();
   train::RunConfig& c = o->config;
   struct Choices {
-    std::string attention = "fused", optimizer = "adamw", schedule = "cosine", text, arch = "gpt";
+    std::string attention = "fused", optimizer = "adamw", schedule = "cosine", text, arch = "gpt", init;
     int64_t ffn_hiddens = 0;   // encoder-decoder: 0 = 2 x --emb-dim, as d2l's 32 / 64
     double weight_decay = -1;  // < 0: the optimizer's PyTorch default
     int threads = 0;
@@ -96,6 +127,11 @@ Action add_train(CLI::App& app) {
   app.add_option("--out", o->out, "output folder for checkpoints and metrics.csv")
       ->type_name(kOutputDir)
       ->capture_default_str();
+  app.add_option("--init", ch->init,
+                 "start from this model instead of random weights: a GPT checkpoint (.h5) or a Hugging Face GPT-2 "
+                 "folder, which fixes the architecture and tokenizer; a GPT-2 model trains on --text (task text, "
+                 "GPT-2's BPE), a checkpoint on its own task")
+      ->type_name(kInputFile);
   app.add_flag("--resume", o->resume,
                "continue from <out>/checkpoint.h5 up to --steps; options given that fix the model, task or data must "
                "match it; the learning rate and schedule, --grad-clip and the eval/save cadences may change");
@@ -142,6 +178,7 @@ Action add_train(CLI::App& app) {
     if (ch->weight_decay >= 0) c.optimizer.weight_decay = ch->weight_decay;
     c.schedule.kind = parse_enum<optim::ScheduleKind>(ch->schedule, "train: --schedule");
     if (!ch->text.empty()) c.task.options.text_path = ch->text;
+    if (!ch->init.empty()) start_from(ch->init, *o, ch->text);
     train::install_sigint_handler();
     try {
       return train::Trainer(*o).run().interrupted ? 130 : 0;

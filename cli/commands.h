@@ -19,5 +19,6 @@ Action add_attention(CLI::App& app);
 Action add_heads(CLI::App& app);
 Action add_tokenize(CLI::App& app);
 Action add_export(CLI::App& app);
+Action add_convert(CLI::App& app);
 
 }  // namespace headlab::cli

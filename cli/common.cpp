@@ -13,6 +13,7 @@
 #include "backends/backend.h"
 #include "base/input_path.h"
 #include "io/atomic_file.h"
+#include "tasks/chars.h"
 #include "train/config.h"
 #include "train/memory.h"
 
@@ -93,7 +94,8 @@ void finish_options(CLI::App& app) {
       if (is_number(type))
         HL_CHECK(range_of(*opt) != nullptr, "headlab ", sub->get_name(), " ", opt->get_name(),
                  ": a number option without a declared range (cli/common.h: in_range)");
-      if (type == kInputFile || type == kInputFolder || type == kOutputDir) opt->check(non_empty);
+      if (type == kInputFile || type == kInputFolder || type == kOutputDir || type == kOutputFile)
+        opt->check(non_empty);
     }
 }
 
@@ -122,34 +124,42 @@ void set_threads(int threads, int processes) {
     omp_set_num_threads(std::max(1, omp_get_num_procs() / processes));
 }
 
-Loaded load(const std::string& path, const std::string& device, const std::string& text) {
+Loaded load(const char* cmd, const std::string& path, const std::string& device, const std::string& text) {
   Loaded l;
-  l.ckpt = io::load_checkpoint(path);
-  l.config = train::RunConfig::from_json(l.ckpt.config);
-  l.model = io::load_model(l.ckpt, path, Device::parse(device));
-  l.task = l.config.make_task(text);
-  return l;
-}
-
-LoadedFolder load_folder(const std::string& folder, const std::string& device) {
-  io::HfGpt2 read = io::read_hf_gpt2(folder);
-  LoadedFolder l;
-  l.model = std::make_shared<nn::GPTModel>(read.config);
-  l.model->load_parameters(read.parameters, folder);
-  read.parameters.clear();  // the model holds its own copies
-  l.model->to(Device::parse(device));
-  l.model->eval();
-  if (!read.vocab_path.empty() && !read.merges_path.empty())
-    l.tokenizer = std::make_unique<tasks::BpeTokenizer>(
-        tasks::BpeTokenizer::from_files(read.vocab_path, read.merges_path, read.config.vocab_size));
-  l.hf = read;
-  return l;
-}
-
-const tasks::BpeTokenizer& LoadedFolder::bpe(const char* cmd, const std::string& folder) const {
-  HL_CHECK(tokenizer != nullptr, cmd, ": the folder '", folder,
+  if (!io::is_hf_model_folder(path)) {
+    check_input_file(path, std::string(cmd) + ": checkpoint", true);
+    l.ckpt = io::load_checkpoint(path);
+    l.config = train::config_of(l.ckpt, path);
+    l.model = io::load_model(l.ckpt, path, Device::parse(device));
+    l.task = l.config.make_task(text);
+    return l;
+  }
+  io::HfGpt2 hf = io::read_hf_gpt2(path);
+  HL_CHECK(!hf.vocab_path.empty() && !hf.merges_path.empty(), cmd, ": the folder '", path,
            "' has no vocab.json and merges.txt (GPT-2's tokenizer)");
-  return *tokenizer;
+  l.from_folder = true;
+  train::RunConfig& c = l.config;
+  c.model = hf.config;
+  c.task.name = "text";
+  c.task.options.text_path = text;
+  c.task.options.bpe = std::make_shared<const tasks::BpeTokenizer>(
+      tasks::BpeTokenizer::from_files(hf.vocab_path, hf.merges_path, hf.config.vocab_size));
+  // What the analyses read at GPT-2's scale by default: one batch of 8 rows.
+  c.run.batch_size = 8;
+  c.run.eval_batches = 1;
+  const std::shared_ptr<nn::GPTModel> model = io::build_hf_gpt2(std::move(hf), path);
+  model->to(Device::parse(device));
+  l.model = model;
+  l.ckpt.config = c.to_json();
+  l.ckpt.tokenizer = c.tokenizer_files();
+  for (const auto& [name, t] : model->named_parameters()) l.ckpt.model.emplace_back(name, t.detach());
+  l.task = c.make_task();
+  return l;
+}
+
+const tasks::BpeTokenizer* Loaded::bpe() const {
+  const auto* text = dynamic_cast<const tasks::BpeTextTask*>(task.get());
+  return text ? &text->bpe() : nullptr;
 }
 
 nn::GPTModel& Loaded::gpt(const char* cmd) const {
@@ -159,11 +169,16 @@ nn::GPTModel& Loaded::gpt(const char* cmd) const {
 }
 
 void add_analysis_options(CLI::App& app, AnalysisArgs& a, const std::string& default_out) {
-  app.add_option("checkpoint", a.path, "checkpoint file (.h5)")->type_name(kInputFile)->required();
+  app.add_option("checkpoint", a.path, "checkpoint file (.h5) or Hugging Face GPT-2 folder")
+      ->type_name(kInputFile)
+      ->required();
   app.add_option("--out", a.out, "output folder (default: <checkpoint folder>/" + default_out + ")")
       ->type_name(kOutputDir);
-  app.add_option("--text", a.text, "chars checkpoints: evaluate on the last 10% of this text instead")
+  app.add_option("--text", a.text,
+                 "chars and GPT-2 (BPE) models: evaluate on the last 10% of this text (GPT-2 folders: required)")
       ->type_name(kInputFile);
+  app.add_option("--tokens", a.tokens, "tokens per row of a text model's data (default: the model's context)")
+      ->check(positive_number(1e9));
   app.add_option("--batches", a.batches, "validation batches (default: the run's --eval-batches)")
       ->check(positive_number(1e15));
   app.add_option("--batch-size", a.batch_size, "rows per batch (default: the run's --batch-size)")
@@ -175,19 +190,30 @@ void add_analysis_options(CLI::App& app, AnalysisArgs& a, const std::string& def
 AnalysisInputs load_analysis(const AnalysisArgs& a, const char* cmd, const std::string& default_out) {
   set_threads(a.threads);
   AnalysisInputs r;
-  check_input_file(a.path, std::string(cmd) + ": checkpoint", true);
-  r.in = load(a.path, a.device, a.text);
-  HL_CHECK(a.text.empty() || r.in.task->name() == "chars", cmd, ": --text applies to chars checkpoints; '", a.path,
-           "' is a ", r.in.task->name(), " checkpoint");
+  r.in = load(cmd, a.path, a.device, a.text);
+  const std::string task = r.in.task->name();
+  const bool text_task = task == "chars" || task == "text";
+  HL_CHECK(a.text.empty() || text_task, cmd, ": --text applies to chars and GPT-2 models; '", a.path, "' is a ", task,
+           " checkpoint");
+  HL_CHECK(!r.in.from_folder || !a.text.empty(), cmd, ": a GPT-2 folder is analysed on a text: give --text FILE");
+  HL_CHECK(a.tokens == 0 || text_task, cmd, ": --tokens applies to chars and GPT-2 models; a ", task,
+           " task's rows are as long as its examples");
   r.run = r.in.config;
   r.batches = a.batches > 0 ? a.batches : r.run.run.eval_batches;
   r.batch_size = a.batch_size > 0 ? a.batch_size : r.run.run.batch_size;
+  r.tokens = a.tokens > 0 ? a.tokens : r.run.batch_tokens();
+  HL_CHECK(r.tokens <= r.run.batch_tokens(), cmd, ": --tokens ", r.tokens, " is longer than the model's context (",
+           r.run.batch_tokens(), ")");
+  if (text_task) r.in.task->check_context_length(r.tokens);
   train::check_evaluation_fits(r.run, r.in.model->device().is_cuda(), r.batches, r.batch_size, cmd,
                                "lower --batches (now " + std::to_string(r.batches) + ") or --batch-size (now " +
-                                   std::to_string(r.batch_size) + ")");
-  r.out = a.out.empty() ? join_path(std::filesystem::path(a.path).parent_path().string(), default_out) : a.out;
+                                   std::to_string(r.batch_size) + ")",
+                               r.tokens);
+  // A folder's results go inside it, as a checkpoint's go beside it.
+  const std::string home = r.in.from_folder ? a.path : std::filesystem::path(a.path).parent_path().string();
+  r.out = a.out.empty() ? join_path(home, default_out) : a.out;
   r.lock = make_locked_dir(r.out, cmd);
-  r.data = analysis::make_eval_set(*r.in.task, r.batches, r.batch_size, r.run.batch_tokens());
+  r.data = analysis::make_eval_set(*r.in.task, r.batches, r.batch_size, r.tokens);
   return r;
 }
 
@@ -196,6 +222,16 @@ std::string fmt_bytes(int64_t b) { return format_bytes(static_cast<double>(b)); 
 std::string pad(const std::string& s, size_t w, bool left) {
   if (s.size() >= w) return s;
   return left ? s + std::string(w - s.size(), ' ') : std::string(w - s.size(), ' ') + s;
+}
+
+void check_output_file(const std::string& path, const std::string& who) {
+  std::error_code ec;
+  const fs::path p(path);
+  const fs::path parent = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  HL_CHECK(fs::is_directory(parent, ec), who, " '", path, "': its folder '", parent.string(), "' does not exist");
+  const fs::file_status st = fs::status(p, ec);
+  HL_CHECK(!fs::exists(st) || fs::is_regular_file(st), who, " '", path, "' ",
+           fs::is_directory(st) ? "is a folder, not a file" : "is not a regular file");
 }
 
 void make_dir(const std::string& dir, const char* cmd) {

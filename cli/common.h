@@ -29,6 +29,7 @@ CLI::Validator non_negative_number(double hi);  // [0, hi]
 inline constexpr const char* kInputFile = "FILE";      // read: checked as a regular file before it is opened
 inline constexpr const char* kInputFolder = "FOLDER";  // read: a folder of files (a model's)
 inline constexpr const char* kOutputDir = "DIR";       // written: created, then locked (io/folder_lock.h)
+inline constexpr const char* kOutputFile = "OUTFILE";  // written: replaced atomically (check_output_file first)
 // --threads, declared once: 0 (all cores) up to kMaxThreadsPerCore x the machine's cores.
 inline constexpr int kMaxThreadsPerCore = 4;
 void add_threads_option(CLI::App& app, int& threads, const std::string& help = "CPU threads (0: all cores)");
@@ -39,7 +40,7 @@ void add_seed_option(CLI::App& app, uint64_t& seed, const std::string& help);
 // refuses an empty value while parsing (an empty --out would otherwise mean "the default").
 void finish_options(CLI::App& app);
 // One line per option of every command: "command<TAB>option<TAB>type<TAB>lo<TAB>hi" (type: INT, UINT,
-// FLOAT, FILE, FOLDER, DIR, TEXT or FLAG; lo and hi for numbers, the lower bound open when prefixed by '(').
+// FLOAT, FILE, FOLDER, DIR, OUTFILE, TEXT or FLAG; lo and hi for numbers, the lower bound open when prefixed by '(').
 std::string options_table(const CLI::App& app);
 // Sets the thread count for OpenMP/OpenBLAS (0: leave the default, all cores).
 // threads > 0: exactly that many; 0: OpenMP's default, or the cores shared out among `processes`
@@ -47,52 +48,52 @@ std::string options_table(const CLI::App& app);
 void set_threads(int threads, int processes = 1);
 int threads_in_use();
 
-// A checkpoint with its model on `device` and its task (text: a chars task's text file instead).
+// A model with its task, from a headlab checkpoint or a Hugging Face GPT-2 folder (io/hf_gpt2.h),
+// which loads as a checkpoint of the BPE task "text" would: its GPTModel, the folder's tokenizer, and
+// --text (when given) as the task's text.
 struct Loaded {
-  io::Checkpoint ckpt;
+  io::Checkpoint ckpt;  // a folder's: its config, tokenizer and (shared, not copied) parameters
   train::RunConfig config;
   std::shared_ptr<nn::Model> model;
   std::unique_ptr<tasks::Task> task;
+  bool from_folder = false;
   // The model as a GPT, for what only the GPT has (clear error naming cmd for an encoder-decoder).
   nn::GPTModel& gpt(const char* cmd) const;
   // The model and task as an encoder-decoder's, or null for a GPT checkpoint.
   nn::EncoderDecoder* seq2seq() const { return dynamic_cast<nn::EncoderDecoder*>(model.get()); }
   const tasks::Seq2SeqTask* seq2seq_task() const { return dynamic_cast<const tasks::Seq2SeqTask*>(task.get()); }
+  // GPT-2's tokenizer when the model has one (folders, their conversions and fine-tunings), else null.
+  const tasks::BpeTokenizer* bpe() const;
 };
-Loaded load(const std::string& path, const std::string& device, const std::string& text = "");
-
-// A Hugging Face GPT-2 folder (io/hf_gpt2.h) as a model on `device`, in eval mode, with the folder's
-// BPE tokenizer (null when it has no vocab.json and merges.txt).
-struct LoadedFolder {
-  io::HfGpt2Config hf;
-  std::shared_ptr<nn::GPTModel> model;
-  std::unique_ptr<tasks::BpeTokenizer> tokenizer;
-  // The tokenizer, or an error naming cmd and the folder.
-  const tasks::BpeTokenizer& bpe(const char* cmd, const std::string& folder) const;
-};
-LoadedFolder load_folder(const std::string& folder, const std::string& device);
+// path: a checkpoint file or a model folder (errors start with cmd); text replaces a chars or text
+// task's text file.
+Loaded load(const char* cmd, const std::string& path, const std::string& device, const std::string& text = "");
 
 // What the head analyses (ablate, heads) share: their options, and the checkpoint, model, task and
 // evaluation batches those options name.
 struct AnalysisArgs {
   std::string path, out, text, device = "cpu";
   int64_t batches = 0, batch_size = 0;
+  int64_t tokens = 0;  // per row; 0: the model's context (a task's rows are as long as the task needs)
   int threads = 0;
 };
 // The checkpoint argument, --out (default <checkpoint folder>/<default_out>), --text, --batches,
-// --batch-size, --device, --threads.
+// --batch-size, --tokens, --device, --threads.
 void add_analysis_options(CLI::App& app, AnalysisArgs& a, const std::string& default_out);
 struct AnalysisInputs {
   Loaded in;
   train::RunConfig run;
-  analysis::EvalSet data;  // --batches validation batches of --batch-size x context_length
-  int64_t batches = 0, batch_size = 0;
+  analysis::EvalSet data;  // --batches validation batches of --batch-size x tokens
+  int64_t batches = 0, batch_size = 0, tokens = 0;
   std::string out;      // created
   io::FolderLock lock;  // on out, for the command's lifetime
 };
 // Sets the threads, loads, refuses --text for a task checkpoint and a batch the machine cannot hold.
 AnalysisInputs load_analysis(const AnalysisArgs& a, const char* cmd, const std::string& default_out);
 
+// Throws "<who> '<path>' ..." unless a file can be written at path: its folder exists, and the path is
+// not a folder nor anything but a regular file.
+void check_output_file(const std::string& path, const std::string& who);
 void make_dir(const std::string& dir, const char* cmd);  // creates it (and parents) or throws naming cmd
 // make_dir, then the folder's lock (io/folder_lock.h), to hold while cmd writes there.
 io::FolderLock make_locked_dir(const std::string& dir, const char* cmd);

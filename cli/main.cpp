@@ -42,6 +42,8 @@ int main(int argc, char** argv) {
   add("tokenize", "GPT-2's byte-level BPE tokenizer of a Hugging Face folder: text -> ids", headlab::cli::add_tokenize);
   add("export", "write a GPT checkpoint as a Hugging Face GPT-2 folder (config.json, model.safetensors)",
       headlab::cli::add_export);
+  add("convert", "write a Hugging Face GPT-2 folder as a headlab checkpoint (.h5, its tokenizer inside)",
+      headlab::cli::add_convert);
   try {
     headlab::cli::finish_options(app);
   } catch (const headlab::Error& e) {

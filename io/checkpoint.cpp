@@ -1,6 +1,7 @@
 // Checkpoint file layout:
 //   /                    attrs format = "headlab-checkpoint", format_version, config (JSON text)
 //   /model/<name>        float32, one dataset per parameter, by state_dict key
+//   /tokenizer           vocab.json, merges.txt: uint8 (n,), a BPE tokenizer's files (config tokenizer type "bpe")
 //   /optimizer           attrs kind, hyperparameters (JSON); state/<param>/<exp_avg|exp_avg_sq|momentum_buffer>,
 //                        steps/<param> (int64 scalar)
 //   /trainer             step, rng (uint64 seed and offset as int64 [2]), data_index, elapsed_seconds,
@@ -62,6 +63,11 @@ void save_checkpoint(const std::string& path, const Checkpoint& ckpt) {
   w.set_attr("/", "config", ckpt.config.dump());
   w.create_group("model");
   for (const auto& [name, t] : ckpt.model) write_tensor(w, "model/" + name, t);
+  if (!ckpt.tokenizer.empty())
+    for (const auto& [name, text] :
+         {std::pair{"vocab.json", &ckpt.tokenizer.vocab_json}, std::pair{"merges.txt", &ckpt.tokenizer.merges_txt}})
+      w.write_u8(std::string("tokenizer/") + name, {static_cast<int64_t>(text->size())},
+                 reinterpret_cast<const uint8_t*>(text->data()));
   if (ckpt.has_optimizer) {
     w.create_group("optimizer");
     w.set_attr("/optimizer", "kind", enum_name(ckpt.optimizer.kind));
@@ -120,6 +126,7 @@ Checkpoint load_checkpoint(const std::string& path) {
   {
     NoGradGuard no_grad;
     const Generator saved = default_generator();
+    const nn::SkipInit no_values;  // names and shapes only (GPT-2's 124M would take a second to draw)
     const std::shared_ptr<nn::Model> shape_model = nn::make_model(ck.config["model"]);
     default_generator() = saved;
     for (auto& [name, t] : shape_model->named_parameters()) expected.emplace_back(name, t.shape());
@@ -134,6 +141,19 @@ Checkpoint load_checkpoint(const std::string& path) {
     const bool known = find_named(expected, name) != expected.end();
     HL_CHECK(known, ctx, ": dataset model/", name, " is not a parameter of the model its config describes");
   }
+  const bool bpe = ck.config.contains("tokenizer") && ck.config["tokenizer"].is_object() &&
+                   ck.config["tokenizer"].value("type", "char") == "bpe";
+  if (bpe)
+    for (const auto& [name, text] :
+         {std::pair{"vocab.json", &ck.tokenizer.vocab_json}, std::pair{"merges.txt", &ck.tokenizer.merges_txt}}) {
+      const std::string dataset = std::string("tokenizer/") + name;
+      HL_CHECK(r.has(dataset), ctx, ": the config's tokenizer is BPE but dataset ", dataset, " is missing");
+      const h5::ArrayInfo info = r.info(dataset);
+      HL_CHECK(info.dtype == h5::DType::u8 && info.shape.size() == 1, ctx, ": dataset ", dataset,
+               " should be uint8 bytes of one dimension");
+      const h5::Array a = r.read(dataset, h5::DType::u8, info.shape);
+      text->assign(reinterpret_cast<const char*>(a.bytes.data()), a.bytes.size());
+    }
   if (r.has("optimizer")) {
     ck.has_optimizer = true;
     const std::string hyper = r.attr_str("/optimizer", "hyperparameters");

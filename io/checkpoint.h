@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "io/tokenizer_files.h"
 #include "nn/gpt.h"
 #include "optim/optim.h"
 
@@ -30,6 +31,9 @@ struct TrainerState {
 struct Checkpoint {
   nlohmann::json config;  // {"model": GPTConfig, "tokenizer": {...}, "task": {...}, "training": {...}}
   NamedTensors model;     // CPU tensors by state_dict name
+  // A BPE tokenizer's files (config "tokenizer": {"type": "bpe"}); empty for the character tokenizer,
+  // whose vocabulary the config holds.
+  TokenizerFiles tokenizer;
   bool has_optimizer = false;
   optim::OptimizerOptions optimizer;
   NamedTensors optimizer_state;

@@ -140,7 +140,7 @@ HfGpt2Config read_hf_gpt2_config(const std::string& folder) {
   }
   HfGpt2Config out;
   out.config = gpt_config_from_hf(j, config_path);
-  out.tied_head = config_value<bool>(j, "tie_word_embeddings", true, config_path);
+  out.config.tie_embeddings = config_value<bool>(j, "tie_word_embeddings", true, config_path);
   return out;
 }
 
@@ -187,8 +187,7 @@ HfGpt2 read_hf_gpt2(const std::string& folder) {
   }
   layer_norm("ln_f", "final_norm");
   // The head: wte itself when tied (a lm_head.weight saved beside it is the same tensor), else lm_head.
-  if (out.tied_head) {
-    p.emplace_back("out_head.weight", p.front().second);
+  if (c.tie_embeddings) {
     if (st.contains("lm_head.weight")) used.insert("lm_head.weight");
   } else {
     HL_CHECK(st.contains("lm_head.weight"), folder,
@@ -213,8 +212,18 @@ HfGpt2 read_hf_gpt2(const std::string& folder) {
   return out;
 }
 
-void write_hf_gpt2(const std::string& folder, const nn::GPTModel& model, const std::string& vocab_path,
-                   const std::string& merges_path) {
+std::shared_ptr<nn::GPTModel> build_hf_gpt2(HfGpt2&& hf, const std::string& folder) {
+  std::shared_ptr<nn::GPTModel> model;
+  {
+    const nn::SkipInit no_values;  // every value is about to be replaced
+    model = std::make_shared<nn::GPTModel>(hf.config);
+  }
+  model->adopt_parameters(std::move(hf.parameters), folder);
+  model->eval();
+  return model;
+}
+
+void write_hf_gpt2(const std::string& folder, const nn::GPTModel& model, const TokenizerFiles& tokenizer) {
   const NoGradGuard no_grad;
   const nn::GPTConfig& c = model.config();
   const int64_t C = c.emb_dim, H = c.n_heads, D = c.head_dim();
@@ -267,7 +276,8 @@ void write_hf_gpt2(const std::string& folder, const nn::GPTModel& model, const s
   t.emplace_back(p + "ln_f.weight", param("final_norm.scale"));
   t.emplace_back(p + "ln_f.bias", param("final_norm.shift"));
   const Tensor wte = t.front().second.contiguous(), head = param("out_head.weight").contiguous();
-  const bool tied = std::memcmp(wte.data<float>(), head.data<float>(), sizeof(float) * size_t(wte.numel())) == 0;
+  const bool tied =
+      c.tie_embeddings || std::memcmp(wte.data<float>(), head.data<float>(), sizeof(float) * size_t(wte.numel())) == 0;
   if (!tied) t.emplace_back("lm_head.weight", head);
 
   std::error_code ec;
@@ -292,14 +302,9 @@ void write_hf_gpt2(const std::string& folder, const nn::GPTModel& model, const s
                        {"tie_word_embeddings", tied},
                        {"torch_dtype", "float32"}};
   write_file_atomic((fs::path(folder) / "config.json").string(), config.dump(2) + "\n", "export");
-  for (const auto& [from, name] : {std::pair{vocab_path, "vocab.json"}, std::pair{merges_path, "merges.txt"}}) {
-    if (from.empty()) continue;
-    check_input_file(from, "export: tokenizer file");
-    std::ifstream in(from, std::ios::binary);
-    HL_CHECK(in, "export: cannot open '", from, "'");
-    std::ostringstream s;
-    s << in.rdbuf();
-    write_file_atomic((fs::path(folder) / name).string(), s.str(), "export");
+  if (!tokenizer.empty()) {
+    write_file_atomic((fs::path(folder) / "vocab.json").string(), tokenizer.vocab_json, "export");
+    write_file_atomic((fs::path(folder) / "merges.txt").string(), tokenizer.merges_txt, "export");
   }
 }
 

@@ -10,6 +10,7 @@
 #pragma once
 #include <string>
 
+#include "io/tokenizer_files.h"
 #include "nn/gpt.h"
 #include "nn/module.h"
 
@@ -19,15 +20,17 @@ namespace headlab::io {
 bool is_hf_model_folder(const std::string& path);
 
 struct HfGpt2Config {
-  nn::GPTConfig config;   // qkv_bias true, the fused attention form, drop_rate resid_pdrop
-  bool tied_head = true;  // tie_word_embeddings (GPT-2's default): the head is wte
+  // qkv_bias true, the fused attention form, drop_rate resid_pdrop, tie_embeddings from
+  // tie_word_embeddings (GPT-2's default true: the head is wte, one parameter)
+  nn::GPTConfig config;
 };
 // config.json alone, checked: a GPT-2 whose maths headlab's GPTModel has (gelu_new, 4 x n_embd inner
 // size, LayerNorm eps 1e-5, attention scaled by 1 / sqrt(head size)). Errors name the file and key.
 HfGpt2Config read_hf_gpt2_config(const std::string& folder);
 
 struct HfGpt2 : HfGpt2Config {
-  NamedTensors parameters;              // float32 CPU tensors by headlab's state_dict names, in GPTModel's order
+  // float32 CPU tensors by headlab's state_dict names, in GPTModel's order (a tied head has none of its own)
+  NamedTensors parameters;
   std::string vocab_path, merges_path;  // the tokenizer's files; "" where the folder lacks them
 };
 
@@ -35,13 +38,17 @@ struct HfGpt2 : HfGpt2Config {
 // against it, nothing else in the weights but the old mask buffers. Errors name the file and tensor.
 HfGpt2 read_hf_gpt2(const std::string& folder);
 
+// The folder's GPTModel on the CPU in eval mode, from read_hf_gpt2's result: built without initial
+// values (nn::SkipInit), each parameter taking over its tensor's memory (adopt_parameters), so the
+// weights are held once (the file's pages are released as they are read: SafetensorsFile::to_float).
+std::shared_ptr<nn::GPTModel> build_hf_gpt2(HfGpt2&& hf, const std::string& folder);
+
 // A GPTModel (either attention form) as a GPT2LMHeadModel folder: config.json, model.safetensors
 // (float32, Conv1D layout, `transformer.`-prefixed names, as save_pretrained writes them;
-// lm_head.weight only when the head differs from wte) and, when given, copies of the tokenizer
-// files. A physically pruned model is written at its full width: the heads it removed come back with
-// zero query, key and value weights and zero output-projection columns, so the folder computes
-// exactly what the pruned model computes. Every file is replaced atomically.
-void write_hf_gpt2(const std::string& folder, const nn::GPTModel& model, const std::string& vocab_path = "",
-                   const std::string& merges_path = "");
+// lm_head.weight only when the head differs from wte) and, when given, the tokenizer's files. A physically pruned model
+// is written at its full width: the heads it removed come back with zero query, key and value weights and zero
+// output-projection columns, so the folder computes exactly what the pruned model computes. Every file is replaced
+// atomically.
+void write_hf_gpt2(const std::string& folder, const nn::GPTModel& model, const TokenizerFiles& tokenizer = {});
 
 }  // namespace headlab::io

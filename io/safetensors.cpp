@@ -224,16 +224,26 @@ Tensor SafetensorsFile::to_float(const std::string& name) const {
   const size_t n = static_cast<size_t>(t.numel());
   if (e.dtype == "F32") {
     if (n > 0) std::memcpy(dst, src.data(), n * sizeof(float));
-    return t;
+  } else {
+    // The data section need not be 2-byte aligned (the header length is any number): read by memcpy.
+    const bool half = e.dtype == "F16";
+    for (size_t i = 0; i < n; ++i) {
+      uint16_t bits;
+      std::memcpy(&bits, src.data() + 2 * i, 2);
+      dst[i] = half ? f16_to_float(bits) : bf16_to_float(bits);
+    }
   }
-  // The data section need not be 2-byte aligned (the header length is any number): read by memcpy.
-  const bool half = e.dtype == "F16";
-  for (size_t i = 0; i < n; ++i) {
-    uint16_t bits;
-    std::memcpy(&bits, src.data() + 2 * i, 2);
-    dst[i] = half ? f16_to_float(bits) : bf16_to_float(bits);
-  }
+  release(src);
   return t;
+}
+
+// The pages wholly inside a tensor read once leave this process's resident set (they stay in the page
+// cache, and a later read faults them back in): a loader then holds the weights once, not twice.
+void SafetensorsFile::release(std::span<const std::byte> range) const {
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = (reinterpret_cast<uintptr_t>(range.data()) + page - 1) / page * page;
+  const auto end = (reinterpret_cast<uintptr_t>(range.data()) + range.size()) / page * page;
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
 }
 
 // ---------------------------------------------------------------------------------------------

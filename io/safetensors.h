@@ -55,6 +55,7 @@ class SafetensorsFile {
   Tensor to_float(const std::string& name) const;
 
  private:
+  void release(std::span<const std::byte> range) const;
   std::string path_;
   const std::byte* map_ = nullptr;  // the whole file
   size_t map_size_ = 0;

@@ -2,6 +2,8 @@
 // x += drop(ff(norm2(x))); logits = out_head(final_norm(x)).
 #include "nn/gpt.h"
 
+#include <optional>
+
 #include "base/json_fields.h"
 
 namespace headlab::nn {
@@ -24,7 +26,7 @@ CausalAttentionSizes GPTConfig::attention_sizes(int64_t layer) const {
 namespace {
 
 // GPTConfig's JSON: the book's keys plus attention (absent in the oldest checkpoints: fused) and
-// kept_heads (only in pruned models' configs).
+// kept_heads (only in pruned models' configs); tie_embeddings absent before GPT-2's folders: false.
 const auto kGptFields = std::tuple{
     field("vocab_size", &GPTConfig::vocab_size, Need::required, kPositive),
     field("context_length", &GPTConfig::context_length, Need::required, kPositive),
@@ -33,6 +35,7 @@ const auto kGptFields = std::tuple{
     field("n_layers", &GPTConfig::n_layers, Need::required, kPositive),
     field("drop_rate", &GPTConfig::drop_rate, Need::required, kFraction),
     field("qkv_bias", &GPTConfig::qkv_bias, Need::required),
+    field("tie_embeddings", &GPTConfig::tie_embeddings),
     field("attention", &GPTConfig::attention),
     field("kept_heads", &GPTConfig::kept_heads),
 };
@@ -45,7 +48,11 @@ void GPTConfig::validate() const {
   check_head_lists(kept_heads, n_layers, n_heads, "GPT config", "kept_heads");
 }
 
-nlohmann::json GPTConfig::to_json() const { return fields_to_json(*this, kGptFields); }
+nlohmann::json GPTConfig::to_json() const {
+  nlohmann::json j = fields_to_json(*this, kGptFields);
+  if (!tie_embeddings) j.erase("tie_embeddings");  // absent means untied, as in every config before GPT-2's
+  return j;
+}
 
 GPTConfig GPTConfig::from_json(const nlohmann::json& j) {
   GPTConfig c;
@@ -56,7 +63,8 @@ GPTConfig GPTConfig::from_json(const nlohmann::json& j) {
 
 double GPTConfig::num_parameters() const {
   const double d = static_cast<double>(emb_dim), V = static_cast<double>(vocab_size);
-  double n = (V + static_cast<double>(context_length)) * d + 2 * d + d * V;  // embeddings, final norm, head
+  double n = (V + static_cast<double>(context_length)) * d + 2 * d;  // embeddings, final norm
+  if (!tie_embeddings) n += d * V;                                   // the head
   for (int64_t l = 0; l < n_layers; ++l) {
     n += causal_attention_parameters(attention, attention_sizes(l));
     n += d * 4 * d + 4 * d + 4 * d * d + d;  // feed-forward
@@ -86,7 +94,12 @@ GPTModel::GPTModel(const GPTConfig& cfg) : cfg_(cfg) {
   trf_blocks = register_module("trf_blocks", std::make_shared<Sequential>());
   for (int64_t l = 0; l < cfg.n_layers; ++l) trf_blocks->push_back(std::make_shared<TransformerBlock>(cfg_, l));
   final_norm = register_module("final_norm", std::make_shared<LayerNorm>(cfg.emb_dim, 1e-5, LayerNorm::Style::Book));
-  out_head = register_module("out_head", std::make_shared<Linear>(cfg.emb_dim, cfg.vocab_size, false));
+  {
+    std::optional<SkipInit> tied;  // a tied head's own weight is dropped at once: skip drawing it
+    if (cfg.tie_embeddings) tied.emplace();
+    out_head = register_module("out_head", std::make_shared<Linear>(cfg.emb_dim, cfg.vocab_size, false));
+  }
+  if (cfg.tie_embeddings) out_head->tie_weight(tok_emb->weight);
 }
 
 Tensor TransformerBlock::forward_cached(const Tensor& x, KVCache& cache) {

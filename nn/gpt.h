@@ -13,6 +13,9 @@ struct GPTConfig {
   int64_t vocab_size = 0, context_length = 0, emb_dim = 0, n_heads = 0, n_layers = 0;
   double drop_rate = 0.0;
   bool qkv_bias = false;
+  // The head's weight is the token embedding itself (GPT-2's tie_word_embeddings): one parameter,
+  // tok_emb.weight, so training keeps them tied; the book's GPT unties them.
+  bool tie_embeddings = false;
   AttentionForm attention = AttentionForm::fused;
   // After physical pruning: the original head indices each layer keeps (empty: all heads).
   std::vector<std::vector<int64_t>> kept_heads;

@@ -45,8 +45,13 @@ std::string py_float(double v) {
 Linear::Linear(int64_t in, int64_t out, bool has_bias) : in_features(in), out_features(out) {
   HL_CHECK(in > 0 && out > 0, "Linear: in_features and out_features must be positive, got ", in, " and ", out);
   const double bound = 1.0 / std::sqrt(static_cast<double>(in));  // kaiming_uniform(a=sqrt(5)) reduces to this
-  weight = register_parameter("weight", uniform({out, in}, -bound, bound));
-  if (has_bias) bias = register_parameter("bias", uniform({out}, -bound, bound));
+  weight = register_parameter("weight", initial_value({out, in}, [&] { return uniform({out, in}, -bound, bound); }));
+  if (has_bias) bias = register_parameter("bias", initial_value({out}, [&] { return uniform({out}, -bound, bound); }));
+}
+
+void Linear::tie_weight(const Tensor& shared) {
+  tie_parameter("weight", shared);
+  weight = shared;
 }
 
 std::string Linear::extra_repr() const {
@@ -73,7 +78,7 @@ Tensor Dropout::forward(const Tensor& x) { return dropout(x, p, is_training()); 
 
 Embedding::Embedding(int64_t n, int64_t d) : num_embeddings(n), embedding_dim(d) {
   HL_CHECK(n > 0 && d > 0, "Embedding: sizes must be positive, got ", n, " and ", d);
-  weight = register_parameter("weight", randn({n, d}));
+  weight = register_parameter("weight", initial_value({n, d}, [&] { return randn({n, d}); }));
 }
 
 std::string Embedding::extra_repr() const {

@@ -13,6 +13,8 @@ class Linear : public UnaryModule {
   std::string type_name() const override { return "Linear"; }
   std::string extra_repr() const override;
   Tensor forward(const Tensor& x) override;
+  // Weight tying: the weight becomes `shared` (an Embedding's (out, in) table, as GPT-2's head is wte).
+  void tie_weight(const Tensor& shared);
   int64_t in_features, out_features;
   Tensor weight, bias;
 };

@@ -16,6 +16,22 @@ Tensor Module::register_buffer(const std::string& name, Tensor t) {
   return buffers_.back().second;
 }
 
+namespace {
+thread_local bool skip_init = false;
+}  // namespace
+
+SkipInit::SkipInit() : previous_(skip_init) { skip_init = true; }
+SkipInit::~SkipInit() { skip_init = previous_; }
+bool SkipInit::active() { return skip_init; }
+
+void Module::tie_parameter(const std::string& name, const Tensor& shared) {
+  auto it = find_named(params_, name);
+  HL_CHECK(it != params_.end(), type_name(), ": no parameter '", name, "' to tie");
+  HL_CHECK(it->second.shape() == shared.shape(), type_name(), ": cannot tie parameter '", name, "' of shape ",
+           shape_str(it->second.shape()), " to a tensor of shape ", shape_str(shared.shape()));
+  it->second = shared;
+}
+
 void Module::collect(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out, bool buffers) const {
   for (const auto& [name, t] : buffers ? buffers_ : params_)
     if (t.defined()) out.emplace_back(prefix + name, t);
@@ -23,8 +39,13 @@ void Module::collect(const std::string& prefix, std::vector<std::pair<std::strin
 }
 
 std::vector<std::pair<std::string, Tensor>> Module::named_parameters() const {
-  std::vector<std::pair<std::string, Tensor>> out;
-  collect("", out, false);
+  std::vector<std::pair<std::string, Tensor>> all, out;
+  collect("", all, false);
+  out.reserve(all.size());
+  for (auto& entry : all)  // tied weights once (a model has a few hundred parameters at most)
+    if (std::none_of(out.begin(), out.end(),
+                     [&](const auto& seen) { return seen.second.impl() == entry.second.impl(); }))
+      out.push_back(std::move(entry));
   return out;
 }
 
@@ -47,7 +68,9 @@ int64_t Module::num_parameters() const {
 }
 
 Tensor Module::parameter(const std::string& name) const {
-  for (auto& [n, t] : named_parameters())
+  std::vector<std::pair<std::string, Tensor>> all;  // a tied weight answers to each of its names
+  collect("", all, false);
+  for (auto& [n, t] : all)
     if (n == name) return t;
   HL_FAIL(type_name(), ": no parameter named '", name, "'");
 }
@@ -92,9 +115,9 @@ Device Module::device() const {
   return kCPU;
 }
 
-void Module::load_parameters(const std::vector<std::pair<std::string, Tensor>>& values, const std::string& source) {
-  const std::string who = source.empty() ? type_name() : source;
-  auto params = named_parameters();
+namespace {
+// Every value names a parameter of the same shape, and every parameter has a value.
+void load_parameters_check(const NamedTensors& params, const NamedTensors& values, const std::string& who) {
   for (const auto& [name, value] : values) {
     auto it = find_named(params, name);
     HL_CHECK(it != params.end(), who, ": parameter ", name, " does not exist in the model");
@@ -105,11 +128,35 @@ void Module::load_parameters(const std::vector<std::pair<std::string, Tensor>>& 
     auto it = find_named(values, name);
     HL_CHECK(it != values.end(), who, ": parameter ", name, " is missing");
   }
+}
+}  // namespace
+
+void Module::load_parameters(const std::vector<std::pair<std::string, Tensor>>& values, const std::string& source) {
+  const std::string who = source.empty() ? type_name() : source;
+  auto params = named_parameters();
+  load_parameters_check(params, values, who);
   NoGradGuard no_grad;
   for (auto& [name, t] : params) {
     auto it = find_named(values, name);
     Tensor dst = t.detach();
     dst.copy_(it->second.to(t.dtype()));
+  }
+}
+
+void Module::adopt_parameters(NamedTensors&& values, const std::string& source) {
+  const auto params = named_parameters();
+  {
+    const NamedTensors checked = values;  // handles only: the names and shapes are checked once
+    load_parameters_check(params, checked, source.empty() ? type_name() : source);
+  }
+  NoGradGuard no_grad;
+  for (auto& [name, t] : params) {
+    Tensor& value = find_named(values, name)->second;
+    if (value.is_contiguous() && value.dtype() == t.dtype() && value.device() == t.device() && !value.requires_grad())
+      move_in_place(t, value);
+    else
+      t.detach().copy_(value.to(t.dtype()));
+    value = Tensor();  // the parameter holds it now
   }
 }
 

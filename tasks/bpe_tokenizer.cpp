@@ -92,6 +92,7 @@ struct BpeTokenizer::Impl {
   std::unordered_map<uint64_t, Merge> merges;  // pair_key(left id, right id) -> rank, merged id
   std::optional<int32_t> eot;
   Pcre2Code pattern;
+  std::string vocab_json, merges_txt;  // the files as given, for a checkpoint to carry
 
   mutable std::mutex cache_mutex;
   mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> cache;
@@ -211,6 +212,8 @@ BpeTokenizer::BpeTokenizer(std::string_view vocab_json, std::string_view merges_
                            std::string merges_name, int64_t vocab_size)
     : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
+  m.vocab_json = vocab_json;
+  m.merges_txt = merges_txt;
   // ---- vocab.json: an object of token -> id, ids 0..n-1 each once ----
   const std::string& vn = vocab_name;
   std::unordered_set<std::string> keys_seen;
@@ -327,6 +330,9 @@ BpeTokenizer BpeTokenizer::from_files(const std::string& vocab_path, const std::
 BpeTokenizer::~BpeTokenizer() = default;
 BpeTokenizer::BpeTokenizer(BpeTokenizer&&) noexcept = default;
 BpeTokenizer& BpeTokenizer::operator=(BpeTokenizer&&) noexcept = default;
+
+const std::string& BpeTokenizer::vocab_json() const { return impl_->vocab_json; }
+const std::string& BpeTokenizer::merges_txt() const { return impl_->merges_txt; }
 
 int64_t BpeTokenizer::size() const { return static_cast<int64_t>(impl_->spellings.size()); }
 

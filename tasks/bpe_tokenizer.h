@@ -40,6 +40,9 @@ class BpeTokenizer {
   BpeTokenizer& operator=(BpeTokenizer&&) noexcept;
 
   int64_t size() const;
+  // The two files' contents as given (a checkpoint stores them; export writes them back).
+  const std::string& vocab_json() const;
+  const std::string& merges_txt() const;
   // Text (UTF-8) -> ids. Invalid UTF-8 throws "<label>: invalid UTF-8 at byte offset N ...";
   // label names the text's source ("prompt", a file name).
   std::vector<int64_t> encode(std::string_view text, std::string_view label = "prompt") const;

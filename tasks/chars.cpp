@@ -1,4 +1,4 @@
-// The chars task: a character-level language model over a text file, split 90/10 by position.
+// chars and text: language models over a text file, split 90/10 by position.
 #include "tasks/chars.h"
 
 #include <algorithm>
@@ -17,102 +17,79 @@ namespace headlab::tasks {
 using namespace detail;
 
 // =============================================================================================
-// chars
+// The shared windows
 
-namespace {}  // namespace
-
-CharsTask::CharsTask(const TaskOptions& options) : options_(options) {
-  const std::string e = "task chars";
-  std::string text;
+TextWindowsTask::TextWindowsTask(const TaskOptions& options, std::string name, std::string unit, bool may_lack_text)
+    : options_(options), name_(std::move(name)), unit_(std::move(unit)) {
+  const std::string e = "task " + name_;
   if (!options_.text.empty()) {
-    text = options_.text;
+    text_ = options_.text;
+  } else if (options_.text_path.empty()) {
+    HL_CHECK(may_lack_text, e, ": no text given; set a text file (--text FILE)");
+    missing_reason_ = "no text file was given";
   } else {
-    HL_CHECK(!options_.text_path.empty(), e, ": no text given; set a text file (--text FILE)");
     std::string why_not;
-    text = read_text_file(options_.text_path, why_not);
+    text_ = read_text_file(options_.text_path, why_not);
     if (!why_not.empty()) {
-      // With a stored vocabulary the task can still tokenize (generate needs nothing more);
-      // batches need a text, and batch() says which file is missing.
-      HL_CHECK(!options_.vocabulary.empty(), e, ": text file '", options_.text_path, "' ", why_not,
+      HL_CHECK(may_lack_text, e, ": text file '", options_.text_path, "' ", why_not,
                "; pass --text FILE with a plain-text file");
       missing_reason_ = "text file '" + options_.text_path + "' " + why_not;
     } else {
-      HL_CHECK(!text.empty(), e, ": text file '", options_.text_path, "' is empty");
+      HL_CHECK(!text_.empty(), e, ": text file '", options_.text_path, "' is empty");
     }
   }
   text_loaded_ = missing_reason_.empty();
-
-  tokenizer_ = options_.vocabulary.empty() ? Tokenizer::from_text(text, e) : Tokenizer(options_.vocabulary, e);
-  if (!text_loaded_) return;
-  std::vector<int64_t> ids;
-  try {
-    ids = tokenizer_.encode(text, source(), false);
-  } catch (const Error& err) {
-    if (options_.vocabulary.empty()) throw;
-    throw Error(std::string(err.what()) +
-                " (the vocabulary is fixed by the model's training text; this text uses a "
-                "character the model has never seen)");
-  }
-  ids_.assign(ids.begin(), ids.end());
 }
 
-std::string CharsTask::source() const {
+void TextWindowsTask::set_ids(const std::vector<int64_t>& ids) { ids_.assign(ids.begin(), ids.end()); }
+
+std::string TextWindowsTask::source() const {
   return options_.text.empty() ? "text '" + options_.text_path + "'" : std::string("text");
 }
 
-TaskOptions CharsTask::options() const {
-  TaskOptions o = options_;
-  o.vocabulary = tokenizer_.vocab();
-  return o;
-}
-
-std::string CharsTask::description() const {
+std::string TextWindowsTask::windows_description() const {
   std::ostringstream os;
-  os << "chars: character-level language model over a text (" << source() << ", ";
-  if (text_loaded_)
-    os << text_length() << " characters";
-  else
-    os << "not loaded: " << missing_reason_;
-  os << ", vocabulary of " << vocab_size()
-     << " characters: its sorted unique characters). Each row is a window of context length + 1 "
-        "characters at a position hashed from (seed, split, batch index, row); inputs are its "
-        "first T characters, targets its last T, and every position is scored (token accuracy; "
-        "exact match does not apply). The first "
+  os << "Each row is a window of context length + 1 " << unit_
+     << " at a position hashed from (seed, split, batch index, row); inputs are its first T " << unit_
+     << ", targets its last T, and every position is scored (token accuracy; exact match does not apply). "
+        "The first "
      << kTrainPercent << "% of the text is train, the last " << 100 - kTrainPercent << "% validation.";
   return os.str();
 }
 
-std::pair<int64_t, int64_t> CharsTask::region(Split split) const {
+std::pair<int64_t, int64_t> TextWindowsTask::region(Split split) const {
   const int64_t n = text_length();
   const int64_t cut = n * kTrainPercent / 100;
   return split == Split::train ? std::pair<int64_t, int64_t>{0, cut} : std::pair<int64_t, int64_t>{cut, n};
 }
 
-void CharsTask::check_region(Split split, int64_t T) const {
+void TextWindowsTask::check_region(Split split, int64_t T) const {
   const auto [begin, end] = region(split);
   const int64_t have = end - begin;
-  HL_CHECK(have >= T + 1, "task chars: the ", split == Split::train ? "training" : "validation", " part of ", source(),
-           " (its ", split == Split::train ? "first " : "last ",
-           split == Split::train ? kTrainPercent : 100 - kTrainPercent, "%) has ", have,
-           " characters, need at least context_length + 1 = ", T + 1,
+  HL_CHECK(have >= T + 1, "task ", name_, ": the ", split == Split::train ? "training" : "validation", " part of ",
+           source(), " (its ", split == Split::train ? "first " : "last ",
+           split == Split::train ? kTrainPercent : 100 - kTrainPercent, "%) has ", have, " ", unit_,
+           ", need at least context_length + 1 = ", T + 1,
            " for one window; use a longer text or a smaller context length");
 }
 
-void CharsTask::check_context_length(int64_t T) const {
-  HL_CHECK(T > 0, "task chars: context length must be positive, got ", T);
-  HL_CHECK(text_loaded_, "task chars: no text to read: ", missing_reason_, "; pass --text FILE with a plain-text file");
-  HL_CHECK(text_length() >= T + 2, "task chars: ", source(), " has ", text_length(),
-           " characters, need at least context_length + 2 = ", T + 2);
+void TextWindowsTask::check_text(int64_t T) const {
+  HL_CHECK(T > 0, "task ", name_, ": context length must be positive, got ", T);
+  HL_CHECK(text_loaded_, "task ", name_, ": no text to read: ", missing_reason_,
+           "; pass --text FILE with a plain-text file");
+  HL_CHECK(text_length() >= T + 2, "task ", name_, ": ", source(), " has ", text_length(), " ", unit_,
+           ", need at least context_length + 2 = ", T + 2);
+}
+
+void TextWindowsTask::check_context_length(int64_t T) const {
+  check_text(T);
   check_region(Split::train, T);
   check_region(Split::val, T);
 }
 
-Batch CharsTask::batch(Split split, uint64_t index, int64_t B, int64_t T) const {
-  HL_CHECK(B > 0, "task chars: batch size must be positive, got ", B);
-  HL_CHECK(T > 0, "task chars: context length must be positive, got ", T);
-  HL_CHECK(text_loaded_, "task chars: no text to read: ", missing_reason_, "; pass --text FILE with a plain-text file");
-  HL_CHECK(text_length() >= T + 2, "task chars: ", source(), " has ", text_length(),
-           " characters, need at least context_length + 2 = ", T + 2);
+Batch TextWindowsTask::batch(Split split, uint64_t index, int64_t B, int64_t T) const {
+  HL_CHECK(B > 0, "task ", name_, ": batch size must be positive, got ", B);
+  check_text(T);
   check_region(split, T);  // only this split's part is read (eval may use a short val text)
   const auto [begin, end] = region(split);
   const uint64_t starts = static_cast<uint64_t>(end - begin - T);  // windows of T+1 that fit
@@ -132,6 +109,43 @@ Batch CharsTask::batch(Split split, uint64_t index, int64_t B, int64_t T) const 
   return batch;
 }
 
+// ---------------------------------------------------------------------------------------------
+// chars
+
+// With a stored vocabulary the task can still tokenize without its text.
+CharsTask::CharsTask(const TaskOptions& options)
+    : TextWindowsTask(options, "chars", "characters", !options.vocabulary.empty()) {
+  const std::string e = "task chars";
+  tokenizer_ = options_.vocabulary.empty() ? Tokenizer::from_text(text(), e) : Tokenizer(options_.vocabulary, e);
+  if (!has_text()) return;
+  try {
+    set_ids(tokenizer_.encode(text(), source(), false));
+  } catch (const Error& err) {
+    if (options_.vocabulary.empty()) throw;
+    throw Error(std::string(err.what()) +
+                " (the vocabulary is fixed by the model's training text; this text uses a "
+                "character the model has never seen)");
+  }
+  drop_text();
+}
+
+TaskOptions CharsTask::options() const {
+  TaskOptions o = options_;
+  o.vocabulary = tokenizer_.vocab();
+  return o;
+}
+
+std::string CharsTask::description() const {
+  std::ostringstream os;
+  os << "chars: character-level language model over a text (" << source() << ", ";
+  if (has_text())
+    os << text_length() << " characters";
+  else
+    os << "not loaded";
+  os << ", vocabulary of " << vocab_size() << " characters: its sorted unique characters). " << windows_description();
+  return os.str();
+}
+
 Prompt CharsTask::encode_prompt(const std::string& text) const {
   HL_CHECK(!text.empty(), "task chars: prompt is empty; give at least one character");
   Prompt p;
@@ -142,5 +156,42 @@ Prompt CharsTask::encode_prompt(const std::string& text) const {
 }
 
 std::string CharsTask::format_answer(const std::vector<int64_t>& ids) const { return tokenizer_.decode(ids); }
+
+// ---------------------------------------------------------------------------------------------
+// text (GPT-2's BPE)
+
+BpeTextTask::BpeTextTask(const TaskOptions& options)
+    : TextWindowsTask(options, "text", "tokens", true), bpe_(options.bpe) {
+  HL_CHECK(bpe_ != nullptr, "task text: needs a BPE tokenizer; start from a GPT-2 model (train --init FOLDER)");
+  if (has_text()) set_ids(bpe_->encode(text(), options_.text.empty() ? options_.text_path : "text"));
+  drop_text();
+}
+
+std::string BpeTextTask::description() const {
+  std::ostringstream os;
+  os << "text: language model over a text (" << source() << ", ";
+  if (has_text())
+    os << text_length() << " tokens";
+  else
+    os << "not loaded";
+  os << ") with GPT-2's byte-level BPE tokenizer (" << vocab_size() << " tokens). " << windows_description();
+  return os.str();
+}
+
+Prompt BpeTextTask::encode_prompt(const std::string& text) const {
+  Prompt p;
+  p.ids = bpe_->encode(text, "prompt");
+  HL_CHECK(!p.ids.empty(), "task text: prompt is empty; give at least one character");
+  p.answer_length = -1;
+  p.text = text;
+  return p;
+}
+
+std::string BpeTextTask::format_answer(const std::vector<int64_t>& ids) const {
+  std::vector<int64_t> kept = ids;  // everything from <|endoftext|> on is dropped, as the Task contract says
+  const int64_t end = end_id();
+  if (end >= 0) kept.erase(std::find(kept.begin(), kept.end(), end), kept.end());
+  return bpe_->decode(kept);
+}
 
 }  // namespace headlab::tasks

@@ -118,7 +118,7 @@ std::map<std::string, std::string> options_to_map(const std::string& name, const
   }
   if (any || name == "add") m["n_digits"] = std::to_string(o.n_digits);
   if (any || name == "numbers") m["max_number"] = std::to_string(o.max_number);
-  if (any || name == "chars") {
+  if (any || name == "chars" || name == "text") {
     m["text_path"] = o.text_path;
     if (!o.text.empty()) m["text"] = o.text;
   }
@@ -158,7 +158,7 @@ TaskOptions options_from_map(const std::map<std::string, std::string>& map) {
 }
 
 const std::vector<std::string>& task_names() {
-  static const std::vector<std::string> names = {"copy", "reverse", "sort", "add", "chars"};
+  static const std::vector<std::string> names = {"copy", "reverse", "sort", "add", "chars", "text"};
   return names;
 }
 
@@ -169,6 +169,7 @@ std::unique_ptr<Task> make_task(const std::string& name, const TaskOptions& opti
   if (name == "sort") return std::make_unique<AlgorithmicTask>(Kind::sort, options);
   if (name == "add") return std::make_unique<AlgorithmicTask>(Kind::add, options);
   if (name == "chars") return std::make_unique<CharsTask>(options);
+  if (name == "text") return std::make_unique<BpeTextTask>(options);
   std::string valid;
   for (const auto& n : task_names()) valid += (valid.empty() ? "" : ", ") + n;
   HL_FAIL("unknown task '", name, "': valid tasks are ", valid);
@@ -184,6 +185,7 @@ std::string tasks_help() {
      << "  add      add two numbers, the sum written least significant digit first:\n"
      << "           123+45=168 is 123+045=8610.   999+1=1000 is 999+001=0001.\n"
      << "  chars    character-level language model over --text FILE (default " << d.text_path << ")\n"
+     << "  text     (with --init FOLDER, a GPT-2 model) GPT-2's BPE language model over --text FILE\n"
      << "  numbers  (encoder-decoder only) number words to digits:\n"
      << "           one thousand and five -> 1005.   three hundred and twelve -> 312.\n"
      << "copy/reverse/sort use " << range_text(d.min_len, d.max_len) << " digits (min_len, max_len); add uses "

@@ -25,6 +25,10 @@
 #include "tasks/tokenizer.h"
 
 namespace headlab::tasks {
+class BpeTokenizer;
+}
+
+namespace headlab::tasks {
 
 // ---------------------------------------------------------------------------------------------
 enum class Split { train, val };
@@ -95,6 +99,9 @@ struct TaskOptions {
   // chars: a fixed vocabulary (from a checkpoint); empty = sorted unique characters of the text.
   // Algorithmic tasks: must be empty or equal to the task's own vocabulary.
   std::vector<std::string> vocabulary;
+  // text: GPT-2's tokenizer (a model folder's, or a checkpoint's stored files). Not an option a map
+  // holds: a checkpoint stores its files (io::TokenizerFiles).
+  std::shared_ptr<const BpeTokenizer> bpe;
 };
 
 // The options that matter for task `name` as key/value strings: seed, and min_len + max_len
@@ -123,8 +130,11 @@ class Task {
   virtual std::string description() const = 0;
   // Everything make_task(name(), options()) needs to rebuild this task exactly.
   virtual TaskOptions options() const = 0;
+  // The character tokenizer (every task but text, whose BPE tokenizer is BpeTextTask::bpe()).
   const Tokenizer& tokenizer() const { return tokenizer_; }
-  int64_t vocab_size() const { return tokenizer_.size(); }
+  virtual int64_t vocab_size() const { return tokenizer_.size(); }
+  // One token as text to show (attention pages, tables).
+  virtual std::string token_text(int64_t id) const { return tokenizer_.decode({id}); }
 
   // Smallest context length T that holds a whole example (prompt + separator + answer + end);
   // chars: 1 (the text length is checked by check_context_length).
@@ -150,7 +160,7 @@ class Task {
 };
 
 // ---------------------------------------------------------------------------------------------
-// "copy", "reverse", "sort", "add", "chars".
+// "copy", "reverse", "sort", "add", "chars", "text".
 const std::vector<std::string>& task_names();
 // Builds a task by name; unknown names throw listing the valid ones.
 std::unique_ptr<Task> make_task(const std::string& name, const TaskOptions& options);

@@ -671,10 +671,10 @@ TEST_F(CliTest, Gpt2FolderEvalGenerateInspect) {
   ASSERT_TRUE(fs::exists(vocab + "/vocab.json")) << "run scripts/install-deps.sh: it fetches GPT-2's vocabulary";
   nn::GPTConfig c;
   c.vocab_size = 50257, c.context_length = 16, c.emb_dim = 8, c.n_heads = 2, c.n_layers = 1, c.qkv_bias = true;
+  c.tie_embeddings = true;  // as GPT-2
   nn::GPTModel random(c);
   NoGradGuard no_grad;
-  random.out_head->weight.copy_(random.tok_emb->weight);  // tied, as GPT-2
-  io::write_hf_gpt2(dir, random, vocab + "/vocab.json", vocab + "/merges.txt");
+  io::write_hf_gpt2(dir, random, {slurp(vocab + "/vocab.json"), slurp(vocab + "/merges.txt")});
   const io::HfGpt2 hf = io::read_hf_gpt2(dir);
   nn::GPTModel model(hf.config);
   model.load_parameters(hf.parameters, dir);
@@ -712,13 +712,103 @@ TEST_F(CliTest, Gpt2FolderEvalGenerateInspect) {
   r = headlab({"eval", dir});
   EXPECT_EQ(r.code, 1);
   EXPECT_TRUE(contains(r.err, "give --text FILE")) << r.err;
-  r = headlab({"eval", path("any.h5"), "--stride", "4"});
+  r = headlab(
+      {"eval", std::string(HEADLAB_SOURCE_DIR) + "/tests/fuzz/corpus/checkpoint_file/reverse.h5", "--stride", "4"});
   EXPECT_EQ(r.code, 1);
-  EXPECT_TRUE(contains(r.err, "--stride applies to GPT-2 folders")) << r.err;
+  EXPECT_TRUE(contains(r.err, "--stride applies to GPT-2 models")) << r.err;
   fs::remove(dir + "/vocab.json");
   r = headlab({"generate", dir, "--prompt", "x"});
   EXPECT_EQ(r.code, 1);
   EXPECT_TRUE(contains(r.err, "has no vocab.json and merges.txt")) << r.err;
+}
+
+// Every command on a GPT-2 folder, and the folder's trip through headlab: convert -> a checkpoint that
+// evaluates and generates as the folder does -> export back, bitwise; heads and ablate on its text;
+// train --init fine-tunes it with its BPE and keeps the head tied.
+TEST_F(CliTest, Gpt2FolderConvertsAnalysesAndFineTunes) {
+  const std::string vocab = HEADLAB_GPT2_VOCAB_DIR, dir = path("gpt2");
+  ASSERT_TRUE(fs::exists(vocab + "/vocab.json")) << "run scripts/install-deps.sh: it fetches GPT-2's vocabulary";
+  nn::GPTConfig c;
+  c.vocab_size = 50257, c.context_length = 16, c.emb_dim = 8, c.n_heads = 2, c.n_layers = 2, c.qkv_bias = true;
+  c.tie_embeddings = true;
+  {
+    nn::GPTModel random(c);
+    io::write_hf_gpt2(dir, random, {slurp(vocab + "/vocab.json"), slurp(vocab + "/merges.txt")});
+  }
+  std::string story;
+  for (int i = 0; i < 12; ++i)
+    story += "Once upon a time there was a small model that read a long story, number " + std::to_string(i) +
+             ". It read every word, one token after another, and guessed the next.\n";
+  std::ofstream(path("story.txt")) << story;
+
+  Result r = headlab({"convert", dir, "--out", path("gpt2.h5")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = headlab({"inspect", path("gpt2.h5")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "\"type\": \"bpe\"")) << r.out;
+  EXPECT_TRUE(contains(r.out, "\"tie_embeddings\": true")) << r.out;
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"eval", "--text", path("story.txt"), "--stride", "4"},
+        std::vector<std::string>{"generate", "--prompt", "Once upon", "--max-new-tokens", "5"}}) {
+    std::vector<std::string> on_folder{args[0], dir}, on_h5{args[0], path("gpt2.h5")};
+    on_folder.insert(on_folder.end(), args.begin() + 1, args.end());
+    on_h5.insert(on_h5.end(), args.begin() + 1, args.end());
+    const Result a = headlab(on_folder), b = headlab(on_h5);
+    ASSERT_EQ(a.code, 0) << a.err;
+    ASSERT_EQ(b.code, 0) << b.err;
+    const auto figures = [](const std::string& out) { return out.substr(out.find('\n')); };  // after the path
+    EXPECT_EQ(figures(a.out), figures(b.out)) << args[0];
+  }
+  r = headlab({"export", path("gpt2.h5"), "--out", path("back")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  for (const char* f : {"model.safetensors", "vocab.json", "merges.txt"})
+    EXPECT_EQ(slurp(path("back/") + f), slurp(dir + "/" + f)) << f << ": folder -> h5 -> folder is bitwise";
+
+  for (const char* cmd : {"heads", "ablate"}) {
+    r = headlab({cmd, dir, "--text", path("story.txt"), "--batches", "1", "--batch-size", "2", "--tokens", "8",
+                 "--threads", "1", "--out", path(std::string(cmd) + "_out")});
+    ASSERT_EQ(r.code, 0) << cmd << "\n" << r.err;
+    EXPECT_TRUE(contains(r.out, "1 validation batches of 2 x 8") || std::string(cmd) == "ablate") << r.out;
+  }
+  EXPECT_TRUE(fs::exists(path("heads_out/heads.csv")));
+  const std::string page = slurp(path("heads_out/attention.html"));
+  const std::vector<std::string> words{"Once",   "upon",  "time", "small", "model",   "read",    "story",
+                                       "number", "every", "word", "token", "another", "guessed", "next"};
+  EXPECT_TRUE(std::any_of(words.begin(), words.end(), [&](const std::string& w) { return contains(page, w); }))
+      << "the page shows the row's tokens as text";
+  EXPECT_FALSE(contains(page, "\xc4\xa0")) << "not as vocab.json spells them (\u0120 for a space)";
+  r = headlab({"heads", dir, "--batches", "1"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.err, "give --text FILE")) << r.err;
+  r = headlab({"heads", dir, "--text", path("story.txt"), "--tokens", "17"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.err, "--tokens 17 is longer than the model's context (16)")) << r.err;
+
+  r = headlab({"train", "--init", dir, "--text", path("story.txt"), "--steps", "2", "--batch-size", "2", "--eval-every",
+               "2", "--eval-batches", "1", "--threads", "1", "--out", path("tuned")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const io::Checkpoint tuned = io::load_checkpoint(path("tuned/checkpoint.h5"));
+  EXPECT_EQ(tuned.config["task"]["name"], "text");
+  EXPECT_TRUE(tuned.config["model"]["tie_embeddings"].get<bool>());
+  EXPECT_TRUE(find_named(tuned.model, "out_head.weight") == tuned.model.end()) << "one tied parameter";
+  EXPECT_EQ(tuned.tokenizer.merges_txt, slurp(vocab + "/merges.txt"));
+  const io::HfGpt2 start = io::read_hf_gpt2(dir);
+  const Tensor before = find_named(start.parameters, "tok_emb.weight")->second;
+  const Tensor after = find_named(tuned.model, "tok_emb.weight")->second;
+  EXPECT_NE(after.to_vector<float>(), before.to_vector<float>()) << "the weights moved";
+  r = headlab({"generate", path("tuned/checkpoint.h5"), "--prompt", "Once upon", "--max-new-tokens", "3"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(r.out.starts_with("Once upon")) << r.out;
+
+  r = headlab({"train", "--init", dir, "--steps", "2"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.err, "give --text FILE")) << r.err;
+  r = headlab({"train", "--init", dir, "--emb-dim", "16", "--text", path("story.txt")});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.err, "--emb-dim is fixed by --init")) << r.err;
+  r = headlab({"convert", path("story.txt"), "--out", path("x.h5")});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.err, "story.txt")) << r.err;
 }
 
 }  // namespace

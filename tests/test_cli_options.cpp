@@ -18,6 +18,7 @@
 #include <set>
 #include <sstream>
 
+#include "io/hf_gpt2.h"
 #include "tasks/bpe_tokenizer.h"
 #include "tasks/internal.h"
 #include "tests/core_test_util.h"
@@ -107,6 +108,12 @@ class CliOptionsTest : public ::testing::TestWithParam<std::string> {
       vocab[headlab::tasks::detail::encode_utf8(headlab::tasks::gpt2_byte_to_unicode(uint8_t(b)))] = b;
     std::ofstream(scratch_->path("bpe/vocab.json")) << vocab.dump();
     std::ofstream(scratch_->path("bpe/merges.txt")) << "#version: 0.2\n";
+    // A GPT-2 folder of that vocabulary, for convert.
+    headlab::nn::GPTConfig c;
+    c.vocab_size = 256, c.context_length = 8, c.emb_dim = 8, c.n_heads = 2, c.n_layers = 1, c.qkv_bias = true;
+    c.tie_embeddings = true;
+    headlab::nn::GPTModel model(c);
+    headlab::io::write_hf_gpt2(scratch_->path("gpt2"), model, {vocab.dump(), "#version: 0.2\n"});
   }
   static void TearDownTestSuite() {
     delete scratch_;
@@ -132,6 +139,7 @@ class CliOptionsTest : public ::testing::TestWithParam<std::string> {
               {"--repeats", "1"}, {"--threads", "1"}, {"--out", out}};
     if (command == "tokenize") return {{"", scratch_->path("bpe")}, {"--prompt", "ab"}};
     if (command == "export") return {{"", ckpt_}, {"--out", out}};
+    if (command == "convert") return {{"", scratch_->path("gpt2")}, {"--out", out + ".h5"}};
     if (command == "heads")
       return {{"", ckpt_}, {"--batches", "1"}, {"--batch-size", "2"}, {"--threads", "1"}, {"--out", out}};
     ADD_FAILURE() << "no base invocation for '" << command << "': add one to this test";
@@ -189,6 +197,8 @@ TEST_P(CliOptionsTest, EveryOptionRefusesBadValuesCleanly) {
   const std::vector<std::string> folders{scratch_->path("file"), scratch_->path("fifo"), "/dev/zero",
                                          scratch_->path("missing"), ""};
   const std::vector<std::string> dirs{scratch_->path("file"), "/dev/null", scratch_->path("file/below"), ""};
+  const std::vector<std::string> out_files{scratch_->dir(), scratch_->path("fifo"), scratch_->path("file/below"),
+                                           scratch_->path("missing/x.h5"), ""};
   int options = 0, runs = 0;
   for (const OptionRow& row : options_table(scratch_->dir())) {
     if (row.command != command || row.type == "FLAG") continue;
@@ -197,11 +207,12 @@ TEST_P(CliOptionsTest, EveryOptionRefusesBadValuesCleanly) {
     if (number) {
       EXPECT_FALSE(row.lo.empty()) << command << " " << row.name << " declares no range";
     }
-    const std::vector<std::string>& values = number                 ? numbers
-                                             : row.type == "FILE"   ? files
-                                             : row.type == "DIR"    ? dirs
-                                             : row.type == "FOLDER" ? folders
-                                                                    : std::vector<std::string>{"", long_text};
+    const std::vector<std::string>& values = number                  ? numbers
+                                             : row.type == "FILE"    ? files
+                                             : row.type == "DIR"     ? dirs
+                                             : row.type == "FOLDER"  ? folders
+                                             : row.type == "OUTFILE" ? out_files
+                                                                     : std::vector<std::string>{"", long_text};
     for (const std::string& value : values) {
       ++runs;
       const std::string what = "headlab " + command + " " + row.name + " '" +
@@ -212,7 +223,7 @@ TEST_P(CliOptionsTest, EveryOptionRefusesBadValuesCleanly) {
         EXPECT_EQ(r.code, 2) << what << ": outside " << row.lo << ", " << row.hi << "\n" << r.err;
         EXPECT_TRUE(contains(r.err, row.name)) << what << ": the error does not name the option\n" << r.err;
       }
-      if (row.type == "FILE" || row.type == "FOLDER" || row.type == "DIR") {
+      if (row.type == "FILE" || row.type == "FOLDER" || row.type == "DIR" || row.type == "OUTFILE") {
         EXPECT_TRUE(r.code == 1 || r.code == 2) << what << ": accepted (exit " << r.code << ")\n" << r.out;
         const bool named = contains(r.err, row.name) || (!value.empty() && contains(r.err, value));
         EXPECT_TRUE(named) << what << ": the error names neither the option nor the path\n" << r.err;
@@ -225,15 +236,15 @@ TEST_P(CliOptionsTest, EveryOptionRefusesBadValuesCleanly) {
 
 INSTANTIATE_TEST_SUITE_P(Commands, CliOptionsTest,
                          ::testing::Values("train", "eval", "generate", "inspect", "compare", "attention", "ablate",
-                                           "heads", "tokenize", "export"));
+                                           "heads", "tokenize", "export", "convert"));
 
 // The table covers every command the binary has, so a new command cannot slip past the test above.
 TEST(CliOptionsTable, CoversEveryCommand) {
   headlab::testing::TempDir tmp("cli_options_table");
   std::set<std::string> commands;
   for (const OptionRow& row : options_table(tmp.dir())) commands.insert(row.command);
-  EXPECT_EQ(commands, (std::set<std::string>{"ablate", "attention", "compare", "eval", "export", "generate", "heads",
-                                             "inspect", "tokenize", "train"}));
+  EXPECT_EQ(commands, (std::set<std::string>{"ablate", "attention", "compare", "convert", "eval", "export", "generate",
+                                             "heads", "inspect", "tokenize", "train"}));
 }
 
 }  // namespace

@@ -71,7 +71,7 @@ class HfGpt2Variants : public ::testing::TestWithParam<std::string> {};
 TEST_P(HfGpt2Variants, LogitsAndGreedyEqualPyTorch) {
   const io::HfGpt2 hf = io::read_hf_gpt2(fixture(GetParam()));
   const bool untied = GetParam() == "untied";
-  EXPECT_EQ(hf.tied_head, !untied);
+  EXPECT_EQ(hf.config.tie_embeddings, !untied);
   EXPECT_TRUE(hf.config.qkv_bias);
   EXPECT_EQ(hf.config.n_layers, 2);
   EXPECT_EQ(hf.config.context_length, 16);
@@ -112,10 +112,43 @@ TEST(HfGpt2Export, RoundTripIsBitwiseTiedAndUntied) {
     io::write_hf_gpt2(tmp.path(variant), *build(hf));
     EXPECT_EQ(float_tensors(tmp.path(variant)), float_tensors(fixture(variant))) << variant;
     const io::HfGpt2 back = io::read_hf_gpt2(tmp.path(variant));
-    EXPECT_EQ(back.tied_head, hf.tied_head) << variant;
+    EXPECT_EQ(back.config.tie_embeddings, hf.config.tie_embeddings) << variant;
     std::ifstream cfg(tmp.path(variant) + "/config.json");
     EXPECT_EQ(nlohmann::json::parse(cfg)["tie_word_embeddings"].get<bool>(), variant != "untied");
   }
+}
+
+// A tied head is wte itself: one parameter (listed once, as PyTorch's named_parameters), whose gradient
+// is the sum of what the embedding and the head give it, so training keeps them tied.
+TEST(HfGpt2Tied, TheHeadIsOneParameterWithBothGradients) {
+  const io::HfGpt2 hf = io::read_hf_gpt2(fixture("lm_head_model"));
+  ASSERT_TRUE(hf.config.tie_embeddings);
+  const std::shared_ptr<nn::GPTModel> tied = build(hf);
+  EXPECT_EQ(tied->out_head->weight.impl(), tied->tok_emb->weight.impl());
+  const NamedTensors listed = tied->named_parameters();
+  EXPECT_TRUE(find_named(listed, "out_head.weight") == listed.end());
+  EXPECT_EQ(double(tied->num_parameters()), hf.config.num_parameters());
+  EXPECT_EQ(tied->parameter("out_head.weight").impl(), tied->tok_emb->weight.impl());  // answers to both names
+
+  nn::GPTConfig untied_cfg = hf.config;
+  untied_cfg.tie_embeddings = false;
+  nn::GPTModel untied(untied_cfg);
+  NamedTensors values = hf.parameters;
+  values.emplace_back("out_head.weight", find_named(hf.parameters, "tok_emb.weight")->second);
+  untied.load_parameters(values, "test");
+  untied.eval();  // as build() leaves the tied one: no dropout
+  const Tensor ids = tensor(std::vector<int64_t>{1, 5, 9, 2, 7, 3}, {1, 6});
+  const Tensor targets = tensor(std::vector<int64_t>{5, 9, 2, 7, 3, 1}, {1, 6});
+  for (nn::GPTModel* m : {tied.get(), &untied}) {
+    m->zero_grad();
+    const Tensor logits = m->forward(ids);
+    cross_entropy(logits.reshape({6, logits.size(-1)}), targets.reshape({6})).backward();
+  }
+  const std::vector<float> got = tied->tok_emb->weight.grad().to_vector<float>();
+  const std::vector<float> emb = untied.tok_emb->weight.grad().to_vector<float>();
+  const std::vector<float> head = untied.out_head->weight.grad().to_vector<float>();
+  ASSERT_EQ(got.size(), emb.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], emb[i] + head[i], 1e-6) << i;
 }
 
 TEST(HfGpt2Export, APrunedModelIsWrittenAtFullWidthWithTheSameFunction) {
@@ -220,6 +253,23 @@ TEST(HfGpt2Text, EvaluateTextScoresEveryTokenOnceWithTheStridesContext) {
   EXPECT_EQ(train::evaluate_text(*m, ids, 16).windows, 4);  // 52 targets in windows of 16
   EXPECT_ERROR(train::evaluate_text(*m, ids, 17), "stride 17 must be in [1, context_length 16]");
   EXPECT_ERROR(train::evaluate_text(*m, {5}, 4), "need at least 2");
+}
+
+// A context longer than evaluate_text's head chunk (128 positions): the chunks, and those it skips
+// (no scored target), give the same loss.
+TEST(HfGpt2Text, EvaluateTextChunksTheHeadExactly) {
+  nn::GPTConfig c;
+  c.vocab_size = 50, c.context_length = 300, c.emb_dim = 8, c.n_heads = 2, c.n_layers = 1, c.qkv_bias = true;
+  manual_seed(3);
+  nn::GPTModel m(c);
+  m.eval();
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 420; ++i) ids.push_back((i * 7 + 3) % 50);
+  for (const int64_t stride : {100, 300}) {
+    const train::TextScores s = train::evaluate_text(m, ids, stride);
+    EXPECT_EQ(s.tokens, 419) << stride;
+    EXPECT_NEAR(s.loss, naive_text_loss(m, ids, stride), 1e-5) << "stride " << stride;
+  }
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "base/json_fields.h"
+#include "tasks/bpe_tokenizer.h"
 #include "tasks/seq2seq.h"
 
 namespace headlab::train {
@@ -61,6 +62,7 @@ nlohmann::json RunConfig::to_json() const {
   training["optimizer"] = optimizer.to_json();
   training["schedule"] = schedule.to_json();
   nlohmann::json tokenizer = {{"type", "char"}, {"vocab", task.options.vocabulary}};
+  if (task.options.bpe) tokenizer = {{"type", "bpe"}};
   if (arch == Arch::encoder_decoder) tokenizer["source_vocab"] = make_seq2seq_task_for(*this)->source_vocab();
   return {{"model", arch == Arch::gpt ? model.to_json() : seq2seq.to_json()},
           {"tokenizer", tokenizer},
@@ -94,6 +96,22 @@ RunConfig RunConfig::from_json(const nlohmann::json& j) {
     }
   } catch (const nlohmann::json::exception& e) {
     HL_FAIL("config: a value has the wrong type (", e.what(), ")");
+  }
+  return c;
+}
+
+io::TokenizerFiles RunConfig::tokenizer_files() const {
+  if (!task.options.bpe) return {};
+  return {task.options.bpe->vocab_json(), task.options.bpe->merges_txt()};
+}
+
+RunConfig config_of(const io::Checkpoint& ckpt, const std::string& path) {
+  RunConfig c = RunConfig::from_json(ckpt.config);
+  if (!ckpt.tokenizer.empty()) {
+    const std::string where = "checkpoint '" + path + "': tokenizer/";
+    c.task.options.bpe = std::make_shared<const tasks::BpeTokenizer>(
+        ckpt.tokenizer.vocab_json, ckpt.tokenizer.merges_txt, where + "vocab.json", where + "merges.txt",
+        c.arch == Arch::gpt ? c.model.vocab_size : 0);
   }
   return c;
 }

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "io/checkpoint.h"
 #include "nn/gpt.h"
 #include "nn/transformer.h"
 #include "optim/optim.h"
@@ -53,10 +54,14 @@ struct RunConfig {
   // 3e-3 with 100 warmup steps and cosine decay to 1e-4; it learns reverse to high exact match in
   // a few minutes on two cores.
   static RunConfig defaults();
-  // {"model", "tokenizer": {"type": "char", "vocab"}, "task": {"name", "options"}, "training"}.
+  // {"model", "tokenizer": {"type": "char", "vocab"}, "task": {"name", "options"}, "training"}; a
+  // BPE tokenizer is {"type": "bpe"}, its files beside the config (tokenizer_files, config_of).
   nlohmann::json to_json() const;
   // Checkpoints from elsewhere (tools/import_torch.py) may lack "training": its defaults apply.
   static RunConfig from_json(const nlohmann::json& j);
+  // The files of the config's BPE tokenizer (empty for the character tokenizer): what a checkpoint
+  // stores beside to_json().
+  io::TokenizerFiles tokenizer_files() const;
   // The task this config describes (a tasks::Seq2SeqTask for the encoder-decoder); text_override
   // replaces a chars task's text file.
   std::unique_ptr<tasks::Task> make_task(const std::string& text_override = "") const;
@@ -67,6 +72,9 @@ struct RunConfig {
   int64_t batch_tokens() const;
   std::string describe_model() const;  // "fused attention, 2 layers x 4 heads, emb 64, context 18"
 };
+
+// A checkpoint's config (from_json), with the BPE tokenizer its files hold. Errors name `path`.
+RunConfig config_of(const io::Checkpoint& ckpt, const std::string& path);
 
 // The encoder-decoder form of the config's task (tasks::make_seq2seq_task with its options).
 std::unique_ptr<tasks::Seq2SeqTask> make_seq2seq_task_for(const RunConfig& c);

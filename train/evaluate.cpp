@@ -60,6 +60,10 @@ Scores evaluate(nn::Model& model, const tasks::Task& task, int64_t batches, int6
   return evaluate(model, data);
 }
 
+namespace {
+constexpr int64_t kHeadChunk = 128;  // positions per head product in evaluate_text
+}  // namespace
+
 TextScores evaluate_text(nn::GPTModel& model, const std::vector<int64_t>& ids, int64_t stride) {
   const int64_t n = static_cast<int64_t>(ids.size()), ctx = model.config().context_length;
   HL_CHECK(n >= 2, "evaluate_text: ", n, " tokens; need at least 2 (a token and the next)");
@@ -77,9 +81,17 @@ TextScores evaluate_text(nn::GPTModel& model, const std::vector<int64_t>& ids, i
     for (int64_t t = 0; t < T; ++t)  // scored by an earlier window, with more context
       if (begin + 1 + t < scored_to) targets[static_cast<size_t>(t)] = kIgnoreIndex;
     const std::vector<int64_t> inputs(ids.begin() + begin, ids.begin() + end - 1);
-    const Tensor logits = model.forward(tensor(inputs, {1, T}).to(model.device()));  // (1, T, V)
-    nll +=
-        cross_entropy(logits, tensor(targets, {1, T}).to(model.device()), kIgnoreIndex, Reduction::sum).item<double>();
+    const Tensor hidden = model.trf_blocks->forward(model.embed(tensor(inputs, {1, T}).to(model.device())));
+    // The head a chunk of positions at a time: GPT-2's (1, 1024, 50257) logits would be 200 MB, more
+    // than a third of its weights; chunks without a scored target are skipped.
+    for (int64_t t0 = 0; t0 < T; t0 += kHeadChunk) {
+      const int64_t rows = std::min(kHeadChunk, T - t0);
+      const std::vector<int64_t> chunk(targets.begin() + t0, targets.begin() + t0 + rows);
+      if (std::all_of(chunk.begin(), chunk.end(), [](int64_t y) { return y == kIgnoreIndex; })) continue;
+      const Tensor logits = model.unembed(hidden.narrow(1, t0, rows));  // (1, rows, V)
+      nll += cross_entropy(logits, tensor(chunk, {1, rows}).to(model.device()), kIgnoreIndex, Reduction::sum)
+                 .item<double>();
+    }
     s.tokens += end - scored_to;
     scored_to = end;
     ++s.windows;

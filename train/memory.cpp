@@ -56,10 +56,15 @@ double available_memory() {
 }
 
 void check_evaluation_fits(const RunConfig& config, bool on_cuda, int64_t batches, int64_t batch_size,
-                           const std::string& who, const std::string& advice) {
+                           const std::string& who, const std::string& advice, int64_t tokens) {
+  const int64_t T = tokens > 0 ? tokens : config.batch_tokens();
   MemoryEstimate need;
-  if (!on_cuda && config.arch == Arch::gpt) need = estimate_memory(config.model, batch_size, false, 0);
-  need.data = estimate_batches_memory(batches, batch_size, config.batch_tokens());
+  if (!on_cuda && config.arch == Arch::gpt) {
+    nn::GPTConfig rows = config.model;  // activations scale with the rows' length
+    rows.context_length = std::min(rows.context_length, T);
+    need = estimate_memory(rows, batch_size, false, 0);
+  }
+  need.data = estimate_batches_memory(batches, batch_size, T);
   check_memory_fits(need, who, advice);
 }
 

@@ -43,7 +43,8 @@ void check_memory_fits(const MemoryEstimate& need, const std::string& who, const
 
 // check_memory_fits for evaluating `batches` batches of batch_size rows of config's model, all held at
 // once: their ids, and one batch's forward where it is estimated (a GPT on the CPU).
+// tokens: per row (0: config.batch_tokens()).
 void check_evaluation_fits(const RunConfig& config, bool on_cuda, int64_t batches, int64_t batch_size,
-                           const std::string& who, const std::string& advice);
+                           const std::string& who, const std::string& advice, int64_t tokens = 0);
 
 }  // namespace headlab::train

@@ -251,7 +251,7 @@ std::unique_ptr<Trainer::Session> Trainer::start() {
     resumed = io::load_checkpoint(latest_);
     HL_CHECK(resumed.has_optimizer && resumed.has_trainer, "checkpoint '", latest_,
              "': has no optimizer or trainer state, so it cannot be resumed");
-    s->config = RunConfig::from_json(resumed.config);
+    s->config = config_of(resumed, latest_);
     apply_resume_options(*s);
   } else {
     s->config = resolve(opts_.config);
@@ -369,6 +369,7 @@ std::string Trainer::save(Session& s) const {
   check_parameters(s);
   io::Checkpoint ck;
   ck.config = s.config.to_json();
+  ck.tokenizer = s.config.tokenizer_files();
   ck.model = io::snapshot_parameters(*s.model);
   ck.has_optimizer = true;
   ck.optimizer = s.opt->options();

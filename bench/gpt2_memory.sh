@@ -25,7 +25,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 build/bench/gpt2_infer --save "$tmp/gpt2" >/dev/null
 cp "$vocab/vocab.json" "$vocab/merges.txt" "$tmp/gpt2/"
-weights_mb=$(build/bench/gpt2_infer --model "$tmp/gpt2" --prefill 1 --decode 0 --repeats 1 | grep -o "weights [0-9.]* MB" | cut -d' ' -f2)
+weights_mb=$(build/bench/gpt2_infer --model "$tmp/gpt2" --prefill 8 --decode 0 --repeats 1 | grep -o "weights [0-9.]* MB" | cut -d' ' -f2)
 # A text for eval (English, 8 windows of 1024 tokens) and a prompt of 960 tokens for generate.
 cat /usr/share/common-licenses/GPL-3 /usr/share/common-licenses/Apache-2.0 >"$tmp/text.txt"
 prompt=$(head -c 4000 "$tmp/text.txt")  # about 960 tokens; the table says how many
@@ -33,13 +33,13 @@ tokens=$(build/headlab tokenize "$tmp/gpt2" --prompt "$prompt" | wc -w)
 
 peak_mb() { /usr/bin/time -f "%M" "$@" 2>&1 >/dev/null | tail -1 | awk '{print $1 / 1024}'; }
 for ((r = 1; r <= rounds; r++)); do
-  build/bench/gpt2_infer --model "$tmp/gpt2" --prefill 1 --decode 0 --repeats 1 --threads "$threads" >"$tmp/load.$r"
+  build/bench/gpt2_infer --model "$tmp/gpt2" --prefill 8 --decode 0 --repeats 1 --threads "$threads" >"$tmp/load.$r"
   peak_mb build/headlab eval "$tmp/gpt2" --text "$tmp/text.txt" --stride 1024 --threads "$threads" >"$tmp/eval.$r"
   OMP_NUM_THREADS=$threads peak_mb build/headlab generate "$tmp/gpt2" --prompt "$prompt" --max-new-tokens 64 >"$tmp/gen.$r"
   echo "round $r/$rounds done" >&2
 done
-load_s=$(for f in "$tmp"/load.*; do grep -o ": [0-9.]* s" "$f" | tr -dc '0-9.\n'; done | median)
-load_mb=$(for f in "$tmp"/load.*; do grep -o "peak resident [0-9.]*" "$f" | cut -d' ' -f3; done | median)
+load_s=$(for f in "$tmp"/load.*; do grep "^load" "$f" | grep -o ": [0-9.]* s" | tr -dc '0-9.\n'; done | median)
+load_mb=$(for f in "$tmp"/load.*; do grep "^load" "$f" | grep -o "peak resident [0-9.]*" | cut -d' ' -f3; done | median)
 eval_mb=$(cat "$tmp"/eval.* | median) gen_mb=$(cat "$tmp"/gen.* | median)
 printf '%s, %s cores, %s threads, load %s, %s; weights %s MB\n' \
   "$(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')" "$(nproc)" "$threads" \

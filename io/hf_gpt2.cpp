@@ -3,6 +3,7 @@
 // by side (C, 3C); everything else maps name to name. C = n_embd, H = n_head, D = C / H.
 #include "io/hf_gpt2.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -120,7 +121,23 @@ struct TensorSource {
   }
 };
 
-Tensor transposed(const Tensor& t) { return t.transpose(0, 1).contiguous(); }
+// (rows, cols) -> (cols, rows) of a float32 CPU matrix whose rows may be strided (a column slice), in
+// square tiles so that reads and writes both stay in cache, tile rows over the threads: Conv1D's 85M
+// weights in GPT-2 small took a second through the generic strided copy, a tenth of that so.
+Tensor transposed(const Tensor& t) {
+  const int64_t rows = t.size(0), cols = t.size(1), ld = t.stride(0);
+  HL_CHECK(t.stride(1) == 1 && t.dtype() == DType::f32 && !t.device().is_cuda(), "transposed: a CPU float32 matrix");
+  Tensor out = Tensor::empty({cols, rows});
+  const float* src = t.data<float>();
+  float* dst = out.data<float>();
+  constexpr int64_t kTile = 64;
+#pragma omp parallel for schedule(static)
+  for (int64_t c0 = 0; c0 < cols; c0 += kTile)
+    for (int64_t r0 = 0; r0 < rows; r0 += kTile)
+      for (int64_t c = c0; c < std::min(c0 + kTile, cols); ++c)
+        for (int64_t r = r0; r < std::min(r0 + kTile, rows); ++r) dst[c * rows + r] = src[r * ld + c];
+  return out;
+}
 
 }  // namespace
 

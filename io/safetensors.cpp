@@ -220,6 +220,9 @@ Tensor SafetensorsFile::to_float(const std::string& name) const {
            e.dtype, "; only F32, F16 and BF16 convert to float32");
   Tensor t = Tensor::empty(e.shape);  // (shape...) float32, CPU
   const std::span<const std::byte> src = bytes(name);
+  // The tensor's page-table entries in one call (a fault per 4 KiB page would cost more than the copy);
+  // a kernel before 5.14 refuses it, and the copy then faults the pages in as usual.
+  if (!src.empty()) ::madvise(page_start(src.data()), page_span(src), MADV_POPULATE_READ);
   float* dst = t.data<float>();
   const size_t n = static_cast<size_t>(t.numel());
   if (e.dtype == "F32") {
@@ -239,8 +242,21 @@ Tensor SafetensorsFile::to_float(const std::string& name) const {
 
 // The pages wholly inside a tensor read once leave this process's resident set (they stay in the page
 // cache, and a later read faults them back in): a loader then holds the weights once, not twice.
+namespace {
+uintptr_t page_size() { return static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE)); }
+}  // namespace
+
+void* SafetensorsFile::page_start(const std::byte* p) {
+  return reinterpret_cast<void*>(reinterpret_cast<uintptr_t>(p) / page_size() * page_size());
+}
+
+size_t SafetensorsFile::page_span(std::span<const std::byte> range) {
+  const auto begin = reinterpret_cast<uintptr_t>(page_start(range.data()));
+  return reinterpret_cast<uintptr_t>(range.data()) + range.size() - begin;
+}
+
 void SafetensorsFile::release(std::span<const std::byte> range) const {
-  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t page = page_size();
   const auto begin = (reinterpret_cast<uintptr_t>(range.data()) + page - 1) / page * page;
   const auto end = (reinterpret_cast<uintptr_t>(range.data()) + range.size()) / page * page;
   if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);

@@ -56,6 +56,8 @@ class SafetensorsFile {
 
  private:
   void release(std::span<const std::byte> range) const;
+  static void* page_start(const std::byte* p);                // the page that holds p
+  static size_t page_span(std::span<const std::byte> range);  // bytes from page_start to the range's end
   std::string path_;
   const std::byte* map_ = nullptr;  // the whole file
   size_t map_size_ = 0;

@@ -255,19 +255,19 @@ TEST(HfGpt2Text, EvaluateTextScoresEveryTokenOnceWithTheStridesContext) {
   EXPECT_ERROR(train::evaluate_text(*m, {5}, 4), "need at least 2");
 }
 
-// A context longer than evaluate_text's head chunk (128 positions): the chunks, and those it skips
-// (no scored target), give the same loss.
+// A context longer than evaluate_text's head chunk (2^21 logits: 16 positions of a 2^17 vocabulary):
+// the chunks, and those it skips (no scored target), give the same loss.
 TEST(HfGpt2Text, EvaluateTextChunksTheHeadExactly) {
   nn::GPTConfig c;
-  c.vocab_size = 50, c.context_length = 300, c.emb_dim = 8, c.n_heads = 2, c.n_layers = 1, c.qkv_bias = true;
+  c.vocab_size = 1 << 17, c.context_length = 60, c.emb_dim = 8, c.n_heads = 2, c.n_layers = 1, c.qkv_bias = true;
   manual_seed(3);
   nn::GPTModel m(c);
   m.eval();
   std::vector<int64_t> ids;
-  for (int i = 0; i < 420; ++i) ids.push_back((i * 7 + 3) % 50);
-  for (const int64_t stride : {100, 300}) {
+  for (int i = 0; i < 90; ++i) ids.push_back((i * 7919 + 3) % (1 << 17));
+  for (const int64_t stride : {20, 60}) {
     const train::TextScores s = train::evaluate_text(m, ids, stride);
-    EXPECT_EQ(s.tokens, 419) << stride;
+    EXPECT_EQ(s.tokens, 89) << stride;
     EXPECT_NEAR(s.loss, naive_text_loss(m, ids, stride), 1e-5) << "stride " << stride;
   }
 }

@@ -61,7 +61,8 @@ Scores evaluate(nn::Model& model, const tasks::Task& task, int64_t batches, int6
 }
 
 namespace {
-constexpr int64_t kHeadChunk = 128;  // positions per head product in evaluate_text
+// evaluate_text's head product takes as many positions at a time as keep its logits near 8 MB.
+constexpr int64_t kHeadChunkLogits = int64_t{1} << 21;
 }  // namespace
 
 TextScores evaluate_text(nn::GPTModel& model, const std::vector<int64_t>& ids, int64_t stride) {
@@ -84,8 +85,9 @@ TextScores evaluate_text(nn::GPTModel& model, const std::vector<int64_t>& ids, i
     const Tensor hidden = model.trf_blocks->forward(model.embed(tensor(inputs, {1, T}).to(model.device())));
     // The head a chunk of positions at a time: GPT-2's (1, 1024, 50257) logits would be 200 MB, more
     // than a third of its weights; chunks without a scored target are skipped.
-    for (int64_t t0 = 0; t0 < T; t0 += kHeadChunk) {
-      const int64_t rows = std::min(kHeadChunk, T - t0);
+    const int64_t chunk = std::max<int64_t>(16, kHeadChunkLogits / model.config().vocab_size);
+    for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+      const int64_t rows = std::min(chunk, T - t0);
       const std::vector<int64_t> chunk(targets.begin() + t0, targets.begin() + t0 + rows);
       if (std::all_of(chunk.begin(), chunk.end(), [](int64_t y) { return y == kIgnoreIndex; })) continue;
       const Tensor logits = model.unembed(hidden.narrow(1, t0, rows));  // (1, rows, V)

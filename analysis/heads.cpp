@@ -240,7 +240,7 @@ void check_interventions(const nn::GPTModel& m, const EvalSet& data, const std::
 // and the logits (B, T, V).
 struct Recorded {
   std::vector<Tensor> inputs, contexts;
-  Tensor logits;
+  Tensor last;  // the residual stream after the last block (B, T, C)
 };
 Recorded record(nn::GPTModel& m, const HeadMatrix& base_gates, const Tensor& idx) {
   set_controls(m, base_gates, {});
@@ -255,8 +255,21 @@ Recorded record(nn::GPTModel& m, const HeadMatrix& base_gates, const Tensor& idx
     hc.keep_context = false;
     hc.context = Tensor();
   }
-  r.logits = m.unembed(x);
+  r.last = x;
   return r;
+}
+
+// Scores x, the residual stream after the last block (B, T, C), into sum a few rows at a time, so that
+// a large vocabulary's logits are never whole (GPT-2's for 8 x 128 tokens: 200 MB, and as much again
+// inside the loss).
+void add_scores(nn::GPTModel& m, const Batch& b, const Tensor& x, const Tensor& targets, train::ScoreSum& sum) {
+  constexpr int64_t kLogits = int64_t{1} << 23;  // per chunk: 32 MB of float32
+  const int64_t rows = std::max<int64_t>(1, kLogits / (b.T * m.config().vocab_size));
+  if (rows >= b.B) return sum.add(b, m.unembed(x), targets);
+  for (int64_t r0 = 0; r0 < b.B; r0 += rows) {
+    const int64_t n = std::min(rows, b.B - r0);
+    sum.add(b.rows(r0, n), m.unembed(x.narrow(0, r0, n)), targets.narrow(0, r0, n));
+  }
 }
 
 // t (B, ...) repeated c times along a new leading axis, flattened: (c*B, ...).
@@ -295,7 +308,7 @@ std::vector<Scores> evaluate_interventions(nn::GPTModel& model, const EvalSet& d
     auto [idx, tgt] = batch_tensors(b, dev);
     const Recorded clean = record(model, base, idx);
     for (size_t i = 0; i < list.size(); ++i)
-      if (list[i].layer < 0) sums[i].add(b, clean.logits, tgt);
+      if (list[i].layer < 0) add_scores(model, b, clean.last, tgt, sums[i]);
     const Recorded source =
         uses(Ablation::patch) ? record(model, base, batch_tensors((*o.source)[bi], dev).first) : Recorded{};
     const int64_t chunk = o.max_copies > 0 ? o.max_copies : copies_per_forward(model, B, T);
@@ -333,9 +346,8 @@ std::vector<Scores> evaluate_interventions(nn::GPTModel& model, const EvalSet& d
         Tensor x = model.block(l)->forward(repeat_rows(clean.inputs[static_cast<size_t>(l)], c));
         hc = saved;
         for (int64_t j = l + 1; j < L; ++j) x = model.block(j)->forward(x);
-        const Tensor logits = model.unembed(x);  // (c*B, T, V)
-        for (int64_t k = 0; k < c; ++k)
-          sums[ids[static_cast<size_t>(first + k)]].add(b, logits.narrow(0, k * B, B), tgt);
+        for (int64_t k = 0; k < c; ++k)  // copy k's rows
+          add_scores(model, b, x.narrow(0, k * B, B), tgt, sums[ids[static_cast<size_t>(first + k)]]);
       }
     }
   }

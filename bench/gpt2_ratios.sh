@@ -5,11 +5,14 @@
 # position's logits, as the peer computes them) and KV-cached decoding (64 tokens after a 960-token
 # prompt, batch 1), each against its floor (GEMM FLOPs over the SGEMM rate; weight bytes per token over
 # the read bandwidth, both measured by gpt2_infer).
-# Usage: bench/gpt2_ratios.sh [--rounds N] [--threads N] [--model DIR] [--peer PATH]
+# Then, unless --inference-only: loading and memory (bench/gpt2_memory.sh), the 144-head zero-ablation
+# sweep against PyTorch hooks (bench/gpt2_heads.sh) and the tokenizer's speed (bench/bpe_tokenize), so
+# one command prints every GPT-2 figure README quotes.
+# Usage: bench/gpt2_ratios.sh [--rounds N] [--threads N] [--model DIR] [--peer PATH] [--inference-only]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source bench/common.sh
-rounds=3 threads=2 model=""
+rounds=3 threads=2 model="" everything=1
 peer=../shared/peers/torch_gpt2_infer.py
 while (($#)); do
   case "$1" in
@@ -17,6 +20,7 @@ while (($#)); do
     --threads) threads=$2; shift 2 ;;
     --model) model=$2; shift 2 ;;
     --peer) peer=$2; shift 2 ;;
+    --inference-only) everything=0; shift ;;
     *) echo "gpt2_ratios.sh: unknown option $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
@@ -63,3 +67,11 @@ awk -v o="$o_pre" -v p="$p_pre" -v f="$f_pre" -v o2="$o_dec" -v p2="$p_dec" -v f
   printf "%-52s %12.0f %12s %8s %8s%%\n", "prefill 1 x 1024, every position (tokens/s)", o, p, r, f
   printf "%-52s %12.0f %12s %8s %9s\n", "generate prefill 1 x 960, last position (tokens/s)", g, "-", "-", "-"
   printf "%-52s %12.1f %12s %8s %8s%%\n", "decode 64 after 960, KV cache (tokens/s)", o2, p2, r2, f2 }'
+((everything)) || exit 0
+echo
+bench/gpt2_memory.sh --rounds "$rounds" --threads "$threads"
+echo
+bench/gpt2_heads.sh --rounds "$(( rounds < 2 ? rounds : 2 ))" --threads "$threads"
+echo
+cmake --build build -j"$(nproc)" --target bpe_tokenize >/dev/null
+build/bench/bpe_tokenize "${XDG_CACHE_HOME:-$HOME/.cache}/headlab/gpt2"

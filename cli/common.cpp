@@ -127,6 +127,10 @@ void set_threads(int threads, int processes) {
 Loaded load(const char* cmd, const std::string& path, const std::string& device, const std::string& text) {
   Loaded l;
   if (!io::is_hf_model_folder(path)) {
+    std::error_code ec;
+    HL_CHECK(!fs::is_directory(path, ec), cmd, ": checkpoint '", path,
+             "' is a folder, not a file, and has no config.json (a model folder holds config.json, "
+             "model.safetensors or its shards, vocab.json and merges.txt)");
     check_input_file(path, std::string(cmd) + ": checkpoint", true);
     l.ckpt = io::load_checkpoint(path);
     l.config = train::config_of(l.ckpt, path);

@@ -357,6 +357,33 @@ TEST(Analysis, BatchedAblationEqualsOnePassPerHead) {
 
 // Fine-tuning a pruned checkpoint: starts from the pruned weights (its "before" is the pruned model's
 // score), trains on the task, and lowers the loss that pruning raised.
+// A vocabulary so large that one row's logits pass the engine's chunk (2^23 floats): the engine scores
+// them a row at a time and gets what one pass per head gets.
+TEST(Analysis, BatchedAblationScoresALargeVocabularyRowByRow) {
+  nn::GPTConfig c;
+  c.vocab_size = 1 << 17, c.context_length = 64, c.emb_dim = 8, c.n_heads = 2, c.n_layers = 2;
+  manual_seed(5);
+  nn::GPTModel model(c);
+  model.eval();
+  EvalSet data;
+  Batch b;
+  b.B = 3, b.T = 64;
+  for (int64_t i = 0; i < b.B * b.T; ++i) {
+    b.inputs.push_back((i * 7919 + 1) % c.vocab_size);
+    b.targets.push_back((i * 104729 + 2) % c.vocab_size);
+  }
+  data.batches = {b};
+  const std::vector<Scores> got =
+      evaluate_interventions(model, data, {{}, {0, 1, Ablation::zero, -1}, {1, 0, Ablation::zero, -1}});
+  EXPECT_NEAR(got[0].loss, evaluate_heads(model, data).loss, 1e-5);
+  for (const auto& [layer, head, i] : {std::tuple{0, 1, 1}, std::tuple{1, 0, 2}}) {
+    HeadMatrix g = head_matrix(model, 1.0);
+    g[size_t(layer)][size_t(head)] = 0;
+    EXPECT_NEAR(got[size_t(i)].loss, evaluate_heads(model, data, g).loss, 1e-5) << layer << "." << head;
+    EXPECT_EQ(got[size_t(i)].tokens, 3 * 64);
+  }
+}
+
 TEST_F(AnalysisFiles, FinetuningRecoversWhatPruningCost) {
   const Checkpoint& ck = trained_checkpoint();
   auto model = load_model(ck);

@@ -806,6 +806,10 @@ TEST_F(CliTest, Gpt2FolderConvertsAnalysesAndFineTunes) {
   r = headlab({"train", "--init", dir, "--emb-dim", "16", "--text", path("story.txt")});
   EXPECT_EQ(r.code, 1);
   EXPECT_TRUE(contains(r.err, "--emb-dim is fixed by --init")) << r.err;
+  fs::create_directories(path("empty_folder"));
+  r = headlab({"eval", path("empty_folder"), "--text", path("story.txt")});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.err, "has no config.json")) << r.err;
   r = headlab({"convert", path("story.txt"), "--out", path("x.h5")});
   EXPECT_EQ(r.code, 1);
   EXPECT_TRUE(contains(r.err, "story.txt")) << r.err;

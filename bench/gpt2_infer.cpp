@@ -157,9 +157,11 @@ int main(int argc, char** argv) {
       }
     });
     const double dec = whole - gen_pre;
-    // Per token every weight is read once (the blocks' and the head's), the embeddings one row each.
-    const double bytes = 4.0 * (params - double(c.vocab_size + c.context_length) * double(c.emb_dim)),
-                 floor_ms = bytes / (gbps * 1e9) * 1e3;
+    // Per token every weight is read once (the blocks' and the head's), the embeddings one row each; a
+    // tied head is wte itself, counted once in params but read whole by the head.
+    const double tables = double(c.vocab_size + c.context_length) * double(c.emb_dim);
+    const double head = c.tie_embeddings ? double(c.vocab_size) * double(c.emb_dim) : 0;
+    const double bytes = 4.0 * (params - tables + head), floor_ms = bytes / (gbps * 1e9) * 1e3;
     std::printf(
         "decode %lld tokens after %lld (batch 1, KV cache): %.2f ms/token, %.1f tokens/s (floor %.2f ms/token: "
         "%.0f%%)\n",

@@ -95,7 +95,7 @@ LogitAttribution logit_attribution(nn::GPTModel& model, const EvalSet& data) {
     for (int64_t l = 0; l < L; ++l) {
       const auto block = model.block(l);
       const Tensor h = add(x, block->att->forward(block->norm1->forward(x)));
-      const Tensor ff_out = block->ff->forward(block->norm2->forward(h));
+      const Tensor ff_out = block->ff ? block->ff->forward(block->norm2->forward(h)) : zeros_like(h);
       x = add(h, ff_out);
       ff[static_cast<size_t>(l)] = scored(ff_out);
       if (block->att->head_count() > 0)  // context (B, H, T, D) -> (B, T, H*D)

@@ -17,7 +17,7 @@ void start_from(const std::string& path, train::TrainOptions& o, const std::stri
   HL_CHECK(!o.resume, "train: --init starts a new run and --resume continues one; give one of them");
   const auto told = [&](const char* name) { return std::find(o.told.begin(), o.told.end(), name) != o.told.end(); };
   for (const char* fixed : {"--arch", "--attention", "--emb-dim", "--n-heads", "--n-layers", "--context-length",
-                            "--qkv-bias", "--ffn-hiddens"})
+                            "--qkv-bias", "--attn-only", "--ffn-hiddens"})
     HL_CHECK(!told(fixed), "train: ", fixed, " is fixed by --init '", path, "' (its model's)");
   Loaded l = load("train: --init", path, "cpu", text);
   train::RunConfig& c = o.config;
@@ -92,6 +92,8 @@ Action add_train(CLI::App& app) {
       ->check(in_range(0, 0.99))
       ->capture_default_str();
   app.add_flag("--qkv-bias", c.model.qkv_bias, "bias in the query/key/value projections");
+  app.add_flag("--attn-only", c.model.attn_only,
+               "gpt: attention-only blocks (no MLP, no norm2), as the attn-only models of Elhage et al. 2021");
   app.add_option("--steps", c.run.steps, "total optimizer steps (with --resume: continue up to this many)")
       ->check(positive_number(1e12))
       ->capture_default_str();
@@ -171,6 +173,8 @@ Action add_train(CLI::App& app) {
     c.seq2seq.ffn_num_hiddens = ch->ffn_hiddens > 0 ? ch->ffn_hiddens : 2 * c.model.emb_dim;
     if (c.arch == train::Arch::gpt && !o->resume)
       HL_CHECK(c.task.name != "numbers", "train: task numbers is a source -> target task; use --arch encoder-decoder");
+    HL_CHECK(c.arch == train::Arch::gpt || !c.model.attn_only,
+             "train: --attn-only applies to --arch gpt; d2l's encoder-decoder keeps its position-wise FFN");
     const double lr = c.optimizer.lr;
     c.optimizer =
         optim::OptimizerOptions::defaults(parse_enum<optim::OptimizerKind>(ch->optimizer, "train: --optimizer"));

@@ -243,6 +243,7 @@ std::shared_ptr<nn::GPTModel> build_hf_gpt2(HfGpt2&& hf, const std::string& fold
 void write_hf_gpt2(const std::string& folder, const nn::GPTModel& model, const TokenizerFiles& tokenizer) {
   const NoGradGuard no_grad;
   const nn::GPTConfig& c = model.config();
+  HL_CHECK(!c.attn_only, "export: an attention-only model has no MLPs, which GPT-2's layout needs");
   const int64_t C = c.emb_dim, H = c.n_heads, D = c.head_dim();
   auto param = [&](const std::string& name) { return model.parameter(name).detach().to(kCPU); };
   auto conv1d = [&](const std::string& ours, const std::string& hf, std::vector<std::pair<std::string, Tensor>>& t) {

@@ -1,5 +1,5 @@
 // GPTModel: x = drop_emb(tok_emb(idx) + pos_emb(arange(T))); per block x += drop(att(norm1(x))),
-// x += drop(ff(norm2(x))); logits = out_head(final_norm(x)).
+// x += drop(ff(norm2(x))) (not in attention-only models); logits = out_head(final_norm(x)).
 #include "nn/gpt.h"
 
 #include <optional>
@@ -36,6 +36,7 @@ const auto kGptFields = std::tuple{
     field("drop_rate", &GPTConfig::drop_rate, Need::required, kFraction),
     field("qkv_bias", &GPTConfig::qkv_bias, Need::required),
     field("tie_embeddings", &GPTConfig::tie_embeddings),
+    field("attn_only", &GPTConfig::attn_only),
     field("attention", &GPTConfig::attention),
     field("kept_heads", &GPTConfig::kept_heads),
 };
@@ -50,7 +51,9 @@ void GPTConfig::validate() const {
 
 nlohmann::json GPTConfig::to_json() const {
   nlohmann::json j = fields_to_json(*this, kGptFields);
-  if (!tie_embeddings) j.erase("tie_embeddings");  // absent means untied, as in every config before GPT-2's
+  // Absent means false, as in every config before these keys.
+  if (!tie_embeddings) j.erase("tie_embeddings");
+  if (!attn_only) j.erase("attn_only");
   return j;
 }
 
@@ -67,22 +70,24 @@ double GPTConfig::num_parameters() const {
   if (!tie_embeddings) n += d * V;                                   // the head
   for (int64_t l = 0; l < n_layers; ++l) {
     n += causal_attention_parameters(attention, attention_sizes(l));
-    n += d * 4 * d + 4 * d + 4 * d * d + d;  // feed-forward
-    n += 4 * d;                              // norm1, norm2
+    n += 2 * d;                                                      // norm1
+    if (!attn_only) n += d * 4 * d + 4 * d + 4 * d * d + d + 2 * d;  // feed-forward, norm2
   }
   return n;
 }
 
 TransformerBlock::TransformerBlock(const GPTConfig& cfg, int64_t layer) {
   att = register_module("att", make_causal_attention(cfg.attention, cfg.attention_sizes(layer)));
-  ff = register_module("ff", std::make_shared<FeedForward>(cfg.emb_dim));
+  if (!cfg.attn_only) ff = register_module("ff", std::make_shared<FeedForward>(cfg.emb_dim));
   norm1 = register_module("norm1", std::make_shared<LayerNorm>(cfg.emb_dim, 1e-5, LayerNorm::Style::Book));
-  norm2 = register_module("norm2", std::make_shared<LayerNorm>(cfg.emb_dim, 1e-5, LayerNorm::Style::Book));
+  if (!cfg.attn_only)
+    norm2 = register_module("norm2", std::make_shared<LayerNorm>(cfg.emb_dim, 1e-5, LayerNorm::Style::Book));
   drop_shortcut = register_module("drop_shortcut", std::make_shared<Dropout>(cfg.drop_rate));
 }
 
 Tensor TransformerBlock::forward(const Tensor& x) {
   Tensor h = add(x, drop_shortcut->forward(att->forward(norm1->forward(x))));
+  if (!ff) return h;
   return add(h, drop_shortcut->forward(ff->forward(norm2->forward(h))));
 }
 
@@ -104,6 +109,7 @@ GPTModel::GPTModel(const GPTConfig& cfg) : cfg_(cfg) {
 
 Tensor TransformerBlock::forward_cached(const Tensor& x, KVCache& cache) {
   Tensor h = add(x, drop_shortcut->forward(att->forward_cached(norm1->forward(x), cache)));
+  if (!ff) return h;
   return add(h, drop_shortcut->forward(ff->forward(norm2->forward(h))));
 }
 

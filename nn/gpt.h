@@ -16,6 +16,9 @@ struct GPTConfig {
   // The head's weight is the token embedding itself (GPT-2's tie_word_embeddings): one parameter,
   // tok_emb.weight, so training keeps them tied; the book's GPT unties them.
   bool tie_embeddings = false;
+  // Attention-only blocks (Elhage et al.'s and TransformerLens's attn-only models): no MLP and no norm2,
+  // x = x + att(norm1(x)) per block.
+  bool attn_only = false;
   AttentionForm attention = AttentionForm::fused;
   // After physical pruning: the original head indices each layer keeps (empty: all heads).
   std::vector<std::vector<int64_t>> kept_heads;
@@ -39,8 +42,8 @@ class TransformerBlock : public UnaryModule {
   Tensor forward(const Tensor& x) override;                // x: (B, T, emb_dim)
   Tensor forward_cached(const Tensor& x, KVCache& cache);  // as CausalMultiHead::forward_cached
   std::shared_ptr<CausalMultiHead> att;
-  std::shared_ptr<FeedForward> ff;
-  std::shared_ptr<LayerNorm> norm1, norm2;
+  std::shared_ptr<FeedForward> ff;          // null in an attention-only model
+  std::shared_ptr<LayerNorm> norm1, norm2;  // norm2 null in an attention-only model
   std::shared_ptr<Dropout> drop_shortcut;
 };
 

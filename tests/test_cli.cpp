@@ -722,6 +722,33 @@ TEST_F(CliTest, Gpt2FolderEvalGenerateInspect) {
   EXPECT_TRUE(contains(r.err, "has no vocab.json and merges.txt")) << r.err;
 }
 
+// An attention-only GPT trains, and every command loads it; export refuses it (GPT-2 has MLPs).
+TEST_F(CliTest, AttentionOnlyModelsTrainAndLoadEverywhere) {
+  Result r = headlab({"train", "--task", "reverse", "--attn-only", "--steps", "3", "--emb-dim", "16", "--n-heads", "2",
+                      "--batch-size", "4", "--eval-every", "3", "--eval-batches", "1", "--out", path("ao")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string ckpt = path("ao/checkpoint.h5");
+  const io::Checkpoint ck = io::load_checkpoint(ckpt);
+  EXPECT_TRUE(ck.config["model"]["attn_only"].get<bool>());
+  for (const auto& [name, t] : ck.model) EXPECT_EQ(name.find(".ff."), std::string::npos) << name;
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"eval", ckpt, "--batches", "1"}, std::vector<std::string>{"inspect", ckpt},
+        std::vector<std::string>{"generate", ckpt, "--prompt", "31415"},
+        std::vector<std::string>{"attention", ckpt, "--prompt", "31415", "--out", path("ao_att")},
+        std::vector<std::string>{"heads", ckpt, "--batches", "1", "--batch-size", "4", "--out", path("ao_heads")}}) {
+    r = headlab(args);
+    EXPECT_EQ(r.code, 0) << args[0] << "\n" << r.err;
+  }
+  r = headlab({"export", ckpt, "--out", path("ao_hf")});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.err, "attention-only model has no MLPs")) << r.err;
+  r = headlab({"train", "--resume", "--out", path("ao"), "--steps", "4"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  r = headlab({"train", "--arch", "encoder-decoder", "--attn-only", "--steps", "1", "--out", path("ao_ed")});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.err, "--attn-only applies to --arch gpt")) << r.err;
+}
+
 // Every command on a GPT-2 folder, and the folder's trip through headlab: convert -> a checkpoint that
 // evaluates and generates as the folder does -> export back, bitwise; heads and ablate on its text;
 // train --init fine-tunes it with its BPE and keeps the head tied.

@@ -318,6 +318,40 @@ TEST(GptModel, DropoutGradientUsesTheForwardMask) {
 
 // ---- key/value cache ----------------------------------------------------------------------------
 
+// An attention-only model is the full model with its MLPs removed: its parameters are the full model's
+// but ff and norm2, and it computes what the full model computes with every MLP weight and bias zero
+// (x + ff(norm2(x)) = x then), the KV cache included; its config round-trips and counts its parameters.
+TEST(GptAttnOnly, EqualsTheFullModelWithZeroMlps) {
+  nn::GPTConfig c = tiny_gpt_config(kFourHeadGpt, nn::AttentionForm::fused, true);
+  c.attn_only = true;
+  manual_seed(4);
+  nn::GPTModel attn_only(c);
+  attn_only.eval();
+  EXPECT_DOUBLE_EQ(c.num_parameters(), double(attn_only.num_parameters()));
+  EXPECT_EQ(nn::GPTConfig::from_json(c.to_json()).attn_only, true);
+  EXPECT_TRUE(c.to_json().contains("attn_only"));
+  nn::GPTConfig full_cfg = c;
+  full_cfg.attn_only = false;
+  EXPECT_FALSE(full_cfg.to_json().contains("attn_only")) << "absent when false, as older configs";
+  nn::GPTModel full(full_cfg);
+  full.eval();
+  NamedTensors values = attn_only.named_parameters();
+  for (const auto& [name, t] : full.named_parameters()) {
+    const bool mlp = name.find(".ff.") != std::string::npos || name.find(".norm2.") != std::string::npos;
+    EXPECT_EQ(mlp, find_named(values, name) == values.end()) << name;
+    if (mlp) values.emplace_back(name, zeros(t.shape()));
+  }
+  full.load_parameters(values, "test");
+  NoGradGuard no_grad;
+  const std::vector<int64_t> ids{3, 1, 4, 1, 5, 9, 2, 6};
+  const Tensor want = full.forward(tensor(ids, {1, 8}));
+  EXPECT_TRUE(all_close(attn_only.forward(tensor(ids, {1, 8})), want));
+  std::vector<nn::KVCache> caches(2);
+  attn_only.forward_cached(tensor(std::vector<int64_t>(ids.begin(), ids.begin() + 7), {1, 7}), caches);
+  EXPECT_TRUE(
+      all_close(attn_only.forward_cached(tensor(std::vector<int64_t>{ids[7]}, {1, 1}), caches), want.select(1, 7)));
+}
+
 TEST(GptKvCache, EachStepsLogitsEqualTheFullForward) {
   for (const bool bias : {false, true}) {
     nn::GPTModel m(tiny_gpt_config(kFourHeadGpt, nn::AttentionForm::fused, bias));

@@ -131,6 +131,7 @@ const std::vector<ResumeSetting>& resume_settings() {
        nullptr},
       {"--qkv-bias", [](const RunConfig& c, A a) { return str(a == A::gpt ? c.model.qkv_bias : c.seq2seq.use_bias); },
        nullptr},
+      {"--attn-only", [](const RunConfig& c, A) { return str(c.model.attn_only); }, nullptr},
       // the task and the data
       {"--task", [](const RunConfig& c, A) { return c.task.name; }, nullptr},
       {"--max-number", [](const RunConfig& c, A) { return str(c.task.options.max_number); }, nullptr},

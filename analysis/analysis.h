@@ -2,6 +2,7 @@
 #pragma once
 #include "analysis/attention_maps.h"
 #include "analysis/compare.h"
+#include "analysis/composition.h"
 #include "analysis/finetune.h"
 #include "analysis/head_scores.h"
 #include "analysis/heads.h"

@@ -30,6 +30,16 @@ std::vector<std::vector<double>> attention_weights(nn::GPTModel& m, const Tensor
   return w;
 }
 
+// Rows per forward so that every layer's kept attention weights (float, and their double copies) stay
+// near 256 MB: GPT-2's 144 heads over 32 rows of 1024 tokens would otherwise keep 58 GB.
+int64_t rows_per_forward(const nn::GPTModel& m, int64_t T, const HeadTypeOptions& o) {
+  if (o.rows_per_forward > 0) return o.rows_per_forward;
+  int64_t heads = 0;
+  for (int64_t l = 0; l < m.n_layers(); ++l) heads += m.attention(l).head_count();
+  const int64_t per_row = std::max<int64_t>(1, heads * T * T * int64_t{12});
+  return std::max<int64_t>(1, (int64_t{256} << 20) / per_row);
+}
+
 // Sums of one head's scores and their query counts.
 struct Sums {
   double prev = 0, first = 0, sep = 0, entropy = 0, entropy_norm = 0, induction = 0, duplicate = 0;
@@ -42,7 +52,8 @@ HeadTypes head_types(nn::GPTModel& model, const EvalSet& data, const HeadTypeOpt
   HL_CHECK(!data.batches.empty(), "head_types: the evaluation data has no batches");
   HL_CHECK(o.separator_id >= -1 && o.separator_id < cfg.vocab_size, "head_types: separator id ", o.separator_id,
            " is outside the vocabulary of ", cfg.vocab_size, " tokens");
-  const int64_t half = o.induction_half > 0 ? o.induction_half : cfg.context_length / 2;
+  const int64_t half =
+      o.induction_half > 0 ? o.induction_half : std::min(cfg.context_length, data.batches.front().T) / 2;
   HL_CHECK(half >= 1 && 2 * half <= cfg.context_length, "head_types: repeated sequences of 2 x ", half,
            " tokens do not fit the context length ", cfg.context_length);
   HL_CHECK(o.induction_rows > 0, "head_types: induction_rows must be positive, got ", o.induction_rows);
@@ -55,9 +66,12 @@ HeadTypes head_types(nn::GPTModel& model, const EvalSet& data, const HeadTypeOpt
     sums[static_cast<size_t>(l)].resize(static_cast<size_t>(model.attention(l).head_count()));
   HeadTypes r;
   for (const Batch& b : data.batches) {
-    const int64_t B = b.B, T = b.T;
-    const auto w = attention_weights(model, train::batch_tensors(b, model.device()).first);
+    const int64_t B = b.B, T = b.T, chunk = rows_per_forward(model, T, o);
+    const Tensor ids = train::batch_tensors(b, model.device()).first;
+    std::vector<std::vector<double>> w;
     for (int64_t row = 0; row < B; ++row) {
+      if (row % chunk == 0) w = attention_weights(model, ids.narrow(0, row, std::min(chunk, B - row)));
+      const int64_t in_chunk = row % chunk;
       // Queries 1..last (tasks: up to the end token; padding after it is left out), the separator's position.
       const int64_t last = b.has_answers ? b.answer_end[static_cast<size_t>(row)] : T - 1;
       int64_t sep = -1;
@@ -69,7 +83,7 @@ HeadTypes head_types(nn::GPTModel& model, const EvalSet& data, const HeadTypeOpt
         const int64_t H = model.attention(l).head_count();
         for (int64_t h = 0; h < H; ++h) {
           Sums& s = sums[static_cast<size_t>(l)][static_cast<size_t>(h)];
-          const double* base = w[static_cast<size_t>(l)].data() + ((row * H + h) * T) * T;
+          const double* base = w[static_cast<size_t>(l)].data() + ((in_chunk * H + h) * T) * T;
           for (int64_t q = 1; q <= last; ++q) {
             const double* wq = base + q * T;  // keys 0..q
             s.prev += wq[q - 1];
@@ -88,22 +102,26 @@ HeadTypes head_types(nn::GPTModel& model, const EvalSet& data, const HeadTypeOpt
   // Induction: rows of `half` random tokens, twice.
   Generator gen(o.seed);
   const Tensor first = randint(0, cfg.vocab_size, {o.induction_rows, half}, gen);
-  const auto w = attention_weights(model, cat({first, first}, 1).to(model.device()));
-  const int64_t T = 2 * half;
+  const Tensor repeated = cat({first, first}, 1).to(model.device());  // (rows, 2 half)
+  const int64_t T = 2 * half, chunk = rows_per_forward(model, T, o);
   r.induction_rows = o.induction_rows;
   r.induction_half = half;
   r.induction_queries = o.induction_rows * half;
-  for (int64_t l = 0; l < L; ++l) {
-    const int64_t H = model.attention(l).head_count();
-    for (int64_t row = 0; row < o.induction_rows; ++row)
-      for (int64_t h = 0; h < H; ++h) {
-        Sums& s = sums[static_cast<size_t>(l)][static_cast<size_t>(h)];
-        const double* base = w[static_cast<size_t>(l)].data() + ((row * H + h) * T) * T;
-        for (int64_t q = half; q < T; ++q) {
-          s.induction += base[q * T + q - half + 1];
-          s.duplicate += base[q * T + q - half];
+  for (int64_t r0 = 0; r0 < o.induction_rows; r0 += chunk) {
+    const int64_t n = std::min(chunk, o.induction_rows - r0);
+    const auto w = attention_weights(model, repeated.narrow(0, r0, n));
+    for (int64_t l = 0; l < L; ++l) {
+      const int64_t H = model.attention(l).head_count();
+      for (int64_t row = 0; row < n; ++row)
+        for (int64_t h = 0; h < H; ++h) {
+          Sums& s = sums[static_cast<size_t>(l)][static_cast<size_t>(h)];
+          const double* base = w[static_cast<size_t>(l)].data() + ((row * H + h) * T) * T;
+          for (int64_t q = half; q < T; ++q) {
+            s.induction += base[q * T + q - half + 1];
+            s.duplicate += base[q * T + q - half];
+          }
         }
-      }
+    }
   }
   auto mean = [](double sum, int64_t n) { return n > 0 ? sum / static_cast<double>(n) : kNaN; };
   for (int64_t l = 0; l < L; ++l)

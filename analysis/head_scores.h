@@ -39,8 +39,9 @@ struct HeadTypes {
 struct HeadTypeOptions {
   int64_t separator_id = -1;  // -1: none (chars)
   int64_t induction_rows = 32;
-  int64_t induction_half = 0;  // n; 0: context_length / 2
+  int64_t induction_half = 0;  // n; 0: half the data rows' length (at most context_length / 2)
   uint64_t seed = 1;
+  int64_t rows_per_forward = 0;  // rows whose attention weights are kept at once; 0: as ~256 MB allow
 };
 HeadTypes head_types(nn::GPTModel& model, const EvalSet& data, const HeadTypeOptions& options = {});
 

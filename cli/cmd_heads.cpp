@@ -114,8 +114,31 @@ Action add_heads(CLI::App& app) {
                                  {"entropy / max", sc.entropy_normalized}});
     write_text(join_path(out, "report.md"),
                analysis::heads_report_md(model, data, {a->path, in.task->name(), a->by_position}, f, sc), "heads");
-    std::cout << "\nwrote " << out
-              << "/{heads.csv, report.md, ablation.png, dla.png, patching.png, types.png, attention.html}\n";
+    // Composition between the layers' heads (Elhage et al.): the strongest pairs of each kind, and all in a CSV.
+    const std::vector<analysis::CompositionScore> comp = analysis::composition_scores(model);
+    if (!comp.empty()) {
+      std::string csv = "layer_a,head_a,layer_b,head_b,q_composition,k_composition,v_composition\n";
+      for (const analysis::CompositionScore& c : comp)
+        csv += std::to_string(c.layer_a) + "," + std::to_string(c.head_a) + "," + std::to_string(c.layer_b) + "," +
+               std::to_string(c.head_b) + "," + fmt(c.q, 6) + "," + fmt(c.k, 6) + "," + fmt(c.v, 6) + "\n";
+      write_text(join_path(out, "composition.csv"), csv, "heads");
+      std::cout << "\ncomposition (Elhage et al.; |W_OV^a W_QK^b|_F over the norms; norm1's scale folded in), "
+                   "strongest pairs:\n";
+      for (const auto& [kind, member] :
+           {std::pair{"Q", &analysis::CompositionScore::q}, std::pair{"K", &analysis::CompositionScore::k},
+            std::pair{"V", &analysis::CompositionScore::v}}) {
+        std::vector<analysis::CompositionScore> top = comp;
+        std::partial_sort(top.begin(), top.begin() + std::min<size_t>(3, top.size()), top.end(),
+                          [m = member](const auto& x, const auto& y) { return x.*m > y.*m; });
+        std::cout << "  " << kind << ":";
+        for (size_t i = 0; i < std::min<size_t>(3, top.size()); ++i)
+          std::cout << "  L" << top[i].layer_a << "H" << top[i].head_a << " -> L" << top[i].layer_b << "H"
+                    << top[i].head_b << " " << fmt(top[i].*member, 3);
+        std::cout << "\n";
+      }
+    }
+    std::cout << "\nwrote " << out << "/{heads.csv, report.md, ablation.png, dla.png, patching.png, types.png, "
+              << "attention.html" << (comp.empty() ? "" : ", composition.csv") << "}\n";
     return 0;
   };
 }

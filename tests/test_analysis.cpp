@@ -384,6 +384,43 @@ TEST(Analysis, BatchedAblationScoresALargeVocabularyRowByRow) {
   }
 }
 
+// Composition scores against the C x C products formed directly (norm1's scale folded in by hand).
+TEST(Analysis, CompositionScoresEqualTheDirectProducts) {
+  nn::GPTConfig c;
+  c.vocab_size = 11, c.context_length = 8, c.emb_dim = 12, c.n_heads = 3, c.n_layers = 3, c.qkv_bias = true;
+  manual_seed(9);
+  nn::GPTModel model(c);
+  {
+    NoGradGuard ng;  // a LayerNorm scale other than ones, so that folding it matters
+    for (int64_t l = 0; l < 3; ++l) model.block(l)->norm1->weight.copy_(add(rand({12}), 0.5));
+  }
+  const std::vector<CompositionScore> got = composition_scores(model);
+  ASSERT_EQ(got.size(), size_t(3 * 3 * 3));  // layer pairs (0,1), (0,2), (1,2) x 3 x 3 heads
+  const auto f64 = [](const Tensor& t) { return t.detach().to(DType::f64); };
+  // Head h of layer l: W_Q, W_K, W_V (C, D) with norm1's scale on their rows, W_O (D, C).
+  const auto mats = [&](int64_t l, int64_t h) {
+    const auto& a = *model.block(l)->att;
+    const auto* f = dynamic_cast<const nn::CausalMultiHeadAttention*>(&a);
+    const Tensor gamma = f64(model.block(l)->norm1->weight).unsqueeze(1);
+    const auto rows = [&](const Tensor& w) { return mul(f64(w).narrow(0, h * 4, 4).transpose(0, 1), gamma); };
+    return std::array<Tensor, 4>{rows(f->W_query->weight), rows(f->W_key->weight), rows(f->W_value->weight),
+                                 f64(f->out_proj->weight).narrow(1, h * 4, 4).transpose(0, 1)};
+  };
+  const auto fro = [](const Tensor& t) { return std::sqrt(sum(mul(t, t)).item<double>()); };
+  const auto score = [&](const Tensor& a, const Tensor& b) { return fro(matmul(a, b)) / (fro(a) * fro(b)); };
+  for (const CompositionScore& s : got) {
+    const auto [Qa, Ka, Va, Oa] = mats(s.layer_a, s.head_a);
+    const auto [Qb, Kb, Vb, Ob] = mats(s.layer_b, s.head_b);
+    const Tensor ov_a = matmul(Va, Oa), qk_b = matmul(Qb, Kb.transpose(0, 1)), ov_b = matmul(Vb, Ob);
+    const std::string pair = std::to_string(s.layer_a) + "." + std::to_string(s.head_a) + " -> " +
+                             std::to_string(s.layer_b) + "." + std::to_string(s.head_b);
+    EXPECT_NEAR(s.q, score(ov_a, qk_b), 1e-9) << pair;
+    EXPECT_NEAR(s.k, score(ov_a, qk_b.transpose(0, 1)), 1e-9) << pair;
+    EXPECT_NEAR(s.v, score(ov_a, ov_b), 1e-9) << pair;
+    EXPECT_LT(s.layer_a, s.layer_b);
+  }
+}
+
 TEST_F(AnalysisFiles, FinetuningRecoversWhatPruningCost) {
   const Checkpoint& ck = trained_checkpoint();
   auto model = load_model(ck);
@@ -582,6 +619,16 @@ TEST(Analysis, HeadTypesMatchNaiveLoopsAndFindPlantedHeads) {
   EXPECT_NEAR(p.heads[1].entropy_normalized, 1.0, 1e-6);  // uniform over every key it may see
   EXPECT_EQ(p.heads[1].label, "broad");
   EXPECT_TRUE(std::isnan(p.heads[0].separator));
+  // Keeping one row's weights at a time (what GPT-2's long rows need) changes nothing.
+  HeadTypeOptions one_row = o;
+  one_row.rows_per_forward = 1;
+  const HeadTypes chunked = head_types(*model, data, one_row);
+  for (size_t i = 0; i < 8; ++i) {
+    EXPECT_NEAR(chunked.heads[i].previous_token, ht.heads[i].previous_token, 1e-12) << i;
+    EXPECT_NEAR(chunked.heads[i].entropy, ht.heads[i].entropy, 1e-12) << i;
+    EXPECT_NEAR(chunked.heads[i].induction, ht.heads[i].induction, 1e-12) << i;
+    EXPECT_NEAR(chunked.heads[i].duplicate_token, ht.heads[i].duplicate_token, 1e-12) << i;
+  }
   po.induction_half = 7;
   EXPECT_ERROR_CONTAINS(head_types(planted, random, po), "head_types: repeated sequences of 2 x 7 tokens do not fit");
 }

@@ -798,6 +798,8 @@ TEST_F(CliTest, Gpt2FolderConvertsAnalysesAndFineTunes) {
     EXPECT_TRUE(contains(r.out, "1 validation batches of 2 x 8") || std::string(cmd) == "ablate") << r.out;
   }
   EXPECT_TRUE(fs::exists(path("heads_out/heads.csv")));
+  const std::string comp = slurp(path("heads_out/composition.csv"));  // 2 x 2 heads of layer 0 -> layer 1
+  EXPECT_EQ(std::count(comp.begin(), comp.end(), '\n'), 5) << comp;
   const std::string page = slurp(path("heads_out/attention.html"));
   const std::vector<std::string> words{"Once",   "upon",  "time", "small", "model",   "read",    "story",
                                        "number", "every", "word", "token", "another", "guessed", "next"};

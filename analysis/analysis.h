@@ -6,6 +6,7 @@
 #include "analysis/finetune.h"
 #include "analysis/head_scores.h"
 #include "analysis/heads.h"
+#include "analysis/heads_over_time.h"
 #include "analysis/l0_gates.h"
 #include "analysis/logit_attribution.h"
 #include "analysis/patching.h"

@@ -4,6 +4,7 @@
 #include <iostream>
 #include <memory>
 
+#include "analysis/heads_over_time.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "train/trainer.h"
@@ -50,6 +51,7 @@ Action add_train(CLI::App& app) {
     int64_t ffn_hiddens = 0;   // encoder-decoder: 0 = 2 x --emb-dim, as d2l's 32 / 64
     double weight_decay = -1;  // < 0: the optimizer's PyTorch default
     int threads = 0;
+    int64_t track_heads = 0;
   };
   auto ch = std::make_shared<Choices>();
   tasks::TaskOptions& t = c.task.options;
@@ -134,6 +136,10 @@ Action add_train(CLI::App& app) {
                  "folder, which fixes the architecture and tokenizer; a GPT-2 model trains on --text (task text, "
                  "GPT-2's BPE), a checkpoint on its own task")
       ->type_name(kInputFile);
+  app.add_option("--track-heads", ch->track_heads,
+                 "gpt: every N steps (and before the first, after the last) score every head (previous-token, "
+                 "induction, duplicate-token) and the in-context-learning score: <out>/heads_over_time.csv and .png")
+      ->check(non_negative_number(1e12));
   app.add_flag("--resume", o->resume,
                "continue from <out>/checkpoint.h5 up to --steps; options given that fix the model, task or data must "
                "match it; the learning rate and schedule, --grad-clip and the eval/save cadences may change");
@@ -183,9 +189,26 @@ Action add_train(CLI::App& app) {
     c.schedule.kind = parse_enum<optim::ScheduleKind>(ch->schedule, "train: --schedule");
     if (!ch->text.empty()) c.task.options.text_path = ch->text;
     if (!ch->init.empty()) start_from(ch->init, *o, ch->text);
+    std::shared_ptr<analysis::HeadsOverTime> tracker;
+    if (ch->track_heads > 0) {
+      tracker = std::make_shared<analysis::HeadsOverTime>();
+      o->observer.every = ch->track_heads;
+      o->observer.call = [tracker](nn::Model& m, const tasks::Task& task, int64_t T, int64_t step) {
+        auto* gpt = dynamic_cast<nn::GPTModel*>(&m);
+        HL_CHECK(gpt != nullptr, "train: --track-heads applies to GPTs; this run trains an encoder-decoder");
+        tracker->observe(*gpt, task, T, step);
+      };
+    }
     train::install_sigint_handler();
     try {
-      return train::Trainer(*o).run().interrupted ? 130 : 0;
+      const train::TrainResult r = train::Trainer(*o).run();
+      if (tracker && !tracker->history().empty()) {
+        write_text(join_path(o->out, "heads_over_time.csv"), tracker->csv(), "train");
+        tracker->save_png(join_path(o->out, "heads_over_time.png"));
+        std::cout << "wrote " << join_path(o->out, "heads_over_time.csv") << " and heads_over_time.png ("
+                  << tracker->history().size() << " observations)" << std::endl;
+      }
+      return r.interrupted ? 130 : 0;
     } catch (const train::ResumeMismatch& e) {  // a usage error: every rank finds the same
       if (o->comm->rank() == 0) std::cerr << "headlab: " << e.what() << std::endl;
       return 2;

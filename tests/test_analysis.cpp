@@ -421,6 +421,52 @@ TEST(Analysis, CompositionScoresEqualTheDirectProducts) {
   }
 }
 
+// The ICL score against the cross entropy at the two positions computed by hand; an observation of
+// HeadsOverTime holds head_types' scores of the same rows.
+TEST(Analysis, IclScoreAndHeadsOverTimeMatchTheirParts) {
+  nn::GPTConfig c;
+  c.vocab_size = 7, c.context_length = 40, c.emb_dim = 8, c.n_heads = 2, c.n_layers = 2;
+  manual_seed(2);
+  nn::GPTModel model(c);
+  model.eval();
+  tasks::TaskOptions to;
+  to.text = std::string(400, 'a') + "bcdefg bcdefg abcabc gfedcb " + std::string(200, 'b');
+  const auto task = tasks::make_task("chars", to);
+  EXPECT_EQ(icl_positions(40), (std::pair<int64_t, int64_t>{4, 39}));
+  const EvalSet data = make_eval_set(*task, 1, 3, 40);
+  const HeadsAtStep s = icl_score(model, data, 4, 39);
+  const Batch& b = data.batches[0];
+  double early = 0, late = 0;
+  {
+    NoGradGuard ng;
+    const Tensor logp = model.forward(tensor(b.inputs, {3, 40})).log_softmax(-1);  // (3, 40, V)
+    for (int64_t r = 0; r < 3; ++r) {
+      early -= logp.select(0, r).select(0, 4).select(0, b.target(r, 4)).item<double>() / 3;
+      late -= logp.select(0, r).select(0, 39).select(0, b.target(r, 39)).item<double>() / 3;
+    }
+  }
+  EXPECT_NEAR(s.loss_early, early, 1e-5);
+  EXPECT_NEAR(s.loss_late, late, 1e-5);
+  EXPECT_NEAR(s.icl, late - early, 1e-5);
+
+  HeadsOverTime watch(3);
+  watch.observe(model, *task, 40, 0);
+  watch.observe(model, *task, 40, 5);
+  ASSERT_EQ(watch.history().size(), 2u);
+  HeadTypeOptions o;
+  o.induction_rows = 3;
+  const HeadTypes direct = head_types(model, data, o);
+  ASSERT_EQ(watch.history()[1].heads.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_NEAR(watch.history()[1].heads[i].induction, direct.heads[i].induction, 1e-12);
+    EXPECT_NEAR(watch.history()[1].heads[i].previous_token, direct.heads[i].previous_token, 1e-12);
+  }
+  EXPECT_NEAR(watch.history()[1].icl, s.icl, 1e-9);
+  const std::string csv = watch.csv();
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 1 + 2 * 4) << csv;
+  EXPECT_EQ(csv.substr(0, csv.find('\n')), "step,layer,head,previous_token,induction,duplicate_token,icl_score");
+}
+
 TEST_F(AnalysisFiles, FinetuningRecoversWhatPruningCost) {
   const Checkpoint& ck = trained_checkpoint();
   auto model = load_model(ck);

@@ -744,6 +744,17 @@ TEST_F(CliTest, AttentionOnlyModelsTrainAndLoadEverywhere) {
   EXPECT_TRUE(contains(r.err, "attention-only model has no MLPs")) << r.err;
   r = headlab({"train", "--resume", "--out", path("ao"), "--steps", "4"});
   EXPECT_EQ(r.code, 0) << r.err;
+  // Heads watched while a 2-layer attention-only chars model trains: before the first step, at 2, 4.
+  const std::string tiny = std::string(HEADLAB_SOURCE_DIR) + "/data/tiny.txt";
+  r = headlab({"train", "--task", "chars", "--text", tiny, "--attn-only", "--context-length", "16", "--emb-dim", "16",
+               "--n-heads", "2", "--steps", "4", "--batch-size", "4", "--eval-every", "4", "--eval-batches", "1",
+               "--track-heads", "2", "--out", path("watch")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "watching the model (--track-heads) took")) << r.out;
+  const std::string watched = slurp(path("watch/heads_over_time.csv"));
+  EXPECT_EQ(std::count(watched.begin(), watched.end(), '\n'), 1 + 3 * 4) << watched;  // 3 observations x 4 heads
+  EXPECT_TRUE(watched.find("\n4,1,1,") != std::string::npos) << watched;
+  EXPECT_TRUE(fs::exists(path("watch/heads_over_time.png")));
   r = headlab({"train", "--arch", "encoder-decoder", "--attn-only", "--steps", "1", "--out", path("ao_ed")});
   EXPECT_EQ(r.code, 1);
   EXPECT_TRUE(contains(r.err, "--attn-only applies to --arch gpt")) << r.err;

@@ -510,6 +510,18 @@ TrainResult Trainer::run() {
   using clock = std::chrono::steady_clock;
   const auto run_start = clock::now();
   const double elapsed_before = s.state.elapsed_seconds;
+  const auto observe = [&] {
+    if (!writer || opts_.observer.every <= 0 || !opts_.observer.call) return;
+    const auto t0 = clock::now();
+    s.model->eval();
+    {
+      const NoGradGuard no_grad;
+      opts_.observer.call(*s.model, *s.task, T, s.state.step);
+    }
+    s.model->train();
+    result.observer_seconds += std::chrono::duration<double>(clock::now() - t0).count();
+  };
+  observe();
   bool stop_agreed = false;  // data parallelism: some rank saw a signal during the last step
   while (s.state.step < steps) {
     if (ranks == 1 ? stop_requested().load() : stop_agreed) {
@@ -597,6 +609,7 @@ TrainResult Trainer::run() {
     if (eval && writer) evaluate_and_log(s, lr, tty);
     s.state.elapsed_seconds = elapsed_before + std::chrono::duration<double>(clock::now() - run_start).count();
     if (writer && (s.state.step % run.save_every == 0 || s.state.step == steps)) save(s);
+    if (s.state.step % std::max<int64_t>(opts_.observer.every, 1) == 0 || s.state.step == steps) observe();
   }
   if (tty) std::cout << "\n";
   if (result.interrupted && writer) {
@@ -621,6 +634,9 @@ TrainResult Trainer::run() {
   if (s.skipped_total > 0) os << "skipped " << s.skipped_total << " steps whose loss or gradient norm was not finite\n";
   os << "trained " << trained << " steps in " << fmt(result.seconds, 1) << " s (" << fmt_rate(result.tokens_per_s)
      << ")\n";
+  if (result.observer_seconds > 0)
+    os << "watching the model (--track-heads) took " << fmt(result.observer_seconds, 1) << " s of them ("
+       << fmt(100 * result.observer_seconds / std::max(result.seconds, 1e-9), 1) << "%)\n";
   if (ranks > 1)
     os << "data parallel: rank 0 spent " << fmt(s.allreduce_seconds, 2) << " s ("
        << fmt(100 * s.allreduce_seconds / std::max(result.seconds, 1e-9), 1)

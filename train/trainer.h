@@ -3,6 +3,7 @@
 // checkpoint on Ctrl-C. Deterministic given the seed: the data stream is a function of the step.
 #pragma once
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -13,6 +14,15 @@
 #include "train/evaluate.h"
 
 namespace headlab::train {
+
+// Called by the writing rank before the first step, every `every` steps and after the last, with the
+// model in eval mode and gradients off (back in training mode after), the run's task and its rows' T
+// tokens: what watches a model while it trains (headlab train --track-heads). Its time is kept apart
+// (TrainResult::observer_seconds); it must not draw from the default generator (dropout's).
+struct StepObserver {
+  int64_t every = 0;  // 0: never
+  std::function<void(nn::Model& model, const tasks::Task& task, int64_t T, int64_t step)> call;
+};
 
 struct TrainOptions {
   RunConfig config =
@@ -35,6 +45,7 @@ struct TrainOptions {
   // checkpoint's, and the run says so. --steps, --device and the --skip-nonfinite settings are always
   // this process's. Empty (a library caller): the checkpoint decides everything else.
   std::vector<std::string> told;
+  StepObserver observer;
 };
 
 // A --resume whose options contradict the checkpoint's model, task or data; the message names every
@@ -60,6 +71,7 @@ struct TrainResult {
   int64_t steps_done = 0;
   bool interrupted = false;
   double seconds = 0, tokens_per_s = 0;
+  double observer_seconds = 0;  // in the observer's calls, part of seconds
   Scores final_eval;
   std::string checkpoint;  // path of the latest checkpoint
 };

@@ -67,7 +67,7 @@ std::string HeadsOverTime::csv() const {
 
 void HeadsOverTime::save_png(const std::string& path) const {
   plot::LineChart chart;
-  chart.title = "induction score of every head (lines), in-context-learning score (thick: late - early loss)";
+  chart.title = "induction score of every head, and the in-context-learning score (late - early loss)";
   chart.x_label = "step";
   chart.y_label = "score";
   if (!history_.empty())

@@ -36,6 +36,17 @@ int eval_text(const Loaded& l, const std::string& path, const std::string& text,
   return 0;
 }
 
+// inspect's table: name, shape and size of each parameter, and the total.
+void print_parameters(const NamedTensors& parameters) {
+  int64_t total = 0;
+  for (const auto& [name, t] : parameters) {
+    std::cout << "  " << std::left << std::setw(44) << name << std::setw(16) << shape_str(t.shape()) << std::right
+              << std::setw(10) << t.numel() << "\n";
+    total += t.numel();
+  }
+  std::cout << "  " << std::left << std::setw(60) << "total" << std::right << std::setw(10) << total << "\n";
+}
+
 // inspect on a GPT-2 folder: its config as headlab reads it, the parameters by headlab's names.
 int inspect_folder(const std::string& folder) {
   const io::HfGpt2 hf = io::read_hf_gpt2(folder);
@@ -45,13 +56,7 @@ int inspect_folder(const std::string& folder) {
             << (hf.vocab_path.empty() || hf.merges_path.empty() ? "none (no vocab.json and merges.txt)"
                                                                 : hf.vocab_path + ", " + hf.merges_path)
             << "\n\nparameters\n";
-  int64_t total = 0;
-  for (const auto& [name, t] : hf.parameters) {
-    std::cout << "  " << std::left << std::setw(44) << name << std::setw(16) << shape_str(t.shape()) << std::right
-              << std::setw(10) << t.numel() << "\n";
-    total += t.numel();
-  }
-  std::cout << "  " << std::left << std::setw(60) << "total" << std::right << std::setw(10) << total << "\n";
+  print_parameters(hf.parameters);
   return 0;
 }
 
@@ -184,13 +189,7 @@ Action add_inspect(CLI::App& app) {
           nlohmann::json(v).dump() + " (" + std::to_string(cfg["tokenizer"]["vocab"].size()) + " tokens)";
     }
     std::cout << "checkpoint " << *path << "\n\nconfig\n" << cfg.dump(2) << "\n\nparameters\n";
-    int64_t total = 0;
-    for (const auto& [name, t] : ck.model) {
-      std::cout << "  " << std::left << std::setw(44) << name << std::setw(16) << shape_str(t.shape()) << std::right
-                << std::setw(10) << t.numel() << "\n";
-      total += t.numel();
-    }
-    std::cout << "  " << std::left << std::setw(60) << "total" << std::right << std::setw(10) << total << "\n";
+    print_parameters(ck.model);
     if (ck.has_optimizer)
       std::cout << "\noptimizer " << enum_name(ck.optimizer.kind) << " " << ck.optimizer.to_json().dump() << " ("
                 << ck.optimizer_state.size() << " state tensors)\n";

@@ -47,9 +47,14 @@ std::string TextWindowsTask::source() const {
   return options_.text.empty() ? "text '" + options_.text_path + "'" : std::string("text");
 }
 
-std::string TextWindowsTask::windows_description() const {
+std::string TextWindowsTask::describe(const std::string& what, const std::string& vocabulary) const {
   std::ostringstream os;
-  os << "Each row is a window of context length + 1 " << unit_
+  os << name_ << ": " << what << " (" << source() << ", ";
+  if (has_text())
+    os << text_length() << " " << unit_;
+  else
+    os << "not loaded";
+  os << ", " << vocabulary << "). Each row is a window of context length + 1 " << unit_
      << " at a position hashed from (seed, split, batch index, row); inputs are its first T " << unit_
      << ", targets its last T, and every position is scored (token accuracy; exact match does not apply). "
         "The first "
@@ -136,14 +141,8 @@ TaskOptions CharsTask::options() const {
 }
 
 std::string CharsTask::description() const {
-  std::ostringstream os;
-  os << "chars: character-level language model over a text (" << source() << ", ";
-  if (has_text())
-    os << text_length() << " characters";
-  else
-    os << "not loaded";
-  os << ", vocabulary of " << vocab_size() << " characters: its sorted unique characters). " << windows_description();
-  return os.str();
+  return describe("character-level language model over a text",
+                  "vocabulary of " + std::to_string(vocab_size()) + " characters: its sorted unique characters");
 }
 
 Prompt CharsTask::encode_prompt(const std::string& text) const {
@@ -168,14 +167,8 @@ BpeTextTask::BpeTextTask(const TaskOptions& options)
 }
 
 std::string BpeTextTask::description() const {
-  std::ostringstream os;
-  os << "text: language model over a text (" << source() << ", ";
-  if (has_text())
-    os << text_length() << " tokens";
-  else
-    os << "not loaded";
-  os << ") with GPT-2's byte-level BPE tokenizer (" << vocab_size() << " tokens). " << windows_description();
-  return os.str();
+  return describe("language model over a text",
+                  "GPT-2's byte-level BPE tokenizer of " + std::to_string(vocab_size()) + " tokens");
 }
 
 Prompt BpeTextTask::encode_prompt(const std::string& text) const {

@@ -40,7 +40,8 @@ class TextWindowsTask : public Task {
   // The text as read, until drop_text() (once tokenized); empty when it could not be read.
   const std::string& text() const { return text_; }
   void drop_text() { std::string().swap(text_); }
-  std::string windows_description() const;  // how batches are drawn and scored, for description()
+  // description(): "<name>: <what> (<source>, <length>, <vocabulary>). " and how batches are drawn and scored.
+  std::string describe(const std::string& what, const std::string& vocabulary) const;
 
   TaskOptions options_;
   std::string name_, unit_;

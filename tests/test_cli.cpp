@@ -664,17 +664,26 @@ TEST_F(CliTest, ExportWritesAFolderWithTheCheckpointsFunction) {
   EXPECT_TRUE(contains(r.err, "export")) << r.err;
 }
 
+// GPT-2's vocab.json and merges.txt (fetched by scripts/install-deps.sh).
+const std::string kGpt2Vocab = HEADLAB_GPT2_VOCAB_DIR;
+
+// A random GPT-2 of n_layers (2 heads, emb 8, context 16, GPT-2's vocabulary and tied head) written
+// as a Hugging Face folder with GPT-2's tokenizer files.
+void write_random_gpt2(const std::string& dir, int64_t n_layers) {
+  nn::GPTConfig c;
+  c.vocab_size = 50257, c.context_length = 16, c.emb_dim = 8, c.n_heads = 2, c.n_layers = n_layers;
+  c.qkv_bias = true, c.tie_embeddings = true;
+  const nn::GPTModel random(c);
+  io::write_hf_gpt2(dir, random, {slurp(kGpt2Vocab + "/vocab.json"), slurp(kGpt2Vocab + "/merges.txt")});
+}
+
 // eval, generate and inspect take a Hugging Face GPT-2 folder: a random one with GPT-2's vocabulary,
 // each command's figures against the library doing the same here.
 TEST_F(CliTest, Gpt2FolderEvalGenerateInspect) {
-  const std::string vocab = HEADLAB_GPT2_VOCAB_DIR, dir = path("gpt2");
-  ASSERT_TRUE(fs::exists(vocab + "/vocab.json")) << "run scripts/install-deps.sh: it fetches GPT-2's vocabulary";
-  nn::GPTConfig c;
-  c.vocab_size = 50257, c.context_length = 16, c.emb_dim = 8, c.n_heads = 2, c.n_layers = 1, c.qkv_bias = true;
-  c.tie_embeddings = true;  // as GPT-2
-  nn::GPTModel random(c);
+  const std::string dir = path("gpt2");
+  ASSERT_TRUE(fs::exists(kGpt2Vocab + "/vocab.json")) << "run scripts/install-deps.sh: it fetches GPT-2's vocabulary";
+  write_random_gpt2(dir, 1);
   NoGradGuard no_grad;
-  io::write_hf_gpt2(dir, random, {slurp(vocab + "/vocab.json"), slurp(vocab + "/merges.txt")});
   const io::HfGpt2 hf = io::read_hf_gpt2(dir);
   nn::GPTModel model(hf.config);
   model.load_parameters(hf.parameters, dir);
@@ -746,9 +755,30 @@ TEST_F(CliTest, AttentionOnlyModelsTrainAndLoadEverywhere) {
   EXPECT_EQ(r.code, 0) << r.err;
   // Heads watched while a 2-layer attention-only chars model trains: before the first step, at 2, 4.
   const std::string tiny = std::string(HEADLAB_SOURCE_DIR) + "/data/tiny.txt";
-  r = headlab({"train", "--task", "chars", "--text", tiny, "--attn-only", "--context-length", "16", "--emb-dim", "16",
-               "--n-heads", "2", "--steps", "4", "--batch-size", "4", "--eval-every", "4", "--eval-batches", "1",
-               "--track-heads", "2", "--out", path("watch")});
+  r = headlab({"train",
+               "--task",
+               "chars",
+               "--text",
+               tiny,
+               "--attn-only",
+               "--context-length",
+               "16",
+               "--emb-dim",
+               "16",
+               "--n-heads",
+               "2",
+               "--steps",
+               "4",
+               "--batch-size",
+               "4",
+               "--eval-every",
+               "4",
+               "--eval-batches",
+               "1",
+               "--track-heads",
+               "2",
+               "--out",
+               path("watch")});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(contains(r.out, "watching the model (--track-heads) took")) << r.out;
   const std::string watched = slurp(path("watch/heads_over_time.csv"));
@@ -764,15 +794,9 @@ TEST_F(CliTest, AttentionOnlyModelsTrainAndLoadEverywhere) {
 // evaluates and generates as the folder does -> export back, bitwise; heads and ablate on its text;
 // train --init fine-tunes it with its BPE and keeps the head tied.
 TEST_F(CliTest, Gpt2FolderConvertsAnalysesAndFineTunes) {
-  const std::string vocab = HEADLAB_GPT2_VOCAB_DIR, dir = path("gpt2");
+  const std::string vocab = kGpt2Vocab, dir = path("gpt2");
   ASSERT_TRUE(fs::exists(vocab + "/vocab.json")) << "run scripts/install-deps.sh: it fetches GPT-2's vocabulary";
-  nn::GPTConfig c;
-  c.vocab_size = 50257, c.context_length = 16, c.emb_dim = 8, c.n_heads = 2, c.n_layers = 2, c.qkv_bias = true;
-  c.tie_embeddings = true;
-  {
-    nn::GPTModel random(c);
-    io::write_hf_gpt2(dir, random, {slurp(vocab + "/vocab.json"), slurp(vocab + "/merges.txt")});
-  }
+  write_random_gpt2(dir, 2);
   std::string story;
   for (int i = 0; i < 12; ++i)
     story += "Once upon a time there was a small model that read a long story, number " + std::to_string(i) +

@@ -83,4 +83,31 @@ std::vector<CompositionScore> composition_scores(const nn::GPTModel& model) {
   return out;
 }
 
+std::vector<InductionPair> induction_pairs(const HeadTypes& types, const std::vector<CompositionScore>& comp) {
+  const auto find_head = [&](int64_t layer, int64_t original) -> const HeadTypeScores* {
+    for (const HeadTypeScores& h : types.heads)
+      if (h.layer == layer && h.original_head == original) return &h;
+    return nullptr;
+  };
+  std::vector<InductionPair> out;
+  for (const HeadTypeScores& h : types.heads) {
+    if (h.label.find("induction") == std::string::npos) continue;
+    InductionPair p;
+    p.induction = h;
+    int64_t partners = 0;
+    for (const CompositionScore& c : comp) {
+      if (c.layer_b != h.layer || c.head_b != h.original_head || !std::isfinite(c.k)) continue;
+      p.k_mean += c.k, ++partners;
+      if (partners == 1 || c.k > p.k.k) p.k = c;
+    }
+    if (partners == 0) continue;  // layer 0: nothing before it to compose with
+    p.k_mean /= static_cast<double>(partners);
+    const HeadTypeScores* partner = find_head(p.k.layer_a, p.k.head_a);
+    HL_CHECK(partner, "induction_pairs: head L", p.k.layer_a, "H", p.k.head_a, " has no head-type scores");
+    p.partner = *partner;
+    out.push_back(p);
+  }
+  return out;
+}
+
 }  // namespace headlab::analysis

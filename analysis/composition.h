@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "analysis/head_scores.h"
 #include "analysis/heads.h"
 
 namespace headlab::analysis {
@@ -22,5 +23,15 @@ struct CompositionScore {
 };
 // Every pair (a, b) with a in an earlier layer than b, layer-major in a, then in b.
 std::vector<CompositionScore> composition_scores(const nn::GPTModel& model);
+
+// An induction head (a head of layer >= 1 labelled "induction" by head_types) and the earlier head its keys
+// read most (the largest K-composition score): Elhage et al.'s circuit, where that partner is a
+// previous-token head. k_mean is the mean K score over all of the head's earlier partners, the baseline.
+struct InductionPair {
+  HeadTypeScores induction, partner;  // the partner's own scores: its previous-token score says what it is
+  CompositionScore k;
+  double k_mean = 0;
+};
+std::vector<InductionPair> induction_pairs(const HeadTypes& types, const std::vector<CompositionScore>& comp);
 
 }  // namespace headlab::analysis

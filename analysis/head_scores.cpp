@@ -100,9 +100,7 @@ HeadTypes head_types(nn::GPTModel& model, const EvalSet& data, const HeadTypeOpt
     }
   }
   // Induction: rows of `half` random tokens, twice.
-  Generator gen(o.seed);
-  const Tensor first = randint(0, cfg.vocab_size, {o.induction_rows, half}, gen);
-  const Tensor repeated = cat({first, first}, 1).to(model.device());  // (rows, 2 half)
+  const Tensor repeated = repeated_random_tokens(cfg.vocab_size, o.induction_rows, half, o.seed).to(model.device());
   const int64_t T = 2 * half, chunk = rows_per_forward(model, T, o);
   r.induction_rows = o.induction_rows;
   r.induction_half = half;
@@ -151,6 +149,29 @@ HeadTypes head_types(nn::GPTModel& model, const EvalSet& data, const HeadTypeOpt
       r.heads.push_back(t);
     }
   return r;
+}
+
+Tensor repeated_random_tokens(int64_t vocab_size, int64_t rows, int64_t half, uint64_t seed) {
+  HL_CHECK(vocab_size > 0 && rows > 0 && half > 0, "repeated_random_tokens: need a vocabulary, rows and tokens; got ",
+           vocab_size, " tokens, ", rows, " rows of ", half);
+  Generator gen(seed);
+  const Tensor first = randint(0, vocab_size, {rows, half}, gen);
+  return cat({first, first}, 1);  // (rows, 2 half)
+}
+
+EvalSet repeated_tokens_set(int64_t vocab_size, int64_t rows, int64_t half, uint64_t seed) {
+  HL_CHECK(half >= 2, "repeated_tokens_set: a copy of ", half, " token(s) leaves nothing to predict from the context");
+  const std::vector<int64_t> ids = repeated_random_tokens(vocab_size, rows, half, seed).to_vector<int64_t>();
+  Batch b;
+  b.B = rows, b.T = 2 * half;
+  b.inputs = ids;
+  b.targets.assign(ids.size(), kIgnoreIndex);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t q = half; q + 1 < b.T; ++q)
+      b.targets[static_cast<size_t>(r * b.T + q)] = ids[static_cast<size_t>(r * b.T + q + 1)];
+  EvalSet set;
+  set.batches.push_back(std::move(b));
+  return set;
 }
 
 }  // namespace headlab::analysis

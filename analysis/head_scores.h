@@ -45,4 +45,12 @@ struct HeadTypeOptions {
 };
 HeadTypes head_types(nn::GPTModel& model, const EvalSet& data, const HeadTypeOptions& options = {});
 
+// Olsson et al.'s prefix-matching data: rows of `half` tokens drawn uniformly from the vocabulary, each
+// written twice: (rows, 2 half) int64 on the CPU, the same for the same seed.
+Tensor repeated_random_tokens(int64_t vocab_size, int64_t rows, int64_t half, uint64_t seed);
+// The same rows as evaluation data: only the second copy's tokens that an induction head can predict are
+// scored (query q in [half, 2 half - 2], whose next token follows the earlier copy of its own), the rest
+// ignored, so its loss is what copying from the context is worth.
+EvalSet repeated_tokens_set(int64_t vocab_size, int64_t rows, int64_t half, uint64_t seed);
+
 }  // namespace headlab::analysis

@@ -15,28 +15,54 @@ namespace headlab::analysis {
 struct HeadsAtStep {
   int64_t step = 0;
   std::vector<HeadTypeScores> heads;              // layer-major
+  double loss = 0;                                // mean over every scored position of the rows
   double loss_early = 0, loss_late = 0, icl = 0;  // NaN where the positions carry no target (tasks)
 };
 
+// Where the in-context-learning score falls fastest: the observation interval (from, to] with the
+// largest drop of the ICL score per step, and what the heads did. It is a phase change (Olsson et al.)
+// when it is sharp: a fall of at least kPhaseChangeNats and kPhaseChangeRatio times the median change
+// between observations, not one step of a slow slide or of the score's wandering.
+constexpr double kPhaseChangeNats = 0.1, kPhaseChangeRatio = 5;
+struct PhaseChange {
+  bool found = false;                                  // an interval where the score fell (needs 3 observations)
+  bool sharp = false;                                  // and the fall was a phase change
+  double fall = 0, median_change = 0, whole_fall = 0;  // whole: its highest before the interval - lowest after
+  int64_t from = 0, to = 0;
+  double icl_first = 0, icl_from = 0, icl_to = 0, icl_last = 0;
+  double loss_from = 0, loss_to = 0;
+  // The head with the highest induction score at the last observation, and the first step at which
+  // any head reached kRepeatThreshold (-1: none did).
+  int64_t layer = -1, head = -1, first_induction_step = -1;
+  double induction_last = 0, induction_from = 0, induction_to = 0;
+};
+PhaseChange find_phase_change(const std::vector<HeadsAtStep>& history);
+
 // Positions of the in-context-learning score for rows of T tokens: {early, late}.
 std::pair<int64_t, int64_t> icl_positions(int64_t T);
-// The model's mean loss at position `early` and at `late` over the data's rows, and late - early.
+// The model's mean loss over the data, at position `early` and at `late` over its rows, and late - early.
 HeadsAtStep icl_score(nn::GPTModel& model, const EvalSet& data, int64_t early, int64_t late);
 
 class HeadsOverTime {
  public:
-  // rows: validation rows of T tokens the scores average over (drawn once, on the first observation).
-  explicit HeadsOverTime(int64_t rows = 8) : rows_(rows) {}
+  // Validation rows of T tokens, drawn once on the first observation, so that every observation scores
+  // the same rows: score_rows for the attention-pattern scores (and as many rows of repeated random
+  // tokens), icl_rows for the loss and the ICL score (one position per row: more rows).
+  // icl_rows 0: 16384 / T rows, at least 64 (tokens enough that the score does not wander with the rows).
+  explicit HeadsOverTime(int64_t score_rows = 8, int64_t icl_rows = 0) : score_rows_(score_rows), icl_rows_(icl_rows) {}
   void observe(nn::GPTModel& model, const tasks::Task& task, int64_t T, int64_t step);
   const std::vector<HeadsAtStep>& history() const { return history_; }
-  // step,layer,head,previous_token,induction,duplicate_token,icl_score: a row per head per observation.
+  // step,layer,head,previous_token,induction,duplicate_token,loss,icl_score: a row per head per observation.
   std::string csv() const;
-  // One line per head of its induction score over the steps, beside the ICL score's line.
+  // Two charts side by side, the phase change marked on both: every head's induction score and the
+  // ICL score; the loss of the tracked rows.
   void save_png(const std::string& path) const;
+  // The phase change and the heads, in a few lines of markdown.
+  std::string summary_md() const;
 
  private:
-  int64_t rows_;
-  std::optional<EvalSet> data_;
+  int64_t score_rows_, icl_rows_;
+  std::optional<EvalSet> scores_data_, icl_data_;
   std::vector<HeadsAtStep> history_;
 };
 

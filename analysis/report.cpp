@@ -163,6 +163,41 @@ void save_head_maps_png(const std::string& path, const std::string& title, const
   save_picture(path, "save_head_maps_png", [&](const std::string& tmp) { plot::save_heatmap_grid(g, tmp); });
 }
 
+void save_composition_png(const std::string& path, const std::vector<CompositionScore>& comp,
+                          const nn::GPTModel& model) {
+  HL_CHECK(!comp.empty(), "save_composition_png: no pair of heads to draw (a model of one layer)");
+  const int64_t L = model.n_layers(), H = model.full_heads(), n = (L - 1) * H;
+  plot::HeatmapGrid g;
+  g.title = "composition (Elhage et al.): how much of head a's output head b reads";
+  g.grid_rows = 1;
+  g.grid_cols = 3;
+  g.colorbar_label = "score";
+  g.vmax = 0;
+  for (const CompositionScore& c : comp)
+    for (double v : {c.q, c.k, c.v})
+      if (std::isfinite(v)) g.vmax = std::max(g.vmax, v);
+  if (g.vmax <= 0) g.vmax = 1;
+  for (const auto& [kind, member] :
+       {std::pair{"Q-composition", &CompositionScore::q}, std::pair{"K-composition", &CompositionScore::k},
+        std::pair{"V-composition", &CompositionScore::v}}) {
+    plot::Heatmap m;
+    m.title = kind;
+    m.x_label = "head b (reads)";
+    m.y_label = "head a (writes)";
+    m.rows = m.cols = n;
+    m.values.assign(static_cast<size_t>(n * n), kNaN);
+    for (int64_t i = 0; i < n; ++i) {
+      m.row_labels.push_back(head_label(i / H, i % H));
+      m.col_labels.push_back(head_label(i / H + 1, i % H));
+    }
+    for (const CompositionScore& c : comp)
+      m.values[static_cast<size_t>((c.layer_a * H + c.head_a) * n + (c.layer_b - 1) * H + c.head_b)] = c.*member;
+    m.annotate = true;
+    g.panels.push_back(std::move(m));
+  }
+  save_picture(path, "save_composition_png", [&](const std::string& tmp) { plot::save_heatmap_grid(g, tmp); });
+}
+
 void save_importance_png(const std::string& path, const AblationResult& a, const nn::Model& model) {
   HeadMap map{"head importance (Michel et al. 2019): mean abs dL/dgate, normalised per layer", "importance",
               a.importance.normalized, 0.0, std::nullopt};

@@ -12,6 +12,7 @@
 
 #include "analysis/attention_maps.h"
 #include "analysis/compare.h"
+#include "analysis/composition.h"
 #include "analysis/pruning.h"
 
 namespace headlab::analysis {
@@ -50,6 +51,10 @@ void save_head_map_png(const std::string& path, const HeadMap& map, const nn::Mo
 // Several such maps side by side with one colour range (e.g. the head-type scores, all in [0, 1]).
 void save_head_maps_png(const std::string& path, const std::string& title, const std::vector<HeadMap>& maps,
                         const nn::Model& model, double vmin, double vmax);
+// composition.png: Q-, K- and V-composition side by side, heads of the earlier layers (rows) against
+// those of the later ones (columns), grey where the row's layer is not earlier or a head was pruned.
+void save_composition_png(const std::string& path, const std::vector<CompositionScore>& comp,
+                          const nn::GPTModel& model);
 // importance.png: layer x head heatmap of the normalised scores (pruned heads grey), colour bar.
 void save_importance_png(const std::string& path, const AblationResult& a, const nn::Model& model);
 // pruning.png: fraction pruned -> token accuracy (and exact match), with the stop threshold when > 0.

@@ -194,6 +194,9 @@ HeadsScores heads_scores(const nn::GPTModel& model, const HeadsFindings& f) {
   s.entropy_normalized = type_score(&HeadTypeScores::entropy_normalized);
   s.induction = type_score(&HeadTypeScores::induction);
   s.duplicate = type_score(&HeadTypeScores::duplicate_token);
+  const AblationResult& rep = f.repeated;
+  s.repeated_zero = by_head(model, rep.heads, [&](auto& h) { return h.zero.loss - rep.base.loss; });
+  s.repeated_mean = by_head(model, rep.heads, [&](auto& h) { return h.mean.loss - rep.base.loss; });
   for (int64_t l = 0; l < model.n_layers(); ++l)
     s.labels.emplace_back(static_cast<size_t>(model.attention(l).head_count()));
   for (const auto& t : f.types.heads) s.labels[static_cast<size_t>(t.layer)][static_cast<size_t>(t.head)] = t.label;
@@ -212,6 +215,8 @@ std::vector<HeadColumn> heads_csv_columns(const HeadsFindings& f, const HeadsSco
           csv_column("entropy_normalized", s.entropy_normalized),
           csv_column("induction", s.induction),
           csv_column("duplicate_token", s.duplicate),
+          csv_column("repeated_zero_delta_loss", s.repeated_zero),
+          csv_column("repeated_mean_delta_loss", s.repeated_mean),
           HeadColumn{"label", s.labels}};
 }
 
@@ -268,7 +273,38 @@ std::string heads_report_md(const nn::GPTModel& model, const EvalSet& data, cons
      << " for the pattern scores, >= " << fmt(kRepeatThreshold, 1) << " for induction and duplicate-token, "
      << "normalised entropy >= " << fmt(kBroadThreshold, 1) << " for broad.\n\n![head types](types.png)\n\n"
      << render_markdown(head_types_table(ht));
+  if (!f.repeated.heads.empty()) {
+    md << "\n## Copying from the context\n\nLoss on " << f.repeated_rows << " rows of " << f.repeated_half
+       << " random tokens written twice, scored where the second copy can be predicted from the first ("
+       << f.repeated.base.tokens << " tokens): " << fmt(f.repeated.base.loss)
+       << " unablated (uniform guessing: " << fmt(std::log(static_cast<double>(cfg.vocab_size)))
+       << "). The loss increase with each head ablated: an "
+       << "induction head's ablation costs the most.\n\n"
+       << render_markdown(head_value_table(model, by_magnitude(s.repeated_mean),
+                                           {{"zero: d loss", s.repeated_zero},
+                                            {"mean: d loss", s.repeated_mean},
+                                            {"induction score", s.induction}}));
+  }
+  if (!f.composition.empty()) {
+    md << "\n## Composition\n\nElhage et al.'s composition scores of every head a with every head b of a later "
+          "layer, |W_OV^a W^b|_F / (|W_OV^a|_F |W^b|_F) with W^b = W_QK^b (Q), W_QK^b^T (K) or W_OV^b (V); norm1's "
+          "scale folded into the reads. All pairs: composition.csv.\n\n![composition](composition.png)\n\n"
+       << induction_pairs_text(f.types, f.composition);
+  }
   return md.str();
+}
+
+std::string induction_pairs_text(const HeadTypes& types, const std::vector<CompositionScore>& comp) {
+  const std::vector<InductionPair> pairs = induction_pairs(types, comp);
+  if (pairs.empty()) return "No head of a layer after the first is labelled induction.\n";
+  std::ostringstream o;
+  for (const InductionPair& p : pairs)
+    o << "- induction head " << head_label(p.induction.layer, p.induction.original_head) << " (induction score "
+      << fmt(p.induction.induction, 3) << "): its keys read most from "
+      << head_label(p.partner.layer, p.partner.original_head) << " (K-composition " << fmt(p.k.k, 3)
+      << "; mean over its partners " << fmt(p.k_mean, 3) << "), a head with previous-token score "
+      << fmt(p.partner.previous_token, 3) << (p.partner.label.empty() ? "" : " (" + p.partner.label + ")") << "\n";
+  return o.str();
 }
 
 Table heads_summary_table(const nn::GPTModel& model, const HeadsScores& s) {

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "analysis/composition.h"
 #include "analysis/finetune.h"
 #include "analysis/head_scores.h"
 #include "analysis/heads.h"
@@ -91,7 +92,11 @@ struct HeadsFindings {
   PatchingResult patching;
   HeadTypes types;
   std::string corruption;  // how the corrupted inputs were made
-  double seconds_ablation = 0, seconds_dla = 0, seconds_patching = 0, seconds_types = 0;
+  // Ablation again on repeated random tokens (repeated_tokens_set): what copying from the context needs.
+  AblationResult repeated;
+  int64_t repeated_rows = 0, repeated_half = 0;
+  std::vector<CompositionScore> composition;  // empty for one layer
+  double seconds_ablation = 0, seconds_dla = 0, seconds_patching = 0, seconds_types = 0, seconds_repeated = 0;
 };
 // The same as a value per head ([layer][model-local head]; NaN where a result has no such head).
 struct HeadsScores {
@@ -99,11 +104,12 @@ struct HeadsScores {
   HeadMatrix noising, denoising;    // patching: fraction of the gap
   HeadMatrix dla;                   // vs the mean logit
   HeadMatrix previous, first, separator, entropy, entropy_normalized, induction, duplicate;
+  HeadMatrix repeated_zero, repeated_mean;  // ablation on repeated random tokens: loss increase
   std::vector<std::vector<std::string>> labels;
 };
 HeadsScores heads_scores(const nn::GPTModel& model, const HeadsFindings& f);
 // heads.csv's columns after the ablation's: dla_logit_vs_mean, dla_logit, patch_noising, patch_denoising,
-// the head-type scores, label.
+// the head-type scores, repeated_zero_delta_loss, repeated_mean_delta_loss, label.
 std::vector<HeadColumn> heads_csv_columns(const HeadsFindings& f, const HeadsScores& s);
 // One row per head (layer order): head, zero dloss, resample, DLA, noising, denoising, type.
 Table heads_summary_table(const nn::GPTModel& model, const HeadsScores& s);
@@ -111,6 +117,8 @@ struct HeadsRun {
   std::string checkpoint, task;
   bool by_position = false;
 };
+// Lines naming each induction head's strongest K-composition partner (induction_pairs).
+std::string induction_pairs_text(const HeadTypes& types, const std::vector<CompositionScore>& comp);
 // report.md of headlab heads: the run, then a section per analysis with its table.
 std::string heads_report_md(const nn::GPTModel& model, const EvalSet& data, const HeadsRun& run, const HeadsFindings& f,
                             const HeadsScores& s);

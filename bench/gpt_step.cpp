@@ -7,7 +7,7 @@
 // SGEMM at 4096^3 through headlab's matmul (TF32 as --tf32 says: off, as the peer's default).
 // Usage: gpt_step [--emb-dim D --n-heads H --n-layers L --context-length T --vocab-size V
 //                  --batch-size B --threads N --attention fused|wrapper --seconds S --device cpu|cuda
-//                  --tf32 0|1]
+//                  --tf32 0|1 --attn-only 0|1]
 #include <cblas.h>
 #include <omp.h>
 
@@ -51,7 +51,7 @@ static double sgemm_gflops_device(Device device) {
 // Matrix-multiply FLOPs of one forward+backward (3x forward) of the model on B x T tokens.
 static double step_flops(const nn::GPTConfig& c, int64_t B) {
   const double tokens = static_cast<double>(B * c.context_length), d = static_cast<double>(c.emb_dim);
-  const double per_layer_linear = 2 * tokens * (4 * d * d + 8 * d * d);  // qkv + out_proj, two FF layers
+  const double per_layer_linear = 2 * tokens * (4 * d * d + (c.attn_only ? 0 : 8 * d * d));  // qkv + out_proj, FF
   const double per_layer_attn = 2 * 2 * B * static_cast<double>(c.context_length) * c.context_length * d;  // QK^T, AV
   const double head = 2 * tokens * d * static_cast<double>(c.vocab_size);
   return 3 * (c.n_layers * (per_layer_linear + per_layer_attn) + head);
@@ -94,6 +94,8 @@ static int run(int argc, char** argv) {
       device = Device::parse(v);
     else if (k == "--tf32")
       tf32 = std::stoi(v) != 0;
+    else if (k == "--attn-only")
+      cfg.attn_only = std::stoi(v) != 0;
     else {
       std::fprintf(stderr, "gpt_step: unknown option %s\n", argv[i]);
       return 2;
@@ -132,8 +134,8 @@ static int run(int argc, char** argv) {
   }
   const double ms = std::chrono::duration<double>(clock_type::now() - t0).count() / n * 1e3;
   const double flops = step_flops(cfg, B);
-  std::printf("headlab %s device=%s threads=%d tf32=%d sgemm=%.0f GFLOP/s\n", enum_name(cfg.attention),
-              device.str().c_str(), threads, tf32 ? 1 : 0, peak);
+  std::printf("headlab %s%s device=%s threads=%d tf32=%d sgemm=%.0f GFLOP/s\n", enum_name(cfg.attention),
+              cfg.attn_only ? " attn-only" : "", device.str().c_str(), threads, tf32 ? 1 : 0, peak);
   std::printf(
       "V=%lld T=%lld d=%lld h=%lld L=%lld B=%lld params=%lld: %.1f ms/step, %.0f tokens/s, "
       "%.1f GFLOP/step, %.0f GFLOP/s = %.0f%% of sgemm (floor %.1f ms), step peak %.1f MiB\n",

@@ -71,6 +71,16 @@ Action add_heads(CLI::App& app) {
       f.corruption = "every row replaced by the next row of the data (another stretch of the text)";
     }
     f.seconds_patching = timed([&] { f.patching = analysis::patch_heads(model, data, corrupted, a->by_position); });
+    // Copying from the context: ablation on repeated random tokens (at most 128 per copy: GPT-2's 512
+    // would multiply the cost by 16 for the same answer).
+    f.repeated_rows = 16;
+    f.repeated_half = std::min<int64_t>(f.types.induction_half, 128);
+    if (f.repeated_half >= 2)
+      f.seconds_repeated = timed([&] {
+        f.repeated = analysis::ablate_heads(
+            model, analysis::repeated_tokens_set(cfg.vocab_size, f.repeated_rows, f.repeated_half, a->seed));
+      });
+    f.composition = analysis::composition_scores(model);
 
     const analysis::HeadsScores sc = analysis::heads_scores(model, f);
     const auto& abl = f.ablation;
@@ -112,16 +122,14 @@ Action add_heads(CLI::App& app) {
                                  {"previous token", sc.previous},
                                  {"induction", sc.induction},
                                  {"entropy / max", sc.entropy_normalized}});
-    write_text(join_path(out, "report.md"),
-               analysis::heads_report_md(model, data, {a->path, in.task->name(), a->by_position}, f, sc), "heads");
-    // Composition between the layers' heads (Elhage et al.): the strongest pairs of each kind, and all in a CSV.
-    const std::vector<analysis::CompositionScore> comp = analysis::composition_scores(model);
-    if (!comp.empty()) {
+    const std::vector<analysis::CompositionScore>& comp = f.composition;
+    if (!comp.empty()) {  // every pair in a CSV, the strongest of each kind here, and the induction circuits
       std::string csv = "layer_a,head_a,layer_b,head_b,q_composition,k_composition,v_composition\n";
       for (const analysis::CompositionScore& c : comp)
         csv += std::to_string(c.layer_a) + "," + std::to_string(c.head_a) + "," + std::to_string(c.layer_b) + "," +
                std::to_string(c.head_b) + "," + fmt(c.q, 6) + "," + fmt(c.k, 6) + "," + fmt(c.v, 6) + "\n";
       write_text(join_path(out, "composition.csv"), csv, "heads");
+      analysis::save_composition_png(join_path(out, "composition.png"), comp, model);
       std::cout << "\ncomposition (Elhage et al.; |W_OV^a W_QK^b|_F over the norms; norm1's scale folded in), "
                    "strongest pairs:\n";
       for (const auto& [kind, member] :
@@ -136,9 +144,21 @@ Action add_heads(CLI::App& app) {
                     << top[i].head_b << " " << fmt(top[i].*member, 3);
         std::cout << "\n";
       }
+      std::cout << analysis::induction_pairs_text(f.types, comp);
     }
+    if (!f.repeated.heads.empty()) {
+      const auto& rep = f.repeated;
+      const auto worst = std::max_element(rep.heads.begin(), rep.heads.end(),
+                                          [](const auto& x, const auto& y) { return x.mean.loss < y.mean.loss; });
+      std::cout << "repeated random tokens (" << f.repeated_rows << " rows of 2 x " << f.repeated_half << "): loss "
+                << fmt(rep.base.loss) << "; ablating (mean) "
+                << analysis::head_label(worst->layer, worst->original_head) << " raises it most, to "
+                << fmt(worst->mean.loss) << " (+" << fmt(worst->mean.loss - rep.base.loss) << ")\n";
+    }
+    write_text(join_path(out, "report.md"),
+               analysis::heads_report_md(model, data, {a->path, in.task->name(), a->by_position}, f, sc), "heads");
     std::cout << "\nwrote " << out << "/{heads.csv, report.md, ablation.png, dla.png, patching.png, types.png, "
-              << "attention.html" << (comp.empty() ? "" : ", composition.csv") << "}\n";
+              << "attention.html" << (comp.empty() ? "" : ", composition.csv, composition.png") << "}\n";
     return 0;
   };
 }

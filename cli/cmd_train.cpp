@@ -34,8 +34,11 @@ void start_from(const std::string& path, train::TrainOptions& o, const std::stri
     HL_CHECK(!told("--task") || c.task.name == l.config.task.name, "train: --init '", path, "' was trained on task ",
              l.config.task.name, ", not ", c.task.name);
   }
+  const tasks::TaskOptions given = c.task.options;
   c.task = l.config.task;  // its tokenizer (resolve() gives it the run's seed)
   if (!text.empty()) c.task.options.text_path = text;
+  if (told("--repeat-prob")) c.task.options.repeat_prob = given.repeat_prob;
+  if (told("--repeat-span")) c.task.options.repeat_span = given.repeat_span;
   o.init = std::move(l.ckpt.model);
 }
 
@@ -66,6 +69,16 @@ Action add_train(CLI::App& app) {
       ->check(non_negative_number(999999))
       ->capture_default_str();
   app.add_option("--text", ch->text, "chars: the text to model (default: data/tiny.txt)")->type_name(kInputFile);
+  app.add_option("--repeat-prob", t.repeat_prob,
+                 "chars/text: data with more repetition: each segment of the text written twice with this "
+                 "probability (induction heads form on text that repeats within a context)")
+      ->check(in_range(0, 1))
+      ->capture_default_str();
+  app.add_option("--repeat-span", t.repeat_span,
+                 "chars/text with --repeat-prob: segments of --repeat-span/6 .. --repeat-span tokens (keep it "
+                 "under the context length, so that both copies fit in one)")
+      ->check(in_range(2, 1e6))
+      ->capture_default_str();
   app.add_option("--min-len", t.min_len, "copy/reverse/sort: shortest digit string")
       ->check(positive_number(1e4))
       ->capture_default_str();
@@ -193,19 +206,23 @@ Action add_train(CLI::App& app) {
     if (ch->track_heads > 0) {
       tracker = std::make_shared<analysis::HeadsOverTime>();
       o->observer.every = ch->track_heads;
-      o->observer.call = [tracker](nn::Model& m, const tasks::Task& task, int64_t T, int64_t step) {
+      // The files are rewritten at every observation, so that a run can be watched while it trains.
+      o->observer.call = [tracker, out = o->out](nn::Model& m, const tasks::Task& task, int64_t T, int64_t step) {
         auto* gpt = dynamic_cast<nn::GPTModel*>(&m);
         HL_CHECK(gpt != nullptr, "train: --track-heads applies to GPTs; this run trains an encoder-decoder");
         tracker->observe(*gpt, task, T, step);
+        write_text(join_path(out, "heads_over_time.csv"), tracker->csv(), "train");
+        tracker->save_png(join_path(out, "heads_over_time.png"));
       };
     }
     train::install_sigint_handler();
     try {
       const train::TrainResult r = train::Trainer(*o).run();
       if (tracker && !tracker->history().empty()) {
-        write_text(join_path(o->out, "heads_over_time.csv"), tracker->csv(), "train");
-        tracker->save_png(join_path(o->out, "heads_over_time.png"));
-        std::cout << "wrote " << join_path(o->out, "heads_over_time.csv") << " and heads_over_time.png ("
+        const std::string summary = tracker->summary_md();
+        write_text(join_path(o->out, "heads_over_time.md"), summary, "train");
+        std::cout << "heads over time:\n"
+                  << summary << "wrote " << join_path(o->out, "heads_over_time.{csv,png,md}") << " ("
                   << tracker->history().size() << " observations)" << std::endl;
       }
       return r.interrupted ? 130 : 0;

@@ -372,18 +372,34 @@ void draw_grid(const char* fn, const HeatmapGrid& g, const std::string& path, do
 
 }  // namespace
 
-void save_line_chart(const LineChart& ch, const std::string& path) {
-  constexpr const char* fn = "save_line_chart";
-  static const char* const kMarkers[8] = {"●", "■", "▲", "◆", "▼", "⬟", "✖", "★"};  // apart in grey print too
+namespace {
+
+// A line chart's layout, computed (and its input checked) before any file is touched; drawn by
+// draw_line_chart at an offset, so that charts can share a picture.
+struct ChartPlan {
+  const LineChart* ch = nullptr;
+  double W = 0, H = 0, k = 1, fs = 0, tfs = 0, ms = 0, pad = 0, lw = 0;
+  std::vector<std::vector<std::pair<double, double>>> pts;  // world coordinates; NaN x breaks a line
+  std::vector<double> marks;                                // x_marks in world coordinates
+  std::vector<size_t> named;
+  std::vector<Label> names, mark_names;
+  std::vector<bool> marked;  // series drawn with markers
+  Axis axes[2];              // x, y
+  Label title, xlab, ylab;
+  double x0 = 0, x1 = 0, y0 = 0, y1 = 0, swatch = 0, legend_h = 0;
+};
+
+ChartPlan plan_line_chart(const LineChart& ch, const char* fn) {
   HL_CHECK(ch.width >= kMinSide && ch.width <= kMaxSide && ch.height >= kMinSide && ch.height <= kMaxSide, fn,
            ": size ", ch.width, " x ", ch.height, " is outside ", kMinSide, "..", kMaxSide, " pixels");
-  const double W = ch.width, H = ch.height, k = std::clamp(std::min(W / 800, H / 500), 0.7, 4.0);
-  const double fs = 13 * k, tfs = 15.5 * k, ms = 12 * k, pad = 10 * k, lw = 1.6 * k;
-  // Points in world coordinates (log10 on a log axis); NaN where a non-finite value breaks the line.
-  std::vector<std::vector<std::pair<double, double>>> pts(ch.series.size());
-  std::vector<size_t> finite(ch.series.size()), named;
-  std::vector<Label> names;
-  Axis axes[2];  // x, y
+  ChartPlan p;
+  p.ch = &ch;
+  p.W = ch.width, p.H = ch.height, p.k = std::clamp(std::min(p.W / 800, p.H / 500), 0.7, 4.0);
+  const double W = p.W, H = p.H, k = p.k;
+  p.fs = 13 * k, p.tfs = 15.5 * k, p.ms = 12 * k, p.pad = 10 * k, p.lw = 1.6 * k;
+  const double fs = p.fs, tfs = p.tfs, pad = p.pad;
+  p.pts.resize(ch.series.size());
+  std::vector<size_t> finite(ch.series.size());
   double lo[2] = {HUGE_VAL, HUGE_VAL}, hi[2] = {-HUGE_VAL, -HUGE_VAL}, name_em = 0;
   for (size_t i = 0; i < ch.series.size(); ++i) {
     const Series& s = ch.series[i];
@@ -395,90 +411,132 @@ void save_line_chart(const LineChart& ch, const std::string& path) {
       HL_CHECK(!ok || !ch.log_x || s.x[j] > 0, fn, ": log_x needs x > 0; series ", name, " has x[", j, "] = ", s.x[j]);
       HL_CHECK(!ok || !ch.log_y || s.y[j] > 0, fn, ": log_y needs y > 0; series ", name, " has y[", j, "] = ", s.y[j]);
       const double w[2] = {ch.log_x ? std::log10(s.x[j]) : s.x[j], ch.log_y ? std::log10(s.y[j]) : s.y[j]};
-      pts[i].emplace_back(ok ? w[0] : NAN, w[1]);
+      p.pts[i].emplace_back(ok ? w[0] : NAN, w[1]);
       for (int a = 0; a < 2 && ok; ++a) lo[a] = std::min(lo[a], w[a]), hi[a] = std::max(hi[a], w[a]);
       finite[i] += ok;
     }
     if (s.name.empty()) continue;
-    named.push_back(i), names.push_back(fit(s.name, fs, W / 3)), name_em = std::max(name_em, names.back().em);
+    p.named.push_back(i), p.names.push_back(fit(s.name, fs, W / 3)), name_em = std::max(name_em, p.names.back().em);
+  }
+  for (const XMark& m : ch.x_marks) {  // a mark widens the x range (never the y range) so that it shows
+    HL_CHECK(std::isfinite(m.x) && (!ch.log_x || m.x > 0), fn, ": x mark '", m.name, "' at ", m.x, " cannot be drawn",
+             ch.log_x ? " on a log x axis" : "");
+    p.marks.push_back(ch.log_x ? std::log10(m.x) : m.x);
+    p.mark_names.push_back(fit(m.name, fs, W / 4));
+    lo[0] = std::min(lo[0], p.marks.back()), hi[0] = std::max(hi[0], p.marks.back());
   }
   for (int a = 0; a < 2; ++a) {  // the data range with matplotlib's 5% margins; empty axes when none is finite
-    axes[a].log = a ? ch.log_y : ch.log_x;
+    p.axes[a].log = a ? ch.log_y : ch.log_x;
     if (lo[a] > hi[a]) continue;
     HL_CHECK(std::isfinite(hi[a] - lo[a]), fn, ": ", a ? "y" : "x", " range is too large to draw");
     const bool flat = hi[a] - lo[a] <= 1e-9 * std::max(std::abs(lo[a]), std::abs(hi[a]));
-    const double d = !flat ? 0.05 * (hi[a] - lo[a]) : axes[a].log ? 0.5 : lo[a] == 0 ? 1 : std::abs(lo[a]) * 0.1;
-    axes[a].lo = lo[a] - d, axes[a].hi = hi[a] + d;
-    if (axes[a].log && std::floor(axes[a].hi) - std::ceil(axes[a].lo) < 1)  // whole decades, for 2 labels
-      axes[a].lo = std::floor(lo[a]), axes[a].hi = std::max(std::ceil(hi[a]), axes[a].lo + 1);
+    const double d = !flat ? 0.05 * (hi[a] - lo[a]) : p.axes[a].log ? 0.5 : lo[a] == 0 ? 1 : std::abs(lo[a]) * 0.1;
+    p.axes[a].lo = lo[a] - d, p.axes[a].hi = hi[a] + d;
+    if (p.axes[a].log && std::floor(p.axes[a].hi) - std::ceil(p.axes[a].lo) < 1)  // whole decades, for 2 labels
+      p.axes[a].lo = std::floor(lo[a]), p.axes[a].hi = std::max(std::ceil(hi[a]), p.axes[a].lo + 1);
   }
-  Axis &ax = axes[0], &ay = axes[1];
-  const Label title = fit(ch.title, tfs, W - 2 * pad), xlab = fit(ch.x_label, fs, W - 2 * pad),
-              ylab = fit(ch.y_label, fs, H - 2 * pad);
-  const double y0 = pad + (title.em > 0 ? 2 * tfs : 0.6 * fs), y1 = H - pad - (xlab.em > 0 ? 3.4 : 2) * fs;
-  make_ticks(ay, y1 - y0, fs, true);
+  Axis &ax = p.axes[0], &ay = p.axes[1];
+  p.title = fit(ch.title, tfs, W - 2 * pad), p.xlab = fit(ch.x_label, fs, W - 2 * pad);
+  p.ylab = fit(ch.y_label, fs, H - 2 * pad);
+  p.y0 = pad + (p.title.em > 0 ? 2 * tfs : 0.6 * fs), p.y1 = H - pad - (p.xlab.em > 0 ? 3.4 : 2) * fs;
+  make_ticks(ay, p.y1 - p.y0, fs, true);
   // The legend sits right of the plot, where it covers no data. Its size is pllegend's own sum:
   // borders and text offset (1.4 character heights, scaled by the aspect ratio), names, line sample;
   // rows of 2 character heights. PLplot's character height is 0.75 em here (see Page::font).
-  const double swatch = 2.5 * fs, legend_h = 1.5 * fs * static_cast<double>(names.size());
-  const double legend_w = names.empty() ? 0 : 1.05 * fs * W / H + name_em * fs + swatch + 2 * fs;
-  const double x0 = pad + (ylab.em > 0 ? 1.6 * fs : 0) + (ay.em + 0.8) * fs, x1 = W - pad - fs - legend_w;
-  make_ticks(ax, x1 - x0, fs, false);
-  std::vector<bool> marked(pts.size());  // markers, unless so dense that they would only smear the line
-  for (size_t i = 0; i < pts.size(); ++i) marked[i] = (x1 - x0) / (std::max<double>(finite[i], 2) - 1) >= 7 * k;
-  Page pg(fn, path, W, H);
+  p.swatch = 2.5 * fs, p.legend_h = 1.5 * fs * static_cast<double>(p.names.size());
+  const double legend_w = p.names.empty() ? 0 : 1.05 * fs * W / H + name_em * fs + p.swatch + 2 * fs;
+  p.x0 = pad + (p.ylab.em > 0 ? 1.6 * fs : 0) + (ay.em + 0.8) * fs, p.x1 = W - pad - fs - legend_w;
+  make_ticks(ax, p.x1 - p.x0, fs, false);
+  p.marked.resize(p.pts.size());  // markers, unless so dense that they would only smear the line
+  for (size_t i = 0; i < p.pts.size(); ++i) p.marked[i] = (p.x1 - p.x0) / (std::max<double>(finite[i], 2) - 1) >= 7 * k;
+  return p;
+}
+
+// Draws the chart with its top-left corner at pixel (ox, oy) of the page.
+void draw_line_chart(Page& pg, ChartPlan& p, double ox, double oy) {
+  static const char* const kMarkers[8] = {"●", "■", "▲", "◆", "▼", "⬟", "✖", "★"};  // apart in grey print too
+  const double k = p.k, fs = p.fs, tfs = p.tfs, ms = p.ms, pad = p.pad, lw = p.lw, W = p.W, H = p.H;
+  const double x0 = ox + p.x0, x1 = ox + p.x1, y0 = oy + p.y0, y1 = oy + p.y1;
+  Axis &ax = p.axes[0], &ay = p.axes[1];
   pg.area(x0, y0, x1, y1, ax.lo, ax.hi, ay.lo, ay.hi);
-  plslabelfunc(tick_label, axes);
+  plslabelfunc(tick_label, p.axes);
   pg.ticks(4 * k);
   plcol0(kGridInk);
   pg.pen(0.8 * k);
   plbox(ax.log ? "gl" : "g", ax.step, 0, ay.log ? "gl" : "g", ay.step, 0);
-  for (size_t i = 0; i < pts.size(); ++i) {
+  for (size_t i = 0; i < p.pts.size(); ++i) {
     std::vector<PLFLT> xs, ys, mx, my;  // the run of finite points under way; markers
     plcol0(kTab10 + static_cast<PLINT>(i % 10));
     pg.pen(lw);
-    for (size_t j = 0; j <= pts[i].size(); ++j) {
-      if (j < pts[i].size() && !std::isnan(pts[i][j].first)) {
-        xs.push_back(pts[i][j].first), ys.push_back(pts[i][j].second);
-        if (marked[i]) mx.push_back(xs.back()), my.push_back(ys.back());
+    for (size_t j = 0; j <= p.pts[i].size(); ++j) {
+      if (j < p.pts[i].size() && !std::isnan(p.pts[i][j].first)) {
+        xs.push_back(p.pts[i][j].first), ys.push_back(p.pts[i][j].second);
+        if (p.marked[i]) mx.push_back(xs.back()), my.push_back(ys.back());
         continue;
       }
       if (xs.size() > 1) plline(static_cast<PLINT>(xs.size()), xs.data(), ys.data());
-      if (xs.size() == 1 && !marked[i]) mx.push_back(xs[0]), my.push_back(ys[0]);  // a lone point is a marker
+      if (xs.size() == 1 && !p.marked[i]) mx.push_back(xs[0]), my.push_back(ys[0]);  // a lone point is a marker
       xs.clear(), ys.clear();
     }
     pg.font(ms);
     plstring(static_cast<PLINT>(mx.size()), mx.data(), my.data(), kMarkers[i % 8]);
   }
-  plcol0(kInk);
+  plcol0(kInk);  // x marks: dashed lines across the plot, named at the top
+  pg.pen(lw);
+  pg.font(fs);
+  for (size_t m = 0; m < p.marks.size(); ++m) {
+    PLFLT mx[2] = {p.marks[m], p.marks[m]}, my[2] = {ay.lo, ay.hi};
+    pllsty(2);
+    plline(2, mx, my);
+    pllsty(1);
+    plptex(p.marks[m], ay.hi - 0.04 * (ay.hi - ay.lo), 1, 0, -0.05, p.mark_names[m].pl.c_str());
+  }
   pg.pen(k);
   pg.font(fs);  // frame, outward ticks (minor ones on log axes), labels by tick_label, upright on y
   plbox("c", 0, 0, "c", 0, 0);
   plbox(ax.log ? "binstlo" : "binto", ax.step, 0, ay.log ? "binstlvo" : "bintvo", ay.step, 0);
   pg.pixels();
-  pg.text((x0 + x1) / 2, H - pad - 0.6 * fs, xlab.pl, 0.5);
-  pg.text(pad + 0.6 * fs, (y0 + y1) / 2, ylab.pl, 0.5, true);
+  pg.text((x0 + x1) / 2, oy + H - pad - 0.6 * fs, p.xlab.pl, 0.5);
+  pg.text(ox + pad + 0.6 * fs, (y0 + y1) / 2, p.ylab.pl, 0.5, true);
   pg.font(tfs);
-  pg.text(W / 2, pad + 0.8 * tfs, title.pl, 0.5);
-  if (const size_t n = names.size(); n > 0) {
+  pg.text(ox + W / 2, oy + pad + 0.8 * tfs, p.title.pl, 0.5);
+  if (const size_t n = p.names.size(); n > 0) {
     pg.area(x0, y0, x1, y1, 0, 1, 0, 1);
     pg.font(fs);
     std::vector<PLINT> opts(n), ink(n, kInk), colours(n), styles(n, 1), counts(n, 1);
     std::vector<PLFLT> widths(n, pg.pen(lw)), scales(n, ms / fs);
     std::vector<const char*> texts(n), glyphs(n);
     for (size_t e = 0; e < n; ++e) {
-      opts[e] = PL_LEGEND_LINE | (marked[named[e]] ? PL_LEGEND_SYMBOL : 0);
-      colours[e] = kTab10 + static_cast<PLINT>(named[e] % 10);
-      texts[e] = names[e].pl.c_str(), glyphs[e] = kMarkers[named[e] % 8];
+      opts[e] = PL_LEGEND_LINE | (p.marked[p.named[e]] ? PL_LEGEND_SYMBOL : 0);
+      colours[e] = kTab10 + static_cast<PLINT>(p.named[e] % 10);
+      texts[e] = p.names[e].pl.c_str(), glyphs[e] = kMarkers[p.named[e] % 8];
     }
     PLFLT lw_out = 0, lh_out = 0;
     pllegend(&lw_out, &lh_out, PL_LEGEND_BACKGROUND | PL_LEGEND_BOUNDING_BOX,
              PL_POSITION_OUTSIDE | PL_POSITION_TOP | PL_POSITION_RIGHT | PL_POSITION_VIEWPORT, fs / (x1 - x0),
-             -legend_h / (y1 - y0), swatch / (x1 - x0), kPage, kFrame, 1, static_cast<PLINT>(n), 1,
+             -p.legend_h / (y1 - y0), p.swatch / (x1 - x0), kPage, kFrame, 1, static_cast<PLINT>(n), 1,
              static_cast<PLINT>(n), opts.data(), 0.6, 1.0, 2.0, 0, ink.data(), texts.data(), nullptr, nullptr, nullptr,
              nullptr, colours.data(), styles.data(), widths.data(), colours.data(), scales.data(), counts.data(),
              glyphs.data());
   }
+}
+
+}  // namespace
+
+void save_line_chart(const LineChart& chart, const std::string& path) { save_line_charts({chart}, path); }
+
+void save_line_charts(const std::vector<LineChart>& charts, const std::string& path) {
+  constexpr const char* fn = "save_line_chart";
+  HL_CHECK(!charts.empty(), fn, ": no chart to draw into '", path, "'");
+  std::vector<ChartPlan> plans;
+  double W = 0, H = 0;
+  for (const LineChart& ch : charts) {
+    plans.push_back(plan_line_chart(ch, fn));
+    W += plans.back().W, H = std::max(H, plans.back().H);
+  }
+  Page pg(fn, path, W, H);
+  double ox = 0;
+  for (ChartPlan& p : plans) draw_line_chart(pg, p, ox, 0), ox += p.W;
   pg.finish();
 }
 

@@ -24,9 +24,16 @@ struct Series {
 // [0, 1] ([1, 10] on a log axis), so that a caller's report still has its picture.
 // The legend (named series only) sits right of the plot, where it covers no data. Text and strokes
 // grow with the size (800 x 500 is the unit).
+// A vertical dashed line across a chart at x, its name written at the top (an event: "phase change").
+struct XMark {
+  double x = 0;
+  std::string name;
+};
+
 struct LineChart {
   std::string title, x_label, y_label;
   std::vector<Series> series;
+  std::vector<XMark> x_marks;         // each widens the x range to show it
   bool log_x = false, log_y = false;  // log_x suits token counts that double: 64, 128, ..., 4096
   int width = 800, height = 500;      // pixels, each within [200, 8000]
 };
@@ -64,6 +71,8 @@ struct HeatmapGrid {
 // Throws headlab::Error on bad input, on an extension other than .png/.svg/.pdf, and when the
 // file cannot be written ("save_heatmap: cannot write 'dir/x.png': No such file or directory ...").
 void save_line_chart(const LineChart& chart, const std::string& path);
+// Charts side by side in one picture, each at its own size (the picture is as tall as the tallest).
+void save_line_charts(const std::vector<LineChart>& charts, const std::string& path);
 void save_heatmap(const Heatmap& map, const std::string& path);
 void save_heatmap_grid(const HeatmapGrid& grid, const std::string& path);
 

@@ -41,7 +41,27 @@ TextWindowsTask::TextWindowsTask(const TaskOptions& options, std::string name, s
   text_loaded_ = missing_reason_.empty();
 }
 
-void TextWindowsTask::set_ids(const std::vector<int64_t>& ids) { ids_.assign(ids.begin(), ids.end()); }
+void TextWindowsTask::set_ids(const std::vector<int64_t>& ids) {
+  const double p = options_.repeat_prob;
+  const int64_t span = options_.repeat_span;
+  if (p <= 0) {
+    ids_.assign(ids.begin(), ids.end());
+    return;
+  }
+  HL_CHECK(p <= 1 && span >= 2, "task ", name_,
+           ": repeated segments need a probability in [0, 1] and a span >= 2; got ", p, " and ", span);
+  const int64_t lo = std::max<int64_t>(2, span / 6), n = static_cast<int64_t>(ids.size());
+  CounterRng rng(hash_combine(splitmix64(options_.seed), 0x7265706561ULL));  // "repea": apart from the batches'
+  ids_.clear();
+  ids_.reserve(static_cast<size_t>(n + n * p));
+  for (int64_t at = 0; at < n;) {
+    const int64_t len = std::min(n - at, lo + static_cast<int64_t>(rng.below(static_cast<uint64_t>(span - lo + 1))));
+    const bool twice = static_cast<double>(rng.below(uint64_t{1} << 53)) < p * static_cast<double>(uint64_t{1} << 53);
+    for (int copy = 0; copy < (twice ? 2 : 1); ++copy)
+      ids_.insert(ids_.end(), ids.begin() + at, ids.begin() + at + len);
+    at += len;
+  }
+}
 
 std::string TextWindowsTask::source() const {
   return options_.text.empty() ? "text '" + options_.text_path + "'" : std::string("text");
@@ -54,7 +74,11 @@ std::string TextWindowsTask::describe(const std::string& what, const std::string
     os << text_length() << " " << unit_;
   else
     os << "not loaded";
-  os << ", " << vocabulary << "). Each row is a window of context length + 1 " << unit_
+  os << ", " << vocabulary << ")";
+  if (options_.repeat_prob > 0)
+    os << ", with more repetition: segments of " << std::max<int64_t>(2, options_.repeat_span / 6) << ".."
+       << options_.repeat_span << " " << unit_ << " each written twice with probability " << options_.repeat_prob;
+  os << ". Each row is a window of context length + 1 " << unit_
      << " at a position hashed from (seed, split, batch index, row); inputs are its first T " << unit_
      << ", targets its last T, and every position is scored (token accuracy; exact match does not apply). "
         "The first "

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -121,6 +123,12 @@ std::map<std::string, std::string> options_to_map(const std::string& name, const
   if (any || name == "chars" || name == "text") {
     m["text_path"] = o.text_path;
     if (!o.text.empty()) m["text"] = o.text;
+    if (o.repeat_prob > 0) {  // absent otherwise: checkpoints without it read as before
+      char buf[32];
+      std::snprintf(buf, sizeof(buf), "%.17g", o.repeat_prob);
+      m["repeat_prob"] = buf;
+      m["repeat_span"] = std::to_string(o.repeat_span);
+    }
   }
   return m;
 }
@@ -149,9 +157,17 @@ TaskOptions options_from_map(const std::map<std::string, std::string>& map) {
       o.text_path = value;
     } else if (key == "text") {
       o.text = value;
+    } else if (key == "repeat_prob") {
+      char* end = nullptr;
+      o.repeat_prob = std::strtod(value.c_str(), &end);
+      HL_CHECK(!value.empty() && end == value.c_str() + value.size() && o.repeat_prob >= 0 && o.repeat_prob <= 1,
+               "task options: key 'repeat_prob' has value '", value, "', expected a probability in [0, 1]");
+    } else if (key == "repeat_span") {
+      parse(key, value, o.repeat_span);
     } else {
       HL_FAIL("task options: unknown key '", key,
-              "'; known keys are seed, min_len, max_len, n_digits, max_number, text_path, text");
+              "'; known keys are seed, min_len, max_len, n_digits, max_number, text_path, text, repeat_prob, "
+              "repeat_span");
     }
   }
   return o;

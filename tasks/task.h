@@ -96,6 +96,12 @@ struct TaskOptions {
   // chars: the text is `text` when non-empty, else read from text_path.
   std::string text_path = "data/tiny.txt";
   std::string text;
+  // chars / text: data with more repetition, for studying induction heads (Olsson et al.'s form on text
+  // that repeats within a context): the token stream is cut into segments of uniform length in
+  // [max(2, repeat_span / 6), repeat_span] and each is written twice with probability repeat_prob,
+  // drawn from the seed. 0: the text as it is.
+  double repeat_prob = 0;
+  int64_t repeat_span = 96;
   // chars: a fixed vocabulary (from a checkpoint); empty = sorted unique characters of the text.
   // Algorithmic tasks: must be empty or equal to the task's own vocabulary.
   std::vector<std::string> vocabulary;
@@ -106,7 +112,7 @@ struct TaskOptions {
 
 // The options that matter for task `name` as key/value strings: seed, and min_len + max_len
 // (copy/reverse/sort), n_digits (add), max_number (numbers), text_path and, only when given
-// inline, text (chars).
+// inline, text, and only when repeat_prob > 0, repeat_prob and repeat_span (chars, text).
 // An unknown name gives every key. The vocabulary is not included: it travels as the
 // tokenizer's list.
 std::map<std::string, std::string> options_to_map(const std::string& name, const TaskOptions& options);

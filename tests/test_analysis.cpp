@@ -8,6 +8,7 @@
 #include "analysis/head_scores.h"
 #include "analysis/l0_gates.h"
 #include "analysis/patching.h"
+#include "analysis/reports.h"
 #include "tasks/algorithmic.h"
 #include "tests/process_util.h"
 
@@ -449,7 +450,16 @@ TEST(Analysis, IclScoreAndHeadsOverTimeMatchTheirParts) {
   EXPECT_NEAR(s.loss_late, late, 1e-5);
   EXPECT_NEAR(s.icl, late - early, 1e-5);
 
-  HeadsOverTime watch(3);
+  double all = 0;  // the mean loss over every position
+  {
+    NoGradGuard ng;
+    const Tensor logp = model.forward(tensor(b.inputs, {3, 40})).log_softmax(-1);
+    for (int64_t r = 0; r < 3; ++r)
+      for (int64_t t = 0; t < 40; ++t) all -= logp.select(0, r).select(0, t).select(0, b.target(r, t)).item<double>();
+  }
+  EXPECT_NEAR(s.loss, all / 120, 1e-5);
+
+  HeadsOverTime watch(3, 3);
   watch.observe(model, *task, 40, 0);
   watch.observe(model, *task, 40, 5);
   ASSERT_EQ(watch.history().size(), 2u);
@@ -464,7 +474,61 @@ TEST(Analysis, IclScoreAndHeadsOverTimeMatchTheirParts) {
   EXPECT_NEAR(watch.history()[1].icl, s.icl, 1e-9);
   const std::string csv = watch.csv();
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 1 + 2 * 4) << csv;
-  EXPECT_EQ(csv.substr(0, csv.find('\n')), "step,layer,head,previous_token,induction,duplicate_token,icl_score");
+  EXPECT_EQ(csv.substr(0, csv.find('\n')), "step,layer,head,previous_token,induction,duplicate_token,loss,icl_score");
+}
+
+// The phase change is the interval where the ICL score falls fastest per step; the induction head is
+// the strongest at the end, and the first step any head reached the threshold is found.
+TEST(Analysis, PhaseChangeIsWhereTheIclScoreFallsFastest) {
+  std::vector<HeadsAtStep> h;
+  const double icl[] = {0.0, -0.05, -0.1, -0.6, -0.7, -0.72};
+  const double ind[] = {0.01, 0.02, 0.05, 0.5, 0.7, 0.75};
+  for (int64_t i = 0; i < 6; ++i) {
+    HeadsAtStep s;
+    s.step = i * 100;
+    s.icl = icl[i];
+    s.loss = 3.0 - 0.1 * static_cast<double>(i);
+    HeadTypeScores a, b;
+    a.layer = 0, a.head = a.original_head = 0, a.induction = 0.02;
+    b.layer = 1, b.head = b.original_head = 2, b.induction = ind[i];
+    s.heads = {a, b};
+    h.push_back(s);
+  }
+  h.back().step = 520;  // a last, shorter interval: the drop is per step
+  PhaseChange p = find_phase_change(h);
+  ASSERT_TRUE(p.found);
+  EXPECT_TRUE(p.sharp);
+  EXPECT_NEAR(p.fall, 0.5, 1e-12);
+  EXPECT_NEAR(p.whole_fall, 0.72, 1e-12);     // from 0 (the highest before) to -0.72 (the lowest after)
+  EXPECT_NEAR(p.median_change, 0.05, 1e-12);  // of 0.05, 0.05, 0.5, 0.1, 0.02
+  EXPECT_EQ(p.from, 200);
+  EXPECT_EQ(p.to, 300);
+  EXPECT_DOUBLE_EQ(p.icl_from, -0.1);
+  EXPECT_DOUBLE_EQ(p.icl_to, -0.6);
+  EXPECT_DOUBLE_EQ(p.icl_first, 0.0);
+  EXPECT_DOUBLE_EQ(p.icl_last, -0.72);
+  EXPECT_DOUBLE_EQ(p.loss_from, 2.8);
+  EXPECT_EQ(p.layer, 1);
+  EXPECT_EQ(p.head, 2);
+  EXPECT_DOUBLE_EQ(p.induction_last, 0.75);
+  EXPECT_DOUBLE_EQ(p.induction_from, 0.05);
+  EXPECT_DOUBLE_EQ(p.induction_to, 0.5);
+  EXPECT_EQ(p.first_induction_step, 300);
+  // A slow slide is no phase change: its steepest step is a small share of the whole fall.
+  std::vector<HeadsAtStep> slide = h;
+  for (size_t i = 0; i < slide.size(); ++i) slide[i].step = static_cast<int64_t>(i) * 100, slide[i].icl = -0.2 * i;
+  slide.insert(slide.end(), slide.begin(), slide.end());
+  for (size_t i = 0; i < slide.size(); ++i) slide[i].step = static_cast<int64_t>(i) * 100, slide[i].icl = -0.2 * i;
+  p = find_phase_change(slide);
+  EXPECT_TRUE(p.found);
+  EXPECT_FALSE(p.sharp);  // 0.2, the median change
+  // A rising ICL score has no phase change; neither have two observations.
+  for (HeadsAtStep& s : h) s.icl = -s.icl;
+  EXPECT_FALSE(find_phase_change(h).found);
+  h.resize(2);
+  for (HeadsAtStep& s : h) s.icl = -s.icl;
+  EXPECT_FALSE(find_phase_change(h).found);
+  EXPECT_EQ(find_phase_change({}).layer, -1);
 }
 
 TEST_F(AnalysisFiles, FinetuningRecoversWhatPruningCost) {
@@ -677,6 +741,105 @@ TEST(Analysis, HeadTypesMatchNaiveLoopsAndFindPlantedHeads) {
   }
   po.induction_half = 7;
   EXPECT_ERROR_CONTAINS(head_types(planted, random, po), "head_types: repeated sequences of 2 x 7 tokens do not fit");
+}
+
+// An induction circuit built by hand in a 2-layer attention-only model (Elhage et al.'s): the residual
+// stream holds one-hot slots, token [0, 32), position [32, 48), previous token [48, 80), copied token
+// [80, 112); L0H0 attends to the previous position and writes its token into the previous-token slot;
+// L1H0's query reads the token, its key the previous-token slot (K-composition), its value copies the
+// attended token into the copied slot, which the unembedding reads. L0H1 writes only into the spare
+// dims [112, 128), L1H1 reads with its random query and key and writes nothing. Every position holds
+// the same one-hot pattern, so the layer norms act alike on all of them. head_types must label the two
+// heads, induction_pairs must pair them, and ablating L1H0 must cost nearly all of what copying from
+// the context is worth on repeated random tokens.
+TEST(Analysis, PlantedInductionCircuitIsFoundScoredAndCostsItsLossWhenAblated) {
+  constexpr int64_t V = 32, T = 16, C = 128, D = 64, kPrev = 48, kCopy = 80, kSpare = 112;
+  nn::GPTConfig cfg;
+  cfg.vocab_size = V, cfg.context_length = T, cfg.emb_dim = C, cfg.n_heads = 2, cfg.n_layers = 2;
+  cfg.attn_only = true;
+  manual_seed(5);
+  nn::GPTModel model(cfg);
+  model.eval();
+  const auto set = [](const Tensor& w, int64_t row, int64_t col, double v) {
+    w.select(0, row).narrow(0, col, 1).fill_(v);
+  };
+  {
+    NoGradGuard ng;
+    model.tok_emb->weight.zero_();
+    model.pos_emb->weight.zero_();
+    for (int64_t v = 0; v < V; ++v) set(model.tok_emb->weight, v, v, 10.0);
+    for (int64_t t = 0; t < T; ++t) set(model.pos_emb->weight, t, V + t, 10.0);
+    auto& a0 = dynamic_cast<nn::CausalMultiHeadAttention&>(model.attention(0));
+    auto& a1 = dynamic_cast<nn::CausalMultiHeadAttention&>(model.attention(1));
+    for (nn::CausalMultiHeadAttention* a : {&a0, &a1}) {  // head 0's rows [0, D) all rebuilt below
+      for (const Tensor& w : {a->W_query->weight, a->W_key->weight, a->W_value->weight}) w.narrow(0, 0, D).zero_();
+      a->out_proj->bias.zero_();
+    }
+    // L0H0: query at position t = the code of t - 1, key = the code of t; value = the token, out -> prev slot.
+    for (int64_t i = 0; i + 1 < T; ++i) set(a0.W_query->weight, i, V + i + 1, 5.0);
+    for (int64_t i = 0; i < T; ++i) set(a0.W_key->weight, i, V + i, 5.0);
+    for (int64_t i = 0; i < V; ++i) set(a0.W_value->weight, i, i, 1.0);
+    const Tensor o0 = a0.out_proj->weight.clone();
+    a0.out_proj->weight.zero_();
+    for (int64_t i = 0; i < V; ++i) set(a0.out_proj->weight, kPrev + i, i, 1.0);
+    a0.out_proj->weight.narrow(0, kSpare, C - kSpare)
+        .narrow(1, D, C - kSpare)
+        .copy_(o0.narrow(0, kSpare, C - kSpare).narrow(1, D, C - kSpare));  // L0H1 -> the spare dims only
+    // L1H0: query = the token, key = the previous-token slot; value = the token, out -> the copied slot.
+    for (int64_t i = 0; i < V; ++i) {
+      set(a1.W_query->weight, i, i, 5.0);
+      set(a1.W_key->weight, i, kPrev + i, 5.0);
+      set(a1.W_value->weight, i, i, 1.0);
+    }
+    a1.out_proj->weight.zero_();
+    for (int64_t i = 0; i < V; ++i) set(a1.out_proj->weight, kCopy + i, i, 1.0);
+    a1.W_value->weight.narrow(0, D, D).zero_();  // L1H1 writes nothing
+    model.out_head->weight.zero_();
+    for (int64_t v = 0; v < V; ++v) set(model.out_head->weight, v, kCopy + v, 5.0);
+  }
+  EvalSet text;  // any rows: the pattern scores are not what this test is about
+  Batch& rows = text.batches.emplace_back();
+  rows.B = 2, rows.T = T;
+  for (int64_t i = 0; i < 2 * T; ++i) rows.inputs.push_back(i * 7 % V), rows.targets.push_back((i + 1) * 7 % V);
+  HeadTypeOptions o;
+  o.induction_rows = 16;
+  const HeadTypes ht = head_types(model, text, o);
+  ASSERT_EQ(ht.heads.size(), 4u);
+  EXPECT_GT(ht.heads[0].previous_token, 0.95);
+  EXPECT_EQ(ht.heads[0].label.substr(0, 14), "previous-token");
+  EXPECT_GT(ht.heads[2].induction, 0.6);
+  EXPECT_NE(ht.heads[2].label.find("induction"), std::string::npos) << ht.heads[2].label;
+  for (size_t i : {0u, 1u, 3u}) EXPECT_LT(ht.heads[i].induction, 0.3) << i;
+
+  const std::vector<CompositionScore> comp = composition_scores(model);
+  const std::vector<InductionPair> pairs = induction_pairs(ht, comp);
+  ASSERT_EQ(pairs.size(), 1u);
+  EXPECT_EQ(pairs[0].induction.layer, 1);
+  EXPECT_EQ(pairs[0].induction.head, 0);
+  EXPECT_EQ(pairs[0].partner.layer, 0);
+  EXPECT_EQ(pairs[0].partner.head, 0);
+  double k_spare = 0, k_random = 0;  // L0H1 -> L1H0 (writes where L1H0 never reads); L0H0 -> L1H1 (random)
+  for (const CompositionScore& c : comp) {
+    if (c.head_a == 1 && c.head_b == 0) k_spare = c.k;
+    if (c.head_a == 0 && c.head_b == 1) k_random = c.k;
+  }
+  EXPECT_LT(k_spare, 1e-6);
+  EXPECT_NEAR(pairs[0].k_mean, (pairs[0].k.k + k_spare) / 2, 1e-12);
+  EXPECT_GT(pairs[0].k.k, k_random);
+  EXPECT_NE(induction_pairs_text(ht, comp).find("induction head L1H0"), std::string::npos);
+
+  // Copying from the context: the second copies are predicted, until L1H0 is ablated.
+  const EvalSet repeated = repeated_tokens_set(V, 16, T / 2, 3);
+  ASSERT_EQ(repeated.batches[0].scored_targets(), 16 * (T / 2 - 1));
+  EXPECT_EQ(repeated.batches[0].target(0, T / 2), repeated.batches[0].input(0, 1));
+  EXPECT_EQ(repeated.batches[0].target(0, T / 2 - 1), kIgnoreIndex);
+  const AblationResult abl = ablate_heads(model, repeated);
+  EXPECT_LT(abl.base.loss, 1.0);
+  ASSERT_EQ(abl.heads.size(), 4u);
+  EXPECT_GT(abl.heads[2].zero.loss, std::log(double(V)) - 0.5);  // near uniform guessing without it
+  EXPECT_GT(abl.heads[2].mean.loss - abl.base.loss, 2.0);
+  EXPECT_GT(abl.heads[0].mean.loss - abl.base.loss, 1.0);  // the circuit's other half: L1H0's keys need it
+  for (size_t i : {1u, 3u}) EXPECT_LT(abl.heads[i].mean.loss - abl.base.loss, 0.1) << i;
 }
 
 TEST(Analysis, ImportanceMatchesFiniteDifferencesOfTheGates) {
@@ -1192,7 +1355,8 @@ TEST_F(AnalysisFiles, CommandsLoadPrunedCheckpoints) {
     std::string header, line;
     std::getline(csv, header);
     EXPECT_NE(header.find(",dla_logit_vs_mean,dla_logit,patch_noising,patch_denoising,previous_token,first_token,"
-                          "separator,entropy,entropy_normalized,induction,duplicate_token,label"),
+                          "separator,entropy,entropy_normalized,induction,duplicate_token,repeated_zero_delta_loss,"
+                          "repeated_mean_delta_loss,label"),
               std::string::npos)
         << header;
     int rows = 0;

@@ -785,9 +785,35 @@ TEST_F(CliTest, AttentionOnlyModelsTrainAndLoadEverywhere) {
   EXPECT_EQ(std::count(watched.begin(), watched.end(), '\n'), 1 + 3 * 4) << watched;  // 3 observations x 4 heads
   EXPECT_TRUE(watched.find("\n4,1,1,") != std::string::npos) << watched;
   EXPECT_TRUE(fs::exists(path("watch/heads_over_time.png")));
+  EXPECT_TRUE(contains(slurp(path("watch/heads_over_time.md")), "strongest induction head at the end: L"));
+  EXPECT_TRUE(contains(r.out, "heads over time:")) << r.out;
   r = headlab({"train", "--arch", "encoder-decoder", "--attn-only", "--steps", "1", "--out", path("ao_ed")});
   EXPECT_EQ(r.code, 1);
   EXPECT_TRUE(contains(r.err, "--attn-only applies to --arch gpt")) << r.err;
+}
+
+// scripts/induction.sh, the induction-head reproduction, in its quick form (a few steps on data/tiny.txt
+// with this build's binary): both models train with the same settings, heads runs on both, and the
+// report has every part, the composition heatmap and the copying ablation included.
+TEST_F(CliTest, InductionScriptRunsEndToEnd) {
+  const std::string out = path("induction");
+  const Result r = run_process(
+      {std::string(HEADLAB_SOURCE_DIR) + "/scripts/induction.sh", "--quick", "--out", out, "--headlab", kBinary},
+      scratch_dir(), "OMP_NUM_THREADS=1");
+  ASSERT_EQ(r.code, 0) << r.out << r.err;
+  const std::string report = slurp(out + "/report.md");
+  for (const char* part : {"## 2 layers", "## 1 layer", "--repeat-prob 1", "tok/s", "in-context-learning score",
+                           "strongest induction head at the end", "labels from `headlab heads`",
+                           "repeated random tokens (16 rows of 2 x 16)", "L2/heads_over_time.png"})
+    EXPECT_TRUE(contains(report, part)) << part << "\n" << report;
+  for (const char* file :
+       {"L1/heads_over_time.png", "L2/heads/composition.png", "L2/heads/composition.csv", "L1/heads/heads.csv"})
+    EXPECT_TRUE(fs::exists(out + "/" + file)) << file;
+  EXPECT_FALSE(fs::exists(out + "/L1/heads/composition.csv"));  // one layer: nothing to compose with
+  const std::string csv = slurp(out + "/L2/heads/heads.csv");
+  EXPECT_TRUE(contains(csv.substr(0, csv.find('\n')), "repeated_zero_delta_loss,repeated_mean_delta_loss,label"));
+  const Result bad = run_process({std::string(HEADLAB_SOURCE_DIR) + "/scripts/induction.sh", "--steps"}, scratch_dir());
+  EXPECT_NE(bad.code, 0);
 }
 
 // Every command on a GPT-2 folder, and the folder's trip through headlab: convert -> a checkpoint that

@@ -240,6 +240,28 @@ TEST_F(PlotTest, LineChartErrorsNameTheProblem) {
   EXPECT_FALSE(fs::exists(path("a.png")));
 }
 
+// Charts side by side: one picture as wide as both; an x mark widens the x range and its name is drawn.
+TEST_F(PlotTest, ChartsSideBySideWithMarks) {
+  plot::LineChart a = timing_chart(600, 400), b = timing_chart(400, 300);
+  b.log_x = b.log_y = false;
+  plot::save_line_charts({b}, path("unmarked.svg"));
+  b.x_marks.push_back({1000, "phase"});  // inside the data's range: the same ticks, 5 more glyphs
+  plot::save_line_charts({b}, path("marked.svg"));
+  EXPECT_EQ(count(read_file(path("marked.svg")), "<use"), count(read_file(path("unmarked.svg")), "<use") + 5);
+  plot::save_line_charts({a, b}, path("two.png"));
+  EXPECT_EQ(png_size(path("two.png")), std::make_pair(1000u, 400u));
+  b.x_marks[0].name = "phase change";
+  b.x_marks[0].x = NAN;
+  EXPECT_NE(error_of([&] {
+              plot::save_line_charts({a, b}, path("bad.png"));
+            }).find("x mark 'phase change' at nan"),
+            std::string::npos);
+  a.x_marks.push_back({-1, "before"});
+  EXPECT_NE(error_of([&] { plot::save_line_chart(a, path("bad.png")); }).find("on a log x axis"), std::string::npos);
+  EXPECT_NE(error_of([&] { plot::save_line_charts({}, path("bad.png")); }).find("no chart"), std::string::npos);
+  EXPECT_FALSE(fs::exists(path("bad.png")));
+}
+
 // --- Paths and formats -------------------------------------------------------------------------
 
 TEST_F(PlotTest, TheExtensionPicksTheFormat) {

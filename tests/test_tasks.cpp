@@ -662,7 +662,61 @@ TEST(Factory, NamesOptionsAndRoundTrips) {
               options_from_map({{"length", "4"}});
             }),
             "task options: unknown key 'length'; known keys are seed, min_len, max_len, n_digits, "
-            "max_number, text_path, text");
+            "max_number, text_path, text, repeat_prob, repeat_span");
+  TaskOptions rep;
+  rep.repeat_prob = 0.3;
+  rep.repeat_span = 40;
+  EXPECT_EQ(options_to_map("chars", rep), (std::map<std::string, std::string>{{"seed", "1"},
+                                                                              {"text_path", "data/tiny.txt"},
+                                                                              {"repeat_prob", "0.29999999999999999"},
+                                                                              {"repeat_span", "40"}}));
+  EXPECT_EQ(options_from_map(options_to_map("chars", rep)).repeat_prob, 0.3);
+  EXPECT_EQ(options_from_map(options_to_map("chars", rep)).repeat_span, 40);
+  EXPECT_EQ(error_of([] {
+              options_from_map({{"repeat_prob", "1.5"}});
+            }),
+            "task options: key 'repeat_prob' has value '1.5', expected a probability in [0, 1]");
+}
+
+// Data with more repetition: the text cut into segments of span/6 .. span characters, each written
+// once or twice as drawn from the seed; the same seed gives the same stream.
+TEST(Chars, RepeatedSegmentsCopyTheTextInPlace) {
+  TaskOptions o;
+  o.text = printable_ascii();  // 95 distinct characters: a repeat is visible as a step back
+  for (int i = 0; i < 30; ++i) o.text += printable_ascii();
+  o.repeat_prob = 0.5;
+  o.repeat_span = 24;
+  const CharsTask a(o), b(o);
+  EXPECT_EQ(a.text_ids(), b.text_ids());
+  const std::vector<int32_t>& ids = a.text_ids();
+  // A copy shows as a step back by its length L in [24 / 6, 24], followed by the L characters before
+  // it; with the copies taken out, the stream is the text.
+  const int64_t n = 31 * 95;
+  int64_t kept = 1, copies = 0;
+  ASSERT_EQ(ids[0], 0);
+  for (size_t j = 1; j < ids.size();) {
+    if (ids[j] == (ids[j - 1] + 1) % 95) {
+      ++kept, ++j;
+      continue;
+    }
+    const int64_t L = (ids[j - 1] + 1 - ids[j] + 95) % 95;
+    ASSERT_GE(L, 4) << j;
+    ASSERT_LE(L, 24) << j;
+    ASSERT_LE(j + static_cast<size_t>(L), ids.size());
+    EXPECT_TRUE(std::equal(ids.begin() + static_cast<int64_t>(j), ids.begin() + static_cast<int64_t>(j) + L,
+                           ids.begin() + static_cast<int64_t>(j) - L))
+        << j;
+    ++copies, j += static_cast<size_t>(L);
+  }
+  EXPECT_EQ(kept, n);     // every character of the text, in order
+  EXPECT_GT(copies, 40);  // ~n / 14 segments, half of them twice
+  EXPECT_LT(copies, 160);
+  o.repeat_prob = 0;
+  EXPECT_EQ(static_cast<int64_t>(CharsTask(o).text_ids().size()), n);
+  o.repeat_prob = 1;
+  const CharsTask all(o);
+  EXPECT_EQ(static_cast<int64_t>(all.text_ids().size()), 2 * n);
+  EXPECT_NE(all.description().find("each written twice with probability 1"), std::string::npos);
 }
 
 TEST(Factory, BadOptions) {

@@ -10,6 +10,7 @@
 #include "analysis/l0_gates.h"
 #include "analysis/logit_attribution.h"
 #include "analysis/patching.h"
+#include "analysis/prompt_pairs.h"
 #include "analysis/pruning.h"
 #include "analysis/report.h"
 #include "analysis/stats.h"

@@ -6,6 +6,7 @@
 #include <limits>
 #include <sstream>
 
+#include "analysis/report.h"
 #include "analysis/table.h"
 #include "plot/plot.h"
 #include "train/evaluate.h"
@@ -141,9 +142,8 @@ std::string HeadsOverTime::summary_md() const {
       << fmt(p.loss_to, 3) << "\n";
   else
     o << "- no phase change: the ICL score never fell between observations (or fewer than 3 observations)\n";
-  std::string head = "L";  // (appended, not "L" + ...: GCC 12 warns falsely on that form, -Wrestrict)
-  head += std::to_string(p.layer) + "H" + std::to_string(p.head);
-  o << "- strongest induction head at the end: " << head << ", induction score " << fmt(p.induction_last, 3);
+  o << "- strongest induction head at the end: " << head_label(p.layer, p.head) << ", induction score "
+    << fmt(p.induction_last, 3);
   if (p.sharp) o << " (" << fmt(p.induction_from, 3) << " -> " << fmt(p.induction_to, 3) << " across the phase change)";
   o << "\n- first step at which a head's induction score reached " << kRepeatThreshold << ": "
     << (p.first_induction_step >= 0 ? std::to_string(p.first_induction_step) : std::string("never")) << "\n";
@@ -162,9 +162,7 @@ void HeadsOverTime::save_png(const std::string& path) const {
   if (!history_.empty())
     for (size_t i = 0; i < history_.front().heads.size(); ++i) {
       const HeadTypeScores& h = history_.front().heads[i];
-      std::string name = "L";  // (appended, not "L" + ...: GCC 12 warns falsely on that form, -Wrestrict)
-      name += std::to_string(h.layer) + "H" + std::to_string(h.original_head);
-      plot::Series line{name, {}, {}};
+      plot::Series line{head_label(h.layer, h.original_head), {}, {}};
       for (const HeadsAtStep& s : history_) {
         line.x.push_back(static_cast<double>(s.step));
         line.y.push_back(s.heads[i].induction);

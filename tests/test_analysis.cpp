@@ -477,6 +477,88 @@ TEST(Analysis, IclScoreAndHeadsOverTimeMatchTheirParts) {
   EXPECT_EQ(csv.substr(0, csv.find('\n')), "step,layer,head,previous_token,induction,duplicate_token,loss,icl_score");
 }
 
+// Prompt pairs from JSONL in a chars model's tokenizer, every malformed row refused naming its line; the
+// induction generator's rows; the logit difference against the logits read by hand.
+TEST(Analysis, PromptPairsReadGenerateAndScore) {
+  tasks::TaskOptions to;
+  to.text = "abcdefgh abcdefgh xyz";
+  const auto task = tasks::make_task("chars", to);
+  const std::string dir = ::testing::TempDir() + "prompt_pairs_test";
+  fs::create_directories(dir);
+  const auto write = [&](const std::string& name, const std::string& body) {
+    std::ofstream(dir + "/" + name) << body;
+    return dir + "/" + name;
+  };
+  const PromptPairs p =
+      read_prompt_pairs(write("ok.jsonl",
+                              "{\"clean\": \"abc a\", \"corrupt\": \"xyz x\", \"answer\": \"b\", \"wrong\": \"y\"}\n\n"
+                              "{\"clean\": \"hgf h\", \"corrupt\": \"abc a\", \"answer\": \"g\", \"wrong\": \"b\"}\n"),
+                        *task);
+  ASSERT_EQ(p.rows(), 2);
+  EXPECT_EQ(p.T, 5);
+  EXPECT_EQ(p.clean, (std::vector<int64_t>{1, 2, 3, 0, 1, 8, 7, 6, 0, 8}));  // " " is 0, a..h 1..8
+  EXPECT_EQ(p.answer, (std::vector<int64_t>{2, 7}));
+  EXPECT_EQ(p.wrong, (std::vector<int64_t>{10, 2}));
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"{\"clean\": \"abc\"", "bad.jsonl:1 is not a JSON object"},
+      {"[1, 2]", "bad.jsonl:1 is not a JSON object"},
+      {"{\"clean\": \"ab\", \"corrupt\": \"xy\", \"answer\": \"a\"}", "bad.jsonl:1 has no string field 'wrong'"},
+      {"{\"clean\": \"ab\", \"corrupt\": \"xy\", \"answer\": 3, \"wrong\": \"b\"}", "has no string field 'answer'"},
+      {"{\"clean\": \"ab\", \"corrupt\": \"xy\", \"answer\": \"ab\", \"wrong\": \"b\"}",
+       "bad.jsonl:1: answer must be one token; it is 2: \"a\" \"b\""},
+      {"{\"clean\": \"ab\", \"corrupt\": \"xyz\", \"answer\": \"a\", \"wrong\": \"b\"}",
+       "clean has 2 tokens, corrupt 3"},
+      {"{\"clean\": \"ab\", \"corrupt\": \"xy\", \"answer\": \"a\", \"wrong\": \"b\"}\n"
+       "{\"clean\": \"abc\", \"corrupt\": \"xyz\", \"answer\": \"a\", \"wrong\": \"b\"}",
+       "bad.jsonl:2: prompts of 3 tokens, but the rows before have 2"},
+      {"{\"clean\": \"ab\", \"corrupt\": \"xy\", \"answer\": \"Q\", \"wrong\": \"b\"}", "bad.jsonl:1: answer: "},
+      {"\n  \n", "has no rows"}};
+  for (const auto& [body, message] : bad)
+    EXPECT_ERROR_CONTAINS(read_prompt_pairs(write("bad.jsonl", body), *task), message);
+  EXPECT_ERROR_CONTAINS(read_prompt_pairs(dir + "/none.jsonl", *task), "does not exist");
+  EXPECT_ERROR_CONTAINS(read_prompt_pairs(dir + "/ok.jsonl", *tasks::make_task("reverse", {})), "needs a text model");
+
+  const PromptPairs ind = induction_prompt_pairs(7, 50, 4, 3);
+  ASSERT_EQ(ind.rows(), 50);
+  EXPECT_EQ(ind.T, 7);
+  for (int64_t r = 0; r < 50; ++r) {
+    const auto* c = ind.clean.data() + r * 7;
+    const auto* k = ind.corrupt.data() + r * 7;
+    for (int64_t t = 0; t < 3; ++t) {
+      EXPECT_EQ(c[4 + t], c[t]);
+      EXPECT_EQ(k[4 + t], k[t]);
+    }
+    EXPECT_EQ(ind.answer[static_cast<size_t>(r)], c[3]);
+    EXPECT_EQ(ind.wrong[static_cast<size_t>(r)], k[3]);
+    EXPECT_NE(ind.answer[static_cast<size_t>(r)], ind.wrong[static_cast<size_t>(r)]);
+  }
+
+  nn::GPTConfig c;
+  c.vocab_size = 7, c.context_length = 8, c.emb_dim = 8, c.n_heads = 2, c.n_layers = 1;
+  manual_seed(4);
+  nn::GPTModel model(c);
+  const LogitDifference d = logit_difference(model, ind);
+  EXPECT_TRUE(model.is_training());  // its mode is left as it was
+  ASSERT_EQ(d.clean.size(), 50u);
+  model.eval();
+  double mean = 0;
+  for (int64_t r = 0; r < 50; ++r) {
+    NoGradGuard ng;
+    const std::vector<int64_t> row(ind.corrupt.begin() + r * 7, ind.corrupt.begin() + (r + 1) * 7);
+    const Tensor last = model.forward(tensor(row, {1, 7})).select(0, 0).select(0, 6);
+    const double expected = last.select(0, ind.answer[static_cast<size_t>(r)]).item<double>() -
+                            last.select(0, ind.wrong[static_cast<size_t>(r)]).item<double>();
+    EXPECT_NEAR(d.corrupt[static_cast<size_t>(r)], expected, 1e-5) << r;
+    mean += expected / 50;
+  }
+  EXPECT_NEAR(d.corrupt_mean, mean, 1e-5);
+  EXPECT_DOUBLE_EQ(d.normalized(d.clean_mean), 1.0);
+  EXPECT_DOUBLE_EQ(d.normalized(d.corrupt_mean), 0.0);
+  PromptPairs too_long = ind;
+  too_long.T = 9;
+  EXPECT_ERROR_CONTAINS(logit_difference(model, too_long), "prompts of 9 tokens do not fit the model's context of 8");
+}
+
 // The phase change is the interval where the ICL score falls fastest per step; the induction head is
 // the strongest at the end, and the first step any head reached the threshold is found.
 TEST(Analysis, PhaseChangeIsWhereTheIclScoreFallsFastest) {

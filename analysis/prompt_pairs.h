@@ -1,0 +1,42 @@
+// Prompt-pair tasks, the data of circuit analyses (Wang et al. 2022's IOI, Conmy et al. 2023's ACDC): rows
+// of a clean prompt and a corrupted one that align token for token, the token the clean prompt should
+// be followed by (answer) and the one the corruption points to (wrong). The metric is the logit
+// difference answer - wrong at the last position, normalised so that the clean run scores 1 and the
+// corrupted run 0.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "analysis/heads.h"
+
+namespace headlab::analysis {
+
+struct PromptPairs {
+  int64_t T = 0;                        // tokens per prompt, the same for every row and both prompts
+  std::vector<int64_t> clean, corrupt;  // (rows, T) token ids
+  std::vector<int64_t> answer, wrong;   // (rows) single tokens
+  int64_t rows() const { return static_cast<int64_t>(answer.size()); }
+};
+
+// A JSONL file, one object a line: {"clean": str, "corrupt": str, "answer": str, "wrong": str}, the
+// strings tokenized by the task's tokenizer (chars or text: a checkpoint's or a GPT-2 folder's). Every
+// error names the file and line: malformed JSON, a missing or non-string field, an answer or wrong that is
+// not exactly one token (with the tokens it became), prompts of different lengths. Blank lines are skipped.
+PromptPairs read_prompt_pairs(const std::string& path, const tasks::Task& task);
+
+// The induction task: clean = n random tokens x, then x's first n - 1 again, answer = x's last (what
+// copying predicts); corrupt = the same built from n other random tokens y, wrong = y's last (never the
+// answer). T = 2n - 1 for every row.
+PromptPairs induction_prompt_pairs(int64_t vocab_size, int64_t rows, int64_t n, uint64_t seed);
+
+// The logit difference answer - wrong at the last position of each clean and corrupted prompt.
+struct LogitDifference {
+  std::vector<double> clean, corrupt;  // (rows)
+  double clean_mean = 0, corrupt_mean = 0;
+  // (ld - corrupt_mean) / (clean_mean - corrupt_mean): 1 for the clean run, 0 for the corrupted one.
+  double normalized(double ld) const;
+};
+LogitDifference logit_difference(nn::GPTModel& model, const PromptPairs& pairs);
+
+}  // namespace headlab::analysis

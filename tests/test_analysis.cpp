@@ -513,8 +513,8 @@ TEST(Analysis, PromptPairsReadGenerateAndScore) {
        "bad.jsonl:2: prompts of 3 tokens, but the rows before have 2"},
       {"{\"clean\": \"ab\", \"corrupt\": \"xy\", \"answer\": \"Q\", \"wrong\": \"b\"}", "bad.jsonl:1: answer: "},
       {"\n  \n", "has no rows"}};
-  for (const auto& [body, message] : bad)
-    EXPECT_ERROR_CONTAINS(read_prompt_pairs(write("bad.jsonl", body), *task), message);
+  for (const auto& row : bad)  // (not a structured binding: clang 14 cannot capture one in the macro's lambda)
+    EXPECT_ERROR_CONTAINS(read_prompt_pairs(write("bad.jsonl", row.first), *task), row.second);
   EXPECT_ERROR_CONTAINS(read_prompt_pairs(dir + "/none.jsonl", *task), "does not exist");
   EXPECT_ERROR_CONTAINS(read_prompt_pairs(dir + "/ok.jsonl", *tasks::make_task("reverse", {})), "needs a text model");
 

@@ -825,60 +825,13 @@ TEST(Analysis, HeadTypesMatchNaiveLoopsAndFindPlantedHeads) {
   EXPECT_ERROR_CONTAINS(head_types(planted, random, po), "head_types: repeated sequences of 2 x 7 tokens do not fit");
 }
 
-// An induction circuit built by hand in a 2-layer attention-only model (Elhage et al.'s): the residual
-// stream holds one-hot slots, token [0, 32), position [32, 48), previous token [48, 80), copied token
-// [80, 112); L0H0 attends to the previous position and writes its token into the previous-token slot;
-// L1H0's query reads the token, its key the previous-token slot (K-composition), its value copies the
-// attended token into the copied slot, which the unembedding reads. L0H1 writes only into the spare
-// dims [112, 128), L1H1 reads with its random query and key and writes nothing. Every position holds
-// the same one-hot pattern, so the layer norms act alike on all of them. head_types must label the two
-// heads, induction_pairs must pair them, and ablating L1H0 must cost nearly all of what copying from
-// the context is worth on repeated random tokens.
+// The planted induction circuit of tiny_models.h: head_types must label the two heads, induction_pairs
+// must pair them, and ablating L1H0 must cost nearly all of what copying from the context is worth on
+// repeated random tokens.
 TEST(Analysis, PlantedInductionCircuitIsFoundScoredAndCostsItsLossWhenAblated) {
-  constexpr int64_t V = 32, T = 16, C = 128, D = 64, kPrev = 48, kCopy = 80, kSpare = 112;
-  nn::GPTConfig cfg;
-  cfg.vocab_size = V, cfg.context_length = T, cfg.emb_dim = C, cfg.n_heads = 2, cfg.n_layers = 2;
-  cfg.attn_only = true;
-  manual_seed(5);
-  nn::GPTModel model(cfg);
-  model.eval();
-  const auto set = [](const Tensor& w, int64_t row, int64_t col, double v) {
-    w.select(0, row).narrow(0, col, 1).fill_(v);
-  };
-  {
-    NoGradGuard ng;
-    model.tok_emb->weight.zero_();
-    model.pos_emb->weight.zero_();
-    for (int64_t v = 0; v < V; ++v) set(model.tok_emb->weight, v, v, 10.0);
-    for (int64_t t = 0; t < T; ++t) set(model.pos_emb->weight, t, V + t, 10.0);
-    auto& a0 = dynamic_cast<nn::CausalMultiHeadAttention&>(model.attention(0));
-    auto& a1 = dynamic_cast<nn::CausalMultiHeadAttention&>(model.attention(1));
-    for (nn::CausalMultiHeadAttention* a : {&a0, &a1}) {  // head 0's rows [0, D) all rebuilt below
-      for (const Tensor& w : {a->W_query->weight, a->W_key->weight, a->W_value->weight}) w.narrow(0, 0, D).zero_();
-      a->out_proj->bias.zero_();
-    }
-    // L0H0: query at position t = the code of t - 1, key = the code of t; value = the token, out -> prev slot.
-    for (int64_t i = 0; i + 1 < T; ++i) set(a0.W_query->weight, i, V + i + 1, 5.0);
-    for (int64_t i = 0; i < T; ++i) set(a0.W_key->weight, i, V + i, 5.0);
-    for (int64_t i = 0; i < V; ++i) set(a0.W_value->weight, i, i, 1.0);
-    const Tensor o0 = a0.out_proj->weight.clone();
-    a0.out_proj->weight.zero_();
-    for (int64_t i = 0; i < V; ++i) set(a0.out_proj->weight, kPrev + i, i, 1.0);
-    a0.out_proj->weight.narrow(0, kSpare, C - kSpare)
-        .narrow(1, D, C - kSpare)
-        .copy_(o0.narrow(0, kSpare, C - kSpare).narrow(1, D, C - kSpare));  // L0H1 -> the spare dims only
-    // L1H0: query = the token, key = the previous-token slot; value = the token, out -> the copied slot.
-    for (int64_t i = 0; i < V; ++i) {
-      set(a1.W_query->weight, i, i, 5.0);
-      set(a1.W_key->weight, i, kPrev + i, 5.0);
-      set(a1.W_value->weight, i, i, 1.0);
-    }
-    a1.out_proj->weight.zero_();
-    for (int64_t i = 0; i < V; ++i) set(a1.out_proj->weight, kCopy + i, i, 1.0);
-    a1.W_value->weight.narrow(0, D, D).zero_();  // L1H1 writes nothing
-    model.out_head->weight.zero_();
-    for (int64_t v = 0; v < V; ++v) set(model.out_head->weight, v, kCopy + v, 5.0);
-  }
+  constexpr int64_t V = headlab::testing::kPlantedVocab, T = headlab::testing::kPlantedContext;
+  const auto planted = headlab::testing::planted_induction_gpt();
+  nn::GPTModel& model = *planted;
   EvalSet text;  // any rows: the pattern scores are not what this test is about
   Batch& rows = text.batches.emplace_back();
   rows.B = 2, rows.T = T;

@@ -1,0 +1,167 @@
+// Circuits of a GPT on a prompt-pair task (analysis/prompt_pairs.h): Wang et al. 2022's path patching,
+// Syed et al. 2023's edge attribution patching (EAP; Hanna et al. 2024's EAP-IG) and Conmy et al. 2023's
+// automatic circuit discovery (ACDC), on one graph and one forward.
+//
+// The graph: the residual stream is a sum of what its nodes write (the embeddings, every head, every
+// feed-forward; the out_proj biases are constants, the same on every prompt) and is read by receivers
+// (every head's query, key and value input, every feed-forward input, the logits). Edge s -> r is sender
+// s's share of receiver r's input; it exists when s sits before r. Patching edge s -> r gives r, in place
+// of s's output in this run, s's output on the corrupted prompt:
+//   x_r = sum over s of (patched(s, r) ? corrupt_s : out_s) + biases = resid_r - sum patched (out_s - corrupt_s)
+// and everything after r computes from that as usual. Patching every edge gives the corrupted run.
+// The metric is the mean logit difference answer - wrong at the last position, normalised so that the
+// clean run scores 1 and the corrupted run 0 (LogitDifference::normalized).
+//
+// The forward is written out here (embeddings, LayerNorms, per-head projections, causal attention,
+// out_proj per head, feed-forward, final LayerNorm and the answer - wrong direction of the unembedding)
+// from the model's own modules and weights, so that every receiver can take its own input; it matches
+// GPTModel::forward (tests). The model's head controls are not applied. K copies of the prompts run as
+// one batch, each with its own patched edges, and a forward starts at the first layer any copy patches
+// (everything before it is the clean run, stored once). B = prompt rows, T = tokens, C = emb_dim,
+// H = heads of a layer, D = head size, N = nodes, R = receivers.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "analysis/prompt_pairs.h"
+
+namespace headlab::analysis {
+
+// ------------------------------------------------------------------------------------------------
+// The graph of a GPT: nodes, receivers and the edges between them, in a fixed order.
+class CircuitGraph {
+ public:
+  explicit CircuitGraph(const nn::GPTModel& model);
+  enum class Input { q, k, v, mlp, logits };
+  struct Node {
+    int64_t layer = -1, head = -1;  // the embeddings: layer -1; a feed-forward: head -1
+  };
+  struct Receiver {
+    int64_t layer = 0, head = -1;  // the logits: layer = n_layers
+    Input input = Input::logits;
+    int64_t senders = 0;     // nodes [0, senders) feed it
+    int64_t first_edge = 0;  // its edges are [first_edge, first_edge + senders), sender-major
+  };
+  // Receivers come in groups that read the stream at one point: a layer's attention (q of every head,
+  // then k, then v), a layer's feed-forward, the logits.
+  struct Group {
+    int64_t layer = 0, first = 0, count = 0, senders = 0;
+    Input input = Input::q;  // q for an attention group (q, k, v inside), else mlp or logits
+  };
+
+  const std::vector<Node>& nodes() const { return nodes_; }
+  const std::vector<Receiver>& receivers() const { return receivers_; }
+  const std::vector<Group>& groups() const { return groups_; }
+  int64_t node_count() const { return static_cast<int64_t>(nodes_.size()); }
+  int64_t edge_count() const { return edges_; }
+  int64_t n_layers() const { return n_layers_; }
+  int64_t first_node_of_layer(int64_t layer) const;  // layer = n_layers: node_count()
+
+  std::string node_name(int64_t node) const;          // "embed", "L1H3", "MLP0" (original head indices)
+  std::string receiver_name(int64_t receiver) const;  // "L1H3.k", "MLP0", "logits"
+  std::string edge_name(int64_t edge) const;          // "L0H2 -> L1H3.k"
+  int64_t edge_sender(int64_t edge) const;
+  int64_t edge_receiver(int64_t edge) const;
+  int64_t edge(int64_t sender, int64_t receiver) const;  // -1 when sender does not feed receiver
+  // The node a name means ("embed", "L1H3", "MLP0", original head indices) and the receivers of a name
+  // ("L1H3.q", "L1H3" = its q, k and v, "MLP0", "logits"); clear errors naming `who` otherwise.
+  int64_t parse_node(const std::string& name, const char* who) const;
+  std::vector<int64_t> parse_receivers(const std::string& name, const char* who) const;
+  // The node whose output receiver r's group computes: a head's or a feed-forward's (-1 for the logits).
+  int64_t node_of_receiver(int64_t receiver) const;
+
+ private:
+  std::vector<Node> nodes_;
+  std::vector<Receiver> receivers_;
+  std::vector<Group> groups_;
+  std::vector<std::vector<int64_t>> original_heads_;  // [layer][head]
+  int64_t n_layers_ = 0, edges_ = 0;
+};
+
+// ------------------------------------------------------------------------------------------------
+// A set of patched edges: patch[e] is the fraction of edge e patched (0: as in this run; 1: the
+// corrupted sender's output; between, the straight line, whose slope at 0 edge attribution estimates).
+using EdgePatch = std::vector<double>;
+
+struct CircuitOptions {
+  int64_t chunk_rows = 0;  // prompt rows per forward; 0: as many as ~256 MB of activations allow
+  int64_t max_copies = 0;  // copies per forward; 0: as a ~256 MB budget allows
+};
+
+// The clean and corrupted runs of a model on a task, stored (per chunk of rows: the corrupted outputs of
+// every node and the clean minus corrupted ones, (N, B, T, C) each in the model's dtype), and the
+// patched forward over them. The model must stay alive and unchanged while this exists; it is put in
+// eval mode and back.
+class CircuitPatcher {
+ public:
+  CircuitPatcher(nn::GPTModel& model, const PromptPairs& pairs, const CircuitOptions& options = {});
+  ~CircuitPatcher();
+  CircuitPatcher(const CircuitPatcher&) = delete;
+  CircuitPatcher& operator=(const CircuitPatcher&) = delete;
+
+  const CircuitGraph& graph() const;
+  const LogitDifference& baseline() const;  // per row, clean and corrupted, from this forward
+  // The normalised metric of each patch (1: clean, 0: corrupted), as many forwards as the copies take.
+  std::vector<double> metric(const std::vector<EdgePatch>& patches);
+  double metric(const EdgePatch& patch) { return metric(std::vector<EdgePatch>{patch}).front(); }
+  int64_t forwards() const;  // patched forwards run so far (one per copy and chunk of rows)
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// ------------------------------------------------------------------------------------------------
+// Path patching (Wang et al. 2022): the normalised metric with sender s's output replaced by its
+// corrupted one on its edges into the receivers only, everything else as in the clean run; one value
+// per sender. A sender that feeds none of the receivers scores the clean metric (1).
+std::vector<double> path_patching(CircuitPatcher& patcher, const std::vector<int64_t>& senders,
+                                  const std::vector<int64_t>& receivers);
+
+// Edge attribution patching (Syed et al. 2023): every edge's effect on the normalised metric when
+// patched, estimated to first order from one clean forward and backward: -(dm/dx_r) . (out_s - corrupt_s),
+// summed over the positions. ig_steps > 0: EAP-IG (Hanna et al. 2024), the gradient averaged over the
+// straight line from the corrupted embeddings to the clean ones (steps k/ig_steps, k = 1..ig_steps).
+// Streams chunks of rows, so that its memory is one chunk's.
+struct EdgeAttribution {
+  std::vector<double> effect;  // [edge], in normalised metric units (patching it: metric + effect)
+  LogitDifference baseline;
+  double seconds = 0;
+};
+EdgeAttribution edge_attribution(nn::GPTModel& model, const PromptPairs& pairs, int64_t ig_steps = 0,
+                                 const CircuitOptions& options = {});
+
+// ------------------------------------------------------------------------------------------------
+// Automatic circuit discovery: ACDC's greedy pruning, an edge removed (patched) for good when the metric
+// falls by less than tau (on the normalised scale) below its value before, with real patching. ACDC
+// visits the edges one at a time from the logits back; here they are visited from the smallest
+// |attribution| up, in groups that are patched together and split in halves only when a group fails
+// (moves the metric by tau or more either way: edges that matter can cancel out together), so that the
+// many edges that do nothing cost a few forwards. plain_acdc: one edge a forward in ACDC's
+// order (receivers from the logits back, their senders from the last), for comparison.
+struct DiscoveryOptions {
+  double tau = 0.02;
+  bool plain_acdc = false;
+  int64_t first_group = 16;  // edges in the first group tried
+};
+struct Circuit {
+  std::vector<uint8_t> kept;        // [edge]: 1 in the circuit
+  std::vector<double> attribution;  // [edge], what ordered the search
+  double metric = 0;                // normalised metric of the circuit alone (every other edge patched)
+  int64_t forwards = 0;             // patched forwards the search used (copies x chunks)
+  int64_t tests = 0;                // patch sets the search evaluated
+  double seconds = 0;
+  int64_t kept_count() const;
+};
+Circuit discover_circuit(CircuitPatcher& patcher, const std::vector<double>& attribution,
+                         const DiscoveryOptions& options = {});
+
+// The circuit as JSON: {"nodes": [...], "edges": [{"sender", "receiver", "input", "attribution"}], "metric", ...}
+// and as Graphviz DOT (edges coloured by the receiver's input: q, k, v, mlp, logits).
+std::string circuit_json(const CircuitGraph& graph, const Circuit& circuit, const LogitDifference& baseline);
+std::string circuit_dot(const CircuitGraph& graph, const Circuit& circuit);
+
+}  // namespace headlab::analysis

@@ -1,0 +1,279 @@
+// Circuits (analysis/circuit.h): the graph forward against the model's, patched edges against patching
+// done naively (one forward per patch set, through the split heads' own modules), edge attribution
+// against the slope of patching, and discovery on a model with a planted circuit.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "analysis/circuit.h"
+#include "core_test_util.h"
+#include "tiny_models.h"
+
+namespace headlab {
+namespace {
+
+using analysis::CircuitGraph;
+using analysis::CircuitPatcher;
+using analysis::EdgePatch;
+using analysis::PromptPairs;
+using testing::tiny_gpt_config;
+using Input = CircuitGraph::Input;
+
+// Random prompt pairs: clean and corrupted rows of independent random tokens.
+PromptPairs random_pairs(int64_t vocab, int64_t rows, int64_t T, uint64_t seed) {
+  PromptPairs p = analysis::induction_prompt_pairs(vocab, rows, (T + 1) / 2, seed);
+  p.T = 2 * ((T + 1) / 2) - 1;
+  return p;
+}
+
+// The logit difference of every row with the edges in `patched` patched, computed the slow way: the
+// model run module by module, every receiver's input summed from the senders' outputs (this run's,
+// or the corrupted run's for a patched edge), each head through its own CausalAttention module of
+// split_heads(). corrupt: the corrupted run's node outputs (empty for an unpatched run). Fills outputs.
+std::vector<double> naive_run(nn::GPTModel& model, const CircuitGraph& g, const std::vector<int64_t>& tokens,
+                              const PromptPairs& pairs, const std::set<int64_t>& patched,
+                              const std::vector<Tensor>& corrupt, std::vector<Tensor>& outputs) {
+  const NoGradGuard ng;
+  const int64_t B = pairs.rows(), T = pairs.T;
+  outputs.assign(1, model.embed(tensor(tokens, {B, T})));
+  Tensor biases = zeros_like(outputs[0]);
+  const auto input_of = [&](int64_t receiver) {
+    Tensor x = biases;
+    for (int64_t s = 0; s < g.receivers()[static_cast<size_t>(receiver)].senders; ++s)
+      x = add(x,
+              patched.count(g.edge(s, receiver)) ? corrupt[static_cast<size_t>(s)] : outputs[static_cast<size_t>(s)]);
+    return x;
+  };
+  const auto receiver_of = [&](int64_t layer, int64_t head, Input in) {
+    for (size_t r = 0; r < g.receivers().size(); ++r)
+      if (g.receivers()[r].layer == layer && g.receivers()[r].head == head && g.receivers()[r].input == in)
+        return static_cast<int64_t>(r);
+    ADD_FAILURE() << "no receiver";
+    return int64_t{0};
+  };
+  for (int64_t l = 0; l < model.n_layers(); ++l) {
+    const auto block = model.block(l);
+    const auto split = block->att->split_heads();
+    const int64_t D = split->d_out;
+    std::vector<Tensor> outs;
+    for (int64_t h = 0; h < split->num_heads; ++h) {
+      auto& head = dynamic_cast<nn::CausalAttention&>(*split->heads->at(static_cast<size_t>(h)));
+      const auto read = [&](Input in, nn::Linear& proj) {
+        return proj.forward(block->norm1->forward(input_of(receiver_of(l, h, in))));
+      };
+      const Tensor q = read(Input::q, *head.W_query), k = read(Input::k, *head.W_key),
+                   v = read(Input::v, *head.W_value);
+      const Tensor w = causal_softmax(matmul(q, k.mT()), 1.0 / std::sqrt(static_cast<double>(D)));  // (B, T, T)
+      outs.push_back(matmul(matmul(w, v), split->out_proj->weight.narrow(1, h * D, D).mT()));       // (B, T, C)
+    }
+    for (const Tensor& o : outs) outputs.push_back(o);
+    biases = add(biases, split->out_proj->bias);
+    if (block->ff)
+      outputs.push_back(block->ff->forward(block->norm2->forward(input_of(receiver_of(l, -1, Input::mlp)))));
+  }
+  const std::vector<double> logits =
+      model.unembed(input_of(receiver_of(model.n_layers(), -1, Input::logits))).narrow(1, T - 1, 1).to_vector<double>();
+  const int64_t V = model.config().vocab_size;
+  std::vector<double> ld;
+  for (int64_t r = 0; r < B; ++r)
+    ld.push_back(logits[static_cast<size_t>(r * V + pairs.answer[static_cast<size_t>(r)])] -
+                 logits[static_cast<size_t>(r * V + pairs.wrong[static_cast<size_t>(r)])]);
+  return ld;
+}
+
+double mean(const std::vector<double>& v) {
+  double s = 0;
+  for (double x : v) s += x;
+  return s / static_cast<double>(v.size());
+}
+
+// Models with a feed-forward and qkv biases in both attention forms, pruned ones, and an attention-only one.
+std::vector<std::pair<std::string, nn::GPTConfig>> circuit_models() {
+  auto forms = testing::tiny_gpt_forms(testing::kThreeHeadGpt, true);
+  nn::GPTConfig attn_only = tiny_gpt_config(testing::kThreeHeadGpt);
+  attn_only.attn_only = true;
+  forms.emplace_back("attention-only", attn_only);
+  return forms;
+}
+
+TEST(Circuit, GraphNamesEdgesAndParsesNames) {
+  nn::GPTModel model(tiny_gpt_config(testing::kThreeHeadGpt));
+  const CircuitGraph g(model);
+  // nodes: embed, L0H0..2, MLP0, L1H0..2, MLP1; receivers: 9 + 1 per layer, logits
+  ASSERT_EQ(g.node_count(), 9);
+  ASSERT_EQ(g.receivers().size(), 21u);
+  EXPECT_EQ(g.edge_count(), 9 * 1 + 1 * 4 + 9 * 5 + 1 * 8 + 9);
+  EXPECT_EQ(g.node_name(4), "MLP0");
+  EXPECT_EQ(g.receiver_name(g.parse_receivers("L1H2.k", "t").front()), "L1H2.k");
+  EXPECT_EQ(g.parse_receivers("L1H2", "t").size(), 3u);
+  const int64_t e = g.edge(g.parse_node("L0H1", "t"), g.parse_receivers("L1H2.k", "t").front());
+  ASSERT_GE(e, 0);
+  EXPECT_EQ(g.edge_name(e), "L0H1 -> L1H2.k");
+  EXPECT_EQ(g.edge(g.parse_node("L1H0", "t"), g.parse_receivers("L1H2.q", "t").front()), -1);  // same layer
+  EXPECT_ERROR(g.parse_node("L7H0", "circuit"), "circuit: the model has no node 'L7H0'");
+  EXPECT_ERROR(g.parse_receivers("L0H0.x", "circuit"), "circuit: the model has no receiver 'L0H0.x'");
+  nn::GPTModel pruned(testing::pruned(tiny_gpt_config(testing::kThreeHeadGpt), testing::kPrunedHeads));
+  EXPECT_EQ(CircuitGraph(pruned).node_name(2), "L0H2");  // original head indices
+}
+
+TEST(Circuit, ForwardIsTheModelsAndPatchingEveryEdgeIsTheCorruptedRun) {
+  for (const auto& [name, cfg] : circuit_models()) {
+    SCOPED_TRACE(name);
+    manual_seed(3);
+    nn::GPTModel model(cfg);
+    model.to(DType::f64);
+    const PromptPairs pairs = random_pairs(cfg.vocab_size, 5, cfg.context_length - 1, 11);
+    const analysis::LogitDifference expected = analysis::logit_difference(model, pairs);
+    analysis::CircuitOptions o;
+    o.chunk_rows = 2;  // three chunks, the last of one row
+    CircuitPatcher patcher(model, pairs, o);
+    for (size_t r = 0; r < expected.clean.size(); ++r) {
+      EXPECT_NEAR(patcher.baseline().clean[r], expected.clean[r], 1e-10);
+      EXPECT_NEAR(patcher.baseline().corrupt[r], expected.corrupt[r], 1e-10);
+    }
+    const auto E = static_cast<size_t>(patcher.graph().edge_count());
+    const std::vector<double> m = patcher.metric({EdgePatch(E, 0.0), EdgePatch(E, 1.0)});
+    EXPECT_NEAR(m[0], 1.0, 1e-9);
+    EXPECT_NEAR(m[1], 0.0, 1e-9);
+  }
+}
+
+TEST(Circuit, PatchedEdgesAndPathPatchingMatchNaivePatching) {
+  for (const auto& [name, cfg] : circuit_models()) {
+    SCOPED_TRACE(name);
+    manual_seed(4);
+    nn::GPTModel model(cfg);
+    model.to(DType::f64);
+    model.eval();
+    const PromptPairs pairs = random_pairs(cfg.vocab_size, 4, cfg.context_length - 1, 12);
+    const CircuitGraph g(model);
+    std::vector<Tensor> clean_out, corrupt_out;
+    const double clean = mean(naive_run(model, g, pairs.clean, pairs, {}, {}, clean_out));
+    const double corrupt = mean(naive_run(model, g, pairs.corrupt, pairs, {}, {}, corrupt_out));
+    const auto naive = [&](const std::set<int64_t>& patched) {
+      std::vector<Tensor> outs;
+      return (mean(naive_run(model, g, pairs.clean, pairs, patched, corrupt_out, outs)) - corrupt) / (clean - corrupt);
+    };
+    analysis::CircuitOptions o;
+    o.chunk_rows = 3, o.max_copies = 2;  // copies and chunks split unevenly
+    CircuitPatcher patcher(model, pairs, o);
+    // Random sets of a third of the edges, single edges into every kind of receiver.
+    Generator gen(7);
+    std::vector<std::set<int64_t>> sets;
+    for (int i = 0; i < 3; ++i) {
+      const std::vector<double> u = rand({g.edge_count()}, gen, DType::f64).to_vector<double>();
+      std::set<int64_t>& s = sets.emplace_back();
+      for (size_t e = 0; e < u.size(); ++e)
+        if (u[e] < 1.0 / 3) s.insert(static_cast<int64_t>(e));
+    }
+    const std::string l1 = g.node_name(g.first_node_of_layer(1));  // layer 1's first head
+    for (const std::string& r : {l1 + ".q", l1 + ".k", l1 + ".v", std::string("logits")})
+      sets.push_back({g.edge(1, g.parse_receivers(r, "t")[0])});  // from layer 0's first head
+    std::vector<EdgePatch> patches;
+    for (const auto& s : sets) {
+      EdgePatch& p = patches.emplace_back(static_cast<size_t>(g.edge_count()), 0.0);
+      for (int64_t e : s) p[static_cast<size_t>(e)] = 1.0;
+    }
+    const std::vector<double> got = patcher.metric(patches);
+    for (size_t i = 0; i < sets.size(); ++i) EXPECT_NEAR(got[i], naive(sets[i]), 1e-9) << i;
+
+    // Path patching: each layer-0 node's edges into every receiver of L1's first head and the logits.
+    std::vector<int64_t> receivers = g.parse_receivers(g.node_name(g.first_node_of_layer(1)), "t");
+    receivers.push_back(g.parse_receivers("logits", "t")[0]);
+    std::vector<int64_t> senders;
+    for (int64_t n = 0; n < g.first_node_of_layer(1); ++n) senders.push_back(n);
+    const std::vector<double> pp = analysis::path_patching(patcher, senders, receivers);
+    for (size_t i = 0; i < senders.size(); ++i) {
+      std::set<int64_t> s;
+      for (int64_t r : receivers) s.insert(g.edge(senders[i], r));
+      EXPECT_NEAR(pp[i], naive(s), 1e-9) << g.node_name(senders[i]);
+    }
+  }
+}
+
+TEST(Circuit, EdgeAttributionIsTheSlopeOfPatching) {
+  for (const auto& [name, cfg] : circuit_models()) {
+    SCOPED_TRACE(name);
+    manual_seed(5);
+    nn::GPTModel model(cfg);
+    model.to(DType::f64);
+    const PromptPairs pairs = random_pairs(cfg.vocab_size, 4, cfg.context_length - 1, 13);
+    analysis::CircuitOptions one_row;
+    one_row.chunk_rows = 1;
+    const analysis::EdgeAttribution eap = analysis::edge_attribution(model, pairs);
+    const analysis::EdgeAttribution eap_rows = analysis::edge_attribution(model, pairs, 0, one_row);
+    const analysis::EdgeAttribution ig1 = analysis::edge_attribution(model, pairs, 1);
+    const analysis::EdgeAttribution ig4 = analysis::edge_attribution(model, pairs, 4);
+    CircuitPatcher patcher(model, pairs);
+    const CircuitGraph& g = patcher.graph();
+    ASSERT_EQ(static_cast<int64_t>(eap.effect.size()), g.edge_count());
+    double ig_gap = 0;
+    for (int64_t e = 0; e < g.edge_count(); e += 3) {
+      const auto i = static_cast<size_t>(e);
+      const double eps = 1e-5;
+      EdgePatch up(static_cast<size_t>(g.edge_count()), 0.0), down = up;
+      up[i] = eps, down[i] = -eps;
+      const std::vector<double> m = patcher.metric({up, down});
+      const double slope = (m[0] - m[1]) / (2 * eps);
+      EXPECT_NEAR(eap.effect[i], slope, 1e-7 + 1e-6 * std::abs(slope)) << g.edge_name(e);
+      EXPECT_NEAR(eap_rows.effect[i], eap.effect[i], 1e-12) << g.edge_name(e);
+      EXPECT_NEAR(ig1.effect[i], eap.effect[i], 1e-12) << g.edge_name(e);  // one step: alpha = 1, the clean run
+      ig_gap = std::max(ig_gap, std::abs(ig4.effect[i] - eap.effect[i]));
+    }
+    EXPECT_GT(ig_gap, 1e-6);  // more steps average other gradients
+  }
+}
+
+TEST(Circuit, DiscoveryFindsExactlyThePlantedInductionCircuit) {
+  const auto model = testing::planted_induction_gpt();
+  const PromptPairs pairs = analysis::induction_prompt_pairs(testing::kPlantedVocab, 16, 8, 21);
+  CircuitPatcher patcher(*model, pairs);
+  EXPECT_GT(patcher.baseline().clean_mean - patcher.baseline().corrupt_mean, 5.0);
+  const analysis::EdgeAttribution eap = analysis::edge_attribution(*model, pairs);
+  const std::set<std::string> expected = {"embed -> L0H0.v", "L0H0 -> L1H0.k", "embed -> L1H0.q", "embed -> L1H0.v",
+                                          "L1H0 -> logits"};
+  for (bool plain : {false, true}) {
+    SCOPED_TRACE(plain ? "plain ACDC" : "attribution order");
+    analysis::DiscoveryOptions o;
+    o.plain_acdc = plain;
+    const analysis::Circuit c = analysis::discover_circuit(patcher, eap.effect, o);
+    std::set<std::string> found;
+    for (int64_t e = 0; e < patcher.graph().edge_count(); ++e)
+      if (c.kept[static_cast<size_t>(e)]) found.insert(patcher.graph().edge_name(e));
+    EXPECT_EQ(found, expected);
+    EXPECT_GT(c.metric, 0.9);
+    if (plain) {
+      EXPECT_EQ(c.tests, patcher.graph().edge_count() + 2);
+    }
+    const std::string json = analysis::circuit_json(patcher.graph(), c, patcher.baseline());
+    EXPECT_NE(json.find("\"receiver\": \"L1H0\""), std::string::npos);
+    const std::string dot = analysis::circuit_dot(patcher.graph(), c);
+    EXPECT_NE(dot.find("\"L0H0\" -> \"L1H0\" [color=\"#2ca02c\", label=\"k\"]"), std::string::npos) << dot;
+  }
+}
+
+TEST(Circuit, BadInputIsRefusedClearly) {
+  nn::GPTModel model(tiny_gpt_config(testing::kTwoHeadGpt));
+  PromptPairs long_rows = random_pairs(13, 2, 11, 1);
+  EXPECT_ERROR(CircuitPatcher(model, long_rows), "circuit: prompts of 11 tokens do not fit the model's context of 10");
+  PromptPairs bad = random_pairs(13, 2, 5, 1);
+  bad.answer[1] = 99;
+  EXPECT_ERROR(analysis::edge_attribution(model, bad),
+               "edge_attribution: answer token 99 (at 1) is outside the vocabulary of 13");
+  PromptPairs same = random_pairs(13, 2, 5, 1);
+  same.corrupt = same.clean;
+  same.wrong = same.answer;
+  EXPECT_ERROR(CircuitPatcher(model, same), "the clean and corrupted runs score the same");
+  CircuitPatcher p(model, random_pairs(13, 2, 5, 1));
+  analysis::DiscoveryOptions o;
+  o.tau = -1;
+  EXPECT_ERROR(analysis::discover_circuit(p, std::vector<double>(3), o),
+               "discover_circuit: the attribution lists 3 edges");
+  EXPECT_ERROR(analysis::discover_circuit(p, std::vector<double>(static_cast<size_t>(p.graph().edge_count())), o),
+               "discover_circuit: tau must be a number >= 0, got -1");
+}
+
+}  // namespace
+}  // namespace headlab

@@ -1,6 +1,8 @@
 // Prompt pairs: read from JSONL or generated, and the logit difference at the last position.
 #include "analysis/prompt_pairs.h"
 
+#include <algorithm>
+#include <array>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <tuple>
@@ -93,6 +95,109 @@ PromptPairs induction_prompt_pairs(int64_t vocab_size, int64_t rows, int64_t n, 
     }
     p.answer.push_back(x.back());
     p.wrong.push_back(y.back());
+  }
+  return p;
+}
+
+namespace {
+
+// Wang et al.'s templates, in their "BABA" order; the prompt ends before the last " [A]".
+constexpr std::array<const char*, kIoiTemplates> kIoiTemplateText = {
+    "Then, [B] and [A] went to the [PLACE]. [B] gave a [OBJECT] to",
+    "Then, [B] and [A] had a lot of fun at the [PLACE]. [B] gave a [OBJECT] to",
+    "Then, [B] and [A] were working at the [PLACE]. [B] decided to give a [OBJECT] to",
+    "Then, [B] and [A] were thinking about going to the [PLACE]. [B] wanted to give a [OBJECT] to",
+    "Then, [B] and [A] had a long argument, and afterwards [B] said to",
+    "After [B] and [A] went to the [PLACE], [B] gave a [OBJECT] to",
+    "When [B] and [A] got a [OBJECT] at the [PLACE], [B] decided to give it to",
+    "When [B] and [A] got a [OBJECT] at the [PLACE], [B] decided to give the [OBJECT] to",
+    "While [B] and [A] were working at the [PLACE], [B] gave a [OBJECT] to",
+    "While [B] and [A] were commuting to the [PLACE], [B] gave a [OBJECT] to",
+    "After the lunch, [B] and [A] went to the [PLACE]. [B] gave a [OBJECT] to",
+    "Afterwards, [B] and [A] went to the [PLACE]. [B] gave a [OBJECT] to",
+    "Then, [B] and [A] had a long argument. Afterwards [B] said to",
+    "The [PLACE] [B] and [A] went to had a [OBJECT]. [B] gave it to",
+    "Friends [B] and [A] found a [OBJECT] at the [PLACE]. [B] gave it to",
+};
+constexpr std::array kIoiNames = {"Mary",  "John",  "Tom",    "James", "Dan",     "Sid",    "Martin", "Amy",
+                                  "Lisa",  "Kate",  "Jane",   "Paul",  "Mark",    "Anna",   "Sarah",  "David",
+                                  "Alex",  "Max",   "Ben",    "Laura", "Emma",    "Chris",  "Joe",    "Ryan",
+                                  "Adam",  "Eric",  "Kevin",  "Jack",  "Tim",     "Steve",  "Sam",    "Mike",
+                                  "Peter", "Brian", "Daniel", "Rose",  "Michael", "Andrew", "George", "Henry"};
+constexpr std::array kIoiPlaces = {"store", "garden", "restaurant", "school", "hospital", "office", "house", "station"};
+constexpr std::array kIoiObjects = {"ring", "kiss", "bone", "basketball", "computer", "necklace", "drink", "snack"};
+
+std::string replace_all(std::string s, const std::string& from, const std::string& to) {
+  for (size_t at = s.find(from); at != std::string::npos; at = s.find(from, at + to.size()))
+    s.replace(at, from.size(), to);
+  return s;
+}
+
+// The words that are one token with a leading space (as they stand in the templates), refused when none is.
+template <size_t N>
+std::vector<std::string> single_tokens(const tasks::Task& task, const std::array<const char*, N>& words,
+                                       const char* what, size_t need) {
+  std::vector<std::string> out;
+  std::string refused;
+  for (const char* w : words) {
+    std::vector<int64_t> ids;
+    try {
+      ids = task.encode_prompt(std::string(" ") + w).ids;
+    } catch (const Error& e) {  // a tokenizer without these characters
+      if (refused.empty()) refused = std::string("' ") + w + "': " + e.what();
+      continue;
+    }
+    if (ids.size() == 1)
+      out.push_back(w);
+    else if (refused.empty())
+      refused = std::string("' ") + w + "' is " + std::to_string(ids.size()) + " tokens";
+  }
+  HL_CHECK(out.size() >= need, "ioi: needs ", need, " ", what, " that are one token each in the model's tokenizer (",
+           "GPT-2's BPE); only ", out.size(), " are (", refused, ")");
+  return out;
+}
+
+}  // namespace
+
+PromptPairs ioi_prompt_pairs(const tasks::Task& task, int64_t rows, int64_t templ, uint64_t seed) {
+  HL_CHECK(rows > 0, "ioi: the number of rows must be positive, got ", rows);
+  HL_CHECK(templ >= 0 && templ < kIoiTemplates, "ioi: template ", templ, " does not exist (0..", kIoiTemplates - 1,
+           ")");
+  const std::vector<std::string> names = single_tokens(task, kIoiNames, "names", 5);
+  const std::vector<std::string> places = single_tokens(task, kIoiPlaces, "places", 1);
+  const std::vector<std::string> objects = single_tokens(task, kIoiObjects, "objects", 1);
+  Generator gen(seed);
+  const auto draw = [&](size_t n) {
+    return static_cast<size_t>(randint(0, static_cast<int64_t>(n), {1}, gen).to_vector<int64_t>()[0]);
+  };
+  PromptPairs p;
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<size_t> pick;  // A, B, then the corruption's three: distinct names
+    while (pick.size() < 5) {
+      const size_t n = draw(names.size());
+      if (std::find(pick.begin(), pick.end(), n) == pick.end()) pick.push_back(n);
+    }
+    std::string t = replace_all(kIoiTemplateText[static_cast<size_t>(templ)], "[PLACE]", places[draw(places.size())]);
+    t = replace_all(t, "[OBJECT]", objects[draw(objects.size())]);
+    // Odd rows in the other order: the first two names swapped ("ABBA").
+    const std::string first = r % 2 ? "[A]" : "[B]", second = r % 2 ? "[B]" : "[A]";
+    const size_t at = t.find("[B]");
+    t.replace(at, 3, "[1]");
+    t.replace(t.find("[A]"), 3, "[2]");
+    t = replace_all(replace_all(replace_all(t, "[B]", "[S2]"), "[1]", first), "[2]", second);
+    const auto fill = [&](const std::string& a, const std::string& b, const std::string& s2) {
+      return replace_all(replace_all(replace_all(t, "[A]", a), "[B]", b), "[S2]", s2);
+    };
+    const std::string clean = fill(names[pick[0]], names[pick[1]], names[pick[1]]);
+    const std::string corrupt = fill(names[pick[2]], names[pick[3]], names[pick[4]]);
+    const std::vector<int64_t> c = task.encode_prompt(clean).ids, x = task.encode_prompt(corrupt).ids;
+    HL_CHECK(c.size() == x.size() && (p.T == 0 || static_cast<int64_t>(c.size()) == p.T), "ioi: '", clean, "' and '",
+             corrupt, "' do not align token for token (", c.size(), " and ", x.size(), " tokens)");
+    p.T = static_cast<int64_t>(c.size());
+    p.clean.insert(p.clean.end(), c.begin(), c.end());
+    p.corrupt.insert(p.corrupt.end(), x.begin(), x.end());
+    p.answer.push_back(task.encode_prompt(" " + names[pick[0]]).ids[0]);
+    p.wrong.push_back(task.encode_prompt(" " + names[pick[1]]).ids[0]);
   }
   return p;
 }

@@ -30,6 +30,15 @@ PromptPairs read_prompt_pairs(const std::string& path, const tasks::Task& task);
 // answer). T = 2n - 1 for every row.
 PromptPairs induction_prompt_pairs(int64_t vocab_size, int64_t rows, int64_t n, uint64_t seed);
 
+// Indirect object identification (Wang et al. 2022) in the task's tokenizer (GPT-2's BPE: every name, place
+// and object is a single token there, so that rows align). Template `templ` of the paper's 15 (0-based),
+// rows alternating its two orders ("Then, B and A went to the store. B gave a ring to" and A first);
+// answer = the indirect object A, wrong = the subject B; corrupt = the same template with three other
+// names in place of the three (the paper's "ABC" distribution), so that nothing points to A or B.
+// A tokenizer in which a name is not one token is refused with the name and its tokens.
+inline constexpr int64_t kIoiTemplates = 15;
+PromptPairs ioi_prompt_pairs(const tasks::Task& task, int64_t rows, int64_t templ, uint64_t seed);
+
 // The logit difference answer - wrong at the last position of each clean and corrupted prompt.
 struct LogitDifference {
   std::vector<double> clean, corrupt;  // (rows)

@@ -17,6 +17,7 @@ Action add_compare(CLI::App& app);
 Action add_ablate(CLI::App& app);
 Action add_attention(CLI::App& app);
 Action add_heads(CLI::App& app);
+Action add_circuit(CLI::App& app);
 Action add_tokenize(CLI::App& app);
 Action add_export(CLI::App& app);
 Action add_convert(CLI::App& app);

@@ -39,6 +39,8 @@ int main(int argc, char** argv) {
   add("attention", "dump and draw every head's attention weights for one input", headlab::cli::add_attention);
   add("heads", "what each attention head does: ablation, logit attribution, patching, head types",
       headlab::cli::add_heads);
+  add("circuit", "which heads pass what to whom on prompt pairs: edge attribution, path patching, circuit discovery",
+      headlab::cli::add_circuit);
   add("tokenize", "GPT-2's byte-level BPE tokenizer of a Hugging Face folder: text -> ids", headlab::cli::add_tokenize);
   add("export", "write a GPT checkpoint as a Hugging Face GPT-2 folder (config.json, model.safetensors)",
       headlab::cli::add_export);

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Induction heads from scratch (Olsson et al. 2022, "In-context learning and induction heads"): a
 # 1-layer and a 2-layer attention-only GPT trained on the same text with the same settings, every head
-# scored while they train (train --track-heads), `headlab heads` on both final checkpoints, and
-# OUT/report.md: when the induction head formed, its score, the previous-token head it composes with
-# (K-composition), the in-context-learning score before and after, the loss around the phase change,
-# what ablating the head costs on repeated random tokens, and the same for the 1-layer model.
+# scored while they train (train --track-heads), `headlab heads` and `headlab circuit --task induction`
+# on both final checkpoints, and OUT/report.md: when the induction head formed, its score, the
+# previous-token head it composes with (K-composition), the in-context-learning score before and after,
+# the loss around the phase change, what ablating the head costs on repeated random tokens, the 2-layer
+# model's circuit, and the same for the 1-layer model.
 #
 # Usage: scripts/induction.sh [--out DIR] [--text FILE] [--steps N] [--every N] [--headlab BINARY] [--quick]
 #   The text (default): Debian's fortunes (package fortunes, installed by scripts/install-deps.sh),
@@ -71,6 +72,7 @@ for layers in 1 2; do
   start=$(date +%s.%N)
   "$hl" train "${settings[@]}" --n-layers "$layers" --out "$run" | tee "$run.log"
   "$hl" heads "$run/checkpoint.h5" --out "$run/heads" >"$run/heads.log"
+  "$hl" circuit "$run/checkpoint.h5" --task induction --out "$run/circuit" >"$run/circuit.log"
   awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f\n", e - s }' >"$run.seconds"
 done
 
@@ -103,5 +105,15 @@ labels() {  # the heads with a label, from heads.csv's last column
     echo
   done
   echo "![composition, 2 layers](L2/heads/composition.png)"
+  echo
+  echo "## The 2-layer model's circuit (\`headlab circuit --task induction\`)"
+  echo
+  grep '^prompt pairs\|^logit difference\|^attribution against\|^circuit (' "$out/L2/circuit.log" | sed 's/^/- /'
+  echo
+  echo '```'
+  sed -n '/^circuit (/,/^$/p' "$out/L2/circuit.log" | sed '1d;/^$/d'
+  echo '```'
+  echo
+  echo "![circuit, 2 layers](L2/circuit/circuit.png)"
 } >"$out/report.md"
 echo "wrote $out/report.md"

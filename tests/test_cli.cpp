@@ -731,6 +731,50 @@ TEST_F(CliTest, Gpt2FolderEvalGenerateInspect) {
   EXPECT_TRUE(contains(r.err, "has no vocab.json and merges.txt")) << r.err;
 }
 
+// circuit on a random GPT-2 folder: IOI prompt pairs from GPT-2's tokenizer, then the user's own pairs;
+// every file written, and the errors a user meets.
+TEST_F(CliTest, CircuitRunsIoiAndUserPairsOnAGpt2Folder) {
+  const std::string dir = path("gpt2c");
+  ASSERT_TRUE(fs::exists(kGpt2Vocab + "/vocab.json")) << "run scripts/install-deps.sh: it fetches GPT-2's vocabulary";
+  write_random_gpt2(dir, 2);
+  Result r = headlab({"circuit", dir, "--task", "ioi", "--rows", "8", "--check-edges", "16", "--out", path("ioi")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "prompt pairs: 8 rows of 15 tokens (ioi: Wang et al.'s template 0")) << r.out;
+  EXPECT_TRUE(contains(r.out, "Pearson r = ")) << r.out;
+  for (const char* f : {"circuit.json", "circuit.dot", "circuit.svg", "edges.csv", "path_patching.csv", "report.md"})
+    EXPECT_TRUE(fs::exists(path("ioi/") + f)) << f;
+  EXPECT_EQ(slurp(path("ioi/circuit.png")).substr(1, 3), "PNG");
+  const auto j = nlohmann::json::parse(slurp(path("ioi/circuit.json")));
+  // nodes: embed, then 2 heads and an MLP a layer; edges into L0's q/k/v, MLP0, L1's q/k/v, MLP1, the logits
+  EXPECT_EQ(j["graph_edges"].get<int64_t>(), 6 * 1 + 3 + 6 * 4 + 6 + 7);
+  const std::string path_csv = slurp(path("ioi/path_patching.csv"));
+  EXPECT_EQ(std::count(path_csv.begin(), path_csv.end(), '\n'), 1 + 4);  // the header and every head
+
+  std::ofstream(path("pairs.jsonl")) << R"({"clean": "When Mary and John went to the store, John gave a drink to", )"
+                                     << R"("corrupt": "When Alex and Kate went to the store, Anna gave a drink to", )"
+                                     << R"("answer": " Mary", "wrong": " John"})"
+                                     << "\n\n";
+  r = headlab({"circuit", dir, "--pairs", path("pairs.jsonl"), "--senders", "L0H0,L1H1", "--receivers", "L1H0.k,logits",
+               "--out", path("own")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "into L1H0.k, logits only (2 senders")) << r.out;
+
+  for (const auto& [args, message] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"circuit", dir}, "give the prompt pairs by --task induction|ioi or by --pairs FILE"},
+           {{"circuit", dir, "--task", "sort"}, "--task is induction or ioi, not 'sort'"},
+           {{"circuit", dir, "--task", "ioi", "--senders", "L9H0", "--out", path("e")},
+            "--senders: the model has no node 'L9H0'"},
+           {{"circuit", dir, "--task", "induction", "--span", "9", "--out", path("e")},
+            "--span 9 makes prompts of 17 tokens"},
+           {{"circuit", std::string(HEADLAB_SOURCE_DIR) + "/tests/fuzz/corpus/checkpoint_file/reverse.h5", "--task",
+             "ioi", "--out", path("e")},
+            "ioi: needs 5 names that are one token each"}}) {
+    r = headlab(args);
+    EXPECT_EQ(r.code, 1) << args.back();
+    EXPECT_TRUE(contains(r.err, message)) << r.err;
+  }
+}
+
 // An attention-only GPT trains, and every command loads it; export refuses it (GPT-2 has MLPs).
 TEST_F(CliTest, AttentionOnlyModelsTrainAndLoadEverywhere) {
   Result r = headlab({"train", "--task", "reverse", "--attn-only", "--steps", "3", "--emb-dim", "16", "--n-heads", "2",
@@ -744,7 +788,8 @@ TEST_F(CliTest, AttentionOnlyModelsTrainAndLoadEverywhere) {
        {std::vector<std::string>{"eval", ckpt, "--batches", "1"}, std::vector<std::string>{"inspect", ckpt},
         std::vector<std::string>{"generate", ckpt, "--prompt", "31415"},
         std::vector<std::string>{"attention", ckpt, "--prompt", "31415", "--out", path("ao_att")},
-        std::vector<std::string>{"heads", ckpt, "--batches", "1", "--batch-size", "4", "--out", path("ao_heads")}}) {
+        std::vector<std::string>{"heads", ckpt, "--batches", "1", "--batch-size", "4", "--out", path("ao_heads")},
+        std::vector<std::string>{"circuit", ckpt, "--task", "induction", "--rows", "4", "--out", path("ao_circuit")}}) {
     r = headlab(args);
     EXPECT_EQ(r.code, 0) << args[0] << "\n" << r.err;
   }

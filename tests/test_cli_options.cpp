@@ -142,6 +142,9 @@ class CliOptionsTest : public ::testing::TestWithParam<std::string> {
     if (command == "convert") return {{"", scratch_->path("gpt2")}, {"--out", out + ".h5"}};
     if (command == "heads")
       return {{"", ckpt_}, {"--batches", "1"}, {"--batch-size", "2"}, {"--threads", "1"}, {"--out", out}};
+    if (command == "circuit")
+      return {{"", ckpt_},        {"--task", "induction"}, {"--rows", "2"}, {"--check-edges", "4"},
+              {"--threads", "1"}, {"--out", out}};
     ADD_FAILURE() << "no base invocation for '" << command << "': add one to this test";
     return {};
   }
@@ -236,15 +239,15 @@ TEST_P(CliOptionsTest, EveryOptionRefusesBadValuesCleanly) {
 
 INSTANTIATE_TEST_SUITE_P(Commands, CliOptionsTest,
                          ::testing::Values("train", "eval", "generate", "inspect", "compare", "attention", "ablate",
-                                           "heads", "tokenize", "export", "convert"));
+                                           "heads", "tokenize", "export", "convert", "circuit"));
 
 // The table covers every command the binary has, so a new command cannot slip past the test above.
 TEST(CliOptionsTable, CoversEveryCommand) {
   headlab::testing::TempDir tmp("cli_options_table");
   std::set<std::string> commands;
   for (const OptionRow& row : options_table(tmp.dir())) commands.insert(row.command);
-  EXPECT_EQ(commands, (std::set<std::string>{"ablate", "attention", "compare", "convert", "eval", "export", "generate",
-                                             "heads", "inspect", "tokenize", "train"}));
+  EXPECT_EQ(commands, (std::set<std::string>{"ablate", "attention", "circuit", "compare", "convert", "eval", "export",
+                                             "generate", "heads", "inspect", "tokenize", "train"}));
 }
 
 }  // namespace

@@ -1,0 +1,258 @@
+// headlab circuit: which heads pass what to whom on a prompt-pair task (analysis/circuit.h). Edge
+// attribution patching over every edge (checked against real patching on a sample), path patching of
+// the chosen senders into the chosen receivers, and circuit discovery; writes circuit.json, circuit.dot,
+// circuit.png, circuit.svg, edges.csv, path_patching.csv and report.md.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <iostream>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <sstream>
+
+#include "analysis/circuit.h"
+#include "cli/commands.h"
+#include "cli/common.h"
+#include "plot/graph.h"
+
+namespace headlab::cli {
+
+namespace {
+
+struct CircuitArgs {
+  std::string path, out, task, pairs;
+  int64_t rows = 64, span = 0, templ = 0, ig_steps = 0, check_edges = 64;
+  double tau = 0.02;
+  bool plain_acdc = false;
+  std::vector<std::string> senders, receivers = {"logits"};
+  uint64_t seed = 1;
+  int threads = 0;
+};
+
+double pearson(const std::vector<double>& x, const std::vector<double>& y) {
+  const auto n = static_cast<double>(x.size());
+  const double mx = std::accumulate(x.begin(), x.end(), 0.0) / n, my = std::accumulate(y.begin(), y.end(), 0.0) / n;
+  double sxy = 0, sxx = 0, syy = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    sxy += (x[i] - mx) * (y[i] - my);
+    sxx += (x[i] - mx) * (x[i] - mx);
+    syy += (y[i] - my) * (y[i] - my);
+  }
+  return sxx > 0 && syy > 0 ? sxy / std::sqrt(sxx * syy) : std::nan("");
+}
+
+// Edges to check attribution on: the half with the largest |attribution|, the rest drawn at random.
+std::vector<int64_t> edges_to_check(const std::vector<double>& effect, int64_t n, uint64_t seed) {
+  std::vector<int64_t> order(effect.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return std::abs(effect[static_cast<size_t>(a)]) > std::abs(effect[static_cast<size_t>(b)]);
+  });
+  n = std::min(n, static_cast<int64_t>(order.size()));
+  std::vector<int64_t> pick(order.begin(), order.begin() + n / 2), rest(order.begin() + n / 2, order.end());
+  std::shuffle(rest.begin(), rest.end(), std::mt19937_64(seed));
+  pick.insert(pick.end(), rest.begin(), rest.begin() + (n - n / 2));
+  return pick;
+}
+
+}  // namespace
+
+Action add_circuit(CLI::App& app) {
+  auto a = std::make_shared<CircuitArgs>();
+  app.add_option("checkpoint", a->path, "checkpoint file (.h5) or Hugging Face GPT-2 folder")
+      ->type_name(kInputFile)
+      ->required();
+  app.add_option("--task", a->task, "built-in prompt pairs: induction (repeated random tokens) | ioi (GPT-2's BPE)");
+  app.add_option("--pairs", a->pairs,
+                 "prompt pairs, a JSONL file of {\"clean\", \"corrupt\", \"answer\", \"wrong\"} (instead of --task)")
+      ->type_name(kInputFile);
+  app.add_option("--out", a->out, "output folder (default: <checkpoint folder>/circuit)")->type_name(kOutputDir);
+  app.add_option("--rows", a->rows, "prompt pairs generated for --task")
+      ->check(positive_number(1e6))
+      ->capture_default_str();
+  app.add_option("--span", a->span, "induction: random tokens repeated (default: min(10, half the context))")
+      ->check(in_range(2, 1e6));
+  app.add_option("--template", a->templ, "ioi: which of Wang et al.'s 15 templates (0-based)")
+      ->check(in_range(0, analysis::kIoiTemplates - 1))
+      ->capture_default_str();
+  app.add_option("--tau", a->tau, "discovery: an edge goes when the normalised metric falls by less than this")
+      ->check(in_range(0, 10))
+      ->capture_default_str();
+  app.add_option("--ig-steps", a->ig_steps,
+                 "edge attribution with integrated gradients over this many steps (EAP-IG; 0: EAP)")
+      ->check(in_range(0, 1000))
+      ->capture_default_str();
+  app.add_flag("--plain-acdc", a->plain_acdc, "discovery one edge a forward in ACDC's order (for comparison; slow)");
+  app.add_option("--senders", a->senders, "path patching: sender nodes (embed, L<l>H<h>, MLP<l>; default: every head)")
+      ->delimiter(',');
+  app.add_option("--receivers", a->receivers,
+                 "path patching: receivers (logits, L<l>H<h> = its q, k and v, L<l>H<h>.q/.k/.v, MLP<l>)")
+      ->delimiter(',')
+      ->capture_default_str();
+  app.add_option("--check-edges", a->check_edges, "edges whose attribution is checked against real patching")
+      ->check(non_negative_number(1e6))
+      ->capture_default_str();
+  add_seed_option(app, a->seed, "the generated prompt pairs and the edges checked");
+  add_threads_option(app, a->threads);
+  return [a] {
+    using Clock = std::chrono::steady_clock;
+    const auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
+    set_threads(a->threads);
+    HL_CHECK(a->task.empty() != a->pairs.empty(),
+             "circuit: give the prompt pairs by --task induction|ioi or by --pairs FILE",
+             a->task.empty() ? "" : " (not both)");
+    HL_CHECK(a->pairs.size() || a->task == "induction" || a->task == "ioi",
+             "circuit: --task is induction or ioi, not '", a->task,
+             "' (or give your own prompt pairs with --pairs FILE)");
+    const Loaded in = load("circuit", a->path, "cpu");
+    nn::GPTModel& model = in.gpt("circuit");
+    const nn::GPTConfig& cfg = model.config();
+    analysis::PromptPairs pairs;
+    std::string source;
+    if (!a->pairs.empty()) {
+      pairs = analysis::read_prompt_pairs(a->pairs, *in.task);
+      source = a->pairs;
+    } else if (a->task == "induction") {
+      const int64_t n = a->span > 0 ? a->span : std::min<int64_t>(10, (cfg.context_length + 1) / 2);
+      HL_CHECK(2 * n - 1 <= cfg.context_length, "circuit: --span ", n, " makes prompts of ", 2 * n - 1,
+               " tokens; the model's context is ", cfg.context_length);
+      pairs = analysis::induction_prompt_pairs(cfg.vocab_size, a->rows, n, a->seed);
+      source = "induction: " + std::to_string(n) + " random tokens, then all but the last again";
+    } else {
+      pairs = analysis::ioi_prompt_pairs(*in.task, a->rows, a->templ, a->seed);
+      source = "ioi: Wang et al.'s template " + std::to_string(a->templ) + ", corrupted by three other names (ABC)";
+    }
+    const std::string home = in.from_folder ? a->path : std::filesystem::path(a->path).parent_path().string();
+    const std::string out = a->out.empty() ? join_path(home, "circuit") : a->out;
+    const io::FolderLock lock = make_locked_dir(out, "circuit");
+    std::cout << "headlab circuit: " << a->path << " (" << cfg.n_layers << " layers x " << cfg.n_heads << " heads"
+              << (cfg.attn_only ? ", attention only" : "") << ")\nprompt pairs: " << pairs.rows() << " rows of "
+              << pairs.T << " tokens (" << source << ")\n";
+
+    // Edge attribution, then the stored runs the patching reads.
+    const analysis::EdgeAttribution eap = analysis::edge_attribution(model, pairs, a->ig_steps);
+    const auto t_setup = Clock::now();
+    analysis::CircuitPatcher patcher(model, pairs);
+    const double setup_seconds = since(t_setup);
+    const analysis::CircuitGraph& g = patcher.graph();
+    const analysis::LogitDifference& base = patcher.baseline();
+    std::cout << "logit difference (answer - wrong, last position): clean " << fmt(base.clean_mean, 4) << ", corrupted "
+              << fmt(base.corrupt_mean, 4) << "; metrics below are normalised (clean 1, corrupted 0)\n"
+              << "graph: " << g.node_count() << " nodes, " << g.edge_count() << " edges\n"
+              << (a->ig_steps ? "EAP-IG (" + std::to_string(a->ig_steps) + " steps)" : std::string("EAP")) << " over "
+              << "every edge: " << fmt(eap.seconds, 2) << " s\n";
+
+    // Attribution against real patching on a sample of edges.
+    const std::vector<int64_t> checked = edges_to_check(eap.effect, a->check_edges, a->seed);
+    std::vector<double> actual(static_cast<size_t>(g.edge_count()), std::nan(""));
+    double correlation = std::nan("");
+    if (!checked.empty()) {
+      std::vector<analysis::EdgePatch> patches;
+      for (int64_t e : checked) {
+        analysis::EdgePatch& p = patches.emplace_back(static_cast<size_t>(g.edge_count()), 0.0);
+        p[static_cast<size_t>(e)] = 1.0;
+      }
+      const std::vector<double> m = patcher.metric(patches);
+      std::vector<double> est, real;
+      for (size_t i = 0; i < checked.size(); ++i) {
+        actual[static_cast<size_t>(checked[i])] = m[i] - 1.0;
+        est.push_back(eap.effect[static_cast<size_t>(checked[i])]);
+        real.push_back(m[i] - 1.0);
+      }
+      correlation = pearson(est, real);
+      std::cout << "attribution against patching each of " << checked.size()
+                << " edges (the largest half, the rest at random): Pearson r = " << fmt(correlation, 3) << "\n";
+    }
+
+    // Path patching.
+    std::vector<int64_t> senders, receivers;
+    if (a->senders.empty()) {
+      for (int64_t n = 0; n < g.node_count(); ++n)
+        if (g.nodes()[static_cast<size_t>(n)].head >= 0) senders.push_back(n);
+    }
+    for (const std::string& s : a->senders) senders.push_back(g.parse_node(s, "circuit: --senders"));
+    for (const std::string& r : a->receivers) {
+      const std::vector<int64_t> rs = g.parse_receivers(r, "circuit: --receivers");
+      receivers.insert(receivers.end(), rs.begin(), rs.end());
+    }
+    const auto t_path = Clock::now();
+    const std::vector<double> path = analysis::path_patching(patcher, senders, receivers);
+    const double path_seconds = since(t_path);
+    std::string receiver_list;
+    for (const std::string& r : a->receivers) receiver_list += (receiver_list.empty() ? "" : ", ") + r;
+    std::vector<size_t> by_effect(path.size());
+    std::iota(by_effect.begin(), by_effect.end(), 0);
+    std::stable_sort(by_effect.begin(), by_effect.end(),
+                     [&](size_t x, size_t y) { return std::abs(path[x] - 1) > std::abs(path[y] - 1); });
+    std::ostringstream path_top;
+    for (size_t i = 0; i < std::min<size_t>(8, by_effect.size()); ++i)
+      path_top << "  " << pad(g.node_name(senders[by_effect[i]]), 8) << " " << fmt_signed(path[by_effect[i]] - 1, 3)
+               << "\n";
+    std::cout << "\npath patching, each sender's corrupted output into " << receiver_list << " only (" << senders.size()
+              << " senders, " << fmt(path_seconds, 2) << " s); the largest changes:\n"
+              << path_top.str();
+
+    // Discovery.
+    analysis::DiscoveryOptions dopt;
+    dopt.tau = a->tau;
+    dopt.plain_acdc = a->plain_acdc;
+    const analysis::Circuit circuit = analysis::discover_circuit(patcher, eap.effect, dopt);
+    std::ostringstream kept;
+    for (int64_t e = 0; e < g.edge_count(); ++e)
+      if (circuit.kept[static_cast<size_t>(e)])
+        kept << "  " << pad(g.edge_name(e), 24) << " attribution " << fmt_signed(eap.effect[static_cast<size_t>(e)], 3)
+             << "\n";
+    std::cout << "\ncircuit (tau " << a->tau << ", " << (a->plain_acdc ? "plain ACDC order" : "attribution order")
+              << "): " << circuit.kept_count() << " of " << g.edge_count() << " edges; the circuit alone scores "
+              << fmt(circuit.metric, 3) << " of the full model's 1; " << circuit.forwards << " patched forwards ("
+              << circuit.tests << " patch sets; plain ACDC: " << g.edge_count() + 2 << "), " << fmt(circuit.seconds, 2)
+              << " s\n"
+              << kept.str();
+
+    // Files.
+    const std::string dot = analysis::circuit_dot(g, circuit);
+    write_text(join_path(out, "circuit.json"), analysis::circuit_json(g, circuit, base), "circuit");
+    write_text(join_path(out, "circuit.dot"), dot, "circuit");
+    for (const char* format : {"png", "svg"})
+      write_text(join_path(out, std::string("circuit.") + format), plot::render_dot(dot, format, "circuit"), "circuit");
+    std::string csv = "edge,sender,receiver,attribution,patched_effect,kept\n";
+    for (int64_t e = 0; e < g.edge_count(); ++e) {
+      const auto i = static_cast<size_t>(e);
+      csv += g.edge_name(e) + "," + g.node_name(g.edge_sender(e)) + "," + g.receiver_name(g.edge_receiver(e)) + "," +
+             fmt_sci(eap.effect[i], 6) + "," + (std::isnan(actual[i]) ? std::string() : fmt_sci(actual[i], 6)) + "," +
+             (circuit.kept[i] ? "1" : "0") + "\n";
+    }
+    write_text(join_path(out, "edges.csv"), csv, "circuit");
+    std::string pcsv = "sender,metric,effect\n";
+    for (size_t i = 0; i < senders.size(); ++i)
+      pcsv += g.node_name(senders[i]) + "," + fmt(path[i], 6) + "," + fmt_signed(path[i] - 1, 6) + "\n";
+    write_text(join_path(out, "path_patching.csv"), pcsv, "circuit");
+    std::ostringstream md;
+    md << "# Circuit of " << a->path << "\n\nPrompt pairs: " << pairs.rows() << " rows of " << pairs.T << " tokens ("
+       << source << "). Metric: the logit difference answer - wrong at the last position, clean "
+       << fmt(base.clean_mean, 4) << ", corrupted " << fmt(base.corrupt_mean, 4)
+       << "; normalised so that the clean run is 1 and the corrupted run 0.\n\n"
+       << "## Circuit\n\n![circuit](circuit.png)\n\n"
+       << circuit.kept_count() << " of " << g.edge_count() << " edges (tau " << a->tau
+       << "); the circuit alone, every other edge patched to its corrupted sender, scores **" << fmt(circuit.metric, 3)
+       << "** of the full model's 1. Search: " << circuit.forwards << " patched forwards (" << circuit.tests
+       << " patch sets; plain ACDC tests every edge: " << g.edge_count() + 2 << "), " << fmt(circuit.seconds, 2)
+       << " s.\n\n```\n"
+       << kept.str() << "```\n\n"
+       << "## Edge attribution\n\n"
+       << (a->ig_steps ? "EAP-IG, " + std::to_string(a->ig_steps) + " steps" : std::string("EAP")) << " over all "
+       << g.edge_count() << " edges in " << fmt(eap.seconds, 2) << " s; against real patching of " << checked.size()
+       << " edges: Pearson r = " << fmt(correlation, 3) << " (edges.csv has both).\n\n"
+       << "## Path patching into " << receiver_list << "\n\n"
+       << senders.size() << " senders in " << fmt(path_seconds, 2) << " s (stored runs: " << fmt(setup_seconds, 2)
+       << " s); the largest changes of the metric:\n\n```\n"
+       << path_top.str() << "```\n";
+    write_text(join_path(out, "report.md"), md.str(), "circuit");
+    std::cout << "\nwrote " << out
+              << "/{circuit.json, circuit.dot, circuit.png, circuit.svg, edges.csv, path_patching.csv, report.md}\n";
+    return 0;
+  };
+}
+
+}  // namespace headlab::cli

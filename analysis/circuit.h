@@ -143,7 +143,7 @@ EdgeAttribution edge_attribution(nn::GPTModel& model, const PromptPairs& pairs, 
 // many edges that do nothing cost a few forwards. plain_acdc: one edge a forward in ACDC's
 // order (receivers from the logits back, their senders from the last), for comparison.
 struct DiscoveryOptions {
-  double tau = 0.02;
+  double tau = 0.01;
   bool plain_acdc = false;
   int64_t first_group = 16;  // edges in the first group tried
 };

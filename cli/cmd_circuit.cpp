@@ -23,7 +23,7 @@ namespace {
 struct CircuitArgs {
   std::string path, out, task, pairs;
   int64_t rows = 64, span = 0, templ = 0, ig_steps = 0, check_edges = 64;
-  double tau = 0.02;
+  double tau = 0.01;
   bool plain_acdc = false;
   std::vector<std::string> senders, receivers = {"logits"};
   uint64_t seed = 1;

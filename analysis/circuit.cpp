@@ -185,13 +185,19 @@ struct CircuitPatcher::Impl {
   nn::GPTModel& model;
   CircuitGraph graph;
   CircuitOptions options;
+  std::shared_ptr<train::Collectives> comm;
   std::vector<LayerWeights> layers;
   std::vector<Chunk> chunks;
   LogitDifference baseline;
   int64_t rows = 0, forwards = 0, C = 0;
   bool was_training = false;
 
-  Impl(nn::GPTModel& m, const CircuitOptions& o) : model(m), graph(m), options(o), C(m.config().emb_dim) {
+  Impl(nn::GPTModel& m, const CircuitOptions& o)
+      : model(m),
+        graph(m),
+        options(o),
+        comm(o.collectives ? o.collectives : train::single_process()),
+        C(m.config().emb_dim) {
     was_training = m.is_training();
     model.eval();
     const NoGradGuard no_grad;
@@ -433,6 +439,13 @@ void check_pairs(const nn::GPTModel& model, const PromptPairs& pairs, const char
   check_ids(pairs.answer, "answer"), check_ids(pairs.wrong, "wrong");
 }
 
+// Every row's logit differences where only this rank's chunks wrote theirs (zeros elsewhere), summed
+// over the ranks: each rank then holds every row's.
+void gather_rows(train::Collectives& comm, LogitDifference& d) {
+  comm.allreduce_sum(d.clean.data(), static_cast<int64_t>(d.clean.size()));
+  comm.allreduce_sum(d.corrupt.data(), static_cast<int64_t>(d.corrupt.size()));
+}
+
 void finish_baseline(LogitDifference& d) {
   const auto mean = [](const std::vector<double>& v) {
     return std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
@@ -448,11 +461,15 @@ CircuitPatcher::CircuitPatcher(nn::GPTModel& model, const PromptPairs& pairs, co
   Impl& s = *impl_;
   s.rows = pairs.rows();
   const int64_t step = Impl::even_chunks(pairs.rows(), s.chunk_rows(pairs.T, false));
-  for (int64_t first = 0; first < pairs.rows(); first += step) {
+  s.baseline.clean.assign(static_cast<size_t>(s.rows), 0.0);
+  s.baseline.corrupt.assign(static_cast<size_t>(s.rows), 0.0);
+  for (int64_t first = 0, i = 0; first < pairs.rows(); first += step, ++i) {
+    if (i % s.comm->size() != s.comm->rank()) continue;  // another rank's chunk
     Chunk& c = s.chunks.emplace_back(s.make_chunk(pairs, first, std::min(step, pairs.rows() - first)));
-    s.baseline.clean.insert(s.baseline.clean.end(), c.clean_ld.begin(), c.clean_ld.end());
-    s.baseline.corrupt.insert(s.baseline.corrupt.end(), c.corrupt_ld.begin(), c.corrupt_ld.end());
+    std::copy(c.clean_ld.begin(), c.clean_ld.end(), s.baseline.clean.begin() + first);
+    std::copy(c.corrupt_ld.begin(), c.corrupt_ld.end(), s.baseline.corrupt.begin() + first);
   }
+  gather_rows(*s.comm, s.baseline);
   finish_baseline(s.baseline);
   s.baseline.normalized(0);  // throws when clean and corrupted score the same
 }
@@ -480,6 +497,7 @@ std::vector<double> CircuitPatcher::metric(const std::vector<EdgePatch>& patches
       s.forwards += static_cast<int64_t>(copies.size());
     }
   }
+  s.comm->allreduce_sum(sums.data(), static_cast<int64_t>(sums.size()));
   for (double& v : sums) v = s.baseline.normalized(v / static_cast<double>(s.rows));
   return sums;
 }
@@ -514,10 +532,13 @@ EdgeAttribution edge_attribution(nn::GPTModel& model, const PromptPairs& pairs, 
   std::vector<double> raw(static_cast<size_t>(g.edge_count()), 0.0);  // sum over rows of d(logit difference)
   const int64_t step = CircuitPatcher::Impl::even_chunks(pairs.rows(), s.chunk_rows(pairs.T, true)),
                 steps = std::max<int64_t>(ig_steps, 1);
-  for (int64_t first = 0; first < pairs.rows(); first += step) {
+  r.baseline.clean.assign(static_cast<size_t>(pairs.rows()), 0.0);
+  r.baseline.corrupt.assign(static_cast<size_t>(pairs.rows()), 0.0);
+  for (int64_t first = 0, chunk = 0; first < pairs.rows(); first += step, ++chunk) {
+    if (chunk % s.comm->size() != s.comm->rank()) continue;  // another rank's chunk
     const Chunk c = s.make_chunk(pairs, first, std::min(step, pairs.rows() - first));
-    r.baseline.clean.insert(r.baseline.clean.end(), c.clean_ld.begin(), c.clean_ld.end());
-    r.baseline.corrupt.insert(r.baseline.corrupt.end(), c.corrupt_ld.begin(), c.corrupt_ld.end());
+    std::copy(c.clean_ld.begin(), c.clean_ld.end(), r.baseline.clean.begin() + first);
+    std::copy(c.corrupt_ld.begin(), c.corrupt_ld.end(), r.baseline.corrupt.begin() + first);
     std::vector<Tensor> grads;  // [group] (R, width): d(sum of the rows' logit differences)/d(input), over the steps
     for (int64_t k = 1; k <= steps; ++k) {
       std::vector<Tensor> probes;
@@ -548,6 +569,8 @@ EdgeAttribution edge_attribution(nn::GPTModel& model, const PromptPairs& pairs, 
       for (size_t i = 0; i < e.size(); ++i) raw[static_cast<size_t>(e0) + i] -= e[i];
     }
   }
+  s.comm->allreduce_sum(raw.data(), static_cast<int64_t>(raw.size()));
+  gather_rows(*s.comm, r.baseline);
   finish_baseline(r.baseline);
   const double gap = r.baseline.clean_mean - r.baseline.corrupt_mean;
   HL_CHECK(gap != 0, "edge_attribution: the clean and corrupted runs score the same; nothing to attribute");

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "analysis/prompt_pairs.h"
+#include "train/collectives.h"
 
 namespace headlab::analysis {
 
@@ -88,6 +89,10 @@ using EdgePatch = std::vector<double>;
 struct CircuitOptions {
   int64_t chunk_rows = 0;  // prompt rows per forward; 0: as many as ~256 MB of activations allow
   int64_t max_copies = 0;  // copies per forward; 0: as a ~256 MB budget allows
+  // The processes sharing the work (train/collectives.h; null: this one alone). Chunks of rows go to the
+  // ranks in turn, each stores and runs only its own, and every sum is allreduced, so that every rank
+  // gets the single process's numbers (up to the order of the sums) and takes the same decisions.
+  std::shared_ptr<train::Collectives> collectives;
 };
 
 // The clean and corrupted runs of a model on a task, stored (per chunk of rows: the corrupted outputs of
@@ -106,7 +111,7 @@ class CircuitPatcher {
   // The normalised metric of each patch (1: clean, 0: corrupted), as many forwards as the copies take.
   std::vector<double> metric(const std::vector<EdgePatch>& patches);
   double metric(const EdgePatch& patch) { return metric(std::vector<EdgePatch>{patch}).front(); }
-  int64_t forwards() const;  // patched forwards run so far (one per copy and chunk of rows)
+  int64_t forwards() const;  // patched forwards this process ran so far (one per copy and chunk of rows)
 
   struct Impl;
 

@@ -8,6 +8,7 @@
 #include <iostream>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <sstream>
 
@@ -15,6 +16,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "plot/graph.h"
+#include "train/collectives.h"
 
 namespace headlab::cli {
 
@@ -22,7 +24,7 @@ namespace {
 
 struct CircuitArgs {
   std::string path, out, task, pairs;
-  int64_t rows = 64, span = 0, templ = 0, ig_steps = 0, check_edges = 64;
+  int64_t rows = 64, span = 0, templ = 0, ig_steps = 0, check_edges = 64, chunk_rows = 0;
   double tau = 0.01;
   bool plain_acdc = false;
   std::vector<std::string> senders, receivers = {"logits"};
@@ -90,6 +92,9 @@ Action add_circuit(CLI::App& app) {
                  "path patching: receivers (logits, L<l>H<h> = its q, k and v, L<l>H<h>.q/.k/.v, MLP<l>)")
       ->delimiter(',')
       ->capture_default_str();
+  app.add_option("--chunk-rows", a->chunk_rows, "prompt rows a forward (0: as a memory budget of ~256 MB allows)")
+      ->check(non_negative_number(1e6))
+      ->capture_default_str();
   app.add_option("--check-edges", a->check_edges, "edges whose attribution is checked against real patching")
       ->check(non_negative_number(1e6))
       ->capture_default_str();
@@ -98,7 +103,15 @@ Action add_circuit(CLI::App& app) {
   return [a] {
     using Clock = std::chrono::steady_clock;
     const auto since = [](Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); };
-    set_threads(a->threads);
+    // Under mpirun the ranks share the prompt rows (CircuitOptions::collectives); rank 0 prints and writes.
+    const std::shared_ptr<train::Collectives> comm = train::world();
+    set_threads(a->threads, comm->local_size());
+    const bool writer = comm->rank() == 0;
+    std::ostream null_stream(nullptr);
+    std::ostream& say = writer ? std::cout : null_stream;
+    analysis::CircuitOptions copt;
+    copt.collectives = comm;
+    copt.chunk_rows = a->chunk_rows;
     HL_CHECK(a->task.empty() != a->pairs.empty(),
              "circuit: give the prompt pairs by --task induction|ioi or by --pairs FILE",
              a->task.empty() ? "" : " (not both)");
@@ -125,23 +138,26 @@ Action add_circuit(CLI::App& app) {
     }
     const std::string home = in.from_folder ? a->path : std::filesystem::path(a->path).parent_path().string();
     const std::string out = a->out.empty() ? join_path(home, "circuit") : a->out;
-    const io::FolderLock lock = make_locked_dir(out, "circuit");
-    std::cout << "headlab circuit: " << a->path << " (" << cfg.n_layers << " layers x " << cfg.n_heads << " heads"
-              << (cfg.attn_only ? ", attention only" : "") << ")\nprompt pairs: " << pairs.rows() << " rows of "
-              << pairs.T << " tokens (" << source << ")\n";
+    std::optional<io::FolderLock> lock;
+    if (writer) lock.emplace(make_locked_dir(out, "circuit"));
+    say << "headlab circuit: " << a->path << " (" << cfg.n_layers << " layers x " << cfg.n_heads << " heads"
+        << (cfg.attn_only ? ", attention only" : "") << ")\nprompt pairs: " << pairs.rows() << " rows of " << pairs.T
+        << " tokens (" << source << ")\n"
+        << (comm->size() > 1 ? "ranks: " + std::to_string(comm->size()) + " (" + comm->name() + "), the rows shared\n"
+                             : std::string());
 
     // Edge attribution, then the stored runs the patching reads.
-    const analysis::EdgeAttribution eap = analysis::edge_attribution(model, pairs, a->ig_steps);
+    const analysis::EdgeAttribution eap = analysis::edge_attribution(model, pairs, a->ig_steps, copt);
     const auto t_setup = Clock::now();
-    analysis::CircuitPatcher patcher(model, pairs);
+    analysis::CircuitPatcher patcher(model, pairs, copt);
     const double setup_seconds = since(t_setup);
     const analysis::CircuitGraph& g = patcher.graph();
     const analysis::LogitDifference& base = patcher.baseline();
-    std::cout << "logit difference (answer - wrong, last position): clean " << fmt(base.clean_mean, 4) << ", corrupted "
-              << fmt(base.corrupt_mean, 4) << "; metrics below are normalised (clean 1, corrupted 0)\n"
-              << "graph: " << g.node_count() << " nodes, " << g.edge_count() << " edges\n"
-              << (a->ig_steps ? "EAP-IG (" + std::to_string(a->ig_steps) + " steps)" : std::string("EAP")) << " over "
-              << "every edge: " << fmt(eap.seconds, 2) << " s\n";
+    say << "logit difference (answer - wrong, last position): clean " << fmt(base.clean_mean, 4) << ", corrupted "
+        << fmt(base.corrupt_mean, 4) << "; metrics below are normalised (clean 1, corrupted 0)\n"
+        << "graph: " << g.node_count() << " nodes, " << g.edge_count() << " edges\n"
+        << (a->ig_steps ? "EAP-IG (" + std::to_string(a->ig_steps) + " steps)" : std::string("EAP")) << " over "
+        << "every edge: " << fmt(eap.seconds, 2) << " s\n";
 
     // Attribution against real patching on a sample of edges.
     const std::vector<int64_t> checked = edges_to_check(eap.effect, a->check_edges, a->seed);
@@ -161,8 +177,8 @@ Action add_circuit(CLI::App& app) {
         real.push_back(m[i] - 1.0);
       }
       correlation = pearson(est, real);
-      std::cout << "attribution against patching each of " << checked.size()
-                << " edges (the largest half, the rest at random): Pearson r = " << fmt(correlation, 3) << "\n";
+      say << "attribution against patching each of " << checked.size()
+          << " edges (the largest half, the rest at random): Pearson r = " << fmt(correlation, 3) << "\n";
     }
 
     // Path patching.
@@ -189,9 +205,9 @@ Action add_circuit(CLI::App& app) {
     for (size_t i = 0; i < std::min<size_t>(8, by_effect.size()); ++i)
       path_top << "  " << pad(g.node_name(senders[by_effect[i]]), 8) << " " << fmt_signed(path[by_effect[i]] - 1, 3)
                << "\n";
-    std::cout << "\npath patching, each sender's corrupted output into " << receiver_list << " only (" << senders.size()
-              << " senders, " << fmt(path_seconds, 2) << " s); the largest changes:\n"
-              << path_top.str();
+    say << "\npath patching, each sender's corrupted output into " << receiver_list << " only (" << senders.size()
+        << " senders, " << fmt(path_seconds, 2) << " s); the largest changes:\n"
+        << path_top.str();
 
     // Discovery.
     analysis::DiscoveryOptions dopt;
@@ -203,13 +219,14 @@ Action add_circuit(CLI::App& app) {
       if (circuit.kept[static_cast<size_t>(e)])
         kept << "  " << pad(g.edge_name(e), 24) << " attribution " << fmt_signed(eap.effect[static_cast<size_t>(e)], 3)
              << "\n";
-    std::cout << "\ncircuit (tau " << a->tau << ", " << (a->plain_acdc ? "plain ACDC order" : "attribution order")
-              << "): " << circuit.kept_count() << " of " << g.edge_count() << " edges; the circuit alone scores "
-              << fmt(circuit.metric, 3) << " of the full model's 1; " << circuit.forwards << " patched forwards ("
-              << circuit.tests << " patch sets; plain ACDC: " << g.edge_count() + 2 << "), " << fmt(circuit.seconds, 2)
-              << " s\n"
-              << kept.str();
+    say << "\ncircuit (tau " << a->tau << ", " << (a->plain_acdc ? "plain ACDC order" : "attribution order")
+        << "): " << circuit.kept_count() << " of " << g.edge_count() << " edges; the circuit alone scores "
+        << fmt(circuit.metric, 3) << " of the full model's 1; " << circuit.forwards << " patched forwards ("
+        << circuit.tests << " patch sets; plain ACDC: " << g.edge_count() + 2 << "), " << fmt(circuit.seconds, 2)
+        << " s\n"
+        << kept.str();
 
+    if (!writer) return 0;
     // Files.
     const std::string dot = analysis::circuit_dot(g, circuit);
     write_text(join_path(out, "circuit.json"), analysis::circuit_json(g, circuit, base), "circuit");

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <thread>
 
@@ -193,6 +194,37 @@ TEST_F(DataParallel, TwoRanksTrainWhatOneProcessTrains) {
   EXPECT_EQ(cb.trainer.rng_offset, ca.trainer.rng_offset) << "the generator moved as one process's did";
   EXPECT_LT(max_parameter_difference(ca, cb), 2e-3);
   EXPECT_EQ(ca.config, cb.config);
+}
+
+// circuit under mpirun: the ranks share the prompt rows (chunks of 4 rows in turn) and rank 0 writes
+// what one process writes, up to the order of the sums.
+TEST_F(DataParallel, CircuitOnTwoRanksIsTheSingleProcesses) {
+  ASSERT_EQ(single(train_args("m", 20)).code, 0);
+  const auto args = [&](const std::string& out) {
+    return std::vector<std::string>{"circuit",      tmp.path("m/checkpoint.h5"),
+                                    "--task",       "induction",
+                                    "--rows",       "16",
+                                    "--chunk-rows", "4",
+                                    "--threads",    "1",
+                                    "--out",        tmp.path(out)};
+  };
+  const ProcessResult one = single(args("c1"));
+  ASSERT_EQ(one.code, 0) << one.err;
+  const ProcessResult two = ranks(2, args("c2"));
+  ASSERT_EQ(two.code, 0) << two.out << two.err;
+  EXPECT_NE(two.out.find("ranks: 2 (MPI"), std::string::npos) << two.out;
+  EXPECT_EQ(two.out.find("headlab circuit:"), two.out.rfind("headlab circuit:")) << "rank 0 alone prints";
+  const auto a = nlohmann::json::parse(testing::slurp(tmp.path("c1/circuit.json")));
+  const auto b = nlohmann::json::parse(testing::slurp(tmp.path("c2/circuit.json")));
+  ASSERT_EQ(a["edges"].size(), b["edges"].size()) << one.out << two.out;
+  for (size_t i = 0; i < a["edges"].size(); ++i) {
+    EXPECT_EQ(a["edges"][i]["sender"], b["edges"][i]["sender"]);
+    EXPECT_EQ(a["edges"][i]["receiver"], b["edges"][i]["receiver"]);
+    EXPECT_NEAR(a["edges"][i]["attribution"].get<double>(), b["edges"][i]["attribution"].get<double>(), 1e-9);
+  }
+  for (const char* k : {"circuit", "clean_logit_difference", "corrupt_logit_difference"})
+    EXPECT_NEAR(a["metric"][k].get<double>(), b["metric"][k].get<double>(), 1e-9) << k;
+  EXPECT_EQ(testing::slurp(tmp.path("c1/path_patching.csv")), testing::slurp(tmp.path("c2/path_patching.csv")));
 }
 
 TEST_F(DataParallel, ResumesAcrossProcessCounts) {

@@ -153,6 +153,7 @@ struct Chunk {
   Tensor clean_tokens, corrupt_tokens;  // (B, T) int64
   Tensor direction;                     // (B, C): W_U[answer] - W_U[wrong]
   Tensor bias_diff;                     // (B): the head's bias difference (zeros without one)
+  Tensor candidates, weights;           // probability metric: (M) token ids, (B, M) signs; else undefined
   Tensor corrupt_out, delta;            // (N, B*T*C): corrupted outputs of every node; clean - corrupted
   Tensor delta_last;                    // (N, B*C): delta at the last position
   std::vector<Tensor> clean_resid;      // [layer 0..L] (B, T, C): the clean stream entering each layer
@@ -353,6 +354,10 @@ struct CircuitPatcher::Impl {
     const Tensor X = inputs_of(g, last, 1, true);
     const Tensor x = (X.defined() ? X : last).reshape({K, B, C});
     const Tensor y = model.final_norm->forward(x);
+    if (c.candidates.defined()) {  // sum_m weights[b, m] * p(candidates[m]): every logit, then the softmax
+      const Tensor logits = linear(y, model.out_head->weight, model.out_head->bias);  // (K, B, V)
+      return mul(index_select(softmax(logits, 2), 2, c.candidates), c.weights).sum({2});
+    }
     return add(mul(y, c.direction).sum({2}), c.bias_diff);  // (K, B)
   }
 
@@ -373,6 +378,15 @@ struct CircuitPatcher::Impl {
     const Tensor& b_U = model.out_head->bias;
     c.bias_diff = b_U.defined() ? sub(index_select(b_U, 0, answer), index_select(b_U, 0, wrong)).detach()
                                 : zeros({B}, W_U.dtype(), dev);
+    if (pairs.probability_metric()) {
+      const auto M = static_cast<int64_t>(pairs.candidates.size());
+      c.candidates = tensor(pairs.candidates, {M}).to(dev);
+      c.weights =
+          tensor(std::vector<double>(pairs.weights.begin() + first * M, pairs.weights.begin() + (first + B) * M),
+                 {B, M})
+              .to(W_U.dtype())
+              .to(dev);
+    }
     Recorded clean, corrupt;
     for (auto [tokens, rec, ld] :
          {std::tuple{&c.clean_tokens, &clean, &c.clean_ld}, std::tuple{&c.corrupt_tokens, &corrupt, &c.corrupt_ld}}) {
@@ -417,8 +431,9 @@ struct CircuitPatcher::Impl {
     if (options.max_copies > 0) return options.max_copies;
     int64_t widest = 1;
     for (const LayerWeights& w : layers) widest = std::max(widest, 3 * w.H);
+    const int64_t logits = c.candidates.defined() ? 2 * c.B * model.config().vocab_size : 0;  // and softmax
     const int64_t per_copy =
-        (graph.node_count() + widest * 3 + 16) * c.B * c.T * C * dtype_size(detail::model_dtype(model));
+        ((graph.node_count() + widest * 3 + 16) * c.B * c.T * C + logits) * dtype_size(detail::model_dtype(model));
     return std::max<int64_t>(1, kBudgetBytes / std::max<int64_t>(per_copy, 1));
   }
 };
@@ -436,7 +451,10 @@ void check_pairs(const nn::GPTModel& model, const PromptPairs& pairs, const char
                ") is outside the vocabulary of ", cfg.vocab_size);
   };
   check_ids(pairs.clean, "clean"), check_ids(pairs.corrupt, "corrupt");
-  check_ids(pairs.answer, "answer"), check_ids(pairs.wrong, "wrong");
+  check_ids(pairs.answer, "answer"), check_ids(pairs.wrong, "wrong"), check_ids(pairs.candidates, "candidate");
+  HL_CHECK(pairs.weights.size() == pairs.candidates.size() * static_cast<size_t>(pairs.rows()), who,
+           ": the probability metric's weights list ", pairs.weights.size(),
+           " values, not rows x candidates = ", pairs.rows(), " x ", pairs.candidates.size());
 }
 
 // Every row's logit differences where only this rank's chunks wrote theirs (zeros elsewhere), summed

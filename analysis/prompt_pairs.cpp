@@ -136,7 +136,7 @@ std::string replace_all(std::string s, const std::string& from, const std::strin
 // The words that are one token with a leading space (as they stand in the templates), refused when none is.
 template <size_t N>
 std::vector<std::string> single_tokens(const tasks::Task& task, const std::array<const char*, N>& words,
-                                       const char* what, size_t need) {
+                                       const char* what, size_t need, const char* who = "ioi") {
   std::vector<std::string> out;
   std::string refused;
   for (const char* w : words) {
@@ -152,7 +152,7 @@ std::vector<std::string> single_tokens(const tasks::Task& task, const std::array
     else if (refused.empty())
       refused = std::string("' ") + w + "' is " + std::to_string(ids.size()) + " tokens";
   }
-  HL_CHECK(out.size() >= need, "ioi: needs ", need, " ", what, " that are one token each in the model's tokenizer (",
+  HL_CHECK(out.size() >= need, who, ": needs ", need, " ", what, " that are one token each in the model's tokenizer (",
            "GPT-2's BPE); only ", out.size(), " are (", refused, ")");
   return out;
 }
@@ -202,6 +202,74 @@ PromptPairs ioi_prompt_pairs(const tasks::Task& task, int64_t rows, int64_t temp
   return p;
 }
 
+namespace {
+
+constexpr std::array kGreaterThanNouns = {"war",        "expedition", "siege",  "battle",  "campaign", "rebellion",
+                                          "revolution", "famine",     "plague", "drought", "conflict", "occupation",
+                                          "voyage",     "journey",    "strike", "crisis",  "reign",    "trial"};
+
+// The id of `text` if it is one token, else -1.
+int64_t single_id(const tasks::Task& task, const std::string& text) {
+  try {
+    const std::vector<int64_t> ids = task.encode_prompt(text).ids;
+    return ids.size() == 1 ? ids[0] : -1;
+  } catch (const Error&) {  // a tokenizer without these characters
+    return -1;
+  }
+}
+
+std::string two_digits(int64_t yy) { return std::string(1, char('0' + yy / 10)) + char('0' + yy % 10); }
+
+}  // namespace
+
+PromptPairs greater_than_prompt_pairs(const tasks::Task& task, int64_t rows, uint64_t seed) {
+  HL_CHECK(rows > 0, "greater-than: the number of rows must be positive, got ", rows);
+  const std::vector<std::string> nouns = single_tokens(task, kGreaterThanNouns, "nouns", 1, "greater-than");
+  const int64_t century = single_id(task, " 17");
+  std::vector<int64_t> digits;  // the id of "00".."99", -1 where it is not one token
+  for (int64_t yy = 0; yy < 100; ++yy) digits.push_back(single_id(task, two_digits(yy)));
+  // The years whose " 17YY" is the tokens " 17", "YY" (so that the answer is one two-digit token).
+  std::vector<int64_t> years;
+  for (int64_t yy = 2; yy <= 98; ++yy) {
+    if (century < 0 || digits[static_cast<size_t>(yy)] < 0) continue;
+    std::vector<int64_t> ids;
+    try {
+      ids = task.encode_prompt(" 17" + two_digits(yy)).ids;
+    } catch (const Error&) {
+      continue;
+    }
+    if (ids == std::vector<int64_t>{century, digits[static_cast<size_t>(yy)]}) years.push_back(yy);
+  }
+  HL_CHECK(years.size() >= 10 && digits[1] >= 0, "greater-than: needs a tokenizer in which \" 17\" and the years ",
+           "after it are one token each (GPT-2's BPE); this one has ", years.size(), " such years");
+  PromptPairs p;
+  for (int64_t yy = 0; yy < 100; ++yy)
+    if (digits[static_cast<size_t>(yy)] >= 0) p.candidates.push_back(digits[static_cast<size_t>(yy)]);
+  Generator gen(seed);
+  const auto draw = [&](size_t n) {
+    return static_cast<size_t>(randint(0, static_cast<int64_t>(n), {1}, gen).to_vector<int64_t>()[0]);
+  };
+  for (int64_t r = 0; r < rows; ++r) {
+    const std::string noun = nouns[draw(nouns.size())];
+    const int64_t yy = years[draw(years.size())];
+    const auto prompt = [&](int64_t start) {
+      return "The " + noun + " lasted from the year 17" + two_digits(start) + " to the year 17";
+    };
+    const std::vector<int64_t> c = task.encode_prompt(prompt(yy)).ids, x = task.encode_prompt(prompt(1)).ids;
+    HL_CHECK(c.size() == x.size() && (p.T == 0 || static_cast<int64_t>(c.size()) == p.T), "greater-than: '", prompt(yy),
+             "' and '", prompt(1), "' do not align token for token (", c.size(), " and ", x.size(), " tokens)");
+    p.T = static_cast<int64_t>(c.size());
+    p.clean.insert(p.clean.end(), c.begin(), c.end());
+    p.corrupt.insert(p.corrupt.end(), x.begin(), x.end());
+    p.answer.push_back(digits[static_cast<size_t>(yy + 1)] >= 0 ? digits[static_cast<size_t>(yy + 1)]
+                                                                : p.candidates.back());
+    p.wrong.push_back(digits[static_cast<size_t>(yy)]);
+    for (int64_t y = 0; y < 100; ++y)
+      if (digits[static_cast<size_t>(y)] >= 0) p.weights.push_back(y > yy ? 1.0 : -1.0);
+  }
+  return p;
+}
+
 double LogitDifference::normalized(double ld) const {
   const double gap = clean_mean - corrupt_mean;
   HL_CHECK(gap != 0, "logit difference: the clean and corrupted runs score the same (", clean_mean,
@@ -225,12 +293,21 @@ LogitDifference logit_difference(nn::GPTModel& model, const PromptPairs& pairs) 
   for (const auto& [ids, out, mean] :
        {std::tuple{&pairs.clean, &d.clean, &d.clean_mean}, std::tuple{&pairs.corrupt, &d.corrupt, &d.corrupt_mean}}) {
     const Tensor idx = tensor(*ids, {pairs.rows(), pairs.T}).to(model.device());
-    // (rows, V): the logits at the last position
-    const std::vector<double> last = model.forward(idx).narrow(1, pairs.T - 1, 1).to_vector<double>();
+    // (rows, V): the logits at the last position (probabilities for a probability metric)
+    Tensor last = model.forward(idx).narrow(1, pairs.T - 1, 1).reshape({pairs.rows(), cfg.vocab_size});
+    if (pairs.probability_metric()) last = softmax(last.to(DType::f64), 1);
+    const std::vector<double> v = last.to_vector<double>();
+    const auto M = pairs.candidates.size();
     for (int64_t r = 0; r < pairs.rows(); ++r) {
-      const double* row = last.data() + r * cfg.vocab_size;
-      out->push_back(row[pairs.answer[static_cast<size_t>(r)]] - row[pairs.wrong[static_cast<size_t>(r)]]);
-      *mean += out->back() / static_cast<double>(pairs.rows());
+      const double* row = v.data() + r * cfg.vocab_size;
+      double m = 0;
+      if (pairs.probability_metric()) {
+        for (size_t i = 0; i < M; ++i) m += pairs.weights[static_cast<size_t>(r) * M + i] * row[pairs.candidates[i]];
+      } else {
+        m = row[pairs.answer[static_cast<size_t>(r)]] - row[pairs.wrong[static_cast<size_t>(r)]];
+      }
+      out->push_back(m);
+      *mean += m / static_cast<double>(pairs.rows());
     }
   }
   if (was_training) model.train();

@@ -16,7 +16,12 @@ struct PromptPairs {
   int64_t T = 0;                        // tokens per prompt, the same for every row and both prompts
   std::vector<int64_t> clean, corrupt;  // (rows, T) token ids
   std::vector<int64_t> answer, wrong;   // (rows) single tokens
+  // Probability-difference tasks (greater-than): the metric is sum_m weights[r, m] * p(candidates[m]) at
+  // the last position in place of the logit difference answer - wrong. Empty for logit-difference tasks.
+  std::vector<int64_t> candidates;  // (M) token ids
+  std::vector<double> weights;      // (rows, M): +1 for the row's right answers, -1 for the others
   int64_t rows() const { return static_cast<int64_t>(answer.size()); }
+  bool probability_metric() const { return !candidates.empty(); }
 };
 
 // A JSONL file, one object a line: {"clean": str, "corrupt": str, "answer": str, "wrong": str}, the
@@ -39,7 +44,14 @@ PromptPairs induction_prompt_pairs(int64_t vocab_size, int64_t rows, int64_t n, 
 inline constexpr int64_t kIoiTemplates = 15;
 PromptPairs ioi_prompt_pairs(const tasks::Task& task, int64_t rows, int64_t templ, uint64_t seed);
 
-// The logit difference answer - wrong at the last position of each clean and corrupted prompt.
+// Greater-than (Hanna et al. 2023) in GPT-2's tokenizer: "The war lasted from the year 17YY to the year 17"
+// with nouns and YY drawn (YY in 02..98, where " 17YY" is the tokens " 17", "YY"); the metric is the
+// probability of the two-digit tokens above YY minus that of those up to YY; corrupt = the same sentence
+// from the year 1701, so that nothing says where the threshold is. answer and wrong: YY + 1 and YY.
+PromptPairs greater_than_prompt_pairs(const tasks::Task& task, int64_t rows, uint64_t seed);
+
+// The task's metric at the last position of each clean and corrupted prompt: the logit difference answer
+// - wrong, or the probability difference of a probability_metric() task.
 struct LogitDifference {
   std::vector<double> clean, corrupt;  // (rows)
   double clean_mean = 0, corrupt_mean = 0;

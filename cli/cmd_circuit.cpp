@@ -65,7 +65,8 @@ Action add_circuit(CLI::App& app) {
   app.add_option("checkpoint", a->path, "checkpoint file (.h5) or Hugging Face GPT-2 folder")
       ->type_name(kInputFile)
       ->required();
-  app.add_option("--task", a->task, "built-in prompt pairs: induction (repeated random tokens) | ioi (GPT-2's BPE)");
+  app.add_option("--task", a->task,
+                 "built-in prompt pairs: induction (repeated random tokens) | ioi | greater-than (both GPT-2's BPE)");
   app.add_option("--pairs", a->pairs,
                  "prompt pairs, a JSONL file of {\"clean\", \"corrupt\", \"answer\", \"wrong\"} (instead of --task)")
       ->type_name(kInputFile);
@@ -113,10 +114,10 @@ Action add_circuit(CLI::App& app) {
     copt.collectives = comm;
     copt.chunk_rows = a->chunk_rows;
     HL_CHECK(a->task.empty() != a->pairs.empty(),
-             "circuit: give the prompt pairs by --task induction|ioi or by --pairs FILE",
+             "circuit: give the prompt pairs by --task induction|ioi|greater-than or by --pairs FILE",
              a->task.empty() ? "" : " (not both)");
-    HL_CHECK(a->pairs.size() || a->task == "induction" || a->task == "ioi",
-             "circuit: --task is induction or ioi, not '", a->task,
+    HL_CHECK(a->pairs.size() || a->task == "induction" || a->task == "ioi" || a->task == "greater-than",
+             "circuit: --task is induction, ioi or greater-than, not '", a->task,
              "' (or give your own prompt pairs with --pairs FILE)");
     const Loaded in = load("circuit", a->path, "cpu");
     nn::GPTModel& model = in.gpt("circuit");
@@ -132,6 +133,10 @@ Action add_circuit(CLI::App& app) {
                " tokens; the model's context is ", cfg.context_length);
       pairs = analysis::induction_prompt_pairs(cfg.vocab_size, a->rows, n, a->seed);
       source = "induction: " + std::to_string(n) + " random tokens, then all but the last again";
+    } else if (a->task == "greater-than") {
+      pairs = analysis::greater_than_prompt_pairs(*in.task, a->rows, a->seed);
+      source =
+          "greater-than: Hanna et al.'s \"The <noun> lasted from the year 17YY to the year 17\", corrupted to 1701";
     } else {
       pairs = analysis::ioi_prompt_pairs(*in.task, a->rows, a->templ, a->seed);
       source = "ioi: Wang et al.'s template " + std::to_string(a->templ) + ", corrupted by three other names (ABC)";
@@ -153,7 +158,10 @@ Action add_circuit(CLI::App& app) {
     const double setup_seconds = since(t_setup);
     const analysis::CircuitGraph& g = patcher.graph();
     const analysis::LogitDifference& base = patcher.baseline();
-    say << "logit difference (answer - wrong, last position): clean " << fmt(base.clean_mean, 4) << ", corrupted "
+    const std::string metric_name = pairs.probability_metric()
+                                        ? "probability difference (p(years above the start) - p(the rest))"
+                                        : "logit difference (answer - wrong)";
+    say << metric_name << " at the last position: clean " << fmt(base.clean_mean, 4) << ", corrupted "
         << fmt(base.corrupt_mean, 4) << "; metrics below are normalised (clean 1, corrupted 0)\n"
         << "graph: " << g.node_count() << " nodes, " << g.edge_count() << " edges\n"
         << (a->ig_steps ? "EAP-IG (" + std::to_string(a->ig_steps) + " steps)" : std::string("EAP")) << " over "
@@ -247,8 +255,8 @@ Action add_circuit(CLI::App& app) {
     write_text(join_path(out, "path_patching.csv"), pcsv, "circuit");
     std::ostringstream md;
     md << "# Circuit of " << a->path << "\n\nPrompt pairs: " << pairs.rows() << " rows of " << pairs.T << " tokens ("
-       << source << "). Metric: the logit difference answer - wrong at the last position, clean "
-       << fmt(base.clean_mean, 4) << ", corrupted " << fmt(base.corrupt_mean, 4)
+       << source << "). Metric: the " << metric_name << " at the last position, clean " << fmt(base.clean_mean, 4)
+       << ", corrupted " << fmt(base.corrupt_mean, 4)
        << "; normalised so that the clean run is 1 and the corrupted run 0.\n\n"
        << "## Circuit\n\n![circuit](circuit.png)\n\n"
        << circuit.kept_count() << " of " << g.edge_count() << " edges (tau " << a->tau

@@ -28,6 +28,14 @@ PromptPairs random_pairs(int64_t vocab, int64_t rows, int64_t T, uint64_t seed) 
   return p;
 }
 
+// The same rows scored by the probability metric: candidates 0..5, each row's signs drawn.
+PromptPairs with_probability_metric(PromptPairs p, uint64_t seed) {
+  p.candidates = {0, 1, 2, 3, 4, 5};
+  Generator gen(seed);
+  for (double u : rand({p.rows(), 6}, gen, DType::f64).to_vector<double>()) p.weights.push_back(u < 0.5 ? 1.0 : -1.0);
+  return p;
+}
+
 // The logit difference of every row with the edges in `patched` patched, computed the slow way: the
 // model run module by module, every receiver's input summed from the senders' outputs (this run's,
 // or the corrupted run's for a patched edge), each head through its own CausalAttention module of
@@ -124,19 +132,22 @@ TEST(Circuit, ForwardIsTheModelsAndPatchingEveryEdgeIsTheCorruptedRun) {
     manual_seed(3);
     nn::GPTModel model(cfg);
     model.to(DType::f64);
-    const PromptPairs pairs = random_pairs(cfg.vocab_size, 5, cfg.context_length - 1, 11);
-    const analysis::LogitDifference expected = analysis::logit_difference(model, pairs);
-    analysis::CircuitOptions o;
-    o.chunk_rows = 2;  // three chunks, the last of one row
-    CircuitPatcher patcher(model, pairs, o);
-    for (size_t r = 0; r < expected.clean.size(); ++r) {
-      EXPECT_NEAR(patcher.baseline().clean[r], expected.clean[r], 1e-10);
-      EXPECT_NEAR(patcher.baseline().corrupt[r], expected.corrupt[r], 1e-10);
+    const PromptPairs logit_pairs = random_pairs(cfg.vocab_size, 5, cfg.context_length - 1, 11);
+    for (const PromptPairs& pairs : {logit_pairs, with_probability_metric(logit_pairs, 2)}) {
+      SCOPED_TRACE(pairs.probability_metric() ? "probability difference" : "logit difference");
+      const analysis::LogitDifference expected = analysis::logit_difference(model, pairs);
+      analysis::CircuitOptions o;
+      o.chunk_rows = 2;  // three chunks, the last of one row
+      CircuitPatcher patcher(model, pairs, o);
+      for (size_t r = 0; r < expected.clean.size(); ++r) {
+        EXPECT_NEAR(patcher.baseline().clean[r], expected.clean[r], 1e-10);
+        EXPECT_NEAR(patcher.baseline().corrupt[r], expected.corrupt[r], 1e-10);
+      }
+      const auto E = static_cast<size_t>(patcher.graph().edge_count());
+      const std::vector<double> m = patcher.metric({EdgePatch(E, 0.0), EdgePatch(E, 1.0)});
+      EXPECT_NEAR(m[0], 1.0, 1e-9);
+      EXPECT_NEAR(m[1], 0.0, 1e-9);
     }
-    const auto E = static_cast<size_t>(patcher.graph().edge_count());
-    const std::vector<double> m = patcher.metric({EdgePatch(E, 0.0), EdgePatch(E, 1.0)});
-    EXPECT_NEAR(m[0], 1.0, 1e-9);
-    EXPECT_NEAR(m[1], 0.0, 1e-9);
   }
 }
 
@@ -199,30 +210,34 @@ TEST(Circuit, EdgeAttributionIsTheSlopeOfPatching) {
     manual_seed(5);
     nn::GPTModel model(cfg);
     model.to(DType::f64);
-    const PromptPairs pairs = random_pairs(cfg.vocab_size, 4, cfg.context_length - 1, 13);
-    analysis::CircuitOptions one_row;
-    one_row.chunk_rows = 1;
-    const analysis::EdgeAttribution eap = analysis::edge_attribution(model, pairs);
-    const analysis::EdgeAttribution eap_rows = analysis::edge_attribution(model, pairs, 0, one_row);
-    const analysis::EdgeAttribution ig1 = analysis::edge_attribution(model, pairs, 1);
-    const analysis::EdgeAttribution ig4 = analysis::edge_attribution(model, pairs, 4);
-    CircuitPatcher patcher(model, pairs);
-    const CircuitGraph& g = patcher.graph();
-    ASSERT_EQ(static_cast<int64_t>(eap.effect.size()), g.edge_count());
-    double ig_gap = 0;
-    for (int64_t e = 0; e < g.edge_count(); e += 3) {
-      const auto i = static_cast<size_t>(e);
-      const double eps = 1e-5;
-      EdgePatch up(static_cast<size_t>(g.edge_count()), 0.0), down = up;
-      up[i] = eps, down[i] = -eps;
-      const std::vector<double> m = patcher.metric({up, down});
-      const double slope = (m[0] - m[1]) / (2 * eps);
-      EXPECT_NEAR(eap.effect[i], slope, 1e-7 + 1e-6 * std::abs(slope)) << g.edge_name(e);
-      EXPECT_NEAR(eap_rows.effect[i], eap.effect[i], 1e-12) << g.edge_name(e);
-      EXPECT_NEAR(ig1.effect[i], eap.effect[i], 1e-12) << g.edge_name(e);  // one step: alpha = 1, the clean run
-      ig_gap = std::max(ig_gap, std::abs(ig4.effect[i] - eap.effect[i]));
+    for (const PromptPairs& pairs :
+         {random_pairs(cfg.vocab_size, 4, cfg.context_length - 1, 13),
+          with_probability_metric(random_pairs(cfg.vocab_size, 4, cfg.context_length - 1, 13), 3)}) {
+      SCOPED_TRACE(pairs.probability_metric() ? "probability difference" : "logit difference");
+      analysis::CircuitOptions one_row;
+      one_row.chunk_rows = 1;
+      const analysis::EdgeAttribution eap = analysis::edge_attribution(model, pairs);
+      const analysis::EdgeAttribution eap_rows = analysis::edge_attribution(model, pairs, 0, one_row);
+      const analysis::EdgeAttribution ig1 = analysis::edge_attribution(model, pairs, 1);
+      const analysis::EdgeAttribution ig4 = analysis::edge_attribution(model, pairs, 4);
+      CircuitPatcher patcher(model, pairs);
+      const CircuitGraph& g = patcher.graph();
+      ASSERT_EQ(static_cast<int64_t>(eap.effect.size()), g.edge_count());
+      double ig_gap = 0;
+      for (int64_t e = 0; e < g.edge_count(); e += 3) {
+        const auto i = static_cast<size_t>(e);
+        const double eps = 1e-5;
+        EdgePatch up(static_cast<size_t>(g.edge_count()), 0.0), down = up;
+        up[i] = eps, down[i] = -eps;
+        const std::vector<double> m = patcher.metric({up, down});
+        const double slope = (m[0] - m[1]) / (2 * eps);
+        EXPECT_NEAR(eap.effect[i], slope, 1e-7 + 1e-6 * std::abs(slope)) << g.edge_name(e);
+        EXPECT_NEAR(eap_rows.effect[i], eap.effect[i], 1e-12) << g.edge_name(e);
+        EXPECT_NEAR(ig1.effect[i], eap.effect[i], 1e-12) << g.edge_name(e);  // one step: alpha = 1, the clean run
+        ig_gap = std::max(ig_gap, std::abs(ig4.effect[i] - eap.effect[i]));
+      }
+      EXPECT_GT(ig_gap, 1e-6);  // more steps average other gradients
     }
-    EXPECT_GT(ig_gap, 1e-6);  // more steps average other gradients
   }
 }
 

@@ -750,6 +750,13 @@ TEST_F(CliTest, CircuitRunsIoiAndUserPairsOnAGpt2Folder) {
   const std::string path_csv = slurp(path("ioi/path_patching.csv"));
   EXPECT_EQ(std::count(path_csv.begin(), path_csv.end(), '\n'), 1 + 4);  // the header and every head
 
+  // Greater-than: the probability metric over the two-digit year tokens.
+  r = headlab({"circuit", dir, "--task", "greater-than", "--rows", "8", "--check-edges", "8", "--out", path("gt")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "prompt pairs: 8 rows of 12 tokens (greater-than: Hanna et al.'s")) << r.out;
+  EXPECT_TRUE(contains(r.out, "probability difference (p(years above the start) - p(the rest)) at the last position"))
+      << r.out;
+
   std::ofstream(path("pairs.jsonl")) << R"({"clean": "When Mary and John went to the store, John gave a drink to", )"
                                      << R"("corrupt": "When Alex and Kate went to the store, Anna gave a drink to", )"
                                      << R"("answer": " Mary", "wrong": " John"})"
@@ -760,8 +767,11 @@ TEST_F(CliTest, CircuitRunsIoiAndUserPairsOnAGpt2Folder) {
   EXPECT_TRUE(contains(r.out, "into L1H0.k, logits only (2 senders")) << r.out;
 
   for (const auto& [args, message] : std::vector<std::pair<std::vector<std::string>, std::string>>{
-           {{"circuit", dir}, "give the prompt pairs by --task induction|ioi or by --pairs FILE"},
-           {{"circuit", dir, "--task", "sort"}, "--task is induction or ioi, not 'sort'"},
+           {{"circuit", dir}, "give the prompt pairs by --task induction|ioi|greater-than or by --pairs FILE"},
+           {{"circuit", dir, "--task", "sort"}, "--task is induction, ioi or greater-than, not 'sort'"},
+           {{"circuit", std::string(HEADLAB_SOURCE_DIR) + "/tests/fuzz/corpus/checkpoint_file/reverse.h5", "--task",
+             "greater-than", "--out", path("e")},
+            "greater-than: needs 1 nouns that are one token each"},
            {{"circuit", dir, "--task", "ioi", "--senders", "L9H0", "--out", path("e")},
             "--senders: the model has no node 'L9H0'"},
            {{"circuit", dir, "--task", "induction", "--span", "9", "--out", path("e")},

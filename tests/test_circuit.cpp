@@ -182,6 +182,9 @@ TEST(Circuit, PatchedEdgesAndPathPatchingMatchNaivePatching) {
     const std::string l1 = g.node_name(g.first_node_of_layer(1));  // layer 1's first head
     for (const std::string& r : {l1 + ".q", l1 + ".k", l1 + ".v", std::string("logits")})
       sets.push_back({g.edge(1, g.parse_receivers(r, "t")[0])});  // from layer 0's first head
+    std::set<int64_t>& noising = sets.emplace_back();  // layer 0's first head corrupted for every receiver
+    for (int64_t e = 0; e < g.edge_count(); ++e)
+      if (g.edge_sender(e) == 1) noising.insert(e);
     std::vector<EdgePatch> patches;
     for (const auto& s : sets) {
       EdgePatch& p = patches.emplace_back(static_cast<size_t>(g.edge_count()), 0.0);

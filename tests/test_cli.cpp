@@ -741,7 +741,8 @@ TEST_F(CliTest, CircuitRunsIoiAndUserPairsOnAGpt2Folder) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(contains(r.out, "prompt pairs: 8 rows of 15 tokens (ioi: Wang et al.'s template 0")) << r.out;
   EXPECT_TRUE(contains(r.out, "Pearson r = ")) << r.out;
-  for (const char* f : {"circuit.json", "circuit.dot", "circuit.svg", "edges.csv", "path_patching.csv", "report.md"})
+  for (const char* f : {"circuit.json", "circuit.dot", "circuit.svg", "edges.csv", "path_patching.csv",
+                        "activation_patching.csv", "report.md"})
     EXPECT_TRUE(fs::exists(path("ioi/") + f)) << f;
   EXPECT_EQ(slurp(path("ioi/circuit.png")).substr(1, 3), "PNG");
   const auto j = nlohmann::json::parse(slurp(path("ioi/circuit.json")));
@@ -749,6 +750,8 @@ TEST_F(CliTest, CircuitRunsIoiAndUserPairsOnAGpt2Folder) {
   EXPECT_EQ(j["graph_edges"].get<int64_t>(), 6 * 1 + 3 + 6 * 4 + 6 + 7);
   const std::string path_csv = slurp(path("ioi/path_patching.csv"));
   EXPECT_EQ(std::count(path_csv.begin(), path_csv.end(), '\n'), 1 + 4);  // the header and every head
+  const std::string nodes_csv = slurp(path("ioi/activation_patching.csv"));
+  EXPECT_EQ(std::count(nodes_csv.begin(), nodes_csv.end(), '\n'), 1 + 6);  // and every head and MLP
 
   // Greater-than: the probability metric over the two-digit year tokens.
   r = headlab({"circuit", dir, "--task", "greater-than", "--rows", "8", "--check-edges", "8", "--out", path("gt")});

@@ -10,7 +10,7 @@ packages=(build-essential cmake pkg-config libopenblas-openmp-dev libhdf5-dev hd
           python3 chromium chromium-driver  # the attention explorer's browser test (tests/browser)
           libopenmpi-dev openmpi-bin  # data-parallel training (mpirun -np N headlab train)
           libpcre2-dev  # GPT-2's tokenizer: its pre-tokenizer regex
-          libgraphviz-dev graphviz  # circuit pictures (headlab circuit): libgvc and its PNG/SVG plugins
+          graphviz  # circuit pictures (headlab circuit): Graphviz's dot renders circuit.dot to PNG and SVG
           fortunes)  # scripts/induction.sh: 2.5 MB of English text to train on
 if [[ "${1:-}" == "--python" ]]; then
   packages+=(python3-torch python3-h5py python3-numpy

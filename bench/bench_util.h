@@ -1,5 +1,5 @@
-// What the benchmark programs share: the CPU's SGEMM rate (the floor's denominator) and its memory
-// read bandwidth (decoding's floor), each measured here, now, on the threads OpenMP/OpenBLAS have.
+// What the benchmark programs share: GPT-2 small's config, the CPU's SGEMM rate (the floor's denominator)
+// and its memory read bandwidth (decoding's floor), each measured here, now, on the threads OpenMP/OpenBLAS have.
 #pragma once
 #include <cblas.h>
 
@@ -8,7 +8,18 @@
 #include <numeric>
 #include <vector>
 
+#include "nn/gpt.h"
+
 namespace headlab::bench {
+
+// GPT-2 small's shape (12 x 12 heads, emb 768, context 1024, vocabulary 50257, qkv bias, tied head): the
+// model the GPT-2 benchmarks build with random weights, whose values do not change the cost.
+inline nn::GPTConfig gpt2_small_config() {
+  nn::GPTConfig c;
+  c.n_layers = 12, c.n_heads = 12, c.emb_dim = 768, c.context_length = 1024, c.vocab_size = 50257;
+  c.qkv_bias = true, c.tie_embeddings = true;
+  return c;
+}
 
 using clock_type = std::chrono::steady_clock;
 

@@ -45,9 +45,7 @@ int main(int argc, char** argv) {
     }
   }
   omp_set_num_threads(threads);
-  nn::GPTConfig c;
-  c.n_layers = 12, c.n_heads = 12, c.emb_dim = 768, c.context_length = 1024, c.vocab_size = 50257;
-  c.qkv_bias = true, c.tie_embeddings = true;
+  const nn::GPTConfig c = bench::gpt2_small_config();
   manual_seed(1);
   nn::GPTModel model(c);
   model.eval();

@@ -62,10 +62,7 @@ double forward_flops(const nn::GPTConfig& c, double B, double T, double head_row
 int main(int argc, char** argv) {
   prepare_process(argv);  // headlab's threading policy (passive OpenMP waits), as the headlab command runs
   std::string model_dir;
-  nn::GPTConfig c;
-  c.n_layers = 12, c.n_heads = 12, c.emb_dim = 768, c.context_length = 1024, c.vocab_size = 50257;
-  c.qkv_bias = true;
-  c.tie_embeddings = true;  // GPT-2's head is wte, as the peer's GPT2LMHeadModel
+  nn::GPTConfig c = bench::gpt2_small_config();  // GPT-2's head is wte, as the peer's GPT2LMHeadModel
   std::string save_dir;
   int64_t B = 1, prefill = 960, decode = 64;
   int threads = 2, repeats = 3;

@@ -406,13 +406,18 @@ struct CircuitPatcher::Impl {
     return c;
   }
 
+  // The most receivers one group has (a layer's 3H q/k/v inputs): the width of the widest patched input.
+  int64_t widest_group() const {
+    int64_t widest = 1;
+    for (const CircuitGraph::Group& g : graph.groups()) widest = std::max(widest, g.count);
+    return widest;
+  }
   // Prompt rows per chunk: the stored runs and one forward's activations within the budget; with a
   // backward (edge attribution) every layer's per-receiver inputs and their norms stay alive until it
   // runs, and twice the budget buys speed (measured: GPT-2 small, 5 rows a chunk, ~1 GB at the peak).
   int64_t chunk_rows(int64_t T, bool backward) const {
     if (options.chunk_rows > 0) return options.chunk_rows;
-    int64_t widest = 1;
-    for (const LayerWeights& w : layers) widest = std::max(widest, 3 * w.H);
+    const int64_t widest = widest_group();
     const int64_t layers_alive = backward ? graph.n_layers() : 1;
     const int64_t per_row =
         (graph.node_count() * 3 + widest * 4 * layers_alive + 16) * T * C * dtype_size(detail::model_dtype(model));
@@ -429,8 +434,7 @@ struct CircuitPatcher::Impl {
   }
   int64_t copies_per_forward(const Chunk& c) const {
     if (options.max_copies > 0) return options.max_copies;
-    int64_t widest = 1;
-    for (const LayerWeights& w : layers) widest = std::max(widest, 3 * w.H);
+    const int64_t widest = widest_group();
     const int64_t logits = c.candidates.defined() ? 2 * c.B * model.config().vocab_size : 0;  // and softmax
     const int64_t per_copy =
         ((graph.node_count() + widest * 3 + 16) * c.B * c.T * C + logits) * dtype_size(detail::model_dtype(model));

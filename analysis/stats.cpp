@@ -69,11 +69,40 @@ TimeStats time_call(const std::function<void()>& fn, Device device, int64_t warm
   return time_interleaved({fn}, device, warmup, repeats).front();
 }
 
-double rank_correlation(const std::vector<double>& x_in, const std::vector<double>& y_in) {
-  HL_CHECK(x_in.size() == y_in.size(), "rank_correlation: ", x_in.size(), " and ", y_in.size(), " values");
+namespace {
+
+// The pairs where neither value is NaN.
+std::pair<std::vector<double>, std::vector<double>> finite_pairs(const char* who, const std::vector<double>& x_in,
+                                                                 const std::vector<double>& y_in) {
+  HL_CHECK(x_in.size() == y_in.size(), who, ": ", x_in.size(), " and ", y_in.size(), " values");
   std::vector<double> x, y;
   for (size_t i = 0; i < x_in.size(); ++i)
     if (!std::isnan(x_in[i]) && !std::isnan(y_in[i])) x.push_back(x_in[i]), y.push_back(y_in[i]);
+  return {x, y};
+}
+
+double pearson_of(const std::vector<double>& x, const std::vector<double>& y) {
+  if (x.size() < 2) return kNaN;
+  const double n = static_cast<double>(x.size());
+  const double mx = std::accumulate(x.begin(), x.end(), 0.0) / n, my = std::accumulate(y.begin(), y.end(), 0.0) / n;
+  double sxy = 0, sxx = 0, syy = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    sxy += (x[i] - mx) * (y[i] - my);
+    sxx += (x[i] - mx) * (x[i] - mx);
+    syy += (y[i] - my) * (y[i] - my);
+  }
+  return sxx > 0 && syy > 0 ? sxy / std::sqrt(sxx * syy) : kNaN;
+}
+
+}  // namespace
+
+double pearson_correlation(const std::vector<double>& x_in, const std::vector<double>& y_in) {
+  const auto [x, y] = finite_pairs("pearson_correlation", x_in, y_in);
+  return pearson_of(x, y);
+}
+
+double rank_correlation(const std::vector<double>& x_in, const std::vector<double>& y_in) {
+  const auto [x, y] = finite_pairs("rank_correlation", x_in, y_in);
   auto ranks = [](const std::vector<double>& v) {
     std::vector<size_t> idx(v.size());
     std::iota(idx.begin(), idx.end(), 0);
@@ -87,17 +116,7 @@ double rank_correlation(const std::vector<double>& x_in, const std::vector<doubl
     }
     return r;
   };
-  if (x.size() < 2) return kNaN;
-  const std::vector<double> rx = ranks(x), ry = ranks(y);
-  const double n = static_cast<double>(x.size());
-  const double mx = std::accumulate(rx.begin(), rx.end(), 0.0) / n, my = std::accumulate(ry.begin(), ry.end(), 0.0) / n;
-  double sxy = 0, sxx = 0, syy = 0;
-  for (size_t i = 0; i < rx.size(); ++i) {
-    sxy += (rx[i] - mx) * (ry[i] - my);
-    sxx += (rx[i] - mx) * (rx[i] - mx);
-    syy += (ry[i] - my) * (ry[i] - my);
-  }
-  return sxx > 0 && syy > 0 ? sxy / std::sqrt(sxx * syy) : kNaN;
+  return pearson_of(ranks(x), ranks(y));
 }
 
 }  // namespace headlab::analysis

@@ -22,7 +22,9 @@ TimeStats time_call(const std::function<void()>& fn, Device device, int64_t warm
 std::vector<TimeStats> time_interleaved(const std::vector<std::function<void()>>& fns, Device device, int64_t warmup,
                                         int64_t repeats);
 
-// Spearman rank correlation (ties get their mean rank); NaN pairs are skipped.
+// Pearson correlation; NaN pairs are skipped; NaN when fewer than 2 pairs remain or one side is constant.
+double pearson_correlation(const std::vector<double>& x, const std::vector<double>& y);
+// Spearman rank correlation (ties get their mean rank): Pearson's of the ranks; NaN pairs are skipped.
 double rank_correlation(const std::vector<double>& x, const std::vector<double>& y);
 
 }  // namespace headlab::analysis

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "analysis/circuit.h"
+#include "analysis/stats.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "plot/graph.h"
@@ -32,18 +33,6 @@ struct CircuitArgs {
   uint64_t seed = 1;
   int threads = 0;
 };
-
-double pearson(const std::vector<double>& x, const std::vector<double>& y) {
-  const auto n = static_cast<double>(x.size());
-  const double mx = std::accumulate(x.begin(), x.end(), 0.0) / n, my = std::accumulate(y.begin(), y.end(), 0.0) / n;
-  double sxy = 0, sxx = 0, syy = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    sxy += (x[i] - mx) * (y[i] - my);
-    sxx += (x[i] - mx) * (x[i] - mx);
-    syy += (y[i] - my) * (y[i] - my);
-  }
-  return sxx > 0 && syy > 0 ? sxy / std::sqrt(sxx * syy) : std::nan("");
-}
 
 // Edges to check attribution on: the half with the largest |attribution|, the rest drawn at random.
 std::vector<int64_t> edges_to_check(const std::vector<double>& effect, int64_t n, uint64_t seed) {
@@ -185,7 +174,7 @@ Action add_circuit(CLI::App& app) {
         est.push_back(eap.effect[static_cast<size_t>(checked[i])]);
         real.push_back(m[i] - 1.0);
       }
-      correlation = pearson(est, real);
+      correlation = analysis::pearson_correlation(est, real);
       say << "attribution against patching each of " << checked.size()
           << " edges (the largest half, the rest at random): Pearson r = " << fmt(correlation, 3) << "\n";
     }

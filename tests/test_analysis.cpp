@@ -1304,6 +1304,10 @@ TEST(Analysis, RankCorrelation) {
   EXPECT_NEAR(rank_correlation({1, 2, 3}, {1, 3, 2}), 0.5, 1e-12);
   EXPECT_NEAR(rank_correlation({1, 1, 2}, {1, 2, 3}), std::sqrt(0.75), 1e-12);  // ties share ranks
   EXPECT_TRUE(std::isnan(rank_correlation({1, 1}, {1, 2})));
+  // Pearson's on the values: (1,1) (2,3) (3,2) -> 0.5; a NaN pair is skipped; a constant side gives NaN.
+  EXPECT_NEAR(analysis::pearson_correlation({1, 2, 3, NAN}, {1, 3, 2, 7}), 0.5, 1e-12);
+  EXPECT_NEAR(analysis::pearson_correlation({0, 1, 10}, {0, 1, 2}), 0.9078412990, 1e-9);  // not the ranks' 1
+  EXPECT_TRUE(std::isnan(analysis::pearson_correlation({2, 2, 2}, {1, 2, 3})));
 }
 
 TEST(Analysis, Errors) {

@@ -133,7 +133,17 @@ struct Backend {
   // lengths[(b * H + h) * Tq + i] (lengths); a row with nothing valid gives 0 and gets 0 gradient.
   // Dropout (p > 0) keeps weight element e = ((b * H + h) * Tq + i) * Tk + j iff
   // philox::uniform(seed, offset, e) >= p, as the dropout kernel would on the (B, H, Tq, Tk) weights.
-  virtual bool has_fused_attention() const { return false; }
+  // Whether attention_forward / attention_backward take these head sizes (q/k D, v Dv); if not, the op
+  // runs the composite path.
+  virtual bool has_fused_attention(int64_t D, int64_t Dv) const {
+    (void)D, (void)Dv;
+    return false;
+  }
+  // Whether the fused kernel beats the composite path at Tk keys (FusedAttention::automatic asks).
+  virtual bool fused_attention_is_faster(int64_t Tk, int64_t D, int64_t Dv) const {
+    (void)Tk, (void)D, (void)Dv;
+    return true;
+  }
   // out: (B, H, Tq, Dv); lse: (B, H, Tq) contiguous, log-sum-exp of the scaled scores (+inf for an
   // empty row). q: (B, H, Tq, D), k: (B, H, Tk, D), v: (B, H, Tk, Dv).
   virtual void attention_forward(DType dt, const AttnResult& out, void* lse, const AttnOperand& q, const AttnOperand& k,

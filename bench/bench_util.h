@@ -1,5 +1,6 @@
-// What the benchmark programs share: GPT-2 small's config, the CPU's SGEMM rate (the floor's denominator)
-// and its memory read bandwidth (decoding's floor), each measured here, now, on the threads OpenMP/OpenBLAS have.
+// What the benchmark programs share: GPT-2 small's config, the SGEMM rate (the floor's denominator) and the
+// memory read bandwidth (decoding's floor) of the CPU (on the threads OpenMP/OpenBLAS have) or of a GPU,
+// each measured here, now.
 #pragma once
 #include <cblas.h>
 
@@ -8,7 +9,10 @@
 #include <numeric>
 #include <vector>
 
+#include "autograd/engine.h"
+#include "backends/backend.h"
 #include "nn/gpt.h"
+#include "ops/ops.h"
 
 namespace headlab::bench {
 
@@ -56,6 +60,42 @@ inline double read_gbytes_per_s() {
     ++reps;
   }
   (void)sink;
+  return double(n) * sizeof(float) * reps / seconds_since(t0) / 1e9;
+}
+
+// The device's float32 GEMM rate through headlab's matmul (cuBLAS on a GPU) at 4096^3 for about a second.
+inline double sgemm_gflops_device(Device device) {
+  const int64_t n = 4096;
+  const NoGradGuard no_grad;
+  const Tensor a = ones({n, n}).to(device), b = full({n, n}, 0.5).to(device);
+  Backend& be = backend_for(device);
+  (void)matmul(a, b);
+  be.synchronize();
+  const auto t0 = clock_type::now();
+  int reps = 0;
+  while (seconds_since(t0) < 1.0) {
+    (void)matmul(a, b);
+    be.synchronize();
+    ++reps;
+  }
+  return 2.0 * n * n * n / (seconds_since(t0) / reps) / 1e9;
+}
+
+// The device's read bandwidth: a sum over 1 GiB of float32 (one pass, headlab's reduction) for about a second.
+inline double read_gbytes_per_s_device(Device device) {
+  const int64_t n = int64_t(256) << 20;
+  const NoGradGuard no_grad;
+  const Tensor x = ones({n}, DType::f32, device);
+  Backend& be = backend_for(device);
+  (void)sum(x);
+  be.synchronize();
+  const auto t0 = clock_type::now();
+  int reps = 0;
+  while (seconds_since(t0) < 1.0) {
+    (void)sum(x);
+    be.synchronize();
+    ++reps;
+  }
   return double(n) * sizeof(float) * reps / seconds_since(t0) / 1e9;
 }
 

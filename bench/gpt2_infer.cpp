@@ -7,7 +7,9 @@
 // token over the read bandwidth measured here (decoding is memory-bound).
 // bench/gpt2_ratios.sh runs it beside the peer and prints the ratios.
 // Usage: gpt2_infer [--model DIR | --n-layer L --n-head H --n-embd C --n-positions P] [--batch-size B]
-//                   [--prefill T] [--decode N] [--threads N] [--repeats R] [--save DIR]
+//                   [--prefill T] [--decode N] [--threads N] [--repeats R] [--save DIR] [--device cpu|cuda]
+// On a GPU every timed call ends with a device synchronisation (as the peer's do) and the floors use the
+// GPU's own GEMM rate and read bandwidth.
 // --save DIR writes the (random) model as a Hugging Face folder and exits.
 #include <omp.h>
 #include <sys/resource.h>
@@ -66,6 +68,7 @@ int main(int argc, char** argv) {
   std::string save_dir;
   int64_t B = 1, prefill = 960, decode = 64;
   int threads = 2, repeats = 3;
+  Device device = kCPU;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const char* v = argv[i + 1];
@@ -89,6 +92,8 @@ int main(int argc, char** argv) {
       decode = std::stoll(v);
     else if (k == "--threads")
       threads = std::stoi(v);
+    else if (k == "--device")
+      device = Device::parse(v);
     else if (k == "--repeats")
       repeats = std::stoi(v);
     else {
@@ -118,19 +123,27 @@ int main(int argc, char** argv) {
     return 0;
   }
   model->eval();
+  model->to(device);
+  Backend& be = backend_for(device);
   if (prefill + decode > c.context_length) {
     std::fprintf(stderr, "gpt2_infer: --prefill %lld + --decode %lld exceed the model's %lld positions\n",
                  (long long)prefill, (long long)decode, (long long)c.context_length);
     return 2;
   }
-  const double gflops = bench::sgemm_gflops_cpu(), gbps = bench::read_gbytes_per_s();
+  const bool gpu = device.is_cuda();
+  const double gflops = gpu ? bench::sgemm_gflops_device(device) : bench::sgemm_gflops_cpu();
+  const double gbps = gpu ? bench::read_gbytes_per_s_device(device) : bench::read_gbytes_per_s();
   double params = 0;
   for (const auto& [name, t] : model->named_parameters()) params += double(t.numel());
-  std::printf("headlab threads=%d params=%.0f sgemm %.1f GFLOP/s, read %.1f GB/s\n", threads, params, gflops, gbps);
+  std::printf("headlab device=%s threads=%d params=%.0f sgemm %.1f GFLOP/s, read %.1f GB/s\n", device.str().c_str(),
+              threads, params, gflops, gbps);
 
-  const Tensor ids = randint(0, c.vocab_size, {B, prefill});
+  const Tensor ids = randint(0, c.vocab_size, {B, prefill}).to(device);
   (void)model->forward(ids.narrow(1, 0, 8));  // warm-up
-  const double pre = median_seconds(repeats, [&] { (void)model->forward(ids); });
+  const double pre = median_seconds(repeats, [&] {
+    (void)model->forward(ids);
+    be.synchronize();
+  });
   const double floor = forward_flops(c, double(B), double(prefill), double(prefill)) / (gflops * 1e9);
   std::printf("prefill B=%lld T=%lld: %.1f ms, %.0f tokens/s (floor %.1f ms: %.0f%%)\n", (long long)B,
               (long long)prefill, pre * 1e3, double(B * prefill) / pre, floor * 1e3, 100 * floor / pre);
@@ -140,6 +153,7 @@ int main(int argc, char** argv) {
   const double gen_pre = median_seconds(repeats, [&] {
     std::vector<nn::KVCache> caches(size_t(c.n_layers));
     (void)generate_prefill(caches);
+    be.synchronize();
   });
   const double gen_floor = forward_flops(c, 1, double(prefill), 1) / (gflops * 1e9);
   std::printf("generate's prefill T=%lld (head on the last position): %.1f ms, %.0f tokens/s (floor %.1f ms: %.0f%%)\n",
@@ -152,6 +166,7 @@ int main(int argc, char** argv) {
         const Tensor next = argmax(last, -1, true);  // (1, 1)
         last = model->forward_cached(next, caches);
       }
+      be.synchronize();
     });
     const double dec = whole - gen_pre;
     // Per token every weight is read once (the blocks' and the head's), the embeddings one row each; a
@@ -166,5 +181,6 @@ int main(int argc, char** argv) {
         100 * floor_ms / (dec / double(decode) * 1e3));
   }
   std::printf("peak resident %.0f MB\n", peak_rss_mb());
+  if (gpu) std::printf("peak device memory %.0f MB\n", double(be.peak_bytes()) / 1048576.0);
   return 0;
 }

@@ -7,10 +7,14 @@
 // SGEMM at 4096^3 through headlab's matmul (TF32 as --tf32 says: off, as the peer's default).
 // Usage: gpt_step [--emb-dim D --n-heads H --n-layers L --context-length T --vocab-size V
 //                  --batch-size B --threads N --attention fused|wrapper --seconds S --device cpu|cuda
-//                  --tf32 0|1 --attn-only 0|1]
+//                  --tf32 0|1 --attn-only 0|1 --phases 0|1]
+// --phases 1 also times the step's forward, backward and optimizer step each to a synchronisation, and
+// the host's time to issue a whole step (on a GPU: a step whose issue time is near its run time is
+// bound by kernel launches and host work, not by the GPU).
 #include <cblas.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -28,25 +32,7 @@
 using namespace headlab;
 using headlab::bench::clock_type;
 using headlab::bench::sgemm_gflops_cpu;
-
-// The device's float32 GEMM rate through headlab's matmul (cuBLAS on a GPU).
-static double sgemm_gflops_device(Device device) {
-  const int64_t n = 4096;
-  NoGradGuard no_grad;
-  const Tensor a = ones({n, n}).to(device), b = full({n, n}, 0.5).to(device);
-  Backend& be = backend_for(device);
-  (void)matmul(a, b);
-  be.synchronize();
-  const auto t0 = clock_type::now();
-  int reps = 0;
-  while (std::chrono::duration<double>(clock_type::now() - t0).count() < 1.0) {
-    (void)matmul(a, b);
-    be.synchronize();
-    ++reps;
-  }
-  const double s = std::chrono::duration<double>(clock_type::now() - t0).count() / reps;
-  return 2.0 * n * n * n / s / 1e9;
-}
+using headlab::bench::sgemm_gflops_device;
 
 // Matrix-multiply FLOPs of one forward+backward (3x forward) of the model on B x T tokens.
 static double step_flops(const nn::GPTConfig& c, int64_t B) {
@@ -55,6 +41,46 @@ static double step_flops(const nn::GPTConfig& c, int64_t B) {
   const double per_layer_attn = 2 * 2 * B * static_cast<double>(c.context_length) * c.context_length * d;  // QK^T, AV
   const double head = 2 * tokens * d * static_cast<double>(c.vocab_size);
   return 3 * (c.n_layers * (per_layer_linear + per_layer_attn) + head);
+}
+
+// Medians over 20 steps of: forward, backward and optimizer each run to a synchronisation, and the host
+// time to issue one whole step before its synchronisation.
+static void print_phases(nn::GPTModel& model, optim::Optimizer& opt, const Tensor& idx, const Tensor& tgt,
+                         int64_t vocab, Backend& be) {
+  std::vector<double> fwd, bwd, upd, issue, whole;
+  const auto ms_since = [](clock_type::time_point t0) {
+    return std::chrono::duration<double>(clock_type::now() - t0).count() * 1e3;
+  };
+  for (int i = 0; i < 20; ++i) {
+    opt.zero_grad();
+    auto t0 = clock_type::now();
+    const Tensor loss = cross_entropy(model.forward(idx).reshape({-1, vocab}), tgt);
+    be.synchronize();
+    fwd.push_back(ms_since(t0));
+    t0 = clock_type::now();
+    loss.backward();
+    be.synchronize();
+    bwd.push_back(ms_since(t0));
+    t0 = clock_type::now();
+    opt.step();
+    be.synchronize();
+    upd.push_back(ms_since(t0));
+    t0 = clock_type::now();
+    opt.zero_grad();
+    cross_entropy(model.forward(idx).reshape({-1, vocab}), tgt).backward();
+    opt.step();
+    issue.push_back(ms_since(t0));
+    be.synchronize();
+    whole.push_back(ms_since(t0));
+  }
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  std::printf(
+      "phases (median of 20, ms): forward %.2f, backward %.2f, optimizer %.2f; a whole step issued in %.2f, "
+      "done in %.2f\n",
+      median(fwd), median(bwd), median(upd), median(issue), median(whole));
 }
 
 static int run(int argc, char** argv) {
@@ -69,6 +95,7 @@ static int run(int argc, char** argv) {
   double seconds = 2.0;
   Device device = kCPU;
   bool tf32 = false;
+  bool phases = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const char* v = argv[i + 1];
@@ -92,6 +119,8 @@ static int run(int argc, char** argv) {
       seconds = std::stod(v);
     else if (k == "--device")
       device = Device::parse(v);
+    else if (k == "--phases")
+      phases = std::stoi(v) != 0;
     else if (k == "--tf32")
       tf32 = std::stoi(v) != 0;
     else if (k == "--attn-only")
@@ -142,6 +171,7 @@ static int run(int argc, char** argv) {
       (long long)cfg.vocab_size, (long long)cfg.context_length, (long long)cfg.emb_dim, (long long)cfg.n_heads,
       (long long)cfg.n_layers, (long long)B, (long long)model.num_parameters(), ms, B * cfg.context_length / ms * 1e3,
       flops / 1e9, flops / ms / 1e6, 100 * flops / ms / 1e6 / peak, flops / peak / 1e6, peak_mib);
+  if (phases) print_phases(model, opt, idx, tgt, cfg.vocab_size, be);
   return 0;
 }
 

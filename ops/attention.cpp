@@ -1,9 +1,10 @@
-// Scaled-dot-product attention as one op: softmax(scale * q k^T, masked) (dropped out) @ v. On a
-// backend with a fused kernel (the CPU) it saves q, k, v, the output and one log-sum-exp per query
-// row, O(B*H*T), instead of the (B, H, Tq, Tk) scores, weights and dropout mask of the composite
-// path (matmul, causal_softmax / masked_softmax, dropout, matmul), which other backends run and
-// which stays the reference the fused kernel is tested against.
+// Scaled-dot-product attention as one op: softmax(scale * q k^T, masked) (dropped out) @ v. The fused
+// kernels (the CPU: any head size; CUDA: up to 256) save q, k, v, the output and one log-sum-exp per
+// query row, O(B*H*T), instead of the (B, H, Tq, Tk) scores, weights and dropout mask of the composite
+// path (matmul, causal_softmax / masked_softmax, dropout, matmul), which runs otherwise (see
+// set_fused_attention) and stays the reference the fused kernels are tested against.
 // B = batch, H = heads, Tq = queries, Tk = keys, D = q/k head size, Dv = v head size.
+#include <atomic>
 #include <cmath>
 
 #include "ops/internal.h"
@@ -78,6 +79,13 @@ Tensor empty_result(const AttnShape& s, int64_t T, int64_t C, const Tensor& like
 
 }  // namespace
 
+namespace {
+std::atomic<FusedAttention> g_fused_attention{FusedAttention::automatic};
+}  // namespace
+
+void set_fused_attention(FusedAttention when) { g_fused_attention.store(when, std::memory_order_relaxed); }
+FusedAttention fused_attention() { return g_fused_attention.load(std::memory_order_relaxed); }
+
 AttentionMask AttentionMask::lengths(const Tensor& valid_lens) {
   return valid_lens.defined() ? AttentionMask{Kind::lengths, valid_lens} : AttentionMask{};
 }
@@ -107,10 +115,12 @@ Tensor scaled_dot_product_attention_composite(const Tensor& q, const Tensor& k, 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask,
                                     double dropout_p, bool training, Generator& gen, std::optional<double> scale) {
   const OpScope scope("scaled_dot_product_attention");
-  Backend& be = backend_of(q);
-  if (!be.has_fused_attention())  // e.g. CUDA today: the composite path, same maths
-    return scaled_dot_product_attention_composite(q, k, v, mask, dropout_p, training, gen, scale);
   const AttnShape s = check_attention(q, k, v, mask, dropout_p);
+  Backend& be = backend_of(q);
+  const FusedAttention when = fused_attention();
+  const bool fused = when != FusedAttention::never && be.has_fused_attention(s.D, s.Dv) &&
+                     (when == FusedAttention::always || be.fused_attention_is_faster(s.Tk, s.D, s.Dv));
+  if (!fused) return scaled_dot_product_attention_composite(q, k, v, mask, dropout_p, training, gen, scale);
   AttnParams a;
   a.B = s.B, a.H = s.H, a.Tq = s.Tq, a.Tk = s.Tk, a.D = s.D, a.Dv = s.Dv;
   a.scale = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(s.D));

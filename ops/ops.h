@@ -146,8 +146,9 @@ struct AttentionMask {
 // q: (B, H, Tq, D), k: (B, H, Tk, D), v: (B, H, Tk, Dv) -> (B, H, Tq, Dv); 3-D (B, T, *) inputs run
 // as one head. softmax(scale * q k^T, masked), dropped out with p when training (the dropout op's
 // Philox mask over the (B, H, Tq, Tk) weights, advancing gen as it would), @ v. scale defaults to
-// 1/sqrt(D). Fused on the CPU (FlashAttention-2: saves one log-sum-exp per query row, never the
-// weights); other backends run the composite path below.
+// 1/sqrt(D). Fused where the backend has a kernel for the head sizes (FlashAttention's algorithm:
+// saves one log-sum-exp per query row, never the weights), else the composite path below; which one
+// runs is set by set_fused_attention.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask = {},
                                     double dropout_p = 0.0, bool training = false, Generator& gen = default_generator(),
                                     std::optional<double> scale = std::nullopt);
@@ -156,6 +157,13 @@ Tensor scaled_dot_product_attention_composite(const Tensor& q, const Tensor& k, 
                                               const AttentionMask& mask = {}, double dropout_p = 0.0,
                                               bool training = false, Generator& gen = default_generator(),
                                               std::optional<double> scale = std::nullopt);
+// Where scaled_dot_product_attention runs the fused kernel (process-wide, like torch.backends.cuda's
+// SDP switches): automatic (where the backend's measurements say it is faster: always on the CPU; on a GPU
+// short sequences of small heads), always (least memory: O(T) saved state instead of the O(T^2)
+// weights), or never (the composite path).
+enum class FusedAttention : uint8_t { automatic, always, never };
+void set_fused_attention(FusedAttention when);
+FusedAttention fused_attention();
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
 Tensor embedding(const Tensor& weight, const Tensor& indices);  // weight: (V, C), indices: any int64 shape
 enum class Reduction { mean, sum, none };

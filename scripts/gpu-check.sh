@@ -11,17 +11,19 @@
 #                                      as headlab looks for it beside itself)
 #   scripts/gpu-check.sh run [STEP..]  there, in the repository root, with .gpu carried: unpacks it into
 #                                      /tmp/headlab-gpu and runs the steps (default all): env tests sanitize train
-#                                      cli speed. Each step's output goes to gpu-check.log and a PASS/FAIL line to
+#                                      cli speed profile (speed = speed_train speed_infer speed_attention; ROUNDS
+#                                      rounds each, default 3; STEP_SECONDS limits a step, DEADLINE_SECONDS the run).
+#                                      Each step's output goes to gpu-check.log and a PASS/FAIL line to
 #                                      summary.txt, in $OUT when it is set (the device tool brings it back), else in
 #                                      /tmp/headlab-gpu/out; runs and checkpoints stay in /tmp/headlab-gpu/work.
 #
 # From the device tool: run(command="bash scripts/gpu-check.sh run", carry=[".gpu"]), or a few steps per call
-# to stay inside one call's time (env tests sanitize ~5 min; train cli speed ~5 min on an H100).
+# to stay inside one call's time (on an H100: env tests sanitize ~80 s, train cli ~15 s, speed ~6 min).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 here=$PWD
 pack_file=.gpu/headlab-gpu.tar.gz
-programs=(headlab test_cuda_backend test_cuda_parity gpt_step)
+programs=(headlab test_cuda_backend test_cuda_parity gpt_step gpt2_infer sdpa_step)
 
 pack() {
   set -e
@@ -32,18 +34,26 @@ pack() {
   cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DHEADLAB_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
         -DHEADLAB_NATIVE=OFF -DHEADLAB_MPI=OFF -DHEADLAB_EXAMPLES=OFF "-DCMAKE_CXX_FLAGS=-march=x86-64-v3" \
         "-DCMAKE_EXE_LINKER_FLAGS=-Wl,--disable-new-dtags" "-DCMAKE_BUILD_RPATH=\$ORIGIN/../lib" >/dev/null
-  cmake --build build-gpu -j"$(nproc)" --target headlab_cli headlab_cuda test_cuda_backend test_cuda_parity gpt_step
+  cmake --build build-gpu -j"$(nproc)" --target headlab_cli headlab_cuda test_cuda_backend test_cuda_parity gpt_step gpt2_infer sdpa_step
   local stage=build-gpu/stage
-  rm -rf "$stage" && mkdir -p "$stage/bin" "$stage/lib" "$stage/peers" .gpu
-  cp build-gpu/headlab build-gpu/tests/test_cuda_backend build-gpu/tests/test_cuda_parity build-gpu/bench/gpt_step "$stage/bin/"
+  rm -rf "$stage" && mkdir -p "$stage/bin" "$stage/lib" "$stage/peers" "$stage/plplot/drivers" "$stage/plplot/data" .gpu
+  cp build-gpu/headlab build-gpu/tests/test_cuda_backend build-gpu/tests/test_cuda_parity build-gpu/bench/gpt_step \
+     build-gpu/bench/gpt2_infer build-gpu/bench/sdpa_step "$stage/bin/"
+  # PLplot loads its output drivers and reads its colour maps and fonts at run time (PLPLOT_DRV_DIR,
+  # PLPLOT_LIB, set by run below).
+  local pl_drivers pl_data
+  pl_drivers=$(ls -d /usr/lib/x86_64-linux-gnu/plplot*/drivers | head -1)
+  pl_data=$(ls -d /usr/share/plplot[0-9]* | head -1)
+  cp "$pl_drivers"/{cairo,svg,null,mem}.{so,driver_info} "$stage/plplot/drivers/"
+  cp "$pl_data"/*.pal "$pl_data"/*.fnt "$stage/plplot/data/"
   # The CUDA backend, a plugin: the suites and gpt_step link it (RPATH: lib/), headlab dlopens it from
   # beside itself on first use of a GPU.
   cp build-gpu/libheadlab_cuda.so "$stage/lib/"
   ln -s ../lib/libheadlab_cuda.so "$stage/bin/libheadlab_cuda.so"
-  cp ../shared/peers/*.py bench/torch_mha_peer.py "$stage/peers/"
+  cp ../shared/peers/*.py bench/torch_mha_peer.py bench/torch_sdpa_peer.py "$stage/peers/"
   # Every library the programs load, but glibc's (the GPU machine's own must be >= this one's) and
   # CUDA's (that machine's toolkit and driver provide them).
-  for p in "$stage"/bin/*; do ldd "$p"; done | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
+  for p in "$stage"/bin/* "$stage"/plplot/drivers/*.so; do ldd "$p"; done | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u |
     grep -Ev '/(libc|libm|libdl|libpthread|librt|libresolv|ld-linux-x86-64)\.so|/libcu(da|dart|blas|blasLt)\.so' |
     grep -v /libheadlab_cuda\.so |
     while read -r lib; do cp -L "$lib" "$stage/lib/"; done
@@ -72,7 +82,12 @@ step() {
   local name=$1; shift
   say "==== $name: $*"
   local t0=$SECONDS output=$scratch/step.out
-  "$@" >"$output" 2>&1
+  # Every step has a limit (STEP_SECONDS, default 150), and none starts past DEADLINE_SECONDS from the
+  # start of the run, so that one call of the device tool brings back every result it had time for.
+  if ((SECONDS > ${DEADLINE_SECONDS:-100000})); then
+    echo "SKIP $name (past the deadline of ${DEADLINE_SECONDS}s)" | tee -a "$summary" "$log"; status=1; return 1
+  fi
+  timeout "${STEP_SECONDS:-150}" "$@" >"$output" 2>&1
   local rc=$?
   cat "$output" >>"$log"
   local skipped
@@ -105,11 +120,16 @@ step_tests() {
 step_sanitize() {
   local tool
   for tool in memcheck racecheck initcheck; do
-    step "compute-sanitizer $tool" timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 1 \
+    step "compute-sanitizer $tool" compute-sanitizer --tool "$tool" --error-exitcode 1 \
       "$bin/test_cuda_parity" --gtest_brief=1
   done
-  step "compute-sanitizer memcheck (leaks)" timeout 300 compute-sanitizer --tool memcheck --leak-check full \
-    --error-exitcode 1 "$bin/test_cuda_backend" --gtest_brief=1
+  step_leaks
+}
+
+step_leaks() {
+  # The out-of-memory test makes cudaMalloc fail on purpose, which memcheck reports as an API error.
+  step "compute-sanitizer memcheck (leaks)" compute-sanitizer --tool memcheck --leak-check full \
+    --error-exitcode 1 "$bin/test_cuda_backend" --gtest_brief=1 --gtest_filter=-*OutOfMemory*
 }
 
 # 20 steps on the CPU and on the GPU from the same seed: the losses must agree (float32, TF32 off).
@@ -147,20 +167,56 @@ step_cli() {
   step "compare cuda" "$bin/headlab" compare --device cuda --torch-peer off
 }
 
-# Interleaved rounds, headlab and PyTorch eager on the same GPU, TF32 off for both (torch's default).
-step_speed() {
+# Interleaved rounds (ROUNDS, default 3), headlab and PyTorch eager on the same GPU, TF32 off for both
+# (torch's default): training steps (toy and GPT-2 small), GPT-2 inference (prefill and decoding),
+# attention (the fused kernel at T = 1024, head size 64; the two multi-head forms). `speed` runs all three.
+step_speed_train() {
   local r
   local toy=(--vocab-size 64 --context-length 64 --emb-dim 128 --n-heads 4 --n-layers 2 --batch-size 32)
   local gpt2=(--vocab-size 50257 --context-length 1024 --emb-dim 768 --n-heads 12 --n-layers 12 --batch-size 8)
-  for r in 1 2 3; do
+  for ((r = 1; r <= ${ROUNDS:-3}; ++r)); do
     step "speed toy headlab r$r" "$bin/gpt_step" "${toy[@]}" --device cuda --seconds 3
     step "speed toy torch r$r" python3 "$root/peers/torch_gpt_cpu.py" "${toy[@]}" --device cuda --seconds 3
     step "speed gpt2-small headlab r$r" "$bin/gpt_step" "${gpt2[@]}" --device cuda --seconds 5
     step "speed gpt2-small torch r$r" python3 "$root/peers/torch_gpt_cpu.py" "${gpt2[@]}" --device cuda --seconds 5
   done
+  grep -hE "ms/step" "$log" | tee -a "$summary"
+}
+
+step_speed_infer() {
+  local r
+  for ((r = 1; r <= ${ROUNDS:-3}; ++r)); do
+    step "speed gpt2 inference headlab r$r" "$bin/gpt2_infer" --device cuda --prefill 960 --decode 64 --repeats 3
+    step "speed gpt2 inference torch r$r" python3 "$root/peers/torch_gpt2_infer.py" --device cuda --prefill 960 \
+      --decode 64 --repeats 3
+  done
+  grep -hE "^prefill|^decode|generate's prefill" "$log" | tee -a "$summary"
+}
+
+step_speed_attention() {
+  local r
+  for ((r = 1; r <= ${ROUNDS:-3}; ++r)); do
+    step "speed sdpa fused r$r" "$bin/sdpa_step" --device cuda --form fused
+    step "speed sdpa composite r$r" "$bin/sdpa_step" --device cuda --form composite
+    step "speed sdpa torch r$r" python3 "$root/peers/torch_sdpa_peer.py" --device cuda
+  done
   step "speed mha headlab" "$bin/headlab" compare --device cuda --torch-peer off
   step "speed mha torch" python3 "$root/peers/torch_mha_cpu.py" --device cuda
-  grep -hE "ms/step" "$log" | tee -a "$summary"
+  grep -hE " sdpa " "$log" | tee -a "$summary"
+}
+
+step_speed() {
+  step_speed_train
+  step_speed_infer
+  step_speed_attention
+}
+
+# Where the toy step's time goes: forward, backward and optimizer each to a synchronisation, and the
+# host's time to issue a step (the GPU image has no Nsight Systems; ncu would serialise every kernel).
+step_profile() {
+  local toy=(--vocab-size 64 --context-length 64 --emb-dim 128 --n-heads 4 --n-layers 2 --batch-size 32)
+  step "toy step phases" "$bin/gpt_step" "${toy[@]}" --device cuda --seconds 1 --phases 1
+  grep -h "^phases" "$log" | tee -a "$summary"
 }
 
 run() {
@@ -173,14 +229,17 @@ run() {
   local cublas
   cublas=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib 2>/dev/null | head -1)
   [[ -n $cublas ]] && export LD_LIBRARY_PATH=$cublas${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  # The packed libraries for PLplot's drivers too (they are loaded by path, outside the programs' RPATH).
+  export LD_LIBRARY_PATH=$root/lib:$LD_LIBRARY_PATH PLPLOT_DRV_DIR=$root/plplot/drivers PLPLOT_LIB=$root/plplot/data
   export PATH=$PATH:/usr/local/cuda/bin PYTHONUNBUFFERED=1
   local steps=("$@")
-  ((${#steps[@]})) || steps=(env tests sanitize train cli speed)
+  ((${#steps[@]})) || steps=(env tests sanitize train cli speed profile)
   local s
   for s in "${steps[@]}"; do
     case $s in
-      env|tests|sanitize|train|cli|speed) "step_$s" ;;
-      *) echo "gpu-check run: unknown step $s (env tests sanitize train cli speed)" >&2; exit 2 ;;
+      env|tests|sanitize|leaks|train|cli|speed|speed_train|speed_infer|speed_attention|profile) "step_$s" ;;
+      *) echo "gpu-check run: unknown step $s (env tests sanitize train cli speed[_train|_infer|_attention]" \
+              "profile)" >&2; exit 2 ;;
     esac
   done
   echo "---- summary ($summary)"

@@ -195,6 +195,21 @@ TEST(AttentionKernel, SavesNoScoreSizedState) {
   EXPECT_GT(composite, static_cast<size_t>(B * H * T * T * 4));
 }
 
+TEST(AttentionKernel, TheSwitchPicksThePath) {
+  Tensor q = randn({1, 2, 8, 4}).requires_grad_();
+  const auto node = [&] { return scaled_dot_product_attention(q, q, q, AttentionMask::causal()).grad_fn()->name; };
+  EXPECT_EQ(fused_attention(), FusedAttention::automatic);
+  const std::string fused = node();  // the CPU's kernel always pays
+  set_fused_attention(FusedAttention::never);
+  const std::string composite = node();
+  set_fused_attention(FusedAttention::always);
+  const std::string forced = node();
+  set_fused_attention(FusedAttention::automatic);
+  EXPECT_NE(fused.find("ScaledDotProductAttention"), std::string::npos) << fused;
+  EXPECT_EQ(forced, fused);
+  EXPECT_NE(composite, fused);  // the last op of the composite path: matmul
+}
+
 TEST(AttentionKernel, RejectsBadInput) {
   const Tensor q = randn({2, 2, 3, 4}), k = randn({2, 2, 5, 4});
   EXPECT_ERROR(scaled_dot_product_attention(q, k, k, AttentionMask::causal()), "causal mask needs as many queries");

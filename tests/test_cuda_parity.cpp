@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 
 #include "backends/backend.h"
 #include "nn/attention.h"
@@ -79,6 +80,69 @@ TEST(CudaParity, AttentionModules) {
                           },
                           {val({2, 3, 3}), val({2, 4, 5}, 0.23, -0.6), val({2, 4, 4}, 0.19, -0.4), idx({2, 0}, {2})}};
   check_case_against_cpu(d2l_module, kCuda, DType::f32, 1e-5, 1e-5);
+}
+
+// The CUDA fused attention kernels at sizes that cross their tiles (64 rows a block, up to 64 keys a
+// shared tile; register widths 32, 64, 128 and 256), every mask, dropout, Tq != Tk and D != Dv: against
+// the composite path on the GPU in float64 (to rounding) and the CPU's fused kernel in float32. Head
+// sizes past 256 take the composite path and must agree all the same.
+struct FusedAttentionCase {
+  int64_t B, H, Tq, Tk, D, Dv;
+  AttentionMask::Kind mask;
+  bool per_row_lengths;
+  double dropout;
+};
+
+// out and the gradients of q, k, v (from one fixed upstream gradient) of one attention call.
+std::vector<Tensor> attention_results(const FusedAttentionCase& c, DType dt, Device dev, bool composite) {
+  Generator g(11);
+  Tensor q = randn({c.B, c.H, c.Tq, c.D}, g, dt).to(dev).requires_grad_();
+  Tensor k = randn({c.B, c.H, c.Tk, c.D}, g, dt).to(dev).requires_grad_();
+  Tensor v = randn({c.B, c.H, c.Tk, c.Dv}, g, dt).to(dev).requires_grad_();
+  const Tensor dout = randn({c.B, c.H, c.Tq, c.Dv}, g, dt).to(dev);
+  AttentionMask m;
+  m.kind = c.mask;
+  if (c.mask == AttentionMask::Kind::lengths) {
+    // Lengths from 0 (an empty row) to Tk.
+    m.valid_lens = (c.per_row_lengths ? randint(0, c.Tk + 1, {c.B, c.Tq}, g) : randint(0, c.Tk + 1, {c.B}, g)).to(dev);
+  }
+  Generator drop(5);
+  const Tensor out = composite ? scaled_dot_product_attention_composite(q, k, v, m, c.dropout, c.dropout > 0, drop)
+                               : scaled_dot_product_attention(q, k, v, m, c.dropout, c.dropout > 0, drop);
+  out.backward(dout);
+  return {out.detach(), q.grad(), k.grad(), v.grad()};
+}
+
+TEST(CudaParity, FusedAttentionKernelsAgainstTheCompositePathAndTheCpu) {
+  REQUIRE_GPU();
+  // The kernel at every size, not only where the automatic choice takes it.
+  struct Always {
+    Always() { set_fused_attention(FusedAttention::always); }
+    ~Always() { set_fused_attention(FusedAttention::automatic); }
+  } always;
+  using K = AttentionMask::Kind;
+  const std::vector<FusedAttentionCase> cases = {
+      {2, 3, 150, 150, 64, 64, K::causal, false, 0.0}, {2, 2, 70, 130, 80, 48, K::lengths, true, 0.0},
+      {3, 2, 65, 65, 16, 16, K::lengths, false, 0.0},  {1, 2, 129, 100, 32, 32, K::none, false, 0.0},
+      {2, 2, 100, 100, 64, 64, K::causal, false, 0.3}, {1, 1, 90, 90, 200, 130, K::causal, false, 0.0},
+      {1, 2, 40, 50, 300, 300, K::none, false, 0.0},  // past the kernel's 256: the composite path
+  };
+  const char* names[] = {"out", "dq", "dk", "dv"};
+  for (const FusedAttentionCase& c : cases) {
+    char what[128];
+    std::snprintf(what, sizeof what, "B%lld H%lld Tq%lld Tk%lld D%lld Dv%lld mask %d dropout %.1f", (long long)c.B,
+                  (long long)c.H, (long long)c.Tq, (long long)c.Tk, (long long)c.D, (long long)c.Dv, int(c.mask),
+                  c.dropout);
+    const auto fused64 = attention_results(c, DType::f64, kCuda, false);
+    const auto composite64 = attention_results(c, DType::f64, kCuda, true);
+    const auto fused32 = attention_results(c, DType::f32, kCuda, false);
+    const auto cpu32 = attention_results(c, DType::f32, kCPU, false);
+    for (int i = 0; i < 4; ++i) {
+      expect_close_on_devices(fused64[i], composite64[i], std::string(what) + " f64 fused vs composite " + names[i],
+                              1e-10, 1e-12);
+      expect_close_on_devices(fused32[i], cpu32[i], std::string(what) + " f32 cuda vs cpu " + names[i], 1e-5, 1e-5);
+    }
+  }
 }
 
 TEST(CudaParity, TrainingTracksTheCpuAndTheAllocatorReturnsToBaseline) {

@@ -176,7 +176,7 @@ struct CpuBackend final : Backend {
                  double beta1, double beta2, double eps, double wd, int64_t step, bool decoupled) override;
 
   // Defined in cpu_attention.cpp.
-  bool has_fused_attention() const override { return true; }
+  bool has_fused_attention(int64_t, int64_t) const override { return true; }
   void attention_forward(DType dt, const AttnResult& out, void* lse, const AttnOperand& q, const AttnOperand& k,
                          const AttnOperand& v, const AttnParams& a) override;
   void attention_backward(DType dt, const AttnResult& dq, const AttnResult& dk, const AttnResult& dv,

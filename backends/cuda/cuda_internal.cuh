@@ -187,6 +187,14 @@ struct CudaBackend final : Backend {
                               const void* logits, const int64_t* targets, int64_t rows, int64_t classes,
                               int64_t ignore_index) override;
 
+  bool has_fused_attention(int64_t D, int64_t Dv) const override;  // head sizes up to 256
+  bool fused_attention_is_faster(int64_t Tk, int64_t D, int64_t Dv) const override;
+  void attention_forward(DType dt, const AttnResult& out, void* lse, const AttnOperand& q, const AttnOperand& k,
+                         const AttnOperand& v, const AttnParams& a) override;
+  void attention_backward(DType dt, const AttnResult& dq, const AttnResult& dk, const AttnResult& dv,
+                          const AttnOperand& dout, const AttnOperand& q, const AttnOperand& k, const AttnOperand& v,
+                          const AttnOperand& out, const void* lse, const AttnParams& a) override;
+
   void sgd_step(DType dt, void* param, const void* grad, void* momentum_buf, int64_t n, double lr, double momentum,
                 double dampening, double weight_decay, bool nesterov, bool first_step) override;
   void adam_step(DType dt, void* param, const void* grad, void* exp_avg, void* exp_avg_sq, int64_t n, double lr,
@@ -202,6 +210,7 @@ struct CudaBackend final : Backend {
   int max_blocks() const { return sm_count_ * 32; }
   int sm_count() const { return sm_count_; }
   void empty_cache();
+  void release_at_exit();  // cached blocks and the cuBLAS handle; the backend does no more GEMMs
   size_t cached_bytes() const { return alloc_.cached(); }
 
  private:

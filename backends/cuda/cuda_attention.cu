@@ -1,0 +1,344 @@
+// The CUDA backend's fused scaled-dot-product attention (FlashAttention's algorithm, the contract of
+// Backend::attention_forward / attention_backward): nothing of size Tq x Tk is ever stored.
+//   forward:  a block per (b, h, tile of kRows queries), a thread per query row holding its q row and
+//             output accumulator in registers; key/value tiles staged in shared memory; an online
+//             softmax (running max, rescaled sum); writes the output and the row's log-sum-exp.
+//   backward: delta_i = dO_i . O_i; then a block per key tile (a thread per key row: dK, dV) and a block
+//             per query tile (a thread per query row: dQ), each recomputing P = exp(scale q.k - lse)
+//             and the dropout mask from its Philox counters. Every gradient row has one writer: no atomics,
+//             deterministic.
+// Scalar FMAs (no tensor cores): float32 with TF32 off must match the CPU to rounding, and float64 runs
+// the same code. Head sizes up to kMaxHead; larger ones take the composite path (has_fused_attention).
+// B = batch, H = heads, Tq / Tk = queries / keys, D = q/k head size, Dv = v head size.
+#include <type_traits>
+
+#include "backends/cuda/cuda_internal.cuh"
+#include "backends/philox.h"
+
+namespace headlab {
+namespace cuda {
+
+constexpr int kMaxFusedAttentionHead = 256;
+
+namespace {
+
+constexpr int kRows = 64;  // query (or key) rows per block, one per thread
+
+// Rows per shared-memory tile: two tiles of DM columns (K and V, or Q and dO) in 44 KiB, leaving room
+// under the 48 KiB of static shared memory for the per-row values beside them.
+template <typename T, int DM>
+constexpr int key_tile() {
+  const int fit = 44 * 1024 / (2 * DM * static_cast<int>(sizeof(T)));
+  return fit < 64 ? fit : 64;
+}
+
+// Zeroes a block's shared tiles once: columns past the head size stay zero, so full-width dots are exact.
+template <typename T>
+__device__ __forceinline__ void zero_tiles(T* x, T* y, int n) {
+  for (int e = threadIdx.x; e < n; e += blockDim.x) x[e] = y[e] = T(0);
+  __syncthreads();
+}
+
+// The keys row i of head bh may see: j < valid.
+__device__ __forceinline__ int64_t valid_keys(const AttnParams& a, int64_t bh, int64_t i) {
+  switch (a.mask) {
+    case SoftmaxMask::causal:
+      return i + 1 < a.Tk ? i + 1 : a.Tk;
+    case SoftmaxMask::lengths: {
+      const int64_t n = a.lengths[bh * a.Tq + i];
+      return n < 0 ? 0 : (n > a.Tk ? a.Tk : n);
+    }
+    default:
+      return a.Tk;
+  }
+}
+
+template <typename T, typename Ptr>
+__device__ __forceinline__ auto head_ptr(const AttnView<Ptr>& o, int64_t bh, int64_t H) {
+  using Elem = std::conditional_t<std::is_const_v<Ptr>, const T, T>;
+  return static_cast<Elem*>(o.p) + (bh / H) * o.sb + (bh % H) * o.sh;
+}
+
+// rows x cols of src (row stride ld) into dst (row stride DM).
+template <typename T, int DM>
+__device__ __forceinline__ void stage(T* dst, const T* src, int64_t ld, int rows, int64_t cols) {
+  for (int64_t e = threadIdx.x; e < rows * cols; e += blockDim.x)
+    dst[(e / cols) * DM + e % cols] = src[(e / cols) * ld + e % cols];
+}
+
+// Loads row `r` (cols < DM used) into registers, zero past cols or when the row is absent.
+template <typename T, int DM>
+__device__ __forceinline__ void load_row(T (&dst)[DM], const T* src, bool present, int64_t cols) {
+#pragma unroll
+  for (int c = 0; c < DM; ++c) dst[c] = present && c < cols ? src[c] : T(0);
+}
+
+template <typename T, int DM>
+__device__ __forceinline__ T dot(const T (&x)[DM], const T* y) {
+  T s = 0;
+#pragma unroll
+  for (int c = 0; c < DM; ++c) s += x[c] * y[c];  // y is zero past the head size (staged tiles, registers)
+  return s;
+}
+
+// The dropout factor of weight element e: keep_scale or 0.
+template <typename T>
+__device__ __forceinline__ T keep(const AttnParams& a, T keep_scale, int64_t e) {
+  return philox::uniform(a.seed, a.offset, e) >= a.dropout_p ? keep_scale : T(0);
+}
+
+// The largest of the block's values (every thread calls it, with its own).
+__device__ __forceinline__ int64_t block_max(int64_t x) {
+  __shared__ unsigned long long m;
+  if (threadIdx.x == 0) m = 0;
+  __syncthreads();
+  atomicMax(&m, static_cast<unsigned long long>(x));  // x >= 0
+  __syncthreads();
+  return static_cast<int64_t>(m);
+}
+
+// Keys j0 .. j0 + n and their values into the shared tiles (after every thread is done with the last
+// ones); returns how many of them a row with `valid` keys sees.
+template <typename T, int DM>
+__device__ __forceinline__ int stage_keys(T* Ks, T* Vs, const T* K, const T* V, int64_t k_st, int64_t v_st, int64_t j0,
+                                          int n, int64_t valid, const AttnParams& a) {
+  __syncthreads();
+  stage<T, DM>(Ks, K + j0 * k_st, k_st, n, a.D);
+  stage<T, DM>(Vs, V + j0 * v_st, v_st, n, a.Dv);
+  __syncthreads();
+  return static_cast<int>(valid - j0 < n ? (valid - j0 > 0 ? valid - j0 : 0) : n);
+}
+
+template <typename T, int DM>
+__global__ void __launch_bounds__(kRows) attention_forward_kernel(AttnResult out, T* lse, AttnOperand q, AttnOperand k,
+                                                                  AttnOperand v, AttnParams a, int64_t n_tiles) {
+  constexpr int BK = key_tile<T, DM>();
+  __shared__ T Ks[BK * DM], Vs[BK * DM];
+  zero_tiles(Ks, Vs, BK * DM);
+  const int64_t bh = blockIdx.x / n_tiles, i0 = (blockIdx.x % n_tiles) * kRows, i = i0 + threadIdx.x;
+  const bool row = i < a.Tq;
+  const int64_t valid = row ? valid_keys(a, bh, i) : 0;
+  const int64_t kmax = block_max(valid);  // key tiles past every row's last valid key are skipped
+  const T* Q = head_ptr<T>(q, bh, a.H);
+  const T* K = head_ptr<T>(k, bh, a.H);
+  const T* V = head_ptr<T>(v, bh, a.H);
+  const T scale = static_cast<T>(a.scale), keep_scale = philox::dropout_scale<T>(a.dropout_p);
+  const bool drop = a.dropout_p > 0;
+  T qr[DM], o[DM];
+  load_row(qr, Q + i * q.st, row, a.D);
+#pragma unroll
+  for (int c = 0; c < DM; ++c) o[c] = 0;
+  T m = neg_inf<T>();
+  Acc<T> l = 0;  // the softmax's denominator counts dropped weights too
+  for (int64_t j0 = 0; j0 < kmax; j0 += BK) {
+    const int n = static_cast<int>(kmax - j0 < BK ? kmax - j0 : BK);
+    const int nj = stage_keys<T, DM>(Ks, Vs, K, V, k.st, v.st, j0, n, valid, a);
+    for (int jj = 0; jj < nj; ++jj) {
+      const T s = scale * dot(qr, Ks + jj * DM);
+      if (s > m) {  // a new running max: rescale what was summed so far
+        const T alpha = smath::exp(m - s);
+        l *= alpha;
+#pragma unroll
+        for (int c = 0; c < DM; ++c) o[c] *= alpha;
+        m = s;
+      }
+      T p = smath::exp(s - m);
+      l += p;
+      if (drop) p *= keep(a, keep_scale, (bh * a.Tq + i) * a.Tk + j0 + jj);
+#pragma unroll
+      for (int c = 0; c < DM; ++c) o[c] += p * Vs[jj * DM + c];
+    }
+  }
+  if (!row) return;
+  T* O = head_ptr<T>(out, bh, a.H) + i * out.st;
+  const T inv = valid > 0 ? static_cast<T>(1.0 / static_cast<double>(l)) : T(0);
+#pragma unroll
+  for (int c = 0; c < DM; ++c)
+    if (c < a.Dv) O[c] = o[c] * inv;
+  lse[bh * a.Tq + i] = valid > 0 ? static_cast<T>(m + log(static_cast<double>(l))) : static_cast<T>(INFINITY);
+}
+
+// delta[bh * Tq + i] = dO_i . O_i, the rowsum(dP o P) of the softmax backward.
+template <typename T>
+__global__ void attention_delta_kernel(T* delta, AttnOperand dout, AttnOperand out, AttnParams a) {
+  const int64_t rows = a.B * a.H * a.Tq;
+  for (int64_t r = global_thread(); r < rows; r += grid_threads()) {
+    const int64_t bh = r / a.Tq, i = r % a.Tq;
+    const T* dO = head_ptr<T>(dout, bh, a.H) + i * dout.st;
+    const T* O = head_ptr<T>(out, bh, a.H) + i * out.st;
+    Acc<T> d = 0;
+    for (int64_t c = 0; c < a.Dv; ++c) d += dO[c] * O[c];
+    delta[r] = static_cast<T>(d);
+  }
+}
+
+// A thread per key row j: dV_j = sum_i P_ij Z_ij dO_i, dK_j = scale sum_i dS_ij q_i with
+// dS_ij = P_ij ((dO_i . v_j) Z_ij - delta_i), over the queries that may see key j.
+template <typename T, int DM>
+__global__ void __launch_bounds__(kRows)
+    attention_dkdv_kernel(AttnResult dk, AttnResult dv, AttnOperand dout, AttnOperand q, AttnOperand k, AttnOperand v,
+                          const T* lse, const T* delta, AttnParams a, int64_t n_tiles) {
+  constexpr int BQ = key_tile<T, DM>();
+  __shared__ T Qs[BQ * DM], dOs[BQ * DM], Ls[BQ], Ds[BQ];
+  __shared__ int64_t Vld[BQ];
+  zero_tiles(Qs, dOs, BQ * DM);
+  const int64_t bh = blockIdx.x / n_tiles, j0 = (blockIdx.x % n_tiles) * kRows, j = j0 + threadIdx.x;
+  const bool row = j < a.Tk;
+  const T* Q = head_ptr<T>(q, bh, a.H);
+  const T* dO = head_ptr<T>(dout, bh, a.H);
+  const T scale = static_cast<T>(a.scale), keep_scale = philox::dropout_scale<T>(a.dropout_p);
+  const bool drop = a.dropout_p > 0;
+  T kr[DM], vr[DM], dkr[DM], dvr[DM];
+  load_row(kr, head_ptr<T>(k, bh, a.H) + j * k.st, row, a.D);
+  load_row(vr, head_ptr<T>(v, bh, a.H) + j * v.st, row, a.Dv);
+#pragma unroll
+  for (int c = 0; c < DM; ++c) dkr[c] = dvr[c] = 0;
+  // Causally, query i sees key j only when i >= j: the queries before this key tile see none of it.
+  const int64_t first = a.mask == SoftmaxMask::causal ? j0 : 0;
+  for (int64_t i0 = first; i0 < a.Tq; i0 += BQ) {
+    const int n = static_cast<int>(a.Tq - i0 < BQ ? a.Tq - i0 : BQ);
+    __syncthreads();
+    stage<T, DM>(Qs, Q + i0 * q.st, q.st, n, a.D);
+    stage<T, DM>(dOs, dO + i0 * dout.st, dout.st, n, a.Dv);
+    for (int r = threadIdx.x; r < n; r += blockDim.x) {
+      Ls[r] = lse[bh * a.Tq + i0 + r];
+      Ds[r] = delta[bh * a.Tq + i0 + r];
+      Vld[r] = valid_keys(a, bh, i0 + r);
+    }
+    __syncthreads();
+    if (!row) continue;
+    for (int ii = 0; ii < n; ++ii) {
+      if (j >= Vld[ii]) continue;
+      const T p = smath::exp(scale * dot(kr, Qs + ii * DM) - Ls[ii]);
+      const T z = drop ? keep(a, keep_scale, (bh * a.Tq + i0 + ii) * a.Tk + j) : T(1);
+      const T ds = p * (dot(vr, dOs + ii * DM) * z - Ds[ii]);
+      const T pz = p * z, sds = scale * ds;
+#pragma unroll
+      for (int c = 0; c < DM; ++c) {
+        dvr[c] += pz * dOs[ii * DM + c];
+        dkr[c] += sds * Qs[ii * DM + c];
+      }
+    }
+  }
+  if (!row) return;
+  T* dK = head_ptr<T>(dk, bh, a.H) + j * dk.st;
+  T* dV = head_ptr<T>(dv, bh, a.H) + j * dv.st;
+#pragma unroll
+  for (int c = 0; c < DM; ++c) {
+    if (c < a.D) dK[c] = dkr[c];
+    if (c < a.Dv) dV[c] = dvr[c];
+  }
+}
+
+// A thread per query row i: dQ_i = scale sum_j dS_ij k_j over the keys row i sees.
+template <typename T, int DM>
+__global__ void __launch_bounds__(kRows)
+    attention_dq_kernel(AttnResult dq, AttnOperand dout, AttnOperand q, AttnOperand k, AttnOperand v, const T* lse,
+                        const T* delta, AttnParams a, int64_t n_tiles) {
+  constexpr int BK = key_tile<T, DM>();
+  __shared__ T Ks[BK * DM], Vs[BK * DM];
+  zero_tiles(Ks, Vs, BK * DM);
+  const int64_t bh = blockIdx.x / n_tiles, i0 = (blockIdx.x % n_tiles) * kRows, i = i0 + threadIdx.x;
+  const bool row = i < a.Tq;
+  const int64_t valid = row ? valid_keys(a, bh, i) : 0;
+  const int64_t kmax = block_max(valid);  // key tiles past every row's last valid key are skipped
+  const T* K = head_ptr<T>(k, bh, a.H);
+  const T* V = head_ptr<T>(v, bh, a.H);
+  const T scale = static_cast<T>(a.scale), keep_scale = philox::dropout_scale<T>(a.dropout_p);
+  const bool drop = a.dropout_p > 0;
+  T qr[DM], dor[DM], dqr[DM];
+  load_row(qr, head_ptr<T>(q, bh, a.H) + i * q.st, row, a.D);
+  load_row(dor, head_ptr<T>(dout, bh, a.H) + i * dout.st, row, a.Dv);
+#pragma unroll
+  for (int c = 0; c < DM; ++c) dqr[c] = 0;
+  const T li = row ? lse[bh * a.Tq + i] : T(0), di = row ? delta[bh * a.Tq + i] : T(0);
+  for (int64_t j0 = 0; j0 < kmax; j0 += BK) {
+    const int n = static_cast<int>(kmax - j0 < BK ? kmax - j0 : BK);
+    const int nj = stage_keys<T, DM>(Ks, Vs, K, V, k.st, v.st, j0, n, valid, a);
+    for (int jj = 0; jj < nj; ++jj) {
+      const T p = smath::exp(scale * dot(qr, Ks + jj * DM) - li);
+      const T z = drop ? keep(a, keep_scale, (bh * a.Tq + i) * a.Tk + j0 + jj) : T(1);
+      const T sds = scale * p * (dot(dor, Vs + jj * DM) * z - di);
+#pragma unroll
+      for (int c = 0; c < DM; ++c) dqr[c] += sds * Ks[jj * DM + c];
+    }
+  }
+  if (!row) return;
+  T* dQ = head_ptr<T>(dq, bh, a.H) + i * dq.st;
+#pragma unroll
+  for (int c = 0; c < DM; ++c)
+    if (c < a.D) dQ[c] = dqr[c];
+}
+
+// Calls f(std::integral_constant<int, DM>) for the smallest register width DM holding both head sizes.
+template <typename F>
+void with_head_width(int64_t D, int64_t Dv, F&& f) {
+  const int64_t w = D > Dv ? D : Dv;
+  if (w <= 32)
+    f(std::integral_constant<int, 32>{});
+  else if (w <= 64)
+    f(std::integral_constant<int, 64>{});
+  else if (w <= 128)
+    f(std::integral_constant<int, 128>{});
+  else
+    f(std::integral_constant<int, kMaxFusedAttentionHead>{});
+}
+
+}  // namespace
+}  // namespace cuda
+
+bool CudaBackend::has_fused_attention(int64_t D, int64_t Dv) const {
+  return D <= cuda::kMaxFusedAttentionHead && Dv <= cuda::kMaxFusedAttentionHead;
+}
+
+// Measured on an H100 (float32, forward + backward, headlab compare and bench/sdpa_step): the kernel's
+// thread per row does Tk x D multiply-adds from registers, so it wins while that is small and the
+// composite path's launches dominate (T 64, D 32: 5x; T 128, D 16 or 32: 2.2-2.4x; T 256, D 32: 1.26x),
+// ties at T 128, D 64, and loses beyond (T 256, D 64: 0.69x; T 128, D 128: 0.33x; T 1024, D 64: 0.32x).
+bool CudaBackend::fused_attention_is_faster(int64_t Tk, int64_t D, int64_t Dv) const {
+  return Tk * (D > Dv ? D : Dv) <= 8192;
+}
+
+void CudaBackend::attention_forward(DType dt, const AttnResult& out, void* lse, const AttnOperand& q,
+                                    const AttnOperand& k, const AttnOperand& v, const AttnParams& a) {
+  using namespace cuda;
+  HL_CHECK(has_fused_attention(a.D, a.Dv), "cuda attention_forward: head sizes ", a.D, " and ", a.Dv,
+           " exceed the kernel's ", kMaxFusedAttentionHead);
+  activate();
+  const int64_t n_tiles = ceil_div(a.Tq, int64_t{kRows});
+  HLC_DISPATCH_FLOAT(dt, T, "attention_forward", {
+    with_head_width(a.D, a.Dv, [&](auto dm) {
+      attention_forward_kernel<T, decltype(dm)::value>
+          <<<a.B * a.H * n_tiles, kRows, 0, stream_>>>(out, static_cast<T*>(lse), q, k, v, a, n_tiles);
+    });
+  });
+  HL_CUDA_LAUNCH_CHECK("attention_forward");
+}
+
+void CudaBackend::attention_backward(DType dt, const AttnResult& dq, const AttnResult& dk, const AttnResult& dv,
+                                     const AttnOperand& dout, const AttnOperand& q, const AttnOperand& k,
+                                     const AttnOperand& v, const AttnOperand& out, const void* lse,
+                                     const AttnParams& a) {
+  using namespace cuda;
+  HL_CHECK(has_fused_attention(a.D, a.Dv), "cuda attention_backward: head sizes ", a.D, " and ", a.Dv,
+           " exceed the kernel's ", kMaxFusedAttentionHead);
+  activate();
+  HLC_DISPATCH_FLOAT(dt, T, "attention_backward", {
+    const TempBuffer delta(*this, static_cast<size_t>(a.B * a.H * a.Tq) * sizeof(T));
+    attention_delta_kernel<T><<<grid_for(a.B * a.H * a.Tq), kThreads, 0, stream_>>>(delta.as<T>(), dout, out, a);
+    HL_CUDA_LAUNCH_CHECK("attention_backward (delta)");
+    const T* L = static_cast<const T*>(lse);
+    with_head_width(a.D, a.Dv, [&](auto dm) {
+      constexpr int DM = decltype(dm)::value;
+      const int64_t key_tiles = ceil_div(a.Tk, int64_t{kRows}), query_tiles = ceil_div(a.Tq, int64_t{kRows});
+      attention_dkdv_kernel<T, DM>
+          <<<a.B * a.H * key_tiles, kRows, 0, stream_>>>(dk, dv, dout, q, k, v, L, delta.as<T>(), a, key_tiles);
+      HL_CUDA_LAUNCH_CHECK("attention_backward (dk, dv)");
+      attention_dq_kernel<T, DM>
+          <<<a.B * a.H * query_tiles, kRows, 0, stream_>>>(dq, dout, q, k, v, L, delta.as<T>(), a, query_tiles);
+    });
+  });
+  HL_CUDA_LAUNCH_CHECK("attention_backward (dq)");
+}
+
+}  // namespace headlab

@@ -705,24 +705,51 @@ Circuit discover_circuit(CircuitPatcher& patcher, const std::vector<double>& att
 }
 
 // ---- output ----
-std::string circuit_json(const CircuitGraph& g, const Circuit& c, const LogitDifference& baseline) {
-  nlohmann::json j;
-  std::vector<uint8_t> used(static_cast<size_t>(g.node_count()), 0);
-  nlohmann::json edges = nlohmann::json::array();
+namespace {
+
+// The circuit's kept edges (sender node, receiving node or -1 for the logits, the input fed) and the nodes
+// they touch: what both renderings draw.
+struct KeptEdges {
+  struct Edge {
+    int64_t edge, sender, node;
+    Input input;
+  };
+  std::vector<Edge> edges;
+  std::vector<uint8_t> used;  // [node]
+  bool logits = false;
+};
+
+KeptEdges kept_edges(const CircuitGraph& g, const Circuit& c) {
+  KeptEdges k;
+  k.used.assign(static_cast<size_t>(g.node_count()), 0);
   for (int64_t e = 0; e < g.edge_count(); ++e) {
     if (!c.kept[static_cast<size_t>(e)]) continue;
     const int64_t s = g.edge_sender(e), r = g.edge_receiver(e), n = g.node_of_receiver(r);
-    used[static_cast<size_t>(s)] = 1;
-    if (n >= 0) used[static_cast<size_t>(n)] = 1;
-    edges.push_back({{"sender", g.node_name(s)},
-                     {"receiver", n >= 0 ? g.node_name(n) : "logits"},
-                     {"input", input_name(g.receivers()[static_cast<size_t>(r)].input)},
-                     {"attribution", c.attribution[static_cast<size_t>(e)]}});
+    k.edges.push_back({e, s, n, g.receivers()[static_cast<size_t>(r)].input});
+    k.used[static_cast<size_t>(s)] = 1;
+    if (n >= 0) k.used[static_cast<size_t>(n)] = 1;
+    k.logits = k.logits || n < 0;
   }
+  return k;
+}
+
+std::string receiving_name(const CircuitGraph& g, int64_t node) { return node >= 0 ? g.node_name(node) : "logits"; }
+
+}  // namespace
+
+std::string circuit_json(const CircuitGraph& g, const Circuit& c, const LogitDifference& baseline) {
+  const KeptEdges k = kept_edges(g, c);
+  nlohmann::json edges = nlohmann::json::array();
+  for (const KeptEdges::Edge& e : k.edges)
+    edges.push_back({{"sender", g.node_name(e.sender)},
+                     {"receiver", receiving_name(g, e.node)},
+                     {"input", input_name(e.input)},
+                     {"attribution", c.attribution[static_cast<size_t>(e.edge)]}});
   nlohmann::json nodes = nlohmann::json::array();
   for (int64_t n = 0; n < g.node_count(); ++n)
-    if (used[static_cast<size_t>(n)]) nodes.push_back(g.node_name(n));
-  if (!edges.empty()) nodes.push_back("logits");
+    if (k.used[static_cast<size_t>(n)]) nodes.push_back(g.node_name(n));
+  if (k.logits) nodes.push_back("logits");
+  nlohmann::json j;
   j["nodes"] = nodes;
   j["edges"] = edges;
   j["metric"] = {{"circuit", c.metric},
@@ -736,37 +763,30 @@ std::string circuit_json(const CircuitGraph& g, const Circuit& c, const LogitDif
 }
 
 std::string circuit_dot(const CircuitGraph& g, const Circuit& c) {
+  static const char* colours[] = {"#1f77b4", "#2ca02c", "#d62728", "#7f7f7f", "#000000"};  // by Input
+  const KeptEdges k = kept_edges(g, c);
   std::ostringstream o;
   o << "digraph circuit {\n  rankdir=BT;\n  node [shape=box, style=\"rounded,filled\", fillcolor=\"#f4f4f4\", "
        "fontname=\"Helvetica\"];\n  edge [fontname=\"Helvetica\", fontsize=10];\n";
   std::vector<std::vector<std::string>> by_layer(static_cast<size_t>(g.n_layers() + 2));
-  std::vector<uint8_t> used(static_cast<size_t>(g.node_count()), 0);
-  std::ostringstream edges;
-  bool logits = false;
-  for (int64_t e = 0; e < g.edge_count(); ++e) {
-    if (!c.kept[static_cast<size_t>(e)]) continue;
-    const int64_t s = g.edge_sender(e), r = g.edge_receiver(e), n = g.node_of_receiver(r);
-    const Input in = g.receivers()[static_cast<size_t>(r)].input;
-    static const char* colours[] = {"#1f77b4", "#2ca02c", "#d62728", "#7f7f7f", "#000000"};
-    used[static_cast<size_t>(s)] = 1;
-    if (n >= 0) used[static_cast<size_t>(n)] = 1;
-    logits = logits || n < 0;
-    edges << "  \"" << g.node_name(s) << "\" -> \"" << (n >= 0 ? g.node_name(n) : "logits") << "\" [color=\""
-          << colours[static_cast<int>(in)] << "\"";
-    if (in == Input::q || in == Input::k || in == Input::v) edges << ", label=\"" << input_name(in) << "\"";
-    edges << "];\n";
-  }
   for (int64_t n = 0; n < g.node_count(); ++n)
-    if (used[static_cast<size_t>(n)])
+    if (k.used[static_cast<size_t>(n)])
       by_layer[static_cast<size_t>(g.nodes()[static_cast<size_t>(n)].layer + 1)].push_back(g.node_name(n));
-  if (logits) by_layer.back().push_back("logits");
+  if (k.logits) by_layer.back().push_back("logits");
   for (const auto& names : by_layer) {
     if (names.empty()) continue;
     o << "  { rank=same;";
     for (const std::string& nm : names) o << " \"" << nm << "\";";
     o << " }\n";
   }
-  o << edges.str() << "}\n";
+  for (const KeptEdges::Edge& e : k.edges) {
+    o << "  \"" << g.node_name(e.sender) << "\" -> \"" << receiving_name(g, e.node) << "\" [color=\""
+      << colours[static_cast<int>(e.input)] << "\"";
+    if (e.input == Input::q || e.input == Input::k || e.input == Input::v)
+      o << ", label=\"" << input_name(e.input) << "\"";
+    o << "];\n";
+  }
+  o << "}\n";
   return o.str();
 }
 

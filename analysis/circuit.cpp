@@ -175,6 +175,7 @@ struct CircuitPatcher::Impl {
     std::vector<Tensor> patches;            // [group]: (K, R, senders) or undefined (nothing patched there)
     std::vector<Tensor>* probes = nullptr;  // filled per group with zero leaves added to the inputs
     Tensor start;                           // the stream entering layer 0 (B, T, C), when not the clean one
+    std::vector<int64_t> restored;          // [copy]: the node whose output is set to its clean one (-1: none)
     bool record = false;                    // K = 1, from layer 0, no patches: fill `recorded`
     Tensor tokens;                          // record: (B, T)
   };
@@ -268,6 +269,16 @@ struct CircuitPatcher::Impl {
     }
     std::vector<Tensor> own_delta;  // nodes N0..: out - corrupt_out, (K, P)
     int64_t next_node = N0;
+    // out (K, P) of node `node` with the copies that restore it given its clean output instead.
+    const auto restore = [&](const Tensor& out, int64_t node) -> Tensor {
+      std::vector<double> m(static_cast<size_t>(K), 0.0);
+      bool any = false;
+      for (size_t k = 0; k < p.restored.size(); ++k)
+        if (p.restored[k] == node) m[k] = 1.0, any = true;
+      if (!any) return out;
+      const Tensor clean = add(c.corrupt_out.select(0, node), c.delta.select(0, node)).unsqueeze(0);  // (1, P)
+      return add(out, mul(tensor(m, {K, 1}).to(out.dtype()).to(out.device()), sub(clean, out)));
+    };
     const auto emit = [&](const Tensor& out) {  // out (K, B, T, C): the next node's output
       if (rec) rec->outputs.push_back(out.reshape({P}));
       if (patched) own_delta.push_back(sub(out.reshape({K, P}), c.corrupt_out.select(0, next_node).unsqueeze(0)));
@@ -329,7 +340,13 @@ struct CircuitPatcher::Impl {
           };
           const Tensor ctx = scaled_dot_product_attention(project(xq, w.Wq, w.bq), project(xk, w.Wk, w.bk),
                                                           project(xv, w.Wv, w.bv), AttentionMask::causal());
-          const Tensor out = matmul(ctx.transpose(0, 1).reshape({H, K * B * T, D}), w.Wo);  // (H, KBT, C)
+          Tensor out = matmul(ctx.transpose(0, 1).reshape({H, K * B * T, D}), w.Wo);  // (H, KBT, C)
+          if (!p.restored.empty()) {
+            std::vector<Tensor> heads;
+            for (int64_t h = 0; h < H; ++h)
+              heads.push_back(restore(out.select(0, h).reshape({K, P}), next_node + h).reshape({K * B * T, C}));
+            out = stack(heads, 0);
+          }
           for (int64_t h = 0; h < H; ++h) emit(out.select(0, h).reshape({K, B, T, C}));
           Tensor sum = out.sum({0}).reshape({K, B, T, C});
           if (w.bo.defined()) sum = add(sum, w.bo);
@@ -341,7 +358,8 @@ struct CircuitPatcher::Impl {
         if (l >= l0) {
           const Tensor X = inputs_of(g, resid.reshape({K, P}), 1, false);  // (K, 1, P)
           const Tensor x = X.defined() ? X.reshape({K, B, T, C}) : resid;
-          const Tensor out = block->ff->forward(block->norm2->forward(x));  // (K, B, T, C)
+          Tensor out = block->ff->forward(block->norm2->forward(x));  // (K, B, T, C)
+          if (!p.restored.empty()) out = restore(out.reshape({K, P}), next_node).reshape({K, B, T, C});
           emit(out);
           resid = add(resid, out);
         }
@@ -501,11 +519,19 @@ const CircuitGraph& CircuitPatcher::graph() const { return impl_->graph; }
 const LogitDifference& CircuitPatcher::baseline() const { return impl_->baseline; }
 int64_t CircuitPatcher::forwards() const { return impl_->forwards; }
 
-std::vector<double> CircuitPatcher::metric(const std::vector<EdgePatch>& patches) {
+std::vector<double> CircuitPatcher::metric(const std::vector<EdgePatch>& patches) { return metric(patches, {}); }
+
+std::vector<double> CircuitPatcher::metric(const std::vector<EdgePatch>& patches,
+                                           const std::vector<int64_t>& restored) {
   Impl& s = *impl_;
   for (const EdgePatch& p : patches)
     HL_CHECK(static_cast<int64_t>(p.size()) == s.graph.edge_count(), "circuit: a patch lists ", p.size(),
              " edges, the graph has ", s.graph.edge_count());
+  HL_CHECK(restored.empty() || restored.size() == patches.size(), "circuit: ", restored.size(), " restored nodes for ",
+           patches.size(), " patches");
+  for (int64_t n : restored)
+    HL_CHECK(n >= -1 && n < s.graph.node_count(), "circuit: no node ", n, " to restore (", s.graph.node_count(),
+             " nodes)");
   const NoGradGuard no_grad;
   std::vector<double> sums(patches.size(), 0.0);
   for (const Chunk& c : s.chunks) {
@@ -513,7 +539,14 @@ std::vector<double> CircuitPatcher::metric(const std::vector<EdgePatch>& patches
     for (size_t k0 = 0; k0 < patches.size(); k0 += per) {
       std::vector<const EdgePatch*> copies;
       for (size_t k = k0; k < std::min(patches.size(), k0 + per); ++k) copies.push_back(&patches[k]);
-      const Impl::Pass p = s.pass_for(copies);
+      Impl::Pass p = s.pass_for(copies);
+      if (!restored.empty()) {
+        p.restored.assign(restored.begin() + static_cast<std::ptrdiff_t>(k0),
+                          restored.begin() + static_cast<std::ptrdiff_t>(k0 + copies.size()));
+        // A restored node must be computed, not read from the clean run: start no later than its layer.
+        for (int64_t n : p.restored)
+          if (n > 0) p.first_layer = std::min(p.first_layer, s.graph.nodes()[static_cast<size_t>(n)].layer);
+      }
       const std::vector<double> ld = s.forward(c, p).sum({1}).to_vector<double>();  // (K)
       for (size_t k = 0; k < copies.size(); ++k) sums[k0 + k] += ld[k];
       s.forwards += static_cast<int64_t>(copies.size());
@@ -540,6 +573,25 @@ std::vector<double> path_patching(CircuitPatcher& patcher, const std::vector<int
     }
   }
   return patcher.metric(patches);
+}
+
+// ---- activation patching, both ways ----
+ActivationPatching activation_patching(CircuitPatcher& patcher, const std::vector<int64_t>& nodes) {
+  const CircuitGraph& g = patcher.graph();
+  std::vector<int64_t> every_receiver(g.receivers().size());
+  std::iota(every_receiver.begin(), every_receiver.end(), 0);
+  ActivationPatching r;
+  r.noising = path_patching(patcher, nodes, every_receiver);
+  // Denoising n: every edge from a node before n carries its corrupted output, n gives its clean one, and
+  // every node after n computes from what it then reads: the corrupted run with n restored.
+  std::vector<EdgePatch> patches;
+  for (int64_t n : nodes) {
+    EdgePatch& p = patches.emplace_back(static_cast<size_t>(g.edge_count()), 0.0);
+    for (int64_t e = 0; e < g.edge_count(); ++e)
+      if (g.edge_sender(e) < n) p[static_cast<size_t>(e)] = 1.0;
+  }
+  r.denoising = patcher.metric(patches, nodes);
+  return r;
 }
 
 // ---- edge attribution patching ----

@@ -110,6 +110,8 @@ class CircuitPatcher {
   const LogitDifference& baseline() const;  // per row, clean and corrupted, from this forward
   // The normalised metric of each patch (1: clean, 0: corrupted), as many forwards as the copies take.
   std::vector<double> metric(const std::vector<EdgePatch>& patches);
+  // The same with copy k's node restored[k] giving its clean output whatever it reads (-1: none).
+  std::vector<double> metric(const std::vector<EdgePatch>& patches, const std::vector<int64_t>& restored);
   double metric(const EdgePatch& patch) { return metric(std::vector<EdgePatch>{patch}).front(); }
   int64_t forwards() const;  // patched forwards this process ran so far (one per copy and chunk of rows)
 
@@ -125,6 +127,15 @@ class CircuitPatcher {
 // per sender. A sender that feeds none of the receivers scores the clean metric (1).
 std::vector<double> path_patching(CircuitPatcher& patcher, const std::vector<int64_t>& senders,
                                   const std::vector<int64_t>& receivers);
+
+// Activation patching of whole nodes both ways, one value per node on the normalised metric: noising
+// (node n's output corrupted for every receiver in the clean run; 1: no effect) and denoising (the
+// corrupted run with n's clean output restored and everything after it recomputed; 0: no effect, 1: the
+// clean behaviour back). Heimersheim and Nanda (2024) on why the two answer different questions.
+struct ActivationPatching {
+  std::vector<double> noising, denoising;
+};
+ActivationPatching activation_patching(CircuitPatcher& patcher, const std::vector<int64_t>& nodes);
 
 // Edge attribution patching (Syed et al. 2023): every edge's effect on the normalised metric when
 // patched, estimated to first order from one clean forward and backward: -(dm/dx_r) . (out_s - corrupt_s),

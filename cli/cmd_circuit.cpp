@@ -1,8 +1,8 @@
 // headlab circuit: which heads pass what to whom on a prompt-pair task (analysis/circuit.h). Edge
 // attribution patching over every edge (checked against real patching on a sample), path patching of
-// the chosen senders into the chosen receivers, activation patching of every node (noising), and circuit
-// discovery; writes circuit.json, circuit.dot, circuit.png, circuit.svg, edges.csv, path_patching.csv,
-// activation_patching.csv and report.md.
+// the chosen senders into the chosen receivers, activation patching of every node (noising and
+// denoising), and circuit discovery; writes circuit.json, circuit.dot, circuit.png, circuit.svg, edges.csv,
+// path_patching.csv, activation_patching.csv and report.md.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -207,21 +207,27 @@ Action add_circuit(CLI::App& app) {
         << " senders, " << fmt(path_seconds, 2) << " s); the largest changes:\n"
         << path_top.str();
 
-    // Activation patching (noising): each head's and MLP's output corrupted for every receiver at once.
-    std::vector<int64_t> nodes, every_receiver(g.receivers().size());
-    std::iota(every_receiver.begin(), every_receiver.end(), 0);
+    // Activation patching of each head and MLP, both ways.
+    std::vector<int64_t> nodes;
     for (int64_t n = 1; n < g.node_count(); ++n) nodes.push_back(n);
-    const std::vector<double> noising = analysis::path_patching(patcher, nodes, every_receiver);
-    std::vector<size_t> by_noising(nodes.size());
-    std::iota(by_noising.begin(), by_noising.end(), 0);
-    std::stable_sort(by_noising.begin(), by_noising.end(),
-                     [&](size_t x, size_t y) { return std::abs(noising[x] - 1) > std::abs(noising[y] - 1); });
-    std::ostringstream noising_top;
-    for (size_t i = 0; i < std::min<size_t>(8, by_noising.size()); ++i)
-      noising_top << "  " << pad(g.node_name(nodes[by_noising[i]]), 8) << " "
-                  << fmt_signed(noising[by_noising[i]] - 1, 3) << "\n";
-    say << "\nactivation patching (noising): each node's output corrupted everywhere; the largest changes:\n"
-        << noising_top.str();
+    const analysis::ActivationPatching act = analysis::activation_patching(patcher, nodes);
+    // The 8 nodes that move the metric most from `none` (the value with no effect), as lines.
+    const auto top_nodes = [&](const std::vector<double>& v, double none) {
+      std::vector<size_t> by(nodes.size());
+      std::iota(by.begin(), by.end(), 0);
+      std::stable_sort(by.begin(), by.end(),
+                       [&](size_t x, size_t y) { return std::abs(v[x] - none) > std::abs(v[y] - none); });
+      std::ostringstream o;
+      for (size_t i = 0; i < std::min<size_t>(8, by.size()); ++i)
+        o << "  " << pad(g.node_name(nodes[by[i]]), 8) << " " << fmt_signed(v[by[i]] - none, 3) << "\n";
+      return o.str();
+    };
+    const std::string noising_top = top_nodes(act.noising, 1), denoising_top = top_nodes(act.denoising, 0);
+    say << "\nactivation patching, noising: each node's output corrupted in the clean run; the largest changes:\n"
+        << noising_top
+        << "activation patching, denoising: each node's clean output restored in the corrupted run; the most "
+           "recovered:\n"
+        << denoising_top;
 
     // Discovery.
     analysis::DiscoveryOptions dopt;
@@ -259,9 +265,10 @@ Action add_circuit(CLI::App& app) {
     for (size_t i = 0; i < senders.size(); ++i)
       pcsv += g.node_name(senders[i]) + "," + fmt(path[i], 6) + "," + fmt_signed(path[i] - 1, 6) + "\n";
     write_text(join_path(out, "path_patching.csv"), pcsv, "circuit");
-    std::string ncsv = "node,metric,effect\n";
+    std::string ncsv = "node,noising,noising_effect,denoising\n";
     for (size_t i = 0; i < nodes.size(); ++i)
-      ncsv += g.node_name(nodes[i]) + "," + fmt(noising[i], 6) + "," + fmt_signed(noising[i] - 1, 6) + "\n";
+      ncsv += g.node_name(nodes[i]) + "," + fmt(act.noising[i], 6) + "," + fmt_signed(act.noising[i] - 1, 6) + "," +
+              fmt(act.denoising[i], 6) + "\n";
     write_text(join_path(out, "activation_patching.csv"), ncsv, "circuit");
     std::ostringstream md;
     md << "# Circuit of " << a->path << "\n\nPrompt pairs: " << pairs.rows() << " rows of " << pairs.T << " tokens ("
@@ -282,9 +289,11 @@ Action add_circuit(CLI::App& app) {
        << "## Path patching into " << receiver_list << "\n\n"
        << senders.size() << " senders in " << fmt(path_seconds, 2) << " s (stored runs: " << fmt(setup_seconds, 2)
        << " s); the largest changes of the metric:\n\n```\n"
-       << path_top.str() << "```\n\n## Activation patching (noising)\n\nEach node's output replaced by its corrupted "
-       << "output for every receiver (activation_patching.csv); the largest changes of the metric:\n\n```\n"
-       << noising_top.str() << "```\n";
+       << path_top.str() << "```\n\n## Activation patching\n\nNoising: each node's output replaced by its corrupted "
+       << "output for every receiver, in the clean run; the largest changes of the metric:\n\n```\n"
+       << noising_top << "```\n\nDenoising: each node's clean output restored in the corrupted run, every later "
+       << "node recomputed; the largest recoveries (1: all of the clean behaviour):\n\n```\n"
+       << denoising_top << "```\n\nBoth per node in activation_patching.csv.\n";
     write_text(join_path(out, "report.md"), md.str(), "circuit");
     std::cout << "\nwrote " << out
               << "/{circuit.json, circuit.dot, circuit.png, circuit.svg, edges.csv, path_patching.csv, "

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <set>
 
 #include "analysis/circuit.h"
@@ -39,13 +40,20 @@ PromptPairs with_probability_metric(PromptPairs p, uint64_t seed) {
 // The logit difference of every row with the edges in `patched` patched, computed the slow way: the
 // model run module by module, every receiver's input summed from the senders' outputs (this run's,
 // or the corrupted run's for a patched edge), each head through its own CausalAttention module of
-// split_heads(). corrupt: the corrupted run's node outputs (empty for an unpatched run). Fills outputs.
+// split_heads(). corrupt: the corrupted run's node outputs (empty for an unpatched run). Node `restored`
+// (-1: none) outputs restored_out[restored] instead of what it computes. Fills outputs.
 std::vector<double> naive_run(nn::GPTModel& model, const CircuitGraph& g, const std::vector<int64_t>& tokens,
                               const PromptPairs& pairs, const std::set<int64_t>& patched,
-                              const std::vector<Tensor>& corrupt, std::vector<Tensor>& outputs) {
+                              const std::vector<Tensor>& corrupt, std::vector<Tensor>& outputs, int64_t restored = -1,
+                              const std::vector<Tensor>& restored_out = {}) {
   const NoGradGuard ng;
   const int64_t B = pairs.rows(), T = pairs.T;
   outputs.assign(1, model.embed(tensor(tokens, {B, T})));
+  const auto restore_last = [&](size_t added) {  // the node just added, if it is the restored one
+    if (restored >= static_cast<int64_t>(outputs.size() - added) && restored < static_cast<int64_t>(outputs.size()))
+      outputs[static_cast<size_t>(restored)] = restored_out[static_cast<size_t>(restored)];
+  };
+  restore_last(1);
   Tensor biases = zeros_like(outputs[0]);
   const auto input_of = [&](int64_t receiver) {
     Tensor x = biases;
@@ -77,9 +85,12 @@ std::vector<double> naive_run(nn::GPTModel& model, const CircuitGraph& g, const 
       outs.push_back(matmul(matmul(w, v), split->out_proj->weight.narrow(1, h * D, D).mT()));       // (B, T, C)
     }
     for (const Tensor& o : outs) outputs.push_back(o);
+    restore_last(outs.size());
     biases = add(biases, split->out_proj->bias);
-    if (block->ff)
+    if (block->ff) {
       outputs.push_back(block->ff->forward(block->norm2->forward(input_of(receiver_of(l, -1, Input::mlp)))));
+      restore_last(1);
+    }
   }
   const std::vector<double> logits =
       model.unembed(input_of(receiver_of(model.n_layers(), -1, Input::logits))).narrow(1, T - 1, 1).to_vector<double>();
@@ -182,7 +193,7 @@ TEST(Circuit, PatchedEdgesAndPathPatchingMatchNaivePatching) {
     const std::string l1 = g.node_name(g.first_node_of_layer(1));  // layer 1's first head
     for (const std::string& r : {l1 + ".q", l1 + ".k", l1 + ".v", std::string("logits")})
       sets.push_back({g.edge(1, g.parse_receivers(r, "t")[0])});  // from layer 0's first head
-    std::set<int64_t>& noising = sets.emplace_back();  // layer 0's first head corrupted for every receiver
+    std::set<int64_t>& noising = sets.emplace_back();             // layer 0's first head corrupted for every receiver
     for (int64_t e = 0; e < g.edge_count(); ++e)
       if (g.edge_sender(e) == 1) noising.insert(e);
     std::vector<EdgePatch> patches;
@@ -204,6 +215,23 @@ TEST(Circuit, PatchedEdgesAndPathPatchingMatchNaivePatching) {
       for (int64_t r : receivers) s.insert(g.edge(senders[i], r));
       EXPECT_NEAR(pp[i], naive(s), 1e-9) << g.node_name(senders[i]);
     }
+
+    // Activation patching of every node: noising (its edges into every receiver patched) and denoising (the
+    // corrupted run with the node's clean output restored, computed naively as exactly that).
+    std::vector<int64_t> nodes(static_cast<size_t>(g.node_count()));
+    std::iota(nodes.begin(), nodes.end(), 0);
+    const analysis::ActivationPatching act = analysis::activation_patching(patcher, nodes);
+    for (int64_t n : nodes) {
+      std::set<int64_t> from_n;
+      for (int64_t e = 0; e < g.edge_count(); ++e)
+        if (g.edge_sender(e) == n) from_n.insert(e);
+      EXPECT_NEAR(act.noising[static_cast<size_t>(n)], naive(from_n), 1e-9) << g.node_name(n);
+      std::vector<Tensor> outs;
+      const double restored = mean(naive_run(model, g, pairs.corrupt, pairs, {}, {}, outs, n, clean_out));
+      EXPECT_NEAR(act.denoising[static_cast<size_t>(n)], (restored - corrupt) / (clean - corrupt), 1e-9)
+          << g.node_name(n);
+    }
+    EXPECT_NEAR(act.denoising[0], 1.0, 1e-9);  // the clean embeddings restored: the clean run
   }
 }
 

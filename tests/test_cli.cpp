@@ -752,6 +752,8 @@ TEST_F(CliTest, CircuitRunsIoiAndUserPairsOnAGpt2Folder) {
   EXPECT_EQ(std::count(path_csv.begin(), path_csv.end(), '\n'), 1 + 4);  // the header and every head
   const std::string nodes_csv = slurp(path("ioi/activation_patching.csv"));
   EXPECT_EQ(std::count(nodes_csv.begin(), nodes_csv.end(), '\n'), 1 + 6);  // and every head and MLP
+  EXPECT_EQ(nodes_csv.substr(0, nodes_csv.find('\n')), "node,noising,noising_effect,denoising");
+  EXPECT_TRUE(contains(r.out, "activation patching, denoising: each node's clean output restored")) << r.out;
 
   // Greater-than: the probability metric over the two-digit year tokens.
   r = headlab({"circuit", dir, "--task", "greater-than", "--rows", "8", "--check-edges", "8", "--out", path("gt")});

@@ -175,7 +175,7 @@ struct CircuitPatcher::Impl {
     std::vector<Tensor> patches;            // [group]: (K, R, senders) or undefined (nothing patched there)
     std::vector<Tensor>* probes = nullptr;  // filled per group with zero leaves added to the inputs
     Tensor start;                           // the stream entering layer 0 (B, T, C), when not the clean one
-    std::vector<int64_t> restored;          // [copy]: the node whose output is set to its clean one (-1: none)
+    std::vector<Restore> restored;          // [copy]: the node whose output is set to its clean one
     bool record = false;                    // K = 1, from layer 0, no patches: fill `recorded`
     Tensor tokens;                          // record: (B, T)
   };
@@ -191,7 +191,7 @@ struct CircuitPatcher::Impl {
   std::vector<LayerWeights> layers;
   std::vector<Chunk> chunks;
   LogitDifference baseline;
-  int64_t rows = 0, forwards = 0, C = 0;
+  int64_t rows = 0, positions = 0, forwards = 0, C = 0;
   bool was_training = false;
 
   Impl(nn::GPTModel& m, const CircuitOptions& o)
@@ -269,16 +269,36 @@ struct CircuitPatcher::Impl {
     }
     std::vector<Tensor> own_delta;  // nodes N0..: out - corrupt_out, (K, P)
     int64_t next_node = N0;
-    // out (K, P) of node `node` with the copies that restore it given its clean output instead.
-    const auto restore = [&](const Tensor& out, int64_t node) -> Tensor {
-      std::vector<double> m(static_cast<size_t>(K), 0.0);
+    // Where each copy restores `node`, (K, 1, T, 1) of 0/1; undefined when no copy does.
+    const auto restored_at = [&](int64_t node) -> Tensor {
+      std::vector<double> m(static_cast<size_t>(K * T), 0.0);
       bool any = false;
       for (size_t k = 0; k < p.restored.size(); ++k)
-        if (p.restored[k] == node) m[k] = 1.0, any = true;
-      if (!any) return out;
-      const Tensor clean = add(c.corrupt_out.select(0, node), c.delta.select(0, node)).unsqueeze(0);  // (1, P)
-      return add(out, mul(tensor(m, {K, 1}).to(out.dtype()).to(out.device()), sub(clean, out)));
+        if (p.restored[k].node == node)
+          for (int64_t t = 0; t < T; ++t)
+            if (p.restored[k].position < 0 || p.restored[k].position == t) m[k * T + t] = 1.0, any = true;
+      return any ? tensor(m, {K, 1, T, 1}).to(resid.dtype()).to(resid.device()) : Tensor();
     };
+    // out (K, P) of node `node` with the copies that restore it given its clean output there instead.
+    const auto restore = [&](const Tensor& out, int64_t node) -> Tensor {
+      const Tensor m = restored_at(node);
+      if (!m.defined()) return out;
+      const Tensor clean = add(c.corrupt_out.select(0, node), c.delta.select(0, node)).reshape({1, B, T, C});
+      const Tensor o = out.reshape({K, B, T, C});
+      return add(o, mul(m, sub(clean, o))).reshape({K, P});
+    };
+    // The embeddings restored at some positions: the corrupted ones elsewhere (the stream starts clean).
+    if (l0 == 0 && !p.record) {
+      const Tensor m = restored_at(0);
+      bool partial = false;
+      for (const Restore& r : p.restored) partial = partial || (r.node == 0 && r.position >= 0);
+      if (m.defined() && partial) {
+        std::vector<double> restoring(static_cast<size_t>(K), 0.0);
+        for (size_t k = 0; k < p.restored.size(); ++k) restoring[k] = p.restored[k].node == 0 ? 1.0 : 0.0;
+        const Tensor r = tensor(restoring, {K, 1, 1, 1}).to(resid.dtype()).to(resid.device());
+        resid = sub(resid, mul(sub(r, m), c.delta.select(0, 0).reshape({1, B, T, C})));
+      }
+    }
     const auto emit = [&](const Tensor& out) {  // out (K, B, T, C): the next node's output
       if (rec) rec->outputs.push_back(out.reshape({P}));
       if (patched) own_delta.push_back(sub(out.reshape({K, P}), c.corrupt_out.select(0, next_node).unsqueeze(0)));
@@ -499,7 +519,7 @@ CircuitPatcher::CircuitPatcher(nn::GPTModel& model, const PromptPairs& pairs, co
   check_pairs(model, pairs, "circuit");
   impl_ = std::make_unique<Impl>(model, options);
   Impl& s = *impl_;
-  s.rows = pairs.rows();
+  s.rows = pairs.rows(), s.positions = pairs.T;
   const int64_t step = Impl::even_chunks(pairs.rows(), s.chunk_rows(pairs.T, false));
   s.baseline.clean.assign(static_cast<size_t>(s.rows), 0.0);
   s.baseline.corrupt.assign(static_cast<size_t>(s.rows), 0.0);
@@ -518,20 +538,24 @@ CircuitPatcher::~CircuitPatcher() = default;
 const CircuitGraph& CircuitPatcher::graph() const { return impl_->graph; }
 const LogitDifference& CircuitPatcher::baseline() const { return impl_->baseline; }
 int64_t CircuitPatcher::forwards() const { return impl_->forwards; }
+int64_t CircuitPatcher::positions() const { return impl_->positions; }
 
 std::vector<double> CircuitPatcher::metric(const std::vector<EdgePatch>& patches) { return metric(patches, {}); }
 
 std::vector<double> CircuitPatcher::metric(const std::vector<EdgePatch>& patches,
-                                           const std::vector<int64_t>& restored) {
+                                           const std::vector<Restore>& restored) {
   Impl& s = *impl_;
   for (const EdgePatch& p : patches)
     HL_CHECK(static_cast<int64_t>(p.size()) == s.graph.edge_count(), "circuit: a patch lists ", p.size(),
              " edges, the graph has ", s.graph.edge_count());
   HL_CHECK(restored.empty() || restored.size() == patches.size(), "circuit: ", restored.size(), " restored nodes for ",
            patches.size(), " patches");
-  for (int64_t n : restored)
-    HL_CHECK(n >= -1 && n < s.graph.node_count(), "circuit: no node ", n, " to restore (", s.graph.node_count(),
-             " nodes)");
+  for (const Restore& r : restored) {
+    HL_CHECK(r.node >= -1 && r.node < s.graph.node_count(), "circuit: no node ", r.node, " to restore (",
+             s.graph.node_count(), " nodes)");
+    HL_CHECK(r.position >= -1 && r.position < s.positions, "circuit: no position ", r.position, " to restore at (",
+             s.positions, " positions)");
+  }
   const NoGradGuard no_grad;
   std::vector<double> sums(patches.size(), 0.0);
   for (const Chunk& c : s.chunks) {
@@ -543,9 +567,12 @@ std::vector<double> CircuitPatcher::metric(const std::vector<EdgePatch>& patches
       if (!restored.empty()) {
         p.restored.assign(restored.begin() + static_cast<std::ptrdiff_t>(k0),
                           restored.begin() + static_cast<std::ptrdiff_t>(k0 + copies.size()));
-        // A restored node must be computed, not read from the clean run: start no later than its layer.
-        for (int64_t n : p.restored)
-          if (n > 0) p.first_layer = std::min(p.first_layer, s.graph.nodes()[static_cast<size_t>(n)].layer);
+        // A restored node must be computed, not read from the clean run: start no later than its layer
+        // (the embeddings restored at one position: from layer 0).
+        for (const Restore& r : p.restored)
+          if (r.node > 0 || (r.node == 0 && r.position >= 0))
+            p.first_layer =
+                std::min(p.first_layer, std::max<int64_t>(0, s.graph.nodes()[static_cast<size_t>(r.node)].layer));
       }
       const std::vector<double> ld = s.forward(c, p).sum({1}).to_vector<double>();  // (K)
       for (size_t k = 0; k < copies.size(); ++k) sums[k0 + k] += ld[k];
@@ -576,7 +603,7 @@ std::vector<double> path_patching(CircuitPatcher& patcher, const std::vector<int
 }
 
 // ---- activation patching, both ways ----
-ActivationPatching activation_patching(CircuitPatcher& patcher, const std::vector<int64_t>& nodes) {
+ActivationPatching activation_patching(CircuitPatcher& patcher, const std::vector<int64_t>& nodes, bool by_position) {
   const CircuitGraph& g = patcher.graph();
   std::vector<int64_t> every_receiver(g.receivers().size());
   std::iota(every_receiver.begin(), every_receiver.end(), 0);
@@ -584,13 +611,24 @@ ActivationPatching activation_patching(CircuitPatcher& patcher, const std::vecto
   r.noising = path_patching(patcher, nodes, every_receiver);
   // Denoising n: every edge from a node before n carries its corrupted output, n gives its clean one, and
   // every node after n computes from what it then reads: the corrupted run with n restored.
+  const int64_t T = by_position ? patcher.positions() : 0;
   std::vector<EdgePatch> patches;
+  std::vector<Restore> restored;
   for (int64_t n : nodes) {
-    EdgePatch& p = patches.emplace_back(static_cast<size_t>(g.edge_count()), 0.0);
+    EdgePatch p(static_cast<size_t>(g.edge_count()), 0.0);
     for (int64_t e = 0; e < g.edge_count(); ++e)
       if (g.edge_sender(e) < n) p[static_cast<size_t>(e)] = 1.0;
+    for (int64_t t = -1; t < T; ++t) {  // every position, then each alone
+      patches.push_back(p);
+      restored.push_back({n, t});
+    }
   }
-  r.denoising = patcher.metric(patches, nodes);
+  const std::vector<double> m = patcher.metric(patches, restored);
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const auto first = m.begin() + static_cast<std::ptrdiff_t>(i * static_cast<size_t>(T + 1));
+    r.denoising.push_back(*first);
+    if (by_position) r.denoising_by_position.emplace_back(first + 1, first + 1 + T);
+  }
   return r;
 }
 

@@ -85,6 +85,11 @@ class CircuitGraph {
 // A set of patched edges: patch[e] is the fraction of edge e patched (0: as in this run; 1: the
 // corrupted sender's output; between, the straight line, whose slope at 0 edge attribution estimates).
 using EdgePatch = std::vector<double>;
+// A node giving its clean output whatever it reads, at every position or at one (0-based).
+struct Restore {
+  int64_t node = -1;  // -1: none
+  int64_t position = -1;
+};
 
 struct CircuitOptions {
   int64_t chunk_rows = 0;  // prompt rows per forward; 0: as many as ~256 MB of activations allow
@@ -110,10 +115,12 @@ class CircuitPatcher {
   const LogitDifference& baseline() const;  // per row, clean and corrupted, from this forward
   // The normalised metric of each patch (1: clean, 0: corrupted), as many forwards as the copies take.
   std::vector<double> metric(const std::vector<EdgePatch>& patches);
-  // The same with copy k's node restored[k] giving its clean output whatever it reads (-1: none).
-  std::vector<double> metric(const std::vector<EdgePatch>& patches, const std::vector<int64_t>& restored);
+  // The same with copy k's node restored[k].node giving its clean output (at restored[k].position only
+  // when that is >= 0) whatever it reads.
+  std::vector<double> metric(const std::vector<EdgePatch>& patches, const std::vector<Restore>& restored);
   double metric(const EdgePatch& patch) { return metric(std::vector<EdgePatch>{patch}).front(); }
-  int64_t forwards() const;  // patched forwards this process ran so far (one per copy and chunk of rows)
+  int64_t forwards() const;   // patched forwards this process ran so far (one per copy and chunk of rows)
+  int64_t positions() const;  // tokens per prompt
 
   struct Impl;
 
@@ -132,10 +139,13 @@ std::vector<double> path_patching(CircuitPatcher& patcher, const std::vector<int
 // (node n's output corrupted for every receiver in the clean run; 1: no effect) and denoising (the
 // corrupted run with n's clean output restored and everything after it recomputed; 0: no effect, 1: the
 // clean behaviour back). Heimersheim and Nanda (2024) on why the two answer different questions.
+// by_position: denoising also at each position alone (a copy per node and position).
 struct ActivationPatching {
   std::vector<double> noising, denoising;
+  std::vector<std::vector<double>> denoising_by_position;  // [node][position], when asked for
 };
-ActivationPatching activation_patching(CircuitPatcher& patcher, const std::vector<int64_t>& nodes);
+ActivationPatching activation_patching(CircuitPatcher& patcher, const std::vector<int64_t>& nodes,
+                                       bool by_position = false);
 
 // Edge attribution patching (Syed et al. 2023): every edge's effect on the normalised metric when
 // patched, estimated to first order from one clean forward and backward: -(dm/dx_r) . (out_s - corrupt_s),

@@ -12,6 +12,7 @@
 #include <optional>
 #include <random>
 #include <sstream>
+#include <tuple>
 
 #include "analysis/circuit.h"
 #include "analysis/stats.h"
@@ -28,7 +29,7 @@ struct CircuitArgs {
   std::string path, out, task, pairs;
   int64_t rows = 64, span = 0, templ = 0, ig_steps = 0, check_edges = 64, chunk_rows = 0;
   double tau = 0.01;
-  bool plain_acdc = false;
+  bool plain_acdc = false, by_position = false;
   std::vector<std::string> senders, receivers = {"logits"};
   uint64_t seed = 1;
   int threads = 0;
@@ -76,6 +77,9 @@ Action add_circuit(CLI::App& app) {
                  "edge attribution with integrated gradients over this many steps (EAP-IG; 0: EAP)")
       ->check(in_range(0, 1000))
       ->capture_default_str();
+  app.add_flag("--by-position", a->by_position,
+               "denoising also at each position alone (activation_patching_by_position.csv; a copy per node and "
+               "position)");
   app.add_flag("--plain-acdc", a->plain_acdc, "discovery one edge a forward in ACDC's order (for comparison; slow)");
   app.add_option("--senders", a->senders, "path patching: sender nodes (embed, L<l>H<h>, MLP<l>; default: every head)")
       ->delimiter(',');
@@ -210,7 +214,7 @@ Action add_circuit(CLI::App& app) {
     // Activation patching of each head and MLP, both ways.
     std::vector<int64_t> nodes;
     for (int64_t n = 1; n < g.node_count(); ++n) nodes.push_back(n);
-    const analysis::ActivationPatching act = analysis::activation_patching(patcher, nodes);
+    const analysis::ActivationPatching act = analysis::activation_patching(patcher, nodes, a->by_position);
     // The 8 nodes that move the metric most from `none` (the value with no effect), as lines.
     const auto top_nodes = [&](const std::vector<double>& v, double none) {
       std::vector<size_t> by(nodes.size());
@@ -228,6 +232,24 @@ Action add_circuit(CLI::App& app) {
         << "activation patching, denoising: each node's clean output restored in the corrupted run; the most "
            "recovered:\n"
         << denoising_top;
+    std::string by_position_csv;
+    if (a->by_position) {  // node x position; the pairs that recover most, on the terminal
+      std::vector<std::tuple<double, size_t, int64_t>> cells;
+      by_position_csv = "node,position,denoising\n";
+      for (size_t i = 0; i < nodes.size(); ++i)
+        for (int64_t t = 0; t < pairs.T; ++t) {
+          const double v = act.denoising_by_position[i][static_cast<size_t>(t)];
+          cells.emplace_back(v, i, t);
+          by_position_csv += g.node_name(nodes[i]) + "," + std::to_string(t) + "," + fmt(v, 6) + "\n";
+        }
+      std::stable_sort(cells.begin(), cells.end(), [](const auto& x, const auto& y) {
+        return std::abs(std::get<0>(x)) > std::abs(std::get<0>(y));
+      });
+      say << "denoising at one position (0-based, of " << pairs.T << "); the most recovered:\n";
+      for (size_t i = 0; i < std::min<size_t>(8, cells.size()); ++i)
+        say << "  " << pad(g.node_name(nodes[std::get<1>(cells[i])]) + " @" + std::to_string(std::get<2>(cells[i])), 12)
+            << " " << fmt_signed(std::get<0>(cells[i]), 3) << "\n";
+    }
 
     // Discovery.
     analysis::DiscoveryOptions dopt;
@@ -270,6 +292,7 @@ Action add_circuit(CLI::App& app) {
       ncsv += g.node_name(nodes[i]) + "," + fmt(act.noising[i], 6) + "," + fmt_signed(act.noising[i] - 1, 6) + "," +
               fmt(act.denoising[i], 6) + "\n";
     write_text(join_path(out, "activation_patching.csv"), ncsv, "circuit");
+    if (a->by_position) write_text(join_path(out, "activation_patching_by_position.csv"), by_position_csv, "circuit");
     std::ostringstream md;
     md << "# Circuit of " << a->path << "\n\nPrompt pairs: " << pairs.rows() << " rows of " << pairs.T << " tokens ("
        << source << "). Metric: the " << metric_name << " at the last position, clean " << fmt(base.clean_mean, 4)
@@ -297,7 +320,8 @@ Action add_circuit(CLI::App& app) {
     write_text(join_path(out, "report.md"), md.str(), "circuit");
     std::cout << "\nwrote " << out
               << "/{circuit.json, circuit.dot, circuit.png, circuit.svg, edges.csv, path_patching.csv, "
-                 "activation_patching.csv, report.md}\n";
+                 "activation_patching.csv, "
+              << (a->by_position ? "activation_patching_by_position.csv, " : "") << "report.md}\n";
     return 0;
   };
 }

@@ -41,17 +41,27 @@ PromptPairs with_probability_metric(PromptPairs p, uint64_t seed) {
 // model run module by module, every receiver's input summed from the senders' outputs (this run's,
 // or the corrupted run's for a patched edge), each head through its own CausalAttention module of
 // split_heads(). corrupt: the corrupted run's node outputs (empty for an unpatched run). Node `restored`
-// (-1: none) outputs restored_out[restored] instead of what it computes. Fills outputs.
+// (-1: none) outputs restored_out[restored] instead of what it computes (at position `at` only when that
+// is >= 0). Fills outputs.
 std::vector<double> naive_run(nn::GPTModel& model, const CircuitGraph& g, const std::vector<int64_t>& tokens,
                               const PromptPairs& pairs, const std::set<int64_t>& patched,
                               const std::vector<Tensor>& corrupt, std::vector<Tensor>& outputs, int64_t restored = -1,
-                              const std::vector<Tensor>& restored_out = {}) {
+                              const std::vector<Tensor>& restored_out = {}, int64_t at = -1) {
   const NoGradGuard ng;
   const int64_t B = pairs.rows(), T = pairs.T;
   outputs.assign(1, model.embed(tensor(tokens, {B, T})));
   const auto restore_last = [&](size_t added) {  // the node just added, if it is the restored one
-    if (restored >= static_cast<int64_t>(outputs.size() - added) && restored < static_cast<int64_t>(outputs.size()))
-      outputs[static_cast<size_t>(restored)] = restored_out[static_cast<size_t>(restored)];
+    if (restored < static_cast<int64_t>(outputs.size() - added) || restored >= static_cast<int64_t>(outputs.size()))
+      return;
+    Tensor& out = outputs[static_cast<size_t>(restored)];
+    const Tensor& clean = restored_out[static_cast<size_t>(restored)];
+    if (at < 0) {
+      out = clean;
+    } else {
+      std::vector<double> m(static_cast<size_t>(T), 0.0);
+      m[static_cast<size_t>(at)] = 1.0;
+      out = add(out, mul(tensor(m, {1, T, 1}).to(DType::f64), sub(clean, out)));
+    }
   };
   restore_last(1);
   Tensor biases = zeros_like(outputs[0]);
@@ -220,7 +230,7 @@ TEST(Circuit, PatchedEdgesAndPathPatchingMatchNaivePatching) {
     // corrupted run with the node's clean output restored, computed naively as exactly that).
     std::vector<int64_t> nodes(static_cast<size_t>(g.node_count()));
     std::iota(nodes.begin(), nodes.end(), 0);
-    const analysis::ActivationPatching act = analysis::activation_patching(patcher, nodes);
+    const analysis::ActivationPatching act = analysis::activation_patching(patcher, nodes, true);
     for (int64_t n : nodes) {
       std::set<int64_t> from_n;
       for (int64_t e = 0; e < g.edge_count(); ++e)
@@ -230,6 +240,12 @@ TEST(Circuit, PatchedEdgesAndPathPatchingMatchNaivePatching) {
       const double restored = mean(naive_run(model, g, pairs.corrupt, pairs, {}, {}, outs, n, clean_out));
       EXPECT_NEAR(act.denoising[static_cast<size_t>(n)], (restored - corrupt) / (clean - corrupt), 1e-9)
           << g.node_name(n);
+      for (int64_t t = 0; t < pairs.T; ++t) {
+        const double at = mean(naive_run(model, g, pairs.corrupt, pairs, {}, {}, outs, n, clean_out, t));
+        EXPECT_NEAR(act.denoising_by_position[static_cast<size_t>(n)][static_cast<size_t>(t)],
+                    (at - corrupt) / (clean - corrupt), 1e-9)
+            << g.node_name(n) << " at " << t;
+      }
     }
     EXPECT_NEAR(act.denoising[0], 1.0, 1e-9);  // the clean embeddings restored: the clean run
   }

@@ -737,7 +737,8 @@ TEST_F(CliTest, CircuitRunsIoiAndUserPairsOnAGpt2Folder) {
   const std::string dir = path("gpt2c");
   ASSERT_TRUE(fs::exists(kGpt2Vocab + "/vocab.json")) << "run scripts/install-deps.sh: it fetches GPT-2's vocabulary";
   write_random_gpt2(dir, 2);
-  Result r = headlab({"circuit", dir, "--task", "ioi", "--rows", "8", "--check-edges", "16", "--out", path("ioi")});
+  Result r = headlab(
+      {"circuit", dir, "--task", "ioi", "--rows", "8", "--check-edges", "16", "--by-position", "--out", path("ioi")});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(contains(r.out, "prompt pairs: 8 rows of 15 tokens (ioi: Wang et al.'s template 0")) << r.out;
   EXPECT_TRUE(contains(r.out, "Pearson r = ")) << r.out;
@@ -754,6 +755,9 @@ TEST_F(CliTest, CircuitRunsIoiAndUserPairsOnAGpt2Folder) {
   EXPECT_EQ(std::count(nodes_csv.begin(), nodes_csv.end(), '\n'), 1 + 6);  // and every head and MLP
   EXPECT_EQ(nodes_csv.substr(0, nodes_csv.find('\n')), "node,noising,noising_effect,denoising");
   EXPECT_TRUE(contains(r.out, "activation patching, denoising: each node's clean output restored")) << r.out;
+  EXPECT_TRUE(contains(r.out, "denoising at one position (0-based, of 15)")) << r.out;
+  const std::string positions_csv = slurp(path("ioi/activation_patching_by_position.csv"));
+  EXPECT_EQ(std::count(positions_csv.begin(), positions_csv.end(), '\n'), 1 + 6 * 15);  // every node at every position
 
   // Greater-than: the probability metric over the two-digit year tokens.
   r = headlab({"circuit", dir, "--task", "greater-than", "--rows", "8", "--check-edges", "8", "--out", path("gt")});

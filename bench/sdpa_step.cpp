@@ -1,10 +1,11 @@
 // One causal scaled_dot_product_attention call, forward alone (no tape) and forward + backward, on
-// (B, H, T, D) float32 inputs laid out as (B, T, H, D) projections, fused kernel or composite path, on
+// (B, H, T, D) float32 inputs laid out as (B, T, H, D) projections, fused kernel, composite path or the
+// automatic choice between them (set_fused_attention), on
 // the CPU or a GPU; bench/torch_sdpa_peer.py times torch's F.scaled_dot_product_attention the same
 // way. Medians of --repeats runs after 3 warm-ups, each ending with a device synchronisation; GFLOP/s
 // count the work needed (2 products forward, 5 with backward's recomputation, 2*B*H*T*T*D flops each,
 // halved by the mask); peak is the backend's bytes above the inputs over a forward + backward.
-// Usage: sdpa_step [--device cpu|cuda] [--form fused|composite] [--B 8 --H 12 --T 1024 --D 64] [--repeats 20]
+// Usage: sdpa_step [--device cpu|cuda] [--form fused|composite|auto] [--B 8 --H 12 --T 1024 --D 64] [--repeats 20]
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -46,10 +47,11 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (form != "fused" && form != "composite") {
-    std::fprintf(stderr, "sdpa_step: --form must be fused or composite, got %s\n", form.c_str());
+  if (form != "fused" && form != "composite" && form != "auto") {
+    std::fprintf(stderr, "sdpa_step: --form must be fused, composite or auto, got %s\n", form.c_str());
     return 2;
   }
+  set_fused_attention(form == "fused" ? FusedAttention::always : FusedAttention::automatic);
   try {
     Generator g(1);
     const auto input = [&] { return randn({B, T, H, D}, g).to(device).transpose(1, 2).detach().requires_grad_(); };
@@ -57,8 +59,8 @@ int main(int argc, char** argv) {
     const Tensor dout = randn({B, H, T, D}, g).to(device);
     Backend& be = backend_for(device);
     const auto attend = [&] {
-      return form == "fused" ? scaled_dot_product_attention(q, k, v, AttentionMask::causal())
-                             : scaled_dot_product_attention_composite(q, k, v, AttentionMask::causal());
+      return form == "composite" ? scaled_dot_product_attention_composite(q, k, v, AttentionMask::causal())
+                                 : scaled_dot_product_attention(q, k, v, AttentionMask::causal());
     };
     const auto forward = [&] {
       const NoGradGuard no_grad;

@@ -198,6 +198,7 @@ step_speed_attention() {
   for ((r = 1; r <= ${ROUNDS:-3}; ++r)); do
     step "speed sdpa fused r$r" "$bin/sdpa_step" --device cuda --form fused
     step "speed sdpa composite r$r" "$bin/sdpa_step" --device cuda --form composite
+    step "speed sdpa auto r$r" "$bin/sdpa_step" --device cuda --form auto
     step "speed sdpa torch r$r" python3 "$root/peers/torch_sdpa_peer.py" --device cuda
   done
   step "speed mha headlab" "$bin/headlab" compare --device cuda --torch-peer off

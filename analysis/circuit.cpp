@@ -290,9 +290,7 @@ struct CircuitPatcher::Impl {
     // The embeddings restored at some positions: the corrupted ones elsewhere (the stream starts clean).
     if (l0 == 0 && !p.record) {
       const Tensor m = restored_at(0);
-      bool partial = false;
-      for (const Restore& r : p.restored) partial = partial || (r.node == 0 && r.position >= 0);
-      if (m.defined() && partial) {
+      if (m.defined()) {  // copies restoring them everywhere subtract zeros
         std::vector<double> restoring(static_cast<size_t>(K), 0.0);
         for (size_t k = 0; k < p.restored.size(); ++k) restoring[k] = p.restored[k].node == 0 ? 1.0 : 0.0;
         const Tensor r = tensor(restoring, {K, 1, 1, 1}).to(resid.dtype()).to(resid.device());
@@ -361,7 +359,10 @@ struct CircuitPatcher::Impl {
           const Tensor ctx = scaled_dot_product_attention(project(xq, w.Wq, w.bq), project(xk, w.Wk, w.bk),
                                                           project(xv, w.Wv, w.bv), AttentionMask::causal());
           Tensor out = matmul(ctx.transpose(0, 1).reshape({H, K * B * T, D}), w.Wo);  // (H, KBT, C)
-          if (!p.restored.empty()) {
+          const bool restores_a_head = std::any_of(p.restored.begin(), p.restored.end(), [&](const Restore& r) {
+            return r.node >= next_node && r.node < next_node + H;
+          });
+          if (restores_a_head) {  // only then are the heads' outputs taken apart and stacked again
             std::vector<Tensor> heads;
             for (int64_t h = 0; h < H; ++h)
               heads.push_back(restore(out.select(0, h).reshape({K, P}), next_node + h).reshape({K * B * T, C}));

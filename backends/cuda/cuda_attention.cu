@@ -109,16 +109,31 @@ __device__ __forceinline__ int stage_keys(T* Ks, T* Vs, const T* K, const T* V, 
   return static_cast<int>(valid - j0 < n ? (valid - j0 > 0 ? valid - j0 : 0) : n);
 }
 
+// The query row of this thread: its head, index, valid key count and the block's furthest valid key
+// (key tiles past every row's last valid key are skipped).
+struct QueryRow {
+  int64_t bh, i, valid, kmax;
+  bool present;
+};
+__device__ __forceinline__ QueryRow query_row(const AttnParams& a, int64_t n_tiles) {
+  QueryRow r;
+  r.bh = blockIdx.x / n_tiles;
+  r.i = (blockIdx.x % n_tiles) * kRows + threadIdx.x;
+  r.present = r.i < a.Tq;
+  r.valid = r.present ? valid_keys(a, r.bh, r.i) : 0;
+  r.kmax = block_max(r.valid);
+  return r;
+}
+
 template <typename T, int DM>
 __global__ void __launch_bounds__(kRows) attention_forward_kernel(AttnResult out, T* lse, AttnOperand q, AttnOperand k,
                                                                   AttnOperand v, AttnParams a, int64_t n_tiles) {
   constexpr int BK = key_tile<T, DM>();
   __shared__ T Ks[BK * DM], Vs[BK * DM];
   zero_tiles(Ks, Vs, BK * DM);
-  const int64_t bh = blockIdx.x / n_tiles, i0 = (blockIdx.x % n_tiles) * kRows, i = i0 + threadIdx.x;
-  const bool row = i < a.Tq;
-  const int64_t valid = row ? valid_keys(a, bh, i) : 0;
-  const int64_t kmax = block_max(valid);  // key tiles past every row's last valid key are skipped
+  const QueryRow r = query_row(a, n_tiles);
+  const int64_t bh = r.bh, i = r.i, valid = r.valid, kmax = r.kmax;
+  const bool row = r.present;
   const T* Q = head_ptr<T>(q, bh, a.H);
   const T* K = head_ptr<T>(k, bh, a.H);
   const T* V = head_ptr<T>(v, bh, a.H);
@@ -238,10 +253,9 @@ __global__ void __launch_bounds__(kRows)
   constexpr int BK = key_tile<T, DM>();
   __shared__ T Ks[BK * DM], Vs[BK * DM];
   zero_tiles(Ks, Vs, BK * DM);
-  const int64_t bh = blockIdx.x / n_tiles, i0 = (blockIdx.x % n_tiles) * kRows, i = i0 + threadIdx.x;
-  const bool row = i < a.Tq;
-  const int64_t valid = row ? valid_keys(a, bh, i) : 0;
-  const int64_t kmax = block_max(valid);  // key tiles past every row's last valid key are skipped
+  const QueryRow r = query_row(a, n_tiles);
+  const int64_t bh = r.bh, i = r.i, valid = r.valid, kmax = r.kmax;
+  const bool row = r.present;
   const T* K = head_ptr<T>(k, bh, a.H);
   const T* V = head_ptr<T>(v, bh, a.H);
   const T scale = static_cast<T>(a.scale), keep_scale = philox::dropout_scale<T>(a.dropout_p);

@@ -175,7 +175,7 @@ struct CircuitPatcher::Impl {
     std::vector<Tensor> patches;            // [group]: (K, R, senders) or undefined (nothing patched there)
     std::vector<Tensor>* probes = nullptr;  // filled per group with zero leaves added to the inputs
     Tensor start;                           // the stream entering layer 0 (B, T, C), when not the clean one
-    std::vector<Restore> restored;          // [copy]: the node whose output is set to its clean one
+    std::vector<Replace> replaced;          // [copy]: the node whose output is set to a value of its own
     bool record = false;                    // K = 1, from layer 0, no patches: fill `recorded`
     Tensor tokens;                          // record: (B, T)
   };
@@ -191,6 +191,7 @@ struct CircuitPatcher::Impl {
   std::vector<LayerWeights> layers;
   std::vector<Chunk> chunks;
   LogitDifference baseline;
+  Tensor mean_out;  // (N, T*C): every node's clean output averaged over the prompts, once asked for
   int64_t rows = 0, positions = 0, forwards = 0, C = 0;
   bool was_training = false;
 
@@ -269,32 +270,61 @@ struct CircuitPatcher::Impl {
     }
     std::vector<Tensor> own_delta;  // nodes N0..: out - corrupt_out, (K, P)
     int64_t next_node = N0;
-    // Where each copy restores `node`, (K, 1, T, 1) of 0/1; undefined when no copy does.
-    const auto restored_at = [&](int64_t node) -> Tensor {
+    // Where each copy sets `node` to `with`, (K, 1, T, 1) of 0/1; undefined when no copy does.
+    const auto replaced_at = [&](int64_t node, Replace::Value with) -> Tensor {
       std::vector<double> m(static_cast<size_t>(K * T), 0.0);
       bool any = false;
-      for (size_t k = 0; k < p.restored.size(); ++k)
-        if (p.restored[k].node == node)
+      for (size_t k = 0; k < p.replaced.size(); ++k)
+        if (p.replaced[k].node == node && p.replaced[k].with == with)
           for (int64_t t = 0; t < T; ++t)
-            if (p.restored[k].position < 0 || p.restored[k].position == t) m[k * T + t] = 1.0, any = true;
+            if (p.replaced[k].position < 0 || p.replaced[k].position == t) m[k * T + t] = 1.0, any = true;
       return any ? tensor(m, {K, 1, T, 1}).to(resid.dtype()).to(resid.device()) : Tensor();
     };
-    // out (K, P) of node `node` with the copies that restore it given its clean output there instead.
-    const auto restore = [&](const Tensor& out, int64_t node) -> Tensor {
-      const Tensor m = restored_at(node);
-      if (!m.defined()) return out;
-      const Tensor clean = add(c.corrupt_out.select(0, node), c.delta.select(0, node)).reshape({1, B, T, C});
-      const Tensor o = out.reshape({K, B, T, C});
-      return add(o, mul(m, sub(clean, o))).reshape({K, P});
+    // Node `node`'s value `with`, (1, B, T, C) or (1, 1, T, C) for the mean; undefined for zero.
+    const auto value_of = [&](int64_t node, Replace::Value with) -> Tensor {
+      const Tensor corrupt = c.corrupt_out.select(0, node).reshape({1, B, T, C});
+      switch (with) {
+        case Replace::Value::clean:
+          return add(corrupt, c.delta.select(0, node).reshape({1, B, T, C}));
+        case Replace::Value::corrupt:
+          return corrupt;
+        case Replace::Value::mean:
+          return mean_out.select(0, node).reshape({1, 1, T, C});
+        case Replace::Value::zero:
+          break;
+      }
+      return Tensor();
     };
-    // The embeddings restored at some positions: the corrupted ones elsewhere (the stream starts clean).
-    if (l0 == 0 && !p.record) {
-      const Tensor m = restored_at(0);
-      if (m.defined()) {  // copies restoring them everywhere subtract zeros
+    constexpr Replace::Value kValues[] = {Replace::Value::clean, Replace::Value::corrupt, Replace::Value::zero,
+                                          Replace::Value::mean};
+    // out (K, P) of node `node` with the copies that set it given their value there instead.
+    const auto replace = [&](const Tensor& out, int64_t node) -> Tensor {
+      Tensor o = out.reshape({K, B, T, C});
+      for (Replace::Value with : kValues) {
+        const Tensor m = replaced_at(node, with);
+        if (!m.defined()) continue;
+        const Tensor v = value_of(node, with);
+        o = v.defined() ? add(o, mul(m, sub(v, o))) : sub(o, mul(m, o));
+      }
+      return o.reshape({K, P});
+    };
+    // The embeddings set at some positions. Clean: the corrupted ones elsewhere (copies setting them
+    // everywhere subtract zeros); another value: the clean ones elsewhere (the stream starts clean).
+    if (l0 == 0 && !p.record && !p.replaced.empty()) {
+      const Tensor m = replaced_at(0, Replace::Value::clean);
+      if (m.defined()) {
         std::vector<double> restoring(static_cast<size_t>(K), 0.0);
-        for (size_t k = 0; k < p.restored.size(); ++k) restoring[k] = p.restored[k].node == 0 ? 1.0 : 0.0;
+        for (size_t k = 0; k < p.replaced.size(); ++k)
+          restoring[k] = p.replaced[k].node == 0 && p.replaced[k].with == Replace::Value::clean ? 1.0 : 0.0;
         const Tensor r = tensor(restoring, {K, 1, 1, 1}).to(resid.dtype()).to(resid.device());
         resid = sub(resid, mul(sub(r, m), c.delta.select(0, 0).reshape({1, B, T, C})));
+      }
+      const Tensor clean_embed = value_of(0, Replace::Value::clean);
+      for (Replace::Value with : kValues) {
+        const Tensor mw = with == Replace::Value::clean ? Tensor() : replaced_at(0, with);
+        if (!mw.defined()) continue;
+        const Tensor v = value_of(0, with);
+        resid = add(resid, mul(mw, v.defined() ? sub(v, clean_embed) : neg(clean_embed)));
       }
     }
     const auto emit = [&](const Tensor& out) {  // out (K, B, T, C): the next node's output
@@ -359,13 +389,13 @@ struct CircuitPatcher::Impl {
           const Tensor ctx = scaled_dot_product_attention(project(xq, w.Wq, w.bq), project(xk, w.Wk, w.bk),
                                                           project(xv, w.Wv, w.bv), AttentionMask::causal());
           Tensor out = matmul(ctx.transpose(0, 1).reshape({H, K * B * T, D}), w.Wo);  // (H, KBT, C)
-          const bool restores_a_head = std::any_of(p.restored.begin(), p.restored.end(), [&](const Restore& r) {
+          const bool sets_a_head = std::any_of(p.replaced.begin(), p.replaced.end(), [&](const Replace& r) {
             return r.node >= next_node && r.node < next_node + H;
           });
-          if (restores_a_head) {  // only then are the heads' outputs taken apart and stacked again
+          if (sets_a_head) {  // only then are the heads' outputs taken apart and stacked again
             std::vector<Tensor> heads;
             for (int64_t h = 0; h < H; ++h)
-              heads.push_back(restore(out.select(0, h).reshape({K, P}), next_node + h).reshape({K * B * T, C}));
+              heads.push_back(replace(out.select(0, h).reshape({K, P}), next_node + h).reshape({K * B * T, C}));
             out = stack(heads, 0);
           }
           for (int64_t h = 0; h < H; ++h) emit(out.select(0, h).reshape({K, B, T, C}));
@@ -380,7 +410,7 @@ struct CircuitPatcher::Impl {
           const Tensor X = inputs_of(g, resid.reshape({K, P}), 1, false);  // (K, 1, P)
           const Tensor x = X.defined() ? X.reshape({K, B, T, C}) : resid;
           Tensor out = block->ff->forward(block->norm2->forward(x));  // (K, B, T, C)
-          if (!p.restored.empty()) out = restore(out.reshape({K, P}), next_node).reshape({K, B, T, C});
+          if (!p.replaced.empty()) out = replace(out.reshape({K, P}), next_node).reshape({K, B, T, C});
           emit(out);
           resid = add(resid, out);
         }
@@ -443,6 +473,54 @@ struct CircuitPatcher::Impl {
     const int64_t N = graph.node_count();
     c.delta_last = c.delta.reshape({N, B, c.T, C}).select(2, c.T - 1).reshape({N, B * C});
     return c;
+  }
+
+  // mean_out from every rank's chunks.
+  void compute_means() {
+    if (mean_out.defined()) return;
+    const int64_t N = graph.node_count(), TC = positions * C;
+    std::vector<double> sum(static_cast<size_t>(N * TC), 0.0);
+    for (const Chunk& c : chunks) {
+      const std::vector<double> s = add(c.corrupt_out, c.delta).reshape({N, c.B, TC}).sum({1}).to_vector<double>();
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] += s[i];
+    }
+    comm->allreduce_sum(sum.data(), static_cast<int64_t>(sum.size()));
+    for (double& v : sum) v /= static_cast<double>(rows);
+    mean_out = tensor(sum, {N, TC}).to(detail::model_dtype(model)).to(model.device());
+  }
+
+  // Every node's direct share of the clean logit difference answer - wrong (DirectLogitAttribution).
+  DirectLogitAttribution logit_attribution() const {
+    const NoGradGuard no_grad;
+    const int64_t N = graph.node_count();
+    const nn::LayerNorm& ln = *model.final_norm;
+    std::vector<double> sums(static_cast<size_t>(N + 2), 0.0);  // the nodes, the constant, the clean difference
+    for (const Chunk& c : chunks) {
+      const int64_t B = c.B, T = c.T;
+      const Tensor x = c.clean_resid.back().select(1, T - 1);  // (B, C): what the final norm reads
+      const Tensor xc = sub(x, x.mean({1}, true));
+      const Tensor sigma = sqrt(add(mul(xc, xc).mean({1}, true), ln.eps)).reshape({1, B});  // frozen
+      const Tensor dir = ln.weight.defined() ? mul(c.direction, ln.weight) : c.direction;   // (B, C)
+      // Each node's output at the last position, centred as the norm centres, over sigma, along dir: (N, B).
+      const Tensor out = add(c.corrupt_out, c.delta).reshape({N, B, T, C}).select(2, T - 1);
+      const Tensor centred = sub(out, out.mean({2}, true));
+      const Tensor per_node = div(mul(centred, dir.unsqueeze(0)).sum({2}), sigma);
+      // The rest of the centred stream is the out_proj biases'; then the norm's shift and the unembedding's bias.
+      Tensor constant = div(mul(sub(xc, centred.sum({0})), dir).sum({1}).reshape({1, B}), sigma).reshape({B});
+      if (ln.bias.defined()) constant = add(constant, mul(c.direction, ln.bias).sum({1}));
+      constant = add(constant, c.bias_diff);
+      const Tensor clean = add(mul(model.final_norm->forward(x), c.direction).sum({1}), c.bias_diff);  // (B)
+      const std::vector<double> n = per_node.sum({1}).to_vector<double>();
+      for (int64_t i = 0; i < N; ++i) sums[static_cast<size_t>(i)] += n[static_cast<size_t>(i)];
+      sums[static_cast<size_t>(N)] += constant.sum().item<double>();
+      sums[static_cast<size_t>(N + 1)] += clean.sum().item<double>();
+    }
+    comm->allreduce_sum(sums.data(), static_cast<int64_t>(sums.size()));
+    for (double& v : sums) v /= static_cast<double>(rows);
+    DirectLogitAttribution r;
+    r.node.assign(sums.begin(), sums.begin() + N);
+    r.constant = sums[static_cast<size_t>(N)], r.clean = sums[static_cast<size_t>(N + 1)];
+    return r;
   }
 
   // The most receivers one group has (a layer's 3H q/k/v inputs): the width of the widest patched input.
@@ -544,20 +622,22 @@ int64_t CircuitPatcher::positions() const { return impl_->positions; }
 std::vector<double> CircuitPatcher::metric(const std::vector<EdgePatch>& patches) { return metric(patches, {}); }
 
 std::vector<double> CircuitPatcher::metric(const std::vector<EdgePatch>& patches,
-                                           const std::vector<Restore>& restored) {
+                                           const std::vector<Replace>& replaced) {
   Impl& s = *impl_;
   for (const EdgePatch& p : patches)
     HL_CHECK(static_cast<int64_t>(p.size()) == s.graph.edge_count(), "circuit: a patch lists ", p.size(),
              " edges, the graph has ", s.graph.edge_count());
-  HL_CHECK(restored.empty() || restored.size() == patches.size(), "circuit: ", restored.size(), " restored nodes for ",
+  HL_CHECK(replaced.empty() || replaced.size() == patches.size(), "circuit: ", replaced.size(), " replaced nodes for ",
            patches.size(), " patches");
-  for (const Restore& r : restored) {
-    HL_CHECK(r.node >= -1 && r.node < s.graph.node_count(), "circuit: no node ", r.node, " to restore (",
+  for (const Replace& r : replaced) {
+    HL_CHECK(r.node >= -1 && r.node < s.graph.node_count(), "circuit: no node ", r.node, " to replace (",
              s.graph.node_count(), " nodes)");
-    HL_CHECK(r.position >= -1 && r.position < s.positions, "circuit: no position ", r.position, " to restore at (",
+    HL_CHECK(r.position >= -1 && r.position < s.positions, "circuit: no position ", r.position, " to replace at (",
              s.positions, " positions)");
   }
   const NoGradGuard no_grad;
+  if (std::any_of(replaced.begin(), replaced.end(), [](const Replace& r) { return r.with == Replace::Value::mean; }))
+    s.compute_means();
   std::vector<double> sums(patches.size(), 0.0);
   for (const Chunk& c : s.chunks) {
     const auto per = static_cast<size_t>(s.copies_per_forward(c));
@@ -565,13 +645,13 @@ std::vector<double> CircuitPatcher::metric(const std::vector<EdgePatch>& patches
       std::vector<const EdgePatch*> copies;
       for (size_t k = k0; k < std::min(patches.size(), k0 + per); ++k) copies.push_back(&patches[k]);
       Impl::Pass p = s.pass_for(copies);
-      if (!restored.empty()) {
-        p.restored.assign(restored.begin() + static_cast<std::ptrdiff_t>(k0),
-                          restored.begin() + static_cast<std::ptrdiff_t>(k0 + copies.size()));
-        // A restored node must be computed, not read from the clean run: start no later than its layer
-        // (the embeddings restored at one position: from layer 0).
-        for (const Restore& r : p.restored)
-          if (r.node > 0 || (r.node == 0 && r.position >= 0))
+      if (!replaced.empty()) {
+        p.replaced.assign(replaced.begin() + static_cast<std::ptrdiff_t>(k0),
+                          replaced.begin() + static_cast<std::ptrdiff_t>(k0 + copies.size()));
+        // A replaced node must be computed, not read from the clean run: start no later than its layer
+        // (the embeddings, unless set to their clean value everywhere: from layer 0).
+        for (const Replace& r : p.replaced)
+          if (r.node > 0 || (r.node == 0 && (r.position >= 0 || r.with != Replace::Value::clean)))
             p.first_layer =
                 std::min(p.first_layer, std::max<int64_t>(0, s.graph.nodes()[static_cast<size_t>(r.node)].layer));
       }
@@ -603,7 +683,7 @@ std::vector<double> path_patching(CircuitPatcher& patcher, const std::vector<int
   return patcher.metric(patches);
 }
 
-// ---- activation patching, both ways ----
+// ---- activation patching, both ways; ablation; direct logit attribution ----
 ActivationPatching activation_patching(CircuitPatcher& patcher, const std::vector<int64_t>& nodes, bool by_position) {
   const CircuitGraph& g = patcher.graph();
   std::vector<int64_t> every_receiver(g.receivers().size());
@@ -611,27 +691,48 @@ ActivationPatching activation_patching(CircuitPatcher& patcher, const std::vecto
   ActivationPatching r;
   r.noising = path_patching(patcher, nodes, every_receiver);
   // Denoising n: every edge from a node before n carries its corrupted output, n gives its clean one, and
-  // every node after n computes from what it then reads: the corrupted run with n restored.
+  // every node after n computes from what it then reads: the corrupted run with n restored. Noising n
+  // at one position: the clean run with n's corrupted output there.
   const int64_t T = by_position ? patcher.positions() : 0;
   std::vector<EdgePatch> patches;
-  std::vector<Restore> restored;
+  std::vector<Replace> replaced;
+  const EdgePatch none(static_cast<size_t>(g.edge_count()), 0.0);
   for (int64_t n : nodes) {
-    EdgePatch p(static_cast<size_t>(g.edge_count()), 0.0);
+    EdgePatch p = none;
     for (int64_t e = 0; e < g.edge_count(); ++e)
       if (g.edge_sender(e) < n) p[static_cast<size_t>(e)] = 1.0;
     for (int64_t t = -1; t < T; ++t) {  // every position, then each alone
       patches.push_back(p);
-      restored.push_back({n, t});
+      replaced.push_back({n, t, Replace::Value::clean});
+    }
+    for (int64_t t = 0; t < T; ++t) {
+      patches.push_back(none);
+      replaced.push_back({n, t, Replace::Value::corrupt});
     }
   }
-  const std::vector<double> m = patcher.metric(patches, restored);
+  const std::vector<double> m = patcher.metric(patches, replaced);
   for (size_t i = 0; i < nodes.size(); ++i) {
-    const auto first = m.begin() + static_cast<std::ptrdiff_t>(i * static_cast<size_t>(T + 1));
+    const auto first = m.begin() + static_cast<std::ptrdiff_t>(i * static_cast<size_t>(2 * T + 1));
     r.denoising.push_back(*first);
-    if (by_position) r.denoising_by_position.emplace_back(first + 1, first + 1 + T);
+    if (!by_position) continue;
+    r.denoising_by_position.emplace_back(first + 1, first + 1 + T);
+    r.noising_by_position.emplace_back(first + 1 + T, first + 1 + 2 * T);
   }
   return r;
 }
+
+NodeAblation ablate_nodes(CircuitPatcher& patcher, const std::vector<int64_t>& nodes) {
+  const EdgePatch none(static_cast<size_t>(patcher.graph().edge_count()), 0.0);
+  std::vector<Replace> replaced;
+  for (int64_t n : nodes)
+    for (Replace::Value with : {Replace::Value::zero, Replace::Value::mean}) replaced.push_back({n, -1, with});
+  const std::vector<double> m = patcher.metric(std::vector<EdgePatch>(replaced.size(), none), replaced);
+  NodeAblation r;
+  for (size_t i = 0; i < nodes.size(); ++i) r.zero.push_back(m[2 * i]), r.mean.push_back(m[2 * i + 1]);
+  return r;
+}
+
+DirectLogitAttribution CircuitPatcher::direct_logit_attribution() const { return impl_->logit_attribution(); }
 
 // ---- edge attribution patching ----
 EdgeAttribution edge_attribution(nn::GPTModel& model, const PromptPairs& pairs, int64_t ig_steps,

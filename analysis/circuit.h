@@ -85,10 +85,15 @@ class CircuitGraph {
 // A set of patched edges: patch[e] is the fraction of edge e patched (0: as in this run; 1: the
 // corrupted sender's output; between, the straight line, whose slope at 0 edge attribution estimates).
 using EdgePatch = std::vector<double>;
-// A node giving its clean output whatever it reads, at every position or at one (0-based).
-struct Restore {
+// A node whose output is set, at every position or at one (0-based), to a value of its own whatever it
+// reads: its output on the clean prompt, on the corrupted one, zero, or its mean over the prompts at
+// that position (clean runs). The embeddings compute nothing: set to their clean value, the positions not
+// set hold the corrupted ones (the denoising convention); set to another, the clean ones.
+struct Replace {
+  enum class Value { clean, corrupt, zero, mean };
   int64_t node = -1;  // -1: none
   int64_t position = -1;
+  Value with = Value::clean;
 };
 
 struct CircuitOptions {
@@ -98,6 +103,15 @@ struct CircuitOptions {
   // ranks in turn, each stores and runs only its own, and every sum is allreduced, so that every rank
   // gets the single process's numbers (up to the order of the sums) and takes the same decisions.
   std::shared_ptr<train::Collectives> collectives;
+};
+
+// Direct logit attribution along each row's answer - wrong direction: node n's clean output at the last
+// position through the final LayerNorm with its scale frozen at the clean run's, mean over the rows, in
+// logits (whatever the task's metric). The nodes' values plus `constant` (out_proj biases, the norm's shift,
+// the unembedding's bias) sum to the clean logit difference answer - wrong.
+struct DirectLogitAttribution {
+  std::vector<double> node;  // [node]
+  double constant = 0, clean = 0;
 };
 
 // The clean and corrupted runs of a model on a task, stored (per chunk of rows: the corrupted outputs of
@@ -115,10 +129,12 @@ class CircuitPatcher {
   const LogitDifference& baseline() const;  // per row, clean and corrupted, from this forward
   // The normalised metric of each patch (1: clean, 0: corrupted), as many forwards as the copies take.
   std::vector<double> metric(const std::vector<EdgePatch>& patches);
-  // The same with copy k's node restored[k].node giving its clean output (at restored[k].position only
-  // when that is >= 0) whatever it reads.
-  std::vector<double> metric(const std::vector<EdgePatch>& patches, const std::vector<Restore>& restored);
+  // The same with copy k's node replaced[k].node set to its value replaced[k].with (at
+  // replaced[k].position only when that is >= 0) whatever it reads, everything after it recomputed.
+  std::vector<double> metric(const std::vector<EdgePatch>& patches, const std::vector<Replace>& replaced);
   double metric(const EdgePatch& patch) { return metric(std::vector<EdgePatch>{patch}).front(); }
+  // Every node's direct logit attribution (above), from the stored clean run.
+  DirectLogitAttribution direct_logit_attribution() const;
   int64_t forwards() const;   // patched forwards this process ran so far (one per copy and chunk of rows)
   int64_t positions() const;  // tokens per prompt
 
@@ -139,13 +155,21 @@ std::vector<double> path_patching(CircuitPatcher& patcher, const std::vector<int
 // (node n's output corrupted for every receiver in the clean run; 1: no effect) and denoising (the
 // corrupted run with n's clean output restored and everything after it recomputed; 0: no effect, 1: the
 // clean behaviour back). Heimersheim and Nanda (2024) on why the two answer different questions.
-// by_position: denoising also at each position alone (a copy per node and position).
+// by_position: both also at each position alone (a copy per node and position).
 struct ActivationPatching {
   std::vector<double> noising, denoising;
-  std::vector<std::vector<double>> denoising_by_position;  // [node][position], when asked for
+  std::vector<std::vector<double>> noising_by_position, denoising_by_position;  // [node][position], when asked for
 };
 ActivationPatching activation_patching(CircuitPatcher& patcher, const std::vector<int64_t>& nodes,
                                        bool by_position = false);
+
+// Ablation of whole nodes in the clean run, the normalised metric with node n's output set to zero, or to
+// its mean over the prompts at each position (Wang et al.'s mean ablation), everything after it
+// recomputed. Resample ablation from the corrupted prompts is activation patching's noising.
+struct NodeAblation {
+  std::vector<double> zero, mean;
+};
+NodeAblation ablate_nodes(CircuitPatcher& patcher, const std::vector<int64_t>& nodes);
 
 // Edge attribution patching (Syed et al. 2023): every edge's effect on the normalised metric when
 // patched, estimated to first order from one clean forward and backward: -(dm/dx_r) . (out_s - corrupt_s),

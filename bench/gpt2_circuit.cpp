@@ -3,11 +3,13 @@
 // tokens (IOI's shape: 64 x 15), one phase a process so that each peak resident memory is its own:
 //   --phase eap: edge attribution patching over every edge (analysis::edge_attribution);
 //   --phase path: the stored clean and corrupted runs, then path patching of all 144 heads as senders
-//                 to the logits (analysis::path_patching).
+//                 to the logits (analysis::path_patching);
+//   --phase discover: edge attribution, then circuit discovery in its order (tau 0.01; random weights,
+//                 so what it measures is the search's cost, not a circuit).
 // Prints the phase's seconds (median of --repeats), the peak resident memory and the floor (the
-// phase's GEMM FLOPs over the SGEMM rate measured here). bench/gpt2_circuit.sh runs it beside the
-// PyTorch hook implementation (bench/torch_circuit_peer.py).
-// Usage: gpt2_circuit --phase eap|path [--rows B] [--tokens T] [--threads N] [--repeats R] [--chunk-rows N]
+// phase's GEMM FLOPs over the SGEMM rate measured here; discovery: none given). bench/gpt2_circuit.sh
+// runs the first two beside the PyTorch hook implementation (bench/torch_circuit_peer.py).
+// Usage: gpt2_circuit --phase eap|path|discover [--rows B] [--tokens T] [--threads N] [--repeats R] [--chunk-rows N]
 #include <omp.h>
 #include <sys/resource.h>
 
@@ -49,8 +51,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (phase != "eap" && phase != "path") {
-    std::fprintf(stderr, "gpt2_circuit: --phase eap or --phase path\n");
+  if (phase != "eap" && phase != "path" && phase != "discover") {
+    std::fprintf(stderr, "gpt2_circuit: --phase eap, path or discover\n");
     return 2;
   }
   omp_set_num_threads(threads);
@@ -86,6 +88,18 @@ int main(int argc, char** argv) {
         const double before = 1 + 13 * double(l);
         flops += 2 * N * C * (36 * before + before + 12);
       }
+    } else if (phase == "discover") {
+      // Edge attribution orders the search; ACDC's plain order would test every edge, one a forward.
+      const analysis::EdgeAttribution a = analysis::edge_attribution(model, pairs, 0, options);
+      analysis::CircuitPatcher patcher(model, pairs, options);
+      const analysis::Circuit circuit = analysis::discover_circuit(patcher, a.effect);
+      edges = patcher.graph().edge_count();
+      // A patch set is one forward over every prompt row (split in chunks and copies as memory allows).
+      std::printf(
+          "discovery, tau 0.01: %lld of %lld edges kept, circuit alone %.3f; %lld patch sets tested "
+          "(plain ACDC: %lld), search %.1f s\n",
+          static_cast<long long>(circuit.kept_count()), static_cast<long long>(edges), circuit.metric,
+          static_cast<long long>(circuit.tests), static_cast<long long>(edges + 2), circuit.seconds);
     } else {
       analysis::CircuitPatcher patcher(model, pairs, options);
       std::vector<int64_t> senders;
@@ -103,9 +117,11 @@ int main(int argc, char** argv) {
   rusage u{};
   getrusage(RUSAGE_SELF, &u);
   std::printf("headlab threads=%d sgemm %.1f GFLOP/s\n", threads, rate);
-  std::printf("%s (%lld %s), %lld pairs x %lld tokens: %.2f s (median of %d), floor %.2f s, peak resident %.0f MB\n",
-              phase.c_str(), static_cast<long long>(edges), phase == "eap" ? "edges" : "senders",
-              static_cast<long long>(B), static_cast<long long>(T), median, repeats, flops / (rate * 1e9),
+  char floor[32] = "floor n/a";
+  if (flops > 0) std::snprintf(floor, sizeof floor, "floor %.2f s", flops / (rate * 1e9));
+  std::printf("%s (%lld %s), %lld pairs x %lld tokens: %.2f s (median of %d), %s, peak resident %.0f MB\n",
+              phase.c_str(), static_cast<long long>(edges), phase == "path" ? "senders" : "edges",
+              static_cast<long long>(B), static_cast<long long>(T), median, repeats, floor,
               double(u.ru_maxrss) / 1024.0);
   return 0;
 }

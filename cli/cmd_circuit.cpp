@@ -26,8 +26,9 @@ namespace headlab::cli {
 namespace {
 
 struct CircuitArgs {
-  std::string path, out, task, pairs;
-  int64_t rows = 64, span = 0, templ = 0, ig_steps = 0, check_edges = 64, chunk_rows = 0;
+  std::string path, out;
+  PromptPairArgs pairs;
+  int64_t ig_steps = 0, check_edges = 64, chunk_rows = 0;
   double tau = 0.01;
   bool plain_acdc = false, by_position = false;
   std::vector<std::string> senders, receivers = {"logits"};
@@ -56,20 +57,8 @@ Action add_circuit(CLI::App& app) {
   app.add_option("checkpoint", a->path, "checkpoint file (.h5) or Hugging Face GPT-2 folder")
       ->type_name(kInputFile)
       ->required();
-  app.add_option("--task", a->task,
-                 "built-in prompt pairs: induction (repeated random tokens) | ioi | greater-than (both GPT-2's BPE)");
-  app.add_option("--pairs", a->pairs,
-                 "prompt pairs, a JSONL file of {\"clean\", \"corrupt\", \"answer\", \"wrong\"} (instead of --task)")
-      ->type_name(kInputFile);
+  add_prompt_pair_options(app, a->pairs);
   app.add_option("--out", a->out, "output folder (default: <checkpoint folder>/circuit)")->type_name(kOutputDir);
-  app.add_option("--rows", a->rows, "prompt pairs generated for --task")
-      ->check(positive_number(1e6))
-      ->capture_default_str();
-  app.add_option("--span", a->span, "induction: random tokens repeated (default: min(10, half the context))")
-      ->check(in_range(2, 1e6));
-  app.add_option("--template", a->templ, "ioi: which of Wang et al.'s 15 templates (0-based)")
-      ->check(in_range(0, analysis::kIoiTemplates - 1))
-      ->capture_default_str();
   app.add_option("--tau", a->tau, "discovery: an edge goes when the normalised metric falls by less than this")
       ->check(in_range(0, 10))
       ->capture_default_str();
@@ -78,8 +67,8 @@ Action add_circuit(CLI::App& app) {
       ->check(in_range(0, 1000))
       ->capture_default_str();
   app.add_flag("--by-position", a->by_position,
-               "denoising also at each position alone (activation_patching_by_position.csv; a copy per node and "
-               "position)");
+               "noising and denoising also at each position alone (activation_patching_by_position.csv; copies "
+               "per node and position)");
   app.add_flag("--plain-acdc", a->plain_acdc, "discovery one edge a forward in ACDC's order (for comparison; slow)");
   app.add_option("--senders", a->senders, "path patching: sender nodes (embed, L<l>H<h>, MLP<l>; default: every head)")
       ->delimiter(',');
@@ -107,34 +96,12 @@ Action add_circuit(CLI::App& app) {
     analysis::CircuitOptions copt;
     copt.collectives = comm;
     copt.chunk_rows = a->chunk_rows;
-    HL_CHECK(a->task.empty() != a->pairs.empty(),
-             "circuit: give the prompt pairs by --task induction|ioi|greater-than or by --pairs FILE",
-             a->task.empty() ? "" : " (not both)");
-    HL_CHECK(a->pairs.size() || a->task == "induction" || a->task == "ioi" || a->task == "greater-than",
-             "circuit: --task is induction, ioi or greater-than, not '", a->task,
-             "' (or give your own prompt pairs with --pairs FILE)");
     const Loaded in = load("circuit", a->path, "cpu");
     nn::GPTModel& model = in.gpt("circuit");
     const nn::GPTConfig& cfg = model.config();
-    analysis::PromptPairs pairs;
-    std::string source;
-    if (!a->pairs.empty()) {
-      pairs = analysis::read_prompt_pairs(a->pairs, *in.task);
-      source = a->pairs;
-    } else if (a->task == "induction") {
-      const int64_t n = a->span > 0 ? a->span : std::min<int64_t>(10, (cfg.context_length + 1) / 2);
-      HL_CHECK(2 * n - 1 <= cfg.context_length, "circuit: --span ", n, " makes prompts of ", 2 * n - 1,
-               " tokens; the model's context is ", cfg.context_length);
-      pairs = analysis::induction_prompt_pairs(cfg.vocab_size, a->rows, n, a->seed);
-      source = "induction: " + std::to_string(n) + " random tokens, then all but the last again";
-    } else if (a->task == "greater-than") {
-      pairs = analysis::greater_than_prompt_pairs(*in.task, a->rows, a->seed);
-      source =
-          "greater-than: Hanna et al.'s \"The <noun> lasted from the year 17YY to the year 17\", corrupted to 1701";
-    } else {
-      pairs = analysis::ioi_prompt_pairs(*in.task, a->rows, a->templ, a->seed);
-      source = "ioi: Wang et al.'s template " + std::to_string(a->templ) + ", corrupted by three other names (ABC)";
-    }
+    const MadePairs made = make_prompt_pairs(a->pairs, in, a->seed, "circuit");
+    const analysis::PromptPairs& pairs = made.pairs;
+    const std::string& source = made.source;
     const std::string home = in.from_folder ? a->path : std::filesystem::path(a->path).parent_path().string();
     const std::string out = a->out.empty() ? join_path(home, "circuit") : a->out;
     std::optional<io::FolderLock> lock;
@@ -235,12 +202,13 @@ Action add_circuit(CLI::App& app) {
     std::string by_position_csv;
     if (a->by_position) {  // node x position; the pairs that recover most, on the terminal
       std::vector<std::tuple<double, size_t, int64_t>> cells;
-      by_position_csv = "node,position,denoising\n";
+      by_position_csv = "node,position,noising,denoising\n";
       for (size_t i = 0; i < nodes.size(); ++i)
         for (int64_t t = 0; t < pairs.T; ++t) {
           const double v = act.denoising_by_position[i][static_cast<size_t>(t)];
           cells.emplace_back(v, i, t);
-          by_position_csv += g.node_name(nodes[i]) + "," + std::to_string(t) + "," + fmt(v, 6) + "\n";
+          by_position_csv += g.node_name(nodes[i]) + "," + std::to_string(t) + "," +
+                             fmt(act.noising_by_position[i][static_cast<size_t>(t)], 6) + "," + fmt(v, 6) + "\n";
         }
       std::stable_sort(cells.begin(), cells.end(), [](const auto& x, const auto& y) {
         return std::abs(std::get<0>(x)) > std::abs(std::get<0>(y));

@@ -1,13 +1,20 @@
 // headlab heads: what every attention head of a checkpoint does, in one command: zero/mean/resample
 // ablation, direct logit attribution, activation patching (noising and denoising), head types.
 // Writes heads.csv (a row per head, a column per score), report.md (analysis/reports.h) and its pictures.
+// On the task's data the measure is the loss; on prompt pairs (--task ioi|greater-than|induction, --pairs
+// FILE) it is the normalised logit difference of the circuit analyses (analysis/circuit.h).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <iostream>
 #include <memory>
+#include <numeric>
+#include <optional>
+#include <sstream>
 
 #include "analysis/analysis.h"
+#include "analysis/circuit.h"
 #include "analysis/explorer.h"
 #include "analysis/head_scores.h"
 #include "analysis/patching.h"
@@ -15,6 +22,7 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "tasks/algorithmic.h"
+#include "train/collectives.h"
 #include "train/config.h"
 #include "train/memory.h"
 
@@ -25,6 +33,7 @@ namespace {
 struct HeadsArgs : AnalysisArgs {
   uint64_t seed = 1;
   bool by_position = false;
+  PromptPairArgs pairs;
 };
 
 template <class F>
@@ -34,15 +43,161 @@ double timed(F&& f) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
+// Every per-head analysis on prompt pairs, on the metric of the circuit analyses (1: clean, 0: corrupted):
+// zero and mean ablation, resample ablation (the corrupted prompt's output: activation patching's noising),
+// denoising, both at each position with --by-position, direct logit attribution along answer - wrong,
+// and head types on the clean prompts. Under mpirun the ranks share the prompt rows; rank 0 writes.
+int heads_on_pairs(const HeadsArgs& a) {
+  HL_CHECK(a.text.empty() && a.batches == 0 && a.batch_size == 0 && a.tokens == 0,
+           "heads: --text, --batches, --batch-size and --tokens choose the data of the loss analyses; with "
+           "--task/--pairs the prompt pairs are the data");
+  HL_CHECK(a.device == "cpu",
+           "heads: --task/--pairs runs on the CPU (its patching engine is not tested on CUDA), not '", a.device, "'");
+  const std::shared_ptr<train::Collectives> comm = train::world();
+  set_threads(a.threads, comm->local_size());
+  const bool writer = comm->rank() == 0;
+  std::ostream null_stream(nullptr);
+  std::ostream& say = writer ? std::cout : null_stream;
+  const Loaded in = load("heads", a.path, "cpu");
+  nn::GPTModel& model = in.gpt("heads");
+  const nn::GPTConfig& cfg = model.config();
+  const MadePairs made = make_prompt_pairs(a.pairs, in, a.seed, "heads");
+  const analysis::PromptPairs& pairs = made.pairs;
+  const std::string home = in.from_folder ? a.path : std::filesystem::path(a.path).parent_path().string();
+  const std::string out = a.out.empty() ? join_path(home, "heads") : a.out;
+  std::optional<io::FolderLock> lock;
+  if (writer) lock.emplace(make_locked_dir(out, "heads"));
+
+  analysis::CircuitOptions copt;
+  copt.collectives = comm;
+  analysis::CircuitPatcher patcher(model, pairs, copt);
+  const analysis::CircuitGraph& g = patcher.graph();
+  const analysis::LogitDifference& base = patcher.baseline();
+  std::vector<int64_t> heads;  // the graph's head nodes, layer-major
+  for (int64_t n = 0; n < g.node_count(); ++n)
+    if (g.nodes()[static_cast<size_t>(n)].head >= 0) heads.push_back(n);
+  say << "headlab heads: " << a.path << " (" << cfg.n_layers << " layers x " << cfg.n_heads << " heads"
+      << (cfg.kept_heads.empty() ? "" : ", pruned: kept " + kept_str(cfg.kept_heads))
+      << ")\nprompt pairs: " << pairs.rows() << " rows of " << pairs.T << " tokens (" << made.source << ")\n"
+      << (pairs.probability_metric() ? "probability difference (p(years above the start) - p(the rest))"
+                                     : "logit difference (answer - wrong)")
+      << " at the last position: clean " << fmt(base.clean_mean, 4) << ", corrupted " << fmt(base.corrupt_mean, 4)
+      << "; effects below are on the normalised metric (clean 1, corrupted 0)\n";
+
+  analysis::NodeAblation abl;
+  analysis::ActivationPatching act;
+  const double ablation_s = timed([&] { abl = analysis::ablate_nodes(patcher, heads); });
+  const double patching_s = timed([&] { act = analysis::activation_patching(patcher, heads, a.by_position); });
+  const analysis::DirectLogitAttribution dla = patcher.direct_logit_attribution();
+  analysis::Batch clean;  // the clean prompts as evaluation data: head types and the explorer read them
+  clean.B = pairs.rows(), clean.T = pairs.T, clean.inputs = pairs.clean;
+  clean.targets.assign(pairs.clean.size(), kIgnoreIndex);
+  for (int64_t r = 0; r < clean.B; ++r) {
+    for (int64_t t = 0; t + 1 < clean.T; ++t)
+      clean.targets[static_cast<size_t>(r * clean.T + t)] = pairs.clean[static_cast<size_t>(r * clean.T + t + 1)];
+    clean.targets[static_cast<size_t>((r + 1) * clean.T - 1)] = pairs.answer[static_cast<size_t>(r)];
+  }
+  analysis::EvalSet clean_set;
+  clean_set.batches.push_back(clean);
+  analysis::HeadTypeOptions to;
+  to.seed = a.seed;
+  const analysis::HeadTypes types = analysis::head_types(model, clean_set, to);
+  say << "ablation (zero, mean) " << fmt(ablation_s, 2) << " s, activation patching " << fmt(patching_s, 2) << " s, "
+      << patcher.forwards() << " patched forwards\n";
+
+  // One table: a row per head.
+  analysis::Table t("heads, by the largest effect (all in heads.csv)",
+                    {analysis::text_column("head"),
+                     {"zero_ablation", analysis::NumberFormat::signed_fixed, 3},
+                     {"mean_ablation", analysis::NumberFormat::signed_fixed, 3},
+                     {"resample_ablation", analysis::NumberFormat::signed_fixed, 3},
+                     {"denoising", analysis::NumberFormat::signed_fixed, 3},
+                     {"dla_logits", analysis::NumberFormat::signed_fixed, 3},
+                     {"previous_token", analysis::NumberFormat::fixed, 2},
+                     {"induction", analysis::NumberFormat::fixed, 2},
+                     {"duplicate_token", analysis::NumberFormat::fixed, 2},
+                     {"first_token", analysis::NumberFormat::fixed, 2},
+                     analysis::text_column("type")});
+  analysis::HeadMatrix m_mean, m_resample, m_denoising, m_dla;
+  std::vector<double> size;  // the largest |effect| of a head, which orders the terminal's rows
+  for (size_t i = 0; i < heads.size(); ++i) {
+    const analysis::CircuitGraph::Node& n = g.nodes()[static_cast<size_t>(heads[i])];
+    const analysis::HeadTypeScores& ty = types.heads[i];
+    const double zero = abl.zero[i] - 1, mean = abl.mean[i] - 1, resample = act.noising[i] - 1;
+    t.add_row({g.node_name(heads[i]), zero, mean, resample, act.denoising[i], dla.node[static_cast<size_t>(heads[i])],
+               ty.previous_token, ty.induction, ty.duplicate_token, ty.first_token, ty.label});
+    for (analysis::HeadMatrix* mm : {&m_mean, &m_resample, &m_denoising, &m_dla})
+      if (static_cast<int64_t>(mm->size()) <= n.layer) mm->resize(static_cast<size_t>(n.layer + 1));
+    m_mean[static_cast<size_t>(n.layer)].push_back(mean);
+    m_resample[static_cast<size_t>(n.layer)].push_back(resample);
+    m_denoising[static_cast<size_t>(n.layer)].push_back(act.denoising[i]);
+    m_dla[static_cast<size_t>(n.layer)].push_back(dla.node[static_cast<size_t>(heads[i])]);
+    size.push_back(std::max({std::abs(mean), std::abs(resample), std::abs(act.denoising[i])}));
+  }
+  std::vector<size_t> order(heads.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return size[x] > size[y]; });
+  analysis::Table top(t.title, t.columns);
+  for (size_t i = 0; i < std::min<size_t>(12, order.size()); ++i) top.rows.push_back(t.rows[order[i]]);
+  say << "\n"
+      << analysis::render_text(top)
+      << "ablation and patching: the change of the normalised metric (denoising: the share of the clean behaviour "
+         "restored);\nDLA: the head's direct share of the clean logit difference answer - wrong ("
+      << fmt(dla.clean, 4) << "; final norm's scale frozen); types: attention-pattern scores on the clean prompts\n";
+
+  std::string by_position_csv;
+  if (a.by_position) {
+    by_position_csv = "head,position,noising_effect,denoising\n";
+    for (size_t i = 0; i < heads.size(); ++i)
+      for (int64_t p = 0; p < pairs.T; ++p)
+        by_position_csv += g.node_name(heads[i]) + "," + std::to_string(p) + "," +
+                           fmt_signed(act.noising_by_position[i][static_cast<size_t>(p)] - 1, 6) + "," +
+                           fmt(act.denoising_by_position[i][static_cast<size_t>(p)], 6) + "\n";
+  }
+  if (!writer) return 0;
+  write_text(join_path(out, "heads.csv"), analysis::render_csv(t), "heads");
+  if (a.by_position) write_text(join_path(out, "heads_by_position.csv"), by_position_csv, "heads");
+  analysis::save_head_map_png(join_path(out, "ablation.png"),
+                              {"mean ablation: change of the normalised metric", "effect", m_mean, {}, {}}, model);
+  analysis::save_head_map_png(
+      join_path(out, "patching.png"),
+      {"activation patching, denoising: share of the clean behaviour restored", "fraction", m_denoising, {}, {}},
+      model);
+  analysis::save_head_map_png(join_path(out, "dla.png"),
+                              {"direct logit attribution: answer - wrong", "logit", m_dla, {}, {}}, model);
+  analysis::save_row_explorer(join_path(out, "attention.html"), model, *in.task, clean, 0, a.path + ": clean prompt 0",
+                              {{"mean ablation", m_mean},
+                               {"resample ablation", m_resample},
+                               {"denoising", m_denoising},
+                               {"DLA (answer - wrong)", m_dla}});
+  std::ostringstream md;
+  md << "# Heads of " << a.path << " on prompt pairs\n\nPrompt pairs: " << pairs.rows() << " rows of " << pairs.T
+     << " tokens (" << made.source << "); clean metric " << fmt(base.clean_mean, 4) << ", corrupted "
+     << fmt(base.corrupt_mean, 4)
+     << ". Ablation and patching columns are changes of the normalised metric (clean 1, corrupted 0): zero and "
+        "mean ablation (the head's mean output over the prompts at each position), resample ablation (the "
+        "corrupted prompt's output, activation patching's noising); denoising is the share of the clean behaviour "
+        "one head's clean output restores in the corrupted run; DLA is in logits of answer - wrong.\n\n"
+     << "![mean ablation](ablation.png) ![denoising](patching.png) ![DLA](dla.png)\n\n"
+     << analysis::render_markdown(t);
+  write_text(join_path(out, "report.md"), md.str(), "heads");
+  std::cout << "\nwrote " << out << "/{heads.csv, " << (a.by_position ? "heads_by_position.csv, " : "")
+            << "report.md, ablation.png, patching.png, dla.png, attention.html}\n";
+  return 0;
+}
+
 }  // namespace
 
 Action add_heads(CLI::App& app) {
   auto a = std::make_shared<HeadsArgs>();
   add_analysis_options(app, *a, "heads");
   app.add_flag("--by-position", a->by_position,
-               "activation patching per head and position too (denoising; a pass per position)");
-  add_seed_option(app, a->seed, "which prompt digit the corruption changes (tasks)");
+               "activation patching per head and position too (denoising; on prompt pairs noising too, "
+               "heads_by_position.csv)");
+  add_prompt_pair_options(app, a->pairs);
+  add_seed_option(app, a->seed, "which prompt digit the corruption changes (tasks); the generated prompt pairs");
   return [a] {
+    if (a->pairs.given()) return heads_on_pairs(*a);
     const AnalysisInputs ai = load_analysis(*a, "heads", "heads");
     const Loaded& in = ai.in;
     nn::GPTModel& model = in.gpt("heads");

@@ -124,54 +124,6 @@ void set_threads(int threads, int processes) {
     omp_set_num_threads(std::max(1, omp_get_num_procs() / processes));
 }
 
-Loaded load(const char* cmd, const std::string& path, const std::string& device, const std::string& text) {
-  Loaded l;
-  if (!io::is_hf_model_folder(path)) {
-    std::error_code ec;
-    HL_CHECK(!fs::is_directory(path, ec), cmd, ": checkpoint '", path,
-             "' is a folder, not a file, and has no config.json (a model folder holds config.json, "
-             "model.safetensors or its shards, vocab.json and merges.txt)");
-    check_input_file(path, std::string(cmd) + ": checkpoint", true);
-    l.ckpt = io::load_checkpoint(path);
-    l.config = train::config_of(l.ckpt, path);
-    l.model = io::load_model(l.ckpt, path, Device::parse(device));
-    l.task = l.config.make_task(text);
-    return l;
-  }
-  io::HfGpt2 hf = io::read_hf_gpt2(path);
-  HL_CHECK(!hf.vocab_path.empty() && !hf.merges_path.empty(), cmd, ": the folder '", path,
-           "' has no vocab.json and merges.txt (GPT-2's tokenizer)");
-  l.from_folder = true;
-  train::RunConfig& c = l.config;
-  c.model = hf.config;
-  c.task.name = "text";
-  c.task.options.text_path = text;
-  c.task.options.bpe = std::make_shared<const tasks::BpeTokenizer>(
-      tasks::BpeTokenizer::from_files(hf.vocab_path, hf.merges_path, hf.config.vocab_size));
-  // What the analyses read at GPT-2's scale by default: one batch of 8 rows.
-  c.run.batch_size = 8;
-  c.run.eval_batches = 1;
-  const std::shared_ptr<nn::GPTModel> model = io::build_hf_gpt2(std::move(hf), path);
-  model->to(Device::parse(device));
-  l.model = model;
-  l.ckpt.config = c.to_json();
-  l.ckpt.tokenizer = c.tokenizer_files();
-  for (const auto& [name, t] : model->named_parameters()) l.ckpt.model.emplace_back(name, t.detach());
-  l.task = c.make_task();
-  return l;
-}
-
-const tasks::BpeTokenizer* Loaded::bpe() const {
-  const auto* text = dynamic_cast<const tasks::BpeTextTask*>(task.get());
-  return text ? &text->bpe() : nullptr;
-}
-
-nn::GPTModel& Loaded::gpt(const char* cmd) const {
-  auto* g = dynamic_cast<nn::GPTModel*>(model.get());
-  HL_CHECK(g, cmd, ": this command needs a GPT checkpoint; this one holds an encoder-decoder");
-  return *g;
-}
-
 void add_analysis_options(CLI::App& app, AnalysisArgs& a, const std::string& default_out) {
   app.add_option("checkpoint", a.path, "checkpoint file (.h5) or Hugging Face GPT-2 folder")
       ->type_name(kInputFile)
@@ -219,6 +171,54 @@ AnalysisInputs load_analysis(const AnalysisArgs& a, const char* cmd, const std::
   r.lock = make_locked_dir(r.out, cmd);
   r.data = analysis::make_eval_set(*r.in.task, r.batches, r.batch_size, r.tokens);
   return r;
+}
+
+void add_prompt_pair_options(CLI::App& app, PromptPairArgs& a) {
+  a.task_option = app.add_option(
+      "--task", a.task,
+      "built-in prompt pairs: induction (repeated random tokens) | ioi | greater-than (both GPT-2's BPE)");
+  a.file_option =
+      app.add_option(
+             "--pairs", a.file,
+             "prompt pairs, a JSONL file of {\"clean\", \"corrupt\", \"answer\", \"wrong\"} (instead of --task)")
+          ->type_name(kInputFile);
+  app.add_option("--rows", a.rows, "prompt pairs generated for --task")
+      ->check(positive_number(1e6))
+      ->capture_default_str();
+  app.add_option("--span", a.span, "induction: random tokens repeated (default: min(10, half the context))")
+      ->check(in_range(2, 1e6));
+  app.add_option("--template", a.templ, "ioi: which of Wang et al.'s 15 templates (0-based)")
+      ->check(in_range(0, analysis::kIoiTemplates - 1))
+      ->capture_default_str();
+}
+
+MadePairs make_prompt_pairs(const PromptPairArgs& a, const Loaded& in, uint64_t seed, const char* cmd) {
+  HL_CHECK(a.task.empty() != a.file.empty(), cmd,
+           ": give the prompt pairs by --task induction|ioi|greater-than or by --pairs FILE",
+           a.task.empty() ? "" : " (not both)");
+  HL_CHECK(a.file.size() || a.task == "induction" || a.task == "ioi" || a.task == "greater-than", cmd,
+           ": --task is induction, ioi or greater-than, not '", a.task,
+           "' (or give your own prompt pairs with --pairs FILE)");
+  const nn::GPTConfig& cfg = in.gpt(cmd).config();
+  MadePairs m;
+  if (!a.file.empty()) {
+    m.pairs = analysis::read_prompt_pairs(a.file, *in.task);
+    m.source = a.file;
+  } else if (a.task == "induction") {
+    const int64_t n = a.span > 0 ? a.span : std::min<int64_t>(10, (cfg.context_length + 1) / 2);
+    HL_CHECK(2 * n - 1 <= cfg.context_length, cmd, ": --span ", n, " makes prompts of ", 2 * n - 1,
+             " tokens; the model's context is ", cfg.context_length);
+    m.pairs = analysis::induction_prompt_pairs(cfg.vocab_size, a.rows, n, seed);
+    m.source = "induction: " + std::to_string(n) + " random tokens, then all but the last again";
+  } else if (a.task == "greater-than") {
+    m.pairs = analysis::greater_than_prompt_pairs(*in.task, a.rows, seed);
+    m.source =
+        "greater-than: Hanna et al.'s \"The <noun> lasted from the year 17YY to the year 17\", corrupted to 1701";
+  } else {
+    m.pairs = analysis::ioi_prompt_pairs(*in.task, a.rows, a.templ, seed);
+    m.source = "ioi: Wang et al.'s template " + std::to_string(a.templ) + ", corrupted by three other names (ABC)";
+  }
+  return m;
 }
 
 std::string fmt_bytes(int64_t b) { return format_bytes(static_cast<double>(b)); }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "analysis/heads.h"
+#include "analysis/prompt_pairs.h"
 #include "analysis/table.h"
 #include "io/checkpoint.h"
 #include "io/folder_lock.h"
@@ -15,6 +16,7 @@
 #include "tasks/bpe_tokenizer.h"
 #include "tasks/task.h"
 #include "train/config.h"
+#include "train/load.h"
 
 namespace headlab::cli {
 
@@ -48,26 +50,9 @@ std::string options_table(const CLI::App& app);
 void set_threads(int threads, int processes = 1);
 int threads_in_use();
 
-// A model with its task, from a headlab checkpoint or a Hugging Face GPT-2 folder (io/hf_gpt2.h),
-// which loads as a checkpoint of the BPE task "text" would: its GPTModel, the folder's tokenizer, and
-// --text (when given) as the task's text.
-struct Loaded {
-  io::Checkpoint ckpt;  // a folder's: its config, tokenizer and (shared, not copied) parameters
-  train::RunConfig config;
-  std::shared_ptr<nn::Model> model;
-  std::unique_ptr<tasks::Task> task;
-  bool from_folder = false;
-  // The model as a GPT, for what only the GPT has (clear error naming cmd for an encoder-decoder).
-  nn::GPTModel& gpt(const char* cmd) const;
-  // The model and task as an encoder-decoder's, or null for a GPT checkpoint.
-  nn::EncoderDecoder* seq2seq() const { return dynamic_cast<nn::EncoderDecoder*>(model.get()); }
-  const tasks::Seq2SeqTask* seq2seq_task() const { return dynamic_cast<const tasks::Seq2SeqTask*>(task.get()); }
-  // GPT-2's tokenizer when the model has one (folders, their conversions and fine-tunings), else null.
-  const tasks::BpeTokenizer* bpe() const;
-};
-// path: a checkpoint file or a model folder (errors start with cmd); text replaces a chars or text
-// task's text file.
-Loaded load(const char* cmd, const std::string& path, const std::string& device, const std::string& text = "");
+// A model with its task (train/load.h), as every command loads it.
+using train::load;
+using train::Loaded;
 
 // What the head analyses (ablate, heads) share: their options, and the checkpoint, model, task and
 // evaluation batches those options name.
@@ -90,6 +75,22 @@ struct AnalysisInputs {
 };
 // Sets the threads, loads, refuses --text for a task checkpoint and a batch the machine cannot hold.
 AnalysisInputs load_analysis(const AnalysisArgs& a, const char* cmd, const std::string& default_out);
+
+// The prompt pairs of the circuit analyses (heads --task/--pairs, circuit): --task induction | ioi |
+// greater-than with --rows, --span, --template, or --pairs FILE.
+struct PromptPairArgs {
+  std::string task, file;
+  int64_t rows = 64, span = 0, templ = 0;
+  const CLI::Option *task_option = nullptr, *file_option = nullptr;
+  bool given() const { return task_option->count() > 0 || file_option->count() > 0; }  // even when empty
+};
+void add_prompt_pair_options(CLI::App& app, PromptPairArgs& a);
+struct MadePairs {
+  analysis::PromptPairs pairs;
+  std::string source;  // where they came from, in words
+};
+// The pairs for the model `in` loaded (seed: the generated rows); clear errors naming cmd.
+MadePairs make_prompt_pairs(const PromptPairArgs& a, const Loaded& in, uint64_t seed, const char* cmd);
 
 // Throws "<who> '<path>' ..." unless a file can be written at path: its folder exists, and the path is
 // not a folder nor anything but a regular file.

@@ -72,6 +72,7 @@ for layers in 1 2; do
   start=$(date +%s.%N)
   "$hl" train "${settings[@]}" --n-layers "$layers" --out "$run" | tee "$run.log"
   "$hl" heads "$run/checkpoint.h5" --out "$run/heads" >"$run/heads.log"
+  "$hl" heads "$run/checkpoint.h5" --task induction --out "$run/heads_pairs" >"$run/heads_pairs.log"
   "$hl" circuit "$run/checkpoint.h5" --task induction --out "$run/circuit" >"$run/circuit.log"
   awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.1f\n", e - s }' >"$run.seconds"
 done
@@ -105,6 +106,12 @@ labels() {  # the heads with a label, from heads.csv's last column
     echo
   done
   echo "![composition, 2 layers](L2/heads/composition.png)"
+  echo
+  echo "## The 2-layer model's heads on induction prompt pairs (\`headlab heads --task induction\`)"
+  echo
+  echo '```'
+  sed -n '/^logit difference/p;/^heads, by the largest effect/,/^$/p' "$out/L2/heads_pairs.log" | sed '/^$/d'
+  echo '```'
   echo
   echo "## The 2-layer model's circuit (\`headlab circuit --task induction\`)"
   echo

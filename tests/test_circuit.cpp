@@ -245,9 +245,62 @@ TEST(Circuit, PatchedEdgesAndPathPatchingMatchNaivePatching) {
         EXPECT_NEAR(act.denoising_by_position[static_cast<size_t>(n)][static_cast<size_t>(t)],
                     (at - corrupt) / (clean - corrupt), 1e-9)
             << g.node_name(n) << " at " << t;
+        // noising at t: the clean run with the node's corrupted output there
+        const double noised = mean(naive_run(model, g, pairs.clean, pairs, {}, {}, outs, n, corrupt_out, t));
+        EXPECT_NEAR(act.noising_by_position[static_cast<size_t>(n)][static_cast<size_t>(t)],
+                    (noised - corrupt) / (clean - corrupt), 1e-9)
+            << g.node_name(n) << " at " << t;
       }
     }
     EXPECT_NEAR(act.denoising[0], 1.0, 1e-9);  // the clean embeddings restored: the clean run
+
+    // Zero and mean ablation of every node in the clean run, naively: its output replaced by zeros, or by
+    // its clean output's mean over the rows at each position.
+    const analysis::NodeAblation abl = analysis::ablate_nodes(patcher, nodes);
+    for (int64_t n : nodes) {
+      const auto i = static_cast<size_t>(n);
+      std::vector<Tensor> zeros_out(clean_out.size()), mean_out(clean_out.size()), outs;
+      zeros_out[i] = zeros_like(clean_out[i]);
+      mean_out[i] = clean_out[i].mean({0}, true).expand(clean_out[i].shape()).contiguous();
+      const double zeroed = mean(naive_run(model, g, pairs.clean, pairs, {}, {}, outs, n, zeros_out));
+      const double averaged = mean(naive_run(model, g, pairs.clean, pairs, {}, {}, outs, n, mean_out));
+      EXPECT_NEAR(abl.zero[i], (zeroed - corrupt) / (clean - corrupt), 1e-9) << g.node_name(n);
+      EXPECT_NEAR(abl.mean[i], (averaged - corrupt) / (clean - corrupt), 1e-9) << g.node_name(n);
+    }
+
+    // Direct logit attribution: the clean logit difference, and each node's output at the last position
+    // through the final norm with the clean run's scale, along answer - wrong, done by hand here.
+    const analysis::DirectLogitAttribution dla = patcher.direct_logit_attribution();
+    EXPECT_NEAR(dla.clean, clean, 1e-9);
+    double total = dla.constant;
+    for (double v : dla.node) total += v;
+    EXPECT_NEAR(total, clean, 1e-9);  // the parts sum to the whole
+    {
+      const NoGradGuard ng;
+      const int64_t B = pairs.rows(), T = pairs.T, C = cfg.emb_dim;
+      Tensor resid = zeros({B, C}, DType::f64);
+      for (const Tensor& o : clean_out) resid = add(resid, o.select(1, T - 1));
+      for (int64_t l = 0; l < model.n_layers(); ++l)
+        resid = add(resid, model.block(l)->att->split_heads()->out_proj->bias);
+      const std::vector<double> x = resid.to_vector<double>();
+      const std::vector<double> w = model.final_norm->weight.to_vector<double>();
+      const std::vector<double> W_U = model.out_head->weight.to_vector<double>();
+      for (int64_t n : nodes) {
+        const std::vector<double> o =
+            clean_out[static_cast<size_t>(n)].select(1, T - 1).contiguous().to_vector<double>();
+        double expected = 0;
+        for (int64_t b = 0; b < B; ++b) {
+          double mx = 0, mo = 0, var = 0;
+          for (int64_t k = 0; k < C; ++k) mx += x[b * C + k] / C, mo += o[b * C + k] / C;
+          for (int64_t k = 0; k < C; ++k) var += (x[b * C + k] - mx) * (x[b * C + k] - mx) / C;
+          const double sigma = std::sqrt(var + model.final_norm->eps);
+          const int64_t a = pairs.answer[static_cast<size_t>(b)], z = pairs.wrong[static_cast<size_t>(b)];
+          for (int64_t k = 0; k < C; ++k)
+            expected += (o[b * C + k] - mo) / sigma * w[k] * (W_U[a * C + k] - W_U[z * C + k]) / B;
+        }
+        EXPECT_NEAR(dla.node[static_cast<size_t>(n)], expected, 1e-9) << g.node_name(n);
+      }
+    }
   }
 }
 

@@ -758,6 +758,34 @@ TEST_F(CliTest, CircuitRunsIoiAndUserPairsOnAGpt2Folder) {
   EXPECT_TRUE(contains(r.out, "denoising at one position (0-based, of 15)")) << r.out;
   const std::string positions_csv = slurp(path("ioi/activation_patching_by_position.csv"));
   EXPECT_EQ(std::count(positions_csv.begin(), positions_csv.end(), '\n'), 1 + 6 * 15);  // every node at every position
+  EXPECT_EQ(positions_csv.substr(0, positions_csv.find('\n')), "node,position,noising,denoising");
+
+  // heads on the same prompt pairs: every per-head analysis on the logit difference.
+  r = headlab({"heads", dir, "--task", "ioi", "--rows", "8", "--by-position", "--out", path("heads_ioi")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "prompt pairs: 8 rows of 15 tokens (ioi: Wang et al.'s template 0")) << r.out;
+  EXPECT_TRUE(contains(r.out, "logit difference (answer - wrong) at the last position: clean ")) << r.out;
+  EXPECT_TRUE(contains(r.out, "heads, by the largest effect")) << r.out;
+  const std::string heads_csv = slurp(path("heads_ioi/heads.csv"));
+  EXPECT_EQ(heads_csv.substr(0, heads_csv.find('\n')),
+            "head,zero_ablation,mean_ablation,resample_ablation,denoising,dla_logits,previous_token,induction,"
+            "duplicate_token,first_token,type");
+  EXPECT_EQ(std::count(heads_csv.begin(), heads_csv.end(), '\n'), 1 + 4);
+  const std::string heads_positions = slurp(path("heads_ioi/heads_by_position.csv"));
+  EXPECT_EQ(std::count(heads_positions.begin(), heads_positions.end(), '\n'), 1 + 4 * 15);
+  for (const char* f : {"report.md", "attention.html"}) EXPECT_TRUE(fs::exists(path("heads_ioi/") + f)) << f;
+  for (const char* f : {"ablation.png", "patching.png", "dla.png"})
+    EXPECT_EQ(slurp(path("heads_ioi/") + f).substr(1, 3), "PNG") << f;
+  // The resample ablation is the circuit command's noising of the same head on the same pairs.
+  const auto column = [&](const std::string& csv, const std::string& row_start, size_t index) {
+    const size_t at = csv.find("\n" + row_start + ",");
+    EXPECT_NE(at, std::string::npos) << row_start;
+    std::stringstream line(csv.substr(at + 1, csv.find('\n', at + 1) - at - 1));
+    std::string cell;
+    for (size_t i = 0; i <= index; ++i) std::getline(line, cell, ',');
+    return std::stod(cell);
+  };
+  EXPECT_NEAR(column(heads_csv, "L1H1", 3), column(nodes_csv, "L1H1", 2), 1e-5);
 
   // Greater-than: the probability metric over the two-digit year tokens.
   r = headlab({"circuit", dir, "--task", "greater-than", "--rows", "8", "--check-edges", "8", "--out", path("gt")});
@@ -783,6 +811,9 @@ TEST_F(CliTest, CircuitRunsIoiAndUserPairsOnAGpt2Folder) {
             "greater-than: needs 1 nouns that are one token each"},
            {{"circuit", dir, "--task", "ioi", "--senders", "L9H0", "--out", path("e")},
             "--senders: the model has no node 'L9H0'"},
+           {{"heads", dir, "--task", "sort", "--out", path("e")}, "heads: --task is induction, ioi or greater-than"},
+           {{"heads", dir, "--task", "ioi", "--text", kGpt2Vocab + "/vocab.json", "--out", path("e")},
+            "with --task/--pairs the prompt pairs are the data"},
            {{"circuit", dir, "--task", "induction", "--span", "9", "--out", path("e")},
             "--span 9 makes prompts of 17 tokens"},
            {{"circuit", std::string(HEADLAB_SOURCE_DIR) + "/tests/fuzz/corpus/checkpoint_file/reverse.h5", "--task",
@@ -808,7 +839,9 @@ TEST_F(CliTest, AttentionOnlyModelsTrainAndLoadEverywhere) {
         std::vector<std::string>{"generate", ckpt, "--prompt", "31415"},
         std::vector<std::string>{"attention", ckpt, "--prompt", "31415", "--out", path("ao_att")},
         std::vector<std::string>{"heads", ckpt, "--batches", "1", "--batch-size", "4", "--out", path("ao_heads")},
-        std::vector<std::string>{"circuit", ckpt, "--task", "induction", "--rows", "4", "--out", path("ao_circuit")}}) {
+        std::vector<std::string>{"circuit", ckpt, "--task", "induction", "--rows", "4", "--out", path("ao_circuit")},
+        std::vector<std::string>{"heads", ckpt, "--task", "induction", "--rows", "4", "--out",
+                                 path("ao_heads_pairs")}}) {
     r = headlab(args);
     EXPECT_EQ(r.code, 0) << args[0] << "\n" << r.err;
   }
@@ -868,7 +901,8 @@ TEST_F(CliTest, InductionScriptRunsEndToEnd) {
   const std::string report = slurp(out + "/report.md");
   for (const char* part : {"## 2 layers", "## 1 layer", "--repeat-prob 1", "tok/s", "in-context-learning score",
                            "strongest induction head at the end", "labels from `headlab heads`",
-                           "repeated random tokens (16 rows of 2 x 16)", "L2/heads_over_time.png"})
+                           "repeated random tokens (16 rows of 2 x 16)", "L2/heads_over_time.png",
+                           "(`headlab heads --task induction`)", "resample_ablation"})
     EXPECT_TRUE(contains(report, part)) << part << "\n" << report;
   for (const char* file :
        {"L1/heads_over_time.png", "L2/heads/composition.png", "L2/heads/composition.csv", "L1/heads/heads.csv"})

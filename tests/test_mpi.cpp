@@ -10,10 +10,13 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <sstream>
+#include <string>
 #include <thread>
 
 #include "io/checkpoint.h"
@@ -225,6 +228,42 @@ TEST_F(DataParallel, CircuitOnTwoRanksIsTheSingleProcesses) {
   for (const char* k : {"circuit", "clean_logit_difference", "corrupt_logit_difference"})
     EXPECT_NEAR(a["metric"][k].get<double>(), b["metric"][k].get<double>(), 1e-9) << k;
   EXPECT_EQ(testing::slurp(tmp.path("c1/path_patching.csv")), testing::slurp(tmp.path("c2/path_patching.csv")));
+}
+
+// heads on prompt pairs under mpirun: the same engine, the same sharing; every score one process's.
+TEST_F(DataParallel, HeadsOnPromptPairsOnTwoRanksIsTheSingleProcesses) {
+  ASSERT_EQ(single(train_args("m", 20)).code, 0);
+  const auto args = [&](const std::string& out) {
+    return std::vector<std::string>{
+        "heads",      tmp.path("m/checkpoint.h5"), "--task", "induction", "--rows", "16", "--threads", "1", "--out",
+        tmp.path(out)};
+  };
+  const ProcessResult one = single(args("h1"));
+  ASSERT_EQ(one.code, 0) << one.err;
+  const ProcessResult two = ranks(2, args("h2"));
+  ASSERT_EQ(two.code, 0) << two.out << two.err;
+  EXPECT_EQ(two.out.find("headlab heads:"), two.out.rfind("headlab heads:")) << "rank 0 alone prints";
+  const auto cells = [](const std::string& csv) {
+    std::vector<std::string> v;
+    std::stringstream in(csv);
+    for (std::string line; std::getline(in, line);) {
+      std::stringstream l(line);
+      for (std::string c; std::getline(l, c, ',');) v.push_back(c);
+    }
+    return v;
+  };
+  const std::vector<std::string> a = cells(testing::slurp(tmp.path("h1/heads.csv")));
+  const std::vector<std::string> b = cells(testing::slurp(tmp.path("h2/heads.csv")));
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_GT(a.size(), 11u * 4);  // the header and a row per head
+  for (size_t i = 0; i < a.size(); ++i) {
+    char* end = nullptr;
+    const double x = std::strtod(a[i].c_str(), &end);
+    if (end == a[i].c_str() || *end != '\0')
+      EXPECT_EQ(a[i], b[i]);  // names and labels
+    else
+      EXPECT_NEAR(x, std::stod(b[i]), 1e-8 + 1e-8 * std::abs(x)) << i;
+  }
 }
 
 TEST_F(DataParallel, ResumesAcrossProcessCounts) {

@@ -35,7 +35,11 @@ Shape contiguous_strides(const Shape& s) {
 }
 
 Storage::Storage(size_t n, Device dev) : nbytes(n), device(dev) { data = backend_for(dev).alloc(n); }
-Storage::~Storage() { backend_for(device).free(data); }
+Storage::Storage(void* external, size_t n, Device dev, std::shared_ptr<void> keep)
+    : data(external), nbytes(n), device(dev), owner(std::move(keep)) {}
+Storage::~Storage() {
+  if (!owner) backend_for(device).free(data);
+}
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   return empty_strided(shape, contiguous_strides(shape), dtype, device);
@@ -55,6 +59,29 @@ Tensor Tensor::empty_strided(const Shape& shape, const Shape& strides, DType dty
   HL_CHECK(extent <= (int64_t{1} << 40), "tensor: shape ", shape_str(shape), " is too large");
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::make_shared<Storage>(static_cast<size_t>(extent) * dtype_size(dtype), device);
+  impl->shape = shape;
+  impl->strides = strides;
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+Tensor Tensor::from_blob(void* data, const Shape& shape, const Shape& strides, DType dtype, Device device,
+                         std::shared_ptr<void> owner) {
+  HL_CHECK(shape.size() == strides.size() && static_cast<int>(shape.size()) <= kMaxDims, "tensor: from_blob of shape ",
+           shape_str(shape), " with strides ", shape_str(strides));
+  HL_CHECK(owner != nullptr, "tensor: from_blob needs an owner of the memory");
+  int64_t extent = 1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    HL_CHECK(shape[i] >= 0 && strides[i] >= 0, "tensor: from_blob takes non-negative sizes and strides, got shape ",
+             shape_str(shape), " strides ", shape_str(strides));
+    if (shape[i] == 0)
+      extent = 0;
+    else if (extent)
+      extent += (shape[i] - 1) * strides[i];
+  }
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage =
+      std::make_shared<Storage>(data, static_cast<size_t>(extent) * dtype_size(dtype), device, std::move(owner));
   impl->shape = shape;
   impl->strides = strides;
   impl->dtype = dtype;

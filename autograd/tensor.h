@@ -29,7 +29,10 @@ struct Storage {
   size_t nbytes = 0;
   Device device;
   uint64_t version = 0;
+  // Memory someone else owns (a NumPy array's): kept alive by `owner`, never freed here.
+  std::shared_ptr<void> owner;
   Storage(size_t nbytes, Device device);  // allocates through the device's backend
+  Storage(void* external, size_t nbytes, Device device, std::shared_ptr<void> owner);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -75,6 +78,10 @@ class Tensor {
   // ---- factories (seeded random ones take a Generator, default the global one) ----
   static Tensor empty(const Shape& shape, DType dtype = DType::f32, Device device = kCPU);
   static Tensor empty_strided(const Shape& shape, const Shape& strides, DType dtype, Device device);
+  // A tensor over memory it does not own (strides in elements, non-negative): no copy; `owner` keeps
+  // the memory alive as long as any view of it lives (the Python module's NumPy arrays).
+  static Tensor from_blob(void* data, const Shape& shape, const Shape& strides, DType dtype, Device device,
+                          std::shared_ptr<void> owner);
 
   bool defined() const { return impl_ != nullptr; }
   TensorImpl* impl() const { return impl_.get(); }

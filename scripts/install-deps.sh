@@ -11,7 +11,8 @@ packages=(build-essential cmake pkg-config libopenblas-openmp-dev libhdf5-dev hd
           libopenmpi-dev openmpi-bin  # data-parallel training (mpirun -np N headlab train)
           libpcre2-dev  # GPT-2's tokenizer: its pre-tokenizer regex
           graphviz  # circuit pictures (headlab circuit): Graphviz's dot renders circuit.dot to PNG and SVG
-          fortunes)  # scripts/induction.sh: 2.5 MB of English text to train on
+          fortunes  # scripts/induction.sh: 2.5 MB of English text to train on
+          python3-dev pybind11-dev python3-numpy python3-pytest)  # the Python module (python/) and its tests
 if [[ "${1:-}" == "--python" ]]; then
   packages+=(python3-torch python3-h5py python3-numpy
              time)  # bench/gpt2_memory.sh: each command's peak resident memory

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: installs missing dependencies, builds (Release, CUDA backend compiled where
-# nvcc exists), runs every test with ctest, then rebuilds the CPU suite with clang under
-# AddressSanitizer + UndefinedBehaviorSanitizer, runs it again, and runs the libFuzzer targets briefly.
+# nvcc exists, the Python module), runs every test with ctest (the Python module's pytest suite
+# included), then rebuilds the CPU suite with clang under AddressSanitizer + UndefinedBehaviorSanitizer
+# (without the Python module: an uninstrumented python3 would need the sanitizer runtime preloaded),
+# runs it again, and runs the libFuzzer targets briefly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 jobs=$(nproc 2>/dev/null || echo 2)
@@ -19,7 +21,7 @@ if [[ "${HEADLAB_SKIP_SANITIZE:-0}" != 1 ]]; then
   fi
   cmake -S . -B build-asan -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=RelWithDebInfo \
         "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only -DNDEBUG" -DHEADLAB_SANITIZE=ON -DHEADLAB_FUZZ=ON \
-        -DHEADLAB_CUDA=OFF -DHEADLAB_EXAMPLES=OFF >/dev/null
+        -DHEADLAB_CUDA=OFF -DHEADLAB_EXAMPLES=OFF -DHEADLAB_PYTHON=OFF >/dev/null
   cmake --build build-asan -j"$jobs"
   # Every suite but the CUDA ones (label cuda; this build has no CUDA): unit, e2e (training runs,
   # the CLI, analysis, interop) and fuzz (each target replays its seeds and saved crashes, then

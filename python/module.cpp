@@ -1,0 +1,213 @@
+// headlab's Python module, _headlab (python/headlab/__init__.py re-exports it): a model loaded from a
+// checkpoint or a GPT-2 folder, its tokenizer and parameters, its forward with TransformerLens-style hook
+// points (analysis/hooked_run.h), and headlab's errors as headlab.Error.
+//
+// Tensors cross without copies: a headlab tensor becomes a NumPy array over the same memory (the array
+// keeps the tensor's storage alive), and a C-contiguous NumPy array of a supported dtype becomes a headlab
+// tensor over the array's memory (the tensor keeps the array alive). A copy happens only for an array
+// that is not C-contiguous or not float32/float64/int64, and for a tensor on another device.
+#include <pybind11/functional.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "analysis/hooked_run.h"
+#include "autograd/engine.h"
+#include "train/load.h"
+
+namespace py = pybind11;
+using namespace headlab;
+
+namespace {
+
+py::dtype numpy_dtype(DType d) {
+  switch (d) {
+    case DType::f32:
+      return py::dtype::of<float>();
+    case DType::f64:
+      return py::dtype::of<double>();
+    case DType::i64:
+      return py::dtype::of<int64_t>();
+    case DType::b8:
+      return py::dtype::of<bool>();
+  }
+  return py::dtype::of<float>();
+}
+
+// The tensor as an array over its memory (on the CPU; another device's tensor is copied there first).
+py::array to_numpy(const Tensor& t) {
+  const Tensor c = t.device() == kCPU ? t : t.to(kCPU);
+  const auto item = static_cast<py::ssize_t>(dtype_size(c.dtype()));
+  std::vector<py::ssize_t> shape(c.shape().begin(), c.shape().end()), strides;
+  for (int64_t s : c.strides()) strides.push_back(static_cast<py::ssize_t>(s) * item);
+  auto* keep = new std::shared_ptr<TensorImpl>(c.impl_ptr());
+  const py::capsule base(keep, [](void* p) { delete static_cast<std::shared_ptr<TensorImpl>*>(p); });
+  return py::array(numpy_dtype(c.dtype()), shape, strides, c.raw_data(), base);
+}
+
+// The array as a tensor over its memory when it is C-contiguous float32, float64 or int64; else a copy
+// (NumPy's, to the nearest of those dtypes) that the tensor then owns.
+Tensor from_numpy(const py::array& given) {
+  py::array a = given;
+  const bool supported = a.dtype().is(py::dtype::of<float>()) || a.dtype().is(py::dtype::of<double>()) ||
+                         a.dtype().is(py::dtype::of<int64_t>());
+  if (!supported) {
+    const char kind = a.dtype().kind();
+    a = kind == 'f' ? py::array(py::array_t<double>::ensure(a)) : py::array(py::array_t<int64_t>::ensure(a));
+    HL_CHECK(a, "headlab: cannot take an array of dtype ", std::string(py::str(given.dtype())),
+             " (float32, float64 or integers)");
+  }
+  if (!(a.flags() & py::array::c_style)) a = py::array::ensure(a, py::array::c_style);
+  const DType dt = a.dtype().is(py::dtype::of<float>())    ? DType::f32
+                   : a.dtype().is(py::dtype::of<double>()) ? DType::f64
+                                                           : DType::i64;
+  Shape shape(a.shape(), a.shape() + a.ndim());
+  auto* keep = new py::object(a);  // the tensor's storage holds the array (deleted with the GIL held)
+  const std::shared_ptr<void> owner(keep, [](py::object* o) {
+    const py::gil_scoped_acquire gil;
+    delete o;
+  });
+  // Read-only arrays (NumPy's imports of DLPack are) are taken too: headlab never writes into its inputs.
+  return Tensor::from_blob(const_cast<void*>(a.data()), shape, contiguous_strides(shape), dt, kCPU, owner);
+}
+
+// A loaded model with its task and tokenizer.
+struct PyModel {
+  std::shared_ptr<train::Loaded> loaded;
+  std::string path;
+
+  nn::GPTModel& gpt() const { return loaded->gpt("headlab"); }
+
+  py::object config() const { return py::module_::import("json").attr("loads")(loaded->model->config_json().dump()); }
+  py::array to_tokens(const std::string& text) const {
+    std::vector<int64_t> ids = loaded->bpe() ? loaded->bpe()->encode(text) : loaded->task->encode_prompt(text).ids;
+    const auto T = static_cast<int64_t>(ids.size());
+    return to_numpy(tensor(ids, {1, T}));
+  }
+  std::vector<int64_t> ids_of(const py::array& tokens) const {
+    const Tensor t = from_numpy(tokens);
+    HL_CHECK(t.dtype() == DType::i64, "headlab: tokens must be integers, got ", dtype_name(t.dtype()));
+    return t.to_vector<int64_t>();
+  }
+  std::string to_string(const py::array& tokens) const {
+    const std::vector<int64_t> ids = ids_of(tokens);
+    if (loaded->bpe()) return loaded->bpe()->decode(ids);
+    std::string s;
+    for (int64_t id : ids) s += loaded->task->token_text(id);
+    return s;
+  }
+  std::vector<std::string> to_str_tokens(const py::object& text_or_tokens) const {
+    const py::array tokens = py::isinstance<py::str>(text_or_tokens) ? to_tokens(text_or_tokens.cast<std::string>())
+                                                                     : text_or_tokens.cast<py::array>();
+    std::vector<std::string> out;
+    for (int64_t id : ids_of(tokens)) out.push_back(loaded->task->token_text(id));
+    return out;
+  }
+  py::dict state_dict() const {
+    py::dict d;
+    for (const auto& [name, t] : loaded->model->named_parameters()) d[py::str(name)] = to_numpy(t.detach());
+    return d;
+  }
+  // (B, T) tokens from an array of shape (T) or (B, T).
+  Tensor tokens(const py::array& a) const {
+    Tensor t = from_numpy(a);
+    HL_CHECK(t.dtype() == DType::i64, "headlab: tokens must be integers, got ", dtype_name(t.dtype()));
+    if (t.dim() == 1) t = t.reshape({1, t.size(0)});
+    return t.to(loaded->model->device());
+  }
+  py::array forward(const py::array& tokens_in) const {
+    const Tensor t = tokens(tokens_in);
+    Tensor logits;
+    {
+      const py::gil_scoped_release no_gil;
+      logits = analysis::run_hooked(gpt(), t).logits;
+    }
+    return to_numpy(logits);
+  }
+  py::tuple run_with_cache(const py::array& tokens_in, const std::optional<std::vector<std::string>>& names) const {
+    const Tensor t = tokens(tokens_in);
+    std::vector<std::string> all = names ? *names : analysis::hook_names(gpt());
+    analysis::HookedRun r;
+    {
+      const py::gil_scoped_release no_gil;
+      r = analysis::run_hooked(gpt(), t, std::set<std::string>(all.begin(), all.end()));
+    }
+    py::dict cache;
+    for (const auto& [name, x] : r.cache) cache[py::str(name)] = to_numpy(x);
+    return py::make_tuple(to_numpy(r.logits), cache);
+  }
+  // Seconds per call of the C++ forward that model(tokens) makes, timed in C++ (the overhead benchmark).
+  double time_forward(const py::array& tokens_in, int64_t repeats) const {
+    HL_CHECK(repeats > 0, "headlab: repeats must be positive, got ", repeats);
+    const Tensor t = tokens(tokens_in);
+    const py::gil_scoped_release no_gil;
+    const auto start = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < repeats; ++i) analysis::run_hooked(gpt(), t);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
+           static_cast<double>(repeats);
+  }
+  // Each hook: fn(activation, name) -> None (it may have edited the array in place) or an array.
+  py::array run_with_hooks(const py::array& tokens_in, const std::map<std::string, py::function>& fns) const {
+    const Tensor t = tokens(tokens_in);
+    std::map<std::string, analysis::Hook> hooks;
+    for (const auto& [name, fn] : fns)
+      hooks[name] = [fn](const std::string& n, const Tensor& x) -> Tensor {
+        const py::object y = fn(to_numpy(x), n);
+        return y.is_none() ? Tensor() : from_numpy(y.cast<py::array>());
+      };
+    return to_numpy(analysis::run_hooked(gpt(), t, {}, hooks).logits);
+  }
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_headlab, m) {
+  m.doc() = "headlab: a small, fast toolkit for studying attention heads (C++ core)";
+  static py::exception<Error> error(m, "Error", PyExc_RuntimeError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const Error& e) {
+      PyErr_SetString(error.ptr(), e.what());
+    }
+  });
+
+  py::class_<PyModel>(m, "Model", "A GPT loaded from a headlab checkpoint or a Hugging Face GPT-2 folder.")
+      .def_property_readonly("config", &PyModel::config, "the model's configuration, as in its checkpoint")
+      .def_property_readonly("path", [](const PyModel& p) { return p.path; })
+      .def_property_readonly("task", [](const PyModel& p) { return p.loaded->task->name(); })
+      .def("to_tokens", &PyModel::to_tokens, py::arg("text"), "text -> (1, T) int64 token ids")
+      .def("to_string", &PyModel::to_string, py::arg("tokens"), "token ids -> text")
+      .def("to_str_tokens", &PyModel::to_str_tokens, py::arg("text_or_tokens"), "each token as its text")
+      .def("state_dict", &PyModel::state_dict,
+           "parameters by PyTorch's state_dict names, as arrays over the model's own memory (no copy: "
+           "writing into one changes the model)")
+      .def("hook_names", [](const PyModel& p) { return analysis::hook_names(p.gpt()); })
+      .def("__call__", &PyModel::forward, py::arg("tokens"), "(T) or (B, T) token ids -> logits (B, T, vocab)")
+      .def("run_with_cache", &PyModel::run_with_cache, py::arg("tokens"), py::arg("names") = py::none(),
+           "(logits, {name: activation}) keeping only `names` (default: every hook point)")
+      .def("_time_forward", &PyModel::time_forward, py::arg("tokens"), py::arg("repeats"),
+           "seconds per call of the C++ forward model(tokens) makes, timed in C++ (benchmarks)")
+      .def("run_with_hooks", &PyModel::run_with_hooks, py::arg("tokens"), py::arg("hooks"),
+           "logits with each hook fn(activation, name) called at its point; it returns None (an in-place "
+           "edit counts) or the activation to go on with");
+
+  m.def(
+      "load",
+      [](const std::string& path, const std::string& device) {
+        auto l = std::make_shared<train::Loaded>(train::load("headlab.load", path, device));
+        l->gpt("headlab.load");
+        return PyModel{l, path};
+      },
+      py::arg("path"), py::arg("device") = "cpu", "a headlab checkpoint (.h5) or a Hugging Face GPT-2 folder");
+  m.def(
+      "_roundtrip", [](const py::array& a) { return to_numpy(from_numpy(a)); }, py::arg("array"),
+      "the array through a headlab tensor and back: the same memory when no copy is needed (tests)");
+}

@@ -1,0 +1,145 @@
+"""The Python module (python/module.cpp): loading, tokens, parameters without copies, the forward with
+hook points, DLPack, errors; and a hook that ablates a head against the batched engine of `headlab heads`.
+Run by ctest (label python) with PYTHONPATH=build/python and HEADLAB_BINARY=build/headlab."""
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import headlab
+
+BINARY = os.environ.get("HEADLAB_BINARY", "build/headlab")
+TEXT = os.path.join(os.path.dirname(__file__), "..", "..", "data", "tiny.txt")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A 2-layer chars GPT trained for a few steps by the command."""
+    out = tmp_path_factory.mktemp("model")
+    subprocess.run([BINARY, "train", "--task", "chars", "--text", TEXT, "--n-layers", "2", "--n-heads", "2",
+                    "--emb-dim", "16", "--context-length", "16", "--batch-size", "4", "--steps", "4",
+                    "--eval-every", "4", "--eval-batches", "1", "--qkv-bias", "--threads", "1", "--out", str(out)],
+                   check=True, capture_output=True)
+    return str(out / "checkpoint.h5")
+
+
+@pytest.fixture(scope="module")
+def model(checkpoint):
+    return headlab.load(checkpoint)
+
+
+def pointer(a):
+    return a.__array_interface__["data"][0]
+
+
+def test_config_tokens_and_errors(model, checkpoint):
+    assert model.config["n_layers"] == 2 and model.config["n_heads"] == 2
+    assert model.task == "chars" and model.path == checkpoint
+    tokens = model.to_tokens("the cat")
+    assert tokens.dtype == np.int64 and tokens.shape == (1, 7)
+    assert model.to_string(tokens) == "the cat"
+    assert model.to_str_tokens("the cat") == list("the cat")
+    with pytest.raises(headlab.Error, match="missing.h5"):
+        headlab.load(os.path.join(os.path.dirname(checkpoint), "missing.h5"))
+    with pytest.raises(headlab.Error, match="tokens must be integers, got float64"):
+        model(np.zeros((1, 3)))
+    with pytest.raises(headlab.Error, match="no hook point 'blocks.7.hook_resid_pre'"):
+        model.run_with_cache(tokens, names=["blocks.7.hook_resid_pre"])
+    with pytest.raises(headlab.Error, match="returned"):
+        model.run_with_hooks(tokens, {"hook_embed": lambda x, name: x[:, :2]})
+
+
+def test_cache_holds_what_was_asked_and_the_logits_follow_from_it(model):
+    tokens = model.to_tokens("the cat sat on")
+    names = model.hook_names()
+    assert names[0] == "hook_embed" and names[-1] == "ln_final.hook_normalized"
+    assert "blocks.1.attn.hook_pattern" in names and "blocks.0.hook_mlp_out" in names
+    logits, cache = model.run_with_cache(tokens, names=["blocks.1.attn.hook_pattern", "ln_final.hook_normalized"])
+    assert sorted(cache) == ["blocks.1.attn.hook_pattern", "ln_final.hook_normalized"]
+    pattern = cache["blocks.1.attn.hook_pattern"]
+    assert pattern.shape == (1, 2, 14, 14)
+    np.testing.assert_allclose(pattern.sum(-1), 1, rtol=1e-5)
+    assert np.all(np.triu(pattern[0, 0], 1) == 0)  # causal
+    np.testing.assert_allclose(logits, model(tokens), rtol=1e-6, atol=1e-6)
+    # The logits are the unembedding of the final norm's output, by the state_dict's own names.
+    sd = model.state_dict()
+    head = cache["ln_final.hook_normalized"] @ sd["out_head.weight"].T
+    np.testing.assert_allclose(head, logits, rtol=1e-4, atol=1e-5)
+    _, everything = model.run_with_cache(tokens)
+    assert sorted(everything) == sorted(names)
+
+
+def test_arrays_cross_without_copies(model):
+    sd = model.state_dict()
+    w = sd["out_head.weight"]
+    assert sd["out_head.weight"].__array_interface__["data"][0] == pointer(w)  # the model's own memory
+    tokens = model.to_tokens("the cat")
+    before = model(tokens)
+    saved = w.copy()
+    w[...] = 0  # writing into the array changes the model
+    assert np.abs(model(tokens)).max() < 1e-6
+    w[...] = saved
+    np.testing.assert_array_equal(model(tokens), before)
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    assert pointer(headlab._roundtrip(a)) == pointer(a)  # a NumPy array into a tensor and back
+    strided = a[:, ::2]  # not contiguous: the one case that copies
+    b = headlab._roundtrip(strided)
+    assert pointer(b) != pointer(a)
+    np.testing.assert_array_equal(b, strided)
+
+
+def test_dlpack_round_trip_with_torch(model):
+    torch = pytest.importorskip("torch")
+    logits = model(model.to_tokens("the cat"))
+    t = torch.from_dlpack(logits)  # headlab's array into PyTorch, same memory
+    assert t.data_ptr() == pointer(logits)
+    back = headlab.as_array(t)  # and back
+    assert pointer(back) == t.data_ptr()
+    assert pointer(headlab._roundtrip(back)) == pointer(logits)
+
+
+def test_a_hook_zeroing_a_head_is_the_batched_engines_zero_ablation(model, checkpoint, tmp_path):
+    # Prompt pairs of equal length; the command's heads analysis ablates every head in its batched engine.
+    rows = [("the cat sat", "a dog ran t", "o", "a"),
+            ("and then he", "but so we w", " ", "o"),
+            ("it was the ", "we had a bi", "b", "n")]
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"clean": c, "corrupt": x, "answer": a, "wrong": w}) + "\n"
+                             for c, x, a, w in rows))
+    subprocess.run([BINARY, "heads", checkpoint, "--pairs", str(pairs), "--threads", "1", "--out", str(tmp_path / "h")],
+                   check=True, capture_output=True)
+    with open(tmp_path / "h" / "heads.csv") as f:
+        engine = {r["head"]: float(r["zero_ablation"]) for r in csv.DictReader(f)}
+
+    def logit_difference(prompts, hooks=None):
+        out = []
+        for (c, x, a, w), prompt in zip(rows, prompts):
+            tokens = model.to_tokens(prompt)
+            logits = model.run_with_hooks(tokens, hooks) if hooks else model(tokens)
+            ids = model.to_tokens(a + w)[0]
+            out.append(logits[0, -1, ids[0]] - logits[0, -1, ids[1]])
+        return float(np.mean(out))
+
+    clean, corrupt = logit_difference([r[0] for r in rows]), logit_difference([r[1] for r in rows])
+    for layer in range(2):
+        for head in range(2):
+            def zero(z, name, head=head):
+                z[:, :, head, :] = 0  # in place, on the forward's own tensor
+            ablated = logit_difference([r[0] for r in rows], {f"blocks.{layer}.attn.hook_z": zero})
+            ours = (ablated - corrupt) / (clean - corrupt) - 1
+            assert ours == pytest.approx(engine[f"L{layer}H{head}"], abs=1e-5), (layer, head)
+
+
+def test_the_example_runs(checkpoint):
+    example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "python", "tour.py")
+    r = subprocess.run([sys.executable, example,
+                        checkpoint, "the cat sat", "o", "a"], capture_output=True, text=True,
+                       env=dict(os.environ))
+    assert r.returncode == 0, r.stderr
+    for line in ("11 tokens:", "logit difference 'o' - 'a':", "zero-ablating L1H1:", "direct logit attribution",
+                 "largest: L"):
+        assert line in r.stdout, r.stdout

@@ -23,10 +23,11 @@ if [[ "${HEADLAB_SKIP_SANITIZE:-0}" != 1 ]]; then
         "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -gline-tables-only -DNDEBUG" -DHEADLAB_SANITIZE=ON -DHEADLAB_FUZZ=ON \
         -DHEADLAB_CUDA=OFF -DHEADLAB_EXAMPLES=OFF -DHEADLAB_PYTHON=OFF >/dev/null
   cmake --build build-asan -j"$jobs"
-  # Every suite but the CUDA ones (label cuda; this build has no CUDA): unit, e2e (training runs,
+  # Every suite but the CUDA ones (label cuda; this build has no CUDA) and the install ones (label
+  # install: a consumer of instrumented libraries would need the sanitizers too): unit, e2e (training runs,
   # the CLI, analysis, interop) and fuzz (each target replays its seeds and saved crashes, then
   # fuzzes for HEADLAB_FUZZ_SECONDS). OpenMP's runtime keeps thread pools alive at exit: not a
   # leak of ours.
   (cd build-asan && ASAN_OPTIONS=detect_leaks=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
-     ctest --output-on-failure -j"$jobs" -LE cuda)
+     ctest --output-on-failure -j"$jobs" -LE "cuda|install")
 fi

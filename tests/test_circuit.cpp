@@ -118,15 +118,6 @@ double mean(const std::vector<double>& v) {
   return s / static_cast<double>(v.size());
 }
 
-// Models with a feed-forward and qkv biases in both attention forms, pruned ones, and an attention-only one.
-std::vector<std::pair<std::string, nn::GPTConfig>> circuit_models() {
-  auto forms = testing::tiny_gpt_forms(testing::kThreeHeadGpt, true);
-  nn::GPTConfig attn_only = tiny_gpt_config(testing::kThreeHeadGpt);
-  attn_only.attn_only = true;
-  forms.emplace_back("attention-only", attn_only);
-  return forms;
-}
-
 TEST(Circuit, GraphNamesEdgesAndParsesNames) {
   nn::GPTModel model(tiny_gpt_config(testing::kThreeHeadGpt));
   const CircuitGraph g(model);
@@ -148,7 +139,7 @@ TEST(Circuit, GraphNamesEdgesAndParsesNames) {
 }
 
 TEST(Circuit, ForwardIsTheModelsAndPatchingEveryEdgeIsTheCorruptedRun) {
-  for (const auto& [name, cfg] : circuit_models()) {
+  for (const auto& [name, cfg] : testing::analysis_gpt_forms()) {
     SCOPED_TRACE(name);
     manual_seed(3);
     nn::GPTModel model(cfg);
@@ -173,7 +164,7 @@ TEST(Circuit, ForwardIsTheModelsAndPatchingEveryEdgeIsTheCorruptedRun) {
 }
 
 TEST(Circuit, PatchedEdgesAndPathPatchingMatchNaivePatching) {
-  for (const auto& [name, cfg] : circuit_models()) {
+  for (const auto& [name, cfg] : testing::analysis_gpt_forms()) {
     SCOPED_TRACE(name);
     manual_seed(4);
     nn::GPTModel model(cfg);
@@ -305,7 +296,7 @@ TEST(Circuit, PatchedEdgesAndPathPatchingMatchNaivePatching) {
 }
 
 TEST(Circuit, EdgeAttributionIsTheSlopeOfPatching) {
-  for (const auto& [name, cfg] : circuit_models()) {
+  for (const auto& [name, cfg] : testing::analysis_gpt_forms()) {
     SCOPED_TRACE(name);
     manual_seed(5);
     nn::GPTModel model(cfg);

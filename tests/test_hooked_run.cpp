@@ -21,18 +21,10 @@ Tensor tokens_for(const nn::GPTConfig& c, int64_t B, int64_t T, uint64_t seed) {
 
 double max_difference(const Tensor& a, const Tensor& b) { return sub(a, b).abs().max().item<double>(); }
 
-std::vector<std::pair<std::string, nn::GPTConfig>> models() {
-  auto forms = ht::tiny_gpt_forms(ht::kThreeHeadGpt, true);
-  nn::GPTConfig attn_only = ht::tiny_gpt_config(ht::kThreeHeadGpt);
-  attn_only.attn_only = true;
-  forms.emplace_back("attention-only", attn_only);
-  return forms;
-}
-
 }  // namespace
 
 TEST(HookedRun, EqualsTheModelsForwardAndCachesOnlyWhatWasAsked) {
-  for (const auto& [name, cfg] : models()) {
+  for (const auto& [name, cfg] : ht::analysis_gpt_forms()) {
     SCOPED_TRACE(name);
     manual_seed(2);
     nn::GPTModel model(cfg);
@@ -73,7 +65,7 @@ TEST(HookedRun, EqualsTheModelsForwardAndCachesOnlyWhatWasAsked) {
 }
 
 TEST(HookedRun, AHookZeroingAHeadIsThatHeadsGateAtZero) {
-  for (const auto& [name, cfg] : models()) {
+  for (const auto& [name, cfg] : ht::analysis_gpt_forms()) {
     SCOPED_TRACE(name);
     manual_seed(3);
     nn::GPTModel model(cfg);

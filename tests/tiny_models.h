@@ -64,6 +64,16 @@ inline std::vector<std::pair<std::string, nn::GPTConfig>> tiny_gpt_forms(const T
           {"pruned wrapper", pruned(tiny_gpt_config(s, AttentionForm::wrapper, qkv_bias), kPrunedHeadsOther)}};
 }
 
+// Every kind of GPT an analysis that writes out the forward must handle: both forms with qkv biases and a
+// feed-forward, pruned ones, and an attention-only one (kThreeHeadGpt's sizes).
+inline std::vector<std::pair<std::string, nn::GPTConfig>> analysis_gpt_forms() {
+  auto forms = tiny_gpt_forms(kThreeHeadGpt, true);
+  nn::GPTConfig attn_only = tiny_gpt_config(kThreeHeadGpt);
+  attn_only.attn_only = true;
+  forms.emplace_back("attention-only", attn_only);
+  return forms;
+}
+
 // An induction circuit built by hand in a 2-layer attention-only model (Elhage et al.'s), with 2 heads of
 // 64 per layer: the residual stream holds one-hot slots, token [0, 32), position [32, 48), previous token
 // [48, 80), copied token [80, 112); L0H0 attends to the previous position and writes its token into the

@@ -31,7 +31,8 @@ std::vector<std::string> hook_names(const nn::GPTModel& model) {
     const std::string p = block_prefix(l);
     names.push_back(p + "hook_resid_pre");
     if (model.attention(l).head_count() > 0)
-      for (const char* h : {"hook_q", "hook_k", "hook_v", "hook_pattern", "hook_z"}) names.push_back(p + "attn." + h);
+      for (const char* h : {"hook_q", "hook_k", "hook_v", "hook_pattern", "hook_z", "hook_result"})
+        names.push_back(p + "attn." + h);
     names.push_back(p + "hook_attn_out");
     if (model.block(l)->ff) names.push_back(p + "hook_resid_mid"), names.push_back(p + "hook_mlp_out");
     names.push_back(p + "hook_resid_post");
@@ -95,7 +96,17 @@ HookedRun run_hooked(nn::GPTModel& model, const Tensor& tokens, const std::set<s
           point(p + "attn.hook_pattern", causal_softmax(matmul(q.transpose(1, 2), k.permute({0, 2, 3, 1})),
                                                         1.0 / std::sqrt(static_cast<double>(D))));
       const Tensor z = point(p + "attn.hook_z", matmul(pattern, v.transpose(1, 2)).transpose(1, 2));  // (B, T, H, D)
-      attn_out = f.out_proj->forward(z.reshape({B, T, H * D}));
+      const std::string result = p + "attn.hook_result";
+      if (cache.count(result) || hooks.count(result)) {  // each head's share of attn_out, only when asked
+        const int64_t C = f.out_proj->weight.size(0);
+        const Tensor W_O = f.out_proj->weight.reshape({C, H, D}).permute({1, 2, 0});  // (H, D, C)
+        const Tensor per_head = matmul(z.permute({2, 0, 1, 3}).reshape({H, B * T, D}), W_O);
+        const Tensor r = point(result, per_head.reshape({H, B, T, C}).permute({1, 2, 0, 3}));  // (B, T, H, C)
+        attn_out = r.sum({2});
+        if (f.out_proj->bias.defined()) attn_out = add(attn_out, f.out_proj->bias);
+      } else {
+        attn_out = f.out_proj->forward(z.reshape({B, T, H * D}));
+      }
     }
     x = add(x, point(p + "hook_attn_out", attn_out));
     if (block->ff) {

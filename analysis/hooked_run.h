@@ -11,6 +11,8 @@
 //   blocks.{l}.attn.hook_q/k/v      (B, T, H, D)
 //   blocks.{l}.attn.hook_pattern    (B, H, T, T)  softmax weights, query x key
 //   blocks.{l}.attn.hook_z          (B, T, H, D)  each head's weighted values, before out_proj
+//   blocks.{l}.attn.hook_result     (B, T, H, C)  each head's output, its share of attn_out (computed only
+//                                                 when cached or hooked: H times attn_out's memory)
 //   blocks.{l}.hook_attn_out        (B, T, C)
 //   blocks.{l}.hook_resid_mid       (B, T, C)  not in attention-only models
 //   blocks.{l}.hook_mlp_out         (B, T, C)  not in attention-only models

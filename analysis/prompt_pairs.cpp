@@ -314,4 +314,34 @@ LogitDifference logit_difference(nn::GPTModel& model, const PromptPairs& pairs) 
   return d;
 }
 
+PromptPairs make_prompt_pairs(const PairSource& a, const tasks::Task& task, const nn::GPTConfig& cfg, const char* who,
+                              std::string* source) {
+  HL_CHECK(a.task.empty() != a.file.empty(), who,
+           ": give the prompt pairs by --task induction|ioi|greater-than or by --pairs FILE",
+           a.task.empty() ? "" : " (not both)");
+  HL_CHECK(a.file.size() || a.task == "induction" || a.task == "ioi" || a.task == "greater-than", who,
+           ": --task is induction, ioi or greater-than, not '", a.task,
+           "' (or give your own prompt pairs with --pairs FILE)");
+  std::string said;
+  PromptPairs pairs;
+  if (!a.file.empty()) {
+    pairs = read_prompt_pairs(a.file, task);
+    said = a.file;
+  } else if (a.task == "induction") {
+    const int64_t n = a.span > 0 ? a.span : std::min<int64_t>(10, (cfg.context_length + 1) / 2);
+    HL_CHECK(2 * n - 1 <= cfg.context_length, who, ": --span ", n, " makes prompts of ", 2 * n - 1,
+             " tokens; the model's context is ", cfg.context_length);
+    pairs = induction_prompt_pairs(cfg.vocab_size, a.rows, n, a.seed);
+    said = "induction: " + std::to_string(n) + " random tokens, then all but the last again";
+  } else if (a.task == "greater-than") {
+    pairs = greater_than_prompt_pairs(task, a.rows, a.seed);
+    said = "greater-than: Hanna et al.'s \"The <noun> lasted from the year 17YY to the year 17\", corrupted to 1701";
+  } else {
+    pairs = ioi_prompt_pairs(task, a.rows, a.templ, a.seed);
+    said = "ioi: Wang et al.'s template " + std::to_string(a.templ) + ", corrupted by three other names (ABC)";
+  }
+  if (source) *source = said;
+  return pairs;
+}
+
 }  // namespace headlab::analysis

@@ -50,6 +50,18 @@ PromptPairs ioi_prompt_pairs(const tasks::Task& task, int64_t rows, int64_t temp
 // from the year 1701, so that nothing says where the threshold is. answer and wrong: YY + 1 and YY.
 PromptPairs greater_than_prompt_pairs(const tasks::Task& task, int64_t rows, uint64_t seed);
 
+// The pairs of a named source, as the commands and the Python module take them: task "induction" (rows
+// of `span` random tokens repeated; 0: min(10, half the context)), "ioi" (template `templ`) or
+// "greater-than", `rows` of them drawn from `seed`; or `file`, a JSONL file (exactly one of task and file).
+// Errors start with `who`; `source`, when given, receives where the pairs came from in words.
+struct PairSource {
+  std::string task, file;
+  int64_t rows = 64, span = 0, templ = 0;
+  uint64_t seed = 1;
+};
+PromptPairs make_prompt_pairs(const PairSource& s, const tasks::Task& task, const nn::GPTConfig& config,
+                              const char* who, std::string* source = nullptr);
+
 // The task's metric at the last position of each clean and corrupted prompt: the logit difference answer
 // - wrong, or the probability difference of a probability_metric() task.
 struct LogitDifference {

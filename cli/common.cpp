@@ -193,31 +193,9 @@ void add_prompt_pair_options(CLI::App& app, PromptPairArgs& a) {
 }
 
 MadePairs make_prompt_pairs(const PromptPairArgs& a, const Loaded& in, uint64_t seed, const char* cmd) {
-  HL_CHECK(a.task.empty() != a.file.empty(), cmd,
-           ": give the prompt pairs by --task induction|ioi|greater-than or by --pairs FILE",
-           a.task.empty() ? "" : " (not both)");
-  HL_CHECK(a.file.size() || a.task == "induction" || a.task == "ioi" || a.task == "greater-than", cmd,
-           ": --task is induction, ioi or greater-than, not '", a.task,
-           "' (or give your own prompt pairs with --pairs FILE)");
-  const nn::GPTConfig& cfg = in.gpt(cmd).config();
   MadePairs m;
-  if (!a.file.empty()) {
-    m.pairs = analysis::read_prompt_pairs(a.file, *in.task);
-    m.source = a.file;
-  } else if (a.task == "induction") {
-    const int64_t n = a.span > 0 ? a.span : std::min<int64_t>(10, (cfg.context_length + 1) / 2);
-    HL_CHECK(2 * n - 1 <= cfg.context_length, cmd, ": --span ", n, " makes prompts of ", 2 * n - 1,
-             " tokens; the model's context is ", cfg.context_length);
-    m.pairs = analysis::induction_prompt_pairs(cfg.vocab_size, a.rows, n, seed);
-    m.source = "induction: " + std::to_string(n) + " random tokens, then all but the last again";
-  } else if (a.task == "greater-than") {
-    m.pairs = analysis::greater_than_prompt_pairs(*in.task, a.rows, seed);
-    m.source =
-        "greater-than: Hanna et al.'s \"The <noun> lasted from the year 17YY to the year 17\", corrupted to 1701";
-  } else {
-    m.pairs = analysis::ioi_prompt_pairs(*in.task, a.rows, a.templ, seed);
-    m.source = "ioi: Wang et al.'s template " + std::to_string(a.templ) + ", corrupted by three other names (ABC)";
-  }
+  m.pairs = analysis::make_prompt_pairs({a.task, a.file, a.rows, a.span, a.templ, seed}, *in.task, in.gpt(cmd).config(),
+                                        cmd, &m.source);
   return m;
 }
 

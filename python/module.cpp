@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "analysis/circuit.h"
 #include "analysis/hooked_run.h"
 #include "autograd/engine.h"
 #include "train/load.h"
@@ -166,6 +167,96 @@ struct PyModel {
   }
 };
 
+py::array vector_array(const std::vector<double>& v) { return to_numpy(tensor(v, {static_cast<int64_t>(v.size())})); }
+py::array matrix_array(const std::vector<std::vector<double>>& rows) {
+  std::vector<double> flat;
+  for (const auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());
+  const auto n = static_cast<int64_t>(rows.size());
+  return to_numpy(tensor(flat, {n, n ? static_cast<int64_t>(flat.size()) / n : 0}));
+}
+
+analysis::PromptPairs pairs_for(const PyModel& m, const std::string& task, const std::string& pairs, int64_t rows,
+                                int64_t templ, int64_t span, uint64_t seed, const char* who) {
+  return analysis::make_prompt_pairs({task, pairs, rows, span, templ, seed}, *m.loaded->task, m.gpt().config(), who);
+}
+
+// headlab heads --task/--pairs as a dict: the same engine and figures (analysis/circuit.h).
+py::dict heads(const PyModel& m, const std::string& task, const std::string& pairs, int64_t rows, int64_t templ,
+               int64_t span, uint64_t seed, bool by_position) {
+  const analysis::PromptPairs pp = pairs_for(m, task, pairs, rows, templ, span, seed, "headlab.heads");
+  analysis::CircuitPatcher patcher(m.gpt(), pp);
+  const analysis::CircuitGraph& g = patcher.graph();
+  std::vector<int64_t> nodes;
+  std::vector<std::string> names;
+  for (int64_t n = 0; n < g.node_count(); ++n)
+    if (g.nodes()[static_cast<size_t>(n)].head >= 0) nodes.push_back(n), names.push_back(g.node_name(n));
+  analysis::NodeAblation abl;
+  analysis::ActivationPatching act;
+  {
+    const py::gil_scoped_release no_gil;
+    abl = analysis::ablate_nodes(patcher, nodes);
+    act = analysis::activation_patching(patcher, nodes, by_position);
+  }
+  const analysis::DirectLogitAttribution dla = patcher.direct_logit_attribution();
+  const auto effect = [](std::vector<double> v) {  // metric -> its change
+    for (double& x : v) x -= 1;
+    return v;
+  };
+  std::vector<double> dla_heads;
+  for (int64_t n : nodes) dla_heads.push_back(dla.node[static_cast<size_t>(n)]);
+  py::dict d;
+  d["heads"] = names;
+  d["clean"] = patcher.baseline().clean_mean;
+  d["corrupt"] = patcher.baseline().corrupt_mean;
+  d["zero_ablation"] = vector_array(effect(abl.zero));
+  d["mean_ablation"] = vector_array(effect(abl.mean));
+  d["resample_ablation"] = vector_array(effect(act.noising));
+  d["denoising"] = vector_array(act.denoising);
+  d["dla_logits"] = vector_array(dla_heads);
+  if (by_position) {
+    std::vector<std::vector<double>> noising = act.noising_by_position;
+    for (auto& row : noising) row = effect(row);
+    d["noising_by_position"] = matrix_array(noising);
+    d["denoising_by_position"] = matrix_array(act.denoising_by_position);
+  }
+  return d;
+}
+
+// headlab circuit's edge attribution and discovery as a dict.
+py::dict circuit(const PyModel& m, const std::string& task, const std::string& pairs, int64_t rows, int64_t templ,
+                 int64_t span, uint64_t seed, double tau, int64_t ig_steps) {
+  const analysis::PromptPairs pp = pairs_for(m, task, pairs, rows, templ, span, seed, "headlab.circuit");
+  HL_CHECK(tau >= 0, "headlab.circuit: tau must be >= 0, got ", tau);
+  analysis::EdgeAttribution eap;
+  analysis::Circuit found;
+  std::unique_ptr<analysis::CircuitPatcher> patcher;
+  {
+    const py::gil_scoped_release no_gil;
+    eap = analysis::edge_attribution(m.gpt(), pp, ig_steps);
+    patcher = std::make_unique<analysis::CircuitPatcher>(m.gpt(), pp);
+    analysis::DiscoveryOptions o;
+    o.tau = tau;
+    found = analysis::discover_circuit(*patcher, eap.effect, o);
+  }
+  const analysis::CircuitGraph& g = patcher->graph();
+  py::list edges;
+  for (int64_t e = 0; e < g.edge_count(); ++e) {
+    py::dict row;
+    row["sender"] = g.node_name(g.edge_sender(e));
+    row["receiver"] = g.receiver_name(g.edge_receiver(e));
+    row["attribution"] = eap.effect[static_cast<size_t>(e)];
+    row["kept"] = static_cast<bool>(found.kept[static_cast<size_t>(e)]);
+    edges.append(row);
+  }
+  py::dict d;
+  d["edges"] = edges;
+  d["metric"] = found.metric;
+  d["forwards"] = found.forwards;
+  d["clean"] = patcher->baseline().clean_mean;
+  d["corrupt"] = patcher->baseline().corrupt_mean;
+  return d;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_headlab, m) {
@@ -207,6 +298,14 @@ PYBIND11_MODULE(_headlab, m) {
         return PyModel{l, path};
       },
       py::arg("path"), py::arg("device") = "cpu", "a headlab checkpoint (.h5) or a Hugging Face GPT-2 folder");
+  m.def("heads", &heads, py::arg("model"), py::arg("task") = "", py::arg("pairs") = "", py::arg("rows") = 64,
+        py::arg("template") = 0, py::arg("span") = 0, py::arg("seed") = 1, py::arg("by_position") = false,
+        "headlab heads --task/--pairs: every head's zero, mean and resample ablation, denoising and direct logit "
+        "attribution on prompt pairs (changes of the normalised metric), as a dict of arrays");
+  m.def("circuit", &circuit, py::arg("model"), py::arg("task") = "", py::arg("pairs") = "", py::arg("rows") = 64,
+        py::arg("template") = 0, py::arg("span") = 0, py::arg("seed") = 1, py::arg("tau") = 0.01,
+        py::arg("ig_steps") = 0,
+        "headlab circuit: every edge's attribution and the circuit discovery keeps (edges with 'kept'), its metric");
   m.def(
       "_roundtrip", [](const py::array& a) { return to_numpy(from_numpy(a)); }, py::arg("array"),
       "the array through a headlab tensor and back: the same memory when no copy is needed (tests)");

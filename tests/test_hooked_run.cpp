@@ -56,6 +56,10 @@ TEST(HookedRun, EqualsTheModelsForwardAndCachesOnlyWhatWasAsked) {
       }
       const int64_t H = model.attention(l).head_count(), D = model.attention(l).head_size();
       EXPECT_EQ(r.cache.at(p + "attn.hook_z").shape(), (Shape{3, 7, H, D}));
+      // The heads' results and out_proj's bias are attn_out.
+      Tensor heads = r.cache.at(p + "attn.hook_result").sum({2});
+      if (const Tensor& b = model.attention(l).output_projection()->bias; b.defined()) heads = add(heads, b);
+      EXPECT_LT(max_difference(heads, r.cache.at(p + "hook_attn_out")), 1e-10) << l;
       EXPECT_EQ(r.cache.at(p + "attn.hook_pattern").shape(), (Shape{3, H, 7, 7}));
       model.attention(l).keep_attention_weights(false);
     }
@@ -97,6 +101,13 @@ TEST(HookedRun, AHookZeroingAHeadIsThatHeadsGateAtZero) {
                                        return Tensor();
                                      }}});
     EXPECT_LT(max_difference(in_place.logits, gated), 1e-10);
+    // The same through the head's result: its share of attn_out zeroed.
+    const analysis::HookedRun by_result =
+        run_hooked(model, idx, {}, {{"blocks.1.attn.hook_result", [&](const std::string&, const Tensor& r) {
+                                       Tensor(r.select(2, head)).fill_(0.0);
+                                       return Tensor();
+                                     }}});
+    EXPECT_LT(max_difference(by_result.logits, gated), 1e-10);
   }
 }
 

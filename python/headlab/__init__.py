@@ -6,6 +6,8 @@
     logits = model(tokens)                          # (1, T, vocab) float32, a NumPy array
     logits, cache = model.run_with_cache(tokens, names=["blocks.5.attn.hook_pattern"])
     model.run_with_hooks(tokens, {"blocks.9.attn.hook_z": lambda z, name: z * 0})
+    headlab.heads(model, task="ioi")                # what `headlab heads --task ioi` computes, as arrays
+    headlab.circuit(model, task="ioi", tau=0.01)    # and `headlab circuit`'s edges
 
 Arrays cross without copies (headlab.Model's docs say when one happens). PyTorch tensors go in through
 DLPack: as_array(t) is numpy.from_dlpack(t) for anything with __dlpack__, and torch.from_dlpack(array)
@@ -13,9 +15,9 @@ takes headlab's arrays back, sharing memory both ways.
 """
 import numpy as _np
 
-from ._headlab import Error, Model, _roundtrip, load  # noqa: F401
+from ._headlab import Error, Model, _roundtrip, circuit, heads, load  # noqa: F401
 
-__all__ = ["Error", "Model", "load", "as_array"]
+__all__ = ["Error", "Model", "load", "heads", "circuit", "as_array"]
 
 
 def as_array(x):

@@ -143,3 +143,32 @@ def test_the_example_runs(checkpoint):
     for line in ("11 tokens:", "logit difference 'o' - 'a':", "zero-ablating L1H1:", "direct logit attribution",
                  "largest: L"):
         assert line in r.stdout, r.stdout
+
+
+def test_heads_and_circuit_give_the_commands_figures(model, checkpoint, tmp_path):
+    out = tmp_path / "h"
+    # The command with the module's thread count (every core), so that their sums run in one order.
+    subprocess.run([BINARY, "heads", checkpoint, "--task", "induction", "--rows", "8", "--by-position", "--out", str(out)],
+                   check=True, capture_output=True)
+    with open(out / "heads.csv") as f:
+        rows = list(csv.DictReader(f))
+    r = headlab.heads(model, task="induction", rows=8, by_position=True)
+    assert r["heads"] == [row["head"] for row in rows]
+    for column in ("zero_ablation", "mean_ablation", "resample_ablation", "denoising", "dla_logits"):
+        np.testing.assert_allclose(r[column], [float(row[column]) for row in rows], rtol=1e-5, atol=1e-5,
+                                   err_msg=column)
+    T = r["denoising_by_position"].shape[1]
+    assert r["noising_by_position"].shape == (len(rows), T) and T == 15  # 8 tokens, then all but the last
+    with pytest.raises(headlab.Error, match="--task is induction, ioi or greater-than, not 'sort'"):
+        headlab.heads(model, task="sort")
+
+    subprocess.run([BINARY, "circuit", checkpoint, "--task", "induction", "--rows", "8", "--check-edges", "0",
+                    "--out", str(tmp_path / "c")], check=True, capture_output=True)
+    with open(tmp_path / "c" / "circuit.json") as f:
+        cli = json.load(f)
+    c = headlab.circuit(model, task="induction", rows=8)
+    kept = {(e["sender"], e["receiver"]) for e in c["edges"] if e["kept"]}
+    named = {(e["sender"], e["receiver"] + ("." + e["input"] if e["input"] in ("q", "k", "v") else ""))
+             for e in cli["edges"]}  # circuit.json names the receiving node and its input apart
+    assert kept and kept == named
+    assert c["metric"] == pytest.approx(cli["metric"]["circuit"], abs=1e-6)

@@ -172,3 +172,17 @@ def test_heads_and_circuit_give_the_commands_figures(model, checkpoint, tmp_path
              for e in cli["edges"]}  # circuit.json names the receiving node and its input apart
     assert kept and kept == named
     assert c["metric"] == pytest.approx(cli["metric"]["circuit"], abs=1e-6)
+
+
+def test_train_runs_the_command_and_reports_progress(tmp_path):
+    events = []
+    checkpoint = headlab.train(task="chars", text=TEXT, n_layers=1, n_heads=2, emb_dim=16, context_length=16,
+                               batch_size=2, steps=4, eval_every=2, eval_batches=1, log_every=1, threads=1,
+                               out=str(tmp_path / "run"), callback=events.append)
+    assert checkpoint == str(tmp_path / "run" / "checkpoint.h5") and os.path.isfile(checkpoint)
+    steps = [e for e in events if "loss" in e]
+    assert [e["step"] for e in steps] == [1, 2, 3, 4] and all(e["steps"] == 4 for e in steps)
+    assert [e["step"] for e in events if "val_loss" in e] == [2, 4]
+    assert headlab.load(checkpoint).config["n_layers"] == 1
+    with pytest.raises(headlab.Error, match="--steps"):
+        headlab.train(task="chars", text=TEXT, steps=-1, out=str(tmp_path / "bad"))

@@ -18,7 +18,9 @@
 #include <string>
 #include <vector>
 
+#include "analysis/attention_maps.h"
 #include "analysis/circuit.h"
+#include "analysis/heads.h"
 #include "analysis/hooked_run.h"
 #include "autograd/engine.h"
 #include "train/load.h"
@@ -257,6 +259,52 @@ py::dict circuit(const PyModel& m, const std::string& task, const std::string& p
   return d;
 }
 
+// headlab ablate's sweep as a dict: every head zero-, mean- and resample-ablated on the task's validation
+// batches (the checkpoint's evaluation batches and batch size by default), and Michel et al.'s importance.
+py::dict ablate(const PyModel& m, int64_t batches, int64_t batch_size) {
+  const train::RunConfig& run = m.loaded->config;
+  const int64_t n = batches > 0 ? batches : run.run.eval_batches, B = batch_size > 0 ? batch_size : run.run.batch_size;
+  HL_CHECK(n <= 10000 && B <= 100000, "headlab.ablate: ", n, " batches of ", B, " rows is more than it takes");
+  const analysis::EvalSet data = analysis::make_eval_set(*m.loaded->task, n, B, run.batch_tokens());
+  analysis::AblationResult r;
+  {
+    const py::gil_scoped_release no_gil;
+    r = analysis::ablate_heads(*m.loaded->model, data);
+  }
+  std::vector<std::string> names;
+  std::vector<double> zero, mean, resample, importance, importance_raw;
+  for (const analysis::HeadAblation& h : r.heads) {
+    names.push_back("L" + std::to_string(h.layer) + "H" + std::to_string(h.original_head));
+    zero.push_back(h.zero.loss - r.base.loss), mean.push_back(h.mean.loss - r.base.loss);
+    resample.push_back(h.resample.loss - r.base.loss);
+    importance.push_back(h.importance), importance_raw.push_back(h.importance_raw);
+  }
+  py::dict d;
+  d["heads"] = names;
+  d["loss"] = r.base.loss;
+  d["token_accuracy"] = r.base.token_accuracy;
+  d["zero_delta_loss"] = vector_array(zero);
+  d["mean_delta_loss"] = vector_array(mean);
+  d["resample_delta_loss"] = vector_array(resample);
+  d["importance"] = vector_array(importance);
+  d["importance_raw"] = vector_array(importance_raw);
+  return d;
+}
+
+// headlab attention's maps for one prompt: every head's weights (layers, heads, T, T) and the tokens.
+py::dict attention(const PyModel& m, const py::object& text_or_tokens) {
+  const std::vector<int64_t> ids =
+      m.ids_of(py::isinstance<py::str>(text_or_tokens) ? m.to_tokens(text_or_tokens.cast<std::string>())
+                                                       : text_or_tokens.cast<py::array>());
+  const analysis::AttentionMaps a = analysis::attention_maps(m.gpt(), ids);
+  std::vector<double> w(a.weights.begin(), a.weights.end());
+  py::dict d;
+  d["tokens"] = m.to_str_tokens(to_numpy(tensor(ids, {static_cast<int64_t>(ids.size())})));
+  d["layers"] = a.layer_names;
+  d["weights"] = to_numpy(tensor(w, {a.layers, a.heads, a.T, a.S}).to(DType::f32));
+  return d;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_headlab, m) {
@@ -306,6 +354,11 @@ PYBIND11_MODULE(_headlab, m) {
         py::arg("template") = 0, py::arg("span") = 0, py::arg("seed") = 1, py::arg("tau") = 0.01,
         py::arg("ig_steps") = 0,
         "headlab circuit: every edge's attribution and the circuit discovery keeps (edges with 'kept'), its metric");
+  m.def("ablate", &ablate, py::arg("model"), py::arg("batches") = 0, py::arg("batch_size") = 0,
+        "headlab ablate's sweep: every head's zero, mean and resample ablation (loss increase) on the task's "
+        "validation batches, and its importance, as a dict of arrays");
+  m.def("attention", &attention, py::arg("model"), py::arg("text_or_tokens"),
+        "headlab attention: every head's attention weights on one prompt, (layers, heads, T, T), and its tokens");
   m.def(
       "_roundtrip", [](const py::array& a) { return to_numpy(from_numpy(a)); }, py::arg("array"),
       "the array through a headlab tensor and back: the same memory when no copy is needed (tests)");

@@ -21,9 +21,9 @@ import subprocess as _subprocess
 
 import numpy as _np
 
-from ._headlab import Error, Model, _roundtrip, circuit, heads, load  # noqa: F401
+from ._headlab import Error, Model, _roundtrip, ablate, attention, circuit, heads, load  # noqa: F401
 
-__all__ = ["Error", "Model", "load", "heads", "circuit", "train", "as_array"]
+__all__ = ["Error", "Model", "load", "ablate", "attention", "heads", "circuit", "train", "as_array"]
 
 
 def as_array(x):

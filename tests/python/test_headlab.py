@@ -186,3 +186,20 @@ def test_train_runs_the_command_and_reports_progress(tmp_path):
     assert headlab.load(checkpoint).config["n_layers"] == 1
     with pytest.raises(headlab.Error, match="--steps"):
         headlab.train(task="chars", text=TEXT, steps=-1, out=str(tmp_path / "bad"))
+
+
+def test_ablate_and_attention_give_the_commands_figures(model, checkpoint, tmp_path):
+    subprocess.run([BINARY, "ablate", checkpoint, "--batches", "1", "--batch-size", "4", "--repeats", "1",
+                    "--out", str(tmp_path / "a")], check=True, capture_output=True)
+    with open(tmp_path / "a" / "heads.csv") as f:
+        rows = list(csv.DictReader(f))
+    r = headlab.ablate(model, batches=1, batch_size=4)
+    assert r["heads"] == [f"L{row['layer']}H{row['head']}" for row in rows]
+    for column in ("zero_delta_loss", "mean_delta_loss", "resample_delta_loss", "importance", "importance_raw"):
+        np.testing.assert_allclose(r[column], [float(row[column]) for row in rows], rtol=1e-5, atol=1e-6,
+                                   err_msg=column)
+    a = headlab.attention(model, "the cat sat")
+    assert a["tokens"] == list("the cat sat") and a["layers"] == ["L0", "L1"]
+    assert a["weights"].shape == (2, 2, 11, 11)
+    _, cache = model.run_with_cache(model.to_tokens("the cat sat"), names=["blocks.1.attn.hook_pattern"])
+    np.testing.assert_allclose(a["weights"][1], cache["blocks.1.attn.hook_pattern"][0], rtol=1e-5, atol=1e-6)

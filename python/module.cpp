@@ -160,8 +160,8 @@ struct PyModel {
   py::array run_with_hooks(const py::array& tokens_in, const std::map<std::string, py::function>& fns) const {
     const Tensor t = tokens(tokens_in);
     std::map<std::string, analysis::Hook> hooks;
-    for (const auto& [name, fn] : fns)
-      hooks[name] = [fn](const std::string& n, const Tensor& x) -> Tensor {
+    for (const auto& entry : fns)
+      hooks[entry.first] = [fn = entry.second](const std::string& n, const Tensor& x) -> Tensor {
         const py::object y = fn(to_numpy(x), n);
         return y.is_none() ? Tensor() : from_numpy(y.cast<py::array>());
       };

@@ -134,11 +134,11 @@ def test_a_hook_zeroing_a_head_is_the_batched_engines_zero_ablation(model, check
             assert ours == pytest.approx(engine[f"L{layer}H{head}"], abs=1e-5), (layer, head)
 
 
-def test_the_example_runs(checkpoint):
+def test_the_example_runs(checkpoint, python_env):
     example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "python", "tour.py")
     r = subprocess.run([sys.executable, example,
                         checkpoint, "the cat sat", "o", "a"], capture_output=True, text=True,
-                       env=dict(os.environ))
+                       env=python_env)
     assert r.returncode == 0, r.stderr
     for line in ("11 tokens:", "logit difference 'o' - 'a':", "zero-ablating L1H1:", "direct logit attribution",
                  "largest: L"):

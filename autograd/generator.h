@@ -56,7 +56,23 @@ class Generator {
   int64_t shard_first_ = 0, shard_rows_ = 0, shard_total_ = 0;
 };
 
+// The process's generator, or this thread's own while a ThreadGenerator is alive on it.
 Generator& default_generator();
 inline void manual_seed(uint64_t seed) { default_generator().manual_seed(seed); }
+
+// While alive, default_generator() on the thread that made it is its own generator, starting as a copy
+// of `start`: data-parallel threads each draw their rows' dropout masks and move on as the whole batch
+// does, without sharing (or racing on) the process's generator.
+class ThreadGenerator {
+ public:
+  explicit ThreadGenerator(const Generator& start);
+  ~ThreadGenerator();
+  ThreadGenerator(const ThreadGenerator&) = delete;
+  ThreadGenerator& operator=(const ThreadGenerator&) = delete;
+
+ private:
+  Generator own_;
+  Generator* previous_;
+};
 
 }  // namespace headlab

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Data-parallel training speed (README, "Data parallel"): the same run (same seed, global batch and
-# steps) as 2 MPI ranks x 1 thread, 1 process x 2 threads and 1 process x 1 thread, interleaved for
+# steps) as 2 MPI ranks x 1 thread, 1 process x 2 threads each taking its rows (--parallel data, what
+# --parallel auto picks for these models), 1 process x 2 threads splitting every op (--parallel ops)
+# and 1 process x 1 thread, interleaved for
 # --rounds rounds so that all three see the same machine noise; the median training tokens/s of each
 # (headlab train's own figure: the steps' time, without start-up and the final save) and rank 0's share
 # of time in the gradient allreduce.
@@ -27,7 +29,7 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_va
 
 models=("reverse --task reverse --emb-dim 64 --n-heads 4 --n-layers 2 --batch-size 64"
         "chars --task chars --emb-dim 128 --n-heads 4 --n-layers 4 --context-length 128 --batch-size 32")
-modes=("2x1" "1x2" "1x1")
+modes=("2x1" "1x2-data" "1x2-ops" "1x1")
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 for ((r = 1; r <= rounds; r++)); do
@@ -38,7 +40,8 @@ for ((r = 1; r <= rounds; r++)); do
               --out "$tmp/run")
       case $mode in
         2x1) mpirun -np 2 build/headlab "${common[@]}" --threads 1 >"$tmp/out" ;;
-        1x2) build/headlab "${common[@]}" --threads 2 >"$tmp/out" ;;
+        1x2-data) build/headlab "${common[@]}" --threads 2 --parallel data >"$tmp/out" ;;
+        1x2-ops) build/headlab "${common[@]}" --threads 2 --parallel ops >"$tmp/out" ;;
         1x1) build/headlab "${common[@]}" --threads 1 >"$tmp/out" ;;
       esac
       rm -rf "$tmp/run"
@@ -50,13 +53,13 @@ for ((r = 1; r <= rounds; r++)); do
 done
 
 printf '%s\n' "$(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores, $(date -u +%F), $steps steps, median of $rounds"
-printf '%-10s %-6s %12s %10s %14s\n' model ranks "k tok/s" "vs 1x1" "allreduce %"
+printf '%-10s %-9s %12s %10s %14s\n' model ranks "k tok/s" "vs 1x1" "allreduce %"
 for model in "${models[@]}"; do
   read -r name args <<<"$model"
   base=$(median <"$tmp/$name-1x1.rate")
   for mode in "${modes[@]}"; do
     rate=$(median <"$tmp/$name-$mode.rate") comm=$(median <"$tmp/$name-$mode.comm")
     awk -v n="$name" -v m="$mode" -v r="$rate" -v b="$base" -v c="$comm" 'BEGIN {
-      printf "%-10s %-6s %12.1f %9.2fx %14s\n", n, m, r, r / b, (c == "nan" ? "-" : c) }'
+      printf "%-10s %-9s %12.1f %9.2fx %14s\n", n, m, r, r / b, (c == "nan" ? "-" : c) }'
   done
 done

@@ -50,7 +50,8 @@ Action add_train(CLI::App& app) {
   auto o = std::make_shared<train::TrainOptions>();
   train::RunConfig& c = o->config;
   struct Choices {
-    std::string attention = "fused", optimizer = "adamw", schedule = "cosine", text, arch = "gpt", init;
+    std::string attention = "fused", parallel = "auto", optimizer = "adamw", schedule = "cosine", text, arch = "gpt",
+                init;
     int64_t ffn_hiddens = 0;   // encoder-decoder: 0 = 2 x --emb-dim, as d2l's 32 / 64
     double weight_decay = -1;  // < 0: the optimizer's PyTorch default
     int threads = 0;
@@ -172,6 +173,11 @@ Action add_train(CLI::App& app) {
       ->check(positive_number(1e12))
       ->capture_default_str();
   add_threads_option(app, ch->threads, "CPU threads (0: all cores, shared out among the MPI ranks on this machine)");
+  app.add_option("--parallel", ch->parallel,
+                 "how a CPU step uses the threads: 'data' (each thread its rows of the batch, gradients summed), "
+                 "'ops' (every op split over them), 'auto' (data when the batch splits into shares of a "
+                 "multiple of 4 rows and the model's extra copies take at most 1 GiB)")
+      ->capture_default_str();
   app.footer(tasks::tasks_help());
   CLI::App* self = &app;
   return [o, ch, self] {
@@ -181,6 +187,7 @@ Action add_train(CLI::App& app) {
     set_threads(ch->threads, o->comm->local_size());
     train::RunConfig& c = o->config;
     c.model.attention = parse_enum<nn::AttentionForm>(ch->attention, "train: --attention");
+    o->thread_use = parse_enum<train::ThreadUse>(ch->parallel, "train: --parallel");
     c.arch = parse_enum<train::Arch>(ch->arch, "train: --arch");
     // The shared model options, in d2l's names too (whatever --arch: --resume compares them with a
     // checkpoint of either architecture).

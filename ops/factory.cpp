@@ -8,10 +8,20 @@ namespace headlab {
 
 using detail::make_loop;
 
+namespace {
+thread_local Generator* t_thread_generator = nullptr;  // a ThreadGenerator's, on its thread
+}
+
 Generator& default_generator() {
+  if (t_thread_generator) return *t_thread_generator;
   static Generator gen(0);
   return gen;
 }
+
+ThreadGenerator::ThreadGenerator(const Generator& start) : own_(start), previous_(t_thread_generator) {
+  t_thread_generator = &own_;
+}
+ThreadGenerator::~ThreadGenerator() { t_thread_generator = previous_; }
 
 Tensor full(const Shape& shape, double value, DType dtype, Device device) {
   const OpScope scope("full");

@@ -2,14 +2,19 @@
 // a batch's rows split exactly (Batch::rows), dropout masks of a row slice equal to the whole
 // batch's draw (Generator::set_row_shard), and, under mpirun, the whole run: losses and parameters
 // of 2 ranks against 1 process, resume across the two, a signal on one rank, a killed rank, bad
-// batch sizes. The mpirun tests skip when headlab was built without MPI or mpirun is missing.
+// batch sizes. The mpirun tests skip when headlab was built without MPI or mpirun is missing. And the
+// threads transport (issue: CPU training, second pass): its collectives in one process, and the threads
+// of one headlab train against one thread.
 #include <gtest/gtest.h>
+#include <omp.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -111,12 +116,9 @@ const std::string kMpiEnv =
 
 bool have_mpirun() { return std::system("command -v mpirun >/dev/null 2>&1") == 0; }
 
-class DataParallel : public ::testing::Test {
+// Runs of the headlab command: one process, or N ranks under mpirun.
+class TrainRuns : public ::testing::Test {
  protected:
-  void SetUp() override {
-    if (!train::built_with_mpi()) GTEST_SKIP() << "headlab was built without MPI (-DHEADLAB_MPI)";
-    if (!have_mpirun()) GTEST_SKIP() << "mpirun is not installed (apt-get install openmpi-bin)";
-  }
   // A small GPT on reverse with dropout on, so that the masks matter; every step logged.
   std::vector<std::string> train_args(const std::string& out, int64_t steps) const {
     return {"train",
@@ -158,6 +160,14 @@ class DataParallel : public ::testing::Test {
     return testing::run_process(argv, tmp.dir(), kMpiEnv);
   }
   TempDir tmp{"headlab_mpi"};
+};
+
+class DataParallel : public TrainRuns {
+ protected:
+  void SetUp() override {
+    if (!train::built_with_mpi()) GTEST_SKIP() << "headlab was built without MPI (-DHEADLAB_MPI)";
+    if (!have_mpirun()) GTEST_SKIP() << "mpirun is not installed (apt-get install openmpi-bin)";
+  }
 };
 
 // step -> loss, from the "step k/n  loss x" lines.
@@ -280,6 +290,210 @@ TEST_F(DataParallel, ResumesAcrossProcessCounts) {
   const io::Checkpoint switched = io::load_checkpoint(tmp.path("switched/checkpoint.h5"));
   EXPECT_EQ(switched.trainer.step, 20);
   EXPECT_LT(max_parameter_difference(straight, switched), 2e-3);
+}
+
+// ---- data parallelism over the threads of one process ----
+
+// Every thread of run_on_threads gets its rank, the group's sums and the root's bytes.
+TEST(ThreadsTransport, AllreduceBroadcastAndBarrierOverThreeThreads) {
+  constexpr int kThreads = 3;
+  std::vector<std::vector<float>> sums(kThreads);
+  std::vector<double> doubles(kThreads);
+  std::vector<std::string> broadcast(kThreads);
+  std::vector<int> ranks(kThreads, -1), sizes(kThreads);
+  train::run_on_threads(kThreads, train::single_process(), [&](const std::shared_ptr<train::Collectives>& comm) {
+    const int r = comm->rank();
+    ranks[static_cast<size_t>(r)] = r;
+    sizes[static_cast<size_t>(r)] = comm->size();
+    std::vector<float> v(7);  // 7: the threads' slices of the sum are uneven
+    for (int i = 0; i < 7; ++i) v[static_cast<size_t>(i)] = static_cast<float>((r + 1) * (i + 1));
+    comm->allreduce_sum(v.data(), 7);
+    sums[static_cast<size_t>(r)] = v;
+    double d = r + 0.5;
+    comm->allreduce_sum(&d, 1);
+    doubles[static_cast<size_t>(r)] = d;
+    char text[8] = {};
+    std::snprintf(text, sizeof text, "rank %d", r);
+    comm->broadcast(text, sizeof text, 2);
+    broadcast[static_cast<size_t>(r)] = text;
+    comm->barrier();
+  });
+  for (int r = 0; r < kThreads; ++r) {
+    EXPECT_EQ(ranks[static_cast<size_t>(r)], r);
+    EXPECT_EQ(sizes[static_cast<size_t>(r)], kThreads);
+    for (int i = 0; i < 7; ++i) EXPECT_EQ(sums[static_cast<size_t>(r)][static_cast<size_t>(i)], 6.0f * (i + 1));
+    EXPECT_EQ(doubles[static_cast<size_t>(r)], 4.5);
+    EXPECT_EQ(broadcast[static_cast<size_t>(r)], "rank 2");
+  }
+}
+
+// Inside, each thread's kernels run one thread and draw from their own copy of the generator; the
+// caller's thread count is back afterwards.
+TEST(ThreadsTransport, EachThreadHasItsOwnGeneratorAndSingleThreadedKernels) {
+  const int before = omp_get_max_threads();
+  manual_seed(11);
+  const Tensor expected = rand({4});
+  manual_seed(11);
+  Generator* process = &default_generator();
+  std::vector<Generator*> generators(2);
+  std::vector<int> kernel_threads(2);
+  std::vector<std::vector<double>> draws(2);
+  train::run_on_threads(2, train::single_process(), [&](const std::shared_ptr<train::Collectives>& comm) {
+    const auto r = static_cast<size_t>(comm->rank());
+    generators[r] = &default_generator();
+    kernel_threads[r] = omp_get_max_threads();
+    draws[r] = rand({4}).to_vector<double>();
+  });
+  EXPECT_EQ(generators[0], process) << "thread 0 is the caller and keeps its generator";
+  EXPECT_NE(generators[1], process);
+  EXPECT_EQ(kernel_threads, (std::vector<int>{1, 1}));
+  EXPECT_EQ(draws[0], expected.to_vector<double>()) << "both start from the caller's state";
+  EXPECT_EQ(draws[1], expected.to_vector<double>());
+  EXPECT_EQ(omp_get_max_threads(), before);
+  EXPECT_EQ(&default_generator(), process);
+}
+
+// An error on one thread wakes the others out of the collective they wait in; the caller gets it.
+TEST(ThreadsTransport, AnErrorOnOneThreadEndsEveryThreadAndReachesTheCaller) {
+  std::vector<int> stopped(3);
+  try {
+    train::run_on_threads(3, train::single_process(), [&](const std::shared_ptr<train::Collectives>& comm) {
+      if (comm->rank() == 1) throw Error("rank 1 ran out of luck");
+      float x = 1;
+      try {
+        comm->allreduce_sum(&x, 1);
+      } catch (const train::ThreadGroupStopped&) {
+        stopped[static_cast<size_t>(comm->rank())] = 1;
+        throw;
+      }
+    });
+    FAIL() << "expected an error";
+  } catch (const train::ThreadGroupStopped& e) {
+    FAIL() << "the other threads' error came instead of rank 1's: " << e.what();
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "rank 1 ran out of luck");
+  }
+  EXPECT_EQ(stopped, (std::vector<int>{1, 0, 1}));
+}
+
+// Threads x processes: an outer transport of 2 processes (this one and a twin that holds the same
+// values), so every sum doubles across it; ranks are process x threads + thread.
+TEST(ThreadsTransport, ComposesWithAnOuterTransport) {
+  class Twin final : public train::Collectives {
+   public:
+    int rank() const override { return 1; }
+    int size() const override { return 2; }
+    int local_size() const override { return 2; }
+    std::string name() const override { return "twin"; }
+    void allreduce_sum(float* d, int64_t n) override {
+      std::for_each(d, d + n, [](float& x) { x *= 2; });
+    }
+    void allreduce_sum(double* d, int64_t n) override {
+      std::for_each(d, d + n, [](double& x) { x *= 2; });
+    }
+    void broadcast(void*, int64_t, int root) override { roots.push_back(root); }
+    void barrier() override { ++barriers; }
+    [[noreturn]] void abort(int) override { std::abort(); }
+    std::vector<int> roots;
+    int barriers = 0;
+  };
+  const auto twin = std::make_shared<Twin>();
+  std::vector<float> sums(2);
+  std::vector<int> ranks(2);
+  std::string name;
+  train::run_on_threads(2, twin, [&](const std::shared_ptr<train::Collectives>& comm) {
+    const auto t = static_cast<size_t>(comm->rank() % 2);
+    ranks[t] = comm->rank();
+    EXPECT_EQ(comm->size(), 4);
+    EXPECT_EQ(comm->processes(), 2);
+    float x = static_cast<float>(t + 1);
+    comm->allreduce_sum(&x, 1);
+    sums[t] = x;
+    int v = static_cast<int>(t);
+    comm->broadcast(&v, sizeof v, 3);  // rank 3: this process's thread 1
+    EXPECT_EQ(v, 1);
+    comm->barrier();
+    if (t == 0) name = comm->name();
+  });
+  EXPECT_EQ(ranks, (std::vector<int>{2, 3}));
+  EXPECT_EQ(sums, (std::vector<float>{6, 6}));
+  EXPECT_EQ(twin->roots, (std::vector<int>{1}));
+  EXPECT_EQ(twin->barriers, 1);
+  EXPECT_EQ(name, "twin x 2 threads");
+}
+
+// The whole run: the command's threads, each on its rows, train what one thread trains.
+using ThreadDataParallel = TrainRuns;
+
+std::vector<std::string> with_option(std::vector<std::string> args, const std::string& option,
+                                     const std::string& value) {
+  const auto at = std::find(args.begin(), args.end(), option);
+  if (at == args.end()) {
+    args.push_back(option);
+    args.push_back(value);
+  } else {
+    *(at + 1) = value;
+  }
+  return args;
+}
+
+TEST_F(ThreadDataParallel, TwoThreadsTrainWhatOneThreadTrains) {
+  const ProcessResult one = single(train_args("one", 30));
+  ASSERT_EQ(one.code, 0) << one.err;
+  const ProcessResult two =
+      single(with_option(with_option(train_args("two", 30), "--threads", "2"), "--parallel", "data"));
+  ASSERT_EQ(two.code, 0) << two.out << two.err;
+  EXPECT_NE(two.out.find("data parallel: 2 ranks (2 threads), 8 of the 16 rows"), std::string::npos) << two.out;
+  EXPECT_EQ(two.out.find("headlab train: task"), two.out.rfind("headlab train: task")) << "rank 0 alone prints";
+  const auto a = step_losses(one.out), b = step_losses(two.out);
+  ASSERT_EQ(a.size(), 30u) << one.out;
+  ASSERT_EQ(b.size(), 30u) << two.out;
+  for (const auto& [step, loss] : a) EXPECT_NEAR(b.at(step), loss, 2e-3 * loss) << "step " << step;
+  const io::Checkpoint ca = io::load_checkpoint(tmp.path("one/checkpoint.h5"));
+  const io::Checkpoint cb = io::load_checkpoint(tmp.path("two/checkpoint.h5"));
+  EXPECT_EQ(cb.trainer.step, 30);
+  EXPECT_EQ(cb.trainer.rng_offset, ca.trainer.rng_offset) << "the generator moved as one thread's did";
+  EXPECT_LT(max_parameter_difference(ca, cb), 2e-3);
+  EXPECT_EQ(ca.config, cb.config);
+}
+
+// The threads sum in a fixed order: stopping and resuming changes nothing, to the bit.
+TEST_F(ThreadDataParallel, ResumeIsBitExact) {
+  const auto args = [&](const std::string& out, int64_t steps) {
+    return with_option(with_option(train_args(out, steps), "--threads", "2"), "--parallel", "data");
+  };
+  ASSERT_EQ(single(args("straight", 20)).code, 0);
+  ASSERT_EQ(single(args("resumed", 10)).code, 0);
+  std::vector<std::string> rest = args("resumed", 20);
+  rest.push_back("--resume");
+  const ProcessResult r = single(rest);
+  ASSERT_EQ(r.code, 0) << r.err;
+  const io::Checkpoint a = io::load_checkpoint(tmp.path("straight/checkpoint.h5"));
+  const io::Checkpoint b = io::load_checkpoint(tmp.path("resumed/checkpoint.h5"));
+  EXPECT_EQ(b.trainer.step, 20);
+  EXPECT_EQ(max_parameter_difference(a, b), 0.0);
+  EXPECT_EQ(a.trainer.rng_offset, b.trainer.rng_offset);
+}
+
+// auto: data parallel when the batch splits into shares of a multiple of 4 rows; ops otherwise.
+TEST_F(ThreadDataParallel, AutoChoosesByTheBatchAndDataRefusesABatchThatDoesNotSplit) {
+  const auto args = [&](const std::string& out, const std::string& batch, const std::string& parallel) {
+    return with_option(with_option(with_option(train_args(out, 2), "--threads", "2"), "--batch-size", batch),
+                       "--parallel", parallel);
+  };
+  const ProcessResult splits = single(args("a", "16", "auto"));
+  ASSERT_EQ(splits.code, 0) << splits.err;
+  EXPECT_NE(splits.out.find("data parallel: 2 ranks (2 threads)"), std::string::npos) << splits.out;
+  const ProcessResult odd = single(args("b", "6", "auto"));  // 3 rows each
+  ASSERT_EQ(odd.code, 0) << odd.err;
+  EXPECT_EQ(odd.out.find("data parallel"), std::string::npos) << odd.out;
+  const ProcessResult ops = single(args("c", "16", "ops"));
+  ASSERT_EQ(ops.code, 0) << ops.err;
+  EXPECT_EQ(ops.out.find("data parallel"), std::string::npos) << ops.out;
+  const ProcessResult bad = single(args("d", "5", "data"));
+  EXPECT_EQ(bad.code, 1);
+  EXPECT_NE(bad.err.find("--parallel data: --batch-size 5 does not split evenly over 2 threads"), std::string::npos)
+      << bad.err;
 }
 
 TEST_F(DataParallel, BadBatchSizeIsAClearErrorOnEveryRank) {

@@ -1,12 +1,16 @@
 // Collectives: what data-parallel training needs from the processes it runs on, behind one small
 // interface, as the CUDA backend sits behind backends/backend.h. A transport implements it: a single
-// process (nothing to do), MPI (train/collectives_mpi.cpp, built with HEADLAB_MPI). NCCL would be a
-// third: the same calls on device buffers with ncclAllReduce / ncclBroadcast on one stream, the
-// communicator made from an ncclUniqueId that rank 0 broadcasts over MPI (README, "Data parallel").
+// process (nothing to do), MPI (train/collectives_mpi.cpp, built with HEADLAB_MPI), the threads of one
+// process (train/collectives_threads.cpp), which composes with MPI. NCCL would be another: the same calls on device
+// buffers with ncclAllReduce / ncclBroadcast on one stream, the communicator made from an ncclUniqueId that rank 0
+// broadcasts over MPI (README, "Data parallel").
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+
+#include "base/error.h"
 
 namespace headlab::train {
 
@@ -15,8 +19,9 @@ class Collectives {
   virtual ~Collectives() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  virtual int local_size() const = 0;    // ranks on this machine (they share its cores)
-  virtual std::string name() const = 0;  // "single process", "MPI (Open MPI 4.1.4)"
+  virtual int local_size() const = 0;               // ranks on this machine (they share its cores)
+  virtual int processes() const { return size(); }  // the processes the ranks run in
+  virtual std::string name() const = 0;             // "single process", "MPI (Open MPI 4.1.4)"
   // Element-wise sum over every rank, in place, host memory. Every rank receives the same values.
   virtual void allreduce_sum(float* data, int64_t n) = 0;
   virtual void allreduce_sum(double* data, int64_t n) = 0;
@@ -32,5 +37,20 @@ std::shared_ptr<Collectives> single_process();
 // Initialises MPI on first use; finalised at exit.
 std::shared_ptr<Collectives> world();
 bool built_with_mpi();
+
+// Data parallelism over threads: runs fn on `threads` threads of one OpenMP team (the calling thread is
+// thread 0), each with its own Collectives: rank outer.rank() x threads + thread of outer.size() x
+// threads. Inside, each thread's kernels are single-threaded (a nested OpenMP region and OpenBLAS run
+// one thread) and its default_generator() is its own, a copy of the calling thread's. An error on one
+// thread wakes the others out of their collectives (a ThreadGroupStopped error) and is rethrown here
+// once every thread has returned.
+void run_on_threads(int threads, const std::shared_ptr<Collectives>& outer,
+                    const std::function<void(const std::shared_ptr<Collectives>&)>& fn);
+
+// What a thread of run_on_threads gets from a collective when another thread of its group failed.
+class ThreadGroupStopped : public Error {
+ public:
+  using Error::Error;
+};
 
 }  // namespace headlab::train

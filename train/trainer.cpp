@@ -4,6 +4,7 @@
 // so a resumed run continues bit for bit.
 #include "train/trainer.h"
 
+#include <omp.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -13,6 +14,7 @@
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
+#include <mutex>
 #include <regex>
 #include <sstream>
 
@@ -482,7 +484,52 @@ TrainResult Trainer::run() {
       log("removed " + f + ", a temporary file left by a writer that no longer runs");
   }
   const std::unique_ptr<Session> session = start();
-  Session& s = *session;
+  const int threads = data_parallel_threads(*session);
+  if (threads == 1) return train(*session);
+  TrainResult result;
+  run_on_threads(threads, opts_.comm, [&](const std::shared_ptr<Collectives>& rank) {
+    TrainOptions mine = opts_;
+    mine.comm = rank;
+    Trainer trainer(std::move(mine));
+    if (rank->rank() % threads == 0) {  // the calling thread: this process's first rank, its session
+      result = trainer.train(*session);
+      return;
+    }
+    std::unique_ptr<Session> own;
+    {
+      static std::mutex starting;  // one at a time: HDF5 (a resumed checkpoint) is not thread-safe
+      const std::lock_guard<std::mutex> one(starting);
+      own = trainer.start();
+    }
+    trainer.train(*own);
+  });
+  return result;
+}
+
+int Trainer::data_parallel_threads(const Session& s) const {
+  const int threads = omp_get_max_threads();
+  if (opts_.thread_use == ThreadUse::ops || threads == 1) return 1;
+  const RunSettings& run = s.config.run;
+  const int64_t ranks = static_cast<int64_t>(opts_.comm->size()) * threads;
+  const bool cpu = !s.model->device().is_cuda();
+  if (opts_.thread_use == ThreadUse::data) {
+    HL_CHECK(cpu, "train: --parallel data splits a batch over CPU threads; this run is on ", s.model->device().str());
+    HL_CHECK(run.batch_size % ranks == 0, "train: --parallel data: --batch-size ", run.batch_size,
+             " does not split evenly over ", ranks, " threads", opts_.comm->size() > 1 ? " (all ranks)" : "",
+             "; use a multiple of ", ranks);
+    return threads;
+  }
+  const int slots = s.config.optimizer.kind == optim::OptimizerKind::sgd ? 1 : 2;
+  const double replicas = static_cast<double>(threads - 1) * static_cast<double>(s.model->num_parameters()) *
+                          static_cast<double>(sizeof(float) * (2 + slots));
+  const bool pays =
+      cpu && run.batch_size % ranks == 0 && (run.batch_size / ranks) % 4 == 0 && replicas <= kMaxReplicaBytes;
+  return pays ? threads : 1;
+}
+
+TrainResult Trainer::train(Session& s) {
+  Collectives& comm = *opts_.comm;
+  const bool writer = comm.rank() == 0;
   const RunSettings& run = s.config.run;
   const int64_t steps = run.steps, B = run.batch_size, T = s.config.batch_tokens();
   const int64_t ranks = comm.size(), rows = B / ranks, first_row = comm.rank() * rows;
@@ -506,7 +553,7 @@ TrainResult Trainer::run() {
   }
 
   // (mpirun hands rank 0 a pseudo-terminal whatever its own output is: data-parallel runs log lines)
-  const bool tty = !opts_.quiet && ranks == 1 && isatty(STDOUT_FILENO);
+  const bool tty = !opts_.quiet && comm.processes() == 1 && isatty(STDOUT_FILENO);
   using clock = std::chrono::steady_clock;
   const auto run_start = clock::now();
   const double elapsed_before = s.state.elapsed_seconds;
@@ -522,7 +569,12 @@ TrainResult Trainer::run() {
     result.observer_seconds += std::chrono::duration<double>(clock::now() - t0).count();
   };
   observe();
-  bool stop_agreed = false;  // data parallelism: some rank saw a signal during the last step
+  bool stop_agreed = false;  // data parallelism: some rank saw a signal during the last step (or before the first)
+  if (ranks > 1) {
+    double seen = stop_requested() ? 1.0 : 0.0;
+    comm.allreduce_sum(&seen, 1);
+    stop_agreed = seen > 0;
+  }
   while (s.state.step < steps) {
     if (ranks == 1 ? stop_requested().load() : stop_agreed) {
       result.interrupted = true;

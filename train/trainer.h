@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "base/enum_names.h"
 #include "io/checkpoint.h"
 #include "train/collectives.h"
 #include "train/config.h"
@@ -24,6 +25,19 @@ struct StepObserver {
   std::function<void(nn::Model& model, const tasks::Task& task, int64_t T, int64_t step)> call;
 };
 
+// How a training step on the CPU uses this process's threads (omp_get_max_threads(), --threads):
+// ops: every op splits its work over them; data: each thread computes its rows of every batch, a rank
+// of the threads transport (run_on_threads), with single-threaded kernels; automatic: data when the
+// batch splits into shares of a multiple of 4 rows and the extra copies of the model (parameters,
+// gradients, optimizer state) take at most kMaxReplicaBytes, else ops. Measured (bench/data_parallel.sh,
+// README "Data parallel"): on the demo's and the chars model data runs 1.6-1.9x one thread, ops 1.2-1.8x.
+enum class ThreadUse { automatic, ops, data };
+constexpr auto enum_table(ThreadUse) {  // enum_name, parse_enum (base/enum_names.h)
+  return std::to_array<EnumName<ThreadUse>>(
+      {{ThreadUse::automatic, "auto"}, {ThreadUse::ops, "ops"}, {ThreadUse::data, "data"}});
+}
+inline constexpr double kMaxReplicaBytes = 1 << 30;
+
 struct TrainOptions {
   RunConfig config =
       RunConfig::defaults();  // what to train (resolve() fills in what the task decides); ignored on resume
@@ -39,6 +53,7 @@ struct TrainOptions {
   // those rows get in a single process), gradients are summed over the ranks, every rank steps the same
   // optimizer state, and rank 0 alone prints, evaluates and writes files.
   std::shared_ptr<Collectives> comm;
+  ThreadUse thread_use = ThreadUse::automatic;
   // On resume, the command-line options the user gave ("--lr", "--emb-dim"): a given option that fixes
   // the model, the task or the data must agree with the checkpoint (ResumeMismatch otherwise); a given
   // option that may change (learning rate and schedule, cadences, gradient clipping) replaces the
@@ -89,6 +104,8 @@ class Trainer {
  private:
   struct Session;  // the model, optimizer and state of one run
   std::unique_ptr<Session> start();
+  int data_parallel_threads(const Session& s) const;  // 1: no data parallelism over threads (ThreadUse)
+  TrainResult train(Session& s);                      // the steps, on this rank
   void apply_resume_options(Session& s) const;
   void check_parameters(const Session& s) const;
   std::string save(Session& s) const;

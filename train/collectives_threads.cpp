@@ -6,6 +6,8 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -32,38 +34,52 @@ class ThreadGroup {
   Collectives& outer() const { return *outer_; }
   void*& slot(int thread) { return slots_[static_cast<size_t>(thread)]; }
 
-  // Returns once every thread has arrived; throws ThreadGroupStopped once any thread has failed.
+  // Returns once every thread has arrived; throws ThreadGroupStopped once any thread has failed. A
+  // waiter spins for up to kSpin before it sleeps: the threads arrive within microseconds of each other
+  // (they run the same step), and waking a sleeping thread costs tens of microseconds here.
   void arrive_and_wait() {
-    std::unique_lock<std::mutex> lock(mutex_);
     stop_if_failed();
-    const uint64_t generation = generation_;
-    if (++arrived_ == threads_) {
-      arrived_ = 0;
-      ++generation_;
+    const uint64_t generation = generation_.load(std::memory_order_acquire);
+    if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == threads_) {
+      arrived_.store(0, std::memory_order_relaxed);  // (nobody arrives again before the generation moves)
+      {
+        const std::lock_guard<std::mutex> lock(mutex_);
+        generation_.store(generation + 1, std::memory_order_release);
+      }
       woken_.notify_all();
       return;
     }
-    woken_.wait(lock, [&] { return generation_ != generation || failed_; });
-    if (generation_ == generation) stop_if_failed();
+    const auto until = std::chrono::steady_clock::now() + kSpin;
+    for (int i = 1;; ++i) {
+      if (generation_.load(std::memory_order_acquire) != generation) return;
+      stop_if_failed();
+      if (i % 64 == 0 && std::chrono::steady_clock::now() > until) break;
+    }
+    std::unique_lock<std::mutex> lock(mutex_);
+    woken_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != generation || failed_.load(); });
+    if (generation_.load(std::memory_order_acquire) == generation) stop_if_failed();
   }
   void fail() {
-    const std::lock_guard<std::mutex> lock(mutex_);
-    failed_ = true;
+    {
+      const std::lock_guard<std::mutex> lock(mutex_);
+      failed_.store(true);
+    }
     woken_.notify_all();
   }
 
  private:
+  static constexpr std::chrono::microseconds kSpin{100};
   void stop_if_failed() const {
-    if (failed_) throw ThreadGroupStopped("data parallelism: another thread of this run failed");
+    if (failed_.load()) throw ThreadGroupStopped("data parallelism: another thread of this run failed");
   }
   const int threads_;
   const std::shared_ptr<Collectives> outer_;
   std::vector<void*> slots_;
   std::mutex mutex_;
   std::condition_variable woken_;
-  int arrived_ = 0;
-  uint64_t generation_ = 0;
-  bool failed_ = false;
+  std::atomic<int> arrived_{0};
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<bool> failed_{false};
 };
 
 class ThreadRank final : public Collectives {

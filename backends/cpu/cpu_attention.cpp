@@ -6,6 +6,7 @@
 // B = batch, H = heads, Tq / Tk = queries / keys, D = q/k head size, Dv = v head size.
 #include <omp.h>
 
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -76,13 +77,12 @@ void forward_impl(const AttnResult& out, T* lse, const AttnOperand& q, const Att
   const T scale = static_cast<T>(a.scale);
   const bool drop = a.dropout_p > 0;
   const T keep_scale = philox::dropout_scale<T>(a.dropout_p);
-#pragma omp parallel num_threads(attention_threads(a))
-  {
+  std::atomic<int64_t> next{0};  // the next (head, query tile) to take: a dynamic schedule
+  parallel_team(attention_threads(a), [&](int, int) {
     std::vector<T> s(kBr * kBc), z(kBc), m(kBr);
     std::vector<Acc<T>> l(kBr);
     int64_t valid[kBr];
-#pragma omp for schedule(dynamic)
-    for (int64_t w = 0; w < BH * n_qt; ++w) {
+    for (int64_t w; (w = next.fetch_add(1, std::memory_order_relaxed)) < BH * n_qt;) {
       const int64_t bh = w / n_qt, i0 = (w % n_qt) * kBr, rows = std::min(kBr, Tq - i0);
       const T* Q = head_ptr<T>(q, bh, a.H) + i0 * q.st;
       const T* K = head_ptr<T>(k, bh, a.H);
@@ -144,7 +144,7 @@ void forward_impl(const AttnResult& out, T* lse, const AttnOperand& q, const Att
         lse[bh * Tq + i0 + r] = static_cast<T>(m[r] + std::log(static_cast<double>(l[r])));
       }
     }
-  }
+  });
 }
 
 // FlashAttention-2's backward, one (b, h) per task so dQ / dK / dV of a head have one writer:
@@ -158,12 +158,11 @@ void backward_impl(const AttnResult& dq, const AttnResult& dk, const AttnResult&
   const T scale = static_cast<T>(a.scale);
   const bool drop = a.dropout_p > 0;
   const T keep_scale = philox::dropout_scale<T>(a.dropout_p);
-#pragma omp parallel num_threads(attention_threads(a))
-  {
+  std::atomic<int64_t> next{0};  // the next (b, h) to take: a dynamic schedule
+  parallel_team(attention_threads(a), [&](int, int) {
     std::vector<T> p(kBr * kBc), pd(drop ? kBr * kBc : 0), dp(kBr * kBc), z(kBc), delta(Tq);
     int64_t valid[kBr];
-#pragma omp for schedule(dynamic)
-    for (int64_t bh = 0; bh < BH; ++bh) {
+    for (int64_t bh; (bh = next.fetch_add(1, std::memory_order_relaxed)) < BH;) {
       const T* Q = head_ptr<T>(q, bh, a.H);
       const T* K = head_ptr<T>(k, bh, a.H);
       const T* V = head_ptr<T>(v, bh, a.H);
@@ -220,7 +219,7 @@ void backward_impl(const AttnResult& dq, const AttnResult& dk, const AttnResult&
         }
       }
     }
-  }
+  });
 }
 
 }  // namespace

@@ -82,8 +82,8 @@ void CpuBackend::unary_backward(UnaryOp op, DType dt, void* din, const void* dou
     const T al = static_cast<T>(alpha);
     smath::dispatch_unary_op(op, "unary_backward", [&](auto op_c) {
       constexpr UnaryOp kOp = decltype(op_c)::value;
-#pragma omp parallel for schedule(static) if (n > kParallelGrain)
-      for (int64_t i = 0; i < n; ++i) di[i] = smath::unary_backward_at<kOp, Fast>(dy, px, py, i, al);
+      parallel_for(n, n > kParallelGrain,
+                   [&](int64_t i) { di[i] = smath::unary_backward_at<kOp, Fast>(dy, px, py, i, al); });
     });
   });
 }
@@ -143,9 +143,7 @@ void CpuBackend::reduce_typed(ReduceOp op, void* out, const T* in, int n_outer, 
   if (op == ReduceOp::sum && n_outer == 1 && ost[0] == 1 && n_inner == 1 && n_red > 1) {
     T* o = static_cast<T*>(out);
     const int64_t cols = osz[0], rs = ist[0];
-#pragma omp parallel if (cols * n_red > kParallelGrain)
-    {
-      const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+    parallel_team(cols * n_red > kParallelGrain ? omp_get_max_threads() : 1, [&](int t, int nt) {
       const int64_t lo = cols * t / nt, hi = cols * (t + 1) / nt;
       std::vector<Acc<T>> acc(static_cast<size_t>(hi - lo), Acc<T>(0));
       for (int64_t r = 0; r < n_red; ++r) {
@@ -153,12 +151,11 @@ void CpuBackend::reduce_typed(ReduceOp op, void* out, const T* in, int n_outer, 
         for (int64_t c = lo; c < hi; ++c) acc[c - lo] += row[c];
       }
       for (int64_t c = lo; c < hi; ++c) o[c] = static_cast<T>(acc[c - lo]);
-    }
+    });
     return;
   }
   const bool contiguous_inner = n_inner == 1 && ist[0] == 1;
-#pragma omp parallel for schedule(static) if (n_out * n_red > kParallelGrain && n_out > 1)
-  for (int64_t o = 0; o < n_out; ++o) {
+  parallel_for(n_out, n_out * n_red > kParallelGrain && n_out > 1, [&](int64_t o) {
     int64_t base = 0, rem = o;
     for (int d = n_outer - 1; d >= 0; --d) {
       base += (rem % osz[d]) * ost[d];
@@ -200,7 +197,7 @@ void CpuBackend::reduce_typed(ReduceOp op, void* out, const T* in, int n_outer, 
       else
         static_cast<T*>(out)[o] = best;
     }
-  }
+  });
 }
 
 bool CpuBackend::all_finite(DType dt, const void* p, int64_t n) {
@@ -244,8 +241,7 @@ void CpuBackend::gemm(DType dt, bool ta, bool tb, int64_t M, int64_t N, int64_t 
   const int64_t items = batch * splits;
   dispatch_float(dt, "gemm", [&](auto tag_T) {
     using T = decltype(tag_T);
-#pragma omp parallel for schedule(static) if (parallel && items > 1)
-    for (int64_t it = 0; it < items; ++it) {
+    parallel_for(items, parallel && items > 1, [&](int64_t it) {
       const int64_t i = it / splits, lo = band_edge(dim, it % splits, splits),
                     hi = band_edge(dim, it % splits + 1, splits);
       const T* a = static_cast<const T*>(A) + i * sa;
@@ -256,7 +252,7 @@ void CpuBackend::gemm(DType dt, bool ta, bool tb, int64_t M, int64_t N, int64_t 
                      ldc);
       else
         blas_gemm<T>(ta, tb, M, hi - lo, K, T(alpha), a, lda, b + (tb ? lo * ldb : lo), ldb, T(beta), c + lo, ldc);
-    }
+    });
   });
 }
 
@@ -265,8 +261,8 @@ void CpuBackend::random_uniform(DType dt, void* out, int64_t n, uint64_t seed, u
   dispatch_float(dt, "rand", [&](auto tag_T) {
     using T = decltype(tag_T);
     T* o = static_cast<T*>(out);
-#pragma omp parallel for schedule(static) if (n > kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) o[i] = static_cast<T>(lo + (hi - lo) * philox::uniform(seed, offset, i));
+    parallel_for(n, n > kParallelGrain,
+                 [&](int64_t i) { o[i] = static_cast<T>(lo + (hi - lo) * philox::uniform(seed, offset, i)); });
   });
 }
 
@@ -275,8 +271,8 @@ void CpuBackend::random_normal(DType dt, void* out, int64_t n, uint64_t seed, ui
   dispatch_float(dt, "randn", [&](auto tag_T) {
     using T = decltype(tag_T);
     T* o = static_cast<T*>(out);
-#pragma omp parallel for schedule(static) if (n > kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) o[i] = static_cast<T>(mean + std * philox::normal(seed, offset, i));
+    parallel_for(n, n > kParallelGrain,
+                 [&](int64_t i) { o[i] = static_cast<T>(mean + std * philox::normal(seed, offset, i)); });
   });
 }
 
@@ -293,11 +289,10 @@ void CpuBackend::index_select(DType dt, void* out, const void* in, const int64_t
     using T = decltype(tag_T);
     T* o = static_cast<T*>(out);
     const T* a = static_cast<const T*>(in);
-#pragma omp parallel for schedule(static) if (outer * n_idx * inner > kParallelGrain)
-    for (int64_t k = 0; k < outer * n_idx; ++k) {
+    parallel_for(outer * n_idx, outer * n_idx * inner > kParallelGrain, [&](int64_t k) {
       const int64_t oi = k / n_idx, i = k % n_idx;
       std::memcpy(o + k * inner, a + (oi * in_dim + idx[i]) * inner, sizeof(T) * inner);
-    }
+    });
   });
 }
 
@@ -308,13 +303,13 @@ void CpuBackend::index_add(DType dt, void* dst, const void* src, const int64_t* 
     T* d = static_cast<T*>(dst);
     const T* s = static_cast<const T*>(src);
     // Parallel over the outer dim only: repeated indices would race inside one slice.
-#pragma omp parallel for schedule(static) if (outer > 1 && outer * n_idx * inner > kParallelGrain)
-    for (int64_t oi = 0; oi < outer; ++oi)
+    parallel_for(outer, outer > 1 && outer * n_idx * inner > kParallelGrain, [&](int64_t oi) {
       for (int64_t i = 0; i < n_idx; ++i) {
         T* drow = d + (oi * dst_dim + idx[i]) * inner;
         const T* srow = s + (oi * n_idx + i) * inner;
         for (int64_t j = 0; j < inner; ++j) drow[j] += srow[j];
       }
+    });
   });
 }
 

@@ -46,8 +46,7 @@ void CpuBackend::softmax_forward(DType dt, void* y, const void* x, int64_t rows,
     T* py = static_cast<T*>(y);
     const T* px = static_cast<const T*>(x);
     const T sc = static_cast<T>(scale);
-#pragma omp parallel for schedule(static) if (rows * cols > kParallelGrain)
-    for (int64_t r = 0; r < rows; ++r) {
+    parallel_for(rows, rows * cols > kParallelGrain, [&](int64_t r) {
       const T* xr = px + r * cols;
       T* yr = py + r * cols;
       const int64_t valid = smath::softmax_valid_cols(mask, lengths, q_len, r, cols);
@@ -55,7 +54,7 @@ void CpuBackend::softmax_forward(DType dt, void* y, const void* x, int64_t rows,
       const T inv = valid > 0 ? static_cast<T>(1.0 / lse.sum) : T(0);
       for (int64_t j = 0; j < valid; ++j) yr[j] *= inv;
       for (int64_t j = valid; j < cols; ++j) yr[j] = T(0);
-    }
+    });
   });
 }
 
@@ -67,8 +66,7 @@ void CpuBackend::softmax_backward(DType dt, void* dx, const void* dy, const void
     const T* pdy = static_cast<const T*>(dy);
     const T* py = static_cast<const T*>(y);
     const T sc = static_cast<T>(scale);
-#pragma omp parallel for schedule(static) if (rows * cols > kParallelGrain)
-    for (int64_t r = 0; r < rows; ++r) {
+    parallel_for(rows, rows * cols > kParallelGrain, [&](int64_t r) {
       const T* dyr = pdy + r * cols;
       const T* yr = py + r * cols;
       Acc<T> dot = 0;
@@ -76,7 +74,7 @@ void CpuBackend::softmax_backward(DType dt, void* dx, const void* dy, const void
       for (int64_t j = 0; j < cols; ++j) dot += dyr[j] * yr[j];
       const T d = static_cast<T>(dot);
       for (int64_t j = 0; j < cols; ++j) pdx[r * cols + j] = sc * yr[j] * (dyr[j] - d);
-    }
+    });
   });
 }
 
@@ -85,12 +83,11 @@ void CpuBackend::log_softmax_forward(DType dt, void* y, const void* x, int64_t r
     using T = decltype(tag_T);
     T* py = static_cast<T*>(y);
     const T* px = static_cast<const T*>(x);
-#pragma omp parallel for schedule(static) if (rows * cols > kParallelGrain)
-    for (int64_t r = 0; r < rows; ++r) {
+    parallel_for(rows, rows * cols > kParallelGrain, [&](int64_t r) {
       const T* xr = px + r * cols;
       const T lse = row_logsumexp(xr, cols).lse();
       for (int64_t j = 0; j < cols; ++j) py[r * cols + j] = xr[j] - lse;
-    }
+    });
   });
 }
 
@@ -100,14 +97,13 @@ void CpuBackend::log_softmax_backward(DType dt, void* dx, const void* dy, const 
     T* pdx = static_cast<T*>(dx);
     const T* pdy = static_cast<const T*>(dy);
     const T* py = static_cast<const T*>(y);
-#pragma omp parallel for schedule(static) if (rows * cols > kParallelGrain)
-    for (int64_t r = 0; r < rows; ++r) {
+    parallel_for(rows, rows * cols > kParallelGrain, [&](int64_t r) {
       Acc<T> sum = 0;
 #pragma omp simd reduction(+ : sum)
       for (int64_t j = 0; j < cols; ++j) sum += pdy[r * cols + j];
       const T s = static_cast<T>(sum);
       for (int64_t j = 0; j < cols; ++j) pdx[r * cols + j] = pdy[r * cols + j] - fast_exp(py[r * cols + j]) * s;
-    }
+    });
   });
 }
 
@@ -122,8 +118,7 @@ void CpuBackend::layernorm_forward(DType dt, void* y, void* mean, void* rstd, co
     const T* px = static_cast<const T*>(x);
     const T* pw = static_cast<const T*>(w);
     const T* pb = static_cast<const T*>(b);
-#pragma omp parallel for schedule(static) if (rows * cols > kParallelGrain)
-    for (int64_t r = 0; r < rows; ++r) {
+    parallel_for(rows, rows * cols > kParallelGrain, [&](int64_t r) {
       const T* xr = px + r * cols;
       Acc<T> s = 0;
 #pragma omp simd reduction(+ : s)
@@ -142,7 +137,7 @@ void CpuBackend::layernorm_forward(DType dt, void* y, void* mean, void* rstd, co
         if (pb) h += pb[j];
         yr[j] = h;
       }
-    }
+    });
   });
 }
 
@@ -159,13 +154,10 @@ void CpuBackend::layernorm_backward(DType dt, void* dx, void* dw, void* db, cons
     const int nt = rows * cols > kParallelGrain ? omp_get_max_threads() : 1;
     // Per-thread partial column sums for dw and db, added up at the end (no atomics, deterministic).
     std::vector<Acc<T>> part_w(static_cast<size_t>(nt * cols), 0), part_b(static_cast<size_t>(nt * cols), 0);
-#pragma omp parallel num_threads(nt)
-    {
-      const int t = omp_get_thread_num();
+    parallel_team(nt, [&](int t, int team) {
       Acc<T>* aw = part_w.data() + t * cols;
       Acc<T>* ab = part_b.data() + t * cols;
-#pragma omp for schedule(static)
-      for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t r = rows * t / team; r < rows * (t + 1) / team; ++r) {
         const T* dyr = pdy + r * cols;
         const T* xr = px + r * cols;
         const T m = pm[r], rs = pr[r];
@@ -187,7 +179,7 @@ void CpuBackend::layernorm_backward(DType dt, void* dx, void* dw, void* db, cons
           pdx[r * cols + j] = rs * (g - static_cast<T>(mean_g) - xhat * static_cast<T>(mean_gx));
         }
       }
-    }
+    });
     for (int64_t j = 0; j < cols; ++j) {
       Acc<T> sw = 0, sb = 0;
       for (int t = 0; t < nt; ++t) {
@@ -207,8 +199,8 @@ void CpuBackend::dropout(DType dt, void* out, const void* x, int64_t n, double p
     T* o = static_cast<T*>(out);
     const T* px = static_cast<const T*>(x);
     const T keep_scale = philox::dropout_scale<T>(p);
-#pragma omp parallel for schedule(static) if (n > kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) o[i] = philox::dropout(px[i], p, keep_scale, seed, offset, i);
+    parallel_for(n, n > kParallelGrain,
+                 [&](int64_t i) { o[i] = philox::dropout(px[i], p, keep_scale, seed, offset, i); });
   });
 }
 
@@ -219,16 +211,15 @@ void CpuBackend::cross_entropy_forward(DType dt, void* loss, const void* logits,
     using T = decltype(tag_T);
     T* l = static_cast<T*>(loss);
     const T* x = static_cast<const T*>(logits);
-#pragma omp parallel for schedule(static) if (rows * classes > kParallelGrain)
-    for (int64_t r = 0; r < rows; ++r) {
+    parallel_for(rows, rows * classes > kParallelGrain, [&](int64_t r) {
       if (targets[r] == ignore_index) {
         l[r] = T(0);
-        continue;
+        return;
       }
       const T* xr = x + r * classes;
       const smath::RowLse<T> lse = row_logsumexp(xr, classes);
       l[r] = static_cast<T>(lse.max + lse.log_sum() - xr[targets[r]]);
-    }
+    });
   });
 }
 
@@ -240,12 +231,11 @@ void CpuBackend::cross_entropy_backward(DType dt, void* dlogits, const void* dlo
     T* dx = static_cast<T*>(dlogits);
     const T* dl = static_cast<const T*>(dloss);
     const T* x = static_cast<const T*>(logits);
-#pragma omp parallel for schedule(static) if (rows * classes > kParallelGrain)
-    for (int64_t r = 0; r < rows; ++r) {
+    parallel_for(rows, rows * classes > kParallelGrain, [&](int64_t r) {
       T* dr = dx + r * classes;
       if (targets[r] == ignore_index) {
         std::fill(dr, dr + classes, T(0));
-        continue;
+        return;
       }
       const T* xr = x + r * classes;
       const smath::RowLse<T> lse = row_logsumexp(xr, classes);
@@ -253,7 +243,7 @@ void CpuBackend::cross_entropy_backward(DType dt, void* dlogits, const void* dlo
       const T inv = static_cast<T>(1.0 / lse.sum);
       for (int64_t j = 0; j < classes; ++j) dr[j] = g * fast_exp(xr[j] - lse.max) * inv;
       dr[targets[r]] -= g;
-    }
+    });
   });
 }
 
@@ -266,8 +256,7 @@ void CpuBackend::sgd_step(DType dt, void* param, const void* grad, void* buf, in
     const T* g = static_cast<const T*>(grad);
     T* b = static_cast<T*>(buf);
     const smath::SgdParams<T> h{T(lr), T(momentum), T(dampening), T(wd), nesterov, first_step};
-#pragma omp parallel for schedule(static) firstprivate(h) if (n > kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) smath::sgd_update(p, g, b, i, h);
+    parallel_for(n, n > kParallelGrain, [&, h](int64_t i) { smath::sgd_update(p, g, b, i, h); });
   });
 }
 
@@ -280,8 +269,7 @@ void CpuBackend::adam_step(DType dt, void* param, const void* grad, void* exp_av
     T* m = static_cast<T*>(exp_avg);
     T* v = static_cast<T*>(exp_avg_sq);
     const smath::AdamParams<T> h = smath::adam_params<T>(lr, beta1, beta2, eps, wd, step, decoupled);
-#pragma omp parallel for schedule(static) firstprivate(h) if (n > kParallelGrain)
-    for (int64_t i = 0; i < n; ++i) smath::adam_update(p, g, m, v, i, h);
+    parallel_for(n, n > kParallelGrain, [&, h](int64_t i) { smath::adam_update(p, g, m, v, i, h); });
   });
 }
 

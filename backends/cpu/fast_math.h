@@ -8,7 +8,9 @@
 
 namespace headlab::cpu {
 
-inline float fast_exp(float x) {
+// always_inline: called out of line (GCC's inliner gives up deep inside the kernels' lambdas), they
+// vectorise nothing and GELU runs at a third of its speed.
+[[gnu::always_inline]] inline float fast_exp(float x) {
   // Plain comparisons and bit_cast instead of fmin/fmax/floor/memcpy: GCC calls fminf/fmaxf out of
   // line (NaN rules) and then vectorises nothing; this form becomes straight SIMD code.
   // NaN fails both tests and becomes the low end, so n stays finite (converting NaN to int is
@@ -33,7 +35,7 @@ inline float fast_exp(float x) {
   return x != x ? x : x > 88.7228391117f ? INFINITY : x < -103.972084f ? 0.0f : result;
 }
 
-inline float fast_tanh(float x) {
+[[gnu::always_inline]] inline float fast_tanh(float x) {
   const float ax = std::fabs(x);
   // Small |x|: odd polynomial; otherwise 1 - 2 / (exp(2|x|) + 1). Both computed, one kept (no branch).
   const float z = x * x;
@@ -53,11 +55,11 @@ inline double fast_tanh(double x) { return std::tanh(x); }
 // The exp/tanh policy of the shared formulas (backends/scalar_math.h) on the CPU.
 struct FastExpTanh {
   template <typename T>
-  static T exp(T x) {
+  [[gnu::always_inline]] static T exp(T x) {
     return fast_exp(x);
   }
   template <typename T>
-  static T tanh(T x) {
+  [[gnu::always_inline]] static T tanh(T x) {
     return fast_tanh(x);
   }
 };

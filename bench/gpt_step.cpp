@@ -7,7 +7,11 @@
 // SGEMM at 4096^3 through headlab's matmul (TF32 as --tf32 says: off, as the peer's default).
 // Usage: gpt_step [--emb-dim D --n-heads H --n-layers L --context-length T --vocab-size V
 //                  --batch-size B --threads N --attention fused|wrapper --seconds S --device cpu|cuda
-//                  --tf32 0|1 --attn-only 0|1 --phases 0|1]
+//                  --tf32 0|1 --attn-only 0|1 --phases 0|1 --parallel ops|data]
+// --parallel data (CPU): the step as headlab train runs it on --threads threads when --parallel auto picks
+// data parallelism: each thread a copy of the model with its rows of the batch and single-threaded
+// kernels, the gradients summed (train::allreduce_gradients) before every copy's optimizer step. The
+// floor stays the same FLOPs over the SGEMM rate on --threads threads.
 // --phases 1 also times the step's forward, backward and optimizer step each to a synchronisation, and
 // the host's time to issue a whole step (on a GPU: a step whose issue time is near its run time is
 // bound by kernel launches and host work, not by the GPU).
@@ -28,6 +32,8 @@
 #endif
 #include "nn/gpt.h"
 #include "optim/optim.h"
+#include "train/collectives.h"
+#include "train/trainer.h"
 
 using namespace headlab;
 using headlab::bench::clock_type;
@@ -83,6 +89,43 @@ static void print_phases(nn::GPTModel& model, optim::Optimizer& opt, const Tenso
       median(fwd), median(bwd), median(upd), median(issue), median(whole));
 }
 
+// Milliseconds per step of --parallel data over `threads` threads, timed as run() times a step.
+static double data_parallel_ms(const nn::GPTConfig& cfg, const Tensor& idx, const Tensor& tgt, int threads,
+                               double seconds) {
+  const int64_t B = idx.size(0), T = cfg.context_length, rows = B / threads;
+  HL_CHECK(B % threads == 0, "gpt_step: --parallel data: --batch-size ", B, " does not split over ", threads,
+           " threads");
+  double ms = 0;
+  train::run_on_threads(threads, train::single_process(), [&](const std::shared_ptr<train::Collectives>& comm) {
+    const int r = comm->rank();
+    manual_seed(0);
+    nn::GPTModel model(cfg);
+    optim::Optimizer opt(model.named_parameters(), optim::OptimizerOptions::defaults(optim::OptimizerKind::adamw));
+    const std::vector<Tensor> params = model.parameters();
+    const Tensor my_idx = slice(idx, 0, r * rows, (r + 1) * rows).contiguous();          // (rows, T)
+    const Tensor my_tgt = slice(tgt, 0, r * rows * T, (r + 1) * rows * T).contiguous();  // (rows T)
+    std::vector<float> buffer, go(1);
+    // Thread 0 decides whether another step follows; the flag travels in the step's one allreduce.
+    const auto step = [&](bool more) {
+      opt.zero_grad();
+      const Tensor logits = model.forward(my_idx).reshape({-1, cfg.vocab_size});
+      (cross_entropy(logits, my_tgt) * (1.0 / threads)).backward();  // the threads' sum: the batch's mean
+      go[0] = r == 0 && more ? 1.0f : 0.0f;
+      train::allreduce_gradients(*comm, params, buffer, go);
+      opt.step();
+      return go[0] > 0;
+    };
+    for (int i = 0; i < 3; ++i) step(true);
+    int n = 0;
+    const auto t0 = clock_type::now();
+    const auto elapsed = [&] { return std::chrono::duration<double>(clock_type::now() - t0).count(); };
+    while (step(elapsed() < seconds || n < 2)) ++n;
+    ++n;
+    if (r == 0) ms = elapsed() / n * 1e3;
+  });
+  return ms;
+}
+
 static int run(int argc, char** argv) {
   nn::GPTConfig cfg;
   cfg.vocab_size = 64;
@@ -96,6 +139,7 @@ static int run(int argc, char** argv) {
   Device device = kCPU;
   bool tf32 = false;
   bool phases = false;
+  std::string parallel = "ops";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const char* v = argv[i + 1];
@@ -123,6 +167,8 @@ static int run(int argc, char** argv) {
       phases = std::stoi(v) != 0;
     else if (k == "--tf32")
       tf32 = std::stoi(v) != 0;
+    else if (k == "--parallel")
+      parallel = v;
     else if (k == "--attn-only")
       cfg.attn_only = std::stoi(v) != 0;
     else {
@@ -150,28 +196,40 @@ static int run(int argc, char** argv) {
     opt.step();
     be.synchronize();
   };
-  for (int i = 0; i < 3; ++i) step();
-  const size_t live = be.bytes_in_use();
-  be.reset_peak();
-  step();
-  const double peak_mib = static_cast<double>(be.peak_bytes() - live) / (1 << 20);
-  int n = 0;
-  const auto t0 = clock_type::now();
-  while (std::chrono::duration<double>(clock_type::now() - t0).count() < seconds || n < 3) {
-    step();
-    ++n;
+  if (parallel != "ops" && parallel != "data") {
+    std::fprintf(stderr, "gpt_step: --parallel is ops or data, got %s\n", parallel.c_str());
+    return 2;
   }
-  const double ms = std::chrono::duration<double>(clock_type::now() - t0).count() / n * 1e3;
+  double ms = 0, peak_mib = -1;  // (peak: the ops step's, from the backend's counters)
+  if (parallel == "data") {
+    HL_CHECK(!device.is_cuda(), "gpt_step: --parallel data runs on the CPU");
+    ms = data_parallel_ms(cfg, idx, tgt, threads, seconds);
+  } else {
+    for (int i = 0; i < 3; ++i) step();
+    const size_t live = be.bytes_in_use();
+    be.reset_peak();
+    step();
+    peak_mib = static_cast<double>(be.peak_bytes() - live) / (1 << 20);
+    int n = 0;
+    const auto t0 = clock_type::now();
+    while (std::chrono::duration<double>(clock_type::now() - t0).count() < seconds || n < 3) {
+      step();
+      ++n;
+    }
+    ms = std::chrono::duration<double>(clock_type::now() - t0).count() / n * 1e3;
+  }
   const double flops = step_flops(cfg, B);
-  std::printf("headlab %s%s device=%s threads=%d tf32=%d sgemm=%.0f GFLOP/s\n", enum_name(cfg.attention),
-              cfg.attn_only ? " attn-only" : "", device.str().c_str(), threads, tf32 ? 1 : 0, peak);
+  std::printf("headlab %s%s device=%s threads=%d parallel=%s tf32=%d sgemm=%.0f GFLOP/s\n", enum_name(cfg.attention),
+              cfg.attn_only ? " attn-only" : "", device.str().c_str(), threads, parallel.c_str(), tf32 ? 1 : 0, peak);
   std::printf(
       "V=%lld T=%lld d=%lld h=%lld L=%lld B=%lld params=%lld: %.1f ms/step, %.0f tokens/s, "
-      "%.1f GFLOP/step, %.0f GFLOP/s = %.0f%% of sgemm (floor %.1f ms), step peak %.1f MiB\n",
+      "%.1f GFLOP/step, %.0f GFLOP/s = %.0f%% of sgemm (floor %.1f ms)",
       (long long)cfg.vocab_size, (long long)cfg.context_length, (long long)cfg.emb_dim, (long long)cfg.n_heads,
       (long long)cfg.n_layers, (long long)B, (long long)model.num_parameters(), ms, B * cfg.context_length / ms * 1e3,
-      flops / 1e9, flops / ms / 1e6, 100 * flops / ms / 1e6 / peak, flops / peak / 1e6, peak_mib);
-  if (phases) print_phases(model, opt, idx, tgt, cfg.vocab_size, be);
+      flops / 1e9, flops / ms / 1e6, 100 * flops / ms / 1e6 / peak, flops / peak / 1e6);
+  if (peak_mib >= 0) std::printf(", step peak %.1f MiB", peak_mib);
+  std::printf("\n");
+  if (phases && parallel == "ops") print_phases(model, opt, idx, tgt, cfg.vocab_size, be);
   return 0;
 }
 

@@ -2,7 +2,8 @@
 # The CPU-speed figures of README's Performance section, from one command: one AdamW step of the
 # book's GPT in headlab (bench/gpt_step) against the PyTorch eager peer (../shared/peers/torch_gpt_cpu.py),
 # run alternately for --rounds rounds so that both see the same machine noise; medians, the ratio, the
-# GEMM floor (the step's FLOPs over the SGEMM rate gpt_step measures first), the 2-thread speed-up, and
+# GEMM floor (the step's FLOPs over the SGEMM rate gpt_step measures first), the 2-thread speed-up (the
+# toy step also as headlab train runs it on 2 threads: --parallel data, each thread its rows), and
 # the step's peak memory at T = 256, 512, 1024 for the fused and the wrapper attention (its slope).
 # Usage: bench/peer_ratios.sh [--rounds N] [--seconds S] [--peer PATH] [--no-memory]
 set -euo pipefail
@@ -28,7 +29,7 @@ field() { grep -o "[0-9.]* $1" | head -1 | cut -d' ' -f1; }  # the number before
 
 toy="--vocab-size 64 --context-length 64 --emb-dim 128 --n-heads 4 --n-layers 2 --batch-size 32"
 long="--vocab-size 96 --context-length 512 --emb-dim 256 --n-heads 8 --n-layers 4 --batch-size 8"
-rows=("toy 1 $toy" "toy 2 $toy" "long 2 $long")
+rows=("toy 1 $toy" "toy 2 $toy" "toy-data 2 $toy" "long 2 $long")
 declare -A ours
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -36,7 +37,9 @@ for ((r = 1; r <= rounds; r++)); do
   for row in "${rows[@]}"; do
     read -r name threads args <<<"$row"
     key="$name/$threads"
-    build/bench/gpt_step $args --threads "$threads" --seconds "$seconds" >"$tmp/out"
+    mode=ops
+    [[ $name == *-data ]] && mode=data
+    build/bench/gpt_step $args --threads "$threads" --parallel "$mode" --seconds "$seconds" >"$tmp/out"
     field "ms/step" <"$tmp/out" >>"$tmp/$name-$threads.ours"
     grep -o "floor [0-9.]*" "$tmp/out" | cut -d' ' -f2 >>"$tmp/$name-$threads.floor"
     if ((have_peer)); then
@@ -47,18 +50,20 @@ for ((r = 1; r <= rounds; r++)); do
 done
 
 printf '%s\n' "$(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores, $(date -u +%F)"
-printf '%-34s %7s %11s %11s %7s %9s %9s\n' config threads "headlab ms" "peer ms" ratio "floor ms" "of floor"
+printf '%-39s %7s %11s %11s %7s %9s %9s\n' config threads "headlab ms" "peer ms" ratio "floor ms" "of floor"
 for row in "${rows[@]}"; do
   read -r name threads args <<<"$row"
   o=$(median <"$tmp/$name-$threads.ours") f=$(median <"$tmp/$name-$threads.floor") t=nan
   ((have_peer)) && t=$(median <"$tmp/$name-$threads.theirs")
   ours[$name/$threads]=$o
   label=$(echo "$args" | sed 's/--vocab-size /V=/; s/ --context-length / T=/; s/ --emb-dim / d=/; s/ --n-heads / h=/; s/ --n-layers / L=/; s/ --batch-size / B=/')
+  [[ $name == *-data ]] && label="$label data"
   awk -v l="$label" -v th="$threads" -v o="$o" -v t="$t" -v f="$f" 'BEGIN {
-    printf "%-34s %7d %11.1f %11s %7s %9.1f %8.0f%%\n", l, th, o, (t == "nan" ? "-" : sprintf("%.1f", t)),
+    printf "%-39s %7d %11.1f %11s %7s %9.1f %8.0f%%\n", l, th, o, (t == "nan" ? "-" : sprintf("%.1f", t)),
            (t == "nan" ? "-" : sprintf("%.2fx", t / o)), f, 100 * f / o }'
 done
-awk -v a="${ours[toy/1]}" -v b="${ours[toy/2]}" 'BEGIN { printf "toy: 2 threads are %.2fx faster than 1\n", a / b }'
+awk -v a="${ours[toy/1]}" -v b="${ours[toy/2]}" -v c="${ours[toy-data/2]}" 'BEGIN {
+  printf "toy: 2 threads are %.2fx faster than 1 (each op split), %.2fx (each thread its rows)\n", a / b, a / c }'
 
 if ((memory)); then
   echo

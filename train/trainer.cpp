@@ -391,12 +391,10 @@ std::string Trainer::save(Session& s) const {
   return numbered;
 }
 
-// One allreduce of a flat buffer per step: every parameter's gradient (zeros where a rank has none),
-// then `extra`. Every rank ends with the same sums, so the same clipping and optimizer step follow.
-void Trainer::all_reduce_gradients(Session& s, std::vector<float>& extra) const {
-  std::vector<float>& flat = s.reduced;
+void allreduce_gradients(Collectives& comm, const std::vector<Tensor>& params, std::vector<float>& flat,
+                         std::vector<float>& extra) {
   flat.clear();
-  for (const Tensor& p : s.params) {
+  for (const Tensor& p : params) {
     const Tensor g = p.grad();
     if (!g.defined()) {
       flat.resize(flat.size() + static_cast<size_t>(p.numel()), 0.0f);
@@ -407,11 +405,9 @@ void Trainer::all_reduce_gradients(Session& s, std::vector<float>& extra) const 
     flat.insert(flat.end(), host.data<float>(), host.data<float>() + host.numel());
   }
   flat.insert(flat.end(), extra.begin(), extra.end());
-  const auto start = std::chrono::steady_clock::now();
-  opts_.comm->allreduce_sum(flat.data(), static_cast<int64_t>(flat.size()));
-  s.allreduce_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  comm.allreduce_sum(flat.data(), static_cast<int64_t>(flat.size()));
   size_t at = 0;
-  for (const Tensor& p : s.params) {
+  for (const Tensor& p : params) {
     const size_t n = static_cast<size_t>(p.numel());
     p.set_grad(tensor(std::vector<float>(flat.begin() + static_cast<std::ptrdiff_t>(at),
                                          flat.begin() + static_cast<std::ptrdiff_t>(at + n)),
@@ -419,6 +415,12 @@ void Trainer::all_reduce_gradients(Session& s, std::vector<float>& extra) const 
     at += n;
   }
   std::copy(flat.begin() + static_cast<std::ptrdiff_t>(at), flat.end(), extra.begin());
+}
+
+void Trainer::all_reduce_gradients(Session& s, std::vector<float>& extra) const {
+  const auto start = std::chrono::steady_clock::now();
+  allreduce_gradients(*opts_.comm, s.params, s.reduced, extra);
+  s.allreduce_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 // Every rank steps its own copy of the model with the same summed gradients, so the copies stay

@@ -189,17 +189,18 @@ double max_parameter_difference(const io::Checkpoint& a, const io::Checkpoint& b
   return worst;
 }
 
-TEST_F(DataParallel, TwoRanksTrainWhatOneProcessTrains) {
-  const ProcessResult one = single(train_args("one", 30));
+// `many` (ranks or threads, into tmp's "two") trained what `one` (into "one") trained, 30 steps: its banner
+// printed once, the same batches and dropout masks with the gradients summed, so every step's loss up to
+// float summation order, the generator where one process's is, and the parameters to 2e-3.
+void expect_the_same_run(const TempDir& tmp, const ProcessResult& one, const ProcessResult& many,
+                         const std::string& banner) {
   ASSERT_EQ(one.code, 0) << one.err;
-  const ProcessResult two = ranks(2, train_args("two", 30));
-  ASSERT_EQ(two.code, 0) << two.out << two.err;
-  EXPECT_NE(two.out.find("data parallel: 2 ranks (MPI"), std::string::npos) << two.out;
-  EXPECT_EQ(two.out.find("headlab train: task"), two.out.rfind("headlab train: task")) << "rank 0 alone prints";
-  // Same batches, same dropout masks, gradients summed: the same run up to float summation order.
-  const auto a = step_losses(one.out), b = step_losses(two.out);
+  ASSERT_EQ(many.code, 0) << many.out << many.err;
+  EXPECT_NE(many.out.find(banner), std::string::npos) << many.out;
+  EXPECT_EQ(many.out.find("headlab train: task"), many.out.rfind("headlab train: task")) << "rank 0 alone prints";
+  const auto a = step_losses(one.out), b = step_losses(many.out);
   ASSERT_EQ(a.size(), 30u) << one.out;
-  ASSERT_EQ(b.size(), 30u) << two.out;
+  ASSERT_EQ(b.size(), 30u) << many.out;
   for (const auto& [step, loss] : a) EXPECT_NEAR(b.at(step), loss, 2e-3 * loss) << "step " << step;
   const io::Checkpoint ca = io::load_checkpoint(tmp.path("one/checkpoint.h5"));
   const io::Checkpoint cb = io::load_checkpoint(tmp.path("two/checkpoint.h5"));
@@ -207,6 +208,11 @@ TEST_F(DataParallel, TwoRanksTrainWhatOneProcessTrains) {
   EXPECT_EQ(cb.trainer.rng_offset, ca.trainer.rng_offset) << "the generator moved as one process's did";
   EXPECT_LT(max_parameter_difference(ca, cb), 2e-3);
   EXPECT_EQ(ca.config, cb.config);
+}
+
+TEST_F(DataParallel, TwoRanksTrainWhatOneProcessTrains) {
+  expect_the_same_run(tmp, single(train_args("one", 30)), ranks(2, train_args("two", 30)),
+                      "data parallel: 2 ranks (MPI");
 }
 
 // circuit under mpirun: the ranks share the prompt rows (chunks of 4 rows in turn) and rank 0 writes
@@ -438,23 +444,9 @@ std::vector<std::string> with_option(std::vector<std::string> args, const std::s
 }
 
 TEST_F(ThreadDataParallel, TwoThreadsTrainWhatOneThreadTrains) {
-  const ProcessResult one = single(train_args("one", 30));
-  ASSERT_EQ(one.code, 0) << one.err;
-  const ProcessResult two =
-      single(with_option(with_option(train_args("two", 30), "--threads", "2"), "--parallel", "data"));
-  ASSERT_EQ(two.code, 0) << two.out << two.err;
-  EXPECT_NE(two.out.find("data parallel: 2 ranks (2 threads), 8 of the 16 rows"), std::string::npos) << two.out;
-  EXPECT_EQ(two.out.find("headlab train: task"), two.out.rfind("headlab train: task")) << "rank 0 alone prints";
-  const auto a = step_losses(one.out), b = step_losses(two.out);
-  ASSERT_EQ(a.size(), 30u) << one.out;
-  ASSERT_EQ(b.size(), 30u) << two.out;
-  for (const auto& [step, loss] : a) EXPECT_NEAR(b.at(step), loss, 2e-3 * loss) << "step " << step;
-  const io::Checkpoint ca = io::load_checkpoint(tmp.path("one/checkpoint.h5"));
-  const io::Checkpoint cb = io::load_checkpoint(tmp.path("two/checkpoint.h5"));
-  EXPECT_EQ(cb.trainer.step, 30);
-  EXPECT_EQ(cb.trainer.rng_offset, ca.trainer.rng_offset) << "the generator moved as one thread's did";
-  EXPECT_LT(max_parameter_difference(ca, cb), 2e-3);
-  EXPECT_EQ(ca.config, cb.config);
+  expect_the_same_run(tmp, single(train_args("one", 30)),
+                      single(with_option(with_option(train_args("two", 30), "--threads", "2"), "--parallel", "data")),
+                      "data parallel: 2 ranks (2 threads), 8 of the 16 rows");
 }
 
 // The threads sum in a fixed order: stopping and resuming changes nothing, to the bit.

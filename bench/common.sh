@@ -1,4 +1,10 @@
-# What bench/*.sh share (sourced): the median of numbers on stdin, and whether a PyTorch peer can run.
+# What bench/*.sh share (sourced): building their targets, the median of numbers on stdin, and whether a
+# PyTorch peer can run.
+# build_targets TARGET...: builds them in build/ (configured Release first when it is not).
+build_targets() {
+  [[ -f build/CMakeCache.txt ]] || cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+  cmake --build build -j"$(nproc)" --target "$@" >/dev/null
+}
 median() { sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "nan"; else if (NR % 2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 # peer_available NAME SCRIPT: true when SCRIPT exists and Debian's python3 imports torch; otherwise says so.
 peer_available() {

@@ -19,8 +19,7 @@ while (($#)); do
   esac
 done
 command -v mpirun >/dev/null || { echo "data_parallel.sh: needs mpirun (apt-get install openmpi-bin)" >&2; exit 1; }
-[[ -f build/CMakeCache.txt ]] || cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j"$(nproc)" --target headlab_cli >/dev/null
+build_targets headlab_cli
 build/headlab --version | grep -q 'MPI data parallel: built' || {
   echo "data_parallel.sh: build/ has no MPI (install libopenmpi-dev, reconfigure with -DHEADLAB_MPI=ON)" >&2; exit 1; }
 # Open MPI: root needs consent; vader's single copy needs ptrace rights that containers lack.

@@ -17,8 +17,7 @@ while (($#)); do
     *) echo "gpt2_heads.sh: unknown option $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
-[[ -f build/CMakeCache.txt ]] || cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j"$(nproc)" --target gpt2_heads >/dev/null
+build_targets gpt2_heads
 peer=bench/torch_head_sweep_peer.py have_peer=0
 peer_available gpt2_heads.sh "$peer" && have_peer=1
 tmp=$(mktemp -d)

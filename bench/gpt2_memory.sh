@@ -18,8 +18,7 @@ while (($#)); do
 done
 vocab=${XDG_CACHE_HOME:-$HOME/.cache}/headlab/gpt2
 [[ -f $vocab/vocab.json ]] || { echo "gpt2_memory.sh: no GPT-2 vocabulary in $vocab (scripts/install-deps.sh)" >&2; exit 1; }
-[[ -f build/CMakeCache.txt ]] || cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j"$(nproc)" --target gpt2_infer headlab_cli >/dev/null
+build_targets gpt2_infer headlab_cli
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

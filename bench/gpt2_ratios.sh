@@ -24,8 +24,7 @@ while (($#)); do
     *) echo "gpt2_ratios.sh: unknown option $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
-[[ -f build/CMakeCache.txt ]] || cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j"$(nproc)" --target gpt2_infer >/dev/null
+build_targets gpt2_infer
 have_peer=0
 peer_available gpt2_ratios.sh "$peer" && have_peer=1
 model_args=()

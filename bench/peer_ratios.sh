@@ -20,8 +20,7 @@ while (($#)); do
     *) echo "peer_ratios.sh: unknown option $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
-[[ -f build/CMakeCache.txt ]] || cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j"$(nproc)" --target gpt_step >/dev/null
+build_targets gpt_step
 have_peer=0
 peer_available peer_ratios.sh "$peer" && have_peer=1
 

@@ -15,8 +15,7 @@ while (($#)); do
     *) echo "python_cache.sh: unknown option $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
-[[ -f build/CMakeCache.txt ]] || cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build -j"$(nproc)" --target headlab_python headlab_cli >/dev/null
+build_targets headlab_python headlab_cli
 export PYTHONPATH=$PWD/build/python OMP_NUM_THREADS=$threads
 py=/usr/bin/python3
 have_peer=0

@@ -104,14 +104,14 @@ static double data_parallel_ms(const nn::GPTConfig& cfg, const Tensor& idx, cons
     const std::vector<Tensor> params = model.parameters();
     const Tensor my_idx = slice(idx, 0, r * rows, (r + 1) * rows).contiguous();          // (rows, T)
     const Tensor my_tgt = slice(tgt, 0, r * rows * T, (r + 1) * rows * T).contiguous();  // (rows T)
-    std::vector<float> buffer, go(1);
+    std::vector<float> go(1);
     // Thread 0 decides whether another step follows; the flag travels in the step's one allreduce.
     const auto step = [&](bool more) {
       opt.zero_grad();
       const Tensor logits = model.forward(my_idx).reshape({-1, cfg.vocab_size});
       (cross_entropy(logits, my_tgt) * (1.0 / threads)).backward();  // the threads' sum: the batch's mean
       go[0] = r == 0 && more ? 1.0f : 0.0f;
-      train::allreduce_gradients(*comm, params, buffer, go);
+      train::allreduce_gradients(*comm, params, go);
       opt.step();
       return go[0] > 0;
     };

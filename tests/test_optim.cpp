@@ -195,6 +195,43 @@ TEST(Optimizer, ParametersWithoutGradientKeepValueAndState) {
   }
 }
 
+// The CPU kernel updates in vectorised blocks (and over threads past its grain): a parameter that is not
+// a whole number of blocks, against PyTorch's update written out per element in double.
+TEST(Optimizer, AdamUpdatesEveryElementOfALongParameter) {
+  for (const std::string kind : {"adam", "adamw"}) {
+    manual_seed(3);
+    const int64_t n = 70001;  // 17 blocks of 4096 and a tail; past the kernel's parallel grain
+    Tensor p = randn({n}).requires_grad_();
+    const std::vector<float> start = p.to_vector<float>();
+    std::vector<double> ref(start.begin(), start.end()), m(n, 0.0), v(n, 0.0);
+    OptimizerOptions o = OptimizerOptions::defaults(parse_enum<optim::OptimizerKind>(kind, "test"));
+    o.lr = 0.01;
+    o.weight_decay = 0.1;
+    Optimizer opt({{"p", p}}, o);
+    for (int step = 1; step <= 3; ++step) {
+      opt.zero_grad();
+      const Tensor g = randn({n});
+      sum(mul(p, g)).backward();  // dp = g
+      opt.step();
+      const std::vector<float> gv = g.to_vector<float>();
+      const double bc1 = 1 - std::pow(o.beta1, step), bc2 = 1 - std::pow(o.beta2, step);
+      for (int64_t i = 0; i < n; ++i) {
+        double gi = gv[i];
+        if (kind == "adamw")
+          ref[i] *= 1 - o.lr * o.weight_decay;
+        else
+          gi += o.weight_decay * ref[i];
+        m[i] = o.beta1 * m[i] + (1 - o.beta1) * gi;
+        v[i] = o.beta2 * v[i] + (1 - o.beta2) * gi * gi;
+        ref[i] -= o.lr / bc1 * m[i] / (std::sqrt(v[i]) / std::sqrt(bc2) + o.eps);
+      }
+    }
+    const std::vector<float> got = p.to_vector<float>();
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_NEAR(got[i], ref[i], 1e-5 * (1 + std::abs(ref[i]))) << kind << " element " << i;
+  }
+}
+
 // Saving state()/steps() and loading them into a fresh optimizer continues the same trajectory.
 TEST(Optimizer, LoadStateContinuesBitIdentically) {
   for (const std::string kind : {"sgd", "adam", "adamw"}) {

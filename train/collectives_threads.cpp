@@ -128,10 +128,17 @@ class ThreadRank final : public Collectives {
     g.arrive_and_wait();
     const int64_t per = (n + threads - 1) / threads, first = std::min(n, thread_ * per),
                   last = std::min(n, first + per);
-    for (int64_t i = first; i < last; ++i) {
-      T sum = 0;
-      for (int t = 0; t < threads; ++t) sum += static_cast<T*>(g.slot(t))[i];
-      for (int t = 0; t < threads; ++t) static_cast<T*>(g.slot(t))[i] = sum;
+    // Block by block, so that the sums vectorise whatever the thread count.
+    constexpr int64_t kBlock = 1024;
+    T sum[kBlock];
+    for (int64_t i0 = first; i0 < last; i0 += kBlock) {
+      const int64_t n = std::min(kBlock, last - i0);
+      std::fill_n(sum, n, T(0));
+      for (int t = 0; t < threads; ++t) {
+        const T* from = static_cast<const T*>(g.slot(t)) + i0;
+        for (int64_t j = 0; j < n; ++j) sum[j] += from[j];
+      }
+      for (int t = 0; t < threads; ++t) std::copy_n(sum, n, static_cast<T*>(g.slot(t)) + i0);
     }
     g.arrive_and_wait();
     if (g.outer().size() == 1) return;  // (every buffer holds the sums; none is read again)

@@ -229,7 +229,6 @@ struct Trainer::Session {
   // whether metrics.csv was written; the closing messages claim no more.
   int64_t good_checkpoint_step = -1;
   bool wrote_checkpoint = false, wrote_metrics = false;
-  std::vector<float> reduced;    // data parallelism: every gradient, then [loss, stop], summed over the ranks
   double allreduce_seconds = 0;  // in the allreduce, waiting for the slowest rank included
 };
 
@@ -391,35 +390,40 @@ std::string Trainer::save(Session& s) const {
   return numbered;
 }
 
-void allreduce_gradients(Collectives& comm, const std::vector<Tensor>& params, std::vector<float>& flat,
-                         std::vector<float>& extra) {
-  flat.clear();
+void allreduce_gradients(Collectives& comm, const std::vector<Tensor>& params, std::vector<float>& extra) {
+  int64_t total = 0;
+  for (const Tensor& p : params) total += p.numel();
+  // A fresh buffer each step, and the sums handed back as views of it: no copy back, and no gradient
+  // aliases another tensor (a gradient from backward may be shared with another parameter's).
+  const Tensor flat = Tensor::empty({total + static_cast<int64_t>(extra.size())}, DType::f32, kCPU);  // (total + extra)
+  float* data = flat.data<float>();
+  int64_t at = 0;
   for (const Tensor& p : params) {
     const Tensor g = p.grad();
-    if (!g.defined()) {
-      flat.resize(flat.size() + static_cast<size_t>(p.numel()), 0.0f);
-      continue;
+    const int64_t n = p.numel();
+    if (g.defined()) {
+      HL_CHECK(g.dtype() == DType::f32, "train: data parallelism reduces float32 gradients, got ",
+               dtype_name(g.dtype()));
+      flat.narrow(0, at, n).view(p.shape()).copy_(g);
+    } else {
+      std::fill(data + at, data + at + n, 0.0f);
     }
-    HL_CHECK(g.dtype() == DType::f32, "train: data parallelism reduces float32 gradients, got ", dtype_name(g.dtype()));
-    const Tensor host = g.to(kCPU).contiguous();
-    flat.insert(flat.end(), host.data<float>(), host.data<float>() + host.numel());
-  }
-  flat.insert(flat.end(), extra.begin(), extra.end());
-  comm.allreduce_sum(flat.data(), static_cast<int64_t>(flat.size()));
-  size_t at = 0;
-  for (const Tensor& p : params) {
-    const size_t n = static_cast<size_t>(p.numel());
-    p.set_grad(tensor(std::vector<float>(flat.begin() + static_cast<std::ptrdiff_t>(at),
-                                         flat.begin() + static_cast<std::ptrdiff_t>(at + n)),
-                      p.shape(), p.device()));
     at += n;
   }
-  std::copy(flat.begin() + static_cast<std::ptrdiff_t>(at), flat.end(), extra.begin());
+  std::copy(extra.begin(), extra.end(), data + at);
+  comm.allreduce_sum(data, flat.numel());
+  at = 0;
+  for (const Tensor& p : params) {
+    const Tensor sum = flat.narrow(0, at, p.numel()).view(p.shape());
+    p.set_grad(p.device() == flat.device() ? sum : sum.to(p.device()));
+    at += p.numel();
+  }
+  std::copy(data + at, data + flat.numel(), extra.begin());
 }
 
 void Trainer::all_reduce_gradients(Session& s, std::vector<float>& extra) const {
   const auto start = std::chrono::steady_clock::now();
-  allreduce_gradients(*opts_.comm, s.params, s.reduced, extra);
+  allreduce_gradients(*opts_.comm, s.params, extra);
   s.allreduce_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 

@@ -98,11 +98,10 @@ std::atomic<bool>& stop_requested();
 void install_sigint_handler();
 
 // Data parallelism's one collective per step: every parameter's gradient (zeros where a rank has none)
-// and then `extra` go into `buffer`, one allreduce sums it over comm's ranks, and the sums come back as
-// the gradients and into `extra`. Every rank ends with the same gradients, so the same clipping and
-// optimizer step follow.
-void allreduce_gradients(Collectives& comm, const std::vector<Tensor>& params, std::vector<float>& buffer,
-                         std::vector<float>& extra);
+// and then `extra` go into one buffer, one allreduce sums it over comm's ranks, and the sums come back
+// as the gradients (views of that buffer) and into `extra`. Every rank ends with the same gradients, so
+// the same clipping and optimizer step follow.
+void allreduce_gradients(Collectives& comm, const std::vector<Tensor>& params, std::vector<float>& extra);
 
 class Trainer {
  public:

@@ -269,7 +269,14 @@ void CpuBackend::adam_step(DType dt, void* param, const void* grad, void* exp_av
     T* m = static_cast<T*>(exp_avg);
     T* v = static_cast<T*>(exp_avg_sq);
     const smath::AdamParams<T> h = smath::adam_params<T>(lr, beta1, beta2, eps, wd, step, decoupled);
-    parallel_for(n, n > kParallelGrain, [&, h](int64_t i) { smath::adam_update(p, g, m, v, i, h); });
+    // In blocks with `omp simd` inside: per element, the compiler cannot rule out that the four
+    // arrays overlap and leaves the update scalar (a third of its vectorised speed).
+    constexpr int64_t kBlock = 4096;
+    parallel_for((n + kBlock - 1) / kBlock, n > kParallelGrain, [&, h](int64_t b) {
+      const int64_t hi = std::min(n, (b + 1) * kBlock);
+#pragma omp simd
+      for (int64_t i = b * kBlock; i < hi; ++i) smath::adam_update(p, g, m, v, i, h);
+    });
   });
 }
 

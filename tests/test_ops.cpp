@@ -7,7 +7,9 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <thread>
 
+#include "backends/cpu/block_cache.h"
 #include "backends/cpu/fast_math.h"
 #include "tests/core_test_util.h"
 
@@ -714,4 +716,28 @@ TEST(FastMath, ExpAndTanhMatchLibmEverywhere) {
   EXPECT_EQ(cpu::fast_tanh(inf), 1.0f);
   EXPECT_EQ(cpu::fast_tanh(-inf), -1.0f);
   EXPECT_TRUE(std::isnan(cpu::fast_tanh(nan)));
+}
+
+// The CPU backend's cache of large blocks: exact size classes, a thread's own blocks first, clear()
+// hands every block back.
+TEST(BlockCache, SizeClassesOwnBlocksFirstAndClear) {
+  using headlab::cpu::BlockCache;
+  EXPECT_EQ(BlockCache::size_class(size_t(64) << 10), size_t(64) << 10);
+  EXPECT_EQ(BlockCache::size_class((size_t(64) << 10) + 1), size_t(80) << 10);  // a quarter octave up
+  BlockCache cache;
+  const size_t bytes = size_t(128) << 10;
+  int mine = 0, theirs = 0, other_size = 0;
+  EXPECT_EQ(cache.take(bytes), nullptr);
+  ASSERT_TRUE(cache.give(&mine, bytes));
+  std::thread([&] { ASSERT_TRUE(cache.give(&theirs, bytes)); }).join();  // the newest block: another thread's
+  EXPECT_EQ(cache.take(bytes), &mine) << "this thread's block before the newer one of another thread";
+  EXPECT_EQ(cache.take(bytes), &theirs) << "another thread's block when this thread has none";
+  EXPECT_EQ(cache.take(bytes), nullptr);
+  ASSERT_TRUE(cache.give(&mine, bytes));
+  ASSERT_TRUE(cache.give(&other_size, 2 * bytes));
+  EXPECT_EQ(cache.take(3 * bytes), nullptr) << "no block of another size class";
+  std::vector<void*> released;
+  cache.clear([&](void* p) { released.push_back(p); });
+  EXPECT_EQ(released.size(), 2u);
+  EXPECT_EQ(cache.take(bytes), nullptr);
 }

@@ -28,15 +28,20 @@ namespace {
 class ThreadGroup {
  public:
   ThreadGroup(int threads, std::shared_ptr<Collectives> outer)
-      : threads_(threads), outer_(std::move(outer)), slots_(static_cast<size_t>(threads), nullptr) {}
+      : threads_(threads),
+        outer_(std::move(outer)),
+        slots_(static_cast<size_t>(threads), nullptr),
+        spin_(outer_->local_size() * threads <= omp_get_num_procs() ? kSpin : std::chrono::microseconds{0}) {}
 
   int threads() const { return threads_; }
   Collectives& outer() const { return *outer_; }
   void*& slot(int thread) { return slots_[static_cast<size_t>(thread)]; }
 
   // Returns once every thread has arrived; throws ThreadGroupStopped once any thread has failed. A
-  // waiter spins for up to kSpin before it sleeps: the threads arrive within microseconds of each other
-  // (they run the same step), and waking a sleeping thread costs tens of microseconds here.
+  // waiter spins for up to kSpin before it sleeps: waking a sleeping thread costs tens of microseconds
+  // on a virtual machine, and the threads' steps often end more than 100 us apart there (the demo's
+  // model: 6 sleeps a step with 100 us of spinning, 2.7 with 2 ms). Only while every rank on this
+  // machine has a core of its own: a spinning thread would otherwise take a core from a working one.
   void arrive_and_wait() {
     stop_if_failed();
     const uint64_t generation = generation_.load(std::memory_order_acquire);
@@ -49,7 +54,7 @@ class ThreadGroup {
       woken_.notify_all();
       return;
     }
-    const auto until = std::chrono::steady_clock::now() + kSpin;
+    const auto until = std::chrono::steady_clock::now() + spin_;
     for (int i = 1;; ++i) {
       if (generation_.load(std::memory_order_acquire) != generation) return;
       stop_if_failed();
@@ -68,13 +73,14 @@ class ThreadGroup {
   }
 
  private:
-  static constexpr std::chrono::microseconds kSpin{100};
+  static constexpr std::chrono::microseconds kSpin{2000};
   void stop_if_failed() const {
     if (failed_.load()) throw ThreadGroupStopped("data parallelism: another thread of this run failed");
   }
   const int threads_;
   const std::shared_ptr<Collectives> outer_;
   std::vector<void*> slots_;
+  const std::chrono::microseconds spin_;
   std::mutex mutex_;
   std::condition_variable woken_;
   std::atomic<int> arrived_{0};

@@ -395,7 +395,7 @@ void allreduce_gradients(Collectives& comm, const std::vector<Tensor>& params, s
   for (const Tensor& p : params) total += p.numel();
   // A fresh buffer each step, and the sums handed back as views of it: no copy back, and no gradient
   // aliases another tensor (a gradient from backward may be shared with another parameter's).
-  const Tensor flat = Tensor::empty({total + static_cast<int64_t>(extra.size())}, DType::f32, kCPU);  // (total + extra)
+  const Tensor flat = Tensor::empty({total + static_cast<int64_t>(extra.size())}, DType::f32, kCPU);
   float* data = flat.data<float>();
   int64_t at = 0;
   for (const Tensor& p : params) {

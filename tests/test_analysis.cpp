@@ -811,15 +811,17 @@ TEST(Analysis, HeadTypesMatchNaiveLoopsAndFindPlantedHeads) {
   EXPECT_NEAR(p.heads[1].entropy_normalized, 1.0, 1e-6);  // uniform over every key it may see
   EXPECT_EQ(p.heads[1].label, "broad");
   EXPECT_TRUE(std::isnan(p.heads[0].separator));
-  // Keeping one row's weights at a time (what GPT-2's long rows need) changes nothing.
+  // Keeping one row's weights at a time (what GPT-2's long rows need) changes nothing but float32
+  // round-off: with fewer rows the GEMMs take other kernels (OpenBLAS's small-matrix ones on AVX-512
+  // CPUs), which round differently (seen: 8e-9).
   HeadTypeOptions one_row = o;
   one_row.rows_per_forward = 1;
   const HeadTypes chunked = head_types(*model, data, one_row);
   for (size_t i = 0; i < 8; ++i) {
-    EXPECT_NEAR(chunked.heads[i].previous_token, ht.heads[i].previous_token, 1e-12) << i;
-    EXPECT_NEAR(chunked.heads[i].entropy, ht.heads[i].entropy, 1e-12) << i;
-    EXPECT_NEAR(chunked.heads[i].induction, ht.heads[i].induction, 1e-12) << i;
-    EXPECT_NEAR(chunked.heads[i].duplicate_token, ht.heads[i].duplicate_token, 1e-12) << i;
+    EXPECT_NEAR(chunked.heads[i].previous_token, ht.heads[i].previous_token, 1e-6) << i;
+    EXPECT_NEAR(chunked.heads[i].entropy, ht.heads[i].entropy, 1e-6) << i;
+    EXPECT_NEAR(chunked.heads[i].induction, ht.heads[i].induction, 1e-6) << i;
+    EXPECT_NEAR(chunked.heads[i].duplicate_token, ht.heads[i].duplicate_token, 1e-6) << i;
   }
   po.induction_half = 7;
   EXPECT_ERROR_CONTAINS(head_types(planted, random, po), "head_types: repeated sequences of 2 x 7 tokens do not fit");

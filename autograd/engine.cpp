@@ -2,7 +2,6 @@
 #include "autograd/engine.h"
 
 #include <algorithm>
-#include <atomic>
 #include <cctype>
 #include <cmath>
 #include <sstream>
@@ -14,7 +13,9 @@ namespace headlab {
 namespace {
 thread_local bool g_grad_enabled = true;
 bool g_anomaly = false;
-std::atomic<uint64_t> g_next_seq{1};
+// The last sequence number this thread gave a node. Per thread: data-parallel training's threads each
+// build their own graphs, and one counter shared by them moved its cache line between cores at every op.
+thread_local uint64_t t_last_seq = 0;
 
 // "masked_fill" -> "MaskedFillBackward"
 std::string backward_name(const char* op) {
@@ -32,11 +33,18 @@ std::string backward_name(const char* op) {
 }
 
 // A new node for `op`, its saved tensors and their versions in place. Saving the op's output itself
-// would make a cycle (out -> node -> out), so the node keeps a history-free alias of it instead.
-std::shared_ptr<Node> new_node(const char* op, const Tensor& out, std::span<const Tensor> saved) {
+// would make a cycle (out -> node -> out), so the node keeps a history-free alias of it instead. Its
+// sequence number is newer than this thread's last node's and than every input's node's (made on this
+// thread or another), which is all backward's ordering needs.
+std::shared_ptr<Node> new_node(const char* op, const Tensor& out, std::span<const Tensor> saved,
+                               std::vector<Node::Input> inputs) {
   auto node = std::make_shared<Node>();
   node->name = backward_name(op);
-  node->seq = g_next_seq++;
+  uint64_t newest = t_last_seq;
+  for (const Node::Input& in : inputs)
+    if (in.fn) newest = std::max(newest, in.fn->seq);
+  node->seq = t_last_seq = newest + 1;
+  node->inputs = std::move(inputs);
   node->saved.reserve(saved.size());
   for (const Tensor& t : saved) {
     if (!t.defined())
@@ -91,12 +99,13 @@ bool should_record(const char* op, const Tensor& out, std::span<const Tensor> in
 
 void record_node(const char* op, Tensor& out, std::span<const Tensor> inputs, std::span<const Tensor> saved,
                  BackwardFn fn) {
-  std::shared_ptr<Node> node = new_node(op, out, saved);
-  node->inputs.reserve(inputs.size());
+  std::vector<Node::Input> edges;
+  edges.reserve(inputs.size());
   for (const Tensor& t : inputs) {
     const bool rg = t.defined() && t.requires_grad();
-    node->inputs.push_back({t, rg ? t.grad_fn() : nullptr, rg});
+    edges.push_back({t, rg ? t.grad_fn() : nullptr, rg});
   }
+  std::shared_ptr<Node> node = new_node(op, out, saved, std::move(edges));
   node->fn = std::move(fn);
   out.impl()->grad_fn = std::move(node);
 }
@@ -112,9 +121,10 @@ void record_inplace_node(const char* op, Tensor& self, std::span<const Tensor> s
   auto old_impl = std::make_shared<TensorImpl>(*self.impl());
   old_impl->hooks.clear();
   Tensor old(std::move(old_impl));
-  std::shared_ptr<Node> node = new_node(op, self, saved);
   std::shared_ptr<Node> old_fn = old.grad_fn();
-  node->inputs.push_back({std::move(old), std::move(old_fn), true});
+  std::vector<Node::Input> edges;
+  edges.push_back({std::move(old), std::move(old_fn), true});
+  std::shared_ptr<Node> node = new_node(op, self, saved, std::move(edges));
   node->fn = std::move(fn);
   self.impl()->grad_fn = std::move(node);
 }

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <thread>
 
 #include "backends/backend.h"
 #include "examples/mlp_regression.h"
@@ -61,6 +62,18 @@ TEST(Autograd, SharedSubexpressionsAndUnusedInputs) {
   sum(mul(z, c)).backward();
   EXPECT_TRUE(all_close(z.grad(), {5, 5}));
   EXPECT_FALSE(c.grad().defined());
+}
+
+// Nodes are ordered per thread and after their inputs: a graph continued on a thread that has made
+// few nodes (a fresh one) still runs its newest nodes first.
+TEST(Autograd, AGraphContinuedOnAnotherThreadRunsInOrder) {
+  Tensor x = leaf64({1, -2});
+  Tensor h = x;
+  for (int i = 0; i < 50; ++i) h = add(h, 1.0);  // this thread's nodes: numbered far past a new thread's
+  Tensor y;
+  std::thread([&] { y = sum(mul(mul(h, h), 0.5)); }).join();  // dy/dh = h
+  add(y, sum(h)).backward();                                   // + 1
+  EXPECT_TRUE(all_close(x.grad(), {51 + 1, 48 + 1}));
 }
 
 TEST(Autograd, BackwardWithExplicitGradient) {

@@ -147,17 +147,21 @@ double grad_norm(const std::vector<Tensor>& params) {
   return total.defined() ? std::sqrt(total.item<double>()) : 0.0;
 }
 
+void clip_grads_with_norm(const std::vector<Tensor>& params, double max_norm, double total_norm) {
+  HL_CHECK(max_norm > 0, "clip_grad_norm: max_norm must be positive, got ", max_norm);
+  const double coef = max_norm / (total_norm + 1e-6);
+  if (!(coef < 1.0)) return;
+  NoGradGuard no_grad;
+  for (const Tensor& p : params) {
+    Tensor g = p.grad();
+    if (g.defined()) g.copy_(mul(g, coef));
+  }
+}
+
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
   HL_CHECK(max_norm > 0, "clip_grad_norm: max_norm must be positive, got ", max_norm);
   const double norm = grad_norm(params);
-  const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1.0) {
-    NoGradGuard no_grad;
-    for (const Tensor& p : params) {
-      Tensor g = p.grad();
-      if (g.defined()) g.copy_(mul(g, coef));
-    }
-  }
+  clip_grads_with_norm(params, max_norm, norm);
   return norm;
 }
 

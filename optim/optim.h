@@ -60,6 +60,9 @@ class Optimizer {
 // Scales all gradients so their global L2 norm is at most max_norm; returns the norm before clipping.
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm);
 double grad_norm(const std::vector<Tensor>& params);
+// clip_grad_norm's second half, for a caller that has the norm already (PyTorch's clip_grads_with_norm_):
+// scales every gradient by max_norm / (total_norm + 1e-6) where that is below 1.
+void clip_grads_with_norm(const std::vector<Tensor>& params, double max_norm, double total_norm);
 
 enum class ScheduleKind { constant, cosine, step };  // cosine: linear warmup, then cosine decay
 constexpr auto enum_table(ScheduleKind) {

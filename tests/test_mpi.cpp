@@ -30,6 +30,7 @@
 #include "tasks/seq2seq.h"
 #include "tasks/task.h"
 #include "train/collectives.h"
+#include "train/trainer.h"
 
 namespace headlab {
 namespace {
@@ -330,6 +331,38 @@ TEST(ThreadsTransport, AllreduceBroadcastAndBarrierOverThreeThreads) {
     for (int i = 0; i < 7; ++i) EXPECT_EQ(sums[static_cast<size_t>(r)][static_cast<size_t>(i)], 6.0f * (i + 1));
     EXPECT_EQ(doubles[static_cast<size_t>(r)], 4.5);
     EXPECT_EQ(broadcast[static_cast<size_t>(r)], "rank 2");
+  }
+}
+
+// Data parallelism's one collective per step: each thread's gradients and extras come back summed (a
+// parameter without a gradient counts as zeros), the gradients as views of one buffer, and every thread
+// gets the global norm of the summed gradients.
+TEST(ThreadsTransport, AllreduceGradientsSumsGradientsAndExtrasAndReturnsTheirNorm) {
+  constexpr int kThreads = 2;
+  std::vector<std::vector<float>> got_w(kThreads), got_b(kThreads), got_extra(kThreads);
+  std::vector<double> norms(kThreads);
+  train::run_on_threads(kThreads, train::single_process(), [&](const std::shared_ptr<train::Collectives>& comm) {
+    const auto r = static_cast<size_t>(comm->rank());
+    const float k = static_cast<float>(r + 1);
+    Tensor w = zeros({2, 3}).requires_grad_(), b = zeros({3}).requires_grad_();
+    w.set_grad(tensor(std::vector<float>{k, -k, 2 * k, 0, 1, -2}, {2, 3}));
+    if (r == 1) b.set_grad(tensor(std::vector<float>{3, 4, 0}, {3}));  // thread 0 has none for b
+    std::vector<float> extra{0.5f * k};
+    norms[r] = train::allreduce_gradients(*comm, {w, b}, extra);
+    got_w[r] = w.grad().to_vector<float>();
+    got_b[r] = b.grad().to_vector<float>();
+    got_extra[r] = extra;
+    EXPECT_EQ(w.grad().shape(), (Shape{2, 3}));
+  });
+  const std::vector<float> w = {3, -3, 6, 0, 2, -4}, b = {3, 4, 0};
+  double sq = 0;
+  for (float v : w) sq += v * v;
+  for (float v : b) sq += v * v;
+  for (size_t r = 0; r < kThreads; ++r) {
+    EXPECT_EQ(got_w[r], w);
+    EXPECT_EQ(got_b[r], b);
+    EXPECT_EQ(got_extra[r], std::vector<float>{1.5f});
+    EXPECT_DOUBLE_EQ(norms[r], std::sqrt(sq));
   }
 }
 

@@ -426,4 +426,20 @@ TEST(ClipGradNorm, ScalesToMaxNormAndReturnsTheNormBefore) {
             std::string::npos);
 }
 
+// The norm a caller passes decides the scale (data parallelism takes it from the allreduce's buffer).
+TEST(ClipGradNorm, WithAGivenNormScalesByItsCoefficientOnly) {
+  Tensor a = zeros({3}).requires_grad_();
+  const std::vector<double> ga = {1, -2, 4};
+  a.set_grad(tensor(ga, {3}));
+  optim::clip_grads_with_norm({a}, 1.0, 0.5);  // coefficient above 1: unchanged
+  EXPECT_EQ(a.grad().to_vector<double>(), ga);
+  optim::clip_grads_with_norm({a}, 1.0, std::nan(""));  // a non-finite norm leaves them for the caller's check
+  EXPECT_EQ(a.grad().to_vector<double>(), ga);
+  optim::clip_grads_with_norm({a}, 1.0, 10.0);
+  const auto got = a.grad().to_vector<double>();
+  for (size_t i = 0; i < ga.size(); ++i) EXPECT_NEAR(got[i], ga[i] * (1.0 / (10.0 + 1e-6)), 1e-6);
+  EXPECT_NE(error_of([&] { optim::clip_grads_with_norm({a}, -1.0, 1.0); }).find("max_norm must be positive"),
+            std::string::npos);
+}
+
 }  // namespace

@@ -23,6 +23,16 @@ namespace headlab::train {
 
 namespace {
 
+// A spin-wait's pause: it leaves the core's shared resources to a sibling hardware thread (on a
+// virtual machine, possibly another vCPU of this run) and costs little latency.
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 // What the threads of one run share: a reusable barrier that a failed thread breaks, and a slot per
 // thread for the buffer it brings to the current collective.
 class ThreadGroup {
@@ -59,6 +69,7 @@ class ThreadGroup {
       if (generation_.load(std::memory_order_acquire) != generation) return;
       stop_if_failed();
       if (i % 64 == 0 && std::chrono::steady_clock::now() > until) break;
+      cpu_relax();
     }
     std::unique_lock<std::mutex> lock(mutex_);
     woken_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != generation || failed_.load(); });

@@ -100,8 +100,9 @@ void install_sigint_handler();
 // Data parallelism's one collective per step: every parameter's gradient (zeros where a rank has none)
 // and then `extra` go into one buffer, one allreduce sums it over comm's ranks, and the sums come back
 // as the gradients (views of that buffer) and into `extra`. Every rank ends with the same gradients, so
-// the same clipping and optimizer step follow.
-void allreduce_gradients(Collectives& comm, const std::vector<Tensor>& params, std::vector<float>& extra);
+// the same clipping and optimizer step follow. Returns the summed gradients' global L2 norm, taken from
+// the buffer in the same pass (clip_grads_with_norm takes it from there).
+double allreduce_gradients(Collectives& comm, const std::vector<Tensor>& params, std::vector<float>& extra);
 
 class Trainer {
  public:
@@ -121,7 +122,7 @@ class Trainer {
   void evaluate_and_log(Session& s, double lr, bool tty);
   void log(const std::string& line) const;
   // Data parallelism: sums every gradient and `extra` over the ranks; checks the ranks hold one model.
-  void all_reduce_gradients(Session& s, std::vector<float>& extra) const;
+  double all_reduce_gradients(Session& s, std::vector<float>& extra) const;  // the gradients' norm
   void check_ranks_agree(const Session& s) const;
   TrainOptions opts_;
   std::string latest_;  // <out>/checkpoint.h5

@@ -159,7 +159,6 @@ void clip_grads_with_norm(const std::vector<Tensor>& params, double max_norm, do
 }
 
 double clip_grad_norm(const std::vector<Tensor>& params, double max_norm) {
-  HL_CHECK(max_norm > 0, "clip_grad_norm: max_norm must be positive, got ", max_norm);
   const double norm = grad_norm(params);
   clip_grads_with_norm(params, max_norm, norm);
   return norm;

@@ -1,5 +1,5 @@
-# What bench/*.sh share (sourced): building their targets, the median of numbers on stdin, and whether a
-# PyTorch peer can run.
+# What bench/*.sh share (sourced): building their targets, the median of numbers on stdin, whether a
+# PyTorch peer can run, and the machine line each result begins with.
 # build_targets TARGET...: builds them in build/ (configured Release first when it is not).
 build_targets() {
   [[ -f build/CMakeCache.txt ]] || cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -11,4 +11,23 @@ peer_available() {
   if [[ -f "$2" ]] && /usr/bin/python3 -c "import torch" 2>/dev/null; then return 0; fi
   echo "$1: no PyTorch peer ($2 with python3-torch; apt-get install python3-torch): headlab only" >&2
   return 1
+}
+# The 1-minute load when the script began: figures from a loaded machine flatter headlab (its threads
+# wait passively) and punish PyTorch (its threads spin), so every result states it.
+bench_start_load=$(cut -d' ' -f1 /proc/loadavg)
+# machine_line: the CPU, its cores, the 1-minute load at the start and now (the run's own included), the date.
+machine_line() {
+  printf '%s, %s cores, load %s at start / %s at end, %s' "$(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')" \
+    "$(nproc)" "$bench_start_load" "$(cut -d' ' -f1 /proc/loadavg)" "$(date -u +%F)"
+}
+# peer_line: the PyTorch peer's version and the BLAS its libraries resolve to (Debian's alternatives:
+# the same torch ran 2-3x slower on another day of this machine with its own figures unchanged, so
+# every peer result records what it ran on).
+peer_line() {
+  local arch
+  arch=$(gcc -print-multiarch 2>/dev/null || echo x86_64-linux-gnu)
+  printf 'peer: PyTorch %s; libblas.so.3 -> %s, libopenblas.so.0 -> %s\n' \
+    "$(/usr/bin/python3 -c 'import torch; print(torch.__version__)' 2>/dev/null)" \
+    "$(readlink -f "/usr/lib/$arch/libblas.so.3" 2>/dev/null || echo none)" \
+    "$(readlink -f "/usr/lib/$arch/libopenblas.so.0" 2>/dev/null || echo none)"
 }

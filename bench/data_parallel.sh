@@ -2,10 +2,9 @@
 # Data-parallel training speed (README, "Data parallel"): the same run (same seed, global batch and
 # steps) as 2 MPI ranks x 1 thread, 1 process x 2 threads each taking its rows (--parallel data, what
 # --parallel auto picks for these models), 1 process x 2 threads splitting every op (--parallel ops)
-# and 1 process x 1 thread, interleaved for
-# --rounds rounds so that all three see the same machine noise; the median training tokens/s of each
-# (headlab train's own figure: the steps' time, without start-up and the final save) and rank 0's share
-# of time in the gradient allreduce.
+# and 1 process x 1 thread, interleaved for --rounds rounds so that all see the same machine noise; the
+# median training tokens/s of each (headlab train's own figure: the steps' time with their evaluations
+# and checkpoints, without start-up) and rank 0's share of time in the gradient allreduce.
 # Usage: bench/data_parallel.sh [--rounds N] [--steps N]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -51,7 +50,7 @@ for ((r = 1; r <= rounds; r++)); do
   done
 done
 
-printf '%s\n' "$(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores, $(date -u +%F), $steps steps, median of $rounds"
+printf '%s, %s steps, median of %s\n' "$(machine_line)" "$steps" "$rounds"
 printf '%-10s %-9s %12s %10s %14s\n' model ranks "k tok/s" "vs 1x1" "allreduce %"
 for model in "${models[@]}"; do
   read -r name args <<<"$model"

@@ -28,8 +28,8 @@ for ((r = 1; r <= rounds; r++)); do
   done
   echo "round $r/$rounds done" >&2
 done
-printf '%s, %s cores, %s threads, load %s, %s\n' "$(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')" \
-  "$(nproc)" "$threads" "$(cut -d' ' -f1-3 /proc/loadavg)" "$(date -u +%F)"
+printf '%s, %s threads\n' "$(machine_line)" "$threads"
+((have_peer)) && peer_line
 printf '%-52s %10s %10s %8s\n' "GPT-2 small, 64 pairs x 15 tokens" headlab PyTorch ratio
 for phase in eap path; do
   ours=$(grep -ho ": [0-9.]* s (median" "$tmp"/ours.$phase.* | tr -dc '0-9.\n' | median)

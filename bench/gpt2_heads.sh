@@ -27,8 +27,8 @@ for ((r = 1; r <= rounds; r++)); do
   ((have_peer)) && /usr/bin/python3 "$peer" --config gpt2 --threads "$threads" --heads-per-layer "$per_layer" >"$tmp/peer.$r"
   echo "round $r/$rounds done" >&2
 done
-printf '%s, %s cores, %s threads, load %s, %s\n' "$(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')" \
-  "$(nproc)" "$threads" "$(cut -d' ' -f1-3 /proc/loadavg)" "$(date -u +%F)"
+printf '%s, %s threads\n' "$(machine_line)" "$threads"
+((have_peer)) && peer_line
 ours=$(grep -ho ": [0-9.]* s (median" "$tmp"/ours.* | tr -dc '0-9.\n' | median)
 ours_mb=$(grep -ho "peak resident [0-9.]*" "$tmp"/ours.* | cut -d' ' -f3 | median)
 floor=$(grep -ho "floor [0-9.]* s" "$tmp"/ours.* | cut -d' ' -f2 | median)

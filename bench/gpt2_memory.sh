@@ -40,9 +40,7 @@ done
 load_s=$(for f in "$tmp"/load.*; do grep "^load" "$f" | grep -o ": [0-9.]* s" | tr -dc '0-9.\n'; done | median)
 load_mb=$(for f in "$tmp"/load.*; do grep "^load" "$f" | grep -o "peak resident [0-9.]*" | cut -d' ' -f3; done | median)
 eval_mb=$(cat "$tmp"/eval.* | median) gen_mb=$(cat "$tmp"/gen.* | median)
-printf '%s, %s cores, %s threads, load %s, %s; weights %s MB\n' \
-  "$(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')" "$(nproc)" "$threads" \
-  "$(cut -d' ' -f1-3 /proc/loadavg)" "$(date -u +%F)" "$weights_mb"
+printf '%s, %s threads; weights %s MB\n' "$(machine_line)" "$threads" "$weights_mb"
 awk -v s="$load_s" -v l="$load_mb" -v e="$eval_mb" -v g="$gen_mb" -v w="$weights_mb" -v t="$tokens" 'BEGIN {
   printf "%-58s %10s %9s\n", "", "peak MB", "/ weights"
   printf "%-58s %10.0f %8.2fx\n", sprintf("load the folder (%.3f s, warm page cache)", s), l, l / w

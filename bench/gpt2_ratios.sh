@@ -49,8 +49,8 @@ pick() {  # file-glob prefix unit
 }
 pct() { for f in $1; do [[ -f "$f" ]] && grep "^$2" "$f" | grep -o "[0-9]*%" | head -1 | tr -d %; done | median; }
 
-printf '%s, %s cores, %s threads, load %s, %s\n' "$(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')" \
-  "$(nproc)" "$threads" "$(cut -d' ' -f1-3 /proc/loadavg)" "$(date -u +%F)"
+printf '%s, %s threads\n' "$(machine_line)" "$threads"
+((have_peer)) && peer_line
 head -1 "$tmp/ours.dec.1" | grep -q '^load' && head -1 "$tmp/ours.dec.1"
 grep -h "^headlab" "$tmp/ours.dec.1"
 o_pre=$(pick "$tmp/ours.pre.*" "prefill" "tokens/s") o_gen=$(pick "$tmp/ours.dec.*" "generate's prefill" "tokens/s")

@@ -48,7 +48,8 @@ for ((r = 1; r <= rounds; r++)); do
   done
 done
 
-printf '%s\n' "$(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores, $(date -u +%F)"
+printf '%s\n' "$(machine_line)"
+((have_peer)) && peer_line
 printf '%-39s %7s %11s %11s %7s %9s %9s\n' config threads "headlab ms" "peer ms" ratio "floor ms" "of floor"
 for row in "${rows[@]}"; do
   read -r name threads args <<<"$row"

@@ -28,8 +28,8 @@ for ((r = 1; r <= rounds; r++)); do
   ((have_peer)) && $py bench/python_cache.py torch "$tmp/gpt2" --threads "$threads" >"$tmp/peer.$r"
   echo "round $r/$rounds done" >&2
 done
-printf '%s, %s cores, %s threads, load %s, %s\n' "$(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')" \
-  "$(nproc)" "$threads" "$(cut -d' ' -f1-3 /proc/loadavg)" "$(date -u +%F)"
+printf '%s, %s threads\n' "$(machine_line)" "$threads"
+((have_peer)) && peer_line
 field() { grep -ho "$1 [0-9.]*" "$2"/"$3".* | awk '{print $NF}' | median; }
 ours_s=$(field median "$tmp" ours) ours_mb=$(field resident "$tmp" ours)
 peer_s=nan peer_mb=nan

@@ -21,7 +21,7 @@ machine_line() {
     "$(nproc)" "$bench_start_load" "$(cut -d' ' -f1 /proc/loadavg)" "$(date -u +%F)"
 }
 # peer_line: the PyTorch peer's version and the BLAS its libraries resolve to (Debian's alternatives:
-# the same torch ran 2-3x slower on another day of this machine with its own figures unchanged, so
+# the same torch ran 2-4x slower on one day of this machine than on the next, headlab unchanged, so
 # every peer result records what it ran on).
 peer_line() {
   local arch

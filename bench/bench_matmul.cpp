@@ -1,13 +1,18 @@
 // headlab::matmul / linear against cblas_sgemm called directly on the same buffers: the peer and
 // the floor for the op layer's overhead (shape checks, output allocation, dispatch, batching).
 // Square M = N = K (512, 1024), a batched (8, 256, 64) @ (8, 64, 256), and a linear forward
-// (64*64, 128) x (512, 128)^T + bias. GFLOP/s = 2 M N K per product over wall time.
+// (64*64, 128) x (512, 128)^T + bias; and on one thread, the toy GPT step's products through
+// backends/cpu/blas.h (libxsmm where it serves) against cblas_sgemm. GFLOP/s = 2 M N K per product over
+// wall time.
 //   build: cmake --build build --target bench; run: OMP_NUM_THREADS=2 build/bench/bench_matmul
 #include <benchmark/benchmark.h>
 #include <cblas.h>
 
 #include <cstring>
 
+#include <vector>
+
+#include "backends/cpu/blas.h"
 #include "ops/ops.h"
 
 using namespace headlab;
@@ -95,8 +100,41 @@ void BM_cblas_linear(benchmark::State& state) {  // the same work by hand: rows 
   report_flops(state, 2.0 * kRows * kIn * kOut);
 }
 
+// ---- one thread, the toy GPT step's products (each data-parallel thread's: 1024 rows of d = 128, FF 512) ----
+// blas_gemm (libxsmm where it serves, backends/cpu/xsmm_gemm.cpp) against cblas_sgemm, both on the calling
+// thread. Args: ta, tb, M, N, K of row-major C (M, N) = op(A) op(B).
+template <bool kViaBlasGemm>
+void BM_one_thread_gemm(benchmark::State& state) {
+  const bool ta = state.range(0) != 0, tb = state.range(1) != 0;
+  const int64_t M = state.range(2), N = state.range(3), K = state.range(4);
+  Generator gen(4);
+  const Tensor a = randn({M * K}, gen), b = randn({K * N}, gen), c = zeros({M * N});
+  const int64_t lda = ta ? M : K, ldb = tb ? K : N;
+  for (auto _ : state) {
+    if constexpr (kViaBlasGemm)
+      cpu::blas_gemm<float>(ta, tb, M, N, K, 1.0f, a.data<float>(), lda, b.data<float>(), ldb, 0.0f, c.data<float>(), N);
+    else
+      cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, 1.0f,
+                  a.data<float>(), lda, b.data<float>(), ldb, 0.0f, c.data<float>(), N);
+    benchmark::DoNotOptimize(c.raw_data());
+  }
+  report_flops(state, 2.0 * M * N * K);
+}
+
+void toy_step_shapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"ta", "tb", "M", "N", "K"});
+  for (const auto& s : std::vector<std::vector<int64_t>>{{0, 1, 1024, 128, 128},   // x W^T
+                                                         {0, 1, 1024, 512, 128},   // FF up
+                                                         {0, 0, 1024, 128, 512},   // dX through FF down
+                                                         {1, 0, 128, 128, 1024},   // dW = dY^T x
+                                                         {1, 0, 512, 128, 1024}})  // dW of FF up
+    b->Args(s);
+}
+
 }  // namespace
 
+BENCHMARK(BM_one_thread_gemm<true>)->Apply(toy_step_shapes)->Name("BM_blas_gemm_one_thread")->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_one_thread_gemm<false>)->Apply(toy_step_shapes)->Name("BM_cblas_sgemm_one_thread")->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_headlab_matmul)->Arg(512)->Arg(1024)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_cblas_sgemm)->Arg(512)->Arg(1024)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_headlab_matmul_batched)->UseRealTime()->Unit(benchmark::kMillisecond);

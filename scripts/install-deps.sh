@@ -13,6 +13,9 @@ packages=(build-essential cmake pkg-config libopenblas-openmp-dev libhdf5-dev hd
           graphviz  # circuit pictures (headlab circuit): Graphviz's dot renders circuit.dot to PNG and SVG
           fortunes  # scripts/induction.sh: 2.5 MB of English text to train on
           python3-dev pybind11-dev python3-numpy python3-pytest)  # the Python module (python/) and its tests
+if [[ $(dpkg --print-architecture) == amd64 ]]; then
+  packages+=(libxsmm-dev)  # JIT kernels for small models' one-thread GEMMs (backends/cpu/xsmm_gemm.cpp); amd64 only
+fi
 if [[ "${1:-}" == "--python" ]]; then
   packages+=(python3-torch python3-h5py python3-numpy
              time)  # bench/gpt2_memory.sh: each command's peak resident memory

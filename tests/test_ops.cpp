@@ -4,13 +4,20 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "backends/cpu/block_cache.h"
 #include "backends/cpu/fast_math.h"
+#ifdef HEADLAB_HAS_XSMM
+#include "backends/cpu/xsmm_gemm.h"
+#endif
 #include "tests/core_test_util.h"
 
 using namespace headlab;
@@ -402,6 +409,53 @@ TEST(Matmul, OneRowIsGemvAndMatchesTheReference) {
   for (size_t i = 0; i < want.size(); ++i) want[i] += bv[i];
   EXPECT_TRUE(all_close(linear(x, w, bias), want, 1e-4));
 }
+
+#ifdef HEADLAB_HAS_XSMM
+// libxsmm's kernels (backends/cpu/xsmm_gemm.cpp), the fast path of one-thread float GEMMs, against a
+// double reference: each operand stored transposed or not (both: refused), beta 0 (C's NaNs ignored) and 1,
+// leading dims wider than the matrices, K from 1 to past a vector; and the calls it must refuse.
+TEST(Matmul, LibxsmmKernelsMatchTheReference) {
+  for (const bool ta : {false, true})
+    for (const bool tb : {false, true})
+      for (const float beta : {0.0f, 1.0f})
+        for (const auto& [M, N, K] : std::vector<std::array<int64_t, 3>>{{64, 17, 1}, {100, 128, 33}, {1024, 128, 128}}) {
+          const int64_t pad = 3, lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
+          std::vector<float> A((ta ? K : M) * lda), B((tb ? N : K) * ldb), C(M * ldc);
+          for (size_t i = 0; i < A.size(); ++i) A[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)));
+          for (size_t i = 0; i < B.size(); ++i) B[i] = static_cast<float>(std::cos(0.11 * static_cast<double>(i)));
+          for (size_t i = 0; i < C.size(); ++i) C[i] = beta == 0 ? std::numeric_limits<float>::quiet_NaN() : 0.5f;
+          const std::vector<float> C0 = C;
+          const bool served = cpu::xsmm_sgemm(ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
+          const std::string what = "ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) + " beta=" +
+                                   std::to_string(beta) + " M=" + std::to_string(M) + " N=" + std::to_string(N) +
+                                   " K=" + std::to_string(K);
+          if (ta && tb) {  // libxsmm transposes one operand only: refused, C untouched
+            EXPECT_FALSE(served) << what;
+            EXPECT_EQ(std::memcmp(C.data(), C0.data(), C.size() * sizeof(float)), 0) << what;
+            continue;
+          }
+          ASSERT_TRUE(served) << what;
+          double worst = 0;
+          for (int64_t r = 0; r < M; ++r)
+            for (int64_t c = 0; c < N; ++c) {
+              double want = beta == 0 ? 0.0 : 0.5;
+              for (int64_t k = 0; k < K; ++k)
+                want += static_cast<double>(ta ? A[k * lda + r] : A[r * lda + k]) *
+                        static_cast<double>(tb ? B[c * ldb + k] : B[k * ldb + c]);
+              worst = std::max(worst, std::abs(static_cast<double>(C[r * ldc + c]) - want));
+            }
+          EXPECT_LT(worst, 1e-5 * static_cast<double>(K)) << what;
+          for (int64_t r = 0; r < M; ++r)  // the padding between rows of C is never written
+            for (int64_t c = N; c < ldc; ++c) EXPECT_TRUE(std::isnan(C[r * ldc + c]) || C[r * ldc + c] == 0.5f) << what;
+        }
+  // What goes to OpenBLAS instead: alpha != 1, beta outside {0, 1}, too few rows, op(B) too big for L2.
+  std::vector<float> A(4096 * 1024, 1.0f), B(1024 * 1024, 1.0f), C(4096 * 1024, 0.0f);
+  EXPECT_FALSE(cpu::xsmm_sgemm(false, false, 64, 64, 64, 2.0f, A.data(), 64, B.data(), 64, 0.0f, C.data(), 64));
+  EXPECT_FALSE(cpu::xsmm_sgemm(false, false, 64, 64, 64, 1.0f, A.data(), 64, B.data(), 64, 0.5f, C.data(), 64));
+  EXPECT_FALSE(cpu::xsmm_sgemm(false, false, 63, 64, 64, 1.0f, A.data(), 64, B.data(), 64, 0.0f, C.data(), 64));
+  EXPECT_FALSE(cpu::xsmm_sgemm(false, false, 64, 1024, 1024, 1.0f, A.data(), 1024, B.data(), 1024, 0.0f, C.data(), 1024));
+}
+#endif
 
 TEST(Matmul, ZeroSizeDims) {
   const Tensor k0 = matmul(zeros({2, 0}), zeros({0, 3}));  // empty sum: zeros

@@ -6,6 +6,10 @@
 #include <cstdint>
 #include <type_traits>
 
+#ifdef HEADLAB_HAS_XSMM
+#include "backends/cpu/xsmm_gemm.h"
+#endif
+
 namespace headlab::cpu {
 
 // C (M, N) = alpha * op(A) @ op(B) + beta * C, row-major with leading dims.
@@ -28,6 +32,10 @@ inline void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha
       cblas_dgemv(CblasRowMajor, TB, rows, cols, alpha, B, ldb, A, inc_a, beta, C, 1);
     return;
   }
+#ifdef HEADLAB_HAS_XSMM
+  if constexpr (std::is_same_v<T, float>)  // small products: libxsmm's unpacked kernels, where it serves
+    if (xsmm_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) return;
+#endif
   const auto TA = ta ? CblasTrans : CblasNoTrans, TB = tb ? CblasTrans : CblasNoTrans;
   if constexpr (std::is_same_v<T, float>)
     cblas_sgemm(CblasRowMajor, TA, TB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);

@@ -35,10 +35,16 @@ HL_HOST_DEVICE double pow(double x, double a) { return ::pow(x, a); }
 HL_HOST_DEVICE float abs(float x) { return ::fabsf(x); }
 HL_HOST_DEVICE double abs(double x) { return ::fabs(x); }
 
-// exp and tanh as the maths library computes them.
+// exp and tanh as the maths library computes them. exp_in_range: exp for x in [kExpLo, kExpHi], which the
+// caller has clamped x to (a policy may skip the handling of NaN, overflow and underflow there).
+constexpr double kExpLo = -87.0, kExpHi = 88.0;
 struct LibmExpTanh {
   template <typename T>
   static HL_HOST_DEVICE T exp(T x) {
+    return smath::exp(x);
+  }
+  template <typename T>
+  static HL_HOST_DEVICE T exp_in_range(T x) {
     return smath::exp(x);
   }
   template <typename T>
@@ -62,14 +68,31 @@ HL_HOST_DEVICE T gelu_grad(T x) {
   const T cdf = T(0.5) * (T(1) + erf(x * T(kInvSqrt2)));
   return cdf + x * T(kInvSqrt2Pi) * exp(T(-0.5) * x * x);
 }
+// GELU-tanh 0.5 x (1 + tanh u), u = sqrt(2/pi) (x + 0.044715 x^3), computed as x s with s = sigmoid(2u) =
+// 1 / (1 + e), e = exp(-2u): one exp and one division where tanh costs both and more, and no cancellation
+// in 1 + tanh u for negative x (there it kept few correct digits). Past |x| = 10 GELU is x or 0 and its
+// derivative 1 or 0 to float precision (PyTorch's form gives 0 from about x = -5.5), and x^2 may overflow:
+// those are set outright, and -2u is clamped to exp's range. As PyTorch's form: GELU(-inf) is NaN
+// (inf * 0), its derivative at +-inf NaN.
+constexpr double kGeluSaturates = 10.0;
 template <class M, typename T>
-HL_HOST_DEVICE T gelu_tanh(T x) {
-  return T(0.5) * x * (T(1) + M::tanh(T(kSqrt2OverPi) * (x + T(kGeluCubic) * x * x * x)));
+HL_HOST_DEVICE T gelu_tanh_exp(T x) {  // e = exp(-2u)
+  const T v = T(-2 * kSqrt2OverPi) * x * (T(1) + T(kGeluCubic) * x * x);
+  return M::exp_in_range(v < T(kExpHi) ? (v > T(kExpLo) ? v : T(kExpLo)) : T(kExpHi));  // NaN -> kExpHi
 }
 template <class M, typename T>
+HL_HOST_DEVICE T gelu_tanh(T x) {
+  const T y = x / (T(1) + gelu_tanh_exp<M>(x));
+  return x < T(-kGeluSaturates) ? x * T(0) : y;  // x * 0: -0, or NaN at -inf
+}
+// d/dx x s(u) = s + x s'(u) u' with s' = 2 s (1 - s) = 2 s (e s): no 1 - s to cancel.
+template <class M, typename T>
 HL_HOST_DEVICE T gelu_tanh_grad(T x) {
-  const T t = M::tanh(T(kSqrt2OverPi) * (x + T(kGeluCubic) * x * x * x));
-  return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * T(kSqrt2OverPi) * (T(1) + T(3 * kGeluCubic) * x * x);
+  const T e = gelu_tanh_exp<M>(x), s = T(1) / (T(1) + e);
+  const T du = T(kSqrt2OverPi) * (T(1) + T(3 * kGeluCubic) * x * x);
+  const T g = s + T(2) * x * du * (e * s) * s;
+  // x - x: 0 where x is finite, NaN at +-inf
+  return x > T(kGeluSaturates) ? (x - x) + T(1) : x < T(-kGeluSaturates) ? x - x : g;
 }
 
 // ---- unary ops: out = op(x); pow uses alpha as the exponent; affine is alpha * x + beta ----

@@ -22,7 +22,12 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version",
                        std::string("headlab 0.1.0 (CUDA backend: ") + (headlab::cuda_built() ? "built" : "not built") +
-                           ", MPI data parallel: " + (headlab::train::built_with_mpi() ? "built" : "not built") + ")");
+                           ", MPI data parallel: " + (headlab::train::built_with_mpi() ? "built" : "not built") +
+#ifdef HEADLAB_HAS_XSMM
+                           ", small GEMMs: libxsmm)");
+#else
+                           ", small GEMMs: OpenBLAS)");
+#endif
   std::map<CLI::App*, headlab::cli::Action> actions;
   auto add = [&](const char* name, const char* help, headlab::cli::Action (*fn)(CLI::App&)) {
     CLI::App* sub = app.add_subcommand(name, help);

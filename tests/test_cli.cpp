@@ -88,6 +88,11 @@ TEST_F(CliTest, HelpOnEveryCommandExitsZero) {
   const Result version = headlab({"--version"});
   EXPECT_EQ(version.code, 0);
   EXPECT_TRUE(contains(version.out, "headlab 0.1.0")) << version.out;
+#ifdef HEADLAB_HAS_XSMM
+  EXPECT_TRUE(contains(version.out, "small GEMMs: libxsmm")) << version.out;
+#else
+  EXPECT_TRUE(contains(version.out, "small GEMMs: OpenBLAS")) << version.out;
+#endif
 }
 
 void expect_usage_error(const std::vector<std::string>& args, const std::string& mentions) {

@@ -15,6 +15,7 @@
 
 #include "backends/cpu/block_cache.h"
 #include "backends/cpu/fast_math.h"
+#include "backends/scalar_math.h"
 #ifdef HEADLAB_HAS_XSMM
 #include "backends/cpu/xsmm_gemm.h"
 #endif
@@ -770,6 +771,37 @@ TEST(FastMath, ExpAndTanhMatchLibmEverywhere) {
   EXPECT_EQ(cpu::fast_tanh(inf), 1.0f);
   EXPECT_EQ(cpu::fast_tanh(-inf), -1.0f);
   EXPECT_TRUE(std::isnan(cpu::fast_tanh(nan)));
+}
+
+// exp on [-87, 88] without range handling, and the float GELU-tanh built on it (x sigmoid(2u)) with its
+// derivative, against float64 over [-12, 12]: the value to 2e-6 of max(|y|, 1e-3) (the old 1 + tanh u form
+// was off by up to 8e-5 of that for negative x, where it cancels), the derivative to 5e-7. At the edges, PyTorch's
+// values: GELU(-inf) NaN, GELU(inf) inf, derivative NaN at both; past -10, 0; past 10, x and 1.
+TEST(FastMath, ExpInRangeAndGeluTanhMatchFloat64) {
+  for (float x = -87.0f; x <= 88.0f; x += 0.0137f)
+    EXPECT_NEAR(cpu::fast_exp_in_range(x) / std::exp(static_cast<double>(x)), 1.0, 1e-6) << x;
+  using Fast = cpu::FastExpTanh;
+  const auto gelu64 = [](double x) { return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); };
+  const auto grad64 = [](double x) {
+    const double t = std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x));
+    return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * std::sqrt(2 / M_PI) * (1 + 3 * 0.044715 * x * x);
+  };
+  for (float x = -12.0f; x <= 12.0f; x += 0.00731f) {
+    const double y = gelu64(x);
+    EXPECT_NEAR(smath::gelu_tanh<Fast>(x), y, 2e-6 * std::max(std::fabs(y), 1e-3)) << x;
+    EXPECT_NEAR(smath::gelu_tanh_grad<Fast>(x), grad64(x), 5e-7) << x;
+  }
+  const float inf = INFINITY, nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(std::isnan(smath::gelu_tanh<Fast>(-inf)));
+  EXPECT_EQ(smath::gelu_tanh<Fast>(inf), inf);
+  EXPECT_TRUE(std::isnan(smath::gelu_tanh<Fast>(nan)));
+  for (float x : {-inf, inf, nan}) EXPECT_TRUE(std::isnan(smath::gelu_tanh_grad<Fast>(x))) << x;
+  for (float x : {-30.0f, -100.0f, -1e30f}) {
+    EXPECT_LE(std::fabs(smath::gelu_tanh<Fast>(x)), 1e-30f) << x;
+    EXPECT_LE(std::fabs(smath::gelu_tanh_grad<Fast>(x)), 1e-30f) << x;
+  }
+  EXPECT_EQ(smath::gelu_tanh<Fast>(1e30f), 1e30f);
+  EXPECT_EQ(smath::gelu_tanh_grad<Fast>(1e30f), 1.0f);
 }
 
 // The CPU backend's cache of large blocks: exact size classes, a thread's own blocks first, clear()

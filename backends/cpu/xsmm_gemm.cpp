@@ -10,7 +10,6 @@
 
 #include <libxsmm.h>
 
-#include <algorithm>
 #include <vector>
 
 namespace headlab::cpu {
@@ -33,11 +32,9 @@ bool xsmm_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, 
   thread_local std::vector<float> bt;  // op(B) = B^T, stored (K, N)
   if (tb) {
     bt.resize(static_cast<size_t>(K * N));
-    constexpr int64_t kTile = 16;  // 16 x 16 blocks: rows read and written a cache line at a time
-    for (int64_t n0 = 0; n0 < N; n0 += kTile)
-      for (int64_t k0 = 0; k0 < K; k0 += kTile)
-        for (int64_t n = n0; n < std::min(n0 + kTile, N); ++n)
-          for (int64_t k = k0; k < std::min(k0 + kTile, K); ++k) bt[k * N + n] = B[n * ldb + k];
+    // B, (N, K) row-major, is (K, N) column-major: libxsmm_otrans writes its (N, K) column-major transpose,
+    // which is op(B) = (K, N) row-major (0.1-0.35 ns an element; a blocked loop took 0.3-0.6).
+    libxsmm_otrans(bt.data(), B, sizeof(float), K, N, ldb, N);
     B = bt.data();
     ldb = N;
   }

@@ -39,8 +39,11 @@ Inputs make_inputs(int64_t B, int64_t H, int64_t T, int64_t D, bool grad) {
 }
 
 Tensor attend(bool fused, const Inputs& in) {
-  return fused ? scaled_dot_product_attention(in.q, in.k, in.v, AttentionMask::causal())
-               : scaled_dot_product_attention_composite(in.q, in.k, in.v, AttentionMask::causal());
+  if (!fused) return scaled_dot_product_attention_composite(in.q, in.k, in.v, AttentionMask::causal());
+  set_fused_attention(FusedAttention::always);  // the kernel itself, wherever the automatic choice would go
+  Tensor out = scaled_dot_product_attention(in.q, in.k, in.v, AttentionMask::causal());
+  set_fused_attention(FusedAttention::automatic);
+  return out;
 }
 
 constexpr double kMiB = 1.0 / (1024.0 * 1024.0);
@@ -87,6 +90,16 @@ void shapes(benchmark::internal::Benchmark* b) {
   b->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(0.3);
 }
 
+// Where the fused kernel starts to pay against the composite path: 2048 tokens (B = 2048 / T),
+// H = 4, T = 32 to 256, D = 32 and 64, 1 and 2 threads; forward + backward only.
+void crossover_shapes(benchmark::internal::Benchmark* b) {
+  for (int threads : {1, 2})
+    for (int64_t D : {32, 64})
+      for (int64_t T : {32, 64, 96, 128, 192, 256}) b->Args({2048 / T, 4, T, D, threads});
+  b->ArgNames({"B", "H", "T", "D", "threads"});
+  b->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(0.2);
+}
+
 // Bytes only (one forward + backward each): T = 256, 512, 1024 at B = 8, H = 8, D = 32, 2 threads.
 template <bool Fused>
 void BM_memory(benchmark::State& state) {
@@ -105,6 +118,8 @@ BENCHMARK(BM_attention<true, false>)->Name("fused/forward")->Apply(shapes);
 BENCHMARK(BM_attention<false, false>)->Name("composite/forward")->Apply(shapes);
 BENCHMARK(BM_attention<true, true>)->Name("fused/fwd+bwd")->Apply(shapes);
 BENCHMARK(BM_attention<false, true>)->Name("composite/fwd+bwd")->Apply(shapes);
+BENCHMARK(BM_attention<true, true>)->Name("crossover/fused")->Apply(crossover_shapes);
+BENCHMARK(BM_attention<false, true>)->Name("crossover/composite")->Apply(crossover_shapes);
 BENCHMARK(BM_memory<true>)->Name("fused/memory")->Apply(memory_shapes);
 BENCHMARK(BM_memory<false>)->Name("composite/memory")->Apply(memory_shapes);
 

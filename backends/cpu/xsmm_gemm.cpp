@@ -2,10 +2,10 @@
 // libxsmm's first operand is our B and its second our A. It transposes its second operand
 // (LIBXSMM_GEMM_FLAG_TRANS_B) but not its first: a transposed B is copied untransposed first.
 //
-// Which calls qualify (bench/bench_matmul --xsmm, one thread): alpha 1, beta 0 or 1, not both operands
-// transposed, M >= kMinRows (fewer rows: OpenBLAS's GEMV and small-matrix paths, and B's copy would not pay
-// for itself), and op(B) at most kMaxBElems floats (it is read once per column block of C^T and must
-// stay in L2: bigger products, GPT-2's among them, keep OpenBLAS's cache blocking).
+// Which calls qualify (measured with bench/bench_matmul's one_thread cases): alpha 1, beta 0 or 1, not
+// both operands transposed, M >= kMinRows (fewer rows: OpenBLAS's GEMV and small-matrix paths, and B's
+// copy would not pay for itself), and op(B) at most kMaxBElems floats (it is read once per column block
+// of C^T and must stay in L2: bigger products, GPT-2's among them, keep OpenBLAS's cache blocking).
 #include "backends/cpu/xsmm_gemm.h"
 
 #include <libxsmm.h>

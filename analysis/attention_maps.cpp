@@ -2,16 +2,8 @@
 #include "analysis/attention_maps.h"
 
 #include <algorithm>
-#include <chrono>
-#include <cmath>
-#include <fstream>
-#include <iomanip>
 #include <limits>
-#include <map>
-#include <numeric>
 #include <set>
-#include <sstream>
-#include <tuple>
 
 #include "analysis/head_control.h"
 
@@ -36,9 +28,9 @@ AttentionMaps empty_maps(std::string kind, int64_t layers, int64_t heads, std::v
   return m;
 }
 
-// Layer l's kept weights (1, H_l, T, S) into m, each head at its original index.
+// Layer l's kept weights (1, H_l, T, S) into m, each head at its original index (undefined: no heads).
 void fill_layer(AttentionMaps& m, int64_t l, const Tensor& weights, const std::function<int64_t(int64_t)>& original) {
-  const std::vector<float> w = weights.to_vector<float>();
+  const std::vector<float> w = weights.defined() ? weights.to_vector<float>() : std::vector<float>();
   const int64_t TS = m.T * m.S, H = static_cast<int64_t>(w.size()) / TS;
   std::vector<int64_t> kept;
   for (int64_t h = 0; h < H; ++h) {
@@ -63,25 +55,27 @@ const std::vector<std::string>& checked_key_tokens(const char* who, const Attent
   return keys;
 }
 
-AttentionMaps attention_maps(nn::GPTModel& model, const std::vector<int64_t>& ids) {
-  const nn::GPTConfig& cfg = model.config();
+AttentionMaps attention_maps(nn::DecoderModel& model, const std::vector<int64_t>& ids) {
+  const nn::DecoderShape& shape = model.shape();
   const int64_t T = static_cast<int64_t>(ids.size());
   HL_CHECK(T > 0, "attention_maps: the input is empty");
-  HL_CHECK(T <= cfg.context_length, "attention_maps: ", T, " tokens exceed context_length ", cfg.context_length);
+  HL_CHECK(T <= shape.context_length, "attention_maps: ", T, " tokens exceed context_length ", shape.context_length);
   ControlGuard guard(model);
   model.eval();
   set_controls(model, {}, {});
-  AttentionMaps m = empty_maps("attention", cfg.n_layers, cfg.n_heads, ids, ids);
-  for (int64_t l = 0; l < m.layers; ++l) model.attention(l).keep_attention_weights(true);
+  AttentionMaps m = empty_maps("attention", shape.n_layers, shape.n_heads, ids, ids);
+  std::set<nn::HookKey> patterns;
+  for (int64_t l = 0; l < m.layers; ++l) patterns.insert({nn::HookPoint::pattern, l});
+  nn::ActivationCache cache(std::move(patterns));
   {
     NoGradGuard no_grad;
-    model.forward(tensor(ids, {1, T}).to(model.device()));
+    model.forward(tensor(ids, {1, T}).to(model.device()), &cache);
   }
   for (int64_t l = 0; l < m.layers; ++l) {
-    nn::CausalMultiHead& att = model.attention(l);
-    m.layer_names.push_back(std::string("L").append(std::to_string(l)));
-    fill_layer(m, l, att.last_attention_weights(), [&](int64_t h) { return original_head(cfg, l, h); });
-    att.keep_attention_weights(false);
+    m.layer_names.push_back(model.attention_label(l));
+    const auto found = cache.cache().find({nn::HookPoint::pattern, l});  // (none where every head is pruned)
+    fill_layer(m, l, found == cache.cache().end() ? Tensor() : found->second,
+               [&](int64_t h) { return model.original_head(l, h); });
   }
   return m;
 }

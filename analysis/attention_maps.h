@@ -7,27 +7,27 @@
 #include <utility>
 #include <vector>
 
-#include "nn/gpt.h"
+#include "nn/decoder.h"
 #include "nn/transformer.h"
 
 namespace headlab::analysis {
 
 // ------------------------------------------------------------------------------------------------
-// Attention maps for one input: one kind of attention (a GPT's, or one of an encoder-decoder's three),
+// Attention maps for one input: one kind of attention (a decoder's, or one of an encoder-decoder's three),
 // every layer and head, queries by keys.
 struct AttentionMaps {
-  std::string kind = "attention";               // "attention" (GPT), "encoder self-attention", ...
-  std::vector<std::string> layer_names;         // "L0", ... (GPT); "enc.L0", "dec.L0", "cross.L0"
+  std::string kind = "attention";               // "attention" (a decoder), "encoder self-attention", ...
+  std::vector<std::string> layer_names;         // "L0", ... (a decoder); "enc.L0", "dec.L0", "cross.L0"
   std::vector<int64_t> ids;                     // (T) the queries' tokens
   std::vector<int64_t> key_ids;                 // (S) the keys' tokens: ids itself for self-attention
   int64_t layers = 0, heads = 0, T = 0, S = 0;  // heads: the original n_heads
   std::vector<float> weights;                   // (layers, heads, T, S); NaN for pruned heads
   std::vector<std::vector<int64_t>> kept;       // per layer, the original indices present
 };
-AttentionMaps attention_maps(nn::GPTModel& model, const std::vector<int64_t>& ids);
+AttentionMaps attention_maps(nn::DecoderModel& model, const std::vector<int64_t>& ids);
 // Maps with the text of their queries and keys, as the files show them.
 struct AttentionText {
-  std::string group;  // its name in a file of several kinds: "encoder", "decoder", "cross" ("": a GPT's)
+  std::string group;  // its name in a file of several kinds: "encoder", "decoder", "cross" ("": a decoder's)
   const AttentionMaps* maps = nullptr;
   std::vector<std::string> tokens, key_tokens;  // (T), (S); key_tokens empty: the queries' (self-attention)
 };

@@ -1,4 +1,4 @@
-// Circuits of a GPT on a prompt-pair task (analysis/prompt_pairs.h): Wang et al. 2022's path patching,
+// Circuits of a decoder on a prompt-pair task (analysis/prompt_pairs.h): Wang et al. 2022's path patching,
 // Syed et al. 2023's edge attribution patching (EAP; Hanna et al. 2024's EAP-IG) and Conmy et al. 2023's
 // automatic circuit discovery (ACDC), on one graph and one forward.
 //
@@ -12,13 +12,13 @@
 // The metric is the mean logit difference answer - wrong at the last position, normalised so that the
 // clean run scores 1 and the corrupted run 0 (LogitDifference::normalized).
 //
-// The forward is written out here (embeddings, LayerNorms, per-head projections, causal attention,
-// out_proj per head, feed-forward, final LayerNorm and the answer - wrong direction of the unembedding)
-// from the model's own modules and weights, so that every receiver can take its own input; it matches
-// GPTModel::forward (tests). The model's head controls are not applied. K copies of the prompts run as
-// one batch, each with its own patched edges, and a forward starts at the first layer any copy patches
-// (everything before it is the clean run, stored once). B = prompt rows, T = tokens, C = emb_dim,
-// H = heads of a layer, D = head size, N = nodes, R = receivers.
+// The forward is the model's own (nn/decoder.h): every receiver takes its own input through the hook
+// points (per-head q/k/v inputs, hook_mlp_in), every node's output is read (and set) at hook_result and
+// hook_mlp_out, and only the last position's logits are formed, along the answer - wrong direction. The
+// model's head controls are not applied. K copies of the prompts run as one batch, each with its own
+// patched edges, and a forward starts at the first layer any copy patches (everything before it is the
+// clean run, stored once). B = prompt rows, T = tokens, C = d_model, H = heads of a layer, D = head
+// size, N = nodes, R = receivers.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -31,10 +31,11 @@
 namespace headlab::analysis {
 
 // ------------------------------------------------------------------------------------------------
-// The graph of a GPT: nodes, receivers and the edges between them, in a fixed order.
+// The graph of a decoder: nodes, receivers and the edges between them, in a fixed order. Where a family's
+// blocks are parallel (the MLP reads the block's input), a layer's heads do not feed its MLP.
 class CircuitGraph {
  public:
-  explicit CircuitGraph(const nn::GPTModel& model);
+  explicit CircuitGraph(const nn::DecoderModel& model);
   enum class Input { q, k, v, mlp, logits };
   struct Node {
     int64_t layer = -1, head = -1;  // the embeddings: layer -1; a feed-forward: head -1
@@ -120,7 +121,7 @@ struct DirectLogitAttribution {
 // eval mode and back.
 class CircuitPatcher {
  public:
-  CircuitPatcher(nn::GPTModel& model, const PromptPairs& pairs, const CircuitOptions& options = {});
+  CircuitPatcher(nn::DecoderModel& model, const PromptPairs& pairs, const CircuitOptions& options = {});
   ~CircuitPatcher();
   CircuitPatcher(const CircuitPatcher&) = delete;
   CircuitPatcher& operator=(const CircuitPatcher&) = delete;
@@ -181,7 +182,7 @@ struct EdgeAttribution {
   LogitDifference baseline;
   double seconds = 0;
 };
-EdgeAttribution edge_attribution(nn::GPTModel& model, const PromptPairs& pairs, int64_t ig_steps = 0,
+EdgeAttribution edge_attribution(nn::DecoderModel& model, const PromptPairs& pairs, int64_t ig_steps = 0,
                                  const CircuitOptions& options = {});
 
 // ------------------------------------------------------------------------------------------------

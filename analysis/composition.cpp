@@ -17,22 +17,15 @@ struct HeadMatrices {
 
 Tensor f64(const Tensor& t) { return t.detach().to(kCPU).to(DType::f64).contiguous(); }
 
-std::vector<std::vector<HeadMatrices>> head_matrices(const nn::GPTModel& model) {
+std::vector<std::vector<HeadMatrices>> head_matrices(const nn::DecoderModel& model) {
   std::vector<std::vector<HeadMatrices>> out;
   for (int64_t l = 0; l < model.n_layers(); ++l) {
-    const auto w = model.attention(l).split_heads();
-    HL_CHECK(w->out_proj != nullptr, "composition_scores: layer ", l, "'s attention has no output projection");
-    const Tensor gamma = f64(model.block(l)->norm1->weight).unsqueeze(1);  // (C, 1): folded into the reads
-    const Tensor proj = f64(w->out_proj->weight);                          // (C, H*D)
+    const nn::HeadWeights w = model.head_weights(l, true);  // ln1's scale folded into the reads
     std::vector<HeadMatrices> layer;
-    for (int64_t h = 0; h < w->num_heads; ++h) {
-      const auto& head = w->heads->at<nn::CausalAttention>(static_cast<size_t>(h));
+    for (int64_t h = 0; h < model.attention(l).head_count(); ++h) {
       HeadMatrices m;
-      m.Q = mul(f64(head->W_query->weight).transpose(0, 1), gamma).contiguous();  // (C, D)
-      m.K = mul(f64(head->W_key->weight).transpose(0, 1), gamma).contiguous();
-      m.V = mul(f64(head->W_value->weight).transpose(0, 1), gamma).contiguous();
-      const int64_t D = m.Q.size(1);
-      m.O = proj.narrow(1, h * D, D).transpose(0, 1).contiguous();  // (D, C)
+      m.Q = f64(w.W_Q.select(0, h)), m.K = f64(w.W_K.select(0, h)), m.V = f64(w.W_V.select(0, h));  // (C, D)
+      m.O = f64(w.W_O.select(0, h));                                                                // (D, C)
       m.GQ = matmul(m.Q.transpose(0, 1), m.Q);
       m.GK = matmul(m.K.transpose(0, 1), m.K);
       m.GV = matmul(m.V.transpose(0, 1), m.V);
@@ -53,7 +46,7 @@ double frobenius(const Tensor& GX, const Tensor& M, const Tensor& GY) {
 
 }  // namespace
 
-std::vector<CompositionScore> composition_scores(const nn::GPTModel& model) {
+std::vector<CompositionScore> composition_scores(const nn::DecoderModel& model) {
   const NoGradGuard no_grad;
   const std::vector<std::vector<HeadMatrices>> heads = head_matrices(model);
   std::vector<CompositionScore> out;

@@ -5,9 +5,10 @@
 //   Q: |W_OV^a W_QK^b|_F / (|W_OV^a|_F |W_QK^b|_F),  W_QK^b = W_Q^b W_K^b^T
 //   K: |W_OV^a W_QK^b^T|_F / (...)
 //   V: |W_OV^a W_OV^b|_F / (...)
-// Each head's LayerNorm scale (its layer's norm1) is folded into its W_Q, W_K, W_V, as TransformerLens's
-// fold_ln does; the norm's centring and bias are left out. Computed in float64 through D x D Gram matrices, so a
-// GPT-2's 9,504 pairs of heads take a second, not hours of C x C products.
+// Each head's norm scale (its layer's ln1) is folded into its W_Q, W_K, W_V, as TransformerLens's
+// fold_ln does (nn::DecoderModel::head_weights); the norm's centring and bias are left out. Computed in
+// float64 through D x D Gram matrices, so a GPT-2's 9,504 pairs of heads take a second, not hours of
+// C x C products.
 #pragma once
 #include <string>
 #include <vector>
@@ -22,7 +23,7 @@ struct CompositionScore {
   double q = 0, k = 0, v = 0;
 };
 // Every pair (a, b) with a in an earlier layer than b, layer-major in a, then in b.
-std::vector<CompositionScore> composition_scores(const nn::GPTModel& model);
+std::vector<CompositionScore> composition_scores(const nn::DecoderModel& model);
 
 // An induction head (a head of layer >= 1 labelled "induction" by head_types) and the earlier head its keys
 // read most (the largest K-composition score): Elhage et al.'s circuit, where that partner is a

@@ -309,10 +309,10 @@ void save_row_explorer(const std::string& path, nn::Model& model, const tasks::T
     save_attention_html(path, texts, title, by_kind);
     return;
   }
-  auto& gpt = dynamic_cast<nn::GPTModel&>(model);
+  auto& decoder = dynamic_cast<nn::DecoderModel&>(model);
   const int64_t len = batch.has_answers ? batch.answer_end[static_cast<size_t>(row)] + 1 : batch.T;
   const std::vector<int64_t> ids(first, first + len);
-  save_attention_html(path, attention_maps(gpt, ids), text_of(ids), title,
+  save_attention_html(path, attention_maps(decoder, ids), text_of(ids), title,
                       by_original_head(model, 0, model.attention_count(), scores));
 }
 

@@ -25,6 +25,7 @@ FinetuneResult finetune(const io::Checkpoint& ck, const EvalSet& data, const Fin
   to.out = o.out;
   to.quiet = o.quiet;
   to.init = ck.model;
+  to.init_model = config.model;
   const auto start = std::chrono::steady_clock::now();
   const train::TrainResult t = train::Trainer(to).run();
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -1,5 +1,6 @@
 // Internal to analysis/: saving, setting and restoring every attention module's HeadControl (gates, offsets,
-// kept contexts) around a measurement, so that an analysis never leaves a model altered.
+// kept contexts) and the train/eval mode around a measurement, so that an analysis never leaves a model
+// altered.
 #pragma once
 #include <vector>
 
@@ -8,6 +9,19 @@
 namespace headlab::analysis::detail {
 
 inline DType model_dtype(const nn::Model& m) { return m.parameters().front().dtype(); }
+
+// The model in eval mode for a scope, and back in its mode after.
+class EvalMode {
+ public:
+  explicit EvalMode(nn::Module& m) : m_(m), training_(m.is_training()) { m.eval(); }
+  ~EvalMode() { m_.train(training_); }
+  EvalMode(const EvalMode&) = delete;
+  EvalMode& operator=(const EvalMode&) = delete;
+
+ private:
+  nn::Module& m_;
+  bool training_;
+};
 
 // Saves every layer's HeadControl and restores it (and clears kept contexts) on scope exit.
 class ControlGuard {

@@ -1,8 +1,10 @@
-// Head types from attention patterns: one forward per batch with the weights kept, sums in double.
+// Head types from attention patterns: one forward per batch keeping every layer's hook_pattern, sums in
+// double.
 #include "analysis/head_scores.h"
 
 #include <cmath>
 #include <limits>
+#include <set>
 #include <tuple>
 
 #include "analysis/head_control.h"
@@ -16,23 +18,23 @@ namespace {
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 // Every layer's attention weights for ids (B, T): per layer (B, H_l, T, T) in double.
-std::vector<std::vector<double>> attention_weights(nn::GPTModel& m, const Tensor& ids) {
-  for (int64_t l = 0; l < m.n_layers(); ++l) m.attention(l).keep_attention_weights(true);
+std::vector<std::vector<double>> attention_weights(nn::DecoderModel& m, const Tensor& ids) {
+  std::set<nn::HookKey> patterns;
+  for (int64_t l = 0; l < m.n_layers(); ++l) patterns.insert({nn::HookPoint::pattern, l});
+  nn::ActivationCache cache(std::move(patterns));
   {
     NoGradGuard no_grad;
-    m.forward(ids);
+    m.forward(ids, &cache);
   }
   std::vector<std::vector<double>> w;
-  for (int64_t l = 0; l < m.n_layers(); ++l) {
-    w.push_back(m.attention(l).last_attention_weights().to_vector<double>());
-    m.attention(l).keep_attention_weights(false);
-  }
+  for (int64_t l = 0; l < m.n_layers(); ++l)
+    w.push_back(cache.cache().at({nn::HookPoint::pattern, l}).to_vector<double>());
   return w;
 }
 
 // Rows per forward so that every layer's kept attention weights (float, and their double copies) stay
 // near 256 MB: GPT-2's 144 heads over 32 rows of 1024 tokens would otherwise keep 58 GB.
-int64_t rows_per_forward(const nn::GPTModel& m, int64_t T, const HeadTypeOptions& o) {
+int64_t rows_per_forward(const nn::DecoderModel& m, int64_t T, const HeadTypeOptions& o) {
   if (o.rows_per_forward > 0) return o.rows_per_forward;
   int64_t heads = 0;
   for (int64_t l = 0; l < m.n_layers(); ++l) heads += m.attention(l).head_count();
@@ -47,8 +49,8 @@ struct Sums {
 
 }  // namespace
 
-HeadTypes head_types(nn::GPTModel& model, const EvalSet& data, const HeadTypeOptions& o) {
-  const nn::GPTConfig& cfg = model.config();
+HeadTypes head_types(nn::DecoderModel& model, const EvalSet& data, const HeadTypeOptions& o) {
+  const nn::DecoderShape& cfg = model.shape();
   HL_CHECK(!data.batches.empty(), "head_types: the evaluation data has no batches");
   HL_CHECK(o.separator_id >= -1 && o.separator_id < cfg.vocab_size, "head_types: separator id ", o.separator_id,
            " is outside the vocabulary of ", cfg.vocab_size, " tokens");
@@ -128,7 +130,7 @@ HeadTypes head_types(nn::GPTModel& model, const EvalSet& data, const HeadTypeOpt
       HeadTypeScores t;
       t.layer = l;
       t.head = h;
-      t.original_head = original_head(cfg, l, h);
+      t.original_head = model.original_head(l, h);
       t.previous_token = mean(s.prev, r.queries);
       t.first_token = mean(s.first, r.queries);
       t.separator = mean(s.sep, r.separator_queries);

@@ -43,7 +43,7 @@ struct HeadTypeOptions {
   uint64_t seed = 1;
   int64_t rows_per_forward = 0;  // rows whose attention weights are kept at once; 0: as ~256 MB allow
 };
-HeadTypes head_types(nn::GPTModel& model, const EvalSet& data, const HeadTypeOptions& options = {});
+HeadTypes head_types(nn::DecoderModel& model, const EvalSet& data, const HeadTypeOptions& options = {});
 
 // Olsson et al.'s prefix-matching data: rows of `half` tokens drawn uniformly from the vocabulary, each
 // written twice: (rows, 2 half) int64 on the CPU, the same for the same seed.

@@ -1,5 +1,5 @@
-// Head interventions on GPT models: scores with gates and offsets, mean contexts, the gate-gradient
-// importance of Michel et al. (2019), and zero/mean ablation of every head.
+// Head interventions on models (the batched engine on decoders): scores with gates and offsets, mean contexts, the
+// gate-gradient importance of Michel et al. (2019), and zero/mean ablation of every head.
 #include "analysis/heads.h"
 
 #include <algorithm>
@@ -95,11 +95,6 @@ int64_t count_heads(const HeadMatrix& m) {
   int64_t n = 0;
   for (const auto& row : m) n += static_cast<int64_t>(row.size());
   return n;
-}
-
-int64_t original_head(const nn::GPTConfig& cfg, int64_t layer, int64_t head) {
-  if (cfg.kept_heads.empty()) return head;
-  return cfg.kept_heads.at(static_cast<size_t>(layer)).at(static_cast<size_t>(head));
 }
 
 Scores evaluate_heads(nn::Model& model, const EvalSet& data, const HeadMatrix& gates,
@@ -203,15 +198,15 @@ namespace {
 
 // Copies per forward so that the largest activation of a chunk, rows x T x max(4 emb, V, H T)
 // elements, stays near 16M (64 MB in float32).
-int64_t copies_per_forward(const nn::GPTModel& m, int64_t B, int64_t T) {
-  const nn::GPTConfig& c = m.config();
+int64_t copies_per_forward(const nn::DecoderModel& m, int64_t B, int64_t T) {
+  const nn::DecoderShape& c = m.shape();
   int64_t heads = 0;
   for (int64_t l = 0; l < m.n_layers(); ++l) heads = std::max(heads, m.attention(l).head_count());
-  const int64_t per_row = T * std::max({4 * c.emb_dim, c.vocab_size, heads * T});
+  const int64_t per_row = T * std::max({4 * c.d_model, c.vocab_size, heads * T});
   return std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(1, B * per_row));
 }
 
-void check_interventions(const nn::GPTModel& m, const EvalSet& data, const std::vector<HeadIntervention>& list,
+void check_interventions(const nn::DecoderModel& m, const EvalSet& data, const std::vector<HeadIntervention>& list,
                          const InterventionOptions& o) {
   const char* who = "evaluate_interventions";
   check_matrix(who, m, o.base_gates);
@@ -242,7 +237,7 @@ struct Recorded {
   std::vector<Tensor> inputs, contexts;
   Tensor last;  // the residual stream after the last block (B, T, C)
 };
-Recorded record(nn::GPTModel& m, const HeadMatrix& base_gates, const Tensor& idx) {
+Recorded record(nn::DecoderModel& m, const HeadMatrix& base_gates, const Tensor& idx) {
   set_controls(m, base_gates, {});
   Recorded r;
   Tensor x = m.embed(idx);
@@ -250,7 +245,7 @@ Recorded record(nn::GPTModel& m, const HeadMatrix& base_gates, const Tensor& idx
     nn::HeadControl& hc = m.attention(l).control();
     hc.keep_context = true;
     r.inputs.push_back(x);
-    x = m.block(l)->forward(x);
+    x = m.run_blocks(x, l, l + 1);
     r.contexts.push_back(hc.context);
     hc.keep_context = false;
     hc.context = Tensor();
@@ -262,9 +257,9 @@ Recorded record(nn::GPTModel& m, const HeadMatrix& base_gates, const Tensor& idx
 // Scores x, the residual stream after the last block (B, T, C), into sum a few rows at a time, so that
 // a large vocabulary's logits are never whole (GPT-2's for 8 x 128 tokens: 200 MB, and as much again
 // inside the loss).
-void add_scores(nn::GPTModel& m, const Batch& b, const Tensor& x, const Tensor& targets, train::ScoreSum& sum) {
+void add_scores(nn::DecoderModel& m, const Batch& b, const Tensor& x, const Tensor& targets, train::ScoreSum& sum) {
   constexpr int64_t kLogits = int64_t{1} << 23;  // per chunk: 32 MB of float32
-  const int64_t rows = std::max<int64_t>(1, kLogits / (b.T * m.config().vocab_size));
+  const int64_t rows = std::max<int64_t>(1, kLogits / (b.T * m.shape().vocab_size));
   if (rows >= b.B) return sum.add(b, m.unembed(x), targets);
   for (int64_t r0 = 0; r0 < b.B; r0 += rows) {
     const int64_t n = std::min(rows, b.B - r0);
@@ -282,7 +277,7 @@ Tensor repeat_rows(const Tensor& t, int64_t c) {
 
 }  // namespace
 
-std::vector<Scores> evaluate_interventions(nn::GPTModel& model, const EvalSet& data,
+std::vector<Scores> evaluate_interventions(nn::DecoderModel& model, const EvalSet& data,
                                            const std::vector<HeadIntervention>& list, const InterventionOptions& o) {
   check_interventions(model, data, list, o);
   ControlGuard guard(model);
@@ -343,9 +338,9 @@ std::vector<Scores> evaluate_interventions(nn::GPTModel& model, const EvalSet& d
         hc.gates = tensor(gates, {c * B, H, T}).to(dt).to(dev);
         hc.offsets = offsets;
         hc.given_context = repeat_rows(clean.contexts[static_cast<size_t>(l)], c);
-        Tensor x = model.block(l)->forward(repeat_rows(clean.inputs[static_cast<size_t>(l)], c));
+        Tensor x = model.run_blocks(repeat_rows(clean.inputs[static_cast<size_t>(l)], c), l, l + 1);
         hc = saved;
-        for (int64_t j = l + 1; j < L; ++j) x = model.block(j)->forward(x);
+        x = model.run_blocks(x, l + 1, L);
         for (int64_t k = 0; k < c; ++k)  // copy k's rows
           add_scores(model, b, x.narrow(0, k * B, B), tgt, sums[ids[static_cast<size_t>(first + k)]]);
       }
@@ -388,11 +383,11 @@ AblationResult ablate_heads(nn::Model& model, const EvalSet& data) {
     for (int64_t h = 0; h < model.heads_at(l); ++h)
       for (Ablation kind : {Ablation::zero, Ablation::mean, Ablation::patch}) list.push_back({l, h, kind, -1});
   std::vector<Scores> s;
-  if (auto* gpt = dynamic_cast<nn::GPTModel*>(&model)) {
+  if (auto* decoder = dynamic_cast<nn::DecoderModel*>(&model)) {
     const std::vector<Batch> others = rotated_rows(data);
     InterventionOptions o;
     o.source = &others;
-    s = evaluate_interventions(*gpt, data, list, o);
+    s = evaluate_interventions(*decoder, data, list, o);
   } else {
     s = ablate_one_by_one(model, data);
   }

@@ -1,6 +1,6 @@
-// Head analysis of GPT models and checkpoints: zero and mean ablation of every head, the head-importance
-// scores of Michel, Levy & Neubig (2019, "Are Sixteen Heads Really Better than One?"), iterative
-// pruning by those scores, physical pruning (a smaller checkpoint without the pruned heads), and the
+// Head analysis of models and checkpoints (decoders; the encoder-decoder where it applies): zero and mean ablation of
+// every head, the head-importance scores of Michel, Levy & Neubig (2019, "Are Sixteen Heads Really Better than One?"),
+// iterative pruning by those scores, physical pruning (a smaller checkpoint without the pruned heads), and the
 // wrapper-vs-fused attention measurements behind `headlab compare`. Everything computes; nothing prints.
 // L = layers, H = heads of a layer, D = head size, B = batch, T = tokens.
 #pragma once
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "base/enum_names.h"
-#include "nn/gpt.h"
+#include "nn/decoder.h"
 #include "tasks/task.h"
 #include "train/evaluate.h"
 
@@ -53,8 +53,6 @@ Metric default_metric(const EvalSet& data);  // exact match for tasks, token acc
 using HeadMatrix = std::vector<std::vector<double>>;
 HeadMatrix head_matrix(const nn::Model& model, double fill);
 int64_t count_heads(const HeadMatrix& m);
-// The original index of a model's head (differs from `head` only in pruned models).
-int64_t original_head(const nn::GPTConfig& cfg, int64_t layer, int64_t head);
 
 // Scores with each head's context c_h replaced by gates[l][h] * c_h + offsets[l][h] (HeadControl).
 // gates empty: all ones; offsets empty or an undefined entry: none; offsets[l] is (H_l, D).
@@ -97,7 +95,7 @@ struct InterventionOptions {
   int64_t max_copies = 0;                      // copies per forward; 0: as many as ~64 MB of activations allow
 };
 // Scores per intervention, in the order given. The model's head controls are restored afterwards.
-std::vector<Scores> evaluate_interventions(nn::GPTModel& model, const EvalSet& data,
+std::vector<Scores> evaluate_interventions(nn::DecoderModel& model, const EvalSet& data,
                                            const std::vector<HeadIntervention>& interventions,
                                            const InterventionOptions& options = {});
 // The data's batches with every row's inputs and targets taken from the next row (the last from the

@@ -3,11 +3,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <sstream>
 
-#include "analysis/report.h"
+#include "analysis/files.h"
 #include "analysis/table.h"
+#include "io/atomic_file.h"
 #include "plot/plot.h"
 #include "train/evaluate.h"
 
@@ -19,7 +21,7 @@ std::pair<int64_t, int64_t> icl_positions(int64_t T) {
   return {early, late};
 }
 
-HeadsAtStep icl_score(nn::GPTModel& model, const EvalSet& data, int64_t early, int64_t late) {
+HeadsAtStep icl_score(nn::DecoderModel& model, const EvalSet& data, int64_t early, int64_t late) {
   HL_CHECK(!data.batches.empty(), "icl_score: the evaluation data has no batches");
   train::ScoreSum all, at_early, at_late;
   const NoGradGuard no_grad;
@@ -102,7 +104,7 @@ PhaseChange find_phase_change(const std::vector<HeadsAtStep>& history) {
   return p;
 }
 
-void HeadsOverTime::observe(nn::GPTModel& model, const tasks::Task& task, int64_t T, int64_t step) {
+void HeadsOverTime::observe(nn::DecoderModel& model, const tasks::Task& task, int64_t T, int64_t step) {
   if (!icl_data_) {
     const int64_t rows = icl_rows_ > 0 ? icl_rows_ : std::max<int64_t>(64, 16384 / T);
     icl_data_ = make_eval_set(task, 1, rows, T), scores_data_ = make_eval_set(task, 1, score_rows_, T);
@@ -190,6 +192,28 @@ void HeadsOverTime::save_png(const std::string& path) const {
     if (s.step > 0) line.x.push_back(static_cast<double>(s.step)), line.y.push_back(s.loss);
   loss.series.push_back(std::move(line));
   plot::save_line_charts({chart, loss}, path);
+}
+
+train::StepObserver track_heads(const std::shared_ptr<HeadsOverTime>& tracker, const std::string& out, int64_t every) {
+  train::StepObserver o;
+  o.every = every;
+  o.call = [tracker, out](nn::Model& model, const tasks::Task& task, int64_t T, int64_t step) {
+    auto* decoder = dynamic_cast<nn::DecoderModel*>(&model);
+    HL_CHECK(decoder != nullptr, "train: --track-heads applies to decoders; this run trains an encoder-decoder");
+    tracker->observe(*decoder, task, T, step);
+    io::write_file_atomic((std::filesystem::path(out) / "heads_over_time.csv").string(), tracker->csv(), "train");
+    tracker->save_png((std::filesystem::path(out) / "heads_over_time.png").string());
+  };
+  return o;
+}
+
+std::string finish_tracking(const HeadsOverTime& tracker, const std::string& out) {
+  if (tracker.history().empty()) return "";
+  const std::string summary = tracker.summary_md();
+  io::write_file_atomic((std::filesystem::path(out) / "heads_over_time.md").string(), summary, "train");
+  return "heads over time:\n" + summary + "wrote " +
+         (std::filesystem::path(out) / "heads_over_time.{csv,png,md}").string() + " (" +
+         std::to_string(tracker.history().size()) + " observations)\n";
 }
 
 }  // namespace headlab::analysis

@@ -4,11 +4,13 @@
 // loss at a late position minus that at an early one (early = T/10, late = T - 1 - T/50: Olsson's tokens
 // 50 and 500 of 512, scaled to the context; negative when later tokens are predicted better).
 #pragma once
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "analysis/head_scores.h"
+#include "train/trainer.h"
 
 namespace headlab::analysis {
 
@@ -41,7 +43,7 @@ PhaseChange find_phase_change(const std::vector<HeadsAtStep>& history);
 // Positions of the in-context-learning score for rows of T tokens: {early, late}.
 std::pair<int64_t, int64_t> icl_positions(int64_t T);
 // The model's mean loss over the data, at position `early` and at `late` over its rows, and late - early.
-HeadsAtStep icl_score(nn::GPTModel& model, const EvalSet& data, int64_t early, int64_t late);
+HeadsAtStep icl_score(nn::DecoderModel& model, const EvalSet& data, int64_t early, int64_t late);
 
 class HeadsOverTime {
  public:
@@ -50,7 +52,7 @@ class HeadsOverTime {
   // tokens), icl_rows for the loss and the ICL score (one position per row: more rows).
   // icl_rows 0: 16384 / T rows, at least 64 (tokens enough that the score does not wander with the rows).
   explicit HeadsOverTime(int64_t score_rows = 8, int64_t icl_rows = 0) : score_rows_(score_rows), icl_rows_(icl_rows) {}
-  void observe(nn::GPTModel& model, const tasks::Task& task, int64_t T, int64_t step);
+  void observe(nn::DecoderModel& model, const tasks::Task& task, int64_t T, int64_t step);
   const std::vector<HeadsAtStep>& history() const { return history_; }
   // step,layer,head,previous_token,induction,duplicate_token,loss,icl_score: a row per head per observation.
   std::string csv() const;
@@ -65,5 +67,11 @@ class HeadsOverTime {
   std::optional<EvalSet> scores_data_, icl_data_;
   std::vector<HeadsAtStep> history_;
 };
+
+// What `train --track-heads N` attaches to a run (train::StepObserver): every N steps the decoder's heads
+// observed, and <out>/heads_over_time.csv and .png rewritten so that a run can be watched while it trains.
+train::StepObserver track_heads(const std::shared_ptr<HeadsOverTime>& tracker, const std::string& out, int64_t every);
+// After the run: <out>/heads_over_time.md, and the text that reports it ("" when nothing was observed).
+std::string finish_tracking(const HeadsOverTime& tracker, const std::string& out);
 
 }  // namespace headlab::analysis

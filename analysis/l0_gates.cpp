@@ -43,7 +43,7 @@ Tensor expected_open(const Tensor& log_alpha) {
 
 }  // namespace
 
-L0Result l0_gates(nn::GPTModel& model, const tasks::Task& task, const EvalSet& data, const L0Options& o) {
+L0Result l0_gates(nn::DecoderModel& model, const tasks::Task& task, const EvalSet& data, const L0Options& o) {
   HL_CHECK(!o.penalties.empty(), "l0_gates: no penalty strengths given");
   for (double p : o.penalties) HL_CHECK(p >= 0 && std::isfinite(p), "l0_gates: penalties must be >= 0, got ", p);
   HL_CHECK(o.steps > 0 && o.batch_size > 0 && o.lr > 0, "l0_gates: steps, batch_size and lr must be positive, got ",
@@ -51,7 +51,7 @@ L0Result l0_gates(nn::GPTModel& model, const tasks::Task& task, const EvalSet& d
   ControlGuard guard(model);
   model.eval();  // frozen: no dropout, no parameter updates
   set_controls(model, {}, {});
-  const int64_t L = model.n_layers(), T = model.config().context_length, V = model.config().vocab_size;
+  const int64_t L = model.n_layers(), T = model.shape().context_length, V = model.shape().vocab_size;
   const DType dt = model_dtype(model);
   const Device dev = model.device();
   L0Result r;

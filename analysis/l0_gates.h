@@ -40,7 +40,7 @@ struct L0Result {
   // log_alpha summed over the penalties. Criterion::l0's order.
   HeadMatrix rank;  // position in that order, per head
 };
-L0Result l0_gates(nn::GPTModel& model, const tasks::Task& task, const EvalSet& data, const L0Options& options = {});
+L0Result l0_gates(nn::DecoderModel& model, const tasks::Task& task, const EvalSet& data, const L0Options& options = {});
 
 // The test-time gate of a log_alpha (above).
 double l0_test_gate(double log_alpha);

@@ -1,11 +1,11 @@
-// Direct logit attribution. The model runs block by block here (embeddings, then per block the
-// attention with its head contexts kept, then the feed-forward) so that every component of the final
-// residual stream is at hand; only the scored rows are kept, in double on the CPU, and projected on
-// the frozen-scale unembedding directions once x_L (hence sigma) is known.
+// Direct logit attribution: one forward of the model per batch keeping what the components are made of
+// (the stream entering block 0, every layer's z and MLP output, the last stream); only the scored rows
+// are kept, in double on the CPU, and projected on the frozen-norm unembedding directions.
 #include "analysis/logit_attribution.h"
 
 #include <array>
 #include <numeric>
+#include <set>
 
 #include "analysis/head_control.h"
 
@@ -14,13 +14,6 @@ namespace headlab::analysis {
 namespace {
 
 constexpr const char* kWho = "logit_attribution";
-
-// The output projection of any attention form: weight (C, H*D), head h's columns [h*D, (h+1)*D).
-const nn::Linear& out_proj_of(nn::CausalMultiHead& att, int64_t layer) {
-  const nn::Linear* proj = att.output_projection();
-  HL_CHECK(proj, kWho, ": the attention of layer ", layer, " (", att.type_name(), ") has no out_proj");
-  return *proj;
-}
 
 Tensor f64_cpu(const Tensor& t) { return t.to(kCPU).to(DType::f64); }
 
@@ -43,16 +36,17 @@ double DirectAttribution::sum() const {
   return std::accumulate(feed_forward.begin(), feed_forward.end(), s);
 }
 
-LogitAttribution logit_attribution(nn::GPTModel& model, const EvalSet& data) {
+LogitAttribution logit_attribution(nn::DecoderModel& model, const EvalSet& data) {
+  using nn::HookPoint;
   LogitAttribution r;
   r.tokens = data.tokens();
   HL_CHECK(r.tokens > 0, kWho, ": the evaluation data has no scored tokens");
   detail::ControlGuard guard(model);
   model.eval();  // no dropout: x_L is exactly the sum of the components
   detail::set_controls(model, {}, {});
-  const int64_t L = model.n_layers(), V = model.config().vocab_size, T_max = model.config().context_length;
+  const nn::DecoderShape& shape = model.shape();
+  const int64_t L = model.n_layers(), V = shape.vocab_size, T_max = shape.context_length;
   const auto Ls = static_cast<size_t>(L);
-  for (int64_t l = 0; l < L; ++l) model.attention(l).control().keep_context = true;
   NoGradGuard no_grad;
   const Device dev = model.device();
 
@@ -62,14 +56,19 @@ LogitAttribution logit_attribution(nn::GPTModel& model, const EvalSet& data) {
     a->out_proj_bias.assign(Ls, 0.0);
     a->feed_forward.assign(Ls, 0.0);
   }
-  const Tensor W_U = f64_cpu(model.out_head->weight);  // (V, C)
+  const Tensor W_U = f64_cpu(model.lm_head().weight);  // (V, C): the unembedding's rows
   const Tensor W_U_mean = W_U.mean({0});               // (C): its row gives the mean logit
-  const Tensor gamma = f64_cpu(model.final_norm->weight), shift = f64_cpu(model.final_norm->bias);  // (C)
-  std::vector<Tensor> W_O(Ls), b_O(Ls);                                                             // (C, H*D), (C)
+  std::vector<Tensor> W_O(Ls), b_O(Ls);                // (H*D, C), (C) or undefined
+  std::set<nn::HookKey> keep{{HookPoint::resid_pre, 0}, {HookPoint::resid_post, L - 1}};
   for (int64_t l = 0; l < L; ++l) {
-    const nn::Linear& proj = out_proj_of(model.attention(l), l);
-    W_O[static_cast<size_t>(l)] = f64_cpu(proj.weight);
-    b_O[static_cast<size_t>(l)] = f64_cpu(proj.bias);
+    const int64_t H = model.attention(l).head_count();
+    if (H > 0) {
+      const nn::HeadWeights w = model.head_weights(l);
+      W_O[static_cast<size_t>(l)] = f64_cpu(w.W_O).reshape({H * model.attention(l).head_size(), -1});
+      if (w.b_O.defined()) b_O[static_cast<size_t>(l)] = f64_cpu(w.b_O);
+      keep.insert({HookPoint::z, l});
+    }
+    if (shape.has_mlp) keep.insert({HookPoint::mlp_out, l});
   }
 
   for (const Batch& b : data.batches) {
@@ -88,53 +87,45 @@ LogitAttribution logit_attribution(nn::GPTModel& model, const EvalSet& data) {
     // (B, T, ...) -> the scored rows (N, prod(...)) in double on the CPU
     const auto scored = [&](const Tensor& t) { return f64_cpu(index_select(t.reshape({b.B * b.T, -1}), 0, row_idx)); };
 
-    const Tensor idx = train::batch_tensors(b, dev).first;  // (B, T)
-    Tensor x = model.embed(idx);  // (B, T, C); drop_emb and drop_shortcut are identities in eval mode
-    const Tensor emb = scored(x);
-    std::vector<Tensor> ctx(Ls), ff(Ls);  // (N, H*D) heads concatenated as out_proj reads them, (N, C)
-    for (int64_t l = 0; l < L; ++l) {
-      const auto block = model.block(l);
-      const Tensor h = add(x, block->att->forward(block->norm1->forward(x)));
-      const Tensor ff_out = block->ff ? block->ff->forward(block->norm2->forward(h)) : zeros_like(h);
-      x = add(h, ff_out);
-      ff[static_cast<size_t>(l)] = scored(ff_out);
-      if (block->att->head_count() > 0)  // context (B, H, T, D) -> (B, T, H*D)
-        ctx[static_cast<size_t>(l)] = scored(block->att->control().context.permute({0, 2, 1, 3}));
-    }
+    nn::ActivationCache acts(keep);
+    const Tensor out = model.forward(train::batch_tensors(b, dev).first, &acts);  // (B, T, V)
+    const auto cached = [&](HookPoint p, int64_t l) { return acts.cache().at({p, l}); };
 
-    // Frozen scale: comp . dirs[k, n] is comp's share of variant k at token n, with
-    // dirs = centre_C(gamma * row) / sigma (centring the direction = centring the component).
-    const Tensor x_L = scored(x);                                                   // (N, C)
-    const Tensor sigma = sqrt(add(var(x_L, {1}, true, 0), model.final_norm->eps));  // (N, 1)
-    const Tensor W_y = index_select(W_U, 0, tensor(ys, {N}));                       // (N, C)
-    const Tensor unembed = stack({sub(W_y, W_U_mean), W_y}, 0);                     // (2, N, C)
-    const Tensor g = mul(unembed, gamma);
-    const Tensor dirs = div(sub(g, g.mean({2}, true)), sigma.unsqueeze(0));  // (2, N, C)
+    // Frozen scale: comp . dirs[k, n] is comp's share of variant k at token n.
+    const Tensor x_L = scored(cached(HookPoint::resid_post, L - 1));  // (N, C)
+    const nn::FrozenNorm frozen = model.freeze_final_norm(x_L);
+    const Tensor W_y = index_select(W_U, 0, tensor(ys, {N}));    // (N, C)
+    const Tensor unembed = stack({sub(W_y, W_U_mean), W_y}, 0);  // (2, N, C)
+    const Tensor dirs = frozen.back(unembed);                    // (2, N, C)
     // comp: (N, C), or (C) for one shared by every token -> its summed share of both variants
     const auto share = [&](const Tensor& comp) { return mul(dirs, comp).sum({1, 2}).to_vector<double>(); };
     const auto add_both = [&](double DirectAttribution::*field, const std::vector<double>& v) {
       for (size_t k = 0; k < 2; ++k) variants[k]->*field += v[k];
     };
-    add_both(&DirectAttribution::embeddings, share(emb));
-    add_both(&DirectAttribution::final_shift, mul(unembed, shift).sum({1, 2}).to_vector<double>());
+    add_both(&DirectAttribution::embeddings, share(scored(cached(HookPoint::resid_pre, 0))));
+    add_both(&DirectAttribution::final_shift, frozen.bias_along(unembed).sum({1}).to_vector<double>());
     for (size_t l = 0; l < Ls; ++l) {
-      const std::vector<double> bias = share(b_O[l]), ffw = share(ff[l]);
-      for (size_t k = 0; k < 2; ++k) {
-        variants[k]->out_proj_bias[l] += bias[k];
-        variants[k]->feed_forward[l] += ffw[k];
+      const auto layer = static_cast<int64_t>(l);
+      if (b_O[l].defined()) {
+        const std::vector<double> bias = share(b_O[l]);
+        for (size_t k = 0; k < 2; ++k) variants[k]->out_proj_bias[l] += bias[k];
       }
-      const int64_t H = model.attention(static_cast<int64_t>(l)).head_count();
+      if (shape.has_mlp) {
+        const std::vector<double> ffw = share(scored(cached(HookPoint::mlp_out, layer)));
+        for (size_t k = 0; k < 2; ++k) variants[k]->feed_forward[l] += ffw[k];
+      }
+      const int64_t H = model.attention(layer).head_count();
       if (H == 0) continue;
-      // Head h's share is c_h . (W_O[:, h] ^T dirs): dirs taken back through out_proj once for all heads.
-      const Tensor back = matmul(dirs.reshape({2 * N, -1}), W_O[l]).reshape({2, N, -1});  // (2, N, H*D)
-      const std::vector<double> heads = mul(back, ctx[l]).reshape({2, N, H, -1}).sum({1, 3}).to_vector<double>();
+      // Head h's share is z_h . (W_O[h] dirs): dirs taken back through W_O once for all heads.
+      const Tensor z = scored(cached(HookPoint::z, layer));                                    // (N, H*D)
+      const Tensor back = matmul(dirs.reshape({2 * N, -1}), W_O[l].mT()).reshape({2, N, -1});  // (2, N, H*D)
+      const std::vector<double> heads = mul(back, z).reshape({2, N, H, -1}).sum({1, 3}).to_vector<double>();
       const auto Hs = static_cast<size_t>(H);
       for (size_t k = 0; k < 2; ++k)
         for (size_t h = 0; h < Hs; ++h) variants[k]->heads[l][h] += heads[k * Hs + h];
     }
 
-    // The totals from the model's own final_norm and out_head, which the components must add up to.
-    const Tensor out = model.unembed(x);  // (B, T, V)
+    // The totals from the model's own final norm and unembedding, which the components must add up to.
     const std::vector<double> logits = scored(out).to_vector<double>();
     for (size_t n = 0; n < rows.size(); ++n) {
       const double* row = logits.data() + n * static_cast<size_t>(V);

@@ -1,10 +1,10 @@
-// Direct logit attribution (as TransformerLens computes it): the final residual stream x_L of a GPT
-// is a sum of components (embeddings; per layer each head's W_O[:, hD:(h+1)D] c_h, the out_proj bias
-// and the feed-forward output), and with the final LayerNorm's scale frozen at its value on the real
-// x_L, sigma = sqrt(var(x_L) + eps), a logit is linear in them:
+// Direct logit attribution (as TransformerLens computes it): the final residual stream x_L of a decoder
+// is a sum of components (embeddings; per layer each head's z_h W_O[h], the out_proj bias and the MLP's
+// output), and with the final norm's scale frozen at its value on the real x_L (nn::FrozenNorm; for a
+// LayerNorm sigma = sqrt(var(x_L) + eps)), a logit is linear in them:
 //   logit_y = sum_i ((comp_i - mean_C(comp_i)) / sigma * gamma) . W_U[y]  +  shift . W_U[y].
 // So every component gets its share of the correct token's logit, exactly (eval mode, no dropout).
-// L = layers, H = heads of a layer, D = head size, C = emb_dim, V = vocabulary.
+// L = layers, H = heads of a layer, D = head size, C = d_model, V = vocabulary.
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -35,6 +35,6 @@ struct LogitAttribution {
 // Over every scored target (targets != kIgnoreIndex) of the data, in double. The model's head gates
 // and offsets are not applied (the attribution is of the unaltered model, as mean_head_contexts);
 // its head controls and train/eval mode are restored afterwards, also when this throws.
-LogitAttribution logit_attribution(nn::GPTModel& model, const EvalSet& data);
+LogitAttribution logit_attribution(nn::DecoderModel& model, const EvalSet& data);
 
 }  // namespace headlab::analysis

@@ -3,7 +3,7 @@
 
 namespace headlab::analysis {
 
-PatchingResult patch_heads(nn::GPTModel& model, const EvalSet& clean, const std::vector<Batch>& corrupted,
+PatchingResult patch_heads(nn::DecoderModel& model, const EvalSet& clean, const std::vector<Batch>& corrupted,
                            bool by_position) {
   HL_CHECK(corrupted.size() == clean.batches.size(), "patch_heads: ", corrupted.size(), " corrupted batches for ",
            clean.batches.size(), " clean ones");
@@ -39,7 +39,7 @@ PatchingResult patch_heads(nn::GPTModel& model, const EvalSet& clean, const std:
     HeadPatching p;
     p.layer = whole[i].layer;
     p.head = whole[i].head;
-    p.original_head = original_head(model.config(), p.layer, p.head);
+    p.original_head = model.original_head(p.layer, p.head);
     p.noised = noised[i];
     p.denoised = denoised[i];
     p.noising = (p.noised.loss - r.clean.loss) / gap;

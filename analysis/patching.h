@@ -27,7 +27,7 @@ struct PatchingResult {
   int64_t tokens = 0;               // scored clean targets
 };
 // corrupted: per clean batch, the corrupted batch (same B and T; its targets are not used).
-PatchingResult patch_heads(nn::GPTModel& model, const EvalSet& clean, const std::vector<Batch>& corrupted,
+PatchingResult patch_heads(nn::DecoderModel& model, const EvalSet& clean, const std::vector<Batch>& corrupted,
                            bool by_position = false);
 
 }  // namespace headlab::analysis

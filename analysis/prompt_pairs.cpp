@@ -277,8 +277,8 @@ double LogitDifference::normalized(double ld) const {
   return (ld - corrupt_mean) / gap;
 }
 
-LogitDifference logit_difference(nn::GPTModel& model, const PromptPairs& pairs) {
-  const nn::GPTConfig& cfg = model.config();
+LogitDifference logit_difference(nn::DecoderModel& model, const PromptPairs& pairs) {
+  const nn::DecoderShape& cfg = model.shape();
   HL_CHECK(pairs.rows() > 0 && pairs.T > 0, "logit_difference: no prompt pairs");
   HL_CHECK(pairs.T <= cfg.context_length, "logit_difference: prompts of ", pairs.T,
            " tokens do not fit the model's context of ", cfg.context_length);
@@ -314,8 +314,8 @@ LogitDifference logit_difference(nn::GPTModel& model, const PromptPairs& pairs) 
   return d;
 }
 
-PromptPairs make_prompt_pairs(const PairSource& a, const tasks::Task& task, const nn::GPTConfig& cfg, const char* who,
-                              std::string* source) {
+PromptPairs make_prompt_pairs(const PairSource& a, const tasks::Task& task, const nn::DecoderShape& cfg,
+                              const char* who, std::string* source) {
   HL_CHECK(a.task.empty() != a.file.empty(), who,
            ": give the prompt pairs by --task induction|ioi|greater-than or by --pairs FILE",
            a.task.empty() ? "" : " (not both)");

@@ -59,7 +59,7 @@ struct PairSource {
   int64_t rows = 64, span = 0, templ = 0;
   uint64_t seed = 1;
 };
-PromptPairs make_prompt_pairs(const PairSource& s, const tasks::Task& task, const nn::GPTConfig& config,
+PromptPairs make_prompt_pairs(const PairSource& s, const tasks::Task& task, const nn::DecoderShape& shape,
                               const char* who, std::string* source = nullptr);
 
 // The task's metric at the last position of each clean and corrupted prompt: the logit difference answer
@@ -70,6 +70,6 @@ struct LogitDifference {
   // (ld - corrupt_mean) / (clean_mean - corrupt_mean): 1 for the clean run, 0 for the corrupted one.
   double normalized(double ld) const;
 };
-LogitDifference logit_difference(nn::GPTModel& model, const PromptPairs& pairs);
+LogitDifference logit_difference(nn::DecoderModel& model, const PromptPairs& pairs);
 
 }  // namespace headlab::analysis

@@ -27,13 +27,13 @@ Criterion resolve_criterion(Criterion c, int64_t total_heads) {
 
 namespace {
 
-// Scores with each of `heads` masked on top of `gates`: one batched pass for a GPT, a pass per head otherwise.
+// Scores with each of `heads` masked on top of `gates`: one batched pass for a decoder, a pass per head otherwise.
 std::vector<Scores> zero_each(nn::Model& model, const EvalSet& data, const HeadMatrix& gates,
                               const std::vector<HeadIntervention>& heads) {
-  if (auto* gpt = dynamic_cast<nn::GPTModel*>(&model)) {
+  if (auto* decoder = dynamic_cast<nn::DecoderModel*>(&model)) {
     InterventionOptions io;
     io.base_gates = gates;
-    return evaluate_interventions(*gpt, data, heads, io);
+    return evaluate_interventions(*decoder, data, heads, io);
   }
   std::vector<Scores> out;
   for (const HeadIntervention& iv : heads) {

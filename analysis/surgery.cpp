@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "analysis/head_control.h"
+#include "io/families.h"
 
 namespace headlab::analysis {
 
@@ -78,133 +79,101 @@ std::vector<std::vector<int64_t>> original_heads(const nn::Model& model, const s
   return kept;
 }
 
-void check_keep_count(const std::vector<std::vector<int64_t>>& keep, const nn::GPTConfig& cfg) {
-  HL_CHECK(static_cast<int64_t>(keep.size()) == cfg.n_layers, "prune_parameters: keep lists ", keep.size(),
-           " layers, the model has ", cfg.n_layers);
+// The model's config and parameters with module i keeping heads keep[i] (checked).
+std::pair<nlohmann::json, NamedTensors> prune(const nn::Model& model, const std::vector<std::vector<int64_t>>& keep) {
+  const bool decoder = dynamic_cast<const nn::DecoderModel*>(&model) != nullptr;  // its modules are its layers
+  const std::string unit = decoder ? "layer" : "attention module";
+  HL_CHECK(static_cast<int64_t>(keep.size()) == model.attention_count(), "prune_parameters: keep lists ", keep.size(),
+           " ", unit, "s, the ", decoder ? "model" : "encoder-decoder", " has ", model.attention_count());
+  const nlohmann::json config = model.pruned_config(original_heads(model, keep, unit));
+  std::vector<Replacement> replacements;
+  for (int64_t i = 0; i < model.attention_count(); ++i) {
+    const nn::MultiHead& m = model.multi_head(i);
+    replacements.emplace_back(dynamic_cast<const nn::Module*>(&m), m.keep_heads(keep[static_cast<size_t>(i)]));
+  }
+  return {config, replace_modules(model, replacements)};
 }
 
-// The GPT's config and parameters with layer l keeping heads keep[l] (checked).
-std::pair<nn::GPTConfig, NamedTensors> prune_gpt(const nn::GPTModel& model,
-                                                 const std::vector<std::vector<int64_t>>& keep) {
-  check_keep_count(keep, model.config());
-  nn::GPTConfig out = model.config();
-  out.kept_heads = original_heads(model, keep, "layer");
-  out.validate();
-  std::vector<Replacement> replacements;
-  for (int64_t l = 0; l < model.n_layers(); ++l)
-    replacements.emplace_back(&model.attention(l), model.attention(l).prune_heads(keep[static_cast<size_t>(l)]));
-  return {out, replace_modules(model, replacements)};
+// A model of the section with these parameters; the caller's random stream is kept (see KeepRandomState).
+std::shared_ptr<nn::Model> loaded_model(const nlohmann::json& config, const NamedTensors& params, const char* who) {
+  std::shared_ptr<nn::Model> model = io::make_model(config);
+  model->load_parameters(params, who);
+  return model;
 }
 
 }  // namespace
 
 // ---- physical pruning and conversion ----
-std::pair<nn::GPTConfig, NamedTensors> prune_parameters(const nn::GPTConfig& cfg, const NamedTensors& params,
-                                                        const std::vector<std::vector<int64_t>>& keep) {
-  check_keep_count(keep, cfg);
+std::pair<nlohmann::json, NamedTensors> prune_parameters(const nlohmann::json& config, const NamedTensors& params,
+                                                         const std::vector<std::vector<int64_t>>& keep) {
   KeepRandomState keep_random_state;
   NoGradGuard no_grad;
-  nn::GPTModel model(cfg);
-  model.load_parameters(params, "prune_parameters");
-  return prune_gpt(model, keep);
-}
-
-std::pair<nn::TransformerConfig, NamedTensors> prune_parameters(const nn::TransformerConfig& cfg,
-                                                                const NamedTensors& params,
-                                                                const std::vector<std::vector<int64_t>>& keep) {
-  const int64_t L = cfg.num_layers;
-  HL_CHECK(static_cast<int64_t>(keep.size()) == 3 * L, "prune_parameters: keep lists ", keep.size(),
-           " attention modules, the encoder-decoder has ", 3 * L);
-  KeepRandomState keep_random_state;
-  NoGradGuard no_grad;
-  nn::EncoderDecoder model(cfg);
-  model.load_parameters(params, "prune_parameters");
-  const std::vector<std::vector<int64_t>> kept = original_heads(model, keep, "attention module");
-  // Modules in nn::Model's order: encoder layers, decoder self-attention, cross-attention.
-  nn::TransformerConfig out = cfg;
-  const auto Ls = static_cast<size_t>(L);
-  out.kept_encoder.assign(kept.begin(), kept.begin() + static_cast<std::ptrdiff_t>(Ls));
-  out.kept_decoder.assign(kept.begin() + static_cast<std::ptrdiff_t>(Ls),
-                          kept.begin() + static_cast<std::ptrdiff_t>(2 * Ls));
-  out.kept_cross.assign(kept.begin() + static_cast<std::ptrdiff_t>(2 * Ls), kept.end());
-  out.validate();
-  std::vector<Replacement> replacements;
-  for (int64_t i = 0; i < 3 * L; ++i)
-    replacements.emplace_back(&model.attention(i), model.attention(i).prune_heads(keep[static_cast<size_t>(i)]));
-  return {out, replace_modules(model, replacements)};
+  return prune(*loaded_model(config, params, "prune_parameters"), keep);
 }
 
 Checkpoint prune_checkpoint(const Checkpoint& ckpt, const std::vector<std::vector<int64_t>>& keep,
                             const std::string& source) {
+  KeepRandomState keep_random_state;
+  NoGradGuard no_grad;
+  const std::shared_ptr<nn::Model> model = loaded_model(ckpt.config.at("model"), ckpt.model, "prune_parameters");
+  auto [config, params] = prune(*model, keep);
+  const std::shared_ptr<nn::Model> pruned = io::make_model(config);
+  // The heads removed, as [module, original head]; the kept ones per module, grouped by kind where a model
+  // has several ({"encoder": [...], "decoder": [...], "cross": [...]}), else a list per layer.
+  nlohmann::json removed = nlohmann::json::array(), kept = nlohmann::json::array(), by_kind = nlohmann::json::object();
+  for (int64_t i = 0; i < pruned->attention_count(); ++i) {
+    std::vector<int64_t> heads;
+    for (int64_t h = 0; h < pruned->heads_at(i); ++h) heads.push_back(pruned->original_head(i, h));
+    for (int64_t h = 0; h < pruned->full_heads(); ++h)
+      if (std::find(heads.begin(), heads.end(), h) == heads.end()) removed.push_back({i, h});
+    kept.push_back(heads);
+    by_kind[pruned->attention_kind(i)].push_back(heads);
+  }
   Checkpoint out;
   out.config = ckpt.config;
+  out.config["model"] = config;
+  out.config["pruning"] = {
+      {"source", source}, {"removed_heads", removed}, {"kept_heads", by_kind.size() > 1 ? by_kind : kept}};
   out.tokenizer = ckpt.tokenizer;
-  const nlohmann::json& model = ckpt.config.at("model");
-  // The heads removed, as [module, original head] ([layer, head] for a GPT).
-  nlohmann::json removed = nlohmann::json::array(), kept;
-  auto note_removed = [&](const std::vector<std::vector<int64_t>>& kept_lists, int64_t full_heads, int64_t offset) {
-    for (size_t l = 0; l < kept_lists.size(); ++l)
-      for (int64_t h = 0; h < full_heads; ++h)
-        if (std::find(kept_lists[l].begin(), kept_lists[l].end(), h) == kept_lists[l].end())
-          removed.push_back({static_cast<int64_t>(l) + offset, h});
-  };
-  if (nn::is_encoder_decoder(model)) {
-    const nn::TransformerConfig cfg = nn::TransformerConfig::from_json(model);
-    auto [pcfg, params] = prune_parameters(cfg, ckpt.model, keep);
-    out.config["model"] = pcfg.to_json();
-    note_removed(pcfg.kept_encoder, cfg.num_heads, 0);
-    note_removed(pcfg.kept_decoder, cfg.num_heads, cfg.num_layers);
-    note_removed(pcfg.kept_cross, cfg.num_heads, 2 * cfg.num_layers);
-    kept = {{"encoder", pcfg.kept_encoder}, {"decoder", pcfg.kept_decoder}, {"cross", pcfg.kept_cross}};
-    out.model = params;
-  } else {
-    const nn::GPTConfig cfg = nn::GPTConfig::from_json(model);
-    auto [pcfg, params] = prune_parameters(cfg, ckpt.model, keep);
-    out.config["model"] = pcfg.to_json();
-    note_removed(pcfg.kept_heads, cfg.n_heads, 0);
-    kept = pcfg.kept_heads;
-    out.model = params;
-  }
-  out.config["pruning"] = {{"source", source}, {"removed_heads", removed}, {"kept_heads", kept}};
+  out.model = params;
   out.has_optimizer = false;
   out.has_trainer = ckpt.has_trainer;
   out.trainer = ckpt.trainer;
   return out;
 }
 
-std::shared_ptr<nn::GPTModel> prune_model(const nn::GPTModel& model, const std::vector<std::vector<int64_t>>& keep) {
+std::shared_ptr<nn::Model> prune_model(const nn::Model& model, const std::vector<std::vector<int64_t>>& keep) {
   KeepRandomState keep_random_state;
   NoGradGuard no_grad;
-  auto [cfg, pruned] = prune_gpt(model, keep);
-  auto m = std::make_shared<nn::GPTModel>(cfg);
+  auto [config, params] = prune(model, keep);
+  std::shared_ptr<nn::Model> m = io::make_model(config);
   m->to(detail::model_dtype(model));
   m->to(model.device());
-  m->load_parameters(pruned, "prune_model");
+  m->load_parameters(params, "prune_model");
   m->train(model.is_training());
   return m;
 }
 
-std::pair<nn::GPTConfig, NamedTensors> convert_parameters(const nn::GPTConfig& cfg, const NamedTensors& params,
-                                                          nn::AttentionForm attention) {
-  nn::GPTConfig out = cfg;
-  out.attention = attention;
-  if (attention == cfg.attention) return {out, params};
+std::pair<nlohmann::json, NamedTensors> convert_parameters(const nlohmann::json& config, const NamedTensors& params,
+                                                           nn::AttentionForm attention) {
   KeepRandomState keep_random_state;
   NoGradGuard no_grad;
-  nn::GPTModel model(cfg);
-  model.load_parameters(params, "convert_parameters");
+  const std::shared_ptr<nn::Model> model = loaded_model(config, params, "convert_parameters");
+  const auto* decoder = dynamic_cast<const nn::DecoderModel*>(model.get());
+  HL_CHECK(decoder, "convert_parameters: a ", model->type_name(), " has no attention forms to convert between");
+  const nlohmann::json out = decoder->converted_config(attention);
+  if (out == decoder->config_json()) return {out, params};
   std::vector<Replacement> replacements;
-  for (int64_t l = 0; l < cfg.n_layers; ++l)
-    replacements.emplace_back(&model.attention(l), nn::convert_attention(model.attention(l), attention));
-  return {out, replace_modules(model, replacements)};
+  for (int64_t l = 0; l < decoder->n_layers(); ++l)
+    replacements.emplace_back(&decoder->attention(l), nn::convert_attention(decoder->attention(l), attention));
+  return {out, replace_modules(*decoder, replacements)};
 }
 
 Checkpoint convert_checkpoint(const Checkpoint& ckpt, nn::AttentionForm attention) {
-  const nn::GPTConfig cfg = nn::GPTConfig::from_json(ckpt.config.at("model"));
-  auto [ccfg, params] = convert_parameters(cfg, ckpt.model, attention);
+  auto [config, params] = convert_parameters(ckpt.config.at("model"), ckpt.model, attention);
   Checkpoint out;
   out.config = ckpt.config;
-  out.config["model"] = ccfg.to_json();
+  out.config["model"] = config;
   out.model = params;
   out.has_trainer = ckpt.has_trainer;
   out.trainer = ckpt.trainer;

@@ -3,6 +3,7 @@
 // to report.md or a CSV file is built once and cannot drift between them.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -19,6 +20,10 @@ struct Column {
   int precision = 4;  // digits after the point (fixed, signed) or of the mantissa (scientific)
 };
 
+// What a long analysis hands its caller as it goes: text for the terminal (a command prints it; the Python
+// module and tests pass none).
+using Say = std::function<void(const std::string& text)>;
+
 // A number (shown by its column's format; NaN as "nan") or text.
 using Cell = std::variant<double, std::string>;
 
@@ -33,8 +38,15 @@ struct Table {
   void add_row(std::vector<Cell> cells);
 };
 
-// A column of text cells (the format is not used).
+// A column of text cells (the format is not used), and of numbers in each format.
 inline Column text_column(std::string name) { return {std::move(name), NumberFormat::fixed, 0}; }
+inline Column fixed_column(std::string name, int precision = 4) {
+  return {std::move(name), NumberFormat::fixed, precision};
+}
+inline Column signed_column(std::string name, int precision = 4) {
+  return {std::move(name), NumberFormat::signed_fixed, precision};
+}
+inline Column integer_column(std::string name) { return {std::move(name), NumberFormat::integer, 0}; }
 
 // The cell as a column shows it.
 std::string format_cell(const Cell& cell, const Column& column);

@@ -35,20 +35,21 @@ struct AttentionArgs {
   int threads = 0;
 };
 
-// What a GPT's attention page needs of its tokenizer (a task's, or a GPT-2 folder's BPE).
-struct GptTokens {
+// What a decoder's attention page needs of its tokenizer (a task's, or a model folder's BPE).
+struct DecoderTokens {
   std::vector<int64_t> prompt;
   int64_t answer_length = -1;  // a task answer's length; -1: open-ended text
   int64_t end_id = -1;
   std::function<std::string(int64_t)> text;  // one token as text
 };
 
-// A GPT: the prompt and its greedy continuation, one kind of attention.
-int gpt_attention(const AttentionArgs& a, nn::GPTModel& model, const GptTokens& t) {
-  const nn::GPTConfig& cfg = model.config();
+// A decoder: the prompt and its greedy continuation, one kind of attention.
+int decoder_attention(const AttentionArgs& a, const Loaded& l, const DecoderTokens& t) {
+  nn::DecoderModel& model = l.decoder("attention");
+  const nn::DecoderShape& cfg = model.shape();
   const int64_t extra = a.max_new >= 0 ? a.max_new : (t.answer_length >= 0 ? t.answer_length + 1 : 0);
   HL_CHECK(!t.prompt.empty(), "attention: the prompt is empty; give at least one character");
-  train::check_generation_fits(cfg, model.device().is_cuda(), static_cast<int64_t>(t.prompt.size()), extra,
+  train::check_generation_fits(l.config.model, model.device().is_cuda(), static_cast<int64_t>(t.prompt.size()), extra,
                                "attention");
   std::vector<int64_t> ids = t.prompt;
   if (static_cast<int64_t>(ids.size()) > cfg.context_length)  // as generate: the last context_length tokens
@@ -74,7 +75,7 @@ int gpt_attention(const AttentionArgs& a, nn::GPTModel& model, const GptTokens& 
   const std::string html = join_path(a.out, "attention.html");
   analysis::save_attention_html(html, maps, tokens, a.path + ": " + text);
   std::cout << "headlab attention: " << a.path << ", " << maps.T << " tokens: " << text << "\n"
-            << cfg.n_layers << " layers, heads per layer " << kept_str(maps.kept) << "\n"
+            << cfg.n_layers << " layers, heads per layer " << analysis::kept_heads_text(maps.kept) << "\n"
             << "wrote " << h5path << " (weights " << shape_str({maps.layers, maps.heads, maps.T, maps.T})
             << " float32, token_ids, kept; tokens as JSON in the root attribute 'tokens'), " << png << " and " << html
             << " (interactive, self-contained)\n";
@@ -114,7 +115,7 @@ int seq2seq_attention(const AttentionArgs& a, const Loaded& l, nn::EncoderDecode
   }
   std::cout << "headlab attention: " << a.path << ", " << translation << " (source " << S << " tokens, decoder input "
             << dec_in.size() << ")\n"
-            << "heads " << kept_str(model) << "\n"
+            << "heads " << analysis::kept_heads_text(model) << "\n"
             << "wrote " << h5path << " (groups encoder, decoder, cross: weights (layer, head, query, key) float32, "
             << "token_ids, key_token_ids, kept; tokens and key_tokens as JSON attributes), " << html
             << " (interactive, self-contained; the three kinds on one page)";
@@ -151,8 +152,8 @@ Action add_attention(CLI::App& app) {
     if (nn::EncoderDecoder* m = l.seq2seq()) return seq2seq_attention(*a, l, *m);
     const tasks::Prompt p = l.task->encode_prompt(a->prompt);
     const tasks::Task& task = *l.task;
-    return gpt_attention(*a, l.gpt("attention"),
-                         {p.ids, p.answer_length, task.end_id(), [&](int64_t id) { return task.token_text(id); }});
+    return decoder_attention(*a, l,
+                             {p.ids, p.answer_length, task.end_id(), [&](int64_t id) { return task.token_text(id); }});
   };
 }
 

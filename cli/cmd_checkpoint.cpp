@@ -9,6 +9,7 @@
 #include "base/input_path.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "io/hf_folder.h"
 #include "nn/generate.h"
 #include "train/config.h"
 #include "train/evaluate.h"
@@ -18,18 +19,17 @@ namespace headlab::cli {
 
 namespace {
 
-// eval of a GPT-2 (BPE) model: the perplexity of a whole text file (train::evaluate_text).
+// eval of a text (BPE) model: the perplexity of a whole text file (train::evaluate_text).
 int eval_text(const Loaded& l, const std::string& path, const std::string& text, int64_t stride) {
   HL_CHECK(!text.empty(), "eval: a GPT-2 model is evaluated on a text: give --text FILE");
   const std::vector<int64_t> ids = l.bpe()->encode(read_input_file(text, "eval: --text"), text);
-  const nn::GPTModel& model = l.gpt("eval");
-  const nn::GPTConfig& c = model.config();
+  nn::DecoderModel& model = l.decoder("eval");
+  const nn::DecoderShape& c = model.shape();
   const int64_t ctx = c.context_length, s = stride > 0 ? stride : std::max<int64_t>(1, ctx / 2);
   HL_CHECK(s <= ctx, "eval: --stride ", s, " is longer than the context (", ctx, " tokens)");
-  const train::TextScores r = train::evaluate_text(l.gpt("eval"), ids, s);
-  std::cout << "model " << path << " (GPT-2: " << c.n_layers << " layers x " << c.n_heads << " heads, n_embd "
-            << c.emb_dim << ")\ntext " << text << ": " << ids.size() << " tokens, " << r.windows << " windows of "
-            << ctx << " (stride " << s << ")\n"
+  const train::TextScores r = train::evaluate_text(model, ids, s);
+  std::cout << "model " << path << " (" << l.config.describe_model() << ")\ntext " << text << ": " << ids.size()
+            << " tokens, " << r.windows << " windows of " << ctx << " (stride " << s << ")\n"
             << std::fixed << std::setprecision(4) << "loss            " << r.loss << "\n"
             << "perplexity      " << r.perplexity << "\n(" << r.tokens << " scored tokens)\n";
   HL_CHECK(std::isfinite(r.loss), "eval: the loss is ", fmt(r.loss), ": '", path, "' holds a diverged model");
@@ -47,16 +47,18 @@ void print_parameters(const NamedTensors& parameters) {
   std::cout << "  " << std::left << std::setw(60) << "total" << std::right << std::setw(10) << total << "\n";
 }
 
-// inspect on a GPT-2 folder: its config as headlab reads it, the parameters by headlab's names.
+// inspect on a model folder: its config as headlab reads it, the parameters by headlab's names.
 int inspect_folder(const std::string& folder) {
-  const io::HfGpt2 hf = io::read_hf_gpt2(folder);
-  std::cout << "Hugging Face GPT-2 folder " << folder << "\n\nconfig (as headlab's GPTModel)\n"
-            << hf.config.to_json().dump(2)
-            << "\nhead: " << (hf.config.tie_embeddings ? "tied to wte" : "lm_head.weight") << "\ntokenizer: "
-            << (hf.vocab_path.empty() || hf.merges_path.empty() ? "none (no vocab.json and merges.txt)"
-                                                                : hf.vocab_path + ", " + hf.merges_path)
+  const io::Family& family = io::family_of_folder(folder);
+  const io::FolderModel m = family.folder->read(folder);
+  std::cout << "Hugging Face model folder " << folder << " (family " << family.model.arch()
+            << ")\n\nconfig (as headlab reads it: " << family.model.describe(m.config) << ")\n"
+            << m.config.dump(2) << "\n"
+            << family.folder->describe(m) << "\ntokenizer: "
+            << (m.vocab_path.empty() || m.merges_path.empty() ? "none (no vocab.json and merges.txt)"
+                                                              : m.vocab_path + ", " + m.merges_path)
             << "\n\nparameters\n";
-  print_parameters(hf.parameters);
+  print_parameters(m.parameters);
   return 0;
 }
 
@@ -159,11 +161,11 @@ Action add_generate(CLI::App& app) {
       std::cout << task.decode_source(src) << " => " << task.format_answer(out.front()) << std::endl;
       return 0;
     }
-    nn::GPTModel& model = l.gpt("generate");
+    nn::DecoderModel& model = l.decoder("generate");
     const tasks::Prompt p = l.task->encode_prompt(*prompt);
     // A task answer stops at its end token or its known length; text runs to max_new_tokens.
     if (p.answer_length >= 0) o.max_new_tokens = std::min<int64_t>(*max_new, p.answer_length + 1);
-    train::check_generation_fits(model.config(), model.device().is_cuda(), static_cast<int64_t>(p.ids.size()),
+    train::check_generation_fits(l.config.model, model.device().is_cuda(), static_cast<int64_t>(p.ids.size()),
                                  o.max_new_tokens, "generate");
     o.end_id = l.task->end_id();
     const std::vector<int64_t> generated = nn::generate(model, p.ids, o);

@@ -1,13 +1,16 @@
-// headlab tokenize / convert / export: the Hugging Face GPT-2 layout (io/hf_gpt2.h) from the command line.
-// tokenize runs a folder's byte-level BPE tokenizer; convert writes a folder as a self-contained headlab
-// checkpoint; export writes a headlab GPT checkpoint as a GPT2LMHeadModel folder that PyTorch loads.
+// headlab tokenize / convert / export: Hugging Face model folders (io/families.h: each family's format)
+// from the command line. tokenize runs a folder's byte-level BPE tokenizer; convert writes a folder as a
+// self-contained headlab checkpoint; export writes a headlab checkpoint as its family's folder (a GPT's:
+// a GPT2LMHeadModel folder) that PyTorch loads.
 #include <iostream>
 #include <memory>
 
+#include "analysis/files.h"
 #include "base/input_path.h"
 #include "cli/commands.h"
 #include "cli/common.h"
-#include "io/hf_gpt2.h"
+#include "io/families.h"
+#include "io/hf_folder.h"
 #include "tasks/bpe_tokenizer.h"
 
 namespace headlab::cli {
@@ -29,7 +32,11 @@ Action add_tokenize(CLI::App& app) {
     HL_CHECK(text->count() + prompt->count() == 1, "tokenize: give --text FILE or --prompt TEXT");
     check_input_folder(a->model, "tokenize: model");
     const std::string folder = a->model;
-    const int64_t vocab_size = io::is_hf_model_folder(folder) ? io::read_hf_gpt2_config(folder).config.vocab_size : 0;
+    const auto vocab_size_of = [&] {
+      const io::Family& f = io::family_of_folder(folder);
+      return f.model.vocab_size(f.folder->read_config(folder));
+    };
+    const int64_t vocab_size = io::is_hf_model_folder(folder) ? vocab_size_of() : 0;
     const tasks::BpeTokenizer tok =
         tasks::BpeTokenizer::from_files(join_path(folder, "vocab.json"), join_path(folder, "merges.txt"), vocab_size);
     const std::string input = a->text.empty() ? a->prompt : read_input_file(a->text, "tokenize: --text");
@@ -49,28 +56,31 @@ Action add_export(CLI::App& app) {
     std::string checkpoint, out;
   };
   auto a = std::make_shared<Args>();
-  app.add_option("checkpoint", a->checkpoint, "a headlab GPT checkpoint (.h5)")->type_name(kInputFile)->required();
-  app.add_option("--out", a->out, "the folder to write (config.json, model.safetensors, and GPT-2's tokenizer files)")
+  app.add_option("checkpoint", a->checkpoint, "a headlab checkpoint (.h5) of a family with a Hugging Face format")
+      ->type_name(kInputFile)
+      ->required();
+  app.add_option("--out", a->out, "the folder to write (config.json, model.safetensors, and the tokenizer's files)")
       ->type_name(kOutputDir)
       ->required();
   return [a] {
     const Loaded l = load("export", a->checkpoint, "cpu");
-    const nn::GPTModel& model = l.gpt("export");
+    const nn::DecoderModel& model = l.decoder("export");
+    const io::Family& family = l.config.family();
+    HL_CHECK(family.folder, "export: the ", family.model.arch(), " family has no Hugging Face folder format");
     const io::FolderLock lock = make_locked_dir(a->out, "export");
     const io::TokenizerFiles tokenizer = l.config.tokenizer_files();
-    io::write_hf_gpt2(a->out, model, tokenizer);
-    const nn::GPTConfig& c = model.config();
+    family.folder->write(a->out, model, tokenizer);
     std::cout << "export: wrote " << join_path(a->out, "config.json") << " and "
-              << join_path(a->out, "model.safetensors") << " (GPT2LMHeadModel: " << c.n_layers << " layers x "
-              << c.n_heads << " heads, n_embd " << c.emb_dim << ", vocabulary " << c.vocab_size << ")\n";
-    if (!c.kept_heads.empty())
-      std::cout << "export: the pruned heads are written as zeros at full width (" << kept_str(model)
+              << join_path(a->out, "model.safetensors") << " (" << family.folder->model_types().front() << ": "
+              << l.config.describe_model() << ", vocabulary " << model.shape().vocab_size << ")\n";
+    if (!model.shape().kept_heads.empty())
+      std::cout << "export: the pruned heads are written as zeros at full width (" << analysis::kept_heads_text(model)
                 << " kept), so the folder computes what the pruned model computes\n";
     if (tokenizer.empty())
       std::cout << "export: no tokenizer files: this checkpoint's tokenizer is headlab's " << l.task->name()
-                << " vocabulary, not GPT-2's BPE\n";
+                << " vocabulary, not a byte-level BPE\n";
     else
-      std::cout << "export: wrote vocab.json and merges.txt (GPT-2's tokenizer, from the checkpoint)\n";
+      std::cout << "export: wrote vocab.json and merges.txt (the BPE tokenizer, from the checkpoint)\n";
     return 0;
   };
 }
@@ -80,7 +90,7 @@ Action add_convert(CLI::App& app) {
     std::string folder, out;
   };
   auto a = std::make_shared<Args>();
-  app.add_option("model", a->folder, "a Hugging Face GPT-2 folder (config.json, weights, vocab.json, merges.txt)")
+  app.add_option("model", a->folder, "a Hugging Face model folder (config.json, weights, vocab.json, merges.txt)")
       ->type_name(kInputFolder)
       ->required();
   app.add_option("--out", a->out, "the checkpoint to write (.h5)")->type_name(kOutputFile)->required();
@@ -91,10 +101,8 @@ Action add_convert(CLI::App& app) {
     const Loaded l = load("convert", a->folder, "cpu");
     check_output_file(a->out, "convert: --out");
     io::save_checkpoint(a->out, l.ckpt);
-    const nn::GPTConfig& c = l.gpt("convert").config();
-    std::cout << "convert: wrote " << a->out << " (GPT-2: " << c.n_layers << " layers x " << c.n_heads
-              << " heads, n_embd " << c.emb_dim << ", " << l.model->num_parameters()
-              << " parameters, GPT-2's tokenizer inside)\n";
+    std::cout << "convert: wrote " << a->out << " (" << l.config.describe_model() << ", " << l.model->num_parameters()
+              << " parameters, its tokenizer inside)\n";
     return 0;
   };
 }

@@ -1,4 +1,5 @@
-// headlab train: every option of train::TrainOptions, with the defaults of train::RunConfig::defaults().
+// headlab train: every option of train::TrainOptions, with the defaults of nn::ModelOptions and
+// train::RunConfig::defaults().
 #include <algorithm>
 #include <cmath>
 #include <iostream>
@@ -13,7 +14,7 @@ namespace headlab::cli {
 
 namespace {
 
-// train --init: the run's model and task from a checkpoint or a GPT-2 folder, its parameters the start.
+// train --init: the run's model and task from a checkpoint or a model folder, its parameters the start.
 void start_from(const std::string& path, train::TrainOptions& o, const std::string& text) {
   HL_CHECK(!o.resume, "train: --init starts a new run and --resume continues one; give one of them");
   const auto told = [&](const char* name) { return std::find(o.told.begin(), o.told.end(), name) != o.told.end(); };
@@ -22,14 +23,12 @@ void start_from(const std::string& path, train::TrainOptions& o, const std::stri
     HL_CHECK(!told(fixed), "train: ", fixed, " is fixed by --init '", path, "' (its model's)");
   Loaded l = load("train: --init", path, "cpu", text);
   train::RunConfig& c = o.config;
-  const double drop_rate = c.model.drop_rate;
-  c.arch = train::Arch::gpt;
-  c.model = l.gpt("train --init").config();
-  if (told("--drop-rate")) c.model.drop_rate = drop_rate;
+  const nn::ModelFamily& family = l.config.family().model;
+  o.init_model = told("--drop-rate") ? family.with_dropout(l.config.model, o.model.drop_rate) : l.config.model;
   if (l.bpe()) {
     HL_CHECK(!text.empty(), "train: a GPT-2 model trains on a text: give --text FILE with --init '", path, "'");
     HL_CHECK(!told("--task") || c.task.name == "text", "train: --init '", path,
-             "' is a GPT-2 model: it trains on --text FILE (task text), not task ", c.task.name);
+             "' is a GPT-2 model: it trains on --text FILE (task text, GPT-2's BPE), not task ", c.task.name);
   } else {
     HL_CHECK(!told("--task") || c.task.name == l.config.task.name, "train: --init '", path, "' was trained on task ",
              l.config.task.name, ", not ", c.task.name);
@@ -42,26 +41,21 @@ void start_from(const std::string& path, train::TrainOptions& o, const std::stri
   o.init = std::move(l.ckpt.model);
 }
 
-}  // namespace
+// What is chosen by name and resolved after parsing (an optimizer's defaults depend on its kind).
+struct Choices {
+  std::string attention = "fused", parallel = "auto", optimizer = "adamw", schedule = "cosine", text, init;
+  double weight_decay = -1;  // < 0: the optimizer's PyTorch default
+  int threads = 0;
+  int64_t track_heads = 0;
+};
 
-// The options bind straight to the run's config (train/config.h); --optimizer, --weight-decay and
-// --lr are combined after parsing, since an optimizer's defaults depend on its kind.
-Action add_train(CLI::App& app) {
-  auto o = std::make_shared<train::TrainOptions>();
-  train::RunConfig& c = o->config;
-  struct Choices {
-    std::string attention = "fused", parallel = "auto", optimizer = "adamw", schedule = "cosine", text, arch = "gpt",
-                init;
-    int64_t ffn_hiddens = 0;   // encoder-decoder: 0 = 2 x --emb-dim, as d2l's 32 / 64
-    double weight_decay = -1;  // < 0: the optimizer's PyTorch default
-    int threads = 0;
-    int64_t track_heads = 0;
-  };
-  auto ch = std::make_shared<Choices>();
+// The model's family and its task.
+void add_task_options(CLI::App& app, train::TrainOptions& o, Choices& ch) {
+  train::RunConfig& c = o.config;
   tasks::TaskOptions& t = c.task.options;
-  app.add_option("--arch", ch->arch,
-                 "gpt (the book's decoder-only GPTModel) | encoder-decoder (d2l's Transformer: source -> target)")
-      ->check(CLI::IsMember(enum_names<train::Arch>()))
+  nn::ModelOptions& m = o.model;
+  app.add_option("--arch", m.arch, io::families_help())
+      ->check(CLI::IsMember(io::family_names()))
       ->capture_default_str();
   app.add_option("--task", c.task.name, "reverse | copy | sort | add | chars (gpt) | numbers (encoder-decoder)")
       ->check(CLI::IsMember({"reverse", "copy", "sort", "add", "chars", "numbers"}))
@@ -69,7 +63,7 @@ Action add_train(CLI::App& app) {
   app.add_option("--max-number", t.max_number, "numbers: the largest number spelled out")
       ->check(non_negative_number(999999))
       ->capture_default_str();
-  app.add_option("--text", ch->text, "chars: the text to model (default: data/tiny.txt)")->type_name(kInputFile);
+  app.add_option("--text", ch.text, "chars: the text to model (default: data/tiny.txt)")->type_name(kInputFile);
   app.add_option("--repeat-prob", t.repeat_prob,
                  "chars/text: data with more repetition: each segment of the text written twice with this "
                  "probability (induction heads form on text that repeats within a context)")
@@ -87,29 +81,34 @@ Action add_train(CLI::App& app) {
       ->check(positive_number(1e4))
       ->capture_default_str();
   app.add_option("--digits", t.n_digits, "add: digits per operand")->check(in_range(1, 18))->capture_default_str();
-  app.add_option("--attention", ch->attention, nn::attention_forms_help())
+}
+
+// The model's sizes (nn::ModelOptions), whatever its family.
+void add_model_options(CLI::App& app, nn::ModelOptions& m, Choices& ch) {
+  app.add_option("--attention", ch.attention, nn::attention_forms_help())
       ->check(CLI::IsMember(enum_names<nn::AttentionForm>()))
       ->capture_default_str();
-  app.add_option("--emb-dim", c.model.emb_dim, "embedding size (encoder-decoder: num_hiddens)")
+  app.add_option("--emb-dim", m.emb_dim, "embedding size (encoder-decoder: num_hiddens)")
       ->check(positive_number(1e9))
       ->capture_default_str();
-  app.add_option("--ffn-hiddens", ch->ffn_hiddens, "encoder-decoder: ffn_num_hiddens (0: 2 x --emb-dim)")
+  app.add_option("--ffn-hiddens", m.ffn_hiddens, "encoder-decoder: ffn_num_hiddens (0: 2 x --emb-dim)")
       ->check(non_negative_number(1e9));
-  app.add_option("--n-heads", c.model.n_heads, "attention heads per layer")
+  app.add_option("--n-heads", m.n_heads, "attention heads per layer")
       ->check(positive_number(1e6))
       ->capture_default_str();
-  app.add_option("--n-layers", c.model.n_layers, "transformer blocks")
-      ->check(positive_number(1e6))
-      ->capture_default_str();
-  app.add_option("--context-length", c.model.context_length, "tokens per sequence (0: what the task needs; chars: 64)")
+  app.add_option("--n-layers", m.n_layers, "transformer blocks")->check(positive_number(1e6))->capture_default_str();
+  app.add_option("--context-length", m.context_length, "tokens per sequence (0: what the task needs; chars: 64)")
       ->check(non_negative_number(1e9))
       ->capture_default_str();
-  app.add_option("--drop-rate", c.model.drop_rate, "dropout probability")
-      ->check(in_range(0, 0.99))
-      ->capture_default_str();
-  app.add_flag("--qkv-bias", c.model.qkv_bias, "bias in the query/key/value projections");
-  app.add_flag("--attn-only", c.model.attn_only,
+  app.add_option("--drop-rate", m.drop_rate, "dropout probability")->check(in_range(0, 0.99))->capture_default_str();
+  app.add_flag("--qkv-bias", m.qkv_bias, "bias in the query/key/value projections");
+  app.add_flag("--attn-only", m.attn_only,
                "gpt: attention-only blocks (no MLP, no norm2), as the attn-only models of Elhage et al. 2021");
+}
+
+// The run: optimizer, schedule, cadences, files, threads.
+void add_run_options(CLI::App& app, train::TrainOptions& o, Choices& ch) {
+  train::RunConfig& c = o.config;
   app.add_option("--steps", c.run.steps, "total optimizer steps (with --resume: continue up to this many)")
       ->check(positive_number(1e12))
       ->capture_default_str();
@@ -123,13 +122,13 @@ Action add_train(CLI::App& app) {
   app.add_option("--warmup", c.schedule.warmup, "linear warmup steps")
       ->check(non_negative_number(1e12))
       ->capture_default_str();
-  app.add_option("--schedule", ch->schedule, "constant | cosine | step")
+  app.add_option("--schedule", ch.schedule, "constant | cosine | step")
       ->check(CLI::IsMember(enum_names<optim::ScheduleKind>()))
       ->capture_default_str();
-  app.add_option("--optimizer", ch->optimizer, "adamw | adam | sgd")
+  app.add_option("--optimizer", ch.optimizer, "adamw | adam | sgd")
       ->check(CLI::IsMember(enum_names<optim::OptimizerKind>()))
       ->capture_default_str();
-  app.add_option("--weight-decay", ch->weight_decay, "weight decay (default: the optimizer's PyTorch default)")
+  app.add_option("--weight-decay", ch.weight_decay, "weight decay (default: the optimizer's PyTorch default)")
       ->check(non_negative_number(1e3));
   app.add_option("--grad-clip", c.run.grad_clip, "clip gradients to this global norm (0: off)")
       ->check(non_negative_number(1e12))
@@ -142,19 +141,19 @@ Action add_train(CLI::App& app) {
       ->capture_default_str();
   add_seed_option(app, c.run.seed, "seed for initialisation, dropout and data");
   app.add_option("--device", c.run.device, "cpu | cuda | cuda:N")->capture_default_str();
-  app.add_option("--out", o->out, "output folder for checkpoints and metrics.csv")
+  app.add_option("--out", o.out, "output folder for checkpoints and metrics.csv")
       ->type_name(kOutputDir)
       ->capture_default_str();
-  app.add_option("--init", ch->init,
+  app.add_option("--init", ch.init,
                  "start from this model instead of random weights: a GPT checkpoint (.h5) or a Hugging Face GPT-2 "
                  "folder, which fixes the architecture and tokenizer; a GPT-2 model trains on --text (task text, "
                  "GPT-2's BPE), a checkpoint on its own task")
       ->type_name(kInputFile);
-  app.add_option("--track-heads", ch->track_heads,
+  app.add_option("--track-heads", ch.track_heads,
                  "gpt: every N steps (and before the first, after the last) score every head (previous-token, "
                  "induction, duplicate-token) and the in-context-learning score: <out>/heads_over_time.csv and .png")
       ->check(non_negative_number(1e12));
-  app.add_flag("--resume", o->resume,
+  app.add_flag("--resume", o.resume,
                "continue from <out>/checkpoint.h5 up to --steps; options given that fix the model, task or data must "
                "match it; the learning rate and schedule, --grad-clip and the eval/save cadences may change");
   app.add_option("--eval-every", c.run.eval_every, "evaluate every N steps")
@@ -169,80 +168,66 @@ Action add_train(CLI::App& app) {
   app.add_option("--keep-last", c.run.keep_last, "numbered checkpoints to keep")
       ->check(non_negative_number(1e6))
       ->capture_default_str();
-  app.add_option("--log-every", o->log_every, "log line every N steps (when not on a terminal)")
+  app.add_option("--log-every", o.log_every, "log line every N steps (when not on a terminal)")
       ->check(positive_number(1e12))
       ->capture_default_str();
-  add_threads_option(app, ch->threads, "CPU threads (0: all cores, shared out among the MPI ranks on this machine)");
-  app.add_option("--parallel", ch->parallel,
+  add_threads_option(app, ch.threads, "CPU threads (0: all cores, shared out among the MPI ranks on this machine)");
+  app.add_option("--parallel", ch.parallel,
                  "how a CPU step uses the threads: 'data' (each thread its rows of the batch, gradients summed), "
                  "'ops' (every op split over them), 'auto' (data when the batch splits into shares of a "
                  "multiple of 4 rows and the model's extra copies take at most 1 GiB)")
       ->capture_default_str();
+}
+
+// The run the options describe, after parsing.
+int run_training(train::TrainOptions& o, const Choices& ch) {
+  o.comm = train::world();  // under mpirun: data parallel over its ranks
+  set_threads(ch.threads, o.comm->local_size());
+  train::RunConfig& c = o.config;
+  o.model.attention = parse_enum<nn::AttentionForm>(ch.attention, "train: --attention");
+  o.thread_use = parse_enum<train::ThreadUse>(ch.parallel, "train: --parallel");
+  const double lr = c.optimizer.lr;
+  c.optimizer = optim::OptimizerOptions::defaults(parse_enum<optim::OptimizerKind>(ch.optimizer, "train: --optimizer"));
+  c.optimizer.lr = lr;
+  if (ch.weight_decay >= 0) c.optimizer.weight_decay = ch.weight_decay;
+  c.schedule.kind = parse_enum<optim::ScheduleKind>(ch.schedule, "train: --schedule");
+  if (!ch.text.empty()) c.task.options.text_path = ch.text;
+  if (!ch.init.empty()) start_from(ch.init, o, ch.text);
+  const auto tracker = std::make_shared<analysis::HeadsOverTime>();
+  if (ch.track_heads > 0) o.observer = analysis::track_heads(tracker, o.out, ch.track_heads);
+  train::install_sigint_handler();
+  try {
+    const train::TrainResult r = train::Trainer(o).run();
+    std::cout << analysis::finish_tracking(*tracker, o.out) << std::flush;
+    return r.interrupted ? 130 : 0;
+  } catch (const train::ResumeMismatch& e) {  // a usage error: every rank finds the same
+    if (o.comm->rank() == 0) std::cerr << "headlab: " << e.what() << std::endl;
+    return 2;
+  } catch (const std::exception& e) {
+    if (o.comm->size() == 1) throw;
+    // An error on one rank ends every rank: the others would wait for it in the next allreduce.
+    std::cerr << "headlab: rank " << o.comm->rank() << " of " << o.comm->size() << ": " << e.what() << std::endl;
+    o.comm->abort(1);
+    throw;  // (not reached: abort ends the process)
+  }
+}
+
+}  // namespace
+
+// The options bind straight to the run's options (train/trainer.h); --optimizer, --weight-decay and
+// --lr are combined after parsing, since an optimizer's defaults depend on its kind.
+Action add_train(CLI::App& app) {
+  auto o = std::make_shared<train::TrainOptions>();
+  auto ch = std::make_shared<Choices>();
+  add_task_options(app, *o, *ch);
+  add_model_options(app, o->model, *ch);
+  add_run_options(app, *o, *ch);
   app.footer(tasks::tasks_help());
   CLI::App* self = &app;
   return [o, ch, self] {
     for (const CLI::Option* opt : self->get_options())  // what the user gave, for --resume to compare
       if (opt->count() > 0) o->told.push_back(opt->get_name());
-    o->comm = train::world();  // under mpirun: data parallel over its ranks
-    set_threads(ch->threads, o->comm->local_size());
-    train::RunConfig& c = o->config;
-    c.model.attention = parse_enum<nn::AttentionForm>(ch->attention, "train: --attention");
-    o->thread_use = parse_enum<train::ThreadUse>(ch->parallel, "train: --parallel");
-    c.arch = parse_enum<train::Arch>(ch->arch, "train: --arch");
-    // The shared model options, in d2l's names too (whatever --arch: --resume compares them with a
-    // checkpoint of either architecture).
-    c.seq2seq.num_hiddens = c.model.emb_dim;
-    c.seq2seq.num_heads = c.model.n_heads;
-    c.seq2seq.num_layers = c.model.n_layers;
-    c.seq2seq.dropout = c.model.drop_rate;
-    c.seq2seq.use_bias = c.model.qkv_bias;
-    c.seq2seq.ffn_num_hiddens = ch->ffn_hiddens > 0 ? ch->ffn_hiddens : 2 * c.model.emb_dim;
-    if (c.arch == train::Arch::gpt && !o->resume)
-      HL_CHECK(c.task.name != "numbers", "train: task numbers is a source -> target task; use --arch encoder-decoder");
-    HL_CHECK(c.arch == train::Arch::gpt || !c.model.attn_only,
-             "train: --attn-only applies to --arch gpt; d2l's encoder-decoder keeps its position-wise FFN");
-    const double lr = c.optimizer.lr;
-    c.optimizer =
-        optim::OptimizerOptions::defaults(parse_enum<optim::OptimizerKind>(ch->optimizer, "train: --optimizer"));
-    c.optimizer.lr = lr;
-    if (ch->weight_decay >= 0) c.optimizer.weight_decay = ch->weight_decay;
-    c.schedule.kind = parse_enum<optim::ScheduleKind>(ch->schedule, "train: --schedule");
-    if (!ch->text.empty()) c.task.options.text_path = ch->text;
-    if (!ch->init.empty()) start_from(ch->init, *o, ch->text);
-    std::shared_ptr<analysis::HeadsOverTime> tracker;
-    if (ch->track_heads > 0) {
-      tracker = std::make_shared<analysis::HeadsOverTime>();
-      o->observer.every = ch->track_heads;
-      // The files are rewritten at every observation, so that a run can be watched while it trains.
-      o->observer.call = [tracker, out = o->out](nn::Model& m, const tasks::Task& task, int64_t T, int64_t step) {
-        auto* gpt = dynamic_cast<nn::GPTModel*>(&m);
-        HL_CHECK(gpt != nullptr, "train: --track-heads applies to GPTs; this run trains an encoder-decoder");
-        tracker->observe(*gpt, task, T, step);
-        write_text(join_path(out, "heads_over_time.csv"), tracker->csv(), "train");
-        tracker->save_png(join_path(out, "heads_over_time.png"));
-      };
-    }
-    train::install_sigint_handler();
-    try {
-      const train::TrainResult r = train::Trainer(*o).run();
-      if (tracker && !tracker->history().empty()) {
-        const std::string summary = tracker->summary_md();
-        write_text(join_path(o->out, "heads_over_time.md"), summary, "train");
-        std::cout << "heads over time:\n"
-                  << summary << "wrote " << join_path(o->out, "heads_over_time.{csv,png,md}") << " ("
-                  << tracker->history().size() << " observations)" << std::endl;
-      }
-      return r.interrupted ? 130 : 0;
-    } catch (const train::ResumeMismatch& e) {  // a usage error: every rank finds the same
-      if (o->comm->rank() == 0) std::cerr << "headlab: " << e.what() << std::endl;
-      return 2;
-    } catch (const std::exception& e) {
-      if (o->comm->size() == 1) throw;
-      // An error on one rank ends every rank: the others would wait for it in the next allreduce.
-      std::cerr << "headlab: rank " << o->comm->rank() << " of " << o->comm->size() << ": " << e.what() << std::endl;
-      o->comm->abort(1);
-      throw;  // (not reached: abort ends the process)
-    }
+    return run_training(*o, *ch);
   };
 }
 

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
+#include <iostream>
 #include <sstream>
 
 #include "backends/backend.h"
@@ -194,8 +195,8 @@ void add_prompt_pair_options(CLI::App& app, PromptPairArgs& a) {
 
 MadePairs make_prompt_pairs(const PromptPairArgs& a, const Loaded& in, uint64_t seed, const char* cmd) {
   MadePairs m;
-  m.pairs = analysis::make_prompt_pairs({a.task, a.file, a.rows, a.span, a.templ, seed}, *in.task, in.gpt(cmd).config(),
-                                        cmd, &m.source);
+  m.pairs = analysis::make_prompt_pairs({a.task, a.file, a.rows, a.span, a.templ, seed}, *in.task,
+                                        in.decoder(cmd).shape(), cmd, &m.source);
   return m;
 }
 
@@ -246,32 +247,12 @@ std::string join_path(const std::string& dir, const std::string& name) { return 
 
 int threads_in_use() { return omp_get_max_threads(); }
 
-std::string kept_str(const nn::Model& model) {
-  const bool gpt = dynamic_cast<const nn::GPTModel*>(&model) != nullptr;
-  std::string out;
-  for (int64_t l = 0; l < model.attention_count(); ++l) {
-    if (l) out += "; ";
-    out += gpt ? "layer " + std::to_string(l) : model.attention_label(l);
-    out += ": ";
-    for (int64_t h = 0; h < model.heads_at(l); ++h) {
-      if (h) out += ",";
-      out += std::to_string(model.original_head(l, h));
-    }
-  }
-  return out;
-}
+void say(const std::string& text) { std::cout << text << std::flush; }
 
-std::string kept_str(const std::vector<std::vector<int64_t>>& kept) {
-  std::string out;
-  for (size_t l = 0; l < kept.size(); ++l) {
-    if (l) out += "; ";
-    out += "layer " + std::to_string(l) + ": ";
-    for (size_t i = 0; i < kept[l].size(); ++i) {
-      if (i) out += ",";
-      out += std::to_string(kept[l][i]);
-    }
-  }
-  return out;
+std::string wrote_line(const std::string& out, const std::vector<std::string>& names) {
+  std::string list;
+  for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+  return out + "/{" + list + "}";
 }
 
 }  // namespace headlab::cli

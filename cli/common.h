@@ -12,7 +12,6 @@
 #include "analysis/table.h"
 #include "io/checkpoint.h"
 #include "io/folder_lock.h"
-#include "io/hf_gpt2.h"
 #include "tasks/bpe_tokenizer.h"
 #include "tasks/task.h"
 #include "train/config.h"
@@ -109,9 +108,9 @@ using analysis::fmt_sci;
 using analysis::fmt_signed;        // with a sign
 std::string fmt_bytes(int64_t b);  // "1.5 MiB"
 std::string pad(const std::string& s, size_t w, bool left = false);
-// "layer 0: 1,2; layer 1: 0": the heads each layer keeps.
-std::string kept_str(const std::vector<std::vector<int64_t>>& kept);
-// The heads a model has, by original index: "layer 0: 0,2; layer 1: 1", or "enc.L0: 0,2; ..." for an encoder-decoder.
-std::string kept_str(const nn::Model& model);
+// An analysis's text on the terminal, as it comes (analysis::Say).
+void say(const std::string& text);
+// "<out>/{heads.csv, report.md}": what a command wrote, for its closing line.
+std::string wrote_line(const std::string& out, const std::vector<std::string>& names);
 
 }  // namespace headlab::cli

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "io/families.h"
 #include "io/h5file.h"
 
 namespace headlab::io {
@@ -111,7 +112,7 @@ Checkpoint load_checkpoint(const std::string& path) {
   HL_CHECK(ck.config.is_object() && ck.config.contains("model"), ctx, ": config has no 'model' section");
   double n_params = 0;
   try {
-    n_params = nn::num_parameters(ck.config["model"]);
+    n_params = num_parameters(ck.config["model"]);
   } catch (const Error& e) {
     HL_FAIL(ctx, ": ", e.what());
   }
@@ -127,7 +128,7 @@ Checkpoint load_checkpoint(const std::string& path) {
     NoGradGuard no_grad;
     const Generator saved = default_generator();
     const nn::SkipInit no_values;  // names and shapes only (GPT-2's 124M would take a second to draw)
-    const std::shared_ptr<nn::Model> shape_model = nn::make_model(ck.config["model"]);
+    const std::shared_ptr<nn::Model> shape_model = make_model(ck.config["model"]);
     default_generator() = saved;
     for (auto& [name, t] : shape_model->named_parameters()) expected.emplace_back(name, t.shape());
   }
@@ -196,17 +197,11 @@ Checkpoint load_checkpoint(const std::string& path) {
 }
 
 std::shared_ptr<nn::Model> load_model(const Checkpoint& ckpt, const std::string& path, Device device) {
-  std::shared_ptr<nn::Model> model = nn::make_model(ckpt.config.at("model"));
+  std::shared_ptr<nn::Model> model = make_model(ckpt.config.at("model"));
   model->load_parameters(ckpt.model, where(path));
   model->to(device);
   model->eval();
   return model;
-}
-
-std::shared_ptr<nn::GPTModel> model_from_checkpoint(const Checkpoint& ckpt, const std::string& path, Device device) {
-  HL_CHECK(!nn::is_encoder_decoder(ckpt.config.at("model")), where(path),
-           ": holds an encoder-decoder; this needs a GPT checkpoint");
-  return std::dynamic_pointer_cast<nn::GPTModel>(load_model(ckpt, path, device));
 }
 
 }  // namespace headlab::io

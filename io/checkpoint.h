@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "io/tokenizer_files.h"
-#include "nn/gpt.h"
+#include "nn/decoder.h"
 #include "optim/optim.h"
 
 namespace headlab::io {
@@ -29,7 +29,7 @@ struct TrainerState {
 };
 
 struct Checkpoint {
-  nlohmann::json config;  // {"model": GPTConfig, "tokenizer": {...}, "task": {...}, "training": {...}}
+  nlohmann::json config;  // {"model": the family's section, "tokenizer": {...}, "task": {...}, "training": {...}}
   NamedTensors model;     // CPU tensors by state_dict name
   // A BPE tokenizer's files (config "tokenizer": {"type": "bpe"}); empty for the character tokenizer,
   // whose vocabulary the config holds.
@@ -48,11 +48,16 @@ void save_checkpoint(const std::string& path, const Checkpoint& ckpt);
 // config's model, checksum); the first problem is one Error naming the file and the item.
 Checkpoint load_checkpoint(const std::string& path);
 
-// The model described by a checkpoint's config (GPT or encoder-decoder), its parameters loaded, in eval mode.
+// The model described by a checkpoint's config (any family: io/families.h), its parameters loaded, in eval mode.
 std::shared_ptr<nn::Model> load_model(const Checkpoint& ckpt, const std::string& path, Device device = kCPU);
-// The same for commands that need a GPT: an encoder-decoder checkpoint is a clear error.
-std::shared_ptr<nn::GPTModel> model_from_checkpoint(const Checkpoint& ckpt, const std::string& path,
-                                                    Device device = kCPU);
+// The same as M (a decoder by default, or a family's own class): another kind of model is a clear error.
+template <typename M = nn::DecoderModel>
+std::shared_ptr<M> model_from_checkpoint(const Checkpoint& ckpt, const std::string& path, Device device = kCPU) {
+  std::shared_ptr<nn::Model> model = load_model(ckpt, path, device);
+  auto typed = std::dynamic_pointer_cast<M>(model);
+  HL_CHECK(typed, "checkpoint '", path, "': holds a ", model->type_name(), "; this needs a decoder (a GPT checkpoint)");
+  return typed;
+}
 // Snapshot of a live model's parameters (CPU float32 copies).
 NamedTensors snapshot_parameters(const nn::Module& model);
 

@@ -16,6 +16,7 @@
 #include "base/input_path.h"
 #include "base/json_fields.h"
 #include "io/atomic_file.h"
+#include "io/hf_folder.h"
 #include "io/safetensors.h"
 #include "nn/attention.h"
 #include "ops/ops.h"
@@ -27,79 +28,40 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-constexpr size_t kMaxConfigBytes = 1u << 20;  // GPT-2's config.json is under 1 KB
-constexpr double kGpt2LayerNormEps = 1e-5;    // the book's LayerNorm, and every GPT-2's
-
-std::string read_small_file(const std::string& path, const std::string& who) {
-  check_input_file(path, who);
-  std::error_code ec;
-  const auto size = fs::file_size(path, ec);
-  HL_CHECK(!ec && size <= kMaxConfigBytes, who, " '", path, "' is ",
-           ec ? ec.message() : std::to_string(size) + " bytes", ", expected a JSON file under ", kMaxConfigBytes,
-           " bytes");
-  std::ifstream in(path, std::ios::binary);
-  HL_CHECK(in, who, " '", path, "': cannot open");
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-// config.json's integer `key` in [lo, hi] (first of `keys` present; required).
-int64_t config_int(const json& j, std::initializer_list<const char*> keys, int64_t lo, int64_t hi,
-                   const std::string& file) {
-  for (const char* key : keys) {
-    if (!j.contains(key)) continue;
-    int64_t v = 0;
-    HL_CHECK(json_to_integer(j.at(key), v) && v >= lo && v <= hi, file, ": ", key, " must be a whole number in [", lo,
-             ", ", hi, "], got ", json_text(j.at(key)));
-    return v;
-  }
-  HL_FAIL(file, ": missing ", *keys.begin());
-}
-
-template <typename T>
-T config_value(const json& j, const char* key, T fallback, const std::string& file) {
-  if (!j.contains(key) || j.at(key).is_null()) return fallback;
-  try {
-    return j.at(key).get<T>();
-  } catch (const json::exception&) {
-    HL_FAIL(file, ": ", key, " has the wrong type: ", json_text(j.at(key)));
-  }
-}
+constexpr double kGpt2LayerNormEps = 1e-5;  // the book's LayerNorm, and every GPT-2's
 
 // What of GPT2Config headlab's GPTModel computes; anything else is refused by name.
 nn::GPTConfig gpt_config_from_hf(const json& j, const std::string& file) {
-  HL_CHECK(j.is_object(), file, ": expected a JSON object");
-  const std::string type = config_value<std::string>(j, "model_type", "gpt2", file);
+  const std::string type = hf_config_value<std::string>(j, "model_type", "gpt2", file);
   HL_CHECK(type == "gpt2", file, ": model_type '", type, "' is not gpt2");
   nn::GPTConfig c;
-  c.n_layers = config_int(j, {"n_layer"}, 1, 1000, file);
-  c.n_heads = config_int(j, {"n_head"}, 1, 10000, file);
-  c.emb_dim = config_int(j, {"n_embd"}, 1, 1 << 20, file);
-  c.context_length = config_int(j, {"n_positions", "n_ctx"}, 1, 1 << 24, file);
-  c.vocab_size = config_int(j, {"vocab_size"}, 1, 1 << 28, file);
+  c.n_layers = hf_config_int(j, {"n_layer"}, 1, 1000, file);
+  c.n_heads = hf_config_int(j, {"n_head"}, 1, 10000, file);
+  c.emb_dim = hf_config_int(j, {"n_embd"}, 1, 1 << 20, file);
+  c.context_length = hf_config_int(j, {"n_positions", "n_ctx"}, 1, 1 << 24, file);
+  c.vocab_size = hf_config_int(j, {"vocab_size"}, 1, 1 << 28, file);
   HL_CHECK(c.emb_dim % c.n_heads == 0, file, ": n_embd ", c.emb_dim, " is not divisible by n_head ", c.n_heads);
   c.qkv_bias = true;
   c.attention = nn::AttentionForm::fused;
-  c.drop_rate = config_value<double>(j, "resid_pdrop", 0.1, file);
+  c.drop_rate = hf_config_value<double>(j, "resid_pdrop", 0.1, file);
   HL_CHECK(c.drop_rate >= 0 && c.drop_rate < 1, file, ": resid_pdrop must be in [0, 1), got ", c.drop_rate);
 
-  const std::string act = config_value<std::string>(j, "activation_function", "gelu_new", file);
+  const std::string act = hf_config_value<std::string>(j, "activation_function", "gelu_new", file);
   HL_CHECK(act == "gelu_new" || act == "gelu_pytorch_tanh", file, ": activation_function '", act,
            "' is not supported (GPTModel's GELU is the tanh approximation: gelu_new)");
-  const double eps = config_value<double>(j, "layer_norm_epsilon", kGpt2LayerNormEps, file);
+  const double eps = hf_config_value<double>(j, "layer_norm_epsilon", kGpt2LayerNormEps, file);
   HL_CHECK(std::abs(eps - kGpt2LayerNormEps) <= 1e-12, file, ": layer_norm_epsilon ", eps,
            " is not supported (GPTModel's LayerNorm uses 1e-5)");
   if (j.contains("n_inner") && !j.at("n_inner").is_null()) {
-    const int64_t inner = config_int(j, {"n_inner"}, 1, int64_t(1) << 40, file);
+    const int64_t inner = hf_config_int(j, {"n_inner"}, 1, int64_t(1) << 40, file);
     HL_CHECK(inner == 4 * c.emb_dim, file, ": n_inner ", inner, " is not 4 x n_embd (", 4 * c.emb_dim,
              "), which GPTModel's FeedForward has");
   }
-  HL_CHECK(config_value<bool>(j, "scale_attn_weights", true, file), file,
+  HL_CHECK(hf_config_value<bool>(j, "scale_attn_weights", true, file), file,
            ": scale_attn_weights false is not supported (scores are scaled by 1 / sqrt(head size))");
-  HL_CHECK(!config_value<bool>(j, "scale_attn_by_inverse_layer_idx", false, file), file,
+  HL_CHECK(!hf_config_value<bool>(j, "scale_attn_by_inverse_layer_idx", false, file), file,
            ": scale_attn_by_inverse_layer_idx is not supported");
-  HL_CHECK(!config_value<bool>(j, "add_cross_attention", false, file), file,
+  HL_CHECK(!hf_config_value<bool>(j, "add_cross_attention", false, file), file,
            ": add_cross_attention is not supported (a decoder-only GPT-2 is)");
   c.validate();
   return c;
@@ -141,23 +103,12 @@ Tensor transposed(const Tensor& t) {
 
 }  // namespace
 
-bool is_hf_model_folder(const std::string& path) {
-  std::error_code ec;
-  return fs::is_directory(path, ec) && fs::exists(fs::path(path) / "config.json", ec);
-}
-
 HfGpt2Config read_hf_gpt2_config(const std::string& folder) {
-  check_input_folder(folder, "GPT-2 folder");
-  const std::string config_path = (fs::path(folder) / "config.json").string();
-  json j;
-  try {
-    j = json::parse(read_small_file(config_path, "GPT-2 config"));
-  } catch (const json::exception& e) {
-    HL_FAIL(config_path, ": not JSON (", e.what(), ")");
-  }
+  const json j = read_hf_config(folder);
+  const std::string config_path = hf_config_path(folder);
   HfGpt2Config out;
   out.config = gpt_config_from_hf(j, config_path);
-  out.config.tie_embeddings = config_value<bool>(j, "tie_word_embeddings", true, config_path);
+  out.config.tie_embeddings = hf_config_value<bool>(j, "tie_word_embeddings", true, config_path);
   return out;
 }
 
@@ -227,6 +178,36 @@ HfGpt2 read_hf_gpt2(const std::string& folder) {
     if (not_a_file_reason(path).empty()) (std::string(f) == "vocab.json" ? out.vocab_path : out.merges_path) = path;
   }
   return out;
+}
+
+namespace {
+
+class HfGpt2Format : public FolderFormat {
+ public:
+  std::vector<std::string> model_types() const override { return {"gpt2"}; }
+  nlohmann::json read_config(const std::string& folder) const override {
+    return read_hf_gpt2_config(folder).config.to_json();
+  }
+  FolderModel read(const std::string& folder) const override {
+    HfGpt2 hf = read_hf_gpt2(folder);
+    return {hf.config.to_json(), std::move(hf.parameters), hf.vocab_path, hf.merges_path};
+  }
+  void write(const std::string& folder, const nn::Model& model, const TokenizerFiles& tokenizer) const override {
+    const auto* gpt = dynamic_cast<const nn::GPTModel*>(&model);
+    HL_CHECK(gpt, "export: a ", model.type_name(), " is not a GPT; GPT-2's folders hold GPTs");
+    write_hf_gpt2(folder, *gpt, tokenizer);
+  }
+  std::string describe(const FolderModel& m) const override {
+    return std::string("head: ") +
+           (nn::GPTConfig::from_json(m.config).tie_embeddings ? "tied to wte" : "lm_head.weight");
+  }
+};
+
+}  // namespace
+
+const FolderFormat& hf_gpt2_format() {
+  static const HfGpt2Format format;
+  return format;
 }
 
 std::shared_ptr<nn::GPTModel> build_hf_gpt2(HfGpt2&& hf, const std::string& folder) {

@@ -10,14 +10,15 @@
 #pragma once
 #include <string>
 
+#include "io/families.h"
 #include "io/tokenizer_files.h"
 #include "nn/gpt.h"
 #include "nn/module.h"
 
 namespace headlab::io {
 
-// A folder holding config.json: what the commands take for a Hugging Face model.
-bool is_hf_model_folder(const std::string& path);
+// The GPT family's folders for the registry (io/families.h): model_type gpt2, read and written below.
+const FolderFormat& hf_gpt2_format();
 
 struct HfGpt2Config {
   // qkv_bias true, the fused attention form, drop_rate resid_pdrop, tie_embeddings from

@@ -3,14 +3,17 @@
 // (MultiHeadAttention) and "Build a LLM from Scratch" ch. 3 (CausalAttention, the per-head
 // MultiHeadAttentionWrapper and the fused CausalMultiHeadAttention), plus head gates, the surgery
 // every multi-head module does on itself (pruning heads, splitting into and merging from per-head
-// form) and the one factory that maps an attention form to its module.
-// B = batch, Q = queries, K = keys, T = tokens, H = heads, D = head size.
+// form), the one factory that maps an attention form to its module, and the causal forms' forward
+// with hook points (nn/hooks.h) that decoders run (nn/decoder.h).
+// attention.cpp holds d2l's modules and the head control; causal_attention.cpp the causal forms.
+// B = batch, Q = queries, K = keys, T = tokens, H = heads, D = head size, C = d_in.
 #pragma once
 #include <string>
 #include <tuple>
 #include <vector>
 
 #include "base/enum_names.h"
+#include "nn/hooks.h"
 #include "nn/layers.h"
 
 namespace headlab::nn {
@@ -87,6 +90,8 @@ class MultiHead {
   virtual HeadControl& control() = 0;
   // weight (out, H*D): head h owns columns [h*D, (h+1)*D). Null where the heads are only concatenated.
   virtual Linear* output_projection() const = 0;
+  // A new module of the same kind with heads `keep` only (local indices, sorted): prune_heads, untyped.
+  virtual std::shared_ptr<Module> keep_heads(const std::vector<int64_t>& keep) const = 0;
 };
 
 // d2l 10.5: W_q, W_k, W_v project to num_hiddens, split into num_heads heads of DotProductAttention;
@@ -106,6 +111,7 @@ class MultiHeadAttention : public Module, public MultiHead {
   // A new module with heads `keep` only (their W_q/W_k/W_v rows, their W_o columns; W_o still maps to
   // the same width), in this one's dtype, device and mode, its head control cut to the kept heads.
   std::shared_ptr<MultiHeadAttention> prune_heads(const std::vector<int64_t>& keep) const;
+  std::shared_ptr<Module> keep_heads(const std::vector<int64_t>& keep) const override { return prune_heads(keep); }
   // queries: (B, Q, query_size), keys: (B, K, key_size), values: (B, K, value_size),
   // valid_lens: (B,) or (B, Q) -> (B, Q, num_hiddens). gates: (num_heads), overrides heads.gates.
   Tensor forward(const Tensor& queries, const Tensor& keys, const Tensor& values, const Tensor& valid_lens = Tensor(),
@@ -149,27 +155,49 @@ struct KVCache {
   int64_t length = 0;
 };
 
+// What a causal attention reads: the block's normalised stream, or per head (TransformerLens's split
+// inputs: each head its own copy of the stream, which circuit analyses patch per receiver) for any of
+// the queries, keys and values.
+struct AttentionInput {
+  Tensor x;        // (B, T, d_in); undefined only when q, k and v are all given
+  Tensor q, k, v;  // (B, T, H, d_in) each, or undefined: from x
+  bool split() const { return q.defined() || k.defined() || v.defined(); }
+};
+
+// One layer's attention per head, as TransformerLens exposes it (row vectors: x W_Q is a head's query).
+struct HeadWeights {
+  Tensor W_Q, W_K, W_V;  // (H, d_in, D)
+  Tensor W_O;            // (H, D, d_out)
+  Tensor b_Q, b_K, b_V;  // (H, D); undefined without a bias
+  Tensor b_O;            // (d_out); undefined without a bias
+};
+
 // The common face of the causal multi-head forms, so models, analysis and surgery use any of them.
 class CausalMultiHead : public UnaryModule, public MultiHead {
  public:
   Tensor forward(const Tensor& x) override { return forward(x, Tensor()); }
   virtual Tensor forward(const Tensor& x,
                          const Tensor& gates) = 0;  // gates as HeadControl's; overrides control().gates
+  // The forward a decoder block runs: with the block's hook points (attn.hook_q, _k, _v, _pattern, _z,
+  // _result; nothing computed for a point nobody wants), per-head inputs, and for incremental decoding a
+  // key/value cache: `in` holds the tokens at positions [cache.length, cache.length + T) (a prefill from
+  // an empty cache, then one token a step); their keys and values join the cache and each attends to
+  // every cached position up to its own (no dropout, no hooks). The fused form's one forward; the
+  // wrapper runs its own loop where none of this is asked, else the fused form's (supports_kv_cache
+  // says whether it decodes with a cache; generation recomputes the window where not).
+  virtual Tensor forward(const AttentionInput& in, const HookSite& site, KVCache* cache = nullptr) = 0;
+  virtual bool supports_kv_cache() const { return false; }
   virtual void keep_attention_weights(bool on) = 0;
   virtual Tensor last_attention_weights() const = 0;  // (B, H, T, T) when kept
   virtual AttentionForm form() const = 0;
+  virtual HeadWeights head_weights() const = 0;  // detached; views of the weights where the layout allows
   // The same function as one module per head (a new module owning copies of the weights, in this
   // one's dtype, device and mode, with its head control). Every form converts through it.
   virtual std::shared_ptr<MultiHeadAttentionWrapper> split_heads() const = 0;
-  // Incremental decoding: x (B, T, d_in) holds the tokens at positions [cache.length, cache.length + T)
-  // (a prefill from an empty cache, then one token a step); their keys and values join the cache and
-  // each attends to every cached position up to its own. No dropout, no attention weights kept.
-  // Forms without it say so (supports_kv_cache), and generation recomputes the window instead.
-  virtual bool supports_kv_cache() const { return false; }
-  virtual Tensor forward_cached(const Tensor& x, KVCache& cache);
   // A new module of this form with heads `keep` only (local indices, sorted): split, keep the heads
   // (MultiHeadAttentionWrapper::select_heads), merge back. The output width does not change.
   std::shared_ptr<CausalMultiHead> prune_heads(const std::vector<int64_t>& keep) const;
+  std::shared_ptr<Module> keep_heads(const std::vector<int64_t>& keep) const override { return prune_heads(keep); }
 };
 
 // The book's single causal head: x (B, T, d_in) -> (B, T, d_out). Without keep_attention_weights
@@ -201,9 +229,11 @@ class MultiHeadAttentionWrapper : public CausalMultiHead {
   static double parameter_count(const CausalAttentionSizes& s);
   static std::shared_ptr<MultiHeadAttentionWrapper> merge_heads(const MultiHeadAttentionWrapper& w);
   using CausalMultiHead::forward;
-  Tensor forward(const Tensor& x, const Tensor& gates) override;
+  Tensor forward(const Tensor& x, const Tensor& gates) override;  // the heads one after another
+  Tensor forward(const AttentionInput& in, const HookSite& site, KVCache* cache = nullptr) override;
   int64_t head_count() const override { return num_heads; }
   int64_t head_size() const override { return d_out; }
+  HeadWeights head_weights() const override;  // stacked from the heads (copies)
   HeadControl& control() override { return head_control; }
   Linear* output_projection() const override { return out_proj.get(); }
   void keep_attention_weights(bool on) override;
@@ -242,8 +272,10 @@ class CausalMultiHeadAttention : public CausalMultiHead {
   static std::shared_ptr<CausalMultiHeadAttention> merge_heads(const MultiHeadAttentionWrapper& w);
   using CausalMultiHead::forward;
   Tensor forward(const Tensor& x, const Tensor& gates) override;
+  Tensor forward(const AttentionInput& in, const HookSite& site, KVCache* cache = nullptr) override;
   int64_t head_count() const override { return num_heads; }
   int64_t head_size() const override { return head_dim; }
+  HeadWeights head_weights() const override;  // views of W_query, W_key, W_value, out_proj
   HeadControl& control() override { return head_control; }
   Linear* output_projection() const override { return out_proj.get(); }
   void keep_attention_weights(bool on) override { keep_weights = on; }
@@ -251,7 +283,6 @@ class CausalMultiHeadAttention : public CausalMultiHead {
   AttentionForm form() const override { return AttentionForm::fused; }
   std::shared_ptr<MultiHeadAttentionWrapper> split_heads() const override;  // head h: rows [h*D, (h+1)*D)
   bool supports_kv_cache() const override { return true; }
-  Tensor forward_cached(const Tensor& x, KVCache& cache) override;
   int64_t d_in, d_out, context_length, num_heads, head_dim;
   double dropout_p;
   bool qkv_bias;
@@ -262,8 +293,7 @@ class CausalMultiHeadAttention : public CausalMultiHead {
   std::shared_ptr<Dropout> dropout;
 
  private:
-  // x (B, T, d_in) -> queries, keys, values (B, H, T, D)
-  std::tuple<Tensor, Tensor, Tensor> project_qkv(const Tensor& x) const;
+  Tensor run(const AttentionInput& in, const Tensor& gates, const HookSite& site, KVCache* cache);
 };
 
 // The module of a form: where GPTModel's blocks (and anything else) turn a form into a module.

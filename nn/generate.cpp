@@ -33,14 +33,14 @@ int64_t pick_token(const Tensor& last_logits, double temperature, int64_t top_k,
 
 }  // namespace
 
-std::vector<int64_t> generate(GPTModel& model, const std::vector<int64_t>& prompt, const GenerateOptions& o) {
+std::vector<int64_t> generate(DecoderModel& model, const std::vector<int64_t>& prompt, const GenerateOptions& o) {
   HL_CHECK(!prompt.empty(), "generate: the prompt is empty; expected at least one token");
   HL_CHECK(o.max_new_tokens >= 0, "generate: max_new_tokens must be >= 0, got ", o.max_new_tokens);
   const bool was_training = model.is_training();
   model.eval();
   NoGradGuard no_grad;
   Generator gen(o.seed);
-  const int64_t ctx = model.config().context_length;
+  const int64_t ctx = model.shape().context_length;
   // With a key/value cache a step computes one token; a window that slides past context_length
   // renumbers every position, so the cache is refilled from the window then (as without one).
   const bool cached = model.supports_kv_cache();

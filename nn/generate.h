@@ -1,11 +1,11 @@
-// Text generation with a GPTModel, as the book's generate(): token by token, past context_length
+// Text generation with a decoder (nn/decoder.h), as the book's generate(): token by token, past context_length
 // only the last context_length tokens are seen; greedy at temperature 0, otherwise sampled from
 // softmax(logits / temperature) over the top k.
 #pragma once
 #include <cstdint>
 #include <vector>
 
-#include "nn/gpt.h"
+#include "nn/decoder.h"
 
 namespace headlab::nn {
 
@@ -20,6 +20,6 @@ struct GenerateOptions {
 
 // The new tokens after `prompt` (at most max_new_tokens). The model
 // runs in eval mode without gradients; its mode is restored afterwards.
-std::vector<int64_t> generate(GPTModel& model, const std::vector<int64_t>& prompt, const GenerateOptions& options);
+std::vector<int64_t> generate(DecoderModel& model, const std::vector<int64_t>& prompt, const GenerateOptions& options);
 
 }  // namespace headlab::nn

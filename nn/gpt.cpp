@@ -76,6 +76,61 @@ double GPTConfig::num_parameters() const {
   return n;
 }
 
+namespace {
+
+class GptFamily : public ModelFamily {
+ public:
+  std::string arch() const override { return "gpt"; }
+  std::string help() const override { return "gpt (the book's decoder-only GPTModel)"; }
+  nlohmann::json canonical(const nlohmann::json& s) const override { return GPTConfig::from_json(s).to_json(); }
+  std::shared_ptr<Model> build(const nlohmann::json& s) const override {
+    return std::make_shared<GPTModel>(GPTConfig::from_json(s));
+  }
+  double parameter_count(const nlohmann::json& s) const override { return GPTConfig::from_json(s).num_parameters(); }
+  // Measured peak when training: 42 MiB of an estimated 52 for bench/gpt_step's default config.
+  double activation_floats(const nlohmann::json& s, bool training) const override {
+    const GPTConfig c = GPTConfig::from_json(s);
+    const double d = static_cast<double>(c.emb_dim), V = static_cast<double>(c.vocab_size);
+    return training ? static_cast<double>(c.n_layers) * 24 * d + 4 * V : 12 * d + 2 * V;
+  }
+  int64_t row_tokens(const nlohmann::json& s) const override { return GPTConfig::from_json(s).context_length; }
+  int64_t vocab_size(const nlohmann::json& s) const override { return GPTConfig::from_json(s).vocab_size; }
+  std::string describe(const nlohmann::json& s) const override {
+    const GPTConfig c = GPTConfig::from_json(s);
+    return std::string(enum_name(c.attention)) + " attention, " + std::to_string(c.n_layers) + " layers x " +
+           std::to_string(c.n_heads) + " heads, emb " + std::to_string(c.emb_dim) + ", context " +
+           std::to_string(c.context_length);
+  }
+  nlohmann::json from_options(const ModelOptions& o, const TaskSizes& t) const override {
+    GPTConfig c;
+    c.vocab_size = t.vocab_size, c.context_length = t.context_length;
+    c.emb_dim = o.emb_dim, c.n_heads = o.n_heads, c.n_layers = o.n_layers;
+    c.drop_rate = o.drop_rate, c.qkv_bias = o.qkv_bias, c.attn_only = o.attn_only, c.attention = o.attention;
+    c.validate();
+    return c.to_json();
+  }
+  ModelOptions options(const nlohmann::json& s) const override {
+    const GPTConfig c = GPTConfig::from_json(s);
+    ModelOptions o;
+    o.emb_dim = c.emb_dim, o.n_heads = c.n_heads, o.n_layers = c.n_layers, o.context_length = c.context_length;
+    o.drop_rate = c.drop_rate, o.qkv_bias = c.qkv_bias, o.attn_only = c.attn_only, o.attention = c.attention;
+    return o;
+  }
+  nlohmann::json with_dropout(const nlohmann::json& s, double p) const override {
+    GPTConfig c = GPTConfig::from_json(s);
+    c.drop_rate = p;
+    c.validate();
+    return c.to_json();
+  }
+};
+
+}  // namespace
+
+const ModelFamily& gpt_family() {
+  static const GptFamily family;
+  return family;
+}
+
 TransformerBlock::TransformerBlock(const GPTConfig& cfg, int64_t layer) {
   att = register_module("att", make_causal_attention(cfg.attention, cfg.attention_sizes(layer)));
   if (!cfg.attn_only) ff = register_module("ff", std::make_shared<FeedForward>(cfg.emb_dim));
@@ -85,14 +140,15 @@ TransformerBlock::TransformerBlock(const GPTConfig& cfg, int64_t layer) {
   drop_shortcut = register_module("drop_shortcut", std::make_shared<Dropout>(cfg.drop_rate));
 }
 
-Tensor TransformerBlock::forward(const Tensor& x) {
-  Tensor h = add(x, drop_shortcut->forward(att->forward(norm1->forward(x))));
-  if (!ff) return h;
-  return add(h, drop_shortcut->forward(ff->forward(norm2->forward(h))));
-}
-
 GPTModel::GPTModel(const GPTConfig& cfg) : cfg_(cfg) {
   cfg_.validate();
+  shape_ = {.vocab_size = cfg.vocab_size,
+            .context_length = cfg.context_length,
+            .d_model = cfg.emb_dim,
+            .n_layers = cfg.n_layers,
+            .n_heads = cfg.n_heads,
+            .has_mlp = !cfg.attn_only,
+            .kept_heads = cfg.kept_heads};
   tok_emb = register_module("tok_emb", std::make_shared<Embedding>(cfg.vocab_size, cfg.emb_dim));
   pos_emb = register_module("pos_emb", std::make_shared<Embedding>(cfg.context_length, cfg.emb_dim));
   drop_emb = register_module("drop_emb", std::make_shared<Dropout>(cfg.drop_rate));
@@ -107,59 +163,38 @@ GPTModel::GPTModel(const GPTConfig& cfg) : cfg_(cfg) {
   if (cfg.tie_embeddings) out_head->tie_weight(tok_emb->weight);
 }
 
-Tensor TransformerBlock::forward_cached(const Tensor& x, KVCache& cache) {
-  Tensor h = add(x, drop_shortcut->forward(att->forward_cached(norm1->forward(x), cache)));
-  if (!ff) return h;
-  return add(h, drop_shortcut->forward(ff->forward(norm2->forward(h))));
+nlohmann::json GPTModel::pruned_config(const std::vector<std::vector<int64_t>>& kept) const {
+  GPTConfig c = cfg_;
+  c.kept_heads = kept;
+  c.validate();
+  return c.to_json();
 }
 
-Tensor GPTModel::forward(const Tensor& idx) { return unembed(trf_blocks->forward(embed(idx))); }
-
-bool GPTModel::supports_kv_cache() const {
-  for (int64_t l = 0; l < cfg_.n_layers; ++l)
-    if (!attention(l).supports_kv_cache()) return false;
-  return true;
+nlohmann::json GPTModel::converted_config(AttentionForm form) const {
+  GPTConfig c = cfg_;
+  c.attention = form;
+  return c.to_json();
 }
 
-Tensor GPTModel::forward_cached(const Tensor& idx, std::vector<KVCache>& caches) {
-  HL_CHECK(static_cast<int64_t>(caches.size()) == cfg_.n_layers, "GPTModel: ", caches.size(), " key/value caches for ",
-           cfg_.n_layers, " layers");
-  Tensor x = embed(idx, caches.front().length);
-  for (int64_t l = 0; l < cfg_.n_layers; ++l) x = block(l)->forward_cached(x, caches[static_cast<size_t>(l)]);
-  const int64_t T = x.size(1);
-  return unembed(x.narrow(1, T - 1, 1)).select(1, 0);  // (B, V)
-}
-
-Tensor GPTModel::embed(const Tensor& idx, int64_t offset) {
+Tensor GPTModel::embed(const Tensor& idx, int64_t offset, Hooks* hooks) {
   HL_CHECK(idx.defined() && idx.dim() == 2, "GPTModel: expected token ids of shape (batch, tokens), got ",
            idx.defined() ? shape_str(idx.shape()) : std::string("(undefined)"));
   HL_CHECK(idx.dtype() == DType::i64, "GPTModel: token ids must be int64, got ", dtype_name(idx.dtype()));
-  const int64_t T = idx.size(1);
+  const int64_t B = idx.size(0), T = idx.size(1);
   HL_CHECK(offset >= 0 && offset + T <= cfg_.context_length, "GPTModel: ", T, " tokens",
            offset ? " after " + std::to_string(offset) : std::string(), " exceed context_length ", cfg_.context_length);
-  const Tensor tok = tok_emb->forward(idx);  // (B, T, C)
-  const Tensor pos = pos_emb->forward(
+  const HookSite site{hooks, -1};
+  const Tensor tok = site(HookPoint::embed, tok_emb->forward(idx));  // (B, T, C)
+  Tensor pos = pos_emb->forward(
       arange(static_cast<double>(offset), static_cast<double>(offset + T), 1, DType::i64, idx.device()));  // (T, C)
+  if (site.wants(HookPoint::pos_embed)) pos = site(HookPoint::pos_embed, pos.unsqueeze(0).expand({B, T, cfg_.emb_dim}));
   return drop_emb->forward(add(tok, pos));
 }
-
-Tensor GPTModel::unembed(const Tensor& x) { return out_head->forward(final_norm->forward(x)); }  // (B, T, V)
 
 std::shared_ptr<TransformerBlock> GPTModel::block(int64_t layer) const {
   HL_CHECK(layer >= 0 && layer < cfg_.n_layers, "GPTModel: layer ", layer, " is out of range for ", cfg_.n_layers,
            " layers");
   return trf_blocks->at<TransformerBlock>(static_cast<size_t>(layer));
-}
-
-CausalMultiHead& GPTModel::attention(int64_t layer) const { return *block(layer)->att; }
-
-int64_t GPTModel::original_head(int64_t i, int64_t h) const {
-  const std::vector<std::vector<int64_t>>& kept = cfg_.kept_heads;
-  return kept.empty() ? h : kept.at(static_cast<size_t>(i)).at(static_cast<size_t>(h));
-}
-
-void GPTModel::keep_attention_weights(bool on) {
-  for (int64_t l = 0; l < n_layers(); ++l) attention(l).keep_attention_weights(on);
 }
 
 }  // namespace headlab::nn

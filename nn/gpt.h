@@ -1,11 +1,13 @@
-// GPTModel of "Build a LLM from Scratch" ch. 4, with the attention form chosen by config (built by
-// nn/attention's make_causal_attention: "fused" or "wrapper" with out_proj) and optional
-// per-layer head lists for physically pruned models. Parameter names: ARCHITECTURE.md section 5.
+// The GPT family: GPTModel of "Build a LLM from Scratch" ch. 4 (GPT-2's maths with qkv_bias and tied
+// embeddings), a DecoderModel (nn/decoder.h) under the book's state_dict names, with the attention form
+// chosen by config (built by nn/attention's make_causal_attention: "fused" or "wrapper" with out_proj) and
+// optional per-layer head lists for physically pruned models. Parameter names: ARCHITECTURE.md section 5.
 #pragma once
 #include <nlohmann/json.hpp>
 
 #include "base/enum_names.h"
-#include "nn/model.h"
+#include "nn/decoder.h"
+#include "nn/family.h"
 
 namespace headlab::nn {
 
@@ -35,49 +37,39 @@ struct GPTConfig {
   static GPTConfig from_json(const nlohmann::json& j);  // validates
 };
 
-class TransformerBlock : public UnaryModule {
+// The book's block: att, ff, norm1, norm2, drop_shortcut, in the book's registration order; its maths
+// is DecoderBlock's.
+class TransformerBlock : public DecoderBlock {
  public:
   TransformerBlock(const GPTConfig& cfg, int64_t layer);
   std::string type_name() const override { return "TransformerBlock"; }
-  Tensor forward(const Tensor& x) override;                // x: (B, T, emb_dim)
-  Tensor forward_cached(const Tensor& x, KVCache& cache);  // as CausalMultiHead::forward_cached
+  CausalMultiHead& attention() const override { return *att; }
+  Norm& ln1() const override { return *norm1; }
+  Norm* ln2() const override { return norm2.get(); }
+  Mlp* mlp() const override { return ff.get(); }
+  Dropout& residual_dropout() const override { return *drop_shortcut; }
   std::shared_ptr<CausalMultiHead> att;
   std::shared_ptr<FeedForward> ff;          // null in an attention-only model
   std::shared_ptr<LayerNorm> norm1, norm2;  // norm2 null in an attention-only model
   std::shared_ptr<Dropout> drop_shortcut;
 };
 
-class GPTModel : public Model {
+// The family's face to the registry (io/families.h): sections without "arch", or "arch": "gpt".
+const ModelFamily& gpt_family();
+
+class GPTModel : public DecoderModel {
  public:
   explicit GPTModel(const GPTConfig& cfg);
   std::string type_name() const override { return "GPTModel"; }
-  Tensor logits(const ModelInputs& in) override { return forward(in.tokens); }
   nlohmann::json config_json() const override { return cfg_.to_json(); }
-  int64_t attention_count() const override { return cfg_.n_layers; }
-  HeadControl& head_control(int64_t i) override { return attention(i).control(); }
-  int64_t heads_at(int64_t i) const override { return attention(i).head_count(); }
-  int64_t full_heads() const override { return cfg_.n_heads; }
-  int64_t head_size_at(int64_t i) const override { return attention(i).head_size(); }
-  std::string attention_label(int64_t i) const override { return std::string("L").append(std::to_string(i)); }
-  std::string attention_kind(int64_t) const override { return "self"; }
-  int64_t attention_layer(int64_t i) const override { return i; }
-  int64_t original_head(int64_t i, int64_t h) const override;
-  void keep_attention_weights(bool on) override;
-  Tensor attention_weights(int64_t i) const override { return attention(i).last_attention_weights(); }
-  Tensor forward(const Tensor& idx);  // idx: (B, T) int64 -> logits (B, T, vocab_size)
-  // forward = unembed(blocks(embed(idx))), in pieces for analyses that replay part of the model:
-  // (B, T) int64 at positions [offset, offset + T) -> the residual stream entering block 0 (B, T, emb_dim)
-  Tensor embed(const Tensor& idx, int64_t offset = 0);
-  Tensor unembed(const Tensor& x);  // the residual stream after the last block -> logits (B, T, vocab_size)
-  Tensor operator()(const Tensor& idx) { return forward(idx); }
-  // Incremental decoding (nn/generate.h): idx (B, T) are the tokens after the caches' positions
-  // (a prefill into empty caches, then one token a step); one cache per layer. Returns the logits
-  // of the last position only, (B, vocab_size): the head's GEMM runs on one row, not T.
-  bool supports_kv_cache() const;
-  Tensor forward_cached(const Tensor& idx, std::vector<KVCache>& caches);
+  nlohmann::json pruned_config(const std::vector<std::vector<int64_t>>& kept) const override;
+  nlohmann::json converted_config(AttentionForm form) const override;
+  // x = drop_emb(tok_emb(idx) (hook_embed) + pos_emb(arange(offset, offset + T)) (hook_pos_embed))
+  Tensor embed(const Tensor& idx, int64_t offset = 0, Hooks* hooks = nullptr) override;
+  DecoderBlock& decoder_block(int64_t layer) const override { return *block(layer); }
+  Norm& ln_final() const override { return *final_norm; }
+  Linear& lm_head() const override { return *out_head; }
   const GPTConfig& config() const { return cfg_; }
-  int64_t n_layers() const { return cfg_.n_layers; }
-  CausalMultiHead& attention(int64_t layer) const;
   std::shared_ptr<TransformerBlock> block(int64_t layer) const;
 
   std::shared_ptr<Embedding> tok_emb, pos_emb;

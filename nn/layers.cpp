@@ -87,7 +87,7 @@ std::string Embedding::extra_repr() const {
 
 Tensor Embedding::forward(const Tensor& idx) { return embedding(weight, idx); }
 
-LayerNorm::LayerNorm(int64_t d, double e, Style s) : dim(d), eps(e), style(s) {
+LayerNorm::LayerNorm(int64_t d, double e, Style s) : Norm(d, e), style(s) {
   HL_CHECK(d > 0, "LayerNorm: dim must be positive, got ", d);
   weight = register_parameter(style == Style::Book ? "scale" : "weight", ones({d}));
   bias = register_parameter(style == Style::Book ? "shift" : "bias", zeros({d}));
@@ -106,11 +106,37 @@ Tensor LayerNorm::forward(const Tensor& x) {
   return layer_norm(x, weight, bias, eps);
 }
 
+FrozenNorm freeze(const Norm& norm, const Tensor& x) {
+  NoGradGuard no_grad;
+  const Tensor xc = norm.centres() ? sub(x, x.mean({-1}, true)) : x;
+  FrozenNorm f;
+  f.inv_scale = rsqrt(add(mul(xc, xc).mean({-1}, true), norm.eps));
+  f.weight = norm.weight.detach();
+  if (norm.bias.defined()) f.bias = norm.bias.detach();
+  f.centred = norm.centres();
+  return f;
+}
+
+Tensor FrozenNorm::back(const Tensor& d) const {
+  const Tensor g = mul(d, weight.to(d.device()).to(d.dtype()));
+  return mul(centred ? sub(g, g.mean({-1}, true)) : g, inv_scale.to(d.device()).to(d.dtype()));
+}
+
+Tensor FrozenNorm::bias_along(const Tensor& d) const {
+  if (!bias.defined()) return zeros(Shape(d.shape().begin(), d.shape().end() - 1), d.dtype(), d.device());
+  return mul(d, bias.to(d.device()).to(d.dtype())).sum({-1});
+}
+
 FeedForward::FeedForward(int64_t emb_dim) {
   layers = register_module("layers", std::make_shared<Sequential>());
   layers->push_back(std::make_shared<Linear>(emb_dim, 4 * emb_dim));
   layers->push_back(std::make_shared<GELU>(true));
   layers->push_back(std::make_shared<Linear>(4 * emb_dim, emb_dim));
+}
+
+Tensor FeedForward::forward(const Tensor& x, const HookSite& site) {
+  const Tensor pre = site(HookPoint::mlp_pre, layers->at(0)->forward(x));  // (..., 4C)
+  return layers->at(2)->forward(site(HookPoint::mlp_post, layers->at(1)->forward(pre)));
 }
 
 }  // namespace headlab::nn

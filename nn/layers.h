@@ -1,6 +1,8 @@
 // Basic layers with PyTorch's names, shapes and initialisation: Linear, Dropout, Embedding,
-// LayerNorm (weight/bias, or the book's scale/shift), GELU, ReLU, and the book's FeedForward.
+// LayerNorm (weight/bias, or the book's scale/shift), GELU, ReLU, and the book's FeedForward; the faces
+// decoders and analyses see of a norm (Norm, FrozenNorm) and of an MLP (Mlp, with its hook points).
 #pragma once
+#include "nn/hooks.h"
 #include "nn/module.h"
 
 namespace headlab::nn {
@@ -40,19 +42,45 @@ class Embedding : public UnaryModule {
   Tensor weight;
 };
 
+// A normalisation of the last dim: y = (x - mean(x) if it centres) / sqrt(mean of the squares + eps) *
+// weight + bias. What decoders and analyses read of any norm a family uses (LayerNorm; RMSNorm, which
+// does not centre and has no bias).
+class Norm : public UnaryModule {
+ public:
+  Norm(int64_t dim, double eps) : dim(dim), eps(eps) {}
+  virtual bool centres() const = 0;
+  int64_t dim;
+  double eps;
+  Tensor weight, bias;  // bias undefined where the norm has none
+};
+
+// A norm at x as a linear map of the stream, its scale frozen at x's (per row): the real norm is not
+// linear, but frozen at the x it saw, x's components c_i give y = sum_i share(c_i) + bias exactly, which
+// is what direct logit attribution splits (TransformerLens's apply_ln_to_stack).
+struct FrozenNorm {
+  Tensor inv_scale;     // (..., 1): 1 / sqrt(variance or mean square of x + eps), per row
+  Tensor weight, bias;  // (C); bias undefined where the norm has none
+  bool centred = true;
+  // The direction d (..., C) as the stream sees it through the frozen norm: share(c) . d = c . back(d) for
+  // every component c, i.e. back(d) = centre(weight * d) * inv_scale (without centring for RMSNorm).
+  Tensor back(const Tensor& d) const;
+  // bias . d (..., ): the part of y . d no component contributes (zeros without a bias).
+  Tensor bias_along(const Tensor& d) const;
+};
+// x: (..., C), in the dtype and on the device the result is wanted in.
+FrozenNorm freeze(const Norm& norm, const Tensor& x);
+
 // Normalises the last dim with biased variance, eps 1e-5. Names: weight/bias (torch.nn.LayerNorm),
 // or scale/shift with style Book (the LayerNorm of "Build a LLM from Scratch", used by GPTModel).
-class LayerNorm : public UnaryModule {
+class LayerNorm : public Norm {
  public:
   enum class Style { Torch, Book };
   explicit LayerNorm(int64_t dim, double eps = 1e-5, Style style = Style::Torch);
   std::string type_name() const override { return "LayerNorm"; }
   std::string extra_repr() const override;
   Tensor forward(const Tensor& x) override;
-  int64_t dim;
-  double eps;
+  bool centres() const override { return true; }
   Style style;
-  Tensor weight, bias;  // registered as scale/shift in the Book style
 };
 
 class GELU : public UnaryModule {
@@ -70,12 +98,20 @@ class ReLU : public UnaryModule {
   Tensor forward(const Tensor& x) override { return relu(x); }
 };
 
+// A block's MLP, with its hook points: mlp.hook_pre (before the activation) and mlp.hook_post (after).
+class Mlp : public UnaryModule {
+ public:
+  Tensor forward(const Tensor& x) override { return forward(x, HookSite{}); }
+  virtual Tensor forward(const Tensor& x, const HookSite& site) = 0;  // x (..., C) -> (..., C)
+};
+
 // The book's FeedForward: layers = Sequential(Linear(d, 4d), GELU, Linear(4d, d)).
-class FeedForward : public UnaryModule {
+class FeedForward : public Mlp {
  public:
   explicit FeedForward(int64_t emb_dim);
   std::string type_name() const override { return "FeedForward"; }
-  Tensor forward(const Tensor& x) override { return layers->forward(x); }
+  using Mlp::forward;
+  Tensor forward(const Tensor& x, const HookSite& site) override;
   std::shared_ptr<Sequential> layers;
 };
 

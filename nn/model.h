@@ -1,7 +1,7 @@
 // Model: what the trainer, evaluation and head analysis see of a trainable model. Token ids go in,
 // logits come out, and the multi-head attention modules are listed with their head controls, so
-// that one evaluation, one head-gating analysis and one pruning loop serve both architectures:
-// GPTModel (decoder only) and EncoderDecoder (d2l's Transformer).
+// that one evaluation, one head-gating analysis and one pruning loop serve every family: the decoders
+// (nn/decoder.h: GPTModel) and d2l's EncoderDecoder. Which family a config is: io/families.h.
 // B = batch, S = source tokens, T = tokens (decoder side), V = vocabulary, H = heads, D = head size.
 #pragma once
 #include <nlohmann/json.hpp>
@@ -21,10 +21,13 @@ class Model : public Module {
  public:
   virtual Tensor logits(const ModelInputs& in) = 0;  // (B, T, V), teacher forced
   virtual nlohmann::json config_json() const = 0;    // the checkpoint's "model" section
+  // The "model" section of this model physically pruned to keep, of module i, the original heads kept[i].
+  virtual nlohmann::json pruned_config(const std::vector<std::vector<int64_t>>& kept) const = 0;
 
   // The multi-head attention modules, in a fixed order analysis calls "layers": the GPT's blocks;
   // the encoder-decoder's encoder self-attention, then decoder self-attention, then cross-attention.
   virtual int64_t attention_count() const = 0;
+  virtual MultiHead& multi_head(int64_t i) const = 0;  // module i itself
   virtual HeadControl& head_control(int64_t i) = 0;
   virtual int64_t heads_at(int64_t i) const = 0;
   virtual int64_t full_heads() const = 0;  // heads per module before any pruning
@@ -40,12 +43,5 @@ class Model : public Module {
   virtual void keep_attention_weights(bool on) = 0;
   virtual Tensor attention_weights(int64_t i) const = 0;
 };
-
-// A model from a checkpoint's "model" section: EncoderDecoder where "arch" is "encoder-decoder", GPTModel
-// otherwise (the section is validated first; errors name the key). Initial values come from the default
-// generator. num_parameters: how many the model will have, computed from the section without building it.
-std::shared_ptr<Model> make_model(const nlohmann::json& model_config);
-double num_parameters(const nlohmann::json& model_config);
-bool is_encoder_decoder(const nlohmann::json& model_config);
 
 }  // namespace headlab::nn

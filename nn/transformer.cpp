@@ -189,6 +189,68 @@ TransformerConfig TransformerConfig::from_json(const nlohmann::json& j) {
   return c;
 }
 
+namespace {
+
+class EncoderDecoderFamily : public ModelFamily {
+ public:
+  std::string arch() const override { return "encoder-decoder"; }
+  std::string help() const override { return "encoder-decoder (d2l's Transformer: source -> target)"; }
+  bool seq2seq() const override { return true; }
+  nlohmann::json canonical(const nlohmann::json& s) const override { return TransformerConfig::from_json(s).to_json(); }
+  std::shared_ptr<Model> build(const nlohmann::json& s) const override {
+    return std::make_shared<EncoderDecoder>(TransformerConfig::from_json(s));
+  }
+  double parameter_count(const nlohmann::json& s) const override {
+    return TransformerConfig::from_json(s).num_parameters();
+  }
+  // Not estimated: a source -> target batch is padded to its longest row, which the config does not know
+  // (max_len is the positional table's size, ~50x the toy tasks' rows), so the parameters and the batches'
+  // ids are the estimate.
+  double activation_floats(const nlohmann::json&, bool) const override { return 0; }
+  int64_t row_tokens(const nlohmann::json& s) const override { return TransformerConfig::from_json(s).max_len; }
+  int64_t vocab_size(const nlohmann::json& s) const override { return TransformerConfig::from_json(s).tgt_vocab_size; }
+  std::string describe(const nlohmann::json& s) const override {
+    const TransformerConfig c = TransformerConfig::from_json(s);
+    return "encoder-decoder (d2l), " + std::to_string(c.num_layers) + "+" + std::to_string(c.num_layers) +
+           " layers x " + std::to_string(c.num_heads) + " heads, hiddens " + std::to_string(c.num_hiddens) + ", ffn " +
+           std::to_string(c.ffn_num_hiddens);
+  }
+  nlohmann::json from_options(const ModelOptions& o, const TaskSizes& t) const override {
+    HL_CHECK(!o.attn_only,
+             "train: --attn-only applies to --arch gpt; d2l's encoder-decoder keeps its position-wise FFN");
+    TransformerConfig c;
+    c.src_vocab_size = t.source_vocab_size, c.tgt_vocab_size = t.vocab_size;
+    c.num_hiddens = o.emb_dim, c.num_heads = o.n_heads, c.num_layers = o.n_layers, c.dropout = o.drop_rate;
+    c.use_bias = o.qkv_bias;
+    c.ffn_num_hiddens = o.ffn_hiddens > 0 ? o.ffn_hiddens : 2 * o.emb_dim;  // d2l's 32 / 64
+    HL_CHECK(t.longest_sequence <= c.max_len, "train: task ", t.task, " has sequences of up to ", t.longest_sequence,
+             " tokens, more than the positional encoding's max_len ", c.max_len);
+    c.validate();
+    return c.to_json();
+  }
+  ModelOptions options(const nlohmann::json& s) const override {
+    const TransformerConfig c = TransformerConfig::from_json(s);
+    ModelOptions o;
+    o.arch = arch();
+    o.emb_dim = c.num_hiddens, o.n_heads = c.num_heads, o.n_layers = c.num_layers, o.drop_rate = c.dropout;
+    o.qkv_bias = c.use_bias, o.ffn_hiddens = c.ffn_num_hiddens;
+    return o;
+  }
+  nlohmann::json with_dropout(const nlohmann::json& s, double p) const override {
+    TransformerConfig c = TransformerConfig::from_json(s);
+    c.dropout = p;
+    c.validate();
+    return c.to_json();
+  }
+};
+
+}  // namespace
+
+const ModelFamily& encoder_decoder_family() {
+  static const EncoderDecoderFamily family;
+  return family;
+}
+
 // ---- encoder, decoder ----
 namespace {
 
@@ -291,6 +353,18 @@ int64_t EncoderDecoder::original_head(int64_t i, int64_t h) const {
 
 void EncoderDecoder::keep_attention_weights(bool on) {
   for (int64_t i = 0; i < attention_count(); ++i) attention(i).attention->keep_attention_weights = on;
+}
+
+nlohmann::json EncoderDecoder::pruned_config(const std::vector<std::vector<int64_t>>& kept) const {
+  const auto L = static_cast<size_t>(cfg_.num_layers);
+  HL_CHECK(kept.size() == 3 * L, "EncoderDecoder: ", kept.size(), " kept-head lists for ", 3 * L, " attention modules");
+  TransformerConfig c = cfg_;
+  c.kept_encoder.assign(kept.begin(), kept.begin() + static_cast<std::ptrdiff_t>(L));
+  c.kept_decoder.assign(kept.begin() + static_cast<std::ptrdiff_t>(L),
+                        kept.begin() + static_cast<std::ptrdiff_t>(2 * L));
+  c.kept_cross.assign(kept.begin() + static_cast<std::ptrdiff_t>(2 * L), kept.end());
+  c.validate();
+  return c.to_json();
 }
 
 std::vector<std::vector<int64_t>> greedy_decode(EncoderDecoder& model, const Tensor& src, const Tensor& src_valid_lens,

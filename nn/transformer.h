@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "nn/family.h"
 #include "nn/model.h"
 
 namespace headlab::nn {
@@ -163,6 +164,9 @@ class TransformerDecoder : public Module {
   std::shared_ptr<Linear> dense;
 };
 
+// The family's face to the registry (io/families.h): sections with "arch": "encoder-decoder".
+const ModelFamily& encoder_decoder_family();
+
 class EncoderDecoder : public Model {
  public:
   explicit EncoderDecoder(const TransformerConfig& c);
@@ -171,9 +175,12 @@ class EncoderDecoder : public Model {
   Tensor forward(const Tensor& enc_X, const Tensor& dec_X, const Tensor& enc_valid_lens);
   Tensor logits(const ModelInputs& in) override { return forward(in.source, in.tokens, in.source_valid_lens); }
   nlohmann::json config_json() const override { return cfg_.to_json(); }
+  // kept: per module in attention()'s order (encoder layers, decoder self-attention, cross-attention).
+  nlohmann::json pruned_config(const std::vector<std::vector<int64_t>>& kept) const override;
   const TransformerConfig& config() const { return cfg_; }
 
   int64_t attention_count() const override { return 3 * cfg_.num_layers; }
+  MultiHead& multi_head(int64_t i) const override { return attention(i); }
   HeadControl& head_control(int64_t i) override { return attention(i).heads; }
   int64_t heads_at(int64_t i) const override { return attention(i).num_heads; }
   int64_t full_heads() const override { return cfg_.num_heads; }

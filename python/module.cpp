@@ -18,9 +18,11 @@
 #include <string>
 #include <vector>
 
+#include "analysis/ablation.h"
 #include "analysis/attention_maps.h"
-#include "analysis/circuit.h"
-#include "analysis/heads.h"
+#include "analysis/circuit_report.h"
+#include "analysis/files.h"
+#include "analysis/heads_pairs.h"
 #include "analysis/hooked_run.h"
 #include "autograd/engine.h"
 #include "train/load.h"
@@ -86,7 +88,7 @@ struct PyModel {
   std::shared_ptr<train::Loaded> loaded;
   std::string path;
 
-  nn::GPTModel& gpt() const { return loaded->gpt("headlab"); }
+  nn::DecoderModel& decoder() const { return loaded->decoder("headlab"); }
 
   py::object config() const { return py::module_::import("json").attr("loads")(loaded->model->config_json().dump()); }
   py::array to_tokens(const std::string& text) const {
@@ -130,17 +132,17 @@ struct PyModel {
     Tensor logits;
     {
       const py::gil_scoped_release no_gil;
-      logits = analysis::run_hooked(gpt(), t).logits;
+      logits = analysis::run_hooked(decoder(), t).logits;
     }
     return to_numpy(logits);
   }
   py::tuple run_with_cache(const py::array& tokens_in, const std::optional<std::vector<std::string>>& names) const {
     const Tensor t = tokens(tokens_in);
-    std::vector<std::string> all = names ? *names : analysis::hook_names(gpt());
+    std::vector<std::string> all = names ? *names : analysis::hook_names(decoder());
     analysis::HookedRun r;
     {
       const py::gil_scoped_release no_gil;
-      r = analysis::run_hooked(gpt(), t, std::set<std::string>(all.begin(), all.end()));
+      r = analysis::run_hooked(decoder(), t, std::set<std::string>(all.begin(), all.end()));
     }
     py::dict cache;
     for (const auto& [name, x] : r.cache) cache[py::str(name)] = to_numpy(x);
@@ -152,7 +154,7 @@ struct PyModel {
     const Tensor t = tokens(tokens_in);
     const py::gil_scoped_release no_gil;
     const auto start = std::chrono::steady_clock::now();
-    for (int64_t i = 0; i < repeats; ++i) analysis::run_hooked(gpt(), t);
+    for (int64_t i = 0; i < repeats; ++i) analysis::run_hooked(decoder(), t);
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
            static_cast<double>(repeats);
   }
@@ -165,7 +167,7 @@ struct PyModel {
         const py::object y = fn(to_numpy(x), n);
         return y.is_none() ? Tensor() : from_numpy(y.cast<py::array>());
       };
-    return to_numpy(analysis::run_hooked(gpt(), t, {}, hooks).logits);
+    return to_numpy(analysis::run_hooked(decoder(), t, {}, hooks).logits);
   }
 };
 
@@ -179,106 +181,114 @@ py::array matrix_array(const std::vector<std::vector<double>>& rows) {
 
 analysis::PromptPairs pairs_for(const PyModel& m, const std::string& task, const std::string& pairs, int64_t rows,
                                 int64_t templ, int64_t span, uint64_t seed, const char* who) {
-  return analysis::make_prompt_pairs({task, pairs, rows, span, templ, seed}, *m.loaded->task, m.gpt().config(), who);
+  return analysis::make_prompt_pairs({task, pairs, rows, span, templ, seed}, *m.loaded->task, m.decoder().shape(), who);
 }
 
-// headlab heads --task/--pairs as a dict: the same engine and figures (analysis/circuit.h).
+// headlab heads --task/--pairs as a dict: the command's analysis (analysis/heads_pairs.h), its figures.
 py::dict heads(const PyModel& m, const std::string& task, const std::string& pairs, int64_t rows, int64_t templ,
                int64_t span, uint64_t seed, bool by_position) {
   const analysis::PromptPairs pp = pairs_for(m, task, pairs, rows, templ, span, seed, "headlab.heads");
-  analysis::CircuitPatcher patcher(m.gpt(), pp);
-  const analysis::CircuitGraph& g = patcher.graph();
-  std::vector<int64_t> nodes;
-  std::vector<std::string> names;
-  for (int64_t n = 0; n < g.node_count(); ++n)
-    if (g.nodes()[static_cast<size_t>(n)].head >= 0) nodes.push_back(n), names.push_back(g.node_name(n));
-  analysis::NodeAblation abl;
-  analysis::ActivationPatching act;
+  analysis::PairHeadsOptions o;
+  o.seed = seed, o.by_position = by_position;
+  analysis::PairHeads r;
   {
     const py::gil_scoped_release no_gil;
-    abl = analysis::ablate_nodes(patcher, nodes);
-    act = analysis::activation_patching(patcher, nodes, by_position);
+    r = analysis::heads_on_pairs(m.decoder(), pp, o);
   }
-  const analysis::DirectLogitAttribution dla = patcher.direct_logit_attribution();
   const auto effect = [](std::vector<double> v) {  // metric -> its change
     for (double& x : v) x -= 1;
     return v;
   };
   std::vector<double> dla_heads;
-  for (int64_t n : nodes) dla_heads.push_back(dla.node[static_cast<size_t>(n)]);
+  for (int64_t n : r.heads) dla_heads.push_back(r.dla.node[static_cast<size_t>(n)]);
   py::dict d;
-  d["heads"] = names;
-  d["clean"] = patcher.baseline().clean_mean;
-  d["corrupt"] = patcher.baseline().corrupt_mean;
-  d["zero_ablation"] = vector_array(effect(abl.zero));
-  d["mean_ablation"] = vector_array(effect(abl.mean));
-  d["resample_ablation"] = vector_array(effect(act.noising));
-  d["denoising"] = vector_array(act.denoising);
+  d["heads"] = r.names;
+  d["clean"] = r.baseline.clean_mean;
+  d["corrupt"] = r.baseline.corrupt_mean;
+  d["zero_ablation"] = vector_array(effect(r.ablation.zero));
+  d["mean_ablation"] = vector_array(effect(r.ablation.mean));
+  d["resample_ablation"] = vector_array(effect(r.patching.noising));
+  d["denoising"] = vector_array(r.patching.denoising);
   d["dla_logits"] = vector_array(dla_heads);
   if (by_position) {
-    std::vector<std::vector<double>> noising = act.noising_by_position;
+    std::vector<std::vector<double>> noising = r.patching.noising_by_position;
     for (auto& row : noising) row = effect(row);
     d["noising_by_position"] = matrix_array(noising);
-    d["denoising_by_position"] = matrix_array(act.denoising_by_position);
+    d["denoising_by_position"] = matrix_array(r.patching.denoising_by_position);
   }
   return d;
 }
 
-// headlab circuit's edge attribution and discovery as a dict.
+// headlab circuit as a dict: the command's analysis (analysis/circuit_report.h): every edge's attribution
+// and whether discovery kept it, the circuit's metric, path patching of every head into the logits and
+// activation patching of every node.
 py::dict circuit(const PyModel& m, const std::string& task, const std::string& pairs, int64_t rows, int64_t templ,
                  int64_t span, uint64_t seed, double tau, int64_t ig_steps) {
   const analysis::PromptPairs pp = pairs_for(m, task, pairs, rows, templ, span, seed, "headlab.circuit");
   HL_CHECK(tau >= 0, "headlab.circuit: tau must be >= 0, got ", tau);
-  analysis::EdgeAttribution eap;
-  analysis::Circuit found;
-  std::unique_ptr<analysis::CircuitPatcher> patcher;
+  analysis::CircuitRunOptions o;
+  o.tau = tau, o.ig_steps = ig_steps, o.seed = seed;
+  analysis::CircuitReport r;
   {
     const py::gil_scoped_release no_gil;
-    eap = analysis::edge_attribution(m.gpt(), pp, ig_steps);
-    patcher = std::make_unique<analysis::CircuitPatcher>(m.gpt(), pp);
-    analysis::DiscoveryOptions o;
-    o.tau = tau;
-    found = analysis::discover_circuit(*patcher, eap.effect, o);
+    r = analysis::run_circuit(m.decoder(), pp, o);
   }
-  const analysis::CircuitGraph& g = patcher->graph();
+  const analysis::CircuitGraph& g = r.patcher->graph();
   py::list edges;
   for (int64_t e = 0; e < g.edge_count(); ++e) {
     py::dict row;
     row["sender"] = g.node_name(g.edge_sender(e));
     row["receiver"] = g.receiver_name(g.edge_receiver(e));
-    row["attribution"] = eap.effect[static_cast<size_t>(e)];
-    row["kept"] = static_cast<bool>(found.kept[static_cast<size_t>(e)]);
+    row["attribution"] = r.eap.effect[static_cast<size_t>(e)];
+    row["kept"] = static_cast<bool>(r.circuit.kept[static_cast<size_t>(e)]);
     edges.append(row);
   }
+  const auto names = [&](const std::vector<int64_t>& nodes) {
+    std::vector<std::string> v;
+    for (int64_t n : nodes) v.push_back(g.node_name(n));
+    return v;
+  };
   py::dict d;
   d["edges"] = edges;
-  d["metric"] = found.metric;
-  d["forwards"] = found.forwards;
-  d["clean"] = patcher->baseline().clean_mean;
-  d["corrupt"] = patcher->baseline().corrupt_mean;
+  d["metric"] = r.circuit.metric;
+  d["forwards"] = r.circuit.forwards;
+  d["clean"] = r.patcher->baseline().clean_mean;
+  d["corrupt"] = r.patcher->baseline().corrupt_mean;
+  d["path_senders"] = names(r.senders);
+  d["path_patching"] = vector_array(r.path);
+  d["nodes"] = names(r.nodes);
+  d["noising"] = vector_array(r.activation.noising);
+  d["denoising"] = vector_array(r.activation.denoising);
   return d;
 }
 
-// headlab ablate's sweep as a dict: every head zero-, mean- and resample-ablated on the task's validation
-// batches (the checkpoint's evaluation batches and batch size by default), and Michel et al.'s importance.
+// headlab ablate's run as a dict (analysis/ablation.h): every head's zero, mean and resample ablation and
+// importance on the task's validation batches (the checkpoint's evaluation batches and batch size by
+// default), and the pruning curve.
 py::dict ablate(const PyModel& m, int64_t batches, int64_t batch_size) {
   const train::RunConfig& run = m.loaded->config;
   const int64_t n = batches > 0 ? batches : run.run.eval_batches, B = batch_size > 0 ? batch_size : run.run.batch_size;
   HL_CHECK(n <= 10000 && B <= 100000, "headlab.ablate: ", n, " batches of ", B, " rows is more than it takes");
   const analysis::EvalSet data = analysis::make_eval_set(*m.loaded->task, n, B, run.batch_tokens());
-  analysis::AblationResult r;
+  analysis::AblateOptions o;
+  o.checkpoint = m.path;
+  analysis::AblationReport report;
   {
     const py::gil_scoped_release no_gil;
-    r = analysis::ablate_heads(*m.loaded->model, data);
+    report = analysis::run_ablation(*m.loaded, data, o);
   }
+  const analysis::AblationResult& r = report.ablation;
   std::vector<std::string> names;
   std::vector<double> zero, mean, resample, importance, importance_raw;
   for (const analysis::HeadAblation& h : r.heads) {
-    names.push_back("L" + std::to_string(h.layer) + "H" + std::to_string(h.original_head));
+    names.push_back(analysis::head_name(*m.loaded->model, h.layer, h.head));
     zero.push_back(h.zero.loss - r.base.loss), mean.push_back(h.mean.loss - r.base.loss);
     resample.push_back(h.resample.loss - r.base.loss);
     importance.push_back(h.importance), importance_raw.push_back(h.importance_raw);
   }
+  std::vector<double> pruned, curve;
+  for (const analysis::PruneStep& s : report.curve.steps)
+    pruned.push_back(static_cast<double>(s.pruned)), curve.push_back(analysis::metric_value(s.scores, report.metric));
   py::dict d;
   d["heads"] = names;
   d["loss"] = r.base.loss;
@@ -288,6 +298,9 @@ py::dict ablate(const PyModel& m, int64_t batches, int64_t batch_size) {
   d["resample_delta_loss"] = vector_array(resample);
   d["importance"] = vector_array(importance);
   d["importance_raw"] = vector_array(importance_raw);
+  d["metric"] = std::string(enum_name(report.metric));
+  d["pruned_heads"] = vector_array(pruned);
+  d["pruning_curve"] = vector_array(curve);
   return d;
 }
 
@@ -296,7 +309,7 @@ py::dict attention(const PyModel& m, const py::object& text_or_tokens) {
   const std::vector<int64_t> ids =
       m.ids_of(py::isinstance<py::str>(text_or_tokens) ? m.to_tokens(text_or_tokens.cast<std::string>())
                                                        : text_or_tokens.cast<py::array>());
-  const analysis::AttentionMaps a = analysis::attention_maps(m.gpt(), ids);
+  const analysis::AttentionMaps a = analysis::attention_maps(m.decoder(), ids);
   std::vector<double> w(a.weights.begin(), a.weights.end());
   py::dict d;
   d["tokens"] = m.to_str_tokens(to_numpy(tensor(ids, {static_cast<int64_t>(ids.size())})));
@@ -318,7 +331,7 @@ PYBIND11_MODULE(_headlab, m) {
     }
   });
 
-  py::class_<PyModel>(m, "Model", "A GPT loaded from a headlab checkpoint or a Hugging Face GPT-2 folder.")
+  py::class_<PyModel>(m, "Model", "A decoder loaded from a headlab checkpoint or a Hugging Face model folder.")
       .def_property_readonly("config", &PyModel::config, "the model's configuration, as in its checkpoint")
       .def_property_readonly("path", [](const PyModel& p) { return p.path; })
       .def_property_readonly("task", [](const PyModel& p) { return p.loaded->task->name(); })
@@ -328,7 +341,7 @@ PYBIND11_MODULE(_headlab, m) {
       .def("state_dict", &PyModel::state_dict,
            "parameters by PyTorch's state_dict names, as arrays over the model's own memory (no copy: "
            "writing into one changes the model)")
-      .def("hook_names", [](const PyModel& p) { return analysis::hook_names(p.gpt()); })
+      .def("hook_names", [](const PyModel& p) { return analysis::hook_names(p.decoder()); })
       .def("__call__", &PyModel::forward, py::arg("tokens"), "(T) or (B, T) token ids -> logits (B, T, vocab)")
       .def("run_with_cache", &PyModel::run_with_cache, py::arg("tokens"), py::arg("names") = py::none(),
            "(logits, {name: activation}) keeping only `names` (default: every hook point)")
@@ -342,7 +355,7 @@ PYBIND11_MODULE(_headlab, m) {
       "load",
       [](const std::string& path, const std::string& device) {
         auto l = std::make_shared<train::Loaded>(train::load("headlab.load", path, device));
-        l->gpt("headlab.load");
+        l->decoder("headlab.load");
         return PyModel{l, path};
       },
       py::arg("path"), py::arg("device") = "cpu", "a headlab checkpoint (.h5) or a Hugging Face GPT-2 folder");

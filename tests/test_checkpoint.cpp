@@ -276,7 +276,7 @@ TEST_F(CheckpointTest, ModelFromCheckpointRebuildsTheModelInEvalMode) {
   const Checkpoint ck = make_checkpoint("wrapper");
   save_checkpoint(path("c.h5"), ck);
   const Checkpoint back = load_checkpoint(path("c.h5"));
-  auto model = model_from_checkpoint(back, path("c.h5"));
+  auto model = model_from_checkpoint<nn::GPTModel>(back, path("c.h5"));
   EXPECT_FALSE(model->is_training());
   EXPECT_EQ(model->config().to_json(), ck.config["model"]);
   expect_same_named(snapshot_parameters(*model), ck.model, "parameters");

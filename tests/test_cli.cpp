@@ -332,7 +332,7 @@ CachedRuns CliRunTest::runs_;
 // last context_length tokens, greedy, stopping at the end token or the answer length.
 std::string library_greedy(const std::string& file, const std::string& prompt, int64_t max_new) {
   const io::Checkpoint ck = io::load_checkpoint(file);
-  auto model = io::model_from_checkpoint(ck, file);
+  auto model = io::model_from_checkpoint<nn::GPTModel>(ck, file);
   const auto task = train::RunConfig::from_json(ck.config).make_task();
   const tasks::Prompt p = task->encode_prompt(prompt);
   const int64_t ctx = model->config().context_length;
@@ -371,7 +371,7 @@ TEST_F(CliRunTest, EvalReportsWhatTheLibraryComputes) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(r.err.empty()) << r.err;
   const io::Checkpoint ck = io::load_checkpoint(ckpt());
-  auto model = io::model_from_checkpoint(ck, ckpt());
+  auto model = io::model_from_checkpoint<nn::GPTModel>(ck, ckpt());
   const auto task = train::RunConfig::from_json(ck.config).make_task();
   const train::Scores e = train::evaluate(*model, *task, 2, 32, model->config().context_length);
   std::ostringstream expected;
@@ -649,7 +649,7 @@ TEST_F(CliTest, ExportWritesAFolderWithTheCheckpointsFunction) {
     ASSERT_EQ(r.code, 0) << r.err;
     EXPECT_TRUE(contains(r.out, "model.safetensors")) << r.out;
     const io::Checkpoint ck = io::load_checkpoint(path(ckpt));
-    const std::shared_ptr<nn::GPTModel> want = io::model_from_checkpoint(ck, path(ckpt));
+    const std::shared_ptr<nn::GPTModel> want = io::model_from_checkpoint<nn::GPTModel>(ck, path(ckpt));
     const io::HfGpt2 hf = io::read_hf_gpt2(out);
     nn::GPTModel got(hf.config);
     got.load_parameters(hf.parameters, out);

@@ -12,6 +12,7 @@
 
 #include "analysis/pruning.h"
 #include "base/json_fields.h"
+#include "nn/gpt.h"
 #include "train/config.h"
 
 using namespace headlab;
@@ -53,8 +54,8 @@ TEST(EnumNames, EveryValueRoundTripsAndUnknownNamesListTheChoices) {
   using nn::AttentionForm;
   expect_names<AttentionForm>({AttentionForm::fused, AttentionForm::wrapper}, {"fused", "wrapper"},
                               "'fused', 'wrapper'");
-  expect_names<train::Arch>({train::Arch::gpt, train::Arch::encoder_decoder}, {"gpt", "encoder-decoder"},
-                            "'gpt', 'encoder-decoder'");
+  // The model families, by their "arch" (the registry, io/families.h, lists them).
+  EXPECT_EQ(io::family_names(), (std::vector<std::string>{"gpt", "encoder-decoder"}));
   using optim::OptimizerKind, optim::ScheduleKind;
   expect_names<OptimizerKind>({OptimizerKind::sgd, OptimizerKind::adam, OptimizerKind::adamw}, {"sgd", "adam", "adamw"},
                               "'sgd', 'adam', 'adamw'");
@@ -249,7 +250,9 @@ TEST(ConfigFields, OptimizerAndScheduleKeysAndErrors) {
 
 TEST(ConfigFields, RunConfigTrainingSectionAndArch) {
   train::RunConfig c = train::RunConfig::defaults();
-  c.model.vocab_size = 13, c.model.context_length = 9;
+  nn::GPTConfig model;
+  model.vocab_size = 13, model.context_length = 9, model.emb_dim = 64, model.n_heads = 4, model.n_layers = 2;
+  c.model = model.to_json();
   c.run.steps = 42, c.run.seed = 3, c.run.device = "cuda", c.run.skip_nonfinite = true;
   const nlohmann::json j = c.to_json();
   const nlohmann::json& tr = j["training"];

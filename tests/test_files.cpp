@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "analysis/report.h"
+#include "analysis/files.h"
 #include "analysis/table.h"
 #include "io/atomic_file.h"
 #include "io/temp_files.h"

@@ -379,8 +379,8 @@ TEST(GptKvCache, EachStepsLogitsEqualTheFullForward) {
 TEST(GptKvCache, GenerationEqualsTheUncachedPath) {
   nn::GPTModel fused(tiny_gpt_config(kFourHeadGpt, nn::AttentionForm::fused, true));
   auto [cfg, params] =
-      analysis::convert_parameters(fused.config(), fused.named_parameters(), nn::AttentionForm::wrapper);
-  nn::GPTModel wrapper(cfg);
+      analysis::convert_parameters(fused.config().to_json(), fused.named_parameters(), nn::AttentionForm::wrapper);
+  nn::GPTModel wrapper(nn::GPTConfig::from_json(cfg));
   wrapper.load_parameters(params, "test");
   ASSERT_TRUE(fused.supports_kv_cache());
   ASSERT_FALSE(wrapper.supports_kv_cache());

@@ -157,8 +157,8 @@ TEST(HfGpt2Export, APrunedModelIsWrittenAtFullWidthWithTheSameFunction) {
   for (const nn::AttentionForm form : {nn::AttentionForm::fused, nn::AttentionForm::wrapper}) {
     std::shared_ptr<nn::GPTModel> pruned = analysis::prune_model(*model, {{0, 2}, {1, 2, 3}});
     if (form == nn::AttentionForm::wrapper) {
-      auto [cfg, params] = analysis::convert_parameters(pruned->config(), pruned->named_parameters(), form);
-      pruned = std::make_shared<nn::GPTModel>(cfg);
+      auto [cfg, params] = analysis::convert_parameters(pruned->config().to_json(), pruned->named_parameters(), form);
+      pruned = std::make_shared<nn::GPTModel>(nn::GPTConfig::from_json(cfg));
       pruned->load_parameters(params, "test");
     }
     pruned->eval();

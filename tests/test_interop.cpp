@@ -14,6 +14,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "nn/gpt.h"
 #include "tests/process_util.h"
 #include "train/trainer.h"
 
@@ -114,11 +115,11 @@ TEST_F(InteropTest, TrainedHereExportsToTheBooksModelAndImportsBackExactly) {
     o.config.task.name = "reverse";
     o.config.task.options.min_len = 2;
     o.config.task.options.max_len = 4;
-    o.config.model.emb_dim = 16;
-    o.config.model.n_heads = 2;
-    o.config.model.n_layers = 2;
-    o.config.model.attention = parse_enum<nn::AttentionForm>(v.attention, "test");
-    o.config.model.qkv_bias = v.qkv_bias;
+    o.model.emb_dim = 16;
+    o.model.n_heads = 2;
+    o.model.n_layers = 2;
+    o.model.attention = parse_enum<nn::AttentionForm>(v.attention, "test");
+    o.model.qkv_bias = v.qkv_bias;
     o.config.run.steps = 20;
     o.config.run.batch_size = 16;
     o.config.schedule.warmup = 2;
@@ -137,7 +138,7 @@ TEST_F(InteropTest, TrainedHereExportsToTheBooksModelAndImportsBackExactly) {
     batch_json["files"][v.attention] = pt;
 
     // The same validation batch through headlab.
-    auto model = model_from_checkpoint(trained[v.attention], ckpt);
+    auto model = model_from_checkpoint<nn::GPTModel>(trained[v.attention], ckpt);
     const auto task = RunConfig::from_json(trained[v.attention].config).make_task();
     T = model->config().context_length;
     const Batch b = task->batch(Split::val, 0, B, T);
@@ -257,7 +258,7 @@ TEST_F(InteropTest, BookModelImportsWithAConfigAndATask) {
   const Checkpoint ck = load_checkpoint(path("book.h5"));
   EXPECT_EQ(ck.config["task"]["name"], "add");
   EXPECT_EQ(ck.config["tokenizer"]["vocab"].size(), 14u);
-  auto model = model_from_checkpoint(ck, path("book.h5"));
+  auto model = model_from_checkpoint<nn::GPTModel>(ck, path("book.h5"));
   EXPECT_EQ(model->config().attention, nn::AttentionForm::wrapper);
   const nlohmann::json out = nlohmann::json::parse(slurp(path("book_out.json")));
   std::vector<int64_t> idx;

@@ -379,7 +379,7 @@ TEST_F(ReliabilityTest, AnInterruptedRunClaimsOnlyWhatItWrote) {
   train::TrainOptions o;
   o.out = path("i");
   o.config.run.steps = 50;
-  o.config.model.emb_dim = 16;
+  o.model.emb_dim = 16;
   o.config.run.batch_size = 8;
   o.config.run.eval_every = 40;
   o.config.run.eval_batches = 1;

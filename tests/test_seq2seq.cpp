@@ -55,14 +55,14 @@ class Seq2Seq : public ::testing::Test {
     static const io::Checkpoint ck = [] {
       TempDir dir("seq2seq_train");
       train::TrainOptions o;
-      o.config.arch = train::Arch::encoder_decoder;
+      o.model.arch = "encoder-decoder";
       o.config.task.name = "reverse";
       o.config.task.options = reverse_options();
-      o.config.seq2seq.num_hiddens = 32;
-      o.config.seq2seq.num_heads = 4;
-      o.config.seq2seq.num_layers = 2;
-      o.config.seq2seq.ffn_num_hiddens = 64;
-      o.config.seq2seq.dropout = 0;
+      o.model.emb_dim = 32;
+      o.model.n_heads = 4;
+      o.model.n_layers = 2;
+      o.model.ffn_hiddens = 64;
+      o.model.drop_rate = 0;
       o.config.run.steps = 150;
       o.config.run.batch_size = 32;
       o.config.run.eval_every = o.config.run.save_every = 150;

@@ -56,9 +56,9 @@ TrainOptions tiny_options(const std::string& task, const std::string& out, int64
   o.config.task.options.min_len = 2;
   o.config.task.options.max_len = 4;
   o.config.task.options.n_digits = 2;
-  o.config.model.emb_dim = 32;
-  o.config.model.n_heads = 2;
-  o.config.model.n_layers = 2;
+  o.model.emb_dim = 32;
+  o.model.n_heads = 2;
+  o.model.n_layers = 2;
   o.config.run.batch_size = 32;
   o.config.run.steps = steps;
   o.config.optimizer.lr = 5e-3;
@@ -73,7 +73,7 @@ TrainOptions tiny_options(const std::string& task, const std::string& out, int64
   o.quiet = true;
   if (task == "chars") {
     o.config.task.options.text_path = tiny_text();
-    o.config.model.context_length = 16;
+    o.model.context_length = 16;
   }
   return o;
 }
@@ -157,7 +157,7 @@ TEST_P(TaskLearns, LossFallsAndAccuracyBeatsChance) {
   EXPECT_LT(ck.trainer.metrics[1].val_loss, ck.trainer.metrics[0].val_loss + 1e-9);
   EXPECT_LT(ck.trainer.metrics[1].train_loss, before.loss);
   // The final evaluation is what evaluate() gives for the saved model.
-  auto model = model_from_checkpoint(ck, r.checkpoint);
+  auto model = model_from_checkpoint<nn::GPTModel>(ck, r.checkpoint);
   const auto t = RunConfig::from_json(ck.config).make_task();
   const Scores again = evaluate(*model, *t, 2, 32, model->config().context_length);
   EXPECT_DOUBLE_EQ(again.loss, after.loss);
@@ -195,7 +195,7 @@ class StopAtStep : public std::streambuf {
 
 TrainOptions resume_options(const std::string& out, int64_t steps) {
   TrainOptions o = tiny_options("reverse", out, steps);
-  o.config.model.drop_rate = 0.1;  // dropout on: the generator state must travel with the checkpoint
+  o.model.drop_rate = 0.1;  // dropout on: the generator state must travel with the checkpoint
   o.config.run.eval_every = 7;
   o.config.run.save_every = 5;
   o.config.run.keep_last = 10;
@@ -230,8 +230,8 @@ TEST_F(TrainerTest, InterruptedRunResumesBitIdentically) {
   stop_requested() = false;
   TrainOptions rest = resume_options(path("resumed"), N);
   rest.resume = true;
-  rest.config.run.seed = 999;       // ignored on resume: the run's settings come from the checkpoint
-  rest.config.model.drop_rate = 0;  // likewise
+  rest.config.run.seed = 999;  // ignored on resume: the run's settings come from the checkpoint
+  rest.model.drop_rate = 0;    // likewise
   const TrainResult resumed = Trainer(rest).run();
   EXPECT_FALSE(resumed.interrupted);
   EXPECT_EQ(resumed.steps_done, N);
@@ -272,7 +272,7 @@ TEST_F(TrainerTest, ExtendedRunMatchesAStraightRun) {
   // The same dropout draws: without dropout the parameters would differ from a dropout run.
   TrainOptions nodrop = o;
   nodrop.out = path("nodrop");
-  nodrop.config.model.drop_rate = 0;
+  nodrop.model.drop_rate = 0;
   Trainer(nodrop).run();
   EXPECT_FALSE(datasets(path("straight/checkpoint.h5")).at("model/tok_emb.weight").bytes ==
                datasets(path("nodrop/checkpoint.h5")).at("model/tok_emb.weight").bytes);
@@ -282,12 +282,12 @@ TEST_F(TrainerTest, ExtendedRunMatchesAStraightRun) {
 
 TrainOptions tiny_seq2seq(const std::string& task, const std::string& out, int64_t steps) {
   TrainOptions o = tiny_options(task, out, steps);
-  o.config.arch = Arch::encoder_decoder;
-  o.config.seq2seq.num_hiddens = 32;
-  o.config.seq2seq.num_heads = 2;
-  o.config.seq2seq.num_layers = 2;
-  o.config.seq2seq.ffn_num_hiddens = 64;
-  o.config.seq2seq.dropout = 0;
+  o.model.arch = "encoder-decoder";
+  o.model.emb_dim = 32;
+  o.model.n_heads = 2;
+  o.model.n_layers = 2;
+  o.model.ffn_hiddens = 64;
+  o.model.drop_rate = 0;
   o.config.task.options.max_number = 999;
   return o;
 }
@@ -323,7 +323,7 @@ TEST_F(TrainerTest, EncoderDecoderLearnsReverseAndNumbers) {
 TEST_F(TrainerTest, EncoderDecoderResumesBitIdentically) {
   const int64_t N = 16, k = 7;
   TrainOptions o = tiny_seq2seq("reverse", path("straight"), N);
-  o.config.seq2seq.dropout = 0.1;
+  o.model.drop_rate = 0.1;
   o.config.schedule.kind = optim::ScheduleKind::constant;
   o.config.run.batch_size = 16;
   Trainer(o).run();
@@ -342,7 +342,7 @@ TEST_F(TrainerTest, EncoderDecoderConfigErrors) {
   TrainOptions o = tiny_seq2seq("chars", path("c"), 5);
   EXPECT_THROW(Trainer(o).run(), Error);  // chars has no source -> target pairs
   o = tiny_seq2seq("reverse", path("r"), 5);
-  o.config.seq2seq.num_heads = 3;  // 32 hiddens do not split into 3 heads
+  o.model.n_heads = 3;  // 32 hiddens do not split into 3 heads
   try {
     Trainer(o).run();
     ADD_FAILURE() << "no error";
@@ -517,10 +517,10 @@ TEST_F(TrainerTest, RejectsBadOptionsClearly) {
   o.config.task.name = "juggle";
   EXPECT_NE(error_of([&] { Trainer(o).run(); }).find("juggle"), std::string::npos);
   o = tiny_options("reverse", path("x"), 5);
-  o.config.model.context_length = 3;  // too short for a reverse example
+  o.model.context_length = 3;  // too short for a reverse example
   EXPECT_NE(error_of([&] { Trainer(o).run(); }).find("task reverse"), std::string::npos);
   o = tiny_options("reverse", path("x"), 5);
-  o.config.model.n_heads = 5;  // 32 % 5 != 0
+  o.model.n_heads = 5;  // 32 % 5 != 0
   EXPECT_NE(error_of([&] { Trainer(o).run(); }).find("emb_dim 32 must be divisible by n_heads 5"), std::string::npos);
   o = tiny_options("chars", path("x"), 5);
   o.config.task.options.text_path = path("missing.txt");
@@ -600,8 +600,8 @@ TEST_F(TrainerTest, StartRemovesStaleTemporaryFilesOnly) {
 // Sizes this machine cannot hold are refused at once, naming the bytes and the option to change.
 TEST_F(TrainerTest, ImpossibleSizesAreRefusedBeforeAllocating) {
   TrainOptions o = tiny_options("reverse", path("m"), 1);
-  o.config.model.emb_dim = 100000000;
-  o.config.model.n_heads = 1;
+  o.model.emb_dim = 100000000;
+  o.model.n_heads = 1;
   const auto t0 = std::chrono::steady_clock::now();
   std::string err = error_of([&] { Trainer(o).run(); });
   for (const char* part : {"train: needs about ", " EiB of memory (parameters ", " PiB", "optimizer state",

@@ -1,6 +1,7 @@
 // RunConfig <-> JSON, in the layout checkpoints have always had.
 #include "train/config.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <sstream>
@@ -46,10 +47,6 @@ RunSettings run_settings_from_json(const nlohmann::json& j) {
 
 RunConfig RunConfig::defaults() {
   RunConfig c;
-  c.model.emb_dim = 64;
-  c.model.n_heads = 4;
-  c.model.n_layers = 2;
-  c.model.context_length = 0;  // the task's need
   c.optimizer = optim::OptimizerOptions::defaults(optim::OptimizerKind::adamw);
   c.optimizer.lr = 3e-3;
   c.schedule.min_lr = 1e-4;
@@ -63,8 +60,9 @@ nlohmann::json RunConfig::to_json() const {
   training["schedule"] = schedule.to_json();
   nlohmann::json tokenizer = {{"type", "char"}, {"vocab", task.options.vocabulary}};
   if (task.options.bpe) tokenizer = {{"type", "bpe"}};
-  if (arch == Arch::encoder_decoder) tokenizer["source_vocab"] = make_seq2seq_task_for(*this)->source_vocab();
-  return {{"model", arch == Arch::gpt ? model.to_json() : seq2seq.to_json()},
+  if (family().model.seq2seq())
+    tokenizer["source_vocab"] = tasks::make_seq2seq_task(task.name, task.options)->source_vocab();
+  return {{"model", model},
           {"tokenizer", tokenizer},
           {"task", {{"name", task.name}, {"options", tasks::options_to_map(task.name, task.options)}}},
           {"training", training}};
@@ -76,11 +74,7 @@ RunConfig RunConfig::from_json(const nlohmann::json& j) {
   HL_CHECK(j.contains("task") && j["task"].is_object() && j["task"].contains("name") && j["task"]["name"].is_string(),
            "config: the 'task' section is missing or has no name");
   RunConfig c;
-  read_json_field(j["model"], "arch", c.arch, "config: model");
-  if (c.arch == Arch::encoder_decoder)
-    c.seq2seq = nn::TransformerConfig::from_json(j["model"]);
-  else
-    c.model = nn::GPTConfig::from_json(j["model"]);
+  c.model = io::family_of(j["model"]).model.canonical(j["model"]);
   c.task.name = j["task"]["name"].get<std::string>();
   try {
     std::map<std::string, std::string> options;
@@ -111,7 +105,7 @@ RunConfig config_of(const io::Checkpoint& ckpt, const std::string& path) {
     const std::string where = "checkpoint '" + path + "': tokenizer/";
     c.task.options.bpe = std::make_shared<const tasks::BpeTokenizer>(
         ckpt.tokenizer.vocab_json, ckpt.tokenizer.merges_txt, where + "vocab.json", where + "merges.txt",
-        c.arch == Arch::gpt ? c.model.vocab_size : 0);
+        c.family().model.seq2seq() ? 0 : c.family().model.vocab_size(c.model));
   }
   return c;
 }
@@ -119,63 +113,51 @@ RunConfig config_of(const io::Checkpoint& ckpt, const std::string& path) {
 std::unique_ptr<tasks::Task> RunConfig::make_task(const std::string& text_override) const {
   tasks::TaskOptions options = task.options;
   if (!text_override.empty()) options.text_path = text_override;
-  if (arch == Arch::encoder_decoder) return tasks::make_seq2seq_task(task.name, options);
+  if (family().model.seq2seq()) return tasks::make_seq2seq_task(task.name, options);
   return tasks::make_task(task.name, options);
-}
-
-std::shared_ptr<nn::Model> RunConfig::make_model() const {
-  if (arch == Arch::encoder_decoder) return std::make_shared<nn::EncoderDecoder>(seq2seq);
-  return std::make_shared<nn::GPTModel>(model);
-}
-
-int64_t RunConfig::batch_tokens() const { return arch == Arch::gpt ? model.context_length : seq2seq.max_len; }
-
-std::string RunConfig::describe_model() const {
-  std::ostringstream os;
-  if (arch == Arch::gpt) {
-    os << enum_name(model.attention) << " attention, " << model.n_layers << " layers x " << model.n_heads
-       << " heads, emb " << model.emb_dim << ", context " << model.context_length;
-  } else {
-    const nn::TransformerConfig& s = seq2seq;
-    os << "encoder-decoder (d2l), " << s.num_layers << "+" << s.num_layers << " layers x " << s.num_heads
-       << " heads, hiddens " << s.num_hiddens << ", ffn " << s.ffn_num_hiddens;
-  }
-  return os.str();
-}
-
-std::unique_ptr<tasks::Seq2SeqTask> make_seq2seq_task_for(const RunConfig& c) {
-  return tasks::make_seq2seq_task(c.task.name, c.task.options);
 }
 
 void RunSettings::validate() const { check_fields(*this, kRunFields, "train", FieldNames::options); }
 
-RunConfig resolve(RunConfig c) {
+RunConfig resolve(const nn::ModelOptions& model, RunConfig c, const nlohmann::json& init_model) {
   c.run.validate();
   HL_CHECK(c.optimizer.lr > 0, "train: --lr must be positive, got ", c.optimizer.lr);
   c.task.options.seed = c.run.seed;
-  if (c.arch == Arch::encoder_decoder) {
-    const std::unique_ptr<tasks::Seq2SeqTask> task = make_seq2seq_task_for(c);
-    c.task.name = task->name();
-    c.task.options.vocabulary = task->tokenizer().vocab();
-    c.seq2seq.src_vocab_size = task->source_vocab_size();
-    c.seq2seq.tgt_vocab_size = task->vocab_size();
-    const int64_t longest = std::max(task->max_source_length(), task->required_context_length());
-    HL_CHECK(longest <= c.seq2seq.max_len, "train: task ", task->name(), " has sequences of up to ", longest,
-             " tokens, more than the positional encoding's max_len ", c.seq2seq.max_len);
-    c.seq2seq.validate();
-    c.schedule.lr = c.optimizer.lr;
-    c.schedule.total = c.run.steps;
-    return c;
+  const nn::ModelFamily& family =
+      init_model.is_null() ? io::family_named(model.arch, "train: --arch").model : io::family_of(init_model).model;
+  const auto listed = [&](const std::vector<std::string>& names) {
+    return std::find(names.begin(), names.end(), c.task.name) != names.end();
+  };
+  if (!family.seq2seq() && listed(tasks::seq2seq_task_names()) && !listed(tasks::task_names())) {
+    const auto& all = io::families();
+    const auto s2s = std::find_if(all.begin(), all.end(), [](const io::Family& f) { return f.model.seq2seq(); });
+    HL_FAIL("train: task ", c.task.name, " is a source -> target task; use --arch ",
+            s2s == all.end() ? std::string("of a source -> target family") : s2s->model.arch());
   }
-  const bool chars = c.task.name == "chars";
-  if (chars) c.task.options.text_path = std::filesystem::absolute(c.task.options.text_path).string();
+  c.model = {{"arch", family.arch()}};  // which family the task is made for
+  if (c.task.name == "chars") c.task.options.text_path = std::filesystem::absolute(c.task.options.text_path).string();
   const std::unique_ptr<tasks::Task> task = c.make_task();
-  c.task.name = task->name();
+  nn::TaskSizes sizes;
+  sizes.task = c.task.name = task->name();
+  sizes.vocab_size = task->vocab_size();
+  sizes.context_length = model.context_length > 0 ? model.context_length
+                         : c.task.name == "chars" ? 64
+                                                  : task->required_context_length();
+  const auto* s2s = dynamic_cast<const tasks::Seq2SeqTask*>(task.get());
+  if (s2s) {
+    sizes.source_vocab_size = s2s->source_vocab_size();
+    sizes.longest_sequence = std::max(s2s->max_source_length(), s2s->required_context_length());
+  }
   c.task.options.vocabulary = task->tokenizer().vocab();
-  c.model.vocab_size = task->vocab_size();
-  if (c.model.context_length <= 0) c.model.context_length = chars ? 64 : task->required_context_length();
-  task->check_context_length(c.model.context_length);
-  c.model.validate();
+  if (init_model.is_null()) {
+    if (!s2s) task->check_context_length(sizes.context_length);
+    c.model = family.from_options(model, sizes);
+  } else {
+    c.model = family.canonical(init_model);
+    if (!s2s) task->check_context_length(family.row_tokens(c.model));
+    HL_CHECK(family.vocab_size(c.model) == sizes.vocab_size, "train: --init's model predicts ",
+             family.vocab_size(c.model), " tokens; task ", c.task.name, " has ", sizes.vocab_size);
+  }
   c.schedule.lr = c.optimizer.lr;
   c.schedule.total = c.run.steps;  // as the run uses it, so the stored schedule gives the logged rates
   return c;

@@ -7,8 +7,7 @@
 #include <string>
 
 #include "io/checkpoint.h"
-#include "nn/gpt.h"
-#include "nn/transformer.h"
+#include "io/families.h"
 #include "optim/optim.h"
 #include "tasks/seq2seq.h"
 
@@ -34,54 +33,45 @@ struct RunSettings {
   void validate() const;  // errors name the command-line option
 };
 
-// The two architectures a run can train: the book's decoder-only GPT, d2l's encoder-decoder Transformer.
-// The config's model section names it by "arch" (absent: gpt).
-enum class Arch { gpt, encoder_decoder };
-constexpr auto enum_table(Arch) {  // enum_name, parse_enum (base/enum_names.h)
-  return std::to_array<EnumName<Arch>>({{Arch::gpt, "gpt"}, {Arch::encoder_decoder, "encoder-decoder"}});
-}
-
 struct RunConfig {
-  Arch arch = Arch::gpt;
-  nn::GPTConfig model;            // arch gpt
-  nn::TransformerConfig seq2seq;  // arch encoder_decoder (src/tgt vocabularies from the task)
+  // The model: its family's config section, as the checkpoint stores it ("arch" says whose: io/families.h).
+  nlohmann::json model;
   TaskConfig task;
   optim::OptimizerOptions optimizer;
   optim::LRSchedule schedule;
   RunSettings run;
 
-  // What `headlab train` runs without options: reverse, a 2-layer, 4-head, emb-64 fused GPT, AdamW at
-  // 3e-3 with 100 warmup steps and cosine decay to 1e-4; it learns reverse to high exact match in
-  // a few minutes on two cores.
+  // What `headlab train` runs without options (with nn::ModelOptions' defaults: a 2-layer, 4-head, emb-64
+  // fused GPT): reverse, AdamW at 3e-3 with 100 warmup steps and cosine decay to 1e-4; it learns reverse
+  // to high exact match in a few minutes on two cores.
   static RunConfig defaults();
   // {"model", "tokenizer": {"type": "char", "vocab"}, "task": {"name", "options"}, "training"}; a
   // BPE tokenizer is {"type": "bpe"}, its files beside the config (tokenizer_files, config_of).
   nlohmann::json to_json() const;
   // Checkpoints from elsewhere (tools/import_torch.py) may lack "training": its defaults apply.
   static RunConfig from_json(const nlohmann::json& j);
+  const io::Family& family() const { return io::family_of(model); }
   // The files of the config's BPE tokenizer (empty for the character tokenizer): what a checkpoint
   // stores beside to_json().
   io::TokenizerFiles tokenizer_files() const;
-  // The task this config describes (a tasks::Seq2SeqTask for the encoder-decoder); text_override
+  // The task this config describes (a source -> target family's: a tasks::Seq2SeqTask); text_override
   // replaces a chars task's text file.
   std::unique_ptr<tasks::Task> make_task(const std::string& text_override = "") const;
-  // A freshly initialised model of this config's architecture (draws from the default generator).
-  std::shared_ptr<nn::Model> make_model() const;
-  // The T that batch() and make_eval_set are asked for: the GPT's context length; for the
-  // encoder-decoder (whose batches are padded to their longest row) the longest target it may meet.
-  int64_t batch_tokens() const;
-  std::string describe_model() const;  // "fused attention, 2 layers x 4 heads, emb 64, context 18"
+  // A freshly initialised model of this config (draws from the default generator).
+  std::shared_ptr<nn::Model> make_model() const { return family().model.build(model); }
+  // The T that batch() and make_eval_set are asked for: a decoder's context length; for a source ->
+  // target model (whose batches are padded to their longest row) the longest target it may meet.
+  int64_t batch_tokens() const { return family().model.row_tokens(model); }
+  std::string describe_model() const { return family().model.describe(model); }
 };
 
 // A checkpoint's config (from_json), with the BPE tokenizer its files hold. Errors name `path`.
 RunConfig config_of(const io::Checkpoint& ckpt, const std::string& path);
 
-// The encoder-decoder form of the config's task (tasks::make_seq2seq_task with its options).
-std::unique_ptr<tasks::Seq2SeqTask> make_seq2seq_task_for(const RunConfig& c);
-
-// A fresh run's config from what a user chose: fills the model's vocab_size, a context_length of 0
-// (the task's need; chars: 64), the tokenizer's vocabulary and the schedule's peak and length
-// from the optimizer and the run, then validates everything.
-RunConfig resolve(RunConfig chosen);
+// A fresh run's config from what a user chose: the model's section from the options and the task (its
+// vocabularies; a context_length of 0: the task's need, chars: 64), or `init_model` as it is (fine-tuning:
+// checked against the task), the tokenizer's vocabulary and the schedule's peak and length from the
+// optimizer and the run, then validates everything.
+RunConfig resolve(const nn::ModelOptions& model, RunConfig chosen, const nlohmann::json& init_model = nullptr);
 
 }  // namespace headlab::train

@@ -65,8 +65,8 @@ namespace {
 constexpr int64_t kHeadChunkLogits = int64_t{1} << 21;
 }  // namespace
 
-TextScores evaluate_text(nn::GPTModel& model, const std::vector<int64_t>& ids, int64_t stride) {
-  const int64_t n = static_cast<int64_t>(ids.size()), ctx = model.config().context_length;
+TextScores evaluate_text(nn::DecoderModel& model, const std::vector<int64_t>& ids, int64_t stride) {
+  const int64_t n = static_cast<int64_t>(ids.size()), ctx = model.shape().context_length;
   HL_CHECK(n >= 2, "evaluate_text: ", n, " tokens; need at least 2 (a token and the next)");
   HL_CHECK(stride >= 1 && stride <= ctx, "evaluate_text: stride ", stride, " must be in [1, context_length ", ctx, "]");
   const bool was_training = model.is_training();
@@ -82,10 +82,10 @@ TextScores evaluate_text(nn::GPTModel& model, const std::vector<int64_t>& ids, i
     for (int64_t t = 0; t < T; ++t)  // scored by an earlier window, with more context
       if (begin + 1 + t < scored_to) targets[static_cast<size_t>(t)] = kIgnoreIndex;
     const std::vector<int64_t> inputs(ids.begin() + begin, ids.begin() + end - 1);
-    const Tensor hidden = model.trf_blocks->forward(model.embed(tensor(inputs, {1, T}).to(model.device())));
+    const Tensor hidden = model.run_blocks(model.embed(tensor(inputs, {1, T}).to(model.device())), 0, model.n_layers());
     // The head a chunk of positions at a time: GPT-2's (1, 1024, 50257) logits would be 200 MB, more
     // than a third of its weights; chunks without a scored target are skipped.
-    const int64_t chunk = std::max<int64_t>(16, kHeadChunkLogits / model.config().vocab_size);
+    const int64_t chunk = std::max<int64_t>(16, kHeadChunkLogits / model.shape().vocab_size);
     for (int64_t t0 = 0; t0 < T; t0 += chunk) {
       const int64_t rows = std::min(chunk, T - t0);
       const std::vector<int64_t> chunk(targets.begin() + t0, targets.begin() + t0 + rows);

@@ -1,12 +1,12 @@
 // One evaluation for training and analysis alike: teacher-forced loss and argmax scores of a model
-// (GPT or encoder-decoder) on task batches. B = batch rows, T = tokens, V = vocabulary.
+// (a decoder or the encoder-decoder) on task batches. B = batch rows, T = tokens, V = vocabulary.
 #pragma once
 #include <cstdint>
 #include <limits>
 #include <utility>
 #include <vector>
 
-#include "nn/gpt.h"
+#include "nn/decoder.h"
 #include "nn/transformer.h"
 #include "tasks/bleu.h"
 #include "tasks/seq2seq.h"
@@ -43,7 +43,7 @@ Scores evaluate(nn::Model& model, const std::vector<tasks::Batch>& batches);
 // Batches 0..n-1 of the task's validation stream, each (batch_size, T).
 Scores evaluate(nn::Model& model, const tasks::Task& task, int64_t batches, int64_t batch_size, int64_t T);
 
-// A GPT's next-token loss over a whole token sequence (ids: a tokenized file), as the transformers
+// A decoder's next-token loss over a whole token sequence (ids: a tokenized file), as the transformers
 // perplexity guide computes it: windows of the model's context starting every `stride` tokens, each
 // scoring only the targets no earlier window scored, so every token after the first is scored once,
 // with the longest context the stride allows (stride = context: disjoint windows; smaller: more
@@ -54,7 +54,7 @@ struct TextScores {
   int64_t tokens = 0;   // scored targets: ids.size() - 1
   int64_t windows = 0;  // forward passes
 };
-TextScores evaluate_text(nn::GPTModel& model, const std::vector<int64_t>& ids, int64_t stride);
+TextScores evaluate_text(nn::DecoderModel& model, const std::vector<int64_t>& ids, int64_t stride);
 
 // An encoder-decoder's greedy decoding of every row (d2l's predict_seq2seq, batched) scored against the
 // targets: exact match of the whole output (it equals the teacher-forced exact match: a row is decoded

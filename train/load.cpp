@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "base/input_path.h"
+#include "io/hf_folder.h"
 #include "tasks/chars.h"
 
 namespace headlab::train {
@@ -23,25 +24,25 @@ Loaded load(const char* cmd, const std::string& path, const std::string& device,
     l.task = l.config.make_task(text);
     return l;
   }
-  io::HfGpt2 hf = io::read_hf_gpt2(path);
-  HL_CHECK(!hf.vocab_path.empty() && !hf.merges_path.empty(), cmd, ": the folder '", path,
-           "' has no vocab.json and merges.txt (GPT-2's tokenizer)");
+  const io::Family& family = io::family_of_folder(path);
+  io::FolderModel folder = family.folder->read(path);
+  HL_CHECK(!folder.vocab_path.empty() && !folder.merges_path.empty(), cmd, ": the folder '", path,
+           "' has no vocab.json and merges.txt (its byte-level BPE tokenizer)");
   l.from_folder = true;
   train::RunConfig& c = l.config;
-  c.model = hf.config;
+  c.model = folder.config;
   c.task.name = "text";
   c.task.options.text_path = text;
   c.task.options.bpe = std::make_shared<const tasks::BpeTokenizer>(
-      tasks::BpeTokenizer::from_files(hf.vocab_path, hf.merges_path, hf.config.vocab_size));
+      tasks::BpeTokenizer::from_files(folder.vocab_path, folder.merges_path, family.model.vocab_size(folder.config)));
   // What the analyses read at GPT-2's scale by default: one batch of 8 rows.
   c.run.batch_size = 8;
   c.run.eval_batches = 1;
-  const std::shared_ptr<nn::GPTModel> model = io::build_hf_gpt2(std::move(hf), path);
-  model->to(Device::parse(device));
-  l.model = model;
+  l.model = io::build_folder_model(std::move(folder), path);
+  l.model->to(Device::parse(device));
   l.ckpt.config = c.to_json();
   l.ckpt.tokenizer = c.tokenizer_files();
-  for (const auto& [name, t] : model->named_parameters()) l.ckpt.model.emplace_back(name, t.detach());
+  for (const auto& [name, t] : l.model->named_parameters()) l.ckpt.model.emplace_back(name, t.detach());
   l.task = c.make_task();
   return l;
 }
@@ -51,10 +52,11 @@ const tasks::BpeTokenizer* Loaded::bpe() const {
   return text ? &text->bpe() : nullptr;
 }
 
-nn::GPTModel& Loaded::gpt(const char* cmd) const {
-  auto* g = dynamic_cast<nn::GPTModel*>(model.get());
-  HL_CHECK(g, cmd, ": this command needs a GPT checkpoint; this one holds an encoder-decoder");
-  return *g;
+nn::DecoderModel& Loaded::decoder(const char* cmd) const {
+  auto* d = dynamic_cast<nn::DecoderModel*>(model.get());
+  HL_CHECK(d, cmd, ": this command needs a GPT checkpoint (a decoder-only model, or a model folder); this one holds a ",
+           config.family().model.arch(), " model");
+  return *d;
 }
 
 }  // namespace headlab::train

@@ -10,18 +10,18 @@
 
 namespace headlab::train {
 
-MemoryEstimate estimate_memory(const nn::GPTConfig& m, int64_t batch_size, bool training, int optimizer_slots) {
+MemoryEstimate estimate_memory(const nlohmann::json& model, int64_t batch_size, int64_t tokens, bool training,
+                               int optimizer_slots) {
   constexpr double kFloat = 4;
-  const double tokens = static_cast<double>(batch_size) * static_cast<double>(m.context_length);
-  const double d = static_cast<double>(m.emb_dim), V = static_cast<double>(m.vocab_size);
+  const nn::ModelFamily& family = io::family_of(model).model;
   MemoryEstimate e;
-  e.parameters = m.num_parameters() * kFloat;
+  e.parameters = family.parameter_count(model) * kFloat;
   if (training) {
     e.gradients = e.parameters;
     e.optimizer_state = optimizer_slots * e.parameters;
   }
-  const double per_token = training ? static_cast<double>(m.n_layers) * 24 * d + 4 * V : 12 * d + 2 * V;
-  e.activations = tokens * per_token * kFloat;
+  e.activations = static_cast<double>(batch_size) * static_cast<double>(tokens) *
+                  family.activation_floats(model, training) * kFloat;
   return e;
 }
 
@@ -31,13 +31,13 @@ double estimate_batches_memory(int64_t batches, int64_t batch_size, int64_t toke
          kIdsPerPosition * kId;
 }
 
-MemoryEstimate estimate_generation_memory(const nn::GPTConfig& model, int64_t prompt_tokens, int64_t new_tokens) {
-  MemoryEstimate e = estimate_memory(model, 1, false, 0);
+MemoryEstimate estimate_generation_memory(const nlohmann::json& model, int64_t prompt_tokens, int64_t new_tokens) {
+  MemoryEstimate e = estimate_memory(model, 1, io::family_of(model).model.row_tokens(model), false, 0);
   e.data = (static_cast<double>(prompt_tokens) + static_cast<double>(new_tokens)) * 2 * 8;
   return e;
 }
 
-void check_generation_fits(const nn::GPTConfig& model, bool on_cuda, int64_t prompt_tokens, int64_t new_tokens,
+void check_generation_fits(const nlohmann::json& model, bool on_cuda, int64_t prompt_tokens, int64_t new_tokens,
                            const std::string& who) {
   MemoryEstimate need = estimate_generation_memory(model, prompt_tokens, new_tokens);
   if (on_cuda) need = MemoryEstimate{0, 0, 0, 0, need.data};
@@ -58,12 +58,8 @@ double available_memory() {
 void check_evaluation_fits(const RunConfig& config, bool on_cuda, int64_t batches, int64_t batch_size,
                            const std::string& who, const std::string& advice, int64_t tokens) {
   const int64_t T = tokens > 0 ? tokens : config.batch_tokens();
-  MemoryEstimate need;
-  if (!on_cuda && config.arch == Arch::gpt) {
-    nn::GPTConfig rows = config.model;  // activations scale with the rows' length
-    rows.context_length = std::min(rows.context_length, T);
-    need = estimate_memory(rows, batch_size, false, 0);
-  }
+  MemoryEstimate need;  // activations scale with the rows' length
+  if (!on_cuda) need = estimate_memory(config.model, batch_size, std::min(config.batch_tokens(), T), false, 0);
   need.data = estimate_batches_memory(batches, batch_size, T);
   check_memory_fits(need, who, advice);
 }

@@ -4,7 +4,6 @@
 #include <cstdint>
 #include <string>
 
-#include "nn/gpt.h"
 #include "train/config.h"
 
 namespace headlab::train {
@@ -16,11 +15,12 @@ struct MemoryEstimate {
   double total() const { return parameters + gradients + optimizer_state + activations + data; }
 };
 
-// optimizer_slots: tensors of state per parameter (AdamW 2, SGD with momentum 1); training: whether
-// the batch is a training step (saved activations and gradients) or an evaluation (no tape).
-// Activations: about 24 x emb_dim floats per token and layer when training (measured peak: 42 MiB
-// of an estimated 52 for bench/gpt_step's default config), 12 when not, plus the logits.
-MemoryEstimate estimate_memory(const nn::GPTConfig& model, int64_t batch_size, bool training, int optimizer_slots);
+// A model (its config section: io/families.h) on batch_size rows of `tokens` tokens. optimizer_slots: tensors
+// of state per parameter (AdamW 2, SGD with momentum 1); training: whether the batch is a training step
+// (saved activations and gradients) or an evaluation (no tape). Activations: the family's estimate per
+// token (nn::ModelFamily::activation_floats).
+MemoryEstimate estimate_memory(const nlohmann::json& model, int64_t batch_size, int64_t tokens, bool training,
+                               int optimizer_slots);
 
 // The token ids of `batches` evaluation batches of batch_size x tokens, all held at once (a
 // tasks::Batch keeps int64 inputs and targets, an encoder-decoder's its source too: 4 ids a position
@@ -29,9 +29,9 @@ double estimate_batches_memory(int64_t batches, int64_t batch_size, int64_t toke
 
 // Generating new_tokens after a prompt of prompt_tokens: the model, one forward over its context
 // window, and the growing sequence (the ids and the generated copy, int64 each).
-MemoryEstimate estimate_generation_memory(const nn::GPTConfig& model, int64_t prompt_tokens, int64_t new_tokens);
+MemoryEstimate estimate_generation_memory(const nlohmann::json& model, int64_t prompt_tokens, int64_t new_tokens);
 // check_memory_fits for that, naming who and --max-new-tokens (on a GPU only the host's sequence counts).
-void check_generation_fits(const nn::GPTConfig& model, bool on_cuda, int64_t prompt_tokens, int64_t new_tokens,
+void check_generation_fits(const nlohmann::json& model, bool on_cuda, int64_t prompt_tokens, int64_t new_tokens,
                            const std::string& who);
 
 // MemAvailable of /proc/meminfo (bytes); 0 when it cannot be read.
@@ -42,7 +42,7 @@ double available_memory();
 void check_memory_fits(const MemoryEstimate& need, const std::string& who, const std::string& advice);
 
 // check_memory_fits for evaluating `batches` batches of batch_size rows of config's model, all held at
-// once: their ids, and one batch's forward where it is estimated (a GPT on the CPU).
+// once: their ids, and one batch's forward (on the CPU).
 // tokens: per row (0: config.batch_tokens()).
 void check_evaluation_fits(const RunConfig& config, bool on_cuda, int64_t batches, int64_t batch_size,
                            const std::string& who, const std::string& advice, int64_t tokens = 0);

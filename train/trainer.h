@@ -1,6 +1,7 @@
-// The training loop: a GPT on a toy task, evaluation on the validation stream, metrics.csv,
-// progress on the terminal, checkpoints every N steps (keeping the last K), exact resume, and a
-// checkpoint on Ctrl-C. Deterministic given the seed: the data stream is a function of the step.
+// The training loop: a model of any family on a task, evaluation on the validation stream, metrics.csv,
+// progress on the terminal (train/progress.h), checkpoints every N steps (keeping the last K), exact
+// resume (train/resume.h), and a checkpoint on Ctrl-C. Deterministic given the seed: the data stream is
+// a function of the step.
 #pragma once
 #include <atomic>
 #include <functional>
@@ -13,6 +14,7 @@
 #include "train/collectives.h"
 #include "train/config.h"
 #include "train/evaluate.h"
+#include "train/resume.h"
 
 namespace headlab::train {
 
@@ -40,15 +42,17 @@ constexpr auto enum_table(ThreadUse) {  // enum_name, parse_enum (base/enum_name
 inline constexpr double kMaxReplicaBytes = 1 << 30;
 
 struct TrainOptions {
-  RunConfig config =
-      RunConfig::defaults();  // what to train (resolve() fills in what the task decides); ignored on resume
+  nn::ModelOptions model;                    // the model of a fresh run (resolve() makes its section)
+  RunConfig config = RunConfig::defaults();  // the rest (resolve() fills in what the task decides)
   std::string out = "runs/reverse";
   bool resume = false;  // continue <out>/checkpoint.h5 up to config.run.steps
   int64_t log_every = 50;
   bool quiet = false;  // no progress output (tests)
   // Non-empty: a fresh run starts from these parameters (fine-tuning, e.g. a pruned checkpoint's)
-  // instead of a random initialisation; they must fit config.model. Ignored on resume.
+  // instead of a random initialisation, with init_model (the parameters' config section) in place of
+  // `model`. Ignored on resume.
   NamedTensors init;
+  nlohmann::json init_model;
   // Data parallelism: the ranks this run is spread over (null: a single process). --batch-size stays the
   // global batch; rank r computes rows [r B/N, (r+1) B/N) of every global batch (with the dropout masks
   // those rows get in a single process), gradients are summed over the ranks, every rank steps the same
@@ -62,13 +66,6 @@ struct TrainOptions {
   // this process's. Empty (a library caller): the checkpoint decides everything else.
   std::vector<std::string> told;
   StepObserver observer;
-};
-
-// A --resume whose options contradict the checkpoint's model, task or data; the message names every
-// difference. (headlab train exits 2 on it: a usage error, nothing was run.)
-class ResumeMismatch : public Error {
- public:
-  using Error::Error;
 };
 
 // Divergence without a NaN. A parameter whose magnitude passes kMaxParameter stops the run: the models
@@ -114,13 +111,15 @@ class Trainer {
   std::unique_ptr<Session> start();
   int data_parallel_threads(const Session& s) const;  // 1: no data parallelism over threads (ThreadUse)
   TrainResult train(Session& s);                      // the steps, on this rank
-  void apply_resume_options(Session& s) const;
+  // One optimizer step on batch data_index: this rank's rows forward and backward, the gradients summed
+  // over the ranks, clipped; the step itself unless the non-finite policy skips it (or stops the run).
+  void step(Session& s, double lr);
+  void finish(Session& s, TrainResult& result) const;  // the final evaluation and the closing summary
   void check_parameters(const Session& s) const;
   std::string save(Session& s) const;
   // nonfinite: a NaN or inf, which --skip-nonfinite could skip (advised only then)
   [[noreturn]] void diverged(const Session& s, int64_t step, const std::string& what, bool nonfinite = true) const;
-  void evaluate_and_log(Session& s, double lr, bool tty);
-  void log(const std::string& line) const;
+  void evaluate_and_log(Session& s, double lr);
   // Data parallelism: sums every gradient and `extra` over the ranks; checks the ranks hold one model.
   double all_reduce_gradients(Session& s, std::vector<float>& extra) const;  // the gradients' norm
   void check_ranks_agree(const Session& s) const;

@@ -20,7 +20,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const nlohmann::json stored = config.to_json();
     if (train::RunConfig::from_json(stored).to_json() != stored) __builtin_trap();
     const auto task = config.make_task();
-    const int64_t T = std::min<int64_t>(config.model.context_length, 64);
+    const int64_t T = std::min<int64_t>(config.batch_tokens(), 64);
     task->check_context_length(T);
     const tasks::Batch batch = task->batch(tasks::Split::val, 0, 2, T);
     for (int64_t id : batch.inputs)

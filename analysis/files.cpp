@@ -1,5 +1,5 @@
 // The files the analysis commands write: CSV, JSON, HDF5 and pictures (through plot/).
-#include "analysis/report.h"
+#include "analysis/files.h"
 
 #include <algorithm>
 #include <chrono>
@@ -13,7 +13,6 @@
 
 #include <omp.h>
 
-#include "analysis/reports.h"
 #include "analysis/table.h"
 #include "io/atomic_file.h"
 #include "io/h5file.h"
@@ -64,6 +63,25 @@ std::string removed_heads_str(const PruneStep& s, const nn::Model& model) {
   return out;
 }
 
+std::string kept_heads_text(const std::vector<std::vector<int64_t>>& kept) {
+  std::string out;
+  for (size_t l = 0; l < kept.size(); ++l) {
+    out += (l ? "; layer " : "layer ") + std::to_string(l) + ": ";
+    for (size_t i = 0; i < kept[l].size(); ++i) out += (i ? "," : "") + std::to_string(kept[l][i]);
+  }
+  return out;
+}
+
+std::string kept_heads_text(const nn::Model& model) {
+  const bool decoder = dynamic_cast<const nn::DecoderModel*>(&model) != nullptr;
+  std::string out;
+  for (int64_t l = 0; l < model.attention_count(); ++l) {
+    out += (l ? "; " : "") + (decoder ? "layer " + std::to_string(l) : model.attention_label(l)) + ": ";
+    for (int64_t h = 0; h < model.heads_at(l); ++h) out += (h ? "," : "") + std::to_string(model.original_head(l, h));
+  }
+  return out;
+}
+
 std::string token_label(const std::string& t) {
   if (t == " ") return "sp";
   if (t == "\n") return "\\n";
@@ -76,7 +94,7 @@ std::string token_label(const std::string& t) {
 void save_heads_csv(const std::string& path, const AblationResult& a, const std::vector<HeadColumn>& extra,
                     const nn::Model* model) {
   const bool ex = a.base.has_exact_match;
-  const bool named = model && dynamic_cast<const nn::GPTModel*>(model) == nullptr;
+  const bool named = model && dynamic_cast<const nn::DecoderModel*>(model) == nullptr;
   const Column integer{"", NumberFormat::integer, 0}, number{"", NumberFormat::fixed, 4};
   auto col = [](Column c, std::string name) { return c.name = std::move(name), c; };
   Table t;
@@ -110,11 +128,6 @@ void save_heads_csv(const std::string& path, const AblationResult& a, const std:
   io::write_file_atomic(path, render_csv(t), "save_heads_csv");
 }
 
-void save_pruning_csv(const std::string& path, const PruningCurve& c, const nn::Model& model) {
-  HL_CHECK(!c.steps.empty(), "save_pruning_csv: the curve is empty");
-  io::write_file_atomic(path, render_csv(pruning_table(c, model)), "save_pruning_csv");
-}
-
 namespace {
 
 // A HeadMap as a layer x (original) head heatmap; heads pruned before are NaN (grey).
@@ -133,8 +146,8 @@ plot::Heatmap head_heatmap(const HeadMap& map, const nn::Model& model) {
     for (size_t h = 0; h < map.values[static_cast<size_t>(l)].size(); ++h)
       m.values[static_cast<size_t>(l * m.cols + model.original_head(l, static_cast<int64_t>(h)))] =
           map.values[static_cast<size_t>(l)][h];
-  const bool gpt = dynamic_cast<const nn::GPTModel*>(&model) != nullptr;  // rows "0", "1"; else "enc.L0", ...
-  for (int64_t l = 0; l < m.rows; ++l) m.row_labels.push_back(gpt ? std::to_string(l) : model.attention_label(l));
+  const bool decoder = dynamic_cast<const nn::DecoderModel*>(&model) != nullptr;  // rows "0", "1"; else "enc.L0", ...
+  for (int64_t l = 0; l < m.rows; ++l) m.row_labels.push_back(decoder ? std::to_string(l) : model.attention_label(l));
   for (int64_t h = 0; h < m.cols; ++h) m.col_labels.push_back(std::to_string(h));
   m.vmin = map.vmin;
   m.vmax = map.vmax;
@@ -164,7 +177,7 @@ void save_head_maps_png(const std::string& path, const std::string& title, const
 }
 
 void save_composition_png(const std::string& path, const std::vector<CompositionScore>& comp,
-                          const nn::GPTModel& model) {
+                          const nn::DecoderModel& model) {
   HL_CHECK(!comp.empty(), "save_composition_png: no pair of heads to draw (a model of one layer)");
   const int64_t L = model.n_layers(), H = model.full_heads(), n = (L - 1) * H;
   plot::HeatmapGrid g;

@@ -1,4 +1,5 @@
-// The files of `headlab ablate`, `attention` and `compare`.
+// The files the analysis commands write: CSV, JSON, HDF5 and pictures (through plot/), written atomically:
+// per-head tables and maps, pruning curves, composition, attention maps, the wrapper-vs-fused comparison.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -26,6 +27,11 @@ std::string head_label(int64_t layer, int64_t original_head);
 // with the original head index.
 std::string head_name(const nn::Model& model, int64_t l, int64_t h);
 std::string removed_heads_str(const PruneStep& step, const nn::Model& model);  // "L0H3 L1H0"
+// "layer 0: 1,2; layer 1: 0": the heads each layer keeps.
+std::string kept_heads_text(const std::vector<std::vector<int64_t>>& kept);
+// The heads a model has, by original index: "layer 0: 0,2; layer 1: 1" for a decoder, "enc.L0: 0,2; ..." for
+// the encoder-decoder.
+std::string kept_heads_text(const nn::Model& model);
 // A token as a picture label: ASCII, blanks made visible (" " -> "sp", "\n" -> "\\n").
 std::string token_label(const std::string& token);
 
@@ -39,8 +45,6 @@ struct HeadColumn {
 // Encoder-decoders get a first column `module` (enc.L0, dec.L0, cross.L0; layer is then the module index).
 void save_heads_csv(const std::string& path, const AblationResult& a, const std::vector<HeadColumn>& extra = {},
                     const nn::Model* model = nullptr);
-// pruning.csv: step,heads_pruned,fraction_pruned,loss,token_accuracy[,exact_match],removed
-void save_pruning_csv(const std::string& path, const PruningCurve& c, const nn::Model& model);
 // A value per head as a layer x head heatmap by original head index (heads pruned before: grey).
 struct HeadMap {
   std::string title, colorbar_label;
@@ -54,7 +58,7 @@ void save_head_maps_png(const std::string& path, const std::string& title, const
 // composition.png: Q-, K- and V-composition side by side, heads of the earlier layers (rows) against
 // those of the later ones (columns), grey where the row's layer is not earlier or a head was pruned.
 void save_composition_png(const std::string& path, const std::vector<CompositionScore>& comp,
-                          const nn::GPTModel& model);
+                          const nn::DecoderModel& model);
 // importance.png: layer x head heatmap of the normalised scores (pruned heads grey), colour bar.
 void save_importance_png(const std::string& path, const AblationResult& a, const nn::Model& model);
 // pruning.png: fraction pruned -> token accuracy (and exact match), with the stop threshold when > 0.

@@ -1,0 +1,81 @@
+// Internal to analysis/'s circuit files: the stored runs of a chunk of prompt rows and the patcher's
+// state, which circuit_patcher.cpp implements and edge attribution (circuit.cpp) drives with probes.
+// B = prompt rows of a chunk, T = tokens, C = d_model, N = nodes, P = B*T*C, K = copies of one forward.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "analysis/circuit.h"
+#include "analysis/head_control.h"
+
+namespace headlab::analysis {
+
+// One chunk of prompt rows with its stored runs.
+struct Chunk {
+  int64_t B = 0, T = 0, first_row = 0;
+  Tensor clean_tokens, corrupt_tokens;  // (B, T) int64
+  Tensor direction;                     // (B, C): W_U[answer] - W_U[wrong]
+  Tensor bias_diff;                     // (B): the unembedding's bias difference (zeros without one)
+  Tensor candidates, weights;           // probability metric: (M) token ids, (B, M) signs; else undefined
+  Tensor corrupt_out, delta;            // (N, P): corrupted outputs of every node; clean - corrupted
+  Tensor delta_last;                    // (N, B*C): delta at the last position
+  std::vector<Tensor> clean_resid;      // [layer 0..L] (B, T, C): the clean stream entering each layer
+  std::vector<double> clean_ld, corrupt_ld;
+};
+
+struct CircuitPatcher::Impl {
+  // What one forward does beyond the plain run.
+  struct Pass {
+    int64_t copies = 1, first_layer = 0;
+    std::vector<Tensor> patches;            // [group]: (K, R, senders) or undefined (nothing patched there)
+    std::vector<Tensor>* probes = nullptr;  // filled per group with zero leaves added to the inputs (R, K, width)
+    Tensor start;                           // the stream entering layer 0 (B, T, C), when not the clean one
+    std::vector<Replace> replaced;          // [copy]: the node whose output is set to a value of its own
+    bool record = false;                    // K = 1, from layer 0, no patches: fill `recorded`
+    Tensor tokens;                          // record: (B, T)
+  };
+  struct Recorded {
+    std::vector<Tensor> outputs;  // [node] (P)
+    std::vector<Tensor> resid;    // [layer 0..L-1] (B, T, C): the stream after each layer
+  };
+
+  nn::DecoderModel& model;
+  detail::ControlGuard guard;  // the model in eval mode without head controls while this lives
+  CircuitGraph graph;
+  CircuitOptions options;
+  std::shared_ptr<train::Collectives> comm;
+  std::vector<int64_t> attention_group, mlp_group;  // [layer]: the group of its attention's / MLP's inputs, or -1
+  std::vector<Chunk> chunks;
+  LogitDifference baseline;
+  Tensor mean_out;  // (N, T*C): every node's clean output averaged over the prompts, once asked for
+  int64_t rows = 0, positions = 0, forwards = 0, C = 0;
+
+  Impl(nn::DecoderModel& m, const CircuitOptions& o);
+  // The groups' patch matrices for K copies; the first layer any copy patches (n_layers: the logits only).
+  Pass pass_for(const std::vector<const EdgePatch*>& copies) const;
+  // The metric of every copy and row, (K, B), for chunk c under pass p.
+  Tensor forward(const Chunk& c, const Pass& p, Recorded* rec = nullptr);
+  // Runs the clean and corrupted prompts of rows [first, first + B) and stores what patching reads.
+  Chunk make_chunk(const PromptPairs& pairs, int64_t first, int64_t B);
+  void compute_means();  // mean_out from every rank's chunks
+  DirectLogitAttribution logit_attribution() const;
+  // Prompt rows per chunk: the stored runs and one forward's activations within the budget; with a
+  // backward (edge attribution) every layer's per-receiver inputs and their norms stay alive until it
+  // runs, and twice the budget buys speed (measured: GPT-2 small, 5 rows a chunk, ~1 GB at the peak).
+  int64_t chunk_rows(int64_t T, bool backward) const;
+  // Rows per chunk for `rows` rows at most `most` a chunk: a divisor of rows in [most / 2, most] when
+  // there is one, since chunks of one shape reuse the allocator's cached blocks (GPT-2 small's edge
+  // attribution: 1.06 GB at the peak in chunks of 4 rows, 1.64 GB in chunks of 5 and a last one of 4).
+  static int64_t even_chunks(int64_t rows, int64_t most);
+  int64_t copies_per_forward(const Chunk& c) const;
+  int64_t widest_group() const;  // the most receivers one group has (a layer's 3H q/k/v inputs)
+};
+
+// Throws, naming who, unless the pairs fit the model (context, vocabulary, the probability metric's weights).
+void check_pairs(const nn::DecoderModel& model, const PromptPairs& pairs, const char* who);
+// Every row's logit differences where only this rank's chunks wrote theirs (zeros elsewhere), summed
+// over the ranks: each rank then holds every row's; then their means.
+void gather_rows(train::Collectives& comm, LogitDifference& d);
+void finish_baseline(LogitDifference& d);
+
+}  // namespace headlab::analysis

@@ -1,0 +1,508 @@
+// The patched forward over stored clean and corrupted runs (analysis/circuit.h). The model's own forward
+// runs (nn/decoder.h); the patch is what its hook points do: each receiver group that is patched (or
+// probed) takes its own input, the stream minus the patched senders' clean - corrupted outputs, through
+// the per-head inputs (hook_q/k/v_input) or hook_mlp_in; each node's output is taken at hook_result /
+// hook_mlp_out, kept against its corrupted output for the groups after it, and set where a copy replaces it.
+#include <algorithm>
+#include <numeric>
+
+#include "analysis/circuit_internal.h"
+
+namespace headlab::analysis {
+
+namespace {
+
+using Input = CircuitGraph::Input;
+using Impl = CircuitPatcher::Impl;
+using nn::HookPoint;
+constexpr int64_t kBudgetBytes = int64_t{256} << 20;  // activations of one forward, as evaluate_interventions budgets
+constexpr Replace::Value kValues[] = {Replace::Value::clean, Replace::Value::corrupt, Replace::Value::zero,
+                                      Replace::Value::mean};
+
+// One forward of K copies of a chunk's rows: the hooks that give each patched group its input and take
+// each node's output. Streams are (K*B, T, C), copy k's rows [k*B, (k+1)*B).
+class PatchedRun : public nn::Hooks {
+ public:
+  PatchedRun(Impl& s, const Chunk& c, const Impl::Pass& p, Impl::Recorded* rec)
+      : s_(s), c_(c), p_(p), rec_(rec), K(p.copies), B(c.B), T(c.T), C(s.C), P(c.B * c.T * s.C) {
+    N0 = p.first_layer == 0 ? 1 : s.graph.first_node_of_layer(p.first_layer);  // nodes before N0: the clean run's
+    patched = std::any_of(p.patches.begin(), p.patches.end(), [](const Tensor& t) { return t.defined(); });
+  }
+
+  bool wants(nn::HookKey key) const override {
+    switch (key.point) {
+      case HookPoint::q_input:
+      case HookPoint::k_input:
+      case HookPoint::v_input:
+        return reads_own_input(s_.attention_group[static_cast<size_t>(key.layer)]);
+      case HookPoint::mlp_in:
+        return reads_own_input(s_.mlp_group[static_cast<size_t>(key.layer)]);
+      case HookPoint::result:
+        return patched || rec_ || sets_a_node(first_head(key.layer), first_head(key.layer) + heads(key.layer));
+      case HookPoint::mlp_out:
+        return patched || rec_ || !p_.replaced.empty();
+      case HookPoint::resid_post:
+        return rec_ != nullptr;
+      default:
+        return false;
+    }
+  }
+
+  Tensor at(nn::HookKey key, const Tensor& x) override {
+    switch (key.point) {
+      case HookPoint::q_input: {  // the stream per head (KB, T, H, C): the layer's q, k and v inputs at once
+        const int64_t H = x.size(2);
+        qkv_ =
+            inputs_of(s_.attention_group[static_cast<size_t>(key.layer)], x.select(2, 0).reshape({K, P}), 3 * H, false)
+                .view({3, H, K * B, T, C});
+        return qkv_.select(0, 0).permute({1, 2, 0, 3});
+      }
+      case HookPoint::k_input:
+        return qkv_.select(0, 1).permute({1, 2, 0, 3});
+      case HookPoint::v_input:
+        return qkv_.select(0, 2).permute({1, 2, 0, 3});
+      case HookPoint::mlp_in:
+        return inputs_of(s_.mlp_group[static_cast<size_t>(key.layer)], x.reshape({K, P}), 1, false).view({K * B, T, C});
+      case HookPoint::result:
+        return head_outputs(key.layer, x);
+      case HookPoint::mlp_out:
+        return mlp_output(key.layer, x);
+      case HookPoint::resid_post:
+        rec_->resid.push_back(x);
+        return x;
+      default:
+        return x;
+    }
+  }
+
+  // The stream entering the first layer the pass runs, (K*B, T, C).
+  Tensor start() {
+    if (p_.record) {
+      const Tensor embedded = s_.model.embed(p_.tokens);  // (B, T, C): the embeddings node's output
+      if (rec_) rec_->outputs.push_back(embedded.reshape({P}));
+      return embedded;
+    }
+    const Tensor from = p_.start.defined() ? p_.start : c_.clean_resid[static_cast<size_t>(p_.first_layer)];
+    Tensor resid = from.unsqueeze(0).expand({K, B, T, C});
+    if (p_.first_layer == 0 && !p_.replaced.empty()) resid = with_embeddings_set(resid);
+    return resid.reshape({K * B, T, C});
+  }
+
+  // Group g's inputs: the stream (K, width) minus the patch, plus a probe leaf; (R, K, width), or undefined
+  // (the stream itself) when nothing is patched there and nothing probed. width: P, or B*C at the last
+  // position (last).
+  Tensor inputs_of(int64_t g, const Tensor& stream, int64_t R, bool last) const {
+    const Tensor patch = patch_of(static_cast<size_t>(g), last);
+    if (!patch.defined() && !p_.probes) return Tensor();
+    const int64_t width = stream.size(1);
+    Tensor x = patch.defined() ? sub(stream.unsqueeze(0), patch) : stream.unsqueeze(0).expand({R, K, width});
+    if (p_.probes) {
+      Tensor probe = zeros({R, K, width}, stream.dtype(), stream.device());
+      probe.requires_grad_(true);
+      p_.probes->push_back(probe);
+      x = add(x, probe);
+    }
+    return x;
+  }
+
+ private:
+  int64_t heads(int64_t layer) const { return s_.model.attention(layer).head_count(); }
+  int64_t first_head(int64_t layer) const { return s_.graph.first_node_of_layer(layer); }
+  bool reads_own_input(int64_t g) const {
+    return g >= 0 && (p_.probes != nullptr ||
+                      (static_cast<size_t>(g) < p_.patches.size() && p_.patches[static_cast<size_t>(g)].defined()));
+  }
+  bool sets_a_node(int64_t first, int64_t end) const {
+    return std::any_of(p_.replaced.begin(), p_.replaced.end(),
+                       [&](const Replace& r) { return r.node >= first && r.node < end; });
+  }
+
+  // The patch of group g's receivers, (R, K, width): the stored senders' deltas (nodes before N0) and
+  // this pass's own (nodes from N0), weighted by each copy's patch fractions.
+  Tensor patch_of(size_t g, bool last) const {
+    if (g >= p_.patches.size() || !p_.patches[g].defined()) return Tensor();
+    const Tensor& M = p_.patches[g];  // (K, R, S)
+    const int64_t S = M.size(2), S0 = std::min(S, N0);
+    const Tensor& stored = last ? c_.delta_last : c_.delta;
+    Tensor out = matmul(M.narrow(2, 0, S0).permute({1, 0, 2}), stored.narrow(0, 0, S0));  // (R, K, S0) @ (S0, width)
+    if (S > N0) {
+      std::vector<Tensor> own;
+      for (int64_t j = 0; j < S - N0; ++j) {
+        const Tensor& d = own_delta_[static_cast<size_t>(j)];
+        own.push_back(last ? d.reshape({K, B, T, C}).select(2, T - 1).reshape({K, B * C}) : d);
+      }
+      const Tensor mine = matmul(M.narrow(2, N0, S - N0), stack(own, 1));  // (K, R, n) @ (K, n, width)
+      out = add(out, mine.permute({1, 0, 2}));
+    }
+    return out;
+  }
+
+  // Where each copy sets `node` to `with`, (K, 1, T, 1) of 0/1; undefined when no copy does.
+  Tensor replaced_at(int64_t node, Replace::Value with, const Tensor& like) const {
+    std::vector<double> m(static_cast<size_t>(K * T), 0.0);
+    bool any = false;
+    for (size_t k = 0; k < p_.replaced.size(); ++k)
+      if (p_.replaced[k].node == node && p_.replaced[k].with == with)
+        for (int64_t t = 0; t < T; ++t)
+          if (p_.replaced[k].position < 0 || p_.replaced[k].position == t) m[k * T + t] = 1.0, any = true;
+    return any ? tensor(m, {K, 1, T, 1}).to(like.dtype()).to(like.device()) : Tensor();
+  }
+  // Node `node`'s value `with`, (1, B, T, C) or (1, 1, T, C) for the mean; undefined for zero.
+  Tensor value_of(int64_t node, Replace::Value with) const {
+    const Tensor corrupt = c_.corrupt_out.select(0, node).reshape({1, B, T, C});
+    switch (with) {
+      case Replace::Value::clean:
+        return add(corrupt, c_.delta.select(0, node).reshape({1, B, T, C}));
+      case Replace::Value::corrupt:
+        return corrupt;
+      case Replace::Value::mean:
+        return s_.mean_out.select(0, node).reshape({1, 1, T, C});
+      case Replace::Value::zero:
+        break;
+    }
+    return Tensor();
+  }
+  // out (K, P) of node `node` with the copies that set it given their value there instead.
+  Tensor replace(const Tensor& out, int64_t node) const {
+    Tensor o = out.reshape({K, B, T, C});
+    for (Replace::Value with : kValues) {
+      const Tensor m = replaced_at(node, with, o);
+      if (!m.defined()) continue;
+      const Tensor v = value_of(node, with);
+      o = v.defined() ? add(o, mul(m, sub(v, o))) : sub(o, mul(m, o));
+    }
+    return o.reshape({K, P});
+  }
+  // The embeddings set at some positions. Clean: the corrupted ones elsewhere (copies setting them
+  // everywhere subtract zeros); another value: the clean ones elsewhere (the stream starts clean).
+  Tensor with_embeddings_set(Tensor resid) const {  // resid (K, B, T, C)
+    const Tensor m = replaced_at(0, Replace::Value::clean, resid);
+    if (m.defined()) {
+      std::vector<double> restoring(static_cast<size_t>(K), 0.0);
+      for (size_t k = 0; k < p_.replaced.size(); ++k)
+        restoring[k] = p_.replaced[k].node == 0 && p_.replaced[k].with == Replace::Value::clean ? 1.0 : 0.0;
+      const Tensor r = tensor(restoring, {K, 1, 1, 1}).to(resid.dtype()).to(resid.device());
+      resid = sub(resid, mul(sub(r, m), c_.delta.select(0, 0).reshape({1, B, T, C})));
+    }
+    const Tensor clean_embed = value_of(0, Replace::Value::clean);
+    for (Replace::Value with : kValues) {
+      const Tensor mw = with == Replace::Value::clean ? Tensor() : replaced_at(0, with, resid);
+      if (!mw.defined()) continue;
+      const Tensor v = value_of(0, with);
+      resid = add(resid, mul(mw, v.defined() ? sub(v, clean_embed) : neg(clean_embed)));
+    }
+    return resid;
+  }
+
+  // Node `node`'s output (K, P): recorded, and kept against its corrupted output for later groups.
+  void emit(const Tensor& out, int64_t node) {
+    if (rec_) rec_->outputs.push_back(out.reshape({P}));
+    if (!patched) return;
+    HL_CHECK(node == N0 + static_cast<int64_t>(own_delta_.size()), "circuit: node ", node, " came out of order");
+    own_delta_.push_back(sub(out, c_.corrupt_out.select(0, node).unsqueeze(0)));
+  }
+  // The layer's heads' outputs r (K*B, T, H, C), laid out head-major: emitted, replaced where a copy sets one.
+  Tensor head_outputs(int64_t layer, const Tensor& r) {
+    const int64_t H = r.size(2), first = first_head(layer);
+    Tensor out = r.permute({2, 0, 1, 3}).reshape({H, K, P});
+    if (sets_a_node(first, first + H)) {  // only then are the heads taken apart and stacked again
+      std::vector<Tensor> each;
+      for (int64_t h = 0; h < H; ++h) each.push_back(replace(out.select(0, h), first + h));
+      out = stack(each, 0);
+    }
+    for (int64_t h = 0; h < H; ++h) emit(out.select(0, h), first + h);
+    return out.view({H, K * B, T, C}).permute({1, 2, 0, 3});
+  }
+  Tensor mlp_output(int64_t layer, const Tensor& x) {  // x (K*B, T, C)
+    const int64_t node = first_head(layer) + heads(layer);
+    Tensor out = x.reshape({K, P});
+    if (!p_.replaced.empty()) out = replace(out, node);
+    emit(out, node);
+    return out.view({K * B, T, C});
+  }
+
+  Impl& s_;
+  const Chunk& c_;
+  const Impl::Pass& p_;
+  Impl::Recorded* rec_;
+  const int64_t K, B, T, C, P;
+  int64_t N0 = 1;
+  bool patched = false;
+  std::vector<Tensor> own_delta_;  // nodes N0..: out - corrupt_out, (K, P)
+  Tensor qkv_;                     // the current layer's q, k and v inputs (3, H, K*B, T, C)
+};
+
+}  // namespace
+
+// ---- the patcher's state ----
+Impl::Impl(nn::DecoderModel& m, const CircuitOptions& o)
+    : model(m),
+      guard(m),
+      graph(m),
+      options(o),
+      comm(o.collectives ? o.collectives : train::single_process()),
+      C(m.shape().d_model) {
+  model.eval();
+  detail::set_controls(model, {}, {});  // the model's head controls are not applied
+  attention_group.assign(static_cast<size_t>(graph.n_layers()), -1);
+  mlp_group.assign(static_cast<size_t>(graph.n_layers()), -1);
+  for (size_t g = 0; g < graph.groups().size(); ++g) {
+    const CircuitGraph::Group& grp = graph.groups()[g];
+    if (grp.input == Input::q) attention_group[static_cast<size_t>(grp.layer)] = static_cast<int64_t>(g);
+    if (grp.input == Input::mlp) mlp_group[static_cast<size_t>(grp.layer)] = static_cast<int64_t>(g);
+  }
+}
+
+Impl::Pass Impl::pass_for(const std::vector<const EdgePatch*>& copies) const {
+  Pass p;
+  p.copies = static_cast<int64_t>(copies.size());
+  p.first_layer = graph.n_layers();
+  const DType dt = detail::model_dtype(model);
+  for (const CircuitGraph::Group& g : graph.groups()) {
+    const int64_t e0 = graph.receivers()[static_cast<size_t>(g.first)].first_edge, n = g.count * g.senders;
+    std::vector<double> m(static_cast<size_t>(p.copies * n), 0.0);
+    bool any = false;
+    for (size_t k = 0; k < copies.size(); ++k)
+      for (int64_t i = 0; i < n; ++i) {
+        const double v = (*copies[k])[static_cast<size_t>(e0 + i)];
+        m[k * static_cast<size_t>(n) + static_cast<size_t>(i)] = v;
+        any = any || v != 0;
+      }
+    p.patches.push_back(any ? tensor(m, {p.copies, g.count, g.senders}).to(dt).to(model.device()) : Tensor());
+    if (any) p.first_layer = std::min(p.first_layer, g.layer);
+  }
+  return p;
+}
+
+Tensor Impl::forward(const Chunk& c, const Pass& p, Recorded* rec) {
+  const int64_t K = p.copies, B = c.B, T = c.T;
+  PatchedRun run(*this, c, p, rec);
+  const Tensor resid = model.run_blocks(run.start(), p.first_layer, graph.n_layers(), &run);  // (K*B, T, C)
+  // The logits: at the last position only, along each row's answer - wrong direction.
+  const Tensor last = resid.select(1, T - 1).reshape({K, B * C});
+  const Tensor X = run.inputs_of(static_cast<int64_t>(graph.groups().size()) - 1, last, 1, true);
+  const Tensor y = model.normalize_final((X.defined() ? X.select(0, 0) : last).reshape({K, B, C}));
+  if (c.candidates.defined()) {  // sum_m weights[b, m] * p(candidates[m]): every logit, then the softmax
+    const Tensor logits = model.unembed_normalized(y);  // (K, B, V)
+    return mul(index_select(softmax(logits, 2), 2, c.candidates), c.weights).sum({2});
+  }
+  return add(mul(y, c.direction).sum({2}), c.bias_diff);  // (K, B)
+}
+
+Chunk Impl::make_chunk(const PromptPairs& pairs, int64_t first, int64_t B) {
+  const NoGradGuard no_grad;
+  Chunk c;
+  c.B = B, c.T = pairs.T, c.first_row = first;
+  const Device dev = model.device();
+  const auto rows_of = [&](const std::vector<int64_t>& v, int64_t width) {
+    return tensor(std::vector<int64_t>(v.begin() + first * width, v.begin() + (first + B) * width), {B, width}).to(dev);
+  };
+  c.clean_tokens = rows_of(pairs.clean, pairs.T), c.corrupt_tokens = rows_of(pairs.corrupt, pairs.T);
+  const Tensor answer = rows_of(pairs.answer, 1).reshape({B}), wrong = rows_of(pairs.wrong, 1).reshape({B});
+  const Tensor& W_U = model.lm_head().weight;  // (V, C): the unembedding's rows
+  c.direction = sub(index_select(W_U, 0, answer), index_select(W_U, 0, wrong)).detach();
+  const Tensor& b_U = model.lm_head().bias;
+  c.bias_diff = b_U.defined() ? sub(index_select(b_U, 0, answer), index_select(b_U, 0, wrong)).detach()
+                              : zeros({B}, W_U.dtype(), dev);
+  if (pairs.probability_metric()) {
+    const auto M = static_cast<int64_t>(pairs.candidates.size());
+    c.candidates = tensor(pairs.candidates, {M}).to(dev);
+    c.weights =
+        tensor(std::vector<double>(pairs.weights.begin() + first * M, pairs.weights.begin() + (first + B) * M), {B, M})
+            .to(W_U.dtype())
+            .to(dev);
+  }
+  Recorded clean, corrupt;
+  for (auto [tokens, rec, ld] :
+       {std::tuple{&c.clean_tokens, &clean, &c.clean_ld}, std::tuple{&c.corrupt_tokens, &corrupt, &c.corrupt_ld}}) {
+    Pass p;
+    p.record = true;
+    p.tokens = *tokens;
+    *ld = forward(c, p, rec).to_vector<double>();
+  }
+  // clean_resid[l]: the stream entering layer l; the recording holds the stream after each layer.
+  c.clean_resid.push_back(clean.outputs.front().reshape({B, c.T, C}));
+  for (const Tensor& r : clean.resid) c.clean_resid.push_back(r);
+  c.corrupt_out = stack(corrupt.outputs, 0);
+  c.delta = sub(stack(clean.outputs, 0), c.corrupt_out);
+  const int64_t N = graph.node_count();
+  c.delta_last = c.delta.reshape({N, B, c.T, C}).select(2, c.T - 1).reshape({N, B * C});
+  return c;
+}
+
+void Impl::compute_means() {
+  if (mean_out.defined()) return;
+  const int64_t N = graph.node_count(), TC = positions * C;
+  std::vector<double> sum(static_cast<size_t>(N * TC), 0.0);
+  for (const Chunk& c : chunks) {
+    const std::vector<double> s = add(c.corrupt_out, c.delta).reshape({N, c.B, TC}).sum({1}).to_vector<double>();
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += s[i];
+  }
+  comm->allreduce_sum(sum.data(), static_cast<int64_t>(sum.size()));
+  for (double& v : sum) v /= static_cast<double>(rows);
+  mean_out = tensor(sum, {N, TC}).to(detail::model_dtype(model)).to(model.device());
+}
+
+// Every node's output at the last position read along answer - wrong through the final norm, frozen at
+// the clean stream there; the rest of the stream (the out_proj biases), the norm's bias and the
+// unembedding's bias make the constant.
+DirectLogitAttribution Impl::logit_attribution() const {
+  const NoGradGuard no_grad;
+  const int64_t N = graph.node_count();
+  std::vector<double> sums(static_cast<size_t>(N + 2), 0.0);  // the nodes, the constant, the clean difference
+  for (const Chunk& c : chunks) {
+    const int64_t B = c.B, T = c.T;
+    const Tensor x = c.clean_resid.back().select(1, T - 1);  // (B, C): what the final norm reads
+    const nn::FrozenNorm frozen = model.freeze_final_norm(x);
+    const Tensor dir = frozen.back(c.direction);                                            // (B, C)
+    const Tensor out = add(c.corrupt_out, c.delta).reshape({N, B, T, C}).select(2, T - 1);  // (N, B, C)
+    const Tensor per_node = mul(out, dir.unsqueeze(0)).sum({2});                            // (N, B)
+    const Tensor rest = sub(x, out.sum({0}));                                               // (B, C)
+    const Tensor constant = add(add(mul(rest, dir).sum({1}), frozen.bias_along(c.direction)), c.bias_diff);
+    const Tensor clean = add(mul(model.normalize_final(x), c.direction).sum({1}), c.bias_diff);  // (B)
+    const std::vector<double> n = per_node.sum({1}).to_vector<double>();
+    for (int64_t i = 0; i < N; ++i) sums[static_cast<size_t>(i)] += n[static_cast<size_t>(i)];
+    sums[static_cast<size_t>(N)] += constant.sum().item<double>();
+    sums[static_cast<size_t>(N + 1)] += clean.sum().item<double>();
+  }
+  comm->allreduce_sum(sums.data(), static_cast<int64_t>(sums.size()));
+  for (double& v : sums) v /= static_cast<double>(rows);
+  DirectLogitAttribution r;
+  r.node.assign(sums.begin(), sums.begin() + N);
+  r.constant = sums[static_cast<size_t>(N)], r.clean = sums[static_cast<size_t>(N + 1)];
+  return r;
+}
+
+int64_t Impl::widest_group() const {
+  int64_t widest = 1;
+  for (const CircuitGraph::Group& g : graph.groups()) widest = std::max(widest, g.count);
+  return widest;
+}
+
+int64_t Impl::chunk_rows(int64_t T, bool backward) const {
+  if (options.chunk_rows > 0) return options.chunk_rows;
+  const int64_t layers_alive = backward ? graph.n_layers() : 1;
+  const int64_t per_row = (graph.node_count() * 3 + widest_group() * 4 * layers_alive + 16) * T * C *
+                          dtype_size(detail::model_dtype(model));
+  return std::max<int64_t>(1, (backward ? 2 : 1) * kBudgetBytes / std::max<int64_t>(per_row, 1));
+}
+
+int64_t Impl::even_chunks(int64_t rows, int64_t most) {
+  most = std::min(most, rows);
+  for (int64_t d = most; d * 2 >= most; --d)
+    if (rows % d == 0) return d;
+  return most;
+}
+
+int64_t Impl::copies_per_forward(const Chunk& c) const {
+  if (options.max_copies > 0) return options.max_copies;
+  const int64_t logits = c.candidates.defined() ? 2 * c.B * model.shape().vocab_size : 0;  // and softmax
+  const int64_t per_copy = ((graph.node_count() + widest_group() * 3 + 16) * c.B * c.T * C + logits) *
+                           dtype_size(detail::model_dtype(model));
+  return std::max<int64_t>(1, kBudgetBytes / std::max<int64_t>(per_copy, 1));
+}
+
+// ---- shared with edge attribution ----
+void check_pairs(const nn::DecoderModel& model, const PromptPairs& pairs, const char* who) {
+  const nn::DecoderShape& shape = model.shape();
+  HL_CHECK(pairs.rows() > 0 && pairs.T > 0, who, ": no prompt pairs");
+  HL_CHECK(pairs.T <= shape.context_length, who, ": prompts of ", pairs.T, " tokens do not fit the model's context of ",
+           shape.context_length);
+  const auto check_ids = [&](const std::vector<int64_t>& ids, const char* what) {
+    for (size_t i = 0; i < ids.size(); ++i)
+      HL_CHECK(ids[i] >= 0 && ids[i] < shape.vocab_size, who, ": ", what, " token ", ids[i], " (at ", i,
+               ") is outside the vocabulary of ", shape.vocab_size);
+  };
+  check_ids(pairs.clean, "clean"), check_ids(pairs.corrupt, "corrupt");
+  check_ids(pairs.answer, "answer"), check_ids(pairs.wrong, "wrong"), check_ids(pairs.candidates, "candidate");
+  HL_CHECK(pairs.weights.size() == pairs.candidates.size() * static_cast<size_t>(pairs.rows()), who,
+           ": the probability metric's weights list ", pairs.weights.size(),
+           " values, not rows x candidates = ", pairs.rows(), " x ", pairs.candidates.size());
+}
+
+void gather_rows(train::Collectives& comm, LogitDifference& d) {
+  comm.allreduce_sum(d.clean.data(), static_cast<int64_t>(d.clean.size()));
+  comm.allreduce_sum(d.corrupt.data(), static_cast<int64_t>(d.corrupt.size()));
+}
+
+void finish_baseline(LogitDifference& d) {
+  const auto mean = [](const std::vector<double>& v) {
+    return std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+  };
+  d.clean_mean = mean(d.clean), d.corrupt_mean = mean(d.corrupt);
+}
+
+// ---- the patcher ----
+CircuitPatcher::CircuitPatcher(nn::DecoderModel& model, const PromptPairs& pairs, const CircuitOptions& options) {
+  check_pairs(model, pairs, "circuit");
+  impl_ = std::make_unique<Impl>(model, options);
+  Impl& s = *impl_;
+  s.rows = pairs.rows(), s.positions = pairs.T;
+  const int64_t step = Impl::even_chunks(pairs.rows(), s.chunk_rows(pairs.T, false));
+  s.baseline.clean.assign(static_cast<size_t>(s.rows), 0.0);
+  s.baseline.corrupt.assign(static_cast<size_t>(s.rows), 0.0);
+  for (int64_t first = 0, i = 0; first < pairs.rows(); first += step, ++i) {
+    if (i % s.comm->size() != s.comm->rank()) continue;  // another rank's chunk
+    Chunk& c = s.chunks.emplace_back(s.make_chunk(pairs, first, std::min(step, pairs.rows() - first)));
+    std::copy(c.clean_ld.begin(), c.clean_ld.end(), s.baseline.clean.begin() + first);
+    std::copy(c.corrupt_ld.begin(), c.corrupt_ld.end(), s.baseline.corrupt.begin() + first);
+  }
+  gather_rows(*s.comm, s.baseline);
+  finish_baseline(s.baseline);
+  s.baseline.normalized(0);  // throws when clean and corrupted score the same
+}
+
+CircuitPatcher::~CircuitPatcher() = default;
+const CircuitGraph& CircuitPatcher::graph() const { return impl_->graph; }
+const LogitDifference& CircuitPatcher::baseline() const { return impl_->baseline; }
+int64_t CircuitPatcher::forwards() const { return impl_->forwards; }
+int64_t CircuitPatcher::positions() const { return impl_->positions; }
+DirectLogitAttribution CircuitPatcher::direct_logit_attribution() const { return impl_->logit_attribution(); }
+
+std::vector<double> CircuitPatcher::metric(const std::vector<EdgePatch>& patches) { return metric(patches, {}); }
+
+std::vector<double> CircuitPatcher::metric(const std::vector<EdgePatch>& patches,
+                                           const std::vector<Replace>& replaced) {
+  Impl& s = *impl_;
+  for (const EdgePatch& p : patches)
+    HL_CHECK(static_cast<int64_t>(p.size()) == s.graph.edge_count(), "circuit: a patch lists ", p.size(),
+             " edges, the graph has ", s.graph.edge_count());
+  HL_CHECK(replaced.empty() || replaced.size() == patches.size(), "circuit: ", replaced.size(), " replaced nodes for ",
+           patches.size(), " patches");
+  for (const Replace& r : replaced) {
+    HL_CHECK(r.node >= -1 && r.node < s.graph.node_count(), "circuit: no node ", r.node, " to replace (",
+             s.graph.node_count(), " nodes)");
+    HL_CHECK(r.position >= -1 && r.position < s.positions, "circuit: no position ", r.position, " to replace at (",
+             s.positions, " positions)");
+  }
+  const NoGradGuard no_grad;
+  if (std::any_of(replaced.begin(), replaced.end(), [](const Replace& r) { return r.with == Replace::Value::mean; }))
+    s.compute_means();
+  std::vector<double> sums(patches.size(), 0.0);
+  for (const Chunk& c : s.chunks) {
+    const auto per = static_cast<size_t>(s.copies_per_forward(c));
+    for (size_t k0 = 0; k0 < patches.size(); k0 += per) {
+      std::vector<const EdgePatch*> copies;
+      for (size_t k = k0; k < std::min(patches.size(), k0 + per); ++k) copies.push_back(&patches[k]);
+      Impl::Pass p = s.pass_for(copies);
+      if (!replaced.empty()) {
+        p.replaced.assign(replaced.begin() + static_cast<std::ptrdiff_t>(k0),
+                          replaced.begin() + static_cast<std::ptrdiff_t>(k0 + copies.size()));
+        // A replaced node must be computed, not read from the clean run: start no later than its layer
+        // (the embeddings, unless set to their clean value everywhere: from layer 0).
+        for (const Replace& r : p.replaced)
+          if (r.node > 0 || (r.node == 0 && (r.position >= 0 || r.with != Replace::Value::clean)))
+            p.first_layer =
+                std::min(p.first_layer, std::max<int64_t>(0, s.graph.nodes()[static_cast<size_t>(r.node)].layer));
+      }
+      const std::vector<double> ld = s.forward(c, p).sum({1}).to_vector<double>();  // (K)
+      for (size_t k = 0; k < copies.size(); ++k) sums[k0 + k] += ld[k];
+      s.forwards += static_cast<int64_t>(copies.size());
+    }
+  }
+  s.comm->allreduce_sum(sums.data(), static_cast<int64_t>(sums.size()));
+  for (double& v : sums) v = s.baseline.normalized(v / static_cast<double>(s.rows));
+  return sums;
+}
+
+}  // namespace headlab::analysis

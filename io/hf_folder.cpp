@@ -1,0 +1,61 @@
+// config.json of a Hugging Face folder, read and checked.
+#include "io/hf_folder.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "base/input_path.h"
+
+namespace headlab::io {
+
+namespace {
+
+namespace fs = std::filesystem;
+constexpr size_t kMaxConfigBytes = 1u << 20;  // a model's config.json is a few KB
+
+}  // namespace
+
+bool is_hf_model_folder(const std::string& path) {
+  std::error_code ec;
+  return fs::is_directory(path, ec) && fs::exists(fs::path(path) / "config.json", ec);
+}
+
+std::string hf_config_path(const std::string& folder) { return (fs::path(folder) / "config.json").string(); }
+
+nlohmann::json read_hf_config(const std::string& folder) {
+  check_input_folder(folder, "model folder");
+  const std::string path = hf_config_path(folder);
+  check_input_file(path, "model config");
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  HL_CHECK(!ec && size <= kMaxConfigBytes, "model config '", path, "' is ",
+           ec ? ec.message() : std::to_string(size) + " bytes", ", expected a JSON file under ", kMaxConfigBytes,
+           " bytes");
+  std::ifstream in(path, std::ios::binary);
+  HL_CHECK(in, "model config '", path, "': cannot open");
+  std::ostringstream text;
+  text << in.rdbuf();
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text.str());
+  } catch (const nlohmann::json::exception& e) {
+    HL_FAIL(path, ": not JSON (", e.what(), ")");
+  }
+  HL_CHECK(j.is_object(), path, ": expected a JSON object");
+  return j;
+}
+
+int64_t hf_config_int(const nlohmann::json& j, std::initializer_list<const char*> keys, int64_t lo, int64_t hi,
+                      const std::string& file) {
+  for (const char* key : keys) {
+    if (!j.contains(key)) continue;
+    int64_t v = 0;
+    HL_CHECK(json_to_integer(j.at(key), v) && v >= lo && v <= hi, file, ": ", key, " must be a whole number in [", lo,
+             ", ", hi, "], got ", json_text(j.at(key)));
+    return v;
+  }
+  HL_FAIL(file, ": missing ", *keys.begin());
+}
+
+}  // namespace headlab::io

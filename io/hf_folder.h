@@ -1,0 +1,37 @@
+// What every Hugging Face model folder shares, whatever its family: a folder holding config.json, that
+// file read under a size cap, its model_type, and config values read with errors that name the file and
+// key. The families' readers (io/hf_gpt2.h) build on these; the registry (io/families.h) picks the reader.
+#pragma once
+#include <cstdint>
+#include <initializer_list>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "base/error.h"
+#include "base/json_fields.h"
+
+namespace headlab::io {
+
+// A folder holding config.json: what the commands take for a Hugging Face model.
+bool is_hf_model_folder(const std::string& path);
+
+// The folder's config.json, checked to be a JSON object of at most 1 MiB; errors name the file.
+nlohmann::json read_hf_config(const std::string& folder);
+std::string hf_config_path(const std::string& folder);
+
+// config.json's integer at the first of `keys` present, in [lo, hi] (required).
+int64_t hf_config_int(const nlohmann::json& j, std::initializer_list<const char*> keys, int64_t lo, int64_t hi,
+                      const std::string& file);
+
+// config.json's value at `key`, or `fallback` where absent or null; the wrong type is an error.
+template <typename T>
+T hf_config_value(const nlohmann::json& j, const char* key, T fallback, const std::string& file) {
+  if (!j.contains(key) || j.at(key).is_null()) return fallback;
+  try {
+    return j.at(key).get<T>();
+  } catch (const nlohmann::json::exception&) {
+    HL_FAIL(file, ": ", key, " has the wrong type: ", json_text(j.at(key)));
+  }
+}
+
+}  // namespace headlab::io

@@ -1,0 +1,470 @@
+// The causal forms of multi-head attention ("Build a LLM from Scratch" ch. 3): the single head, the
+// per-head wrapper, the fused module whose forward carries the decoder's hook points and key/value cache,
+// the conversions between the forms (every form through the per-head wrapper) and the table of forms.
+// Head surgery copies weights into new modules: pruning keeps rows (projections) and columns (output
+// projection) of the kept heads.
+// B = batch, T = tokens, H = heads, D = head size, C = d_in.
+#include <cmath>
+
+#include "nn/attention.h"
+#include "nn/attention_internal.h"
+
+namespace headlab::nn {
+
+using namespace detail;
+
+namespace {
+
+void check_causal_input(const char* who, const Tensor& x, int64_t d_in, int64_t context_length) {
+  HL_CHECK(x.defined() && x.dim() == 3, who, ": expected x of shape (batch, tokens, ", d_in, "), got ",
+           x.defined() ? shape_str(x.shape()) : std::string("(undefined)"));
+  HL_CHECK(x.size(2) == d_in, who, ": expected x of shape (batch, tokens, ", d_in, "), got ", shape_str(x.shape()));
+  HL_CHECK(x.size(1) <= context_length, who, ": ", x.size(1), " tokens exceed context_length ", context_length);
+}
+
+// Values of src into dst, two modules of one structure (the same names and shapes).
+void copy_parameters(Module& dst, const Module& src) {
+  const NamedTensors from = src.named_parameters();
+  NoGradGuard no_grad;
+  for (auto& [name, t] : dst.named_parameters()) {
+    auto it = find_named(from, name);
+    HL_CHECK(it != from.end(), dst.type_name(), ": parameter ", name, " is missing from the copied module");
+    t.detach().copy_(it->second);
+  }
+}
+
+}  // namespace
+
+// ---- CausalAttention ----
+CausalAttention::CausalAttention(int64_t din, int64_t dout, int64_t ctx, double p, bool qkv_bias)
+    : d_in(din), d_out(dout), context_length(ctx) {
+  HL_CHECK(ctx > 0, "CausalAttention: context_length must be positive, got ", ctx);
+  W_query = register_module("W_query", std::make_shared<Linear>(din, dout, qkv_bias));
+  W_key = register_module("W_key", std::make_shared<Linear>(din, dout, qkv_bias));
+  W_value = register_module("W_value", std::make_shared<Linear>(din, dout, qkv_bias));
+  dropout = register_module("dropout", std::make_shared<Dropout>(p));
+}
+
+double CausalAttention::parameter_count(int64_t din, int64_t dout, bool qkv_bias) {
+  return 3 * linear_parameters(din, dout, qkv_bias);  // W_query, W_key, W_value
+}
+
+Tensor CausalAttention::forward(const Tensor& x) {
+  check_causal_input("CausalAttention", x, d_in, context_length);
+  const Tensor keys = W_key->forward(x), queries = W_query->forward(x), values = W_value->forward(x);  // (B, T, d_out)
+  if (!keep_attention_weights)
+    return scaled_dot_product_attention(queries, keys, values, AttentionMask::causal(), dropout->p,
+                                        dropout->is_training());
+  const Tensor scores = matmul(queries, keys.mT());  // (B, T, T)
+  const Tensor weights = causal_softmax(scores, 1.0 / std::sqrt(static_cast<double>(d_out)));
+  attention_weights = weights.detach();
+  return matmul(dropout->forward(weights), values);
+}
+
+// ---- MultiHeadAttentionWrapper ----
+MultiHeadAttentionWrapper::MultiHeadAttentionWrapper(int64_t din, int64_t dout, int64_t ctx, double p, int64_t H,
+                                                     bool bias, bool with_out_proj, int64_t out_dim)
+    : d_in(din), d_out(dout), context_length(ctx), num_heads(H), dropout_p(p), qkv_bias(bias) {
+  HL_CHECK(H >= 0, "MultiHeadAttentionWrapper: num_heads must be >= 0, got ", H);
+  heads = register_module("heads", std::make_shared<ModuleList>());
+  for (int64_t h = 0; h < H; ++h) heads->push_back(std::make_shared<CausalAttention>(din, dout, ctx, p, bias));
+  if (with_out_proj)
+    out_proj = register_module("out_proj", std::make_shared<Linear>(H * dout, out_dim < 0 ? H * dout : out_dim));
+}
+
+std::shared_ptr<MultiHeadAttentionWrapper> MultiHeadAttentionWrapper::create(const CausalAttentionSizes& s) {
+  return std::make_shared<MultiHeadAttentionWrapper>(s.d_in, s.head_dim, s.context_length, s.dropout, s.num_heads,
+                                                     s.qkv_bias, true, s.d_out);
+}
+
+double MultiHeadAttentionWrapper::parameter_count(const CausalAttentionSizes& s) {
+  return static_cast<double>(s.num_heads) * CausalAttention::parameter_count(s.d_in, s.head_dim, s.qkv_bias) +
+         linear_parameters(s.num_heads * s.head_dim, s.d_out, true);  // heads, out_proj
+}
+
+std::shared_ptr<MultiHeadAttentionWrapper> MultiHeadAttentionWrapper::merge_heads(const MultiHeadAttentionWrapper& w) {
+  return w.split_heads();
+}
+
+std::vector<int64_t> MultiHeadAttentionWrapper::all_heads() const {
+  std::vector<int64_t> all(static_cast<size_t>(num_heads));
+  for (int64_t h = 0; h < num_heads; ++h) all[static_cast<size_t>(h)] = h;
+  return all;
+}
+
+std::shared_ptr<MultiHeadAttentionWrapper> MultiHeadAttentionWrapper::split_heads() const {
+  HL_CHECK(num_heads > 0, "MultiHeadAttentionWrapper: the wrapper has no heads");
+  auto w = select_heads(all_heads());
+  w->head_control = head_control;  // the same heads: the same control tensors, as a conversion shares them
+  return w;
+}
+
+std::shared_ptr<MultiHeadAttentionWrapper> MultiHeadAttentionWrapper::select_heads(
+    const std::vector<int64_t>& keep) const {
+  check_head_selection(keep, num_heads, "MultiHeadAttentionWrapper", "the module");
+  const int64_t n = static_cast<int64_t>(keep.size());
+  auto w = std::make_shared<MultiHeadAttentionWrapper>(d_in, d_out, context_length, dropout_p, n, qkv_bias,
+                                                       out_proj != nullptr, out_proj ? out_proj->out_features : -1);
+  like(*w, *this);
+  for (int64_t i = 0; i < n; ++i)
+    copy_parameters(*w->heads->at<CausalAttention>(static_cast<size_t>(i)),
+                    *heads->at<CausalAttention>(static_cast<size_t>(keep[static_cast<size_t>(i)])));
+  if (out_proj) {
+    NoGradGuard no_grad;
+    const Tensor cols = head_rows(keep, d_out, out_proj->weight.device());
+    w->out_proj->weight.detach().copy_(index_select(out_proj->weight, 1, cols));  // (out, n*D) of (out, H*D)
+    w->out_proj->bias.detach().copy_(out_proj->bias);
+  }
+  w->keep_attention_weights(heads->at<CausalAttention>(0)->keep_attention_weights);
+  w->head_control = head_control.select_heads(keep);
+  return w;
+}
+
+void MultiHeadAttentionWrapper::keep_attention_weights(bool on) {
+  for (size_t h = 0; h < heads->size(); ++h) heads->at<CausalAttention>(h)->keep_attention_weights = on;
+}
+
+Tensor MultiHeadAttentionWrapper::last_attention_weights() const {
+  std::vector<Tensor> ws;
+  for (size_t h = 0; h < heads->size(); ++h) ws.push_back(heads->at<CausalAttention>(h)->attention_weights);
+  return ws.empty() || !ws[0].defined() ? Tensor() : stack(ws, 1);
+}
+
+Tensor MultiHeadAttentionWrapper::forward(const Tensor& x, const Tensor& gates_arg) {
+  const char* who = "MultiHeadAttentionWrapper";
+  check_causal_input(who, x, d_in, context_length);
+  const int64_t B = x.size(0), T = x.size(1), H = num_heads, D = d_out;
+  const Tensor gates = gates_arg.defined() ? gates_arg : head_control.gates;
+  const Tensor& offsets = head_control.offsets;
+  check_control(who, gates, offsets, B, H, T, D);
+  // Head h's slice of the (B, H, T, D)-shaped views, as (B, T, D)-broadcastable tensors.
+  const Tensor g4 = gates.defined() ? gates_4d(gates, B, H, T) : Tensor();
+  const Tensor o4 = offsets.defined() ? offsets_4d(offsets, B, H, D) : Tensor();
+  const Tensor& given = head_control.given_context;
+  if (given.defined()) check_given_context(who, given, B, H, T, D);
+  std::vector<Tensor> outs, kept;
+  for (int64_t h = 0; h < H; ++h) {
+    Tensor o = given.defined() ? given.select(1, h)  // (B, T, d_out)
+                               : heads->at<CausalAttention>(static_cast<size_t>(h))->forward(x);
+    if (head_control.keep_context) kept.push_back(o.detach());
+    if (g4.defined()) o = mul(o, g4.select(1, h).to(o.dtype()));
+    if (o4.defined()) o = add(o, o4.select(1, h).to(o.dtype()));
+    outs.push_back(o);
+  }
+  if (head_control.keep_context && !kept.empty()) head_control.context = stack(kept, 1);  // (B, H, T, d_out)
+  Tensor out = outs.empty() ? zeros({B, T, 0}, x.dtype(), x.device()) : cat(outs, -1);
+  return out_proj ? out_proj->forward(out) : out;
+}
+
+Tensor MultiHeadAttentionWrapper::forward(const AttentionInput& in, const HookSite& site, KVCache* cache) {
+  const bool hooked =
+      site.wants_any({HookPoint::q, HookPoint::k, HookPoint::v, HookPoint::pattern, HookPoint::z, HookPoint::result});
+  if (num_heads == 0 || (!hooked && !in.split() && !cache)) return forward(in.x, Tensor());
+  // Hook points, per-head inputs and the cache: the fused form's forward on a copy of the weights (the
+  // same function of the input), its head control the wrapper's own.
+  const std::shared_ptr<CausalMultiHead> fused = convert_attention(*this, AttentionForm::fused);
+  const Tensor out = fused->forward(in, site, cache);
+  head_control.context = fused->control().context;
+  return out;
+}
+
+HeadWeights MultiHeadAttentionWrapper::head_weights() const {
+  HL_CHECK(num_heads > 0, "MultiHeadAttentionWrapper: the wrapper has no heads");
+  const Tensor& any = heads->at<CausalAttention>(0)->W_query->weight;
+  HeadWeights w;
+  const auto stacked = [&](auto pick) {  // (H, ...) from each head's (d_out, ...)
+    std::vector<Tensor> per_head;
+    for (size_t h = 0; h < heads->size(); ++h) per_head.push_back(pick(*heads->at<CausalAttention>(h)).detach());
+    return stack(per_head, 0);
+  };
+  w.W_Q = stacked([](const CausalAttention& a) { return a.W_query->weight; }).transpose(1, 2);  // (H, d_in, D)
+  w.W_K = stacked([](const CausalAttention& a) { return a.W_key->weight; }).transpose(1, 2);
+  w.W_V = stacked([](const CausalAttention& a) { return a.W_value->weight; }).transpose(1, 2);
+  if (qkv_bias) {
+    w.b_Q = stacked([](const CausalAttention& a) { return a.W_query->bias; });
+    w.b_K = stacked([](const CausalAttention& a) { return a.W_key->bias; });
+    w.b_V = stacked([](const CausalAttention& a) { return a.W_value->bias; });
+  }
+  if (out_proj) {
+    const int64_t C = out_proj->out_features;
+    w.W_O = out_proj->weight.detach().view({C, num_heads, d_out}).permute({1, 2, 0});  // (H, D, C)
+    w.b_O = out_proj->bias.detach();
+  } else {  // concatenation alone: head h writes its own columns
+    w.W_O = zeros({num_heads, d_out, num_heads * d_out}, any.dtype(), any.device());
+    const Tensor id = eye(d_out, any.dtype(), any.device());
+    for (int64_t h = 0; h < num_heads; ++h) w.W_O.select(0, h).narrow(1, h * d_out, d_out).copy_(id);
+  }
+  return w;
+}
+
+// ---- CausalMultiHeadAttention (fused) ----
+CausalMultiHeadAttention::CausalMultiHeadAttention(int64_t din, int64_t dout, int64_t ctx, double p, int64_t H,
+                                                   bool bias, int64_t hd)
+    : d_in(din), d_out(dout), context_length(ctx), num_heads(H), dropout_p(p), qkv_bias(bias) {
+  if (hd < 0) {
+    HL_CHECK(H > 0 && dout % H == 0, "CausalMultiHeadAttention: d_out ", dout, " must be divisible by num_heads ", H);
+    hd = dout / H;
+  }
+  HL_CHECK(ctx > 0, "CausalMultiHeadAttention: context_length must be positive, got ", ctx);
+  head_dim = hd;
+  const int64_t inner = H * hd;
+  W_query = register_module("W_query", std::make_shared<Linear>(din, inner, bias));
+  W_key = register_module("W_key", std::make_shared<Linear>(din, inner, bias));
+  W_value = register_module("W_value", std::make_shared<Linear>(din, inner, bias));
+  out_proj = register_module("out_proj", std::make_shared<Linear>(inner, dout));
+  dropout = register_module("dropout", std::make_shared<Dropout>(p));
+}
+
+std::shared_ptr<CausalMultiHeadAttention> CausalMultiHeadAttention::create(const CausalAttentionSizes& s) {
+  return std::make_shared<CausalMultiHeadAttention>(s.d_in, s.d_out, s.context_length, s.dropout, s.num_heads,
+                                                    s.qkv_bias, s.head_dim);
+}
+
+double CausalMultiHeadAttention::parameter_count(const CausalAttentionSizes& s) {
+  const int64_t inner = s.num_heads * s.head_dim;
+  return 3 * linear_parameters(s.d_in, inner, s.qkv_bias) + linear_parameters(inner, s.d_out, true);
+}
+
+Tensor CausalMultiHeadAttention::forward(const Tensor& x, const Tensor& gates) {
+  return run(AttentionInput{x, {}, {}, {}}, gates, HookSite{}, nullptr);
+}
+
+Tensor CausalMultiHeadAttention::forward(const AttentionInput& in, const HookSite& site, KVCache* cache) {
+  return run(in, Tensor(), site, cache);
+}
+
+namespace {
+
+// Queries, keys or values (B, T, H, D): the stream x (B, T, C) through proj (H*D, C), or with per-head
+// inputs xs (B, T, H, C) each head's own through its rows of proj (a GEMM per head; xs laid out head-major,
+// as the decoder block makes them, is read in place).
+Tensor project(const Tensor& xs, const Tensor& x, Linear& proj, int64_t H, int64_t D) {
+  if (!xs.defined()) return proj.forward(x).view({x.size(0), x.size(1), H, D});
+  const int64_t B = xs.size(0), T = xs.size(1), C = xs.size(3);
+  Tensor y = matmul(xs.permute({2, 0, 1, 3}).reshape({H, B * T, C}), proj.weight.view({H, D, C}).transpose(1, 2));
+  if (proj.bias.defined()) y = add(y, proj.bias.view({H, 1, D}));
+  return y.view({H, B, T, D}).permute({1, 2, 0, 3});
+}
+
+// The input that gives the batch and token counts: x, or the first per-head input.
+const Tensor& any_input(const AttentionInput& in) {
+  return in.x.defined() ? in.x : in.q.defined() ? in.q : in.k.defined() ? in.k : in.v;
+}
+
+void check_attention_input(const char* who, const AttentionInput& in, int64_t d_in, int64_t H, int64_t context) {
+  if (in.x.defined() || !in.q.defined() || !in.k.defined() || !in.v.defined())
+    check_causal_input(who, in.x, d_in, context);
+  const Tensor& first = any_input(in);
+  HL_CHECK(first.dim() >= 2, who, ": the input must have a batch and a token dimension, got ",
+           shape_str(first.shape()));
+  const int64_t B = first.size(0), T = first.size(1);
+  HL_CHECK(T <= context, who, ": ", T, " tokens exceed context_length ", context);
+  for (const Tensor* xs : {&in.q, &in.k, &in.v})
+    if (xs->defined())
+      HL_CHECK(xs->shape() == Shape({B, T, H, d_in}), who, ": per-head inputs must have shape [", B, ", ", T, ", ", H,
+               ", ", d_in, "], got ", shape_str(xs->shape()));
+}
+
+}  // namespace
+
+// One function for training, inference, decoding and analysis: a branch per optional part, so that the
+// plain forward runs the fused attention kernel on strided views and computes nothing for hooks.
+Tensor CausalMultiHeadAttention::run(const AttentionInput& in, const Tensor& gates, const HookSite& site,
+                                     KVCache* cache) {
+  const char* who = cache ? "CausalMultiHeadAttention (cached)" : "CausalMultiHeadAttention";
+  check_attention_input(who, in, d_in, num_heads, context_length);
+  const Tensor& first = any_input(in);
+  const int64_t B = first.size(0), T = first.size(1), H = num_heads, D = head_dim;
+  Tensor ctx;  // (B, H, T, D)
+  if (head_control.given_context.defined()) {
+    check_given_context(who, head_control.given_context, B, H, T, D);
+    ctx = head_control.given_context;
+  } else {
+    const Tensor q = site(HookPoint::q, project(in.q, in.x, *W_query, H, D));  // (B, T, H, D)
+    const Tensor k = site(HookPoint::k, project(in.k, in.x, *W_key, H, D));
+    const Tensor v = site(HookPoint::v, project(in.v, in.x, *W_value, H, D));
+    if (cache) {
+      HL_CHECK(!in.split(), who, ": per-head inputs do not decode with a cache");
+      const int64_t past = cache->length;
+      HL_CHECK(past == 0 || T == 1, who, ": after the prefill the cache takes one token a step, got ", T);
+      HL_CHECK(past + T <= context_length, who, ": ", past, " cached + ", T, " new tokens exceed context_length ",
+               context_length);
+      if (past == 0) {
+        cache->keys = Tensor::empty({B, H, context_length, D}, first.dtype(), first.device());
+        cache->values = Tensor::empty({B, H, context_length, D}, first.dtype(), first.device());
+      }
+      HL_CHECK(cache->keys.size(0) == B, who, ": the cache holds ", cache->keys.size(0), " rows, the input ", B);
+      cache->keys.narrow(2, past, T).copy_(k.transpose(1, 2));
+      cache->values.narrow(2, past, T).copy_(v.transpose(1, 2));
+      cache->length = past + T;
+      // A prefill is causal within itself; a new token sees every cached position.
+      ctx = scaled_dot_product_attention(q.transpose(1, 2), cache->keys.narrow(2, 0, past + T),
+                                         cache->values.narrow(2, 0, past + T),
+                                         past == 0 ? AttentionMask::causal() : AttentionMask::none());
+    } else if (keep_weights || site.wants(HookPoint::pattern)) {  // the weights wanted: materialised anyway
+      const Tensor scores = matmul(q.transpose(1, 2), k.permute({0, 2, 3, 1}));  // (B, H, T, T)
+      const Tensor pattern = site(HookPoint::pattern, causal_softmax(scores, 1.0 / std::sqrt(static_cast<double>(D))));
+      if (keep_weights) attention_weights = pattern.detach();
+      ctx = matmul(dropout->forward(pattern), v.transpose(1, 2));
+    } else {  // fused: reads the strided views directly, saves O(B*H*T) for backward
+      ctx = scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                         AttentionMask::causal(), dropout->p, dropout->is_training());
+    }
+  }
+  ctx = apply_head_control(who, ctx, head_control, gates);
+  const Tensor z = site(HookPoint::z, ctx.transpose(1, 2));                                // (B, T, H, D)
+  if (!site.wants(HookPoint::result)) return out_proj->forward(z.reshape({B, T, H * D}));  // (B, T, d_out)
+  // Each head's share of the output: z_h W_O[h] (H GEMMs), then their sum and out_proj's bias.
+  const Tensor W_O = out_proj->weight.view({d_out, H, D}).permute({1, 2, 0});           // (H, D, d_out)
+  const Tensor per_head = matmul(z.permute({2, 0, 1, 3}).reshape({H, B * T, D}), W_O);  // (H, BT, d_out)
+  const Tensor result = site(HookPoint::result, per_head.view({H, B, T, d_out}).permute({1, 2, 0, 3}));
+  Tensor out = result.permute({2, 0, 1, 3}).sum({0});  // (B, T, d_out)
+  if (out_proj->bias.defined()) out = add(out, out_proj->bias);
+  return out;
+}
+
+HeadWeights CausalMultiHeadAttention::head_weights() const {
+  const int64_t H = num_heads, D = head_dim;
+  HeadWeights w;
+  const auto per_head = [&](const Linear& proj, Tensor& W, Tensor& b) {
+    W = proj.weight.detach().view({H, D, d_in}).transpose(1, 2);  // (H, d_in, D)
+    if (proj.bias.defined()) b = proj.bias.detach().view({H, D});
+  };
+  per_head(*W_query, w.W_Q, w.b_Q);
+  per_head(*W_key, w.W_K, w.b_K);
+  per_head(*W_value, w.W_V, w.b_V);
+  w.W_O = out_proj->weight.detach().view({d_out, H, D}).permute({1, 2, 0});  // (H, D, d_out)
+  if (out_proj->bias.defined()) w.b_O = out_proj->bias.detach();
+  return w;
+}
+
+// ---- conversion: every causal form to and from per-head form ----
+std::shared_ptr<CausalMultiHead> CausalMultiHead::prune_heads(const std::vector<int64_t>& keep) const {
+  check_head_selection(keep, head_count(), type_name(), "the module");  // before the split, naming this module
+  return merge_heads(*split_heads()->select_heads(keep), form());
+}
+
+std::shared_ptr<CausalMultiHeadAttention> CausalMultiHeadAttention::merge_heads(const MultiHeadAttentionWrapper& w) {
+  const int64_t H = w.num_heads, D = w.d_out, inner = H * D;
+  HL_CHECK(H > 0, "wrapper_to_fused: the wrapper has no heads");
+  const int64_t out_dim = w.out_proj ? w.out_proj->out_features : inner;
+  auto f = std::make_shared<CausalMultiHeadAttention>(w.d_in, out_dim, w.context_length, w.dropout_p, H, w.qkv_bias, D);
+  like(*f, w);
+  NoGradGuard no_grad;
+  auto stack_rows = [&](auto pick) {
+    std::vector<Tensor> parts;
+    for (int64_t h = 0; h < H; ++h) parts.push_back(pick(*w.heads->at<CausalAttention>(static_cast<size_t>(h))));
+    return cat(parts, 0);
+  };
+  f->W_query->weight.detach().copy_(stack_rows([](CausalAttention& a) { return a.W_query->weight; }));
+  f->W_key->weight.detach().copy_(stack_rows([](CausalAttention& a) { return a.W_key->weight; }));
+  f->W_value->weight.detach().copy_(stack_rows([](CausalAttention& a) { return a.W_value->weight; }));
+  if (w.qkv_bias) {
+    f->W_query->bias.detach().copy_(stack_rows([](CausalAttention& a) { return a.W_query->bias; }));
+    f->W_key->bias.detach().copy_(stack_rows([](CausalAttention& a) { return a.W_key->bias; }));
+    f->W_value->bias.detach().copy_(stack_rows([](CausalAttention& a) { return a.W_value->bias; }));
+  }
+  if (w.out_proj) {
+    f->out_proj->weight.detach().copy_(w.out_proj->weight);
+    f->out_proj->bias.detach().copy_(w.out_proj->bias);
+  } else {  // concatenation alone: an identity projection
+    f->out_proj->weight.detach().copy_(eye(inner, f->out_proj->weight.dtype(), f->out_proj->weight.device()));
+    f->out_proj->bias.detach().zero_();
+  }
+  f->keep_weights = w.heads->at<CausalAttention>(0)->keep_attention_weights;
+  f->head_control = w.head_control;
+  return f;
+}
+
+std::shared_ptr<MultiHeadAttentionWrapper> CausalMultiHeadAttention::split_heads() const {
+  const int64_t H = num_heads, D = head_dim;
+  HL_CHECK(H > 0, "fused_to_wrapper: the module has no heads");
+  auto w = std::make_shared<MultiHeadAttentionWrapper>(d_in, D, context_length, dropout_p, H, qkv_bias, true, d_out);
+  like(*w, *this);
+  NoGradGuard no_grad;
+  for (int64_t h = 0; h < H; ++h) {
+    auto head = w->heads->at<CausalAttention>(static_cast<size_t>(h));
+    head->W_query->weight.detach().copy_(W_query->weight.narrow(0, h * D, D));
+    head->W_key->weight.detach().copy_(W_key->weight.narrow(0, h * D, D));
+    head->W_value->weight.detach().copy_(W_value->weight.narrow(0, h * D, D));
+    if (qkv_bias) {
+      head->W_query->bias.detach().copy_(W_query->bias.narrow(0, h * D, D));
+      head->W_key->bias.detach().copy_(W_key->bias.narrow(0, h * D, D));
+      head->W_value->bias.detach().copy_(W_value->bias.narrow(0, h * D, D));
+    }
+  }
+  w->out_proj->weight.detach().copy_(out_proj->weight);
+  w->out_proj->bias.detach().copy_(out_proj->bias);
+  w->keep_attention_weights(keep_weights);
+  w->head_control = head_control;
+  return w;
+}
+
+std::shared_ptr<CausalMultiHeadAttention> wrapper_to_fused(const MultiHeadAttentionWrapper& w) {
+  return CausalMultiHeadAttention::merge_heads(w);
+}
+
+std::shared_ptr<MultiHeadAttentionWrapper> fused_to_wrapper(const CausalMultiHeadAttention& f) {
+  return f.split_heads();
+}
+
+// ---- the table of forms ----
+namespace {
+
+struct FormEntry {
+  AttentionForm form;
+  const char* help;
+  std::shared_ptr<CausalMultiHead> (*create)(const CausalAttentionSizes&);
+  double (*parameter_count)(const CausalAttentionSizes&);
+  std::shared_ptr<CausalMultiHead> (*merge_heads)(const MultiHeadAttentionWrapper&);
+};
+
+template <typename M>
+FormEntry form_entry(AttentionForm form, const char* help) {
+  return {form, help, [](const CausalAttentionSizes& s) -> std::shared_ptr<CausalMultiHead> { return M::create(s); },
+          &M::parameter_count,
+          [](const MultiHeadAttentionWrapper& w) -> std::shared_ptr<CausalMultiHead> { return M::merge_heads(w); }};
+}
+
+// One entry per AttentionForm (its name: enum_table in attention.h): how it is built, counted and merged from per-head
+// form.
+const std::vector<FormEntry>& forms() {
+  static const std::vector<FormEntry> table = {
+      form_entry<CausalMultiHeadAttention>(AttentionForm::fused, "one W_query/W_key/W_value"),
+      form_entry<MultiHeadAttentionWrapper>(AttentionForm::wrapper, "one module per head"),
+  };
+  return table;
+}
+
+const FormEntry& entry(AttentionForm form) {
+  for (const FormEntry& e : forms())
+    if (e.form == form) return e;
+  HL_FAIL("attention: form ", static_cast<int>(form), " is missing from the table of forms");
+}
+
+}  // namespace
+
+std::string attention_forms_help() {
+  std::string help;
+  for (const FormEntry& e : forms())
+    help += (help.empty() ? "" : " | ") + std::string(enum_name(e.form)) + " (" + e.help + ")";
+  return help;
+}
+
+std::shared_ptr<CausalMultiHead> make_causal_attention(AttentionForm form, const CausalAttentionSizes& s) {
+  return entry(form).create(s);
+}
+
+double causal_attention_parameters(AttentionForm form, const CausalAttentionSizes& s) {
+  return entry(form).parameter_count(s);
+}
+
+std::shared_ptr<CausalMultiHead> merge_heads(const MultiHeadAttentionWrapper& w, AttentionForm form) {
+  return entry(form).merge_heads(w);
+}
+
+std::shared_ptr<CausalMultiHead> convert_attention(const CausalMultiHead& m, AttentionForm form) {
+  return merge_heads(*m.split_heads(), form);
+}
+
+}  // namespace headlab::nn

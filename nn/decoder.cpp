@@ -1,0 +1,154 @@
+// The decoder's one forward: the block's maths with its hook points, the model's pieces around the
+// blocks, incremental decoding, and each head's weights as TransformerLens exposes them.
+#include "nn/decoder.h"
+
+namespace headlab::nn {
+
+// ---- the block ----
+Tensor DecoderBlock::forward(const Tensor& x_in, const HookSite& site, KVCache* cache) {
+  const Tensor x = site(HookPoint::resid_pre, x_in);
+  Dropout& drop = residual_dropout();
+  const Tensor attn_out = site(HookPoint::attn_out, drop.forward(attend(x, site, cache)));
+  if (mlp() == nullptr) return site(HookPoint::resid_post, add(x, attn_out));
+  if (parallel_residual()) {
+    const Tensor mlp_out = site(HookPoint::mlp_out, drop.forward(feed(x, site)));
+    return site(HookPoint::resid_post, add(add(x, attn_out), mlp_out));
+  }
+  const Tensor mid = site(HookPoint::resid_mid, add(x, attn_out));
+  const Tensor mlp_out = site(HookPoint::mlp_out, drop.forward(feed(mid, site)));
+  return site(HookPoint::resid_post, add(mid, mlp_out));
+}
+
+// ln1 and the attention. Queries, keys or values whose input is hooked read the stream per head
+// (B, T, H, C), as the hook leaves it; a hook that hands the broadcast stream back untouched costs
+// nothing more than the plain path. Per-head inputs are normalised head-major, (H, B, T, C), the layout
+// the attention's per-head projections read in place.
+Tensor DecoderBlock::attend(const Tensor& x, const HookSite& site, KVCache* cache) {
+  Norm& ln = ln1();
+  AttentionInput in;
+  bool all_split = true;
+  const std::pair<HookPoint, Tensor*> inputs[] = {
+      {HookPoint::q_input, &in.q}, {HookPoint::k_input, &in.k}, {HookPoint::v_input, &in.v}};
+  for (const auto& [point, slot] : inputs) {
+    if (!site.wants(point)) {
+      all_split = false;
+      continue;
+    }
+    const int64_t H = attention().head_count();
+    // A copy of x, so that a hook writing into what it is given cannot change the stream.
+    const Tensor stream = clone(x).unsqueeze(2).expand({x.size(0), x.size(1), H, x.size(2)});
+    const uint64_t version = stream.version();
+    const Tensor given = site.hooks->at({point, site.layer}, stream);
+    if (given.impl_ptr() == stream.impl_ptr() && given.version() == version) {  // neither replaced nor written
+      all_split = false;
+      continue;
+    }
+    HL_CHECK(given.shape() == stream.shape(), "decoder: the hook at '", hook_name({point, site.layer}), "' returned ",
+             shape_str(given.shape()), "; the per-head input is ", shape_str(stream.shape()));
+    *slot = ln.forward(given.permute({2, 0, 1, 3})).permute({1, 2, 0, 3});
+  }
+  if (!all_split) in.x = site(HookPoint::ln1_normalized, ln.forward(x));
+  return attention().forward(in, site, cache);
+}
+
+// ln2 and the MLP on the stream they read.
+Tensor DecoderBlock::feed(const Tensor& stream, const HookSite& site) {
+  const Tensor in = site(HookPoint::mlp_in, stream);
+  return mlp()->forward(site(HookPoint::ln2_normalized, ln2()->forward(in)), site);
+}
+
+// ---- the model ----
+Tensor DecoderModel::forward(const Tensor& idx, Hooks* hooks) {
+  return unembed(run_blocks(embed(idx, 0, hooks), 0, n_layers(), hooks), hooks);
+}
+
+Tensor DecoderModel::run_blocks(const Tensor& x_in, int64_t first, int64_t last, Hooks* hooks) {
+  HL_CHECK(first >= 0 && first <= last && last <= n_layers(), type_name(), ": blocks [", first, ", ", last,
+           ") are out of range for ", n_layers(), " layers");
+  Tensor x = x_in;
+  for (int64_t l = first; l < last; ++l) x = decoder_block(l).forward(x, HookSite{hooks, l});
+  return x;
+}
+
+Tensor DecoderModel::normalize_final(const Tensor& x, Hooks* hooks) {
+  return HookSite{hooks, -1}(HookPoint::ln_final_normalized, ln_final().forward(x));
+}
+
+Tensor DecoderModel::unembed_normalized(const Tensor& y) { return lm_head().forward(y); }
+
+Tensor DecoderModel::unembed(const Tensor& x, Hooks* hooks) { return unembed_normalized(normalize_final(x, hooks)); }
+
+bool DecoderModel::supports_kv_cache() const {
+  for (int64_t l = 0; l < n_layers(); ++l)
+    if (!attention(l).supports_kv_cache()) return false;
+  return true;
+}
+
+Tensor DecoderModel::forward_cached(const Tensor& idx, std::vector<KVCache>& caches) {
+  HL_CHECK(static_cast<int64_t>(caches.size()) == n_layers(), type_name(), ": ", caches.size(),
+           " key/value caches for ", n_layers(), " layers");
+  Tensor x = embed(idx, caches.front().length);
+  for (int64_t l = 0; l < n_layers(); ++l) x = decoder_block(l).forward(x, HookSite{}, &caches[static_cast<size_t>(l)]);
+  const int64_t T = x.size(1);
+  return unembed(x.narrow(1, T - 1, 1)).select(1, 0);  // (B, V)
+}
+
+HeadWeights DecoderModel::head_weights(int64_t layer, bool fold_norm) const {
+  HeadWeights w = attention(layer).head_weights();
+  if (!fold_norm) return w;
+  const Norm& ln = decoder_block(layer).ln1();
+  const Tensor gamma = ln.weight.detach().view({1, -1, 1});  // (1, C, 1): scales every head's reads
+  const Tensor beta = ln.bias.defined() ? ln.bias.detach().view({1, -1, 1}) : Tensor();
+  for (const auto& [W, b] : {std::pair{&w.W_Q, &w.b_Q}, std::pair{&w.W_K, &w.b_K}, std::pair{&w.W_V, &w.b_V}}) {
+    if (beta.defined()) {
+      const Tensor carried = mul(*W, beta).sum({1});  // (H, D): beta W
+      *b = b->defined() ? add(*b, carried) : carried;
+    }
+    *W = mul(*W, gamma);
+  }
+  return w;
+}
+
+Tensor DecoderModel::W_U() const { return lm_head().weight.detach().mT(); }
+
+Tensor DecoderModel::b_U() const {
+  const Tensor& b = lm_head().bias;
+  return b.defined() ? b.detach() : Tensor();
+}
+
+std::vector<HookKey> DecoderModel::hook_points(bool split_inputs) const {
+  using P = HookPoint;
+  std::vector<HookKey> keys{{P::embed, -1}};
+  if (shape_.learned_positions) keys.push_back({P::pos_embed, -1});
+  for (int64_t l = 0; l < n_layers(); ++l) {
+    std::vector<P> points{P::resid_pre};
+    if (split_inputs) points.insert(points.end(), {P::q_input, P::k_input, P::v_input});
+    points.push_back(P::ln1_normalized);
+    if (attention(l).head_count() > 0) {
+      points.insert(points.end(), {P::q, P::k, P::v});
+      if (shape_.rotary) points.insert(points.end(), {P::rot_q, P::rot_k});
+      points.insert(points.end(), {P::pattern, P::z, P::result});
+    }
+    points.push_back(P::attn_out);
+    if (shape_.has_mlp) {
+      if (!shape_.parallel_residual) points.push_back(P::resid_mid);
+      if (split_inputs) points.push_back(P::mlp_in);
+      points.insert(points.end(), {P::ln2_normalized, P::mlp_pre, P::mlp_post, P::mlp_out});
+    }
+    points.push_back(P::resid_post);
+    for (P p : points) keys.push_back({p, l});
+  }
+  keys.push_back({P::ln_final_normalized, -1});
+  return keys;
+}
+
+int64_t DecoderModel::original_head(int64_t i, int64_t h) const {
+  const std::vector<std::vector<int64_t>>& kept = shape_.kept_heads;
+  return kept.empty() ? h : kept.at(static_cast<size_t>(i)).at(static_cast<size_t>(h));
+}
+
+void DecoderModel::keep_attention_weights(bool on) {
+  for (int64_t l = 0; l < n_layers(); ++l) attention(l).keep_attention_weights(on);
+}
+
+}  // namespace headlab::nn

@@ -1,0 +1,119 @@
+// The decoder-only language model as evaluation, generation, export, the key/value cache, head surgery,
+// every analysis and the Python module see it, whatever its family: embeddings into a residual stream,
+// blocks that read the stream through a norm and add their attention's and MLP's outputs to it, a final
+// norm and the unembedding. One forward, with TransformerLens's hook points (nn/hooks.h); each head's
+// weights as TransformerLens exposes them (W_Q, W_K, W_V, W_O and biases, the norm folded in on request);
+// the final norm frozen for direct logit attribution. A family (nn/gpt.h: the book's GPT and GPT-2)
+// builds the modules under its own state_dict names and supplies its embeddings; the block's maths is
+// DecoderBlock's, written once here.
+// B = batch, T = tokens, C = d_model, V = vocabulary, L = layers, H = heads, D = head size.
+#pragma once
+#include <vector>
+
+#include "nn/model.h"
+
+namespace headlab::nn {
+
+// A decoder's sizes as analyses read them, whatever the family's config calls them.
+struct DecoderShape {
+  int64_t vocab_size = 0, context_length = 0, d_model = 0, n_layers = 0;
+  int64_t n_heads = 0;             // per layer before any pruning
+  bool has_mlp = true;             // false: attention-only blocks
+  bool learned_positions = true;   // a position embedding added to the token embedding (hook_pos_embed)
+  bool rotary = false;             // queries and keys rotated by position (attn.hook_rot_q, hook_rot_k)
+  bool parallel_residual = false;  // attention and MLP both read the block's input (no hook_resid_mid)
+  // After physical pruning, the original head indices each layer keeps (empty: every head).
+  std::vector<std::vector<int64_t>> kept_heads;
+};
+
+// One pre-norm block around the residual stream x (B, T, C):
+//   sequential (GPT-2, LLaMA): x += drop(attn(ln1(x))); x += drop(mlp(ln2(x)))
+//   parallel (GPT-NeoX):       x += drop(attn(ln1(x))) + drop(mlp(ln2(x)))  (both read the block's input)
+//   attention only:            x += drop(attn(ln1(x)))
+// with the hook points resid_pre, q/k/v_input (per-head inputs, where hooked), ln1.hook_normalized, the
+// attention's own, attn_out, resid_mid, mlp_in, ln2.hook_normalized, the MLP's, mlp_out and resid_post.
+// A family's block registers the parts under its names and hands them over through the accessors.
+class DecoderBlock : public UnaryModule {
+ public:
+  Tensor forward(const Tensor& x) override { return forward(x, HookSite{}); }
+  // cache: incremental decoding (CausalMultiHead::forward), then without hooks.
+  Tensor forward(const Tensor& x, const HookSite& site, KVCache* cache = nullptr);
+  virtual CausalMultiHead& attention() const = 0;
+  virtual Norm& ln1() const = 0;
+  virtual Norm* ln2() const = 0;  // null in an attention-only block
+  virtual Mlp* mlp() const = 0;   // null in an attention-only block
+  virtual Dropout& residual_dropout() const = 0;
+  virtual bool parallel_residual() const { return false; }
+
+ private:
+  Tensor attend(const Tensor& x, const HookSite& site, KVCache* cache);
+  Tensor feed(const Tensor& stream, const HookSite& site);
+};
+
+class DecoderModel : public Model {
+ public:
+  // ---- the forward: logits = unembed(run_blocks(embed(idx), 0, L)) ----
+  Tensor logits(const ModelInputs& in) override { return forward(in.tokens); }
+  // idx: (B, T) int64 -> logits (B, T, V); hooks: what runs at the hook points (null: nothing).
+  Tensor forward(const Tensor& idx, Hooks* hooks = nullptr);
+  Tensor operator()(const Tensor& idx) { return forward(idx); }
+  // (B, T) int64 at positions [offset, offset + T) -> the stream entering block 0 (B, T, C), through
+  // hook_embed (and hook_pos_embed where the family has learned positions).
+  virtual Tensor embed(const Tensor& idx, int64_t offset = 0, Hooks* hooks = nullptr) = 0;
+  // The stream entering block `first` (B, T, C) -> the stream after block `last - 1`.
+  Tensor run_blocks(const Tensor& x, int64_t first, int64_t last, Hooks* hooks = nullptr);
+  // The stream after the last block -> logits (B, T, V): the final norm, then the unembedding.
+  Tensor unembed(const Tensor& x, Hooks* hooks = nullptr);
+  Tensor normalize_final(const Tensor& x, Hooks* hooks = nullptr);  // ln_final.hook_normalized (B, T, C)
+  Tensor unembed_normalized(const Tensor& y);                       // y W_U + b_U (B, T, V)
+
+  // ---- incremental decoding (nn/generate.h) ----
+  // idx (B, T) are the tokens after the caches' positions (a prefill into empty caches, then one token a
+  // step); one cache per layer. Returns the logits of the last position only, (B, V): the unembedding's
+  // GEMM runs on one row, not T. Every layer's attention form must have a cache (supports_kv_cache).
+  bool supports_kv_cache() const;
+  Tensor forward_cached(const Tensor& idx, std::vector<KVCache>& caches);
+
+  // ---- structure ----
+  const DecoderShape& shape() const { return shape_; }
+  int64_t n_layers() const { return shape_.n_layers; }
+  virtual DecoderBlock& decoder_block(int64_t layer) const = 0;
+  CausalMultiHead& attention(int64_t layer) const { return decoder_block(layer).attention(); }
+  virtual Norm& ln_final() const = 0;
+  virtual Linear& lm_head() const = 0;
+  // Every hook point of the model, in the order its forward reaches them. split_inputs: with the points
+  // a plain forward does not stop at (hook_q_input, hook_k_input, hook_v_input, hook_mlp_in), which
+  // TransformerLens lists only when use_split_qkv_input / use_hook_mlp_in are set.
+  std::vector<HookKey> hook_points(bool split_inputs = false) const;
+
+  // ---- weights as TransformerLens exposes them (detached) ----
+  // Layer `layer`'s heads; fold_norm: ln1's weight multiplied into W_Q, W_K, W_V and its bias carried
+  // into b_Q, b_K, b_V (TransformerLens's fold_ln), so that a head reads the normalised-but-unscaled stream.
+  HeadWeights head_weights(int64_t layer, bool fold_norm = false) const;
+  Tensor W_U() const;  // (C, V)
+  Tensor b_U() const;  // (V); undefined without a bias
+  // The final norm frozen at the stream x (..., C) it normalises: direct logit attribution's linear map.
+  FrozenNorm freeze_final_norm(const Tensor& x) const { return freeze(ln_final(), x); }
+
+  // ---- the family's config of a converted model (surgery) ----
+  virtual nlohmann::json converted_config(AttentionForm form) const = 0;  // the same weights in another form
+
+  // ---- nn::Model: the blocks' attentions are the modules, "L0", "L1", ... ----
+  int64_t attention_count() const override { return shape_.n_layers; }
+  MultiHead& multi_head(int64_t i) const override { return attention(i); }
+  HeadControl& head_control(int64_t i) override { return attention(i).control(); }
+  int64_t heads_at(int64_t i) const override { return attention(i).head_count(); }
+  int64_t full_heads() const override { return shape_.n_heads; }
+  int64_t head_size_at(int64_t i) const override { return attention(i).head_size(); }
+  std::string attention_label(int64_t i) const override { return "L" + std::to_string(i); }
+  std::string attention_kind(int64_t) const override { return "self"; }
+  int64_t attention_layer(int64_t i) const override { return i; }
+  int64_t original_head(int64_t i, int64_t h) const override;
+  void keep_attention_weights(bool on) override;
+  Tensor attention_weights(int64_t i) const override { return attention(i).last_attention_weights(); }
+
+ protected:
+  DecoderShape shape_;  // set by the family's constructor
+};
+
+}  // namespace headlab::nn

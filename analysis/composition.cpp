@@ -20,7 +20,7 @@ Tensor f64(const Tensor& t) { return t.detach().to(kCPU).to(DType::f64).contiguo
 std::vector<std::vector<HeadMatrices>> head_matrices(const nn::DecoderModel& model) {
   std::vector<std::vector<HeadMatrices>> out;
   for (int64_t l = 0; l < model.n_layers(); ++l) {
-    const nn::HeadWeights w = model.head_weights(l, true);  // ln1's scale folded into the reads
+    const nn::HeadWeights w = model.head_weights(l, true, DType::f64);  // ln1's scale folded into the reads
     std::vector<HeadMatrices> layer;
     for (int64_t h = 0; h < model.attention(l).head_count(); ++h) {
       HeadMatrices m;

@@ -93,12 +93,15 @@ Tensor DecoderModel::forward_cached(const Tensor& idx, std::vector<KVCache>& cac
   return unembed(x.narrow(1, T - 1, 1)).select(1, 0);  // (B, V)
 }
 
-HeadWeights DecoderModel::head_weights(int64_t layer, bool fold_norm) const {
+HeadWeights DecoderModel::head_weights(int64_t layer, bool fold_norm, std::optional<DType> dtype) const {
   HeadWeights w = attention(layer).head_weights();
+  const auto as = [&](const Tensor& t) { return dtype && t.defined() ? t.to(*dtype) : t; };
+  if (dtype)
+    for (Tensor* t : {&w.W_Q, &w.W_K, &w.W_V, &w.W_O, &w.b_Q, &w.b_K, &w.b_V, &w.b_O}) *t = as(*t);
   if (!fold_norm) return w;
   const Norm& ln = decoder_block(layer).ln1();
-  const Tensor gamma = ln.weight.detach().view({1, -1, 1});  // (1, C, 1): scales every head's reads
-  const Tensor beta = ln.bias.defined() ? ln.bias.detach().view({1, -1, 1}) : Tensor();
+  const Tensor gamma = as(ln.weight.detach()).view({1, -1, 1});  // (1, C, 1): scales every head's reads
+  const Tensor beta = ln.bias.defined() ? as(ln.bias.detach()).view({1, -1, 1}) : Tensor();
   for (const auto& [W, b] : {std::pair{&w.W_Q, &w.b_Q}, std::pair{&w.W_K, &w.b_K}, std::pair{&w.W_V, &w.b_V}}) {
     if (beta.defined()) {
       const Tensor carried = mul(*W, beta).sum({1});  // (H, D): beta W

@@ -8,6 +8,7 @@
 // DecoderBlock's, written once here.
 // B = batch, T = tokens, C = d_model, V = vocabulary, L = layers, H = heads, D = head size.
 #pragma once
+#include <optional>
 #include <vector>
 
 #include "nn/model.h"
@@ -89,7 +90,8 @@ class DecoderModel : public Model {
   // ---- weights as TransformerLens exposes them (detached) ----
   // Layer `layer`'s heads; fold_norm: ln1's weight multiplied into W_Q, W_K, W_V and its bias carried
   // into b_Q, b_K, b_V (TransformerLens's fold_ln), so that a head reads the normalised-but-unscaled stream.
-  HeadWeights head_weights(int64_t layer, bool fold_norm = false) const;
+  // dtype: the weights in that dtype, converted before the fold (an analysis in float64 folds in float64).
+  HeadWeights head_weights(int64_t layer, bool fold_norm = false, std::optional<DType> dtype = std::nullopt) const;
   Tensor W_U() const;  // (C, V)
   Tensor b_U() const;  // (V); undefined without a bias
   // The final norm frozen at the stream x (..., C) it normalises: direct logit attribution's linear map.

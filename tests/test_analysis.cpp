@@ -418,11 +418,9 @@ TEST(Analysis, CompositionScoresEqualTheDirectProducts) {
     const Tensor ov_a = matmul(Va, Oa), qk_b = matmul(Qb, Kb.transpose(0, 1)), ov_b = matmul(Vb, Ob);
     const std::string pair = std::to_string(s.layer_a) + "." + std::to_string(s.head_a) + " -> " +
                              std::to_string(s.layer_b) + "." + std::to_string(s.head_b);
-    // The model folds norm1's scale into its float32 weights (as TransformerLens does); here it is
-    // folded in float64: they agree to float32's rounding of that product.
-    EXPECT_NEAR(s.q, score(ov_a, qk_b), 1e-7) << pair;
-    EXPECT_NEAR(s.k, score(ov_a, qk_b.transpose(0, 1)), 1e-7) << pair;
-    EXPECT_NEAR(s.v, score(ov_a, ov_b), 1e-7) << pair;
+    EXPECT_NEAR(s.q, score(ov_a, qk_b), 1e-9) << pair;
+    EXPECT_NEAR(s.k, score(ov_a, qk_b.transpose(0, 1)), 1e-9) << pair;
+    EXPECT_NEAR(s.v, score(ov_a, ov_b), 1e-9) << pair;
     EXPECT_LT(s.layer_a, s.layer_b);
   }
 }

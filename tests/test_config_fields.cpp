@@ -56,6 +56,9 @@ TEST(EnumNames, EveryValueRoundTripsAndUnknownNamesListTheChoices) {
                               "'fused', 'wrapper'");
   // The model families, by their "arch" (the registry, io/families.h, lists them).
   EXPECT_EQ(io::family_names(), (std::vector<std::string>{"gpt", "encoder-decoder"}));
+  for (const std::string& arch : io::family_names()) EXPECT_EQ(io::family_named(arch, "test").model.arch(), arch);
+  EXPECT_EQ(error_of([] { io::family_named("nonsense", "who: --flag"); }),
+            "who: --flag: expected one of 'gpt', 'encoder-decoder', got 'nonsense'");
   using optim::OptimizerKind, optim::ScheduleKind;
   expect_names<OptimizerKind>({OptimizerKind::sgd, OptimizerKind::adam, OptimizerKind::adamw}, {"sgd", "adam", "adamw"},
                               "'sgd', 'adam', 'adamw'");

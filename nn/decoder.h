@@ -107,7 +107,7 @@ class DecoderModel : public Model {
   int64_t heads_at(int64_t i) const override { return attention(i).head_count(); }
   int64_t full_heads() const override { return shape_.n_heads; }
   int64_t head_size_at(int64_t i) const override { return attention(i).head_size(); }
-  std::string attention_label(int64_t i) const override { return "L" + std::to_string(i); }
+  std::string attention_label(int64_t i) const override { return std::string("L").append(std::to_string(i)); }
   std::string attention_kind(int64_t) const override { return "self"; }
   int64_t attention_layer(int64_t i) const override { return i; }
   int64_t original_head(int64_t i, int64_t h) const override;

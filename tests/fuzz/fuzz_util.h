@@ -11,6 +11,7 @@
 
 #include "../process_util.h"
 #include "io/checkpoint.h"
+#include "nn/gpt.h"
 #include "train/config.h"
 #include "train/evaluate.h"
 

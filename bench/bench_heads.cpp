@@ -11,6 +11,7 @@
 #include <omp.h>
 
 #include "analysis/heads.h"
+#include "nn/gpt.h"
 #include "tasks/task.h"
 
 using namespace headlab;

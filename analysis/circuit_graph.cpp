@@ -33,6 +33,11 @@ const char* input_name(Input in) {
 
 // ---- the graph ----
 CircuitGraph::CircuitGraph(const nn::DecoderModel& model) : n_layers_(model.n_layers()) {
+  for (int64_t l = 0; l < model.n_layers(); ++l)
+    HL_CHECK(model.attention(l).kv_head_count() == model.attention(l).head_count(), "circuit: layer ", l, " has ",
+             model.attention(l).head_count(), " query heads sharing ", model.attention(l).kv_head_count(),
+             " key/value heads; the circuit graph of a grouped-query model (key/value groups as receivers) is not "
+             "implemented yet");
   const bool mlp = model.shape().has_mlp, parallel = model.shape().parallel_residual;
   nodes_.push_back({-1, -1});  // the embeddings
   const auto add_group = [&](int64_t layer, Input input, int64_t count) {

@@ -14,11 +14,13 @@ namespace headlab::analysis {
 
 namespace {
 
-// The ids of `text` in the task's tokenizer; where = "file:line: field".
-std::vector<int64_t> tokens_of(const tasks::Task& task, const std::string& text, const std::string& where) {
+// The ids of `text` in the task's tokenizer, as a prompt or as what follows one (an answer); where = "file:line:
+// field".
+std::vector<int64_t> tokens_of(const tasks::Task& task, const std::string& text, const std::string& where,
+                               bool continuation) {
   HL_CHECK(!text.empty(), "prompt pairs: ", where, " is empty");
   try {
-    return task.encode_prompt(text).ids;
+    return continuation ? task.encode_continuation(text) : task.encode_prompt(text).ids;
   } catch (const Error& e) {  // the tokenizer's reason (a character it has never seen), and where
     HL_FAIL("prompt pairs: ", where, ": ", e.what());
   }
@@ -58,7 +60,7 @@ PromptPairs read_prompt_pairs(const std::string& path, const tasks::Task& task) 
     for (int f = 0; f < 4; ++f) {
       HL_CHECK(row.contains(fields[f]) && row[fields[f]].is_string(), "prompt pairs: ", at, " has no string field '",
                fields[f], "' (each line: {\"clean\": ..., \"corrupt\": ..., \"answer\": ..., \"wrong\": ...})");
-      ids[f] = tokens_of(task, row[fields[f]].get<std::string>(), at + ": " + fields[f]);
+      ids[f] = tokens_of(task, row[fields[f]].get<std::string>(), at + ": " + fields[f], f >= 2);
     }
     for (int f = 2; f < 4; ++f)
       HL_CHECK(ids[f].size() == 1, "prompt pairs: ", at, ": ", fields[f], " must be one token; it is ", ids[f].size(),
@@ -142,7 +144,7 @@ std::vector<std::string> single_tokens(const tasks::Task& task, const std::array
   for (const char* w : words) {
     std::vector<int64_t> ids;
     try {
-      ids = task.encode_prompt(std::string(" ") + w).ids;
+      ids = task.encode_continuation(std::string(" ") + w);
     } catch (const Error& e) {  // a tokenizer without these characters
       if (refused.empty()) refused = std::string("' ") + w + "': " + e.what();
       continue;
@@ -196,8 +198,8 @@ PromptPairs ioi_prompt_pairs(const tasks::Task& task, int64_t rows, int64_t temp
     p.T = static_cast<int64_t>(c.size());
     p.clean.insert(p.clean.end(), c.begin(), c.end());
     p.corrupt.insert(p.corrupt.end(), x.begin(), x.end());
-    p.answer.push_back(task.encode_prompt(" " + names[pick[0]]).ids[0]);
-    p.wrong.push_back(task.encode_prompt(" " + names[pick[1]]).ids[0]);
+    p.answer.push_back(task.encode_continuation(" " + names[pick[0]])[0]);
+    p.wrong.push_back(task.encode_continuation(" " + names[pick[1]])[0]);
   }
   return p;
 }
@@ -211,7 +213,7 @@ constexpr std::array kGreaterThanNouns = {"war",        "expedition", "siege",  
 // The id of `text` if it is one token, else -1.
 int64_t single_id(const tasks::Task& task, const std::string& text) {
   try {
-    const std::vector<int64_t> ids = task.encode_prompt(text).ids;
+    const std::vector<int64_t> ids = task.encode_continuation(text);
     return ids.size() == 1 ? ids[0] : -1;
   } catch (const Error&) {  // a tokenizer without these characters
     return -1;
@@ -234,7 +236,7 @@ PromptPairs greater_than_prompt_pairs(const tasks::Task& task, int64_t rows, uin
     if (century < 0 || digits[static_cast<size_t>(yy)] < 0) continue;
     std::vector<int64_t> ids;
     try {
-      ids = task.encode_prompt(" 17" + two_digits(yy)).ids;
+      ids = task.encode_continuation(" 17" + two_digits(yy));
     } catch (const Error&) {
       continue;
     }

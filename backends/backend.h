@@ -68,6 +68,9 @@ struct AttnParams {
   const int64_t* lengths = nullptr;  // (B * H * Tq) per-row valid lengths when mask == lengths
   double dropout_p = 0.0;            // 0: no dropout
   uint64_t seed = 0, offset = 0;
+  // Grouped-query attention: query head h reads key/value head h / group of k and v, which have H / group
+  // heads (multi-query: group = H). Only where has_grouped_attention(); dk and dv stay per query head.
+  int64_t group = 1;
 };
 
 struct Backend {
@@ -127,6 +130,21 @@ struct Backend {
   virtual void layernorm_backward(DType dt, void* dx, void* dw, void* db, const void* dy, const void* x,
                                   const void* mean, const void* rstd, const void* w, int64_t rows, int64_t cols) = 0;
 
+  // ---- RMS norm over the last dim of contiguous (rows, cols): y = x * rstd * w, rstd = 1 / sqrt(mean(x^2) + eps) ----
+  // Where has_rms_norm() is false the op runs its composite (ops/nn_ops.cpp).
+  virtual bool has_rms_norm() const { return false; }
+  virtual void rmsnorm_forward(DType dt, void* y, void* rstd, const void* x, const void* w, int64_t rows, int64_t cols,
+                               double eps) {
+    (void)dt, (void)y, (void)rstd, (void)x, (void)w, (void)rows, (void)cols, (void)eps;
+    HL_FAIL(name(), ": rmsnorm_forward is not implemented");
+  }
+  // dx is written; dw (when not null) is written (not accumulated).
+  virtual void rmsnorm_backward(DType dt, void* dx, void* dw, const void* dy, const void* x, const void* rstd,
+                                const void* w, int64_t rows, int64_t cols) {
+    (void)dt, (void)dx, (void)dw, (void)dy, (void)x, (void)rstd, (void)w, (void)rows, (void)cols;
+    HL_FAIL(name(), ": rmsnorm_backward is not implemented");
+  }
+
   // ---- fused scaled-dot-product attention (FlashAttention-style): O(B*H*Tq) saved state ----
   // Every tensor is (B, H, T, *) with a contiguous last dim; AttnView gives the other strides.
   // Row (b, h, i) sees keys j < valid where valid = Tk (none), i + 1 (causal, Tq == Tk) or
@@ -139,6 +157,8 @@ struct Backend {
     (void)D, (void)Dv;
     return false;
   }
+  // Whether the kernels read grouped keys and values (AttnParams::group > 1); if not, the op repeats them.
+  virtual bool has_grouped_attention() const { return false; }
   // Whether the fused kernel beats the composite path at Tk keys (FusedAttention::automatic asks).
   virtual bool fused_attention_is_faster(int64_t Tk, int64_t D, int64_t Dv) const {
     (void)Tk, (void)D, (void)Dv;

@@ -30,7 +30,7 @@ namespace fs = std::filesystem;
 namespace {
 
 struct AttentionArgs {
-  std::string path, prompt, out = ".", device = "cpu";
+  std::string path, tokenizer, prompt, out = ".", device = "cpu";
   int64_t max_new = -1;
   int threads = 0;
 };
@@ -128,9 +128,7 @@ int seq2seq_attention(const AttentionArgs& a, const Loaded& l, nn::EncoderDecode
 
 Action add_attention(CLI::App& app) {
   auto a = std::make_shared<AttentionArgs>();
-  app.add_option("checkpoint", a->path, "checkpoint file (.h5) or Hugging Face GPT-2 folder")
-      ->type_name(kInputFile)
-      ->required();
+  add_model_argument(app, a->path, a->tokenizer);
   app.add_option("--prompt", a->prompt,
                  "the input: a task input (e.g. 31415), text for chars checkpoints and GPT-2 folders, an "
                  "encoder-decoder's source (e.g. \"three hundred and twelve\")")
@@ -148,7 +146,7 @@ Action add_attention(CLI::App& app) {
   add_threads_option(app, a->threads);
   return [a] {
     set_threads(a->threads);
-    const Loaded l = load("attention", a->path, a->device);
+    const Loaded l = load("attention", a->path, a->device, "", a->tokenizer);
     if (nn::EncoderDecoder* m = l.seq2seq()) return seq2seq_attention(*a, l, *m);
     const tasks::Prompt p = l.task->encode_prompt(a->prompt);
     const tasks::Task& task = *l.task;

@@ -10,7 +10,9 @@
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "io/hf_folder.h"
+#include "io/llama2c.h"
 #include "nn/generate.h"
+#include "tasks/llama2c_tokenizer.h"
 #include "train/config.h"
 #include "train/evaluate.h"
 #include "train/memory.h"
@@ -22,7 +24,8 @@ namespace {
 // eval of a text (BPE) model: the perplexity of a whole text file (train::evaluate_text).
 int eval_text(const Loaded& l, const std::string& path, const std::string& text, int64_t stride) {
   HL_CHECK(!text.empty(), "eval: a GPT-2 model is evaluated on a text: give --text FILE");
-  const std::vector<int64_t> ids = l.bpe()->encode(read_input_file(text, "eval: --text"), text);
+  std::vector<int64_t> ids = l.subword()->encode(read_input_file(text, "eval: --text"), text);
+  if (const auto bos = l.subword()->bos()) ids.insert(ids.begin(), *bos);
   nn::DecoderModel& model = l.decoder("eval");
   const nn::DecoderShape& c = model.shape();
   const int64_t ctx = c.context_length, s = stride > 0 ? stride : std::max<int64_t>(1, ctx / 2);
@@ -62,18 +65,33 @@ int inspect_folder(const std::string& folder) {
   return 0;
 }
 
+int inspect_llama2c(const std::string& path, const std::string& tokenizer) {
+  const io::FolderModel m = io::read_llama2c(path);
+  std::cout << "llama2.c checkpoint " << path << " (family llama)\n\nconfig (as headlab reads it: "
+            << io::family_of(m.config).model.describe(m.config) << ")\n"
+            << m.config.dump(2) << "\ntokenizer: ";
+  if (tokenizer.empty())
+    std::cout << "none given (--tokenizer FILE)";
+  else
+    std::cout << tokenizer << ": "
+              << tasks::Llama2cTokenizer::from_file(tokenizer, io::family_of(m.config).model.vocab_size(m.config))
+                     ->describe();
+  std::cout << "\n\nparameters\n";
+  print_parameters(m.parameters);
+  return 0;
+}
+
 }  // namespace
 
 Action add_eval(CLI::App& app) {
   auto path = std::make_shared<std::string>();
+  auto tokenizer = std::make_shared<std::string>();
   auto text = std::make_shared<std::string>();
   auto device = std::make_shared<std::string>("cpu");
   auto batches = std::make_shared<int64_t>(0);
   auto threads = std::make_shared<int>(0);
   auto stride = std::make_shared<int64_t>(0);
-  app.add_option("checkpoint", *path, "checkpoint file (.h5) or Hugging Face GPT-2 folder")
-      ->type_name(kInputFile)
-      ->required();
+  add_model_argument(app, *path, *tokenizer);
   app.add_option("--text", *text,
                  "chars checkpoints: evaluate on the last 10% of this text instead; GPT-2 models: the whole "
                  "file's perplexity")
@@ -88,8 +106,8 @@ Action add_eval(CLI::App& app) {
   add_threads_option(app, *threads);
   return [=] {
     set_threads(*threads);
-    Loaded l = load("eval", *path, *device);
-    if (l.bpe()) return eval_text(l, *path, *text, *stride);
+    Loaded l = load("eval", *path, *device, "", *tokenizer);
+    if (l.subword()) return eval_text(l, *path, *text, *stride);
     HL_CHECK(*stride == 0, "eval: --stride applies to GPT-2 models, with --text");
     if (!text->empty()) l.task = l.config.make_task(*text);
     // Checkpoints made elsewhere (tools/import_torch.py) may have no training section: defaults.
@@ -123,15 +141,14 @@ Action add_eval(CLI::App& app) {
 
 Action add_generate(CLI::App& app) {
   auto path = std::make_shared<std::string>();
+  auto tokenizer = std::make_shared<std::string>();
   auto prompt = std::make_shared<std::string>();
   auto max_new = std::make_shared<int64_t>(64);
   auto temperature = std::make_shared<double>(0.0);
   auto top_k = std::make_shared<int64_t>(0);
   auto seed = std::make_shared<uint64_t>(0);
   auto device = std::make_shared<std::string>("cpu");
-  app.add_option("checkpoint", *path, "checkpoint file (.h5) or Hugging Face GPT-2 folder")
-      ->type_name(kInputFile)
-      ->required();
+  add_model_argument(app, *path, *tokenizer);
   app.add_option("--prompt", *prompt, "text to continue; for task checkpoints a task input, e.g. 31415 or 123+45")
       ->required();
   app.add_option("--max-new-tokens", *max_new, "tokens to generate at most")
@@ -150,7 +167,7 @@ Action add_generate(CLI::App& app) {
     o.temperature = *temperature;
     o.top_k = *top_k;
     o.seed = *seed;
-    Loaded l = load("generate", *path, *device);
+    Loaded l = load("generate", *path, *device, "", *tokenizer);
     if (nn::EncoderDecoder* m = l.seq2seq()) {  // greedy, as d2l's predict_seq2seq
       const tasks::Seq2SeqTask& task = *l.seq2seq_task();
       const std::vector<int64_t> src = task.encode_source(*prompt);
@@ -169,18 +186,19 @@ Action add_generate(CLI::App& app) {
                                  o.max_new_tokens, "generate");
     o.end_id = l.task->end_id();
     const std::vector<int64_t> generated = nn::generate(model, p.ids, o);
-    std::cout << p.text << l.task->format_answer(generated) << std::endl;
+    std::cout << l.task->format_continuation(p, generated) << std::endl;
     return 0;
   };
 }
 
 Action add_inspect(CLI::App& app) {
   auto path = std::make_shared<std::string>();
-  app.add_option("checkpoint", *path, "checkpoint file (.h5) or Hugging Face GPT-2 folder")
-      ->type_name(kInputFile)
-      ->required();
+  auto tokenizer = std::make_shared<std::string>();
+  add_model_argument(app, *path, *tokenizer);
   return [=] {
     if (io::is_hf_model_folder(*path)) return inspect_folder(*path);
+    if (io::is_llama2c_checkpoint(*path)) return inspect_llama2c(*path, *tokenizer);
+    HL_CHECK(tokenizer->empty(), "inspect: --tokenizer applies to llama2.c checkpoints; '", *path, "' is not one");
     check_input_file(*path, "inspect: checkpoint", true);
     const io::Checkpoint ck = io::load_checkpoint(*path);
     nlohmann::json cfg = ck.config;

@@ -16,7 +16,7 @@ namespace headlab::cli {
 namespace {
 
 struct CircuitArgs {
-  std::string path, out;
+  std::string path, tokenizer, out;
   PromptPairArgs pairs;
   analysis::CircuitRunOptions run;
   int threads = 0;
@@ -26,9 +26,7 @@ struct CircuitArgs {
 
 Action add_circuit(CLI::App& app) {
   auto a = std::make_shared<CircuitArgs>();
-  app.add_option("checkpoint", a->path, "checkpoint file (.h5) or Hugging Face GPT-2 folder")
-      ->type_name(kInputFile)
-      ->required();
+  add_model_argument(app, a->path, a->tokenizer);
   add_prompt_pair_options(app, a->pairs);
   app.add_option("--out", a->out, "output folder (default: <checkpoint folder>/circuit)")->type_name(kOutputDir);
   app.add_option("--tau", a->run.tau, "discovery: an edge goes when the normalised metric falls by less than this")
@@ -64,7 +62,7 @@ Action add_circuit(CLI::App& app) {
     const std::shared_ptr<train::Collectives> comm = train::world();
     set_threads(a->threads, comm->local_size());
     const bool writer = comm->rank() == 0;
-    const Loaded in = load("circuit", a->path, "cpu");
+    const Loaded in = load("circuit", a->path, "cpu", "", a->tokenizer);
     nn::DecoderModel& model = in.decoder("circuit");
     const MadePairs made = make_prompt_pairs(a->pairs, in, a->run.seed, "circuit");
     const std::string home = in.from_folder ? a->path : std::filesystem::path(a->path).parent_path().string();

@@ -33,7 +33,7 @@ int heads_on_pairs(const HeadsArgs& a) {
   const std::shared_ptr<train::Collectives> comm = train::world();
   set_threads(a.threads, comm->local_size());
   const bool writer = comm->rank() == 0;
-  const Loaded in = load("heads", a.path, "cpu");
+  const Loaded in = load("heads", a.path, "cpu", "", a.tokenizer);
   nn::DecoderModel& model = in.decoder("heads");
   const MadePairs made = make_prompt_pairs(a.pairs, in, a.seed, "heads");
   const std::string home = in.from_folder ? a.path : std::filesystem::path(a.path).parent_path().string();

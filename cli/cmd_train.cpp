@@ -18,14 +18,14 @@ namespace {
 void start_from(const std::string& path, train::TrainOptions& o, const std::string& text) {
   HL_CHECK(!o.resume, "train: --init starts a new run and --resume continues one; give one of them");
   const auto told = [&](const char* name) { return std::find(o.told.begin(), o.told.end(), name) != o.told.end(); };
-  for (const char* fixed : {"--arch", "--attention", "--emb-dim", "--n-heads", "--n-layers", "--context-length",
-                            "--qkv-bias", "--attn-only", "--ffn-hiddens"})
+  for (const char* fixed : {"--arch", "--attention", "--emb-dim", "--n-heads", "--n-kv-heads", "--n-layers",
+                            "--context-length", "--qkv-bias", "--attn-only", "--ffn-hiddens"})
     HL_CHECK(!told(fixed), "train: ", fixed, " is fixed by --init '", path, "' (its model's)");
   Loaded l = load("train: --init", path, "cpu", text);
   train::RunConfig& c = o.config;
   const nn::ModelFamily& family = l.config.family().model;
   o.init_model = told("--drop-rate") ? family.with_dropout(l.config.model, o.model.drop_rate) : l.config.model;
-  if (l.bpe()) {
+  if (l.subword()) {
     HL_CHECK(!text.empty(), "train: a GPT-2 model trains on a text: give --text FILE with --init '", path, "'");
     HL_CHECK(!told("--task") || c.task.name == "text", "train: --init '", path,
              "' is a GPT-2 model: it trains on --text FILE (task text, GPT-2's BPE), not task ", c.task.name);
@@ -91,11 +91,16 @@ void add_model_options(CLI::App& app, nn::ModelOptions& m, Choices& ch) {
   app.add_option("--emb-dim", m.emb_dim, "embedding size (encoder-decoder: num_hiddens)")
       ->check(positive_number(1e9))
       ->capture_default_str();
-  app.add_option("--ffn-hiddens", m.ffn_hiddens, "encoder-decoder: ffn_num_hiddens (0: 2 x --emb-dim)")
+  app.add_option("--ffn-hiddens", m.ffn_hiddens,
+                 "encoder-decoder: ffn_num_hiddens (0: 2 x --emb-dim); llama: the SwiGLU's width (0: 8/3 x --emb-dim, "
+                 "rounded up to a multiple of 8)")
       ->check(non_negative_number(1e9));
   app.add_option("--n-heads", m.n_heads, "attention heads per layer")
       ->check(positive_number(1e6))
       ->capture_default_str();
+  app.add_option("--n-kv-heads", m.n_kv_heads,
+                 "llama: key/value heads, dividing --n-heads (grouped-query attention; 1: multi-query; 0: --n-heads)")
+      ->check(non_negative_number(1e6));
   app.add_option("--n-layers", m.n_layers, "transformer blocks")->check(positive_number(1e6))->capture_default_str();
   app.add_option("--context-length", m.context_length, "tokens per sequence (0: what the task needs; chars: 64)")
       ->check(non_negative_number(1e9))

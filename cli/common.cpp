@@ -125,10 +125,17 @@ void set_threads(int threads, int processes) {
     omp_set_num_threads(std::max(1, omp_get_num_procs() / processes));
 }
 
-void add_analysis_options(CLI::App& app, AnalysisArgs& a, const std::string& default_out) {
-  app.add_option("checkpoint", a.path, "checkpoint file (.h5) or Hugging Face GPT-2 folder")
+void add_model_argument(CLI::App& app, std::string& path, std::string& tokenizer) {
+  app.add_option("checkpoint", path,
+                 "headlab checkpoint (.h5), Hugging Face model folder (gpt2, llama) or llama2.c checkpoint (.bin)")
       ->type_name(kInputFile)
       ->required();
+  app.add_option("--tokenizer", tokenizer, "a llama2.c checkpoint's tokenizer (llama2.c's tokenizer.bin format)")
+      ->type_name(kInputFile);
+}
+
+void add_analysis_options(CLI::App& app, AnalysisArgs& a, const std::string& default_out) {
+  add_model_argument(app, a.path, a.tokenizer);
   app.add_option("--out", a.out, "output folder (default: <checkpoint folder>/" + default_out + ")")
       ->type_name(kOutputDir);
   app.add_option("--text", a.text,
@@ -147,7 +154,7 @@ void add_analysis_options(CLI::App& app, AnalysisArgs& a, const std::string& def
 AnalysisInputs load_analysis(const AnalysisArgs& a, const char* cmd, const std::string& default_out) {
   set_threads(a.threads);
   AnalysisInputs r;
-  r.in = load(cmd, a.path, a.device, a.text);
+  r.in = load(cmd, a.path, a.device, a.text, a.tokenizer);
   const std::string task = r.in.task->name();
   const bool text_task = task == "chars" || task == "text";
   HL_CHECK(a.text.empty() || text_task, cmd, ": --text applies to chars and GPT-2 models; '", a.path, "' is a ", task,

@@ -56,11 +56,14 @@ using train::Loaded;
 // What the head analyses (ablate, heads) share: their options, and the checkpoint, model, task and
 // evaluation batches those options name.
 struct AnalysisArgs {
-  std::string path, out, text, device = "cpu";
+  std::string path, tokenizer, out, text, device = "cpu";
   int64_t batches = 0, batch_size = 0;
   int64_t tokens = 0;  // per row; 0: the model's context (a task's rows are as long as the task needs)
   int threads = 0;
 };
+// The model argument of every command that reads one: a headlab checkpoint (.h5), a Hugging Face model folder
+// or a llama2.c checkpoint; and --tokenizer (a llama2.c checkpoint's tokenizer file).
+void add_model_argument(CLI::App& app, std::string& path, std::string& tokenizer);
 // The checkpoint argument, --out (default <checkpoint folder>/<default_out>), --text, --batches,
 // --batch-size, --tokens, --device, --threads.
 void add_analysis_options(CLI::App& app, AnalysisArgs& a, const std::string& default_out);

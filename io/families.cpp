@@ -3,7 +3,9 @@
 
 #include "io/hf_folder.h"
 #include "io/hf_gpt2.h"
+#include "io/hf_llama.h"
 #include "nn/gpt.h"
+#include "nn/llama.h"
 #include "nn/transformer.h"
 
 namespace headlab::io {
@@ -12,6 +14,7 @@ const std::vector<Family>& families() {
   static const std::vector<Family> all = {
       {nn::gpt_family(), &hf_gpt2_format()},  // the book's GPT; GPT-2's folders
       {nn::encoder_decoder_family()},         // d2l's Transformer
+      {nn::llama_family(), &hf_llama_format()},  // LLaMA, Mistral, Qwen2 folders; llama2.c files (io/llama2c.h)
   };
   return all;
 }

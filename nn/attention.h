@@ -138,18 +138,32 @@ constexpr auto enum_table(AttentionForm) {  // enum_name, parse_enum, enum_names
 }
 std::string attention_forms_help();  // "fused (...) | wrapper (...)", for command lines
 
+// Rotary position embeddings of a causal attention's queries and keys (ops' rotary_embedding).
+struct Rotary {
+  int64_t dims = 0;          // the rotated dims of each head (even, <= head_dim); 0: none
+  double theta = 10000.0;    // the base of the frequencies (Hugging Face's rope_theta)
+  bool interleaved = false;  // pairs (2i, 2i+1) (Meta's, llama2.c's layout); else halves (Hugging Face's)
+  bool operator==(const Rotary&) const = default;
+};
+
 // The sizes of one causal multi-head attention: x (B, T, d_in) -> (B, T, d_out) through num_heads
 // heads of head_dim (num_heads * head_dim need not be d_out: pruned models keep their width).
 struct CausalAttentionSizes {
   int64_t d_in = 0, d_out = 0, context_length = 0, num_heads = 0, head_dim = 0;
+  // Key/value heads: 0 or num_heads (multi-head), a divisor of num_heads (grouped-query: query head h reads
+  // key/value head h / (num_heads / num_kv_heads)), 1 (multi-query).
+  int64_t num_kv_heads = 0;
   double dropout = 0.0;
   bool qkv_bias = false;
+  bool out_bias = true;  // out_proj's bias (the book's GPT: yes; LLaMA: no)
+  Rotary rotary;
+  int64_t kv_heads() const { return num_kv_heads ? num_kv_heads : num_heads; }
 };
 
 class MultiHeadAttentionWrapper;
 
-// One layer's keys and values for incremental decoding (nn/generate.h): (B, H, context_length, D),
-// allocated on first use; positions [0, length) are filled.
+// One layer's keys and values for incremental decoding (nn/generate.h): (B, Hkv, capacity, D), allocated on
+// first use and doubled as positions come (capacity at most context_length); positions [0, length) are filled.
 struct KVCache {
   Tensor keys, values;
   int64_t length = 0;
@@ -160,7 +174,7 @@ struct KVCache {
 // the queries, keys and values.
 struct AttentionInput {
   Tensor x;        // (B, T, d_in); undefined only when q, k and v are all given
-  Tensor q, k, v;  // (B, T, H, d_in) each, or undefined: from x
+  Tensor q, k, v;  // (B, T, H, d_in) each (k and v: Hkv heads), or undefined: from x
   bool split() const { return q.defined() || k.defined() || v.defined(); }
 };
 
@@ -187,6 +201,9 @@ class CausalMultiHead : public UnaryModule, public MultiHead {
   // says whether it decodes with a cache; generation recomputes the window where not).
   virtual Tensor forward(const AttentionInput& in, const HookSite& site, KVCache* cache = nullptr) = 0;
   virtual bool supports_kv_cache() const { return false; }
+  // Key/value heads: head_count(), or fewer under grouped-query attention (per-head key and value inputs
+  // have this many heads, as TransformerLens's hook_k_input of such models).
+  virtual int64_t kv_head_count() const { return head_count(); }
   virtual void keep_attention_weights(bool on) = 0;
   virtual Tensor last_attention_weights() const = 0;  // (B, H, T, T) when kept
   virtual AttentionForm form() const = 0;
@@ -259,10 +276,14 @@ class MultiHeadAttentionWrapper : public CausalMultiHead {
 // head_dim defaults to d_out / num_heads (d_out must divide); pruned models pass it explicitly.
 // Unless keep_attention_weights(true) (analysis), scores, softmax, dropout and @ V run as one fused
 // scaled_dot_product_attention; its dropout mask is the one Dropout would draw on the weights.
+// With sizes' num_kv_heads, W_key and W_value have num_kv_heads * head_dim rows (grouped-query attention: the
+// fused kernel reads the shared keys and values in place, the cache holds num_kv_heads heads); with rotary,
+// queries and keys rotate by position (attn.hook_rot_q, hook_rot_k) after attn.hook_q and hook_k.
 class CausalMultiHeadAttention : public CausalMultiHead {
  public:
   CausalMultiHeadAttention(int64_t d_in, int64_t d_out, int64_t context_length, double dropout, int64_t num_heads,
                            bool qkv_bias = false, int64_t head_dim = -1);
+  explicit CausalMultiHeadAttention(const CausalAttentionSizes& s);
   // The book calls this class MultiHeadAttention too; printing the C++ name keeps it apart from d2l's.
   std::string type_name() const override { return "CausalMultiHeadAttention"; }
   // The table of forms' entry points: built from sizes, its parameter count, and built from per-head
@@ -275,17 +296,21 @@ class CausalMultiHeadAttention : public CausalMultiHead {
   Tensor forward(const AttentionInput& in, const HookSite& site, KVCache* cache = nullptr) override;
   int64_t head_count() const override { return num_heads; }
   int64_t head_size() const override { return head_dim; }
+  int64_t kv_head_count() const override { return num_kv_heads; }
   HeadWeights head_weights() const override;  // views of W_query, W_key, W_value, out_proj
   HeadControl& control() override { return head_control; }
   Linear* output_projection() const override { return out_proj.get(); }
   void keep_attention_weights(bool on) override { keep_weights = on; }
   Tensor last_attention_weights() const override { return attention_weights; }
   AttentionForm form() const override { return AttentionForm::fused; }
-  std::shared_ptr<MultiHeadAttentionWrapper> split_heads() const override;  // head h: rows [h*D, (h+1)*D)
+  // head h: rows [h*D, (h+1)*D). Not yet for grouped-query or rotary modules (a clear error).
+  std::shared_ptr<MultiHeadAttentionWrapper> split_heads() const override;
   bool supports_kv_cache() const override { return true; }
   int64_t d_in, d_out, context_length, num_heads, head_dim;
+  int64_t num_kv_heads;  // == num_heads unless grouped-query
   double dropout_p;
   bool qkv_bias;
+  Rotary rotary;
   bool keep_weights = false;
   Tensor attention_weights;  // (B, H, T, T) when kept
   HeadControl head_control;

@@ -4,7 +4,12 @@
 // Head surgery copies weights into new modules: pruning keeps rows (projections) and columns (output
 // projection) of the kept heads.
 // B = batch, T = tokens, H = heads, D = head size, C = d_in.
+#include <algorithm>
+#include <array>
 #include <cmath>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "nn/attention.h"
 #include "nn/attention_internal.h"
@@ -198,31 +203,55 @@ HeadWeights MultiHeadAttentionWrapper::head_weights() const {
 }
 
 // ---- CausalMultiHeadAttention (fused) ----
-CausalMultiHeadAttention::CausalMultiHeadAttention(int64_t din, int64_t dout, int64_t ctx, double p, int64_t H,
-                                                   bool bias, int64_t hd)
-    : d_in(din), d_out(dout), context_length(ctx), num_heads(H), dropout_p(p), qkv_bias(bias) {
+namespace {
+
+CausalAttentionSizes book_sizes(int64_t din, int64_t dout, int64_t ctx, double p, int64_t H, bool bias, int64_t hd) {
   if (hd < 0) {
     HL_CHECK(H > 0 && dout % H == 0, "CausalMultiHeadAttention: d_out ", dout, " must be divisible by num_heads ", H);
     hd = dout / H;
   }
-  HL_CHECK(ctx > 0, "CausalMultiHeadAttention: context_length must be positive, got ", ctx);
-  head_dim = hd;
-  const int64_t inner = H * hd;
-  W_query = register_module("W_query", std::make_shared<Linear>(din, inner, bias));
-  W_key = register_module("W_key", std::make_shared<Linear>(din, inner, bias));
-  W_value = register_module("W_value", std::make_shared<Linear>(din, inner, bias));
-  out_proj = register_module("out_proj", std::make_shared<Linear>(inner, dout));
-  dropout = register_module("dropout", std::make_shared<Dropout>(p));
+  return {.d_in = din, .d_out = dout, .context_length = ctx, .num_heads = H, .head_dim = hd, .dropout = p,
+          .qkv_bias = bias, .out_bias = true, .rotary = {}};
+}
+
+}  // namespace
+
+CausalMultiHeadAttention::CausalMultiHeadAttention(int64_t din, int64_t dout, int64_t ctx, double p, int64_t H,
+                                                   bool bias, int64_t hd)
+    : CausalMultiHeadAttention(book_sizes(din, dout, ctx, p, H, bias, hd)) {}
+
+CausalMultiHeadAttention::CausalMultiHeadAttention(const CausalAttentionSizes& s)
+    : d_in(s.d_in),
+      d_out(s.d_out),
+      context_length(s.context_length),
+      num_heads(s.num_heads),
+      head_dim(s.head_dim),
+      num_kv_heads(s.kv_heads()),
+      dropout_p(s.dropout),
+      qkv_bias(s.qkv_bias),
+      rotary(s.rotary) {
+  const char* who = "CausalMultiHeadAttention";
+  HL_CHECK(context_length > 0, who, ": context_length must be positive, got ", context_length);
+  HL_CHECK(num_kv_heads >= 0 && (num_heads == 0 ? num_kv_heads == 0 : num_kv_heads > 0 && num_heads % num_kv_heads == 0),
+           who, ": num_kv_heads ", num_kv_heads, " must divide num_heads ", num_heads);
+  HL_CHECK(rotary.dims >= 0 && rotary.dims % 2 == 0 && rotary.dims <= head_dim, who, ": rotary dims ", rotary.dims,
+           " must be even and at most head_dim ", head_dim);
+  const int64_t inner = num_heads * head_dim, kv = num_kv_heads * head_dim;
+  W_query = register_module("W_query", std::make_shared<Linear>(d_in, inner, qkv_bias));
+  W_key = register_module("W_key", std::make_shared<Linear>(d_in, kv, qkv_bias));
+  W_value = register_module("W_value", std::make_shared<Linear>(d_in, kv, qkv_bias));
+  out_proj = register_module("out_proj", std::make_shared<Linear>(inner, d_out, s.out_bias));
+  dropout = register_module("dropout", std::make_shared<Dropout>(dropout_p));
 }
 
 std::shared_ptr<CausalMultiHeadAttention> CausalMultiHeadAttention::create(const CausalAttentionSizes& s) {
-  return std::make_shared<CausalMultiHeadAttention>(s.d_in, s.d_out, s.context_length, s.dropout, s.num_heads,
-                                                    s.qkv_bias, s.head_dim);
+  return std::make_shared<CausalMultiHeadAttention>(s);
 }
 
 double CausalMultiHeadAttention::parameter_count(const CausalAttentionSizes& s) {
-  const int64_t inner = s.num_heads * s.head_dim;
-  return 3 * linear_parameters(s.d_in, inner, s.qkv_bias) + linear_parameters(inner, s.d_out, true);
+  const int64_t inner = s.num_heads * s.head_dim, kv = s.kv_heads() * s.head_dim;
+  return linear_parameters(s.d_in, inner, s.qkv_bias) + 2 * linear_parameters(s.d_in, kv, s.qkv_bias) +
+         linear_parameters(inner, s.d_out, s.out_bias);
 }
 
 Tensor CausalMultiHeadAttention::forward(const Tensor& x, const Tensor& gates) {
@@ -246,12 +275,52 @@ Tensor project(const Tensor& xs, const Tensor& x, Linear& proj, int64_t H, int64
   return y.view({H, B, T, D}).permute({1, 2, 0, 3});
 }
 
+// cos and sin (n, R/2) of a rotary embedding for positions [0, n), n >= needed: computed once per (R, theta,
+// dtype, device) in the process, extended by doubling as longer inputs come, and shared by every layer and
+// model that asks.
+std::pair<Tensor, Tensor> rotary_table(const Rotary& r, int64_t needed, DType dtype, Device device) {
+  using Key = std::tuple<int64_t, double, DType, std::string>;
+  static std::mutex mutex;
+  static std::map<Key, std::pair<Tensor, Tensor>> tables;
+  const Key key{r.dims, r.theta, dtype, device.str()};
+  const std::lock_guard<std::mutex> lock(mutex);
+  std::pair<Tensor, Tensor>& table = tables[key];
+  if (!table.first.defined() || table.first.size(0) < needed) {
+    const NoGradGuard no_grad;
+    const int64_t have = table.first.defined() ? table.first.size(0) : 0;
+    table = rotary_angles(0, std::max({needed, 2 * have, int64_t{256}}), r.dims, r.theta, dtype, device);
+  }
+  return table;
+}
+
+// Queries or keys (B, T, H, D) at positions [offset, offset + T) rotated, through `point`.
+Tensor rotate(const Tensor& x, const Rotary& r, int64_t offset, HookPoint point, const HookSite& site) {
+  const int64_t T = x.size(1);
+  const auto [c, s] = rotary_table(r, offset + T, x.dtype(), x.device());
+  return site(point, rotary_embedding(x, c.narrow(0, offset, T), s.narrow(0, offset, T), r.interleaved));
+}
+
+// Room in the cache for `needed` positions (B, Hkv, capacity, D): doubled as decoding goes, up to the context, so
+// that a model whose context is long (131,072 positions in Llama 3) holds only what a generation uses.
+void grow(KVCache& cache, int64_t needed, int64_t context, const std::array<int64_t, 3>& bhd, const Tensor& like) {
+  const int64_t have = cache.length > 0 ? cache.keys.size(2) : 0;
+  const int64_t capacity = std::min(context, std::max({needed, 2 * have, int64_t{64}}));
+  const Shape shape{bhd[0], bhd[1], capacity, bhd[2]};
+  Tensor keys = Tensor::empty(shape, like.dtype(), like.device()), values = Tensor::empty(shape, like.dtype(), like.device());
+  if (cache.length > 0) {
+    keys.narrow(2, 0, cache.length).copy_(cache.keys.narrow(2, 0, cache.length));
+    values.narrow(2, 0, cache.length).copy_(cache.values.narrow(2, 0, cache.length));
+  }
+  cache.keys = keys, cache.values = values;
+}
+
 // The input that gives the batch and token counts: x, or the first per-head input.
 const Tensor& any_input(const AttentionInput& in) {
   return in.x.defined() ? in.x : in.q.defined() ? in.q : in.k.defined() ? in.k : in.v;
 }
 
-void check_attention_input(const char* who, const AttentionInput& in, int64_t d_in, int64_t H, int64_t context) {
+void check_attention_input(const char* who, const AttentionInput& in, int64_t d_in, int64_t H, int64_t Hkv,
+                           int64_t context) {
   if (in.x.defined() || !in.q.defined() || !in.k.defined() || !in.v.defined())
     check_causal_input(who, in.x, d_in, context);
   const Tensor& first = any_input(in);
@@ -259,10 +328,12 @@ void check_attention_input(const char* who, const AttentionInput& in, int64_t d_
            shape_str(first.shape()));
   const int64_t B = first.size(0), T = first.size(1);
   HL_CHECK(T <= context, who, ": ", T, " tokens exceed context_length ", context);
-  for (const Tensor* xs : {&in.q, &in.k, &in.v})
+  for (const Tensor* xs : {&in.q, &in.k, &in.v}) {
+    const int64_t heads = xs == &in.q ? H : Hkv;
     if (xs->defined())
-      HL_CHECK(xs->shape() == Shape({B, T, H, d_in}), who, ": per-head inputs must have shape [", B, ", ", T, ", ", H,
-               ", ", d_in, "], got ", shape_str(xs->shape()));
+      HL_CHECK(xs->shape() == Shape({B, T, heads, d_in}), who, ": per-head inputs must have shape [", B, ", ", T,
+               ", ", heads, ", ", d_in, "], got ", shape_str(xs->shape()));
+  }
 }
 
 }  // namespace
@@ -272,27 +343,28 @@ void check_attention_input(const char* who, const AttentionInput& in, int64_t d_
 Tensor CausalMultiHeadAttention::run(const AttentionInput& in, const Tensor& gates, const HookSite& site,
                                      KVCache* cache) {
   const char* who = cache ? "CausalMultiHeadAttention (cached)" : "CausalMultiHeadAttention";
-  check_attention_input(who, in, d_in, num_heads, context_length);
+  check_attention_input(who, in, d_in, num_heads, num_kv_heads, context_length);
   const Tensor& first = any_input(in);
-  const int64_t B = first.size(0), T = first.size(1), H = num_heads, D = head_dim;
+  const int64_t B = first.size(0), T = first.size(1), H = num_heads, Hkv = num_kv_heads, D = head_dim;
   Tensor ctx;  // (B, H, T, D)
   if (head_control.given_context.defined()) {
     check_given_context(who, head_control.given_context, B, H, T, D);
     ctx = head_control.given_context;
   } else {
-    const Tensor q = site(HookPoint::q, project(in.q, in.x, *W_query, H, D));  // (B, T, H, D)
-    const Tensor k = site(HookPoint::k, project(in.k, in.x, *W_key, H, D));
-    const Tensor v = site(HookPoint::v, project(in.v, in.x, *W_value, H, D));
+    Tensor q = site(HookPoint::q, project(in.q, in.x, *W_query, H, D));  // (B, T, H, D)
+    Tensor k = site(HookPoint::k, project(in.k, in.x, *W_key, Hkv, D));  // (B, T, Hkv, D)
+    const Tensor v = site(HookPoint::v, project(in.v, in.x, *W_value, Hkv, D));
+    const int64_t past = cache ? cache->length : 0;
+    if (rotary.dims > 0) {
+      q = rotate(q, rotary, past, HookPoint::rot_q, site);
+      k = rotate(k, rotary, past, HookPoint::rot_k, site);
+    }
     if (cache) {
       HL_CHECK(!in.split(), who, ": per-head inputs do not decode with a cache");
-      const int64_t past = cache->length;
       HL_CHECK(past == 0 || T == 1, who, ": after the prefill the cache takes one token a step, got ", T);
       HL_CHECK(past + T <= context_length, who, ": ", past, " cached + ", T, " new tokens exceed context_length ",
                context_length);
-      if (past == 0) {
-        cache->keys = Tensor::empty({B, H, context_length, D}, first.dtype(), first.device());
-        cache->values = Tensor::empty({B, H, context_length, D}, first.dtype(), first.device());
-      }
+      if (past == 0 || past + T > cache->keys.size(2)) grow(*cache, past + T, context_length, {B, Hkv, D}, first);
       HL_CHECK(cache->keys.size(0) == B, who, ": the cache holds ", cache->keys.size(0), " rows, the input ", B);
       cache->keys.narrow(2, past, T).copy_(k.transpose(1, 2));
       cache->values.narrow(2, past, T).copy_(v.transpose(1, 2));
@@ -302,10 +374,10 @@ Tensor CausalMultiHeadAttention::run(const AttentionInput& in, const Tensor& gat
                                          cache->values.narrow(2, 0, past + T),
                                          past == 0 ? AttentionMask::causal() : AttentionMask::none());
     } else if (keep_weights || site.wants(HookPoint::pattern)) {  // the weights wanted: materialised anyway
-      const Tensor scores = matmul(q.transpose(1, 2), k.permute({0, 2, 3, 1}));  // (B, H, T, T)
+      const Tensor scores = matmul(q.transpose(1, 2), repeat_kv(k.transpose(1, 2), H).mT());  // (B, H, T, T)
       const Tensor pattern = site(HookPoint::pattern, causal_softmax(scores, 1.0 / std::sqrt(static_cast<double>(D))));
       if (keep_weights) attention_weights = pattern.detach();
-      ctx = matmul(dropout->forward(pattern), v.transpose(1, 2));
+      ctx = matmul(dropout->forward(pattern), repeat_kv(v.transpose(1, 2), H));
     } else {  // fused: reads the strided views directly, saves O(B*H*T) for backward
       ctx = scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                          AttentionMask::causal(), dropout->p, dropout->is_training());
@@ -326,13 +398,21 @@ Tensor CausalMultiHeadAttention::run(const AttentionInput& in, const Tensor& gat
 HeadWeights CausalMultiHeadAttention::head_weights() const {
   const int64_t H = num_heads, D = head_dim;
   HeadWeights w;
-  const auto per_head = [&](const Linear& proj, Tensor& W, Tensor& b) {
-    W = proj.weight.detach().view({H, D, d_in}).transpose(1, 2);  // (H, d_in, D)
-    if (proj.bias.defined()) b = proj.bias.detach().view({H, D});
+  // heads: H, or num_kv_heads for the keys and values, repeated to one per query head (TransformerLens's
+  // W_K and W_V of a grouped-query model; views where nothing repeats).
+  const auto per_head = [&](const Linear& proj, int64_t heads, Tensor& W, Tensor& b) {
+    W = proj.weight.detach().view({heads, D, d_in}).transpose(1, 2);  // (heads, d_in, D)
+    if (proj.bias.defined()) b = proj.bias.detach().view({heads, D});
+    if (heads == H) return;
+    std::vector<int64_t> group_of(static_cast<size_t>(H));
+    for (int64_t h = 0; h < H; ++h) group_of[static_cast<size_t>(h)] = h / (H / heads);
+    const Tensor index = tensor(group_of, {H}, W.device());
+    W = index_select(W, 0, index);
+    if (b.defined()) b = index_select(b, 0, index);
   };
-  per_head(*W_query, w.W_Q, w.b_Q);
-  per_head(*W_key, w.W_K, w.b_K);
-  per_head(*W_value, w.W_V, w.b_V);
+  per_head(*W_query, H, w.W_Q, w.b_Q);
+  per_head(*W_key, num_kv_heads, w.W_K, w.b_K);
+  per_head(*W_value, num_kv_heads, w.W_V, w.b_V);
   w.W_O = out_proj->weight.detach().view({d_out, H, D}).permute({1, 2, 0});  // (H, D, d_out)
   if (out_proj->bias.defined()) w.b_O = out_proj->bias.detach();
   return w;
@@ -379,6 +459,9 @@ std::shared_ptr<CausalMultiHeadAttention> CausalMultiHeadAttention::merge_heads(
 std::shared_ptr<MultiHeadAttentionWrapper> CausalMultiHeadAttention::split_heads() const {
   const int64_t H = num_heads, D = head_dim;
   HL_CHECK(H > 0, "fused_to_wrapper: the module has no heads");
+  HL_CHECK(num_kv_heads == H && rotary.dims == 0 && out_proj->bias.defined(),
+           "fused_to_wrapper: the per-head form of grouped-query, rotary or bias-free attention (LLaMA's) is not "
+           "implemented yet; this module cannot be converted, pruned or split into heads");
   auto w = std::make_shared<MultiHeadAttentionWrapper>(d_in, D, context_length, dropout_p, H, qkv_bias, true, d_out);
   like(*w, *this);
   NoGradGuard no_grad;

@@ -34,7 +34,7 @@ Tensor DecoderBlock::attend(const Tensor& x, const HookSite& site, KVCache* cach
       all_split = false;
       continue;
     }
-    const int64_t H = attention().head_count();
+    const int64_t H = point == HookPoint::q_input ? attention().head_count() : attention().kv_head_count();
     // A copy of x, so that a hook writing into what it is given cannot change the stream.
     const Tensor stream = clone(x).unsqueeze(2).expand({x.size(0), x.size(1), H, x.size(2)});
     const uint64_t version = stream.version();

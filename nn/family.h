@@ -18,6 +18,7 @@ struct ModelOptions {
   std::string arch = "gpt";           // --arch: the family
   int64_t emb_dim = 64;               // --emb-dim: the stream's width (d2l: num_hiddens)
   int64_t n_heads = 4, n_layers = 2;  // --n-heads, --n-layers
+  int64_t n_kv_heads = 0;             // --n-kv-heads: key/value heads where a family has grouped-query attention; 0: n_heads
   int64_t context_length = 0;         // --context-length; 0: what the task needs
   int64_t ffn_hiddens = 0;            // --ffn-hiddens: the MLP's width where a family lets it be chosen; 0: its default
   double drop_rate = 0.0;             // --drop-rate

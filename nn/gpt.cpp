@@ -102,6 +102,8 @@ class GptFamily : public ModelFamily {
            std::to_string(c.context_length);
   }
   nlohmann::json from_options(const ModelOptions& o, const TaskSizes& t) const override {
+    HL_CHECK(o.n_kv_heads == 0 || o.n_kv_heads == o.n_heads,
+             "train: --n-kv-heads: the gpt family has multi-head attention only (grouped-query: --arch llama)");
     GPTConfig c;
     c.vocab_size = t.vocab_size, c.context_length = t.context_length;
     c.emb_dim = o.emb_dim, c.n_heads = o.n_heads, c.n_layers = o.n_layers;

@@ -24,14 +24,14 @@ enum class HookPoint : uint8_t {
   pos_embed,       // hook_pos_embed               (B, T, C)  the learned position embeddings (families that have them)
   resid_pre,       // blocks.L.hook_resid_pre      (B, T, C)  the stream entering block L
   q_input,         // blocks.L.hook_q_input        (B, T, H, C)  the stream per head, each head's own (split inputs)
-  k_input,         // blocks.L.hook_k_input        (B, T, H, C)
-  v_input,         // blocks.L.hook_v_input        (B, T, H, C)
+  k_input,         // blocks.L.hook_k_input        (B, T, Hkv, C)  a key/value head's own (grouped-query: fewer)
+  v_input,         // blocks.L.hook_v_input        (B, T, Hkv, C)
   ln1_normalized,  // blocks.L.ln1.hook_normalized (B, T, C)
   q,               // blocks.L.attn.hook_q         (B, T, H, D)
-  k,               // blocks.L.attn.hook_k         (B, T, H, D)
-  v,               // blocks.L.attn.hook_v         (B, T, H, D)
+  k,               // blocks.L.attn.hook_k         (B, T, Hkv, D)  Hkv = H but in grouped-query attention
+  v,               // blocks.L.attn.hook_v         (B, T, Hkv, D)
   rot_q,           // blocks.L.attn.hook_rot_q     (B, T, H, D)  after the rotary embedding (families that rotate)
-  rot_k,           // blocks.L.attn.hook_rot_k     (B, T, H, D)
+  rot_k,           // blocks.L.attn.hook_rot_k     (B, T, Hkv, D)
   pattern,         // blocks.L.attn.hook_pattern   (B, H, T, T)  softmax weights, query x key
   z,               // blocks.L.attn.hook_z         (B, T, H, D)  each head's weighted values (after its head control)
   result,          // blocks.L.attn.hook_result    (B, T, H, C)  each head's share of attn_out, out_proj's bias excluded

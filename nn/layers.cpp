@@ -106,6 +106,24 @@ Tensor LayerNorm::forward(const Tensor& x) {
   return layer_norm(x, weight, bias, eps);
 }
 
+RMSNorm::RMSNorm(int64_t d, double e) : Norm(d, e) {
+  HL_CHECK(d > 0, "RMSNorm: dim must be positive, got ", d);
+  HL_CHECK(e >= 0 && std::isfinite(e), "RMSNorm: eps must be finite and >= 0, got ", e);
+  weight = register_parameter("weight", ones({d}));
+}
+
+std::string RMSNorm::extra_repr() const {
+  std::ostringstream os;
+  os << "(" << dim << ",), eps=" << py_float(eps) << ", elementwise_affine=True";
+  return os.str();
+}
+
+Tensor RMSNorm::forward(const Tensor& x) {
+  HL_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == dim, "RMSNorm: expected input with last dim ", dim,
+           ", got shape ", x.defined() ? shape_str(x.shape()) : std::string("(undefined)"));
+  return rms_norm(x, weight, eps);
+}
+
 FrozenNorm freeze(const Norm& norm, const Tensor& x) {
   NoGradGuard no_grad;
   const Tensor xc = norm.centres() ? sub(x, x.mean({-1}, true)) : x;

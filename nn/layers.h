@@ -1,5 +1,5 @@
 // Basic layers with PyTorch's names, shapes and initialisation: Linear, Dropout, Embedding,
-// LayerNorm (weight/bias, or the book's scale/shift), GELU, ReLU, and the book's FeedForward; the faces
+// LayerNorm (weight/bias, or the book's scale/shift), RMSNorm, GELU, ReLU, and the book's FeedForward; the faces
 // decoders and analyses see of a norm (Norm, FrozenNorm) and of an MLP (Mlp, with its hook points).
 #pragma once
 #include "nn/hooks.h"
@@ -81,6 +81,16 @@ class LayerNorm : public Norm {
   Tensor forward(const Tensor& x) override;
   bool centres() const override { return true; }
   Style style;
+};
+
+// torch.nn.RMSNorm (LLaMA's norm): x / sqrt(mean(x^2) + eps) * weight; weight starts at ones, no bias.
+class RMSNorm : public Norm {
+ public:
+  explicit RMSNorm(int64_t dim, double eps = 1e-6);
+  std::string type_name() const override { return "RMSNorm"; }
+  std::string extra_repr() const override;
+  Tensor forward(const Tensor& x) override;
+  bool centres() const override { return false; }
 };
 
 class GELU : public UnaryModule {

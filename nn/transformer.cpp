@@ -218,6 +218,8 @@ class EncoderDecoderFamily : public ModelFamily {
   nlohmann::json from_options(const ModelOptions& o, const TaskSizes& t) const override {
     HL_CHECK(!o.attn_only,
              "train: --attn-only applies to --arch gpt; d2l's encoder-decoder keeps its position-wise FFN");
+    HL_CHECK(o.n_kv_heads == 0 || o.n_kv_heads == o.n_heads,
+             "train: --n-kv-heads: d2l's encoder-decoder has multi-head attention only (grouped-query: --arch llama)");
     TransformerConfig c;
     c.src_vocab_size = t.source_vocab_size, c.tgt_vocab_size = t.vocab_size;
     c.num_hiddens = o.emb_dim, c.num_heads = o.n_heads, c.num_layers = o.n_layers, c.dropout = o.drop_rate;

@@ -3,7 +3,9 @@
 // query row, O(B*H*T), instead of the (B, H, Tq, Tk) scores, weights and dropout mask of the composite
 // path (matmul, causal_softmax / masked_softmax, dropout, matmul), which runs otherwise (see
 // set_fused_attention) and stays the reference the fused kernels are tested against.
-// B = batch, H = heads, Tq = queries, Tk = keys, D = q/k head size, Dv = v head size.
+// Grouped-query attention: k and v may have fewer heads than q (Hkv dividing H); query head h reads key/value
+// head h / (H / Hkv). Kernels that read them grouped (has_grouped_attention) never repeat them.
+// B = batch, H = heads, Hkv = key/value heads, Tq = queries, Tk = keys, D = q/k head size, Dv = v head size.
 #include <atomic>
 #include <cmath>
 
@@ -15,6 +17,7 @@ namespace {
 
 struct AttnShape {
   int64_t B, H, Tq, Tk, D, Dv;
+  int64_t Hkv;  // key/value heads: H, or a divisor of it (grouped-query)
   bool heads;  // 4-D inputs (B, H, T, *); 3-D ones (B, T, *) run as H = 1
 };
 
@@ -34,15 +37,17 @@ AttnShape check_attention(const Tensor& q, const Tensor& k, const Tensor& v, con
            shape_str(k.shape()), ", ", shape_str(v.shape()));
   const bool heads = q.dim() == 4;
   const int64_t B = q.size(0), H = heads ? q.size(1) : 1;
+  const int64_t Hkv = heads ? k.size(1) : 1;
   for (const Tensor* t : {&k, &v})
-    HL_CHECK(t->size(0) == B && (!heads || t->size(1) == H), op, ": batch and head dims differ: q ",
-             shape_str(q.shape()), ", k ", shape_str(k.shape()), ", v ", shape_str(v.shape()));
+    HL_CHECK(t->size(0) == B && (!heads || (t->size(1) == Hkv && Hkv > 0 && H % Hkv == 0) || (H == 0 && Hkv == 0)), op,
+             ": batch and head dims differ: q ", shape_str(q.shape()), ", k ", shape_str(k.shape()), ", v ",
+             shape_str(v.shape()), " (k and v need the same heads, which must divide q's)");
   HL_CHECK(q.size(-1) == k.size(-1), op, ": q ", shape_str(q.shape()), " and k ", shape_str(k.shape()),
            " must have the same head size");
   HL_CHECK(k.size(-2) == v.size(-2), op, ": k ", shape_str(k.shape()), " and v ", shape_str(v.shape()),
            " must have the same number of keys");
   HL_CHECK(dropout_p >= 0 && dropout_p <= 1, op, ": dropout probability must be in [0, 1], got ", dropout_p);
-  const AttnShape s{B, H, q.size(-2), k.size(-2), q.size(-1), v.size(-1), heads};
+  const AttnShape s{B, H, q.size(-2), k.size(-2), q.size(-1), v.size(-1), Hkv, heads};
   if (mask.kind == AttentionMask::Kind::causal)
     HL_CHECK(s.Tq == s.Tk, op, ": a causal mask needs as many queries as keys, got ", s.Tq, " and ", s.Tk);
   if (mask.kind == AttentionMask::Kind::lengths) {
@@ -86,6 +91,14 @@ std::atomic<FusedAttention> g_fused_attention{FusedAttention::automatic};
 void set_fused_attention(FusedAttention when) { g_fused_attention.store(when, std::memory_order_relaxed); }
 FusedAttention fused_attention() { return g_fused_attention.load(std::memory_order_relaxed); }
 
+Tensor repeat_kv(const Tensor& t, int64_t H) {
+  HL_CHECK(t.dim() == 4 && t.size(1) > 0 && H % t.size(1) == 0, "repeat_kv: expected (B, Hkv, T, C) with Hkv dividing ",
+           H, ", got ", shape_str(t.shape()));
+  const int64_t Hkv = t.size(1);
+  if (Hkv == H) return t;
+  return t.unsqueeze(2).expand({t.size(0), Hkv, H / Hkv, t.size(2), t.size(3)}).reshape({t.size(0), H, t.size(2), t.size(3)});
+}
+
 AttentionMask AttentionMask::lengths(const Tensor& valid_lens) {
   return valid_lens.defined() ? AttentionMask{Kind::lengths, valid_lens} : AttentionMask{};
 }
@@ -96,6 +109,9 @@ Tensor scaled_dot_product_attention_composite(const Tensor& q, const Tensor& k, 
   const OpScope scope("scaled_dot_product_attention");
   const AttnShape s = check_attention(q, k, v, mask, dropout_p);
   const double sc = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(s.D));
+  if (s.heads && s.Hkv != s.H)  // the reference repeats the shared keys and values
+    return scaled_dot_product_attention_composite(q, repeat_kv(k, s.H), repeat_kv(v, s.H), mask, dropout_p, training, gen,
+                                                  scale);
   const Tensor scores = matmul(q, k.mT());  // (B, H, Tq, Tk)
   Tensor weights;
   if (mask.kind == AttentionMask::Kind::causal) {
@@ -121,7 +137,10 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   const bool fused = when != FusedAttention::never && be.has_fused_attention(s.D, s.Dv) &&
                      (when == FusedAttention::always || be.fused_attention_is_faster(s.Tk, s.D, s.Dv));
   if (!fused) return scaled_dot_product_attention_composite(q, k, v, mask, dropout_p, training, gen, scale);
+  if (s.heads && s.Hkv != s.H && !be.has_grouped_attention())
+    return scaled_dot_product_attention(q, repeat_kv(k, s.H), repeat_kv(v, s.H), mask, dropout_p, training, gen, scale);
   AttnParams a;
+  a.group = s.heads && s.Hkv ? s.H / s.Hkv : 1;
   a.B = s.B, a.H = s.H, a.Tq = s.Tq, a.Tk = s.Tk, a.D = s.D, a.Dv = s.Dv;
   a.scale = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(s.D));
   a.mask = mask.kind == AttentionMask::Kind::causal    ? SoftmaxMask::causal
@@ -155,6 +174,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
            AttnParams p = a;
            if (lens.defined()) p.lengths = lens.data<int64_t>();
            const Tensor dy = unit_last(dout);
+           // dk and dv per query head, then summed over each group (B, Hkv, G, Tk, *) -> (B, Hkv, Tk, *).
            Tensor dq = empty_result(s, s.Tq, s.D, qs), dk = empty_result(s, s.Tk, s.D, qs),
                   dv = empty_result(s, s.Tk, s.Dv, qs);
            if (s.B * s.H > 0)
@@ -163,8 +183,12 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
                                                attn_view(dy, s.heads), attn_view(qs, s.heads), attn_view(ks, s.heads),
                                                attn_view(vs, s.heads), attn_view(os, s.heads), ls.raw_data(), p);
            if (g.needs(0)) g.acc(0, dq);
-           if (g.needs(1)) g.acc(1, dk);
-           if (g.needs(2)) g.acc(2, dv);
+           const auto grouped = [&](const Tensor& d) {
+             if (s.Hkv == s.H) return d;
+             return d.reshape({s.B, s.Hkv, s.H / s.Hkv, d.size(2), d.size(3)}).sum({2});
+           };
+           if (g.needs(1)) g.acc(1, grouped(dk));
+           if (g.needs(2)) g.acc(2, grouped(dv));
          });
   return out;
 }

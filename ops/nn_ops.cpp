@@ -1,5 +1,6 @@
 // Neural-network ops with fused kernels: softmax (plain, masked by valid lengths, causal),
-// log_softmax, dropout, layer_norm, cross_entropy, and the composite mse_loss.
+// log_softmax, dropout, layer_norm, rms_norm, cross_entropy; and the composites silu, rotary_embedding
+// and mse_loss.
 #include <cmath>
 
 #include "ops/internal.h"
@@ -164,6 +165,97 @@ Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, dou
     if (db.defined()) g.acc(2, db);
   });
   return y;
+}
+
+// x: (..., C), weight: (C) or undefined
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
+  const OpScope scope("rms_norm");
+  detail::check_floating("rms_norm", x);
+  HL_CHECK(x.dim() >= 1, "rms_norm: expected at least 1 dimension");
+  HL_CHECK(eps >= 0 && std::isfinite(eps), "rms_norm: eps must be finite and >= 0, got ", eps);
+  const int64_t C = x.size(-1), rows = C ? x.numel() / C : 0;
+  if (weight.defined()) {
+    check_same_device("rms_norm", x, weight);
+    detail::check_same_dtype("rms_norm", x, weight);
+    HL_CHECK(weight.dim() == 1 && weight.size(0) == C, "rms_norm: weight must have shape [", C, "], got ",
+             shape_str(weight.shape()));
+  }
+  if (!backend_of(x).has_rms_norm()) return rms_norm_composite(x, weight, eps);
+  const Tensor xc = contiguous(x.detach());
+  const Tensor wc = weight.defined() ? contiguous(weight.detach()) : Tensor();
+  Tensor y = Tensor::empty(x.shape(), x.dtype(), x.device());
+  Tensor rstd = Tensor::empty({rows}, x.dtype(), x.device());
+  if (y.numel())
+    backend_of(x).rmsnorm_forward(x.dtype(), y.raw_data(), rstd.raw_data(), xc.raw_data(),
+                                  wc.defined() ? wc.raw_data() : nullptr, rows, C, eps);
+  // saved: x and weight as the kernel read them (aliases where they were contiguous, so edits are caught) and
+  // the per-row 1 / rms.
+  record("rms_norm", y, {x, weight}, {xc, wc, rstd}, [rows, C](const Tensor& dout, Saved s, Grads& g) {
+    const Tensor &xc = s[0], &wc = s[1], &rstd = s[2];
+    const Tensor dy = contiguous(dout);
+    Tensor dx = Tensor::empty(xc.shape(), xc.dtype(), xc.device());
+    Tensor dw = g.needs(1) ? zeros({C}, xc.dtype(), xc.device()) : Tensor();
+    if (dx.numel())
+      backend_of(xc).rmsnorm_backward(xc.dtype(), dx.raw_data(), dw.defined() ? dw.raw_data() : nullptr,
+                                      dy.raw_data(), xc.raw_data(), rstd.raw_data(),
+                                      wc.defined() ? wc.raw_data() : nullptr, rows, C);
+    g.acc(0, dx);
+    if (dw.defined()) g.acc(1, dw);
+  });
+  return y;
+}
+
+Tensor rms_norm_composite(const Tensor& x, const Tensor& weight, double eps) {
+  const Tensor y = mul(x, rsqrt(add(mean(mul(x, x), {-1}, true), eps)));
+  return weight.defined() ? mul(y, weight) : y;
+}
+
+Tensor silu(const Tensor& x) { return mul(x, sigmoid(x)); }
+
+std::pair<Tensor, Tensor> rotary_angles(int64_t offset, int64_t T, int64_t R, double theta, DType dtype,
+                                        Device device) {
+  HL_CHECK(R > 0 && R % 2 == 0, "rotary_angles: the rotated dims must be even and positive, got ", R);
+  HL_CHECK(theta > 1 && std::isfinite(theta), "rotary_angles: theta must be finite and > 1, got ", theta);
+  HL_CHECK(offset >= 0 && T >= 0, "rotary_angles: positions [", offset, ", ", offset + T, ") are invalid");
+  const int64_t n = R / 2;
+  std::vector<double> c(static_cast<size_t>(T * n)), s(c.size());
+  for (int64_t i = 0; i < n; ++i) {
+    const double freq = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(R));
+    for (int64_t t = 0; t < T; ++t) {
+      const double angle = static_cast<double>(offset + t) * freq;
+      c[static_cast<size_t>(t * n + i)] = std::cos(angle);
+      s[static_cast<size_t>(t * n + i)] = std::sin(angle);
+    }
+  }
+  return {tensor(c, {T, n}).to(dtype).to(device), tensor(s, {T, n}).to(dtype).to(device)};
+}
+
+// Composite: each half of the rotated pairs (B, T, H, R/2) from views, rotated by the broadcast (T, 1, R/2)
+// tables, and put back in the layout it came in.
+Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin, bool interleaved) {
+  const OpScope scope("rotary_embedding");
+  detail::check_floating("rotary_embedding", x);
+  HL_CHECK(x.dim() == 4, "rotary_embedding: expected x of shape (batch, tokens, heads, head_size), got ",
+           shape_str(x.shape()));
+  const int64_t B = x.size(0), T = x.size(1), H = x.size(2), D = x.size(3);
+  HL_CHECK(cos.dim() == 2 && sin.shape() == cos.shape() && cos.size(0) == T && cos.size(1) >= 1 && 2 * cos.size(1) <= D,
+           "rotary_embedding: expected cos and sin of shape [", T, ", R/2] with R <= ", D, ", got ",
+           shape_str(cos.shape()), " and ", shape_str(sin.shape()));
+  detail::check_same_dtype("rotary_embedding", x, cos);
+  detail::check_same_dtype("rotary_embedding", x, sin);
+  const int64_t R = 2 * cos.size(1), n = R / 2;
+  const Tensor rot = R == D ? x : x.narrow(3, 0, R);
+  Tensor x1, x2;  // (B, T, H, R/2): the pairs' first and second elements
+  if (interleaved) {
+    const Tensor pairs = rot.reshape({B, T, H, n, 2});
+    x1 = pairs.select(4, 0), x2 = pairs.select(4, 1);
+  } else {
+    x1 = rot.narrow(3, 0, n), x2 = rot.narrow(3, n, n);
+  }
+  const Tensor c = cos.view({T, 1, n}), s = sin.view({T, 1, n});
+  const Tensor y1 = sub(mul(x1, c), mul(x2, s)), y2 = add(mul(x1, s), mul(x2, c));
+  const Tensor y = interleaved ? stack({y1, y2}, 4).view({B, T, H, R}) : cat({y1, y2}, 3);
+  return R == D ? y : cat({y, x.narrow(3, R, D - R)}, 3);
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore_index, Reduction reduction) {

@@ -152,6 +152,9 @@ struct AttentionMask {
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask = {},
                                     double dropout_p = 0.0, bool training = false, Generator& gen = default_generator(),
                                     std::optional<double> scale = std::nullopt);
+// Keys or values (B, Hkv, T, C) repeated to (B, H, T, C) for H query heads (Hkv dividing H): key/value head j
+// once per query head that reads it (h / (H / Hkv) == j). The composite path's grouped-query attention.
+Tensor repeat_kv(const Tensor& t, int64_t H);
 // The same through matmul, causal_softmax / masked_softmax, dropout and matmul (the reference).
 Tensor scaled_dot_product_attention_composite(const Tensor& q, const Tensor& k, const Tensor& v,
                                               const AttentionMask& mask = {}, double dropout_p = 0.0,
@@ -165,6 +168,20 @@ enum class FusedAttention : uint8_t { automatic, always, never };
 void set_fused_attention(FusedAttention when);
 FusedAttention fused_attention();
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+// LLaMA's RMSNorm of the last dim: x / sqrt(mean(x^2) + eps) * weight (weight (C) or undefined). Fused where
+// the backend has the kernel (the CPU), else rms_norm_composite, the reference it is tested against.
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6);
+Tensor rms_norm_composite(const Tensor& x, const Tensor& weight, double eps = 1e-6);
+// x * sigmoid(x) (PyTorch's silu), the gate of LLaMA's SwiGLU feed-forward.
+Tensor silu(const Tensor& x);
+// Rotary position embedding (Su et al.) of x (B, T, H, D): the first R = 2 * cos.size(1) dims of each head
+// rotate by position, the rest pass through. cos, sin: (T, R/2), the angles of the positions x holds
+// (rotary_angles). interleaved: dims (2i, 2i+1) rotate together (Meta's and llama2.c's layout); else (i, i + R/2)
+// (Hugging Face's rotate_half). Its backward is the inverse rotation.
+Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin, bool interleaved);
+// cos and sin (T, R/2) of positions [offset, offset + T) at frequencies theta^(-2i/R), i < R/2, computed in
+// float64 and cast to dtype.
+std::pair<Tensor, Tensor> rotary_angles(int64_t offset, int64_t T, int64_t R, double theta, DType dtype, Device device);
 Tensor embedding(const Tensor& weight, const Tensor& indices);  // weight: (V, C), indices: any int64 shape
 enum class Reduction { mean, sum, none };
 // PyTorch's cross_entropy ignore_index: targets equal to it carry no loss and no score.

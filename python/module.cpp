@@ -92,7 +92,8 @@ struct PyModel {
 
   py::object config() const { return py::module_::import("json").attr("loads")(loaded->model->config_json().dump()); }
   py::array to_tokens(const std::string& text) const {
-    std::vector<int64_t> ids = loaded->bpe() ? loaded->bpe()->encode(text) : loaded->task->encode_prompt(text).ids;
+    std::vector<int64_t> ids =
+        loaded->subword() ? loaded->subword()->encode(text) : loaded->task->encode_prompt(text).ids;
     const auto T = static_cast<int64_t>(ids.size());
     return to_numpy(tensor(ids, {1, T}));
   }
@@ -103,7 +104,7 @@ struct PyModel {
   }
   std::string to_string(const py::array& tokens) const {
     const std::vector<int64_t> ids = ids_of(tokens);
-    if (loaded->bpe()) return loaded->bpe()->decode(ids);
+    if (loaded->subword()) return loaded->subword()->decode(ids);
     std::string s;
     for (int64_t id : ids) s += loaded->task->token_text(id);
     return s;
@@ -353,12 +354,14 @@ PYBIND11_MODULE(_headlab, m) {
 
   m.def(
       "load",
-      [](const std::string& path, const std::string& device) {
-        auto l = std::make_shared<train::Loaded>(train::load("headlab.load", path, device));
+      [](const std::string& path, const std::string& device, const std::string& tokenizer) {
+        auto l = std::make_shared<train::Loaded>(train::load("headlab.load", path, device, "", tokenizer));
         l->decoder("headlab.load");
         return PyModel{l, path};
       },
-      py::arg("path"), py::arg("device") = "cpu", "a headlab checkpoint (.h5) or a Hugging Face GPT-2 folder");
+      py::arg("path"), py::arg("device") = "cpu", py::arg("tokenizer") = "",
+      "a headlab checkpoint (.h5), a Hugging Face model folder (gpt2, llama) or a llama2.c checkpoint (.bin) with "
+      "tokenizer= its tokenizer file");
   m.def("heads", &heads, py::arg("model"), py::arg("task") = "", py::arg("pairs") = "", py::arg("rows") = 64,
         py::arg("template") = 0, py::arg("span") = 0, py::arg("seed") = 1, py::arg("by_position") = false,
         "headlab heads --task/--pairs: every head's zero, mean and resample ablation, denoising and direct logit "

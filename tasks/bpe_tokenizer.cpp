@@ -410,4 +410,8 @@ std::optional<int64_t> BpeTokenizer::end_of_text() const {
   return *impl_->eot;
 }
 
+std::string BpeTokenizer::describe() const {
+  return "GPT-2's byte-level BPE tokenizer of " + std::to_string(size()) + " tokens";
+}
+
 }  // namespace headlab::tasks

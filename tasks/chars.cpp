@@ -184,20 +184,25 @@ std::string CharsTask::format_answer(const std::vector<int64_t>& ids) const { re
 // text (GPT-2's BPE)
 
 BpeTextTask::BpeTextTask(const TaskOptions& options)
-    : TextWindowsTask(options, "text", "tokens", true), bpe_(options.bpe) {
-  HL_CHECK(bpe_ != nullptr, "task text: needs a BPE tokenizer; start from a GPT-2 model (train --init FOLDER)");
-  if (has_text()) set_ids(bpe_->encode(text(), options_.text.empty() ? options_.text_path : "text"));
+    : TextWindowsTask(options, "text", "tokens", true), subword_(options.subword) {
+  HL_CHECK(subword_ != nullptr,
+           "task text: needs a subword tokenizer; start from a pretrained model (train --init FOLDER or FILE)");
+  if (has_text()) {
+    std::vector<int64_t> ids = subword_->encode(text(), options_.text.empty() ? options_.text_path : "text");
+    if (const auto bos = subword_->bos()) ids.insert(ids.begin(), *bos);
+    set_ids(std::move(ids));
+  }
   drop_text();
 }
 
 std::string BpeTextTask::description() const {
-  return describe("language model over a text",
-                  "GPT-2's byte-level BPE tokenizer of " + std::to_string(vocab_size()) + " tokens");
+  return describe("language model over a text", subword_->describe());
 }
 
 Prompt BpeTextTask::encode_prompt(const std::string& text) const {
   Prompt p;
-  p.ids = bpe_->encode(text, "prompt");
+  p.ids = subword_->encode(text, "prompt");
+  if (const auto bos = subword_->bos()) p.ids.insert(p.ids.begin(), *bos);  // SentencePiece LLaMA models: <s>
   HL_CHECK(!p.ids.empty(), "task text: prompt is empty; give at least one character");
   p.answer_length = -1;
   p.text = text;
@@ -208,7 +213,14 @@ std::string BpeTextTask::format_answer(const std::vector<int64_t>& ids) const {
   std::vector<int64_t> kept = ids;  // everything from <|endoftext|> on is dropped, as the Task contract says
   const int64_t end = end_id();
   if (end >= 0) kept.erase(std::find(kept.begin(), kept.end(), end), kept.end());
-  return bpe_->decode(kept);
+  return subword_->decode(kept);
+}
+
+std::string BpeTextTask::format_continuation(const Prompt& p, const std::vector<int64_t>& ids) const {
+  std::vector<int64_t> all = p.ids;  // decoded as one sequence: a tokenizer's rules at the start (<s>) hold
+  const int64_t end = end_id();
+  all.insert(all.end(), ids.begin(), end >= 0 ? std::find(ids.begin(), ids.end(), end) : ids.end());
+  return subword_->decode(all);
 }
 
 }  // namespace headlab::tasks

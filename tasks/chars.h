@@ -10,6 +10,7 @@
 #include "base/error.h"  // every bad input throws headlab::Error
 #include "tasks/bpe_tokenizer.h"
 #include "tasks/task.h"
+#include "tasks/text_tokenizer.h"
 
 namespace headlab::tasks {
 
@@ -66,22 +67,27 @@ class CharsTask : public TextWindowsTask {
   std::string format_answer(const std::vector<int64_t>& ids) const override;
 };
 
-// text: GPT-2's byte-level BPE (options.bpe, required), so a GPT-2 model trains further on a text.
-// Generation stops at <|endoftext|>.
+// text: a pretrained model's subword tokenizer (options.subword, required: GPT-2's byte-level BPE, llama2.c's),
+// so a pretrained model trains further on a text. Prompts start with the tokenizer's BOS where it has one;
+// generation stops at its EOS (<|endoftext|>, </s>).
 class BpeTextTask : public TextWindowsTask {
  public:
   explicit BpeTextTask(const TaskOptions& options);
   std::string description() const override;
   TaskOptions options() const override { return options_; }
-  int64_t vocab_size() const override { return bpe_->size(); }
-  std::string token_text(int64_t id) const override { return bpe_->token_text(id); }
+  int64_t vocab_size() const override { return subword_->size(); }
+  std::string token_text(int64_t id) const override { return subword_->token_text(id); }
   Prompt encode_prompt(const std::string& text) const override;
-  int64_t end_id() const override { return bpe_->end_of_text().value_or(-1); }
+  int64_t end_id() const override { return subword_->eos().value_or(-1); }
   std::string format_answer(const std::vector<int64_t>& ids) const override;
-  const BpeTokenizer& bpe() const { return *bpe_; }
+  std::string format_continuation(const Prompt& p, const std::vector<int64_t>& ids) const override;
+  std::vector<int64_t> encode_continuation(const std::string& text) const override {
+    return subword_->encode_continuation(text, "prompt");
+  }
+  const TextTokenizer& subword() const { return *subword_; }
 
  private:
-  std::shared_ptr<const BpeTokenizer> bpe_;
+  std::shared_ptr<const TextTokenizer> subword_;
 };
 
 }  // namespace headlab::tasks

@@ -25,7 +25,7 @@
 #include "tasks/tokenizer.h"
 
 namespace headlab::tasks {
-class BpeTokenizer;
+class TextTokenizer;
 }
 
 namespace headlab::tasks {
@@ -105,9 +105,9 @@ struct TaskOptions {
   // chars: a fixed vocabulary (from a checkpoint); empty = sorted unique characters of the text.
   // Algorithmic tasks: must be empty or equal to the task's own vocabulary.
   std::vector<std::string> vocabulary;
-  // text: GPT-2's tokenizer (a model folder's, or a checkpoint's stored files). Not an option a map
-  // holds: a checkpoint stores its files (io::TokenizerFiles).
-  std::shared_ptr<const BpeTokenizer> bpe;
+  // text: a pretrained model's subword tokenizer (a model folder's, a checkpoint's stored files, --tokenizer).
+  // Not an option a map holds: a checkpoint stores its files (io::TokenizerFiles).
+  std::shared_ptr<const TextTokenizer> subword;
 };
 
 // The options that matter for task `name` as key/value strings: seed, and min_len + max_len
@@ -136,7 +136,7 @@ class Task {
   virtual std::string description() const = 0;
   // Everything make_task(name(), options()) needs to rebuild this task exactly.
   virtual TaskOptions options() const = 0;
-  // The character tokenizer (every task but text, whose BPE tokenizer is BpeTextTask::bpe()).
+  // The character tokenizer (every task but text, whose subword tokenizer is BpeTextTask::subword()).
   const Tokenizer& tokenizer() const { return tokenizer_; }
   virtual int64_t vocab_size() const { return tokenizer_.size(); }
   // One token as text to show (attention pages, tables).
@@ -154,10 +154,16 @@ class Task {
   // Generation (headlab generate): validate and encode a user prompt, then greedy-decode
   // answer_length tokens (stop early at end_id()), then format_answer(generated ids).
   virtual Prompt encode_prompt(const std::string& text) const = 0;
+  // The ids of text as it follows a prompt (an answer token): encode_prompt's, without what starts a prompt.
+  virtual std::vector<int64_t> encode_continuation(const std::string& text) const { return encode_prompt(text).ids; }
   virtual int64_t end_id() const = 0;  // -1 when there is no end token (chars)
   // Human-readable answer from generated ids (everything from the end token on is dropped).
   // Never throws on a wrong answer, only on ids outside the vocabulary.
   virtual std::string format_answer(const std::vector<int64_t>& ids) const = 0;
+  // The prompt and its continuation as one text (what generate prints).
+  virtual std::string format_continuation(const Prompt& p, const std::vector<int64_t>& ids) const {
+    return p.text + format_answer(ids);
+  }
   // Reference answer of a user prompt in the same form as format_answer ("" for chars).
   virtual std::string expected_answer(const std::string& text) const = 0;
 

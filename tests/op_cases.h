@@ -458,6 +458,55 @@ inline std::vector<OpCase> build() {
       {val({2, 3, 2, 3}, 0.3), val({2, 4, 2, 3}, 0.2), val({2, 4, 2, 2}), idx({3, 1}, {2})})
       .cuda_tol(1e-4, 1e-5);
 
+  // Grouped-query attention: k and v with fewer heads than q (read in place by the CPU kernel, repeated by the
+  // composite path and on CUDA); multi-query at one key/value head; the cache's decode step (Tq 1, no mask).
+  def("sdpa_gqa_causal_heads_view",
+      [heads](const auto& x) {
+        return scaled_dot_product_attention(heads(x[0]), heads(x[1]), heads(x[2]), M::causal());
+      },
+      {val({2, 4, 4, 3}, 0.23, -0.6), val({2, 4, 2, 3}, 0.19, -0.4), val({2, 4, 2, 2})})
+      .cuda_tol(1e-4, 1e-5);
+  def("sdpa_mqa_causal", [](const auto& x) { return scaled_dot_product_attention(x[0], x[1], x[2], M::causal()); },
+      {val({1, 3, 4, 2}, 0.3), val({1, 1, 4, 2}, 0.2), val({1, 1, 4, 3})})
+      .cuda_tol(1e-4, 1e-5);
+  def("sdpa_gqa_decode_step", [](const auto& x) { return scaled_dot_product_attention(x[0], x[1], x[2]); },
+      {val({2, 4, 1, 3}, 0.3), val({2, 2, 5, 3}, 0.2), val({2, 2, 5, 2})})
+      .cuda_tol(1e-4, 1e-5);
+  def("sdpa_gqa_lens_dropout",
+      [](const auto& x) {
+        Generator g(5);
+        return scaled_dot_product_attention(x[0], x[1], x[2], M::lengths(x[3]), 0.3, true, g);
+      },
+      {val({2, 4, 3, 2}, 0.3), val({2, 2, 4, 2}, 0.2), val({2, 2, 4, 2}), idx({3, 1}, {2})})
+      .cuda_tol(1e-4, 1e-5);
+  def("sdpa_gqa_composite",
+      [heads](const auto& x) {
+        return scaled_dot_product_attention_composite(heads(x[0]), heads(x[1]), heads(x[2]), M::causal());
+      },
+      {val({1, 3, 4, 2}, 0.23, -0.6), val({1, 3, 2, 2}, 0.19, -0.4), val({1, 3, 2, 2})});
+
+  // ---- LLaMA's parts: RMSNorm (fused; its composite), SiLU, rotary embeddings in both layouts, whole and
+  // partial, at a position offset ----
+  def("rms_norm", [](const auto& v) { return rms_norm(v[0], v[1], 1e-5); }, {val({3, 4}), val({4}, 0.4, 0.5)});
+  def("rms_norm_rows_transposed", [](const auto& v) { return rms_norm(v[0], v[1]); },
+      {transposed(6, 10), val({10}, 0.4, 0.5)});
+  def("rms_norm_no_weight", [](const auto& v) { return rms_norm(v[0], Tensor(), 1e-3); }, {val({2, 3, 5})});
+  def("rms_norm_composite", [](const auto& v) { return rms_norm_composite(v[0], v[1], 1e-5); },
+      {val({3, 4}), val({4}, 0.4, 0.5)});
+  def("silu", [](const auto& v) { return silu(v[0]); }, {val({3, 5}, 0.9, -6)});
+  const auto rotary = [](int64_t offset, int64_t T, int64_t R, bool interleaved) {
+    return [=](const auto& v) {
+      const auto [c, s] = rotary_angles(offset, T, R, 500.0, v[0].dtype(), v[0].device());
+      return rotary_embedding(v[0], c, s, interleaved);
+    };
+  };
+  def("rotary_halves", rotary(0, 3, 4, false), {val({2, 3, 2, 4})});
+  def("rotary_interleaved_offset", rotary(5, 3, 4, true), {val({2, 3, 2, 4})});
+  def("rotary_partial_halves", rotary(2, 3, 2, false), {val({1, 3, 2, 6})});
+  def("rotary_partial_interleaved_view",  // (B, T, H, D) as a view of a (B, H, T, D) leaf
+      [rotary](const auto& v) { return rotary(1, 3, 4, true)(std::vector<Tensor>{v[0].transpose(1, 2)}); },
+      {val({1, 2, 3, 6})});
+
   // ---- layer norm ----
   def("layer_norm", [](const auto& v) { return layer_norm(v[0], v[1], v[2]); },
       {val({3, 4}), val({4}, 0.4, 0.5), val({4})});

@@ -33,4 +33,23 @@ printf 'Ça va? Déjà vu — «naïve» café, 東京, 🙂.\n' >"$corpus/text/
 printf 'line one\r\nline two\r\n\ttabbed\n' >"$corpus/text/crlf_tabs.txt"
 printf 'ab' >"$corpus/text/two_chars.txt"
 printf '0\n1\n2\n>\n.\n_\n' >"$corpus/text/vocabulary.txt"
+# llama2.c's formats, behind the fuzz target's selector byte (0: a tokenizer file, 1: a checkpoint): a
+# 260-token vocabulary (<unk>, <s>, </s>, the 256 byte tokens, " a") and tiny legacy and version-1 checkpoints.
+mkdir -p "$corpus/llama2c"
+python3 - "$corpus/llama2c" <<'PY'
+import struct, sys
+out = sys.argv[1]
+pieces = [b"<unk>", b"<s>", b"</s>"] + [b"<0x%02X>" % b for b in range(256)] + [b" a"]
+tok = struct.pack("<i", 6) + b"".join(struct.pack("<fi", -float(i), len(p)) + p for i, p in enumerate(pieces))
+open(f"{out}/tokenizer.bin", "wb").write(b"\0" + tok)
+dim, hidden, layers, heads, kv, vocab, seq = 8, 12, 1, 2, 1, 260, 4
+kvd, hs = dim * kv // heads, dim // heads
+floats = vocab * dim + layers * (2 * dim + 2 * dim * dim + 2 * kvd * dim + 3 * hidden * dim) + dim
+values = struct.pack(f"<{floats}f", *[((i * 37) % 17 - 8) / 64 for i in range(floats)])
+legacy = struct.pack("<7i", dim, hidden, layers, heads, kv, vocab, seq) + values + b"\0" * (4 * seq * hs)
+open(f"{out}/legacy.bin", "wb").write(b"\1" + legacy)
+v1 = struct.pack("<Ii7iB", 0x616B3432, 1, dim, hidden, layers, heads, kv, vocab, seq, 1)
+open(f"{out}/version1.bin", "wb").write(b"\1" + v1 + b"\0" * (256 - len(v1)) + values)
+PY
+
 echo "tools/make_fuzz_corpus.sh: wrote $(find "$corpus" -type f | wc -l) files under $corpus"

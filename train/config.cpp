@@ -59,7 +59,8 @@ nlohmann::json RunConfig::to_json() const {
   training["optimizer"] = optimizer.to_json();
   training["schedule"] = schedule.to_json();
   nlohmann::json tokenizer = {{"type", "char"}, {"vocab", task.options.vocabulary}};
-  if (task.options.bpe) tokenizer = {{"type", "bpe"}};
+  if (task.options.subword)
+    tokenizer = {{"type", dynamic_cast<const tasks::BpeTokenizer*>(task.options.subword.get()) ? "bpe" : "llama2c"}};
   if (family().model.seq2seq())
     tokenizer["source_vocab"] = tasks::make_seq2seq_task(task.name, task.options)->source_vocab();
   return {{"model", model},
@@ -95,15 +96,18 @@ RunConfig RunConfig::from_json(const nlohmann::json& j) {
 }
 
 io::TokenizerFiles RunConfig::tokenizer_files() const {
-  if (!task.options.bpe) return {};
-  return {task.options.bpe->vocab_json(), task.options.bpe->merges_txt()};
+  if (!task.options.subword) return {};
+  const auto* bpe = dynamic_cast<const tasks::BpeTokenizer*>(task.options.subword.get());
+  HL_CHECK(bpe, "checkpoint: a model with ", task.options.subword->describe(),
+           " cannot be saved with its tokenizer yet (headlab checkpoints hold GPT-2's BPE files)");
+  return {bpe->vocab_json(), bpe->merges_txt()};
 }
 
 RunConfig config_of(const io::Checkpoint& ckpt, const std::string& path) {
   RunConfig c = RunConfig::from_json(ckpt.config);
   if (!ckpt.tokenizer.empty()) {
     const std::string where = "checkpoint '" + path + "': tokenizer/";
-    c.task.options.bpe = std::make_shared<const tasks::BpeTokenizer>(
+    c.task.options.subword = std::make_shared<const tasks::BpeTokenizer>(
         ckpt.tokenizer.vocab_json, ckpt.tokenizer.merges_txt, where + "vocab.json", where + "merges.txt",
         c.family().model.seq2seq() ? 0 : c.family().model.vocab_size(c.model));
   }

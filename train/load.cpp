@@ -4,15 +4,49 @@
 
 #include "base/input_path.h"
 #include "io/hf_folder.h"
+#include "io/llama2c.h"
 #include "tasks/chars.h"
+#include "tasks/llama2c_tokenizer.h"
 
 namespace headlab::train {
 
 namespace fs = std::filesystem;
 
-Loaded load(const char* cmd, const std::string& path, const std::string& device, const std::string& text) {
+namespace {
+
+// What the analyses read of a pretrained model by default: one batch of 8 rows of the task "text".
+void pretrained_text_task(train::RunConfig& c, std::shared_ptr<const tasks::TextTokenizer> tokenizer,
+                          const std::string& text) {
+  c.task.name = "text";
+  c.task.options.text_path = text;
+  c.task.options.subword = std::move(tokenizer);
+  c.run.batch_size = 8;
+  c.run.eval_batches = 1;
+}
+
+}  // namespace
+
+Loaded load(const char* cmd, const std::string& path, const std::string& device, const std::string& text,
+            const std::string& tokenizer) {
   Loaded l;
+  if (!io::is_hf_model_folder(path) && io::is_llama2c_checkpoint(path)) {
+    HL_CHECK(!tokenizer.empty(), cmd, ": '", path,
+             "' is a llama2.c checkpoint; give its tokenizer with --tokenizer FILE (llama2.c's tokenizer.bin)");
+    io::FolderModel m = io::read_llama2c(path);
+    l.from_folder = true;
+    train::RunConfig& c = l.config;
+    c.model = m.config;
+    pretrained_text_task(c, tasks::Llama2cTokenizer::from_file(tokenizer, c.family().model.vocab_size(c.model)), text);
+    l.model = io::build_folder_model(std::move(m), path);
+    l.model->to(Device::parse(device));
+    l.ckpt.config = c.to_json();
+    for (const auto& [name, t] : l.model->named_parameters()) l.ckpt.model.emplace_back(name, t.detach());
+    l.task = c.make_task();
+    return l;
+  }
   if (!io::is_hf_model_folder(path)) {
+    HL_CHECK(tokenizer.empty(), cmd, ": --tokenizer applies to llama2.c checkpoints and model folders; '", path,
+             "' is neither (a headlab checkpoint carries its tokenizer)");
     std::error_code ec;
     HL_CHECK(!fs::is_directory(path, ec), cmd, ": checkpoint '", path,
              "' is a folder, not a file, and has no config.json (a model folder holds config.json, "
@@ -26,18 +60,20 @@ Loaded load(const char* cmd, const std::string& path, const std::string& device,
   }
   const io::Family& family = io::family_of_folder(path);
   io::FolderModel folder = family.folder->read(path);
-  HL_CHECK(!folder.vocab_path.empty() && !folder.merges_path.empty(), cmd, ": the folder '", path,
-           "' has no vocab.json and merges.txt (its byte-level BPE tokenizer)");
+  HL_CHECK(!tokenizer.empty() || (!folder.vocab_path.empty() && !folder.merges_path.empty()), cmd, ": the folder '",
+           path, "' has no vocab.json and merges.txt (a byte-level BPE tokenizer); give one with --tokenizer FILE "
+           "(llama2.c's tokenizer.bin format)");
   l.from_folder = true;
   train::RunConfig& c = l.config;
   c.model = folder.config;
-  c.task.name = "text";
-  c.task.options.text_path = text;
-  c.task.options.bpe = std::make_shared<const tasks::BpeTokenizer>(
-      tasks::BpeTokenizer::from_files(folder.vocab_path, folder.merges_path, family.model.vocab_size(folder.config)));
-  // What the analyses read at GPT-2's scale by default: one batch of 8 rows.
-  c.run.batch_size = 8;
-  c.run.eval_batches = 1;
+  const int64_t vocab = family.model.vocab_size(folder.config);
+  std::shared_ptr<const tasks::TextTokenizer> subword;
+  if (!tokenizer.empty())  // it overrides the folder's
+    subword = tasks::Llama2cTokenizer::from_file(tokenizer, vocab);
+  else
+    subword = std::make_shared<const tasks::BpeTokenizer>(
+        tasks::BpeTokenizer::from_files(folder.vocab_path, folder.merges_path, vocab));
+  pretrained_text_task(c, std::move(subword), text);
   l.model = io::build_folder_model(std::move(folder), path);
   l.model->to(Device::parse(device));
   l.ckpt.config = c.to_json();
@@ -47,9 +83,9 @@ Loaded load(const char* cmd, const std::string& path, const std::string& device,
   return l;
 }
 
-const tasks::BpeTokenizer* Loaded::bpe() const {
+const tasks::TextTokenizer* Loaded::subword() const {
   const auto* text = dynamic_cast<const tasks::BpeTextTask*>(task.get());
-  return text ? &text->bpe() : nullptr;
+  return text ? &text->subword() : nullptr;
 }
 
 nn::DecoderModel& Loaded::decoder(const char* cmd) const {

@@ -1,5 +1,5 @@
-// A model with its task, from a headlab checkpoint or a Hugging Face model folder of any family the
-// registry reads (io/families.h): what the commands, the Python module and C++ programs load.
+// A model with its task, from a headlab checkpoint, a Hugging Face model folder of any family the registry
+// reads (io/families.h) or a llama2.c checkpoint: what the commands, the Python module and C++ programs load.
 #pragma once
 #include <memory>
 #include <string>
@@ -14,25 +14,27 @@
 
 namespace headlab::train {
 
-// A model with its task, from a headlab checkpoint or a Hugging Face model folder, which loads as a
-// checkpoint of the BPE task "text" would: its model, the folder's tokenizer, and --text (when given) as
-// the task's text.
+// A model with its task, from a headlab checkpoint, a Hugging Face model folder or a llama2.c checkpoint; the
+// last two load as a checkpoint of the task "text" would: the model, its tokenizer (the folder's, or --tokenizer),
+// and --text (when given) as the task's text.
 struct Loaded {
   io::Checkpoint ckpt;  // a folder's: its config, tokenizer and (shared, not copied) parameters
   train::RunConfig config;
   std::shared_ptr<nn::Model> model;
   std::unique_ptr<tasks::Task> task;
-  bool from_folder = false;
+  bool from_folder = false;  // a pretrained model's file or folder, not a headlab checkpoint
   // The model as a decoder, for what only decoders have (a clear error naming cmd for an encoder-decoder).
   nn::DecoderModel& decoder(const char* cmd) const;
   // The model and task as an encoder-decoder's, or null for a decoder.
   nn::EncoderDecoder* seq2seq() const { return dynamic_cast<nn::EncoderDecoder*>(model.get()); }
   const tasks::Seq2SeqTask* seq2seq_task() const { return dynamic_cast<const tasks::Seq2SeqTask*>(task.get()); }
-  // The byte-level BPE tokenizer when the model has one (folders, their conversions and fine-tunings), else null.
-  const tasks::BpeTokenizer* bpe() const;
+  // The subword tokenizer when the model has one (pretrained models, their conversions and fine-tunings), else null.
+  const tasks::TextTokenizer* subword() const;
 };
-// path: a checkpoint file or a model folder (errors start with cmd); text replaces a chars or text
-// task's text file.
-Loaded load(const char* cmd, const std::string& path, const std::string& device, const std::string& text = "");
+// path: a checkpoint file, a model folder or a llama2.c checkpoint (errors start with cmd); text replaces a chars
+// or text task's text file; tokenizer: a tokenizer file for a llama2.c checkpoint (required there; llama2.c's
+// tokenizer.bin format).
+Loaded load(const char* cmd, const std::string& path, const std::string& device, const std::string& text = "",
+            const std::string& tokenizer = "");
 
 }  // namespace headlab::train

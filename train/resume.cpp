@@ -40,6 +40,7 @@ const std::vector<ResumeSetting>& resume_settings() {
       {"--emb-dim", [](const RunConfig&, const M& m) { return str(m.emb_dim); }, nullptr},
       {"--ffn-hiddens", [](const RunConfig&, const M& m) { return str(m.ffn_hiddens); }, nullptr},
       {"--n-heads", [](const RunConfig&, const M& m) { return str(m.n_heads); }, nullptr},
+      {"--n-kv-heads", [](const RunConfig&, const M& m) { return str(m.n_kv_heads); }, nullptr},
       {"--n-layers", [](const RunConfig&, const M& m) { return str(m.n_layers); }, nullptr},
       {"--context-length", [](const RunConfig&, const M& m) { return str(m.context_length); }, nullptr},
       {"--drop-rate", [](const RunConfig&, const M& m) { return str(m.drop_rate); }, nullptr},

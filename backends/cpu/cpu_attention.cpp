@@ -57,6 +57,13 @@ inline auto head_ptr(const AttnView<Ptr>& o, int64_t bh, int64_t H) {
   return static_cast<Elem*>(o.p) + (bh / H) * o.sb + (bh % H) * o.sh;
 }
 
+// Key/value head of query head bh = b * H + h under grouped-query attention: b * H + h / group of an
+// operand whose head stride is per key/value head.
+template <typename T>
+inline const T* kv_head_ptr(const AttnOperand& o, int64_t bh, const AttnParams& a) {
+  return static_cast<const T*>(o.p) + (bh / a.H) * o.sb + ((bh % a.H) / a.group) * o.sh;
+}
+
 // Zeroes `rows` rows of `cols` elements, `ld` apart.
 template <typename T>
 inline void zero_rows(T* p, int64_t rows, int64_t cols, int64_t ld) {
@@ -85,8 +92,8 @@ void forward_impl(const AttnResult& out, T* lse, const AttnOperand& q, const Att
     for (int64_t w; (w = next.fetch_add(1, std::memory_order_relaxed)) < BH * n_qt;) {
       const int64_t bh = w / n_qt, i0 = (w % n_qt) * kBr, rows = std::min(kBr, Tq - i0);
       const T* Q = head_ptr<T>(q, bh, a.H) + i0 * q.st;
-      const T* K = head_ptr<T>(k, bh, a.H);
-      const T* V = head_ptr<T>(v, bh, a.H);
+      const T* K = kv_head_ptr<T>(k, bh, a);
+      const T* V = kv_head_ptr<T>(v, bh, a);
       T* O = head_ptr<T>(out, bh, a.H) + i0 * out.st;
       int64_t max_valid = 0;
       for (int64_t r = 0; r < rows; ++r) {
@@ -164,8 +171,8 @@ void backward_impl(const AttnResult& dq, const AttnResult& dk, const AttnResult&
     int64_t valid[kBr];
     for (int64_t bh; (bh = next.fetch_add(1, std::memory_order_relaxed)) < BH;) {
       const T* Q = head_ptr<T>(q, bh, a.H);
-      const T* K = head_ptr<T>(k, bh, a.H);
-      const T* V = head_ptr<T>(v, bh, a.H);
+      const T* K = kv_head_ptr<T>(k, bh, a);
+      const T* V = kv_head_ptr<T>(v, bh, a);
       const T* dO = head_ptr<T>(dout, bh, a.H);
       const T* O = head_ptr<T>(out, bh, a.H);
       const T* L = lse + bh * Tq;

@@ -161,6 +161,12 @@ struct CpuBackend final : Backend {
                          int64_t rows, int64_t cols, double eps) override;
   void layernorm_backward(DType dt, void* dx, void* dw, void* db, const void* dy, const void* x, const void* mean,
                           const void* rstd, const void* w, int64_t rows, int64_t cols) override;
+  // ---- RMS norm ----
+  bool has_rms_norm() const override { return true; }
+  void rmsnorm_forward(DType dt, void* y, void* rstd, const void* x, const void* w, int64_t rows, int64_t cols,
+                       double eps) override;
+  void rmsnorm_backward(DType dt, void* dx, void* dw, const void* dy, const void* x, const void* rstd, const void* w,
+                        int64_t rows, int64_t cols) override;
   // ---- dropout ----
   void dropout(DType dt, void* out, const void* x, int64_t n, double p, uint64_t seed, uint64_t offset) override;
   // ---- cross entropy ----
@@ -177,6 +183,7 @@ struct CpuBackend final : Backend {
 
   // Defined in cpu_attention.cpp.
   bool has_fused_attention(int64_t, int64_t) const override { return true; }
+  bool has_grouped_attention() const override { return true; }
   void attention_forward(DType dt, const AttnResult& out, void* lse, const AttnOperand& q, const AttnOperand& k,
                          const AttnOperand& v, const AttnParams& a) override;
   void attention_backward(DType dt, const AttnResult& dq, const AttnResult& dk, const AttnResult& dv,

@@ -192,6 +192,70 @@ void CpuBackend::layernorm_backward(DType dt, void* dx, void* dw, void* db, cons
   });
 }
 
+// ---- RMS norm: layer norm without the centring and the bias ----
+void CpuBackend::rmsnorm_forward(DType dt, void* y, void* rstd, const void* x, const void* w, int64_t rows,
+                                 int64_t cols, double eps) {
+  dispatch_float(dt, "rms_norm", [&](auto tag_T) {
+    using T = decltype(tag_T);
+    T* py = static_cast<T*>(y);
+    T* pr = static_cast<T*>(rstd);
+    const T* px = static_cast<const T*>(x);
+    const T* pw = static_cast<const T*>(w);
+    parallel_for(rows, rows * cols > kParallelGrain, [&](int64_t r) {
+      const T* xr = px + r * cols;
+      Acc<T> ss = 0;
+#pragma omp simd reduction(+ : ss)
+      for (int64_t j = 0; j < cols; ++j) ss += static_cast<Acc<T>>(xr[j]) * xr[j];
+      const T rs = static_cast<T>(1.0 / std::sqrt(static_cast<double>(ss) / static_cast<double>(cols) + eps));
+      pr[r] = rs;
+      T* yr = py + r * cols;
+      if (pw)
+        for (int64_t j = 0; j < cols; ++j) yr[j] = xr[j] * rs * pw[j];
+      else
+        for (int64_t j = 0; j < cols; ++j) yr[j] = xr[j] * rs;
+    });
+  });
+}
+
+// dx = rstd * (g - xhat * mean(g * xhat)) with g = dy * w, xhat = x * rstd; dw = sum over rows of dy * xhat.
+void CpuBackend::rmsnorm_backward(DType dt, void* dx, void* dw, const void* dy, const void* x, const void* rstd,
+                                  const void* w, int64_t rows, int64_t cols) {
+  dispatch_float(dt, "rms_norm_backward", [&](auto tag_T) {
+    using T = decltype(tag_T);
+    T* pdx = static_cast<T*>(dx);
+    const T* pdy = static_cast<const T*>(dy);
+    const T* px = static_cast<const T*>(x);
+    const T* pr = static_cast<const T*>(rstd);
+    const T* pw = static_cast<const T*>(w);
+    const int nt = rows * cols > kParallelGrain ? omp_get_max_threads() : 1;
+    // Per-thread partial column sums for dw, added up at the end (no atomics, deterministic).
+    std::vector<Acc<T>> part_w(static_cast<size_t>(dw ? nt * cols : 0), 0);
+    parallel_team(nt, [&](int t, int team) {
+      Acc<T>* aw = dw ? part_w.data() + t * cols : nullptr;
+      for (int64_t r = rows * t / team; r < rows * (t + 1) / team; ++r) {
+        const T* dyr = pdy + r * cols;
+        const T* xr = px + r * cols;
+        const T rs = pr[r];
+        Acc<T> mean_gx = 0;
+#pragma omp simd reduction(+ : mean_gx)
+        for (int64_t j = 0; j < cols; ++j) mean_gx += (pw ? dyr[j] * pw[j] : dyr[j]) * (xr[j] * rs);
+        const T m = static_cast<T>(mean_gx / cols);
+        for (int64_t j = 0; j < cols; ++j) {
+          const T xhat = xr[j] * rs;
+          if (aw) aw[j] += dyr[j] * xhat;
+          pdx[r * cols + j] = rs * ((pw ? dyr[j] * pw[j] : dyr[j]) - xhat * m);
+        }
+      }
+    });
+    if (!dw) return;
+    for (int64_t j = 0; j < cols; ++j) {
+      Acc<T> sw = 0;
+      for (int t = 0; t < nt; ++t) sw += part_w[t * cols + j];
+      static_cast<T*>(dw)[j] = static_cast<T>(sw);
+    }
+  });
+}
+
 // ---- dropout ----
 void CpuBackend::dropout(DType dt, void* out, const void* x, int64_t n, double p, uint64_t seed, uint64_t offset) {
   dispatch_float(dt, "dropout", [&](auto tag_T) {

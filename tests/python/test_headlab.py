@@ -203,3 +203,29 @@ def test_ablate_and_attention_give_the_commands_figures(model, checkpoint, tmp_p
     assert a["weights"].shape == (2, 2, 11, 11)
     _, cache = model.run_with_cache(model.to_tokens("the cat sat"), names=["blocks.1.attn.hook_pattern"])
     np.testing.assert_allclose(a["weights"][1], cache["blocks.1.attn.hook_pattern"][0], rtol=1e-5, atol=1e-6)
+
+
+STORIES = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "models", "stories260K")
+
+
+def test_a_grouped_query_model_has_transformer_lens_names_and_shapes():
+    """stories260K (8 query heads sharing 4 key/value heads, rotary): hook_k and hook_v hold the key/value
+    heads, hook_rot_q and hook_rot_k the rotated queries and keys, and the pattern one row per query head."""
+    if not os.path.exists(os.path.join(STORIES, "stories260K.bin")):
+        pytest.skip(f"{STORIES} is absent (../shared/models)")
+    m = headlab.load(os.path.join(STORIES, "stories260K.bin"), tokenizer=os.path.join(STORIES, "tok512.bin"))
+    assert m.config["n_kv_heads"] == 4 and m.config["n_heads"] == 8
+    tokens = m.to_tokens("Once upon a time")
+    names = m.hook_names()
+    assert "blocks.0.attn.hook_rot_q" in names and "hook_pos_embed" not in names
+    logits, cache = m.run_with_cache(tokens, names=["blocks.2.attn.hook_k", "blocks.2.attn.hook_rot_q",
+                                                    "blocks.2.attn.hook_pattern", "blocks.2.attn.hook_v"])
+    T = tokens.shape[1]
+    assert cache["blocks.2.attn.hook_k"].shape == (1, T, 4, 8)
+    assert cache["blocks.2.attn.hook_v"].shape == (1, T, 4, 8)
+    assert cache["blocks.2.attn.hook_rot_q"].shape == (1, T, 8, 8)
+    assert cache["blocks.2.attn.hook_pattern"].shape == (1, 8, T, T)
+    # Asking for the pattern runs the composite attention (the weights materialised) instead of the fused kernel.
+    np.testing.assert_allclose(logits, m(tokens), rtol=1e-5, atol=2e-5)
+    with pytest.raises(headlab.Error, match="--tokenizer FILE"):
+        headlab.load(os.path.join(STORIES, "stories260K.bin"))

@@ -1,0 +1,21 @@
+// The LLaMA family in the Hugging Face layout: a folder whose config.json says model_type llama, mistral or
+// qwen2 (LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM), with model.safetensors or its shards in
+// float32, float16 or bfloat16. Read into LlamaModel's parameters (rotary on halves, as rotate_half); written
+// back from them, q and k rows permuted from interleaved pairs to halves where the model rotates pairs (a
+// llama2.c model), as llama2.c's export does. What LlamaModel does not compute (rope_scaling, a sliding window
+// shorter than the context, another activation, biases beyond q/k/v) is refused by name.
+#pragma once
+#include <string>
+
+#include "io/families.h"
+#include "nn/llama.h"
+
+namespace headlab::io {
+
+// The llama family's folders for the registry (io/families.h).
+const FolderFormat& hf_llama_format();
+
+// config.json alone, checked; errors name the file and key.
+nn::LlamaConfig read_hf_llama_config(const std::string& folder);
+
+}  // namespace headlab::io

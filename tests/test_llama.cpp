@@ -1,0 +1,402 @@
+// The LLaMA family (nn/llama.h): its model against its own slow references (the KV-cache decode against the
+// full forward, grouped-query attention against multi-head attention with repeated key/value weights, the fused
+// kernel against the composite path, rotary layouts against each other); llama2.c's checkpoint and tokenizer
+// formats and their bad inputs; and stories260K, a real pretrained model (../shared/models/stories260K), whose
+// published greedy story must come out token for token. The parts' gradchecks are in the op registry
+// (tests/op_cases.h: rms_norm, silu, rotary_*, sdpa_gqa_*).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include "io/families.h"
+#include "io/hf_llama.h"
+#include "io/llama2c.h"
+#include "nn/generate.h"
+#include "nn/llama.h"
+#include "optim/optim.h"
+#include "tasks/llama2c_tokenizer.h"
+#include "tests/core_test_util.h"
+#include "tests/process_util.h"
+#include "train/load.h"
+
+using namespace headlab;
+using headlab::testing::TempDir;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kStories = std::string(HEADLAB_SOURCE_DIR) + "/../shared/models/stories260K";
+
+nn::LlamaConfig small_config(int64_t kv_heads, bool interleaved = false) {
+  nn::LlamaConfig c;
+  c.vocab_size = 37, c.context_length = 16, c.emb_dim = 24, c.n_heads = 4, c.n_kv_heads = kv_heads;
+  c.n_layers = 2, c.hidden_dim = 40, c.rope_theta = 500.0, c.rope_interleaved = interleaved;
+  return c;
+}
+
+Tensor tokens(int64_t B, int64_t T, int64_t V, uint64_t seed) {
+  Generator g(seed);
+  return randint(0, V, {B, T}, g);
+}
+
+double max_diff(const Tensor& a, const Tensor& b) {
+  return amax(abs(sub(a.to(DType::f64), b.to(DType::f64)))).item<double>();
+}
+
+// stmt throws a headlab::Error whose message holds `text`.
+#define EXPECT_ERROR_WITH(stmt, text)                                                            \
+  try {                                                                                          \
+    stmt;                                                                                        \
+    ADD_FAILURE() << #stmt << " did not throw";                                                  \
+  } catch (const Error& e) {                                                                     \
+    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << "message: " << e.what(); \
+  }
+
+}  // namespace
+
+TEST(Llama, ParameterCountAndNamesFollowTheBooksConversion) {
+  for (int64_t kv : {4, 2, 1}) {
+    const nn::LlamaConfig c = small_config(kv);
+    nn::LlamaModel m(c);
+    EXPECT_EQ(static_cast<double>(m.num_parameters()), c.num_parameters()) << kv;
+    const NamedTensors p = m.named_parameters();
+    const auto shape_of = [&](const std::string& n) {
+      for (const auto& [name, t] : p)
+        if (name == n) return t.shape();
+      ADD_FAILURE() << n << " missing";
+      return Shape{};
+    };
+    EXPECT_EQ(shape_of("trf_blocks.1.att.W_key.weight"), Shape({kv * 6, 24}));
+    EXPECT_EQ(shape_of("trf_blocks.0.ff.fc1.weight"), Shape({40, 24}));
+    EXPECT_EQ(shape_of("trf_blocks.0.ff.fc3.weight"), Shape({24, 40}));
+    EXPECT_EQ(shape_of("final_norm.weight"), Shape({24}));
+    for (const auto& [name, t] : p) EXPECT_EQ(name.find("bias"), std::string::npos) << name;  // LLaMA has none
+  }
+}
+
+// A grouped-query model is the multi-head model whose key/value weights repeat per group: the same logits.
+TEST(Llama, GroupedQueryEqualsMultiHeadWithRepeatedKeyValueWeights) {
+  manual_seed(3);
+  nn::LlamaModel gqa(small_config(2));
+  nn::LlamaModel mha(small_config(4));
+  const NoGradGuard no_grad;
+  for (const auto& [name, t] : mha.named_parameters()) {
+    Tensor src;
+    for (const auto& [n2, t2] : gqa.named_parameters())
+      if (n2 == name) src = t2;
+    if (name.find("W_key") != std::string::npos || name.find("W_value") != std::string::npos)
+      src = src.view({2, 1, 6, 24}).expand({2, 2, 6, 24}).reshape({24, 24});  // kv head j serves heads 2j, 2j+1
+    t.detach().copy_(src);
+  }
+  const Tensor idx = tokens(2, 9, 37, 5);
+  EXPECT_LT(max_diff(gqa.forward(idx), mha.forward(idx)), 1e-5);
+  // TransformerLens's W_K of a grouped-query model: one (repeated) per query head.
+  const nn::HeadWeights w = gqa.head_weights(1);
+  EXPECT_EQ(w.W_K.shape(), Shape({4, 24, 6}));
+  EXPECT_LT(max_diff(w.W_K.select(0, 2), w.W_K.select(0, 3)), 1e-12);
+  EXPECT_LT(max_diff(w.W_K, mha.head_weights(1).W_K), 1e-12);
+}
+
+// Incremental decoding (the cache holds n_kv_heads heads, rotary at the cached offset) gives the logits the
+// full forward gives at every position; and the attention weights the analyses keep equal the fused path.
+TEST(Llama, CachedDecodingAndKeptWeightsMatchTheFullForward) {
+  for (const bool interleaved : {false, true})
+    for (int64_t kv : {4, 2, 1}) {
+      manual_seed(11);
+      nn::LlamaModel m(small_config(kv, interleaved));
+      m.eval();
+      const NoGradGuard no_grad;
+      const Tensor idx = tokens(2, 10, 37, 7);
+      const Tensor full = m.forward(idx);  // (2, 10, 37)
+      std::vector<nn::KVCache> caches(2);
+      Tensor last = m.forward_cached(idx.narrow(1, 0, 4), caches);
+      EXPECT_LT(max_diff(last, full.select(1, 3)), 2e-5);
+      EXPECT_EQ(caches[0].keys.size(1), kv);
+      for (int64_t t = 4; t < 10; ++t) {
+        last = m.forward_cached(idx.narrow(1, t, 1), caches);
+        EXPECT_LT(max_diff(last, full.select(1, t)), 2e-5) << "kv " << kv << " position " << t;
+      }
+      m.keep_attention_weights(true);
+      EXPECT_LT(max_diff(m.forward(idx), full), 2e-5);
+      EXPECT_EQ(m.attention_weights(0).shape(), Shape({2, 4, 10, 10}));
+    }
+}
+
+// The two rotary layouts are one rotation of permuted coordinates: a halves model whose q and k rows are
+// permuted as llama2.c's export permutes them computes what the interleaved model computes.
+TEST(Llama, InterleavedAndHalvesRotaryAgreeUnderTheExportPermutation) {
+  manual_seed(4);
+  nn::LlamaModel pairs(small_config(2, true));
+  nn::LlamaModel halves(small_config(2, false));
+  const NoGradGuard no_grad;
+  const int64_t D = 6;
+  std::vector<int64_t> perm;  // halves row i*... : within a head, (0, 2, 4, 1, 3, 5)
+  for (int64_t j = 0; j < D / 2; ++j) perm.push_back(2 * j);
+  for (int64_t j = 0; j < D / 2; ++j) perm.push_back(2 * j + 1);
+  for (const auto& [name, t] : halves.named_parameters()) {
+    Tensor src;
+    for (const auto& [n2, t2] : pairs.named_parameters())
+      if (n2 == name) src = t2;
+    if (name.find("W_query") != std::string::npos || name.find("W_key") != std::string::npos) {
+      const int64_t heads = src.size(0) / D;
+      std::vector<int64_t> rows;
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t p : perm) rows.push_back(h * D + p);
+      src = index_select(src, 0, tensor(rows));
+    }
+    t.detach().copy_(src);
+  }
+  const Tensor idx = tokens(1, 12, 37, 9);
+  EXPECT_LT(max_diff(pairs.forward(idx), halves.forward(idx)), 1e-5);
+}
+
+TEST(Llama, TrainsOnAFreshConfigFromTheRegistry) {
+  nn::ModelOptions o;
+  o.arch = "llama", o.emb_dim = 16, o.n_heads = 4, o.n_kv_heads = 1, o.n_layers = 1;
+  const io::Family& f = io::family_named("llama", "test");
+  const nn::TaskSizes sizes{.task = "copy", .vocab_size = 13, .context_length = 12};
+  const nlohmann::json s = f.model.from_options(o, sizes);
+  EXPECT_EQ(f.model.options(s).n_kv_heads, 1);
+  EXPECT_EQ(f.model.options(s).ffn_hiddens, 0);  // the default width reads back as the default
+  auto model = std::dynamic_pointer_cast<nn::LlamaModel>(io::make_model(s));
+  ASSERT_TRUE(model);
+  EXPECT_EQ(model->config().hidden_dim, 48);  // 8/3 x 16 rounded up to a multiple of 8
+  const Tensor idx = tokens(4, 12, 13, 1);
+  const Tensor targets = tokens(4, 12, 13, 2);
+  optim::Optimizer opt(model->named_parameters(), {.kind = optim::OptimizerKind::adamw, .lr = 1e-2});
+  double first = 0, last = 0;
+  for (int step = 0; step < 30; ++step) {
+    opt.zero_grad();
+    const Tensor loss = cross_entropy(model->forward(idx), targets);
+    loss.backward();
+    opt.step();
+    (step == 0 ? first : last) = loss.item<double>();
+  }
+  EXPECT_LT(last, 0.5 * first);  // memorises a fixed batch
+  // Refusals by name.
+  o.n_kv_heads = 3;
+  EXPECT_ERROR_WITH(f.model.from_options(o, sizes), "n_kv_heads 3 must divide n_heads 4");
+  o.n_kv_heads = 2;
+  EXPECT_ERROR_WITH(io::family_named("gpt", "test").model.from_options(o, sizes),
+                   "--n-kv-heads: the gpt family has multi-head attention only");
+}
+
+// ---- llama2.c's files ----
+namespace {
+
+// A legacy llama2.c file of `c`'s sizes with the model's values, as export.py's legacy_export writes it.
+void write_legacy(const std::string& path, nn::LlamaModel& m, bool tied) {
+  const nn::LlamaConfig& c = m.config();
+  std::ofstream out(path, std::ios::binary);
+  const int32_t header[7] = {static_cast<int32_t>(c.emb_dim), static_cast<int32_t>(c.hidden_dim),
+                             static_cast<int32_t>(c.n_layers), static_cast<int32_t>(c.n_heads),
+                             static_cast<int32_t>(c.kv_heads()), static_cast<int32_t>(tied ? c.vocab_size : -c.vocab_size),
+                             static_cast<int32_t>(c.context_length)};
+  out.write(reinterpret_cast<const char*>(header), sizeof(header));
+  const auto put = [&](const Tensor& t) {
+    const Tensor f = contiguous(t.detach().to(DType::f32));
+    out.write(static_cast<const char*>(f.raw_data()), static_cast<std::streamsize>(f.numel() * 4));
+  };
+  const auto layers = [&](auto pick) {
+    for (int64_t l = 0; l < c.n_layers; ++l) put(pick(*m.block(l)));
+  };
+  put(m.tok_emb->weight);
+  layers([](nn::LlamaBlock& b) { return b.norm1->weight; });
+  const auto att = [](nn::LlamaBlock& b) -> nn::CausalMultiHeadAttention& {
+    return dynamic_cast<nn::CausalMultiHeadAttention&>(*b.att);
+  };
+  layers([&](nn::LlamaBlock& b) { return att(b).W_query->weight; });
+  layers([&](nn::LlamaBlock& b) { return att(b).W_key->weight; });
+  layers([&](nn::LlamaBlock& b) { return att(b).W_value->weight; });
+  layers([&](nn::LlamaBlock& b) { return att(b).out_proj->weight; });
+  layers([](nn::LlamaBlock& b) { return b.norm2->weight; });
+  layers([](nn::LlamaBlock& b) { return b.ff->fc1->weight; });  // w1
+  layers([](nn::LlamaBlock& b) { return b.ff->fc3->weight; });  // w2
+  layers([](nn::LlamaBlock& b) { return b.ff->fc2->weight; });  // w3
+  put(m.final_norm->weight);
+  put(zeros({c.context_length, c.head_size()}));  // freq_cis_real and _imag
+  if (!tied) put(m.out_head->weight);
+}
+
+}  // namespace
+
+TEST(Llama2c, LegacyFilesRoundTripAndBadHeadersAreRefusedByName) {
+  TempDir dir("llama2c");
+  for (const bool tied : {true, false}) {
+    manual_seed(2);
+    nn::LlamaConfig c = small_config(2, true);
+    c.tie_embeddings = tied;
+    c.rope_theta = 10000.0;  // llama2.c's, which its files do not state
+    nn::LlamaModel m(c);
+    m.eval();
+    const std::string path = dir.path(tied ? "tied.bin" : "untied.bin");
+    write_legacy(path, m, tied);
+    ASSERT_TRUE(io::is_llama2c_checkpoint(path));
+    io::FolderModel read = io::read_llama2c(path);
+    auto back = io::build_folder_model(std::move(read), path);
+    const Tensor idx = tokens(1, 8, 37, 3);
+    const NoGradGuard no_grad;
+    EXPECT_LT(max_diff(dynamic_cast<nn::LlamaModel&>(*back).forward(idx), m.forward(idx)), 1e-6);
+  }
+  // A truncated file, and a header whose sizes do not give the file's length, are not llama2.c checkpoints.
+  const std::string good = dir.path("tied.bin");
+  std::string bytes = headlab::testing::slurp(good);
+  const auto write = [&](const std::string& name, const std::string& content) {
+    std::ofstream(dir.path(name), std::ios::binary) << content;
+    return dir.path(name);
+  };
+  const std::string cut = write("cut.bin", bytes.substr(0, bytes.size() - 4));
+  EXPECT_FALSE(io::is_llama2c_checkpoint(cut));
+  EXPECT_ERROR_WITH(io::read_llama2c(cut), "has a header whose sizes need");
+  std::string absurd = bytes;
+  const int32_t huge = 1 << 30;
+  std::memcpy(absurd.data() + 4, &huge, 4);  // hidden_dim: a claimed size no file holds
+  EXPECT_ERROR_WITH(io::read_llama2c(write("absurd.bin", absurd)), "has a header whose sizes need");
+  std::string odd = bytes;
+  const int32_t three = 3;
+  std::memcpy(odd.data() + 16, &three, 4);  // n_kv_heads 3 of 4 heads
+  EXPECT_ERROR_WITH(io::read_llama2c(write("odd.bin", odd)), "n_kv_heads must divide n_heads");
+  EXPECT_ERROR_WITH(io::read_llama2c(write("short.bin", "abc")), "shorter than a llama2.c header");
+}
+
+TEST(Llama2c, TokenizerFileErrorsNameTheFileAndField) {
+  TempDir dir("llama2c_tok");
+  EXPECT_ERROR_WITH(tasks::Llama2cTokenizer("\x01\x00", "tok"), "tok: the file ends inside the header");
+  const std::string header("\x10\x00\x00\x00", 4);  // max_token_length 16
+  EXPECT_ERROR_WITH(tasks::Llama2cTokenizer(header + std::string("\0\0\0\0\x40\0\0\0", 8), "tok"),
+                   "tok: token 0 has length 64, outside 0..max_token_length 16");
+  EXPECT_ERROR_WITH(tasks::Llama2cTokenizer(header + std::string("\0\0\0\0\x02\0\0\0a", 9), "tok"),
+                   "tok: the file ends inside token 0's 2 bytes");
+  EXPECT_ERROR_WITH(tasks::Llama2cTokenizer(header + std::string("\0\0\0\0\x01\0\0\0a", 9), "tok"),
+                   "tok: 1 tokens; a llama2.c vocabulary holds");
+}
+
+// ---- Hugging Face folders against PyTorch's twin (tools/fixtures_llama_folders.py) ----
+namespace {
+
+std::string llama_fixture(const std::string& name) {
+  return std::string(HEADLAB_SOURCE_DIR) + "/tests/fixtures/llama_folders/" + name;
+}
+
+Tensor ids_tensor(const nlohmann::json& rows) {
+  const auto ids = rows.get<std::vector<std::vector<int64_t>>>();
+  std::vector<int64_t> flat;
+  for (const auto& row : ids) flat.insert(flat.end(), row.begin(), row.end());
+  return tensor(flat, {static_cast<int64_t>(ids.size()), static_cast<int64_t>(ids[0].size())});
+}
+
+}  // namespace
+
+class LlamaFolders : public ::testing::TestWithParam<std::string> {};
+
+// Logits to 1e-5 of the float64 twin and the same greedy tokens (the cached decode), in every variant.
+TEST_P(LlamaFolders, MatchPyTorchLogitsAndGreedyTokens) {
+  const std::string folder = llama_fixture(GetParam());
+  const io::Family& family = io::family_of_folder(folder);
+  ASSERT_EQ(family.model.arch(), "llama");
+  auto model = io::build_folder_model(family.folder->read(folder), folder);
+  auto& decoder = dynamic_cast<nn::DecoderModel&>(*model);
+  std::ifstream in(llama_fixture("reference.json"));
+  const nlohmann::json ref = nlohmann::json::parse(in).at(GetParam());
+  const NoGradGuard no_grad;
+  const Tensor logits = decoder.forward(ids_tensor(ref["ids"]));
+  const auto want = ref["logits"].get<std::vector<std::vector<std::vector<double>>>>();
+  std::vector<double> flat;
+  for (const auto& row : want)
+    for (const auto& t : row) flat.insert(flat.end(), t.begin(), t.end());
+  EXPECT_LT(max_diff(logits, tensor(flat, logits.shape())), 1e-5);
+  nn::GenerateOptions g;
+  g.max_new_tokens = 12;
+  EXPECT_EQ(nn::generate(decoder, ref["prompt"].get<std::vector<int64_t>>(), g),
+            ref["greedy"].get<std::vector<int64_t>>());
+}
+
+INSTANTIATE_TEST_SUITE_P(Variants, LlamaFolders,
+                         ::testing::Values("gqa_tied", "mqa_untied_f16", "mha_mistral_bf16", "qwen2_bias"));
+
+// export writes the Hugging Face layout: a llama2.c model (interleaved pairs) exported and read back computes
+// the same logits (its q and k rows permuted to halves).
+TEST(LlamaFolders, ExportOfAnInterleavedModelReadsBackTheSame) {
+  TempDir dir("llama_export");
+  manual_seed(6);
+  nn::LlamaModel m(small_config(2, true));
+  m.eval();
+  io::family_named("llama", "test").folder->write(dir.path("out"), m, {});
+  auto back = io::build_folder_model(io::family_of_folder(dir.path("out")).folder->read(dir.path("out")), "out");
+  const NoGradGuard no_grad;
+  const Tensor idx = tokens(2, 11, 37, 4);
+  EXPECT_LT(max_diff(dynamic_cast<nn::LlamaModel&>(*back).forward(idx), m.forward(idx)), 1e-5);
+  EXPECT_FALSE(dynamic_cast<nn::LlamaModel&>(*back).config().rope_interleaved);
+}
+
+TEST(LlamaFolders, WhatLlamaModelDoesNotComputeIsRefusedByName) {
+  TempDir dir("llama_bad");
+  const std::string base = headlab::testing::slurp(llama_fixture("gqa_tied/config.json"));
+  const auto with = [&](const std::string& name, const std::function<void(nlohmann::json&)>& change) {
+    nlohmann::json j = nlohmann::json::parse(base);
+    change(j);
+    fs::create_directories(dir.path(name));
+    std::ofstream(dir.path(name) + "/config.json") << j.dump();
+    return dir.path(name);
+  };
+  const std::string scaling = with("scaling", [](auto& j) { j["rope_scaling"] = {{"type", "linear"}}; });
+  const std::string kv = with("kv", [](auto& j) { j["num_key_value_heads"] = 3; });
+  const std::string act = with("act", [](auto& j) { j["hidden_act"] = "gelu"; });
+  const std::string window = with("window", [](auto& j) {
+    j["model_type"] = "mistral";
+    j["sliding_window"] = 4;
+  });
+  const std::string falcon = with("type", [](auto& j) { j["model_type"] = "falcon"; });
+  EXPECT_ERROR_WITH(io::read_hf_llama_config(scaling), "rope_scaling");
+  EXPECT_ERROR_WITH(io::read_hf_llama_config(kv), "num_key_value_heads 3 does not divide num_attention_heads 4");
+  EXPECT_ERROR_WITH(io::read_hf_llama_config(act), "hidden_act 'gelu'");
+  EXPECT_ERROR_WITH(io::read_hf_llama_config(window), "sliding_window 4 is shorter than the context");
+  EXPECT_ERROR_WITH(io::family_of_folder(falcon),
+                    "model_type 'falcon' is not one headlab reads (gpt2, llama, mistral, qwen2)");
+  // head_dim that disagrees with the tensors: the file and tensor named.
+  const std::string hd = with("head_dim", [](auto& j) { j["head_dim"] = 16; });
+  fs::copy_file(llama_fixture("gqa_tied/model.safetensors"), hd + "/model.safetensors");
+  EXPECT_ERROR_WITH(io::family_of_folder(hd).folder->read(hd), "has shape");
+}
+
+// ---- stories260K: a real pretrained model ----
+namespace {
+
+// The published story: the fenced block of the folder's README.
+std::string published_story() {
+  const std::string readme = headlab::testing::slurp(kStories + "/README.md");
+  const size_t open = readme.find("```\n");
+  const size_t close = readme.find("\n```", open + 4);
+  return open == std::string::npos || close == std::string::npos ? "" : readme.substr(open + 4, close - open - 4);
+}
+
+}  // namespace
+
+TEST(Stories260K, GreedyStoryEqualsThePublishedOneTokenForToken) {
+  if (!fs::exists(kStories + "/stories260K.bin")) GTEST_SKIP() << kStories << " is absent (../shared/models)";
+  const std::string story = published_story();
+  ASSERT_FALSE(story.empty());
+  const train::Loaded l =
+      train::load("test", kStories + "/stories260K.bin", "cpu", "", kStories + "/tok512.bin");
+  nn::DecoderModel& model = l.decoder("test");
+  const tasks::Prompt p = l.task->encode_prompt("");
+  ASSERT_EQ(p.ids, std::vector<int64_t>({1}));  // BOS alone, as llama2.c's run starts that story
+  nn::GenerateOptions o;
+  // `run stories260K.bin -t 0.0` takes its default 256 steps, each (positions 0..255) sampling the next token:
+  // 256 tokens after BOS. (255 stop one token short, before the story's last full stop.)
+  o.max_new_tokens = 256;
+  o.temperature = 0;
+  o.end_id = l.task->end_id();
+  const std::vector<int64_t> out = nn::generate(model, p.ids, o);
+  const std::string text = l.task->format_continuation(p, out);
+  EXPECT_EQ(text, story);
+  // The tokenizer gives back what it read: the story's ids decode to the story.
+  const auto& tok = *l.subword();
+  std::vector<int64_t> ids = tok.encode(story);
+  ids.insert(ids.begin(), 1);
+  EXPECT_EQ(tok.decode(ids), story);
+}

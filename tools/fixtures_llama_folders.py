@@ -1,0 +1,167 @@
+"""Small random LLaMA-family folders in the Hugging Face layout, in the variants real files come in, and
+PyTorch's logits and greedy continuation for each (tests/fixtures/llama_folders/).
+
+transformers is not a Debian package, so LlamaForCausalLM's maths (and Mistral's and Qwen2's, the same
+function) is written out here in torch from its definition, in float64: RMSNorm (x * rsqrt(mean(x^2) + eps) *
+w), rotary embeddings on halves (rotate_half; inv_freq = theta^(-2i/D)), grouped-query attention (repeat_kv),
+causal softmax of q k^T / sqrt(D), SwiGLU (down(silu(gate x) * up x)), pre-norm blocks, the final norm and the
+head (tied to embed_tokens unless lm_head.weight is given). The safetensors writer and the rounding to values
+float16 and bfloat16 both hold exactly are fixtures_gpt2_folders.py's.
+
+Variants (each its own sizes and weights; reference.json holds each one's ids, logits, prompt and greedy ids):
+  gqa_tied/          llama, 4 query heads sharing 2 key/value heads, tied head, F32
+  mqa_untied_f16/    llama, multi-query (1 key/value head), lm_head.weight, rope_theta 500, F16
+  mha_mistral_bf16/  mistral, 4 key/value heads, sliding_window null, BF16 in two shards
+  qwen2_bias/        qwen2, q/k/v biases, head_dim 12 (not hidden_size / heads), vocab padded past its use, F32
+
+Usage: python3 tools/fixtures_llama_folders.py [--out tests/fixtures/llama_folders]
+(needs python3-torch: scripts/install-deps.sh --python)
+"""
+import argparse
+import json
+import os
+
+import torch
+
+from fixtures_gpt2_folders import representable, write_safetensors
+
+VARIANTS = {
+    "gqa_tied": dict(model_type="llama", heads=4, kv=2, hidden=32, inter=56, head_dim=None, theta=10000.0,
+                     tied=True, bias=False, dtype="F32", shards=1),
+    "mqa_untied_f16": dict(model_type="llama", heads=4, kv=1, hidden=32, inter=48, head_dim=None, theta=500.0,
+                           tied=False, bias=False, dtype="F16", shards=1),
+    "mha_mistral_bf16": dict(model_type="mistral", heads=4, kv=4, hidden=32, inter=40, head_dim=None,
+                             theta=10000.0, tied=True, bias=False, dtype="BF16", shards=2),
+    "qwen2_bias": dict(model_type="qwen2", heads=4, kv=2, hidden=32, inter=48, head_dim=12, theta=1000000.0,
+                       tied=False, bias=True, dtype="F32", shards=1),
+}
+LAYERS, POSITIONS, VOCAB, EPS = 2, 16, 80, 1e-6
+
+
+def head_dim(v):
+    return v["head_dim"] or v["hidden"] // v["heads"]
+
+
+def random_weights(v, seed):
+    g = torch.Generator().manual_seed(seed)
+    C, F, D = v["hidden"], v["inter"], head_dim(v)
+
+    def rnd(*shape, scale=0.2):
+        return representable(torch.randn(*shape, generator=g) * scale)
+
+    w = {"model.embed_tokens.weight": rnd(VOCAB, C), "model.norm.weight": representable(1 + rnd(C, scale=0.1))}
+    for i in range(LAYERS):
+        p = f"model.layers.{i}."
+        w[p + "input_layernorm.weight"] = representable(1 + rnd(C, scale=0.1))
+        w[p + "post_attention_layernorm.weight"] = representable(1 + rnd(C, scale=0.1))
+        for name, rows in (("q_proj", v["heads"] * D), ("k_proj", v["kv"] * D), ("v_proj", v["kv"] * D)):
+            w[p + f"self_attn.{name}.weight"] = rnd(rows, C)
+            if v["bias"]:
+                w[p + f"self_attn.{name}.bias"] = rnd(rows, scale=0.1)
+        w[p + "self_attn.o_proj.weight"] = rnd(C, v["heads"] * D)
+        w[p + "mlp.gate_proj.weight"] = rnd(F, C)
+        w[p + "mlp.up_proj.weight"] = rnd(F, C)
+        w[p + "mlp.down_proj.weight"] = rnd(C, F)
+    if not v["tied"]:
+        w["lm_head.weight"] = rnd(VOCAB, C)
+    return w
+
+
+def llama_logits(v, w, ids):
+    """LlamaForCausalLM's forward in eval mode, float64: ids (B, T) -> logits (B, T, V)."""
+    w = {k: t.double() for k, t in w.items()}
+    H, Hkv, D = v["heads"], v["kv"], head_dim(v)
+    B, T = ids.shape
+
+    def rms(x, weight):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * weight
+
+    def rotate_half(x):
+        return torch.cat((-x[..., D // 2:], x[..., : D // 2]), dim=-1)
+
+    inv_freq = 1.0 / (v["theta"] ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+    freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)
+    cos, sin = torch.cat((freqs, freqs), -1).cos(), torch.cat((freqs, freqs), -1).sin()  # (T, D)
+    mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+    x = w["model.embed_tokens.weight"][ids]
+    for i in range(LAYERS):
+        p = f"model.layers.{i}."
+        a = rms(x, w[p + "input_layernorm.weight"])
+
+        def proj(name, heads):
+            y = a @ w[p + f"self_attn.{name}.weight"].T
+            if v["bias"]:
+                y = y + w[p + f"self_attn.{name}.bias"]
+            return y.view(B, T, heads, D).transpose(1, 2)
+
+        q, k, vv = proj("q_proj", H), proj("k_proj", Hkv), proj("v_proj", Hkv)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        k, vv = k.repeat_interleave(H // Hkv, dim=1), vv.repeat_interleave(H // Hkv, dim=1)
+        att = torch.softmax((q @ k.transpose(-1, -2) / D ** 0.5).masked_fill(mask, float("-inf")), dim=-1)
+        x = x + (att @ vv).transpose(1, 2).reshape(B, T, H * D) @ w[p + "self_attn.o_proj.weight"].T
+        m = rms(x, w[p + "post_attention_layernorm.weight"])
+        gate, up = m @ w[p + "mlp.gate_proj.weight"].T, m @ w[p + "mlp.up_proj.weight"].T
+        x = x + (torch.nn.functional.silu(gate) * up) @ w[p + "mlp.down_proj.weight"].T
+    x = rms(x, w["model.norm.weight"])
+    return x @ w.get("lm_head.weight", w["model.embed_tokens.weight"]).T
+
+
+def greedy(v, w, prompt, n):
+    ids = list(prompt)
+    for _ in range(n):
+        ids.append(int(llama_logits(v, w, torch.tensor([ids[-POSITIONS:]]))[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+def config_json(v):
+    c = {"architectures": [{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                            "qwen2": "Qwen2ForCausalLM"}[v["model_type"]]],
+         "model_type": v["model_type"], "hidden_size": v["hidden"], "intermediate_size": v["inter"],
+         "num_hidden_layers": LAYERS, "num_attention_heads": v["heads"], "num_key_value_heads": v["kv"],
+         "max_position_embeddings": POSITIONS, "vocab_size": VOCAB, "rms_norm_eps": EPS, "rope_theta": v["theta"],
+         "hidden_act": "silu", "tie_word_embeddings": v["tied"], "attention_dropout": 0.0, "torch_dtype": "float32"}
+    if v["head_dim"]:
+        c["head_dim"] = v["head_dim"]
+    if v["model_type"] == "llama":
+        c.update(attention_bias=False, mlp_bias=False, rope_scaling=None)
+    if v["model_type"] == "mistral":
+        c["sliding_window"] = None
+    if v["model_type"] == "qwen2":
+        c.update(use_sliding_window=False, sliding_window=POSITIONS)
+    return json.dumps(c, indent=2) + "\n"
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.path.join(here, "..", "tests", "fixtures", "llama_folders"))
+    args = ap.parse_args()
+    g = torch.Generator().manual_seed(7)
+    ids = torch.randint(0, VOCAB - 8, (2, POSITIONS), generator=g)  # the padded last 8 ids never appear
+    prompt = [5, 17, 42, 3]
+    reference = {}
+    for seed, (name, v) in enumerate(VARIANTS.items()):
+        w = random_weights(v, 100 + seed)
+        d = os.path.join(args.out, name)
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "config.json"), "w") as f:
+            f.write(config_json(v))
+        if v["shards"] == 1:
+            write_safetensors(os.path.join(d, "model.safetensors"), w, v["dtype"])
+        else:
+            names, weight_map = sorted(w), {}
+            for s in range(v["shards"]):
+                file = f"model-{s + 1:05d}-of-{v['shards']:05d}.safetensors"
+                write_safetensors(os.path.join(d, file), {n: w[n] for n in names[s::v["shards"]]}, v["dtype"])
+                weight_map.update({n: file for n in names[s::v["shards"]]})
+            with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+                json.dump({"metadata": {"total_size": 0}, "weight_map": weight_map}, f, indent=2, sort_keys=True)
+        reference[name] = {"ids": ids.tolist(), "logits": llama_logits(v, w, ids).tolist(), "prompt": prompt,
+                           "greedy": greedy(v, w, prompt, 12)}
+    with open(os.path.join(args.out, "reference.json"), "w") as f:
+        json.dump(reference, f)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -12,7 +12,7 @@
 #include "io/hf_folder.h"
 #include "io/llama2c.h"
 #include "nn/generate.h"
-#include "tasks/llama2c_tokenizer.h"
+#include "tasks/sentencepiece_tokenizer.h"
 #include "train/config.h"
 #include "train/evaluate.h"
 #include "train/memory.h"
@@ -67,15 +67,15 @@ int inspect_folder(const std::string& folder) {
 
 int inspect_llama2c(const std::string& path, const std::string& tokenizer) {
   const io::FolderModel m = io::read_llama2c(path);
-  std::cout << "llama2.c checkpoint " << path << " (family llama)\n\nconfig (as headlab reads it: "
-            << io::family_of(m.config).model.describe(m.config) << ")\n"
+  std::cout << "llama2.c checkpoint " << path
+            << " (family llama)\n\nconfig (as headlab reads it: " << io::family_of(m.config).model.describe(m.config)
+            << ")\n"
             << m.config.dump(2) << "\ntokenizer: ";
   if (tokenizer.empty())
     std::cout << "none given (--tokenizer FILE)";
   else
     std::cout << tokenizer << ": "
-              << tasks::Llama2cTokenizer::from_file(tokenizer, io::family_of(m.config).model.vocab_size(m.config))
-                     ->describe();
+              << tasks::tokenizer_from_file(tokenizer, io::family_of(m.config).model.vocab_size(m.config))->describe();
   std::cout << "\n\nparameters\n";
   print_parameters(m.parameters);
   return 0;

@@ -130,7 +130,9 @@ void add_model_argument(CLI::App& app, std::string& path, std::string& tokenizer
                  "headlab checkpoint (.h5), Hugging Face model folder (gpt2, llama) or llama2.c checkpoint (.bin)")
       ->type_name(kInputFile)
       ->required();
-  app.add_option("--tokenizer", tokenizer, "a llama2.c checkpoint's tokenizer (llama2.c's tokenizer.bin format)")
+  app.add_option("--tokenizer", tokenizer,
+                 "the model's tokenizer: a SentencePiece model (tokenizer.model) or llama2.c's tokenizer.bin (required "
+                 "for a llama2.c checkpoint; overrides a folder's)")
       ->type_name(kInputFile);
 }
 

@@ -12,8 +12,8 @@ namespace headlab::io {
 
 const std::vector<Family>& families() {
   static const std::vector<Family> all = {
-      {nn::gpt_family(), &hf_gpt2_format()},  // the book's GPT; GPT-2's folders
-      {nn::encoder_decoder_family()},         // d2l's Transformer
+      {nn::gpt_family(), &hf_gpt2_format()},     // the book's GPT; GPT-2's folders
+      {nn::encoder_decoder_family()},            // d2l's Transformer
       {nn::llama_family(), &hf_llama_format()},  // LLaMA, Mistral, Qwen2 folders; llama2.c files (io/llama2c.h)
   };
   return all;

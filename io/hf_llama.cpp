@@ -45,7 +45,7 @@ nn::LlamaConfig llama_config_from_hf(const json& j, const std::string& file) {
   if (c.head_dim == natural) c.head_dim = 0;  // the default, as a fresh model writes it
   c.norm_eps = hf_config_value<double>(j, "rms_norm_eps", 1e-6, file);
   c.rope_theta = hf_config_value<double>(j, "rope_theta", 10000.0, file);
-  c.rope_interleaved = false;  // rotate_half
+  c.rope_interleaved = false;                                                       // rotate_half
   c.tie_embeddings = hf_config_value<bool>(j, "tie_word_embeddings", false, file);  // LlamaConfig's default
   c.drop_rate = hf_config_value<double>(j, "attention_dropout", 0.0, file);
   const std::string act = hf_config_value<std::string>(j, "hidden_act", "silu", file);
@@ -98,7 +98,8 @@ FolderModel read_hf_llama(const std::string& folder) {
   take("model.embed_tokens.weight", "tok_emb.weight", {V, C});
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const std::string hf = "model.layers." + std::to_string(l), ours = "trf_blocks." + std::to_string(l);
-    const std::pair<const char*, const char*> qkv[] = {{"q_proj", "W_query"}, {"k_proj", "W_key"}, {"v_proj", "W_value"}};
+    const std::pair<const char*, const char*> qkv[] = {
+        {"q_proj", "W_query"}, {"k_proj", "W_key"}, {"v_proj", "W_value"}};
     for (const auto& [h, o] : qkv) {
       const int64_t rows = std::string(h) == "q_proj" ? Dq : Dkv;
       take(hf + ".self_attn." + h + ".weight", ours + ".att." + o + ".weight", {rows, C});
@@ -121,8 +122,8 @@ FolderModel read_hf_llama(const std::string& folder) {
   }
   for (const std::string& name : st.names()) {
     const bool rotary_buffer = name.ends_with(".rotary_emb.inv_freq");  // older files save it; recomputed here
-    HL_CHECK(used.count(name) || rotary_buffer, st.file_of(name).path(), ": tensor '", name,
-             "' is not part of a ", "llama-family model of this config");
+    HL_CHECK(used.count(name) || rotary_buffer, st.file_of(name).path(), ": tensor '", name, "' is not part of a ",
+             "llama-family model of this config");
   }
   return out;
 }

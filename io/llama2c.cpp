@@ -29,7 +29,8 @@ struct Header {
 // Bytes of float32 weights the header claims, as a double (absurd sizes must not overflow).
 double weight_bytes(const Header& h) {
   const double d = static_cast<double>(h.dim), F = static_cast<double>(h.hidden), L = static_cast<double>(h.layers),
-               V = static_cast<double>(h.vocab), kv = d * static_cast<double>(h.kv_heads) / static_cast<double>(h.heads),
+               V = static_cast<double>(h.vocab),
+               kv = d * static_cast<double>(h.kv_heads) / static_cast<double>(h.heads),
                hs = d / static_cast<double>(h.heads);
   double floats = V * d + L * (2 * d + 2 * d * d + 2 * kv * d + 3 * F * d) + d;
   if (h.version == 0) floats += static_cast<double>(h.seq_len) * hs;  // freq_cis_real and _imag, (seq_len, hs/2) each
@@ -69,10 +70,10 @@ Header read_header(std::ifstream& in, int64_t file_size, std::string& why_not) {
     h.shared_classifier = h.vocab > 0;
     h.vocab = h.vocab < 0 ? -h.vocab : h.vocab;
   }
-  const std::pair<const char*, int64_t> fields[] = {{"dim", h.dim},           {"hidden_dim", h.hidden},
-                                                    {"n_layers", h.layers},   {"n_heads", h.heads},
-                                                    {"n_kv_heads", h.kv_heads}, {"vocab_size", h.vocab},
-                                                    {"seq_len", h.seq_len}};
+  const std::pair<const char*, int64_t> fields[] = {
+      {"dim", h.dim},        {"hidden_dim", h.hidden},   {"n_layers", h.layers},
+      {"n_heads", h.heads},  {"n_kv_heads", h.kv_heads}, {"vocab_size", h.vocab},
+      {"seq_len", h.seq_len}};
   for (const auto& [name, v] : fields)
     if (v <= 0) {
       why_not = std::string("has header field ") + name + " = " + std::to_string(v) + " (expected positive)";
@@ -80,7 +81,8 @@ Header read_header(std::ifstream& in, int64_t file_size, std::string& why_not) {
     }
   if (h.dim % h.heads != 0 || h.heads % h.kv_heads != 0 || (h.dim / h.heads) % 2 != 0) {
     why_not = "has dim " + std::to_string(h.dim) + ", n_heads " + std::to_string(h.heads) + ", n_kv_heads " +
-              std::to_string(h.kv_heads) + ": n_heads must divide dim into even head sizes, and n_kv_heads must divide n_heads";
+              std::to_string(h.kv_heads) +
+              ": n_heads must divide dim into even head sizes, and n_kv_heads must divide n_heads";
     return {};
   }
   const double want = static_cast<double>(h.weights_at) + weight_bytes(h);

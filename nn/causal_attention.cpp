@@ -210,8 +210,15 @@ CausalAttentionSizes book_sizes(int64_t din, int64_t dout, int64_t ctx, double p
     HL_CHECK(H > 0 && dout % H == 0, "CausalMultiHeadAttention: d_out ", dout, " must be divisible by num_heads ", H);
     hd = dout / H;
   }
-  return {.d_in = din, .d_out = dout, .context_length = ctx, .num_heads = H, .head_dim = hd, .dropout = p,
-          .qkv_bias = bias, .out_bias = true, .rotary = {}};
+  return {.d_in = din,
+          .d_out = dout,
+          .context_length = ctx,
+          .num_heads = H,
+          .head_dim = hd,
+          .dropout = p,
+          .qkv_bias = bias,
+          .out_bias = true,
+          .rotary = {}};
 }
 
 }  // namespace
@@ -232,8 +239,9 @@ CausalMultiHeadAttention::CausalMultiHeadAttention(const CausalAttentionSizes& s
       rotary(s.rotary) {
   const char* who = "CausalMultiHeadAttention";
   HL_CHECK(context_length > 0, who, ": context_length must be positive, got ", context_length);
-  HL_CHECK(num_kv_heads >= 0 && (num_heads == 0 ? num_kv_heads == 0 : num_kv_heads > 0 && num_heads % num_kv_heads == 0),
-           who, ": num_kv_heads ", num_kv_heads, " must divide num_heads ", num_heads);
+  HL_CHECK(
+      num_kv_heads >= 0 && (num_heads == 0 ? num_kv_heads == 0 : num_kv_heads > 0 && num_heads % num_kv_heads == 0),
+      who, ": num_kv_heads ", num_kv_heads, " must divide num_heads ", num_heads);
   HL_CHECK(rotary.dims >= 0 && rotary.dims % 2 == 0 && rotary.dims <= head_dim, who, ": rotary dims ", rotary.dims,
            " must be even and at most head_dim ", head_dim);
   const int64_t inner = num_heads * head_dim, kv = num_kv_heads * head_dim;
@@ -306,7 +314,8 @@ void grow(KVCache& cache, int64_t needed, int64_t context, const std::array<int6
   const int64_t have = cache.length > 0 ? cache.keys.size(2) : 0;
   const int64_t capacity = std::min(context, std::max({needed, 2 * have, int64_t{64}}));
   const Shape shape{bhd[0], bhd[1], capacity, bhd[2]};
-  Tensor keys = Tensor::empty(shape, like.dtype(), like.device()), values = Tensor::empty(shape, like.dtype(), like.device());
+  Tensor keys = Tensor::empty(shape, like.dtype(), like.device()),
+         values = Tensor::empty(shape, like.dtype(), like.device());
   if (cache.length > 0) {
     keys.narrow(2, 0, cache.length).copy_(cache.keys.narrow(2, 0, cache.length));
     values.narrow(2, 0, cache.length).copy_(cache.values.narrow(2, 0, cache.length));
@@ -331,8 +340,8 @@ void check_attention_input(const char* who, const AttentionInput& in, int64_t d_
   for (const Tensor* xs : {&in.q, &in.k, &in.v}) {
     const int64_t heads = xs == &in.q ? H : Hkv;
     if (xs->defined())
-      HL_CHECK(xs->shape() == Shape({B, T, heads, d_in}), who, ": per-head inputs must have shape [", B, ", ", T,
-               ", ", heads, ", ", d_in, "], got ", shape_str(xs->shape()));
+      HL_CHECK(xs->shape() == Shape({B, T, heads, d_in}), who, ": per-head inputs must have shape [", B, ", ", T, ", ",
+               heads, ", ", d_in, "], got ", shape_str(xs->shape()));
   }
 }
 

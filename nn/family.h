@@ -18,12 +18,12 @@ struct ModelOptions {
   std::string arch = "gpt";           // --arch: the family
   int64_t emb_dim = 64;               // --emb-dim: the stream's width (d2l: num_hiddens)
   int64_t n_heads = 4, n_layers = 2;  // --n-heads, --n-layers
-  int64_t n_kv_heads = 0;             // --n-kv-heads: key/value heads where a family has grouped-query attention; 0: n_heads
-  int64_t context_length = 0;         // --context-length; 0: what the task needs
-  int64_t ffn_hiddens = 0;            // --ffn-hiddens: the MLP's width where a family lets it be chosen; 0: its default
-  double drop_rate = 0.0;             // --drop-rate
-  bool qkv_bias = false;              // --qkv-bias
-  bool attn_only = false;             // --attn-only
+  int64_t n_kv_heads = 0;      // --n-kv-heads: key/value heads where a family has grouped-query attention; 0: n_heads
+  int64_t context_length = 0;  // --context-length; 0: what the task needs
+  int64_t ffn_hiddens = 0;     // --ffn-hiddens: the MLP's width where a family lets it be chosen; 0: its default
+  double drop_rate = 0.0;      // --drop-rate
+  bool qkv_bias = false;       // --qkv-bias
+  bool attn_only = false;      // --attn-only
   AttentionForm attention = AttentionForm::fused;  // --attention
 };
 
@@ -63,6 +63,26 @@ class ModelFamily {
   virtual ModelOptions options(const nlohmann::json& section) const = 0;
   // The section with another dropout probability (fine-tuning a model with --drop-rate).
   virtual nlohmann::json with_dropout(const nlohmann::json& section, double p) const = 0;
+};
+
+// What follows from a decoder family's config type alone (its from_json validates; to_json, num_parameters,
+// context_length, vocab_size, drop_rate, validate) and the model built from it: the family adds the rest.
+template <typename Config, typename ModelType>
+class ConfigFamily : public ModelFamily {
+ public:
+  nlohmann::json canonical(const nlohmann::json& s) const override { return Config::from_json(s).to_json(); }
+  std::shared_ptr<Model> build(const nlohmann::json& s) const override {
+    return std::make_shared<ModelType>(Config::from_json(s));
+  }
+  double parameter_count(const nlohmann::json& s) const override { return Config::from_json(s).num_parameters(); }
+  int64_t row_tokens(const nlohmann::json& s) const override { return Config::from_json(s).context_length; }
+  int64_t vocab_size(const nlohmann::json& s) const override { return Config::from_json(s).vocab_size; }
+  nlohmann::json with_dropout(const nlohmann::json& s, double p) const override {
+    Config c = Config::from_json(s);
+    c.drop_rate = p;
+    c.validate();
+    return c.to_json();
+  }
 };
 
 }  // namespace headlab::nn

@@ -78,23 +78,16 @@ double GPTConfig::num_parameters() const {
 
 namespace {
 
-class GptFamily : public ModelFamily {
+class GptFamily : public ConfigFamily<GPTConfig, GPTModel> {
  public:
   std::string arch() const override { return "gpt"; }
   std::string help() const override { return "gpt (the book's decoder-only GPTModel)"; }
-  nlohmann::json canonical(const nlohmann::json& s) const override { return GPTConfig::from_json(s).to_json(); }
-  std::shared_ptr<Model> build(const nlohmann::json& s) const override {
-    return std::make_shared<GPTModel>(GPTConfig::from_json(s));
-  }
-  double parameter_count(const nlohmann::json& s) const override { return GPTConfig::from_json(s).num_parameters(); }
   // Measured peak when training: 42 MiB of an estimated 52 for bench/gpt_step's default config.
   double activation_floats(const nlohmann::json& s, bool training) const override {
     const GPTConfig c = GPTConfig::from_json(s);
     const double d = static_cast<double>(c.emb_dim), V = static_cast<double>(c.vocab_size);
     return training ? static_cast<double>(c.n_layers) * 24 * d + 4 * V : 12 * d + 2 * V;
   }
-  int64_t row_tokens(const nlohmann::json& s) const override { return GPTConfig::from_json(s).context_length; }
-  int64_t vocab_size(const nlohmann::json& s) const override { return GPTConfig::from_json(s).vocab_size; }
   std::string describe(const nlohmann::json& s) const override {
     const GPTConfig c = GPTConfig::from_json(s);
     return std::string(enum_name(c.attention)) + " attention, " + std::to_string(c.n_layers) + " layers x " +
@@ -117,12 +110,6 @@ class GptFamily : public ModelFamily {
     o.emb_dim = c.emb_dim, o.n_heads = c.n_heads, o.n_layers = c.n_layers, o.context_length = c.context_length;
     o.drop_rate = c.drop_rate, o.qkv_bias = c.qkv_bias, o.attn_only = c.attn_only, o.attention = c.attention;
     return o;
-  }
-  nlohmann::json with_dropout(const nlohmann::json& s, double p) const override {
-    GPTConfig c = GPTConfig::from_json(s);
-    c.drop_rate = p;
-    c.validate();
-    return c.to_json();
   }
 };
 

@@ -52,8 +52,8 @@ CausalAttentionSizes LlamaConfig::attention_sizes() const {
 void LlamaConfig::validate() const {
   const char* who = "Llama config";
   check_fields(*this, kLlamaFields, who);
-  HL_CHECK(n_kv_heads == 0 || n_heads % n_kv_heads == 0, who, ": n_kv_heads ", n_kv_heads,
-           " must divide n_heads ", n_heads);
+  HL_CHECK(n_kv_heads == 0 || n_heads % n_kv_heads == 0, who, ": n_kv_heads ", n_kv_heads, " must divide n_heads ",
+           n_heads);
   HL_CHECK(head_dim != 0 || emb_dim % n_heads == 0, who, ": emb_dim ", emb_dim, " must be divisible by n_heads ",
            n_heads, " (or head_dim given)");
   HL_CHECK(head_size() % 2 == 0, who, ": the head size ", head_size(), " must be even (rotary pairs)");
@@ -89,17 +89,12 @@ namespace {
 // a multiple of 8.
 int64_t default_hidden_dim(int64_t emb_dim) { return (8 * emb_dim / 3 + 7) / 8 * 8; }
 
-class LlamaFamily : public ModelFamily {
+class LlamaFamily : public ConfigFamily<LlamaConfig, LlamaModel> {
  public:
   std::string arch() const override { return "llama"; }
   std::string help() const override {
     return "llama (RMSNorm, rotary embeddings, SwiGLU, grouped-query attention: --n-kv-heads)";
   }
-  nlohmann::json canonical(const nlohmann::json& s) const override { return LlamaConfig::from_json(s).to_json(); }
-  std::shared_ptr<Model> build(const nlohmann::json& s) const override {
-    return std::make_shared<LlamaModel>(LlamaConfig::from_json(s));
-  }
-  double parameter_count(const nlohmann::json& s) const override { return LlamaConfig::from_json(s).num_parameters(); }
   // An estimate from what the tape keeps per token (not yet measured against a run): per layer the norms'
   // outputs, q, k, v and their rotations, the context, the residuals and the SwiGLU's five (..., F) tensors.
   double activation_floats(const nlohmann::json& s, bool training) const override {
@@ -108,8 +103,6 @@ class LlamaFamily : public ModelFamily {
                  F = static_cast<double>(c.hidden_dim);
     return training ? static_cast<double>(c.n_layers) * (14 * d + 5 * F) + 4 * V : 6 * d + 3 * F + 2 * V;
   }
-  int64_t row_tokens(const nlohmann::json& s) const override { return LlamaConfig::from_json(s).context_length; }
-  int64_t vocab_size(const nlohmann::json& s) const override { return LlamaConfig::from_json(s).vocab_size; }
   std::string describe(const nlohmann::json& s) const override {
     const LlamaConfig c = LlamaConfig::from_json(s);
     return "llama, " + std::to_string(c.n_layers) + " layers x " + std::to_string(c.n_heads) + " heads (" +
@@ -135,12 +128,6 @@ class LlamaFamily : public ModelFamily {
     o.drop_rate = c.drop_rate, o.qkv_bias = c.qkv_bias, o.attention = c.attention;
     return o;
   }
-  nlohmann::json with_dropout(const nlohmann::json& s, double p) const override {
-    LlamaConfig c = LlamaConfig::from_json(s);
-    c.drop_rate = p;
-    c.validate();
-    return c.to_json();
-  }
 };
 
 }  // namespace
@@ -157,7 +144,7 @@ SwiGLUFeedForward::SwiGLUFeedForward(int64_t emb_dim, int64_t hidden_dim) {
 }
 
 Tensor SwiGLUFeedForward::forward(const Tensor& x, const HookSite& site) {
-  const Tensor gate = site(HookPoint::mlp_pre, fc1->forward(x));         // (..., F)
+  const Tensor gate = site(HookPoint::mlp_pre, fc1->forward(x));  // (..., F)
   const Tensor post = site(HookPoint::mlp_post, mul(silu(gate), fc2->forward(x)));
   return fc3->forward(post);
 }
@@ -211,8 +198,7 @@ Tensor LlamaModel::embed(const Tensor& idx, int64_t offset, Hooks* hooks) {
            idx.defined() ? shape_str(idx.shape()) : std::string("(undefined)"));
   HL_CHECK(idx.dtype() == DType::i64, "Llama: token ids must be int64, got ", dtype_name(idx.dtype()));
   HL_CHECK(offset >= 0 && offset + idx.size(1) <= cfg_.context_length, "Llama: ", idx.size(1), " tokens",
-           offset ? " after " + std::to_string(offset) : std::string(), " exceed context_length ",
-           cfg_.context_length);
+           offset ? " after " + std::to_string(offset) : std::string(), " exceed context_length ", cfg_.context_length);
   return drop_emb->forward(HookSite{hooks, -1}(HookPoint::embed, tok_emb->forward(idx)));  // (B, T, C)
 }
 

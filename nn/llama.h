@@ -20,7 +20,7 @@ struct LlamaConfig {
   double rope_theta = 10000.0;
   // Rotary pairs: interleaved (2i, 2i+1), as Meta's and llama2.c's checkpoints; else halves (Hugging Face's).
   bool rope_interleaved = false;
-  bool qkv_bias = false;       // Qwen2's q/k/v biases
+  bool qkv_bias = false;        // Qwen2's q/k/v biases
   bool tie_embeddings = false;  // the head is tok_emb.weight
   double drop_rate = 0.0;
   AttentionForm attention = AttentionForm::fused;

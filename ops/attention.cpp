@@ -18,7 +18,7 @@ namespace {
 struct AttnShape {
   int64_t B, H, Tq, Tk, D, Dv;
   int64_t Hkv;  // key/value heads: H, or a divisor of it (grouped-query)
-  bool heads;  // 4-D inputs (B, H, T, *); 3-D ones (B, T, *) run as H = 1
+  bool heads;   // 4-D inputs (B, H, T, *); 3-D ones (B, T, *) run as H = 1
 };
 
 AttnShape check_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask,
@@ -96,7 +96,9 @@ Tensor repeat_kv(const Tensor& t, int64_t H) {
            H, ", got ", shape_str(t.shape()));
   const int64_t Hkv = t.size(1);
   if (Hkv == H) return t;
-  return t.unsqueeze(2).expand({t.size(0), Hkv, H / Hkv, t.size(2), t.size(3)}).reshape({t.size(0), H, t.size(2), t.size(3)});
+  return t.unsqueeze(2)
+      .expand({t.size(0), Hkv, H / Hkv, t.size(2), t.size(3)})
+      .reshape({t.size(0), H, t.size(2), t.size(3)});
 }
 
 AttentionMask AttentionMask::lengths(const Tensor& valid_lens) {
@@ -110,8 +112,8 @@ Tensor scaled_dot_product_attention_composite(const Tensor& q, const Tensor& k, 
   const AttnShape s = check_attention(q, k, v, mask, dropout_p);
   const double sc = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(s.D));
   if (s.heads && s.Hkv != s.H)  // the reference repeats the shared keys and values
-    return scaled_dot_product_attention_composite(q, repeat_kv(k, s.H), repeat_kv(v, s.H), mask, dropout_p, training, gen,
-                                                  scale);
+    return scaled_dot_product_attention_composite(q, repeat_kv(k, s.H), repeat_kv(v, s.H), mask, dropout_p, training,
+                                                  gen, scale);
   const Tensor scores = matmul(q, k.mT());  // (B, H, Tq, Tk)
   Tensor weights;
   if (mask.kind == AttentionMask::Kind::causal) {

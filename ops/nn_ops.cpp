@@ -196,9 +196,8 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps) {
     Tensor dx = Tensor::empty(xc.shape(), xc.dtype(), xc.device());
     Tensor dw = g.needs(1) ? zeros({C}, xc.dtype(), xc.device()) : Tensor();
     if (dx.numel())
-      backend_of(xc).rmsnorm_backward(xc.dtype(), dx.raw_data(), dw.defined() ? dw.raw_data() : nullptr,
-                                      dy.raw_data(), xc.raw_data(), rstd.raw_data(),
-                                      wc.defined() ? wc.raw_data() : nullptr, rows, C);
+      backend_of(xc).rmsnorm_backward(xc.dtype(), dx.raw_data(), dw.defined() ? dw.raw_data() : nullptr, dy.raw_data(),
+                                      xc.raw_data(), rstd.raw_data(), wc.defined() ? wc.raw_data() : nullptr, rows, C);
     g.acc(0, dx);
     if (dw.defined()) g.acc(1, dw);
   });

@@ -195,9 +195,7 @@ BpeTextTask::BpeTextTask(const TaskOptions& options)
   drop_text();
 }
 
-std::string BpeTextTask::description() const {
-  return describe("language model over a text", subword_->describe());
-}
+std::string BpeTextTask::description() const { return describe("language model over a text", subword_->describe()); }
 
 Prompt BpeTextTask::encode_prompt(const std::string& text) const {
   Prompt p;

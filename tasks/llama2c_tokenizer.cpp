@@ -21,8 +21,8 @@ constexpr int64_t kBos = 1, kByteTokens = 3;  // <0x00> is id 3
 // A little-endian int32 or float32 at `at` of the file, which must hold it.
 template <typename T>
 T read_at(std::string_view bytes, size_t at, const std::string& name, const char* what) {
-  HL_CHECK(at + sizeof(T) <= bytes.size(), name, ": the file ends inside ", what, " at byte ", at, " (",
-           bytes.size(), " bytes)");
+  HL_CHECK(at + sizeof(T) <= bytes.size(), name, ": the file ends inside ", what, " at byte ", at, " (", bytes.size(),
+           " bytes)");
   T v;
   std::memcpy(&v, bytes.data() + at, sizeof(T));
   return v;
@@ -62,8 +62,8 @@ Llama2cTokenizer::Llama2cTokenizer(std::string_view bytes, std::string name, int
     at += 8 + static_cast<size_t>(len);
     if (vocab_size > 0 && size() == vocab_size) break;  // what follows is not the model's
   }
-  HL_CHECK(size() > kByteTokens + 255, name_, ": ", size(), " tokens; a llama2.c vocabulary holds <unk>, <s>, </s> and ",
-           "the 256 byte tokens at least");
+  HL_CHECK(size() > kByteTokens + 255, name_, ": ", size(),
+           " tokens; a llama2.c vocabulary holds <unk>, <s>, </s> and ", "the 256 byte tokens at least");
   HL_CHECK(vocab_size <= 0 || size() == vocab_size, name_, ": ", size(), " tokens, but the model emits ", vocab_size);
   for (int b = 0; b < 256; ++b)
     HL_CHECK(byte_of_piece(pieces_[static_cast<size_t>(kByteTokens + b)]) == b, name_, ": token ", kByteTokens + b,

@@ -29,7 +29,8 @@ class Llama2cTokenizer : public TextTokenizer {
 
  private:
   std::string bytes_of(int64_t id) const;
-  std::vector<int64_t> encode_pieces(std::string_view text, std::string_view label, bool dummy_space) const;  // what the token stands for: a byte token's byte, else its piece
+  std::vector<int64_t> encode_pieces(std::string_view text, std::string_view label, bool dummy_space)
+      const;  // what the token stands for: a byte token's byte, else its piece
   std::string name_;
   std::vector<std::string> pieces_;
   std::vector<float> scores_;

@@ -733,7 +733,7 @@ TEST_F(CliTest, Gpt2FolderEvalGenerateInspect) {
   fs::remove(dir + "/vocab.json");
   r = headlab({"generate", dir, "--prompt", "x"});
   EXPECT_EQ(r.code, 1);
-  EXPECT_TRUE(contains(r.err, "has no vocab.json and merges.txt")) << r.err;
+  EXPECT_TRUE(contains(r.err, "has no tokenizer headlab reads (vocab.json and merges.txt")) << r.err;
 }
 
 // circuit on a random GPT-2 folder: IOI prompt pairs from GPT-2's tokenizer, then the user's own pairs;

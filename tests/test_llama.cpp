@@ -6,6 +6,7 @@
 // (tests/op_cases.h: rms_norm, silu, rotary_*, sdpa_gqa_*).
 #include <gtest/gtest.h>
 
+#include <cctype>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +19,7 @@
 #include "nn/llama.h"
 #include "optim/optim.h"
 #include "tasks/llama2c_tokenizer.h"
+#include "tasks/sentencepiece_tokenizer.h"
 #include "tests/core_test_util.h"
 #include "tests/process_util.h"
 #include "train/load.h"
@@ -48,11 +50,11 @@ double max_diff(const Tensor& a, const Tensor& b) {
 }
 
 // stmt throws a headlab::Error whose message holds `text`.
-#define EXPECT_ERROR_WITH(stmt, text)                                                            \
-  try {                                                                                          \
-    stmt;                                                                                        \
-    ADD_FAILURE() << #stmt << " did not throw";                                                  \
-  } catch (const Error& e) {                                                                     \
+#define EXPECT_ERROR_WITH(stmt, text)                                                          \
+  try {                                                                                        \
+    stmt;                                                                                      \
+    ADD_FAILURE() << #stmt << " did not throw";                                                \
+  } catch (const Error& e) {                                                                   \
     EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << "message: " << e.what(); \
   }
 
@@ -182,7 +184,7 @@ TEST(Llama, TrainsOnAFreshConfigFromTheRegistry) {
   EXPECT_ERROR_WITH(f.model.from_options(o, sizes), "n_kv_heads 3 must divide n_heads 4");
   o.n_kv_heads = 2;
   EXPECT_ERROR_WITH(io::family_named("gpt", "test").model.from_options(o, sizes),
-                   "--n-kv-heads: the gpt family has multi-head attention only");
+                    "--n-kv-heads: the gpt family has multi-head attention only");
 }
 
 // ---- llama2.c's files ----
@@ -192,10 +194,11 @@ namespace {
 void write_legacy(const std::string& path, nn::LlamaModel& m, bool tied) {
   const nn::LlamaConfig& c = m.config();
   std::ofstream out(path, std::ios::binary);
-  const int32_t header[7] = {static_cast<int32_t>(c.emb_dim), static_cast<int32_t>(c.hidden_dim),
-                             static_cast<int32_t>(c.n_layers), static_cast<int32_t>(c.n_heads),
-                             static_cast<int32_t>(c.kv_heads()), static_cast<int32_t>(tied ? c.vocab_size : -c.vocab_size),
-                             static_cast<int32_t>(c.context_length)};
+  const int32_t header[7] = {
+      static_cast<int32_t>(c.emb_dim),       static_cast<int32_t>(c.hidden_dim),
+      static_cast<int32_t>(c.n_layers),      static_cast<int32_t>(c.n_heads),
+      static_cast<int32_t>(c.kv_heads()),    static_cast<int32_t>(tied ? c.vocab_size : -c.vocab_size),
+      static_cast<int32_t>(c.context_length)};
   out.write(reinterpret_cast<const char*>(header), sizeof(header));
   const auto put = [&](const Tensor& t) {
     const Tensor f = contiguous(t.detach().to(DType::f32));
@@ -268,11 +271,11 @@ TEST(Llama2c, TokenizerFileErrorsNameTheFileAndField) {
   EXPECT_ERROR_WITH(tasks::Llama2cTokenizer("\x01\x00", "tok"), "tok: the file ends inside the header");
   const std::string header("\x10\x00\x00\x00", 4);  // max_token_length 16
   EXPECT_ERROR_WITH(tasks::Llama2cTokenizer(header + std::string("\0\0\0\0\x40\0\0\0", 8), "tok"),
-                   "tok: token 0 has length 64, outside 0..max_token_length 16");
+                    "tok: token 0 has length 64, outside 0..max_token_length 16");
   EXPECT_ERROR_WITH(tasks::Llama2cTokenizer(header + std::string("\0\0\0\0\x02\0\0\0a", 9), "tok"),
-                   "tok: the file ends inside token 0's 2 bytes");
+                    "tok: the file ends inside token 0's 2 bytes");
   EXPECT_ERROR_WITH(tasks::Llama2cTokenizer(header + std::string("\0\0\0\0\x01\0\0\0a", 9), "tok"),
-                   "tok: 1 tokens; a llama2.c vocabulary holds");
+                    "tok: 1 tokens; a llama2.c vocabulary holds");
 }
 
 // ---- Hugging Face folders against PyTorch's twin (tools/fixtures_llama_folders.py) ----
@@ -363,6 +366,60 @@ TEST(LlamaFolders, WhatLlamaModelDoesNotComputeIsRefusedByName) {
   EXPECT_ERROR_WITH(io::family_of_folder(hd).folder->read(hd), "has shape");
 }
 
+// ---- tokenizers against python3-sentencepiece (tools/sentencepiece_fixtures.py) ----
+namespace {
+
+const std::string kModels = std::string(HEADLAB_SOURCE_DIR) + "/../shared/models/";
+
+nlohmann::json sentencepiece_cases() {
+  std::ifstream in(std::string(HEADLAB_SOURCE_DIR) + "/tests/fixtures/sentencepiece_cases.json");
+  return nlohmann::json::parse(in);
+}
+
+}  // namespace
+
+// libsentencepiece through the wrapper gives the reference's ids and text; llama2.c's tokenizer.bin of the same
+// vocabulary gives the same ids, except where SentencePiece's model normalises whitespace (tok512 collapses runs
+// of spaces; llama2.c's encoder does not; Llama 2's keeps them, and there every case agrees).
+TEST(Tokenizers, SentencePieceAndLlama2cMatchPythonSentencePiece) {
+  if (!fs::exists(kModels + "llama2-tokenizer/tokenizer.model")) GTEST_SKIP() << kModels << " is absent";
+  const nlohmann::json all = sentencepiece_cases();
+  const std::pair<const char*, const char*> bins[] = {{"llama2", "llama2-tokenizer/tokenizer.bin"},
+                                                      {"tok512", "stories260K/tok512.bin"}};
+  for (const auto& [name, bin] : bins) {
+    const nlohmann::json& m = all.at(name);
+    const auto sp = tasks::tokenizer_from_file(kModels + m.at("model").get<std::string>(), m.at("size"));
+    const auto l2c = tasks::tokenizer_from_file(kModels + bin, m.at("size"));
+    ASSERT_TRUE(dynamic_cast<const tasks::SentencePieceTokenizer*>(sp.get())) << name;
+    ASSERT_TRUE(dynamic_cast<const tasks::Llama2cTokenizer*>(l2c.get())) << name;
+    EXPECT_EQ(sp->bos(), m.at("bos").get<int64_t>());
+    EXPECT_EQ(sp->eos(), m.at("eos").get<int64_t>());
+    for (const auto& c : m.at("cases")) {
+      const std::string text = c.at("text");
+      const auto ids = c.at("ids").get<std::vector<int64_t>>();
+      EXPECT_EQ(sp->encode(text), ids) << name << ": " << text;
+      EXPECT_EQ(sp->decode(ids), c.at("decoded").get<std::string>()) << name << ": " << text;
+      const bool normalised = std::string(name) == "tok512" &&
+                              (text.find("  ") != std::string::npos || (!text.empty() && std::isspace(text[0])));
+      if (!normalised) {
+        EXPECT_EQ(l2c->encode(text), ids) << name << " (llama2.c): " << text;
+        std::vector<int64_t> with_bos = ids;
+        with_bos.insert(with_bos.begin(), 1);
+        EXPECT_EQ(l2c->decode(with_bos), text) << name << " (llama2.c): " << text;
+      }
+    }
+    // An answer token after a prompt: " the" is one piece, without the dummy space before it.
+    const std::vector<int64_t> the = sp->encode_continuation(" the");
+    EXPECT_EQ(the.size(), 1u) << name;
+    EXPECT_EQ(l2c->encode_continuation(" the"), the) << name;
+    EXPECT_EQ(sp->token_text(the[0]), " the");
+  }
+  EXPECT_ERROR_WITH(tasks::SentencePieceTokenizer::from_file(kModels + "stories260K/tok512.bin"),
+                    "not a SentencePiece model");
+  EXPECT_ERROR_WITH(tasks::tokenizer_from_file(kModels + "llama2-tokenizer/tokenizer.model", 512),
+                    "32000 tokens, but the model emits 512");
+}
+
 // ---- stories260K: a real pretrained model ----
 namespace {
 
@@ -380,8 +437,7 @@ TEST(Stories260K, GreedyStoryEqualsThePublishedOneTokenForToken) {
   if (!fs::exists(kStories + "/stories260K.bin")) GTEST_SKIP() << kStories << " is absent (../shared/models)";
   const std::string story = published_story();
   ASSERT_FALSE(story.empty());
-  const train::Loaded l =
-      train::load("test", kStories + "/stories260K.bin", "cpu", "", kStories + "/tok512.bin");
+  const train::Loaded l = train::load("test", kStories + "/stories260K.bin", "cpu", "", kStories + "/tok512.bin");
   nn::DecoderModel& model = l.decoder("test");
   const tasks::Prompt p = l.task->encode_prompt("");
   ASSERT_EQ(p.ids, std::vector<int64_t>({1}));  // BOS alone, as llama2.c's run starts that story
@@ -394,6 +450,9 @@ TEST(Stories260K, GreedyStoryEqualsThePublishedOneTokenForToken) {
   const std::vector<int64_t> out = nn::generate(model, p.ids, o);
   const std::string text = l.task->format_continuation(p, out);
   EXPECT_EQ(text, story);
+  // The same vocabulary as a SentencePiece model decodes the same ids to the same story.
+  const train::Loaded sp = train::load("test", kStories + "/stories260K.bin", "cpu", "", kStories + "/tok512.model");
+  EXPECT_EQ(sp.task->format_continuation(p, out), story);
   // The tokenizer gives back what it read: the story's ids decode to the story.
   const auto& tok = *l.subword();
   std::vector<int64_t> ids = tok.encode(story);

@@ -119,6 +119,20 @@ def write_safetensors(path, tensors, dtype):
         f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
 
 
+def write_weights(folder, tensors, dtype, shards=1):
+    """tensors in folder/model.safetensors, or split over `shards` files with model.safetensors.index.json."""
+    if shards == 1:
+        write_safetensors(os.path.join(folder, "model.safetensors"), tensors, dtype)
+        return
+    names, weight_map = sorted(tensors), {}
+    for s in range(shards):
+        file = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        write_safetensors(os.path.join(folder, file), {n: tensors[n] for n in names[s::shards]}, dtype)
+        weight_map.update({n: file for n in names[s::shards]})
+    with open(os.path.join(folder, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": 0}, "weight_map": weight_map}, f, indent=2, sort_keys=True)
+
+
 def config_json(tied):
     c = dict(CONFIG, model_type="gpt2", architectures=["GPT2LMHeadModel"], n_ctx=CONFIG["n_positions"],
              activation_function="gelu_new", layer_norm_epsilon=1e-5, resid_pdrop=0.1, embd_pdrop=0.1,
@@ -141,18 +155,7 @@ def main():
         os.makedirs(d, exist_ok=True)
         with open(os.path.join(d, "config.json"), "w") as f:
             f.write(config_json(tied))
-        if shards == 1:
-            write_safetensors(os.path.join(d, "model.safetensors"), tensors, dtype)
-            return
-        names = sorted(tensors)
-        weight_map = {}
-        for s in range(shards):
-            part = names[s::shards]
-            file = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
-            write_safetensors(os.path.join(d, file), {n: tensors[n] for n in part}, dtype)
-            weight_map.update({n: file for n in part})
-        with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
-            json.dump({"metadata": {"total_size": 0}, "weight_map": weight_map}, f, indent=2, sort_keys=True)
+        write_weights(d, tensors, dtype, shards)
 
     prefixed = {"transformer." + k: v for k, v in w.items()}
     with_masks = dict(prefixed)

@@ -5,8 +5,8 @@ transformers is not a Debian package, so LlamaForCausalLM's maths (and Mistral's
 function) is written out here in torch from its definition, in float64: RMSNorm (x * rsqrt(mean(x^2) + eps) *
 w), rotary embeddings on halves (rotate_half; inv_freq = theta^(-2i/D)), grouped-query attention (repeat_kv),
 causal softmax of q k^T / sqrt(D), SwiGLU (down(silu(gate x) * up x)), pre-norm blocks, the final norm and the
-head (tied to embed_tokens unless lm_head.weight is given). The safetensors writer and the rounding to values
-float16 and bfloat16 both hold exactly are fixtures_gpt2_folders.py's.
+head (tied to embed_tokens unless lm_head.weight is given). The safetensors writer (one file or shards) and the
+rounding to values float16 and bfloat16 both hold exactly are fixtures_gpt2_folders.py's.
 
 Variants (each its own sizes and weights; reference.json holds each one's ids, logits, prompt and greedy ids):
   gqa_tied/          llama, 4 query heads sharing 2 key/value heads, tied head, F32
@@ -23,7 +23,7 @@ import os
 
 import torch
 
-from fixtures_gpt2_folders import representable, write_safetensors
+from fixtures_gpt2_folders import representable, write_weights
 
 VARIANTS = {
     "gqa_tied": dict(model_type="llama", heads=4, kv=2, hidden=32, inter=56, head_dim=None, theta=10000.0,
@@ -146,16 +146,7 @@ def main():
         os.makedirs(d, exist_ok=True)
         with open(os.path.join(d, "config.json"), "w") as f:
             f.write(config_json(v))
-        if v["shards"] == 1:
-            write_safetensors(os.path.join(d, "model.safetensors"), w, v["dtype"])
-        else:
-            names, weight_map = sorted(w), {}
-            for s in range(v["shards"]):
-                file = f"model-{s + 1:05d}-of-{v['shards']:05d}.safetensors"
-                write_safetensors(os.path.join(d, file), {n: w[n] for n in names[s::v["shards"]]}, v["dtype"])
-                weight_map.update({n: file for n in names[s::v["shards"]]})
-            with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
-                json.dump({"metadata": {"total_size": 0}, "weight_map": weight_map}, f, indent=2, sort_keys=True)
+        write_weights(d, w, v["dtype"], v["shards"])
         reference[name] = {"ids": ids.tolist(), "logits": llama_logits(v, w, ids).tolist(), "prompt": prompt,
                            "greedy": greedy(v, w, prompt, 12)}
     with open(os.path.join(args.out, "reference.json"), "w") as f:

@@ -6,7 +6,7 @@
 #include "io/hf_folder.h"
 #include "io/llama2c.h"
 #include "tasks/chars.h"
-#include "tasks/llama2c_tokenizer.h"
+#include "tasks/sentencepiece_tokenizer.h"
 
 namespace headlab::train {
 
@@ -36,7 +36,7 @@ Loaded load(const char* cmd, const std::string& path, const std::string& device,
     l.from_folder = true;
     train::RunConfig& c = l.config;
     c.model = m.config;
-    pretrained_text_task(c, tasks::Llama2cTokenizer::from_file(tokenizer, c.family().model.vocab_size(c.model)), text);
+    pretrained_text_task(c, tasks::tokenizer_from_file(tokenizer, c.family().model.vocab_size(c.model)), text);
     l.model = io::build_folder_model(std::move(m), path);
     l.model->to(Device::parse(device));
     l.ckpt.config = c.to_json();
@@ -60,16 +60,21 @@ Loaded load(const char* cmd, const std::string& path, const std::string& device,
   }
   const io::Family& family = io::family_of_folder(path);
   io::FolderModel folder = family.folder->read(path);
-  HL_CHECK(!tokenizer.empty() || (!folder.vocab_path.empty() && !folder.merges_path.empty()), cmd, ": the folder '",
-           path, "' has no vocab.json and merges.txt (a byte-level BPE tokenizer); give one with --tokenizer FILE "
-           "(llama2.c's tokenizer.bin format)");
+  const std::string sentencepiece = (fs::path(path) / "tokenizer.model").string();
+  const bool has_sentencepiece = not_a_file_reason(sentencepiece).empty();
+  HL_CHECK(!tokenizer.empty() || has_sentencepiece || (!folder.vocab_path.empty() && !folder.merges_path.empty()), cmd,
+           ": the folder '", path,
+           "' has no tokenizer headlab reads (vocab.json and merges.txt, or tokenizer.model); give one with "
+           "--tokenizer FILE (a SentencePiece model or llama2.c's tokenizer.bin)");
   l.from_folder = true;
   train::RunConfig& c = l.config;
   c.model = folder.config;
   const int64_t vocab = family.model.vocab_size(folder.config);
   std::shared_ptr<const tasks::TextTokenizer> subword;
   if (!tokenizer.empty())  // it overrides the folder's
-    subword = tasks::Llama2cTokenizer::from_file(tokenizer, vocab);
+    subword = tasks::tokenizer_from_file(tokenizer, vocab);
+  else if (has_sentencepiece)
+    subword = tasks::SentencePieceTokenizer::from_file(sentencepiece, vocab);
   else
     subword = std::make_shared<const tasks::BpeTokenizer>(
         tasks::BpeTokenizer::from_files(folder.vocab_path, folder.merges_path, vocab));

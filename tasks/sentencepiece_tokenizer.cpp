@@ -1,0 +1,135 @@
+// SentencePiece through libsentencepiece: the processor owns the model; this adds headlab's errors (the file
+// and what was wrong), the range checks and the continuation encoding.
+#include "tasks/sentencepiece_tokenizer.h"
+
+#include <sentencepiece_processor.h>
+
+#include <fstream>
+
+#include "base/error.h"
+#include "base/input_path.h"
+#include "tasks/internal.h"
+#include "tasks/llama2c_tokenizer.h"
+
+namespace headlab::tasks {
+
+namespace {
+
+constexpr const char* kSpace = "\xE2\x96\x81";  // U+2581, SentencePiece's space
+
+void check_utf8(std::string_view text, std::string_view label) {
+  for (size_t pos = 0; pos < text.size();) {
+    const size_t start = pos;
+    uint32_t cp;
+    HL_CHECK(detail::next_code_point(text, pos, cp), label, ": invalid UTF-8 at byte offset ", start);
+  }
+}
+
+}  // namespace
+
+struct SentencePieceTokenizer::Impl {
+  sentencepiece::SentencePieceProcessor sp;
+  std::string name;
+  void check_id(int64_t id) const {
+    HL_CHECK(id >= 0 && id < sp.GetPieceSize(), name, ": token id ", id, " is out of range for ", sp.GetPieceSize(),
+             " tokens");
+  }
+};
+
+SentencePieceTokenizer::SentencePieceTokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+SentencePieceTokenizer::~SentencePieceTokenizer() = default;
+
+std::shared_ptr<const SentencePieceTokenizer> SentencePieceTokenizer::from_file(const std::string& path,
+                                                                                int64_t vocab_size) {
+  check_input_file(path, "tokenizer");
+  auto impl = std::make_unique<Impl>();
+  impl->name = "tokenizer '" + path + "'";
+  const auto status = impl->sp.Load(path);
+  HL_CHECK(status.ok(), impl->name, ": not a SentencePiece model (", status.ToString(), ")");
+  const int64_t n = impl->sp.GetPieceSize();
+  HL_CHECK(vocab_size <= 0 || n == vocab_size, impl->name, ": ", n, " tokens, but the model emits ", vocab_size);
+  return std::shared_ptr<const SentencePieceTokenizer>(new SentencePieceTokenizer(std::move(impl)));
+}
+
+int64_t SentencePieceTokenizer::size() const { return impl_->sp.GetPieceSize(); }
+
+std::vector<int64_t> SentencePieceTokenizer::encode(std::string_view text, std::string_view label) const {
+  check_utf8(text, label);
+  const std::vector<int> ids = impl_->sp.EncodeAsIds(text);
+  return {ids.begin(), ids.end()};
+}
+
+std::vector<int64_t> SentencePieceTokenizer::encode_continuation(std::string_view text, std::string_view label) const {
+  std::vector<int64_t> ids = encode(text, label);
+  if (ids.empty()) return ids;
+  const std::string& first = impl_->sp.IdToPiece(static_cast<int>(ids[0]));
+  if (first == kSpace && (ids.size() > 1 || text.empty() || text[0] != ' ')) {
+    ids.erase(ids.begin());  // the dummy space alone
+  } else if (!text.empty() && text[0] != ' ' && first.starts_with(kSpace)) {
+    const int bare = impl_->sp.PieceToId(first.substr(3));  // the dummy space merged into the first piece
+    if (!impl_->sp.IsUnknown(bare)) ids[0] = bare;
+  }
+  return ids;
+}
+
+std::string SentencePieceTokenizer::decode(const std::vector<int64_t>& ids) const {
+  std::vector<int> in;
+  for (const int64_t id : ids) {
+    impl_->check_id(id);
+    in.push_back(static_cast<int>(id));
+  }
+  return impl_->sp.DecodeIds(in);
+}
+
+std::string SentencePieceTokenizer::token_text(int64_t id) const {
+  impl_->check_id(id);
+  const int i = static_cast<int>(id);
+  if (impl_->sp.IsControl(i) || impl_->sp.IsUnknown(i)) return impl_->sp.IdToPiece(i);
+  std::string s = impl_->sp.IsByte(i) ? impl_->sp.DecodeIds({i}) : impl_->sp.IdToPiece(i);
+  for (size_t at = s.find(kSpace); at != std::string::npos; at = s.find(kSpace, at + 1)) s.replace(at, 3, " ");
+  std::string out;  // valid UTF-8: a byte that is not a whole character shows as U+FFFD
+  for (size_t pos = 0; pos < s.size();) {
+    const size_t start = pos;
+    uint32_t cp;
+    if (detail::next_code_point(s, pos, cp)) {
+      out += s.substr(start, pos - start);
+    } else {
+      pos = start + 1;
+      out += "\xEF\xBF\xBD";
+    }
+  }
+  return out;
+}
+
+std::optional<int64_t> SentencePieceTokenizer::bos() const {
+  const int id = impl_->sp.bos_id();
+  return id >= 0 ? std::optional<int64_t>(id) : std::nullopt;
+}
+
+std::optional<int64_t> SentencePieceTokenizer::eos() const {
+  const int id = impl_->sp.eos_id();
+  return id >= 0 ? std::optional<int64_t>(id) : std::nullopt;
+}
+
+std::string SentencePieceTokenizer::describe() const {
+  return "a SentencePiece tokenizer of " + std::to_string(size()) + " tokens";
+}
+
+std::shared_ptr<const TextTokenizer> tokenizer_from_file(const std::string& path, int64_t vocab_size) {
+  // llama2.c's file starts with a small positive int32 (max_token_length); a SentencePiece model with the
+  // protobuf tag of its first field (pieces: field 1, length-delimited, 0x0A).
+  check_input_file(path, "tokenizer");
+  std::ifstream in(path, std::ios::binary);
+  char first = 0;
+  in.get(first);
+  if (first == '\x0A') {  // (a llama2.c file whose longest token has 10 bytes starts so too)
+    bool parses = false;
+    try {
+      parses = SentencePieceTokenizer::from_file(path) != nullptr;
+    } catch (const Error&) {}
+    if (parses) return SentencePieceTokenizer::from_file(path, vocab_size);
+  }
+  return Llama2cTokenizer::from_file(path, vocab_size);
+}
+
+}  // namespace headlab::tasks

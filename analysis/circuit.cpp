@@ -75,6 +75,27 @@ ActivationPatching activation_patching(CircuitPatcher& patcher, const std::vecto
   return r;
 }
 
+KeyValuePatching key_value_patching(CircuitPatcher& patcher) {
+  const CircuitGraph& g = patcher.graph();
+  KeyValuePatching r;
+  std::vector<EdgePatch> patches;
+  for (int64_t k = 0; k < static_cast<int64_t>(g.receivers().size()); ++k) {
+    const CircuitGraph::Receiver& rk = g.receivers()[static_cast<size_t>(k)];
+    if (rk.input != CircuitGraph::Input::k) continue;
+    const std::string group = g.receiving_name(k);
+    const int64_t v = g.parse_receivers(group + ".v", "key_value_patching").front();
+    EdgePatch& p = patches.emplace_back(static_cast<size_t>(g.edge_count()), 0.0);
+    for (int64_t receiver : {k, v}) {
+      const CircuitGraph::Receiver& rc = g.receivers()[static_cast<size_t>(receiver)];
+      std::fill_n(p.begin() + rc.first_edge, rc.senders, 1.0);
+    }
+    r.groups.push_back(group);
+    r.heads.push_back(g.nodes_of_receiver(k));
+  }
+  r.noising = patcher.metric(patches);
+  return r;
+}
+
 NodeAblation ablate_nodes(CircuitPatcher& patcher, const std::vector<int64_t>& nodes) {
   const EdgePatch none(static_cast<size_t>(patcher.graph().edge_count()), 0.0);
   std::vector<Replace> replaced;
@@ -161,13 +182,16 @@ void remove_dangling(const CircuitGraph& g, EdgePatch& patched) {
     for (int64_t e = 0; e < g.edge_count(); ++e) {
       if (patched[static_cast<size_t>(e)] != 0) continue;
       has_out[static_cast<size_t>(g.edge_sender(e))] = 1;
-      const int64_t n = g.node_of_receiver(g.edge_receiver(e));
-      if (n >= 0) has_in[static_cast<size_t>(n)] = 1;
+      for (int64_t n : g.nodes_of_receiver(g.edge_receiver(e))) has_in[static_cast<size_t>(n)] = 1;
     }
     for (int64_t e = 0; e < g.edge_count(); ++e) {
       if (patched[static_cast<size_t>(e)] != 0) continue;
-      const int64_t s = g.edge_sender(e), n = g.node_of_receiver(g.edge_receiver(e));
-      if ((s > 0 && !has_in[static_cast<size_t>(s)]) || (n >= 0 && !has_out[static_cast<size_t>(n)])) {
+      const int64_t s = g.edge_sender(e);
+      const std::vector<int64_t> fed =
+          g.nodes_of_receiver(g.edge_receiver(e));  // shared keys: useless when none outputs
+      const bool no_output = !fed.empty() && std::none_of(fed.begin(), fed.end(),
+                                                          [&](int64_t n) { return has_out[static_cast<size_t>(n)]; });
+      if ((s > 0 && !has_in[static_cast<size_t>(s)]) || no_output) {
         patched[static_cast<size_t>(e)] = 1.0;
         changed = true;
       }

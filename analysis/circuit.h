@@ -4,7 +4,8 @@
 //
 // The graph: the residual stream is a sum of what its nodes write (the embeddings, every head, every
 // feed-forward; the out_proj biases are constants, the same on every prompt) and is read by receivers
-// (every head's query, key and value input, every feed-forward input, the logits). Edge s -> r is sender
+// (every head's query, key and value input (a grouped-query layer's key and value inputs per key/value group),
+// every feed-forward input, the logits). Edge s -> r is sender
 // s's share of receiver r's input; it exists when s sits before r. Patching edge s -> r gives r, in place
 // of s's output in this run, s's output on the corrupted prompt:
 //   x_r = sum over s of (patched(s, r) ? corrupt_s : out_s) + biases = resid_r - sum patched (out_s - corrupt_s)
@@ -41,13 +42,13 @@ class CircuitGraph {
     int64_t layer = -1, head = -1;  // the embeddings: layer -1; a feed-forward: head -1
   };
   struct Receiver {
-    int64_t layer = 0, head = -1;  // the logits: layer = n_layers
+    int64_t layer = 0, head = -1;  // the logits: layer = n_layers; k and v: the key/value head (its group)
     Input input = Input::logits;
     int64_t senders = 0;     // nodes [0, senders) feed it
     int64_t first_edge = 0;  // its edges are [first_edge, first_edge + senders), sender-major
   };
-  // Receivers come in groups that read the stream at one point: a layer's attention (q of every head,
-  // then k, then v), a layer's feed-forward, the logits.
+  // Receivers come in groups that read the stream at one point: a layer's attention (q of every head, then
+  // k and then v of every key/value head: fewer in a grouped-query layer), a layer's feed-forward, the logits.
   struct Group {
     int64_t layer = 0, first = 0, count = 0, senders = 0;
     Input input = Input::q;  // q for an attention group (q, k, v inside), else mlp or logits
@@ -61,9 +62,10 @@ class CircuitGraph {
   int64_t n_layers() const { return n_layers_; }
   int64_t first_node_of_layer(int64_t layer) const;  // layer = n_layers: node_count()
 
-  std::string node_name(int64_t node) const;          // "embed", "L1H3", "MLP0" (original head indices)
-  std::string receiver_name(int64_t receiver) const;  // "L1H3.k", "MLP0", "logits"
-  std::string edge_name(int64_t edge) const;          // "L0H2 -> L1H3.k"
+  std::string node_name(int64_t node) const;           // "embed", "L1H3", "MLP0" (original head indices)
+  std::string receiver_name(int64_t receiver) const;   // "L1H3.k", "L1G0.k" (a key/value group's), "MLP0", "logits"
+  std::string receiving_name(int64_t receiver) const;  // receiver_name without its input: "L1H3", "L1G0"
+  std::string edge_name(int64_t edge) const;           // "L0H2 -> L1H3.k"
   int64_t edge_sender(int64_t edge) const;
   int64_t edge_receiver(int64_t edge) const;
   int64_t edge(int64_t sender, int64_t receiver) const;  // -1 when sender does not feed receiver
@@ -71,14 +73,17 @@ class CircuitGraph {
   // ("L1H3.q", "L1H3" = its q, k and v, "MLP0", "logits"); clear errors naming `who` otherwise.
   int64_t parse_node(const std::string& name, const char* who) const;
   std::vector<int64_t> parse_receivers(const std::string& name, const char* who) const;
-  // The node whose output receiver r's group computes: a head's or a feed-forward's (-1 for the logits).
-  int64_t node_of_receiver(int64_t receiver) const;
+  // The nodes receiver r feeds: a head (its q, k or v), a grouped-query layer's heads of one group (their
+  // shared k or v), a feed-forward; none for the logits.
+  std::vector<int64_t> nodes_of_receiver(int64_t receiver) const;
 
  private:
   std::vector<Node> nodes_;
   std::vector<Receiver> receivers_;
   std::vector<Group> groups_;
+  bool shared_kv(const Receiver& r) const;            // a grouped-query layer's k or v
   std::vector<std::vector<int64_t>> original_heads_;  // [layer][head]
+  std::vector<int64_t> kv_heads_;                     // [layer]
   int64_t n_layers_ = 0, edges_ = 0;
 };
 
@@ -163,6 +168,17 @@ struct ActivationPatching {
 };
 ActivationPatching activation_patching(CircuitPatcher& patcher, const std::vector<int64_t>& nodes,
                                        bool by_position = false);
+
+// Activation patching of keys and values per key/value group (a grouped-query layer's groups; in a multi-head
+// layer every head is its own group): noising, the normalised metric with the group's key and value inputs
+// taken from the corrupted prompt (every edge into its k and v receivers patched; the same as patching hook_k
+// and hook_v at that key/value head), everything after recomputed; 1: no effect. groups: "L1G0" ("L1H3").
+struct KeyValuePatching {
+  std::vector<std::string> groups;
+  std::vector<std::vector<int64_t>> heads;  // [group]: the query heads that read it (nodes)
+  std::vector<double> noising;
+};
+KeyValuePatching key_value_patching(CircuitPatcher& patcher);
 
 // Ablation of whole nodes in the clean run, the normalised metric with node n's output set to zero, or to
 // its mean over the prompts at each position (Wang et al.'s mean ablation), everything after it

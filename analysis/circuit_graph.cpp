@@ -33,35 +33,31 @@ const char* input_name(Input in) {
 
 // ---- the graph ----
 CircuitGraph::CircuitGraph(const nn::DecoderModel& model) : n_layers_(model.n_layers()) {
-  for (int64_t l = 0; l < model.n_layers(); ++l)
-    HL_CHECK(model.attention(l).kv_head_count() == model.attention(l).head_count(), "circuit: layer ", l, " has ",
-             model.attention(l).head_count(), " query heads sharing ", model.attention(l).kv_head_count(),
-             " key/value heads; the circuit graph of a grouped-query model (key/value groups as receivers) is not "
-             "implemented yet");
   const bool mlp = model.shape().has_mlp, parallel = model.shape().parallel_residual;
   nodes_.push_back({-1, -1});  // the embeddings
-  const auto add_group = [&](int64_t layer, Input input, int64_t count) {
+  const auto add_group = [&](int64_t layer, Input input, std::initializer_list<std::pair<Input, int64_t>> parts) {
     const auto senders = static_cast<int64_t>(nodes_.size());
-    groups_.push_back({layer, static_cast<int64_t>(receivers_.size()), count, senders, input});
-    for (int64_t i = 0; i < count; ++i) {
-      const int64_t head = input == Input::q ? i % (count / 3) : -1;
-      const Input in =
-          input == Input::q ? std::array{Input::q, Input::k, Input::v}[static_cast<size_t>(i / (count / 3))] : input;
-      receivers_.push_back({layer, head, in, senders, edges_});
-      edges_ += senders;
-    }
+    const auto first = static_cast<int64_t>(receivers_.size());
+    for (const auto& [in, count] : parts)
+      for (int64_t i = 0; i < count; ++i) {
+        receivers_.push_back({layer, in == Input::mlp || in == Input::logits ? -1 : i, in, senders, edges_});
+        edges_ += senders;
+      }
+    groups_.push_back({layer, first, static_cast<int64_t>(receivers_.size()) - first, senders, input});
   };
   for (int64_t l = 0; l < n_layers_; ++l) {
-    const int64_t H = model.attention(l).head_count();
+    const int64_t H = model.attention(l).head_count(), Hkv = model.attention(l).kv_head_count();
     auto& orig = original_heads_.emplace_back();
     for (int64_t h = 0; h < H; ++h) orig.push_back(model.original_head(l, h));
-    if (H > 0) add_group(l, Input::q, 3 * H);
-    if (mlp && parallel) add_group(l, Input::mlp, 1);  // it reads the block's input: not this layer's heads
+    kv_heads_.push_back(Hkv);
+    if (H > 0) add_group(l, Input::q, {{Input::q, H}, {Input::k, Hkv}, {Input::v, Hkv}});
+    if (mlp && parallel)
+      add_group(l, Input::mlp, {{Input::mlp, 1}});  // it reads the block's input: not this layer's heads
     for (int64_t h = 0; h < H; ++h) nodes_.push_back({l, h});
-    if (mlp && !parallel) add_group(l, Input::mlp, 1);
+    if (mlp && !parallel) add_group(l, Input::mlp, {{Input::mlp, 1}});
     if (mlp) nodes_.push_back({l, -1});
   }
-  add_group(n_layers_, Input::logits, 1);
+  add_group(n_layers_, Input::logits, {{Input::logits, 1}});
 }
 
 int64_t CircuitGraph::first_node_of_layer(int64_t layer) const {
@@ -82,21 +78,42 @@ std::string CircuitGraph::node_name(int64_t node) const {
   return s;
 }
 
-int64_t CircuitGraph::node_of_receiver(int64_t receiver) const {
+bool CircuitGraph::shared_kv(const Receiver& r) const {
+  if (r.input != Input::k && r.input != Input::v) return false;
+  const auto l = static_cast<size_t>(r.layer);
+  return kv_heads_[l] != static_cast<int64_t>(original_heads_[l].size());
+}
+
+std::vector<int64_t> CircuitGraph::nodes_of_receiver(int64_t receiver) const {
   const Receiver& r = receivers_.at(static_cast<size_t>(receiver));
-  if (r.input == Input::logits) return -1;
+  if (r.input == Input::logits) return {};
+  // A key/value receiver of a grouped-query layer feeds its group's query heads: heads [g * n, (g + 1) * n).
+  int64_t lo = r.head, hi = r.head + 1;
+  if (shared_kv(r)) {
+    const int64_t n = static_cast<int64_t>(original_heads_[static_cast<size_t>(r.layer)].size()) /
+                      kv_heads_[static_cast<size_t>(r.layer)];
+    lo = r.head * n, hi = lo + n;
+  }
+  std::vector<int64_t> out;
   for (int64_t n = 1; n < node_count(); ++n) {
     const Node& nd = nodes_[static_cast<size_t>(n)];
-    if (nd.layer == r.layer && nd.head == r.head) return n;
+    if (nd.layer == r.layer && (r.input == Input::mlp ? nd.head < 0 : nd.head >= lo && nd.head < hi)) out.push_back(n);
   }
-  HL_FAIL("CircuitGraph: receiver ", receiver, " has no node");
+  HL_CHECK(!out.empty(), "CircuitGraph: receiver ", receiver, " has no node");
+  return out;
+}
+
+std::string CircuitGraph::receiving_name(int64_t receiver) const {
+  const Receiver& r = receivers_.at(static_cast<size_t>(receiver));
+  if (r.input == Input::logits) return "logits";
+  if (shared_kv(r)) return std::string("L").append(std::to_string(r.layer)).append("G").append(std::to_string(r.head));
+  return node_name(nodes_of_receiver(receiver).front());
 }
 
 std::string CircuitGraph::receiver_name(int64_t receiver) const {
   const Receiver& r = receivers_.at(static_cast<size_t>(receiver));
-  if (r.input == Input::logits) return "logits";
-  std::string s = node_name(node_of_receiver(receiver));
-  if (r.input != Input::mlp) s.append(".").append(input_name(r.input));
+  std::string s = receiving_name(receiver);
+  if (r.input != Input::mlp && r.input != Input::logits) s.append(".").append(input_name(r.input));
   return s;
 }
 
@@ -129,14 +146,19 @@ int64_t CircuitGraph::parse_node(const std::string& name, const char* who) const
 }
 
 std::vector<int64_t> CircuitGraph::parse_receivers(const std::string& name, const char* who) const {
+  // A head's name means everything it reads: its queries, and its keys and values (its group's, when shared);
+  // a group's name ("L1G0") its keys and values.
   std::vector<int64_t> out;
   for (int64_t r = 0; r < static_cast<int64_t>(receivers_.size()); ++r) {
-    const std::string rn = receiver_name(r);
-    if (rn == name || (receivers_[static_cast<size_t>(r)].head >= 0 && node_name(node_of_receiver(r)) == name))
-      out.push_back(r);
+    const Receiver& rc = receivers_[static_cast<size_t>(r)];
+    bool match = receiver_name(r) == name || (rc.head >= 0 && receiving_name(r) == name);
+    for (int64_t n : rc.head >= 0 && !match ? nodes_of_receiver(r) : std::vector<int64_t>{})
+      match = match || node_name(n) == name;
+    if (match) out.push_back(r);
   }
   HL_CHECK(!out.empty(), who, ": the model has no receiver '", name,
-           "' (receivers: L<layer>H<head> (its q, k and v), L<layer>H<head>.q/.k/.v, MLP<layer>, logits)");
+           "' (receivers: L<layer>H<head> (what it reads: q, k and v), L<layer>H<head>.q/.k/.v, and in grouped-query "
+           "layers L<layer>G<group> (its k and v), L<layer>G<group>.k/.v; MLP<layer>, logits)");
   return out;
 }
 
@@ -147,7 +169,7 @@ namespace {
 // they touch: what both renderings draw.
 struct KeptEdges {
   struct Edge {
-    int64_t edge, sender, node;
+    int64_t edge, sender, receiver;
     Input input;
   };
   std::vector<Edge> edges;
@@ -160,16 +182,15 @@ KeptEdges kept_edges(const CircuitGraph& g, const Circuit& c) {
   k.used.assign(static_cast<size_t>(g.node_count()), 0);
   for (int64_t e = 0; e < g.edge_count(); ++e) {
     if (!c.kept[static_cast<size_t>(e)]) continue;
-    const int64_t s = g.edge_sender(e), r = g.edge_receiver(e), n = g.node_of_receiver(r);
-    k.edges.push_back({e, s, n, g.receivers()[static_cast<size_t>(r)].input});
+    const int64_t s = g.edge_sender(e), r = g.edge_receiver(e);
+    k.edges.push_back({e, s, r, g.receivers()[static_cast<size_t>(r)].input});
     k.used[static_cast<size_t>(s)] = 1;
-    if (n >= 0) k.used[static_cast<size_t>(n)] = 1;
-    k.logits = k.logits || n < 0;
+    const std::vector<int64_t> fed = g.nodes_of_receiver(r);
+    for (int64_t n : fed) k.used[static_cast<size_t>(n)] = 1;
+    k.logits = k.logits || fed.empty();
   }
   return k;
 }
-
-std::string receiving_name(const CircuitGraph& g, int64_t node) { return node >= 0 ? g.node_name(node) : "logits"; }
 
 }  // namespace
 
@@ -178,7 +199,7 @@ std::string circuit_json(const CircuitGraph& g, const Circuit& c, const LogitDif
   nlohmann::json edges = nlohmann::json::array();
   for (const KeptEdges::Edge& e : k.edges)
     edges.push_back({{"sender", g.node_name(e.sender)},
-                     {"receiver", receiving_name(g, e.node)},
+                     {"receiver", g.receiving_name(e.receiver)},
                      {"input", input_name(e.input)},
                      {"attribution", c.attribution[static_cast<size_t>(e.edge)]}});
   nlohmann::json nodes = nlohmann::json::array();
@@ -216,11 +237,21 @@ std::string circuit_dot(const CircuitGraph& g, const Circuit& c) {
     o << " }\n";
   }
   for (const KeptEdges::Edge& e : k.edges) {
-    o << "  \"" << g.node_name(e.sender) << "\" -> \"" << receiving_name(g, e.node) << "\" [color=\""
-      << colours[static_cast<int>(e.input)] << "\"";
-    if (e.input == Input::q || e.input == Input::k || e.input == Input::v)
-      o << ", label=\"" << input_name(e.input) << "\"";
-    o << "];\n";
+    // A grouped-query layer's keys and values reach every head of the group: an edge to each, labelled by group.
+    const std::vector<int64_t> fed = g.nodes_of_receiver(e.receiver);
+    const bool shared = fed.size() > 1 && e.input != Input::mlp;
+    for (const std::string& to : fed.empty() ? std::vector<std::string>{"logits"} : [&] {
+           std::vector<std::string> names;
+           for (int64_t n : fed) names.push_back(g.node_name(n));
+           return names;
+         }()) {
+      o << "  \"" << g.node_name(e.sender) << "\" -> \"" << to << "\" [color=\"" << colours[static_cast<int>(e.input)]
+        << "\"";
+      if (e.input == Input::q || e.input == Input::k || e.input == Input::v)
+        o << ", label=\"" << (shared ? g.receiving_name(e.receiver) + "." : std::string()) << input_name(e.input)
+          << "\"";
+      o << "];\n";
+    }
   }
   o << "}\n";
   return o.str();

@@ -51,16 +51,16 @@ class PatchedRun : public nn::Hooks {
   Tensor at(nn::HookKey key, const Tensor& x) override {
     switch (key.point) {
       case HookPoint::q_input: {  // the stream per head (KB, T, H, C): the layer's q, k and v inputs at once
-        const int64_t H = x.size(2);
-        qkv_ =
-            inputs_of(s_.attention_group[static_cast<size_t>(key.layer)], x.select(2, 0).reshape({K, P}), 3 * H, false)
-                .view({3, H, K * B, T, C});
-        return qkv_.select(0, 0).permute({1, 2, 0, 3});
+        H_ = x.size(2), Hkv_ = s_.model.attention(key.layer).kv_head_count();
+        qkv_ = inputs_of(s_.attention_group[static_cast<size_t>(key.layer)], x.select(2, 0).reshape({K, P}),
+                         H_ + 2 * Hkv_, false)
+                   .view({H_ + 2 * Hkv_, K * B, T, C});
+        return qkv_.narrow(0, 0, H_).permute({1, 2, 0, 3});
       }
       case HookPoint::k_input:
-        return qkv_.select(0, 1).permute({1, 2, 0, 3});
+        return qkv_.narrow(0, H_, Hkv_).permute({1, 2, 0, 3});
       case HookPoint::v_input:
-        return qkv_.select(0, 2).permute({1, 2, 0, 3});
+        return qkv_.narrow(0, H_ + Hkv_, Hkv_).permute({1, 2, 0, 3});
       case HookPoint::mlp_in:
         return inputs_of(s_.mlp_group[static_cast<size_t>(key.layer)], x.reshape({K, P}), 1, false).view({K * B, T, C});
       case HookPoint::result:
@@ -229,7 +229,8 @@ class PatchedRun : public nn::Hooks {
   int64_t N0 = 1;
   bool patched = false;
   std::vector<Tensor> own_delta_;  // nodes N0..: out - corrupt_out, (K, P)
-  Tensor qkv_;                     // the current layer's q, k and v inputs (3, H, K*B, T, C)
+  Tensor qkv_;                     // the current layer's q, k and v inputs (H + 2 Hkv, K*B, T, C)
+  int64_t H_ = 0, Hkv_ = 0;        // the current layer's query and key/value heads
 };
 
 }  // namespace

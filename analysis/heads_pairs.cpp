@@ -53,6 +53,7 @@ std::string results_text(const PairHeads& r) {
      << "ablation and patching: the change of the normalised metric (denoising: the share of the clean behaviour "
         "restored);\nDLA: the head's direct share of the clean logit difference answer - wrong ("
      << fmt(r.dla.clean, 4) << "; final norm's scale frozen); types: attention-pattern scores on the clean prompts\n";
+  if (!r.kv_table.rows.empty()) os << "\n" << render_text(r.kv_table);
   return os.str();
 }
 
@@ -82,6 +83,16 @@ PairHeads heads_on_pairs(nn::DecoderModel& model, const PromptPairs& pairs, cons
     if (g.nodes()[static_cast<size_t>(n)].head >= 0) r.heads.push_back(n), r.names.push_back(g.node_name(n));
   r.ablation_seconds = timed([&] { r.ablation = ablate_nodes(patcher, r.heads); });
   r.patching_seconds = timed([&] { r.patching = activation_patching(patcher, r.heads, o.by_position); });
+  if (o.kv_groups) {
+    r.patching_seconds += timed([&] { r.key_values = key_value_patching(patcher); });
+    r.kv_table = Table("key/value groups: their keys and values from the corrupted prompt (kv_groups.csv)",
+                       {text_column("group"), text_column("query_heads"), signed_column("resample_keys_values", 3)});
+    for (size_t i = 0; i < r.key_values.groups.size(); ++i) {
+      std::string heads;
+      for (int64_t n : r.key_values.heads[i]) heads.append(heads.empty() ? "" : " ").append(g.node_name(n));
+      r.kv_table.add_row({r.key_values.groups[i], heads, r.key_values.noising[i] - 1});
+    }
+  }
   r.dla = patcher.direct_logit_attribution();
   r.forwards = patcher.forwards();
   r.clean = clean_batch(pairs);
@@ -128,6 +139,10 @@ std::vector<std::string> write_pair_heads_files(const std::string& out, nn::Deco
     io::write_file_atomic(path("heads_by_position.csv"), csv, "heads");
     wrote.push_back("heads_by_position.csv");
   }
+  if (!r.kv_table.rows.empty()) {
+    io::write_file_atomic(path("kv_groups.csv"), render_csv(r.kv_table), "heads");
+    wrote.push_back("kv_groups.csv");
+  }
   save_head_map_png(path("ablation.png"), {"mean ablation: change of the normalised metric", "effect", r.mean, {}, {}},
                     model);
   save_head_map_png(
@@ -150,6 +165,10 @@ std::vector<std::string> write_pair_heads_files(const std::string& out, nn::Deco
         "one head's clean output restores in the corrupted run; DLA is in logits of answer - wrong.\n\n"
      << "![mean ablation](ablation.png) ![denoising](patching.png) ![DLA](dla.png)\n\n"
      << render_markdown(r.table);
+  if (!r.kv_table.rows.empty())
+    md << "\nKey/value groups: the change of the normalised metric when a group's keys and values come from the "
+          "corrupted prompt (every query head of the group reads them).\n\n"
+       << render_markdown(r.kv_table);
   io::write_file_atomic(path("report.md"), md.str(), "heads");
   wrote.insert(wrote.end(), {"report.md", "ablation.png", "patching.png", "dla.png", "attention.html"});
   return wrote;

@@ -18,6 +18,7 @@ namespace headlab::analysis {
 struct PairHeadsOptions {
   uint64_t seed = 1;  // the random tokens of the induction score
   bool by_position = false;
+  bool kv_groups = false;  // also each key/value group's keys and values patched (headlab heads --by kv-group)
   std::shared_ptr<train::Collectives> collectives;  // null: this process alone
   std::string checkpoint, source;  // the model's path and where the pairs came from, for the text and report
 };
@@ -31,6 +32,8 @@ struct PairHeads {
   HeadTypes types;                                  // on the clean prompts
   Batch clean;                                      // the clean prompts as evaluation data (the explorer reads row 0)
   Table table;                                      // a row per head, layer order
+  KeyValuePatching key_values;                      // when kv_groups
+  Table kv_table;                                   // a row per key/value group, when kv_groups
   HeadMatrix mean, resample, denoising, dla_heads;  // per (layer, head), for the pictures
   double ablation_seconds = 0, patching_seconds = 0;
   int64_t forwards = 0;
@@ -38,8 +41,8 @@ struct PairHeads {
 // `say` receives the terminal's text: the run and its metric, then the 12 heads with the largest effects.
 PairHeads heads_on_pairs(nn::DecoderModel& model, const PromptPairs& pairs, const PairHeadsOptions& options = {},
                          const Say& say = {});
-// heads.csv, heads_by_position.csv (when by position), report.md, ablation.png, patching.png, dla.png and
-// attention.html into `out`; returns what it wrote.
+// heads.csv, heads_by_position.csv (when by position), kv_groups.csv (when kv_groups), report.md, ablation.png,
+// patching.png, dla.png and attention.html into `out`; returns what it wrote.
 std::vector<std::string> write_pair_heads_files(const std::string& out, nn::DecoderModel& model,
                                                 const tasks::Task& task, const PromptPairs& pairs,
                                                 const PairHeadsOptions& options, const PairHeads& r);

@@ -5,6 +5,12 @@ build_targets() {
   [[ -f build/CMakeCache.txt ]] || cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
   cmake --build build -j"$(nproc)" --target "$@" >/dev/null
 }
+# pick FILE-GLOB PREFIX UNIT: the number before UNIT on the line starting with PREFIX, each file, their median;
+# pct FILE-GLOB PREFIX: the same for the first percentage on that line.
+pick() {
+  for f in $1; do [[ -f "$f" ]] && grep "^$2" "$f" | grep -o "[0-9.]* $3" | head -1 | cut -d' ' -f1; done | median
+}
+pct() { for f in $1; do [[ -f "$f" ]] && grep "^$2" "$f" | grep -o "[0-9]*%" | head -1 | tr -d %; done | median; }
 median() { sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "nan"; else if (NR % 2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 # peer_available NAME SCRIPT: true when SCRIPT exists and Debian's python3 imports torch; otherwise says so.
 peer_available() {

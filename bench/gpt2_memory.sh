@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Loading a GPT-2-small folder and the memory of the commands that use it, from one command: a random
 # GPT-2-small (124M float32, tied head) written as a Hugging Face folder with GPT-2's tokenizer files,
-# then, for --rounds rounds: the load alone (bench/gpt2_infer --model: seconds with a warm page cache,
+# then, for --rounds rounds: the load alone (bench/decoder_infer --model: seconds with a warm page cache,
 # peak resident memory), `headlab eval` on a text (1024-token windows) and `headlab generate` (a
 # 960-token prompt, 64 new tokens), each command's peak resident memory (/usr/bin/time) over the weights.
 # Usage: bench/gpt2_memory.sh [--rounds N] [--threads N]
@@ -18,13 +18,13 @@ while (($#)); do
 done
 vocab=${XDG_CACHE_HOME:-$HOME/.cache}/headlab/gpt2
 [[ -f $vocab/vocab.json ]] || { echo "gpt2_memory.sh: no GPT-2 vocabulary in $vocab (scripts/install-deps.sh)" >&2; exit 1; }
-build_targets gpt2_infer headlab_cli
+build_targets decoder_infer headlab_cli
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-build/bench/gpt2_infer --save "$tmp/gpt2" >/dev/null
+build/bench/decoder_infer --arch gpt --save "$tmp/gpt2" >/dev/null
 cp "$vocab/vocab.json" "$vocab/merges.txt" "$tmp/gpt2/"
-weights_mb=$(build/bench/gpt2_infer --model "$tmp/gpt2" --prefill 8 --decode 0 --repeats 1 | grep -o "weights [0-9.]* MB" | cut -d' ' -f2)
+weights_mb=$(build/bench/decoder_infer --model "$tmp/gpt2" --prefill 8 --decode 0 --repeats 1 | grep -o "weights [0-9.]* MB" | cut -d' ' -f2)
 # A text for eval (English, 8 windows of 1024 tokens) and a prompt of 960 tokens for generate.
 cat /usr/share/common-licenses/GPL-3 /usr/share/common-licenses/Apache-2.0 >"$tmp/text.txt"
 prompt=$(head -c 4000 "$tmp/text.txt")  # about 960 tokens; the table says how many
@@ -32,7 +32,7 @@ tokens=$(build/headlab tokenize "$tmp/gpt2" --prompt "$prompt" | wc -w)
 
 peak_mb() { /usr/bin/time -f "%M" "$@" 2>&1 >/dev/null | tail -1 | awk '{print $1 / 1024}'; }
 for ((r = 1; r <= rounds; r++)); do
-  build/bench/gpt2_infer --model "$tmp/gpt2" --prefill 8 --decode 0 --repeats 1 --threads "$threads" >"$tmp/load.$r"
+  build/bench/decoder_infer --model "$tmp/gpt2" --prefill 8 --decode 0 --repeats 1 --threads "$threads" >"$tmp/load.$r"
   peak_mb build/headlab eval "$tmp/gpt2" --text "$tmp/text.txt" --stride 1024 --threads "$threads" >"$tmp/eval.$r"
   OMP_NUM_THREADS=$threads peak_mb build/headlab generate "$tmp/gpt2" --prompt "$prompt" --max-new-tokens 64 >"$tmp/gen.$r"
   echo "round $r/$rounds done" >&2

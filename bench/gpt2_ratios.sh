@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# GPT-2 inference speed from one command: bench/gpt2_infer against the PyTorch eager peer
+# GPT-2 inference speed from one command: bench/decoder_infer against the PyTorch eager peer
 # (../shared/peers/torch_gpt2_infer.py, GPT2LMHeadModel's maths) on a random GPT-2-small shape (or
 # --model DIR), alternately for --rounds rounds; medians and ratios of prefill (1 x 1024 tokens, every
 # position's logits, as the peer computes them) and KV-cached decoding (64 tokens after a 960-token
 # prompt, batch 1), each against its floor (GEMM FLOPs over the SGEMM rate; weight bytes per token over
-# the read bandwidth, both measured by gpt2_infer).
+# the read bandwidth, both measured by decoder_infer).
 # Then, unless --inference-only: loading and memory (bench/gpt2_memory.sh), the 144-head zero-ablation
 # sweep against PyTorch hooks (bench/gpt2_heads.sh) and the tokenizer's speed (bench/bpe_tokenize), so
 # one command prints every GPT-2 figure README quotes.
@@ -24,7 +24,7 @@ while (($#)); do
     *) echo "gpt2_ratios.sh: unknown option $1 (see the header of $0)" >&2; exit 2 ;;
   esac
 done
-build_targets gpt2_infer
+build_targets decoder_infer
 have_peer=0
 peer_available gpt2_ratios.sh "$peer" && have_peer=1
 model_args=()
@@ -34,20 +34,14 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 # Each program once per round and case: prefill (1 x 1024, no decoding), then decoding (960 + 64).
 for ((r = 1; r <= rounds; r++)); do
-  build/bench/gpt2_infer "${model_args[@]}" --threads "$threads" --prefill 1024 --decode 0 >"$tmp/ours.pre.$r"
-  build/bench/gpt2_infer "${model_args[@]}" --threads "$threads" --prefill 960 --decode 64 >"$tmp/ours.dec.$r"
+  build/bench/decoder_infer --arch gpt "${model_args[@]}" --threads "$threads" --prefill 1024 --decode 0 >"$tmp/ours.pre.$r"
+  build/bench/decoder_infer --arch gpt "${model_args[@]}" --threads "$threads" --prefill 960 --decode 64 >"$tmp/ours.dec.$r"
   if ((have_peer)); then
     /usr/bin/python3 "$peer" "${model_args[@]}" --threads "$threads" --prefill 1024 --decode 0 >"$tmp/peer.pre.$r"
     /usr/bin/python3 "$peer" "${model_args[@]}" --threads "$threads" --prefill 960 --decode 64 >"$tmp/peer.dec.$r"
   fi
   echo "round $r/$rounds done" >&2
 done
-
-# The number before `unit` on the line starting with `prefix`, each round, their median.
-pick() {  # file-glob prefix unit
-  for f in $1; do [[ -f "$f" ]] && grep "^$2" "$f" | grep -o "[0-9.]* $3" | head -1 | cut -d' ' -f1; done | median
-}
-pct() { for f in $1; do [[ -f "$f" ]] && grep "^$2" "$f" | grep -o "[0-9]*%" | head -1 | tr -d %; done | median; }
 
 printf '%s, %s threads\n' "$(machine_line)" "$threads"
 ((have_peer)) && peer_line

@@ -20,6 +20,7 @@ namespace {
 struct HeadsArgs : AnalysisArgs {
   uint64_t seed = 1;
   bool by_position = false;
+  std::string by = "head";
   PromptPairArgs pairs;
 };
 
@@ -42,6 +43,7 @@ int heads_on_pairs(const HeadsArgs& a) {
   if (writer) lock.emplace(make_locked_dir(out, "heads"));
   analysis::PairHeadsOptions o;
   o.seed = a.seed, o.by_position = a.by_position, o.collectives = comm;
+  o.kv_groups = a.by == "kv-group";
   o.checkpoint = a.path, o.source = made.source;
   const analysis::PairHeads r = analysis::heads_on_pairs(model, made.pairs, o, writer ? say : analysis::Say());
   if (!writer) return 0;
@@ -58,10 +60,16 @@ Action add_heads(CLI::App& app) {
   app.add_flag("--by-position", a->by_position,
                "activation patching per head and position too (denoising; on prompt pairs noising too, "
                "heads_by_position.csv)");
+  app.add_option("--by", a->by,
+                 "head: every query head; kv-group: also each key/value group's keys and values patched from the "
+                 "corrupted prompt (prompt pairs: --task or --pairs; grouped-query models share one per group)")
+      ->check(CLI::IsMember({"head", "kv-group"}))
+      ->capture_default_str();
   add_prompt_pair_options(app, a->pairs);
   add_seed_option(app, a->seed, "which prompt digit the corruption changes (tasks); the generated prompt pairs");
   return [a] {
     if (a->pairs.given()) return heads_on_pairs(*a);
+    HL_CHECK(a->by == "head", "heads: --by kv-group patches keys and values on prompt pairs; give --task or --pairs");
     const AnalysisInputs ai = load_analysis(*a, "heads", "heads");
     const nn::DecoderModel& model = ai.in.decoder("heads");
     const nn::DecoderShape& shape = model.shape();

@@ -23,7 +23,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 here=$PWD
 pack_file=.gpu/headlab-gpu.tar.gz
-programs=(headlab test_cuda_backend test_cuda_parity gpt_step gpt2_infer sdpa_step)
+programs=(headlab test_cuda_backend test_cuda_parity gpt_step decoder_infer sdpa_step)
 
 pack() {
   set -e
@@ -34,11 +34,11 @@ pack() {
   cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DHEADLAB_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
         -DHEADLAB_NATIVE=OFF -DHEADLAB_MPI=OFF -DHEADLAB_EXAMPLES=OFF "-DCMAKE_CXX_FLAGS=-march=x86-64-v3" \
         "-DCMAKE_EXE_LINKER_FLAGS=-Wl,--disable-new-dtags" "-DCMAKE_BUILD_RPATH=\$ORIGIN/../lib" >/dev/null
-  cmake --build build-gpu -j"$(nproc)" --target headlab_cli headlab_cuda test_cuda_backend test_cuda_parity gpt_step gpt2_infer sdpa_step
+  cmake --build build-gpu -j"$(nproc)" --target headlab_cli headlab_cuda test_cuda_backend test_cuda_parity gpt_step decoder_infer sdpa_step
   local stage=build-gpu/stage
   rm -rf "$stage" && mkdir -p "$stage/bin" "$stage/lib" "$stage/peers" "$stage/plplot/drivers" "$stage/plplot/data" .gpu
   cp build-gpu/headlab build-gpu/tests/test_cuda_backend build-gpu/tests/test_cuda_parity build-gpu/bench/gpt_step \
-     build-gpu/bench/gpt2_infer build-gpu/bench/sdpa_step "$stage/bin/"
+     build-gpu/bench/decoder_infer build-gpu/bench/sdpa_step "$stage/bin/"
   # PLplot loads its output drivers and reads its colour maps and fonts at run time (PLPLOT_DRV_DIR,
   # PLPLOT_LIB, set by run below).
   local pl_drivers pl_data
@@ -186,7 +186,7 @@ step_speed_train() {
 step_speed_infer() {
   local r
   for ((r = 1; r <= ${ROUNDS:-3}; ++r)); do
-    step "speed gpt2 inference headlab r$r" "$bin/gpt2_infer" --device cuda --prefill 960 --decode 64 --repeats 3
+    step "speed gpt2 inference headlab r$r" "$bin/decoder_infer" --arch gpt --device cuda --prefill 960 --decode 64 --repeats 3
     step "speed gpt2 inference torch r$r" python3 "$root/peers/torch_gpt2_infer.py" --device cuda --prefill 960 \
       --decode 64 --repeats 3
   done

@@ -10,6 +10,7 @@
 
 #include "analysis/circuit.h"
 #include "core_test_util.h"
+#include "nn/llama.h"
 #include "tiny_models.h"
 
 namespace headlab {
@@ -329,6 +330,92 @@ TEST(Circuit, EdgeAttributionIsTheSlopeOfPatching) {
       }
       EXPECT_GT(ig_gap, 1e-6);  // more steps average other gradients
     }
+  }
+}
+
+// A grouped-query layer's keys and values are one receiver per key/value group. Its model is the multi-head model
+// whose key/value weights repeat per group, so patching an edge into a group's k (or v) must equal patching that
+// edge into the k (or v) of every head of the group there, and its attribution the sum of theirs.
+TEST(Circuit, GroupedQueryReceiversAreTheirGroupsHeadsInTheMultiHeadTwin) {
+  nn::LlamaConfig c;
+  c.vocab_size = 23, c.context_length = 9, c.emb_dim = 16, c.n_heads = 4, c.n_kv_heads = 2;
+  c.n_layers = 2, c.hidden_dim = 24;
+  manual_seed(6);
+  nn::LlamaModel gqa(c);
+  c.n_kv_heads = 4;
+  nn::LlamaModel mha(c);
+  gqa.to(DType::f64), mha.to(DType::f64);
+  {
+    const NoGradGuard no_grad;
+    const NamedTensors from = gqa.named_parameters();
+    for (const auto& [name, t] : mha.named_parameters()) {
+      Tensor src;
+      for (const auto& [n2, t2] : from)
+        if (n2 == name) src = t2;
+      if (name.find("W_key") != std::string::npos || name.find("W_value") != std::string::npos)
+        src = src.view({2, 1, 4, 16}).expand({2, 2, 4, 16}).reshape({16, 16});  // kv head j serves heads 2j, 2j+1
+      t.detach().copy_(src);
+    }
+  }
+  const PromptPairs pairs = random_pairs(c.vocab_size, 5, c.context_length - 1, 17);
+  CircuitPatcher pg(gqa, pairs), pm(mha, pairs);
+  const CircuitGraph &g = pg.graph(), &m = pm.graph();
+  ASSERT_EQ(g.node_count(), m.node_count());
+  // Per layer: 4 q receivers and 2 + 2 for the groups' k and v (the twin: 12), one MLP; then the logits.
+  ASSERT_EQ(g.receivers().size(), 2u * (4 + 2 + 2 + 1) + 1);
+  EXPECT_EQ(g.receiver_name(g.parse_receivers("L1G1.k", "t").front()), "L1G1.k");
+  EXPECT_EQ(g.parse_receivers("L1G1", "t").size(), 2u);
+  const std::vector<int64_t> h3 = g.parse_receivers("L1H3", "t");  // its q, and its group's k and v
+  ASSERT_EQ(h3.size(), 3u);
+  EXPECT_EQ(g.receiver_name(h3[1]), "L1G1.k");
+  EXPECT_EQ(g.nodes_of_receiver(h3[1]), (std::vector<int64_t>{g.parse_node("L1H2", "t"), g.parse_node("L1H3", "t")}));
+  EXPECT_ERROR(g.parse_receivers("L1G2", "circuit"), "circuit: the model has no receiver 'L1G2'");
+
+  // The twin's edges for each of ours: the same sender into the same receiver, or into each head of the group.
+  const auto twin_edges = [&](int64_t e) {
+    const int64_t r = g.edge_receiver(e), s = g.edge_sender(e);
+    const CircuitGraph::Receiver& rc = g.receivers()[static_cast<size_t>(r)];
+    std::vector<int64_t> out;
+    if (rc.input == Input::k || rc.input == Input::v) {
+      for (int64_t n : g.nodes_of_receiver(r)) {
+        const std::string head = g.node_name(n) + (rc.input == Input::k ? ".k" : ".v");
+        out.push_back(m.edge(s, m.parse_receivers(head, "t").front()));
+      }
+    } else {
+      out.push_back(m.edge(s, m.parse_receivers(g.receiver_name(r), "t").front()));
+    }
+    return out;
+  };
+  Generator gen(8);
+  std::vector<EdgePatch> ours, theirs;
+  for (int i = 0; i < 4; ++i) {
+    const std::vector<double> u = rand({g.edge_count()}, gen, DType::f64).to_vector<double>();
+    EdgePatch& a = ours.emplace_back(static_cast<size_t>(g.edge_count()), 0.0);
+    EdgePatch& b = theirs.emplace_back(static_cast<size_t>(m.edge_count()), 0.0);
+    for (int64_t e = 0; e < g.edge_count(); ++e)
+      if (u[static_cast<size_t>(e)] < (i == 0 ? 1.0 : 0.3)) {  // the first: every edge, the corrupted run
+        a[static_cast<size_t>(e)] = 1.0;
+        for (int64_t t : twin_edges(e)) b[static_cast<size_t>(t)] = 1.0;
+      }
+  }
+  const std::vector<double> got = pg.metric(ours), want = pm.metric(theirs);
+  EXPECT_NEAR(got[0], 0.0, 1e-9);
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-9) << i;
+
+  const analysis::EdgeAttribution ea = analysis::edge_attribution(gqa, pairs),
+                                  eb = analysis::edge_attribution(mha, pairs);
+  for (int64_t e = 0; e < g.edge_count(); ++e) {
+    double sum = 0;
+    for (int64_t t : twin_edges(e)) sum += eb.effect[static_cast<size_t>(t)];
+    EXPECT_NEAR(ea.effect[static_cast<size_t>(e)], sum, 1e-9) << g.edge_name(e);
+  }
+  std::vector<int64_t> nodes(static_cast<size_t>(g.node_count()));
+  std::iota(nodes.begin(), nodes.end(), 0);
+  const analysis::ActivationPatching pa = analysis::activation_patching(pg, nodes),
+                                     pb = analysis::activation_patching(pm, nodes);
+  for (size_t n = 0; n < nodes.size(); ++n) {
+    EXPECT_NEAR(pa.noising[n], pb.noising[n], 1e-9) << g.node_name(static_cast<int64_t>(n));
+    EXPECT_NEAR(pa.denoising[n], pb.denoising[n], 1e-9) << g.node_name(static_cast<int64_t>(n));
   }
 }
 

@@ -6,6 +6,7 @@
 // (tests/op_cases.h: rms_norm, silu, rotary_*, sdpa_gqa_*).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstring>
 #include <filesystem>
@@ -458,4 +459,40 @@ TEST(Stories260K, GreedyStoryEqualsThePublishedOneTokenForToken) {
   std::vector<int64_t> ids = tok.encode(story);
   ids.insert(ids.begin(), 1);
   EXPECT_EQ(tok.decode(ids), story);
+}
+
+// The real grouped-query model's circuits: heads --by kv-group patches each group's shared keys and values (8
+// query heads over 4 groups in each of 5 layers) and circuit builds its graph with the groups as receivers.
+TEST(Stories260K, HeadsByKeyValueGroupAndCircuitRunOnTheRealModel) {
+  if (!fs::exists(kStories + "/stories260K.bin")) GTEST_SKIP() << kStories << " is absent (../shared/models)";
+  const TempDir dir("stories_kv");
+  {
+    std::ofstream pairs(dir.path("pairs.jsonl"));
+    pairs
+        << R"({"clean": "Tim and Lily went to the park. Lily gave the ball to", "corrupt": "Tim and Lily went to the park. Tim gave the ball to", "answer": " Tim", "wrong": " Lily"})"
+        << "\n"
+        << R"({"clean": "Lily and Tim went to the park. Tim gave the ball to", "corrupt": "Lily and Tim went to the park. Lily gave the ball to", "answer": " Lily", "wrong": " Tim"})"
+        << "\n";
+  }
+  const std::string bin = std::string(HEADLAB_BINARY_DIR) + "/headlab", model = kStories + "/stories260K.bin",
+                    tok = kStories + "/tok512.bin";
+  const headlab::testing::ProcessResult heads =
+      headlab::testing::run_process({bin, "heads", model, "--tokenizer", tok, "--pairs", dir.path("pairs.jsonl"),
+                                     "--by", "kv-group", "--out", dir.path("heads")},
+                                    dir.dir());
+  ASSERT_EQ(heads.code, 0) << heads.err;
+  const std::string csv = headlab::testing::slurp(dir.path("heads/kv_groups.csv"));
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 1 + 5 * 4) << csv;
+  EXPECT_NE(csv.find("L4G1,L4H2 L4H3,"), std::string::npos) << csv;
+  const headlab::testing::ProcessResult circuit = headlab::testing::run_process(
+      {bin, "circuit", model, "--tokenizer", tok, "--pairs", dir.path("pairs.jsonl"), "--out", dir.path("circuit")},
+      dir.dir());
+  ASSERT_EQ(circuit.code, 0) << circuit.err;
+  EXPECT_NE(headlab::testing::slurp(dir.path("circuit/edges.csv")).find("G0.k"), std::string::npos);
+  // Without prompt pairs there is nothing to patch from: said so.
+  const headlab::testing::ProcessResult no_pairs = headlab::testing::run_process(
+      {bin, "heads", model, "--tokenizer", tok, "--by", "kv-group", "--out", dir.path("h2")}, dir.dir());
+  EXPECT_NE(no_pairs.code, 0);
+  EXPECT_NE(no_pairs.err.find("--by kv-group patches keys and values on prompt pairs"), std::string::npos)
+      << no_pairs.err;
 }

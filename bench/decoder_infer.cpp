@@ -1,0 +1,238 @@
+// Decoder inference in headlab (GPT-2 or a LLaMA-family model), timed as ../shared/peers/torch_gpt2_infer.py
+// and torch_llama_infer.py time PyTorch: prefill (one no-grad forward over B x T tokens, every position's
+// logits: tokens/s) and greedy decoding with the key/value cache (batch 1, --decode tokens after a --prefill
+// prompt, the prompt's own prefill subtracted: tokens/s), medians of --repeats. Also: the prefill of a
+// generate call (the head on the last position only), the KV cache's bytes, loading time and resident memory
+// for a --model folder, and the floors: prefill's GEMM FLOPs over the SGEMM rate measured here, decoding's
+// weight and KV-cache bytes per token over the read bandwidth measured here (decoding is memory-bound).
+// bench/gpt2_ratios.sh and bench/llama_ratios.sh run it beside the peers and print the ratios.
+// Usage: decoder_infer [--model DIR | --arch gpt|llama [--layers L --dim C --heads H --kv-heads K --hidden F
+//                       --vocab V --positions P]] [--batch-size B] [--prefill T] [--decode N] [--threads N]
+//                      [--repeats R] [--save DIR] [--device cpu|cuda]
+// Shapes by default: gpt is GPT-2 small (124M, tied head); llama is SmolLM-135M (30 layers, width 576, 9 query
+// heads sharing 3 key/value heads, SwiGLU 1536, vocabulary 49152, tied head), as the peers' defaults.
+// On a GPU every timed call ends with a device synchronisation (as the peer's do) and the floors use the
+// GPU's own GEMM rate and read bandwidth.
+// --save DIR writes the (random) model as a Hugging Face folder and exits.
+#include <omp.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "autograd/engine.h"
+#include "backends/backend.h"
+#include "bench/bench_util.h"
+#include "io/families.h"
+#include "io/hf_folder.h"
+#include "nn/llama.h"
+#include "ops/ops.h"
+
+using namespace headlab;
+using headlab::bench::clock_type;
+using headlab::bench::seconds_since;
+
+namespace {
+
+double peak_rss_mb() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return double(u.ru_maxrss) / 1024.0;
+}
+
+template <typename F>
+double median_seconds(int repeats, F&& f) {
+  std::vector<double> s;
+  for (int i = 0; i < repeats; ++i) {
+    const auto t0 = clock_type::now();
+    f();
+    s.push_back(seconds_since(t0));
+  }
+  std::sort(s.begin(), s.end());
+  return s[s.size() / 2];
+}
+
+// What the floors need of a model, whatever its family.
+struct Costs {
+  double block_matrix_params = 0;  // the blocks' matrices: each costs 2 FLOPs per element per token
+  double block_params = 0;         // everything a decoding step reads of the blocks
+  double head_params = 0;          // the unembedding, read whole per token (a tied head too)
+  double attn_width = 0;           // sum over layers of n_heads * head_size: q k^T and att @ v
+  double kv_bytes_per_token = 0;   // keys and values of every layer, float32
+};
+
+Costs costs_of(const nn::DecoderModel& m) {
+  Costs c;
+  for (int64_t l = 0; l < m.n_layers(); ++l) {
+    for (const auto& [name, t] : m.decoder_block(l).named_parameters()) {
+      c.block_params += double(t.numel());
+      if (t.dim() == 2) c.block_matrix_params += double(t.numel());
+    }
+    const nn::CausalMultiHead& a = m.attention(l);
+    c.attn_width += double(a.head_count() * a.head_size());
+    c.kv_bytes_per_token += 2.0 * double(a.kv_head_count() * a.head_size()) * sizeof(float);
+  }
+  c.head_params = double(m.lm_head().weight.numel());
+  return c;
+}
+
+// GEMM FLOPs of a forward over B x T tokens with the head on `head_rows` rows per sequence.
+double forward_flops(const Costs& c, double B, double T, double head_rows) {
+  const double attention = 2 * 2 * (T * T / 2) * c.attn_width;  // q k^T and @ v, causal half
+  return B * (T * 2 * c.block_matrix_params + attention + head_rows * 2 * c.head_params);
+}
+
+nlohmann::json random_config(const std::string& arch, const std::vector<std::pair<std::string, int64_t>>& sizes) {
+  auto size = [&](const char* key, int64_t fallback) {
+    for (const auto& [k, v] : sizes)
+      if (k == key) return v;
+    return fallback;
+  };
+  if (arch == "gpt") {
+    nn::GPTConfig c = bench::gpt2_small_config();  // GPT-2's head is wte, as the peer's GPT2LMHeadModel
+    c.n_layers = size("layers", c.n_layers), c.emb_dim = size("dim", c.emb_dim), c.n_heads = size("heads", c.n_heads);
+    c.vocab_size = size("vocab", c.vocab_size), c.context_length = size("positions", c.context_length);
+    return c.to_json();
+  }
+  nn::LlamaConfig c;  // SmolLM-135M's shape, the peer's default
+  c.n_layers = size("layers", 30), c.emb_dim = size("dim", 576), c.n_heads = size("heads", 9);
+  c.n_kv_heads = size("kv-heads", 3), c.hidden_dim = size("hidden", 1536), c.vocab_size = size("vocab", 49152);
+  c.context_length = size("positions", 2048), c.tie_embeddings = true;
+  return c.to_json();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  prepare_process(argv);  // headlab's threading policy (passive OpenMP waits), as the headlab command runs
+  std::string model_dir, save_dir, arch = "gpt";
+  std::vector<std::pair<std::string, int64_t>> sizes;
+  int64_t B = 1, prefill = 960, decode = 64;
+  int threads = 2, repeats = 3;
+  Device device = kCPU;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string k = argv[i];
+    const char* v = argv[i + 1];
+    if (k == "--model")
+      model_dir = v;
+    else if (k == "--save")
+      save_dir = v;
+    else if (k == "--arch")
+      arch = v;
+    else if (k == "--layers" || k == "--dim" || k == "--heads" || k == "--kv-heads" || k == "--hidden" ||
+             k == "--vocab" || k == "--positions")
+      sizes.emplace_back(k.substr(2), std::stoll(v));
+    else if (k == "--batch-size")
+      B = std::stoll(v);
+    else if (k == "--prefill")
+      prefill = std::stoll(v);
+    else if (k == "--decode")
+      decode = std::stoll(v);
+    else if (k == "--threads")
+      threads = std::stoi(v);
+    else if (k == "--device")
+      device = Device::parse(v);
+    else if (k == "--repeats")
+      repeats = std::stoi(v);
+    else {
+      std::fprintf(stderr, "decoder_infer: unknown option %s\n", k.c_str());
+      return 2;
+    }
+  }
+  if (arch != "gpt" && arch != "llama") {
+    std::fprintf(stderr, "decoder_infer: --arch is gpt or llama, not %s\n", arch.c_str());
+    return 2;
+  }
+  omp_set_num_threads(threads);
+  const NoGradGuard no_grad;
+
+  std::shared_ptr<nn::Model> built;
+  if (!model_dir.empty()) {
+    const double before = peak_rss_mb();
+    const auto t0 = clock_type::now();
+    built = io::build_folder_model(io::family_of_folder(model_dir).folder->read(model_dir), model_dir);
+    const double weights = double(built->num_parameters()) * 4 / 1048576.0;
+    std::printf("load %s: %.3f s, peak resident %.0f MB (%.0f MB before loading), weights %.0f MB: %.2fx\n",
+                model_dir.c_str(), seconds_since(t0), peak_rss_mb(), before, weights, peak_rss_mb() / weights);
+  } else {
+    built = io::make_model(random_config(arch, sizes));
+  }
+  if (!save_dir.empty()) {  // a random model of this shape as a folder (the load benchmark's input)
+    io::family_of(built->config_json()).folder->write(save_dir, *built, {});
+    std::printf("wrote %s\n", save_dir.c_str());
+    return 0;
+  }
+  auto& model = dynamic_cast<nn::DecoderModel&>(*built);
+  model.eval();
+  model.to(device);
+  Backend& be = backend_for(device);
+  const int64_t context = model.shape().context_length, vocab = model.lm_head().weight.size(0);
+  if (prefill + decode > context) {
+    std::fprintf(stderr, "decoder_infer: --prefill %lld + --decode %lld exceed the model's %lld positions\n",
+                 (long long)prefill, (long long)decode, (long long)context);
+    return 2;
+  }
+  const bool gpu = device.is_cuda();
+  const double gflops = gpu ? bench::sgemm_gflops_device(device) : bench::sgemm_gflops_cpu();
+  const double gbps = gpu ? bench::read_gbytes_per_s_device(device) : bench::read_gbytes_per_s();
+  const Costs costs = costs_of(model);
+  std::printf("headlab %s device=%s threads=%d params=%lld sgemm %.1f GFLOP/s, read %.1f GB/s\n",
+              model.type_name().c_str(), device.str().c_str(), threads, (long long)model.num_parameters(), gflops,
+              gbps);
+
+  const Tensor ids = randint(0, vocab, {B, prefill}).to(device);
+  (void)model.forward(ids.narrow(1, 0, 8));  // warm-up
+  const double pre = median_seconds(repeats, [&] {
+    (void)model.forward(ids);
+    be.synchronize();
+  });
+  const double floor = forward_flops(costs, double(B), double(prefill), double(prefill)) / (gflops * 1e9);
+  std::printf("prefill B=%lld T=%lld: %.1f ms, %.0f tokens/s (floor %.1f ms: %.0f%%)\n", (long long)B,
+              (long long)prefill, pre * 1e3, double(B * prefill) / pre, floor * 1e3, 100 * floor / pre);
+
+  const Tensor prompt = ids.narrow(0, 0, 1);
+  auto generate_prefill = [&](std::vector<nn::KVCache>& caches) { return model.forward_cached(prompt, caches); };
+  const double gen_pre = median_seconds(repeats, [&] {
+    std::vector<nn::KVCache> caches(size_t(model.n_layers()));
+    (void)generate_prefill(caches);
+    be.synchronize();
+  });
+  const double gen_floor = forward_flops(costs, 1, double(prefill), 1) / (gflops * 1e9);
+  std::printf("generate's prefill T=%lld (head on the last position): %.1f ms, %.0f tokens/s (floor %.1f ms: %.0f%%)\n",
+              (long long)prefill, gen_pre * 1e3, double(prefill) / gen_pre, gen_floor * 1e3, 100 * gen_floor / gen_pre);
+  if (decode > 0) {
+    double held = 0;  // the caches' bytes at the end (capacity, which grows by doubling)
+    const double whole = median_seconds(repeats, [&] {
+      std::vector<nn::KVCache> caches(size_t(model.n_layers()));
+      Tensor last = generate_prefill(caches);
+      for (int64_t s = 0; s < decode; ++s) {
+        const Tensor next = argmax(last, -1, true);  // (1, 1)
+        last = model.forward_cached(next, caches);
+      }
+      be.synchronize();
+      held = 0;
+      for (const nn::KVCache& c : caches)
+        held += double(c.keys.numel() + c.values.numel()) * double(dtype_size(c.keys.dtype()));
+    });
+    const double dec = whole - gen_pre;
+    // Per token every weight of the blocks and the head is read once, the embedding one row, and the keys
+    // and values of every earlier position (the mean over the decoded tokens).
+    const double mean_positions = double(prefill) + double(decode) / 2;
+    const double bytes = 4.0 * (costs.block_params + costs.head_params) + costs.kv_bytes_per_token * mean_positions;
+    const double floor_ms = bytes / (gbps * 1e9) * 1e3;
+    std::printf("kv cache: %.0f bytes per token (%.1f MB for %lld tokens; %.1f MB held)\n", costs.kv_bytes_per_token,
+                costs.kv_bytes_per_token * double(prefill + decode) / 1048576.0, (long long)(prefill + decode),
+                held / 1048576.0);
+    std::printf(
+        "decode %lld tokens after %lld (batch 1, KV cache): %.2f ms/token, %.1f tokens/s (floor %.2f ms/token: "
+        "%.0f%%)\n",
+        (long long)decode, (long long)prefill, dec / double(decode) * 1e3, double(decode) / dec, floor_ms,
+        100 * floor_ms / (dec / double(decode) * 1e3));
+  }
+  std::printf("peak resident %.0f MB\n", peak_rss_mb());
+  if (gpu) std::printf("peak device memory %.0f MB\n", double(be.peak_bytes()) / 1048576.0);
+  return 0;
+}

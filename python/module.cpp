@@ -91,9 +91,12 @@ struct PyModel {
   nn::DecoderModel& decoder() const { return loaded->decoder("headlab"); }
 
   py::object config() const { return py::module_::import("json").attr("loads")(loaded->model->config_json().dump()); }
-  py::array to_tokens(const std::string& text) const {
-    std::vector<int64_t> ids =
-        loaded->subword() ? loaded->subword()->encode(text) : loaded->task->encode_prompt(text).ids;
+  // prepend_bos (TransformerLens's argument): the tokenizer's BOS first where its models were trained so
+  // (SentencePiece LLaMA models), as the commands' prompts start; GPT-2's tokenizer has none.
+  py::array to_tokens(const std::string& text, bool prepend_bos) const {
+    const tasks::TextTokenizer* sub = loaded->subword();
+    std::vector<int64_t> ids = sub ? sub->encode(text) : loaded->task->encode_prompt(text).ids;
+    if (sub && prepend_bos && sub->bos()) ids.insert(ids.begin(), *sub->bos());
     const auto T = static_cast<int64_t>(ids.size());
     return to_numpy(tensor(ids, {1, T}));
   }
@@ -110,8 +113,9 @@ struct PyModel {
     return s;
   }
   std::vector<std::string> to_str_tokens(const py::object& text_or_tokens) const {
-    const py::array tokens = py::isinstance<py::str>(text_or_tokens) ? to_tokens(text_or_tokens.cast<std::string>())
-                                                                     : text_or_tokens.cast<py::array>();
+    const py::array tokens = py::isinstance<py::str>(text_or_tokens)
+                                 ? to_tokens(text_or_tokens.cast<std::string>(), true)
+                                 : text_or_tokens.cast<py::array>();
     std::vector<std::string> out;
     for (int64_t id : ids_of(tokens)) out.push_back(loaded->task->token_text(id));
     return out;
@@ -187,10 +191,11 @@ analysis::PromptPairs pairs_for(const PyModel& m, const std::string& task, const
 
 // headlab heads --task/--pairs as a dict: the command's analysis (analysis/heads_pairs.h), its figures.
 py::dict heads(const PyModel& m, const std::string& task, const std::string& pairs, int64_t rows, int64_t templ,
-               int64_t span, uint64_t seed, bool by_position) {
+               int64_t span, uint64_t seed, bool by_position, const std::string& by) {
+  HL_CHECK(by == "head" || by == "kv-group", "headlab.heads: by is 'head' or 'kv-group', not '", by, "'");
   const analysis::PromptPairs pp = pairs_for(m, task, pairs, rows, templ, span, seed, "headlab.heads");
   analysis::PairHeadsOptions o;
-  o.seed = seed, o.by_position = by_position;
+  o.seed = seed, o.by_position = by_position, o.kv_groups = by == "kv-group";
   analysis::PairHeads r;
   {
     const py::gil_scoped_release no_gil;
@@ -216,6 +221,10 @@ py::dict heads(const PyModel& m, const std::string& task, const std::string& pai
     for (auto& row : noising) row = effect(row);
     d["noising_by_position"] = matrix_array(noising);
     d["denoising_by_position"] = matrix_array(r.patching.denoising_by_position);
+  }
+  if (o.kv_groups) {  // each key/value group's keys and values from the corrupted prompt
+    d["kv_groups"] = r.key_values.groups;
+    d["kv_resample"] = vector_array(effect(r.key_values.noising));
   }
   return d;
 }
@@ -308,7 +317,7 @@ py::dict ablate(const PyModel& m, int64_t batches, int64_t batch_size) {
 // headlab attention's maps for one prompt: every head's weights (layers, heads, T, T) and the tokens.
 py::dict attention(const PyModel& m, const py::object& text_or_tokens) {
   const std::vector<int64_t> ids =
-      m.ids_of(py::isinstance<py::str>(text_or_tokens) ? m.to_tokens(text_or_tokens.cast<std::string>())
+      m.ids_of(py::isinstance<py::str>(text_or_tokens) ? m.to_tokens(text_or_tokens.cast<std::string>(), true)
                                                        : text_or_tokens.cast<py::array>());
   const analysis::AttentionMaps a = analysis::attention_maps(m.decoder(), ids);
   std::vector<double> w(a.weights.begin(), a.weights.end());
@@ -336,7 +345,8 @@ PYBIND11_MODULE(_headlab, m) {
       .def_property_readonly("config", &PyModel::config, "the model's configuration, as in its checkpoint")
       .def_property_readonly("path", [](const PyModel& p) { return p.path; })
       .def_property_readonly("task", [](const PyModel& p) { return p.loaded->task->name(); })
-      .def("to_tokens", &PyModel::to_tokens, py::arg("text"), "text -> (1, T) int64 token ids")
+      .def("to_tokens", &PyModel::to_tokens, py::arg("text"), py::arg("prepend_bos") = true,
+           "text -> (1, T) int64 token ids (BOS first where the tokenizer has one and prepend_bos)")
       .def("to_string", &PyModel::to_string, py::arg("tokens"), "token ids -> text")
       .def("to_str_tokens", &PyModel::to_str_tokens, py::arg("text_or_tokens"), "each token as its text")
       .def("state_dict", &PyModel::state_dict,
@@ -364,8 +374,10 @@ PYBIND11_MODULE(_headlab, m) {
       "tokenizer= its tokenizer file");
   m.def("heads", &heads, py::arg("model"), py::arg("task") = "", py::arg("pairs") = "", py::arg("rows") = 64,
         py::arg("template") = 0, py::arg("span") = 0, py::arg("seed") = 1, py::arg("by_position") = false,
+        py::arg("by") = "head",
         "headlab heads --task/--pairs: every head's zero, mean and resample ablation, denoising and direct logit "
-        "attribution on prompt pairs (changes of the normalised metric), as a dict of arrays");
+        "attribution on prompt pairs (changes of the normalised metric), as a dict of arrays; by='kv-group' adds "
+        "kv_groups and kv_resample (each key/value group's keys and values from the corrupted prompt)");
   m.def("circuit", &circuit, py::arg("model"), py::arg("task") = "", py::arg("pairs") = "", py::arg("rows") = 64,
         py::arg("template") = 0, py::arg("span") = 0, py::arg("seed") = 1, py::arg("tau") = 0.01,
         py::arg("ig_steps") = 0,

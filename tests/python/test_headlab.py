@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -229,3 +230,44 @@ def test_a_grouped_query_model_has_transformer_lens_names_and_shapes():
     np.testing.assert_allclose(logits, m(tokens), rtol=1e-5, atol=2e-5)
     with pytest.raises(headlab.Error, match="--tokenizer FILE"):
         headlab.load(os.path.join(STORIES, "stories260K.bin"))
+
+
+def test_patching_a_key_value_group_is_patching_its_hook_k_and_hook_v():
+    """stories260K on a prompt pair: heads(by='kv-group') patches a group's shared keys and values from the
+    corrupted prompt; done by hand with hooks on hook_k and hook_v at that key/value head, the same metric."""
+    if not os.path.exists(os.path.join(STORIES, "stories260K.bin")):
+        pytest.skip(f"{STORIES} is absent (../shared/models)")
+    m = headlab.load(os.path.join(STORIES, "stories260K.bin"), tokenizer=os.path.join(STORIES, "tok512.bin"))
+    rows = [("Tim and Lily went to the park. Lily gave the ball to",
+             "Tim and Lily went to the park. Tim gave the ball to", " Tim", " Lily"),
+            ("Lily and Tim went to the park. Tim gave the ball to",
+             "Lily and Tim went to the park. Lily gave the ball to", " Lily", " Tim")]
+    with tempfile.TemporaryDirectory() as tmp:
+        pairs = os.path.join(tmp, "pairs.jsonl")
+        with open(pairs, "w") as f:
+            f.write("".join(json.dumps({"clean": c, "corrupt": x, "answer": a, "wrong": w}) + "\n"
+                            for c, x, a, w in rows))
+        r = headlab.heads(m, pairs=pairs, by="kv-group")
+    assert len(r["kv_groups"]) == 5 * 4 and r["kv_groups"][5] == "L1G1"
+    # Each row's answer and wrong token: the last token of the clean prompt followed by the name.
+    ids = [(m.to_tokens(c + a)[0][-1], m.to_tokens(c + w)[0][-1]) for c, _, a, w in rows]
+
+    def logit_difference(row, prompt, hooks=None):
+        tokens = m.to_tokens(prompt)
+        logits = m.run_with_hooks(tokens, hooks) if hooks else m(tokens)
+        return logits[0, -1, ids[row][0]] - logits[0, -1, ids[row][1]]
+
+    clean = np.mean([logit_difference(i, row[0]) for i, row in enumerate(rows)])
+    corrupt = np.mean([logit_difference(i, row[1]) for i, row in enumerate(rows)])
+    for g in (5, 17, 18):  # L1G1, L4G1, L4G2
+        layer, group = g // 4, g % 4
+        names = [f"blocks.{layer}.attn.hook_k", f"blocks.{layer}.attn.hook_v"]
+        patched = []
+        for i, (c, x, _, _) in enumerate(rows):
+            _, cache = m.run_with_cache(m.to_tokens(x), names=names)
+
+            def patch(t, name, cache=cache):
+                t[:, :, group, :] = cache[name][:, :, group, :]  # in place: the group's keys or values
+            patched.append(logit_difference(i, c, {n: patch for n in names}))
+        ours = (np.mean(patched) - corrupt) / (clean - corrupt) - 1
+        assert ours == pytest.approx(r["kv_resample"][g], abs=1e-4), r["kv_groups"][g]

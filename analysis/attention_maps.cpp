@@ -64,6 +64,8 @@ AttentionMaps attention_maps(nn::DecoderModel& model, const std::vector<int64_t>
   model.eval();
   set_controls(model, {}, {});
   AttentionMaps m = empty_maps("attention", shape.n_layers, shape.n_heads, ids, ids);
+  if (m.layers > 0 && model.attention(0).kv_head_count() != model.attention(0).head_count())
+    m.kv_heads = model.attention(0).kv_head_count();  // grouped-query models are not pruned: every layer alike
   std::set<nn::HookKey> patterns;
   for (int64_t l = 0; l < m.layers; ++l) patterns.insert({nn::HookPoint::pattern, l});
   nn::ActivationCache cache(std::move(patterns));

@@ -21,6 +21,7 @@ struct AttentionMaps {
   std::vector<int64_t> ids;                     // (T) the queries' tokens
   std::vector<int64_t> key_ids;                 // (S) the keys' tokens: ids itself for self-attention
   int64_t layers = 0, heads = 0, T = 0, S = 0;  // heads: the original n_heads
+  int64_t kv_heads = 0;                         // key/value heads (grouped-query: fewer; 0 or heads: one per head)
   std::vector<float> weights;                   // (layers, heads, T, S); NaN for pruned heads
   std::vector<std::vector<int64_t>> kept;       // per layer, the original indices present
 };

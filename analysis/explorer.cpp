@@ -57,6 +57,8 @@ let K, W, T, S;  // the kind of attention shown (an encoder-decoder has three), 
 const weight = (l, h, q, k) => W[((l * K.heads + h) * T + q) * S + k] / K.scale;
 const kept = (l, h) => K.kept[l].includes(h);
 const name = (l, h) => `${K.layer_names[l]}H${h}`;
+// The key/value group a head reads in a grouped-query model ("G1"), "" otherwise.
+const group = h => K.kv_heads > 0 && K.kv_heads < K.heads ? ` G${Math.floor(h / (K.heads / K.kv_heads))}` : "";
 const colour = (h, a) => `hsla(${Math.round(h * 360 / K.heads)}, 70%, 45%, ${a})`;
 const state = { kind: 0, layer: 0, head: -1, hovered: -1 };
 const $ = id => document.getElementById(id);
@@ -102,7 +104,7 @@ function drawRow() {
 function drawScores() {
   const t = $("scores"); t.innerHTML = "";
   const hs = heads(), head = document.createElement("tr");
-  head.innerHTML = "<th>score</th>" + hs.map(h => `<th>${name(state.layer, h)}</th>`).join("");
+  head.innerHTML = "<th>score</th>" + hs.map(h => `<th>${name(state.layer, h)}${group(h)}</th>`).join("");
   t.appendChild(head);
   for (const s of K.scores) {
     const tr = document.createElement("tr"), v = h => s.values[state.layer][h];
@@ -125,7 +127,7 @@ function thumbs() {
       }
       g.putImageData(img, 0, 0);
       div.appendChild(c); div.appendChild(document.createElement("br"));
-      div.appendChild(document.createTextNode(`${name(l, h)}${kept(l, h) ? "" : " pruned"}`));
+      div.appendChild(document.createTextNode(`${name(l, h)}${group(h)}${kept(l, h) ? "" : " pruned"}`));
       if (kept(l, h)) div.onclick = () => select(l, h);
       box.appendChild(div);
     }
@@ -149,7 +151,8 @@ function selectKind(i) {  // shows kind i from its first layer's first head
   $("layer").innerHTML = "";
   for (let l = 0; l < K.layers; l++) $("layer").add(new Option(K.layer_names[l], l));
   const same = T === S && K.tokens.every((t, i) => t === K.key_tokens[i]);
-  $("summary").textContent = `${K.kind}: ${same ? `${T} tokens` : `${T} queries x ${S} keys`}, ${K.layers} layers x ${K.heads} heads`;
+  $("summary").textContent = `${K.kind}: ${same ? `${T} tokens` : `${T} queries x ${S} keys`}, ${K.layers} layers x ${K.heads} heads` +
+    (group(0) ? ` reading ${K.kv_heads} key/value groups (G0: heads 0-${K.heads / K.kv_heads - 1}, ...)` : "");
   fillHeads(); thumbs(); draw();
 }
 $("title").textContent = D.title;
@@ -190,6 +193,7 @@ nlohmann::json kind_json(const AttentionText& k, const std::vector<ExplorerScore
   nlohmann::json j = {{"kind", maps.kind},
                       {"layers", maps.layers},
                       {"heads", maps.heads},
+                      {"kv_heads", maps.kv_heads},
                       {"layer_names", maps.layer_names},
                       {"T", maps.T},
                       {"S", maps.S},

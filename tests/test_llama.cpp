@@ -489,6 +489,16 @@ TEST(Stories260K, HeadsByKeyValueGroupAndCircuitRunOnTheRealModel) {
       dir.dir());
   ASSERT_EQ(circuit.code, 0) << circuit.err;
   EXPECT_NE(headlab::testing::slurp(dir.path("circuit/edges.csv")).find("G0.k"), std::string::npos);
+  // The attention page says which key/value group each head reads.
+  const headlab::testing::ProcessResult att =
+      headlab::testing::run_process({bin, "attention", model, "--tokenizer", tok, "--prompt",
+                                     "Tim and Lily went to the", "--max-new-tokens", "0", "--out", dir.path("att")},
+                                    dir.dir());
+  ASSERT_EQ(att.code, 0) << att.err;
+  std::string html;
+  for (const auto& e : fs::directory_iterator(dir.path("att")))
+    if (e.path().extension() == ".html") html += headlab::testing::slurp(e.path().string());
+  EXPECT_NE(html.find("\"kv_heads\":4"), std::string::npos);
   // Without prompt pairs there is nothing to patch from: said so.
   const headlab::testing::ProcessResult no_pairs = headlab::testing::run_process(
       {bin, "heads", model, "--tokenizer", tok, "--by", "kv-group", "--out", dir.path("h2")}, dir.dir());

@@ -338,16 +338,7 @@ int64_t BpeTokenizer::size() const { return static_cast<int64_t>(impl_->spelling
 
 std::vector<int64_t> BpeTokenizer::encode(std::string_view text, std::string_view label) const {
   // Check the whole text first: the error names the first bad byte, and PCRE2 then skips its own check.
-  for (size_t pos = 0; pos < text.size();) {
-    if (static_cast<unsigned char>(text[pos]) < 0x80) {
-      ++pos;
-      continue;
-    }
-    const size_t start = pos;
-    uint32_t cp = 0;
-    HL_CHECK(detail::next_code_point(text, pos, cp), kWho, ": ", label, " has invalid UTF-8 at byte offset ", start,
-             " (byte 0x", std::hex, static_cast<int>(static_cast<unsigned char>(text[start])), std::dec, ")");
-  }
+  detail::check_utf8(text, label);
   std::vector<int64_t> ids;
   ids.reserve(text.size() / 4 + 1);
   // As the transformers tokenizer does: the special token splits the text, each part is encoded alone.
@@ -382,22 +373,7 @@ const std::string& BpeTokenizer::token_bytes(int64_t id) const {
   return impl_->bytes[static_cast<size_t>(id)];
 }
 
-std::string BpeTokenizer::token_text(int64_t id) const {
-  const std::string& b = token_bytes(id);
-  std::string out;
-  size_t pos = 0;
-  while (pos < b.size()) {
-    const size_t start = pos;
-    uint32_t cp = 0;
-    if (detail::next_code_point(b, pos, cp)) {
-      out.append(b, start, pos - start);
-    } else {
-      out += "\xEF\xBF\xBD";  // U+FFFD
-      pos = start + 1;
-    }
-  }
-  return out;
-}
+std::string BpeTokenizer::token_text(int64_t id) const { return detail::valid_utf8(token_bytes(id)); }
 
 std::optional<int64_t> BpeTokenizer::find(std::string_view token) const {
   const auto it = impl_->index.find(token);

@@ -17,14 +17,6 @@ namespace {
 
 constexpr const char* kSpace = "\xE2\x96\x81";  // U+2581, SentencePiece's space
 
-void check_utf8(std::string_view text, std::string_view label) {
-  for (size_t pos = 0; pos < text.size();) {
-    const size_t start = pos;
-    uint32_t cp;
-    HL_CHECK(detail::next_code_point(text, pos, cp), label, ": invalid UTF-8 at byte offset ", start);
-  }
-}
-
 }  // namespace
 
 struct SentencePieceTokenizer::Impl {
@@ -54,7 +46,7 @@ std::shared_ptr<const SentencePieceTokenizer> SentencePieceTokenizer::from_file(
 int64_t SentencePieceTokenizer::size() const { return impl_->sp.GetPieceSize(); }
 
 std::vector<int64_t> SentencePieceTokenizer::encode(std::string_view text, std::string_view label) const {
-  check_utf8(text, label);
+  detail::check_utf8(text, label);
   const std::vector<int> ids = impl_->sp.EncodeAsIds(text);
   return {ids.begin(), ids.end()};
 }
@@ -85,20 +77,14 @@ std::string SentencePieceTokenizer::token_text(int64_t id) const {
   impl_->check_id(id);
   const int i = static_cast<int>(id);
   if (impl_->sp.IsControl(i) || impl_->sp.IsUnknown(i)) return impl_->sp.IdToPiece(i);
-  std::string s = impl_->sp.IsByte(i) ? impl_->sp.DecodeIds({i}) : impl_->sp.IdToPiece(i);
-  for (size_t at = s.find(kSpace); at != std::string::npos; at = s.find(kSpace, at + 1)) s.replace(at, 3, " ");
-  std::string out;  // valid UTF-8: a byte that is not a whole character shows as U+FFFD
-  for (size_t pos = 0; pos < s.size();) {
-    const size_t start = pos;
-    uint32_t cp;
-    if (detail::next_code_point(s, pos, cp)) {
-      out += s.substr(start, pos - start);
-    } else {
-      pos = start + 1;
-      out += "\xEF\xBF\xBD";
-    }
+  const std::string s = impl_->sp.IsByte(i) ? impl_->sp.DecodeIds({i}) : impl_->sp.IdToPiece(i);
+  std::string spaced;  // SentencePiece's space as a space (built anew: GCC 12 warns falsely on replace)
+  for (size_t at = 0; at < s.size();) {
+    const bool space = s.compare(at, 3, kSpace) == 0;
+    spaced += space ? ' ' : s[at];
+    at += space ? 3 : 1;
   }
-  return out;
+  return detail::valid_utf8(spaced);
 }
 
 std::optional<int64_t> SentencePieceTokenizer::bos() const {

@@ -4,14 +4,18 @@
 
 #include <sentencepiece_processor.h>
 
+#include <filesystem>
 #include <fstream>
 
 #include "base/error.h"
 #include "base/input_path.h"
+#include "tasks/bpe_tokenizer.h"
 #include "tasks/internal.h"
 #include "tasks/llama2c_tokenizer.h"
 
 namespace headlab::tasks {
+
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -103,10 +107,20 @@ std::string SentencePieceTokenizer::describe() const {
 
 std::shared_ptr<const TextTokenizer> tokenizer_from_file(const std::string& path, int64_t vocab_size) {
   // llama2.c's file starts with a small positive int32 (max_token_length); a SentencePiece model with the
-  // protobuf tag of its first field (pieces: field 1, length-delimited, 0x0A).
+  // protobuf tag of its first field (pieces: field 1, length-delimited, 0x0A); a tokenizer.json with '{' and
+  // a key (llama2.c's file for max_token_length 123 starts "{\0").
   check_input_file(path, "tokenizer");
   std::ifstream in(path, std::ios::binary);
-  char first = 0;
+  char first = 0, second = 0;
+  in >> first >> second;  // past whitespace
+  if (first == '{' && second == '"') {
+    const fs::path config = fs::path(path).parent_path() / "tokenizer_config.json";
+    const bool has_config = not_a_file_reason(config.string()).empty();
+    return std::make_shared<const BpeTokenizer>(
+        BpeTokenizer::from_tokenizer_json_file(path, vocab_size, has_config ? config.string() : ""));
+  }
+  in.clear();
+  in.seekg(0);
   in.get(first);
   if (first == '\x0A') {  // (a llama2.c file whose longest token has 10 bytes starts so too)
     bool parses = false;

@@ -60,29 +60,42 @@ Loaded load(const char* cmd, const std::string& path, const std::string& device,
   }
   const io::Family& family = io::family_of_folder(path);
   io::FolderModel folder = family.folder->read(path);
-  const std::string sentencepiece = (fs::path(path) / "tokenizer.model").string();
-  const bool has_sentencepiece = not_a_file_reason(sentencepiece).empty();
-  HL_CHECK(!tokenizer.empty() || has_sentencepiece || (!folder.vocab_path.empty() && !folder.merges_path.empty()), cmd,
+  // The folder's tokenizer, the first found of: --tokenizer FILE; tokenizer.model (SentencePiece);
+  // vocab.json + merges.txt (GPT-2's files, which a checkpoint can carry); tokenizer.json (byte-level BPE),
+  // with tokenizer_config.json for BOS and EOS where the folder has one.
+  const auto file_in_folder = [&](const char* name) {
+    const std::string p = (fs::path(path) / name).string();
+    return not_a_file_reason(p).empty() ? p : std::string();
+  };
+  const bool has_gpt2_files = !folder.vocab_path.empty() && !folder.merges_path.empty();
+  const std::string sentencepiece = file_in_folder("tokenizer.model");
+  const std::string tokenizer_json = file_in_folder("tokenizer.json");
+  HL_CHECK(!tokenizer.empty() || has_gpt2_files || !sentencepiece.empty() || !tokenizer_json.empty(), cmd,
            ": the folder '", path,
-           "' has no tokenizer headlab reads (vocab.json and merges.txt, or tokenizer.model); give one with "
-           "--tokenizer FILE (a SentencePiece model or llama2.c's tokenizer.bin)");
+           "' has no tokenizer headlab reads (vocab.json and merges.txt, tokenizer.model, or a byte-level BPE "
+           "tokenizer.json); give one with --tokenizer FILE (a SentencePiece model, llama2.c's tokenizer.bin or a "
+           "tokenizer.json)");
   l.from_folder = true;
   train::RunConfig& c = l.config;
   c.model = folder.config;
   const int64_t vocab = family.model.vocab_size(folder.config);
   std::shared_ptr<const tasks::TextTokenizer> subword;
-  if (!tokenizer.empty())  // it overrides the folder's
+  if (!tokenizer.empty())
     subword = tasks::tokenizer_from_file(tokenizer, vocab);
-  else if (has_sentencepiece)
+  else if (!sentencepiece.empty())
     subword = tasks::SentencePieceTokenizer::from_file(sentencepiece, vocab);
-  else
+  else if (has_gpt2_files)
     subword = std::make_shared<const tasks::BpeTokenizer>(
         tasks::BpeTokenizer::from_files(folder.vocab_path, folder.merges_path, vocab));
+  else
+    subword = std::make_shared<const tasks::BpeTokenizer>(
+        tasks::BpeTokenizer::from_tokenizer_json_file(tokenizer_json, vocab, file_in_folder("tokenizer_config.json")));
+  const bool carries_files = tokenizer.empty() && sentencepiece.empty() && has_gpt2_files;
   pretrained_text_task(c, std::move(subword), text);
   l.model = io::build_folder_model(std::move(folder), path);
   l.model->to(Device::parse(device));
   l.ckpt.config = c.to_json();
-  l.ckpt.tokenizer = c.tokenizer_files();
+  if (carries_files) l.ckpt.tokenizer = c.tokenizer_files();  // other tokenizers stay in the folder
   for (const auto& [name, t] : l.model->named_parameters()) l.ckpt.model.emplace_back(name, t.detach());
   l.task = c.make_task();
   return l;

@@ -30,6 +30,7 @@ constexpr const char* kWho = "BPE tokenizer";
 constexpr size_t kMaxCachedBytes = 64;         // longer pre-tokens are rare: merged each time
 constexpr size_t kMaxCacheEntries = 1u << 18;  // the cache starts over past this many
 constexpr int kMaxJsonDepth = 32;              // tokenizer.json nests 5 deep; deeper is refused early
+constexpr const char* kDepthExpected = "expected at most 32 levels of nesting";
 // EOS of a tokenizer.json without tokenizer_config.json: the first of these that is a token.
 constexpr const char* kEosNames[] = {"<|endoftext|>", "<|end_of_text|>", "<|im_end|>"};
 
@@ -69,6 +70,17 @@ std::optional<std::string> spelling_to_bytes(const std::string& spelling,
     out += static_cast<char>(it->second);
   }
   return out;
+}
+
+// "left right" -> its two tokens; false unless exactly one space separates two non-empty tokens (a
+// byte-level token never holds a space: that is "Ġ").
+bool split_merge(std::string_view merge, std::string_view& left, std::string_view& right) {
+  const size_t space = merge.find(' ');
+  if (space == std::string_view::npos || space == 0 || space + 1 == merge.size() ||
+      merge.find(' ', space + 1) != std::string_view::npos)
+    return false;
+  left = merge.substr(0, space), right = merge.substr(space + 1);
+  return true;
 }
 
 bool is_ascii(std::string_view s) {
@@ -557,13 +569,11 @@ BpeTokenizer::BpeTokenizer(std::string_view vocab_json, std::string_view merges_
     if (!line.empty() && line.back() == '\r') line.remove_suffix(1);  // '\r' is never part of a token ("č")
     if (line_no == 1 && line.starts_with("#version")) continue;
     if (line.empty() && pos >= merges_txt.size()) break;  // the file's last newline
-    const size_t space = line.find(' ');
-    HL_CHECK(space != std::string_view::npos && space > 0 && space + 1 < line.size() &&
-                 line.find(' ', space + 1) == std::string_view::npos,
-             mn, ": line ", line_no, " is ", json_text(std::string(line)),
+    std::string_view left, right;
+    HL_CHECK(split_merge(line, left, right), mn, ": line ", line_no, " is ", json_text(std::string(line)),
              ", expected two tokens separated by one space");
     const std::string where = mn + ": line " + std::to_string(line_no);
-    const auto earlier = m.add_merge(line.substr(0, space), line.substr(space + 1), where, vn);
+    const auto earlier = m.add_merge(left, right, where, vn);
     HL_CHECK(!earlier, where, " repeats the merge of line ", earlier ? line_of_rank[static_cast<size_t>(*earlier)] : 0);
     line_of_rank.push_back(line_no);
   }
@@ -612,18 +622,14 @@ void BpeTokenizer::Impl::read_model(const json& j, const Fields& f) {
   for (size_t i = 0; i < merges.size(); ++i) {
     const json& v = merges[i];
     const std::string where = f.file + ": model.merges[" + std::to_string(i) + "]";
-    std::string left, right;
+    std::string_view left, right;
     if (v.is_string()) {
-      const std::string& s = v.get_ref<const std::string&>();
-      const size_t space = s.find(' ');
-      HL_CHECK(space != std::string::npos && space > 0 && space + 1 < s.size() &&
-                   s.find(' ', space + 1) == std::string::npos,
-               where, " is ", shown(v), ", expected two tokens separated by one space");
-      left = s.substr(0, space), right = s.substr(space + 1);
+      HL_CHECK(split_merge(v.get_ref<const std::string&>(), left, right), where, " is ", shown(v),
+               ", expected two tokens separated by one space");
     } else {
       HL_CHECK(v.is_array() && v.size() == 2 && v[0].is_string() && v[1].is_string(), where, " is ", shown(v),
                ", expected \"left right\" or [\"left\", \"right\"]");
-      left = v[0].get<std::string>(), right = v[1].get<std::string>();
+      left = v[0].get_ref<const std::string&>(), right = v[1].get_ref<const std::string&>();
     }
     const auto earlier = add_merge(left, right, where, "model.vocab");
     HL_CHECK(!earlier, where, " repeats model.merges[", earlier.value_or(0), "]");
@@ -763,8 +769,7 @@ BpeTokenizer BpeTokenizer::from_tokenizer_json(std::string_view tokenizer_json, 
   m.name = std::move(name);
   const Fields f{m.name};
   std::string repeated;
-  const json j = parse_json(tokenizer_json, m.name, kMaxJsonDepth, "expected at most 32 levels of nesting",
-                            {"model", "vocab"}, repeated);
+  const json j = parse_json(tokenizer_json, m.name, kMaxJsonDepth, kDepthExpected, {"model", "vocab"}, repeated);
   f.object(j, "");
   HL_CHECK(repeated.empty(), m.name, ": model.vocab: key ", json_text(repeated), " appears twice");
   m.read_model(j, f);
@@ -780,17 +785,17 @@ BpeTokenizer BpeTokenizer::from_tokenizer_json(std::string_view tokenizer_json, 
            "reads byte-level BPE)");
   const json* decoder = Fields::find(j, "decoder");
   const std::string decoder_type = decoder ? f.text(f.object(*decoder, "decoder"), "decoder", "type") : "null";
-  HL_CHECK(decoder_type == "ByteLevel", m.name, ": decoder is ", decoder_type, "; headlab decodes byte-level BPE (",
-           "ByteLevel)");
+  HL_CHECK(decoder_type == "ByteLevel", m.name, ": decoder is ", decoder_type,
+           "; headlab decodes byte-level BPE (ByteLevel)");
   const json* post = Fields::find(j, "post_processor");
-  std::optional<int32_t> template_bos = post ? m.read_post_processor(*post, "post_processor", f) : std::nullopt;
+  const std::optional<int32_t> template_bos = post ? m.read_post_processor(*post, "post_processor", f) : std::nullopt;
 
   // ---- BOS and EOS: tokenizer_config.json's where it says, else the template's and the usual names ----
   json config = json::object();
   if (!tokenizer_config_json.empty()) {
-    config = parse_json(tokenizer_config_json, config_name, kMaxJsonDepth, "expected at most 32 levels of nesting", {},
-                        repeated);
+    config = parse_json(tokenizer_config_json, config_name, kMaxJsonDepth, kDepthExpected, {}, repeated);
     Fields{config_name}.object(config, "");
+    HL_CHECK(repeated.empty(), config_name, ": key ", json_text(repeated), " appears twice");
   }
   const Fields cf{config_name};
   const std::optional<int32_t> config_bos = m.config_token(config, "bos_token", cf);

@@ -165,6 +165,8 @@ TEST(TokenizerJson, BosAndEosByTheDocumentedRule) {
   EXPECT_ERROR(load(fixture("qwen2"), 0, R"({"add_bos_token": "yes"})"),
                "cfg.json: add_bos_token must be true or false");
   EXPECT_ERROR(load(fixture("qwen2"), 0, "{"), "cfg.json: not JSON");
+  EXPECT_ERROR(load(fixture("qwen2"), 0, R"({"eos_token": "<|im_end|>", "eos_token": "<|endoftext|>"})"),
+               "cfg.json: key \"eos_token\" appears twice");
   EXPECT_ERROR(load(fixture("qwen2"), 0, "[]"), "cfg.json: the file must be an object");
 }
 

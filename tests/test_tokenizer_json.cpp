@@ -406,5 +406,9 @@ TEST(TokenizerJson, ALlamaFolderLoadsThroughItsTokenizerJson) {
   EXPECT_TRUE(l.ckpt.tokenizer.empty());  // a checkpoint holds GPT-2's files only
   // A tokenizer_config.json beside it is read: here it turns the BOS off.
   std::ofstream(folder + "/tokenizer_config.json") << R"({"add_bos_token": false})";
+  const train::FolderTokenizer files =
+      train::folder_tokenizer(folder, io::family_of_folder(folder).folder->read(folder));
+  EXPECT_EQ(files.kind, train::FolderTokenizer::Kind::tokenizer_json);
+  EXPECT_EQ(files.describe(), folder + "/tokenizer.json, " + folder + "/tokenizer_config.json");
   EXPECT_EQ(train::load("test", folder, "cpu").task->encode_prompt("hello").ids, (std::vector<int64_t>{258, 'o'}));
 }

@@ -57,9 +57,7 @@ int inspect_folder(const std::string& folder) {
   std::cout << "Hugging Face model folder " << folder << " (family " << family.model.arch()
             << ")\n\nconfig (as headlab reads it: " << family.model.describe(m.config) << ")\n"
             << m.config.dump(2) << "\n"
-            << family.folder->describe(m) << "\ntokenizer: "
-            << (m.vocab_path.empty() || m.merges_path.empty() ? "none (no vocab.json and merges.txt)"
-                                                              : m.vocab_path + ", " + m.merges_path)
+            << family.folder->describe(m) << "\ntokenizer: " << train::folder_tokenizer(folder, m).describe()
             << "\n\nparameters\n";
   print_parameters(m.parameters);
   return 0;

@@ -99,6 +99,8 @@ Action add_convert(CLI::App& app) {
     HL_CHECK(io::is_hf_model_folder(a->folder), "convert: model '", a->folder,
              "' has no config.json: not a Hugging Face model folder");
     const Loaded l = load("convert", a->folder, "cpu");
+    HL_CHECK(!l.ckpt.tokenizer.empty(), "convert: '", a->folder, "' has ", l.subword()->describe(),
+             ", which a checkpoint cannot hold yet (headlab checkpoints hold GPT-2's vocab.json and merges.txt)");
     check_output_file(a->out, "convert: --out");
     io::save_checkpoint(a->out, l.ckpt);
     std::cout << "convert: wrote " << a->out << " (" << l.config.describe_model() << ", " << l.model->num_parameters()

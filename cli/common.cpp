@@ -131,8 +131,8 @@ void add_model_argument(CLI::App& app, std::string& path, std::string& tokenizer
       ->type_name(kInputFile)
       ->required();
   app.add_option("--tokenizer", tokenizer,
-                 "the model's tokenizer: a SentencePiece model (tokenizer.model) or llama2.c's tokenizer.bin (required "
-                 "for a llama2.c checkpoint; overrides a folder's)")
+                 "the model's tokenizer: a SentencePiece model (tokenizer.model), llama2.c's tokenizer.bin or a "
+                 "tokenizer.json (required for a llama2.c checkpoint; overrides a folder's)")
       ->type_name(kInputFile);
 }
 

@@ -11,6 +11,7 @@ packages=(build-essential cmake pkg-config libopenblas-openmp-dev libhdf5-dev hd
           libopenmpi-dev openmpi-bin  # data-parallel training (mpirun -np N headlab train)
           libpcre2-dev  # GPT-2's tokenizer: its pre-tokenizer regex
           libsentencepiece-dev python3-sentencepiece  # LLaMA-family tokenizers (tokenizer.model); the tests' reference
+          libicu-dev  # tokenizer.json's NFC normalizer
           graphviz  # circuit pictures (headlab circuit): Graphviz's dot renders circuit.dot to PNG and SVG
           fortunes  # scripts/induction.sh: 2.5 MB of English text to train on
           python3-dev pybind11-dev python3-numpy python3-pytest)  # the Python module (python/) and its tests

@@ -57,6 +57,12 @@ inline uint64_t example_key(uint64_t seed, Split split, uint64_t n) {
 
 bool next_code_point(std::string_view s, size_t& pos, uint32_t& cp);  // false on malformed input
 std::string encode_utf8(uint32_t cp);
+// Throws "<label>: invalid UTF-8 at byte offset N (byte 0xXX)" at the first malformed byte; the
+// tokenizers check a text once, so their regex and merge loops may assume valid UTF-8.
+void check_utf8(std::string_view text, std::string_view label);
+// Bytes as text to show: valid UTF-8, each byte that does not complete a character as U+FFFD (a
+// byte-level token may hold part of a character).
+std::string valid_utf8(std::string_view bytes);
 std::string printable(std::string_view ch);      // one character, escaped for messages
 std::string printable_text(std::string_view s);  // a text, escaped and shortened for messages
 std::string trim(const std::string& s);

@@ -92,6 +92,7 @@ std::vector<int64_t> Llama2cTokenizer::encode_continuation(std::string_view text
 std::vector<int64_t> Llama2cTokenizer::encode_pieces(std::string_view text, std::string_view label,
                                                      bool dummy_space) const {
   if (text.empty()) return {};
+  detail::check_utf8(text, label);
   // The symbols, a linked list of pieces: the dummy space, then each character (or its bytes).
   struct Symbol {
     std::string text;
@@ -110,7 +111,7 @@ std::vector<int64_t> Llama2cTokenizer::encode_pieces(std::string_view text, std:
   for (size_t pos = 0; pos < text.size();) {
     const size_t start = pos;
     uint32_t cp;
-    HL_CHECK(detail::next_code_point(text, pos, cp), label, ": invalid UTF-8 at byte offset ", start);
+    detail::next_code_point(text, pos, cp);  // checked above
     const std::string ch(text.substr(start, pos - start));
     const auto it = ids_.find(ch);
     if (it != ids_.end()) {
@@ -191,18 +192,7 @@ std::string Llama2cTokenizer::token_text(int64_t id) const {
     const size_t first = s.find_first_not_of('\n'), last = s.find_last_not_of('\n');
     s = first == std::string::npos ? std::string() : s.substr(first, last - first + 1);
   }
-  std::string out;  // valid UTF-8: a byte that is not a whole character shows as U+FFFD
-  for (size_t pos = 0; pos < s.size();) {
-    const size_t start = pos;
-    uint32_t cp;
-    if (detail::next_code_point(s, pos, cp)) {
-      out += s.substr(start, pos - start);
-    } else {
-      pos = start + 1;
-      out += "\xEF\xBF\xBD";
-    }
-  }
-  return out;
+  return detail::valid_utf8(s);
 }
 
 std::string Llama2cTokenizer::describe() const {

@@ -4,26 +4,22 @@
 
 #include <sentencepiece_processor.h>
 
+#include <filesystem>
 #include <fstream>
 
 #include "base/error.h"
 #include "base/input_path.h"
+#include "tasks/bpe_tokenizer.h"
 #include "tasks/internal.h"
 #include "tasks/llama2c_tokenizer.h"
 
 namespace headlab::tasks {
 
+namespace fs = std::filesystem;
+
 namespace {
 
 constexpr const char* kSpace = "\xE2\x96\x81";  // U+2581, SentencePiece's space
-
-void check_utf8(std::string_view text, std::string_view label) {
-  for (size_t pos = 0; pos < text.size();) {
-    const size_t start = pos;
-    uint32_t cp;
-    HL_CHECK(detail::next_code_point(text, pos, cp), label, ": invalid UTF-8 at byte offset ", start);
-  }
-}
 
 }  // namespace
 
@@ -54,7 +50,7 @@ std::shared_ptr<const SentencePieceTokenizer> SentencePieceTokenizer::from_file(
 int64_t SentencePieceTokenizer::size() const { return impl_->sp.GetPieceSize(); }
 
 std::vector<int64_t> SentencePieceTokenizer::encode(std::string_view text, std::string_view label) const {
-  check_utf8(text, label);
+  detail::check_utf8(text, label);
   const std::vector<int> ids = impl_->sp.EncodeAsIds(text);
   return {ids.begin(), ids.end()};
 }
@@ -85,20 +81,14 @@ std::string SentencePieceTokenizer::token_text(int64_t id) const {
   impl_->check_id(id);
   const int i = static_cast<int>(id);
   if (impl_->sp.IsControl(i) || impl_->sp.IsUnknown(i)) return impl_->sp.IdToPiece(i);
-  std::string s = impl_->sp.IsByte(i) ? impl_->sp.DecodeIds({i}) : impl_->sp.IdToPiece(i);
-  for (size_t at = s.find(kSpace); at != std::string::npos; at = s.find(kSpace, at + 1)) s.replace(at, 3, " ");
-  std::string out;  // valid UTF-8: a byte that is not a whole character shows as U+FFFD
-  for (size_t pos = 0; pos < s.size();) {
-    const size_t start = pos;
-    uint32_t cp;
-    if (detail::next_code_point(s, pos, cp)) {
-      out += s.substr(start, pos - start);
-    } else {
-      pos = start + 1;
-      out += "\xEF\xBF\xBD";
-    }
+  const std::string s = impl_->sp.IsByte(i) ? impl_->sp.DecodeIds({i}) : impl_->sp.IdToPiece(i);
+  std::string spaced;  // SentencePiece's space as a space (built anew: GCC 12 warns falsely on replace)
+  for (size_t at = 0; at < s.size();) {
+    const bool space = s.compare(at, 3, kSpace) == 0;
+    spaced += space ? ' ' : s[at];
+    at += space ? 3 : 1;
   }
-  return out;
+  return detail::valid_utf8(spaced);
 }
 
 std::optional<int64_t> SentencePieceTokenizer::bos() const {
@@ -117,10 +107,20 @@ std::string SentencePieceTokenizer::describe() const {
 
 std::shared_ptr<const TextTokenizer> tokenizer_from_file(const std::string& path, int64_t vocab_size) {
   // llama2.c's file starts with a small positive int32 (max_token_length); a SentencePiece model with the
-  // protobuf tag of its first field (pieces: field 1, length-delimited, 0x0A).
+  // protobuf tag of its first field (pieces: field 1, length-delimited, 0x0A); a tokenizer.json with '{' and
+  // a key (llama2.c's file for max_token_length 123 starts "{\0").
   check_input_file(path, "tokenizer");
   std::ifstream in(path, std::ios::binary);
-  char first = 0;
+  char first = 0, second = 0;
+  in >> first >> second;  // past whitespace
+  if (first == '{' && second == '"') {
+    const fs::path config = fs::path(path).parent_path() / "tokenizer_config.json";
+    const bool has_config = not_a_file_reason(config.string()).empty();
+    return std::make_shared<const BpeTokenizer>(
+        BpeTokenizer::from_tokenizer_json_file(path, vocab_size, has_config ? config.string() : ""));
+  }
+  in.clear();
+  in.seekg(0);
   in.get(first);
   if (first == '\x0A') {  // (a llama2.c file whose longest token has 10 bytes starts so too)
     bool parses = false;

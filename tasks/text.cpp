@@ -2,6 +2,7 @@
 // accents is a sequence of characters, not bytes), printable forms for error messages, file reading.
 #include "tasks/internal.h"
 
+#include "base/error.h"
 #include "base/input_path.h"
 
 #include <filesystem>
@@ -60,6 +61,35 @@ std::string encode_utf8(uint32_t cp) {
     out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
     out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
     out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+  return out;
+}
+
+void check_utf8(std::string_view text, std::string_view label) {
+  for (size_t pos = 0; pos < text.size();) {
+    if (static_cast<unsigned char>(text[pos]) < 0x80) {  // ASCII: the common case, no decoding
+      ++pos;
+      continue;
+    }
+    const size_t start = pos;
+    uint32_t cp = 0;
+    HL_CHECK(next_code_point(text, pos, cp), label, ": invalid UTF-8 at byte offset ", start, " (byte 0x", std::hex,
+             static_cast<int>(static_cast<unsigned char>(text[start])), std::dec, ")");
+  }
+}
+
+std::string valid_utf8(std::string_view bytes) {
+  std::string out;
+  out.reserve(bytes.size());
+  for (size_t pos = 0; pos < bytes.size();) {
+    const size_t start = pos;
+    uint32_t cp = 0;
+    if (next_code_point(bytes, pos, cp)) {
+      out.append(bytes.substr(start, pos - start));
+    } else {
+      out += "\xEF\xBF\xBD";  // U+FFFD
+      pos = start + 1;
+    }
   }
   return out;
 }

@@ -621,7 +621,7 @@ TEST_F(CliTest, TokenizeGivesGpt2sIds) {
   std::ofstream(path("bad.txt")) << "ok \xff";
   r = headlab({"tokenize", vocab, "--text", path("bad.txt")});
   EXPECT_EQ(r.code, 1);
-  EXPECT_TRUE(contains(r.err, path("bad.txt") + " has invalid UTF-8 at byte offset 3")) << r.err;
+  EXPECT_TRUE(contains(r.err, path("bad.txt") + ": invalid UTF-8 at byte offset 3")) << r.err;
   r = headlab({"tokenize", vocab});
   EXPECT_EQ(r.code, 1);
   EXPECT_TRUE(contains(r.err, "give --text FILE or --prompt TEXT")) << r.err;

@@ -145,11 +145,11 @@ TEST(Gpt2Tokenizer, VeryLongPreToken) {
 
 TEST(Gpt2Tokenizer, InvalidUtf8NamesTheOffset) {
   const tasks::BpeTokenizer& tok = gpt2();
-  EXPECT_ERROR(tok.encode("abc\xFF"), "prompt has invalid UTF-8 at byte offset 3 (byte 0xff)");
+  EXPECT_ERROR(tok.encode("abc\xFF"), "prompt: invalid UTF-8 at byte offset 3 (byte 0xff)");
   EXPECT_ERROR(tok.encode("caf\xC3"), "at byte offset 3");                   // cut short
   EXPECT_ERROR(tok.encode("ok \xC0\xAF"), "at byte offset 3");               // overlong '/'
   EXPECT_ERROR(tok.encode("\xE4\xB8\xAD\xED\xA0\x80"), "at byte offset 3");  // a surrogate
-  EXPECT_ERROR(tok.encode("x\xF4\x90\x80\x80", "war.txt"), "war.txt has invalid UTF-8 at byte offset 1");
+  EXPECT_ERROR(tok.encode("x\xF4\x90\x80\x80", "war.txt"), "war.txt: invalid UTF-8 at byte offset 1");
 }
 
 TEST(Gpt2Tokenizer, MergesByRankAllOccurrencesFirst) {

@@ -52,4 +52,43 @@ v1 = struct.pack("<Ii7iB", 0x616B3432, 1, dim, hidden, layers, heads, kv, vocab,
 open(f"{out}/version1.bin", "wb").write(b"\1" + v1 + b"\0" * (256 - len(v1)) + values)
 PY
 
+# tokenizer.json NUL text (or tokenizer_config.json): Llama 3's and SmolLM's pre-tokenizers over the 256 byte
+# tokens and a few merges, added tokens, NFC, a TemplateProcessing BOS.
+mkdir -p "$corpus/tokenizer_json"
+python3 - "$corpus/tokenizer_json" <<'PY'
+import json, sys
+out = sys.argv[1]
+printable = [b for b in range(256) if 0x21 <= b <= 0x7E or 0xA1 <= b <= 0xAC or b >= 0xAE]
+chars, n = {}, 256
+for b in range(256):
+    chars[b] = chr(b) if b in printable else chr(n)
+    n += 0 if b in printable else 1
+vocab = {chars[b]: b for b in range(256)}
+merges = [["\u0120", "t"], ["h", "e"], ["\u0120t", "he"], ["i", "n"], ["1", "2"]]
+for a, b in merges:
+    vocab[a + b] = len(vocab)
+added = lambda content, id: {"id": id, "content": content, "single_word": False, "lstrip": False, "rstrip": False,
+                             "normalized": False, "special": True}
+level = lambda regex: {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": regex}
+llama3 = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+bot = len(vocab)
+base = {"version": "1.0", "decoder": level(True), "normalizer": None, "post_processor": None,
+        "added_tokens": [added("<|begin_of_text|>", bot), added("<|endoftext|>", bot + 1)],
+        "model": {"type": "BPE", "dropout": None, "byte_fallback": False, "ignore_merges": True, "vocab": vocab,
+                  "merges": merges}}
+split = dict(base, pre_tokenizer={"type": "Sequence", "pretokenizers": [
+    {"type": "Split", "pattern": {"Regex": llama3}, "behavior": "Isolated", "invert": False}, level(False)]},
+    post_processor={"type": "TemplateProcessing",
+                    "single": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}},
+                               {"Sequence": {"id": "A", "type_id": 0}}],
+                    "special_tokens": {"<|begin_of_text|>": {"id": "<|begin_of_text|>", "ids": [bot]}}})
+digits = dict(base, normalizer={"type": "NFC"}, pre_tokenizer={"type": "Sequence", "pretokenizers": [
+    {"type": "Digits", "individual_digits": True}, level(True)]})
+digits["model"] = dict(base["model"], ignore_merges=False, merges=[" ".join(m) for m in merges])
+for name, tok, rest in [("llama3_split", split, "the 12345 it's  \n\n<|endoftext|>"),
+                        ("smollm_digits_nfc", digits, "Cafe\u0301 123 the"),
+                        ("with_config", split, json.dumps({"bos_token": "<|begin_of_text|>", "add_bos_token": True}))]:
+    open(f"{out}/{name}.bin", "wb").write(json.dumps(tok).encode() + b"\0" + rest.encode())
+PY
+
 echo "tools/make_fuzz_corpus.sh: wrote $(find "$corpus" -type f | wc -l) files under $corpus"

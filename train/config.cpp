@@ -98,7 +98,7 @@ RunConfig RunConfig::from_json(const nlohmann::json& j) {
 io::TokenizerFiles RunConfig::tokenizer_files() const {
   if (!task.options.subword) return {};
   const auto* bpe = dynamic_cast<const tasks::BpeTokenizer*>(task.options.subword.get());
-  HL_CHECK(bpe, "checkpoint: a model with ", task.options.subword->describe(),
+  HL_CHECK(bpe && !bpe->vocab_json().empty(), "checkpoint: a model with ", task.options.subword->describe(),
            " cannot be saved with its tokenizer yet (headlab checkpoints hold GPT-2's BPE files)");
   return {bpe->vocab_json(), bpe->merges_txt()};
 }

@@ -26,6 +26,33 @@ void pretrained_text_task(train::RunConfig& c, std::shared_ptr<const tasks::Text
 
 }  // namespace
 
+FolderTokenizer folder_tokenizer(const std::string& folder, const io::FolderModel& m) {
+  const auto file_in_folder = [&](const char* name) {
+    const std::string p = (fs::path(folder) / name).string();
+    return not_a_file_reason(p).empty() ? p : std::string();
+  };
+  using Kind = FolderTokenizer::Kind;
+  if (std::string p = file_in_folder("tokenizer.model"); !p.empty()) return {Kind::sentencepiece, p, ""};
+  if (!m.vocab_path.empty() && !m.merges_path.empty()) return {Kind::gpt2_files, m.vocab_path, m.merges_path};
+  if (std::string p = file_in_folder("tokenizer.json"); !p.empty())
+    return {Kind::tokenizer_json, p, file_in_folder("tokenizer_config.json")};
+  return {};
+}
+
+std::string FolderTokenizer::describe() const {
+  switch (kind) {
+    case Kind::sentencepiece:
+      return path + " (SentencePiece)";
+    case Kind::gpt2_files:
+      return path + ", " + second;
+    case Kind::tokenizer_json:
+      return path + (second.empty() ? "" : ", " + second);
+    case Kind::none:
+      break;
+  }
+  return "none (no tokenizer.model, vocab.json and merges.txt, or tokenizer.json)";
+}
+
 Loaded load(const char* cmd, const std::string& path, const std::string& device, const std::string& text,
             const std::string& tokenizer) {
   Loaded l;
@@ -60,29 +87,34 @@ Loaded load(const char* cmd, const std::string& path, const std::string& device,
   }
   const io::Family& family = io::family_of_folder(path);
   io::FolderModel folder = family.folder->read(path);
-  const std::string sentencepiece = (fs::path(path) / "tokenizer.model").string();
-  const bool has_sentencepiece = not_a_file_reason(sentencepiece).empty();
-  HL_CHECK(!tokenizer.empty() || has_sentencepiece || (!folder.vocab_path.empty() && !folder.merges_path.empty()), cmd,
-           ": the folder '", path,
-           "' has no tokenizer headlab reads (vocab.json and merges.txt, or tokenizer.model); give one with "
-           "--tokenizer FILE (a SentencePiece model or llama2.c's tokenizer.bin)");
+  // --tokenizer FILE, else the folder's (folder_tokenizer: tokenizer.model, vocab.json + merges.txt, tokenizer.json).
+  using Kind = FolderTokenizer::Kind;
+  const FolderTokenizer files = folder_tokenizer(path, folder);
+  HL_CHECK(!tokenizer.empty() || files.kind != Kind::none, cmd, ": the folder '", path,
+           "' has no tokenizer headlab reads (vocab.json and merges.txt, tokenizer.model, or a byte-level BPE "
+           "tokenizer.json); give one with --tokenizer FILE (a SentencePiece model, llama2.c's tokenizer.bin or a "
+           "tokenizer.json)");
   l.from_folder = true;
   train::RunConfig& c = l.config;
   c.model = folder.config;
   const int64_t vocab = family.model.vocab_size(folder.config);
   std::shared_ptr<const tasks::TextTokenizer> subword;
-  if (!tokenizer.empty())  // it overrides the folder's
+  if (!tokenizer.empty())
     subword = tasks::tokenizer_from_file(tokenizer, vocab);
-  else if (has_sentencepiece)
-    subword = tasks::SentencePieceTokenizer::from_file(sentencepiece, vocab);
+  else if (files.kind == Kind::sentencepiece)
+    subword = tasks::SentencePieceTokenizer::from_file(files.path, vocab);
+  else if (files.kind == Kind::gpt2_files)
+    subword =
+        std::make_shared<const tasks::BpeTokenizer>(tasks::BpeTokenizer::from_files(files.path, files.second, vocab));
   else
     subword = std::make_shared<const tasks::BpeTokenizer>(
-        tasks::BpeTokenizer::from_files(folder.vocab_path, folder.merges_path, vocab));
+        tasks::BpeTokenizer::from_tokenizer_json_file(files.path, vocab, files.second));
+  const bool carries_files = tokenizer.empty() && files.kind == Kind::gpt2_files;
   pretrained_text_task(c, std::move(subword), text);
   l.model = io::build_folder_model(std::move(folder), path);
   l.model->to(Device::parse(device));
   l.ckpt.config = c.to_json();
-  l.ckpt.tokenizer = c.tokenizer_files();
+  if (carries_files) l.ckpt.tokenizer = c.tokenizer_files();  // other tokenizers stay in the folder
   for (const auto& [name, t] : l.model->named_parameters()) l.ckpt.model.emplace_back(name, t.detach());
   l.task = c.make_task();
   return l;

@@ -31,6 +31,17 @@ struct Loaded {
   // The subword tokenizer when the model has one (pretrained models, their conversions and fine-tunings), else null.
   const tasks::TextTokenizer* subword() const;
 };
+
+// The tokenizer files of a model folder, the first found of: tokenizer.model (SentencePiece); vocab.json +
+// merges.txt (GPT-2's files, which a checkpoint can carry); tokenizer.json (byte-level BPE), with
+// tokenizer_config.json for BOS and EOS where the folder has one. --tokenizer FILE overrides them all.
+struct FolderTokenizer {
+  enum class Kind { none, sentencepiece, gpt2_files, tokenizer_json } kind = Kind::none;
+  std::string path, second;      // the file, and merges.txt or tokenizer_config.json ("" if none)
+  std::string describe() const;  // the files, or "none (...)": inspect's line
+};
+FolderTokenizer folder_tokenizer(const std::string& folder, const io::FolderModel& m);
+
 // path: a checkpoint file, a model folder or a llama2.c checkpoint (errors start with cmd); text replaces a chars
 // or text task's text file; tokenizer: a tokenizer file for a llama2.c checkpoint (required there; llama2.c's
 // tokenizer.bin format).

@@ -1,7 +1,8 @@
-// headlab tokenize / convert / export: Hugging Face model folders (io/families.h: each family's format)
-// from the command line. tokenize runs a folder's byte-level BPE tokenizer; convert writes a folder as a
-// self-contained headlab checkpoint; export writes a headlab checkpoint as its family's folder (a GPT's:
-// a GPT2LMHeadModel folder) that PyTorch loads.
+// headlab tokenize / convert / export: pretrained models' files (io/families.h: each family's format) from the
+// command line. tokenize runs a model's subword tokenizer (a folder's, a checkpoint's or --tokenizer); convert
+// writes a Hugging Face folder or a llama2.c checkpoint as a self-contained headlab checkpoint, its tokenizer's
+// files inside; export writes a headlab checkpoint as its family's folder (a GPT's: a GPT2LMHeadModel folder;
+// a llama's: a LlamaForCausalLM folder) that PyTorch loads, its tokenizer's files beside.
 #include <iostream>
 #include <memory>
 
@@ -17,34 +18,32 @@ namespace headlab::cli {
 
 Action add_tokenize(CLI::App& app) {
   struct Args {
-    std::string model, text, prompt;
-    bool show = false;
+    std::string model, tokenizer, text, prompt;
+    bool show = false, no_bos = false;
   };
   auto a = std::make_shared<Args>();
-  app.add_option("model", a->model, "a folder with vocab.json and merges.txt (a Hugging Face GPT-2 folder)")
-      ->type_name(kInputFolder)
-      ->required();
+  add_model_argument(app, a->model, a->tokenizer);
   auto* text = app.add_option("--text", a->text, "the file to tokenize (UTF-8)")->type_name(kInputFile);
   auto* prompt = app.add_option("--prompt", a->prompt, "the text to tokenize");
   text->excludes(prompt);
-  app.add_flag("--show", a->show, "print the tokens as vocab.json spells them (Ġ is a space) instead of their ids");
+  app.add_flag("--show", a->show, "print the tokens as text instead of their ids (GPT-2's as vocab.json spells them)");
+  app.add_flag("--no-bos", a->no_bos, "leave out the BOS a prompt starts with (SentencePiece LLaMA models: <s>)");
   return [a, text, prompt] {
     HL_CHECK(text->count() + prompt->count() == 1, "tokenize: give --text FILE or --prompt TEXT");
-    check_input_folder(a->model, "tokenize: model");
-    const std::string folder = a->model;
-    const auto vocab_size_of = [&] {
-      const io::Family& f = io::family_of_folder(folder);
-      return f.model.vocab_size(f.folder->read_config(folder));
-    };
-    const int64_t vocab_size = io::is_hf_model_folder(folder) ? vocab_size_of() : 0;
-    const tasks::BpeTokenizer tok =
-        tasks::BpeTokenizer::from_files(join_path(folder, "vocab.json"), join_path(folder, "merges.txt"), vocab_size);
     const std::string input = a->text.empty() ? a->prompt : read_input_file(a->text, "tokenize: --text");
-    const std::vector<int64_t> ids = tok.encode(input, a->text.empty() ? "prompt" : a->text);
+    const Loaded l = load("tokenize", a->model, "cpu", "", a->tokenizer);
+    const tasks::TextTokenizer* tok = l.subword();
+    HL_CHECK(tok, "tokenize: '", a->model, "' has the ", l.task->name(),
+             " task's own tokenizer, not a subword one (tokenize reads pretrained models and their checkpoints)");
+    std::vector<int64_t> ids = tok->encode(input, a->text.empty() ? "prompt" : a->text);
+    if (!a->no_bos && tok->bos()) ids.insert(ids.begin(), *tok->bos());
+    const auto* bpe = dynamic_cast<const tasks::BpeTokenizer*>(tok);
     std::string line;
     for (size_t i = 0; i < ids.size(); ++i) {
       if (i) line += ' ';
-      line += a->show ? tok.token_string(ids[i]) : std::to_string(ids[i]);
+      line += !a->show                        ? std::to_string(ids[i])
+              : bpe && ids[i] < bpe->tokens() ? bpe->token_string(ids[i])
+                                              : tok->token_text(ids[i]);
     }
     std::cout << line << "\n";
     return 0;
@@ -87,24 +86,19 @@ Action add_export(CLI::App& app) {
 
 Action add_convert(CLI::App& app) {
   struct Args {
-    std::string folder, out;
+    std::string model, tokenizer, out;
   };
   auto a = std::make_shared<Args>();
-  app.add_option("model", a->folder, "a Hugging Face model folder (config.json, weights, vocab.json, merges.txt)")
-      ->type_name(kInputFolder)
-      ->required();
+  add_model_argument(app, a->model, a->tokenizer);
   app.add_option("--out", a->out, "the checkpoint to write (.h5)")->type_name(kOutputFile)->required();
   return [a] {
-    check_input_folder(a->folder, "convert: model");
-    HL_CHECK(io::is_hf_model_folder(a->folder), "convert: model '", a->folder,
-             "' has no config.json: not a Hugging Face model folder");
-    const Loaded l = load("convert", a->folder, "cpu");
-    HL_CHECK(!l.ckpt.tokenizer.empty(), "convert: '", a->folder, "' has ", l.subword()->describe(),
-             ", which a checkpoint cannot hold yet (headlab checkpoints hold GPT-2's vocab.json and merges.txt)");
+    const Loaded l = load("convert", a->model, "cpu", "", a->tokenizer);
+    HL_CHECK(l.from_folder, "convert: '", a->model,
+             "' is a headlab checkpoint already (convert reads Hugging Face folders and llama2.c checkpoints)");
     check_output_file(a->out, "convert: --out");
     io::save_checkpoint(a->out, l.ckpt);
     std::cout << "convert: wrote " << a->out << " (" << l.config.describe_model() << ", " << l.model->num_parameters()
-              << " parameters, its tokenizer inside)\n";
+              << " parameters, " << l.subword()->describe() << " inside)\n";
     return 0;
   };
 }

@@ -46,10 +46,10 @@ int main(int argc, char** argv) {
       headlab::cli::add_heads);
   add("circuit", "which heads pass what to whom on prompt pairs: edge attribution, path patching, circuit discovery",
       headlab::cli::add_circuit);
-  add("tokenize", "GPT-2's byte-level BPE tokenizer of a Hugging Face folder: text -> ids", headlab::cli::add_tokenize);
+  add("tokenize", "a model's subword tokenizer (a folder's, a checkpoint's or --tokenizer): text -> ids", headlab::cli::add_tokenize);
   add("export", "write a GPT checkpoint as a Hugging Face GPT-2 folder (config.json, model.safetensors)",
       headlab::cli::add_export);
-  add("convert", "write a Hugging Face GPT-2 folder as a headlab checkpoint (.h5, its tokenizer inside)",
+  add("convert", "write a Hugging Face folder or a llama2.c checkpoint as a headlab checkpoint (.h5, its tokenizer inside)",
       headlab::cli::add_convert);
   try {
     headlab::cli::finish_options(app);

@@ -1,7 +1,9 @@
 // Checkpoint file layout:
 //   /                    attrs format = "headlab-checkpoint", format_version, config (JSON text)
 //   /model/<name>        float32, one dataset per parameter, by state_dict key
-//   /tokenizer           vocab.json, merges.txt: uint8 (n,), a BPE tokenizer's files (config tokenizer type "bpe")
+//   /tokenizer           a subword tokenizer's files, uint8 (n,) each (config tokenizer type: "bpe": vocab.json,
+//                        merges.txt; "tokenizer.json": tokenizer.json [, tokenizer_config.json]; "sentencepiece":
+//                        tokenizer.model; "llama2c": tokenizer.bin)
 //   /optimizer           attrs kind, hyperparameters (JSON); state/<param>/<exp_avg|exp_avg_sq|momentum_buffer>,
 //                        steps/<param> (int64 scalar)
 //   /trainer             step, rng (uint64 seed and offset as int64 [2]), data_index, elapsed_seconds,
@@ -64,11 +66,9 @@ void save_checkpoint(const std::string& path, const Checkpoint& ckpt) {
   w.set_attr("/", "config", ckpt.config.dump());
   w.create_group("model");
   for (const auto& [name, t] : ckpt.model) write_tensor(w, "model/" + name, t);
-  if (!ckpt.tokenizer.empty())
-    for (const auto& [name, text] :
-         {std::pair{"vocab.json", &ckpt.tokenizer.vocab_json}, std::pair{"merges.txt", &ckpt.tokenizer.merges_txt}})
-      w.write_u8(std::string("tokenizer/") + name, {static_cast<int64_t>(text->size())},
-                 reinterpret_cast<const uint8_t*>(text->data()));
+  for (const auto& [name, bytes] : ckpt.tokenizer.files)
+    w.write_u8("tokenizer/" + name, {static_cast<int64_t>(bytes.size())},
+               reinterpret_cast<const uint8_t*>(bytes.data()));
   if (ckpt.has_optimizer) {
     w.create_group("optimizer");
     w.set_attr("/optimizer", "kind", enum_name(ckpt.optimizer.kind));
@@ -142,19 +142,24 @@ Checkpoint load_checkpoint(const std::string& path) {
     const bool known = find_named(expected, name) != expected.end();
     HL_CHECK(known, ctx, ": dataset model/", name, " is not a parameter of the model its config describes");
   }
-  const bool bpe = ck.config.contains("tokenizer") && ck.config["tokenizer"].is_object() &&
-                   ck.config["tokenizer"].value("type", "char") == "bpe";
-  if (bpe)
-    for (const auto& [name, text] :
-         {std::pair{"vocab.json", &ck.tokenizer.vocab_json}, std::pair{"merges.txt", &ck.tokenizer.merges_txt}}) {
-      const std::string dataset = std::string("tokenizer/") + name;
-      HL_CHECK(r.has(dataset), ctx, ": the config's tokenizer is BPE but dataset ", dataset, " is missing");
+  // A subword tokenizer's files (tasks::TokenizerFiles): every dataset under /tokenizer; which ones its type
+  // needs is the tokenizer's to check (tasks::tokenizer_from_files).
+  const nlohmann::json* tok =
+      ck.config.contains("tokenizer") && ck.config["tokenizer"].is_object() ? &ck.config["tokenizer"] : nullptr;
+  const std::string type =
+      tok && tok->contains("type") && (*tok)["type"].is_string() ? (*tok)["type"].get<std::string>() : "char";
+  if (type != "char") {
+    HL_CHECK(r.has("tokenizer"), ctx, ": the config's tokenizer is ", type, " but group /tokenizer is missing");
+    ck.tokenizer.type = type;
+    for (const std::string& name : r.list("tokenizer")) {
+      const std::string dataset = "tokenizer/" + name;
       const h5::ArrayInfo info = r.info(dataset);
       HL_CHECK(info.dtype == h5::DType::u8 && info.shape.size() == 1, ctx, ": dataset ", dataset,
                " should be uint8 bytes of one dimension");
       const h5::Array a = r.read(dataset, h5::DType::u8, info.shape);
-      text->assign(reinterpret_cast<const char*>(a.bytes.data()), a.bytes.size());
+      ck.tokenizer.files.emplace_back(name, std::string(reinterpret_cast<const char*>(a.bytes.data()), a.bytes.size()));
     }
+  }
   if (r.has("optimizer")) {
     ck.has_optimizer = true;
     const std::string hyper = r.attr_str("/optimizer", "hyperparameters");

@@ -31,8 +31,8 @@ struct TrainerState {
 struct Checkpoint {
   nlohmann::json config;  // {"model": the family's section, "tokenizer": {...}, "task": {...}, "training": {...}}
   NamedTensors model;     // CPU tensors by state_dict name
-  // A BPE tokenizer's files (config "tokenizer": {"type": "bpe"}); empty for the character tokenizer,
-  // whose vocabulary the config holds.
+  // A subword tokenizer's files (config "tokenizer": {"type": files' type}); empty for the character
+  // tokenizer, whose vocabulary the config holds.
   TokenizerFiles tokenizer;
   bool has_optimizer = false;
   optim::OptimizerOptions optimizer;

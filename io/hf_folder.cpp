@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "base/input_path.h"
+#include "io/atomic_file.h"
 
 namespace headlab::io {
 
@@ -56,6 +57,11 @@ int64_t hf_config_int(const nlohmann::json& j, std::initializer_list<const char*
     return v;
   }
   HL_FAIL(file, ": missing ", *keys.begin());
+}
+
+void write_tokenizer_files(const std::string& folder, const TokenizerFiles& tokenizer) {
+  for (const auto& [name, bytes] : tokenizer.files)
+    write_file_atomic((fs::path(folder) / name).string(), bytes, "export");
 }
 
 }  // namespace headlab::io

@@ -9,6 +9,7 @@
 
 #include "base/error.h"
 #include "base/json_fields.h"
+#include "io/tokenizer_files.h"
 
 namespace headlab::io {
 
@@ -33,5 +34,9 @@ T hf_config_value(const nlohmann::json& j, const char* key, T fallback, const st
     HL_FAIL(file, ": ", key, " has the wrong type: ", json_text(j.at(key)));
   }
 }
+
+// A tokenizer's files written into the folder under their own names (tokenizer.model, vocab.json, ...), each
+// atomically, as export writes them beside the weights; nothing for an empty one.
+void write_tokenizer_files(const std::string& folder, const TokenizerFiles& tokenizer);
 
 }  // namespace headlab::io

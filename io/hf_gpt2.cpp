@@ -301,10 +301,7 @@ void write_hf_gpt2(const std::string& folder, const nn::GPTModel& model, const T
                        {"tie_word_embeddings", tied},
                        {"torch_dtype", "float32"}};
   write_file_atomic((fs::path(folder) / "config.json").string(), config.dump(2) + "\n", "export");
-  if (!tokenizer.empty()) {
-    write_file_atomic((fs::path(folder) / "vocab.json").string(), tokenizer.vocab_json, "export");
-    write_file_atomic((fs::path(folder) / "merges.txt").string(), tokenizer.merges_txt, "export");
-  }
+  write_tokenizer_files(folder, tokenizer);
 }
 
 }  // namespace headlab::io

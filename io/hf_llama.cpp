@@ -205,8 +205,8 @@ class HfLlamaFormat : public FolderFormat {
   void write(const std::string& folder, const nn::Model& model, const TokenizerFiles& tokenizer) const override {
     const auto* llama = dynamic_cast<const nn::LlamaModel*>(&model);
     HL_CHECK(llama, "export: a ", model.type_name(), " is not a llama-family model");
-    HL_CHECK(tokenizer.empty(), "export: the llama family's folders are written without a tokenizer for now");
     write_hf_llama(folder, *llama);
+    write_tokenizer_files(folder, tokenizer);
   }
   std::string describe(const FolderModel& m) const override {
     const nn::LlamaConfig c = nn::LlamaConfig::from_json(m.config);

@@ -1,13 +1,10 @@
-// A byte-level BPE tokenizer as its two files' contents (GPT-2's vocab.json and merges.txt): how a
-// checkpoint carries the tokenizer it was trained with, and what export writes beside the weights.
+// The files a checkpoint stores its subword tokenizer as, and export writes beside the weights
+// (tasks::TokenizerFiles, defined beside the tokenizers that produce them).
 #pragma once
-#include <string>
+#include "tasks/text_tokenizer.h"
 
 namespace headlab::io {
 
-struct TokenizerFiles {
-  std::string vocab_json, merges_txt;
-  bool empty() const { return vocab_json.empty() && merges_txt.empty(); }
-};
+using tasks::TokenizerFiles;
 
 }  // namespace headlab::io

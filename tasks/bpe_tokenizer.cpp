@@ -263,7 +263,7 @@ struct BpeTokenizer::Impl {
   bool ignore_merges = false;  // a pre-token that is a model token is that token (Llama 3)
   TokenIndex model_bytes;      // ignore_merges: the bytes of each model token -> its id
   std::optional<int32_t> bos, eos;
-  std::string vocab_json, merges_txt;  // GPT-2's files as given, for a checkpoint to carry
+  TokenizerFiles files;  // the files as given, for a checkpoint to carry
 
   mutable std::mutex cache_mutex;
   mutable std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> cache;
@@ -544,8 +544,7 @@ BpeTokenizer::BpeTokenizer(std::string_view vocab_json, std::string_view merges_
   Impl& m = *impl_;
   m.name = kWho;
   m.gpt2_files = true;
-  m.vocab_json = vocab_json;
-  m.merges_txt = merges_txt;
+  m.files = {"bpe", {{"vocab.json", std::string(vocab_json)}, {"merges.txt", std::string(merges_txt)}}};
   // ---- vocab.json: an object of token -> id, ids 0..n-1 each once ----
   const std::string& vn = vocab_name;
   std::string repeated;
@@ -810,6 +809,8 @@ BpeTokenizer BpeTokenizer::from_tokenizer_json(std::string_view tokenizer_json, 
   m.eos = m.config_token(config, "eos_token", cf);
   for (const char* eos : kEosNames)
     if (const auto it = m.index.find(std::string_view(eos)); !m.eos && it != m.index.end()) m.eos = it->second;
+  m.files = {"tokenizer.json", {{"tokenizer.json", std::string(tokenizer_json)}}};
+  if (!tokenizer_config_json.empty()) m.files.files.emplace_back("tokenizer_config.json", tokenizer_config_json);
   return t;
 }
 
@@ -832,8 +833,7 @@ BpeTokenizer::~BpeTokenizer() = default;
 BpeTokenizer::BpeTokenizer(BpeTokenizer&&) noexcept = default;
 BpeTokenizer& BpeTokenizer::operator=(BpeTokenizer&&) noexcept = default;
 
-const std::string& BpeTokenizer::vocab_json() const { return impl_->vocab_json; }
-const std::string& BpeTokenizer::merges_txt() const { return impl_->merges_txt; }
+TokenizerFiles BpeTokenizer::files() const { return impl_->files; }
 
 int64_t BpeTokenizer::size() const { return impl_->rows; }
 int64_t BpeTokenizer::tokens() const { return static_cast<int64_t>(impl_->spellings.size()); }

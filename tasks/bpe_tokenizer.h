@@ -60,10 +60,9 @@ class BpeTokenizer : public TextTokenizer {
   // The model's vocabulary size: tokens(), or the larger vocab_size given (ids of padding rows).
   int64_t size() const override;
   int64_t tokens() const;  // ids 0..tokens()-1 name a token
-  // The two files' contents as given (a checkpoint stores them; export writes them back); "" when
-  // read from a tokenizer.json.
-  const std::string& vocab_json() const;
-  const std::string& merges_txt() const;
+  // The files as given (GPT-2's two, or the tokenizer.json and its config): a checkpoint stores them, export
+  // writes them back.
+  TokenizerFiles files() const override;
   // Text (UTF-8) -> ids. Invalid UTF-8 throws "<label>: invalid UTF-8 at byte offset N ...";
   // label names the text's source ("prompt", a file name).
   std::vector<int64_t> encode(std::string_view text, std::string_view label = "prompt") const override;

@@ -44,7 +44,7 @@ int byte_of_piece(const std::string& p) {
 }  // namespace
 
 Llama2cTokenizer::Llama2cTokenizer(std::string_view bytes, std::string name, int64_t vocab_size)
-    : name_(std::move(name)) {
+    : name_(std::move(name)), bytes_(bytes) {
   const int32_t max_len = read_at<int32_t>(bytes, 0, name_, "the header (int32 max_token_length)");
   HL_CHECK(max_len > 0 && max_len <= (1 << 16), name_, ": max_token_length ", max_len,
            " is not a token length (expected 1..65536): not a llama2.c tokenizer file?");

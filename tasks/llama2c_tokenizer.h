@@ -25,6 +25,7 @@ class Llama2cTokenizer : public TextTokenizer {
   std::optional<int64_t> bos() const override { return 1; }
   std::optional<int64_t> eos() const override { return 2; }
   std::string describe() const override;
+  TokenizerFiles files() const override { return {"llama2c", {{"tokenizer.bin", bytes_}}}; }
   const std::string& piece(int64_t id) const;  // as the file spells it ("<0x0A>", " the")
 
  private:
@@ -32,6 +33,7 @@ class Llama2cTokenizer : public TextTokenizer {
   std::vector<int64_t> encode_pieces(std::string_view text, std::string_view label, bool dummy_space)
       const;  // what the token stands for: a byte token's byte, else its piece
   std::string name_;
+  std::string bytes_;  // the file as read (a checkpoint carries it)
   std::vector<std::string> pieces_;
   std::vector<float> scores_;
   std::unordered_map<std::string, int64_t> ids_;

@@ -26,6 +26,7 @@ constexpr const char* kSpace = "\xE2\x96\x81";  // U+2581, SentencePiece's space
 struct SentencePieceTokenizer::Impl {
   sentencepiece::SentencePieceProcessor sp;
   std::string name;
+  std::string model;  // the serialized model as read (a checkpoint carries it)
   void check_id(int64_t id) const {
     HL_CHECK(id >= 0 && id < sp.GetPieceSize(), name, ": token id ", id, " is out of range for ", sp.GetPieceSize(),
              " tokens");
@@ -38,9 +39,18 @@ SentencePieceTokenizer::~SentencePieceTokenizer() = default;
 std::shared_ptr<const SentencePieceTokenizer> SentencePieceTokenizer::from_file(const std::string& path,
                                                                                 int64_t vocab_size) {
   check_input_file(path, "tokenizer");
+  std::string why_not;
+  const std::string bytes = detail::read_text_file(path, why_not);
+  HL_CHECK(why_not.empty(), "tokenizer '", path, "': ", why_not);
+  return from_bytes(bytes, "tokenizer '" + path + "'", vocab_size);
+}
+
+std::shared_ptr<const SentencePieceTokenizer> SentencePieceTokenizer::from_bytes(std::string bytes, std::string name,
+                                                                                 int64_t vocab_size) {
   auto impl = std::make_unique<Impl>();
-  impl->name = "tokenizer '" + path + "'";
-  const auto status = impl->sp.Load(path);
+  impl->name = std::move(name);
+  impl->model = std::move(bytes);
+  const auto status = impl->sp.LoadFromSerializedProto(impl->model);
   HL_CHECK(status.ok(), impl->name, ": not a SentencePiece model (", status.ToString(), ")");
   const int64_t n = impl->sp.GetPieceSize();
   HL_CHECK(vocab_size <= 0 || n == vocab_size, impl->name, ": ", n, " tokens, but the model emits ", vocab_size);
@@ -105,6 +115,8 @@ std::string SentencePieceTokenizer::describe() const {
   return "a SentencePiece tokenizer of " + std::to_string(size()) + " tokens";
 }
 
+TokenizerFiles SentencePieceTokenizer::files() const { return {"sentencepiece", {{"tokenizer.model", impl_->model}}}; }
+
 std::shared_ptr<const TextTokenizer> tokenizer_from_file(const std::string& path, int64_t vocab_size) {
   // llama2.c's file starts with a small positive int32 (max_token_length); a SentencePiece model with the
   // protobuf tag of its first field (pieces: field 1, length-delimited, 0x0A); a tokenizer.json with '{' and
@@ -130,6 +142,29 @@ std::shared_ptr<const TextTokenizer> tokenizer_from_file(const std::string& path
     if (parses) return SentencePieceTokenizer::from_file(path, vocab_size);
   }
   return Llama2cTokenizer::from_file(path, vocab_size);
+}
+
+std::shared_ptr<const TextTokenizer> tokenizer_from_files(const TokenizerFiles& f, const std::string& where,
+                                                          int64_t vocab_size) {
+  const auto file = [&](const char* name) -> const std::string& {
+    const std::string* bytes = f.find(name);
+    HL_CHECK(bytes != nullptr, where, name, " is missing (a ", f.type, " tokenizer's file)");
+    return *bytes;
+  };
+  if (f.type == "bpe")
+    return std::make_shared<const BpeTokenizer>(file("vocab.json"), file("merges.txt"), where + "vocab.json",
+                                                where + "merges.txt", vocab_size);
+  if (f.type == "tokenizer.json") {
+    const std::string* config = f.find("tokenizer_config.json");
+    return std::make_shared<const BpeTokenizer>(
+        BpeTokenizer::from_tokenizer_json(file("tokenizer.json"), where + "tokenizer.json", vocab_size,
+                                          config ? *config : std::string(), where + "tokenizer_config.json"));
+  }
+  if (f.type == "sentencepiece")
+    return SentencePieceTokenizer::from_bytes(file("tokenizer.model"), where + "tokenizer.model", vocab_size);
+  HL_CHECK(f.type == "llama2c", where, ": tokenizer type '", f.type,
+           "' is none headlab reads (bpe, tokenizer.json, sentencepiece, llama2c)");
+  return std::make_shared<const Llama2cTokenizer>(file("tokenizer.bin"), where + "tokenizer.bin", vocab_size);
 }
 
 }  // namespace headlab::tasks

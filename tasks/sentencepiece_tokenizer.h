@@ -13,6 +13,9 @@ class SentencePieceTokenizer : public TextTokenizer {
  public:
   // vocab_size > 0: the model's, which the file must cover exactly.
   static std::shared_ptr<const SentencePieceTokenizer> from_file(const std::string& path, int64_t vocab_size = 0);
+  // A serialized model (a tokenizer.model's bytes); name names it in errors.
+  static std::shared_ptr<const SentencePieceTokenizer> from_bytes(std::string bytes, std::string name,
+                                                                  int64_t vocab_size = 0);
   ~SentencePieceTokenizer() override;
   int64_t size() const override;
   std::vector<int64_t> encode(std::string_view text, std::string_view label = "prompt") const override;
@@ -24,6 +27,7 @@ class SentencePieceTokenizer : public TextTokenizer {
   std::optional<int64_t> bos() const override;
   std::optional<int64_t> eos() const override;
   std::string describe() const override;
+  TokenizerFiles files() const override;  // {"sentencepiece", tokenizer.model}
 
  private:
   struct Impl;
@@ -35,5 +39,9 @@ class SentencePieceTokenizer : public TextTokenizer {
 // Hugging Face tokenizer.json of byte-level BPE (with the tokenizer_config.json beside it, if any), told apart
 // by their contents; errors name the file.
 std::shared_ptr<const TextTokenizer> tokenizer_from_file(const std::string& path, int64_t vocab_size);
+// A tokenizer from the files it was read from (TextTokenizer::files(): a checkpoint's /tokenizer); where
+// ("checkpoint 'x.h5': tokenizer/") starts the names in errors.
+std::shared_ptr<const TextTokenizer> tokenizer_from_files(const TokenizerFiles& files, const std::string& where,
+                                                          int64_t vocab_size);
 
 }  // namespace headlab::tasks

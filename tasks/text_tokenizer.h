@@ -1,13 +1,30 @@
-// What the text task, generation and the analyses ask of a subword tokenizer, whatever its files: GPT-2's
-// byte-level BPE (tasks/bpe_tokenizer.h) or llama2.c's SentencePiece-style vocabulary (tasks/llama2c_tokenizer.h).
+// What the text task, generation and the analyses ask of a subword tokenizer, whatever its files: byte-level
+// BPE (GPT-2's files or a tokenizer.json: tasks/bpe_tokenizer.h), SentencePiece (tasks/sentencepiece_tokenizer.h)
+// or llama2.c's tokenizer.bin (tasks/llama2c_tokenizer.h).
 #pragma once
 #include <cstdint>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace headlab::tasks {
+
+// A subword tokenizer as the files it was read from: what a checkpoint stores (/tokenizer/<name>) and export
+// writes beside the weights, so that a model keeps its tokenizer wherever it goes. type: "bpe" (GPT-2's
+// vocab.json and merges.txt), "tokenizer.json" (with tokenizer_config.json where the folder had one),
+// "sentencepiece" (tokenizer.model), "llama2c" (llama2.c's tokenizer.bin).
+struct TokenizerFiles {
+  std::string type;                                        // "" with no files (the character tokenizer)
+  std::vector<std::pair<std::string, std::string>> files;  // (file name, contents)
+  bool empty() const { return files.empty(); }
+  const std::string* find(std::string_view name) const {
+    for (const auto& [n, bytes] : files)
+      if (n == name) return &bytes;
+    return nullptr;
+  }
+};
 
 class TextTokenizer {
  public:
@@ -28,6 +45,7 @@ class TextTokenizer {
   virtual std::optional<int64_t> bos() const { return std::nullopt; }
   virtual std::optional<int64_t> eos() const = 0;
   virtual std::string describe() const = 0;  // "GPT-2's byte-level BPE tokenizer of 50257 tokens"
+  virtual TokenizerFiles files() const = 0;  // what it was read from, to be read again by tokenizer_from_files
 };
 
 }  // namespace headlab::tasks

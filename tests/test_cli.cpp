@@ -679,7 +679,9 @@ void write_random_gpt2(const std::string& dir, int64_t n_layers) {
   c.vocab_size = 50257, c.context_length = 16, c.emb_dim = 8, c.n_heads = 2, c.n_layers = n_layers;
   c.qkv_bias = true, c.tie_embeddings = true;
   const nn::GPTModel random(c);
-  io::write_hf_gpt2(dir, random, {slurp(kGpt2Vocab + "/vocab.json"), slurp(kGpt2Vocab + "/merges.txt")});
+  io::write_hf_gpt2(
+      dir, random,
+      {"bpe", {{"vocab.json", slurp(kGpt2Vocab + "/vocab.json")}, {"merges.txt", slurp(kGpt2Vocab + "/merges.txt")}}});
 }
 
 // eval, generate and inspect take a Hugging Face GPT-2 folder: a random one with GPT-2's vocabulary,
@@ -984,7 +986,8 @@ TEST_F(CliTest, Gpt2FolderConvertsAnalysesAndFineTunes) {
   EXPECT_EQ(tuned.config["task"]["name"], "text");
   EXPECT_TRUE(tuned.config["model"]["tie_embeddings"].get<bool>());
   EXPECT_TRUE(find_named(tuned.model, "out_head.weight") == tuned.model.end()) << "one tied parameter";
-  EXPECT_EQ(tuned.tokenizer.merges_txt, slurp(vocab + "/merges.txt"));
+  ASSERT_NE(tuned.tokenizer.find("merges.txt"), nullptr);
+  EXPECT_EQ(*tuned.tokenizer.find("merges.txt"), slurp(vocab + "/merges.txt"));
   const io::HfGpt2 start = io::read_hf_gpt2(dir);
   const Tensor before = find_named(start.parameters, "tok_emb.weight")->second;
   const Tensor after = find_named(tuned.model, "tok_emb.weight")->second;

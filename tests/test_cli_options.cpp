@@ -113,7 +113,8 @@ class CliOptionsTest : public ::testing::TestWithParam<std::string> {
     c.vocab_size = 256, c.context_length = 8, c.emb_dim = 8, c.n_heads = 2, c.n_layers = 1, c.qkv_bias = true;
     c.tie_embeddings = true;
     headlab::nn::GPTModel model(c);
-    headlab::io::write_hf_gpt2(scratch_->path("gpt2"), model, {vocab.dump(), "#version: 0.2\n"});
+    headlab::io::write_hf_gpt2(scratch_->path("gpt2"), model,
+                               {"bpe", {{"vocab.json", vocab.dump()}, {"merges.txt", "#version: 0.2\n"}}});
   }
   static void TearDownTestSuite() {
     delete scratch_;

@@ -403,7 +403,12 @@ TEST(TokenizerJson, ALlamaFolderLoadsThroughItsTokenizerJson) {
   const tasks::Prompt p = l.task->encode_prompt("hello<|endoftext|>");
   EXPECT_EQ(p.ids, (std::vector<int64_t>{260, 258, 'o', 259}));  // BOS, "hell", "o", <|endoftext|>
   EXPECT_EQ(tok->decode(p.ids), "<|begin_of_text|>hello<|endoftext|>");
-  EXPECT_TRUE(l.ckpt.tokenizer.empty());  // a checkpoint holds GPT-2's files only
+  // A checkpoint carries the tokenizer.json, and reads it back to the same tokenizer.
+  EXPECT_EQ(l.ckpt.tokenizer.type, "tokenizer.json");
+  const std::shared_ptr<const tasks::TextTokenizer> carried =
+      tasks::tokenizer_from_files(l.ckpt.tokenizer, "checkpoint: tokenizer/", 272);
+  EXPECT_EQ(carried->encode("hello<|endoftext|>"), tok->encode("hello<|endoftext|>"));
+  EXPECT_EQ(carried->bos(), tok->bos());
   // A tokenizer_config.json beside it is read: here it turns the BOS off.
   std::ofstream(folder + "/tokenizer_config.json") << R"({"add_bos_token": false})";
   const train::FolderTokenizer files =

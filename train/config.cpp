@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "base/json_fields.h"
-#include "tasks/bpe_tokenizer.h"
+#include "tasks/sentencepiece_tokenizer.h"
 #include "tasks/seq2seq.h"
 
 namespace headlab::train {
@@ -59,8 +59,7 @@ nlohmann::json RunConfig::to_json() const {
   training["optimizer"] = optimizer.to_json();
   training["schedule"] = schedule.to_json();
   nlohmann::json tokenizer = {{"type", "char"}, {"vocab", task.options.vocabulary}};
-  if (task.options.subword)
-    tokenizer = {{"type", dynamic_cast<const tasks::BpeTokenizer*>(task.options.subword.get()) ? "bpe" : "llama2c"}};
+  if (task.options.subword) tokenizer = {{"type", task.options.subword->files().type}};
   if (family().model.seq2seq())
     tokenizer["source_vocab"] = tasks::make_seq2seq_task(task.name, task.options)->source_vocab();
   return {{"model", model},
@@ -96,21 +95,15 @@ RunConfig RunConfig::from_json(const nlohmann::json& j) {
 }
 
 io::TokenizerFiles RunConfig::tokenizer_files() const {
-  if (!task.options.subword) return {};
-  const auto* bpe = dynamic_cast<const tasks::BpeTokenizer*>(task.options.subword.get());
-  HL_CHECK(bpe && !bpe->vocab_json().empty(), "checkpoint: a model with ", task.options.subword->describe(),
-           " cannot be saved with its tokenizer yet (headlab checkpoints hold GPT-2's BPE files)");
-  return {bpe->vocab_json(), bpe->merges_txt()};
+  return task.options.subword ? task.options.subword->files() : io::TokenizerFiles{};
 }
 
 RunConfig config_of(const io::Checkpoint& ckpt, const std::string& path) {
   RunConfig c = RunConfig::from_json(ckpt.config);
-  if (!ckpt.tokenizer.empty()) {
-    const std::string where = "checkpoint '" + path + "': tokenizer/";
-    c.task.options.subword = std::make_shared<const tasks::BpeTokenizer>(
-        ckpt.tokenizer.vocab_json, ckpt.tokenizer.merges_txt, where + "vocab.json", where + "merges.txt",
-        c.family().model.seq2seq() ? 0 : c.family().model.vocab_size(c.model));
-  }
+  if (!ckpt.tokenizer.type.empty())
+    c.task.options.subword =
+        tasks::tokenizer_from_files(ckpt.tokenizer, "checkpoint '" + path + "': tokenizer/",
+                                    c.family().model.seq2seq() ? 0 : c.family().model.vocab_size(c.model));
   return c;
 }
 

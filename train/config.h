@@ -46,12 +46,12 @@ struct RunConfig {
   // to high exact match in a few minutes on two cores.
   static RunConfig defaults();
   // {"model", "tokenizer": {"type": "char", "vocab"}, "task": {"name", "options"}, "training"}; a
-  // BPE tokenizer is {"type": "bpe"}, its files beside the config (tokenizer_files, config_of).
+  // subword tokenizer is {"type": its files' type}, its files beside the config (tokenizer_files, config_of).
   nlohmann::json to_json() const;
   // Checkpoints from elsewhere (tools/import_torch.py) may lack "training": its defaults apply.
   static RunConfig from_json(const nlohmann::json& j);
   const io::Family& family() const { return io::family_of(model); }
-  // The files of the config's BPE tokenizer (empty for the character tokenizer): what a checkpoint
+  // The files of the config's subword tokenizer (empty for the character tokenizer): what a checkpoint
   // stores beside to_json().
   io::TokenizerFiles tokenizer_files() const;
   // The task this config describes (a source -> target family's: a tasks::Seq2SeqTask); text_override

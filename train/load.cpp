@@ -6,6 +6,7 @@
 #include "io/hf_folder.h"
 #include "io/llama2c.h"
 #include "tasks/chars.h"
+#include "tasks/llama2c_tokenizer.h"
 #include "tasks/sentencepiece_tokenizer.h"
 
 namespace headlab::train {
@@ -36,6 +37,7 @@ FolderTokenizer folder_tokenizer(const std::string& folder, const io::FolderMode
   if (!m.vocab_path.empty() && !m.merges_path.empty()) return {Kind::gpt2_files, m.vocab_path, m.merges_path};
   if (std::string p = file_in_folder("tokenizer.json"); !p.empty())
     return {Kind::tokenizer_json, p, file_in_folder("tokenizer_config.json")};
+  if (std::string p = file_in_folder("tokenizer.bin"); !p.empty()) return {Kind::llama2c, p, ""};
   return {};
 }
 
@@ -47,10 +49,12 @@ std::string FolderTokenizer::describe() const {
       return path + ", " + second;
     case Kind::tokenizer_json:
       return path + (second.empty() ? "" : ", " + second);
+    case Kind::llama2c:
+      return path + " (llama2.c's)";
     case Kind::none:
       break;
   }
-  return "none (no tokenizer.model, vocab.json and merges.txt, or tokenizer.json)";
+  return "none (no tokenizer.model, vocab.json and merges.txt, tokenizer.json or tokenizer.bin)";
 }
 
 Loaded load(const char* cmd, const std::string& path, const std::string& device, const std::string& text,
@@ -67,6 +71,7 @@ Loaded load(const char* cmd, const std::string& path, const std::string& device,
     l.model = io::build_folder_model(std::move(m), path);
     l.model->to(Device::parse(device));
     l.ckpt.config = c.to_json();
+    l.ckpt.tokenizer = c.tokenizer_files();
     for (const auto& [name, t] : l.model->named_parameters()) l.ckpt.model.emplace_back(name, t.detach());
     l.task = c.make_task();
     return l;
@@ -91,9 +96,9 @@ Loaded load(const char* cmd, const std::string& path, const std::string& device,
   using Kind = FolderTokenizer::Kind;
   const FolderTokenizer files = folder_tokenizer(path, folder);
   HL_CHECK(!tokenizer.empty() || files.kind != Kind::none, cmd, ": the folder '", path,
-           "' has no tokenizer headlab reads (vocab.json and merges.txt, tokenizer.model, or a byte-level BPE "
-           "tokenizer.json); give one with --tokenizer FILE (a SentencePiece model, llama2.c's tokenizer.bin or a "
-           "tokenizer.json)");
+           "' has no tokenizer headlab reads (vocab.json and merges.txt, tokenizer.model, a byte-level BPE "
+           "tokenizer.json or llama2.c's tokenizer.bin); give one with --tokenizer FILE (a SentencePiece model, "
+           "llama2.c's tokenizer.bin or a tokenizer.json)");
   l.from_folder = true;
   train::RunConfig& c = l.config;
   c.model = folder.config;
@@ -103,18 +108,19 @@ Loaded load(const char* cmd, const std::string& path, const std::string& device,
     subword = tasks::tokenizer_from_file(tokenizer, vocab);
   else if (files.kind == Kind::sentencepiece)
     subword = tasks::SentencePieceTokenizer::from_file(files.path, vocab);
+  else if (files.kind == Kind::llama2c)
+    subword = tasks::Llama2cTokenizer::from_file(files.path, vocab);
   else if (files.kind == Kind::gpt2_files)
     subword =
         std::make_shared<const tasks::BpeTokenizer>(tasks::BpeTokenizer::from_files(files.path, files.second, vocab));
   else
     subword = std::make_shared<const tasks::BpeTokenizer>(
         tasks::BpeTokenizer::from_tokenizer_json_file(files.path, vocab, files.second));
-  const bool carries_files = tokenizer.empty() && files.kind == Kind::gpt2_files;
   pretrained_text_task(c, std::move(subword), text);
   l.model = io::build_folder_model(std::move(folder), path);
   l.model->to(Device::parse(device));
   l.ckpt.config = c.to_json();
-  if (carries_files) l.ckpt.tokenizer = c.tokenizer_files();  // other tokenizers stay in the folder
+  l.ckpt.tokenizer = c.tokenizer_files();
   for (const auto& [name, t] : l.model->named_parameters()) l.ckpt.model.emplace_back(name, t.detach());
   l.task = c.make_task();
   return l;

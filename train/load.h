@@ -33,10 +33,11 @@ struct Loaded {
 };
 
 // The tokenizer files of a model folder, the first found of: tokenizer.model (SentencePiece); vocab.json +
-// merges.txt (GPT-2's files, which a checkpoint can carry); tokenizer.json (byte-level BPE), with
-// tokenizer_config.json for BOS and EOS where the folder has one. --tokenizer FILE overrides them all.
+// merges.txt (GPT-2's files); tokenizer.json (byte-level BPE), with tokenizer_config.json for BOS and EOS where
+// the folder has one; tokenizer.bin (llama2.c's, as export writes a llama2.c model's). --tokenizer FILE
+// overrides them all. A checkpoint made from the folder carries the files (io::Checkpoint::tokenizer).
 struct FolderTokenizer {
-  enum class Kind { none, sentencepiece, gpt2_files, tokenizer_json } kind = Kind::none;
+  enum class Kind { none, sentencepiece, gpt2_files, tokenizer_json, llama2c } kind = Kind::none;
   std::string path, second;      // the file, and merges.txt or tokenizer_config.json ("" if none)
   std::string describe() const;  // the files, or "none (...)": inspect's line
 };

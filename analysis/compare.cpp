@@ -1,4 +1,5 @@
-// Wrapper vs fused multi-head attention: the same weights in both forms, timed and compared.
+// Wrapper vs fused causal attention (multi-head, grouped-query, multi-query): the same weights in both forms, timed
+// and compared.
 #include "analysis/compare.h"
 
 #include <algorithm>
@@ -31,12 +32,13 @@ CompareConfig parse_compare_config(const std::string& spec) {
   std::vector<std::string> parts;
   std::stringstream ss(spec);
   for (std::string p; std::getline(ss, p, ',');) parts.push_back(p);
-  HL_CHECK(parts.size() == 6, "compare: config '", spec, "' must be name,B,T,d_in,d_out,heads");
+  HL_CHECK(parts.size() == 6 || parts.size() == 7, "compare: config '", spec,
+           "' must be name,B,T,d_in,d_out,heads[,kv_heads]");
   CompareConfig c;
   c.name = parts[0];
-  int64_t* fields[] = {&c.B, &c.T, &c.d_in, &c.d_out, &c.heads};
-  const char* names[] = {"B", "T", "d_in", "d_out", "heads"};
-  for (int i = 0; i < 5; ++i) {
+  int64_t* fields[] = {&c.B, &c.T, &c.d_in, &c.d_out, &c.heads, &c.kv_heads};
+  const char* names[] = {"B", "T", "d_in", "d_out", "heads", "kv_heads"};
+  for (int i = 0; i + 1 < static_cast<int>(parts.size()); ++i) {
     size_t used = 0;
     try {
       *fields[i] = std::stoll(parts[static_cast<size_t>(i) + 1], &used);
@@ -48,6 +50,8 @@ CompareConfig parse_compare_config(const std::string& spec) {
   }
   HL_CHECK(c.d_out % c.heads == 0, "compare: config '", spec, "': d_out ", c.d_out, " must be divisible by heads ",
            c.heads);
+  HL_CHECK(c.heads % c.kv() == 0, "compare: config '", spec, "': kv_heads ", c.kv_heads, " must divide heads ",
+           c.heads);
   return c;
 }
 
@@ -58,20 +62,31 @@ std::vector<CompareConfig> peer_compare_grid() {
           {"gpt2-ctx256", 8, 256, 768, 768, 12}};
 }
 
-double attention_flops_forward(const CompareConfig& c) {
+double attention_flops_forward(const CompareConfig& c, bool per_head_keys) {
   const double B = static_cast<double>(c.B), T = static_cast<double>(c.T), di = static_cast<double>(c.d_in),
                d = static_cast<double>(c.d_out);
-  return 2 * B * T * di * 3 * d + 2 * 2 * B * T * T * d + 2 * B * T * d * d;
+  const double kv = per_head_keys ? d : static_cast<double>(c.kv() * (c.d_out / c.heads));  // keys' width
+  return 2 * B * T * di * (d + 2 * kv) + 2 * 2 * B * T * T * d + 2 * B * T * d * d;
 }
 
 CompareResult compare_attention(const CompareConfig& c, const CompareOptions& o) {
-  HL_CHECK(c.B > 0 && c.T > 0 && c.d_in > 0 && c.d_out > 0 && c.heads > 0 && c.d_out % c.heads == 0,
-           "compare: config '", c.name, "' needs positive sizes and d_out divisible by heads");
+  HL_CHECK(c.B > 0 && c.T > 0 && c.d_in > 0 && c.d_out > 0 && c.heads > 0 && c.d_out % c.heads == 0 &&
+               c.kv_heads >= 0 && c.heads % c.kv() == 0,
+           "compare: config '", c.name, "' needs positive sizes, d_out divisible by heads and kv_heads dividing them");
   Backend& be = backend_for(o.device);
   Generator gen(o.seed);
   manual_seed(o.seed);  // module initialisation draws from the default generator
-  auto wrapper = std::make_shared<nn::MultiHeadAttentionWrapper>(c.d_in, c.d_out / c.heads, c.T, 0.0, c.heads, false,
-                                                                 true, c.d_out);
+  const int64_t D = c.d_out / c.heads;
+  auto wrapper = std::make_shared<nn::MultiHeadAttentionWrapper>(nn::CausalAttentionSizes{.d_in = c.d_in,
+                                                                                          .d_out = c.d_out,
+                                                                                          .context_length = c.T,
+                                                                                          .num_heads = c.heads,
+                                                                                          .head_dim = D,
+                                                                                          .num_kv_heads = c.kv(),
+                                                                                          .dropout = 0.0,
+                                                                                          .qkv_bias = false,
+                                                                                          .out_bias = true,
+                                                                                          .rotary = {}});
   wrapper->to(o.device);
   wrapper->eval();
   std::shared_ptr<nn::CausalMultiHeadAttention> fused = nn::wrapper_to_fused(*wrapper);
@@ -81,6 +96,7 @@ CompareResult compare_attention(const CompareConfig& c, const CompareOptions& o)
 
   CompareResult r;
   r.config = c;
+  r.kv_cache_bytes_per_token = 2 * c.kv() * D * static_cast<int64_t>(sizeof(float));
   const Tensor xg = x.detach().requires_grad_(true);
   auto fwd = [&](nn::CausalMultiHead& m) -> std::function<void()> {
     return [&m, &x] {
@@ -113,7 +129,7 @@ CompareResult compare_attention(const CompareConfig& c, const CompareOptions& o)
   for (auto* m : {static_cast<nn::CausalMultiHead*>(wrapper.get()), static_cast<nn::CausalMultiHead*>(fused.get())}) {
     FormMeasurement& fm = form == 0 ? r.wrapper : r.fused;
     fm.params = m->num_parameters();
-    fm.flops_forward = attention_flops_forward(c);
+    fm.flops_forward = attention_flops_forward(c, form == 0);
     fm.flops_backward = 2 * fm.flops_forward;
     fm.forward = tf[static_cast<size_t>(form)];
     fm.forward_backward = tb[static_cast<size_t>(form)];
@@ -138,10 +154,11 @@ void attach_torch_peer(CompareResult& r, const std::string& json_line) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(json_line);
+    const nlohmann::json kv = j.value("kv_heads", j.at("heads"));  // a peer before kv_heads: multi-head
     HL_CHECK(j.at("B") == c.B && j.at("T") == c.T && j.at("d_in") == c.d_in && j.at("d_out") == c.d_out &&
-                 j.at("heads") == c.heads,
+                 j.at("heads") == c.heads && kv == c.kv(),
              "compare: the PyTorch peer measured B=", j.at("B"), " T=", j.at("T"), " d_in=", j.at("d_in"),
-             " d_out=", j.at("d_out"), " heads=", j.at("heads"), " for config '", c.name, "'");
+             " d_out=", j.at("d_out"), " heads=", j.at("heads"), " kv_heads=", kv, " for config '", c.name, "'");
     auto form = [&](const char* name) {
       auto stats = [&](const nlohmann::json& t) {
         TimeStats s;

@@ -333,9 +333,9 @@ std::string compare_csv(const std::vector<CompareResult>& rows, const CompareOpt
     for (const char* name : names) t.columns.push_back({name, kind.format, kind.precision});
   };
   t.columns.push_back(text_column("config"));
-  add(integer, {"B", "T", "d_in", "d_out", "heads"});
+  add(integer, {"B", "T", "d_in", "d_out", "heads", "kv_heads"});
   t.columns.push_back(text_column("form"));
-  add(integer, {"params"});
+  add(integer, {"params", "kv_cache_bytes_per_token"});
   add(number,
       {"gflop_forward", "gflop_forward_backward", "forward_ms_median", "forward_ms_p25", "forward_ms_p75",
        "forward_ms_min", "forward_ms_max", "forward_gflops", "forward_backward_ms_median", "forward_backward_ms_p25",
@@ -358,8 +358,10 @@ std::string compare_csv(const std::vector<CompareResult>& rows, const CompareOpt
                                d(c.d_in),
                                d(c.d_out),
                                d(c.heads),
+                               d(c.kv()),
                                std::string(f == 0 ? "wrapper" : "fused"),
                                d(m.params),
+                               d(r.kv_cache_bytes_per_token),
                                m.flops_forward / 1e9,
                                fb / 1e9};
       for (const TimeStats* ts : {&m.forward, &m.forward_backward}) {
@@ -403,6 +405,8 @@ nlohmann::json compare_json(const std::vector<CompareResult>& rows, const Compar
                         {"d_in", c.d_in},
                         {"d_out", c.d_out},
                         {"heads", c.heads},
+                        {"kv_heads", c.kv()},
+                        {"kv_cache_bytes_per_token", r.kv_cache_bytes_per_token},
                         {"max_abs_diff_output", r.max_abs_out},
                         {"max_abs_diff_input_grad", r.max_abs_dx}};
     for (int f = 0; f < 2; ++f) {
@@ -431,10 +435,10 @@ nlohmann::json compare_json(const std::vector<CompareResult>& rows, const Compar
 void save_compare_png(const std::string& path, const std::vector<CompareResult>& rows, const std::string& x_choice,
                       const Device& device) {
   HL_CHECK(!rows.empty(), "save_compare_png: nothing to draw");
-  using Key = std::array<int64_t, 4>;  // heads, tokens, d_out, batch
-  auto key = [](const CompareConfig& c) { return Key{c.heads, c.T, c.d_out, c.B}; };
-  const char* dim_names[] = {"heads", "tokens", "emb dim (d_out)", "batch"};
-  const char* short_names[] = {"H", "T", "d", "B"};
+  using Key = std::array<int64_t, 5>;  // heads, tokens, d_out, batch; key/value heads (0: multi-head) never on x
+  auto key = [](const CompareConfig& c) { return Key{c.heads, c.T, c.d_out, c.B, c.kv_heads}; };
+  const char* dim_names[] = {"heads", "tokens", "emb dim (d_out)", "batch", "key/value heads"};
+  const char* short_names[] = {"H", "T", "d", "B", "KV"};
   size_t xd = 0;
   if (x_choice == "auto") {
     size_t best = 0;
@@ -469,8 +473,8 @@ void save_compare_png(const std::string& path, const std::vector<CompareResult>&
     const Key k = groups.begin()->first;
     title << " (";
     bool first = true;
-    for (size_t d = 0; d < 4; ++d)
-      if (d != xd) {
+    for (size_t d = 0; d < 5; ++d)
+      if (d != xd && (d < 4 || k[d] != 0)) {
         title << (first ? "" : ", ") << short_names[d] << "=" << k[d];
         first = false;
       }
@@ -482,8 +486,8 @@ void save_compare_png(const std::string& path, const std::vector<CompareResult>&
     std::sort(sorted.begin(), sorted.end(), [&](auto* a, auto* b) { return key(a->config)[xd] < key(b->config)[xd]; });
     std::string suffix;
     if (groups.size() > 1)
-      for (size_t d = 0; d < 4; ++d)
-        if (d != xd) suffix.append(" ").append(short_names[d]).append(std::to_string(k[d]));
+      for (size_t d = 0; d < 5; ++d)
+        if (d != xd && (d < 4 || k[d] != 0)) suffix.append(" ").append(short_names[d]).append(std::to_string(k[d]));
     for (int form = 0; form < 2; ++form)
       for (int pass = 0; pass < 2; ++pass) {
         plot::Series s;

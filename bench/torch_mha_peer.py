@@ -3,6 +3,10 @@ timed the same way, one JSON line per config on stdout.
 
 wrapper = H book CausalAttention heads of width d_out/H, concatenated, then out_proj (d_out -> d_out);
 fused   = the book's MultiHeadAttention (W_query, W_key, W_value, one view per head, out_proj).
+With kv_heads (the config's optional 7th field, a divisor of heads; default heads) both forms are
+grouped-query (multi-query at 1): the wrapper's heads of a group share one W_key/W_value module, and
+the fused form's W_key/W_value have kv_heads * d_out/H rows, repeated to every query head with
+repeat_interleave (transformers' repeat_kv).
 headlab compare defines its forms so (analysis/compare.h); ../shared/peers/torch_mha_cpu.py leaves
 out_proj out of its wrapper. Timing as in headlab: forwards first, then forward+backwards; each
 `--warmup` untimed runs, then `--repeats` runs with the two forms in turn within each repeat;
@@ -20,11 +24,11 @@ import torch.nn as nn
 
 
 class CausalAttention(nn.Module):
-    def __init__(self, d_in, d_out, ctx):
+    def __init__(self, d_in, d_out, ctx, shared=None):  # shared: the group's first head (its W_key, W_value)
         super().__init__()
         self.W_query = nn.Linear(d_in, d_out, bias=False)
-        self.W_key = nn.Linear(d_in, d_out, bias=False)
-        self.W_value = nn.Linear(d_in, d_out, bias=False)
+        self.W_key = shared.W_key if shared else nn.Linear(d_in, d_out, bias=False)
+        self.W_value = shared.W_value if shared else nn.Linear(d_in, d_out, bias=False)
         self.register_buffer("mask", torch.triu(torch.ones(ctx, ctx), diagonal=1).bool())
 
     def forward(self, x):  # x: (B, T, d_in) -> (B, T, d_out)
@@ -35,9 +39,13 @@ class CausalAttention(nn.Module):
 
 
 class Wrapper(nn.Module):
-    def __init__(self, d_in, d_out, ctx, heads):
+    def __init__(self, d_in, d_out, ctx, heads, kv_heads):
         super().__init__()
-        self.heads = nn.ModuleList([CausalAttention(d_in, d_out // heads, ctx) for _ in range(heads)])
+        group = heads // kv_heads
+        self.heads = nn.ModuleList()
+        for h in range(heads):  # a group's later heads share its first head's W_key and W_value
+            first = None if h % group == 0 else self.heads[h - h % group]
+            self.heads.append(CausalAttention(d_in, d_out // heads, ctx, first))
         self.out_proj = nn.Linear(d_out, d_out)
 
     def forward(self, x):
@@ -45,19 +53,21 @@ class Wrapper(nn.Module):
 
 
 class Fused(nn.Module):
-    def __init__(self, d_in, d_out, ctx, heads):
+    def __init__(self, d_in, d_out, ctx, heads, kv_heads):
         super().__init__()
-        self.h, self.hd, self.d_out = heads, d_out // heads, d_out
+        self.h, self.kv, self.hd, self.d_out = heads, kv_heads, d_out // heads, d_out
         self.W_query = nn.Linear(d_in, d_out, bias=False)
-        self.W_key = nn.Linear(d_in, d_out, bias=False)
-        self.W_value = nn.Linear(d_in, d_out, bias=False)
+        self.W_key = nn.Linear(d_in, kv_heads * self.hd, bias=False)
+        self.W_value = nn.Linear(d_in, kv_heads * self.hd, bias=False)
         self.out_proj = nn.Linear(d_out, d_out)
         self.register_buffer("mask", torch.triu(torch.ones(ctx, ctx), diagonal=1).bool())
 
     def forward(self, x):  # (B, T, d_in) -> (B, T, d_out); heads as (B, H, T, hd)
         B, T, _ = x.shape
-        split = lambda t: t.view(B, T, self.h, self.hd).transpose(1, 2)
-        q, k, v = split(self.W_query(x)), split(self.W_key(x)), split(self.W_value(x))
+        split = lambda t, n: t.view(B, T, n, self.hd).transpose(1, 2)
+        repeat = lambda t: t.repeat_interleave(self.h // self.kv, dim=1)  # (B, kv, T, hd) -> (B, H, T, hd)
+        q = split(self.W_query(x), self.h)
+        k, v = repeat(split(self.W_key(x), self.kv)), repeat(split(self.W_value(x), self.kv))
         s = (q @ k.transpose(2, 3)).masked_fill(self.mask[:T, :T], -torch.inf)
         w = torch.softmax(s / self.hd ** 0.5, dim=-1)
         return self.out_proj((w @ v).transpose(1, 2).reshape(B, T, self.d_out))
@@ -71,7 +81,8 @@ def quantiles(xs):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", action="append", required=True, help="name,B,T,d_in,d_out,heads (repeatable)")
+    ap.add_argument("--config", action="append", required=True,
+                    help="name,B,T,d_in,d_out,heads[,kv_heads] (repeatable)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
@@ -81,9 +92,10 @@ def main():
         torch.set_num_threads(a.threads)
     for spec in a.config:
         name, *dims = spec.split(",")
-        B, T, d_in, d_out, H = map(int, dims)
+        B, T, d_in, d_out, H, *kv = map(int, dims)
+        KV = kv[0] if kv else H
         torch.manual_seed(a.seed)
-        forms = {"wrapper": Wrapper(d_in, d_out, T, H), "fused": Fused(d_in, d_out, T, H)}
+        forms = {"wrapper": Wrapper(d_in, d_out, T, H, KV), "fused": Fused(d_in, d_out, T, H, KV)}
         x = torch.randn(B, T, d_in, requires_grad=True)
 
         def forward(m):
@@ -105,7 +117,7 @@ def main():
                     run(m)
                     if rep >= a.warmup:
                         times[f][kind].append((time.perf_counter() - t0) * 1e3)
-        row = {"name": name, "B": B, "T": T, "d_in": d_in, "d_out": d_out, "heads": H,
+        row = {"name": name, "B": B, "T": T, "d_in": d_in, "d_out": d_out, "heads": H, "kv_heads": KV,
                "torch": torch.__version__, "threads": torch.get_num_threads(), "repeats": a.repeats}
         for f in forms:
             row[f] = {kind: quantiles(ts) for kind, ts in times[f].items()}

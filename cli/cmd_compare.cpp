@@ -1,4 +1,5 @@
-// headlab compare: the wrapper and fused multi-head attention, timed side by side (analysis/compare.h),
+// headlab compare: the wrapper and fused causal attention (multi-head, grouped-query, multi-query), timed side by
+// side (analysis/compare.h),
 // as a terminal table, compare.csv, compare.json and compare.png, beside the PyTorch eager peer
 // (bench/torch_mha_peer.py) when python3-torch is installed.
 #include <stdio.h>
@@ -31,6 +32,7 @@ namespace {
 
 struct CompareArgs {
   std::vector<int64_t> heads{1, 2, 4, 8, 16}, emb{256}, tokens{128}, batch{8};
+  std::vector<int64_t> kv_heads{0};  // 0: multi-head
   std::vector<std::string> configs;
   bool no_peer = false, no_sweep = false;
   std::string device = "cpu", out = ".", x = "auto", torch_peer = "auto", torch_peer_script = HEADLAB_TORCH_MHA_PEER;
@@ -45,14 +47,19 @@ void print_compare_header(const analysis::CompareOptions& o) {
             << " (spread: IQR p25-p75); the two forms are timed in turn within each repeat\n"
             << "wrapper = H CausalAttention heads of width d_out/H + out_proj; fused = CausalMultiHeadAttention "
                "(same weights)\n"
+            << "KV = key/value heads (grouped-query below H, multi-query at 1): the wrapper's heads of a group share "
+               "one W_key/W_value; KV B/tok = float32 key/value cache bytes per token and layer\n"
             << "FLOPs count GEMMs (2 per multiply-add; f+b = 3x forward); peak = backend bytes above what was live\n\n";
   std::cout << pad("config", 13, true) << pad("B", 4) << pad("T", 6) << pad("d_in", 6) << pad("d_out", 6) << pad("H", 4)
-            << "  " << pad("form", 8, true) << pad("params", 10) << pad("GFLOP", 8) << pad("fwd ms", 10)
-            << pad("IQR", 17) << pad("GFLOP/s", 9) << pad("f+b ms", 10) << pad("IQR", 17) << pad("GFLOP/s", 9)
-            << pad("peak fwd", 11) << pad("peak f+b", 11) << pad("max|dy|", 9) << pad("max|dx|", 9) << "\n";
+            << pad("KV", 4) << "  " << pad("form", 8, true) << pad("params", 10) << pad("KV B/tok", 9)
+            << pad("GFLOP", 8) << pad("fwd ms", 10) << pad("IQR", 17) << pad("GFLOP/s", 9) << pad("f+b ms", 10)
+            << pad("IQR", 17) << pad("GFLOP/s", 9) << pad("peak fwd", 11) << pad("peak f+b", 11) << pad("max|dy|", 9)
+            << pad("max|dx|", 9) << "\n";
 }
 
 std::string ms(double s) { return fmt(s * 1e3, s * 1e3 < 10 ? 3 : 1); }
+
+constexpr int kConfigWidth = 43;  // the config columns of a row: name, B, T, d_in, d_out, H, KV
 
 // The time columns of a row: median, IQR and GFLOP/s, forward then forward+backward.
 std::string time_columns(const analysis::TimeStats& fwd, const analysis::TimeStats& fb, double flops_fwd,
@@ -70,10 +77,12 @@ void print_compare_row(const analysis::CompareResult& r) {
     std::ostringstream os;
     if (first)
       os << pad(c.name, 13, true) << pad(std::to_string(c.B), 4) << pad(std::to_string(c.T), 6)
-         << pad(std::to_string(c.d_in), 6) << pad(std::to_string(c.d_out), 6) << pad(std::to_string(c.heads), 4);
+         << pad(std::to_string(c.d_in), 6) << pad(std::to_string(c.d_out), 6) << pad(std::to_string(c.heads), 4)
+         << pad(std::to_string(c.kv()), 4);
     else
-      os << std::string(39, ' ');
-    os << "  " << pad(form, 8, true) << pad(std::to_string(m.params), 10) << pad(fmt(m.flops_forward / 1e9, 3), 8)
+      os << std::string(kConfigWidth, ' ');
+    os << "  " << pad(form, 8, true) << pad(std::to_string(m.params), 10)
+       << pad(std::to_string(r.kv_cache_bytes_per_token), 9) << pad(fmt(m.flops_forward / 1e9, 3), 8)
        << time_columns(m.forward, m.forward_backward, m.flops_forward, m.flops_forward + m.flops_backward)
        << pad(fmt_bytes(m.peak_forward), 11) << pad(fmt_bytes(m.peak_forward_backward), 11);
     if (!first) os << pad(fmt_sci(r.max_abs_out), 9) << pad(fmt_sci(r.max_abs_dx), 9);
@@ -83,7 +92,7 @@ void print_compare_row(const analysis::CompareResult& r) {
   line("fused", r.fused, false);
   // The PyTorch peer's rows, when it ran: the same FLOPs, its times.
   auto peer = [&](const char* form, const analysis::PeerTimes& t, const analysis::FormMeasurement& m) {
-    std::cout << std::string(39, ' ') << "  " << pad(form, 8, true) << pad("", 18)
+    std::cout << std::string(kConfigWidth, ' ') << "  " << pad(form, 8, true) << pad("", 27)
               << time_columns(t.forward, t.forward_backward, m.flops_forward, m.flops_forward + m.flops_backward)
               << "\n";
   };
@@ -137,7 +146,8 @@ struct TorchPeer {
     if (!enabled) return;
     const auto& c = r.config;
     const std::string spec = c.name + "," + std::to_string(c.B) + "," + std::to_string(c.T) + "," +
-                             std::to_string(c.d_in) + "," + std::to_string(c.d_out) + "," + std::to_string(c.heads);
+                             std::to_string(c.d_in) + "," + std::to_string(c.d_out) + "," + std::to_string(c.heads) +
+                             "," + std::to_string(c.kv());
     const auto [out, ok] =
         run_capture(python + " " + shell_quote(script) + " --threads " + std::to_string(threads_in_use()) +
                     " --warmup " + std::to_string(o.warmup) + " --repeats " + std::to_string(o.repeats) + " --seed " +
@@ -171,8 +181,14 @@ Action add_compare(CLI::App& app) {
       ->delimiter(',')
       ->check(positive_number(1e6))
       ->capture_default_str();
+  app.add_option("--kv-heads", a->kv_heads,
+                 "key/value head counts each config runs with: 0 = multi-head (as many as its heads), a divisor of "
+                 "every head count (grouped-query), 1 (multi-query); a --config with its own kv_heads keeps it")
+      ->delimiter(',')
+      ->check(non_negative_number(1e6))
+      ->capture_default_str();
   app.add_option("--config", a->configs,
-                 "extra config name,B,T,d_in,d_out,heads (repeatable; the PyTorch peer's format)");
+                 "extra config name,B,T,d_in,d_out,heads[,kv_heads] (repeatable; the PyTorch peer's format)");
   app.add_flag("--no-peer-grid", a->no_peer,
                "leave out the PyTorch peer's default configs (seed-toy, small, medium, gpt2-ctx256)");
   app.add_flag("--no-sweep", a->no_sweep, "leave out the heads x emb-dim x tokens x batch sweep");
@@ -211,6 +227,19 @@ Action add_compare(CLI::App& app) {
     // python3 would block on a FIFO; a missing script is the peer's to report, unless the user named it.
     if (a->torch_peer != "off" || peer_script->count() > 0)
       check_input_file(a->torch_peer_script, "compare: --torch-peer-script", a->torch_peer != "off");
+    // Each config once per --kv-heads value (a --config naming its own kv_heads: once, with it).
+    const auto with_kv_heads = [&](analysis::CompareConfig c, std::vector<analysis::CompareConfig>& out) {
+      if (c.kv_heads) {
+        out.push_back(c);
+        return;
+      }
+      for (int64_t kv : a->kv_heads) {
+        HL_CHECK(kv == 0 || c.heads % kv == 0, "compare: --kv-heads ", kv, " does not divide the ", c.heads,
+                 " heads of config '", c.name, "' (d_out ", c.d_out, ")");
+        c.kv_heads = kv;
+        out.push_back(c);
+      }
+    };
     std::vector<analysis::CompareConfig> sweep, extra;
     if (!a->no_sweep)
       for (int64_t B : a->batch)
@@ -218,11 +247,11 @@ Action add_compare(CLI::App& app) {
           for (int64_t d : a->emb)
             for (int64_t H : a->heads) {
               HL_CHECK(d % H == 0, "compare: emb dim ", d, " is not divisible by ", H, " heads");
-              sweep.push_back({"sweep", B, T, d, d, H});
+              with_kv_heads({"sweep", B, T, d, d, H}, sweep);
             }
     if (!a->no_peer)
-      for (const auto& c : analysis::peer_compare_grid()) extra.push_back(c);
-    for (const auto& s : a->configs) extra.push_back(analysis::parse_compare_config(s));
+      for (const auto& c : analysis::peer_compare_grid()) with_kv_heads(c, extra);
+    for (const auto& s : a->configs) with_kv_heads(analysis::parse_compare_config(s), extra);
     HL_CHECK(!sweep.empty() || !extra.empty(),
              "compare: nothing to measure (--no-sweep and --no-peer-grid without --config)");
     const io::FolderLock lock = make_locked_dir(a->out, "compare");
@@ -239,6 +268,7 @@ Action add_compare(CLI::App& app) {
     std::cout << "\nfused speed-up over wrapper (median time ratio):\n";
     for (const auto& r : results)
       std::cout << "  " << pad(r.config.name, 12, true) << " H=" << pad(std::to_string(r.config.heads), 2, true)
+                << " KV=" << pad(std::to_string(r.config.kv()), 2, true)
                 << " T=" << pad(std::to_string(r.config.T), 4, true)
                 << " d=" << pad(std::to_string(r.config.d_out), 4, true) << "  forward "
                 << fmt(r.wrapper.forward.median / r.fused.forward.median, 2) << "x  fwd+bwd "
@@ -252,6 +282,7 @@ Action add_compare(CLI::App& app) {
           return fmt(theirs.median / ours.median, 2) + "x";
         };
         std::cout << "  " << pad(r.config.name, 12, true) << " H=" << pad(std::to_string(r.config.heads), 2, true)
+                  << " KV=" << pad(std::to_string(r.config.kv()), 2, true)
                   << " T=" << pad(std::to_string(r.config.T), 4, true)
                   << " d=" << pad(std::to_string(r.config.d_out), 4, true) << "  wrapper fwd "
                   << pad(x(r.wrapper.forward, r.torch_wrapper->forward), 7) << " fwd+bwd "

@@ -38,7 +38,8 @@ int main(int argc, char** argv) {
   add("eval", "loss and accuracy of a checkpoint on validation data", headlab::cli::add_eval);
   add("generate", "continue a prompt (or answer a task input) with a checkpoint", headlab::cli::add_generate);
   add("inspect", "show a checkpoint's config, parameters and training state", headlab::cli::add_inspect);
-  add("compare", "time and compare the wrapper and fused multi-head attention", headlab::cli::add_compare);
+  add("compare", "time and compare the wrapper and fused attention (multi-head, grouped-query, multi-query)",
+      headlab::cli::add_compare);
   add("ablate", "which heads matter: ablation, importance, pruning (GPT and encoder-decoder)",
       headlab::cli::add_ablate);
   add("attention", "dump and draw every head's attention weights for one input", headlab::cli::add_attention);

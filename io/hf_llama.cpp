@@ -141,28 +141,36 @@ Tensor pairs_to_halves(const Tensor& w, int64_t D) {
 void write_hf_llama(const std::string& folder, const nn::LlamaModel& model) {
   const NoGradGuard no_grad;
   const nn::LlamaConfig& c = model.config();
-  const auto param = [&](const std::string& name) { return model.parameter(name).detach().to(kCPU).contiguous(); };
-  const auto rotated = [&](const std::string& name) {  // q and k rows in the halves layout
-    const Tensor w = param(name);
+  const auto cpu = [](const Tensor& p) { return p.detach().to(kCPU).contiguous(); };
+  const auto param = [&](const std::string& name) { return cpu(model.parameter(name)); };
+  const auto rotated = [&](const Tensor& p) {  // q and k rows in the halves layout
+    const Tensor w = cpu(p);
     return c.rope_interleaved ? pairs_to_halves(w, c.head_size()) : w;
   };
   std::vector<std::pair<std::string, Tensor>> t;
   t.emplace_back("model.embed_tokens.weight", param("tok_emb.weight"));
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const std::string hf = "model.layers." + std::to_string(l), ours = "trf_blocks." + std::to_string(l);
-    t.emplace_back(hf + ".self_attn.q_proj.weight", rotated(ours + ".att.W_query.weight"));
-    t.emplace_back(hf + ".self_attn.k_proj.weight", rotated(ours + ".att.W_key.weight"));
-    t.emplace_back(hf + ".self_attn.v_proj.weight", param(ours + ".att.W_value.weight"));
+    // The fused form's projections whatever the model's form (a wrapper's heads stacked back, one layer at a time).
+    std::shared_ptr<nn::CausalMultiHead> converted;
+    const auto* att = dynamic_cast<const nn::CausalMultiHeadAttention*>(&model.attention(l));
+    if (!att) {
+      converted = nn::convert_attention(model.attention(l), nn::AttentionForm::fused);
+      att = dynamic_cast<const nn::CausalMultiHeadAttention*>(converted.get());
+    }
+    t.emplace_back(hf + ".self_attn.q_proj.weight", rotated(att->W_query->weight));
+    t.emplace_back(hf + ".self_attn.k_proj.weight", rotated(att->W_key->weight));
+    t.emplace_back(hf + ".self_attn.v_proj.weight", cpu(att->W_value->weight));
     if (c.qkv_bias) {
-      const auto bias = [&](const std::string& n, bool rotates) {
-        const Tensor b = param(n).view({-1, 1});
+      const auto bias = [&](const Tensor& p, bool rotates) {
+        const Tensor b = cpu(p).view({-1, 1});
         return (rotates && c.rope_interleaved ? pairs_to_halves(b, c.head_size()) : b).view({-1});
       };
-      t.emplace_back(hf + ".self_attn.q_proj.bias", bias(ours + ".att.W_query.bias", true));
-      t.emplace_back(hf + ".self_attn.k_proj.bias", bias(ours + ".att.W_key.bias", true));
-      t.emplace_back(hf + ".self_attn.v_proj.bias", bias(ours + ".att.W_value.bias", false));
+      t.emplace_back(hf + ".self_attn.q_proj.bias", bias(att->W_query->bias, true));
+      t.emplace_back(hf + ".self_attn.k_proj.bias", bias(att->W_key->bias, true));
+      t.emplace_back(hf + ".self_attn.v_proj.bias", bias(att->W_value->bias, false));
     }
-    t.emplace_back(hf + ".self_attn.o_proj.weight", param(ours + ".att.out_proj.weight"));
+    t.emplace_back(hf + ".self_attn.o_proj.weight", cpu(att->out_proj->weight));
     t.emplace_back(hf + ".mlp.gate_proj.weight", param(ours + ".ff.fc1.weight"));
     t.emplace_back(hf + ".mlp.up_proj.weight", param(ours + ".ff.fc2.weight"));
     t.emplace_back(hf + ".mlp.down_proj.weight", param(ours + ".ff.fc3.weight"));

@@ -219,13 +219,21 @@ class CausalMultiHead : public UnaryModule, public MultiHead {
 
 // The book's single causal head: x (B, T, d_in) -> (B, T, d_out). Without keep_attention_weights
 // (the default) it runs the fused scaled_dot_product_attention, which keeps no (B, T, T) tensor.
+// A LLaMA head also rotates its queries and keys by position (rotary), and under grouped-query attention
+// shares its W_key and W_value modules with the other heads of its key/value group (the same Linear
+// registered in each: named_parameters lists a shared parameter once, under its first head's name).
 class CausalAttention : public UnaryModule {
  public:
   CausalAttention(int64_t d_in, int64_t d_out, int64_t context_length, double dropout, bool qkv_bias = false);
+  // shared_key / shared_value: the group's modules (null: this head's own, new ones).
+  CausalAttention(int64_t d_in, int64_t d_out, int64_t context_length, double dropout, bool qkv_bias,
+                  const Rotary& rotary, std::shared_ptr<Linear> shared_key = nullptr,
+                  std::shared_ptr<Linear> shared_value = nullptr);
   std::string type_name() const override { return "CausalAttention"; }
   static double parameter_count(int64_t d_in, int64_t d_out, bool qkv_bias);
   Tensor forward(const Tensor& x) override;
   int64_t d_in, d_out, context_length;
+  Rotary rotary;
   bool keep_attention_weights = false;
   Tensor attention_weights;  // (B, T, T) when kept
   std::shared_ptr<Linear> W_query, W_key, W_value;
@@ -233,12 +241,15 @@ class CausalAttention : public UnaryModule {
 };
 
 // num_heads CausalAttention heads run one after another and concatenated: (B, T, num_heads * d_out),
-// then out_proj (num_heads*d_out -> num_heads*d_out) when asked.
+// then out_proj (num_heads*d_out -> num_heads*d_out) when asked. Under grouped-query attention head h
+// shares W_key and W_value with its group's first head, h - h % (num_heads / num_kv_heads).
 class MultiHeadAttentionWrapper : public CausalMultiHead {
  public:
   // out_dim: out_proj's output width (default num_heads * d_out; pruned GPT layers keep emb_dim).
   MultiHeadAttentionWrapper(int64_t d_in, int64_t d_out, int64_t context_length, double dropout, int64_t num_heads,
                             bool qkv_bias = false, bool out_proj = false, int64_t out_dim = -1);
+  // Every option (key/value heads, rotary, out_proj's bias); heads of s.head_dim, out_proj to s.d_out when asked.
+  explicit MultiHeadAttentionWrapper(const CausalAttentionSizes& s, bool out_proj = true);
   std::string type_name() const override { return "MultiHeadAttentionWrapper"; }
   // The table of forms' entry points: built from sizes (with out_proj to sizes.d_out), its
   // parameter count, and built from per-head form (a copy).
@@ -250,7 +261,8 @@ class MultiHeadAttentionWrapper : public CausalMultiHead {
   Tensor forward(const AttentionInput& in, const HookSite& site, KVCache* cache = nullptr) override;
   int64_t head_count() const override { return num_heads; }
   int64_t head_size() const override { return d_out; }
-  HeadWeights head_weights() const override;  // stacked from the heads (copies)
+  int64_t kv_head_count() const override { return num_kv_heads; }
+  HeadWeights head_weights() const override;  // stacked from the heads (copies; W_K, W_V repeated per group)
   HeadControl& control() override { return head_control; }
   Linear* output_projection() const override { return out_proj.get(); }
   void keep_attention_weights(bool on) override;
@@ -258,11 +270,17 @@ class MultiHeadAttentionWrapper : public CausalMultiHead {
   AttentionForm form() const override { return AttentionForm::wrapper; }
   std::shared_ptr<MultiHeadAttentionWrapper> split_heads() const override;  // a copy
   // A new wrapper of heads `keep` (renumbered 0..), out_proj reading only their columns: the one
-  // implementation of head pruning for the causal forms.
+  // implementation of head pruning for the causal forms. Under grouped-query attention only whole
+  // key/value groups (a clear error otherwise), whose W_key/W_value go with them.
   std::shared_ptr<MultiHeadAttentionWrapper> select_heads(const std::vector<int64_t>& keep) const;
+  // What this module is built from (d_out: out_proj's width, or num_heads * d_out without one).
+  CausalAttentionSizes sizes() const;
+  int64_t group_size() const { return num_kv_heads ? num_heads / num_kv_heads : 1; }
   int64_t d_in, d_out, context_length, num_heads;
+  int64_t num_kv_heads;  // == num_heads unless grouped-query
   double dropout_p;
   bool qkv_bias;
+  Rotary rotary;
   HeadControl head_control;
   std::shared_ptr<ModuleList> heads;
   std::shared_ptr<Linear> out_proj;  // null unless out_proj
@@ -303,7 +321,7 @@ class CausalMultiHeadAttention : public CausalMultiHead {
   void keep_attention_weights(bool on) override { keep_weights = on; }
   Tensor last_attention_weights() const override { return attention_weights; }
   AttentionForm form() const override { return AttentionForm::fused; }
-  // head h: rows [h*D, (h+1)*D). Not yet for grouped-query or rotary modules (a clear error).
+  // head h: rows [h*D, (h+1)*D) of W_query; group g's rows [g*D, (g+1)*D) of W_key and W_value, shared by its heads.
   std::shared_ptr<MultiHeadAttentionWrapper> split_heads() const override;
   bool supports_kv_cache() const override { return true; }
   int64_t d_in, d_out, context_length, num_heads, head_dim;

@@ -38,15 +38,57 @@ void copy_parameters(Module& dst, const Module& src) {
   }
 }
 
+// Rotary dims fit a head of head_dim: even, at most head_dim.
+void check_rotary(const char* who, const Rotary& r, int64_t head_dim) {
+  HL_CHECK(r.dims >= 0 && r.dims % 2 == 0 && r.dims <= head_dim, who, ": rotary dims ", r.dims,
+           " must be even and at most head_dim ", head_dim);
+}
+
+// cos and sin (n, R/2) of a rotary embedding for positions [0, n), n >= needed: computed once per (R, theta,
+// dtype, device) in the process, extended by doubling as longer inputs come, and shared by every layer and
+// model that asks.
+std::pair<Tensor, Tensor> rotary_table(const Rotary& r, int64_t needed, DType dtype, Device device) {
+  using Key = std::tuple<int64_t, double, DType, std::string>;
+  static std::mutex mutex;
+  static std::map<Key, std::pair<Tensor, Tensor>> tables;
+  const Key key{r.dims, r.theta, dtype, device.str()};
+  const std::lock_guard<std::mutex> lock(mutex);
+  std::pair<Tensor, Tensor>& table = tables[key];
+  if (!table.first.defined() || table.first.size(0) < needed) {
+    const NoGradGuard no_grad;
+    const int64_t have = table.first.defined() ? table.first.size(0) : 0;
+    table = rotary_angles(0, std::max({needed, 2 * have, int64_t{256}}), r.dims, r.theta, dtype, device);
+  }
+  return table;
+}
+
+// Queries or keys (B, T, H, D) at positions [offset, offset + T) rotated, through `point`.
+Tensor rotate(const Tensor& x, const Rotary& r, int64_t offset, HookPoint point, const HookSite& site) {
+  const int64_t T = x.size(1);
+  const auto [c, s] = rotary_table(r, offset + T, x.dtype(), x.device());
+  return site(point, rotary_embedding(x, c.narrow(0, offset, T), s.narrow(0, offset, T), r.interleaved));
+}
+
 }  // namespace
 
 // ---- CausalAttention ----
 CausalAttention::CausalAttention(int64_t din, int64_t dout, int64_t ctx, double p, bool qkv_bias)
-    : d_in(din), d_out(dout), context_length(ctx) {
-  HL_CHECK(ctx > 0, "CausalAttention: context_length must be positive, got ", ctx);
+    : CausalAttention(din, dout, ctx, p, qkv_bias, Rotary{}) {}
+
+CausalAttention::CausalAttention(int64_t din, int64_t dout, int64_t ctx, double p, bool qkv_bias, const Rotary& r,
+                                 std::shared_ptr<Linear> shared_key, std::shared_ptr<Linear> shared_value)
+    : d_in(din), d_out(dout), context_length(ctx), rotary(r) {
+  const char* who = "CausalAttention";
+  HL_CHECK(ctx > 0, who, ": context_length must be positive, got ", ctx);
+  check_rotary(who, r, dout);
+  for (const auto& [name, m] : {std::pair{"W_key", &shared_key}, std::pair{"W_value", &shared_value}})
+    if (*m)
+      HL_CHECK((*m)->in_features == din && (*m)->out_features == dout && (*m)->bias.defined() == qkv_bias, who,
+               ": the shared ", name, " must be Linear(", din, ", ", dout, ", bias=", qkv_bias, "), got Linear(",
+               (*m)->in_features, ", ", (*m)->out_features, ", bias=", (*m)->bias.defined(), ")");
   W_query = register_module("W_query", std::make_shared<Linear>(din, dout, qkv_bias));
-  W_key = register_module("W_key", std::make_shared<Linear>(din, dout, qkv_bias));
-  W_value = register_module("W_value", std::make_shared<Linear>(din, dout, qkv_bias));
+  W_key = register_module("W_key", shared_key ? shared_key : std::make_shared<Linear>(din, dout, qkv_bias));
+  W_value = register_module("W_value", shared_value ? shared_value : std::make_shared<Linear>(din, dout, qkv_bias));
   dropout = register_module("dropout", std::make_shared<Dropout>(p));
 }
 
@@ -56,7 +98,13 @@ double CausalAttention::parameter_count(int64_t din, int64_t dout, bool qkv_bias
 
 Tensor CausalAttention::forward(const Tensor& x) {
   check_causal_input("CausalAttention", x, d_in, context_length);
-  const Tensor keys = W_key->forward(x), queries = W_query->forward(x), values = W_value->forward(x);  // (B, T, d_out)
+  Tensor keys = W_key->forward(x), queries = W_query->forward(x);  // (B, T, d_out)
+  const Tensor values = W_value->forward(x);
+  if (rotary.dims > 0) {  // as one head of (B, T, 1, d_out), at positions [0, T)
+    const int64_t B = x.size(0), T = x.size(1);
+    queries = rotate(queries.view({B, T, 1, d_out}), rotary, 0, HookPoint::rot_q, HookSite{}).reshape({B, T, d_out});
+    keys = rotate(keys.view({B, T, 1, d_out}), rotary, 0, HookPoint::rot_k, HookSite{}).reshape({B, T, d_out});
+  }
   if (!keep_attention_weights)
     return scaled_dot_product_attention(queries, keys, values, AttentionMask::causal(), dropout->p,
                                         dropout->is_training());
@@ -67,24 +115,78 @@ Tensor CausalAttention::forward(const Tensor& x) {
 }
 
 // ---- MultiHeadAttentionWrapper ----
+namespace {
+
+// The book's wrapper as sizes: multi-head, out_proj (with a bias) to out_dim or num_heads * d_out.
+CausalAttentionSizes book_wrapper_sizes(int64_t din, int64_t dout, int64_t ctx, double p, int64_t H, bool bias,
+                                        int64_t out_dim) {
+  return {.d_in = din,
+          .d_out = out_dim < 0 ? H * dout : out_dim,
+          .context_length = ctx,
+          .num_heads = H,
+          .head_dim = dout,
+          .num_kv_heads = 0,
+          .dropout = p,
+          .qkv_bias = bias,
+          .out_bias = true,
+          .rotary = {}};
+}
+
+}  // namespace
+
 MultiHeadAttentionWrapper::MultiHeadAttentionWrapper(int64_t din, int64_t dout, int64_t ctx, double p, int64_t H,
                                                      bool bias, bool with_out_proj, int64_t out_dim)
-    : d_in(din), d_out(dout), context_length(ctx), num_heads(H), dropout_p(p), qkv_bias(bias) {
-  HL_CHECK(H >= 0, "MultiHeadAttentionWrapper: num_heads must be >= 0, got ", H);
+    : MultiHeadAttentionWrapper(book_wrapper_sizes(din, dout, ctx, p, H, bias, out_dim), with_out_proj) {}
+
+MultiHeadAttentionWrapper::MultiHeadAttentionWrapper(const CausalAttentionSizes& s, bool with_out_proj)
+    : d_in(s.d_in),
+      d_out(s.head_dim),
+      context_length(s.context_length),
+      num_heads(s.num_heads),
+      num_kv_heads(s.kv_heads()),
+      dropout_p(s.dropout),
+      qkv_bias(s.qkv_bias),
+      rotary(s.rotary) {
+  const char* who = "MultiHeadAttentionWrapper";
+  HL_CHECK(num_heads >= 0, who, ": num_heads must be >= 0, got ", num_heads);
+  HL_CHECK(num_heads == 0 ? num_kv_heads == 0 : num_kv_heads > 0 && num_heads % num_kv_heads == 0, who,
+           ": num_kv_heads ", num_kv_heads, " must divide num_heads ", num_heads);
+  check_rotary(who, rotary, d_out);
   heads = register_module("heads", std::make_shared<ModuleList>());
-  for (int64_t h = 0; h < H; ++h) heads->push_back(std::make_shared<CausalAttention>(din, dout, ctx, p, bias));
+  const int64_t G = group_size();
+  std::shared_ptr<CausalAttention> first;  // the group's first head: it owns W_key and W_value, the others share them
+  for (int64_t h = 0; h < num_heads; ++h) {
+    const bool shares = h % G != 0;
+    auto head = std::make_shared<CausalAttention>(d_in, d_out, context_length, dropout_p, qkv_bias, rotary,
+                                                  shares ? first->W_key : nullptr, shares ? first->W_value : nullptr);
+    if (!shares) first = head;
+    heads->push_back(head);
+  }
   if (with_out_proj)
-    out_proj = register_module("out_proj", std::make_shared<Linear>(H * dout, out_dim < 0 ? H * dout : out_dim));
+    out_proj = register_module("out_proj", std::make_shared<Linear>(num_heads * d_out, s.d_out, s.out_bias));
 }
 
 std::shared_ptr<MultiHeadAttentionWrapper> MultiHeadAttentionWrapper::create(const CausalAttentionSizes& s) {
-  return std::make_shared<MultiHeadAttentionWrapper>(s.d_in, s.head_dim, s.context_length, s.dropout, s.num_heads,
-                                                     s.qkv_bias, true, s.d_out);
+  return std::make_shared<MultiHeadAttentionWrapper>(s, true);
 }
 
 double MultiHeadAttentionWrapper::parameter_count(const CausalAttentionSizes& s) {
-  return static_cast<double>(s.num_heads) * CausalAttention::parameter_count(s.d_in, s.head_dim, s.qkv_bias) +
-         linear_parameters(s.num_heads * s.head_dim, s.d_out, true);  // heads, out_proj
+  // W_query per head, W_key and W_value per key/value group, out_proj
+  return static_cast<double>(s.num_heads + 2 * s.kv_heads()) * linear_parameters(s.d_in, s.head_dim, s.qkv_bias) +
+         linear_parameters(s.num_heads * s.head_dim, s.d_out, s.out_bias);
+}
+
+CausalAttentionSizes MultiHeadAttentionWrapper::sizes() const {
+  return {.d_in = d_in,
+          .d_out = out_proj ? out_proj->out_features : num_heads * d_out,
+          .context_length = context_length,
+          .num_heads = num_heads,
+          .head_dim = d_out,
+          .num_kv_heads = num_kv_heads,
+          .dropout = dropout_p,
+          .qkv_bias = qkv_bias,
+          .out_bias = !out_proj || out_proj->bias.defined(),
+          .rotary = rotary};
 }
 
 std::shared_ptr<MultiHeadAttentionWrapper> MultiHeadAttentionWrapper::merge_heads(const MultiHeadAttentionWrapper& w) {
@@ -104,21 +206,42 @@ std::shared_ptr<MultiHeadAttentionWrapper> MultiHeadAttentionWrapper::split_head
   return w;
 }
 
+namespace {
+
+// Under grouped-query attention (groups of G heads) a selection keeps whole groups: a group's keys and values
+// serve all its heads, so pruning removes a group's W_key/W_value rows or none of them.
+void check_whole_groups(const std::vector<int64_t>& keep, int64_t H, int64_t G) {
+  for (size_t i = 0; i < keep.size();) {
+    const int64_t g = keep[i] / G;
+    std::string kept;
+    size_t j = i;
+    for (; j < keep.size() && keep[j] / G == g; ++j) kept += (kept.empty() ? "" : ", ") + std::to_string(keep[j]);
+    HL_CHECK(static_cast<int64_t>(j - i) == G, "MultiHeadAttentionWrapper: grouped-query attention (", H,
+             " heads in key/value groups of ", G, ") prunes whole groups only; the selection keeps head(s) ", kept,
+             " of group ", g, " (heads ", g * G, "-", g * G + G - 1, ")");
+    i = j;
+  }
+}
+
+}  // namespace
+
 std::shared_ptr<MultiHeadAttentionWrapper> MultiHeadAttentionWrapper::select_heads(
     const std::vector<int64_t>& keep) const {
   check_head_selection(keep, num_heads, "MultiHeadAttentionWrapper", "the module");
-  const int64_t n = static_cast<int64_t>(keep.size());
-  auto w = std::make_shared<MultiHeadAttentionWrapper>(d_in, d_out, context_length, dropout_p, n, qkv_bias,
-                                                       out_proj != nullptr, out_proj ? out_proj->out_features : -1);
+  const int64_t G = group_size(), n = static_cast<int64_t>(keep.size());
+  if (G > 1) check_whole_groups(keep, num_heads, G);
+  CausalAttentionSizes s = sizes();
+  s.num_heads = n, s.num_kv_heads = n / G;
+  auto w = std::make_shared<MultiHeadAttentionWrapper>(s, out_proj != nullptr);
   like(*w, *this);
-  for (int64_t i = 0; i < n; ++i)
+  for (int64_t i = 0; i < n; ++i)  // a group's shared W_key/W_value are copied once per head: the same values
     copy_parameters(*w->heads->at<CausalAttention>(static_cast<size_t>(i)),
                     *heads->at<CausalAttention>(static_cast<size_t>(keep[static_cast<size_t>(i)])));
   if (out_proj) {
     NoGradGuard no_grad;
     const Tensor cols = head_rows(keep, d_out, out_proj->weight.device());
     w->out_proj->weight.detach().copy_(index_select(out_proj->weight, 1, cols));  // (out, n*D) of (out, H*D)
-    w->out_proj->bias.detach().copy_(out_proj->bias);
+    if (out_proj->bias.defined()) w->out_proj->bias.detach().copy_(out_proj->bias);
   }
   w->keep_attention_weights(heads->at<CausalAttention>(0)->keep_attention_weights);
   w->head_control = head_control.select_heads(keep);
@@ -167,7 +290,7 @@ Tensor MultiHeadAttentionWrapper::forward(const AttentionInput& in, const HookSi
   if (num_heads == 0 || (!hooked && !in.split() && !cache)) return forward(in.x, Tensor());
   // Hook points, per-head inputs and the cache: the fused form's forward on a copy of the weights (the
   // same function of the input), its head control the wrapper's own.
-  const std::shared_ptr<CausalMultiHead> fused = convert_attention(*this, AttentionForm::fused);
+  const std::shared_ptr<CausalMultiHead> fused = nn::merge_heads(*this, AttentionForm::fused);
   const Tensor out = fused->forward(in, site, cache);
   head_control.context = fused->control().context;
   return out;
@@ -193,7 +316,7 @@ HeadWeights MultiHeadAttentionWrapper::head_weights() const {
   if (out_proj) {
     const int64_t C = out_proj->out_features;
     w.W_O = out_proj->weight.detach().view({C, num_heads, d_out}).permute({1, 2, 0});  // (H, D, C)
-    w.b_O = out_proj->bias.detach();
+    if (out_proj->bias.defined()) w.b_O = out_proj->bias.detach();
   } else {  // concatenation alone: head h writes its own columns
     w.W_O = zeros({num_heads, d_out, num_heads * d_out}, any.dtype(), any.device());
     const Tensor id = eye(d_out, any.dtype(), any.device());
@@ -242,8 +365,7 @@ CausalMultiHeadAttention::CausalMultiHeadAttention(const CausalAttentionSizes& s
   HL_CHECK(
       num_kv_heads >= 0 && (num_heads == 0 ? num_kv_heads == 0 : num_kv_heads > 0 && num_heads % num_kv_heads == 0),
       who, ": num_kv_heads ", num_kv_heads, " must divide num_heads ", num_heads);
-  HL_CHECK(rotary.dims >= 0 && rotary.dims % 2 == 0 && rotary.dims <= head_dim, who, ": rotary dims ", rotary.dims,
-           " must be even and at most head_dim ", head_dim);
+  check_rotary(who, rotary, head_dim);
   const int64_t inner = num_heads * head_dim, kv = num_kv_heads * head_dim;
   W_query = register_module("W_query", std::make_shared<Linear>(d_in, inner, qkv_bias));
   W_key = register_module("W_key", std::make_shared<Linear>(d_in, kv, qkv_bias));
@@ -281,31 +403,6 @@ Tensor project(const Tensor& xs, const Tensor& x, Linear& proj, int64_t H, int64
   Tensor y = matmul(xs.permute({2, 0, 1, 3}).reshape({H, B * T, C}), proj.weight.view({H, D, C}).transpose(1, 2));
   if (proj.bias.defined()) y = add(y, proj.bias.view({H, 1, D}));
   return y.view({H, B, T, D}).permute({1, 2, 0, 3});
-}
-
-// cos and sin (n, R/2) of a rotary embedding for positions [0, n), n >= needed: computed once per (R, theta,
-// dtype, device) in the process, extended by doubling as longer inputs come, and shared by every layer and
-// model that asks.
-std::pair<Tensor, Tensor> rotary_table(const Rotary& r, int64_t needed, DType dtype, Device device) {
-  using Key = std::tuple<int64_t, double, DType, std::string>;
-  static std::mutex mutex;
-  static std::map<Key, std::pair<Tensor, Tensor>> tables;
-  const Key key{r.dims, r.theta, dtype, device.str()};
-  const std::lock_guard<std::mutex> lock(mutex);
-  std::pair<Tensor, Tensor>& table = tables[key];
-  if (!table.first.defined() || table.first.size(0) < needed) {
-    const NoGradGuard no_grad;
-    const int64_t have = table.first.defined() ? table.first.size(0) : 0;
-    table = rotary_angles(0, std::max({needed, 2 * have, int64_t{256}}), r.dims, r.theta, dtype, device);
-  }
-  return table;
-}
-
-// Queries or keys (B, T, H, D) at positions [offset, offset + T) rotated, through `point`.
-Tensor rotate(const Tensor& x, const Rotary& r, int64_t offset, HookPoint point, const HookSite& site) {
-  const int64_t T = x.size(1);
-  const auto [c, s] = rotary_table(r, offset + T, x.dtype(), x.device());
-  return site(point, rotary_embedding(x, c.narrow(0, offset, T), s.narrow(0, offset, T), r.interleaved));
 }
 
 // Room in the cache for `needed` positions (B, Hkv, capacity, D): doubled as decoding goes, up to the context, so
@@ -434,30 +531,31 @@ std::shared_ptr<CausalMultiHead> CausalMultiHead::prune_heads(const std::vector<
 }
 
 std::shared_ptr<CausalMultiHeadAttention> CausalMultiHeadAttention::merge_heads(const MultiHeadAttentionWrapper& w) {
-  const int64_t H = w.num_heads, D = w.d_out, inner = H * D;
+  const int64_t H = w.num_heads, G = w.group_size();
   HL_CHECK(H > 0, "wrapper_to_fused: the wrapper has no heads");
-  const int64_t out_dim = w.out_proj ? w.out_proj->out_features : inner;
-  auto f = std::make_shared<CausalMultiHeadAttention>(w.d_in, out_dim, w.context_length, w.dropout_p, H, w.qkv_bias, D);
+  auto f = std::make_shared<CausalMultiHeadAttention>(w.sizes());  // no out_proj: an identity with a zero bias
   like(*f, w);
   NoGradGuard no_grad;
-  auto stack_rows = [&](auto pick) {
+  // Rows of every `step`-th head stacked: each query head's (step 1), each key/value group's first head's (step G).
+  auto stack_rows = [&](int64_t step, auto pick) {
     std::vector<Tensor> parts;
-    for (int64_t h = 0; h < H; ++h) parts.push_back(pick(*w.heads->at<CausalAttention>(static_cast<size_t>(h))));
+    for (int64_t h = 0; h < H; h += step) parts.push_back(pick(*w.heads->at<CausalAttention>(static_cast<size_t>(h))));
     return cat(parts, 0);
   };
-  f->W_query->weight.detach().copy_(stack_rows([](CausalAttention& a) { return a.W_query->weight; }));
-  f->W_key->weight.detach().copy_(stack_rows([](CausalAttention& a) { return a.W_key->weight; }));
-  f->W_value->weight.detach().copy_(stack_rows([](CausalAttention& a) { return a.W_value->weight; }));
+  f->W_query->weight.detach().copy_(stack_rows(1, [](CausalAttention& a) { return a.W_query->weight; }));
+  f->W_key->weight.detach().copy_(stack_rows(G, [](CausalAttention& a) { return a.W_key->weight; }));
+  f->W_value->weight.detach().copy_(stack_rows(G, [](CausalAttention& a) { return a.W_value->weight; }));
   if (w.qkv_bias) {
-    f->W_query->bias.detach().copy_(stack_rows([](CausalAttention& a) { return a.W_query->bias; }));
-    f->W_key->bias.detach().copy_(stack_rows([](CausalAttention& a) { return a.W_key->bias; }));
-    f->W_value->bias.detach().copy_(stack_rows([](CausalAttention& a) { return a.W_value->bias; }));
+    f->W_query->bias.detach().copy_(stack_rows(1, [](CausalAttention& a) { return a.W_query->bias; }));
+    f->W_key->bias.detach().copy_(stack_rows(G, [](CausalAttention& a) { return a.W_key->bias; }));
+    f->W_value->bias.detach().copy_(stack_rows(G, [](CausalAttention& a) { return a.W_value->bias; }));
   }
   if (w.out_proj) {
     f->out_proj->weight.detach().copy_(w.out_proj->weight);
-    f->out_proj->bias.detach().copy_(w.out_proj->bias);
+    if (w.out_proj->bias.defined()) f->out_proj->bias.detach().copy_(w.out_proj->bias);
   } else {  // concatenation alone: an identity projection
-    f->out_proj->weight.detach().copy_(eye(inner, f->out_proj->weight.dtype(), f->out_proj->weight.device()));
+    f->out_proj->weight.detach().copy_(
+        eye(f->out_proj->in_features, f->out_proj->weight.dtype(), f->out_proj->weight.device()));
     f->out_proj->bias.detach().zero_();
   }
   f->keep_weights = w.heads->at<CausalAttention>(0)->keep_attention_weights;
@@ -466,27 +564,35 @@ std::shared_ptr<CausalMultiHeadAttention> CausalMultiHeadAttention::merge_heads(
 }
 
 std::shared_ptr<MultiHeadAttentionWrapper> CausalMultiHeadAttention::split_heads() const {
-  const int64_t H = num_heads, D = head_dim;
+  const int64_t H = num_heads, D = head_dim, G = H / std::max<int64_t>(num_kv_heads, 1);
   HL_CHECK(H > 0, "fused_to_wrapper: the module has no heads");
-  HL_CHECK(num_kv_heads == H && rotary.dims == 0 && out_proj->bias.defined(),
-           "fused_to_wrapper: the per-head form of grouped-query, rotary or bias-free attention (LLaMA's) is not "
-           "implemented yet; this module cannot be converted, pruned or split into heads");
-  auto w = std::make_shared<MultiHeadAttentionWrapper>(d_in, D, context_length, dropout_p, H, qkv_bias, true, d_out);
+  const CausalAttentionSizes s{.d_in = d_in,
+                               .d_out = d_out,
+                               .context_length = context_length,
+                               .num_heads = H,
+                               .head_dim = D,
+                               .num_kv_heads = num_kv_heads,
+                               .dropout = dropout_p,
+                               .qkv_bias = qkv_bias,
+                               .out_bias = out_proj->bias.defined(),
+                               .rotary = rotary};
+  auto w = std::make_shared<MultiHeadAttentionWrapper>(s, true);
   like(*w, *this);
   NoGradGuard no_grad;
+  // Head h: its query rows; group g = h / G's key/value rows, once, into the module its heads share.
+  const auto copy_rows = [&](Linear& dst, const Linear& src, int64_t row) {
+    dst.weight.detach().copy_(src.weight.narrow(0, row * D, D));
+    if (qkv_bias) dst.bias.detach().copy_(src.bias.narrow(0, row * D, D));
+  };
   for (int64_t h = 0; h < H; ++h) {
     auto head = w->heads->at<CausalAttention>(static_cast<size_t>(h));
-    head->W_query->weight.detach().copy_(W_query->weight.narrow(0, h * D, D));
-    head->W_key->weight.detach().copy_(W_key->weight.narrow(0, h * D, D));
-    head->W_value->weight.detach().copy_(W_value->weight.narrow(0, h * D, D));
-    if (qkv_bias) {
-      head->W_query->bias.detach().copy_(W_query->bias.narrow(0, h * D, D));
-      head->W_key->bias.detach().copy_(W_key->bias.narrow(0, h * D, D));
-      head->W_value->bias.detach().copy_(W_value->bias.narrow(0, h * D, D));
-    }
+    copy_rows(*head->W_query, *W_query, h);
+    if (h % G != 0) continue;
+    copy_rows(*head->W_key, *W_key, h / G);
+    copy_rows(*head->W_value, *W_value, h / G);
   }
   w->out_proj->weight.detach().copy_(out_proj->weight);
-  w->out_proj->bias.detach().copy_(out_proj->bias);
+  if (out_proj->bias.defined()) w->out_proj->bias.detach().copy_(out_proj->bias);
   w->keep_attention_weights(keep_weights);
   w->head_control = head_control;
   return w;

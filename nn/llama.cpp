@@ -57,8 +57,6 @@ void LlamaConfig::validate() const {
   HL_CHECK(head_dim != 0 || emb_dim % n_heads == 0, who, ": emb_dim ", emb_dim, " must be divisible by n_heads ",
            n_heads, " (or head_dim given)");
   HL_CHECK(head_size() % 2 == 0, who, ": the head size ", head_size(), " must be even (rotary pairs)");
-  HL_CHECK(attention == AttentionForm::fused, who, ": attention '", enum_name(attention),
-           "': the llama family has the fused form only (its per-head wrapper is not implemented yet)");
 }
 
 nlohmann::json LlamaConfig::to_json() const {

@@ -1303,6 +1303,46 @@ TEST(Analysis, CompareReadsThePyTorchPeersLine) {
                         "cannot read the PyTorch peer's output for config 'tiny'");
 }
 
+// Grouped-query and multi-query configs: the same weights in both forms (the wrapper's heads of a group share one
+// W_key/W_value), fewer key/value parameters, FLOPs and cache bytes; the peer's line must name the same kv_heads.
+TEST(Analysis, CompareAcrossKeyValueHeads) {
+  CompareOptions o;
+  o.repeats = 1;
+  o.warmup = 0;
+  const CompareConfig mha = parse_compare_config("t,2,8,16,16,4");
+  EXPECT_EQ(mha.kv(), 4);
+  for (const int64_t kv : {4, 2, 1}) {
+    SCOPED_TRACE("kv " + std::to_string(kv));
+    const CompareConfig c = parse_compare_config("t,2,8,16,16,4," + std::to_string(kv));
+    EXPECT_EQ(c.kv(), kv);
+    const CompareResult r = compare_attention(c, o);
+    const int64_t params = 16 * 16 + 2 * 16 * (kv * 4) + 16 * 16 + 16;  // W_query, W_key and W_value, out_proj
+    EXPECT_EQ(r.wrapper.params, params);
+    EXPECT_EQ(r.fused.params, params);
+    EXPECT_EQ(r.kv_cache_bytes_per_token, 2 * kv * 4 * 4);
+    EXPECT_LT(r.max_abs_out, 1e-5);
+    EXPECT_LT(r.max_abs_dx, 1e-5);
+    // Projections 2*B*T*d_in*(d_out + 2*kv*D); the wrapper's heads each project their group's keys and values.
+    EXPECT_DOUBLE_EQ(r.fused.flops_forward, attention_flops_forward(mha) - 2.0 * 2 * 8 * 16 * 2 * (4 - kv) * 4);
+    EXPECT_DOUBLE_EQ(r.wrapper.flops_forward, attention_flops_forward(mha));
+    std::istringstream csv(compare_csv({r}, o));
+    std::string header, row;
+    std::getline(csv, header);
+    std::getline(csv, row);
+    EXPECT_EQ(header.substr(0, 56), "config,B,T,d_in,d_out,heads,kv_heads,form,params,kv_cach");
+    const std::string starts = "t,2,8,16,16,4," + std::to_string(kv) + ",wrapper," + std::to_string(params) + "," +
+                               std::to_string(32 * kv) + ",";
+    EXPECT_EQ(row.rfind(starts, 0), 0u) << row;
+    EXPECT_EQ(compare_json({r}, o)["configs"][0]["kv_heads"], kv);
+  }
+  EXPECT_ERROR_CONTAINS(parse_compare_config("t,2,8,16,16,4,3"), "kv_heads 3 must divide heads 4");
+  EXPECT_ERROR_CONTAINS(parse_compare_config("t,2,8,16,16,4,0"), "kv_heads must be a positive integer, got '0'");
+  CompareResult r;
+  r.config = parse_compare_config("t,2,8,16,16,4,2");
+  EXPECT_ERROR_CONTAINS(attach_torch_peer(r, R"({"B": 2, "T": 8, "d_in": 16, "d_out": 16, "heads": 4})"),
+                        "heads=4 kv_heads=4 for config 't'");
+}
+
 TEST(Analysis, RankCorrelation) {
   EXPECT_DOUBLE_EQ(rank_correlation({1, 2, 3, 4}, {10, 20, 30, 40}), 1.0);
   EXPECT_DOUBLE_EQ(rank_correlation({1, 2, 3, 4}, {4, 3, 2, 1}), -1.0);

@@ -151,6 +151,27 @@ TEST_F(CliTest, CompareWritesItsTableAndFiles) {
   EXPECT_TRUE(contains(r.out, "fused speed-up over wrapper")) << r.out;
   EXPECT_FALSE(contains(r.out, "torch fu")) << r.out;
   for (const char* f : {"compare.csv", "compare.json", "compare.png"}) EXPECT_TRUE(fs::exists(out + "/" + f)) << f;
+  // Multi-head and multi-query for each head count: one config per (heads, kv_heads).
+  const std::string kv_out = path("compare_kv");
+  const Result kv = headlab({"compare",      "--no-peer-grid",
+                             "--heads",      "2,4",
+                             "--kv-heads",   "0,1",
+                             "--emb-dim",    "16",
+                             "--tokens",     "8",
+                             "--batch",      "2",
+                             "--repeats",    "1",
+                             "--warmup",     "0",
+                             "--torch-peer", "off",
+                             "--out",        kv_out});
+  ASSERT_EQ(kv.code, 0) << kv.err;
+  EXPECT_TRUE(contains(kv.out, "H=4  KV=1")) << kv.out;
+  const nlohmann::json j = nlohmann::json::parse(slurp(kv_out + "/compare.json"));
+  std::vector<std::pair<int64_t, int64_t>> heads;
+  for (const auto& c : j["configs"]) heads.emplace_back(c["heads"].get<int64_t>(), c["kv_heads"].get<int64_t>());
+  EXPECT_EQ(heads, (std::vector<std::pair<int64_t, int64_t>>{{2, 2}, {2, 1}, {4, 4}, {4, 1}}));
+  expect_run_error({"compare", "--no-peer-grid", "--heads", "4", "--kv-heads", "3", "--torch-peer", "off", "--out",
+                    path("compare_bad")},
+                   {"--kv-heads 3 does not divide the 4 heads"});
 }
 
 // A save that cannot finish (a file size limit, as on a full disk) names the file and the OS error,
@@ -183,13 +204,17 @@ TEST_F(CliTest, CompareBesideThePyTorchPeer) {
   if (std::system("/usr/bin/python3 -c 'import torch' >/dev/null 2>&1") != 0)
     GTEST_SKIP() << "python3-torch is not installed";
   const std::string out = path("compare_torch");
-  const Result r = headlab({"compare", "--no-sweep", "--no-peer-grid", "--config", "tiny,2,8,16,16,2", "--repeats", "2",
-                            "--warmup", "0", "--torch-peer", "on", "--out", out});
+  const Result r =
+      headlab({"compare", "--no-sweep", "--no-peer-grid", "--config", "tiny,2,8,16,16,2", "--config",
+               "gqa,2,8,16,16,4,2", "--repeats", "2", "--warmup", "0", "--torch-peer", "on", "--out", out});
   ASSERT_EQ(r.code, 0) << r.out << r.err;
   for (const char* part : {"torch wr", "torch fu", "headlab over PyTorch", "wrapper fwd", "fused fwd"})
     EXPECT_TRUE(contains(r.out, part)) << part << "\n" << r.out;
   const nlohmann::json j = nlohmann::json::parse(slurp(out + "/compare.json"));
   EXPECT_GT(j["configs"][0]["fused"]["torch"]["forward_backward"]["median_ms"].get<double>(), 0);
+  // The peer ran the grouped-query forms too (its line names kv_heads 2, or attaching it would have failed).
+  EXPECT_EQ(j["configs"][1]["kv_heads"], 2);
+  EXPECT_GT(j["configs"][1]["wrapper"]["torch"]["forward"]["median_ms"].get<double>(), 0);
 }
 
 TEST_F(CliTest, MissingOrDamagedCheckpointExitsOneWithAClearMessage) {

@@ -75,11 +75,14 @@ Action add_export(CLI::App& app) {
     if (!model.shape().kept_heads.empty())
       std::cout << "export: the pruned heads are written as zeros at full width (" << analysis::kept_heads_text(model)
                 << " kept), so the folder computes what the pruned model computes\n";
-    if (tokenizer.empty())
+    if (tokenizer.empty()) {
       std::cout << "export: no tokenizer files: this checkpoint's tokenizer is headlab's " << l.task->name()
-                << " vocabulary, not a byte-level BPE\n";
-    else
-      std::cout << "export: wrote vocab.json and merges.txt (the BPE tokenizer, from the checkpoint)\n";
+                << " vocabulary, not a subword tokenizer's\n";
+    } else {
+      std::string names;
+      for (const auto& [name, bytes] : tokenizer.files) names.append(names.empty() ? "" : " and ").append(name);
+      std::cout << "export: wrote " << names << " (" << l.subword()->describe() << ", from the checkpoint)\n";
+    }
     return 0;
   };
 }

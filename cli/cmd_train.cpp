@@ -14,21 +14,24 @@ namespace headlab::cli {
 
 namespace {
 
-// train --init: the run's model and task from a checkpoint or a model folder, its parameters the start.
-void start_from(const std::string& path, train::TrainOptions& o, const std::string& text) {
+// train --init: the run's model and task from a checkpoint, a model folder or a llama2.c checkpoint (with its
+// tokenizer), its parameters the start.
+void start_from(const std::string& path, train::TrainOptions& o, const std::string& text,
+                const std::string& tokenizer) {
   HL_CHECK(!o.resume, "train: --init starts a new run and --resume continues one; give one of them");
   const auto told = [&](const char* name) { return std::find(o.told.begin(), o.told.end(), name) != o.told.end(); };
   for (const char* fixed : {"--arch", "--attention", "--emb-dim", "--n-heads", "--n-kv-heads", "--n-layers",
                             "--context-length", "--qkv-bias", "--attn-only", "--ffn-hiddens"})
     HL_CHECK(!told(fixed), "train: ", fixed, " is fixed by --init '", path, "' (its model's)");
-  Loaded l = load("train: --init", path, "cpu", text);
+  Loaded l = load("train: --init", path, "cpu", text, tokenizer);
   train::RunConfig& c = o.config;
   const nn::ModelFamily& family = l.config.family().model;
   o.init_model = told("--drop-rate") ? family.with_dropout(l.config.model, o.model.drop_rate) : l.config.model;
   if (l.subword()) {
-    HL_CHECK(!text.empty(), "train: a GPT-2 model trains on a text: give --text FILE with --init '", path, "'");
+    HL_CHECK(!text.empty(), "train: a pretrained model trains on a text: give --text FILE with --init '", path, "'");
     HL_CHECK(!told("--task") || c.task.name == "text", "train: --init '", path,
-             "' is a GPT-2 model: it trains on --text FILE (task text, GPT-2's BPE), not task ", c.task.name);
+             "' is a pretrained model: it trains on --text FILE (task text, its own tokenizer), not task ",
+             c.task.name);
   } else {
     HL_CHECK(!told("--task") || c.task.name == l.config.task.name, "train: --init '", path, "' was trained on task ",
              l.config.task.name, ", not ", c.task.name);
@@ -43,7 +46,7 @@ void start_from(const std::string& path, train::TrainOptions& o, const std::stri
 
 // What is chosen by name and resolved after parsing (an optimizer's defaults depend on its kind).
 struct Choices {
-  std::string attention = "fused", parallel = "auto", optimizer = "adamw", schedule = "cosine", text, init;
+  std::string attention = "fused", parallel = "auto", optimizer = "adamw", schedule = "cosine", text, init, tokenizer;
   double weight_decay = -1;  // < 0: the optimizer's PyTorch default
   int threads = 0;
   int64_t track_heads = 0;
@@ -150,9 +153,13 @@ void add_run_options(CLI::App& app, train::TrainOptions& o, Choices& ch) {
       ->type_name(kOutputDir)
       ->capture_default_str();
   app.add_option("--init", ch.init,
-                 "start from this model instead of random weights: a GPT checkpoint (.h5) or a Hugging Face GPT-2 "
-                 "folder, which fixes the architecture and tokenizer; a GPT-2 model trains on --text (task text, "
-                 "GPT-2's BPE), a checkpoint on its own task")
+                 "start from this model instead of random weights: a checkpoint (.h5), a Hugging Face folder or a "
+                 "llama2.c checkpoint, which fixes the architecture and tokenizer; a pretrained model trains on --text "
+                 "(task text, its tokenizer), a checkpoint of a task on its own task")
+      ->type_name(kInputFile);
+  app.add_option("--tokenizer", ch.tokenizer,
+                 "--init's tokenizer: a SentencePiece model, llama2.c's tokenizer.bin or a tokenizer.json (required "
+                 "for a llama2.c checkpoint; overrides a folder's)")
       ->type_name(kInputFile);
   app.add_option("--track-heads", ch.track_heads,
                  "gpt: every N steps (and before the first, after the last) score every head (previous-token, "
@@ -197,7 +204,8 @@ int run_training(train::TrainOptions& o, const Choices& ch) {
   if (ch.weight_decay >= 0) c.optimizer.weight_decay = ch.weight_decay;
   c.schedule.kind = parse_enum<optim::ScheduleKind>(ch.schedule, "train: --schedule");
   if (!ch.text.empty()) c.task.options.text_path = ch.text;
-  if (!ch.init.empty()) start_from(ch.init, o, ch.text);
+  HL_CHECK(ch.tokenizer.empty() || !ch.init.empty(), "train: --tokenizer is --init's model's tokenizer; give --init");
+  if (!ch.init.empty()) start_from(ch.init, o, ch.text, ch.tokenizer);
   const auto tracker = std::make_shared<analysis::HeadsOverTime>();
   if (ch.track_heads > 0) o.observer = analysis::track_heads(tracker, o.out, ch.track_heads);
   train::install_sigint_handler();

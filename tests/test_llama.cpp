@@ -506,3 +506,52 @@ TEST(Stories260K, HeadsByKeyValueGroupAndCircuitRunOnTheRealModel) {
   EXPECT_NE(no_pairs.err.find("--by kv-group patches keys and values on prompt pairs"), std::string::npos)
       << no_pairs.err;
 }
+
+// A pretrained model keeps its tokenizer wherever it goes: convert (the llama2.c file with either tokenizer file)
+// stores the tokenizer's files in the checkpoint, export writes them beside the weights, train --init's checkpoints
+// carry them, and each reads back to the same ids and the same greedy tokens.
+TEST(Stories260K, ConvertExportAndInitCarryTheTokenizer) {
+  if (!fs::exists(kStories + "/stories260K.bin")) GTEST_SKIP() << kStories << " is absent (../shared/models)";
+  const TempDir dir("stories_carry");
+  const std::string bin = std::string(HEADLAB_BINARY_DIR) + "/headlab", model = kStories + "/stories260K.bin";
+  const std::string prompt = "Tim and Lily went to the park.";
+  const auto run = [&](const std::vector<std::string>& args) {
+    std::vector<std::string> argv{bin};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const headlab::testing::ProcessResult r = headlab::testing::run_process(argv, dir.dir());
+    EXPECT_EQ(r.code, 0) << r.err;
+    return r.out;
+  };
+  const std::string want =
+      run({"generate", model, "--tokenizer", kStories + "/tok512.bin", "--prompt", prompt, "--max-new-tokens", "16"});
+  for (const auto& [file, type] : {std::pair{"tok512.bin", "llama2c"}, std::pair{"tok512.model", "sentencepiece"}}) {
+    SCOPED_TRACE(type);
+    const std::string h5 = dir.path(std::string(type) + ".h5"), hf = dir.path(std::string(type) + "_hf");
+    run({"convert", model, "--tokenizer", kStories + "/" + file, "--out", h5});
+    const io::Checkpoint ck = io::load_checkpoint(h5);
+    EXPECT_EQ(ck.tokenizer.type, type);
+    EXPECT_EQ(ck.config["tokenizer"]["type"], type);
+    const std::string stored = ck.tokenizer.files.at(0).second;
+    EXPECT_EQ(stored, headlab::testing::slurp(kStories + "/" + file));
+    EXPECT_EQ(run({"generate", h5, "--prompt", prompt, "--max-new-tokens", "16"}), want);
+    EXPECT_EQ(run({"tokenize", h5, "--prompt", prompt}),
+              run({"tokenize", model, "--tokenizer", kStories + "/" + file, "--prompt", prompt}));
+    run({"export", h5, "--out", hf});
+    EXPECT_EQ(headlab::testing::slurp(hf + "/" + ck.tokenizer.files.at(0).first), stored);
+    EXPECT_EQ(run({"generate", hf, "--prompt", prompt, "--max-new-tokens", "16"}), want);
+  }
+  // Fine-tuning from the llama2.c file: its checkpoints hold the tokenizer and resume.
+  {
+    std::ofstream text(dir.path("story.txt"));
+    for (int i = 0; i < 300; ++i) text << "Tim and Lily went to the park. They played with a red ball. ";
+  }
+  run({"train", "--init", model, "--tokenizer", kStories + "/tok512.model", "--text", dir.path("story.txt"), "--steps",
+       "2", "--batch-size", "2", "--eval-every", "2", "--eval-batches", "1", "--threads", "1", "--out",
+       dir.path("tuned")});
+  EXPECT_EQ(io::load_checkpoint(dir.path("tuned/checkpoint.h5")).tokenizer.type, "sentencepiece");
+  run({"train", "--resume", "--out", dir.path("tuned"), "--text", dir.path("story.txt"), "--steps", "3", "--threads",
+       "1"});
+  const headlab::testing::ProcessResult no_init = headlab::testing::run_process(
+      {bin, "train", "--tokenizer", kStories + "/tok512.model", "--steps", "1"}, dir.dir());
+  EXPECT_NE(no_init.err.find("--tokenizer is --init's model's tokenizer"), std::string::npos) << no_init.err;
+}

@@ -167,6 +167,9 @@ class MultiHeadAttentionWrapper;
 struct KVCache {
   Tensor keys, values;
   int64_t length = 0;
+  // Positions the caller will need in all (a generation: prompt + new tokens), or 0: unknown. The first
+  // allocation then holds that many (up to the context), so a generation neither doubles nor copies it.
+  int64_t expected = 0;
 };
 
 // What a causal attention reads: the block's normalised stream, or per head (TransformerLens's split

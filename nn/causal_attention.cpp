@@ -405,11 +405,13 @@ Tensor project(const Tensor& xs, const Tensor& x, Linear& proj, int64_t H, int64
   return y.view({H, B, T, D}).permute({1, 2, 0, 3});
 }
 
-// Room in the cache for `needed` positions (B, Hkv, capacity, D): doubled as decoding goes, up to the context, so
-// that a model whose context is long (131,072 positions in Llama 3) holds only what a generation uses.
+// Room in the cache for `needed` positions (B, Hkv, capacity, D): the caller's expected count at first, else doubled
+// as decoding goes, up to the context, so that a model whose context is long (131,072 positions in Llama 3) holds
+// only what a generation uses.
 void grow(KVCache& cache, int64_t needed, int64_t context, const std::array<int64_t, 3>& bhd, const Tensor& like) {
   const int64_t have = cache.length > 0 ? cache.keys.size(2) : 0;
-  const int64_t capacity = std::min(context, std::max({needed, 2 * have, int64_t{64}}));
+  const int64_t first = have == 0 && cache.expected > 0 ? cache.expected : 2 * have;  // the caller's count, once
+  const int64_t capacity = std::min(context, std::max({needed, first, int64_t{64}}));
   const Shape shape{bhd[0], bhd[1], capacity, bhd[2]};
   Tensor keys = Tensor::empty(shape, like.dtype(), like.device()),
          values = Tensor::empty(shape, like.dtype(), like.device());

@@ -54,7 +54,8 @@ std::vector<int64_t> generate(DecoderModel& model, const std::vector<int64_t>& p
     if (cached && i > 0 && caches.front().length + 1 == n) {
       last = model.forward_cached(tensor(std::vector<int64_t>{ids.back()}, {1, 1}).to(model.device()), caches);
     } else if (cached) {
-      for (KVCache& c : caches) c = KVCache{};
+      for (KVCache& c : caches)
+        c = KVCache{.keys = {}, .values = {}, .length = 0, .expected = n + o.max_new_tokens - i};
       last = model.forward_cached(tensor(window, {1, n}).to(model.device()), caches);
     } else {
       last = model.forward(tensor(window, {1, n}).to(model.device())).select(1, n - 1);  // (1, V)

@@ -3,8 +3,10 @@
 // writes a Hugging Face folder or a llama2.c checkpoint as a self-contained headlab checkpoint, its tokenizer's
 // files inside; export writes a headlab checkpoint as its family's folder (a GPT's: a GPT2LMHeadModel folder;
 // a llama's: a LlamaForCausalLM folder) that PyTorch loads, its tokenizer's files beside.
+#include <filesystem>
 #include <iostream>
 #include <memory>
+#include <optional>
 
 #include "analysis/files.h"
 #include "base/input_path.h"
@@ -13,8 +15,11 @@
 #include "io/families.h"
 #include "io/hf_folder.h"
 #include "tasks/bpe_tokenizer.h"
+#include "tasks/sentencepiece_tokenizer.h"
 
 namespace headlab::cli {
+
+namespace fs = std::filesystem;
 
 Action add_tokenize(CLI::App& app) {
   struct Args {
@@ -22,7 +27,7 @@ Action add_tokenize(CLI::App& app) {
     bool show = false, no_bos = false;
   };
   auto a = std::make_shared<Args>();
-  add_model_argument(app, a->model, a->tokenizer);
+  add_model_argument(app, a->model, a->tokenizer);  // or a folder of tokenizer files alone
   auto* text = app.add_option("--text", a->text, "the file to tokenize (UTF-8)")->type_name(kInputFile);
   auto* prompt = app.add_option("--prompt", a->prompt, "the text to tokenize");
   text->excludes(prompt);
@@ -31,9 +36,30 @@ Action add_tokenize(CLI::App& app) {
   return [a, text, prompt] {
     HL_CHECK(text->count() + prompt->count() == 1, "tokenize: give --text FILE or --prompt TEXT");
     const std::string input = a->text.empty() ? a->prompt : read_input_file(a->text, "tokenize: --text");
-    const Loaded l = load("tokenize", a->model, "cpu", "", a->tokenizer);
-    const tasks::TextTokenizer* tok = l.subword();
-    HL_CHECK(tok, "tokenize: '", a->model, "' has the ", l.task->name(),
+    // A folder (a model's, or tokenizer files alone): its config.json's vocabulary and its tokenizer files, the
+    // weights unread; a checkpoint file: loaded.
+    std::shared_ptr<const tasks::TextTokenizer> alone;
+    std::optional<Loaded> l;
+    std::error_code ec;
+    if (fs::is_directory(a->model, ec)) {
+      int64_t vocab = 0;
+      if (io::is_hf_model_folder(a->model)) {
+        const io::Family& f = io::family_of_folder(a->model);
+        vocab = f.model.vocab_size(f.folder->read_config(a->model));
+      }
+      io::FolderModel files;
+      for (auto [name, where] :
+           {std::pair{"vocab.json", &files.vocab_path}, std::pair{"merges.txt", &files.merges_path}})
+        if (fs::exists(fs::path(a->model) / name, ec)) *where = (fs::path(a->model) / name).string();
+      const train::FolderTokenizer found = train::folder_tokenizer(a->model, files);
+      HL_CHECK(!a->tokenizer.empty() || found.kind != train::FolderTokenizer::Kind::none, "tokenize: '", a->model,
+               "' has no tokenizer: ", found.describe());
+      alone = a->tokenizer.empty() ? found.make(vocab) : tasks::tokenizer_from_file(a->tokenizer, vocab);
+    } else {
+      l.emplace(load("tokenize", a->model, "cpu", "", a->tokenizer));
+    }
+    const tasks::TextTokenizer* tok = alone ? alone.get() : l->subword();
+    HL_CHECK(tok, "tokenize: '", a->model, "' has the ", l->task->name(),
              " task's own tokenizer, not a subword one (tokenize reads pretrained models and their checkpoints)");
     std::vector<int64_t> ids = tok->encode(input, a->text.empty() ? "prompt" : a->text);
     if (!a->no_bos && tok->bos()) ids.insert(ids.begin(), *tok->bos());

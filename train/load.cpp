@@ -41,6 +41,23 @@ FolderTokenizer folder_tokenizer(const std::string& folder, const io::FolderMode
   return {};
 }
 
+std::shared_ptr<const tasks::TextTokenizer> FolderTokenizer::make(int64_t vocab_size) const {
+  switch (kind) {
+    case Kind::sentencepiece:
+      return tasks::SentencePieceTokenizer::from_file(path, vocab_size);
+    case Kind::gpt2_files:
+      return std::make_shared<const tasks::BpeTokenizer>(tasks::BpeTokenizer::from_files(path, second, vocab_size));
+    case Kind::tokenizer_json:
+      return std::make_shared<const tasks::BpeTokenizer>(
+          tasks::BpeTokenizer::from_tokenizer_json_file(path, vocab_size, second));
+    case Kind::llama2c:
+      return tasks::Llama2cTokenizer::from_file(path, vocab_size);
+    case Kind::none:
+      break;
+  }
+  HL_FAIL("tokenizer: ", describe());
+}
+
 std::string FolderTokenizer::describe() const {
   switch (kind) {
     case Kind::sentencepiece:
@@ -103,20 +120,7 @@ Loaded load(const char* cmd, const std::string& path, const std::string& device,
   train::RunConfig& c = l.config;
   c.model = folder.config;
   const int64_t vocab = family.model.vocab_size(folder.config);
-  std::shared_ptr<const tasks::TextTokenizer> subword;
-  if (!tokenizer.empty())
-    subword = tasks::tokenizer_from_file(tokenizer, vocab);
-  else if (files.kind == Kind::sentencepiece)
-    subword = tasks::SentencePieceTokenizer::from_file(files.path, vocab);
-  else if (files.kind == Kind::llama2c)
-    subword = tasks::Llama2cTokenizer::from_file(files.path, vocab);
-  else if (files.kind == Kind::gpt2_files)
-    subword =
-        std::make_shared<const tasks::BpeTokenizer>(tasks::BpeTokenizer::from_files(files.path, files.second, vocab));
-  else
-    subword = std::make_shared<const tasks::BpeTokenizer>(
-        tasks::BpeTokenizer::from_tokenizer_json_file(files.path, vocab, files.second));
-  pretrained_text_task(c, std::move(subword), text);
+  pretrained_text_task(c, tokenizer.empty() ? files.make(vocab) : tasks::tokenizer_from_file(tokenizer, vocab), text);
   l.model = io::build_folder_model(std::move(folder), path);
   l.model->to(Device::parse(device));
   l.ckpt.config = c.to_json();

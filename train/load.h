@@ -40,7 +40,11 @@ struct FolderTokenizer {
   enum class Kind { none, sentencepiece, gpt2_files, tokenizer_json, llama2c } kind = Kind::none;
   std::string path, second;      // the file, and merges.txt or tokenizer_config.json ("" if none)
   std::string describe() const;  // the files, or "none (...)": inspect's line
+  // The tokenizer they hold; vocab_size > 0: the model's (see the tokenizers' checks). none throws.
+  std::shared_ptr<const tasks::TextTokenizer> make(int64_t vocab_size) const;
 };
+// m: the folder's model as read (its vocab.json and merges.txt paths); a folder with no model (tokenizer files
+// alone) passes a FolderModel with those two paths where the files exist.
 FolderTokenizer folder_tokenizer(const std::string& folder, const io::FolderModel& m);
 
 // path: a checkpoint file, a model folder or a llama2.c checkpoint (errors start with cmd); text replaces a chars

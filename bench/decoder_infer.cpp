@@ -8,11 +8,13 @@
 // bench/gpt2_ratios.sh and bench/llama_ratios.sh run it beside the peers and print the ratios.
 // Usage: decoder_infer [--model DIR | --arch gpt|llama [--layers L --dim C --heads H --kv-heads K --hidden F
 //                       --vocab V --positions P]] [--batch-size B] [--prefill T] [--decode N] [--threads N]
-//                      [--repeats R] [--save DIR] [--device cpu|cuda]
+//                      [--repeats R] [--prefill-chunk N] [--save DIR] [--device cpu|cuda]
 // Shapes by default: gpt is GPT-2 small (124M, tied head); llama is SmolLM-135M (30 layers, width 576, 9 query
 // heads sharing 3 key/value heads, SwiGLU 1536, vocabulary 49152, tied head), as the peers' defaults.
 // On a GPU every timed call ends with a device synchronisation (as the peer's do) and the floors use the
 // GPU's own GEMM rate and read bandwidth.
+// --prefill-chunk N: generate's prefill fills the cache N prompt tokens at a time (default: generate's own,
+// nn::GenerateOptions; 0: the whole prompt at once).
 // --save DIR writes the (random) model as a Hugging Face folder and exits.
 #include <omp.h>
 #include <sys/resource.h>
@@ -28,6 +30,7 @@
 #include "bench/bench_util.h"
 #include "io/families.h"
 #include "io/hf_folder.h"
+#include "nn/generate.h"
 #include "nn/llama.h"
 #include "ops/ops.h"
 
@@ -110,7 +113,7 @@ int main(int argc, char** argv) {
   prepare_process(argv);  // headlab's threading policy (passive OpenMP waits), as the headlab command runs
   std::string model_dir, save_dir, arch = "gpt";
   std::vector<std::pair<std::string, int64_t>> sizes;
-  int64_t B = 1, prefill = 960, decode = 64;
+  int64_t B = 1, prefill = 960, decode = 64, chunk = nn::GenerateOptions{}.prefill_chunk;
   int threads = 2, repeats = 3;
   Device device = kCPU;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -137,6 +140,8 @@ int main(int argc, char** argv) {
       device = Device::parse(v);
     else if (k == "--repeats")
       repeats = std::stoi(v);
+    else if (k == "--prefill-chunk")
+      chunk = std::stoll(v);
     else {
       std::fprintf(stderr, "decoder_infer: unknown option %s\n", k.c_str());
       return 2;
@@ -194,15 +199,19 @@ int main(int argc, char** argv) {
               (long long)prefill, pre * 1e3, double(B * prefill) / pre, floor * 1e3, 100 * floor / pre);
 
   const Tensor prompt = ids.narrow(0, 0, 1);
-  auto generate_prefill = [&](std::vector<nn::KVCache>& caches) { return model.forward_cached(prompt, caches); };
+  auto generate_prefill = [&](std::vector<nn::KVCache>& caches) {
+    for (nn::KVCache& c : caches) c.expected = prefill + decode;  // as generate sizes its caches
+    return model.forward_cached(prompt, caches, chunk);
+  };
   const double gen_pre = median_seconds(repeats, [&] {
     std::vector<nn::KVCache> caches(size_t(model.n_layers()));
     (void)generate_prefill(caches);
     be.synchronize();
   });
   const double gen_floor = forward_flops(costs, 1, double(prefill), 1) / (gflops * 1e9);
-  std::printf("generate's prefill T=%lld (head on the last position): %.1f ms, %.0f tokens/s (floor %.1f ms: %.0f%%)\n",
-              (long long)prefill, gen_pre * 1e3, double(prefill) / gen_pre, gen_floor * 1e3, 100 * gen_floor / gen_pre);
+  std::printf("generate's prefill T=%lld in chunks of %lld (head on the last position): %.1f ms, %.0f tokens/s (floor "
+              "%.1f ms: %.0f%%)\n",
+              (long long)prefill, (long long)chunk, gen_pre * 1e3, double(prefill) / gen_pre, gen_floor * 1e3, 100 * gen_floor / gen_pre);
   if (decode > 0) {
     double held = 0;  // the caches' bytes at the end (capacity, which grows by doubling)
     const double whole = median_seconds(repeats, [&] {

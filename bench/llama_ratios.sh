@@ -64,7 +64,7 @@ awk -v o="$o_pre" -v p="$p_pre" -v f="$f_pre" -v g="$o_gen" -v o2="$o_dec" -v p2
   r1 = (p == "nan") ? "-" : sprintf("%.2fx", o / p); r2 = (p2 == "nan") ? "-" : sprintf("%.2fx", o2 / p2)
   r3 = (p3 == "nan") ? "-" : sprintf("%.2fx", o3 / p3)
   printf "%-58s %10.0f %10s %8s %8s%%\n", "prefill 1 x 1024, every position (tokens/s)", o, p, r1, f
-  printf "%-58s %10.0f %10s %8s %9s\n", "generate prefill 1 x 960, last position (tokens/s)", g, "-", "-", "-"
+  printf "%-58s %10.0f %10s %8s %9s\n", "generate prefill 1 x 960, last position, chunks (tokens/s)", g, "-", "-", "-"
   printf "%-58s %10.1f %10s %8s %8s%%\n", "decode 64 after 960, 3 KV heads (tokens/s)", o2, p2, r2, f2
   printf "%-58s %10.1f %10s %8s %8s%%\n", "decode 64 after 960, 9 KV heads: multi-head (tokens/s)", o3, p3, r3, f3
   printf "KV cache per token: %d bytes with 3 KV heads, %d with 9: %.2fx; multi-head decodes %.2fx slower here\n",

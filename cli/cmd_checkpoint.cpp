@@ -144,6 +144,7 @@ Action add_generate(CLI::App& app) {
   auto max_new = std::make_shared<int64_t>(64);
   auto temperature = std::make_shared<double>(0.0);
   auto top_k = std::make_shared<int64_t>(0);
+  auto prefill_chunk = std::make_shared<int64_t>(nn::GenerateOptions{}.prefill_chunk);
   auto seed = std::make_shared<uint64_t>(0);
   auto device = std::make_shared<std::string>("cpu");
   add_model_argument(app, *path, *tokenizer);
@@ -157,6 +158,11 @@ Action add_generate(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--top-k", *top_k, "sample only from the k most likely tokens (0: all)")
       ->check(non_negative_number(1e9));
+  app.add_option("--prefill-chunk", *prefill_chunk,
+                 "prompt tokens per forward while the key/value cache fills (its activations take this many rows; "
+                 "0: the whole prompt at once)")
+      ->check(non_negative_number(1e9))
+      ->capture_default_str();
   add_seed_option(app, *seed, "sampling seed");
   app.add_option("--device", *device, "cpu | cuda")->capture_default_str();
   return [=] {
@@ -164,6 +170,7 @@ Action add_generate(CLI::App& app) {
     o.max_new_tokens = *max_new;
     o.temperature = *temperature;
     o.top_k = *top_k;
+    o.prefill_chunk = *prefill_chunk;
     o.seed = *seed;
     Loaded l = load("generate", *path, *device, "", *tokenizer);
     if (nn::EncoderDecoder* m = l.seq2seq()) {  // greedy, as d2l's predict_seq2seq

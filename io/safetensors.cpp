@@ -62,7 +62,10 @@ struct ReadOnlyFile {
     }
     size = static_cast<size_t>(st.st_size);
   }
-  ~ReadOnlyFile() { ::close(fd); }
+  ~ReadOnlyFile() {
+    if (fd >= 0) ::close(fd);
+  }
+  int release() { return std::exchange(fd, -1); }
 };
 
 }  // namespace
@@ -98,7 +101,7 @@ float bf16_to_float(uint16_t b) { return std::bit_cast<float>(static_cast<uint32
 // SafetensorsFile
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  const ReadOnlyFile file(path);
+  ReadOnlyFile file(path);
   HL_CHECK(file.size >= 8, path, ": ", file.size,
            " bytes, too short for a safetensors file (8-byte header length first)");
   void* map = ::mmap(nullptr, file.size, PROT_READ, MAP_PRIVATE, file.fd, 0);
@@ -176,16 +179,19 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     ::munmap(const_cast<std::byte*>(map_), map_size_);
     throw;
   }
+  fd_ = file.release();
 }
 
 SafetensorsFile::~SafetensorsFile() {
   if (map_ != nullptr) ::munmap(const_cast<std::byte*>(map_), map_size_);
+  if (fd_ >= 0) ::close(fd_);
 }
 
 SafetensorsFile::SafetensorsFile(SafetensorsFile&& o) noexcept
     : path_(std::move(o.path_)),
       map_(std::exchange(o.map_, nullptr)),
       map_size_(std::exchange(o.map_size_, 0)),
+      fd_(std::exchange(o.fd_, -1)),
       data_start_(o.data_start_),
       metadata_(std::move(o.metadata_)),
       entries_(std::move(o.entries_)) {}
@@ -193,9 +199,11 @@ SafetensorsFile::SafetensorsFile(SafetensorsFile&& o) noexcept
 SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& o) noexcept {
   if (this != &o) {
     if (map_ != nullptr) ::munmap(const_cast<std::byte*>(map_), map_size_);
+    if (fd_ >= 0) ::close(fd_);
     path_ = std::move(o.path_);
     map_ = std::exchange(o.map_, nullptr);
     map_size_ = std::exchange(o.map_size_, 0);
+    fd_ = std::exchange(o.fd_, -1);
     data_start_ = o.data_start_;
     metadata_ = std::move(o.metadata_);
     entries_ = std::move(o.entries_);
@@ -219,22 +227,34 @@ Tensor SafetensorsFile::to_float(const std::string& name) const {
   HL_CHECK(e.dtype == "F32" || e.dtype == "F16" || e.dtype == "BF16", path_, ": tensor ", quoted(name), " has dtype ",
            e.dtype, "; only F32, F16 and BF16 convert to float32");
   Tensor t = Tensor::empty(e.shape);  // (shape...) float32, CPU
+  float* dst = t.data<float>();
+  const size_t n = static_cast<size_t>(t.numel());
+  if (e.dtype == "F32") {  // read straight into the tensor: the kernel copies from the page cache, and the
+    // mapping gains no page-table entries (in a VM a fault per 4 KiB page cost more than the copy: 2.3 s
+    // against 1.7 s for 475 MB)
+    auto* out = reinterpret_cast<char*>(dst);
+    for (size_t done = 0; done < n * sizeof(float);) {
+      const ssize_t got = ::pread(fd_, out + done, n * sizeof(float) - done,
+                                  static_cast<off_t>(data_start_ + e.begin + done));
+      const int err = errno;
+      if (got < 0 && err == EINTR) continue;
+      HL_CHECK(got > 0, path_, ": tensor ", quoted(name), ": ",
+               got < 0 ? std::string("cannot read: ") + std::strerror(err)
+                       : "the file ends before its data (did it change while it was read?)");
+      done += static_cast<size_t>(got);
+    }
+    return t;
+  }
   const std::span<const std::byte> src = bytes(name);
   // The tensor's page-table entries in one call (a fault per 4 KiB page would cost more than the copy);
   // a kernel before 5.14 refuses it, and the copy then faults the pages in as usual.
   if (!src.empty()) ::madvise(page_start(src.data()), page_span(src), MADV_POPULATE_READ);
-  float* dst = t.data<float>();
-  const size_t n = static_cast<size_t>(t.numel());
-  if (e.dtype == "F32") {
-    if (n > 0) std::memcpy(dst, src.data(), n * sizeof(float));
-  } else {
-    // The data section need not be 2-byte aligned (the header length is any number): read by memcpy.
-    const bool half = e.dtype == "F16";
-    for (size_t i = 0; i < n; ++i) {
-      uint16_t bits;
-      std::memcpy(&bits, src.data() + 2 * i, 2);
-      dst[i] = half ? f16_to_float(bits) : bf16_to_float(bits);
-    }
+  // The data section need not be 2-byte aligned (the header length is any number): read by memcpy.
+  const bool half = e.dtype == "F16";
+  for (size_t i = 0; i < n; ++i) {
+    uint16_t bits;
+    std::memcpy(&bits, src.data() + 2 * i, 2);
+    dst[i] = half ? f16_to_float(bits) : bf16_to_float(bits);
   }
   release(src);
   return t;

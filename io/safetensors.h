@@ -32,7 +32,7 @@ struct SafetensorsEntry {
 // Bytes per element of a dtype name of the format, 0 when unknown.
 size_t safetensors_dtype_size(const std::string& dtype);
 
-// One .safetensors file, mapped read-only for the object's life; the constructor checks the whole
+// One .safetensors file, mapped read-only (and open) for the object's life; the constructor checks the whole
 // header (dtype known, shape's bytes == its offsets' span, spans in order, without gaps or overlap,
 // covering the data exactly) and throws headlab::Error naming the file and the tensor otherwise.
 class SafetensorsFile {
@@ -61,6 +61,7 @@ class SafetensorsFile {
   std::string path_;
   const std::byte* map_ = nullptr;  // the whole file
   size_t map_size_ = 0;
+  int fd_ = -1;  // open for the object's life: float32 tensors are read from it, not through the mapping
   size_t data_start_ = 0;  // 8 + header length
   std::map<std::string, std::string> metadata_;
   std::map<std::string, SafetensorsEntry> entries_;

@@ -197,9 +197,9 @@ class CausalMultiHead : public UnaryModule, public MultiHead {
                          const Tensor& gates) = 0;  // gates as HeadControl's; overrides control().gates
   // The forward a decoder block runs: with the block's hook points (attn.hook_q, _k, _v, _pattern, _z,
   // _result; nothing computed for a point nobody wants), per-head inputs, and for incremental decoding a
-  // key/value cache: `in` holds the tokens at positions [cache.length, cache.length + T) (a prefill from
-  // an empty cache, then one token a step); their keys and values join the cache and each attends to
-  // every cached position up to its own (no dropout, no hooks). The fused form's one forward; the
+  // key/value cache: `in` holds the tokens at positions [cache.length, cache.length + T) (a prompt, whole or
+  // in chunks, then one token a step); their keys and values join the cache and each attends to every
+  // cached position up to its own (no dropout, no hooks). The fused form's one forward; the
   // wrapper runs its own loop where none of this is asked, else the fused form's (supports_kv_cache
   // says whether it decodes with a cache; generation recomputes the window where not).
   virtual Tensor forward(const AttentionInput& in, const HookSite& site, KVCache* cache = nullptr) = 0;

@@ -422,6 +422,17 @@ void grow(KVCache& cache, int64_t needed, int64_t context, const std::array<int6
   cache.keys = keys, cache.values = values;
 }
 
+// Which cached keys the T new queries see: a prefill into an empty cache is causal within itself, one new token
+// sees every cached position, and a later chunk of a prefill sees the cache and itself causally (query i: the
+// first past + i + 1 keys).
+AttentionMask cached_mask(int64_t past, int64_t B, int64_t T, const Tensor& like) {
+  if (past == 0) return AttentionMask::causal();
+  if (T == 1) return AttentionMask::none();
+  std::vector<int64_t> lengths(static_cast<size_t>(B * T));
+  for (size_t i = 0; i < lengths.size(); ++i) lengths[i] = past + static_cast<int64_t>(i) % T + 1;
+  return AttentionMask::lengths(tensor(lengths, {B, T}).to(like.device()));
+}
+
 // The input that gives the batch and token counts: x, or the first per-head input.
 const Tensor& any_input(const AttentionInput& in) {
   return in.x.defined() ? in.x : in.q.defined() ? in.q : in.k.defined() ? in.k : in.v;
@@ -469,7 +480,6 @@ Tensor CausalMultiHeadAttention::run(const AttentionInput& in, const Tensor& gat
     }
     if (cache) {
       HL_CHECK(!in.split(), who, ": per-head inputs do not decode with a cache");
-      HL_CHECK(past == 0 || T == 1, who, ": after the prefill the cache takes one token a step, got ", T);
       HL_CHECK(past + T <= context_length, who, ": ", past, " cached + ", T, " new tokens exceed context_length ",
                context_length);
       if (past == 0 || past + T > cache->keys.size(2)) grow(*cache, past + T, context_length, {B, Hkv, D}, first);
@@ -477,10 +487,8 @@ Tensor CausalMultiHeadAttention::run(const AttentionInput& in, const Tensor& gat
       cache->keys.narrow(2, past, T).copy_(k.transpose(1, 2));
       cache->values.narrow(2, past, T).copy_(v.transpose(1, 2));
       cache->length = past + T;
-      // A prefill is causal within itself; a new token sees every cached position.
       ctx = scaled_dot_product_attention(q.transpose(1, 2), cache->keys.narrow(2, 0, past + T),
-                                         cache->values.narrow(2, 0, past + T),
-                                         past == 0 ? AttentionMask::causal() : AttentionMask::none());
+                                         cache->values.narrow(2, 0, past + T), cached_mask(past, B, T, first));
     } else if (keep_weights || site.wants(HookPoint::pattern)) {  // the weights wanted: materialised anyway
       const Tensor scores = matmul(q.transpose(1, 2), repeat_kv(k.transpose(1, 2), H).mT());  // (B, H, T, T)
       const Tensor pattern = site(HookPoint::pattern, causal_softmax(scores, 1.0 / std::sqrt(static_cast<double>(D))));

@@ -2,6 +2,8 @@
 // blocks, incremental decoding, and each head's weights as TransformerLens exposes them.
 #include "nn/decoder.h"
 
+#include <algorithm>
+
 namespace headlab::nn {
 
 // ---- the block ----
@@ -84,13 +86,24 @@ bool DecoderModel::supports_kv_cache() const {
   return true;
 }
 
-Tensor DecoderModel::forward_cached(const Tensor& idx, std::vector<KVCache>& caches) {
+Tensor DecoderModel::forward_cached(const Tensor& idx, std::vector<KVCache>& caches, int64_t chunk) {
   HL_CHECK(static_cast<int64_t>(caches.size()) == n_layers(), type_name(), ": ", caches.size(),
            " key/value caches for ", n_layers(), " layers");
-  Tensor x = embed(idx, caches.front().length);
-  for (int64_t l = 0; l < n_layers(); ++l) x = decoder_block(l).forward(x, HookSite{}, &caches[static_cast<size_t>(l)]);
-  const int64_t T = x.size(1);
-  return unembed(x.narrow(1, T - 1, 1)).select(1, 0);  // (B, V)
+  HL_CHECK(chunk >= 0, type_name(), ": the prefill chunk must be >= 0 tokens, got ", chunk);
+  HL_CHECK(idx.defined() && idx.dim() == 2 && idx.size(1) > 0, type_name(),
+           ": expected token ids of shape (batch, tokens) with tokens > 0, got ", shape_str(idx.shape()));
+  const int64_t T = idx.size(1), past = caches.front().length;
+  HL_CHECK(past + T <= shape_.context_length, type_name(), ": ", T, " tokens after ", past,
+           " cached exceed context_length ", shape_.context_length);  // before any chunk joins the cache
+  // Chunks of equal size (at most `chunk`), so that every chunk's activations reuse the same freed blocks.
+  const int64_t pieces = chunk > 0 ? (T + chunk - 1) / chunk : 1, step = (T + pieces - 1) / pieces;
+  Tensor x;  // (B, n, C): the last chunk's stream after the last block
+  for (int64_t start = 0; start < T; start += step) {
+    const int64_t n = std::min(step, T - start);
+    x = embed(idx.narrow(1, start, n), caches.front().length);
+    for (int64_t l = 0; l < n_layers(); ++l) x = decoder_block(l).forward(x, HookSite{}, &caches[static_cast<size_t>(l)]);
+  }
+  return unembed(x.narrow(1, x.size(1) - 1, 1)).select(1, 0);  // (B, V)
 }
 
 HeadWeights DecoderModel::head_weights(int64_t layer, bool fold_norm, std::optional<DType> dtype) const {

@@ -69,11 +69,13 @@ class DecoderModel : public Model {
   Tensor unembed_normalized(const Tensor& y);                       // y W_U + b_U (B, T, V)
 
   // ---- incremental decoding (nn/generate.h) ----
-  // idx (B, T) are the tokens after the caches' positions (a prefill into empty caches, then one token a
-  // step); one cache per layer. Returns the logits of the last position only, (B, V): the unembedding's
-  // GEMM runs on one row, not T. Every layer's attention form must have a cache (supports_kv_cache).
+  // idx (B, T) are the tokens after the caches' positions (a prompt, then one token a step); one cache per
+  // layer. Returns the logits of the last position only, (B, V): the unembedding's GEMM runs on one row, not
+  // T. chunk > 0 runs the tokens through the blocks that many at a time (each chunk attends to the cache and
+  // causally to itself), so a long prompt's activations take chunk rows, not T: the same logits.
+  // Every layer's attention form must have a cache (supports_kv_cache).
   bool supports_kv_cache() const;
-  Tensor forward_cached(const Tensor& idx, std::vector<KVCache>& caches);
+  Tensor forward_cached(const Tensor& idx, std::vector<KVCache>& caches, int64_t chunk = 0);
 
   // ---- structure ----
   const DecoderShape& shape() const { return shape_; }

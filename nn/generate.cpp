@@ -36,6 +36,7 @@ int64_t pick_token(const Tensor& last_logits, double temperature, int64_t top_k,
 std::vector<int64_t> generate(DecoderModel& model, const std::vector<int64_t>& prompt, const GenerateOptions& o) {
   HL_CHECK(!prompt.empty(), "generate: the prompt is empty; expected at least one token");
   HL_CHECK(o.max_new_tokens >= 0, "generate: max_new_tokens must be >= 0, got ", o.max_new_tokens);
+  HL_CHECK(o.prefill_chunk >= 0, "generate: prefill_chunk must be >= 0, got ", o.prefill_chunk);
   const bool was_training = model.is_training();
   model.eval();
   NoGradGuard no_grad;
@@ -56,7 +57,7 @@ std::vector<int64_t> generate(DecoderModel& model, const std::vector<int64_t>& p
     } else if (cached) {
       for (KVCache& c : caches)
         c = KVCache{.keys = {}, .values = {}, .length = 0, .expected = n + o.max_new_tokens - i};
-      last = model.forward_cached(tensor(window, {1, n}).to(model.device()), caches);
+      last = model.forward_cached(tensor(window, {1, n}).to(model.device()), caches, o.prefill_chunk);
     } else {
       last = model.forward(tensor(window, {1, n}).to(model.device())).select(1, n - 1);  // (1, V)
     }

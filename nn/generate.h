@@ -16,6 +16,9 @@ struct GenerateOptions {
   int64_t end_id = -1;       // stop once this token is generated; -1: none
   bool keep_end = false;     // return the end token too (it is dropped by default)
   uint64_t seed = 0;         // sampling only
+  // Prompt tokens per forward when filling the key/value cache: a long prompt's activations then take this
+  // many rows (memory), while its GEMMs keep their rate. 0: the whole prompt at once.
+  int64_t prefill_chunk = 512;
 };
 
 // The new tokens after `prompt` (at most max_new_tokens). The model

@@ -420,6 +420,8 @@ TEST_F(CliRunTest, GenerateGreedyPrintsThePromptAndTheAnswer) {
     EXPECT_EQ(headlab({"generate", ckpt(), "--prompt", prompt}).out, r.out) << "greedy is deterministic";
     EXPECT_EQ(headlab({"generate", ckpt(), "--prompt", prompt, "--temperature", "0.7", "--top-k", "1"}).out, r.out)
         << "top-k 1 is greedy";
+    for (const char* chunk : {"1", "2", "0"})  // the prompt through the cache a token, two, or all at a time
+      EXPECT_EQ(headlab({"generate", ckpt(), "--prompt", prompt, "--prefill-chunk", chunk}).out, r.out) << chunk;
   }
   const Result bad = headlab({"generate", ckpt(), "--prompt", "12a"});
   EXPECT_EQ(bad.code, 1);

@@ -368,9 +368,19 @@ TEST(GptKvCache, EachStepsLogitsEqualTheFullForward) {
     }
     EXPECT_EQ(caches[0].length, 12);
     EXPECT_ERROR(m.forward_cached(tensor(std::vector<int64_t>{1}, {1, 1}), caches), "exceed context_length 12");
+    // A prompt in chunks (each attends to the cache and causally to itself): the same logits, and a chunk
+    // that runs past the context is refused before it is cached.
+    for (const int64_t chunk : {1, 3, 5, 12}) {
+      std::vector<nn::KVCache> chunked(2);
+      EXPECT_TRUE(all_close(m.forward_cached(tensor(ids, {1, 12}), chunked, chunk), all.select(1, 11))) << chunk;
+      EXPECT_EQ(chunked[1].length, 12);
+    }
     std::vector<nn::KVCache> fresh(2);
-    m.forward_cached(tensor(std::vector<int64_t>{1, 2}, {1, 2}), fresh);
-    EXPECT_ERROR(m.forward_cached(tensor(std::vector<int64_t>{1, 2}, {1, 2}), fresh), "one token a step");
+    m.forward_cached(tensor(std::vector<int64_t>{1, 2, 3, 4, 5, 6, 7, 8, 9, 1}, {1, 10}), fresh);
+    EXPECT_ERROR(m.forward_cached(tensor(std::vector<int64_t>{1, 2, 3}, {1, 3}), fresh, 1),
+                 "3 tokens after 10 cached exceed context_length 12");
+    EXPECT_EQ(fresh[0].length, 10);
+    EXPECT_ERROR(m.forward_cached(tensor(std::vector<int64_t>{1}, {1, 1}), fresh, -1), "chunk must be >= 0");
   }
 }
 

@@ -423,6 +423,13 @@ TEST(Safetensors, LyingFilesAreRefused) {
   EXPECT_EQ(f.entry("a").shape, (Shape{2, 0}));
   EXPECT_ERROR(io::SafetensorsFile(dir.path("absent.safetensors")), "absent.safetensors' does not exist");
   EXPECT_ERROR(io::SafetensorsFile(dir.dir()), "is a folder, not a file");
+
+  // A file cut short after it was opened (another program rewriting it): a clear error, not SIGBUS.
+  const std::string cut = dir.path("cut.safetensors");
+  write_safetensors_raw(cut, one("F32", {2}, {0, 8}), eight);
+  const io::SafetensorsFile opened(cut);
+  std::filesystem::resize_file(cut, std::filesystem::file_size(cut) - 4);
+  EXPECT_ERROR(opened.to_float("t"), "cut.safetensors: tensor 't': the file ends before its data");
 }
 
 }  // namespace

@@ -123,6 +123,10 @@ TEST(Llama, CachedDecodingAndKeptWeightsMatchTheFullForward) {
         last = m.forward_cached(idx.narrow(1, t, 1), caches);
         EXPECT_LT(max_diff(last, full.select(1, t)), 2e-5) << "kv " << kv << " position " << t;
       }
+      for (const int64_t chunk : {1, 3, 4}) {  // a prompt in chunks: rotary and the mask at each chunk's offset
+        std::vector<nn::KVCache> chunked(2);
+        EXPECT_LT(max_diff(m.forward_cached(idx, chunked, chunk), full.select(1, 9)), 2e-5) << "chunk " << chunk;
+      }
       m.keep_attention_weights(true);
       EXPECT_LT(max_diff(m.forward(idx), full), 2e-5);
       EXPECT_EQ(m.attention_weights(0).shape(), Shape({2, 4, 10, 10}));

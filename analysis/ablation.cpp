@@ -31,10 +31,12 @@ bool pruned_before(const nn::Model& m) {
 PrunedModelReport write_pruned(const train::Loaded& in, const EvalSet& data, const AblateOptions& o, int64_t k,
                                const PruningCurve& curve, const FinetuneOptions& fo, const Say& say) {
   nn::Model& model = *in.model;
-  const auto keep = kept_after(model, curve.order, k);
+  const auto keep = whole_kv_groups(model, kept_after(model, curve.order, k));
   PrunedModelReport pr;
   pr.done = true;
-  pr.removed = k;
+  pr.removed = 0;
+  for (int64_t l = 0; l < model.attention_count(); ++l)
+    pr.removed += model.heads_at(l) - static_cast<int64_t>(keep[static_cast<size_t>(l)].size());
   pr.path = (std::filesystem::path(o.out) / "pruned.h5").string();
   io::save_checkpoint(pr.path, prune_checkpoint(in.ckpt, keep, o.checkpoint));
   const io::Checkpoint pck = io::load_checkpoint(pr.path);
@@ -61,7 +63,10 @@ PrunedModelReport write_pruned(const train::Loaded& in, const EvalSet& data, con
   if (k == 0)
     os << "\nnote: no step of the curve keeps " << enum_name(curve.metric) << " >= " << fmt(o.prune_to_metric)
        << ", so pruned.h5 keeps every head";
-  os << "\npruned model: removed " << k << " of " << curve.total_heads << " heads, kept " << pr.kept << "\n  wrote "
+  os << "\npruned model: removed " << pr.removed << " of " << curve.total_heads << " heads";
+  if (pr.removed != k)  // grouped-query attention: a group goes when all its heads do
+    os << " (the curve's first " << k << ", less those whose key/value group keeps a head)";
+  os << ", kept " << pr.kept << "\n  wrote "
      << pr.path << "; parameters " << pr.params_before << " -> " << pr.params_after << " ("
      << fmt(100.0 * static_cast<double>(pr.params_before - pr.params_after) / static_cast<double>(pr.params_before), 1)
      << "% fewer)\n  forward (batch " << pr.B << " x " << pr.T << ", median of " << o.repeats
@@ -179,7 +184,7 @@ AblationReport run_ablation(const train::Loaded& in, const EvalSet& data, const 
     os << "\nfine-tuning the model pruned at every step of the curve (" << o.finetune << " steps each)\n";
     for (PruneStep& step : r.curve.steps) {
       fo.out = (std::filesystem::path(o.out) / ("finetune/pruned_" + std::to_string(step.pruned))).string();
-      const auto keep = kept_after(model, r.curve.order, step.pruned);
+      const auto keep = whole_kv_groups(model, kept_after(model, r.curve.order, step.pruned));
       step.finetuned = finetune(prune_checkpoint(in.ckpt, keep, o.checkpoint), data, fo).after;
       os << "  " << std::setw(3) << step.pruned << " pruned: " << enum_name(r.metric) << " "
          << fmt(metric_value(step.scores, r.metric), 3) << " -> " << fmt(metric_value(*step.finetuned, r.metric), 3)

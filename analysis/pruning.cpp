@@ -140,6 +140,23 @@ std::vector<std::vector<int64_t>> kept_after(const nn::Model& model,
   return keep;
 }
 
+std::vector<std::vector<int64_t>> whole_kv_groups(const nn::Model& model, std::vector<std::vector<int64_t>> keep) {
+  const auto* decoder = dynamic_cast<const nn::DecoderModel*>(&model);
+  if (!decoder) return keep;
+  for (size_t l = 0; l < keep.size(); ++l) {
+    const nn::CausalMultiHead& att = decoder->attention(static_cast<int64_t>(l));
+    const int64_t H = att.head_count(), Hkv = att.kv_head_count();
+    if (Hkv == 0 || Hkv == H) continue;
+    const int64_t G = H / Hkv;
+    std::set<int64_t> groups;
+    for (int64_t h : keep[l]) groups.insert(h / G);
+    keep[l].clear();
+    for (int64_t g : groups)
+      for (int64_t h = g * G; h < (g + 1) * G; ++h) keep[l].push_back(h);
+  }
+  return keep;
+}
+
 HeadMatrix gates_keeping(const nn::Model& model, const std::vector<std::vector<int64_t>>& keep) {
   HeadMatrix g = head_matrix(model, 0.0);
   HL_CHECK(keep.size() == g.size(), "gates_keeping: keep lists ", keep.size(), " layers, the model has ", g.size());

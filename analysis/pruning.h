@@ -72,6 +72,9 @@ std::vector<std::pair<int64_t, int64_t>> free_heads(const AblationResult& a, Met
 // Heads per layer left after removing the first k heads of `order` (sorted model-local indices).
 std::vector<std::vector<int64_t>> kept_after(const nn::Model& model,
                                              const std::vector<std::pair<int64_t, int64_t>>& order, int64_t k);
+// `keep` as physical pruning can honour it: under grouped-query attention a key/value group serves all its
+// query heads, so a group stays whole while any of its heads stays (other models: keep as it is).
+std::vector<std::vector<int64_t>> whole_kv_groups(const nn::Model& model, std::vector<std::vector<int64_t>> keep);
 // The gates that mask every head not in `keep` (1 kept, 0 pruned).
 HeadMatrix gates_keeping(const nn::Model& model, const std::vector<std::vector<int64_t>>& keep);
 // How many heads to prune (from the curve) to keep the metric at or above `target`: the last step

@@ -138,6 +138,17 @@ Tensor pairs_to_halves(const Tensor& w, int64_t D) {
   return index_select(w, 0, tensor(rows));
 }
 
+// A pruned layer's projection rows at full width: unit u's D rows where it was kept (kept[i] == u: rows
+// [i*D, (i+1)*D) of w), zeros where it was removed. w: (kept.size() * D, C) -> (units * D, C).
+Tensor full_width(const Tensor& w, const std::vector<int64_t>& kept, int64_t units, int64_t D) {
+  std::vector<Tensor> rows;
+  size_t i = 0;
+  for (int64_t u = 0; u < units; ++u)
+    rows.push_back(i < kept.size() && kept[i] == u ? w.narrow(0, static_cast<int64_t>(i++) * D, D)
+                                                   : zeros({D, w.size(1)}));
+  return cat(rows, 0);
+}
+
 void write_hf_llama(const std::string& folder, const nn::LlamaModel& model) {
   const NoGradGuard no_grad;
   const nn::LlamaConfig& c = model.config();
@@ -158,19 +169,26 @@ void write_hf_llama(const std::string& folder, const nn::LlamaModel& model) {
       converted = nn::convert_attention(model.attention(l), nn::AttentionForm::fused);
       att = dynamic_cast<const nn::CausalMultiHeadAttention*>(converted.get());
     }
-    t.emplace_back(hf + ".self_attn.q_proj.weight", rotated(att->W_query->weight));
-    t.emplace_back(hf + ".self_attn.k_proj.weight", rotated(att->W_key->weight));
-    t.emplace_back(hf + ".self_attn.v_proj.weight", cpu(att->W_value->weight));
+    // A pruned layer is written at full width: its removed heads (and their groups' keys and values) as zeros.
+    const int64_t D = c.head_size(), G = c.group_size();
+    std::vector<int64_t> heads, groups;  // the kept ones, by original index
+    for (int64_t j = 0; j < att->head_count(); ++j) heads.push_back(model.original_head(l, j));
+    for (size_t j = 0; j < heads.size(); j += static_cast<size_t>(G)) groups.push_back(heads[j] / G);
+    const auto by_head = [&](const Tensor& w) { return full_width(w, heads, c.n_heads, D); };
+    const auto by_group = [&](const Tensor& w) { return full_width(w, groups, c.kv_heads(), D); };
+    t.emplace_back(hf + ".self_attn.q_proj.weight", by_head(rotated(att->W_query->weight)));
+    t.emplace_back(hf + ".self_attn.k_proj.weight", by_group(rotated(att->W_key->weight)));
+    t.emplace_back(hf + ".self_attn.v_proj.weight", by_group(cpu(att->W_value->weight)));
     if (c.qkv_bias) {
-      const auto bias = [&](const Tensor& p, bool rotates) {
+      const auto bias = [&](const Tensor& p, bool rotates) {  // (rows, 1): rows as the weights'
         const Tensor b = cpu(p).view({-1, 1});
-        return (rotates && c.rope_interleaved ? pairs_to_halves(b, c.head_size()) : b).view({-1});
+        return rotates && c.rope_interleaved ? pairs_to_halves(b, c.head_size()) : b;
       };
-      t.emplace_back(hf + ".self_attn.q_proj.bias", bias(att->W_query->bias, true));
-      t.emplace_back(hf + ".self_attn.k_proj.bias", bias(att->W_key->bias, true));
-      t.emplace_back(hf + ".self_attn.v_proj.bias", bias(att->W_value->bias, false));
+      t.emplace_back(hf + ".self_attn.q_proj.bias", by_head(bias(att->W_query->bias, true)).view({-1}));
+      t.emplace_back(hf + ".self_attn.k_proj.bias", by_group(bias(att->W_key->bias, true)).view({-1}));
+      t.emplace_back(hf + ".self_attn.v_proj.bias", by_group(bias(att->W_value->bias, false)).view({-1}));
     }
-    t.emplace_back(hf + ".self_attn.o_proj.weight", cpu(att->out_proj->weight));
+    t.emplace_back(hf + ".self_attn.o_proj.weight", by_head(cpu(att->out_proj->weight).mT()).mT().contiguous());
     t.emplace_back(hf + ".mlp.gate_proj.weight", param(ours + ".ff.fc1.weight"));
     t.emplace_back(hf + ".mlp.up_proj.weight", param(ours + ".ff.fc2.weight"));
     t.emplace_back(hf + ".mlp.down_proj.weight", param(ours + ".ff.fc3.weight"));

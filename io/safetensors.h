@@ -11,7 +11,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -32,7 +31,8 @@ struct SafetensorsEntry {
 // Bytes per element of a dtype name of the format, 0 when unknown.
 size_t safetensors_dtype_size(const std::string& dtype);
 
-// One .safetensors file, mapped read-only (and open) for the object's life; the constructor checks the whole
+// One .safetensors file, open read-only for the object's life and read at offsets (no mapping: a file cut
+// short while it is read is an error naming it, not SIGBUS); the constructor checks the whole
 // header (dtype known, shape's bytes == its offsets' span, spans in order, without gaps or overlap,
 // covering the data exactly) and throws headlab::Error naming the file and the tensor otherwise.
 class SafetensorsFile {
@@ -48,20 +48,17 @@ class SafetensorsFile {
   bool contains(const std::string& name) const { return entries_.count(name) != 0; }
   // A missing name throws "<path>: no tensor 'name' (the file has N tensors)".
   const SafetensorsEntry& entry(const std::string& name) const;
-  // The tensor's raw bytes, a view into the mapping (valid while this object lives).
-  std::span<const std::byte> bytes(const std::string& name) const;
+  // The tensor's raw bytes, read from the file.
+  std::vector<std::byte> bytes(const std::string& name) const;
   // The tensor as a new float32 CPU Tensor of its shape: F32 copied as is, F16 and BF16 converted
   // exactly; other dtypes throw.
   Tensor to_float(const std::string& name) const;
 
  private:
-  void release(std::span<const std::byte> range) const;
-  static void* page_start(const std::byte* p);                // the page that holds p
-  static size_t page_span(std::span<const std::byte> range);  // bytes from page_start to the range's end
+  void read_at(size_t offset, void* dst, size_t n, const std::string& what) const;
   std::string path_;
-  const std::byte* map_ = nullptr;  // the whole file
-  size_t map_size_ = 0;
-  int fd_ = -1;  // open for the object's life: float32 tensors are read from it, not through the mapping
+  int fd_ = -1;
+  size_t size_ = 0;        // the file's bytes when it was opened
   size_t data_start_ = 0;  // 8 + header length
   std::map<std::string, std::string> metadata_;
   std::map<std::string, SafetensorsEntry> entries_;

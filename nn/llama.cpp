@@ -31,16 +31,21 @@ const auto kLlamaFields = std::tuple{
     field("tie_embeddings", &LlamaConfig::tie_embeddings),
     field("drop_rate", &LlamaConfig::drop_rate, kFraction),
     field("attention", &LlamaConfig::attention),
+    field("kept_heads", &LlamaConfig::kept_heads),
 };
 
 }  // namespace
 
-CausalAttentionSizes LlamaConfig::attention_sizes() const {
+int64_t LlamaConfig::heads_in_layer(int64_t layer) const {
+  return kept_heads.empty() ? n_heads : static_cast<int64_t>(kept_heads.at(static_cast<size_t>(layer)).size());
+}
+
+CausalAttentionSizes LlamaConfig::attention_sizes(int64_t layer) const {
   CausalAttentionSizes s;
-  s.d_in = s.d_out = emb_dim;
+  s.d_in = s.d_out = emb_dim;  // a pruned layer keeps the model's width
   s.context_length = context_length;
-  s.num_heads = n_heads;
-  s.num_kv_heads = kv_heads();
+  s.num_heads = heads_in_layer(layer);
+  s.num_kv_heads = s.num_heads / group_size();  // whole groups (validate); a layer pruned to nothing: 0
   s.head_dim = head_size();
   s.dropout = drop_rate;
   s.qkv_bias = qkv_bias;
@@ -57,6 +62,21 @@ void LlamaConfig::validate() const {
   HL_CHECK(head_dim != 0 || emb_dim % n_heads == 0, who, ": emb_dim ", emb_dim, " must be divisible by n_heads ",
            n_heads, " (or head_dim given)");
   HL_CHECK(head_size() % 2 == 0, who, ": the head size ", head_size(), " must be even (rotary pairs)");
+  check_head_lists(kept_heads, n_layers, n_heads, who, "kept_heads");
+  const int64_t G = group_size();
+  for (size_t l = 0; l < kept_heads.size(); ++l) {
+    const std::vector<int64_t>& kept = kept_heads[l];
+    for (size_t i = 0; i < kept.size(); ++i) {
+      HL_CHECK(i == 0 || kept[i] > kept[i - 1], who, ": kept_heads of layer ", l, " must be increasing, got ",
+               kept[i - 1], " before ", kept[i]);
+      // A key/value group serves all its query heads: a pruned layer keeps a group whole or drops it.
+      const int64_t g = kept[i] / G, first = static_cast<int64_t>(i) - kept[i] % G;
+      HL_CHECK(first >= 0 && first + G <= static_cast<int64_t>(kept.size()) && kept[first] == g * G &&
+                   kept[first + G - 1] == g * G + G - 1,
+               who, ": kept_heads of layer ", l, " keeps head ", kept[i], " but not all of its key/value group ", g,
+               " (heads ", g * G, "-", g * G + G - 1, "): grouped-query layers keep whole groups");
+    }
+  }
 }
 
 nlohmann::json LlamaConfig::to_json() const {
@@ -77,8 +97,8 @@ double LlamaConfig::num_parameters() const {
                F = static_cast<double>(hidden_dim);
   double n = V * d + d;             // tok_emb, final_norm
   if (!tie_embeddings) n += d * V;  // out_head
-  const double per_layer = causal_attention_parameters(attention, attention_sizes()) + 2 * d + 3 * d * F;
-  return n + static_cast<double>(n_layers) * per_layer;
+  for (int64_t l = 0; l < n_layers; ++l) n += causal_attention_parameters(attention, attention_sizes(l)) + 2 * d + 3 * d * F;
+  return n;
 }
 
 namespace {
@@ -147,8 +167,8 @@ Tensor SwiGLUFeedForward::forward(const Tensor& x, const HookSite& site) {
   return fc3->forward(post);
 }
 
-LlamaBlock::LlamaBlock(const LlamaConfig& cfg) {
-  att = register_module("att", make_causal_attention(cfg.attention, cfg.attention_sizes()));
+LlamaBlock::LlamaBlock(const LlamaConfig& cfg, int64_t layer) {
+  att = register_module("att", make_causal_attention(cfg.attention, cfg.attention_sizes(layer)));
   ff = register_module("ff", std::make_shared<SwiGLUFeedForward>(cfg.emb_dim, cfg.hidden_dim));
   norm1 = register_module("norm1", std::make_shared<RMSNorm>(cfg.emb_dim, cfg.norm_eps));
   norm2 = register_module("norm2", std::make_shared<RMSNorm>(cfg.emb_dim, cfg.norm_eps));
@@ -166,11 +186,11 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg) : cfg_(cfg) {
             .learned_positions = false,
             .rotary = true,
             .parallel_residual = false,
-            .kept_heads = {}};
+            .kept_heads = cfg.kept_heads};
   tok_emb = register_module("tok_emb", std::make_shared<Embedding>(cfg.vocab_size, cfg.emb_dim));
   drop_emb = register_module("drop_emb", std::make_shared<Dropout>(cfg.drop_rate));
   trf_blocks = register_module("trf_blocks", std::make_shared<Sequential>());
-  for (int64_t l = 0; l < cfg.n_layers; ++l) trf_blocks->push_back(std::make_shared<LlamaBlock>(cfg_));
+  for (int64_t l = 0; l < cfg.n_layers; ++l) trf_blocks->push_back(std::make_shared<LlamaBlock>(cfg_, l));
   final_norm = register_module("final_norm", std::make_shared<RMSNorm>(cfg.emb_dim, cfg.norm_eps));
   {
     std::optional<SkipInit> tied;  // a tied head's own weight is dropped at once: skip drawing it
@@ -180,8 +200,11 @@ LlamaModel::LlamaModel(const LlamaConfig& cfg) : cfg_(cfg) {
   if (cfg.tie_embeddings) out_head->tie_weight(tok_emb->weight);
 }
 
-nlohmann::json LlamaModel::pruned_config(const std::vector<std::vector<int64_t>>&) const {
-  HL_FAIL("Llama: physical head pruning of the llama family is not implemented yet (gates and ablation work)");
+nlohmann::json LlamaModel::pruned_config(const std::vector<std::vector<int64_t>>& kept) const {
+  LlamaConfig c = cfg_;
+  c.kept_heads = kept;
+  c.validate();
+  return c.to_json();
 }
 
 nlohmann::json LlamaModel::converted_config(AttentionForm form) const {

@@ -24,10 +24,14 @@ struct LlamaConfig {
   bool tie_embeddings = false;  // the head is tok_emb.weight
   double drop_rate = 0.0;
   AttentionForm attention = AttentionForm::fused;
+  // A pruned model's heads per layer (original indices, increasing, whole key/value groups); empty: all.
+  std::vector<std::vector<int64_t>> kept_heads;
 
   int64_t head_size() const { return head_dim ? head_dim : (n_heads ? emb_dim / n_heads : 0); }
   int64_t kv_heads() const { return n_kv_heads ? n_kv_heads : n_heads; }
-  CausalAttentionSizes attention_sizes() const;
+  int64_t group_size() const { return n_heads / kv_heads(); }  // query heads per key/value head
+  int64_t heads_in_layer(int64_t layer) const;
+  CausalAttentionSizes attention_sizes(int64_t layer) const;
   double num_parameters() const;  // what LlamaModel(*this).num_parameters() will be, without building
   void validate() const;          // clear errors naming the key
   nlohmann::json to_json() const;
@@ -47,7 +51,7 @@ class SwiGLUFeedForward : public Mlp {
 
 class LlamaBlock : public DecoderBlock {
  public:
-  explicit LlamaBlock(const LlamaConfig& cfg);
+  LlamaBlock(const LlamaConfig& cfg, int64_t layer);
   std::string type_name() const override { return "TransformerBlock"; }
   CausalMultiHead& attention() const override { return *att; }
   Norm& ln1() const override { return *norm1; }

@@ -20,6 +20,7 @@
 
 #include "autograd/engine.h"
 #include "io/checkpoint.h"
+#include "io/families.h"
 #include "io/hf_gpt2.h"
 #include "nn/generate.h"
 #include "ops/ops.h"
@@ -660,6 +661,44 @@ TEST_F(CliTest, TokenizeGivesGpt2sIds) {
   r = headlab({"tokenize", path("mismatch"), "--prompt", "x"});
   EXPECT_EQ(r.code, 1);
   EXPECT_TRUE(contains(r.err, "96")) << r.err;
+}
+
+// A grouped-query LLaMA checkpoint prunes whole key/value groups: ablate --prune rounds the curve's heads to
+// the groups they empty (each layer keeps its last head's group), and the pruned checkpoint computes what the
+// gated model computes and exports at full width to the same logits.
+TEST_F(CliTest, AblatePrunesWholeKeyValueGroupsOfALlamaCheckpoint) {
+  Result r = headlab({"train", "--task", "reverse", "--arch", "llama", "--steps", "3", "--emb-dim", "16", "--n-heads",
+                      "4", "--n-kv-heads", "2", "--n-layers", "2", "--batch-size", "4", "--eval-every", "3",
+                      "--eval-batches", "1", "--out", path("gqa")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = headlab({"ablate", path("gqa/checkpoint.h5"), "--batches", "1", "--batch-size", "4", "--prune", "6", "--repeats",
+               "1", "--out", path("gqa/ablate")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "pruned model: removed 4 of 8 heads (the curve's first 6, less those whose key/value "
+                              "group keeps a head)"))
+      << r.out;
+  const size_t at = r.out.find("max |logits(pruned) - logits(gated)| = ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  EXPECT_LT(std::stod(r.out.substr(at + 40)), 1e-4) << r.out.substr(at);
+  const std::string pruned = path("gqa/ablate/pruned.h5");
+  const io::Checkpoint ck = io::load_checkpoint(pruned);
+  for (const auto& layer : ck.config["model"]["kept_heads"]) {
+    ASSERT_EQ(layer.size(), 2u) << ck.config["model"].dump();
+    EXPECT_EQ(layer[0].get<int64_t>() % 2, 0) << "a whole group: " << layer.dump();
+  }
+  r = headlab({"export", pruned, "--out", path("gqa/hf")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "written as zeros at full width")) << r.out;
+  const std::shared_ptr<nn::Model> want = io::load_model(ck, pruned, kCPU);
+  const std::shared_ptr<nn::Model> got =
+      io::build_folder_model(io::family_of_folder(path("gqa/hf")).folder->read(path("gqa/hf")), path("gqa/hf"));
+  const NoGradGuard no_grad;
+  const Tensor ids = tensor(std::vector<int64_t>{1, 2, 3, 4, 5, 6}, {1, 6});
+  auto& a = dynamic_cast<nn::DecoderModel&>(*want);
+  auto& b = dynamic_cast<nn::DecoderModel&>(*got);
+  a.eval();
+  EXPECT_EQ(b.attention(0).head_count(), 4);
+  EXPECT_LT(amax(abs(sub(a.forward(ids), b.forward(ids)))).item<double>(), 1e-5);
 }
 
 // export writes what PyTorch loads: the checkpoint's logits from the folder, pruned models included.

@@ -13,6 +13,8 @@
 #include <fstream>
 #include <functional>
 
+#include "analysis/pruning.h"
+#include "analysis/surgery.h"
 #include "io/families.h"
 #include "io/hf_llama.h"
 #include "io/llama2c.h"
@@ -339,6 +341,55 @@ TEST(LlamaFolders, ExportOfAnInterleavedModelReadsBackTheSame) {
   const Tensor idx = tokens(2, 11, 37, 4);
   EXPECT_LT(max_diff(dynamic_cast<nn::LlamaModel&>(*back).forward(idx), m.forward(idx)), 1e-5);
   EXPECT_FALSE(dynamic_cast<nn::LlamaModel&>(*back).config().rope_interleaved);
+}
+
+// Physical pruning of whole key/value groups: the pruned model (fewer W_query rows, the dropped groups' W_key
+// and W_value rows gone, fewer out_proj columns) computes what the full model computes with those heads gated
+// off, in either attention form; its config round-trips; export writes it at full width with zero rows, and
+// the folder computes the same. A selection that splits a group is refused by name.
+TEST(Llama, PruningWholeKeyValueGroupsEqualsGatingThemOff) {
+  for (const auto form : {nn::AttentionForm::fused, nn::AttentionForm::wrapper})
+    for (const int64_t kv : {2, 4}) {
+      manual_seed(21);
+      nn::LlamaConfig c = small_config(kv);
+      c.attention = form;
+      nn::LlamaModel m(c);
+      m.eval();
+      const std::vector<std::vector<int64_t>> keep{{2, 3}, {0, 1}};  // layer 0 keeps group 1, layer 1 group 0
+      const auto [config, params] = analysis::prune_parameters(m.config_json(), m.named_parameters(), keep);
+      const nn::LlamaConfig pc = nn::LlamaConfig::from_json(config);
+      EXPECT_EQ(pc.kept_heads, keep);
+      nn::LlamaModel pruned(pc);
+      pruned.load_parameters(params, "pruned");
+      pruned.eval();
+      EXPECT_EQ(pruned.attention(0).head_count(), 2);
+      EXPECT_EQ(pruned.attention(1).kv_head_count(), kv / 2);
+      EXPECT_EQ(pruned.original_head(0, 1), 3);
+      // per layer: 2 heads' W_query rows and out_proj columns, kv / 2 key/value heads' W_key and W_value rows
+      const double removed = 2 * (2 * 2 * 6 * 24 + 2 * (kv / 2) * 6 * 24);
+      EXPECT_DOUBLE_EQ(m.num_parameters() - pruned.num_parameters(), removed);
+      EXPECT_DOUBLE_EQ(pc.num_parameters(), pruned.num_parameters());
+      const NoGradGuard no_grad;
+      m.attention(0).control().gates = tensor(std::vector<double>{0, 0, 1, 1}, {4});
+      m.attention(1).control().gates = tensor(std::vector<double>{1, 1, 0, 0}, {4});
+      const Tensor idx = tokens(2, 9, 37, 5);
+      const Tensor gated = m.forward(idx);
+      EXPECT_LT(max_diff(pruned.forward(idx), gated), 1e-5) << "kv " << kv;
+      TempDir dir("llama_pruned_export");
+      io::family_named("llama", "test").folder->write(dir.path("out"), pruned, {});
+      auto back = io::build_folder_model(io::family_of_folder(dir.path("out")).folder->read(dir.path("out")), "out");
+      EXPECT_EQ(dynamic_cast<nn::LlamaModel&>(*back).attention(0).head_count(), 4) << "full width";
+      EXPECT_LT(max_diff(dynamic_cast<nn::LlamaModel&>(*back).forward(idx), gated), 1e-5);
+      if (kv == 2) {  // what ablate's pruning curve removes, rounded to whole groups for physical pruning
+        EXPECT_EQ(analysis::whole_kv_groups(m, {{1}, {0, 3}}), (std::vector<std::vector<int64_t>>{{0, 1}, {0, 1, 2, 3}}));
+        EXPECT_ERROR_WITH(analysis::prune_parameters(m.config_json(), m.named_parameters(), {{1, 2}, {0, 1}}),
+                          "whole groups");
+        nlohmann::json split = config;
+        split["kept_heads"] = {{0, 2}, {0, 1}};
+        EXPECT_ERROR_WITH(nn::LlamaConfig::from_json(split),
+                          "kept_heads of layer 0 keeps head 0 but not all of its key/value group 0 (heads 0-1)");
+      }
+    }
 }
 
 TEST(LlamaFolders, WhatLlamaModelDoesNotComputeIsRefusedByName) {

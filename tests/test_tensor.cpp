@@ -427,3 +427,21 @@ TEST(Devices, ParseAndPrint) {
   EXPECT_EQ(shape_str({2, 3}), "[2, 3]");
   EXPECT_EQ(shape_str({}), "[]");
 }
+
+// Debian 12's GCC 12.2 with AVX-512 on stored these constants as a broadcast of their first element
+// ({1, 1, 1, 1}): a pruning test's head gates {1, 1, 0, 0} gated nothing. CMakeLists.txt probes for it and
+// turns SLP vectorisation off where it happens; this holds the probe's cases against the flags the tests
+// are built with.
+TEST(Toolchain, ConstantVectorStoresKeepTheirZeros) {
+  const std::vector<double> d{1, 1, 0, 0};
+  const std::vector<int64_t> i{1, 1, 1, 0};
+  const std::vector<double> eight{1, 1, 0, 0, 0, 0, 0, 0};
+  const volatile double* vd = d.data();
+  const volatile int64_t* vi = i.data();
+  const volatile double* v8 = eight.data();
+  EXPECT_EQ(vd[2], 0.0);
+  EXPECT_EQ(vd[3], 0.0);
+  EXPECT_EQ(vi[3], 0);
+  EXPECT_EQ(v8[7], 0.0);
+  EXPECT_EQ(tensor(std::vector<double>{1, 1, 0, 0}, {4}).to_vector<double>(), (std::vector<double>{1, 1, 0, 0}));
+}

@@ -18,6 +18,10 @@ peer_available() {
   echo "$1: no PyTorch peer ($2 with python3-torch; apt-get install python3-torch): headlab only" >&2
   return 1
 }
+# Benchmarks run as a user's machine runs: OpenBLAS picks its own kernels for this CPU. These machines set
+# OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE for the tests' safety, which on an AVX-512 host forces the Haswell
+# kernels at about half the SGEMM rate (185 against 324 GFLOP/s); both sides of every comparison run without them.
+unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
 # The 1-minute load when the script began: figures from a loaded machine flatter headlab (its threads
 # wait passively) and punish PyTorch (its threads spin), so every result states it.
 bench_start_load=$(cut -d' ' -f1 /proc/loadavg)

@@ -184,8 +184,9 @@ int main(int argc, char** argv) {
   const double gflops = gpu ? bench::sgemm_gflops_device(device) : bench::sgemm_gflops_cpu();
   const double gbps = gpu ? bench::read_gbytes_per_s_device(device) : bench::read_gbytes_per_s();
   const Costs costs = costs_of(model);
-  std::printf("headlab %s device=%s threads=%d params=%lld sgemm %.1f GFLOP/s, read %.1f GB/s\n",
+  std::printf("headlab %s device=%s threads=%d params=%lld sgemm %.1f GFLOP/s (OpenBLAS %s), read %.1f GB/s\n",
               model.type_name().c_str(), device.str().c_str(), threads, (long long)model.num_parameters(), gflops,
+              openblas_get_corename(),
               gbps);
 
   const Tensor ids = randint(0, vocab, {B, prefill}).to(device);

@@ -103,13 +103,28 @@ struct Backend {
                       const int64_t* outer_strides, int n_inner, const int64_t* inner_sizes,
                       const int64_t* inner_strides) = 0;
   virtual bool all_finite(DType dt, const void* p, int64_t n) = 0;  // anomaly mode
-  // Range check for index tensors: returns true iff every idx in [lo, hi).
+  // Range check for index tensors: returns true iff every idx in [lo, hi) (waits for the device).
   virtual bool indices_in_range(const int64_t* idx, int64_t n, int64_t lo, int64_t hi) = 0;
+  // The check the indexing ops make: throws "<op>: index v is out of range for size n (expected 0..n-1)".
+  // The CPU throws at once. CUDA checks on the device without waiting (an embedding lookup per decoded token
+  // must not stall the stream) and throws at the next call that waits for the device (a copy to the host,
+  // synchronize); meanwhile its kernels read a bad index as a zero row and add nothing through it.
+  // `op` is a string literal (kept until the check is read).
+  virtual void check_indices(const char* op, const int64_t* idx, int64_t n, int64_t size) = 0;
 
   // ---- GEMM: C[b] = alpha * op(A[b]) @ op(B[b]) + beta * C[b], row-major, b < batch ----
   virtual void gemm(DType dt, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha, const void* A,
                     int64_t lda, int64_t stride_a, const void* B, int64_t ldb, int64_t stride_b, double beta, void* C,
                     int64_t ldc, int64_t stride_c, int64_t batch) = 0;
+
+  // ---- a linear layer over a few rows (decoding): out (rows, N) = x (rows, K) @ w^T + bias ----
+  // w: (N, K) contiguous; x's rows ldx apart; bias (N) contiguous or null; out contiguous. Returns false where the
+  // backend has no kernel for these sizes, and the op runs gemm instead (the bias first copied into out).
+  virtual bool linear_rows(DType dt, void* out, const void* x, int64_t ldx, const void* w, const void* bias,
+                           int64_t rows, int64_t N, int64_t K) {
+    (void)dt, (void)out, (void)x, (void)ldx, (void)w, (void)bias, (void)rows, (void)N, (void)K;
+    return false;
+  }
 
   // ---- softmax over the last dim of contiguous (rows, cols); y = softmax(scale * x) ----
   // mask: lengths -> row r keeps columns < lengths[r]; causal -> row r keeps columns <= r % q_len.
@@ -159,9 +174,9 @@ struct Backend {
   }
   // Whether the kernels read grouped keys and values (AttnParams::group > 1); if not, the op repeats them.
   virtual bool has_grouped_attention() const { return false; }
-  // Whether the fused kernel beats the composite path at Tk keys (FusedAttention::automatic asks).
-  virtual bool fused_attention_is_faster(int64_t Tk, int64_t D, int64_t Dv) const {
-    (void)Tk, (void)D, (void)Dv;
+  // Whether the fused kernel beats the composite path at Tq queries and Tk keys (FusedAttention::automatic asks).
+  virtual bool fused_attention_is_faster(int64_t Tq, int64_t Tk, int64_t D, int64_t Dv) const {
+    (void)Tq, (void)Tk, (void)D, (void)Dv;
     return true;
   }
   // out: (B, H, Tq, Dv); lse: (B, H, Tq) contiguous, log-sum-exp of the scaled scores (+inf for an

@@ -11,8 +11,9 @@ namespace {
 
 // The next token from the last position's logits (V).
 int64_t pick_token(const Tensor& last_logits, double temperature, int64_t top_k, Generator& gen) {
+  // Greedy: the argmax where the logits are (on a GPU only the token's id crosses to the host).
+  if (temperature <= 0) return argmax(last_logits, 0).item<int64_t>();
   std::vector<double> logits = last_logits.to_vector<double>();
-  if (temperature <= 0) return std::max_element(logits.begin(), logits.end()) - logits.begin();
   const int64_t V = static_cast<int64_t>(logits.size());
   if (top_k > 0 && top_k < V) {
     std::vector<double> sorted = logits;
@@ -31,6 +32,30 @@ int64_t pick_token(const Tensor& last_logits, double temperature, int64_t top_k,
   return V - 1;
 }
 
+// Greedy decoding inside the context with a key/value cache: each step's argmax stays on the device and feeds
+// the next step, and the host reads the new ids `every` steps at a time (to stop at end_id), so the device
+// never waits for the host between tokens. Steps past an end token are computed and dropped (fewer than
+// `every`). Calls take(id) for each new id in order until it returns true (stop); returns whether it did.
+template <typename Take>
+bool greedy_in_cache(DecoderModel& model, std::vector<KVCache>& caches, const std::vector<int64_t>& prompt,
+                     int64_t steps, const GenerateOptions& o, Take take) {
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  for (KVCache& c : caches) c = KVCache{.keys = {}, .values = {}, .length = 0, .expected = n + steps - 1};
+  Tensor last = model.forward_cached(tensor(prompt, {1, n}).to(model.device()), caches, o.prefill_chunk);  // (1, V)
+  const int64_t every = o.end_id >= 0 ? 16 : steps;
+  std::vector<Tensor> unread;  // (1, 1) ids on the device
+  for (int64_t i = 0; i < steps; ++i) {
+    const Tensor next = argmax(last, -1, true);
+    unread.push_back(next);
+    if (i + 1 < steps) last = model.forward_cached(next, caches);  // queued before the host reads anything
+    if (static_cast<int64_t>(unread.size()) < every && i + 1 < steps) continue;
+    for (int64_t id : cat(unread, 0).to_vector<int64_t>())
+      if (take(id)) return true;
+    unread.clear();
+  }
+  return false;
+}
+
 }  // namespace
 
 std::vector<int64_t> generate(DecoderModel& model, const std::vector<int64_t>& prompt, const GenerateOptions& o) {
@@ -47,7 +72,18 @@ std::vector<int64_t> generate(DecoderModel& model, const std::vector<int64_t>& p
   const bool cached = model.supports_kv_cache();
   std::vector<KVCache> caches(static_cast<size_t>(model.n_layers()));
   std::vector<int64_t> ids = prompt, generated;
-  for (int64_t i = 0; i < o.max_new_tokens; ++i) {
+  const auto take = [&](int64_t next) {  // true: stop here
+    if (next == o.end_id && !o.keep_end) return true;
+    ids.push_back(next);
+    generated.push_back(next);
+    return next == o.end_id;
+  };
+  bool stopped = false;
+  // The tokens whose positions fit the context (a prompt of n gives ctx - n + 1 of them) without a round trip each.
+  const int64_t n_prompt = static_cast<int64_t>(prompt.size());
+  if (cached && o.temperature <= 0 && n_prompt <= ctx && o.max_new_tokens > 0)
+    stopped = greedy_in_cache(model, caches, prompt, std::min(o.max_new_tokens, ctx - n_prompt + 1), o, take);
+  for (int64_t i = static_cast<int64_t>(generated.size()); !stopped && i < o.max_new_tokens; ++i) {
     const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(ids.size()) - ctx);
     const std::vector<int64_t> window(ids.begin() + start, ids.end());
     const int64_t n = static_cast<int64_t>(window.size());
@@ -61,11 +97,7 @@ std::vector<int64_t> generate(DecoderModel& model, const std::vector<int64_t>& p
     } else {
       last = model.forward(tensor(window, {1, n}).to(model.device())).select(1, n - 1);  // (1, V)
     }
-    const int64_t next = pick_token(last.select(0, 0), o.temperature, o.top_k, gen);
-    if (next == o.end_id && !o.keep_end) break;
-    ids.push_back(next);
-    generated.push_back(next);
-    if (next == o.end_id) break;
+    stopped = take(pick_token(last.select(0, 0), o.temperature, o.top_k, gen));
   }
   model.train(was_training);
   return generated;

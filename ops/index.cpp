@@ -1,19 +1,16 @@
 // Indexing ops: index_select, embedding (gather forward, scatter-add backward), repeat_interleave,
-// and triu/tril. Indices are range-checked before any kernel reads memory with them.
+// and triu/tril. Indices are range-checked (on CUDA without waiting: Backend::check_indices).
 #include "ops/internal.h"
 
 namespace headlab {
 
 namespace {
 
-// Throws naming the first out-of-range index; `what` is e.g. "index" or "token id".
-void check_indices(const char* op, const Tensor& idx, int64_t size, const char* what) {
+// Throws naming an out-of-range index (on CUDA at the next synchronisation: Backend::check_indices).
+void check_indices(const char* op, const Tensor& idx, int64_t size) {
   if (idx.numel() == 0) return;
   const Tensor c = contiguous(idx);
-  if (backend_of(c).indices_in_range(c.data<int64_t>(), c.numel(), 0, size)) return;
-  for (int64_t v : c.to_vector<int64_t>())
-    HL_CHECK(v >= 0 && v < size, op, ": ", what, " ", v, " is out of range for size ", size, " (expected 0..", size - 1,
-             ")");
+  backend_of(c).check_indices(op, c.data<int64_t>(), c.numel(), size);
 }
 
 }  // namespace
@@ -28,7 +25,7 @@ Tensor index_select(const Tensor& x, int64_t d, const Tensor& index) {
   const int64_t w = detail::wrap_dim("index_select", d, x.dim());
   const int64_t dim_size = x.dim() ? x.size(w) : 1;
   const Tensor idx = contiguous(reshape(index, {-1}));
-  check_indices("index_select", idx, dim_size, "index");
+  check_indices("index_select", idx, dim_size);
   const Tensor xc = contiguous(x.detach());
   int64_t outer = 1, inner = 1;
   for (int64_t k = 0; k < w; ++k) outer *= x.size(k);
@@ -63,7 +60,7 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
   Shape shape = indices.shape();
   shape.push_back(weight.size(1));
   const Tensor flat = reshape(indices, {-1});
-  check_indices("embedding", flat, weight.size(0), "index");
+  check_indices("embedding", flat, weight.size(0));
   return reshape(index_select(weight, 0, flat), shape);
 }
 

@@ -176,11 +176,20 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
   Tensor out = Tensor::empty(out_shape, x.dtype(), x.device());
   if (out.numel() > 0) {
     const Tensor x2 = reshape(x.detach(), {rows, in_f});
-    const Tensor out2 = out.as_strided_raw({rows, out_f}, {out_f, 1}, 0);
-    if (bias.defined()) detail::copy_into(out2, bias.as_strided_raw({rows, out_f}, {0, bias.stride(0)}, bias.offset()));
     const GemmOperand X = gemm_operand(x2), W = gemm_operand(weight.detach());
-    backend_of(x).gemm(x.dtype(), X.trans, !W.trans, rows, out_f, in_f, 1.0, X.t.raw_data(), X.ld, 0, W.t.raw_data(),
-                       W.ld, 0, bias.defined() ? 1.0 : 0.0, out.raw_data(), out_f, 0, 1);
+    Backend& be = backend_of(x);
+    // A few rows with a bias (decoding): one kernel where the backend has it, else the bias copied into out
+    // and a GEMM adding to it.
+    const bool fused = bias.defined() && !X.trans && !W.trans && W.ld == in_f && bias.stride(0) == 1 &&
+                       be.linear_rows(x.dtype(), out.raw_data(), X.t.raw_data(), X.ld, W.t.raw_data(),
+                                      bias.raw_data(), rows, out_f, in_f);
+    if (!fused) {
+      const Tensor out2 = out.as_strided_raw({rows, out_f}, {out_f, 1}, 0);
+      if (bias.defined())
+        detail::copy_into(out2, bias.as_strided_raw({rows, out_f}, {0, bias.stride(0)}, bias.offset()));
+      be.gemm(x.dtype(), X.trans, !W.trans, rows, out_f, in_f, 1.0, X.t.raw_data(), X.ld, 0, W.t.raw_data(), W.ld, 0,
+              bias.defined() ? 1.0 : 0.0, out.raw_data(), out_f, 0, 1);
+    }
   }
   record("linear", out, {x, weight, bias}, {x, weight}, [rows, in_f, out_f](const Tensor& dout, Saved s, Grads& g) {
     const Tensor &x = s[0], &weight = s[1];

@@ -62,7 +62,8 @@ pack() {
   echo "gpu-check pack: $(ls "$stage/lib" | wc -l) libraries, $(du -sh "$stage" | cut -f1) unpacked, $pack_file $(du -h "$pack_file" | cut -f1)"
   echo "glibc here: $(ldd --version | head -1)"
   local mib=$(( $(stat -c %s "$pack_file") / 1048576 ))
-  if ((mib > 48)); then echo "gpu-check pack: $pack_file is $mib MiB; the device tool carries 64 MiB with the tree" >&2; exit 1; fi
+  # The device tool carries 64 MiB with the tree (about 6 MiB of it).
+  if ((mib > 56)); then echo "gpu-check pack: $pack_file is $mib MiB; the device tool carries 64 MiB with the tree" >&2; exit 1; fi
 }
 
 # ---- the GPU machine ----

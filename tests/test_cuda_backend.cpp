@@ -727,6 +727,80 @@ TEST(CudaBackend, IndicesInRange) {
   EXPECT_FALSE(gpu().indices_in_range(d.as<int64_t>(), n, 0, 9));
 }
 
+// linear_rows (a few rows through a linear layer, bias fused) against a float64 reference on the host: every row
+// count it takes, column counts that split a column across 1 to 8 warps, K not a multiple of 32, a row stride
+// past K, with and without a bias; more rows than it takes are declined.
+template <typename T>
+void check_linear_rows() {
+  for (const int64_t rows : {1, 2, 3, 4})
+    for (const auto& [N, K] : {std::pair<int64_t, int64_t>{1, 1}, {7, 33}, {768, 768}, {3072, 768}, {768, 3072},
+                              {1000, 70}})
+      for (const bool with_bias : {true, false}) {
+        const int64_t ldx = K + 5;
+        const auto x = random_vec<T>(static_cast<size_t>(rows * ldx), -1, 1, 31);
+        const auto w = random_vec<T>(static_cast<size_t>(N * K), -1, 1, 32);
+        const auto b = random_vec<T>(static_cast<size_t>(N), -1, 1, 33);
+        DeviceBuf dx(x), dw(w), db(b), dout(static_cast<size_t>(rows * N) * sizeof(T));
+        ASSERT_TRUE(gpu().linear_rows(dtype_of<T>(), dout.get(), dx.get(), ldx, dw.get(), with_bias ? db.get() : nullptr,
+                                      rows, N, K));
+        const auto got = dout.to_host<T>();
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t n = 0; n < N; ++n) {
+            double want = with_bias ? double(b[size_t(n)]) : 0.0, mag = std::abs(want);
+            for (int64_t k = 0; k < K; ++k) {
+              want += double(x[size_t(r * ldx + k)]) * double(w[size_t(n * K + k)]);
+              mag += std::abs(double(x[size_t(r * ldx + k)]) * double(w[size_t(n * K + k)]));
+            }
+            ASSERT_NEAR(double(got[size_t(r * N + n)]), want, rtol<T>() * mag + atol<T>())
+                << type_name<T>() << " rows " << rows << " N " << N << " K " << K << " at " << r << ", " << n;
+          }
+      }
+  DeviceBuf d(size_t{4096});
+  EXPECT_FALSE(gpu().linear_rows(dtype_of<T>(), d.get(), d.get(), 8, d.get(), nullptr, 5, 8, 8));
+}
+
+TEST(CudaBackend, LinearRows) {
+  REQUIRE_CUDA();
+  check_linear_rows<float>();
+  check_linear_rows<double>();
+}
+
+// check_indices queues its check and reports a failure at the next wait for the device, whichever call waits.
+TEST(CudaBackend, CheckIndicesReportsAtTheNextWait) {
+  REQUIRE_CUDA();
+  auto idx = random_vec<int64_t>(50000, 0, 10, 21);
+  DeviceBuf good(idx);
+  idx[777] = 12;
+  DeviceBuf bad(idx);
+  const int64_t n = static_cast<int64_t>(idx.size());
+  const std::string expected = "embedding: index 12 is out of range for size 10";
+  gpu().check_indices("embedding", good.as<int64_t>(), n, 10);
+  gpu().synchronize();  // nothing to report
+  gpu().check_indices("embedding", bad.as<int64_t>(), n, 10);  // queued: no wait, no throw
+  EXPECT_NE(error_of([&] { gpu().synchronize(); }).find(expected), std::string::npos);
+  gpu().synchronize();  // reported once, then cleared
+  gpu().check_indices("index_select", bad.as<int64_t>(), n, 10);
+  std::vector<int64_t> back(4);
+  EXPECT_NE(error_of([&] { gpu().copy_to_host(back.data(), good.as<int64_t>(), 4 * sizeof(int64_t)); })
+                .find("index_select: index 12 is out of range for size 10"),
+            std::string::npos);
+  // More checks than the backend keeps slots for: it waits to free them, and the one failure among them
+  // is reported (by the check that waits, or by the next synchronize).
+  const std::string failed = error_of([&] {
+    for (int i = 0; i < 10000; ++i) gpu().check_indices("embedding", (i == 5 ? bad : good).as<int64_t>(), n, 10);
+    gpu().synchronize();
+  });
+  EXPECT_NE(failed.find(expected), std::string::npos) << failed;
+  for (int i = 0; i < 10000; ++i) gpu().check_indices("embedding", good.as<int64_t>(), n, 10);
+  gpu().synchronize();
+  // A negative index too.
+  idx[777] = -3;
+  DeviceBuf negative(idx);
+  gpu().check_indices("embedding", negative.as<int64_t>(), n, 10);
+  EXPECT_NE(error_of([&] { gpu().synchronize(); }).find("embedding: index -3 is out of range for size 10"),
+            std::string::npos);
+}
+
 // ================================================================================================
 // GEMM
 // ================================================================================================

@@ -126,6 +126,11 @@ TEST(CudaParity, FusedAttentionKernelsAgainstTheCompositePathAndTheCpu) {
       {3, 2, 65, 65, 16, 16, K::lengths, false, 0.0},  {1, 2, 129, 100, 32, 32, K::none, false, 0.0},
       {2, 2, 100, 100, 64, 64, K::causal, false, 0.3}, {1, 1, 90, 90, 200, 130, K::causal, false, 0.0},
       {1, 2, 40, 50, 300, 300, K::none, false, 0.0},  // past the kernel's 256: the composite path
+      // A few query rows (decoding): the kernel that splits the keys across blocks; with dropout, the row kernel.
+      {1, 12, 1, 961, 64, 64, K::none, false, 0.0},    {2, 3, 5, 700, 32, 32, K::lengths, true, 0.0},
+      {1, 2, 16, 16, 128, 96, K::causal, false, 0.0},  {1, 2, 12, 300, 128, 96, K::lengths, true, 0.0},
+      {1, 1, 3, 40, 200, 130, K::none, false, 0.0},
+      {2, 2, 4, 129, 16, 16, K::lengths, false, 0.0},  {1, 2, 4, 200, 64, 64, K::none, false, 0.2},
   };
   const char* names[] = {"out", "dq", "dk", "dv"};
   for (const FusedAttentionCase& c : cases) {

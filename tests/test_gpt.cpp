@@ -4,6 +4,7 @@
 // config checks; the context-length error; dropout in train and eval mode.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 
 #include "analysis/surgery.h"
@@ -404,5 +405,18 @@ TEST(GptKvCache, GenerationEqualsTheUncachedPath) {
     const std::vector<int64_t> a = nn::generate(fused, prompt, o), b = nn::generate(wrapper, prompt, o);
     EXPECT_EQ(a.size(), 30u);
     EXPECT_EQ(a, b) << "temperature " << temperature;
+    if (temperature > 0) continue;
+    // Greedy with the cache keeps the ids on the device and reads them in batches: an end token within the
+    // context (the first 10 tokens) or after the window slid stops at the same place, kept or dropped.
+    for (const size_t at : {size_t{4}, size_t{15}}) {
+      for (const bool keep : {false, true}) {
+        nn::GenerateOptions e = o;
+        e.end_id = b[at];
+        e.keep_end = keep;
+        const size_t first = static_cast<size_t>(std::find(b.begin(), b.end(), b[at]) - b.begin());
+        const std::vector<int64_t> expected(b.begin(), b.begin() + static_cast<std::ptrdiff_t>(first + (keep ? 1 : 0)));
+        EXPECT_EQ(nn::generate(fused, prompt, e), expected) << "end at " << at << " keep " << keep;
+      }
+    }
   }
 }

@@ -216,6 +216,13 @@ bool CpuBackend::indices_in_range(const int64_t* idx, int64_t n, int64_t lo, int
   return ok;
 }
 
+void CpuBackend::check_indices(const char* op, const int64_t* idx, int64_t n, int64_t size) {
+  if (indices_in_range(idx, n, 0, size)) return;
+  for (int64_t i = 0; i < n; ++i)
+    HL_CHECK(idx[i] >= 0 && idx[i] < size, op, ": index ", idx[i], " is out of range for size ", size, " (expected 0..",
+             size - 1, ")");
+}
+
 // ---- GEMM ----
 // The threading policy for products: headlab's OpenMP threads split the work and each block is one
 // single-threaded BLAS call. Many matrices: one thread per matrix. Few: each C is cut into bands of

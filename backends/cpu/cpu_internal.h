@@ -134,6 +134,7 @@ struct CpuBackend final : Backend {
                     int n_inner, const int64_t* isz, const int64_t* ist);
   bool all_finite(DType dt, const void* p, int64_t n) override;
   bool indices_in_range(const int64_t* idx, int64_t n, int64_t lo, int64_t hi) override;
+  void check_indices(const char* op, const int64_t* idx, int64_t n, int64_t size) override;
   // ---- GEMM ----
   void gemm(DType dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const void* A, int64_t lda,
             int64_t sa, const void* B, int64_t ldb, int64_t sb, double beta, void* C, int64_t ldc, int64_t sc,

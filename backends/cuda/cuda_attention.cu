@@ -7,6 +7,8 @@
 //             per query tile (a thread per query row: dQ), each recomputing P = exp(scale q.k - lse)
 //             and the dropout mask from its Philox counters. Every gradient row has one writer: no atomics,
 //             deterministic.
+//   few query rows (decoding, Tq <= kSplitMaxRows, no dropout): the keys split across blocks, a warp per key,
+//             and a second kernel merging the splits' partial softmaxes (attention_split_kernel).
 // Scalar FMAs (no tensor cores): float32 with TF32 off must match the CPU to rounding, and float64 runs
 // the same code. Head sizes up to kMaxHead; larger ones take the composite path (has_fused_attention).
 // B = batch, H = heads, Tq / Tk = queries / keys, D = q/k head size, Dv = v head size.
@@ -284,6 +286,105 @@ __global__ void __launch_bounds__(kRows)
     if (c < a.D) dQ[c] = dqr[c];
 }
 
+// ---- few query rows over many keys (decoding): the keys split across blocks ----
+// A block takes one query row and one split of its keys; its warps take the split's keys in turn, each lane
+// holding DM / 32 of the columns (lane + 32 c: the warp reads a key row coalesced) and a dot being a warp sum.
+// Every warp keeps an online softmax (running max m, sum l, unnormalised output o); the block merges its warps
+// into one partial (m, l, o) per split, and attention_combine_kernel merges a row's splits. So a single query
+// reads its keys with the whole GPU, where the row kernel gives it one thread.
+constexpr int kSplitWarps = 8;
+constexpr int64_t kMinKeysPerSplit = 64;
+constexpr int64_t kSplitMaxRows = 16;  // query rows up to which attention_forward splits the keys (no dropout)
+
+template <typename T, int DM>
+__global__ void __launch_bounds__(kSplitWarps * 32)
+    attention_split_kernel(T* part_o, T* part_ml, AttnOperand q, AttnOperand k, AttnOperand v, AttnParams a,
+                           int splits, int64_t split_len) {
+  constexpr int PL = DM / 32;
+  const int64_t row = blockIdx.x / splits, bh = row / a.Tq, i = row % a.Tq;  // row = bh * Tq + i
+  const int split = static_cast<int>(blockIdx.x % splits), lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t valid = valid_keys(a, bh, i), j_begin = split * split_len;
+  const int64_t j_end = valid < j_begin + split_len ? valid : j_begin + split_len;
+  const T* Q = head_ptr<T>(q, bh, a.H) + i * q.st;
+  const T* K = head_ptr<T>(k, bh, a.H);
+  const T* V = head_ptr<T>(v, bh, a.H);
+  const T scale = static_cast<T>(a.scale);
+  T qr[PL], o[PL];
+#pragma unroll
+  for (int c = 0; c < PL; ++c) {
+    const int col = lane + 32 * c;
+    qr[c] = col < a.D ? Q[col] : T(0);
+    o[c] = 0;
+  }
+  T m = neg_inf<T>(), l = 0;
+  for (int64_t j = j_begin + warp; j < j_end; j += kSplitWarps) {
+    const T* Kj = K + j * k.st;
+    T s = 0;
+#pragma unroll
+    for (int c = 0; c < PL; ++c)
+      if (lane + 32 * c < a.D) s += qr[c] * Kj[lane + 32 * c];
+    s = scale * warp_sum(s);
+    const T m_new = s > m ? s : m;
+    const T alpha = smath::exp(m - m_new), p = smath::exp(s - m_new);  // alpha = 0 at the first key
+    l = l * alpha + p;
+    const T* Vj = V + j * v.st;
+#pragma unroll
+    for (int c = 0; c < PL; ++c) o[c] = o[c] * alpha + (lane + 32 * c < a.Dv ? p * Vj[lane + 32 * c] : T(0));
+    m = m_new;
+  }
+  __shared__ T sm_m[kSplitWarps], sm_l[kSplitWarps], sm_o[kSplitWarps][DM];
+  if (lane == 0) sm_m[warp] = m, sm_l[warp] = l;
+#pragma unroll
+  for (int c = 0; c < PL; ++c) sm_o[warp][lane + 32 * c] = o[c];
+  __syncthreads();
+  if (warp != 0) return;
+  T M = neg_inf<T>();
+  for (int w = 0; w < kSplitWarps; ++w) M = sm_m[w] > M ? sm_m[w] : M;
+  T L = 0, acc[PL] = {};
+  for (int w = 0; w < kSplitWarps; ++w) {
+    if (sm_l[w] == T(0)) continue;  // a warp that saw no key
+    const T f = smath::exp(sm_m[w] - M);
+    L += f * sm_l[w];
+#pragma unroll
+    for (int c = 0; c < PL; ++c) acc[c] += f * sm_o[w][lane + 32 * c];
+  }
+  const int64_t part = row * splits + split;
+#pragma unroll
+  for (int c = 0; c < PL; ++c) part_o[part * DM + lane + 32 * c] = acc[c];
+  if (lane == 0) part_ml[2 * part] = M, part_ml[2 * part + 1] = L;
+}
+
+// A warp per query row: out = sum_s e^(m_s - M) o_s / sum_s e^(m_s - M) l_s, lse = M + log(that sum).
+template <typename T, int DM>
+__global__ void attention_combine_kernel(AttnResult out, T* lse, const T* part_o, const T* part_ml, AttnParams a,
+                                         int splits) {
+  constexpr int PL = DM / 32;
+  const int64_t rows = a.B * a.H * a.Tq;
+  const int lane = threadIdx.x & 31;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + (threadIdx.x >> 5); row < rows;
+       row += static_cast<int64_t>(gridDim.x) * (blockDim.x / 32)) {
+    const T* ml = part_ml + 2 * row * splits;
+    T M = neg_inf<T>();
+    for (int s = 0; s < splits; ++s)
+      if (ml[2 * s + 1] != T(0)) M = ml[2 * s] > M ? ml[2 * s] : M;
+    T L = 0, acc[PL] = {};
+    for (int s = 0; s < splits; ++s) {
+      if (ml[2 * s + 1] == T(0)) continue;  // a split past the row's valid keys
+      const T f = smath::exp(ml[2 * s] - M);
+      L += f * ml[2 * s + 1];
+#pragma unroll
+      for (int c = 0; c < PL; ++c) acc[c] += f * part_o[(row * splits + s) * DM + lane + 32 * c];
+    }
+    const int64_t bh = row / a.Tq, i = row % a.Tq;
+    T* O = head_ptr<T>(out, bh, a.H) + i * out.st;
+    const T inv = L > T(0) ? static_cast<T>(1.0 / static_cast<double>(L)) : T(0);
+#pragma unroll
+    for (int c = 0; c < PL; ++c)
+      if (lane + 32 * c < a.Dv) O[lane + 32 * c] = acc[c] * inv;
+    if (lane == 0) lse[row] = L > T(0) ? static_cast<T>(M + log(static_cast<double>(L))) : static_cast<T>(INFINITY);
+  }
+}
+
 // Calls f(std::integral_constant<int, DM>) for the smallest register width DM holding both head sizes.
 template <typename F>
 void with_head_width(int64_t D, int64_t Dv, F&& f) {
@@ -309,8 +410,10 @@ bool CudaBackend::has_fused_attention(int64_t D, int64_t Dv) const {
 // thread per row does Tk x D multiply-adds from registers, so it wins while that is small and the
 // composite path's launches dominate (T 64, D 32: 5x; T 128, D 16 or 32: 2.2-2.4x; T 256, D 32: 1.26x),
 // ties at T 128, D 64, and loses beyond (T 256, D 64: 0.69x; T 128, D 128: 0.33x; T 1024, D 64: 0.32x).
-bool CudaBackend::fused_attention_is_faster(int64_t Tk, int64_t D, int64_t Dv) const {
-  return Tk * (D > Dv ? D : Dv) <= 8192;
+// A few query rows (decoding) take the split kernel, which reads the keys with the whole GPU: GPT-2 small's
+// decoding after 960 tokens spent 25 us a layer in the composite path's three launches.
+bool CudaBackend::fused_attention_is_faster(int64_t Tq, int64_t Tk, int64_t D, int64_t Dv) const {
+  return Tq <= cuda::kSplitMaxRows || Tk * (D > Dv ? D : Dv) <= 8192;
 }
 
 void CudaBackend::attention_forward(DType dt, const AttnResult& out, void* lse, const AttnOperand& q,
@@ -319,6 +422,28 @@ void CudaBackend::attention_forward(DType dt, const AttnResult& out, void* lse, 
   HL_CHECK(has_fused_attention(a.D, a.Dv), "cuda attention_forward: head sizes ", a.D, " and ", a.Dv,
            " exceed the kernel's ", kMaxFusedAttentionHead);
   activate();
+  const int64_t rows = a.B * a.H * a.Tq;
+  if (a.Tq <= kSplitMaxRows && a.dropout_p == 0 && a.Tk > 0) {
+    // Enough splits to give every SM two blocks, each of at least kMinKeysPerSplit keys.
+    const int64_t splits = std::max<int64_t>(
+        1, std::min<int64_t>(ceil_div(2 * int64_t{sm_count()}, rows), ceil_div(a.Tk, kMinKeysPerSplit)));
+    const int64_t split_len = ceil_div(a.Tk, splits);
+    HLC_DISPATCH_FLOAT(dt, T, "attention_forward (split keys)", {
+      with_head_width(a.D, a.Dv, [&](auto dm) {
+        constexpr int DM = decltype(dm)::value;
+        const TempBuffer part_o(*this, static_cast<size_t>(rows * splits * DM) * sizeof(T));
+        const TempBuffer part_ml(*this, static_cast<size_t>(rows * splits * 2) * sizeof(T));
+        attention_split_kernel<T, DM><<<rows * splits, kSplitWarps * 32, 0, stream_>>>(
+            part_o.as<T>(), part_ml.as<T>(), q, k, v, a, static_cast<int>(splits), split_len);
+        HL_CUDA_LAUNCH_CHECK("attention_forward (split keys)");
+        const int grid = static_cast<int>(std::min<int64_t>(ceil_div(rows, 4), max_blocks()));
+        attention_combine_kernel<T, DM><<<grid, 128, 0, stream_>>>(out, static_cast<T*>(lse), part_o.as<T>(),
+                                                                   part_ml.as<T>(), a, static_cast<int>(splits));
+      });
+    });
+    HL_CUDA_LAUNCH_CHECK("attention_forward (combine splits)");
+    return;
+  }
   const int64_t n_tiles = ceil_div(a.Tq, int64_t{kRows});
   HLC_DISPATCH_FLOAT(dt, T, "attention_forward", {
     with_head_width(a.D, a.Dv, [&](auto dm) {

@@ -1,5 +1,6 @@
 // The CUDA backend's core: device instances and discovery, the caching allocator, host <-> device
-// copies, and GEMM through cuBLAS. The kernels live in the other cuda_*.cu files.
+// copies, GEMM through cuBLAS and the few-row linear kernel (decoding). The other kernels live in the
+// other cuda_*.cu files.
 //
 // Stream choice: each device gets one non-blocking stream created at init, and every kernel,
 // cuBLAS call and copy of that backend goes to it. One stream keeps execution in program order,
@@ -10,6 +11,7 @@
 // copy_from_host (the source may be pageable and is the caller's to free on return), synchronize,
 // and the validation helpers (all_finite, indices_in_range) that must return an answer.
 #include <atomic>
+#include <type_traits>
 #include <cstdio>
 #include <cstdlib>
 
@@ -167,6 +169,10 @@ CudaBackend::CudaBackend(int device) : device_(device), alloc_(device) {
   HL_CUBLAS_CHECK("init (cublasCreate)", cublasCreate(&cublas_));
   HL_CUBLAS_CHECK("init (cublasSetStream)", cublasSetStream(cublas_, stream_));
   HL_CUBLAS_CHECK("init (cublasSetPointerMode)", cublasSetPointerMode(cublas_, CUBLAS_POINTER_MODE_HOST));
+  HL_CUDA_CHECK("init (cudaHostAlloc)", cudaHostAlloc(reinterpret_cast<void**>(&check_slots_),
+                                                      2 * kCheckSlots * sizeof(unsigned long long), cudaHostAllocMapped));
+  std::fill_n(check_slots_, 2 * kCheckSlots, 0ull);
+  pending_checks_.reserve(kCheckSlots);
 }
 
 // Instances are created once and never destroyed (see cuda_backend_instance); this runs only if
@@ -179,6 +185,7 @@ CudaBackend::~CudaBackend() {
   } catch (...) {}
   if (cublas_) cublasDestroy(cublas_);
   if (stream_) cudaStreamDestroy(stream_);
+  if (check_slots_) cudaFreeHost(check_slots_);
   (void)cudaGetLastError();
 }
 
@@ -210,6 +217,15 @@ void CudaBackend::empty_cache() {
 
 void CudaBackend::release_at_exit() {
   empty_cache();
+  {
+    std::lock_guard<std::mutex> lock(checks_mu_);
+    if (check_slots_) {
+      cudaStreamSynchronize(stream_);  // no queued check may still write into the slots
+      cudaFreeHost(check_slots_);
+      check_slots_ = nullptr;  // a check after this fails with a clear error (check_indices checks)
+      pending_checks_.clear();
+    }
+  }
   std::lock_guard<std::mutex> lock(cublas_mu_);
   if (cublas_) cublasDestroy(cublas_);
   cublas_ = nullptr;  // a GEMM after this fails with a clear error (gemm checks)
@@ -222,6 +238,7 @@ void CudaBackend::copy_from_host(void* dst, const void* src, size_t nbytes) {
   HL_CUDA_CHECK("copy_from_host", cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, stream_));
   // The source is ordinary pageable memory that the caller may free or reuse on return.
   HL_CUDA_CHECK("copy_from_host", cudaStreamSynchronize(stream_));
+  raise_failed_checks();
 }
 
 void CudaBackend::copy_to_host(void* dst, const void* src, size_t nbytes) {
@@ -229,11 +246,32 @@ void CudaBackend::copy_to_host(void* dst, const void* src, size_t nbytes) {
   activate();
   HL_CUDA_CHECK("copy_to_host", cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDefault, stream_));
   HL_CUDA_CHECK("copy_to_host", cudaStreamSynchronize(stream_));
+  raise_failed_checks();
 }
 
 void CudaBackend::synchronize() {
   activate();
   HL_CUDA_CHECK("synchronize", cudaStreamSynchronize(stream_));
+  raise_failed_checks();
+}
+
+void CudaBackend::raise_failed_checks() {
+  std::lock_guard<std::mutex> lock(checks_mu_);
+  if (pending_checks_.empty()) return;
+  std::string failed;
+  for (size_t i = 0; i < pending_checks_.size(); ++i) {
+    volatile unsigned long long* slot = check_slots_ + 2 * i;
+    if (slot[0] != 0 && failed.empty()) {
+      const PendingCheck& c = pending_checks_[i];
+      failed = detail::str_cat(c.op, ": index ", static_cast<int64_t>(slot[1]), " is out of range for size ", c.size,
+                               " (expected 0..", c.size - 1, "; found on cuda:", device_,
+                               " after the op was queued, reported at the next synchronisation)");
+    }
+    slot[0] = 0;
+    slot[1] = 0;
+  }
+  pending_checks_.clear();
+  if (!failed.empty()) HL_FAIL(failed);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -291,6 +329,74 @@ void CudaBackend::gemm(DType dt, bool trans_a, bool trans_b, int64_t M, int64_t 
                                                  ldb, stride_b, static_cast<const double*>(A), lda, stride_a, &beta,
                                                  static_cast<double*>(C), ldc, stride_c, batch));
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A linear layer over a few rows (decoding), bias included: ksplit warps per output column n each read a
+// slice of w's row n (coalesced) against every row of x; the block adds up the slices and the bias. One
+// launch where the GEMM path took two (the bias copied into out, then cuBLAS's GEMV). Sums in T, in a
+// fixed order (deterministic).
+// ---------------------------------------------------------------------------------------------
+namespace {
+
+constexpr int64_t kLinearMaxRows = 4;
+constexpr int kLinearWarps = 8;
+
+template <typename T, int ROWS>
+__global__ void __launch_bounds__(kLinearWarps * 32)
+    linear_rows_kernel(T* out, const T* x, int64_t ldx, const T* w, const T* bias, int64_t N, int64_t K, int ksplit) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, outs = kLinearWarps / ksplit;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * outs + warp / ksplit;
+  T acc[ROWS] = {};
+  if (n < N) {
+    const T* wn = w + n * K;
+    for (int64_t k = (warp % ksplit) * 32 + lane; k < K; k += 32 * ksplit) {
+      const T wk = wn[k];
+#pragma unroll
+      for (int r = 0; r < ROWS; ++r) acc[r] += wk * x[r * ldx + k];
+    }
+  }
+  __shared__ T slices[kLinearWarps][ROWS];
+#pragma unroll
+  for (int r = 0; r < ROWS; ++r) {
+    const T sum = cuda::warp_sum(acc[r]);
+    if (lane == 0) slices[warp][r] = sum;
+  }
+  __syncthreads();
+  if (threadIdx.x >= outs * ROWS) return;
+  const int o = threadIdx.x / ROWS, r = threadIdx.x % ROWS;
+  const int64_t col = static_cast<int64_t>(blockIdx.x) * outs + o;
+  if (col >= N) return;
+  T sum = bias ? bias[col] : T(0);
+  for (int p = 0; p < ksplit; ++p) sum += slices[o * ksplit + p][r];
+  out[r * N + col] = sum;
+}
+
+}  // namespace
+
+bool CudaBackend::linear_rows(DType dt, void* out, const void* x, int64_t ldx, const void* w, const void* bias,
+                              int64_t rows, int64_t N, int64_t K) {
+  if (rows < 1 || rows > kLinearMaxRows || N < 1 || K < 1 || (dt != DType::f32 && dt != DType::f64)) return false;
+  activate();
+  // Warps per column: the fewest that still give every SM two blocks.
+  int ksplit = 1;
+  while (ksplit < kLinearWarps && cuda::ceil_div(N * ksplit, kLinearWarps) < 2 * int64_t{sm_count_}) ksplit *= 2;
+  const int64_t blocks = cuda::ceil_div(N, kLinearWarps / ksplit);
+  HLC_DISPATCH_FLOAT(dt, T, "linear_rows", {
+    const auto launch = [&](auto rows_c) {
+      linear_rows_kernel<T, decltype(rows_c)::value><<<blocks, kLinearWarps * 32, 0, stream_>>>(
+          static_cast<T*>(out), static_cast<const T*>(x), ldx, static_cast<const T*>(w), static_cast<const T*>(bias),
+          N, K, ksplit);
+    };
+    switch (rows) {
+      case 1: launch(std::integral_constant<int, 1>{}); break;
+      case 2: launch(std::integral_constant<int, 2>{}); break;
+      case 3: launch(std::integral_constant<int, 3>{}); break;
+      default: launch(std::integral_constant<int, 4>{}); break;
+    }
+  });
+  HL_CUDA_LAUNCH_CHECK("linear_rows");
+  return true;
 }
 
 // ---------------------------------------------------------------------------------------------

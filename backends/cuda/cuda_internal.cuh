@@ -154,10 +154,14 @@ struct CudaBackend final : Backend {
               const int64_t* inner_strides) override;
   bool all_finite(DType dt, const void* p, int64_t n) override;
   bool indices_in_range(const int64_t* idx, int64_t n, int64_t lo, int64_t hi) override;
+  void check_indices(const char* op, const int64_t* idx, int64_t n, int64_t size) override;
 
   void gemm(DType dt, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, double alpha, const void* A,
             int64_t lda, int64_t stride_a, const void* B, int64_t ldb, int64_t stride_b, double beta, void* C,
             int64_t ldc, int64_t stride_c, int64_t batch) override;
+
+  bool linear_rows(DType dt, void* out, const void* x, int64_t ldx, const void* w, const void* bias, int64_t rows,
+                   int64_t N, int64_t K) override;  // rows up to 4
 
   void softmax_forward(DType dt, void* y, const void* x, int64_t rows, int64_t cols, double scale, SoftmaxMask mask,
                        const int64_t* lengths, int64_t q_len) override;
@@ -188,7 +192,7 @@ struct CudaBackend final : Backend {
                               int64_t ignore_index) override;
 
   bool has_fused_attention(int64_t D, int64_t Dv) const override;  // head sizes up to 256
-  bool fused_attention_is_faster(int64_t Tk, int64_t D, int64_t Dv) const override;
+  bool fused_attention_is_faster(int64_t Tq, int64_t Tk, int64_t D, int64_t Dv) const override;
   void attention_forward(DType dt, const AttnResult& out, void* lse, const AttnOperand& q, const AttnOperand& k,
                          const AttnOperand& v, const AttnParams& a) override;
   void attention_backward(DType dt, const AttnResult& dq, const AttnResult& dk, const AttnResult& dv,
@@ -210,7 +214,9 @@ struct CudaBackend final : Backend {
   int max_blocks() const { return sm_count_ * 32; }
   int sm_count() const { return sm_count_; }
   void empty_cache();
-  void release_at_exit();  // cached blocks and the cuBLAS handle; the backend does no more GEMMs
+  // After every wait for the stream: throws the first failed check_indices since the last wait.
+  void raise_failed_checks();
+  void release_at_exit();  // cached blocks, the check slots and the cuBLAS handle; no more GEMMs or checks
   size_t cached_bytes() const { return alloc_.cached(); }
 
  private:
@@ -222,6 +228,16 @@ struct CudaBackend final : Backend {
   int cublas_tf32_ = -1;  // math mode last set on the handle: -1 unknown, 0 default, 1 TF32
   std::mutex cublas_mu_;  // the handle's math mode is per handle state
   mutable cuda::CachingAllocator alloc_;
+  // check_indices in flight: slot i of check_slots_ (mapped host memory the kernels write, {failed, value})
+  // belongs to pending_checks_[i]; all are read and cleared at the next wait for the stream.
+  struct PendingCheck {
+    const char* op;
+    int64_t size;
+  };
+  static constexpr size_t kCheckSlots = 4096;
+  unsigned long long* check_slots_ = nullptr;
+  std::vector<PendingCheck> pending_checks_;
+  std::mutex checks_mu_;
 };
 
 namespace cuda {
@@ -336,13 +352,14 @@ __device__ __forceinline__ smath::RowLse<T> team_row_logsumexp(const T* x, int64
   return {m, team_row_sum<Team, Acc<T>>(n, [&](int64_t j) { return smath::exp(scale * x[j] - m); })};
 }
 
-// Launches kernel<false> (a warp per row) for rows of up to kWarpRowMaxCols columns, else
-// kernel<true> (a block per row). Both take the same arguments.
+// Launches kernel<false> (a warp per row) for rows of up to kWarpRowMaxCols columns when there are rows
+// enough for every SM, else kernel<true> (a block per row: a decoding step's one row of 768 took 15 us
+// through a single warp). Both take the same arguments.
 template <typename... KArgs, typename... Args>
 void launch_rows(CudaBackend& be, const char* what, int64_t rows, int64_t cols, void (*warp_kernel)(KArgs...),
                  void (*block_kernel)(KArgs...), Args... args) {
   if (rows <= 0) return;
-  if (cols <= kWarpRowMaxCols) {
+  if (cols <= kWarpRowMaxCols && rows >= be.sm_count()) {
     const int grid = static_cast<int>(std::min<int64_t>(ceil_div(rows, kRowWarpsPerBlock), be.max_blocks()));
     warp_kernel<<<grid, dim3(32, kRowWarpsPerBlock), 0, be.stream()>>>(static_cast<KArgs>(args)...);
   } else {

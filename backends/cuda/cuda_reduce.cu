@@ -272,7 +272,15 @@ __global__ void indices_in_range_kernel(const int64_t* idx, int64_t n, int64_t l
   if (!ok) *bad = 1;
 }
 
-// Runs `launch(flag)` after zeroing a device flag, then reads the flag back (a host sync).
+// slot = {failed, value}: the first writer records its bad index (mapped host memory; read after a wait).
+__global__ void check_indices_kernel(const int64_t* idx, int64_t n, int64_t size, unsigned long long* slot) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads())
+    if ((idx[i] < 0 || idx[i] >= size) && atomicCAS(slot, 0ull, 1ull) == 0ull)
+      slot[1] = static_cast<unsigned long long>(idx[i]);
+}
+
+// Runs `launch(flag)` after zeroing a device flag, then reads the flag back (a host sync, after which the
+// failed check_indices are raised).
 template <typename F>
 bool flag_clear(CudaBackend& be, const char* what, F&& launch) {
   TempBuffer flag(be, sizeof(int));
@@ -282,6 +290,7 @@ bool flag_clear(CudaBackend& be, const char* what, F&& launch) {
   int bad = 0;
   HL_CUDA_CHECK(what, cudaMemcpyAsync(&bad, flag.as<int>(), sizeof(int), cudaMemcpyDeviceToHost, be.stream()));
   HL_CUDA_CHECK(what, cudaStreamSynchronize(be.stream()));
+  be.raise_failed_checks();
   return bad == 0;
 }
 
@@ -345,6 +354,26 @@ bool CudaBackend::indices_in_range(const int64_t* idx, int64_t n, int64_t lo, in
   return flag_clear(*this, "indices_in_range", [&](int* bad) {
     indices_in_range_kernel<<<grid_for(n), kThreads, 0, stream_>>>(idx, n, lo, hi, bad);
   });
+}
+
+void CudaBackend::check_indices(const char* op, const int64_t* idx, int64_t n, int64_t size) {
+  if (n <= 0) return;
+  activate();
+  bool full = false;
+  {
+    std::lock_guard<std::mutex> lock(checks_mu_);
+    HL_CHECK(check_slots_ != nullptr, "cuda ", op, ": called while the process exits (the check slots are released)");
+    full = pending_checks_.size() == kCheckSlots;
+  }
+  if (full) synchronize();  // reads and frees every slot (or throws the failure it finds)
+  unsigned long long* slot = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(checks_mu_);
+    slot = check_slots_ + 2 * pending_checks_.size();
+    pending_checks_.push_back({op, size});
+  }
+  check_indices_kernel<<<grid_for(n), kThreads, 0, stream_>>>(idx, n, size, slot);
+  HL_CUDA_LAUNCH_CHECK("check_indices");
 }
 
 }  // namespace headlab

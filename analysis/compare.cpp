@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backends/backend.h"
+#include "base/json_text.h"
 #include "nn/attention.h"
 
 namespace headlab::analysis {
@@ -153,7 +154,7 @@ void attach_torch_peer(CompareResult& r, const std::string& json_line) {
   const CompareConfig& c = r.config;
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(json_line);
+    j = parse_json_text(json_line, "compare: cannot read the PyTorch peer's output for config '" + c.name + "'");
     const nlohmann::json kv = j.value("kv_heads", j.at("heads"));  // a peer before kv_heads: multi-head
     HL_CHECK(j.at("B") == c.B && j.at("T") == c.T && j.at("d_in") == c.d_in && j.at("d_out") == c.d_out &&
                  j.at("heads") == c.heads && kv == c.kv(),

@@ -8,6 +8,7 @@
 #include <tuple>
 
 #include "base/input_path.h"
+#include "base/json_text.h"
 #include "tasks/chars.h"
 
 namespace headlab::analysis {
@@ -48,12 +49,7 @@ PromptPairs read_prompt_pairs(const std::string& path, const tasks::Task& task) 
   for (int64_t n = 1; std::getline(in, line); ++n) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     const std::string at = path + ":" + std::to_string(n);
-    nlohmann::json row;
-    try {
-      row = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::exception& e) {
-      HL_FAIL("prompt pairs: ", at, " is not a JSON object: ", e.what());
-    }
+    const nlohmann::json row = parse_json_text(line, "prompt pairs: " + at);
     HL_CHECK(row.is_object(), "prompt pairs: ", at, " is not a JSON object: ", line.substr(0, 80));
     std::vector<int64_t> ids[4];
     const char* fields[4] = {"clean", "corrupt", "answer", "wrong"};

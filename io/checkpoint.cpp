@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "base/json_text.h"
 #include "io/families.h"
 #include "io/h5file.h"
 
@@ -104,11 +105,7 @@ Checkpoint load_checkpoint(const std::string& path) {
   HL_CHECK(version == kCheckpointVersion, ctx, ": format_version ", version, " is not supported (this headlab reads ",
            kCheckpointVersion, ")");
   Checkpoint ck;
-  try {
-    ck.config = nlohmann::json::parse(r.attr_str("/", "config"));
-  } catch (const nlohmann::json::exception& e) {
-    HL_FAIL(ctx, ": the root attribute 'config' is not valid JSON (", e.what(), ")");
-  }
+  ck.config = parse_json_text(r.attr_str("/", "config"), ctx + ": the root attribute 'config'");
   HL_CHECK(ck.config.is_object() && ck.config.contains("model"), ctx, ": config has no 'model' section");
   double n_params = 0;
   try {
@@ -162,11 +159,10 @@ Checkpoint load_checkpoint(const std::string& path) {
   }
   if (r.has("optimizer")) {
     ck.has_optimizer = true;
-    const std::string hyper = r.attr_str("/optimizer", "hyperparameters");
+    const nlohmann::json hyper =
+        parse_json_text(r.attr_str("/optimizer", "hyperparameters"), ctx + ": optimizer hyperparameters");
     try {
-      ck.optimizer = optim::OptimizerOptions::from_json(nlohmann::json::parse(hyper));
-    } catch (const nlohmann::json::exception& e) {
-      HL_FAIL(ctx, ": optimizer hyperparameters are not valid JSON (", e.what(), ")");
+      ck.optimizer = optim::OptimizerOptions::from_json(hyper);
     } catch (const Error& e) {
       HL_FAIL(ctx, ": optimizer hyperparameters: ", e.what());
     }

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "base/input_path.h"
+#include "base/json_text.h"
 #include "io/atomic_file.h"
 
 namespace headlab::io {
@@ -37,12 +38,7 @@ nlohmann::json read_hf_config(const std::string& folder) {
   HL_CHECK(in, "model config '", path, "': cannot open");
   std::ostringstream text;
   text << in.rdbuf();
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(text.str());
-  } catch (const nlohmann::json::exception& e) {
-    HL_FAIL(path, ": not JSON (", e.what(), ")");
-  }
+  const nlohmann::json j = parse_json_text(text.str(), path);
   HL_CHECK(j.is_object(), path, ": expected a JSON object");
   return j;
 }

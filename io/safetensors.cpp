@@ -16,6 +16,7 @@
 
 #include "base/input_path.h"
 #include "base/json_fields.h"
+#include "base/json_text.h"
 #include "io/atomic_file.h"
 
 namespace headlab::io {
@@ -30,17 +31,9 @@ using nlohmann::json;
 constexpr size_t kMaxHeaderBytes = 100u << 20;  // the format's own limit (100 MB)
 constexpr int kMaxJsonDepth = 8;                // a header is 3 deep; deeper is a lie, refused before it costs
 
-// JSON parsed with a depth limit: deeply nested input never reaches nlohmann's recursive code.
+// JSON parsed with a depth limit, in linear time, nothing after it (base/json_text.h).
 json parse_shallow_json(std::string_view text, const std::string& who) {
-  const json::parser_callback_t limit = [&](int depth, json::parse_event_t, json&) {
-    HL_CHECK(depth <= kMaxJsonDepth, who, ": JSON nested deeper than ", kMaxJsonDepth, " levels");
-    return true;
-  };
-  try {
-    return json::parse(text.begin(), text.end(), limit);
-  } catch (const json::exception& e) {
-    HL_FAIL(who, ": not JSON (", e.what(), ")");
-  }
+  return parse_json_text(text, who, {.max_depth = kMaxJsonDepth, .depth_expected = {}, .watch = {}});
 }
 
 std::string quoted(const std::string& name) { return "'" + name + "'"; }

@@ -18,6 +18,7 @@
 #include <unordered_set>
 
 #include "base/json_fields.h"
+#include "base/json_text.h"
 #include "tasks/internal.h"
 
 namespace headlab::tasks {
@@ -166,28 +167,11 @@ std::string to_nfc(std::string_view text, const std::string& who) {
 
 // ---- JSON files ----
 
-// text as JSON; values nested deeper than max_depth are refused while parsing (before they cost time
-// or stack). nlohmann keeps the last of repeated keys silently: `repeated` gets the first key seen
-// twice in the object at `watch` (its path of keys from the root).
+// text as JSON (base/json_text.h); `repeated` gets the first key seen twice in the object at `watch`.
 json parse_json(std::string_view text, const std::string& name, int max_depth, std::string_view depth_expected,
                 const std::vector<std::string>& watch, std::string& repeated) {
-  std::unordered_set<std::string> seen;
-  std::vector<std::string> path;  // the keys leading to the current value
-  const json::parser_callback_t on_event = [&](int depth, json::parse_event_t event, json& parsed) {
-    HL_CHECK(depth <= max_depth, name, ": ", depth_expected, ", got values nested ", depth, " deep");
-    if (event != json::parse_event_t::key) return true;
-    path.resize(static_cast<size_t>(depth - 1));
-    path.push_back(parsed.get<std::string>());
-    if (repeated.empty() && path.size() == watch.size() + 1 && std::equal(watch.begin(), watch.end(), path.begin()) &&
-        !seen.insert(path.back()).second)
-      repeated = path.back();
-    return true;
-  };
-  try {
-    return json::parse(text.begin(), text.end(), on_event);
-  } catch (const json::exception& e) {
-    HL_FAIL(name, ": not JSON (", e.what(), ")");
-  }
+  return parse_json_text(text, name, {.max_depth = max_depth, .depth_expected = depth_expected, .watch = watch},
+                         &repeated);
 }
 
 // A JSON file's fields, every error naming the file and the field's path ("model.merges[3]").

@@ -503,7 +503,8 @@ TEST(Analysis, PromptPairsReadGenerateAndScore) {
   EXPECT_EQ(p.answer, (std::vector<int64_t>{2, 7}));
   EXPECT_EQ(p.wrong, (std::vector<int64_t>{10, 2}));
   const std::vector<std::pair<std::string, std::string>> bad = {
-      {"{\"clean\": \"abc\"", "bad.jsonl:1 is not a JSON object"},
+      {"{\"clean\": \"abc\"", "bad.jsonl:1: not JSON"},
+      {std::string("{}\0{\"clean\": 1}", 15), "bad.jsonl:1: not JSON (a NUL byte at offset 2"},
       {"[1, 2]", "bad.jsonl:1 is not a JSON object"},
       {"{\"clean\": \"ab\", \"corrupt\": \"xy\", \"answer\": \"a\"}", "bad.jsonl:1 has no string field 'wrong'"},
       {"{\"clean\": \"ab\", \"corrupt\": \"xy\", \"answer\": 3, \"wrong\": \"b\"}", "has no string field 'answer'"},

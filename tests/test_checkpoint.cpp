@@ -506,7 +506,7 @@ TEST_F(CheckpointTest, WrongFormatVersion) {
 TEST_F(CheckpointTest, BadConfig) {
   const std::string p = path("cfg.h5");
   write_raw(p, 1, "{\"model\": {\"vocab_size\": 13,");
-  expect_load_error(p, {"checkpoint '" + p + "': the root attribute 'config' is not valid JSON"});
+  expect_load_error(p, {"checkpoint '" + p + "': the root attribute 'config': not JSON"});
   write_raw(p, 1, "[1, 2]");
   expect_load_error(p, {"checkpoint '" + p + "': config has no 'model' section"});
   nlohmann::json cfg = make_checkpoint().config;
@@ -602,7 +602,7 @@ TEST_F(CheckpointTest, DamagedOptimizerOrTrainerGroups) {
     w.set_attr("/optimizer", "kind", "adamw");
     w.set_attr("/optimizer", "hyperparameters", "{lr: 1}");
   });
-  expect_load_error(p, {"checkpoint '" + p + "': optimizer hyperparameters are not valid JSON"});
+  expect_load_error(p, {"checkpoint '" + p + "': optimizer hyperparameters: not JSON"});
   with_model([](io::h5::Writer& w) { w.write<int64_t>("trainer/step", {}, {5}); });
   expect_load_error(p, {"checkpoint '" + p + "'", "trainer/rng", "missing"});
   with_model([](io::h5::Writer& w) {

@@ -207,6 +207,10 @@ TEST_F(HfGpt2Errors, ConfigProblemsNameTheFileAndKey) {
   const std::string d = folder();
   std::ofstream(d + "/config.json") << "{not json";
   EXPECT_ERROR(read(d), "config.json: not JSON");
+  std::ofstream(d + "/config.json") << std::string("{}\0\0\0padding", 12);  // a file padded with NULs
+  EXPECT_ERROR(read(d), "config.json: not JSON (a NUL byte at offset 2 of 12");
+  std::ofstream(d + "/config.json") << "{} {}";
+  EXPECT_ERROR(read(d), "config.json: not JSON");
   fs::remove(d + "/config.json");
   EXPECT_ERROR(read(d), "config.json");
   EXPECT_ERROR(read(tmp_.path("nowhere")), "does not exist");

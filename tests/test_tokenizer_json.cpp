@@ -306,6 +306,8 @@ TEST(TokenizerJson, WhatItDoesNotReadIsRefusedByName) {
 
 TEST(TokenizerJson, MalformedFilesAreRefusedWithTheField) {
   EXPECT_ERROR(tasks::BpeTokenizer::from_tokenizer_json("{\"model\": ", "tok.json"), "tok.json: not JSON");
+  EXPECT_ERROR(tasks::BpeTokenizer::from_tokenizer_json(std::string("{}\0x", 4), "tok.json"),
+               "tok.json: not JSON (a NUL byte at offset 2");
   EXPECT_ERROR(tasks::BpeTokenizer::from_tokenizer_json("[]", "tok.json"), "tok.json: the file must be an object");
   EXPECT_ERROR(tasks::BpeTokenizer::from_tokenizer_json("{\"a\": " + std::string(100000, '['), "tok.json"),
                "tok.json: expected at most 32 levels of nesting");

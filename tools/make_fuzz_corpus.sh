@@ -97,4 +97,13 @@ for f in tests/fixtures/gpt2_folders/*/config.json tests/fixtures/llama_folders/
   cp "$f" "$corpus/hf_config/$(basename "$(dirname "$f")").json"
 done
 
+# Any JSON text (base/json_text.h): a config.json, a tokenizer.json's shape with a repeated vocabulary key and
+# every kind of value, a prompt-pair row.
+mkdir -p "$corpus/json"
+cp "$corpus/hf_config/gqa_tied.json" "$corpus/json/config.json"
+cat >"$corpus/json/tokenizer.json" <<'JSON'
+{"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "a": 2}, "merges": ["a b"]}, "added_tokens": [{"id": 3, "content": "<s>", "special": true}], "x": [1.5e300, -0.0, 18446744073709551615, -9223372036854775808, "\u00e9\ud83d\ude00", null, true, false]}
+JSON
+printf '%s' '{"clean": "The cat sat", "corrupt": "The dog sat", "answer": " on", "wrong": " in"}' >"$corpus/json/row.jsonl"
+
 echo "tools/make_fuzz_corpus.sh: wrote $(find "$corpus" -type f | wc -l) files under $corpus"

@@ -359,18 +359,17 @@ bool CudaBackend::indices_in_range(const int64_t* idx, int64_t n, int64_t lo, in
 void CudaBackend::check_indices(const char* op, const int64_t* idx, int64_t n, int64_t size) {
   if (n <= 0) return;
   activate();
-  bool full = false;
-  {
-    std::lock_guard<std::mutex> lock(checks_mu_);
-    HL_CHECK(check_slots_ != nullptr, "cuda ", op, ": called while the process exits (the check slots are released)");
-    full = pending_checks_.size() == kCheckSlots;
-  }
-  if (full) synchronize();  // reads and frees every slot (or throws the failure it finds)
   unsigned long long* slot = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(checks_mu_);
-    slot = check_slots_ + 2 * pending_checks_.size();
-    pending_checks_.push_back({op, size});
+  while (!slot) {  // a free slot taken under the lock; when none is left, a wait reads and frees them all
+    {
+      std::lock_guard<std::mutex> lock(checks_mu_);
+      HL_CHECK(check_slots_ != nullptr, "cuda ", op, ": called while the process exits (the check slots are released)");
+      if (pending_checks_.size() < kCheckSlots) {
+        slot = check_slots_ + 2 * pending_checks_.size();
+        pending_checks_.push_back({op, size});
+      }
+    }
+    if (!slot) synchronize();  // or throws the failure it finds
   }
   check_indices_kernel<<<grid_for(n), kThreads, 0, stream_>>>(idx, n, size, slot);
   HL_CUDA_LAUNCH_CHECK("check_indices");

@@ -94,6 +94,30 @@ std::string kept_lines(const CircuitReport& r) {
   return kept.str();
 }
 
+// Path patching's senders and receivers (r.senders, r.receivers). A sender must reach a receiver: a node
+// feeds only later layers' inputs and the logits, and a path that cannot exist would be reported as 0.
+// By default, every head that reaches one.
+void choose_path_nodes(const CircuitGraph& g, const CircuitRunOptions& o, CircuitReport& r) {
+  for (const std::string& name : o.receivers) {
+    const std::vector<int64_t> rs = g.parse_receivers(name, "circuit: --receivers");
+    r.receivers.insert(r.receivers.end(), rs.begin(), rs.end());
+  }
+  const auto reaches = [&](int64_t node) {
+    return std::any_of(r.receivers.begin(), r.receivers.end(), [&](int64_t rc) { return g.edge(node, rc) >= 0; });
+  };
+  for (const std::string& name : o.senders) {
+    const int64_t node = g.parse_node(name, "circuit: --senders");
+    HL_CHECK(reaches(node), "circuit: --senders ", name, " cannot reach --receivers ", receiver_list(o),
+             " (a node feeds only later layers' inputs and the logits), so no path from it can be patched");
+    r.senders.push_back(node);
+  }
+  if (!o.senders.empty()) return;
+  for (int64_t n = 0; n < g.node_count(); ++n)
+    if (g.nodes()[static_cast<size_t>(n)].head >= 0 && reaches(n)) r.senders.push_back(n);
+  HL_CHECK(!r.senders.empty(), "circuit: no head reaches --receivers ", receiver_list(o),
+           " (a head feeds only later layers' inputs and the logits)");
+}
+
 }  // namespace
 
 CircuitReport run_circuit(nn::DecoderModel& model, const PromptPairs& pairs, const CircuitRunOptions& o,
@@ -101,6 +125,8 @@ CircuitReport run_circuit(nn::DecoderModel& model, const PromptPairs& pairs, con
   const auto tell = [&](const std::string& text) {
     if (say) say(text);
   };
+  CircuitReport r;
+  choose_path_nodes(CircuitGraph(model), o, r);  // before any output: a wrong name must not come after results
   const nn::DecoderShape& shape = model.shape();
   const train::Collectives* comm = o.engine.collectives.get();
   tell("headlab circuit: " + o.checkpoint + " (" + std::to_string(shape.n_layers) + " layers x " +
@@ -109,7 +135,6 @@ CircuitReport run_circuit(nn::DecoderModel& model, const PromptPairs& pairs, con
        (comm && comm->size() > 1
             ? "ranks: " + std::to_string(comm->size()) + " (" + comm->name() + "), the rows shared\n"
             : std::string()));
-  CircuitReport r;
   // Edge attribution, then the stored runs the patching reads.
   r.eap = edge_attribution(model, pairs, o.ig_steps, o.engine);
   const auto t_setup = Clock::now();
@@ -146,14 +171,6 @@ CircuitReport run_circuit(nn::DecoderModel& model, const PromptPairs& pairs, con
   }
 
   // Path patching.
-  if (o.senders.empty())
-    for (int64_t n = 0; n < g.node_count(); ++n)
-      if (g.nodes()[static_cast<size_t>(n)].head >= 0) r.senders.push_back(n);
-  for (const std::string& s : o.senders) r.senders.push_back(g.parse_node(s, "circuit: --senders"));
-  for (const std::string& name : o.receivers) {
-    const std::vector<int64_t> rs = g.parse_receivers(name, "circuit: --receivers");
-    r.receivers.insert(r.receivers.end(), rs.begin(), rs.end());
-  }
   const auto t_path = Clock::now();
   r.path = path_patching(patcher, r.senders, r.receivers);
   r.path_seconds = seconds_since(t_path);

@@ -49,16 +49,31 @@ struct Sums {
 
 }  // namespace
 
-HeadTypes head_types(nn::DecoderModel& model, const EvalSet& data, const HeadTypeOptions& o) {
-  const nn::DecoderShape& cfg = model.shape();
-  HL_CHECK(!data.batches.empty(), "head_types: the evaluation data has no batches");
+namespace {
+
+// The length of the repeated random sequences that score induction.
+int64_t induction_half(const nn::DecoderShape& cfg, int64_t T, const HeadTypeOptions& o) {
+  return o.induction_half > 0 ? o.induction_half : std::min(cfg.context_length, T) / 2;
+}
+
+}  // namespace
+
+void check_head_types(const nn::DecoderShape& cfg, int64_t T, const HeadTypeOptions& o) {
   HL_CHECK(o.separator_id >= -1 && o.separator_id < cfg.vocab_size, "head_types: separator id ", o.separator_id,
            " is outside the vocabulary of ", cfg.vocab_size, " tokens");
-  const int64_t half =
-      o.induction_half > 0 ? o.induction_half : std::min(cfg.context_length, data.batches.front().T) / 2;
+  const int64_t half = induction_half(cfg, T, o);
+  HL_CHECK(o.induction_half > 0 || T >= 2, "head types: rows of ", T,
+           " token leave nothing to score (previous-token and induction scores need at least 2 tokens a row)");
   HL_CHECK(half >= 1 && 2 * half <= cfg.context_length, "head_types: repeated sequences of 2 x ", half,
            " tokens do not fit the context length ", cfg.context_length);
   HL_CHECK(o.induction_rows > 0, "head_types: induction_rows must be positive, got ", o.induction_rows);
+}
+
+HeadTypes head_types(nn::DecoderModel& model, const EvalSet& data, const HeadTypeOptions& o) {
+  const nn::DecoderShape& cfg = model.shape();
+  HL_CHECK(!data.batches.empty(), "head_types: the evaluation data has no batches");
+  check_head_types(cfg, data.batches.front().T, o);
+  const int64_t half = induction_half(cfg, data.batches.front().T, o);
   ControlGuard guard(model);
   model.eval();
   set_controls(model, {}, {});

@@ -44,6 +44,8 @@ struct HeadTypeOptions {
   int64_t rows_per_forward = 0;  // rows whose attention weights are kept at once; 0: as ~256 MB allow
 };
 HeadTypes head_types(nn::DecoderModel& model, const EvalSet& data, const HeadTypeOptions& options = {});
+// What head_types checks of its inputs, for a caller to check before any other work: rows of T tokens.
+void check_head_types(const nn::DecoderShape& shape, int64_t T, const HeadTypeOptions& options);
 
 // Olsson et al.'s prefix-matching data: rows of `half` tokens drawn uniformly from the vocabulary, each
 // written twice: (rows, 2 half) int64 on the CPU, the same for the same seed.

@@ -65,6 +65,9 @@ PairHeads heads_on_pairs(nn::DecoderModel& model, const PromptPairs& pairs, cons
     f();
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
+  HeadTypeOptions to;  // checked before any work: no failure after the results were printed
+  to.seed = o.seed;
+  check_head_types(model.shape(), pairs.T, to);
   CircuitOptions copt;
   copt.collectives = o.collectives;
   CircuitPatcher patcher(model, pairs, copt);
@@ -98,8 +101,6 @@ PairHeads heads_on_pairs(nn::DecoderModel& model, const PromptPairs& pairs, cons
   r.clean = clean_batch(pairs);
   EvalSet clean_set;
   clean_set.batches.push_back(r.clean);
-  HeadTypeOptions to;
-  to.seed = o.seed;
   r.types = head_types(model, clean_set, to);
 
   r.table = Table("heads, by the largest effect (all in heads.csv)",

@@ -61,6 +61,8 @@ PromptPairs read_prompt_pairs(const std::string& path, const tasks::Task& task) 
     for (int f = 2; f < 4; ++f)
       HL_CHECK(ids[f].size() == 1, "prompt pairs: ", at, ": ", fields[f], " must be one token; it is ", ids[f].size(),
                ": ", listed(task, ids[f]));
+    HL_CHECK(ids[2][0] != ids[3][0], "prompt pairs: ", at, ": answer and wrong are the same token (",
+             listed(task, ids[2]), "), so their logit difference is 0 whatever the model does");
     HL_CHECK(ids[0].size() == ids[1].size(), "prompt pairs: ", at, ": clean and corrupt must align token for token; ",
              "clean has ", ids[0].size(), " tokens, corrupt ", ids[1].size());
     const int64_t T = static_cast<int64_t>(ids[0].size());

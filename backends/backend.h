@@ -7,6 +7,7 @@
 
 #include "base/dtype.h"  // DType and Device: backends never see Tensor or the tape
 #include "base/error.h"  // kernels report bad input as headlab::Error
+#include "base/sizes.h"  // format_bytes in allocation errors
 
 namespace headlab {
 
@@ -230,8 +231,6 @@ struct Backend {
 // The backend that owns memory on `device`. CUDA without a build or without a GPU throws a clear error.
 Backend& backend_for(Device device);
 
-// "512 B", "1.5 KiB", "3.0 GiB": sizes in allocation errors and memory estimates.
-std::string format_bytes(double bytes);
 // "<op>: out of memory allocating 3.0 GiB (3221225472 bytes) on <device>", where op is the
 // innermost OpScope (base/error.h), or "<device> alloc" outside every op.
 std::string out_of_memory_message(size_t nbytes, const std::string& device);

@@ -32,20 +32,6 @@ bool cuda_available() {
 #endif
 }
 
-std::string format_bytes(double b) {
-  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
-  int u = 0;
-  while (std::abs(b) >= 1024 && u < 6) b /= 1024, ++u;
-  std::ostringstream os;
-  if (u == 0)
-    os << static_cast<int64_t>(b) << " B";
-  else if (std::isfinite(b))
-    os << std::fixed << std::setprecision(1) << b << ' ' << units[u];
-  else
-    os << "more than 1024 EiB";
-  return os.str();
-}
-
 std::string out_of_memory_message(size_t nbytes, const std::string& device) {
   const char* op = OpScope::current();
   return detail::str_cat(op ? op : (device + " alloc").c_str(), ": out of memory allocating ",

@@ -49,18 +49,25 @@ int decoder_attention(const AttentionArgs& a, const Loaded& l, const DecoderToke
   const nn::DecoderShape& cfg = model.shape();
   const int64_t extra = a.max_new >= 0 ? a.max_new : (t.answer_length >= 0 ? t.answer_length + 1 : 0);
   HL_CHECK(!t.prompt.empty(), "attention: the prompt is empty; give at least one character");
+  HL_CHECK(static_cast<int64_t>(t.prompt.size()) <= cfg.context_length, "attention: the prompt is ", t.prompt.size(),
+           " tokens, longer than the model's context of ", cfg.context_length,
+           "; shorten it (the map would show only its last ", cfg.context_length, " tokens)");
+  // The generation, then a forward over the last window of T tokens keeping its maps: (layers, heads, T, T)
+  // floats, twice (the weights and the file's copy).
+  const int64_t T = std::min<int64_t>(static_cast<int64_t>(t.prompt.size()) + extra, cfg.context_length);
+  const double map_bytes = 2.0 * 4 * static_cast<double>(cfg.n_layers) * static_cast<double>(cfg.n_heads) *
+                               static_cast<double>(T) * static_cast<double>(T) +
+                           train::estimate_memory(l.config.model, 1, T, false, 0).activations;
   train::check_generation_fits(l.config.model, model.device().is_cuda(), static_cast<int64_t>(t.prompt.size()), extra,
-                               "attention");
+                               nn::GenerateOptions{}.prefill_chunk, "attention", map_bytes);
   std::vector<int64_t> ids = t.prompt;
-  if (static_cast<int64_t>(ids.size()) > cfg.context_length)  // as generate: the last context_length tokens
-    ids.erase(ids.begin(), ids.end() - cfg.context_length);
   nn::GenerateOptions gen;
   gen.max_new_tokens = extra;
   gen.end_id = t.end_id;
   gen.keep_end = true;
   for (int64_t id : nn::generate(model, ids, gen)) ids.push_back(id);
-  if (static_cast<int64_t>(ids.size()) > cfg.context_length)  // the map shows what the model last saw
-    ids.erase(ids.begin(), ids.end() - cfg.context_length);
+  const int64_t dropped = std::max<int64_t>(0, static_cast<int64_t>(ids.size()) - cfg.context_length);
+  ids.erase(ids.begin(), ids.begin() + dropped);  // the map shows what the model last saw
   const analysis::AttentionMaps maps = analysis::attention_maps(model, ids);
   std::vector<std::string> tokens;
   std::string text;
@@ -79,6 +86,9 @@ int decoder_attention(const AttentionArgs& a, const Loaded& l, const DecoderToke
             << "wrote " << h5path << " (weights " << shape_str({maps.layers, maps.heads, maps.T, maps.T})
             << " float32, token_ids, kept; tokens as JSON in the root attribute 'tokens'), " << png << " and " << html
             << " (interactive, self-contained)\n";
+  if (dropped > 0)
+    std::cout << "the continuation filled the context of " << cfg.context_length << ": the maps show the last "
+              << cfg.context_length << " tokens, without the first " << dropped << " of the prompt\n";
   return 0;
 }
 

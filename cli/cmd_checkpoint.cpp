@@ -12,6 +12,7 @@
 #include "io/hf_folder.h"
 #include "io/llama2c.h"
 #include "nn/generate.h"
+#include "tasks/chars.h"
 #include "tasks/sentencepiece_tokenizer.h"
 #include "train/config.h"
 #include "train/evaluate.h"
@@ -30,6 +31,8 @@ int eval_text(const Loaded& l, const std::string& path, const std::string& text,
   const nn::DecoderShape& c = model.shape();
   const int64_t ctx = c.context_length, s = stride > 0 ? stride : std::max<int64_t>(1, ctx / 2);
   HL_CHECK(s <= ctx, "eval: --stride ", s, " is longer than the context (", ctx, " tokens)");
+  HL_CHECK(ids.size() >= 2, "eval: --text '", text, "' is ", ids.size(), " token", ids.size() == 1 ? "" : "s",
+           (ids.empty() ? " (the file is empty)" : ""), "; a perplexity needs at least 2 (a token and the next)");
   const train::TextScores r = train::evaluate_text(model, ids, s);
   std::cout << "model " << path << " (" << l.config.describe_model() << ")\ntext " << text << ": " << ids.size()
             << " tokens, " << r.windows << " windows of " << ctx << " (stride " << s << ")\n"
@@ -105,8 +108,15 @@ Action add_eval(CLI::App& app) {
   return [=] {
     set_threads(*threads);
     Loaded l = load("eval", *path, *device, "", *tokenizer);
-    if (l.subword()) return eval_text(l, *path, *text, *stride);
+    if (l.subword()) {
+      HL_CHECK(*batches == 0, "eval: --batches applies to task checkpoints; '", *path,
+               "' is a subword model, scored on the whole --text (its windows set by --stride)");
+      return eval_text(l, *path, *text, *stride);
+    }
     HL_CHECK(*stride == 0, "eval: --stride applies to GPT-2 models, with --text");
+    HL_CHECK(text->empty() || dynamic_cast<const tasks::TextWindowsTask*>(l.task.get()),
+             "eval: --text applies to text models (chars); '", *path, "' was trained on the ", l.task->name(),
+             " task, which reads no text");
     if (!text->empty()) l.task = l.config.make_task(*text);
     // Checkpoints made elsewhere (tools/import_torch.py) may have no training section: defaults.
     const train::RunSettings& run = l.config.run;
@@ -188,7 +198,7 @@ Action add_generate(CLI::App& app) {
     // A task answer stops at its end token or its known length; text runs to max_new_tokens.
     if (p.answer_length >= 0) o.max_new_tokens = std::min<int64_t>(*max_new, p.answer_length + 1);
     train::check_generation_fits(l.config.model, model.device().is_cuda(), static_cast<int64_t>(p.ids.size()),
-                                 o.max_new_tokens, "generate");
+                                 o.max_new_tokens, o.prefill_chunk, "generate");
     o.end_id = l.task->end_id();
     const std::vector<int64_t> generated = nn::generate(model, p.ids, o);
     std::cout << l.task->format_continuation(p, generated) << std::endl;

@@ -12,6 +12,7 @@
 #include "base/input_path.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "io/atomic_file.h"
 #include "io/families.h"
 #include "io/hf_folder.h"
 #include "tasks/bpe_tokenizer.h"
@@ -92,9 +93,10 @@ Action add_export(CLI::App& app) {
     const nn::DecoderModel& model = l.decoder("export");
     const io::Family& family = l.config.family();
     HL_CHECK(family.folder, "export: the ", family.model.arch(), " family has no Hugging Face folder format");
-    const io::FolderLock lock = make_locked_dir(a->out, "export");
+    io::AtomicFolder folder(a->out, "export");  // locked; written whole, then swapped in
     const io::TokenizerFiles tokenizer = l.config.tokenizer_files();
-    family.folder->write(a->out, model, tokenizer);
+    family.folder->write(folder.temp_path(), model, tokenizer);
+    folder.commit();
     std::cout << "export: wrote " << join_path(a->out, "config.json") << " and "
               << join_path(a->out, "model.safetensors") << " (" << family.folder->model_types().front() << ": "
               << l.config.describe_model() << ", vocabulary " << model.shape().vocab_size << ")\n";
@@ -116,15 +118,22 @@ Action add_export(CLI::App& app) {
 Action add_convert(CLI::App& app) {
   struct Args {
     std::string model, tokenizer, out;
+    bool overwrite = false;
   };
   auto a = std::make_shared<Args>();
   add_model_argument(app, a->model, a->tokenizer);
   app.add_option("--out", a->out, "the checkpoint to write (.h5)")->type_name(kOutputFile)->required();
+  app.add_flag("--overwrite", a->overwrite, "replace --out if it exists (without it, convert refuses)");
   return [a] {
+    check_output_file(a->out, "convert: --out");
+    // The folder of --out is locked as every writer's is (a train run there holds it).
+    const std::string folder = std::filesystem::path(a->out).parent_path().string();
+    const io::FolderLock lock = make_locked_dir(folder.empty() ? "." : folder, "convert");
+    HL_CHECK(a->overwrite || !std::filesystem::exists(a->out), "convert: --out '", a->out,
+             "' exists; replace it with --overwrite, or choose another name");
     const Loaded l = load("convert", a->model, "cpu", "", a->tokenizer);
     HL_CHECK(l.from_folder, "convert: '", a->model,
              "' is a headlab checkpoint already (convert reads Hugging Face folders and llama2.c checkpoints)");
-    check_output_file(a->out, "convert: --out");
     io::save_checkpoint(a->out, l.ckpt);
     std::cout << "convert: wrote " << a->out << " (" << l.config.describe_model() << ", " << l.model->num_parameters()
               << " parameters, " << l.subword()->describe() << " inside)\n";

@@ -168,6 +168,9 @@ void add_run_options(CLI::App& app, train::TrainOptions& o, Choices& ch) {
   app.add_flag("--resume", o.resume,
                "continue from <out>/checkpoint.h5 up to --steps; options given that fix the model, task or data must "
                "match it; the learning rate and schedule, --grad-clip and the eval/save cadences may change");
+  app.add_flag("--overwrite", o.overwrite,
+               "a new run into an --out holding another run: remove that run's checkpoints, metrics.csv and "
+               "heads_over_time files first (without it, train refuses)");
   app.add_option("--eval-every", c.run.eval_every, "evaluate every N steps")
       ->check(positive_number(1e12))
       ->capture_default_str();
@@ -240,6 +243,9 @@ Action add_train(CLI::App& app) {
   return [o, ch, self] {
     for (const CLI::Option* opt : self->get_options())  // what the user gave, for --resume to compare
       if (opt->count() > 0) o->told.push_back(opt->get_name());
+    HL_CHECK(!(o->resume && o->overwrite),
+             "train: --resume continues the run in --out and --overwrite replaces it; "
+             "give one of them");
     return run_training(*o, *ch);
   };
 }

@@ -13,6 +13,7 @@
 
 #include "backends/backend.h"
 #include "base/input_path.h"
+#include "base/sizes.h"
 #include "io/atomic_file.h"
 #include "tasks/chars.h"
 #include "train/config.h"
@@ -226,26 +227,10 @@ void check_output_file(const std::string& path, const std::string& who) {
            fs::is_directory(st) ? "is a folder, not a file" : "is not a regular file");
 }
 
-void make_dir(const std::string& dir, const char* cmd) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  HL_CHECK(!ec && fs::is_directory(dir), cmd, ": cannot create output folder '", dir,
-           "': ", ec ? ec.message() : std::string("not a folder"));
-}
-
-io::FolderLock make_locked_dir(const std::string& dir, const char* cmd) {
-  make_dir(dir, cmd);
-  return io::FolderLock(dir, cmd);
-}
+io::FolderLock make_locked_dir(const std::string& dir, const char* cmd) { return io::open_output_folder(dir, cmd); }
 
 std::string read_input_file(const std::string& path, const char* who) {
-  check_input_file(path, who);
-  std::ifstream in(path, std::ios::binary);
-  HL_CHECK(in, who, " '", path, "': cannot open");
-  std::ostringstream s;
-  s << in.rdbuf();
-  HL_CHECK(!in.bad(), who, " '", path, "': read error");
-  return s.str();
+  return read_whole_file(path, WholeFile::text, who);
 }
 
 void write_text(const std::string& path, const std::string& text, const char* cmd) {

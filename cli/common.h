@@ -97,8 +97,7 @@ MadePairs make_prompt_pairs(const PromptPairArgs& a, const Loaded& in, uint64_t 
 // Throws "<who> '<path>' ..." unless a file can be written at path: its folder exists, and the path is
 // not a folder nor anything but a regular file.
 void check_output_file(const std::string& path, const std::string& who);
-void make_dir(const std::string& dir, const char* cmd);  // creates it (and parents) or throws naming cmd
-// make_dir, then the folder's lock (io/folder_lock.h), to hold while cmd writes there.
+// io::open_output_folder: created, locked (to hold while cmd writes there), dead writers' temp files removed.
 io::FolderLock make_locked_dir(const std::string& dir, const char* cmd);
 // The whole of a user's input file, checked as a regular file first; errors start with who.
 std::string read_input_file(const std::string& path, const char* who);

@@ -4,12 +4,31 @@
 #include <csignal>
 #include <iostream>
 #include <map>
+#include <memory>
+#include <string>
 
 #include "backends/backend.h"
 #include "base/error.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "train/collectives.h"
+
+namespace {
+
+// What a command will run with: every option's value, defaults included, and the positional arguments,
+// one "name=value" a line (what the ranks of an MPI job compare).
+std::string effective_config(const CLI::App& command) {
+  std::string text = command.get_name() + "\n" + command.config_to_str(true, false);
+  for (const CLI::Option* o : command.get_options())
+    if (o->get_positional()) {
+      text += o->get_name() + "=";
+      for (const std::string& r : o->results()) text += r + " ";
+      text += "\n";
+    }
+  return text;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   // Under a file size limit (ulimit -f) a write past it fails with EFBIG, which the writers report,
@@ -47,10 +66,12 @@ int main(int argc, char** argv) {
       headlab::cli::add_heads);
   add("circuit", "which heads pass what to whom on prompt pairs: edge attribution, path patching, circuit discovery",
       headlab::cli::add_circuit);
-  add("tokenize", "a model's subword tokenizer (a folder's, a checkpoint's or --tokenizer): text -> ids", headlab::cli::add_tokenize);
+  add("tokenize", "a model's subword tokenizer (a folder's, a checkpoint's or --tokenizer): text -> ids",
+      headlab::cli::add_tokenize);
   add("export", "write a GPT checkpoint as a Hugging Face GPT-2 folder (config.json, model.safetensors)",
       headlab::cli::add_export);
-  add("convert", "write a Hugging Face folder or a llama2.c checkpoint as a headlab checkpoint (.h5, its tokenizer inside)",
+  add("convert",
+      "write a Hugging Face folder or a llama2.c checkpoint as a headlab checkpoint (.h5, its tokenizer inside)",
       headlab::cli::add_convert);
   try {
     headlab::cli::finish_options(app);
@@ -91,15 +112,38 @@ int main(int argc, char** argv) {
   // The CPU threading policy may re-execute the program; parsing first (it has no side effects)
   // spares --help, --version and usage errors that second start.
   headlab::prepare_process(argv);
-  try {
-    for (auto& [sub, action] : actions)
-      if (sub->parsed()) return action();
-  } catch (const headlab::Error& e) {
-    std::cerr << "headlab: " << e.what() << std::endl;
-    return 1;
-  } catch (const std::exception& e) {
-    std::cerr << "headlab: internal error: " << e.what() << std::endl;
-    return 1;
+  const auto chosen = std::find_if(actions.begin(), actions.end(), [](const auto& a) { return a.first->parsed(); });
+  if (chosen == actions.end()) return 0;
+  CLI::App& command = *chosen->first;
+  // Under mpirun every rank must run the same command, and a rank that fails ends them all: the others
+  // may be waiting for it in a collective.
+  std::shared_ptr<headlab::train::Collectives> ranks;
+  if (headlab::train::built_with_mpi() && headlab::train::launched_by_mpi()) {
+    try {
+      ranks = headlab::train::world();
+      headlab::train::agree_across_ranks(*ranks, effective_config(command), command.get_name());
+    } catch (const headlab::train::RanksDisagree& e) {
+      if (ranks->rank() == 0) std::cerr << "headlab: " << e.what() << std::endl;
+      return 2;
+    } catch (const headlab::Error& e) {
+      std::cerr << "headlab: " << e.what() << std::endl;
+      return 1;
+    }
   }
-  return 0;
+  const auto fail = [&](const std::string& message) {
+    const bool parallel = ranks && ranks->size() > 1;
+    std::cerr << "headlab: "
+              << (parallel ? "rank " + std::to_string(ranks->rank()) + " of " + std::to_string(ranks->size()) + ": "
+                           : "")
+              << message << (parallel ? "\nheadlab: stopping every rank" : "") << std::endl;
+    if (parallel) ranks->abort(1);
+    return 1;
+  };
+  try {
+    return chosen->second();
+  } catch (const headlab::Error& e) {
+    return fail(e.what());
+  } catch (const std::exception& e) {
+    return fail(std::string("internal error: ") + e.what());
+  }
 }

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "base/error.h"
+#include "io/temp_files.h"
 
 namespace headlab::io {
 
@@ -63,6 +64,17 @@ FolderLock& FolderLock::operator=(FolderLock&& o) noexcept {
     fd_ = std::exchange(o.fd_, -1);
   }
   return *this;
+}
+
+FolderLock open_output_folder(const std::string& dir, const std::string& who, std::vector<std::string>* removed) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  HL_CHECK(!ec && std::filesystem::is_directory(dir), who, ": cannot create output folder '", dir,
+           "': ", ec ? ec.message() : std::string("not a folder"));
+  FolderLock lock(dir, who);  // before anything in it is touched, the stale temp files included
+  std::vector<std::string> gone = remove_stale_temp_files(dir);
+  if (removed) *removed = std::move(gone);
+  return lock;
 }
 
 }  // namespace headlab::io

@@ -3,6 +3,7 @@
 // run into the same folder is refused naming the first instead of both overwriting each other's files.
 #pragma once
 #include <string>
+#include <vector>
 
 namespace headlab::io {
 
@@ -25,5 +26,11 @@ class FolderLock {
   void release();
   int fd_ = -1;
 };
+
+// What every command that writes into a folder does first: creates `dir` if needed, locks it, and
+// removes the temporary files dead writers left in it (temp_files.h), returned in `removed`. Errors:
+// "<who>: cannot create output folder '<dir>': <reason>" and FolderLock's.
+FolderLock open_output_folder(const std::string& dir, const std::string& who,
+                              std::vector<std::string>* removed = nullptr);
 
 }  // namespace headlab::io

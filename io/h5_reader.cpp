@@ -27,7 +27,19 @@ Reader::Reader(std::string path, std::string what) : path_(std::move(path)), wha
   int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
   int err = errno;
   HL_CHECK(fd >= 0, ctx(), "cannot open: ", errno_str(err));
+  // A safetensors file (an 8-byte little-endian header length, then '{') given where a checkpoint is
+  // expected: say so, rather than "not an HDF5 file".
+  unsigned char head[9] = {};
+  const bool safetensors =
+      ::pread(fd, head, sizeof head, 0) == static_cast<ssize_t>(sizeof head) && head[8] == '{' && [&] {
+        uint64_t n = 0;
+        for (int i = 7; i >= 0; --i) n = (n << 8) | head[i];
+        return n >= 2 && n <= file_size_ - 8;
+      }();
   ::close(fd);
+  HL_CHECK(!safetensors, ctx(),
+           "is a safetensors file, not a headlab checkpoint (.h5); give the model folder that holds it (with its "
+           "config.json), or convert that folder with headlab convert");
 
   Plist fapl = make_fapl(ctx(), false);
 #if H5_VERSION_GE(1, 12, 0)

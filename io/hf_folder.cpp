@@ -7,6 +7,7 @@
 
 #include "base/input_path.h"
 #include "base/json_text.h"
+#include "base/sizes.h"
 #include "io/atomic_file.h"
 
 namespace headlab::io {
@@ -14,13 +15,12 @@ namespace headlab::io {
 namespace {
 
 namespace fs = std::filesystem;
-constexpr size_t kMaxConfigBytes = 1u << 20;  // a model's config.json is a few KB
 
 }  // namespace
 
 bool is_hf_model_folder(const std::string& path) {
   std::error_code ec;
-  return fs::is_directory(path, ec) && fs::exists(fs::path(path) / "config.json", ec);
+  return fs::is_directory(path, ec) && path_present((fs::path(path) / "config.json").string());
 }
 
 std::string hf_config_path(const std::string& folder) { return (fs::path(folder) / "config.json").string(); }
@@ -28,17 +28,7 @@ std::string hf_config_path(const std::string& folder) { return (fs::path(folder)
 nlohmann::json read_hf_config(const std::string& folder) {
   check_input_folder(folder, "model folder");
   const std::string path = hf_config_path(folder);
-  check_input_file(path, "model config");
-  std::error_code ec;
-  const auto size = fs::file_size(path, ec);
-  HL_CHECK(!ec && size <= kMaxConfigBytes, "model config '", path, "' is ",
-           ec ? ec.message() : std::to_string(size) + " bytes", ", expected a JSON file under ", kMaxConfigBytes,
-           " bytes");
-  std::ifstream in(path, std::ios::binary);
-  HL_CHECK(in, "model config '", path, "': cannot open");
-  std::ostringstream text;
-  text << in.rdbuf();
-  const nlohmann::json j = parse_json_text(text.str(), path);
+  const nlohmann::json j = parse_json_text(read_whole_file(path, WholeFile::config, "model config"), path);
   HL_CHECK(j.is_object(), path, ": expected a JSON object");
   return j;
 }

@@ -175,7 +175,7 @@ HfGpt2 read_hf_gpt2(const std::string& folder) {
 
   for (const char* f : {"vocab.json", "merges.txt"}) {
     const std::string path = (fs::path(folder) / f).string();
-    if (not_a_file_reason(path).empty()) (std::string(f) == "vocab.json" ? out.vocab_path : out.merges_path) = path;
+    if (path_present(path)) (std::string(f) == "vocab.json" ? out.vocab_path : out.merges_path) = path;
   }
   return out;
 }

@@ -17,6 +17,7 @@
 #include "base/input_path.h"
 #include "base/json_fields.h"
 #include "base/json_text.h"
+#include "base/sizes.h"
 #include "io/atomic_file.h"
 
 namespace headlab::io {
@@ -271,10 +272,7 @@ SafetensorsModel SafetensorsModel::open(const std::string& path) {
     return model;
   }
   // A sharded model: the index names each tensor's shard, a file beside it.
-  check_input_file(file, "safetensors index");
-  std::ifstream in(file, std::ios::binary);
-  HL_CHECK(in, file, ": cannot open: ", std::strerror(errno));
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string text = read_whole_file(file, WholeFile::config, "safetensors index");
   const json index = parse_shallow_json(text, file);
   HL_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(), file,
            ": expected an object with a \"weight_map\" object of tensor name -> shard file");

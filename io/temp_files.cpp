@@ -28,13 +28,15 @@ std::vector<std::string> remove_stale_temp_files(const std::string& dir) {
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     std::smatch m;
     const std::string name = it->path().filename().string();
-    if (!std::regex_match(name, m, pattern) || !it->is_regular_file(ec)) continue;
+    // (a regular file of an AtomicFile, or the folder of an AtomicFolder; never a symlink)
+    if (!std::regex_match(name, m, pattern) || it->is_symlink(ec) || !(it->is_regular_file(ec) || it->is_directory(ec)))
+      continue;
     const long long pid = std::stoll(m[1].str());
     // kill(pid, 0) fails with ESRCH only when no such process exists (EPERM: it exists, not ours).
     const bool gone =
         pid > 0 && pid != ::getpid() && pid <= 0x7fffffff && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
     std::error_code rm;
-    if (gone && fs::remove(it->path(), rm)) removed.push_back(it->path().string());
+    if (gone && fs::remove_all(it->path(), rm) > 0 && !rm) removed.push_back(it->path().string());
   }
   return removed;
 }

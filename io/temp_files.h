@@ -11,9 +11,9 @@ namespace headlab::io {
 // "<folder>/.headlab-tmp-<pid of this process>.<file name>".
 std::string temp_path_for(const std::string& path);
 
-// Removes the files in `dir` named .headlab-tmp-<pid>.<name> whose process no longer exists, and only
-// those: a live writer's file, one whose pid cannot be checked, and a user's own "x.tmp.<pid>" stay.
-// Returns the removed paths.
+// Removes the files (and AtomicFolder's folders) in `dir` named .headlab-tmp-<pid>.<name> whose process
+// no longer exists, and only those: a live writer's file, one whose pid cannot be checked, and a user's own
+// "x.tmp.<pid>" stay. Returns the removed paths.
 std::vector<std::string> remove_stale_temp_files(const std::string& dir);
 
 }  // namespace headlab::io

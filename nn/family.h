@@ -52,6 +52,8 @@ class ModelFamily {
   // Activations per token of a batch row, in floats: a training step's peak (forward and backward), or one
   // forward without a tape (0 where a family cannot tell them from its config).
   virtual double activation_floats(const nlohmann::json& section, bool training) const = 0;
+  // A generation's key/value cache per token, all layers, in floats (0 where a family decodes without one).
+  virtual double cache_floats(const nlohmann::json& section) const = 0;
   // A batch row's tokens (the decoder's context; the seq2seq's longest target) and the predicted vocabulary.
   virtual int64_t row_tokens(const nlohmann::json& section) const = 0;
   virtual int64_t vocab_size(const nlohmann::json& section) const = 0;

@@ -88,6 +88,10 @@ class GptFamily : public ConfigFamily<GPTConfig, GPTModel> {
     const double d = static_cast<double>(c.emb_dim), V = static_cast<double>(c.vocab_size);
     return training ? static_cast<double>(c.n_layers) * 24 * d + 4 * V : 12 * d + 2 * V;
   }
+  double cache_floats(const nlohmann::json& s) const override {
+    const GPTConfig c = GPTConfig::from_json(s);
+    return 2.0 * static_cast<double>(c.n_layers) * static_cast<double>(c.emb_dim);  // keys and values
+  }
   std::string describe(const nlohmann::json& s) const override {
     const GPTConfig c = GPTConfig::from_json(s);
     return std::string(enum_name(c.attention)) + " attention, " + std::to_string(c.n_layers) + " layers x " +

@@ -97,7 +97,8 @@ double LlamaConfig::num_parameters() const {
                F = static_cast<double>(hidden_dim);
   double n = V * d + d;             // tok_emb, final_norm
   if (!tie_embeddings) n += d * V;  // out_head
-  for (int64_t l = 0; l < n_layers; ++l) n += causal_attention_parameters(attention, attention_sizes(l)) + 2 * d + 3 * d * F;
+  for (int64_t l = 0; l < n_layers; ++l)
+    n += causal_attention_parameters(attention, attention_sizes(l)) + 2 * d + 3 * d * F;
   return n;
 }
 
@@ -120,6 +121,10 @@ class LlamaFamily : public ConfigFamily<LlamaConfig, LlamaModel> {
     const double d = static_cast<double>(c.emb_dim), V = static_cast<double>(c.vocab_size),
                  F = static_cast<double>(c.hidden_dim);
     return training ? static_cast<double>(c.n_layers) * (14 * d + 5 * F) + 4 * V : 6 * d + 3 * F + 2 * V;
+  }
+  double cache_floats(const nlohmann::json& s) const override {
+    const LlamaConfig c = LlamaConfig::from_json(s);  // keys and values of the key/value heads
+    return 2.0 * static_cast<double>(c.n_layers) * static_cast<double>(c.kv_heads() * c.head_size());
   }
   std::string describe(const nlohmann::json& s) const override {
     const LlamaConfig c = LlamaConfig::from_json(s);

@@ -207,6 +207,7 @@ class EncoderDecoderFamily : public ModelFamily {
   // (max_len is the positional table's size, ~50x the toy tasks' rows), so the parameters and the batches'
   // ids are the estimate.
   double activation_floats(const nlohmann::json&, bool) const override { return 0; }
+  double cache_floats(const nlohmann::json&) const override { return 0; }
   int64_t row_tokens(const nlohmann::json& s) const override { return TransformerConfig::from_json(s).max_len; }
   int64_t vocab_size(const nlohmann::json& s) const override { return TransformerConfig::from_json(s).tgt_vocab_size; }
   std::string describe(const nlohmann::json& s) const override {

@@ -11,7 +11,7 @@ out=runs/demo
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 
 say "1. train: a 2-layer, 4-head GPT learns to reverse digit strings (headlab train --help lists every option)"
-$hl train --task reverse --out "$out" "$@"
+$hl train --task reverse --out "$out" --overwrite "$@"  # (--overwrite: a second demo replaces the first's run)
 
 say "2. eval: loss, token accuracy and exact-match accuracy on validation prompts never seen in training"
 $hl eval "$out/checkpoint.h5"
@@ -36,7 +36,7 @@ $hl export "$out/checkpoint.h5" --out "$out/hf"
 
 ed=runs/demo-numbers
 say "8. translate: d2l's encoder-decoder Transformer learns English number words -> digits (source and target padded per batch, valid_lens)"
-$hl train --arch encoder-decoder --task numbers --steps 1000 --out "$ed"
+$hl train --arch encoder-decoder --task numbers --steps 1000 --out "$ed" --overwrite
 $hl eval "$ed/checkpoint.h5"
 for p in "three hundred and twelve" "forty two thousand and seven" "ninety nine"; do $hl generate "$ed/checkpoint.h5" --prompt "$p"; done
 

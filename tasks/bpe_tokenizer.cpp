@@ -572,9 +572,9 @@ BpeTokenizer::BpeTokenizer(std::string_view vocab_json, std::string_view merges_
 BpeTokenizer BpeTokenizer::from_files(const std::string& vocab_path, const std::string& merges_path,
                                       int64_t vocab_size) {
   std::string why_not;
-  const std::string vocab = detail::read_text_file(vocab_path, why_not);
+  const std::string vocab = detail::read_text_file(vocab_path, WholeFile::tokenizer, why_not);
   HL_CHECK(why_not.empty(), vocab_path, ": ", why_not);
-  const std::string merges = detail::read_text_file(merges_path, why_not);
+  const std::string merges = detail::read_text_file(merges_path, WholeFile::tokenizer, why_not);
   HL_CHECK(why_not.empty(), merges_path, ": ", why_not);
   return BpeTokenizer(vocab, merges, vocab_path, merges_path, vocab_size);
 }
@@ -801,11 +801,11 @@ BpeTokenizer BpeTokenizer::from_tokenizer_json(std::string_view tokenizer_json, 
 BpeTokenizer BpeTokenizer::from_tokenizer_json_file(const std::string& path, int64_t vocab_size,
                                                     const std::string& config_path) {
   std::string why_not;
-  const std::string text = detail::read_text_file(path, why_not);
+  const std::string text = detail::read_text_file(path, WholeFile::tokenizer, why_not);
   HL_CHECK(why_not.empty(), path, ": ", why_not);
   std::string config;
   if (!config_path.empty()) {
-    config = detail::read_text_file(config_path, why_not);
+    config = detail::read_text_file(config_path, WholeFile::config, why_not);
     HL_CHECK(why_not.empty(), config_path, ": ", why_not);
   }
   return from_tokenizer_json(text, path, vocab_size, config, config_path);

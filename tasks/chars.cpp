@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -10,6 +11,7 @@
 #include <system_error>
 
 #include "base/error.h"
+#include "base/hash.h"
 #include "tasks/internal.h"
 
 namespace headlab::tasks {
@@ -29,13 +31,19 @@ TextWindowsTask::TextWindowsTask(const TaskOptions& options, std::string name, s
     missing_reason_ = "no text file was given";
   } else {
     std::string why_not;
-    text_ = read_text_file(options_.text_path, why_not);
+    text_ = read_text_file(options_.text_path, WholeFile::text, why_not);
     if (!why_not.empty()) {
       HL_CHECK(may_lack_text, e, ": text file '", options_.text_path, "' ", why_not,
                "; pass --text FILE with a plain-text file");
       missing_reason_ = "text file '" + options_.text_path + "' " + why_not;
     } else {
       HL_CHECK(!text_.empty(), e, ": text file '", options_.text_path, "' is empty");
+      char hex[17];
+      std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fnv1a64(text_.data(), text_.size())));
+      digest_ = std::to_string(text_.size()) + " bytes, fnv1a64 " + hex;
+      HL_CHECK(options_.text_digest.empty() || options_.text_digest == digest_, e, ": text file '", options_.text_path,
+               "' is not the text this run was trained on (", options_.text_digest, "; now ", digest_,
+               "): restore that file, or give the text to read with --text where the command takes it");
     }
   }
   text_loaded_ = missing_reason_.empty();

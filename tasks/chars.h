@@ -30,6 +30,8 @@ class TextWindowsTask : public Task {
   std::pair<int64_t, int64_t> region(Split split) const;
   // The text as token ids (int32 to keep large texts small; ids are < vocab_size()).
   const std::vector<int32_t>& text_ids() const { return ids_; }
+  // The text file's size and hash ("<bytes> bytes, fnv1a64 <hex>"; "" for an inline text or none).
+  const std::string& text_digest() const { return digest_; }
 
  protected:
   // unit names the tokens in messages ("characters", "tokens"). Reads options.text, else
@@ -53,6 +55,7 @@ class TextWindowsTask : public Task {
   bool text_loaded_ = false;
   std::string missing_reason_;  // why the text could not be read
   std::string text_;            // until the derived task has tokenized it
+  std::string digest_;          // text_digest()
   std::vector<int32_t> ids_;
 };
 

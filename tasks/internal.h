@@ -5,6 +5,7 @@
 #include <string>
 #include <string_view>
 
+#include "base/sizes.h"
 #include "tasks/task.h"
 
 namespace headlab::tasks::detail {
@@ -70,7 +71,7 @@ std::string trim(const std::string& s);
 std::string first_non_digit(std::string_view s, std::string_view also_allowed = "");
 std::string range_text(int64_t lo, int64_t hi);  // "4 to 8", or "4"
 // The whole file, or "" with why_not set.
-std::string read_text_file(const std::string& path, std::string& why_not);
+std::string read_text_file(const std::string& path, WholeFile kind, std::string& why_not);
 
 inline constexpr int64_t kTrainPercent = 90;  // chars: the first 90% of the characters train, the rest val
 

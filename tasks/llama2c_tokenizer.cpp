@@ -10,6 +10,7 @@
 
 #include "base/error.h"
 #include "base/input_path.h"
+#include "base/sizes.h"
 #include "tasks/internal.h"
 
 namespace headlab::tasks {
@@ -73,11 +74,7 @@ Llama2cTokenizer::Llama2cTokenizer(std::string_view bytes, std::string name, int
 }
 
 std::shared_ptr<const Llama2cTokenizer> Llama2cTokenizer::from_file(const std::string& path, int64_t vocab_size) {
-  check_input_file(path, "tokenizer");
-  std::ifstream in(path, std::ios::binary);
-  HL_CHECK(in, "tokenizer '", path, "': cannot be opened for reading");
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  HL_CHECK(!in.bad(), "tokenizer '", path, "': could not be read");
+  const std::string bytes = read_whole_file(path, WholeFile::tokenizer, "tokenizer");
   return std::make_shared<const Llama2cTokenizer>(bytes, "tokenizer '" + path + "'", vocab_size);
 }
 

@@ -40,7 +40,7 @@ std::shared_ptr<const SentencePieceTokenizer> SentencePieceTokenizer::from_file(
                                                                                 int64_t vocab_size) {
   check_input_file(path, "tokenizer");
   std::string why_not;
-  const std::string bytes = detail::read_text_file(path, why_not);
+  const std::string bytes = detail::read_text_file(path, WholeFile::tokenizer, why_not);
   HL_CHECK(why_not.empty(), "tokenizer '", path, "': ", why_not);
   return from_bytes(bytes, "tokenizer '" + path + "'", vocab_size);
 }

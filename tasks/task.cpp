@@ -123,6 +123,7 @@ std::map<std::string, std::string> options_to_map(const std::string& name, const
   if (any || name == "chars" || name == "text") {
     m["text_path"] = o.text_path;
     if (!o.text.empty()) m["text"] = o.text;
+    if (!o.text_digest.empty()) m["text_digest"] = o.text_digest;  // absent in older checkpoints
     if (o.repeat_prob > 0) {  // absent otherwise: checkpoints without it read as before
       char buf[32];
       std::snprintf(buf, sizeof(buf), "%.17g", o.repeat_prob);
@@ -157,6 +158,8 @@ TaskOptions options_from_map(const std::map<std::string, std::string>& map) {
       o.text_path = value;
     } else if (key == "text") {
       o.text = value;
+    } else if (key == "text_digest") {
+      o.text_digest = value;
     } else if (key == "repeat_prob") {
       char* end = nullptr;
       o.repeat_prob = std::strtod(value.c_str(), &end);
@@ -166,8 +169,8 @@ TaskOptions options_from_map(const std::map<std::string, std::string>& map) {
       parse(key, value, o.repeat_span);
     } else {
       HL_FAIL("task options: unknown key '", key,
-              "'; known keys are seed, min_len, max_len, n_digits, max_number, text_path, text, repeat_prob, "
-              "repeat_span");
+              "'; known keys are seed, min_len, max_len, n_digits, max_number, text_path, text, text_digest, "
+              "repeat_prob, repeat_span");
     }
   }
   return o;

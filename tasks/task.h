@@ -96,6 +96,9 @@ struct TaskOptions {
   // chars: the text is `text` when non-empty, else read from text_path.
   std::string text_path = "data/tiny.txt";
   std::string text;
+  // chars / text from a file: its size and hash as the run read it ("<bytes> bytes, fnv1a64 <hex>"), so
+  // that a resumed run or an analysis reads the same data; empty: not checked (another file was asked for).
+  std::string text_digest;
   // chars / text: data with more repetition, for studying induction heads (Olsson et al.'s form on text
   // that repeats within a context): the token stream is cut into segments of uniform length in
   // [max(2, repeat_span / 6), repeat_span] and each is written twice with probability repeat_prob,

@@ -4,6 +4,7 @@
 
 #include "base/error.h"
 #include "base/input_path.h"
+#include "base/sizes.h"
 
 #include <filesystem>
 #include <fstream>
@@ -156,14 +157,15 @@ std::string range_text(int64_t lo, int64_t hi) {
   return lo == hi ? std::to_string(lo) : std::to_string(lo) + " to " + std::to_string(hi);
 }
 
-std::string read_text_file(const std::string& path, std::string& why_not) {
-  why_not = not_a_file_reason(path);  // a device or a pipe could block or be endless (/dev/zero)
+std::string read_text_file(const std::string& path, WholeFile kind, std::string& why_not) {
+  why_not = whole_file_reason(path, kind);  // a device or a pipe could block or be endless (/dev/zero)
   if (!why_not.empty()) return "";
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     why_not = "cannot be opened for reading";
     return "";
   }
+  remember_input(path);
   std::string s((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (in.bad()) why_not = "could not be read";
   return s;

@@ -127,7 +127,7 @@ class CliOptionsTest : public ::testing::TestWithParam<std::string> {
     if (command == "train")
       return {{"--task", "chars"},     {"--context-length", "16"}, {"--emb-dim", "8"}, {"--n-heads", "2"},
               {"--n-layers", "1"},     {"--batch-size", "2"},      {"--steps", "1"},   {"--eval-every", "1"},
-              {"--eval-batches", "1"}, {"--threads", "1"},         {"--out", out}};
+              {"--eval-batches", "1"}, {"--threads", "1"},         {"--out", out},     {"--overwrite", ""}};
     if (command == "compare")
       return {{"--no-peer-grid", ""}, {"--no-sweep", ""}, {"--config", "t,1,4,8,8,2"}, {"--torch-peer", "off"},
               {"--repeats", "1"},     {"--warmup", "0"},  {"--threads", "1"},          {"--out", out}};
@@ -140,7 +140,7 @@ class CliOptionsTest : public ::testing::TestWithParam<std::string> {
               {"--repeats", "1"}, {"--threads", "1"}, {"--out", out}};
     if (command == "tokenize") return {{"", scratch_->path("bpe")}, {"--prompt", "ab"}};
     if (command == "export") return {{"", ckpt_}, {"--out", out}};
-    if (command == "convert") return {{"", scratch_->path("gpt2")}, {"--out", out + ".h5"}};
+    if (command == "convert") return {{"", scratch_->path("gpt2")}, {"--out", out + ".h5"}, {"--overwrite", ""}};
     if (command == "heads")
       return {{"", ckpt_}, {"--batches", "1"}, {"--batch-size", "2"}, {"--threads", "1"}, {"--out", out}};
     if (command == "circuit")

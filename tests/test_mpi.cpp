@@ -283,6 +283,59 @@ TEST_F(DataParallel, HeadsOnPromptPairsOnTwoRanksIsTheSingleProcesses) {
   }
 }
 
+// Ranks started with different commands (mpirun's "A : B" form) are refused before any work, on every
+// rank with one message naming the first difference: before, a different --steps crashed train and a
+// different --out was ignored.
+TEST_F(DataParallel, RanksStartedWithDifferentOptionsAreRefusedBeforeAnyWork) {
+  const auto mpmd = [&](const std::vector<std::string>& a, const std::vector<std::string>& b) {
+    std::vector<std::string> argv{"timeout", "-k", "5", "120", "mpirun", "-np", "1", kBinary};
+    argv.insert(argv.end(), a.begin(), a.end());
+    argv.insert(argv.end(), {":", "-np", "1", kBinary});
+    argv.insert(argv.end(), b.begin(), b.end());
+    return testing::run_process(argv, tmp.dir(), kMpiEnv);
+  };
+  const ProcessResult steps = mpmd(train_args("s", 10), train_args("s", 20));
+  EXPECT_NE(steps.code, 0) << steps.out << steps.err;
+  EXPECT_LT(steps.code, 124) << "ended by the time limit";
+  EXPECT_NE(steps.err.find("headlab: train: the 2 ranks were started with different options: rank 0 has "
+                           "'steps=10', rank 1 has 'steps=20'; every rank must run the same command (nothing was run)"),
+            std::string::npos)
+      << steps.err;
+  EXPECT_FALSE(std::filesystem::exists(tmp.path("s"))) << "work began";
+  const ProcessResult out = mpmd(train_args("o1", 10), train_args("o2", 10));
+  EXPECT_NE(out.err.find("rank 0 has 'out=\"" + tmp.path("o1") + "\"', rank 1 has 'out=\"" + tmp.path("o2") + "\"'"),
+            std::string::npos)
+      << out.err;
+  const ProcessResult rows = mpmd({"heads", "x.h5", "--task", "induction", "--rows", "8"},
+                                  {"heads", "x.h5", "--task", "induction", "--rows", "16"});
+  EXPECT_NE(rows.err.find("rank 0 has 'rows=8', rank 1 has 'rows=16'"), std::string::npos) << rows.err;
+}
+
+// A rank that cannot go on stops every rank: here rank 0 alone writes, and its --out cannot be made
+// while rank 1 goes on to share the prompt rows (it waited there forever before).
+TEST_F(DataParallel, ARankThatFailsStopsEveryRank) {
+  ASSERT_EQ(single(train_args("m", 2)).code, 0);
+  std::ofstream(tmp.path("file")) << "not a folder";
+  for (const std::string cmd : {"heads", "circuit"}) {
+    std::vector<std::string> argv{"timeout",   "-k",
+                                  "5",         "120",
+                                  "mpirun",    "-np",
+                                  "2",         kBinary,
+                                  cmd,         tmp.path("m/checkpoint.h5"),
+                                  "--task",    "induction",
+                                  "--rows",    "8",
+                                  "--threads", "1",
+                                  "--out",     tmp.path("file/below")};
+    const ProcessResult r = testing::run_process(argv, tmp.dir(), kMpiEnv);
+    EXPECT_NE(r.code, 0) << cmd << ": " << r.out << r.err;
+    EXPECT_LT(r.code, 124) << cmd << ": the other rank was left waiting";
+    EXPECT_NE(r.err.find("headlab: rank 0 of 2: " + cmd + ": cannot create output folder '" + tmp.path("file/below")),
+              std::string::npos)
+        << cmd << ": " << r.err;
+    EXPECT_NE(r.err.find("headlab: stopping every rank"), std::string::npos) << r.err;
+  }
+}
+
 TEST_F(DataParallel, ResumesAcrossProcessCounts) {
   ASSERT_EQ(single(train_args("straight", 20)).code, 0);
   const ProcessResult first = ranks(2, train_args("switched", 10));

@@ -18,13 +18,23 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include "base/input_path.h"
+#include "base/sizes.h"
+#include "io/atomic_file.h"
 #include "io/checkpoint.h"
 #include "io/folder_lock.h"
+#include "io/hf_gpt2.h"
+#include "nn/gpt.h"
+#include "tasks/bpe_tokenizer.h"
+#include "tasks/internal.h"
 #include "tests/core_test_util.h"
 #include "tests/process_util.h"
+#include "train/memory.h"
 #include "train/trainer.h"
 
 namespace fs = std::filesystem;
@@ -119,31 +129,183 @@ TEST_F(ReliabilityTest, TheLockOfADeadProcessIsTakenOver) {
   EXPECT_EQ(lock_holder(dir), std::to_string(::getpid()));
 }
 
+// Every command with an --out, in a run that writes into `folder` (convert: a file there). `ck` is a
+// tiny reverse checkpoint, `hf` a GPT-2 folder with a tokenizer.
+std::vector<std::pair<std::string, std::vector<std::string>>> writing_commands(const std::string& ck,
+                                                                               const std::string& hf,
+                                                                               const std::string& folder) {
+  return {
+      {"train", {"train", "--out", folder, "--steps", "2", "--emb-dim", "16", "--eval-batches", "1"}},
+      {"ablate", {"ablate", ck, "--out", folder, "--batches", "1"}},
+      {"heads", {"heads", ck, "--out", folder, "--batches", "1"}},
+      {"attention", {"attention", ck, "--prompt", "1234", "--out", folder}},
+      {"compare",
+       {"compare", "--no-peer-grid", "--heads", "1", "--emb-dim", "8", "--tokens", "4", "--batch", "1", "--repeats",
+        "1", "--warmup", "0", "--torch-peer", "off", "--out", folder}},
+      {"circuit", {"circuit", ck, "--task", "induction", "--rows", "2", "--check-edges", "4", "--out", folder}},
+      {"export", {"export", ck, "--out", folder}},
+      {"convert", {"convert", hf, "--out", folder + "/converted.h5"}},
+  };
+}
+
+// The commands the options table says have an --out.
+std::set<std::string> commands_with_out(const std::string& scratch) {
+  const Result r = run_process({kBinary, "--options-table"}, scratch);
+  std::set<std::string> names;
+  std::istringstream in(r.out);
+  for (std::string line; std::getline(in, line);)
+    if (line.find("\t--out\t") != std::string::npos) names.insert(line.substr(0, line.find('\t')));
+  return names;
+}
+
+// A GPT-2 folder of the 256 byte tokens (vocab.json, merges.txt), for convert.
+void write_byte_gpt2_folder(const std::string& dir) {
+  nlohmann::json vocab = nlohmann::json::object();
+  for (int b = 0; b < 256; ++b) vocab[tasks::detail::encode_utf8(tasks::gpt2_byte_to_unicode(uint8_t(b)))] = b;
+  nn::GPTConfig c;
+  c.vocab_size = 256, c.context_length = 8, c.emb_dim = 8, c.n_heads = 2, c.n_layers = 1, c.qkv_bias = true;
+  c.tie_embeddings = true;
+  const nn::GPTModel model(c);
+  io::write_hf_gpt2(dir, model, {"bpe", {{"vocab.json", vocab.dump()}, {"merges.txt", "#version: 0.2\n"}}});
+}
+
 // Every command that writes into a folder refuses one another process holds, naming that process,
-// and writes nothing there.
+// and writes nothing there; the list covers every command with an --out.
 TEST_F(ReliabilityTest, EveryWritingCommandRefusesAFolderInUse) {
   train_tiny(path("run"), 2);
+  write_byte_gpt2_folder(path("gpt2"));
   const std::string ck = path("run/checkpoint.h5"), busy = path("busy");
   fs::create_directories(busy);
   const io::FolderLock held(busy, "test");
   const std::string holder =
       "is in use by headlab process " + std::to_string(::getpid()) + "; wait for it or choose another --out";
-  const std::vector<std::pair<std::string, std::vector<std::string>>> commands = {
-      {"train", {"train", "--out", busy, "--steps", "2", "--emb-dim", "16"}},
-      {"ablate", {"ablate", ck, "--out", busy, "--batches", "1"}},
-      {"heads", {"heads", ck, "--out", busy, "--batches", "1"}},
-      {"attention", {"attention", ck, "--prompt", "1234", "--out", busy}},
-      {"compare",
-       {"compare", "--no-peer-grid", "--heads", "1", "--emb-dim", "8", "--tokens", "4", "--batch", "1", "--repeats",
-        "1", "--warmup", "0", "--torch-peer", "off", "--out", busy}},
-  };
-  for (const auto& [cmd, args] : commands) {
+  std::set<std::string> covered;
+  for (const auto& [cmd, args] : writing_commands(ck, path("gpt2"), busy)) {
+    covered.insert(cmd);
     const Result r = headlab(args);
     EXPECT_EQ(r.code, 1) << cmd << ": " << r.out << r.err;
     EXPECT_TRUE(contains(r.err, cmd + ": '" + busy + "' " + holder)) << cmd << ": " << r.err;
   }
+  EXPECT_EQ(covered, commands_with_out(tmp_.dir())) << "a command with --out is missing from writing_commands";
   EXPECT_EQ(fs::directory_iterator(busy)->path().filename(), io::FolderLock::file_name()) << "nothing else written";
   EXPECT_EQ(std::distance(fs::directory_iterator(busy), fs::directory_iterator()), 1);
+}
+
+// A writer killed half-way leaves .headlab-tmp-<pid>.<name> behind (a file, or export's folder); every
+// command that writes into a folder removes those of dead processes there, and only those.
+TEST_F(ReliabilityTest, EveryWritingCommandRemovesDeadWritersTempFiles) {
+  train_tiny(path("run"), 2);
+  write_byte_gpt2_folder(path("gpt2"));
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ::waitpid(dead, nullptr, 0);
+  const std::string stale = ".headlab-tmp-" + std::to_string(dead) + ".";
+  const std::string live = ".headlab-tmp-" + std::to_string(::getpid()) + ".x.csv";
+  for (const auto& [cmd, unused] : writing_commands("", "", "")) {
+    const std::string out = path("w_" + cmd);
+    std::vector<std::string> mine;
+    for (const auto& [name, args] : writing_commands(path("run/checkpoint.h5"), path("gpt2"), out))
+      if (name == cmd) mine = args;
+    fs::create_directories(out);
+    fs::create_directories(out + "/" + stale + "hf");  // an export's folder
+    std::ofstream(out + "/" + stale + "metrics.csv") << "half";
+    // (export swaps the whole folder in, so it refuses one holding a live writer's file)
+    if (cmd != "export") std::ofstream(out + "/" + live) << "a live writer's";
+    const Result r = headlab(mine);
+    EXPECT_EQ(r.code, 0) << cmd << ": " << r.err;
+    EXPECT_FALSE(fs::exists(out + "/" + stale + "hf")) << cmd;
+    EXPECT_FALSE(fs::exists(out + "/" + stale + "metrics.csv")) << cmd;
+    if (cmd != "export") {
+      EXPECT_TRUE(fs::exists(out + "/" + live)) << cmd << " removed a live process's file";
+    }
+  }
+}
+
+// train without --resume into a folder holding another run: refused, naming its files and the options
+// that would allow it; --overwrite removes the earlier run first, so the histories never mix.
+TEST_F(ReliabilityTest, TrainNeverMixesTwoRunsInOneFolder) {
+  const std::string out = path("run");
+  train_tiny(out, 3, {"--save-every", "1", "--keep-last", "5"});
+  const std::string before = slurp(out + "/checkpoint.h5");
+  const Result again = headlab({"train", "--out", out, "--steps", "1", "--emb-dim", "16"});
+  EXPECT_EQ(again.code, 1) << again.err;
+  EXPECT_TRUE(
+      contains(again.err, "train: '" + out +
+                              "' holds another run (checkpoint-1.h5, checkpoint-2.h5, "
+                              "checkpoint-3.h5, checkpoint.h5, and 1 more); continue it with --resume, replace it "
+                              "with --overwrite, or choose another --out"))
+      << again.err;
+  EXPECT_EQ(slurp(out + "/checkpoint.h5"), before) << "the refused run touched the checkpoint";
+  const Result both = headlab({"train", "--out", out, "--resume", "--overwrite", "--steps", "4"});
+  EXPECT_EQ(both.code, 1) << both.err;
+  EXPECT_TRUE(contains(both.err, "give one of them")) << both.err;
+  train_tiny(out, 1, {"--overwrite"});
+  EXPECT_FALSE(fs::exists(out + "/checkpoint-3.h5")) << "the earlier run's history was left beside the new one";
+  EXPECT_TRUE(fs::exists(out + "/checkpoint-1.h5"));
+  EXPECT_EQ(io::load_checkpoint(out + "/checkpoint.h5").trainer.step, 1);
+}
+
+// export writes the whole folder or nothing: into a new folder, or over a folder it wrote whole (the old
+// files go, those it does not write this time included); a folder holding anything else is refused,
+// naming the files, and left as it was.
+TEST_F(ReliabilityTest, ExportReplacesOnlyAWholeFolderItWrote) {
+  train_tiny(path("run"), 2);
+  const std::string ck = path("run/checkpoint.h5"), hf = path("hf");
+  ASSERT_EQ(headlab({"export", ck, "--out", hf}).code, 0);
+  EXPECT_TRUE(fs::exists(hf + "/config.json") && fs::exists(hf + "/model.safetensors"));
+  // An earlier export that wrote a tokenizer file this one does not: it must not survive beside new weights.
+  std::ofstream(hf + "/vocab.json") << "{}";
+  std::ofstream(hf + "/" + io::AtomicFolder::manifest_name(), std::ios::app) << "vocab.json\n";
+  const Result r = headlab({"export", ck, "--out", hf});
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_FALSE(fs::exists(hf + "/vocab.json")) << "an old file was left beside the new ones";
+  EXPECT_FALSE(contains(slurp(hf + "/" + io::AtomicFolder::manifest_name()), "vocab.json"));
+  // Anything else: refused, nothing changed.
+  std::ofstream(hf + "/notes.txt") << "mine";
+  const std::string weights = slurp(hf + "/model.safetensors");
+  const Result theirs = headlab({"export", ck, "--out", hf});
+  EXPECT_EQ(theirs.code, 1);
+  EXPECT_TRUE(
+      contains(theirs.err, "export: '" + hf +
+                               "' holds files headlab did not write there (notes.txt); export "
+                               "replaces a folder only whole and only one it wrote: choose a new or empty --out"))
+      << theirs.err;
+  EXPECT_EQ(slurp(hf + "/model.safetensors"), weights);
+  // The checkpoint's own folder is another run's: refused, the checkpoint kept.
+  const Result own = headlab({"export", ck, "--out", path("run")});
+  EXPECT_EQ(own.code, 1);
+  EXPECT_TRUE(contains(own.err, "holds files headlab did not write there")) << own.err;
+  EXPECT_TRUE(fs::exists(ck));
+  for (const auto& e : fs::directory_iterator(tmp_.dir()))
+    EXPECT_FALSE(e.path().filename().string().starts_with(".headlab-tmp-")) << e.path() << " left behind";
+}
+
+// convert replaces nothing it was not told to, and never its own input.
+TEST_F(ReliabilityTest, ConvertReplacesNeitherAnExistingFileNorItsInput) {
+  const std::string gpt2 = path("gpt2");
+  write_byte_gpt2_folder(gpt2);
+  const std::string weights = slurp(gpt2 + "/model.safetensors");
+  const Result exists = headlab({"convert", gpt2, "--out", gpt2 + "/model.safetensors"});
+  EXPECT_EQ(exists.code, 1);
+  EXPECT_TRUE(contains(
+      exists.err,
+      "convert: --out '" + gpt2 + "/model.safetensors' exists; replace it with --overwrite, or choose another name"))
+      << exists.err;
+  const Result input = headlab({"convert", gpt2, "--out", gpt2 + "/model.safetensors", "--overwrite"});
+  EXPECT_EQ(input.code, 1);
+  EXPECT_TRUE(contains(input.err, ": will not replace '" + gpt2 +
+                                      "/model.safetensors': it is an input of this command (write the output "
+                                      "somewhere else)"))
+      << input.err;
+  EXPECT_EQ(slurp(gpt2 + "/model.safetensors"), weights);
+  // The same file under another name (a hard link) is the same input.
+  ASSERT_EQ(::link((gpt2 + "/model.safetensors").c_str(), path("linked.safetensors").c_str()), 0);
+  const Result linked = headlab({"convert", gpt2, "--out", path("linked.safetensors"), "--overwrite"});
+  EXPECT_EQ(linked.code, 1);
+  EXPECT_TRUE(contains(linked.err, "it is an input of this command")) << linked.err;
+  EXPECT_EQ(slurp(gpt2 + "/model.safetensors"), weights);
+  ASSERT_EQ(headlab({"convert", gpt2, "--out", path("c.h5")}).code, 0);
+  EXPECT_EQ(headlab({"convert", gpt2, "--out", path("c.h5"), "--overwrite"}).code, 0);
 }
 
 // Two real train runs into one folder: the second is refused naming the first's pid; once the first
@@ -433,6 +595,181 @@ TEST_F(ReliabilityTest, HugeEvaluationAndGenerationSizesAreRefusedBeforeAllocati
     EXPECT_FALSE(contains(r.err, "internal error")) << r.err;
     EXPECT_LT(s, 15.0) << args[0];
   }
+}
+
+// ---- nothing given is ignored or cut ------------------------------------------------------------------
+
+TEST_F(ReliabilityTest, WhatIsGivenIsUsedOrRefused) {
+  train_tiny(path("run"), 2);
+  const std::string ck = path("run/checkpoint.h5");
+  write_byte_gpt2_folder(path("gpt2"));
+  std::ofstream(path("t.txt")) << "some text to score, long enough for a few windows of eight tokens";
+  // eval --text on a task checkpoint, --batches on a subword model's perplexity
+  Result r = headlab({"eval", ck, "--text", path("t.txt")});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.err, "eval: --text applies to text models (chars); '" + ck +
+                                  "' was trained on the reverse task, which reads no text"))
+      << r.err;
+  r = headlab({"eval", path("gpt2"), "--text", path("t.txt"), "--batches", "3"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.err, "eval: --batches applies to task checkpoints")) << r.err;
+  // path patching: a sender that cannot reach the receivers, refused before any result is printed
+  r = headlab({"circuit", ck, "--task", "induction", "--rows", "2", "--senders", "L1H0", "--receivers", "L0H1", "--out",
+               path("circ")});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.err, "circuit: --senders L1H0 cannot reach --receivers L0H1")) << r.err;
+  EXPECT_EQ(r.out, "") << "results before the error";
+  r = headlab({"circuit", ck, "--task", "induction", "--rows", "2", "--receivers", "L0H1", "--out", path("circ")});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.err, "circuit: no head reaches --receivers L0H1")) << r.err;
+}
+
+TEST_F(ReliabilityTest, PromptPairsThatMeasureNothingAreRefusedBeforeAnyResult) {
+  {
+    std::ofstream text(path("t.txt"));
+    for (int i = 0; i < 20; ++i) text << "abcdefghijklmnopqrstuvwxyz ";
+  }
+  const Result chars =
+      headlab({"train", "--task", "chars", "--text", path("t.txt"), "--steps", "1", "--emb-dim", "16", "--batch-size",
+               "2", "--context-length", "8", "--eval-batches", "1", "--out", path("c")});
+  ASSERT_EQ(chars.code, 0) << chars.err;
+  std::ofstream(path("same.jsonl")) << R"({"clean": "abc", "corrupt": "abd", "answer": "e", "wrong": "e"})"
+                                    << "\n";
+  Result r = headlab({"heads", path("c/checkpoint.h5"), "--pairs", path("same.jsonl"), "--out", path("h")});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.err, "prompt pairs: " + path("same.jsonl") +
+                                  ":1: answer and wrong are the same token (\"e\"), so their logit difference is 0"))
+      << r.err;
+  // One-token prompts: the head types cannot be scored; said before the first result, not after.
+  std::ofstream(path("one.jsonl")) << R"({"clean": "a", "corrupt": "b", "answer": "c", "wrong": "d"})"
+                                   << "\n";
+  r = headlab({"heads", path("c/checkpoint.h5"), "--pairs", path("one.jsonl"), "--out", path("h")});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.err, "head types: rows of 1 token leave nothing to score")) << r.err;
+  EXPECT_EQ(r.out, "") << "results before the error";
+  // attention: a prompt longer than the context (8) is refused, not cut
+  r = headlab({"attention", path("c/checkpoint.h5"), "--prompt", std::string(30, 'a'), "--out", path("att")});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.err, "attention: the prompt is 30 tokens, longer than the model's context of 8")) << r.err;
+  EXPECT_FALSE(fs::exists(path("att/attention.h5")));
+}
+
+// --resume reads the run's own text: stored as an absolute path with its size and hash, so a resume from
+// another folder finds it, and a changed file is refused (before, a relative --text was found again
+// relative to the new folder: another file with the same name).
+TEST_F(ReliabilityTest, ResumeReadsTheSameTextFromAnyFolderOrRefuses) {
+  fs::create_directories(path("a")), fs::create_directories(path("b"));
+  {
+    std::ofstream a(path("a/data.txt")), b(path("b/data.txt"));
+    for (int i = 0; i < 20; ++i) a << "the quick brown fox jumps over the lazy dog\n", b << "0123456789 ";
+  }
+  const auto in = [&](const std::string& dir, std::vector<std::string> args) {
+    std::vector<std::string> argv{kBinary};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return run_process(argv, tmp_.dir(), "cd " + dir + " && OMP_NUM_THREADS=1 timeout 60");
+  };
+  Result r = in(path("a"), {"train", "--task", "chars", "--text", "data.txt", "--steps", "2", "--emb-dim", "16",
+                            "--batch-size", "2", "--context-length", "8", "--eval-batches", "1", "--out", path("run")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(slurp(path("run/metrics.csv")), "step")) << "a run was written";
+  r = in(path("b"), {"train", "--resume", "--out", path("run"), "--steps", "3"});
+  EXPECT_EQ(r.code, 0) << r.err;
+  const train::RunConfig stored = train::config_of(io::load_checkpoint(path("run/checkpoint.h5")), "run");
+  EXPECT_EQ(stored.task.options.text_path, fs::path(path("a/data.txt")).lexically_normal().string());
+  EXPECT_TRUE(contains(stored.task.options.text_digest, " bytes, fnv1a64 ")) << stored.task.options.text_digest;
+  std::ofstream(path("a/data.txt"), std::ios::app) << " and more";
+  r = in(path("b"), {"train", "--resume", "--out", path("run"), "--steps", "4"});
+  EXPECT_EQ(r.code, 1) << r.out;
+  EXPECT_TRUE(contains(r.err, "is not the text this run was trained on")) << r.err;
+  EXPECT_EQ(io::load_checkpoint(path("run/checkpoint.h5")).trainer.step, 3) << "the refused resume saved";
+}
+
+// ---- files read whole have a cap ---------------------------------------------------------------------------
+
+// A file padded past its kind's cap is refused by its size before a byte is read (sparse files: nothing is
+// written), naming the file, its size and the cap: a vocab.json, a config.json, a text.
+TEST_F(ReliabilityTest, FilesReadWholeAreRefusedPastTheirCapBeforeReading) {
+  const auto sparse = [&](const std::string& p, int64_t bytes) {
+    std::ofstream(p) << "{}";
+    fs::resize_file(p, static_cast<uintmax_t>(bytes));
+  };
+  write_byte_gpt2_folder(path("g"));
+  sparse(path("g/vocab.json"), (int64_t{512} << 20) + 1);
+  const auto t0 = std::chrono::steady_clock::now();
+  Result r = headlab({"tokenize", path("g"), "--prompt", "ab"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.err, path("g/vocab.json") +
+                                  ": is 512.0 MiB (536870913 bytes), more than the 512.0 MiB headlab reads whole of a "
+                                  "tokenizer file"))
+      << r.err;
+  write_byte_gpt2_folder(path("c"));
+  sparse(path("c/config.json"), (int64_t{16} << 20) + 1);
+  r = headlab({"inspect", path("c")});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(
+      r.err, "model config '" + path("c/config.json") + "' is 16.0 MiB (16777217 bytes), more than the 16.0 MiB"))
+      << r.err;
+  sparse(path("huge.txt"), int64_t{1} << 40);
+  write_byte_gpt2_folder(path("g2"));
+  r = headlab({"tokenize", path("g2"), "--text", path("huge.txt")});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(
+      contains(r.err, "tokenize: --text '" + path("huge.txt") + "' is 1.0 TiB (1099511627776 bytes), more than the "))
+      << r.err;
+  EXPECT_TRUE(contains(r.err, "headlab reads whole of a text (1/64 of the memory available")) << r.err;
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20.0) << "read, not refused";
+  EXPECT_EQ(whole_file_cap(WholeFile::config), int64_t{16} << 20);
+  EXPECT_GE(whole_file_cap(WholeFile::text), int64_t{64} << 20);
+}
+
+// ---- errors say what is true --------------------------------------------------------------------------
+
+TEST_F(ReliabilityTest, ErrorsNameWhatThePathReallyIs) {
+  // a config.json that is a loop of links: not "a folder"
+  fs::create_directories(path("loop"));
+  fs::create_symlink("config.json", path("loop/config.json"));
+  Result r = headlab({"inspect", path("loop")});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.err, path("loop/config.json") + "' is a loop of symbolic links")) << r.err;
+  // merges.txt a FIFO: not "no vocab.json and merges.txt"
+  write_byte_gpt2_folder(path("gpt2"));
+  fs::remove(path("gpt2/merges.txt"));
+  ASSERT_EQ(::mkfifo(path("gpt2/merges.txt").c_str(), 0644), 0);
+  r = headlab({"tokenize", path("gpt2"), "--prompt", "ab"}, 20);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.err, path("gpt2/merges.txt") + ": is not a regular file (it is a FIFO)")) << r.err;
+  // a dangling tokenizer.model link: not "does not exist" where ls shows it
+  write_byte_gpt2_folder(path("g2"));
+  fs::create_symlink(path("nowhere.model"), path("g2/tokenizer.model"));
+  r = headlab({"tokenize", path("g2"), "--prompt", "ab"}, 20);
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.err, "is a symbolic link to nothing")) << r.err;
+  // a .safetensors file where a checkpoint or a folder is expected: not "not an HDF5 file"
+  r = headlab({"inspect", path("g2/model.safetensors")});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.err, "is a safetensors file, not a headlab checkpoint (.h5); give the model folder")) << r.err;
+  // an empty text: named, with its count
+  std::ofstream(path("empty.txt")) << "";
+  write_byte_gpt2_folder(path("g3"));
+  r = headlab({"eval", path("g3"), "--text", path("empty.txt")});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.err, "eval: --text '" + path("empty.txt") + "' is 0 tokens (the file is empty)")) << r.err;
+}
+
+// ---- memory estimates count what a call allocates -------------------------------------------------------
+
+// A long-context model generating 3 tokens after 5: its key/value cache and a forward of the prompt, not
+// the whole context times the vocabulary (which asked a 128k-context model for tens of GiB).
+TEST_F(ReliabilityTest, AGenerationsEstimateCountsItsCacheNotTheWholeContext) {
+  nn::GPTConfig c;
+  c.vocab_size = 152064, c.context_length = 131072, c.emb_dim = 64, c.n_heads = 2, c.n_layers = 2;
+  const nlohmann::json model = c.to_json();
+  const train::MemoryEstimate small = train::estimate_generation_memory(model, 5, 3, 512);
+  EXPECT_LT(small.activations, 8.0 * (12 * 64 + 2 * 152064) * 4) << "more than a forward of the prompt";
+  EXPECT_GE(small.activations, 5.0 * (12 * 64 + 2 * 152064) * 4 + 8.0 * 2 * 2 * 64 * 4);
+  // a long generation: the cache grows with it, and the chunk bounds the prefill
+  const train::MemoryEstimate big = train::estimate_generation_memory(model, 100000, 20000, 512);
+  EXPECT_NEAR(big.activations, 512.0 * (12 * 64 + 2 * 152064) * 4 + 120000.0 * 2 * 2 * 64 * 4, 1.0);
 }
 
 }  // namespace

@@ -106,4 +106,9 @@ cat >"$corpus/json/tokenizer.json" <<'JSON'
 JSON
 printf '%s' '{"clean": "The cat sat", "corrupt": "The dog sat", "answer": " on", "wrong": " in"}' >"$corpus/json/row.jsonl"
 
+# prompt pairs for a chars model over data/tiny.txt: aligned rows, a second row, one that fails (answer = wrong)
+mkdir -p "$corpus/prompt_pairs"
+printf '%s\n' '{"clean": "the rose", "corrupt": "the bose", "answer": " ", "wrong": "s"}' \
+  '{"clean": "his heir", "corrupt": "her heir", "answer": " ", "wrong": "s"}' >"$corpus/prompt_pairs/rows.jsonl"
+printf '%s\n' '{"clean": "ab", "corrupt": "ba", "answer": "c", "wrong": "c"}' >"$corpus/prompt_pairs/same_answer.jsonl"
 echo "tools/make_fuzz_corpus.sh: wrote $(find "$corpus" -type f | wc -l) files under $corpus"

@@ -2,6 +2,8 @@
 #include "train/collectives.h"
 
 #include <cstdlib>
+#include <sstream>
+#include <vector>
 
 #include "base/error.h"
 
@@ -33,9 +35,13 @@ bool built_with_mpi() { return true; }
 bool built_with_mpi() { return false; }
 #endif
 
+bool launched_by_mpi() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
+}
+
 std::shared_ptr<Collectives> world() {
   static const std::shared_ptr<Collectives> w = [] {
-    const bool launched = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE") || std::getenv("PMIX_RANK");
+    const bool launched = launched_by_mpi();
 #ifdef HEADLAB_HAVE_MPI
     if (launched) return mpi_world();
 #else
@@ -46,6 +52,41 @@ std::shared_ptr<Collectives> world() {
     return single_process();
   }();
   return w;
+}
+
+namespace {
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+}  // namespace
+
+void agree_across_ranks(Collectives& comm, const std::string& config, const std::string& command) {
+  if (comm.size() == 1) return;
+  std::vector<std::string> configs(static_cast<size_t>(comm.size()));
+  for (int r = 0; r < comm.size(); ++r) {
+    std::string& c = configs[static_cast<size_t>(r)];
+    int64_t bytes = r == comm.rank() ? static_cast<int64_t>(config.size()) : 0;
+    comm.broadcast(&bytes, sizeof bytes, r);
+    c = r == comm.rank() ? config : std::string(static_cast<size_t>(bytes), '\0');
+    comm.broadcast(c.data(), bytes, r);
+  }
+  const std::vector<std::string> first = lines_of(configs[0]);
+  for (int r = 1; r < comm.size(); ++r) {
+    if (configs[static_cast<size_t>(r)] == configs[0]) continue;
+    const std::vector<std::string> other = lines_of(configs[static_cast<size_t>(r)]);
+    size_t i = 0;
+    while (i < first.size() && i < other.size() && first[i] == other[i]) ++i;
+    const auto at = [&](const std::vector<std::string>& v) { return i < v.size() ? "'" + v[i] + "'" : "nothing"; };
+    throw RanksDisagree(command + ": the " + std::to_string(comm.size()) +
+                        " ranks were started with different options: rank 0 has " + at(first) + ", rank " +
+                        std::to_string(r) + " has " + at(other) +
+                        "; every rank must run the same command (nothing was run)");
+  }
 }
 
 }  // namespace headlab::train

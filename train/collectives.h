@@ -32,11 +32,26 @@ class Collectives {
 };
 
 std::shared_ptr<Collectives> single_process();
+// True when an MPI launcher started this process (mpirun / mpiexec set OMPI_COMM_WORLD_SIZE, PMI_SIZE or
+// PMIX_RANK).
+bool launched_by_mpi();
 // The processes this one was started among: MPI when headlab was built with it and started by an
 // MPI launcher (mpirun / mpiexec set OMPI_COMM_WORLD_SIZE or PMI_SIZE), else a single process.
 // Initialises MPI on first use; finalised at exit.
 std::shared_ptr<Collectives> world();
 bool built_with_mpi();
+
+// Ranks that were started with different commands must not begin: one rank's different --steps or --rows
+// sends it into a collective the others never enter (a hang, MPI_ERR_TRUNCATE, a crash). `config` is
+// this rank's whole effective configuration, a "name=value" a line; every rank receives every rank's,
+// and on any difference every rank throws RanksDisagree with the same message, naming the first rank
+// and line that differ from rank 0's. Costs one broadcast per rank.
+void agree_across_ranks(Collectives& comm, const std::string& config, const std::string& command);
+
+class RanksDisagree : public Error {
+ public:
+  using Error::Error;
+};
 
 // Data parallelism over threads: runs fn on `threads` threads of one OpenMP team (the calling thread is
 // thread 0), each with its own Collectives: rank outer.rank() x threads + thread of outer.size() x

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "base/json_fields.h"
+#include "tasks/chars.h"
 #include "tasks/sentencepiece_tokenizer.h"
 #include "tasks/seq2seq.h"
 
@@ -109,7 +110,7 @@ RunConfig config_of(const io::Checkpoint& ckpt, const std::string& path) {
 
 std::unique_ptr<tasks::Task> RunConfig::make_task(const std::string& text_override) const {
   tasks::TaskOptions options = task.options;
-  if (!text_override.empty()) options.text_path = text_override;
+  if (!text_override.empty()) options.text_path = text_override, options.text_digest.clear();
   if (family().model.seq2seq()) return tasks::make_seq2seq_task(task.name, options);
   return tasks::make_task(task.name, options);
 }
@@ -132,8 +133,14 @@ RunConfig resolve(const nn::ModelOptions& model, RunConfig c, const nlohmann::js
             s2s == all.end() ? std::string("of a source -> target family") : s2s->model.arch());
   }
   c.model = {{"arch", family.arch()}};  // which family the task is made for
-  if (c.task.name == "chars") c.task.options.text_path = std::filesystem::absolute(c.task.options.text_path).string();
+  // A text is stored as an absolute path with its digest, so that --resume from another folder, or after
+  // the file changed, reads the same data or refuses.
+  if ((c.task.name == "chars" || c.task.name == "text") && !c.task.options.text_path.empty())
+    c.task.options.text_path = std::filesystem::absolute(c.task.options.text_path).lexically_normal().string();
+  c.task.options.text_digest.clear();  // (an --init checkpoint's: this run reads its own text)
   const std::unique_ptr<tasks::Task> task = c.make_task();
+  if (const auto* text = dynamic_cast<const tasks::TextWindowsTask*>(task.get()))
+    c.task.options.text_digest = text->text_digest();
   nn::TaskSizes sizes;
   sizes.task = c.task.name = task->name();
   sizes.vocab_size = task->vocab_size();

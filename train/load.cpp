@@ -30,7 +30,7 @@ void pretrained_text_task(train::RunConfig& c, std::shared_ptr<const tasks::Text
 FolderTokenizer folder_tokenizer(const std::string& folder, const io::FolderModel& m) {
   const auto file_in_folder = [&](const char* name) {
     const std::string p = (fs::path(folder) / name).string();
-    return not_a_file_reason(p).empty() ? p : std::string();
+    return path_present(p) ? p : std::string();  // (the reader says what is wrong with it)
   };
   using Kind = FolderTokenizer::Kind;
   if (std::string p = file_in_folder("tokenizer.model"); !p.empty()) return {Kind::sentencepiece, p, ""};

@@ -1,5 +1,6 @@
 #include "train/memory.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <iomanip>
@@ -31,28 +32,30 @@ double estimate_batches_memory(int64_t batches, int64_t batch_size, int64_t toke
          kIdsPerPosition * kId;
 }
 
-MemoryEstimate estimate_generation_memory(const nlohmann::json& model, int64_t prompt_tokens, int64_t new_tokens) {
-  MemoryEstimate e = estimate_memory(model, 1, io::family_of(model).model.row_tokens(model), false, 0);
-  e.data = (static_cast<double>(prompt_tokens) + static_cast<double>(new_tokens)) * 2 * 8;
+MemoryEstimate estimate_generation_memory(const nlohmann::json& model, int64_t prompt_tokens, int64_t new_tokens,
+                                          int64_t prefill_chunk) {
+  const nn::ModelFamily& family = io::family_of(model).model;
+  const int64_t window = family.row_tokens(model);  // what the cache holds at most (it slides past it)
+  const double sequence = static_cast<double>(prompt_tokens) + static_cast<double>(new_tokens);
+  const double cache = family.cache_floats(model);
+  const int64_t held = static_cast<int64_t>(std::min(sequence, static_cast<double>(window)));
+  // With a cache a forward reads a chunk of the prompt (0: all of it); without, the whole window each step.
+  const int64_t forward = std::max<int64_t>(
+      1, cache > 0 ? std::min({prompt_tokens, prefill_chunk > 0 ? prefill_chunk : window, window}) : held);
+  MemoryEstimate e = estimate_memory(model, 1, forward, false, 0);
+  e.activations += static_cast<double>(held) * cache * 4;
+  e.data = sequence * 2 * 8;
   return e;
 }
 
 void check_generation_fits(const nlohmann::json& model, bool on_cuda, int64_t prompt_tokens, int64_t new_tokens,
-                           const std::string& who) {
-  MemoryEstimate need = estimate_generation_memory(model, prompt_tokens, new_tokens);
+                           int64_t prefill_chunk, const std::string& who, double also) {
+  MemoryEstimate need = estimate_generation_memory(model, prompt_tokens, new_tokens, prefill_chunk);
   if (on_cuda) need = MemoryEstimate{0, 0, 0, 0, need.data};
+  need.activations += also;
   check_memory_fits(need, who,
                     "lower --max-new-tokens (now " + std::to_string(new_tokens) + ") or shorten the prompt (" +
                         std::to_string(prompt_tokens) + " tokens)");
-}
-
-double available_memory() {
-  std::ifstream f("/proc/meminfo");
-  std::string key, unit;
-  double kib = 0;
-  while (f >> key >> kib >> unit)
-    if (key == "MemAvailable:") return kib * 1024;
-  return 0;
 }
 
 void check_evaluation_fits(const RunConfig& config, bool on_cuda, int64_t batches, int64_t batch_size,

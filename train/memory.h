@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "base/sizes.h"  // available_memory, format_bytes
 #include "train/config.h"
 
 namespace headlab::train {
@@ -27,15 +28,15 @@ MemoryEstimate estimate_memory(const nlohmann::json& model, int64_t batch_size, 
 // covers both). In double, so that no user's number overflows on the way to the comparison.
 double estimate_batches_memory(int64_t batches, int64_t batch_size, int64_t tokens);
 
-// Generating new_tokens after a prompt of prompt_tokens: the model, one forward over its context
-// window, and the growing sequence (the ids and the generated copy, int64 each).
-MemoryEstimate estimate_generation_memory(const nlohmann::json& model, int64_t prompt_tokens, int64_t new_tokens);
-// check_memory_fits for that, naming who and --max-new-tokens (on a GPU only the host's sequence counts).
+// Generating new_tokens after a prompt of prompt_tokens with a key/value cache: the model, one forward over
+// a chunk of at most prefill_chunk prompt tokens (and the context), the cache of every token the window
+// holds, and the growing sequence (the ids and the generated copy, int64 each).
+MemoryEstimate estimate_generation_memory(const nlohmann::json& model, int64_t prompt_tokens, int64_t new_tokens,
+                                          int64_t prefill_chunk);
+// check_memory_fits for that and `also` bytes the caller allocates besides (attention's maps), naming who
+// and --max-new-tokens (on a GPU only the host's sequence counts).
 void check_generation_fits(const nlohmann::json& model, bool on_cuda, int64_t prompt_tokens, int64_t new_tokens,
-                           const std::string& who);
-
-// MemAvailable of /proc/meminfo (bytes); 0 when it cannot be read.
-double available_memory();
+                           int64_t prefill_chunk, const std::string& who, double also = 0);
 
 // Fails, naming who asks, the estimate's parts, what the machine has and `advice` (the options to
 // change), when the estimate exceeds the available memory.

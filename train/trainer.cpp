@@ -18,6 +18,7 @@
 #include <sstream>
 
 #include "backends/backend.h"
+#include "base/hash.h"
 #include "io/folder_lock.h"
 #include "io/temp_files.h"
 #include "train/memory.h"
@@ -59,6 +60,22 @@ void prune_history(const std::string& dir, int64_t keep) {
     fs::remove(found[i].second, ec);
   }
 }
+
+}  // namespace
+
+std::vector<std::string> run_files(const std::string& dir) {
+  static const std::regex pattern(R"(checkpoint(-\d+)?\.h5|metrics\.csv|heads_over_time\.(csv|png|md))");
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (std::regex_match(name, pattern)) names.push_back(name);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+namespace {
 
 // The median of the last (up to) 50 logged train losses.
 double median_of_recent(const std::vector<io::MetricRow>& logged) {
@@ -287,12 +304,10 @@ double Trainer::all_reduce_gradients(Session& s, std::vector<float>& extra) cons
 void Trainer::check_ranks_agree(const Session& s) const {
   Collectives& comm = *opts_.comm;
   if (comm.size() == 1) return;
-  uint64_t hash = 1469598103934665603ull;
+  uint64_t hash = kFnv1aStart;
   for (const Tensor& p : s.params) {
     const Tensor host = p.detach().to(kCPU).contiguous();
-    const auto* bytes = static_cast<const unsigned char*>(host.raw_data());
-    for (size_t i = 0, n = static_cast<size_t>(host.numel()) * dtype_size(host.dtype()); i < n; ++i)
-      hash = (hash ^ bytes[i]) * 1099511628211ull;
+    hash = fnv1a64(host.raw_data(), static_cast<size_t>(host.numel()) * dtype_size(host.dtype()), hash);
   }
   uint64_t root = hash;
   comm.broadcast(&root, sizeof root, 0);
@@ -333,13 +348,11 @@ TrainResult Trainer::run() {
   const bool writer = comm.rank() == 0;  // rank 0 alone evaluates and writes files
   io::FolderLock lock;                   // rank 0's, on the output folder, until the run ends
   if (writer) {
-    std::error_code ec;
-    fs::create_directories(opts_.out, ec);
-    HL_CHECK(!ec && fs::is_directory(opts_.out), "train: cannot create output folder '", opts_.out,
-             "': ", ec ? ec.message() : std::string("not a folder"));
-    lock = io::FolderLock(opts_.out, "train");  // before anything in it is touched, the stale temp files included
-    for (const std::string& f : io::remove_stale_temp_files(opts_.out))
+    std::vector<std::string> removed;
+    lock = io::open_output_folder(opts_.out, "train", &removed);
+    for (const std::string& f : removed)
       if (!opts_.quiet) std::cout << "removed " << f << ", a temporary file left by a writer that no longer runs\n";
+    if (!opts_.resume) refuse_or_remove_another_run();
   }
   const std::unique_ptr<Session> session = start();
   const int threads = data_parallel_threads(*session);
@@ -362,6 +375,22 @@ TrainResult Trainer::run() {
     trainer.train(*own);
   });
   return result;
+}
+
+void Trainer::refuse_or_remove_another_run() const {
+  const std::vector<std::string> old = run_files(opts_.out);
+  if (old.empty()) return;
+  std::string names;
+  for (size_t i = 0; i < old.size() && i < 4; ++i) names += (i ? ", " : "") + old[i];
+  if (old.size() > 4) names += ", and " + std::to_string(old.size() - 4) + " more";
+  HL_CHECK(opts_.overwrite, "train: '", opts_.out, "' holds another run (", names,
+           "); continue it with --resume, replace it with --overwrite, or choose another --out");
+  for (const std::string& name : old) {
+    std::error_code ec;
+    fs::remove(fs::path(opts_.out) / name, ec);
+    HL_CHECK(!ec, "train: --overwrite: cannot remove '", (fs::path(opts_.out) / name).string(), "': ", ec.message());
+  }
+  if (!opts_.quiet) std::cout << "removed the earlier run in " << opts_.out << " (--overwrite): " << names << "\n";
 }
 
 int Trainer::data_parallel_threads(const Session& s) const {

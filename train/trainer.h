@@ -41,11 +41,18 @@ constexpr auto enum_table(ThreadUse) {  // enum_name, parse_enum (base/enum_name
 }
 inline constexpr double kMaxReplicaBytes = 1 << 30;
 
+// The files of a run in `dir` (checkpoint.h5, checkpoint-<step>.h5, metrics.csv, heads_over_time.*),
+// by name, sorted.
+std::vector<std::string> run_files(const std::string& dir);
+
 struct TrainOptions {
   nn::ModelOptions model;                    // the model of a fresh run (resolve() makes its section)
   RunConfig config = RunConfig::defaults();  // the rest (resolve() fills in what the task decides)
   std::string out = "runs/reverse";
   bool resume = false;  // continue <out>/checkpoint.h5 up to config.run.steps
+  // A fresh run into a folder holding another run's files (run_files) is refused unless overwrite,
+  // which removes them first, so that two runs' checkpoint histories and metrics never mix.
+  bool overwrite = false;
   int64_t log_every = 50;
   bool quiet = false;  // no progress output (tests)
   // Non-empty: a fresh run starts from these parameters (fine-tuning, e.g. a pruned checkpoint's)
@@ -110,6 +117,7 @@ class Trainer {
   struct Session;  // the model, optimizer and state of one run
   std::unique_ptr<Session> start();
   int data_parallel_threads(const Session& s) const;  // 1: no data parallelism over threads (ThreadUse)
+  void refuse_or_remove_another_run() const;          // a fresh run into a folder holding another (overwrite)
   TrainResult train(Session& s);                      // the steps, on this rank
   // One optimizer step on batch data_index: this rank's rows forward and backward, the gradients summed
   // over the ranks, clipped; the step itself unless the non-finite policy skips it (or stops the run).

@@ -23,6 +23,7 @@ FinetuneResult finetune(const io::Checkpoint& ck, const EvalSet& data, const Fin
   train::TrainOptions to;
   to.config = config;
   to.out = o.out;
+  to.overwrite = true;  // the fine-tune's folder is the analysis's own output: a rerun replaces it, as its tables
   to.quiet = o.quiet;
   to.init = ck.model;
   to.init_model = config.model;

@@ -221,6 +221,26 @@ TEST_F(ReliabilityTest, EveryWritingCommandRemovesDeadWritersTempFiles) {
   }
 }
 
+// A command run again into its own output folder replaces what it wrote there (train and convert when told
+// to): the demo and every script can be rerun. ablate's fine-tune trains into its own subfolder.
+TEST_F(ReliabilityTest, EveryWritingCommandRerunReplacesItsOwnOutput) {
+  train_tiny(path("run"), 2);
+  write_byte_gpt2_folder(path("gpt2"));
+  for (const auto& [cmd, unused] : writing_commands("", "", "")) {
+    const std::string out = path("again_" + cmd);
+    fs::create_directories(out);  // (convert writes a file into a folder that must exist)
+    std::vector<std::string> args;
+    for (const auto& [name, a] : writing_commands(path("run/checkpoint.h5"), path("gpt2"), out))
+      if (name == cmd) args = a;
+    if (cmd == "train" || cmd == "convert") args.push_back("--overwrite");
+    if (cmd == "ablate") args.insert(args.end(), {"--prune", "1", "--finetune", "2"});
+    for (int run = 0; run < 2; ++run) {
+      const Result r = headlab(args);
+      EXPECT_EQ(r.code, 0) << cmd << " run " << run << ": " << r.err;
+    }
+  }
+}
+
 // train without --resume into a folder holding another run: refused, naming its files and the options
 // that would allow it; --overwrite removes the earlier run first, so the histories never mix.
 TEST_F(ReliabilityTest, TrainNeverMixesTwoRunsInOneFolder) {

@@ -105,6 +105,10 @@ struct Replace {
 struct CircuitOptions {
   int64_t chunk_rows = 0;  // prompt rows per forward; 0: as many as ~256 MB of activations allow
   int64_t max_copies = 0;  // copies per forward; 0: as a ~256 MB budget allows
+  // Prompt rows whose clean and corrupted runs stay stored between passes (whole chunks); the others are
+  // run again in every pass that reads them, so that memory is bounded whatever the rows. 0: as many as a
+  // quarter of the memory available at the start holds (shared by the ranks on one machine).
+  int64_t stored_rows = 0;
   // The processes sharing the work (train/collectives.h; null: this one alone). Chunks of rows go to the
   // ranks in turn, each stores and runs only its own, and every sum is allreduced, so that every rank
   // gets the single process's numbers (up to the order of the sums) and takes the same decisions.
@@ -121,9 +125,9 @@ struct DirectLogitAttribution {
 };
 
 // The clean and corrupted runs of a model on a task, stored (per chunk of rows: the corrupted outputs of
-// every node and the clean minus corrupted ones, (N, B, T, C) each in the model's dtype), and the
-// patched forward over them. The model must stay alive and unchanged while this exists; it is put in
-// eval mode and back.
+// every node and the clean minus corrupted ones, (N, B, T, C) each in the model's dtype; chunks past
+// CircuitOptions::stored_rows are run again when read), and the patched forward over them. The model must stay alive
+// and unchanged while this exists; it is put in eval mode and back.
 class CircuitPatcher {
  public:
   CircuitPatcher(nn::DecoderModel& model, const PromptPairs& pairs, const CircuitOptions& options = {});
@@ -141,14 +145,20 @@ class CircuitPatcher {
   double metric(const EdgePatch& patch) { return metric(std::vector<EdgePatch>{patch}).front(); }
   // Every node's direct logit attribution (above), from the stored clean run.
   DirectLogitAttribution direct_logit_attribution() const;
-  int64_t forwards() const;   // patched forwards this process ran so far (one per copy and chunk of rows)
-  int64_t positions() const;  // tokens per prompt
+  int64_t forwards() const;     // patched forwards this process ran so far (one per copy and chunk of rows)
+  int64_t rerun_rows() const;   // rows whose clean and corrupted runs were run again, not stored, so far
+  int64_t stored_rows() const;  // rows whose runs this process keeps (all its rows: none are run again)
+  int64_t own_rows() const;     // rows this process runs (under MPI, its share)
+  int64_t positions() const;    // tokens per prompt
 
   struct Impl;
 
  private:
   std::unique_ptr<Impl> impl_;
 };
+
+// A line for the terminal when some of this process's rows are run again in every pass ("" when all are stored).
+std::string stored_runs_text(const CircuitPatcher& patcher);
 
 // ------------------------------------------------------------------------------------------------
 // Path patching (Wang et al. 2022): the normalised metric with sender s's output replaced by its

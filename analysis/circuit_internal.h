@@ -10,9 +10,10 @@
 
 namespace headlab::analysis {
 
-// One chunk of prompt rows with its stored runs.
+// One chunk of prompt rows with its stored runs (when not stored: only its rows, the runs made again).
 struct Chunk {
   int64_t B = 0, T = 0, first_row = 0;
+  bool stored = false;
   Tensor clean_tokens, corrupt_tokens;  // (B, T) int64
   Tensor direction;                     // (B, C): W_U[answer] - W_U[wrong]
   Tensor bias_diff;                     // (B): the unembedding's bias difference (zeros without one)
@@ -45,10 +46,11 @@ struct CircuitPatcher::Impl {
   CircuitOptions options;
   std::shared_ptr<train::Collectives> comm;
   std::vector<int64_t> attention_group, mlp_group;  // [layer]: the group of its attention's / MLP's inputs, or -1
-  std::vector<Chunk> chunks;
+  PromptPairs pairs;                                // the patcher's: chunks not stored are run again from them
+  std::vector<Chunk> chunks;                        // this rank's
   LogitDifference baseline;
   Tensor mean_out;  // (N, T*C): every node's clean output averaged over the prompts, once asked for
-  int64_t rows = 0, positions = 0, forwards = 0, C = 0;
+  int64_t rows = 0, positions = 0, forwards = 0, rerun_rows = 0, C = 0;
 
   Impl(nn::DecoderModel& m, const CircuitOptions& o);
   // The groups' patch matrices for K copies; the first layer any copy patches (n_layers: the logits only).
@@ -57,8 +59,12 @@ struct CircuitPatcher::Impl {
   Tensor forward(const Chunk& c, const Pass& p, Recorded* rec = nullptr);
   // Runs the clean and corrupted prompts of rows [first, first + B) and stores what patching reads.
   Chunk make_chunk(const PromptPairs& pairs, int64_t first, int64_t B);
-  void compute_means();  // mean_out from every rank's chunks
-  DirectLogitAttribution logit_attribution() const;
+  // Chunk i with its runs: itself when stored, else run again into `scratch` (emptied first: one chunk's
+  // runs alive beyond the stored ones).
+  const Chunk& runs(size_t i, Chunk& scratch);
+  int64_t stored_row_budget(int64_t T) const;  // CircuitOptions::stored_rows, or what memory allows
+  void compute_means();                        // mean_out from every rank's chunks
+  DirectLogitAttribution logit_attribution();
   // Prompt rows per chunk: the stored runs and one forward's activations within the budget; with a
   // backward (edge attribution) every layer's per-receiver inputs and their norms stay alive until it
   // runs, and twice the budget buys speed (measured: GPT-2 small, 5 rows a chunk, ~1 GB at the peak).

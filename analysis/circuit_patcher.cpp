@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "analysis/circuit_internal.h"
+#include "base/sizes.h"
 
 namespace headlab::analysis {
 
@@ -335,7 +336,9 @@ void Impl::compute_means() {
   if (mean_out.defined()) return;
   const int64_t N = graph.node_count(), TC = positions * C;
   std::vector<double> sum(static_cast<size_t>(N * TC), 0.0);
-  for (const Chunk& c : chunks) {
+  Chunk scratch;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const Chunk& c = runs(i, scratch);
     const std::vector<double> s = add(c.corrupt_out, c.delta).reshape({N, c.B, TC}).sum({1}).to_vector<double>();
     for (size_t i = 0; i < sum.size(); ++i) sum[i] += s[i];
   }
@@ -347,11 +350,13 @@ void Impl::compute_means() {
 // Every node's output at the last position read along answer - wrong through the final norm, frozen at
 // the clean stream there; the rest of the stream (the out_proj biases), the norm's bias and the
 // unembedding's bias make the constant.
-DirectLogitAttribution Impl::logit_attribution() const {
+DirectLogitAttribution Impl::logit_attribution() {
   const NoGradGuard no_grad;
   const int64_t N = graph.node_count();
   std::vector<double> sums(static_cast<size_t>(N + 2), 0.0);  // the nodes, the constant, the clean difference
-  for (const Chunk& c : chunks) {
+  Chunk scratch;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const Chunk& c = runs(i, scratch);
     const int64_t B = c.B, T = c.T;
     const Tensor x = c.clean_resid.back().select(1, T - 1);  // (B, C): what the final norm reads
     const nn::FrozenNorm frozen = model.freeze_final_norm(x);
@@ -372,6 +377,27 @@ DirectLogitAttribution Impl::logit_attribution() const {
   r.node.assign(sums.begin(), sums.begin() + N);
   r.constant = sums[static_cast<size_t>(N)], r.clean = sums[static_cast<size_t>(N + 1)];
   return r;
+}
+
+const Chunk& Impl::runs(size_t i, Chunk& scratch) {
+  const Chunk& c = chunks[i];
+  if (c.stored) return c;
+  scratch = Chunk();
+  scratch = make_chunk(pairs, c.first_row, c.B);
+  rerun_rows += c.B;
+  return scratch;
+}
+
+int64_t Impl::stored_row_budget(int64_t T) const {
+  if (options.stored_rows > 0) return options.stored_rows;
+  // A row's runs: every node's corrupted output and clean - corrupted one, the clean stream entering each
+  // layer and the final norm, the last position's deltas.
+  const int64_t per_row = ((2 * graph.node_count() + graph.n_layers() + 1) * T + graph.node_count()) * C *
+                          dtype_size(detail::model_dtype(model));
+  const double available = available_memory();
+  const double budget =
+      (available > 0 ? available / 4 : double(int64_t{1} << 30)) / static_cast<double>(comm->local_size());
+  return std::max<int64_t>(1, static_cast<int64_t>(budget / static_cast<double>(std::max<int64_t>(per_row, 1))));
 }
 
 int64_t Impl::widest_group() const {
@@ -438,15 +464,24 @@ CircuitPatcher::CircuitPatcher(nn::DecoderModel& model, const PromptPairs& pairs
   check_pairs(model, pairs, "circuit");
   impl_ = std::make_unique<Impl>(model, options);
   Impl& s = *impl_;
+  s.pairs = pairs;
   s.rows = pairs.rows(), s.positions = pairs.T;
   const int64_t step = Impl::even_chunks(pairs.rows(), s.chunk_rows(pairs.T, false));
   s.baseline.clean.assign(static_cast<size_t>(s.rows), 0.0);
   s.baseline.corrupt.assign(static_cast<size_t>(s.rows), 0.0);
+  int64_t room = s.stored_row_budget(pairs.T);
   for (int64_t first = 0, i = 0; first < pairs.rows(); first += step, ++i) {
     if (i % s.comm->size() != s.comm->rank()) continue;  // another rank's chunk
     Chunk& c = s.chunks.emplace_back(s.make_chunk(pairs, first, std::min(step, pairs.rows() - first)));
     std::copy(c.clean_ld.begin(), c.clean_ld.end(), s.baseline.clean.begin() + first);
     std::copy(c.corrupt_ld.begin(), c.corrupt_ld.end(), s.baseline.corrupt.begin() + first);
+    c.stored = c.B <= room;
+    room -= c.stored ? c.B : 0;
+    if (!c.stored) {  // only its rows: its runs are made again when read
+      Chunk rows_only;
+      rows_only.B = c.B, rows_only.T = c.T, rows_only.first_row = c.first_row;
+      c = std::move(rows_only);
+    }
   }
   gather_rows(*s.comm, s.baseline);
   finish_baseline(s.baseline);
@@ -457,8 +492,26 @@ CircuitPatcher::~CircuitPatcher() = default;
 const CircuitGraph& CircuitPatcher::graph() const { return impl_->graph; }
 const LogitDifference& CircuitPatcher::baseline() const { return impl_->baseline; }
 int64_t CircuitPatcher::forwards() const { return impl_->forwards; }
+int64_t CircuitPatcher::rerun_rows() const { return impl_->rerun_rows; }
+int64_t CircuitPatcher::own_rows() const {
+  int64_t n = 0;
+  for (const Chunk& c : impl_->chunks) n += c.B;
+  return n;
+}
+int64_t CircuitPatcher::stored_rows() const {
+  int64_t n = 0;
+  for (const Chunk& c : impl_->chunks) n += c.stored ? c.B : 0;
+  return n;
+}
 int64_t CircuitPatcher::positions() const { return impl_->positions; }
 DirectLogitAttribution CircuitPatcher::direct_logit_attribution() const { return impl_->logit_attribution(); }
+
+std::string stored_runs_text(const CircuitPatcher& patcher) {
+  if (patcher.stored_rows() == patcher.own_rows()) return "";
+  return "stored runs: " + std::to_string(patcher.stored_rows()) + " of the " + std::to_string(patcher.own_rows()) +
+         " rows this process runs (--stored-rows, or what a quarter of the available memory holds); the others' "
+         "clean and corrupted runs are made again in every pass\n";
+}
 
 std::vector<double> CircuitPatcher::metric(const std::vector<EdgePatch>& patches) { return metric(patches, {}); }
 
@@ -480,7 +533,9 @@ std::vector<double> CircuitPatcher::metric(const std::vector<EdgePatch>& patches
   if (std::any_of(replaced.begin(), replaced.end(), [](const Replace& r) { return r.with == Replace::Value::mean; }))
     s.compute_means();
   std::vector<double> sums(patches.size(), 0.0);
-  for (const Chunk& c : s.chunks) {
+  Chunk scratch;
+  for (size_t i = 0; i < s.chunks.size(); ++i) {
+    const Chunk& c = s.runs(i, scratch);
     const auto per = static_cast<size_t>(s.copies_per_forward(c));
     for (size_t k0 = 0; k0 < patches.size(); k0 += per) {
       std::vector<const EdgePatch*> copies;

@@ -146,7 +146,7 @@ CircuitReport run_circuit(nn::DecoderModel& model, const PromptPairs& pairs, con
   tell(metric_name(pairs) + " at the last position: clean " + fmt(base.clean_mean, 4) + ", corrupted " +
        fmt(base.corrupt_mean, 4) + "; metrics below are normalised (clean 1, corrupted 0)\ngraph: " +
        std::to_string(g.node_count()) + " nodes, " + std::to_string(g.edge_count()) + " edges\n" + attribution_name(o) +
-       " over every edge: " + fmt(r.eap.seconds, 2) + " s\n");
+       " over every edge: " + fmt(r.eap.seconds, 2) + " s\n" + stored_runs_text(patcher));
 
   // Attribution against real patching on a sample of edges.
   r.checked = edges_to_check(r.eap.effect, o.check_edges, o.seed);

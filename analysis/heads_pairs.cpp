@@ -70,6 +70,7 @@ PairHeads heads_on_pairs(nn::DecoderModel& model, const PromptPairs& pairs, cons
   check_head_types(model.shape(), pairs.T, to);
   CircuitOptions copt;
   copt.collectives = o.collectives;
+  copt.stored_rows = o.stored_rows;
   CircuitPatcher patcher(model, pairs, copt);
   const CircuitGraph& g = patcher.graph();
   PairHeads r;
@@ -78,10 +79,11 @@ PairHeads heads_on_pairs(nn::DecoderModel& model, const PromptPairs& pairs, cons
   if (say)
     say("headlab heads: " + o.checkpoint + " (" + std::to_string(shape.n_layers) + " layers x " +
         std::to_string(shape.n_heads) + " heads" +
-        (shape.kept_heads.empty() ? "" : ", pruned: kept " + kept_heads_text(shape.kept_heads)) + ")\nprompt pairs: " +
-        std::to_string(pairs.rows()) + " rows of " + std::to_string(pairs.T) + " tokens (" + o.source + ")\n" +
-        metric_text(pairs) + " at the last position: clean " + fmt(r.baseline.clean_mean, 4) + ", corrupted " +
-        fmt(r.baseline.corrupt_mean, 4) + "; effects below are on the normalised metric (clean 1, corrupted 0)\n");
+        (shape.kept_heads.empty() ? "" : ", pruned: kept " + kept_heads_text(shape.kept_heads)) +
+        ")\nprompt pairs: " + std::to_string(pairs.rows()) + " rows of " + std::to_string(pairs.T) + " tokens (" +
+        o.source + ")\n" + metric_text(pairs) + " at the last position: clean " + fmt(r.baseline.clean_mean, 4) +
+        ", corrupted " + fmt(r.baseline.corrupt_mean, 4) +
+        "; effects below are on the normalised metric (clean 1, corrupted 0)\n" + stored_runs_text(patcher));
   for (int64_t n = 0; n < g.node_count(); ++n)
     if (g.nodes()[static_cast<size_t>(n)].head >= 0) r.heads.push_back(n), r.names.push_back(g.node_name(n));
   r.ablation_seconds = timed([&] { r.ablation = ablate_nodes(patcher, r.heads); });

@@ -18,7 +18,8 @@ namespace headlab::analysis {
 struct PairHeadsOptions {
   uint64_t seed = 1;  // the random tokens of the induction score
   bool by_position = false;
-  bool kv_groups = false;  // also each key/value group's keys and values patched (headlab heads --by kv-group)
+  int64_t stored_rows = 0;  // CircuitOptions::stored_rows
+  bool kv_groups = false;   // also each key/value group's keys and values patched (headlab heads --by kv-group)
   std::shared_ptr<train::Collectives> collectives;  // null: this process alone
   std::string checkpoint, source;  // the model's path and where the pairs came from, for the text and report
 };

@@ -36,13 +36,14 @@ Action add_ablate(CLI::App& app) {
                      "in, Voita et al. 2019)")
       ->check(CLI::IsMember(enum_names<analysis::Criterion>()))
       ->capture_default_str();
-  app.add_option("--l0-steps", a->run.l0_steps, "--criterion l0: Adam steps of the gates per penalty strength")
-      ->check(positive_number(1e6))
-      ->capture_default_str();
-  app.add_option("--l0-penalties", a->run.l0_penalties,
-                 "--criterion l0: the penalty strengths (L0 weights), one run each")
-      ->delimiter(',')
-      ->check(non_negative_number(1e6));
+  const CLI::Option* l0_options[] = {
+      app.add_option("--l0-steps", a->run.l0_steps, "--criterion l0: Adam steps of the gates per penalty strength")
+          ->check(positive_number(1e6))
+          ->capture_default_str(),
+      app.add_option("--l0-penalties", a->run.l0_penalties,
+                     "--criterion l0: the penalty strengths (L0 weights), one run each")
+          ->delimiter(',')
+          ->check(non_negative_number(1e6))};
   app.add_flag("--full-curve", a->run.full_curve, "continue the pruning curve until every layer has one head left");
   auto* k =
       app.add_option("--prune", a->run.prune, "write pruned.h5 without the K least important heads (pruning order)")
@@ -63,7 +64,11 @@ Action add_ablate(CLI::App& app) {
   app.add_option("--repeats", a->run.repeats, "timed forward passes for the pruned model's speed-up")
       ->check(positive_number(1e6))
       ->capture_default_str();
-  return [a] {
+  return [a, l0_options] {
+    for (const CLI::Option* o : l0_options)
+      HL_CHECK(o->count() == 0 || a->criterion == "l0",
+               "ablate: --l0-steps and --l0-penalties set the gates of --criterion l0, not of --criterion ",
+               a->criterion);
     const AnalysisInputs ai = load_analysis(*a, "ablate", "ablation");
     analysis::AblateOptions o = a->run;
     o.checkpoint = a->path;

@@ -70,7 +70,7 @@ Action add_circuit(CLI::App& app) {
     std::optional<io::FolderLock> lock;
     if (writer) lock.emplace(make_locked_dir(out, "circuit"));
     analysis::CircuitRunOptions o = a->run;
-    o.engine.collectives = comm;
+    o.engine.collectives = comm, o.engine.stored_rows = a->pairs.stored_rows;
     o.checkpoint = a->path, o.source = made.source;
     const analysis::CircuitReport r = analysis::run_circuit(model, made.pairs, o, writer ? say : analysis::Say());
     if (!writer) return 0;

@@ -43,7 +43,7 @@ int heads_on_pairs(const HeadsArgs& a) {
   if (writer) lock.emplace(make_locked_dir(out, "heads"));
   analysis::PairHeadsOptions o;
   o.seed = a.seed, o.by_position = a.by_position, o.collectives = comm;
-  o.kv_groups = a.by == "kv-group";
+  o.kv_groups = a.by == "kv-group", o.stored_rows = a.pairs.stored_rows;
   o.checkpoint = a.path, o.source = made.source;
   const analysis::PairHeads r = analysis::heads_on_pairs(model, made.pairs, o, writer ? say : analysis::Say());
   if (!writer) return 0;
@@ -70,6 +70,7 @@ Action add_heads(CLI::App& app) {
   return [a] {
     if (a->pairs.given()) return heads_on_pairs(*a);
     HL_CHECK(a->by == "head", "heads: --by kv-group patches keys and values on prompt pairs; give --task or --pairs");
+    a->pairs.refuse_without_pairs("heads");
     const AnalysisInputs ai = load_analysis(*a, "heads", "heads");
     const nn::DecoderModel& model = ai.in.decoder("heads");
     const nn::DecoderShape& shape = model.shape();

@@ -193,14 +193,27 @@ void add_prompt_pair_options(CLI::App& app, PromptPairArgs& a) {
              "--pairs", a.file,
              "prompt pairs, a JSONL file of {\"clean\", \"corrupt\", \"answer\", \"wrong\"} (instead of --task)")
           ->type_name(kInputFile);
-  app.add_option("--rows", a.rows, "prompt pairs generated for --task")
-      ->check(positive_number(1e6))
-      ->capture_default_str();
-  app.add_option("--span", a.span, "induction: random tokens repeated (default: min(10, half the context))")
-      ->check(in_range(2, 1e6));
-  app.add_option("--template", a.templ, "ioi: which of Wang et al.'s 15 templates (0-based)")
-      ->check(in_range(0, analysis::kIoiTemplates - 1))
-      ->capture_default_str();
+  a.pair_only.push_back(app.add_option("--rows", a.rows, "prompt pairs generated for --task")
+                            ->check(positive_number(1e6))
+                            ->capture_default_str());
+  a.pair_only.push_back(
+      app.add_option("--span", a.span, "induction: random tokens repeated (default: min(10, half the context))")
+          ->check(in_range(2, 1e6)));
+  a.pair_only.push_back(app.add_option("--template", a.templ, "ioi: which of Wang et al.'s 15 templates (0-based)")
+                            ->check(in_range(0, analysis::kIoiTemplates - 1))
+                            ->capture_default_str());
+  a.pair_only.push_back(app.add_option("--stored-rows", a.stored_rows,
+                                       "prompt rows whose clean and corrupted runs stay in memory between passes; the "
+                                       "others are run again in each (0: as many as a quarter of the available "
+                                       "memory holds)")
+                            ->check(non_negative_number(1e9))
+                            ->capture_default_str());
+}
+
+void PromptPairArgs::refuse_without_pairs(const char* cmd) const {
+  for (const CLI::Option* o : pair_only)
+    HL_CHECK(o->count() == 0, cmd, ": ", o->get_name(),
+             " is an option of prompt pairs; give --task or --pairs with it");
 }
 
 MadePairs make_prompt_pairs(const PromptPairArgs& a, const Loaded& in, uint64_t seed, const char* cmd) {

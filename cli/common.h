@@ -83,8 +83,12 @@ AnalysisInputs load_analysis(const AnalysisArgs& a, const char* cmd, const std::
 struct PromptPairArgs {
   std::string task, file;
   int64_t rows = 64, span = 0, templ = 0;
+  int64_t stored_rows = 0;  // analysis::CircuitOptions::stored_rows
   const CLI::Option *task_option = nullptr, *file_option = nullptr;
+  std::vector<const CLI::Option*> pair_only;  // the options that mean something only with prompt pairs
   bool given() const { return task_option->count() > 0 || file_option->count() > 0; }  // even when empty
+  // Throws naming an option of the pairs given without them (it would be ignored).
+  void refuse_without_pairs(const char* cmd) const;
 };
 void add_prompt_pair_options(CLI::App& app, PromptPairArgs& a);
 struct MadePairs {

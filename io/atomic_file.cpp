@@ -141,6 +141,8 @@ AtomicFolder::AtomicFolder(std::string path, std::string who)
   fs::create_directories(path_, ec);
   HL_CHECK(!ec && fs::is_directory(path_), who_, ": cannot create output folder '", path_,
            "': ", ec ? ec.message() : std::string("not a folder"));
+  // A link to a folder: the swap replaces the folder it names (renaming the link would leave the old one).
+  if (fs::is_symlink(path_)) path_ = fs::canonical(path_).string();
   locks_->old_folder = FolderLock(path_, who_);
   remove_stale_temp_files(path_);
   const std::string parent = folder_of(path_);

@@ -296,6 +296,37 @@ TEST(Circuit, PatchedEdgesAndPathPatchingMatchNaivePatching) {
   }
 }
 
+// Chunks past stored_rows are run again in every pass: the same numbers, bit for bit, with none, some or all
+// of the runs stored (memory bounded by the option, not by the rows).
+TEST(Circuit, RunsNotStoredAreMadeAgainToTheSameNumbers) {
+  const nn::GPTConfig cfg = tiny_gpt_config(testing::kThreeHeadGpt);
+  manual_seed(5);
+  nn::GPTModel model(cfg);
+  model.to(DType::f64);
+  const PromptPairs pairs = random_pairs(cfg.vocab_size, 6, cfg.context_length - 1, 13);
+  const auto run = [&](int64_t stored, int64_t expect_stored) {
+    analysis::CircuitOptions o;
+    o.chunk_rows = 2, o.stored_rows = stored;  // three chunks of two rows
+    CircuitPatcher patcher(model, pairs, o);
+    EXPECT_EQ(patcher.stored_rows(), expect_stored);
+    EXPECT_EQ(patcher.own_rows(), 6);
+    EXPECT_EQ(analysis::stored_runs_text(patcher).empty(), expect_stored == 6);
+    const CircuitGraph& g = patcher.graph();
+    std::vector<int64_t> nodes(static_cast<size_t>(g.node_count()));
+    std::iota(nodes.begin(), nodes.end(), 0);
+    std::vector<double> all;
+    for (const auto& v :
+         {analysis::ablate_nodes(patcher, nodes).mean, analysis::ablate_nodes(patcher, nodes).zero,
+          analysis::activation_patching(patcher, nodes).denoising, patcher.direct_logit_attribution().node})
+      all.insert(all.end(), v.begin(), v.end());
+    EXPECT_EQ(patcher.rerun_rows() > 0, expect_stored < 6);
+    return all;
+  };
+  const std::vector<double> stored = run(0, 6);
+  EXPECT_EQ(run(1, 0), stored);  // a chunk of two rows does not fit one: none stored
+  EXPECT_EQ(run(3, 2), stored);  // one chunk stored, two run again
+}
+
 TEST(Circuit, EdgeAttributionIsTheSlopeOfPatching) {
   for (const auto& [name, cfg] : testing::analysis_gpt_forms()) {
     SCOPED_TRACE(name);

@@ -291,6 +291,13 @@ TEST_F(ReliabilityTest, ExportReplacesOnlyAWholeFolderItWrote) {
                                "replaces a folder only whole and only one it wrote: choose a new or empty --out"))
       << theirs.err;
   EXPECT_EQ(slurp(hf + "/model.safetensors"), weights);
+  // --out a link to a folder: the folder it names is replaced, the link kept and pointing at the new one.
+  fs::remove(hf + "/notes.txt");
+  fs::create_directory_symlink(hf, path("link"));
+  const Result linked = headlab({"export", ck, "--out", path("link")});
+  EXPECT_EQ(linked.code, 0) << linked.err;
+  EXPECT_TRUE(fs::is_symlink(path("link")));
+  EXPECT_TRUE(fs::exists(path("link/model.safetensors")) && fs::exists(hf + "/config.json"));
   // The checkpoint's own folder is another run's: refused, the checkpoint kept.
   const Result own = headlab({"export", ck, "--out", path("run")});
   EXPECT_EQ(own.code, 1);
@@ -642,6 +649,14 @@ TEST_F(ReliabilityTest, WhatIsGivenIsUsedOrRefused) {
   r = headlab({"circuit", ck, "--task", "induction", "--rows", "2", "--receivers", "L0H1", "--out", path("circ")});
   EXPECT_EQ(r.code, 1);
   EXPECT_TRUE(contains(r.err, "circuit: no head reaches --receivers L0H1")) << r.err;
+  // options that mean something only with others
+  r = headlab({"heads", ck, "--stored-rows", "5", "--out", path("h")});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.err, "heads: --stored-rows is an option of prompt pairs; give --task or --pairs with it"))
+      << r.err;
+  r = headlab({"ablate", ck, "--l0-steps", "3", "--out", path("a")});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.err, "ablate: --l0-steps and --l0-penalties set the gates of --criterion l0")) << r.err;
 }
 
 TEST_F(ReliabilityTest, PromptPairsThatMeasureNothingAreRefusedBeforeAnyResult) {

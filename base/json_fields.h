@@ -125,7 +125,9 @@ struct Bounds {
 };
 inline constexpr Bounds kPositive{0, std::numeric_limits<double>::infinity(), true, false};
 inline constexpr Bounds kNonNegative{0, std::numeric_limits<double>::infinity(), false, false};
-inline constexpr Bounds kFraction{0, 1, false, true};  // [0, 1): dropout rates
+inline constexpr Bounds kFraction{0, 1, false, true};                                        // [0, 1): dropout rates
+inline constexpr Bounds kSmallEps{0, 1, false, true};                                        // [0, 1): a norm's eps
+inline constexpr Bounds kAboveOne{1, std::numeric_limits<double>::infinity(), true, false};  // above 1: rope_theta
 
 // required: from_json refuses JSON without the key; optional: the member keeps its default.
 enum class Need { optional, required };

@@ -1,16 +1,17 @@
-// Decoder inference in headlab (GPT-2 or a LLaMA-family model), timed as ../shared/peers/torch_gpt2_infer.py
-// and torch_llama_infer.py time PyTorch: prefill (one no-grad forward over B x T tokens, every position's
-// logits: tokens/s) and greedy decoding with the key/value cache (batch 1, --decode tokens after a --prefill
-// prompt, the prompt's own prefill subtracted: tokens/s), medians of --repeats. Also: the prefill of a
-// generate call (the head on the last position only), the KV cache's bytes, loading time and resident memory
-// for a --model folder, and the floors: prefill's GEMM FLOPs over the SGEMM rate measured here, decoding's
-// weight and KV-cache bytes per token over the read bandwidth measured here (decoding is memory-bound).
-// bench/gpt2_ratios.sh and bench/llama_ratios.sh run it beside the peers and print the ratios.
-// Usage: decoder_infer [--model DIR | --arch gpt|llama [--layers L --dim C --heads H --kv-heads K --hidden F
+// Decoder inference in headlab (GPT-2, a LLaMA-family or a GPT-NeoX model), timed as ../shared/peers/
+// torch_gpt2_infer.py, torch_llama_infer.py and torch_neox_infer.py time PyTorch: prefill (one no-grad forward over B x
+// T tokens, every position's logits: tokens/s) and greedy decoding with the key/value cache (batch 1, --decode tokens
+// after a --prefill prompt, the prompt's own prefill subtracted: tokens/s), medians of --repeats. Also: the prefill of
+// a generate call (the head on the last position only), the KV cache's bytes, loading time and resident memory for a
+// --model folder, and the floors: prefill's GEMM FLOPs over the SGEMM rate measured here, decoding's weight and
+// KV-cache bytes per token over the read bandwidth measured here (decoding is memory-bound). bench/gpt2_ratios.sh and
+// bench/llama_ratios.sh run it beside the peers and print the ratios. Usage: decoder_infer [--model DIR | --arch
+// gpt|llama|neox [--layers L --dim C --heads H --kv-heads K --hidden F
 //                       --vocab V --positions P]] [--batch-size B] [--prefill T] [--decode N] [--threads N]
 //                      [--repeats R] [--prefill-chunk N] [--save DIR] [--device cpu|cuda]
 // Shapes by default: gpt is GPT-2 small (124M, tied head); llama is SmolLM-135M (30 layers, width 576, 9 query
-// heads sharing 3 key/value heads, SwiGLU 1536, vocabulary 49152, tied head), as the peers' defaults.
+// heads sharing 3 key/value heads, SwiGLU 1536, vocabulary 49152, tied head); neox is Pythia-160M (12 layers,
+// width 768, 12 heads, MLP 3072, vocabulary 50304, rotary on 16 of 64 dims, parallel residual), as the peers'.
 // On a GPU every timed call ends with a device synchronisation (as the peer's do) and the floors use the
 // GPU's own GEMM rate and read bandwidth.
 // --prefill-chunk N: generate's prefill fills the cache N prompt tokens at a time (default: generate's own,
@@ -32,6 +33,7 @@
 #include "io/hf_folder.h"
 #include "nn/generate.h"
 #include "nn/llama.h"
+#include "nn/neox.h"
 #include "ops/ops.h"
 
 using namespace headlab;
@@ -100,6 +102,13 @@ nlohmann::json random_config(const std::string& arch, const std::vector<std::pai
     c.vocab_size = size("vocab", c.vocab_size), c.context_length = size("positions", c.context_length);
     return c.to_json();
   }
+  if (arch == "neox") {
+    nn::NeoXConfig c;  // Pythia-160M's shape, the peer's default: rotary on a quarter of each head, untied
+    c.n_layers = size("layers", 12), c.emb_dim = size("dim", 768), c.n_heads = size("heads", 12);
+    c.hidden_dim = size("hidden", 4 * c.emb_dim), c.vocab_size = size("vocab", 50304);
+    c.context_length = size("positions", 2048), c.rotary_dims = c.emb_dim / c.n_heads / 4;
+    return c.to_json();
+  }
   nn::LlamaConfig c;  // SmolLM-135M's shape, the peer's default
   c.n_layers = size("layers", 30), c.emb_dim = size("dim", 576), c.n_heads = size("heads", 9);
   c.n_kv_heads = size("kv-heads", 3), c.hidden_dim = size("hidden", 1536), c.vocab_size = size("vocab", 49152);
@@ -147,8 +156,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (arch != "gpt" && arch != "llama") {
-    std::fprintf(stderr, "decoder_infer: --arch is gpt or llama, not %s\n", arch.c_str());
+  if (arch != "gpt" && arch != "llama" && arch != "neox") {
+    std::fprintf(stderr, "decoder_infer: --arch is gpt, llama or neox, not %s\n", arch.c_str());
     return 2;
   }
   omp_set_num_threads(threads);
@@ -186,8 +195,7 @@ int main(int argc, char** argv) {
   const Costs costs = costs_of(model);
   std::printf("headlab %s device=%s threads=%d params=%lld sgemm %.1f GFLOP/s (OpenBLAS %s), read %.1f GB/s\n",
               model.type_name().c_str(), device.str().c_str(), threads, (long long)model.num_parameters(), gflops,
-              openblas_get_corename(),
-              gbps);
+              openblas_get_corename(), gbps);
 
   const Tensor ids = randint(0, vocab, {B, prefill}).to(device);
   (void)model.forward(ids.narrow(1, 0, 8));  // warm-up
@@ -210,9 +218,11 @@ int main(int argc, char** argv) {
     be.synchronize();
   });
   const double gen_floor = forward_flops(costs, 1, double(prefill), 1) / (gflops * 1e9);
-  std::printf("generate's prefill T=%lld in chunks of %lld (head on the last position): %.1f ms, %.0f tokens/s (floor "
-              "%.1f ms: %.0f%%)\n",
-              (long long)prefill, (long long)chunk, gen_pre * 1e3, double(prefill) / gen_pre, gen_floor * 1e3, 100 * gen_floor / gen_pre);
+  std::printf(
+      "generate's prefill T=%lld in chunks of %lld (head on the last position): %.1f ms, %.0f tokens/s (floor "
+      "%.1f ms: %.0f%%)\n",
+      (long long)prefill, (long long)chunk, gen_pre * 1e3, double(prefill) / gen_pre, gen_floor * 1e3,
+      100 * gen_floor / gen_pre);
   if (decode > 0) {
     double held = 0;  // the caches' bytes at the end (capacity, which grows by doubling)
     const double whole = median_seconds(repeats, [&] {

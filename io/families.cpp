@@ -4,8 +4,10 @@
 #include "io/hf_folder.h"
 #include "io/hf_gpt2.h"
 #include "io/hf_llama.h"
+#include "io/hf_neox.h"
 #include "nn/gpt.h"
 #include "nn/llama.h"
+#include "nn/neox.h"
 #include "nn/transformer.h"
 
 namespace headlab::io {
@@ -15,6 +17,7 @@ const std::vector<Family>& families() {
       {nn::gpt_family(), &hf_gpt2_format()},     // the book's GPT; GPT-2's folders
       {nn::encoder_decoder_family()},            // d2l's Transformer
       {nn::llama_family(), &hf_llama_format()},  // LLaMA, Mistral, Qwen2 folders; llama2.c files (io/llama2c.h)
+      {nn::neox_family(), &hf_neox_format()},    // GPT-NeoX (Pythia) folders
   };
   return all;
 }

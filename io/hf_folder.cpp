@@ -5,10 +5,12 @@
 #include <fstream>
 #include <sstream>
 
+#include "autograd/engine.h"
 #include "base/input_path.h"
 #include "base/json_text.h"
 #include "base/sizes.h"
 #include "io/atomic_file.h"
+#include "ops/ops.h"
 
 namespace headlab::io {
 
@@ -48,6 +50,17 @@ int64_t hf_config_int(const nlohmann::json& j, std::initializer_list<const char*
 void write_tokenizer_files(const std::string& folder, const TokenizerFiles& tokenizer) {
   for (const auto& [name, bytes] : tokenizer.files)
     write_file_atomic((fs::path(folder) / name).string(), bytes, "export");
+}
+
+Tensor full_width(const Tensor& w, const std::vector<int64_t>& kept, int64_t units, int64_t D) {
+  Shape zero_rows = w.shape();
+  zero_rows[0] = D;
+  std::vector<Tensor> rows;
+  size_t i = 0;
+  for (int64_t u = 0; u < units; ++u)
+    rows.push_back(i < kept.size() && kept[i] == u ? w.narrow(0, static_cast<int64_t>(i++) * D, D)
+                                                   : zeros(zero_rows, w.dtype(), w.device()));
+  return cat(rows, 0);
 }
 
 }  // namespace headlab::io

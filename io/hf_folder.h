@@ -6,7 +6,9 @@
 #include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
+#include "autograd/tensor.h"
 #include "base/error.h"
 #include "base/json_fields.h"
 #include "io/tokenizer_files.h"
@@ -34,6 +36,10 @@ T hf_config_value(const nlohmann::json& j, const char* key, T fallback, const st
     HL_FAIL(file, ": ", key, " has the wrong type: ", json_text(j.at(key)));
   }
 }
+
+// A pruned layer's projection rows at full width, as a folder stores them: unit u's D rows where it was kept
+// (kept[i] == u: rows [i*D, (i+1)*D) of w), zeros where it was removed. w (kept.size() * D, ...) -> (units * D, ...).
+Tensor full_width(const Tensor& w, const std::vector<int64_t>& kept, int64_t units, int64_t D);
 
 // A tokenizer's files written into the folder under their own names (tokenizer.model, vocab.json, ...), each
 // atomically, as export writes them beside the weights; nothing for an empty one.

@@ -138,17 +138,6 @@ Tensor pairs_to_halves(const Tensor& w, int64_t D) {
   return index_select(w, 0, tensor(rows));
 }
 
-// A pruned layer's projection rows at full width: unit u's D rows where it was kept (kept[i] == u: rows
-// [i*D, (i+1)*D) of w), zeros where it was removed. w: (kept.size() * D, C) -> (units * D, C).
-Tensor full_width(const Tensor& w, const std::vector<int64_t>& kept, int64_t units, int64_t D) {
-  std::vector<Tensor> rows;
-  size_t i = 0;
-  for (int64_t u = 0; u < units; ++u)
-    rows.push_back(i < kept.size() && kept[i] == u ? w.narrow(0, static_cast<int64_t>(i++) * D, D)
-                                                   : zeros({D, w.size(1)}));
-  return cat(rows, 0);
-}
-
 void write_hf_llama(const std::string& folder, const nn::LlamaModel& model) {
   const NoGradGuard no_grad;
   const nn::LlamaConfig& c = model.config();

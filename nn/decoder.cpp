@@ -101,7 +101,8 @@ Tensor DecoderModel::forward_cached(const Tensor& idx, std::vector<KVCache>& cac
   for (int64_t start = 0; start < T; start += step) {
     const int64_t n = std::min(step, T - start);
     x = embed(idx.narrow(1, start, n), caches.front().length);
-    for (int64_t l = 0; l < n_layers(); ++l) x = decoder_block(l).forward(x, HookSite{}, &caches[static_cast<size_t>(l)]);
+    for (int64_t l = 0; l < n_layers(); ++l)
+      x = decoder_block(l).forward(x, HookSite{}, &caches[static_cast<size_t>(l)]);
   }
   return unembed(x.narrow(1, x.size(1) - 1, 1)).select(1, 0);  // (B, V)
 }
@@ -165,6 +166,15 @@ int64_t DecoderModel::original_head(int64_t i, int64_t h) const {
 
 void DecoderModel::keep_attention_weights(bool on) {
   for (int64_t l = 0; l < n_layers(); ++l) attention(l).keep_attention_weights(on);
+}
+
+void DecoderModel::check_token_ids(const Tensor& idx, int64_t offset, const char* who) const {
+  HL_CHECK(idx.defined() && idx.dim() == 2, who, ": expected token ids of shape (batch, tokens), got ",
+           idx.defined() ? shape_str(idx.shape()) : std::string("(undefined)"));
+  HL_CHECK(idx.dtype() == DType::i64, who, ": token ids must be int64, got ", dtype_name(idx.dtype()));
+  HL_CHECK(offset >= 0 && offset + idx.size(1) <= shape_.context_length, who, ": ", idx.size(1), " tokens",
+           offset ? " after " + std::to_string(offset) : std::string(), " exceed context_length ",
+           shape_.context_length);
 }
 
 }  // namespace headlab::nn

@@ -117,6 +117,9 @@ class DecoderModel : public Model {
   Tensor attention_weights(int64_t i) const override { return attention(i).last_attention_weights(); }
 
  protected:
+  // embed's checks: idx (B, T) int64 at positions [offset, offset + T) within the context; errors start with who.
+  void check_token_ids(const Tensor& idx, int64_t offset, const char* who) const;
+
   DecoderShape shape_;  // set by the family's constructor
 };
 

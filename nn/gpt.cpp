@@ -170,12 +170,8 @@ nlohmann::json GPTModel::converted_config(AttentionForm form) const {
 }
 
 Tensor GPTModel::embed(const Tensor& idx, int64_t offset, Hooks* hooks) {
-  HL_CHECK(idx.defined() && idx.dim() == 2, "GPTModel: expected token ids of shape (batch, tokens), got ",
-           idx.defined() ? shape_str(idx.shape()) : std::string("(undefined)"));
-  HL_CHECK(idx.dtype() == DType::i64, "GPTModel: token ids must be int64, got ", dtype_name(idx.dtype()));
+  check_token_ids(idx, offset, "GPTModel");
   const int64_t B = idx.size(0), T = idx.size(1);
-  HL_CHECK(offset >= 0 && offset + T <= cfg_.context_length, "GPTModel: ", T, " tokens",
-           offset ? " after " + std::to_string(offset) : std::string(), " exceed context_length ", cfg_.context_length);
   const HookSite site{hooks, -1};
   const Tensor tok = site(HookPoint::embed, tok_emb->forward(idx));  // (B, T, C)
   Tensor pos = pos_emb->forward(

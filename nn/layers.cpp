@@ -145,11 +145,12 @@ Tensor FrozenNorm::bias_along(const Tensor& d) const {
   return mul(d, bias.to(d.device()).to(d.dtype())).sum({-1});
 }
 
-FeedForward::FeedForward(int64_t emb_dim) {
+FeedForward::FeedForward(int64_t emb_dim, int64_t hidden_dim, bool tanh_gelu) {
+  const int64_t F = hidden_dim > 0 ? hidden_dim : 4 * emb_dim;
   layers = register_module("layers", std::make_shared<Sequential>());
-  layers->push_back(std::make_shared<Linear>(emb_dim, 4 * emb_dim));
-  layers->push_back(std::make_shared<GELU>(true));
-  layers->push_back(std::make_shared<Linear>(4 * emb_dim, emb_dim));
+  layers->push_back(std::make_shared<Linear>(emb_dim, F));
+  layers->push_back(std::make_shared<GELU>(tanh_gelu));
+  layers->push_back(std::make_shared<Linear>(F, emb_dim));
 }
 
 Tensor FeedForward::forward(const Tensor& x, const HookSite& site) {

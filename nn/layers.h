@@ -115,10 +115,11 @@ class Mlp : public UnaryModule {
   virtual Tensor forward(const Tensor& x, const HookSite& site) = 0;  // x (..., C) -> (..., C)
 };
 
-// The book's FeedForward: layers = Sequential(Linear(d, 4d), GELU, Linear(4d, d)).
+// The book's FeedForward: layers = Sequential(Linear(d, 4d), GELU, Linear(4d, d)); GPT-NeoX's MLP is the same
+// with its own width (intermediate_size) and the exact GELU.
 class FeedForward : public Mlp {
  public:
-  explicit FeedForward(int64_t emb_dim);
+  explicit FeedForward(int64_t emb_dim, int64_t hidden_dim = 0 /* 4 * emb_dim */, bool tanh_gelu = true);
   std::string type_name() const override { return "FeedForward"; }
   using Mlp::forward;
   Tensor forward(const Tensor& x, const HookSite& site) override;

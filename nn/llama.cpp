@@ -11,9 +11,6 @@ namespace headlab::nn {
 
 namespace {
 
-const Bounds kAboveOne{1, std::numeric_limits<double>::infinity(), true, false};
-const Bounds kSmallEps{0, 1, false, true};
-
 // LlamaConfig's JSON: "arch": "llama" (written by to_json) and these keys.
 const auto kLlamaFields = std::tuple{
     field("vocab_size", &LlamaConfig::vocab_size, Need::required, kPositive),
@@ -220,11 +217,7 @@ nlohmann::json LlamaModel::converted_config(AttentionForm form) const {
 }
 
 Tensor LlamaModel::embed(const Tensor& idx, int64_t offset, Hooks* hooks) {
-  HL_CHECK(idx.defined() && idx.dim() == 2, "Llama: expected token ids of shape (batch, tokens), got ",
-           idx.defined() ? shape_str(idx.shape()) : std::string("(undefined)"));
-  HL_CHECK(idx.dtype() == DType::i64, "Llama: token ids must be int64, got ", dtype_name(idx.dtype()));
-  HL_CHECK(offset >= 0 && offset + idx.size(1) <= cfg_.context_length, "Llama: ", idx.size(1), " tokens",
-           offset ? " after " + std::to_string(offset) : std::string(), " exceed context_length ", cfg_.context_length);
+  check_token_ids(idx, offset, "Llama");
   return drop_emb->forward(HookSite{hooks, -1}(HookPoint::embed, tok_emb->forward(idx)));  // (B, T, C)
 }
 

@@ -271,7 +271,7 @@ TEST(Families, TheRegistryKnowsEveryFamilyBySectionAndFolder) {
   try {
     io::family_of(bad);
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("expected one of 'gpt', 'encoder-decoder', 'llama', got 'bert'"),
+    EXPECT_NE(std::string(e.what()).find("expected one of 'gpt', 'encoder-decoder', 'llama', 'neox', got 'bert'"),
               std::string::npos)
         << e.what();
   }

@@ -415,7 +415,7 @@ TEST(LlamaFolders, WhatLlamaModelDoesNotComputeIsRefusedByName) {
   EXPECT_ERROR_WITH(io::read_hf_llama_config(act), "hidden_act 'gelu'");
   EXPECT_ERROR_WITH(io::read_hf_llama_config(window), "sliding_window 4 is shorter than the context");
   EXPECT_ERROR_WITH(io::family_of_folder(falcon),
-                    "model_type 'falcon' is not one headlab reads (gpt2, llama, mistral, qwen2)");
+                    "model_type 'falcon' is not one headlab reads (gpt2, llama, mistral, qwen2, gpt_neox)");
   // head_dim that disagrees with the tensors: the file and tensor named.
   const std::string hd = with("head_dim", [](auto& j) { j["head_dim"] = 16; });
   fs::copy_file(llama_fixture("gqa_tied/model.safetensors"), hd + "/model.safetensors");

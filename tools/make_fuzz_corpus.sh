@@ -93,7 +93,8 @@ PY
 
 # Hugging Face config.json files: the test fixtures' (GPT-2 and every llama-family variant).
 mkdir -p "$corpus/hf_config"
-for f in tests/fixtures/gpt2_folders/*/config.json tests/fixtures/llama_folders/*/config.json; do
+for f in tests/fixtures/gpt2_folders/*/config.json tests/fixtures/llama_folders/*/config.json \
+  tests/fixtures/neox_folders/*/config.json; do
   cp "$f" "$corpus/hf_config/$(basename "$(dirname "$f")").json"
 done
 

@@ -271,3 +271,23 @@ def test_patching_a_key_value_group_is_patching_its_hook_k_and_hook_v():
             patched.append(logit_difference(i, c, {n: patch for n in names}))
         ours = (np.mean(patched) - corrupt) / (clean - corrupt) - 1
         assert ours == pytest.approx(r["kv_resample"][g], abs=1e-4), r["kv_groups"][g]
+
+
+def test_a_gpt_neox_model_has_transformer_lens_names(tmp_path):
+    """A GPT-NeoX model (--arch neox: the parallel residual, rotary on a quarter of each head): no hook_resid_mid,
+    since the MLP reads the block's input; the residual stream after a block is its input plus the attention's and
+    the MLP's outputs; the rotated queries are there."""
+    subprocess.run([BINARY, "train", "--task", "reverse", "--arch", "neox", "--n-layers", "2", "--n-heads", "2",
+                    "--emb-dim", "32", "--batch-size", "4", "--steps", "2", "--eval-every", "2", "--eval-batches", "1",
+                    "--threads", "1", "--out", str(tmp_path)], check=True, capture_output=True)
+    m = headlab.load(str(tmp_path / "checkpoint.h5"))
+    assert m.config["arch"] == "neox" and m.config["parallel_residual"]
+    names = m.hook_names()
+    assert "blocks.0.hook_resid_mid" not in names and "blocks.0.attn.hook_rot_q" in names
+    tokens = np.array([[1, 2, 3, 4, 5]], dtype=np.int64)
+    logits, cache = m.run_with_cache(tokens, names=["blocks.1.hook_resid_pre", "blocks.1.hook_attn_out",
+                                                    "blocks.1.hook_mlp_out", "blocks.1.hook_resid_post"])
+    np.testing.assert_allclose(cache["blocks.1.hook_resid_post"],
+                               cache["blocks.1.hook_resid_pre"] + cache["blocks.1.hook_attn_out"]
+                               + cache["blocks.1.hook_mlp_out"], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(logits, m(tokens), rtol=1e-5, atol=2e-5)

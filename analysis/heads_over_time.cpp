@@ -5,11 +5,13 @@
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <regex>
 #include <sstream>
 
 #include "analysis/files.h"
 #include "analysis/table.h"
 #include "io/atomic_file.h"
+#include "io/hf_folder.h"
 #include "plot/plot.h"
 #include "train/evaluate.h"
 
@@ -194,6 +196,21 @@ void HeadsOverTime::save_png(const std::string& path) const {
   plot::save_line_charts({chart, loss}, path);
 }
 
+std::vector<std::pair<int64_t, std::string>> checkpoint_series(const std::string& folder) {
+  std::vector<std::pair<int64_t, std::string>> found = train::checkpoint_history(folder);
+  if (!found.empty()) return found;
+  static const std::regex revision(R"(step(\d{1,18}))");
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(folder, ec), end; !ec && it != end; it.increment(ec)) {
+    std::smatch m;
+    const std::string name = it->path().filename().string();
+    if (std::regex_match(name, m, revision) && io::is_hf_model_folder(it->path().string()))
+      found.emplace_back(std::stoll(m[1].str()), it->path().string());
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
 train::StepObserver track_heads(const std::shared_ptr<HeadsOverTime>& tracker, const std::string& out, int64_t every) {
   train::StepObserver o;
   o.every = every;
@@ -201,10 +218,14 @@ train::StepObserver track_heads(const std::shared_ptr<HeadsOverTime>& tracker, c
     auto* decoder = dynamic_cast<nn::DecoderModel*>(&model);
     HL_CHECK(decoder != nullptr, "train: --track-heads applies to decoders; this run trains an encoder-decoder");
     tracker->observe(*decoder, task, T, step);
-    io::write_file_atomic((std::filesystem::path(out) / "heads_over_time.csv").string(), tracker->csv(), "train");
-    tracker->save_png((std::filesystem::path(out) / "heads_over_time.png").string());
+    save_tracking(*tracker, out, "train");
   };
   return o;
+}
+
+void save_tracking(const HeadsOverTime& tracker, const std::string& out, const std::string& who) {
+  io::write_file_atomic((std::filesystem::path(out) / "heads_over_time.csv").string(), tracker.csv(), who);
+  tracker.save_png((std::filesystem::path(out) / "heads_over_time.png").string());
 }
 
 std::string finish_tracking(const HeadsOverTime& tracker, const std::string& out) {

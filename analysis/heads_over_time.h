@@ -68,6 +68,14 @@ class HeadsOverTime {
   std::vector<HeadsAtStep> history_;
 };
 
+// A folder of one run's checkpoints, by step: headlab's history (checkpoint-<step>.h5: train::checkpoint_history)
+// or subfolders step<N> each holding a model folder (Pythia's revisions: step1000, step2000, ...); empty when it
+// holds neither. `headlab heads FOLDER` observes each with HeadsOverTime, as --track-heads does while training.
+std::vector<std::pair<int64_t, std::string>> checkpoint_series(const std::string& folder);
+
+// <out>/heads_over_time.csv and .png from what the tracker observed so far (errors start with who).
+void save_tracking(const HeadsOverTime& tracker, const std::string& out, const std::string& who);
+
 // What `train --track-heads N` attaches to a run (train::StepObserver): every N steps the decoder's heads
 // observed, and <out>/heads_over_time.csv and .png rewritten so that a run can be watched while it trains.
 train::StepObserver track_heads(const std::shared_ptr<HeadsOverTime>& tracker, const std::string& out, int64_t every);

@@ -1,16 +1,20 @@
 // headlab heads: what every attention head of a checkpoint does, in one command: option parsing, then on
 // the task's data analysis::find_heads (analysis/heads_report.h: ablation, logit attribution, patching,
 // head types, composition), or on prompt pairs (--task ioi|greater-than|induction, --pairs FILE)
-// analysis::heads_on_pairs (analysis/heads_pairs.h), and their files.
+// analysis::heads_on_pairs (analysis/heads_pairs.h), and their files; given a folder of one run's checkpoints,
+// every head's scores at each (analysis/heads_over_time.h), as train --track-heads records them.
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 #include <memory>
 #include <optional>
 
+#include "analysis/heads_over_time.h"
 #include "analysis/heads_pairs.h"
 #include "analysis/heads_report.h"
 #include "cli/commands.h"
 #include "cli/common.h"
+#include "io/hf_folder.h"
 #include "train/collectives.h"
 
 namespace headlab::cli {
@@ -52,6 +56,37 @@ int heads_on_pairs(const HeadsArgs& a) {
   return 0;
 }
 
+// Over one run's checkpoints (analysis::checkpoint_series): each loaded in turn and observed on the same rows.
+int heads_over_checkpoints(const HeadsArgs& a, const std::vector<std::pair<int64_t, std::string>>& series) {
+  HL_CHECK(a.batches == 0 && a.batch_size == 0 && !a.by_position,
+           "heads: --batches, --batch-size and --by-position choose the analyses of one checkpoint; over a folder of "
+           "checkpoints each is scored on the same tracked rows (--tokens, --text)");
+  set_threads(a.threads);
+  const std::string out = a.out.empty() ? join_path(a.path, "heads") : a.out;
+  const io::FolderLock lock = make_locked_dir(out, "heads");
+  std::cout << "headlab heads: " << series.size() << " checkpoints of one run in " << a.path << " (steps "
+            << series.front().first << " to " << series.back().first << ")\n";
+  analysis::HeadsOverTime tracker;
+  for (const auto& [step, path] : series) {
+    const Loaded in = load("heads", path, a.device, a.text, a.tokenizer);
+    HL_CHECK(!in.from_folder || !a.text.empty(), "heads: '", path,
+             "' is a model folder: give the text to score with --text FILE");
+    const int64_t T = a.tokens > 0 ? a.tokens : in.config.batch_tokens();
+    HL_CHECK(T <= in.config.batch_tokens(), "heads: --tokens ", T, " is longer than the context of '", path, "' (",
+             in.config.batch_tokens(), ")");
+    tracker.observe(in.decoder("heads"), *in.task, T, step);
+    const analysis::HeadsAtStep& s = tracker.history().back();
+    const auto strongest = std::max_element(s.heads.begin(), s.heads.end(),
+                                            [](const auto& x, const auto& y) { return x.induction < y.induction; });
+    std::cout << "step " << step << ": loss " << analysis::fmt(s.loss, 4) << ", in-context score "
+              << analysis::fmt(s.icl, 3) << ", strongest induction head L" << strongest->layer << "H"
+              << strongest->original_head << " (" << analysis::fmt(strongest->induction, 2) << ")\n";
+    analysis::save_tracking(tracker, out, "heads");
+  }
+  std::cout << analysis::finish_tracking(tracker, out);
+  return 0;
+}
+
 }  // namespace
 
 Action add_heads(CLI::App& app) {
@@ -71,6 +106,9 @@ Action add_heads(CLI::App& app) {
     if (a->pairs.given()) return heads_on_pairs(*a);
     HL_CHECK(a->by == "head", "heads: --by kv-group patches keys and values on prompt pairs; give --task or --pairs");
     a->pairs.refuse_without_pairs("heads");
+    if (std::filesystem::is_directory(a->path) && !io::is_hf_model_folder(a->path))
+      if (const auto series = analysis::checkpoint_series(a->path); !series.empty())
+        return heads_over_checkpoints(*a, series);
     const AnalysisInputs ai = load_analysis(*a, "heads", "heads");
     const nn::DecoderModel& model = ai.in.decoder("heads");
     const nn::DecoderShape& shape = model.shape();

@@ -127,8 +127,9 @@ void set_threads(int threads, int processes) {
 }
 
 void add_model_argument(CLI::App& app, std::string& path, std::string& tokenizer) {
-  app.add_option("checkpoint", path,
-                 "headlab checkpoint (.h5), Hugging Face model folder (gpt2, llama) or llama2.c checkpoint (.bin)")
+  app.add_option(
+         "checkpoint", path,
+         "headlab checkpoint (.h5), Hugging Face model folder (gpt2, llama, gpt_neox) or llama2.c checkpoint (.bin)")
       ->type_name(kInputFile)
       ->required();
   app.add_option("--tokenizer", tokenizer,

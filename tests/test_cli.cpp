@@ -667,15 +667,17 @@ TEST_F(CliTest, TokenizeGivesGpt2sIds) {
 // the groups they empty (each layer keeps its last head's group), and the pruned checkpoint computes what the
 // gated model computes and exports at full width to the same logits.
 TEST_F(CliTest, AblatePrunesWholeKeyValueGroupsOfALlamaCheckpoint) {
-  Result r = headlab({"train", "--task", "reverse", "--arch", "llama", "--steps", "3", "--emb-dim", "16", "--n-heads",
-                      "4", "--n-kv-heads", "2", "--n-layers", "2", "--batch-size", "4", "--eval-every", "3",
-                      "--eval-batches", "1", "--out", path("gqa")});
+  Result r =
+      headlab({"train", "--task",       "reverse", "--arch",         "llama", "--steps",    "3",        "--emb-dim",
+               "16",    "--n-heads",    "4",       "--n-kv-heads",   "2",     "--n-layers", "2",        "--batch-size",
+               "4",     "--eval-every", "3",       "--eval-batches", "1",     "--out",      path("gqa")});
   ASSERT_EQ(r.code, 0) << r.err;
   r = headlab({"ablate", path("gqa/checkpoint.h5"), "--batches", "1", "--batch-size", "4", "--prune", "6", "--repeats",
                "1", "--out", path("gqa/ablate")});
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_TRUE(contains(r.out, "pruned model: removed 4 of 8 heads (the curve's first 6, less those whose key/value "
-                              "group keeps a head)"))
+  EXPECT_TRUE(contains(r.out,
+                       "pruned model: removed 4 of 8 heads (the curve's first 6, less those whose key/value "
+                       "group keeps a head)"))
       << r.out;
   const size_t at = r.out.find("max |logits(pruned) - logits(gated)| = ");
   ASSERT_NE(at, std::string::npos) << r.out;
@@ -960,6 +962,34 @@ TEST_F(CliTest, AttentionOnlyModelsTrainAndLoadEverywhere) {
   r = headlab({"train", "--arch", "encoder-decoder", "--attn-only", "--steps", "1", "--out", path("ao_ed")});
   EXPECT_EQ(r.code, 1);
   EXPECT_TRUE(contains(r.err, "--attn-only applies to --arch gpt")) << r.err;
+}
+
+// heads over a folder of one run's checkpoints (checkpoint-<step>.h5) gives, for each, the rows train --track-heads
+// recorded at that step while the run trained: the same table, bit for bit, from the files alone.
+TEST_F(CliTest, HeadsOverARunsCheckpointsIsTheTableTrackedWhileTraining) {
+  const std::string tiny = std::string(HEADLAB_SOURCE_DIR) + "/data/tiny.txt";
+  Result r =
+      headlab({"train", "--task",         "chars",    "--text",       tiny, "--context-length", "16", "--emb-dim",
+               "16",    "--n-heads",      "2",        "--steps",      "6",  "--batch-size",     "4",  "--eval-every",
+               "6",     "--eval-batches", "1",        "--save-every", "3",  "--keep-last",      "5",  "--track-heads",
+               "3",     "--out",          path("run")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = headlab({"heads", path("run"), "--out", path("series")});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(contains(r.out, "headlab heads: 2 checkpoints of one run in " + path("run") + " (steps 3 to 6)"))
+      << r.out;
+  const std::string series = slurp(path("series/heads_over_time.csv")),
+                    tracked = slurp(path("run/heads_over_time.csv"));
+  std::string tracked_saved;  // the tracked rows of the steps with a checkpoint (not step 0)
+  std::istringstream lines(tracked);
+  for (std::string line; std::getline(lines, line);)
+    if (!line.starts_with("0,")) tracked_saved += line + "\n";
+  EXPECT_EQ(series, tracked_saved);
+  EXPECT_EQ(std::count(series.begin(), series.end(), '\n'), 1 + 2 * 4) << series;  // 2 checkpoints x 4 heads
+  EXPECT_TRUE(fs::exists(path("series/heads_over_time.png")) && fs::exists(path("series/heads_over_time.md")));
+  r = headlab({"heads", path("run"), "--batches", "2"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_TRUE(contains(r.err, "over a folder of checkpoints each is scored on the same tracked rows")) << r.err;
 }
 
 // scripts/induction.sh, the induction-head reproduction, in its quick form (a few steps on data/tiny.txt

@@ -291,8 +291,12 @@ TEST(NeoX, EveryCommandReadsAFolderWithItsTokenizerJson) {
   files.files.emplace_back("tokenizer.json", headlab::testing::slurp(tok));
   const std::string hub = dir.path("pythia");
   io::family_named("neox", "test").folder->write(hub, m, files);
-  std::ofstream(dir.path("story.txt")) << "Once upon a time there was a little dog. The dog liked to run in the park. "
-                                          "One day the dog saw a cat, and the cat ran up a tree.\n";
+  {
+    std::ofstream story(dir.path("story.txt"));
+    for (int i = 0; i < 12; ++i)
+      story << "Once upon a time there was a little dog. The dog liked to run in the park. One day the dog saw a "
+               "cat, and the cat ran up a tree.\n";
+  }
   run({"inspect", hub});
   run({"tokenize", hub, "--prompt", "Once upon a time"});
   run({"eval", hub, "--text", dir.path("story.txt")});
@@ -300,6 +304,18 @@ TEST(NeoX, EveryCommandReadsAFolderWithItsTokenizerJson) {
   run({"attention", hub, "--prompt", "Once upon a time", "--out", dir.path("att")});
   run({"heads", hub, "--task", "induction", "--rows", "4", "--out", dir.path("heads")});
   run({"circuit", hub, "--task", "induction", "--rows", "4", "--check-edges", "4", "--out", dir.path("circ")});
+  // Pythia's training revisions as folders step<N>: heads gives every head's scores at each, on the text given.
+  for (const char* revision : {"step100", "step20"}) {
+    nn::NeoXModel other(c);
+    io::family_named("neox", "test").folder->write(dir.path("revisions/") + revision, other, files);
+  }
+  const auto series =
+      run({"heads", dir.path("revisions"), "--text", dir.path("story.txt"), "--tokens", "16", "--out", dir.path("h")});
+  EXPECT_NE(series.out.find("2 checkpoints of one run in " + dir.path("revisions") + " (steps 20 to 100)"),
+            std::string::npos)
+      << series.out;
+  const std::string csv = headlab::testing::slurp(dir.path("h/heads_over_time.csv"));
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 1 + 2 * 2 * 3) << csv;  // 2 revisions x 2 layers x 3 heads
   run({"convert", hub, "--out", dir.path("pythia.h5")});
   run({"export", dir.path("pythia.h5"), "--out", dir.path("back")});
   EXPECT_TRUE(fs::exists(dir.path("back/tokenizer.json")));

@@ -386,7 +386,8 @@ TEST_F(ReliabilityTest, InputsThatAreNotRegularFilesAreRefusedWithoutOpeningThem
       {fifo, "is not a regular file (it is a FIFO)"},
       {sock, "is not a regular file (it is a socket)"},
       {"/dev/zero", "is not a regular file (it is a character device)"},
-      {path("run"), "is a folder, not a file"}};
+      {path("plain"), "is a folder, not a file"}};  // (a run's folder is heads' series of checkpoints)
+  fs::create_directory(path("plain"));
   for (const auto& [input, what] : inputs) {
     for (const std::string cmd : {"eval", "inspect", "ablate", "heads"}) {
       const Result r =

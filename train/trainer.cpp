@@ -47,14 +47,7 @@ std::string fixed(double v, int precision) {
 
 // Removes checkpoint-<step>.h5 files beyond the newest `keep`.
 void prune_history(const std::string& dir, int64_t keep) {
-  static const std::regex pattern(R"(checkpoint-(\d+)\.h5)");
-  std::vector<std::pair<int64_t, fs::path>> found;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    std::smatch m;
-    const std::string name = e.path().filename().string();
-    if (std::regex_match(name, m, pattern)) found.emplace_back(std::stoll(m[1].str()), e.path());
-  }
-  std::sort(found.begin(), found.end());
+  const std::vector<std::pair<int64_t, std::string>> found = checkpoint_history(dir);
   for (size_t i = 0; i + static_cast<size_t>(std::max<int64_t>(keep, 0)) < found.size(); ++i) {
     std::error_code ec;
     fs::remove(found[i].second, ec);
@@ -62,6 +55,19 @@ void prune_history(const std::string& dir, int64_t keep) {
 }
 
 }  // namespace
+
+std::vector<std::pair<int64_t, std::string>> checkpoint_history(const std::string& dir) {
+  static const std::regex pattern(R"(checkpoint-(\d{1,18})\.h5)");  // 18 digits: the step fits an int64
+  std::vector<std::pair<int64_t, std::string>> found;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::smatch m;
+    const std::string name = it->path().filename().string();
+    if (std::regex_match(name, m, pattern)) found.emplace_back(std::stoll(m[1].str()), it->path().string());
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
 
 std::vector<std::string> run_files(const std::string& dir) {
   static const std::regex pattern(R"(checkpoint(-\d+)?\.h5|metrics\.csv|heads_over_time\.(csv|png|md))");

@@ -44,6 +44,8 @@ inline constexpr double kMaxReplicaBytes = 1 << 30;
 // The files of a run in `dir` (checkpoint.h5, checkpoint-<step>.h5, metrics.csv, heads_over_time.*),
 // by name, sorted.
 std::vector<std::string> run_files(const std::string& dir);
+// The run's checkpoint history in `dir`: (step, path) of every checkpoint-<step>.h5, by step.
+std::vector<std::pair<int64_t, std::string>> checkpoint_history(const std::string& dir);
 
 struct TrainOptions {
   nn::ModelOptions model;                    // the model of a fresh run (resolve() makes its section)

@@ -293,7 +293,7 @@ TEST(NeoX, EveryCommandReadsAFolderWithItsTokenizerJson) {
   io::family_named("neox", "test").folder->write(hub, m, files);
   {
     std::ofstream story(dir.path("story.txt"));
-    for (int i = 0; i < 12; ++i)
+    for (int i = 0; i < 20; ++i)
       story << "Once upon a time there was a little dog. The dog liked to run in the park. One day the dog saw a "
                "cat, and the cat ran up a tree.\n";
   }
@@ -316,6 +316,8 @@ TEST(NeoX, EveryCommandReadsAFolderWithItsTokenizerJson) {
       << series.out;
   const std::string csv = headlab::testing::slurp(dir.path("h/heads_over_time.csv"));
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 1 + 2 * 2 * 3) << csv;  // 2 revisions x 2 layers x 3 heads
+  run({"train", "--init", hub, "--text", dir.path("story.txt"), "--steps", "2", "--batch-size", "2", "--eval-every",
+       "2", "--eval-batches", "1", "--out", dir.path("tuned")});
   run({"convert", hub, "--out", dir.path("pythia.h5")});
   run({"export", dir.path("pythia.h5"), "--out", dir.path("back")});
   EXPECT_TRUE(fs::exists(dir.path("back/tokenizer.json")));

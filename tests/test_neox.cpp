@@ -53,6 +53,14 @@ nn::NeoXConfig small_config(bool parallel, int64_t rotary_dims) {
   return c;
 }
 
+// `headlab args...` run in dir's folder; a failure is reported naming the command.
+headlab::testing::ProcessResult headlab_in(const TempDir& dir, std::vector<std::string> args) {
+  args.insert(args.begin(), std::string(HEADLAB_BINARY_DIR) + "/headlab");
+  headlab::testing::ProcessResult r = headlab::testing::run_process(args, dir.dir());
+  EXPECT_EQ(r.code, 0) << args[1] << ": " << r.err;
+  return r;
+}
+
 // stmt throws a headlab::Error whose message holds `text`.
 #define EXPECT_ERROR_WITH(stmt, text)                                                          \
   try {                                                                                        \
@@ -222,13 +230,7 @@ TEST(NeoXFolders, WhatNeoXModelDoesNotComputeIsRefusedByName) {
 // A model trained from scratch with --arch neox goes through every command that reads a checkpoint.
 TEST(NeoX, EveryCommandRunsOnAModelTrainedFromScratch) {
   const TempDir dir("neox_cli");
-  const std::string bin = std::string(HEADLAB_BINARY_DIR) + "/headlab";
-  const auto run = [&](std::vector<std::string> args) {
-    args.insert(args.begin(), bin);
-    const headlab::testing::ProcessResult r = headlab::testing::run_process(args, dir.dir());
-    EXPECT_EQ(r.code, 0) << args[1] << ": " << r.err;
-    return r;
-  };
+  const auto run = [&](const std::vector<std::string>& args) { return headlab_in(dir, args); };
   const auto train = run({"train",
                           "--task",
                           "reverse",
@@ -274,13 +276,7 @@ TEST(NeoX, EveryCommandRunsOnAModelTrainedFromScratch) {
 // convert, tokenize, eval --text, generate, attention and the prompt-pair analyses read it as they read a Hub folder.
 TEST(NeoX, EveryCommandReadsAFolderWithItsTokenizerJson) {
   const TempDir dir("neox_hub");
-  const std::string bin = std::string(HEADLAB_BINARY_DIR) + "/headlab";
-  const auto run = [&](std::vector<std::string> args) {
-    args.insert(args.begin(), bin);
-    const headlab::testing::ProcessResult r = headlab::testing::run_process(args, dir.dir());
-    EXPECT_EQ(r.code, 0) << args[1] << ": " << r.err;
-    return r;
-  };
+  const auto run = [&](const std::vector<std::string>& args) { return headlab_in(dir, args); };
   nn::NeoXConfig c = small_config(true, 2);
   c.vocab_size = 1472, c.context_length = 64;
   manual_seed(5);

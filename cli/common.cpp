@@ -205,8 +205,8 @@ void add_prompt_pair_options(CLI::App& app, PromptPairArgs& a) {
                             ->capture_default_str());
   a.pair_only.push_back(app.add_option("--stored-rows", a.stored_rows,
                                        "prompt rows whose clean and corrupted runs stay in memory between passes; the "
-                                       "others are run again in each (0: as many as a quarter of the available "
-                                       "memory holds)")
+                                       "others are run again in each (0: as many as 2 GiB hold, or a quarter of the "
+                                       "available memory where that is less)")
                             ->check(non_negative_number(1e9))
                             ->capture_default_str());
 }

@@ -52,6 +52,13 @@ void write_tokenizer_files(const std::string& folder, const TokenizerFiles& toke
     write_file_atomic((fs::path(folder) / name).string(), bytes, "export");
 }
 
+const nn::CausalMultiHeadAttention& fused_attention(const nn::DecoderModel& model, int64_t layer,
+                                                    std::shared_ptr<nn::CausalMultiHead>& holder) {
+  if (const auto* att = dynamic_cast<const nn::CausalMultiHeadAttention*>(&model.attention(layer))) return *att;
+  holder = nn::convert_attention(model.attention(layer), nn::AttentionForm::fused);
+  return dynamic_cast<const nn::CausalMultiHeadAttention&>(*holder);
+}
+
 Tensor full_width(const Tensor& w, const std::vector<int64_t>& kept, int64_t units, int64_t D) {
   Shape zero_rows = w.shape();
   zero_rows[0] = D;

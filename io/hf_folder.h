@@ -12,6 +12,8 @@
 #include "base/error.h"
 #include "base/json_fields.h"
 #include "io/tokenizer_files.h"
+#include "nn/attention.h"
+#include "nn/decoder.h"
 
 namespace headlab::io {
 
@@ -36,6 +38,11 @@ T hf_config_value(const nlohmann::json& j, const char* key, T fallback, const st
     HL_FAIL(file, ": ", key, " has the wrong type: ", json_text(j.at(key)));
   }
 }
+
+// Layer `layer`'s attention in the fused form whatever the model's (a wrapper's heads stacked back into one module,
+// one layer at a time, kept alive by `holder`): what a writer reads W_query, W_key, W_value and out_proj from.
+const nn::CausalMultiHeadAttention& fused_attention(const nn::DecoderModel& model, int64_t layer,
+                                                    std::shared_ptr<nn::CausalMultiHead>& holder);
 
 // A pruned layer's projection rows at full width, as a folder stores them: unit u's D rows where it was kept
 // (kept[i] == u: rows [i*D, (i+1)*D) of w), zeros where it was removed. w (kept.size() * D, ...) -> (units * D, ...).

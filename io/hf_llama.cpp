@@ -151,13 +151,8 @@ void write_hf_llama(const std::string& folder, const nn::LlamaModel& model) {
   t.emplace_back("model.embed_tokens.weight", param("tok_emb.weight"));
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const std::string hf = "model.layers." + std::to_string(l), ours = "trf_blocks." + std::to_string(l);
-    // The fused form's projections whatever the model's form (a wrapper's heads stacked back, one layer at a time).
     std::shared_ptr<nn::CausalMultiHead> converted;
-    const auto* att = dynamic_cast<const nn::CausalMultiHeadAttention*>(&model.attention(l));
-    if (!att) {
-      converted = nn::convert_attention(model.attention(l), nn::AttentionForm::fused);
-      att = dynamic_cast<const nn::CausalMultiHeadAttention*>(converted.get());
-    }
+    const nn::CausalMultiHeadAttention* att = &fused_attention(model, l, converted);
     // A pruned layer is written at full width: its removed heads (and their groups' keys and values) as zeros.
     const int64_t D = c.head_size(), G = c.group_size();
     std::vector<int64_t> heads, groups;  // the kept ones, by original index

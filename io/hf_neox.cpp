@@ -141,13 +141,8 @@ void write_hf_neox(const std::string& folder, const nn::NeoXModel& model) {
   t.emplace_back("gpt_neox.embed_in.weight", param("tok_emb.weight"));
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const std::string hf = "gpt_neox.layers." + std::to_string(l), ours = "trf_blocks." + std::to_string(l);
-    // The fused form's projections whatever the model's form (a wrapper's heads stacked back, one layer at a time).
     std::shared_ptr<nn::CausalMultiHead> converted;
-    const auto* att = dynamic_cast<const nn::CausalMultiHeadAttention*>(&model.attention(l));
-    if (!att) {
-      converted = nn::convert_attention(model.attention(l), nn::AttentionForm::fused);
-      att = dynamic_cast<const nn::CausalMultiHeadAttention*>(converted.get());
-    }
+    const nn::CausalMultiHeadAttention* att = &fused_attention(model, l, converted);
     std::vector<int64_t> kept;  // a pruned layer is written at full width, its removed heads as zeros
     for (int64_t j = 0; j < att->head_count(); ++j) kept.push_back(model.original_head(l, j));
     const auto wide = [&](const Tensor& w) { return full_width(cpu(w), kept, H, D); };

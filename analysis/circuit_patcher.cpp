@@ -511,10 +511,8 @@ DirectLogitAttribution CircuitPatcher::direct_logit_attribution() const { return
 std::string stored_runs_text(const CircuitPatcher& patcher) {
   if (patcher.stored_rows() == patcher.own_rows()) return "";
   return "stored runs: " + std::to_string(patcher.stored_rows()) + " of the " + std::to_string(patcher.own_rows()) +
-         "  rows this process runs (--stored-rows; by default what 2 GiB, or a quarter of the available memory, "
-         "holds); "
-         "the others' "
-         "clean and corrupted runs are made again in every pass\n";
+         " rows this process runs (--stored-rows; by default what 2 GiB, or a quarter of the available memory, "
+         "holds); the others' clean and corrupted runs are made again in every pass\n";
 }
 
 std::vector<double> CircuitPatcher::metric(const std::vector<EdgePatch>& patches) { return metric(patches, {}); }

@@ -132,10 +132,12 @@ int main(int argc, char** argv) {
   }
   const auto fail = [&](const std::string& message) {
     const bool parallel = ranks && ranks->size() > 1;
-    std::cerr << "headlab: "
-              << (parallel ? "rank " + std::to_string(ranks->rank()) + " of " + std::to_string(ranks->size()) + ": "
-                           : "")
-              << message << (parallel ? "\nheadlab: stopping every rank" : "") << std::endl;
+    // One write: under mpirun the launcher's own abort message may otherwise land inside this one.
+    const std::string line =
+        "headlab: " +
+        (parallel ? "rank " + std::to_string(ranks->rank()) + " of " + std::to_string(ranks->size()) + ": " : "") +
+        message + (parallel ? "\nheadlab: stopping every rank\n" : "\n");
+    std::cerr << line << std::flush;
     if (parallel) ranks->abort(1);
     return 1;
   };

@@ -419,7 +419,8 @@ TEST(Matmul, LibxsmmKernelsMatchTheReference) {
   for (const bool ta : {false, true})
     for (const bool tb : {false, true})
       for (const float beta : {0.0f, 1.0f})
-        for (const auto& [M, N, K] : std::vector<std::array<int64_t, 3>>{{64, 17, 1}, {100, 128, 33}, {1024, 128, 128}}) {
+        for (const auto& [M, N, K] :
+             std::vector<std::array<int64_t, 3>>{{64, 17, 1}, {100, 128, 33}, {1024, 128, 128}}) {
           const int64_t pad = 3, lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
           std::vector<float> A((ta ? K : M) * lda), B((tb ? N : K) * ldb), C(M * ldc);
           for (size_t i = 0; i < A.size(); ++i) A[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)));
@@ -427,9 +428,9 @@ TEST(Matmul, LibxsmmKernelsMatchTheReference) {
           for (size_t i = 0; i < C.size(); ++i) C[i] = beta == 0 ? std::numeric_limits<float>::quiet_NaN() : 0.5f;
           const std::vector<float> C0 = C;
           const bool served = cpu::xsmm_sgemm(ta, tb, M, N, K, 1.0f, A.data(), lda, B.data(), ldb, beta, C.data(), ldc);
-          const std::string what = "ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) + " beta=" +
-                                   std::to_string(beta) + " M=" + std::to_string(M) + " N=" + std::to_string(N) +
-                                   " K=" + std::to_string(K);
+          const std::string what = "ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) +
+                                   " beta=" + std::to_string(beta) + " M=" + std::to_string(M) +
+                                   " N=" + std::to_string(N) + " K=" + std::to_string(K);
           if (ta && tb) {  // libxsmm transposes one operand only: refused, C untouched
             EXPECT_FALSE(served) << what;
             EXPECT_EQ(std::memcmp(C.data(), C0.data(), C.size() * sizeof(float)), 0) << what;
@@ -454,7 +455,8 @@ TEST(Matmul, LibxsmmKernelsMatchTheReference) {
   EXPECT_FALSE(cpu::xsmm_sgemm(false, false, 64, 64, 64, 2.0f, A.data(), 64, B.data(), 64, 0.0f, C.data(), 64));
   EXPECT_FALSE(cpu::xsmm_sgemm(false, false, 64, 64, 64, 1.0f, A.data(), 64, B.data(), 64, 0.5f, C.data(), 64));
   EXPECT_FALSE(cpu::xsmm_sgemm(false, false, 63, 64, 64, 1.0f, A.data(), 64, B.data(), 64, 0.0f, C.data(), 64));
-  EXPECT_FALSE(cpu::xsmm_sgemm(false, false, 64, 1024, 1024, 1.0f, A.data(), 1024, B.data(), 1024, 0.0f, C.data(), 1024));
+  EXPECT_FALSE(
+      cpu::xsmm_sgemm(false, false, 64, 1024, 1024, 1.0f, A.data(), 1024, B.data(), 1024, 0.0f, C.data(), 1024));
 }
 #endif
 
@@ -709,6 +711,45 @@ TEST(LayerNorm, MatchesHandComputation) {
   EXPECT_TRUE(all_close(y3, e3, 1e-5, 1e-5));
 }
 
+// The fused kernels' backward in float32 (row sums in float lanes, column sums in float blocks of rows
+// added into double) against the norm composed of elementary ops in float64 (other kernels): rows past
+// the kernels' thread split and block of 16 rows, with and without affine weights, layer and RMS norm.
+TEST(LayerNorm, Float32BackwardOverManyRowsMatchesComposedFloat64) {
+  Generator gen(7);
+  const int64_t rows = 403, cols = 96;  // 38,688 elements: split over threads, blocks and a remainder
+  const Tensor x = randn({rows, cols}, gen, DType::f64) * 3.0 + 0.5, seed = randn({rows, cols}, gen, DType::f64);
+  const Tensor w = randn({cols}, gen, DType::f64), b = randn({cols}, gen, DType::f64);
+  const double eps = 1e-5;
+  for (const bool rms : {false, true}) {
+    for (const bool affine : {true, false}) {
+      std::vector<std::vector<Tensor>> grads;  // fused float32, composed float64: dx, dw, db
+      for (const bool fused : {true, false}) {
+        const DType dt = fused ? DType::f32 : DType::f64;
+        Tensor xd = x.to(dt).detach().requires_grad_(), wd = w.to(dt).detach().requires_grad_(),
+               bd = b.to(dt).detach().requires_grad_();
+        Tensor y;
+        if (fused) {
+          y = rms ? rms_norm(xd, affine ? wd : Tensor(), eps)
+                  : layer_norm(xd, affine ? wd : Tensor(), affine ? bd : Tensor(), eps);
+        } else {
+          const Tensor centred = rms ? xd : sub(xd, mean(xd, {-1}, true));
+          y = mul(centred, rsqrt(add(mean(mul(centred, centred), {-1}, true), eps)));
+          if (affine) y = rms ? mul(y, wd) : add(mul(y, wd), bd);
+        }
+        sum(mul(y, seed.to(dt))).backward();
+        grads.push_back({xd.grad(), affine ? wd.grad() : Tensor(), affine && !rms ? bd.grad() : Tensor()});
+      }
+      for (size_t i = 0; i < 3; ++i) {
+        if (!grads[1][i].defined()) continue;
+        const Tensor expected = grads[1][i];
+        const double scale = abs(expected).max().item<double>();
+        EXPECT_TRUE(all_close(grads[0][i].to(DType::f64), expected, 2e-5 * scale, 1e-5))
+            << (rms ? "rms_norm" : "layer_norm") << (affine ? " affine" : "") << ", gradient " << i;
+      }
+    }
+  }
+}
+
 // ---- losses ----
 
 TEST(Losses, CrossEntropy) {
@@ -781,7 +822,9 @@ TEST(FastMath, ExpInRangeAndGeluTanhMatchFloat64) {
   for (float x = -87.0f; x <= 88.0f; x += 0.0137f)
     EXPECT_NEAR(cpu::fast_exp_in_range(x) / std::exp(static_cast<double>(x)), 1.0, 1e-6) << x;
   using Fast = cpu::FastExpTanh;
-  const auto gelu64 = [](double x) { return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); };
+  const auto gelu64 = [](double x) {
+    return 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+  };
   const auto grad64 = [](double x) {
     const double t = std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x));
     return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * std::sqrt(2 / M_PI) * (1 + 3 * 0.044715 * x * x);

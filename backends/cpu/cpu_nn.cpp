@@ -1,11 +1,13 @@
 // The CPU backend's neural-network row kernels: softmax, log-softmax, layer norm, dropout, cross
 // entropy and the SGD/Adam updates. One OpenMP-parallel loop over rows (or elements) per kernel;
-// float sums accumulate in double (smath::Acc), in SIMD lanes (`omp simd reduction`: without it
+// float sums over many terms accumulate in double (smath::Acc), in SIMD lanes (`omp simd reduction`: without it
 // the compiler must add in order, one latency-bound add per element). The CpuBackend class is in cpu_internal.h.
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "backends/cpu/cpu_internal.h"
@@ -35,6 +37,35 @@ inline smath::RowLse<T> row_logsumexp(const T* x, int64_t n, T scale = T(1), T* 
   }
   return {m, sum};
 }
+
+// A thread's column sums over its rows (a norm's weight and bias gradients): each row adds into a block
+// in T, which is added into the Acc totals every kRows rows. The row loops then vectorise at T's width
+// (Acc adds beside T loads made GCC gather), and the long sums over rows still run in Acc.
+template <typename T>
+class ColumnSums {
+ public:
+  ColumnSums(Acc<T>* totals, int64_t cols) : totals_(totals), block_(static_cast<size_t>(cols), T(0)) {}
+  T* row() { return block_.data(); }  // add this row's terms here, then call end_row()
+  void end_row() {
+    if (++rows_ == kRows) flush();
+  }
+  void flush() {
+    const int64_t n = static_cast<int64_t>(block_.size());
+    T* b = block_.data();
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) {
+      totals_[j] += b[j];
+      b[j] = T(0);
+    }
+    rows_ = 0;
+  }
+
+ private:
+  static constexpr int kRows = 16;
+  Acc<T>* totals_;
+  std::vector<T> block_;
+  int rows_ = 0;
+};
 
 }  // namespace
 
@@ -154,31 +185,44 @@ void CpuBackend::layernorm_backward(DType dt, void* dx, void* dw, void* db, cons
     const int nt = rows * cols > kParallelGrain ? omp_get_max_threads() : 1;
     // Per-thread partial column sums for dw and db, added up at the end (no atomics, deterministic).
     std::vector<Acc<T>> part_w(static_cast<size_t>(nt * cols), 0), part_b(static_cast<size_t>(nt * cols), 0);
-    parallel_team(nt, [&](int t, int team) {
-      Acc<T>* aw = part_w.data() + t * cols;
-      Acc<T>* ab = part_b.data() + t * cols;
+    const auto rows_of = [&](int t, int team, auto has_w) {
+      ColumnSums<T> sum_w(part_w.data() + t * cols, cols), sum_b(part_b.data() + t * cols, cols);
+      const T* const wt = pw;  // a local, not a captured reference, in the vectorised loops
       for (int64_t r = rows * t / team; r < rows * (t + 1) / team; ++r) {
-        const T* dyr = pdy + r * cols;
-        const T* xr = px + r * cols;
+        const T* const dyr = pdy + r * cols;
+        const T* const xr = px + r * cols;
+        T* const dxr = pdx + r * cols;
+        T* const bw = sum_w.row();
+        T* const bb = sum_b.row();
         const T m = pm[r], rs = pr[r];
-        Acc<T> mean_g = 0, mean_gx = 0;
+        T mean_g = 0, mean_gx = 0;  // in T's SIMD lanes, as PyTorch's CPU kernel sums a row
 #pragma omp simd reduction(+ : mean_g, mean_gx)
         for (int64_t j = 0; j < cols; ++j) {
           const T xhat = (xr[j] - m) * rs;
-          const T g = pw ? dyr[j] * pw[j] : dyr[j];
+          const T g = has_w ? dyr[j] * wt[j] : dyr[j];
           mean_g += g;
           mean_gx += g * xhat;
-          aw[j] += dyr[j] * xhat;
-          ab[j] += dyr[j];
+          bw[j] += dyr[j] * xhat;
+          bb[j] += dyr[j];
         }
-        mean_g /= cols;
-        mean_gx /= cols;
+        const T mg = mean_g / static_cast<T>(cols), mgx = mean_gx / static_cast<T>(cols);
+#pragma omp simd
         for (int64_t j = 0; j < cols; ++j) {
           const T xhat = (xr[j] - m) * rs;
-          const T g = pw ? dyr[j] * pw[j] : dyr[j];
-          pdx[r * cols + j] = rs * (g - static_cast<T>(mean_g) - xhat * static_cast<T>(mean_gx));
+          const T g = has_w ? dyr[j] * wt[j] : dyr[j];
+          dxr[j] = rs * (g - mg - xhat * mgx);
         }
+        sum_w.end_row();
+        sum_b.end_row();
       }
+      sum_w.flush();
+      sum_b.flush();
+    };
+    parallel_team(nt, [&](int t, int team) {
+      if (pw)
+        rows_of(t, team, std::true_type{});
+      else
+        rows_of(t, team, std::false_type{});
     });
     for (int64_t j = 0; j < cols; ++j) {
       Acc<T> sw = 0, sb = 0;
@@ -228,24 +272,37 @@ void CpuBackend::rmsnorm_backward(DType dt, void* dx, void* dw, const void* dy, 
     const T* pr = static_cast<const T*>(rstd);
     const T* pw = static_cast<const T*>(w);
     const int nt = rows * cols > kParallelGrain ? omp_get_max_threads() : 1;
-    // Per-thread partial column sums for dw, added up at the end (no atomics, deterministic).
-    std::vector<Acc<T>> part_w(static_cast<size_t>(dw ? nt * cols : 0), 0);
-    parallel_team(nt, [&](int t, int team) {
-      Acc<T>* aw = dw ? part_w.data() + t * cols : nullptr;
+    // Per-thread partial column sums for dw (summed, unused, when there is no weight: the loops stay
+    // branch-free), added up at the end (no atomics, deterministic).
+    std::vector<Acc<T>> part_w(static_cast<size_t>(nt * cols), 0);
+    const auto rows_of = [&](int t, int team, auto has_w) {
+      ColumnSums<T> sum_w(part_w.data() + t * cols, cols);
+      const T* const wt = pw;
       for (int64_t r = rows * t / team; r < rows * (t + 1) / team; ++r) {
-        const T* dyr = pdy + r * cols;
-        const T* xr = px + r * cols;
+        const T* const dyr = pdy + r * cols;
+        const T* const xr = px + r * cols;
+        T* const dxr = pdx + r * cols;
+        T* const bw = sum_w.row();
         const T rs = pr[r];
-        Acc<T> mean_gx = 0;
+        T mean_gx = 0;
 #pragma omp simd reduction(+ : mean_gx)
-        for (int64_t j = 0; j < cols; ++j) mean_gx += (pw ? dyr[j] * pw[j] : dyr[j]) * (xr[j] * rs);
-        const T m = static_cast<T>(mean_gx / cols);
+        for (int64_t j = 0; j < cols; ++j) mean_gx += (has_w ? dyr[j] * wt[j] : dyr[j]) * (xr[j] * rs);
+        const T m = mean_gx / static_cast<T>(cols);
+#pragma omp simd
         for (int64_t j = 0; j < cols; ++j) {
           const T xhat = xr[j] * rs;
-          if (aw) aw[j] += dyr[j] * xhat;
-          pdx[r * cols + j] = rs * ((pw ? dyr[j] * pw[j] : dyr[j]) - xhat * m);
+          bw[j] += dyr[j] * xhat;
+          dxr[j] = rs * ((has_w ? dyr[j] * wt[j] : dyr[j]) - xhat * m);
         }
+        sum_w.end_row();
       }
+      sum_w.flush();
+    };
+    parallel_team(nt, [&](int t, int team) {
+      if (pw)
+        rows_of(t, team, std::true_type{});
+      else
+        rows_of(t, team, std::false_type{});
     });
     if (!dw) return;
     for (int64_t j = 0; j < cols; ++j) {

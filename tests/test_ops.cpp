@@ -752,6 +752,22 @@ TEST(LayerNorm, Float32BackwardOverManyRowsMatchesComposedFloat64) {
 
 // ---- losses ----
 
+// The float kernels' log-sum-exp (exps summed in float lanes over chunks of 256, the chunks in double)
+// against the same maths composed of elementary ops in float64, on rows wider than several chunks.
+TEST(Losses, Float32LogSoftmaxAndCrossEntropyOverWideRowsMatchComposedFloat64) {
+  Generator gen(3);
+  const int64_t rows = 6, vocab = 1000;  // three chunks and a remainder a row
+  const Tensor x = randn({rows, vocab}, gen, DType::f64) * 4.0;
+  const Tensor composed = sub(x, log(sum(exp(x), {-1}, true)));  // no overflow at this scale
+  EXPECT_TRUE(all_close(log_softmax(x.to(DType::f32), -1).to(DType::f64), composed, 1e-5, 1e-5));
+  EXPECT_TRUE(all_close(softmax(x.to(DType::f32), -1).to(DType::f64), exp(composed), 1e-7, 1e-5));
+  const Tensor targets = randint(0, vocab, {rows}, gen);
+  double expected = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    expected -= composed.select(0, r).select(0, targets.select(0, r).item<int64_t>()).item<double>() / rows;
+  EXPECT_NEAR(cross_entropy(x.to(DType::f32), targets).item<double>(), expected, 1e-5);
+}
+
 TEST(Losses, CrossEntropy) {
   const Tensor logits = f64({1, 2, 3, 4, 0, 0, 0, 0, -1, 0.5, 2, -3}, {3, 4});
   auto lse = [](std::vector<double> r) {

@@ -23,17 +23,25 @@ inline smath::RowLse<T> row_logsumexp(const T* x, int64_t n, T scale = T(1), T* 
   T m = -std::numeric_limits<T>::infinity();
 #pragma omp simd reduction(max : m)
   for (int64_t j = 0; j < n; ++j) m = std::max(m, scale * x[j]);
+  // The sum runs in T's SIMD lanes over chunks of kChunk, added into Acc once a chunk: one loop mixing
+  // T's exps with an Acc sum compiled to scalar code.
+  constexpr int64_t kChunk = 256;
   Acc<T> sum = 0;
-  if (exps) {
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < n; ++j) {
-      const T e = fast_exp(scale * x[j] - m);
-      exps[j] = e;
-      sum += e;
+  for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
+    const int64_t j1 = std::min(n, j0 + kChunk);
+    T part = 0;
+    if (exps) {
+#pragma omp simd reduction(+ : part)
+      for (int64_t j = j0; j < j1; ++j) {
+        const T e = fast_exp(scale * x[j] - m);
+        exps[j] = e;
+        part += e;
+      }
+    } else {
+#pragma omp simd reduction(+ : part)
+      for (int64_t j = j0; j < j1; ++j) part += fast_exp(scale * x[j] - m);
     }
-  } else {
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < n; ++j) sum += fast_exp(scale * x[j] - m);
+    sum += part;
   }
   return {m, sum};
 }

@@ -119,13 +119,11 @@ void forward_impl(const AttnResult& out, T* lse, const AttnOperand& q, const Att
           for (int64_t j = 0; j < n; ++j) mx = std::max(mx, scale * sr[j]);
           const T m_new = std::max(m[r], mx);
           const T alpha = fast_exp(m[r] - m_new);  // exp(-inf) = 0 on the row's first tile
-          Acc<T> sum = 0;
-#pragma omp simd reduction(+ : sum)
-          for (int64_t j = 0; j < n; ++j) {
+          const Acc<T> sum = lane_sum<T>(n, [=](int64_t j) {
             const T e = fast_exp(scale * sr[j] - m_new);
             sr[j] = e;
-            sum += e;
-          }
+            return e;
+          });
           std::fill(sr + n, sr + cols, T(0));
           l[r] = l[r] * alpha + sum;  // the softmax's denominator counts dropped weights too
           m[r] = m_new;
@@ -183,10 +181,9 @@ void backward_impl(const AttnResult& dq, const AttnResult& dk, const AttnResult&
       zero_rows(dK, Tk, D, dk.st);
       zero_rows(dV, Tk, Dv, dv.st);
       for (int64_t i = 0; i < Tq; ++i) {
-        Acc<T> d = 0;
-#pragma omp simd reduction(+ : d)
-        for (int64_t c = 0; c < Dv; ++c) d += dO[i * dout.st + c] * O[i * out.st + c];
-        delta[i] = static_cast<T>(d);
+        const T* dOi = dO + i * dout.st;
+        const T* Oi = O + i * out.st;
+        delta[i] = static_cast<T>(lane_sum<T>(Dv, [=](int64_t c) { return dOi[c] * Oi[c]; }));
       }
       for (int64_t i0 = 0; i0 < Tq; i0 += kBr) {
         const int64_t rows = std::min(kBr, Tq - i0);

@@ -174,8 +174,7 @@ void CpuBackend::reduce_typed(ReduceOp op, void* out, const T* in, int n_outer, 
     if (op == ReduceOp::sum) {
       Acc<T> s = 0;
       if (contiguous_inner) {
-#pragma omp simd reduction(+ : s)  // in SIMD lanes, not one latency-bound add per element
-        for (int64_t j = 0; j < n_red; ++j) s += p[j];
+        s = lane_sum<T>(n_red, [=](int64_t j) { return p[j]; });
       } else {
         for (int64_t j = 0; j < n_red; ++j) s += p[offset_of(j)];
       }

@@ -22,6 +22,25 @@ namespace headlab::cpu {
 using smath::Acc;
 using Fast = FastExpTanh;  // the exp/tanh of the shared formulas (backends/scalar_math.h)
 
+// The sum of term(j) for j in [0, n): the terms in T's SIMD lanes over chunks of 256, the chunks added in
+// Acc<T>. A loop that adds T terms straight into a double compiles to scalar or gather code (float's
+// softmax, norms and attention rows ran 4-10x slower), and one long sum in float lanes would lose digits.
+// Give term its pointers by value ([=]): through a captured reference, a pointer it writes through is
+// reloaded every term and the loop stays scalar.
+template <typename T, typename Term>
+[[gnu::always_inline]] inline Acc<T> lane_sum(int64_t n, Term&& term) {
+  constexpr int64_t kChunk = 256;
+  Acc<T> sum = 0;
+  for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
+    const int64_t j1 = std::min(n, j0 + kChunk);
+    T part = 0;
+#pragma omp simd reduction(+ : part)
+    for (int64_t j = j0; j < j1; ++j) part += term(j);
+    sum += part;
+  }
+  return sum;
+}
+
 // dtype dispatch: the body is a generic lambda taking a value of the element type.
 template <typename F>
 void dispatch_float(DType dt, const char* who, F&& f) {

@@ -23,26 +23,13 @@ inline smath::RowLse<T> row_logsumexp(const T* x, int64_t n, T scale = T(1), T* 
   T m = -std::numeric_limits<T>::infinity();
 #pragma omp simd reduction(max : m)
   for (int64_t j = 0; j < n; ++j) m = std::max(m, scale * x[j]);
-  // The sum runs in T's SIMD lanes over chunks of kChunk, added into Acc once a chunk: one loop mixing
-  // T's exps with an Acc sum compiled to scalar code.
-  constexpr int64_t kChunk = 256;
-  Acc<T> sum = 0;
-  for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
-    const int64_t j1 = std::min(n, j0 + kChunk);
-    T part = 0;
-    if (exps) {
-#pragma omp simd reduction(+ : part)
-      for (int64_t j = j0; j < j1; ++j) {
-        const T e = fast_exp(scale * x[j] - m);
-        exps[j] = e;
-        part += e;
-      }
-    } else {
-#pragma omp simd reduction(+ : part)
-      for (int64_t j = j0; j < j1; ++j) part += fast_exp(scale * x[j] - m);
-    }
-    sum += part;
-  }
+  const Acc<T> sum = exps ? lane_sum<T>(n,
+                                        [=](int64_t j) {
+                                          const T e = fast_exp(scale * x[j] - m);
+                                          exps[j] = e;
+                                          return e;
+                                        })
+                          : lane_sum<T>(n, [=](int64_t j) { return fast_exp(scale * x[j] - m); });
   return {m, sum};
 }
 
@@ -108,10 +95,7 @@ void CpuBackend::softmax_backward(DType dt, void* dx, const void* dy, const void
     parallel_for(rows, rows * cols > kParallelGrain, [&](int64_t r) {
       const T* dyr = pdy + r * cols;
       const T* yr = py + r * cols;
-      Acc<T> dot = 0;
-#pragma omp simd reduction(+ : dot)
-      for (int64_t j = 0; j < cols; ++j) dot += dyr[j] * yr[j];
-      const T d = static_cast<T>(dot);
+      const T d = static_cast<T>(lane_sum<T>(cols, [=](int64_t j) { return dyr[j] * yr[j]; }));
       for (int64_t j = 0; j < cols; ++j) pdx[r * cols + j] = sc * yr[j] * (dyr[j] - d);
     });
   });
@@ -137,10 +121,8 @@ void CpuBackend::log_softmax_backward(DType dt, void* dx, const void* dy, const 
     const T* pdy = static_cast<const T*>(dy);
     const T* py = static_cast<const T*>(y);
     parallel_for(rows, rows * cols > kParallelGrain, [&](int64_t r) {
-      Acc<T> sum = 0;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < cols; ++j) sum += pdy[r * cols + j];
-      const T s = static_cast<T>(sum);
+      const T* dyr = pdy + r * cols;
+      const T s = static_cast<T>(lane_sum<T>(cols, [=](int64_t j) { return dyr[j]; }));
       for (int64_t j = 0; j < cols; ++j) pdx[r * cols + j] = pdy[r * cols + j] - fast_exp(py[r * cols + j]) * s;
     });
   });
@@ -159,22 +141,24 @@ void CpuBackend::layernorm_forward(DType dt, void* y, void* mean, void* rstd, co
     const T* pb = static_cast<const T*>(b);
     parallel_for(rows, rows * cols > kParallelGrain, [&](int64_t r) {
       const T* xr = px + r * cols;
-      Acc<T> s = 0;
-#pragma omp simd reduction(+ : s)
-      for (int64_t j = 0; j < cols; ++j) s += xr[j];
-      const Acc<T> mu = s / cols;
-      Acc<T> v = 0;
-#pragma omp simd reduction(+ : v)
-      for (int64_t j = 0; j < cols; ++j) v += (xr[j] - mu) * (xr[j] - mu);
-      const T m = static_cast<T>(mu), rs = static_cast<T>(1.0 / std::sqrt(v / cols + eps));
+      const T m = static_cast<T>(lane_sum<T>(cols, [=](int64_t j) { return xr[j]; }) / cols);
+      const Acc<T> v = lane_sum<T>(cols, [=](int64_t j) { return (xr[j] - m) * (xr[j] - m); });
+      const T rs = static_cast<T>(1.0 / std::sqrt(v / cols + eps));
       pm[r] = m;
       pr[r] = rs;
-      T* yr = py + r * cols;
-      for (int64_t j = 0; j < cols; ++j) {
-        T h = (xr[j] - m) * rs;
-        if (pw) h *= pw[j];
-        if (pb) h += pb[j];
-        yr[j] = h;
+      T* const yr = py + r * cols;
+      const T* const wt = pw;
+      const T* const bt = pb;
+      if (wt && bt) {  // the common case, branch-free
+#pragma omp simd
+        for (int64_t j = 0; j < cols; ++j) yr[j] = (xr[j] - m) * rs * wt[j] + bt[j];
+      } else {
+        for (int64_t j = 0; j < cols; ++j) {
+          T h = (xr[j] - m) * rs;
+          if (wt) h *= wt[j];
+          if (bt) h += bt[j];
+          yr[j] = h;
+        }
       }
     });
   });
@@ -255,9 +239,7 @@ void CpuBackend::rmsnorm_forward(DType dt, void* y, void* rstd, const void* x, c
     const T* pw = static_cast<const T*>(w);
     parallel_for(rows, rows * cols > kParallelGrain, [&](int64_t r) {
       const T* xr = px + r * cols;
-      Acc<T> ss = 0;
-#pragma omp simd reduction(+ : ss)
-      for (int64_t j = 0; j < cols; ++j) ss += static_cast<Acc<T>>(xr[j]) * xr[j];
+      const Acc<T> ss = lane_sum<T>(cols, [=](int64_t j) { return xr[j] * xr[j]; });
       const T rs = static_cast<T>(1.0 / std::sqrt(static_cast<double>(ss) / static_cast<double>(cols) + eps));
       pr[r] = rs;
       T* yr = py + r * cols;

@@ -4,8 +4,12 @@
 #pragma once
 #include <cblas.h>
 
+#include <omp.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <numeric>
 #include <vector>
 
@@ -48,19 +52,55 @@ inline double sgemm_gflops_cpu() {
   return 2.0 * n * n * n / (seconds_since(t0) / reps) / 1e9;
 }
 
-// Reading a 512 MiB buffer (a dot product through OpenBLAS, threaded as the model's GEMVs are): GB/s.
-inline double read_gbytes_per_s() {
-  const size_t n = size_t(128) << 20;  // floats
-  std::vector<float> x(n, 1.0f);
-  volatile float sink = cblas_sdot(static_cast<int>(n), x.data(), 1, x.data(), 1);
-  const auto t0 = clock_type::now();
-  int reps = 0;
-  while (seconds_since(t0) < 1.0) {
-    sink = cblas_sdot(static_cast<int>(n), x.data(), 1, x.data(), 1);
-    ++reps;
-  }
-  (void)sink;
-  return double(n) * sizeof(float) * reps / seconds_since(t0) / 1e9;
+// The read bandwidth the machine delivers (decoding's floor's denominator), the best of two ways of
+// streaming 1 GiB of float32 (far past every cache) on every thread, each for about half a second, its
+// fastest pass: each thread summing its contiguous share in SIMD lanes, and OpenBLAS's sgemv reading it
+// as a 16384 x 16384 matrix against one vector, as decoding's matrix-vector products read their weights.
+// (One cblas_sdot over 512 MiB, the measure before, gave 18-21 GB/s where GPT-2's decoding itself read 32.)
+struct ReadBandwidth {
+  double sum_gbps = 0, gemv_gbps = 0;
+  double best() const { return std::max(sum_gbps, gemv_gbps); }
+};
+
+inline ReadBandwidth read_bandwidth_cpu() {
+  const int64_t side = 16384, n = side * side;                               // 1 GiB of float
+  const std::unique_ptr<float[]> buffer(new float[static_cast<size_t>(n)]);  // untouched until the threads write it
+  float* const x = buffer.get();
+#pragma omp parallel for schedule(static)  // first touch on the threads that read it
+  for (int64_t i = 0; i < n; ++i) x[i] = 1.0f;
+  const auto fastest_pass = [&](auto&& pass) {
+    pass();
+    double best = 1e30;
+    const auto t0 = clock_type::now();
+    while (seconds_since(t0) < 0.5) {
+      const auto t = clock_type::now();
+      pass();
+      best = std::min(best, seconds_since(t));
+    }
+    return double(n) * sizeof(float) / best / 1e9;
+  };
+  ReadBandwidth bw;
+  std::vector<float> sums(static_cast<size_t>(omp_get_max_threads()) * 16);
+  bw.sum_gbps = fastest_pass([&] {
+#pragma omp parallel
+    {
+      const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+      const float* p = x + n * t / nt;
+      const int64_t len = n * (t + 1) / nt - n * t / nt;
+      float acc[64] = {};  // 64 lanes, several vectors: independent adds, so loads and not latency bound it
+      int64_t i = 0;
+      for (; i + 64 <= len; i += 64)
+#pragma omp simd
+        for (int k = 0; k < 64; ++k) acc[k] += p[i + k];
+      float s = std::accumulate(acc, acc + 64, 0.0f);
+      for (; i < len; ++i) s += p[i];
+      sums[static_cast<size_t>(t) * 16] = s;  // one cache line a thread
+    }
+  });
+  std::vector<float> v(static_cast<size_t>(side), 1.0f), y(static_cast<size_t>(side));
+  bw.gemv_gbps = fastest_pass(
+      [&] { cblas_sgemv(CblasRowMajor, CblasNoTrans, side, side, 1.0f, x, side, v.data(), 1, 0.0f, y.data(), 1); });
+  return bw;
 }
 
 // The device's float32 GEMM rate through headlab's matmul (cuBLAS on a GPU) at 4096^3 for about a second.

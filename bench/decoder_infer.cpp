@@ -191,11 +191,14 @@ int main(int argc, char** argv) {
   }
   const bool gpu = device.is_cuda();
   const double gflops = gpu ? bench::sgemm_gflops_device(device) : bench::sgemm_gflops_cpu();
-  const double gbps = gpu ? bench::read_gbytes_per_s_device(device) : bench::read_gbytes_per_s();
+  const bench::ReadBandwidth cpu_read = gpu ? bench::ReadBandwidth{} : bench::read_bandwidth_cpu();
+  const double gbps = gpu ? bench::read_gbytes_per_s_device(device) : cpu_read.best();
   const Costs costs = costs_of(model);
-  std::printf("headlab %s device=%s threads=%d params=%lld sgemm %.1f GFLOP/s (OpenBLAS %s), read %.1f GB/s\n",
+  std::printf("headlab %s device=%s threads=%d params=%lld sgemm %.1f GFLOP/s (OpenBLAS %s), read %.1f GB/s",
               model.type_name().c_str(), device.str().c_str(), threads, (long long)model.num_parameters(), gflops,
               openblas_get_corename(), gbps);
+  if (!gpu) std::printf(" (threads summing %.1f, sgemv %.1f; 1 GiB)", cpu_read.sum_gbps, cpu_read.gemv_gbps);
+  std::printf("\n");
 
   const Tensor ids = randint(0, vocab, {B, prefill}).to(device);
   (void)model.forward(ids.narrow(1, 0, 8));  // warm-up

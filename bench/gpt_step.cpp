@@ -7,11 +7,13 @@
 // SGEMM at 4096^3 through headlab's matmul (TF32 as --tf32 says: off, as the peer's default).
 // Usage: gpt_step [--emb-dim D --n-heads H --n-layers L --context-length T --vocab-size V
 //                  --batch-size B --threads N --attention fused|wrapper --seconds S --device cpu|cuda
-//                  --tf32 0|1 --attn-only 0|1 --phases 0|1 --parallel ops|data]
+//                  --tf32 0|1 --attn-only 0|1 --phases 0|1 --parallel auto|ops|data]
 // --parallel data (CPU): the step as headlab train runs it on --threads threads when --parallel auto picks
 // data parallelism: each thread a copy of the model with its rows of the batch and single-threaded
 // kernels, the gradients summed (train::allreduce_gradients) before every copy's optimizer step. The
-// floor stays the same FLOPs over the SGEMM rate on --threads threads.
+// floor stays the same FLOPs over the SGEMM rate on --threads threads. --parallel auto (the default) chooses
+// as headlab train's --parallel auto does: data where the batch splits over the CPU threads into shares of a
+// multiple of 4 rows, else ops (train also caps the copies of the model at 1 GiB: these models are small).
 // --phases 1 also times the step's forward, backward and optimizer step each to a synchronisation, and
 // the host's time to issue a whole step (on a GPU: a step whose issue time is near its run time is
 // bound by kernel launches and host work, not by the GPU).
@@ -139,7 +141,7 @@ static int run(int argc, char** argv) {
   Device device = kCPU;
   bool tf32 = false;
   bool phases = false;
-  std::string parallel = "ops";
+  std::string parallel = "auto";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i];
     const char* v = argv[i + 1];
@@ -196,10 +198,12 @@ static int run(int argc, char** argv) {
     opt.step();
     be.synchronize();
   };
-  if (parallel != "ops" && parallel != "data") {
-    std::fprintf(stderr, "gpt_step: --parallel is ops or data, got %s\n", parallel.c_str());
+  if (parallel != "auto" && parallel != "ops" && parallel != "data") {
+    std::fprintf(stderr, "gpt_step: --parallel is auto, ops or data, got %s\n", parallel.c_str());
     return 2;
   }
+  if (parallel == "auto")
+    parallel = !device.is_cuda() && threads > 1 && B % threads == 0 && (B / threads) % 4 == 0 ? "data" : "ops";
   double ms = 0, peak_mib = -1;  // (peak: the ops step's, from the backend's counters)
   if (parallel == "data") {
     HL_CHECK(!device.is_cuda(), "gpt_step: --parallel data runs on the CPU");
@@ -219,8 +223,9 @@ static int run(int argc, char** argv) {
     ms = std::chrono::duration<double>(clock_type::now() - t0).count() / n * 1e3;
   }
   const double flops = step_flops(cfg, B);
-  std::printf("headlab %s%s device=%s threads=%d parallel=%s tf32=%d sgemm=%.0f GFLOP/s\n", enum_name(cfg.attention),
-              cfg.attn_only ? " attn-only" : "", device.str().c_str(), threads, parallel.c_str(), tf32 ? 1 : 0, peak);
+  std::printf("headlab %s%s device=%s threads=%d parallel=%s tf32=%d sgemm=%.0f GFLOP/s (OpenBLAS %s)\n",
+              enum_name(cfg.attention), cfg.attn_only ? " attn-only" : "", device.str().c_str(), threads,
+              parallel.c_str(), tf32 ? 1 : 0, peak, openblas_get_corename());
   std::printf(
       "V=%lld T=%lld d=%lld h=%lld L=%lld B=%lld params=%lld: %.1f ms/step, %.0f tokens/s, "
       "%.1f GFLOP/step, %.0f GFLOP/s = %.0f%% of sgemm (floor %.1f ms)",

@@ -14,7 +14,7 @@
 
 namespace headlab {
 
-void prepare_process(char** argv) { cpu::restart_with_passive_omp_waits(argv); }
+void prepare_process(char** argv) { cpu::restart_with_omp_wait_policy(argv); }
 
 bool cuda_built() {
 #ifdef HEADLAB_HAS_CUDA

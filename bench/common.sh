@@ -23,7 +23,7 @@ peer_available() {
 # kernels at about half the SGEMM rate (185 against 324 GFLOP/s); both sides of every comparison run without them.
 unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
 # The 1-minute load when the script began: figures from a loaded machine flatter headlab (its threads
-# wait passively) and punish PyTorch (its threads spin), so every result states it.
+# spin only briefly) and punish PyTorch (its threads spin long), so every result states it.
 bench_start_load=$(cut -d' ' -f1 /proc/loadavg)
 # machine_line: the CPU, its cores, the 1-minute load at the start and now (the run's own included), the date.
 machine_line() {

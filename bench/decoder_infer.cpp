@@ -119,7 +119,7 @@ nlohmann::json random_config(const std::string& arch, const std::vector<std::pai
 }  // namespace
 
 int main(int argc, char** argv) {
-  prepare_process(argv);  // headlab's threading policy (passive OpenMP waits), as the headlab command runs
+  prepare_process(argv);  // headlab's threading policy (a bounded OpenMP spin), as the headlab command runs
   std::string model_dir, save_dir, arch = "gpt";
   std::vector<std::pair<std::string, int64_t>> sizes;
   int64_t B = 1, prefill = 960, decode = 64, chunk = nn::GenerateOptions{}.prefill_chunk;

@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "autograd/engine.h"
+#include "backends/cpu/omp_policy.h"
 #include "io/checkpoint.h"
 #include "io/families.h"
 #include "io/hf_gpt2.h"
@@ -577,11 +578,14 @@ TEST_F(CliTest, HelpAndVersionStartOnceAndLoadNoCudaLibrary) {
   }
 }
 
-// A command starts again with OpenMP threads that wait passively (spin count 0), as training needs.
-TEST_F(CliTest, ACommandRunsWithPassiveOpenMPWaits) {
+// A command starts again with OpenMP threads that spin briefly, then sleep (backends/cpu/omp_policy.h);
+// a policy the user set is kept.
+TEST_F(CliTest, ACommandRunsWithABoundedOpenMPSpin) {
   const Result r = headlab_logged({"eval", path("no_such_checkpoint.h5")});
   EXPECT_EQ(r.code, 1) << r.err;
-  EXPECT_EQ(spin_counts(r.err), (std::vector<std::string>{"300000", "0"})) << r.err;
+  EXPECT_EQ(spin_counts(r.err), (std::vector<std::string>{"300000", cpu::kOmpSpinCount})) << r.err;
+  const Result passive = headlab_logged({"eval", path("no_such_checkpoint.h5")}, "OMP_WAIT_POLICY=passive");
+  EXPECT_EQ(spin_counts(passive.err), (std::vector<std::string>{"0"})) << passive.err;
   for (const char* lib : kCudaLibraries) EXPECT_FALSE(contains(r.err, lib)) << "a CPU command loads " << lib;
 }
 

@@ -7,9 +7,9 @@
 
 namespace headlab::cpu {
 
-void restart_with_passive_omp_waits(char** argv) {
+void restart_with_omp_wait_policy(char** argv) {
   if (std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("GOMP_SPINCOUNT") != nullptr) return;
-  if (::setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
+  if (::setenv("GOMP_SPINCOUNT", kOmpSpinCount, 1) != 0) return;
   ::execv("/proc/self/exe", argv);  // only returns on failure: then run on with libgomp's default
 }
 

@@ -62,6 +62,18 @@ class ColumnSums {
   int rows_ = 0;
 };
 
+// rows_of(t, team, has_w) on each thread of a team of nt, has_w a compile-time flag (std::true_type or
+// std::false_type): the norms' row loops then test for a weight once, not at every element.
+template <typename RowsOf>
+void rows_on_team(int nt, bool has_w, RowsOf& rows_of) {
+  parallel_team(nt, [&](int t, int team) {
+    if (has_w)
+      rows_of(t, team, std::true_type{});
+    else
+      rows_of(t, team, std::false_type{});
+  });
+}
+
 }  // namespace
 
 // ---- softmax ----
@@ -210,12 +222,7 @@ void CpuBackend::layernorm_backward(DType dt, void* dx, void* dw, void* db, cons
       sum_w.flush();
       sum_b.flush();
     };
-    parallel_team(nt, [&](int t, int team) {
-      if (pw)
-        rows_of(t, team, std::true_type{});
-      else
-        rows_of(t, team, std::false_type{});
-    });
+    rows_on_team(nt, pw != nullptr, rows_of);
     for (int64_t j = 0; j < cols; ++j) {
       Acc<T> sw = 0, sb = 0;
       for (int t = 0; t < nt; ++t) {
@@ -288,12 +295,7 @@ void CpuBackend::rmsnorm_backward(DType dt, void* dx, void* dw, const void* dy, 
       }
       sum_w.flush();
     };
-    parallel_team(nt, [&](int t, int team) {
-      if (pw)
-        rows_of(t, team, std::true_type{});
-      else
-        rows_of(t, team, std::false_type{});
-    });
+    rows_on_team(nt, pw != nullptr, rows_of);
     if (!dw) return;
     for (int64_t j = 0; j < cols; ++j) {
       Acc<T> sw = 0;

@@ -255,7 +255,7 @@ int main(int argc, char** argv) {
         (long long)decode, (long long)prefill, dec / double(decode) * 1e3, double(decode) / dec, floor_ms,
         100 * floor_ms / (dec / double(decode) * 1e3));
   }
-  std::printf("peak resident %.0f MB\n", peak_rss_mb());
+  std::printf("peak resident %.0f MB%s\n", peak_rss_mb(), gpu ? "" : " (with the read-bandwidth measure's 1 GiB)");
   if (gpu) std::printf("peak device memory %.0f MB\n", double(be.peak_bytes()) / 1048576.0);
   return 0;
 }

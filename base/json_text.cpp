@@ -18,7 +18,16 @@ class Builder {
  public:
   Builder(const std::string& source, const JsonLimits& limits) : source_(source), limits_(limits) {}
   json result() { return std::move(root_); }
-  const std::string& repeated() const { return repeated_; }
+  // The repeated key of the watched object the value ends with: a repeated key on the way to it (a second
+  // "model") replaces the object in which a repeat was seen, as nlohmann keeps the last value.
+  std::string repeated() const {
+    const json* watched = &root_;
+    for (const std::string& k : limits_.watch) {
+      if (!watched->is_object() || !watched->contains(k)) return {};
+      watched = &(*watched)[k];
+    }
+    return watched->is_object() ? repeated_ : std::string();
+  }
 
   bool null() { return add(nullptr); }
   bool boolean(bool v) { return add(v); }
@@ -43,7 +52,8 @@ class Builder {
  private:
   // Whether the innermost open value is the watched object: its path of keys is the root's ("") and the watch's.
   bool watching() const {
-    return path_.size() == limits_.watch.size() + 1 && std::equal(limits_.watch.begin(), limits_.watch.end(), path_.begin() + 1);
+    return path_.size() == limits_.watch.size() + 1 &&
+           std::equal(limits_.watch.begin(), limits_.watch.end(), path_.begin() + 1);
   }
   json* add(json v) {
     if (stack_.empty()) {
@@ -69,7 +79,10 @@ class Builder {
     // The key path of the new container: its parent's path and its key (arrays' elements: no key).
     const bool in_object = !stack_.empty() && stack_.back()->is_object();
     path_.push_back(stack_.empty() ? std::string() : in_object ? key_ : std::string("[]"));
-    if (watching()) keys_.clear();
+    if (watching()) {  // a watched object again (its parent's key repeated): only the last one counts
+      keys_.clear();
+      repeated_.clear();
+    }
     stack_.push_back(add(std::move(container)));
     return true;
   }

@@ -358,6 +358,16 @@ TEST(TokenizerJson, MalformedFilesAreRefusedWithTheField) {
   text.replace(text.find("\"vocab\":{") + 9, 0, "\"hell\":1,");
   EXPECT_ERROR(tasks::BpeTokenizer::from_tokenizer_json(text, "tok.json"),
                "tok.json: model.vocab: key \"hell\" appears twice");
+  // A repeated "model": the last one is read, so a repeat inside an earlier one does not count, and one inside
+  // the last does (fuzz_json found the earlier one's repeat reported against the last one).
+  std::string earlier = minimal().dump();  // a repeat in an earlier "model"
+  earlier.insert(earlier.find("\"model\":"), R"("model":{"vocab":{"hell":1,"hell":2}},)");
+  EXPECT_NO_THROW(tasks::BpeTokenizer::from_tokenizer_json(earlier, "tok.json"));
+  std::string last = minimal().dump();  // a repeat in the last "model"
+  last.replace(last.find("\"vocab\":{") + 9, 0, "\"hell\":1,");
+  last.insert(last.find("\"model\":"), R"("model":{"vocab":{}},)");
+  EXPECT_ERROR(tasks::BpeTokenizer::from_tokenizer_json(last, "tok.json"),
+               "tok.json: model.vocab: key \"hell\" appears twice");
 }
 
 // ---- where tokenizers are chosen: --tokenizer FILE and a model folder ----

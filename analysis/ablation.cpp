@@ -66,8 +66,8 @@ PrunedModelReport write_pruned(const train::Loaded& in, const EvalSet& data, con
   os << "\npruned model: removed " << pr.removed << " of " << curve.total_heads << " heads";
   if (pr.removed != k)  // grouped-query attention: a group goes when all its heads do
     os << " (the curve's first " << k << ", less those whose key/value group keeps a head)";
-  os << ", kept " << pr.kept << "\n  wrote "
-     << pr.path << "; parameters " << pr.params_before << " -> " << pr.params_after << " ("
+  os << ", kept " << pr.kept << "\n  wrote " << pr.path << "; parameters " << pr.params_before << " -> "
+     << pr.params_after << " ("
      << fmt(100.0 * static_cast<double>(pr.params_before - pr.params_after) / static_cast<double>(pr.params_before), 1)
      << "% fewer)\n  forward (batch " << pr.B << " x " << pr.T << ", median of " << o.repeats
      << "): " << fmt(pr.time_before.median * 1e3, 3) << " ms -> " << fmt(pr.time_after.median * 1e3, 3)
@@ -108,6 +108,8 @@ AblationReport run_ablation(const train::Loaded& in, const EvalSet& data, const 
   r.model_description = in.config.describe_model();
   if (pruned_before(model)) r.kept_before = kept_heads_text(model);
   r.metric = o.metric ? *o.metric : default_metric(data);
+  check_metric(data, r.metric);  // what later stages need, before the first line
+  if (o.criterion == Criterion::l0) (void)in.decoder("ablate --criterion l0");
   r.step_fraction = o.step, r.l0_steps = o.l0_steps, r.finetune_steps = o.finetune, r.finetune_curve = o.finetune_curve;
   const bool decoder = dynamic_cast<const nn::DecoderModel*>(&model) != nullptr;
   tell("headlab ablate: " + o.checkpoint + " (task " + task.name() + ", " + r.model_description +

@@ -443,6 +443,7 @@ void check_pairs(const nn::DecoderModel& model, const PromptPairs& pairs, const 
                ") is outside the vocabulary of ", shape.vocab_size);
   };
   check_ids(pairs.clean, "clean"), check_ids(pairs.corrupt, "corrupt");
+  HL_CHECK(pairs.clean != pairs.corrupt, who, ": every clean prompt equals its corrupted one; nothing to compare");
   check_ids(pairs.answer, "answer"), check_ids(pairs.wrong, "wrong"), check_ids(pairs.candidates, "candidate");
   HL_CHECK(pairs.weights.size() == pairs.candidates.size() * static_cast<size_t>(pairs.rows()), who,
            ": the probability metric's weights list ", pairs.weights.size(),

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <tuple>
 
+#include "analysis/circuit_internal.h"
 #include "analysis/files.h"
 #include "analysis/stats.h"
 #include "io/atomic_file.h"
@@ -126,7 +127,10 @@ CircuitReport run_circuit(nn::DecoderModel& model, const PromptPairs& pairs, con
     if (say) say(text);
   };
   CircuitReport r;
-  choose_path_nodes(CircuitGraph(model), o, r);  // before any output: a wrong name must not come after results
+  // Before any output: a wrong name or prompts the model cannot read must not come after results.
+  check_pairs(model, pairs, "circuit");
+  choose_path_nodes(CircuitGraph(model), o, r);
+  plot::check_graphviz("circuit");  // the circuit's pictures come last
   const nn::DecoderShape& shape = model.shape();
   const train::Collectives* comm = o.engine.collectives.get();
   tell("headlab circuit: " + o.checkpoint + " (" + std::to_string(shape.n_layers) + " layers x " +

@@ -73,12 +73,20 @@ EvalSet make_eval_set(const Task& task, int64_t batches, int64_t batch_size, int
   return s;
 }
 
+namespace {
+
+void check_exact_match(bool has_exact_match, Metric m) {
+  HL_CHECK(m != Metric::exact_match || has_exact_match,
+           "analysis: exact match does not apply to this data (chars); use token_accuracy");
+}
+
+}  // namespace
+
+void check_metric(const EvalSet& data, Metric m) { check_exact_match(data.has_exact_match, m); }
+
 double metric_value(const Scores& s, Metric m) {
-  if (m == Metric::exact_match) {
-    HL_CHECK(s.has_exact_match, "analysis: exact match does not apply to this data (chars); use token_accuracy");
-    return s.exact_match;
-  }
-  return s.token_accuracy;
+  check_exact_match(s.has_exact_match, m);
+  return m == Metric::exact_match ? s.exact_match : s.token_accuracy;
 }
 
 Metric default_metric(const EvalSet& data) {

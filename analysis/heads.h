@@ -47,7 +47,8 @@ constexpr auto enum_table(Metric) {
                                           {Metric::token_accuracy, "token"}});
 }
 double metric_value(const Scores& s, Metric m);
-Metric default_metric(const EvalSet& data);  // exact match for tasks, token accuracy for chars
+void check_metric(const EvalSet& data, Metric m);  // metric_value's refusal, before any score is computed
+Metric default_metric(const EvalSet& data);        // exact match for tasks, token accuracy for chars
 
 // A value per head: [layer][head], heads in the model's order (for a pruned model, its kept heads).
 using HeadMatrix = std::vector<std::vector<double>>;

@@ -106,7 +106,19 @@ PhaseChange find_phase_change(const std::vector<HeadsAtStep>& history) {
   return p;
 }
 
+HeadTypeOptions HeadsOverTime::scoring() const {
+  HeadTypeOptions o;
+  o.induction_rows = score_rows_;
+  return o;
+}
+
+void HeadsOverTime::check(const nn::DecoderShape& shape, int64_t T) const {
+  icl_positions(T);
+  check_head_types(shape, T, scoring());
+}
+
 void HeadsOverTime::observe(nn::DecoderModel& model, const tasks::Task& task, int64_t T, int64_t step) {
+  check(model.shape(), T);
   if (!icl_data_) {
     const int64_t rows = icl_rows_ > 0 ? icl_rows_ : std::max<int64_t>(64, 16384 / T);
     icl_data_ = make_eval_set(task, 1, rows, T), scores_data_ = make_eval_set(task, 1, score_rows_, T);
@@ -114,9 +126,7 @@ void HeadsOverTime::observe(nn::DecoderModel& model, const tasks::Task& task, in
   const auto [early, late] = icl_positions(T);
   HeadsAtStep s = icl_score(model, *icl_data_, early, late);
   s.step = step;
-  HeadTypeOptions o;
-  o.induction_rows = score_rows_;
-  s.heads = head_types(model, *scores_data_, o).heads;
+  s.heads = head_types(model, *scores_data_, scoring()).heads;
   history_.push_back(std::move(s));
 }
 
@@ -214,10 +224,13 @@ std::vector<std::pair<int64_t, std::string>> checkpoint_series(const std::string
 train::StepObserver track_heads(const std::shared_ptr<HeadsOverTime>& tracker, const std::string& out, int64_t every) {
   train::StepObserver o;
   o.every = every;
-  o.call = [tracker, out](nn::Model& model, const tasks::Task& task, int64_t T, int64_t step) {
-    auto* decoder = dynamic_cast<nn::DecoderModel*>(&model);
+  o.check = [tracker](const nn::Model& model, int64_t T) {
+    const auto* decoder = dynamic_cast<const nn::DecoderModel*>(&model);
     HL_CHECK(decoder != nullptr, "train: --track-heads applies to decoders; this run trains an encoder-decoder");
-    tracker->observe(*decoder, task, T, step);
+    tracker->check(decoder->shape(), T);
+  };
+  o.call = [tracker, out](nn::Model& model, const tasks::Task& task, int64_t T, int64_t step) {
+    tracker->observe(dynamic_cast<nn::DecoderModel&>(model), task, T, step);  // check ran when the run started
     save_tracking(*tracker, out, "train");
   };
   return o;

@@ -53,6 +53,8 @@ class HeadsOverTime {
   // icl_rows 0: 16384 / T rows, at least 64 (tokens enough that the score does not wander with the rows).
   explicit HeadsOverTime(int64_t score_rows = 8, int64_t icl_rows = 0) : score_rows_(score_rows), icl_rows_(icl_rows) {}
   void observe(nn::DecoderModel& model, const tasks::Task& task, int64_t T, int64_t step);
+  // What observe needs of a model and rows of T tokens, checked before any work (errors as observe's).
+  void check(const nn::DecoderShape& shape, int64_t T) const;
   const std::vector<HeadsAtStep>& history() const { return history_; }
   // step,layer,head,previous_token,induction,duplicate_token,loss,icl_score: a row per head per observation.
   std::string csv() const;
@@ -63,6 +65,7 @@ class HeadsOverTime {
   std::string summary_md() const;
 
  private:
+  HeadTypeOptions scoring() const;
   int64_t score_rows_, icl_rows_;
   std::optional<EvalSet> scores_data_, icl_data_;
   std::vector<HeadsAtStep> history_;

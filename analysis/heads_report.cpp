@@ -225,7 +225,24 @@ Table denoising_by_position_table(const PatchingResult& p, int64_t T) {
   return t;
 }
 
+namespace {
+
+HeadTypeOptions head_type_options(const train::Loaded& in) {
+  HeadTypeOptions to;
+  const auto* algo = dynamic_cast<const tasks::AlgorithmicTask*>(in.task.get());
+  to.separator_id = algo ? algo->sep_id() : -1;
+  return to;
+}
+
+}  // namespace
+
+void check_find_heads(const train::Loaded& in, const EvalSet& data) {
+  HL_CHECK(!data.batches.empty(), "heads: the evaluation data has no batches");
+  check_head_types(in.decoder("heads").shape(), data.batches.front().T, head_type_options(in));
+}
+
 HeadsFindings find_heads(const train::Loaded& in, const EvalSet& data, const HeadsOptions& o) {
+  check_find_heads(in, data);
   nn::DecoderModel& model = in.decoder("heads");
   const auto timed = [](auto&& f) {
     const auto start = std::chrono::steady_clock::now();
@@ -236,9 +253,7 @@ HeadsFindings find_heads(const train::Loaded& in, const EvalSet& data, const Hea
   f.seconds_ablation = timed([&] { f.ablation = ablate_heads(model, data); });
   f.seconds_dla = timed([&] { f.dla = logit_attribution(model, data); });
   const auto* algo = dynamic_cast<const tasks::AlgorithmicTask*>(in.task.get());
-  HeadTypeOptions to;
-  to.separator_id = algo ? algo->sep_id() : -1;
-  f.seconds_types = timed([&] { f.types = head_types(model, data, to); });
+  f.seconds_types = timed([&] { f.types = head_types(model, data, head_type_options(in)); });
   std::vector<Batch> corrupted;
   if (algo) {
     for (size_t i = 0; i < data.batches.size(); ++i) corrupted.push_back(algo->corrupt(data.batches[i], o.seed + i));

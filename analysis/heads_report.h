@@ -73,6 +73,8 @@ struct HeadsOptions {
 };
 // Every analysis of the model `in` loaded (a decoder) on `data`, its task's batches.
 HeadsFindings find_heads(const train::Loaded& in, const EvalSet& data, const HeadsOptions& options);
+// What find_heads needs of the model and the rows (head types' refusals), for a caller to check before its first line.
+void check_find_heads(const train::Loaded& in, const EvalSet& data);
 // What the command prints: the summary table, DLA and patching notes, composition, repeated tokens.
 std::string heads_text(const nn::DecoderModel& model, const HeadsFindings& f, const HeadsScores& s);
 // heads.csv, report.md, dla.png, patching.png, types.png, ablation.png, attention.html and (two layers or

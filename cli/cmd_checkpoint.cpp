@@ -34,11 +34,11 @@ int eval_text(const Loaded& l, const std::string& path, const std::string& text,
   HL_CHECK(ids.size() >= 2, "eval: --text '", text, "' is ", ids.size(), " token", ids.size() == 1 ? "" : "s",
            (ids.empty() ? " (the file is empty)" : ""), "; a perplexity needs at least 2 (a token and the next)");
   const train::TextScores r = train::evaluate_text(model, ids, s);
+  HL_CHECK(std::isfinite(r.loss), "eval: the loss is ", fmt(r.loss), ": '", path, "' holds a diverged model");
   std::cout << "model " << path << " (" << l.config.describe_model() << ")\ntext " << text << ": " << ids.size()
             << " tokens, " << r.windows << " windows of " << ctx << " (stride " << s << ")\n"
             << std::fixed << std::setprecision(4) << "loss            " << r.loss << "\n"
             << "perplexity      " << r.perplexity << "\n(" << r.tokens << " scored tokens)\n";
-  HL_CHECK(std::isfinite(r.loss), "eval: the loss is ", fmt(r.loss), ": '", path, "' holds a diverged model");
   return 0;
 }
 
@@ -68,16 +68,14 @@ int inspect_folder(const std::string& folder) {
 
 int inspect_llama2c(const std::string& path, const std::string& tokenizer) {
   const io::FolderModel m = io::read_llama2c(path);
+  const nn::ModelFamily& family = io::family_of(m.config).model;
+  const std::string tokenizer_line =  // read before the first line: a bad --tokenizer fails with nothing printed
+      tokenizer.empty()
+          ? "none given (--tokenizer FILE)"
+          : tokenizer + ": " + tasks::tokenizer_from_file(tokenizer, family.vocab_size(m.config))->describe();
   std::cout << "llama2.c checkpoint " << path
-            << " (family llama)\n\nconfig (as headlab reads it: " << io::family_of(m.config).model.describe(m.config)
-            << ")\n"
-            << m.config.dump(2) << "\ntokenizer: ";
-  if (tokenizer.empty())
-    std::cout << "none given (--tokenizer FILE)";
-  else
-    std::cout << tokenizer << ": "
-              << tasks::tokenizer_from_file(tokenizer, io::family_of(m.config).model.vocab_size(m.config))->describe();
-  std::cout << "\n\nparameters\n";
+            << " (family llama)\n\nconfig (as headlab reads it: " << family.describe(m.config) << ")\n"
+            << m.config.dump(2) << "\ntokenizer: " << tokenizer_line << "\n\nparameters\n";
   print_parameters(m.parameters);
   return 0;
 }

@@ -23,6 +23,7 @@
 #include "cli/common.h"
 #include "io/h5file.h"
 #include "train/config.h"
+#include "train/memory.h"
 
 namespace headlab::cli {
 
@@ -254,6 +255,15 @@ Action add_compare(CLI::App& app) {
     for (const auto& s : a->configs) with_kv_heads(analysis::parse_compare_config(s), extra);
     HL_CHECK(!sweep.empty() || !extra.empty(),
              "compare: nothing to measure (--no-sweep and --no-peer-grid without --config)");
+    if (!o.device.is_cuda()) {     // the largest measurement, before the first row: the wrapper's attention maps and
+      train::MemoryEstimate need;  // their gradients (4 B H T^2 floats), activations and theirs (about 12 B T d)
+      for (const auto* list : {&extra, &sweep})
+        for (const auto& c : *list)
+          need.activations =
+              std::max(need.activations, sizeof(float) * (4.0 * double(c.B * c.heads) * double(c.T) * double(c.T) +
+                                                          12.0 * double(c.B * c.T) * double(c.d_out)));
+      train::check_memory_fits(need, "compare", "lower --tokens or --batch");
+    }
     const io::FolderLock lock = make_locked_dir(a->out, "compare");
     TorchPeer torch(o.device.is_cuda() ? "off" : a->torch_peer, a->torch_peer_script);  // a CPU peer
     print_compare_header(o);

@@ -64,8 +64,6 @@ int heads_over_checkpoints(const HeadsArgs& a, const std::vector<std::pair<int64
   set_threads(a.threads);
   const std::string out = a.out.empty() ? join_path(a.path, "heads") : a.out;
   const io::FolderLock lock = make_locked_dir(out, "heads");
-  std::cout << "headlab heads: " << series.size() << " checkpoints of one run in " << a.path << " (steps "
-            << series.front().first << " to " << series.back().first << ")\n";
   analysis::HeadsOverTime tracker;
   for (const auto& [step, path] : series) {
     const Loaded in = load("heads", path, a.device, a.text, a.tokenizer);
@@ -74,7 +72,13 @@ int heads_over_checkpoints(const HeadsArgs& a, const std::vector<std::pair<int64
     const int64_t T = a.tokens > 0 ? a.tokens : in.config.batch_tokens();
     HL_CHECK(T <= in.config.batch_tokens(), "heads: --tokens ", T, " is longer than the context of '", path, "' (",
              in.config.batch_tokens(), ")");
-    tracker.observe(in.decoder("heads"), *in.task, T, step);
+    in.task->check_context_length(T);
+    nn::DecoderModel& model = in.decoder("heads");
+    tracker.check(model.shape(), T);
+    if (step == series.front().first)  // after the first checkpoint's checks, which one run's checkpoints share
+      std::cout << "headlab heads: " << series.size() << " checkpoints of one run in " << a.path << " (steps "
+                << series.front().first << " to " << series.back().first << ")\n";
+    tracker.observe(model, *in.task, T, step);
     const analysis::HeadsAtStep& s = tracker.history().back();
     const auto strongest = std::max_element(s.heads.begin(), s.heads.end(),
                                             [](const auto& x, const auto& y) { return x.induction < y.induction; });
@@ -112,6 +116,7 @@ Action add_heads(CLI::App& app) {
     const AnalysisInputs ai = load_analysis(*a, "heads", "heads");
     const nn::DecoderModel& model = ai.in.decoder("heads");
     const nn::DecoderShape& shape = model.shape();
+    analysis::check_find_heads(ai.in, ai.data);  // before the first line
     std::cout << "headlab heads: " << a->path << " (task " << ai.in.task->name() << ", " << shape.n_layers
               << " layers x " << shape.n_heads << " heads"
               << (shape.kept_heads.empty() ? "" : ", pruned: kept " + analysis::kept_heads_text(shape.kept_heads))

@@ -77,4 +77,6 @@ std::string render_dot(const std::string& dot, const std::string& format, const 
   return picture;
 }
 
+void check_graphviz(const std::string& who) { (void)render_dot("digraph {}\n", "svg", who); }
+
 }  // namespace headlab::plot

@@ -10,5 +10,7 @@ namespace headlab::plot {
 // The picture's bytes; format "png" or "svg". Throws naming `who` when `dot` is missing, refuses the
 // graph (with its message) or writes nothing.
 std::string render_dot(const std::string& dot, const std::string& format, const std::string& who);
+// Throws as render_dot would when `dot` cannot run: for a command to check before its first result.
+void check_graphviz(const std::string& who);
 
 }  // namespace headlab::plot

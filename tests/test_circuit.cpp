@@ -487,9 +487,10 @@ TEST(Circuit, BadInputIsRefusedClearly) {
   EXPECT_ERROR(analysis::edge_attribution(model, bad),
                "edge_attribution: answer token 99 (at 1) is outside the vocabulary of 13");
   PromptPairs same = random_pairs(13, 2, 5, 1);
-  same.corrupt = same.clean;
-  same.wrong = same.answer;
+  same.wrong = same.answer;  // a logit difference of 0 in both runs
   EXPECT_ERROR(CircuitPatcher(model, same), "the clean and corrupted runs score the same");
+  same.corrupt = same.clean;  // refused before any run
+  EXPECT_ERROR(CircuitPatcher(model, same), "circuit: every clean prompt equals its corrupted one");
   CircuitPatcher p(model, random_pairs(13, 2, 5, 1));
   analysis::DiscoveryOptions o;
   o.tau = -1;

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "base/error.h"
+#include "plot/graph.h"
 #include "plot/plot.h"
 #include "tests/process_util.h"
 
@@ -512,6 +514,22 @@ TEST_F(PlotTest, NothingIsPrinted) {
   const std::string err = ::testing::internal::GetCapturedStderr();
   EXPECT_EQ(out, "");
   EXPECT_EQ(err, "");
+}
+
+// A command that draws a graph last (circuit) checks that Graphviz runs before its first result.
+TEST_F(PlotTest, AMissingGraphvizIsFoundBeforeAnyGraphIsDrawn) {
+  EXPECT_NO_THROW(plot::check_graphviz("circuit"));
+  const std::string path_before = std::getenv("PATH") ? std::getenv("PATH") : "";
+  fs::create_directories(path("empty_bin"));
+  ::setenv("PATH", path("empty_bin").c_str(), 1);
+  std::string error;
+  try {
+    plot::check_graphviz("circuit");
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  ::setenv("PATH", path_before.c_str(), 1);
+  EXPECT_NE(error.find("circuit: cannot run Graphviz's dot"), std::string::npos) << error;
 }
 
 }  // namespace

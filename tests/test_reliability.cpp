@@ -690,6 +690,59 @@ TEST_F(ReliabilityTest, PromptPairsThatMeasureNothingAreRefusedBeforeAnyResult) 
   EXPECT_FALSE(fs::exists(path("att/attention.h5")));
 }
 
+// Class 7: what a command's later stages need of its input is checked before its first result, so a refusal
+// never follows printed results (and --overwrite never removes a run for a command that is then refused).
+TEST_F(ReliabilityTest, EveryCommandChecksWhatItsLaterStagesNeedBeforeItsFirstResult) {
+  train_tiny(path("run"), 2);  // reverse: exact match applies
+  {
+    std::ofstream text(path("t.txt"));
+    for (int i = 0; i < 20; ++i) text << "abcdefghijklmnopqrstuvwxyz ";
+  }
+  const Result chars =
+      headlab({"train", "--task", "chars", "--text", path("t.txt"), "--steps", "2", "--emb-dim", "16", "--batch-size",
+               "2", "--context-length", "8", "--eval-batches", "1", "--out", path("c")});
+  ASSERT_EQ(chars.code, 0) << chars.err;
+  const Result ed = headlab({"train", "--arch", "encoder-decoder", "--steps", "1", "--out", path("ed")});
+  ASSERT_EQ(ed.code, 0) << ed.err;
+  const auto refused_silently = [&](const std::vector<std::string>& args, const std::string& error) {
+    const Result r = headlab(args);
+    EXPECT_EQ(r.code, 1) << args[0];
+    EXPECT_TRUE(contains(r.err, error)) << r.err;
+    EXPECT_EQ(r.out, "") << args[0] << ": results before the error";
+  };
+  const std::string ck = path("c/checkpoint.h5");
+  refused_silently({"heads", ck, "--tokens", "1", "--out", path("h1")}, "rows of 1 token");
+  refused_silently({"heads", path("c"), "--tokens", "2", "--out", path("h2")}, "rows of 2 tokens are too short");
+  refused_silently({"ablate", ck, "--metric", "exact_match", "--batches", "1", "--out", path("a1")},
+                   "exact match does not apply to this data");
+  refused_silently({"ablate", path("ed/checkpoint.h5"), "--criterion", "l0", "--batches", "1", "--out", path("a2")},
+                   "ablate --criterion l0");
+  std::ofstream(path("long.jsonl"))
+      << R"({"clean": "abcdefghijkl", "corrupt": "abcdefghijkm", "answer": "c", "wrong": "d"})"
+      << "\n";
+  refused_silently({"circuit", ck, "--pairs", path("long.jsonl"), "--out", path("ci")},
+                   "prompts of 12 tokens do not fit the model's context of 8");
+  std::ofstream(path("same.jsonl")) << R"({"clean": "abc", "corrupt": "abc", "answer": "c", "wrong": "d"})"
+                                    << "\n";
+  refused_silently({"circuit", ck, "--pairs", path("same.jsonl"), "--out", path("ci")},
+                   "every clean prompt equals its corrupted one");
+  refused_silently({"compare", "--tokens", "200000", "--batch", "64", "--no-peer-grid", "--out", path("cmp")},
+                   "compare: needs about");
+  refused_silently({"train", "--arch", "encoder-decoder", "--steps", "1", "--track-heads", "1", "--out", path("t1")},
+                   "--track-heads applies to decoders");
+  const std::string stories = std::string(HEADLAB_SOURCE_DIR) + "/../shared/models/stories260K/stories260K.bin";
+  if (fs::exists(stories)) {  // a llama2.c checkpoint's header is printed only with its tokenizer read
+    std::ofstream(path("bogus.bin")) << "not a tokenizer";
+    refused_silently({"inspect", stories, "--tokenizer", path("bogus.bin")}, path("bogus.bin"));
+  }
+  // --overwrite of a good run by a command that is refused keeps the good run.
+  refused_silently(
+      {"train", "--arch", "encoder-decoder", "--steps", "1", "--track-heads", "1", "--overwrite", "--out", path("run")},
+      "--track-heads applies to decoders");
+  EXPECT_TRUE(fs::exists(path("run/checkpoint.h5")));
+  EXPECT_TRUE(fs::exists(path("run/metrics.csv")));
+}
+
 // --resume reads the run's own text: stored as an absolute path with its size and hash, so a resume from
 // another folder finds it, and a changed file is refused (before, a relative --text was found again
 // relative to the new folder: another file with the same name).

@@ -160,6 +160,9 @@ std::unique_ptr<Trainer::Session> Trainer::start() {
   } else {
     s->config = resolve(opts_.model, opts_.config, opts_.init.empty() ? nlohmann::json() : opts_.init_model);
   }
+  const int64_t B = s->config.run.batch_size, ranks = opts_.comm->size();
+  HL_CHECK(B % ranks == 0, "train: --batch-size ", B, " does not split evenly over ", ranks,
+           " ranks; use a multiple of ", ranks);
   const Device device = Device::parse(s->config.run.device);
   backend_for(device);  // fails early and clearly when the device is unavailable
   {
@@ -183,6 +186,7 @@ std::unique_ptr<Trainer::Session> Trainer::start() {
   s->task = s->config.make_task();
   manual_seed(s->config.run.seed);
   s->model = s->config.make_model();
+  if (opts_.observer.every > 0 && opts_.observer.check) opts_.observer.check(*s->model, s->config.batch_tokens());
   if (opts_.resume)
     s->model->load_parameters(resumed.model, "checkpoint '" + latest_ + "'");
   else if (!opts_.init.empty())
@@ -358,10 +362,11 @@ TrainResult Trainer::run() {
     lock = io::open_output_folder(opts_.out, "train", &removed);
     for (const std::string& f : removed)
       if (!opts_.quiet) std::cout << "removed " << f << ", a temporary file left by a writer that no longer runs\n";
-    if (!opts_.resume) refuse_or_remove_another_run();
+    if (!opts_.resume) refuse_another_run();
   }
   const std::unique_ptr<Session> session = start();
   const int threads = data_parallel_threads(*session);
+  if (writer && !opts_.resume) remove_another_run();  // --overwrite: only once every check passed
   if (threads == 1) return train(*session);
   TrainResult result;
   run_on_threads(threads, opts_.comm, [&](const std::shared_ptr<Collectives>& rank) {
@@ -383,14 +388,29 @@ TrainResult Trainer::run() {
   return result;
 }
 
-void Trainer::refuse_or_remove_another_run() const {
+namespace {
+
+// The first files of a run, for messages: "checkpoint.h5, metrics.csv, ..., and 3 more".
+std::string some_names(const std::vector<std::string>& files) {
+  std::string names;
+  for (size_t i = 0; i < files.size() && i < 4; ++i) names += (i ? ", " : "") + files[i];
+  if (files.size() > 4) names += ", and " + std::to_string(files.size() - 4) + " more";
+  return names;
+}
+
+}  // namespace
+
+void Trainer::refuse_another_run() const {
+  const std::vector<std::string> old = run_files(opts_.out);
+  HL_CHECK(old.empty() || opts_.overwrite, "train: '", opts_.out, "' holds another run (", some_names(old),
+           "); continue it with --resume, replace it with --overwrite, or choose another --out");
+}
+
+void Trainer::remove_another_run() const {
   const std::vector<std::string> old = run_files(opts_.out);
   if (old.empty()) return;
-  std::string names;
-  for (size_t i = 0; i < old.size() && i < 4; ++i) names += (i ? ", " : "") + old[i];
-  if (old.size() > 4) names += ", and " + std::to_string(old.size() - 4) + " more";
-  HL_CHECK(opts_.overwrite, "train: '", opts_.out, "' holds another run (", names,
-           "); continue it with --resume, replace it with --overwrite, or choose another --out");
+  refuse_another_run();
+  const std::string names = some_names(old);
   for (const std::string& name : old) {
     std::error_code ec;
     fs::remove(fs::path(opts_.out) / name, ec);
@@ -425,8 +445,6 @@ TrainResult Trainer::train(Session& s) {
   const bool writer = comm.rank() == 0;
   const RunSettings& run = s.config.run;
   const int64_t steps = run.steps, B = run.batch_size, T = s.config.batch_tokens(), ranks = comm.size();
-  HL_CHECK(B % ranks == 0, "train: --batch-size ", B, " does not split evenly over ", ranks,
-           " ranks; use a multiple of ", ranks);
   check_ranks_agree(s);
   s.progress.line("headlab train: task " + s.task->name() + ", " + s.config.describe_model() + ", " +
                   std::to_string(s.model->num_parameters()) + " parameters, device " + s.model->device().str());

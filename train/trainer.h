@@ -25,6 +25,9 @@ namespace headlab::train {
 struct StepObserver {
   int64_t every = 0;  // 0: never
   std::function<void(nn::Model& model, const tasks::Task& task, int64_t T, int64_t step)> call;
+  // What the observer needs of the run (its model, rows of T tokens), checked when the run starts: before the
+  // first line, and before --overwrite removes an earlier run.
+  std::function<void(const nn::Model& model, int64_t T)> check;
 };
 
 // How a training step on the CPU uses this process's threads (omp_get_max_threads(), --threads):
@@ -119,8 +122,9 @@ class Trainer {
   struct Session;  // the model, optimizer and state of one run
   std::unique_ptr<Session> start();
   int data_parallel_threads(const Session& s) const;  // 1: no data parallelism over threads (ThreadUse)
-  void refuse_or_remove_another_run() const;          // a fresh run into a folder holding another (overwrite)
-  TrainResult train(Session& s);                      // the steps, on this rank
+  void refuse_another_run() const;                    // a fresh run into a folder holding another, unless --overwrite
+  void remove_another_run() const;  // --overwrite: the other run's files, once the run's checks passed
+  TrainResult train(Session& s);    // the steps, on this rank
   // One optimizer step on batch data_index: this rank's rows forward and backward, the gradients summed
   // over the ranks, clipped; the step itself unless the non-finite policy skips it (or stops the run).
   void step(Session& s, double lr);

@@ -149,14 +149,13 @@ std::unique_ptr<Trainer::Session> Trainer::start() {
   // (mpirun hands rank 0 a pseudo-terminal whatever its own output is: data-parallel runs log lines)
   s->progress = Progress(opts_.quiet, opts_.comm->processes() == 1 && isatty(STDOUT_FILENO), opts_.log_every);
   io::Checkpoint resumed;
+  std::string changes;  // what --resume changed, said once every check passed
   if (opts_.resume) {
     HL_CHECK(fs::exists(latest_), "train: --resume was given but '", latest_, "' does not exist");
     resumed = io::load_checkpoint(latest_);
     HL_CHECK(resumed.has_optimizer && resumed.has_trainer, "checkpoint '", latest_,
              "': has no optimizer or trainer state, so it cannot be resumed");
-    std::string changes;
     s->config = resume_config(config_of(resumed, latest_), latest_, opts_.config, opts_.model, opts_.told, changes);
-    if (!changes.empty()) s->progress.line("resume: changed " + changes);
   } else {
     s->config = resolve(opts_.model, opts_.config, opts_.init.empty() ? nlohmann::json() : opts_.init_model);
   }
@@ -202,6 +201,7 @@ std::unique_ptr<Trainer::Session> Trainer::start() {
   }
   s->params = s->model->parameters();
   s->first_step = s->state.step;
+  if (!changes.empty()) s->progress.line("resume: changed " + changes);
   return s;
 }
 

@@ -110,6 +110,11 @@ AblationReport run_ablation(const train::Loaded& in, const EvalSet& data, const 
   r.metric = o.metric ? *o.metric : default_metric(data);
   check_metric(data, r.metric);  // what later stages need, before the first line
   if (o.criterion == Criterion::l0) (void)in.decoder("ablate --criterion l0");
+  FinetuneOptions fo;
+  fo.steps = o.finetune;
+  fo.lr = o.finetune_lr;
+  fo.device = o.device;
+  if (o.finetune > 0) check_finetune(in.ckpt, fo, "ablate --finetune");
   r.step_fraction = o.step, r.l0_steps = o.l0_steps, r.finetune_steps = o.finetune, r.finetune_curve = o.finetune_curve;
   const bool decoder = dynamic_cast<const nn::DecoderModel*>(&model) != nullptr;
   tell("headlab ablate: " + o.checkpoint + " (task " + task.name() + ", " + r.model_description +
@@ -177,10 +182,6 @@ AblationReport run_ablation(const train::Loaded& in, const EvalSet& data, const 
                           std::string(enum_name(r.metric)) + ", unpruned " + fmt(base_metric, 3) + ")");
   tell("\n" + render_text(r.tables.best_head) + "  mean change per layer: " + r.tables.best_head_mean + "\n");
 
-  FinetuneOptions fo;
-  fo.steps = o.finetune;
-  fo.lr = o.finetune_lr;
-  fo.device = o.device;
   if (o.finetune_curve) {
     std::ostringstream os;
     os << "\nfine-tuning the model pruned at every step of the curve (" << o.finetune << " steps each)\n";

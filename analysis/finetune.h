@@ -26,5 +26,8 @@ struct FinetuneResult {
 // of the steps) over the new length. The training stream starts at batch 0 again: the model sees the
 // data it was trained on, as the papers' fine-tuning does.
 FinetuneResult finetune(const io::Checkpoint& ck, const EvalSet& data, const FinetuneOptions& options);
+// What finetune needs (its options; the training step and evaluation in the available memory), for a caller
+// to check before its first result; errors name who. A pruned checkpoint needs no more than ck.
+void check_finetune(const io::Checkpoint& ck, const FinetuneOptions& options, const std::string& who);
 
 }  // namespace headlab::analysis

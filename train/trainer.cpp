@@ -143,6 +143,24 @@ Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)) {
   latest_ = (fs::path(opts_.out) / "checkpoint.h5").string();
 }
 
+void check_training_fits(const RunConfig& config, const std::string& who) {
+  const RunSettings& run = config.run;
+  const int64_t T = config.batch_tokens();
+  MemoryEstimate need;
+  std::string advice;
+  if (!Device::parse(run.device).is_cuda()) {
+    const optim::OptimizerOptions& o = config.optimizer;
+    const int slots = o.kind == optim::OptimizerKind::sgd ? (o.momentum != 0 ? 1 : 0) : 2;
+    need = estimate_memory(config.model, run.batch_size, T, true, slots);
+    const nn::ModelOptions m = config.family().model.options(config.model);
+    advice = "lower --emb-dim (now " + std::to_string(m.emb_dim) + "), --n-layers (" + std::to_string(m.n_layers) +
+             "), --batch-size (" + std::to_string(run.batch_size) + "), the context length (" + std::to_string(T) +
+             ") or ";
+  }
+  need.data = estimate_batches_memory(run.eval_batches, run.batch_size, T);
+  check_memory_fits(need, who, advice + "--eval-batches (now " + std::to_string(run.eval_batches) + ")");
+}
+
 // The run's configuration (fresh, or the checkpoint's on --resume), model, optimizer and state.
 std::unique_ptr<Trainer::Session> Trainer::start() {
   auto s = std::make_unique<Session>();
@@ -164,24 +182,7 @@ std::unique_ptr<Trainer::Session> Trainer::start() {
            " ranks; use a multiple of ", ranks);
   const Device device = Device::parse(s->config.run.device);
   backend_for(device);  // fails early and clearly when the device is unavailable
-  {
-    // A training step's peak (on the CPU), and the evaluation batches, which are all held at once.
-    const RunSettings& run = s->config.run;
-    const int64_t T = s->config.batch_tokens();
-    MemoryEstimate need;
-    std::string advice;
-    if (!device.is_cuda()) {
-      const optim::OptimizerOptions& o = s->config.optimizer;
-      const int slots = o.kind == optim::OptimizerKind::sgd ? (o.momentum != 0 ? 1 : 0) : 2;
-      need = estimate_memory(s->config.model, run.batch_size, T, true, slots);
-      const nn::ModelOptions m = s->config.family().model.options(s->config.model);
-      advice = "lower --emb-dim (now " + std::to_string(m.emb_dim) + "), --n-layers (" + std::to_string(m.n_layers) +
-               "), --batch-size (" + std::to_string(run.batch_size) + "), the context length (" + std::to_string(T) +
-               ") or ";
-    }
-    need.data = estimate_batches_memory(run.eval_batches, run.batch_size, T);
-    check_memory_fits(need, "train", advice + "--eval-batches (now " + std::to_string(run.eval_batches) + ")");
-  }
+  check_training_fits(s->config, "train");
   s->task = s->config.make_task();
   manual_seed(s->config.run.seed);
   s->model = s->config.make_model();

@@ -30,6 +30,10 @@ struct StepObserver {
   std::function<void(const nn::Model& model, int64_t T)> check;
 };
 
+// A training step's peak (on the CPU) and the evaluation batches, all held at once, against the available
+// memory: fails naming who and the options to lower.
+void check_training_fits(const RunConfig& config, const std::string& who);
+
 // How a training step on the CPU uses this process's threads (omp_get_max_threads(), --threads):
 // ops: every op splits its work over them; data: each thread computes its rows of every batch, a rank
 // of the threads transport (run_on_threads), with single-threaded kernels; automatic: data when the

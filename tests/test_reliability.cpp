@@ -83,6 +83,17 @@ class ReliabilityTest : public ::testing::Test {
     const Result r = headlab(args);
     ASSERT_EQ(r.code, 0) << r.err;
   }
+  // A tiny chars run (context 8) of `steps` steps into `out`, on t.txt (the alphabet, 20 times).
+  void train_tiny_chars(const std::string& out, int64_t steps) const {
+    {
+      std::ofstream text(path("t.txt"));
+      for (int i = 0; i < 20; ++i) text << "abcdefghijklmnopqrstuvwxyz ";
+    }
+    const Result r =
+        headlab({"train", "--task", "chars", "--text", path("t.txt"), "--steps", std::to_string(steps), "--emb-dim",
+                 "16", "--batch-size", "2", "--context-length", "8", "--eval-batches", "1", "--out", out});
+    ASSERT_EQ(r.code, 0) << r.err;
+  }
   headlab::testing::TempDir tmp_{"reliability_test"};
 };
 
@@ -661,14 +672,7 @@ TEST_F(ReliabilityTest, WhatIsGivenIsUsedOrRefused) {
 }
 
 TEST_F(ReliabilityTest, PromptPairsThatMeasureNothingAreRefusedBeforeAnyResult) {
-  {
-    std::ofstream text(path("t.txt"));
-    for (int i = 0; i < 20; ++i) text << "abcdefghijklmnopqrstuvwxyz ";
-  }
-  const Result chars =
-      headlab({"train", "--task", "chars", "--text", path("t.txt"), "--steps", "1", "--emb-dim", "16", "--batch-size",
-               "2", "--context-length", "8", "--eval-batches", "1", "--out", path("c")});
-  ASSERT_EQ(chars.code, 0) << chars.err;
+  train_tiny_chars(path("c"), 1);
   std::ofstream(path("same.jsonl")) << R"({"clean": "abc", "corrupt": "abd", "answer": "e", "wrong": "e"})"
                                     << "\n";
   Result r = headlab({"heads", path("c/checkpoint.h5"), "--pairs", path("same.jsonl"), "--out", path("h")});
@@ -694,14 +698,7 @@ TEST_F(ReliabilityTest, PromptPairsThatMeasureNothingAreRefusedBeforeAnyResult) 
 // never follows printed results (and --overwrite never removes a run for a command that is then refused).
 TEST_F(ReliabilityTest, EveryCommandChecksWhatItsLaterStagesNeedBeforeItsFirstResult) {
   train_tiny(path("run"), 2);  // reverse: exact match applies
-  {
-    std::ofstream text(path("t.txt"));
-    for (int i = 0; i < 20; ++i) text << "abcdefghijklmnopqrstuvwxyz ";
-  }
-  const Result chars =
-      headlab({"train", "--task", "chars", "--text", path("t.txt"), "--steps", "2", "--emb-dim", "16", "--batch-size",
-               "2", "--context-length", "8", "--eval-batches", "1", "--out", path("c")});
-  ASSERT_EQ(chars.code, 0) << chars.err;
+  train_tiny_chars(path("c"), 2);
   const Result ed = headlab({"train", "--arch", "encoder-decoder", "--steps", "1", "--out", path("ed")});
   ASSERT_EQ(ed.code, 0) << ed.err;
   const auto refused_silently = [&](const std::vector<std::string>& args, const std::string& error) {

@@ -314,19 +314,30 @@ Chunk Impl::make_chunk(const PromptPairs& pairs, int64_t first, int64_t B) {
             .to(W_U.dtype())
             .to(dev);
   }
-  Recorded clean, corrupt;
-  for (auto [tokens, rec, ld] :
-       {std::tuple{&c.clean_tokens, &clean, &c.clean_ld}, std::tuple{&c.corrupt_tokens, &corrupt, &c.corrupt_ld}}) {
-    Pass p;
-    p.record = true;
-    p.tokens = *tokens;
-    *ld = forward(c, p, rec).to_vector<double>();
-  }
+  // The clean and corrupted prompts in one forward of 2B rows (clean first): each GEMM packs the weights
+  // once for twice the rows (GPT-2 small, 8 pairs of 15 tokens a chunk: packing was a third of the GEMMs' time).
+  Chunk both;
+  both.B = 2 * B, both.T = c.T;
+  both.direction = cat({c.direction, c.direction}, 0), both.bias_diff = cat({c.bias_diff, c.bias_diff}, 0);
+  if (c.candidates.defined()) both.candidates = c.candidates, both.weights = cat({c.weights, c.weights}, 0);
+  Recorded rec;
+  Pass p;
+  p.record = true;
+  p.tokens = cat({c.clean_tokens, c.corrupt_tokens}, 0);
+  const std::vector<double> ld = forward(both, p, &rec).to_vector<double>();  // (1, 2B)
+  c.clean_ld.assign(ld.begin(), ld.begin() + B), c.corrupt_ld.assign(ld.begin() + B, ld.end());
   // clean_resid[l]: the stream entering layer l; the recording holds the stream after each layer.
-  c.clean_resid.push_back(clean.outputs.front().reshape({B, c.T, C}));
-  for (const Tensor& r : clean.resid) c.clean_resid.push_back(r);
-  c.corrupt_out = stack(corrupt.outputs, 0);
-  c.delta = sub(stack(clean.outputs, 0), c.corrupt_out);
+  c.clean_resid.push_back(contiguous(rec.outputs.front().reshape({2 * B, c.T, C}).narrow(0, 0, B)));
+  for (const Tensor& r : rec.resid) c.clean_resid.push_back(contiguous(r.narrow(0, 0, B)));
+  rec.resid.clear();
+  // Every node's outputs, (N, 2P): clean then corrupted. The corrupted half stays; the clean half is
+  // overwritten with clean - corrupted, so the chunk keeps 2NP floats, allocated once.
+  const int64_t P = B * c.T * C;
+  const Tensor outputs = stack(rec.outputs, 0);
+  rec.outputs.clear();
+  c.corrupt_out = outputs.narrow(1, P, P);
+  c.delta = outputs.narrow(1, 0, P);
+  c.delta.copy_(sub(c.delta, c.corrupt_out));
   const int64_t N = graph.node_count();
   c.delta_last = c.delta.reshape({N, B, c.T, C}).select(2, c.T - 1).reshape({N, B * C});
   return c;

@@ -3,7 +3,7 @@
 // tokens (IOI's shape: 64 x 15), one phase a process so that each peak resident memory is its own:
 //   --phase eap: edge attribution patching over every edge (analysis::edge_attribution);
 //   --phase path: the stored clean and corrupted runs, then path patching of all 144 heads as senders
-//                 to the logits (analysis::path_patching);
+//                 to the logits (analysis::path_patching); each repeat prints its two parts' seconds;
 //   --phase discover: edge attribution, then circuit discovery in its order (tau 0.01; random weights,
 //                 so what it measures is the search's cost, not a circuit).
 // Prints the phase's seconds (median of --repeats), the peak resident memory and the floor (the
@@ -102,12 +102,15 @@ int main(int argc, char** argv) {
           static_cast<long long>(circuit.tests), static_cast<long long>(edges + 2), circuit.seconds);
     } else {
       analysis::CircuitPatcher patcher(model, pairs, options);
+      const double stored = seconds_since(t0);
       std::vector<int64_t> senders;
       for (int64_t n = 0; n < patcher.graph().node_count(); ++n)
         if (patcher.graph().nodes()[static_cast<size_t>(n)].head >= 0) senders.push_back(n);
       const std::vector<double> m =
           analysis::path_patching(patcher, senders, patcher.graph().parse_receivers("logits", "bench"));
       edges = static_cast<int64_t>(m.size());
+      std::printf("path: the stored runs %.2f s, the %lld senders' patched forwards %.2f s\n", stored,
+                  static_cast<long long>(edges), seconds_since(t0) - stored);
       flops = 2 * L * block;  // the stored runs; each sender then costs the final norm at the last position
     }
     s.push_back(seconds_since(t0));

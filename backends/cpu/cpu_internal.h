@@ -4,8 +4,6 @@
 // cpu_attention.cpp (fused scaled-dot-product attention).
 #pragma once
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -75,18 +73,6 @@ void dispatch_all(DType dt, F&& f) {
   }
 }
 
-// A new block of several MiB asks for transparent huge pages (where the system offers them on request,
-// /sys/kernel/mm/transparent_hugepage/enabled = madvise): its first touch then faults 2 MiB at a time
-// instead of 4 KiB (loading GPT-2's 475 MB spent half a second in page faults) and GEMMs walk it with
-// fewer TLB misses. Only the 2 MiB-aligned whole pages inside the block are marked.
-inline void prefer_huge_pages(void* block, size_t bytes) {
-  constexpr uintptr_t kHuge = uintptr_t{2} << 20;
-  if (bytes < 2 * kHuge) return;
-  const auto begin = (reinterpret_cast<uintptr_t>(block) + kHuge - 1) / kHuge * kHuge;
-  const auto end = (reinterpret_cast<uintptr_t>(block) + bytes) / kHuge * kHuge;
-  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
-}
-
 struct CpuBackend final : Backend {
   std::atomic<size_t> in_use{0}, peak{0};
   // Never destroyed: tensors freed during static destruction may still come back to it.
@@ -104,14 +90,17 @@ struct CpuBackend final : Backend {
       rounded = BlockCache::size_class(rounded);
       p = cache.take(rounded);
     }
-    const bool fresh = p == nullptr;
+    // New blocks take the system's pages (4 KiB unless transparent huge pages are "always"). Asking for
+    // huge pages (MADV_HUGEPAGE) made first touch slower on this project's VMs, where the host backs a
+    // guest page when it is first touched: 0.4-0.7 GB/s against 1.7-1.9 (1 GiB; huge pages ran at 5 only
+    // when the host had backed them already), GPT-2's load 1.1-1.3 s against 0.4-0.5, path patching's
+    // 0.9 GB of stored runs 5.2 s against 3.0; GPT-2's prefill the same (625 against 622 tokens/s).
     if (!p) p = std::aligned_alloc(64, rounded + 64);
     if (!p) {  // give the cached blocks back and try once more
       cache.clear([](void* b) { std::free(b); });
       p = std::aligned_alloc(64, rounded + 64);
     }
     HL_CHECK(p != nullptr, out_of_memory_message(nbytes, "cpu"));
-    if (fresh) prefer_huge_pages(p, rounded + 64);
     *static_cast<size_t*>(p) = rounded;
     const size_t now = in_use += rounded;
     size_t prev = peak.load();

@@ -106,9 +106,9 @@ struct CircuitOptions {
   int64_t chunk_rows = 0;  // prompt rows per forward; 0: as many as ~256 MB of activations allow
   int64_t max_copies = 0;  // copies per forward; 0: as a ~256 MB budget allows
   // Prompt rows whose clean and corrupted runs stay stored between passes (whole chunks); the others are
-  // run again in every pass that reads them (two forwards a chunk), so that memory is bounded whatever the
-  // rows. 0: as many as 2 GiB hold, or a quarter of the memory available at the start where that is less
-  // (shared by the ranks on one machine).
+  // run again in every pass that reads them (one forward of both prompts a chunk), so that memory is bounded whatever
+  // the rows. 0: as many as 2 GiB hold, or a quarter of the memory available at the start where that is less (shared by
+  // the ranks on one machine).
   int64_t stored_rows = 0;
   // The processes sharing the work (train/collectives.h; null: this one alone). Chunks of rows go to the
   // ranks in turn, each stores and runs only its own, and every sum is allreduced, so that every rank

@@ -405,8 +405,8 @@ int64_t Impl::stored_row_budget(int64_t T) const {
   // layer and the final norm, the last position's deltas.
   const int64_t per_row = ((2 * graph.node_count() + graph.n_layers() + 1) * T + graph.node_count()) * C *
                           dtype_size(detail::model_dtype(model));
-  // 2 GiB: the runs are cheap to make again (two forwards a chunk against a pass's many patched copies: stories260K's
-  // heads on 4000 rows took 179 s with every run stored or with 250 rows stored).
+  // 2 GiB: the runs are cheap to make again (one forward of both prompts a chunk against a pass's many patched copies:
+  // stories260K's heads on 4000 rows took 179 s with every run stored or with 250 rows stored).
   const double most = double(int64_t{2} << 30), available = available_memory();
   const double budget =
       (available > 0 ? std::min(most, available / 4) : most) / static_cast<double>(comm->local_size());

@@ -126,9 +126,8 @@ EdgeAttribution edge_attribution(nn::DecoderModel& model, const PromptPairs& pai
     const Chunk c = s.make_chunk(pairs, first, std::min(step, pairs.rows() - first));
     std::copy(c.clean_ld.begin(), c.clean_ld.end(), r.baseline.clean.begin() + first);
     std::copy(c.corrupt_ld.begin(), c.corrupt_ld.end(), r.baseline.corrupt.begin() + first);
-    std::vector<Tensor> grads;  // [group] (R, width): d(sum of the rows' logit differences)/d(input), over the steps
     for (int64_t k = 1; k <= steps; ++k) {
-      std::vector<Tensor> probes;
+      std::vector<CircuitPatcher::Impl::Probe> probes(g.groups().size());
       CircuitPatcher::Impl::Pass p;
       p.probes = &probes;
       if (ig_steps > 0) {  // the stream entering layer 0 on the line from the corrupted embeddings to the clean
@@ -136,24 +135,26 @@ EdgeAttribution edge_attribution(nn::DecoderModel& model, const PromptPairs& pai
         p.start = sub(c.clean_resid[0], mul(c.delta.select(0, 0).reshape({c.B, c.T, s.C}), 1.0 - alpha));
       }
       const Tensor total = s.forward(c, p).sum();
-      const std::vector<Tensor> gs = grad({total}, probes);
-      for (size_t i = 0; i < gs.size(); ++i) {
-        const Tensor gi = mul(gs[i].select(1, 0), 1.0 / static_cast<double>(steps));  // (R, width) of copy 0
-        if (grads.size() <= i)
-          grads.push_back(gi);
-        else
-          grads[i] = add(grads[i], gi);
+      std::vector<Tensor> leaves;  // every group's, in order
+      for (const CircuitPatcher::Impl::Probe& pr : probes)
+        for (const Tensor* t : {&pr.input, &pr.q, &pr.k, &pr.v})
+          if (t->defined()) leaves.push_back(*t);
+      const std::vector<Tensor> gs = grad({total}, leaves);
+      auto next = gs.begin();
+      for (size_t gi = 0; gi < g.groups().size(); ++gi) {
+        const CircuitPatcher::Impl::Probe& pr = probes[gi];
+        const std::vector<Tensor> mine(next, next + (pr.input.defined() ? 1 : 3));
+        next += static_cast<std::ptrdiff_t>(mine.size());
+        const Tensor dm = s.receiver_gradients(gi, pr, mine);  // (R, width): d(sum of the rows' metric)/d(input)
+        const NoGradGuard no_grad;
+        const CircuitGraph::Group& grp = g.groups()[gi];
+        const Tensor& stored = grp.input == Input::logits ? c.delta_last : c.delta;
+        // patching s -> r moves x_r by -delta_s: effect ~ -(dm/dx_r) . delta_s, (R, width) @ (width, S);
+        // a step's share of the integrated gradient: 1 / steps
+        const std::vector<double> e = matmul(dm, stored.narrow(0, 0, grp.senders).mT()).to_vector<double>();
+        const int64_t e0 = g.receivers()[static_cast<size_t>(grp.first)].first_edge;
+        for (size_t i = 0; i < e.size(); ++i) raw[static_cast<size_t>(e0) + i] -= e[i] / static_cast<double>(steps);
       }
-    }
-    const NoGradGuard no_grad;
-    for (size_t gi = 0; gi < g.groups().size(); ++gi) {
-      const CircuitGraph::Group& grp = g.groups()[gi];
-      const bool last = grp.input == Input::logits;
-      const Tensor& stored = last ? c.delta_last : c.delta;
-      // patching s -> r moves x_r by -delta_s: effect ~ -(dm/dx_r) . delta_s, (R, width) @ (width, S)
-      const std::vector<double> e = matmul(grads[gi], stored.narrow(0, 0, grp.senders).mT()).to_vector<double>();
-      const int64_t e0 = g.receivers()[static_cast<size_t>(grp.first)].first_edge;
-      for (size_t i = 0; i < e.size(); ++i) raw[static_cast<size_t>(e0) + i] -= e[i];
     }
   }
   s.comm->allreduce_sum(raw.data(), static_cast<int64_t>(raw.size()));

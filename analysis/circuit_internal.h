@@ -25,15 +25,24 @@ struct Chunk {
 };
 
 struct CircuitPatcher::Impl {
+  // Edge attribution's zero leaves of one receiver group, whose gradients give its receivers'. An MLP's or
+  // the logits' group: `input`, added to its inputs (R, K, width). An attention layer's: `q`, `k` and `v`,
+  // added to its projections before rotary (K*B, T, heads, D), with `stream`, what its norm reads (K*B,
+  // T, C): every receiver reads the same stream when nothing is patched, so the plain forward runs and
+  // each head's gradient goes back through its own projection rows and the norm afterwards
+  // (attention_input_gradients), where per-receiver inputs made the layer's norm and projections 3H-fold.
+  struct Probe {
+    Tensor input, q, k, v, stream;
+  };
   // What one forward does beyond the plain run.
   struct Pass {
     int64_t copies = 1, first_layer = 0;
-    std::vector<Tensor> patches;            // [group]: (K, R, senders) or undefined (nothing patched there)
-    std::vector<Tensor>* probes = nullptr;  // filled per group with zero leaves added to the inputs (R, K, width)
-    Tensor start;                           // the stream entering layer 0 (B, T, C), when not the clean one
-    std::vector<Replace> replaced;          // [copy]: the node whose output is set to a value of its own
-    bool record = false;                    // K = 1, from layer 0, no patches: fill `recorded`
-    Tensor tokens;                          // record: (B, T)
+    std::vector<Tensor> patches;           // [group]: (K, R, senders) or undefined (nothing patched there)
+    std::vector<Probe>* probes = nullptr;  // [group], sized by the caller: filled with zero leaves; no patches
+    Tensor start;                          // the stream entering layer 0 (B, T, C), when not the clean one
+    std::vector<Replace> replaced;         // [copy]: the node whose output is set to a value of its own
+    bool record = false;                   // K = 1, from layer 0, no patches: fill `recorded`
+    Tensor tokens;                         // record: (B, T)
   };
   struct Recorded {
     std::vector<Tensor> outputs;  // [node] (P)
@@ -57,6 +66,9 @@ struct CircuitPatcher::Impl {
   Pass pass_for(const std::vector<const EdgePatch*>& copies) const;
   // The metric of every copy and row, (K, B), for chunk c under pass p.
   Tensor forward(const Chunk& c, const Pass& p, Recorded* rec = nullptr);
+  // Group g's receivers' gradients (R, width) from those of its probe's leaves (one copy): an attention
+  // layer's from dq, dk, dv (B, T, heads, D), another group's from its input's (R, 1, width).
+  Tensor receiver_gradients(size_t g, const Probe& probe, const std::vector<Tensor>& leaf_grads) const;
   // Runs the clean and corrupted prompts of rows [first, first + B) and stores what patching reads.
   Chunk make_chunk(const PromptPairs& pairs, int64_t first, int64_t B);
   // Chunk i with its runs: itself when stored, else run again into `scratch` (emptied first: one chunk's
@@ -65,9 +77,10 @@ struct CircuitPatcher::Impl {
   int64_t stored_row_budget(int64_t T) const;  // CircuitOptions::stored_rows, or what memory allows
   void compute_means();                        // mean_out from every rank's chunks
   DirectLogitAttribution logit_attribution();
-  // Prompt rows per chunk: the stored runs and one forward's activations within the budget; with a
-  // backward (edge attribution) every layer's per-receiver inputs and their norms stay alive until it
-  // runs, and twice the budget buys speed (measured: GPT-2 small, 5 rows a chunk, ~1 GB at the peak).
+  // Prompt rows per chunk: the stored runs, one forward's activations and one group's per-receiver
+  // gradients within the budget; with a backward (edge attribution) every layer's activations stay alive
+  // until it runs, and twice the budget buys speed (measured: GPT-2 small, 8 pairs of 15 tokens a chunk,
+  // 0.98 GB at the peak; 4 pairs: 0.74 GB and 10-20% more CPU time).
   int64_t chunk_rows(int64_t T, bool backward) const;
   // Rows per chunk for `rows` rows at most `most` a chunk: a divisor of rows in [most / 2, most] when
   // there is one, since chunks of one shape reuse the allocator's cached blocks (GPT-2 small's edge

@@ -35,9 +35,14 @@ class PatchedRun : public nn::Hooks {
       case HookPoint::q_input:
       case HookPoint::k_input:
       case HookPoint::v_input:
-        return reads_own_input(s_.attention_group[static_cast<size_t>(key.layer)]);
+        return reads_own_input(s_.attention_group[static_cast<size_t>(key.layer)], true);
       case HookPoint::mlp_in:
-        return reads_own_input(s_.mlp_group[static_cast<size_t>(key.layer)]);
+        return reads_own_input(s_.mlp_group[static_cast<size_t>(key.layer)], false);
+      case HookPoint::resid_pre:
+      case HookPoint::q:
+      case HookPoint::k:
+      case HookPoint::v:
+        return probes_projections(key.layer);
       case HookPoint::result:
         return patched || rec_ || sets_a_node(first_head(key.layer), first_head(key.layer) + heads(key.layer));
       case HookPoint::mlp_out:
@@ -71,6 +76,18 @@ class PatchedRun : public nn::Hooks {
       case HookPoint::resid_post:
         rec_->resid.push_back(x);
         return x;
+      case HookPoint::resid_pre:
+        probe_of(key.layer).stream = x;
+        return x;
+      case HookPoint::q:
+      case HookPoint::k:
+      case HookPoint::v: {
+        Impl::Probe& probe = probe_of(key.layer);
+        Tensor& leaf = key.point == HookPoint::q ? probe.q : key.point == HookPoint::k ? probe.k : probe.v;
+        leaf = zeros(x.shape(), x.dtype(), x.device());
+        leaf.requires_grad_(true);
+        return add(x, leaf);
+      }
       default:
         return x;
     }
@@ -98,9 +115,9 @@ class PatchedRun : public nn::Hooks {
     const int64_t width = stream.size(1);
     Tensor x = patch.defined() ? sub(stream.unsqueeze(0), patch) : stream.unsqueeze(0).expand({R, K, width});
     if (p_.probes) {
-      Tensor probe = zeros({R, K, width}, stream.dtype(), stream.device());
+      Tensor& probe = (*p_.probes)[static_cast<size_t>(g)].input;
+      probe = zeros({R, K, width}, stream.dtype(), stream.device());
       probe.requires_grad_(true);
-      p_.probes->push_back(probe);
       x = add(x, probe);
     }
     return x;
@@ -109,9 +126,16 @@ class PatchedRun : public nn::Hooks {
  private:
   int64_t heads(int64_t layer) const { return s_.model.attention(layer).head_count(); }
   int64_t first_head(int64_t layer) const { return s_.graph.first_node_of_layer(layer); }
-  bool reads_own_input(int64_t g) const {
-    return g >= 0 && (p_.probes != nullptr ||
+  // An attention group reads per-receiver inputs only where patched: probes go on its projections.
+  bool reads_own_input(int64_t g, bool attention) const {
+    return g >= 0 && ((p_.probes != nullptr && !attention) ||
                       (static_cast<size_t>(g) < p_.patches.size() && p_.patches[static_cast<size_t>(g)].defined()));
+  }
+  bool probes_projections(int64_t layer) const {
+    return p_.probes != nullptr && s_.attention_group[static_cast<size_t>(layer)] >= 0;
+  }
+  Impl::Probe& probe_of(int64_t layer) const {
+    return (*p_.probes)[static_cast<size_t>(s_.attention_group[static_cast<size_t>(layer)])];
   }
   bool sets_a_node(int64_t first, int64_t end) const {
     return std::any_of(p_.replaced.begin(), p_.replaced.end(),
@@ -278,6 +302,9 @@ Impl::Pass Impl::pass_for(const std::vector<const EdgePatch*>& copies) const {
 
 Tensor Impl::forward(const Chunk& c, const Pass& p, Recorded* rec) {
   const int64_t K = p.copies, B = c.B, T = c.T;
+  HL_CHECK(!p.probes || (p.probes->size() == graph.groups().size() && K == 1 &&
+                         std::none_of(p.patches.begin(), p.patches.end(), [](const Tensor& t) { return t.defined(); })),
+           "circuit: probes take one slot per group, one copy and no patches");
   PatchedRun run(*this, c, p, rec);
   const Tensor resid = model.run_blocks(run.start(), p.first_layer, graph.n_layers(), &run);  // (K*B, T, C)
   // The logits: at the last position only, along each row's answer - wrong direction.
@@ -289,6 +316,27 @@ Tensor Impl::forward(const Chunk& c, const Pass& p, Recorded* rec) {
     return mul(index_select(softmax(logits, 2), 2, c.candidates), c.weights).sum({2});
   }
   return add(mul(y, c.direction).sum({2}), c.bias_diff);  // (K, B)
+}
+
+Tensor Impl::receiver_gradients(size_t g, const Probe& probe, const std::vector<Tensor>& leaf_grads) const {
+  if (probe.input.defined()) return leaf_grads.at(0).select(1, 0);  // (R, width) of copy 0
+  const int64_t layer = graph.groups()[g].layer;
+  const Tensor &dq = leaf_grads.at(0), &dk = leaf_grads.at(1), &dv = leaf_grads.at(2);  // (rows of B, T, heads, D)
+  const int64_t H = dq.size(2), D = dq.size(3), rows = dq.size(0) * dq.size(1);
+  const nn::HeadWeights w = model.attention(layer).head_weights();  // (H, C, D); keys' and values' repeated per head
+  // Each head's gradient at the norm's output: its own (rows, D) through its projection's rows, (D, C).
+  const auto through = [&](const Tensor& d, const Tensor& W) {
+    const int64_t heads = d.size(2);
+    const Tensor own = W.reshape({heads, H / heads, C, D}).select(1, 0);         // a key/value group's first head's
+    return matmul(d.permute({2, 0, 1, 3}).reshape({heads, rows, D}), own.mT());  // (heads, rows, C)
+  };
+  const Tensor dy = cat({through(dq, w.W_Q), through(dk, w.W_K), through(dv, w.W_V)}, 0);  // (R, rows, C)
+  // Then back through the layer's norm at the stream, once per receiver.
+  const int64_t R = dy.size(0);
+  Tensor x = contiguous(probe.stream.detach().reshape({1, rows, C}).expand({R, rows, C}));
+  x.requires_grad_(true);
+  const Tensor y = model.decoder_block(layer).ln1().forward(x);
+  return grad({y}, {x}, {dy}).front().reshape({R, rows * C});
 }
 
 Chunk Impl::make_chunk(const PromptPairs& pairs, int64_t first, int64_t B) {
@@ -422,7 +470,7 @@ int64_t Impl::widest_group() const {
 int64_t Impl::chunk_rows(int64_t T, bool backward) const {
   if (options.chunk_rows > 0) return options.chunk_rows;
   const int64_t layers_alive = backward ? graph.n_layers() : 1;
-  const int64_t per_row = (graph.node_count() * 3 + widest_group() * 4 * layers_alive + 16) * T * C *
+  const int64_t per_row = (graph.node_count() * 3 + widest_group() * 4 + 16 * layers_alive) * T * C *
                           dtype_size(detail::model_dtype(model));
   return std::max<int64_t>(1, (backward ? 2 : 1) * kBudgetBytes / std::max<int64_t>(per_row, 1));
 }

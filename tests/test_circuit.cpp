@@ -11,6 +11,7 @@
 #include "analysis/circuit.h"
 #include "core_test_util.h"
 #include "nn/llama.h"
+#include "nn/neox.h"
 #include "tiny_models.h"
 
 namespace headlab {
@@ -327,6 +328,22 @@ TEST(Circuit, RunsNotStoredAreMadeAgainToTheSameNumbers) {
   EXPECT_EQ(run(3, 2), stored);  // one chunk stored, two run again
 }
 
+// Every third edge's attribution against the slope of patching it (central differences; float64 models).
+void expect_attribution_is_the_slope(nn::DecoderModel& model, const PromptPairs& pairs,
+                                     const analysis::EdgeAttribution& eap) {
+  CircuitPatcher patcher(model, pairs);
+  const CircuitGraph& g = patcher.graph();
+  ASSERT_EQ(static_cast<int64_t>(eap.effect.size()), g.edge_count());
+  for (int64_t e = 0; e < g.edge_count(); e += 3) {
+    const double eps = 1e-5;
+    EdgePatch up(static_cast<size_t>(g.edge_count()), 0.0), down = up;
+    up[static_cast<size_t>(e)] = eps, down[static_cast<size_t>(e)] = -eps;
+    const std::vector<double> m = patcher.metric({up, down});
+    const double slope = (m[0] - m[1]) / (2 * eps);
+    EXPECT_NEAR(eap.effect[static_cast<size_t>(e)], slope, 1e-7 + 1e-6 * std::abs(slope)) << g.edge_name(e);
+  }
+}
+
 TEST(Circuit, EdgeAttributionIsTheSlopeOfPatching) {
   for (const auto& [name, cfg] : testing::analysis_gpt_forms()) {
     SCOPED_TRACE(name);
@@ -343,24 +360,36 @@ TEST(Circuit, EdgeAttributionIsTheSlopeOfPatching) {
       const analysis::EdgeAttribution eap_rows = analysis::edge_attribution(model, pairs, 0, one_row);
       const analysis::EdgeAttribution ig1 = analysis::edge_attribution(model, pairs, 1);
       const analysis::EdgeAttribution ig4 = analysis::edge_attribution(model, pairs, 4);
-      CircuitPatcher patcher(model, pairs);
-      const CircuitGraph& g = patcher.graph();
-      ASSERT_EQ(static_cast<int64_t>(eap.effect.size()), g.edge_count());
+      expect_attribution_is_the_slope(model, pairs, eap);
       double ig_gap = 0;
-      for (int64_t e = 0; e < g.edge_count(); e += 3) {
-        const auto i = static_cast<size_t>(e);
-        const double eps = 1e-5;
-        EdgePatch up(static_cast<size_t>(g.edge_count()), 0.0), down = up;
-        up[i] = eps, down[i] = -eps;
-        const std::vector<double> m = patcher.metric({up, down});
-        const double slope = (m[0] - m[1]) / (2 * eps);
-        EXPECT_NEAR(eap.effect[i], slope, 1e-7 + 1e-6 * std::abs(slope)) << g.edge_name(e);
-        EXPECT_NEAR(eap_rows.effect[i], eap.effect[i], 1e-12) << g.edge_name(e);
-        EXPECT_NEAR(ig1.effect[i], eap.effect[i], 1e-12) << g.edge_name(e);  // one step: alpha = 1, the clean run
-        ig_gap = std::max(ig_gap, std::abs(ig4.effect[i] - eap.effect[i]));
+      for (size_t e = 0; e < eap.effect.size(); ++e) {
+        EXPECT_NEAR(eap_rows.effect[e], eap.effect[e], 1e-12) << e;
+        EXPECT_NEAR(ig1.effect[e], eap.effect[e], 1e-12) << e;  // one step: alpha = 1, the clean run
+        ig_gap = std::max(ig_gap, std::abs(ig4.effect[e] - eap.effect[e]));
       }
       EXPECT_GT(ig_gap, 1e-6);  // more steps average other gradients
     }
+  }
+}
+
+// The attention's receivers' gradients go back through each head's projection rows and the layer's norm
+// after the backward: RMSNorm, rotary on every dimension and grouped keys (LLaMA); LayerNorm with bias,
+// rotary on part of each head and the parallel residual (GPT-NeoX).
+TEST(Circuit, EdgeAttributionIsTheSlopeOfPatchingInTheLlamaAndNeoXFamilies) {
+  nn::LlamaConfig lc;
+  lc.vocab_size = 23, lc.context_length = 9, lc.emb_dim = 16, lc.n_heads = 4, lc.n_kv_heads = 2;
+  lc.n_layers = 2, lc.hidden_dim = 24;
+  nn::NeoXConfig nc;
+  nc.vocab_size = 29, nc.context_length = 9, nc.emb_dim = 24, nc.n_heads = 3, nc.n_layers = 2, nc.hidden_dim = 40;
+  nc.rotary_dims = 2, nc.rope_theta = 500.0, nc.parallel_residual = true;
+  manual_seed(7);
+  nn::LlamaModel llama(lc);
+  nn::NeoXModel neox(nc);
+  for (nn::DecoderModel* model : {static_cast<nn::DecoderModel*>(&llama), static_cast<nn::DecoderModel*>(&neox)}) {
+    SCOPED_TRACE(model->type_name());
+    model->to(DType::f64);
+    const PromptPairs pairs = random_pairs(model->shape().vocab_size, 4, 8, 19);
+    expect_attribution_is_the_slope(*model, pairs, analysis::edge_attribution(*model, pairs));
   }
 }
 

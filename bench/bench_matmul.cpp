@@ -7,6 +7,7 @@
 //   build: cmake --build build --target bench; run: OMP_NUM_THREADS=2 build/bench/bench_matmul
 #include <benchmark/benchmark.h>
 #include <cblas.h>
+#include <omp.h>
 
 #include <cstring>
 
@@ -102,9 +103,15 @@ void BM_cblas_linear(benchmark::State& state) {  // the same work by hand: rows 
 
 // ---- one thread, the toy GPT step's products (each data-parallel thread's: 1024 rows of d = 128, FF 512) ----
 // blas_gemm (libxsmm where it serves, backends/cpu/xsmm_gemm.cpp) against cblas_sgemm, both on the calling
-// thread. Args: ta, tb, M, N, K of row-major C (M, N) = op(A) op(B).
+// thread (OpenMP's team set to one for the run: OpenBLAS's OpenMP build would otherwise take every thread).
+// Args: ta, tb, M, N, K of row-major C (M, N) = op(A) op(B).
 template <bool kViaBlasGemm>
 void BM_one_thread_gemm(benchmark::State& state) {
+  struct OneThread {
+    int before = omp_get_max_threads();
+    OneThread() { omp_set_num_threads(1); }
+    ~OneThread() { omp_set_num_threads(before); }
+  } one_thread;
   const bool ta = state.range(0) != 0, tb = state.range(1) != 0;
   const int64_t M = state.range(2), N = state.range(3), K = state.range(4);
   Generator gen(4);

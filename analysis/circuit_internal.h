@@ -26,11 +26,11 @@ struct Chunk {
 
 struct CircuitPatcher::Impl {
   // Edge attribution's zero leaves of one receiver group, whose gradients give its receivers'. An MLP's or
-  // the logits' group: `input`, added to its inputs (R, K, width). An attention layer's: `q`, `k` and `v`,
-  // added to its projections before rotary (K*B, T, heads, D), with `stream`, what its norm reads (K*B,
-  // T, C): every receiver reads the same stream when nothing is patched, so the plain forward runs and
-  // each head's gradient goes back through its own projection rows and the norm afterwards
-  // (attention_input_gradients), where per-receiver inputs made the layer's norm and projections 3H-fold.
+  // the logits' group: `input`, added to its inputs (R, 1, width). An attention layer's: `q`, `k` and `v`,
+  // added to its projections before rotary (B, T, heads, D), with `stream`, what its norm reads (B, T, C):
+  // every receiver reads the same stream when nothing is patched, so the plain forward runs and each
+  // head's gradient goes back through its own projection rows and the norm afterwards
+  // (receiver_gradients), where per-receiver inputs made the layer's norm and projections 3H-fold.
   struct Probe {
     Tensor input, q, k, v, stream;
   };

@@ -45,8 +45,8 @@ struct CircuitPatcher::Impl {
     Tensor tokens;                         // record: (B, T)
   };
   struct Recorded {
-    std::vector<Tensor> outputs;  // [node] (P)
-    std::vector<Tensor> resid;    // [layer 0..L-1] (B, T, C): the stream after each layer
+    Tensor outputs;             // (N, P), allocated by the caller: every node's output, written as reached
+    std::vector<Tensor> resid;  // [layer 0..L-1] (B, T, C): the stream after each layer
   };
 
   nn::DecoderModel& model;

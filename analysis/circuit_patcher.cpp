@@ -97,7 +97,7 @@ class PatchedRun : public nn::Hooks {
   Tensor start() {
     if (p_.record) {
       const Tensor embedded = s_.model.embed(p_.tokens);  // (B, T, C): the embeddings node's output
-      if (rec_) rec_->outputs.push_back(embedded.reshape({P}));
+      if (rec_) rec_->outputs.select(0, 0).copy_(embedded.reshape({P}));
       return embedded;
     }
     const Tensor from = p_.start.defined() ? p_.start : c_.clean_resid[static_cast<size_t>(p_.first_layer)];
@@ -219,9 +219,8 @@ class PatchedRun : public nn::Hooks {
     return resid;
   }
 
-  // Node `node`'s output (K, P): recorded, and kept against its corrupted output for later groups.
+  // Node `node`'s output (K, P), kept against its corrupted output for later groups.
   void emit(const Tensor& out, int64_t node) {
-    if (rec_) rec_->outputs.push_back(out.reshape({P}));
     if (!patched) return;
     HL_CHECK(node == N0 + static_cast<int64_t>(own_delta_.size()), "circuit: node ", node, " came out of order");
     own_delta_.push_back(sub(out, c_.corrupt_out.select(0, node).unsqueeze(0)));
@@ -229,7 +228,13 @@ class PatchedRun : public nn::Hooks {
   // The layer's heads' outputs r (K*B, T, H, C), laid out head-major: emitted, replaced where a copy sets one.
   Tensor head_outputs(int64_t layer, const Tensor& r) {
     const int64_t H = r.size(2), first = first_head(layer);
-    Tensor out = r.permute({2, 0, 1, 3}).reshape({H, K, P});
+    Tensor out;
+    if (rec_) {  // straight into the recording, whose rows [first, first + H) are the layer's heads
+      out = rec_->outputs.narrow(0, first, H).view({H, K, P});
+      out.view({H, K * B, T, C}).copy_(r.permute({2, 0, 1, 3}));
+    } else {
+      out = r.permute({2, 0, 1, 3}).reshape({H, K, P});
+    }
     if (sets_a_node(first, first + H)) {  // only then are the heads taken apart and stacked again
       std::vector<Tensor> each;
       for (int64_t h = 0; h < H; ++h) each.push_back(replace(out.select(0, h), first + h));
@@ -242,6 +247,7 @@ class PatchedRun : public nn::Hooks {
     const int64_t node = first_head(layer) + heads(layer);
     Tensor out = x.reshape({K, P});
     if (!p_.replaced.empty()) out = replace(out, node);
+    if (rec_) rec_->outputs.select(0, node).copy_(out.reshape({P}));
     emit(out, node);
     return out.view({K * B, T, C});
   }
@@ -368,23 +374,23 @@ Chunk Impl::make_chunk(const PromptPairs& pairs, int64_t first, int64_t B) {
   both.B = 2 * B, both.T = c.T;
   both.direction = cat({c.direction, c.direction}, 0), both.bias_diff = cat({c.bias_diff, c.bias_diff}, 0);
   if (c.candidates.defined()) both.candidates = c.candidates, both.weights = cat({c.weights, c.weights}, 0);
+  const int64_t P = B * c.T * C;
   Recorded rec;
+  rec.outputs = Tensor::empty({graph.node_count(), 2 * P}, detail::model_dtype(model), dev);
   Pass p;
   p.record = true;
   p.tokens = cat({c.clean_tokens, c.corrupt_tokens}, 0);
   const std::vector<double> ld = forward(both, p, &rec).to_vector<double>();  // (1, 2B)
   c.clean_ld.assign(ld.begin(), ld.begin() + B), c.corrupt_ld.assign(ld.begin() + B, ld.end());
   // clean_resid[l]: the stream entering layer l; the recording holds the stream after each layer.
-  c.clean_resid.push_back(contiguous(rec.outputs.front().reshape({2 * B, c.T, C}).narrow(0, 0, B)));
-  for (const Tensor& r : rec.resid) c.clean_resid.push_back(contiguous(r.narrow(0, 0, B)));
+  // Copies (a view would keep the corrupted rows alive, and the embeddings' would see the delta below).
+  c.clean_resid.push_back(clone(rec.outputs.select(0, 0).reshape({2 * B, c.T, C}).narrow(0, 0, B)));
+  for (const Tensor& r : rec.resid) c.clean_resid.push_back(clone(r.narrow(0, 0, B)));
   rec.resid.clear();
-  // Every node's outputs, (N, 2P): clean then corrupted. The corrupted half stays; the clean half is
-  // overwritten with clean - corrupted, so the chunk keeps 2NP floats, allocated once.
-  const int64_t P = B * c.T * C;
-  const Tensor outputs = stack(rec.outputs, 0);
-  rec.outputs.clear();
-  c.corrupt_out = outputs.narrow(1, P, P);
-  c.delta = outputs.narrow(1, 0, P);
+  // Every node's outputs, (N, 2P): clean then corrupted, as the forward wrote them. The corrupted half
+  // stays; the clean half is overwritten with clean - corrupted, so the chunk keeps 2NP floats, allocated once.
+  c.corrupt_out = rec.outputs.narrow(1, P, P);
+  c.delta = rec.outputs.narrow(1, 0, P);
   c.delta.copy_(sub(c.delta, c.corrupt_out));
   const int64_t N = graph.node_count();
   c.delta_last = c.delta.reshape({N, B, c.T, C}).select(2, c.T - 1).reshape({N, B * C});

@@ -327,7 +327,7 @@ Tensor Impl::forward(const Chunk& c, const Pass& p, Recorded* rec) {
 Tensor Impl::receiver_gradients(size_t g, const Probe& probe, const std::vector<Tensor>& leaf_grads) const {
   if (probe.input.defined()) return leaf_grads.at(0).select(1, 0);  // (R, width) of copy 0
   const int64_t layer = graph.groups()[g].layer;
-  const Tensor &dq = leaf_grads.at(0), &dk = leaf_grads.at(1), &dv = leaf_grads.at(2);  // (rows of B, T, heads, D)
+  const Tensor &dq = leaf_grads.at(0), &dk = leaf_grads.at(1), &dv = leaf_grads.at(2);  // (B, T, heads, D)
   const int64_t H = dq.size(2), D = dq.size(3), rows = dq.size(0) * dq.size(1);
   const nn::HeadWeights w = model.attention(layer).head_weights();  // (H, C, D); keys' and values' repeated per head
   // Each head's gradient at the norm's output: its own (rows, D) through its projection's rows, (D, C).

@@ -81,11 +81,12 @@ void forward_impl(const AttnResult& out, T* lse, const AttnOperand& q, const Att
                   const AttnParams& a) {
   const int64_t BH = a.B * a.H, Tq = a.Tq, Tk = a.Tk, D = a.D, Dv = a.Dv;
   const int64_t n_qt = (Tq + kBr - 1) / kBr;
-  const T scale = static_cast<T>(a.scale);
   const bool drop = a.dropout_p > 0;
-  const T keep_scale = philox::dropout_scale<T>(a.dropout_p);
   std::atomic<int64_t> next{0};  // the next (head, query tile) to take: a dynamic schedule
   parallel_team(attention_threads(a), [&](int, int) {
+    // The scales are the thread's own locals: read through the lambda's references, a store to a score
+    // row might alias them, and the row loops reloaded them every element (a gather, in the max).
+    const T scale = static_cast<T>(a.scale), keep_scale = philox::dropout_scale<T>(a.dropout_p);
     std::vector<T> s(kBr * kBc), z(kBc), m(kBr);
     std::vector<Acc<T>> l(kBr);
     int64_t valid[kBr];
@@ -114,9 +115,7 @@ void forward_impl(const AttnResult& out, T* lse, const AttnOperand& q, const Att
             std::fill(sr, sr + cols, T(0));
             continue;
           }
-          T mx = -std::numeric_limits<T>::infinity();
-#pragma omp simd reduction(max : mx)
-          for (int64_t j = 0; j < n; ++j) mx = std::max(mx, scale * sr[j]);
+          const T mx = lane_max<T>(n, [=](int64_t j) { return scale * sr[j]; });
           const T m_new = std::max(m[r], mx);
           const T alpha = fast_exp(m[r] - m_new);  // exp(-inf) = 0 on the row's first tile
           const Acc<T> sum = lane_sum<T>(n, [=](int64_t j) {
@@ -160,11 +159,12 @@ void backward_impl(const AttnResult& dq, const AttnResult& dk, const AttnResult&
                    const AttnOperand& q, const AttnOperand& k, const AttnOperand& v, const AttnOperand& out,
                    const T* lse, const AttnParams& a) {
   const int64_t BH = a.B * a.H, Tq = a.Tq, Tk = a.Tk, D = a.D, Dv = a.Dv;
-  const T scale = static_cast<T>(a.scale);
   const bool drop = a.dropout_p > 0;
-  const T keep_scale = philox::dropout_scale<T>(a.dropout_p);
   std::atomic<int64_t> next{0};  // the next (b, h) to take: a dynamic schedule
   parallel_team(attention_threads(a), [&](int, int) {
+    // The scales are the thread's own locals: read through the lambda's references, a store to a score
+    // row might alias them, and the row loops reloaded them every element (a gather, in the max).
+    const T scale = static_cast<T>(a.scale), keep_scale = philox::dropout_scale<T>(a.dropout_p);
     std::vector<T> p(kBr * kBc), pd(drop ? kBr * kBc : 0), dp(kBr * kBc), z(kBc), delta(Tq);
     int64_t valid[kBr];
     for (int64_t bh; (bh = next.fetch_add(1, std::memory_order_relaxed)) < BH;) {

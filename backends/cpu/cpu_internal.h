@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 #include "backends/backend.h"
 #include "backends/cpu/block_cache.h"
@@ -38,6 +39,16 @@ template <typename T, typename Term>
     sum += part;
   }
   return sum;
+}
+
+// The max of term(j) for j in [0, n), in T's SIMD lanes; term takes what it reads by value ([=]), as in
+// lane_sum.
+template <typename T, typename Term>
+[[gnu::always_inline]] inline T lane_max(int64_t n, Term&& term) {
+  T m = -std::numeric_limits<T>::infinity();
+#pragma omp simd reduction(max : m)
+  for (int64_t j = 0; j < n; ++j) m = std::max(m, term(j));
+  return m;
 }
 
 // dtype dispatch: the body is a generic lambda taking a value of the element type.

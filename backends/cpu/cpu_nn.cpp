@@ -20,9 +20,7 @@ namespace {
 // half of softmax, log-softmax and cross entropy. exps, when given, receives exp(scale * x[j] - max).
 template <typename T>
 inline smath::RowLse<T> row_logsumexp(const T* x, int64_t n, T scale = T(1), T* exps = nullptr) {
-  T m = -std::numeric_limits<T>::infinity();
-#pragma omp simd reduction(max : m)
-  for (int64_t j = 0; j < n; ++j) m = std::max(m, scale * x[j]);
+  const T m = lane_max<T>(n, [=](int64_t j) { return scale * x[j]; });
   const Acc<T> sum = exps ? lane_sum<T>(n,
                                         [=](int64_t j) {
                                           const T e = fast_exp(scale * x[j] - m);

@@ -43,4 +43,14 @@ inline void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha
     cblas_dgemm(CblasRowMajor, TA, TB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+// B (cols, rows) = A^T for a row-major A (rows, cols): OpenBLAS's out-of-place transpose.
+template <typename T>
+inline void blas_transpose(int64_t rows, int64_t cols, const T* A, int64_t lda, T* B, int64_t ldb) {
+  if (rows == 0 || cols == 0) return;
+  if constexpr (std::is_same_v<T, float>)
+    cblas_somatcopy(CblasRowMajor, CblasTrans, rows, cols, 1.0f, A, lda, B, ldb);
+  else
+    cblas_domatcopy(CblasRowMajor, CblasTrans, rows, cols, 1.0, A, lda, B, ldb);
+}
+
 }  // namespace headlab::cpu

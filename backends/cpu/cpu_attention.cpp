@@ -70,6 +70,40 @@ inline void zero_rows(T* p, int64_t rows, int64_t cols, int64_t ld) {
   for (int64_t r = 0; r < rows; ++r) std::fill(p + r * ld, p + r * ld + cols, T(0));
 }
 
+// X^T (d, n) of the last operand X (n, d) a thread asked for, kept while it is asked for again: a product
+// with a transposed operand copies it first (libxsmm) or packs it (OpenBLAS) every time, so with several
+// query tiles per head the keys' transpose is made once per head, not once per tile. Off (of() answers
+// nullptr) with one query tile, where every key tile is read once anyway.
+template <typename T>
+class Transposed {
+ public:
+  explicit Transposed(bool on) : on_(on) {}
+  const T* of(const T* X, int64_t n, int64_t d, int64_t ld) {
+    if (!on_) return nullptr;
+    if (X != from_) {
+      buf_.resize(static_cast<size_t>(n * d));
+      blas_transpose<T>(n, d, X, ld, buf_.data(), n);
+      from_ = X;
+    }
+    return buf_.data();
+  }
+
+ private:
+  bool on_;
+  std::vector<T> buf_;
+  const T* from_ = nullptr;
+};
+
+// C (rows, cols) = A (rows, d) @ X[j0 : j0 + cols]^T for X (n, d), from Xt = X^T (d, n) where there is one.
+template <typename T>
+inline void times_rows_transposed(int64_t rows, int64_t cols, int64_t d, const T* A, int64_t lda, const T* X,
+                                  int64_t ldx, const T* Xt, int64_t n, int64_t j0, T* C, int64_t ldc) {
+  if (Xt)
+    blas_gemm<T>(false, false, rows, cols, d, T(1), A, lda, Xt + j0, n, T(0), C, ldc);
+  else
+    blas_gemm<T>(false, true, rows, cols, d, T(1), A, lda, X + j0 * ldx, ldx, T(0), C, ldc);
+}
+
 // Threads for a call: serial below the grain (gradchecks, toy models), else all of them.
 inline int attention_threads(const AttnParams& a) {
   const double work = static_cast<double>(a.B * a.H) * a.Tq * a.Tk * (a.D + a.Dv);
@@ -90,11 +124,13 @@ void forward_impl(const AttnResult& out, T* lse, const AttnOperand& q, const Att
     std::vector<T> s(kBr * kBc), z(kBc), m(kBr);
     std::vector<Acc<T>> l(kBr);
     int64_t valid[kBr];
+    Transposed<T> keys_t(n_qt > 1);
     for (int64_t w; (w = next.fetch_add(1, std::memory_order_relaxed)) < BH * n_qt;) {
       const int64_t bh = w / n_qt, i0 = (w % n_qt) * kBr, rows = std::min(kBr, Tq - i0);
       const T* Q = head_ptr<T>(q, bh, a.H) + i0 * q.st;
       const T* K = kv_head_ptr<T>(k, bh, a);
       const T* V = kv_head_ptr<T>(v, bh, a);
+      const T* Kt = keys_t.of(K, Tk, D, k.st);
       T* O = head_ptr<T>(out, bh, a.H) + i0 * out.st;
       int64_t max_valid = 0;
       for (int64_t r = 0; r < rows; ++r) {
@@ -107,7 +143,7 @@ void forward_impl(const AttnResult& out, T* lse, const AttnOperand& q, const Att
       // Key tiles past every row's last valid key (beyond the causal diagonal) are never touched.
       for (int64_t j0 = 0; j0 < max_valid; j0 += kBc) {
         const int64_t cols = std::min(kBc, max_valid - j0);
-        blas_gemm<T>(false, true, rows, cols, D, T(1), Q, q.st, K + j0 * k.st, k.st, T(0), s.data(), kBc);
+        times_rows_transposed<T>(rows, cols, D, Q, q.st, K, k.st, Kt, Tk, j0, s.data(), kBc);
         for (int64_t r = 0; r < rows; ++r) {
           T* sr = s.data() + r * kBc;
           const int64_t n = std::clamp<int64_t>(valid[r] - j0, 0, cols);
@@ -153,7 +189,7 @@ void forward_impl(const AttnResult& out, T* lse, const AttnOperand& q, const Att
 
 // FlashAttention-2's backward, one (b, h) per task so dQ / dK / dV of a head have one writer:
 //   P = exp(scale S - lse), dV += (P o Z)^T dO, dP = (dO V^T) o Z,
-//   dS = P o (dP - rowsum(dO o O)), dQ += scale dS K, dK += scale dS^T Q.
+//   dS = P o (dP - rowsum(dO o O)), dQ += scale dS K, dK += scale dS^T Q (scale dS formed in the row loop).
 template <typename T>
 void backward_impl(const AttnResult& dq, const AttnResult& dk, const AttnResult& dv, const AttnOperand& dout,
                    const AttnOperand& q, const AttnOperand& k, const AttnOperand& v, const AttnOperand& out,
@@ -167,10 +203,13 @@ void backward_impl(const AttnResult& dq, const AttnResult& dk, const AttnResult&
     const T scale = static_cast<T>(a.scale), keep_scale = philox::dropout_scale<T>(a.dropout_p);
     std::vector<T> p(kBr * kBc), pd(drop ? kBr * kBc : 0), dp(kBr * kBc), z(kBc), delta(Tq);
     int64_t valid[kBr];
+    Transposed<T> keys_t(Tq > kBr), values_t(Tq > kBr);
     for (int64_t bh; (bh = next.fetch_add(1, std::memory_order_relaxed)) < BH;) {
       const T* Q = head_ptr<T>(q, bh, a.H);
       const T* K = kv_head_ptr<T>(k, bh, a);
       const T* V = kv_head_ptr<T>(v, bh, a);
+      const T* Kt = keys_t.of(K, Tk, D, k.st);
+      const T* Vt = values_t.of(V, Tk, Dv, v.st);
       const T* dO = head_ptr<T>(dout, bh, a.H);
       const T* O = head_ptr<T>(out, bh, a.H);
       const T* L = lse + bh * Tq;
@@ -193,8 +232,8 @@ void backward_impl(const AttnResult& dq, const AttnResult& dk, const AttnResult&
         const T* dOt = dO + i0 * dout.st;
         for (int64_t j0 = 0; j0 < max_valid; j0 += kBc) {
           const int64_t cols = std::min(kBc, max_valid - j0);
-          blas_gemm<T>(false, true, rows, cols, D, T(1), Qt, q.st, K + j0 * k.st, k.st, T(0), p.data(), kBc);
-          blas_gemm<T>(false, true, rows, cols, Dv, T(1), dOt, dout.st, V + j0 * v.st, v.st, T(0), dp.data(), kBc);
+          times_rows_transposed<T>(rows, cols, D, Qt, q.st, K, k.st, Kt, Tk, j0, p.data(), kBc);
+          times_rows_transposed<T>(rows, cols, Dv, dOt, dout.st, V, v.st, Vt, Tk, j0, dp.data(), kBc);
           for (int64_t r = 0; r < rows; ++r) {
             T* pr = p.data() + r * kBc;
             T* dpr = dp.data() + r * kBc;
@@ -207,19 +246,20 @@ void backward_impl(const AttnResult& dq, const AttnResult& dk, const AttnResult&
               dropout_row(z.data(), n, ((bh * Tq + i0 + r) * Tk) + j0, a.dropout_p, keep_scale, a.seed, a.offset);
               for (int64_t j = 0; j < n; ++j) {
                 pdr[j] = pr[j] * z[j];
-                dpr[j] = pr[j] * (dpr[j] * z[j] - dr);
+                dpr[j] = scale * pr[j] * (dpr[j] * z[j] - dr);
               }
               std::fill(pdr + n, pdr + cols, T(0));
             } else {
-              for (int64_t j = 0; j < n; ++j) dpr[j] = pr[j] * (dpr[j] - dr);
+              for (int64_t j = 0; j < n; ++j) dpr[j] = scale * pr[j] * (dpr[j] - dr);
             }
             std::fill(dpr + n, dpr + cols, T(0));
           }
           const T* pdrop = drop ? pd.data() : p.data();
           blas_gemm<T>(true, false, cols, Dv, rows, T(1), pdrop, kBc, dOt, dout.st, T(1), dV + j0 * dv.st, dv.st);
-          blas_gemm<T>(false, false, rows, D, cols, scale, dp.data(), kBc, K + j0 * k.st, k.st, T(1), dQ + i0 * dq.st,
+          // dp holds scale dS: alpha 1 lets libxsmm take the two products
+          blas_gemm<T>(false, false, rows, D, cols, T(1), dp.data(), kBc, K + j0 * k.st, k.st, T(1), dQ + i0 * dq.st,
                        dq.st);
-          blas_gemm<T>(true, false, cols, D, rows, scale, dp.data(), kBc, Qt, q.st, T(1), dK + j0 * dk.st, dk.st);
+          blas_gemm<T>(true, false, cols, D, rows, T(1), dp.data(), kBc, Qt, q.st, T(1), dK + j0 * dk.st, dk.st);
         }
       }
     }

@@ -391,7 +391,7 @@ Chunk Impl::make_chunk(const PromptPairs& pairs, int64_t first, int64_t B) {
   // stays; the clean half is overwritten with clean - corrupted, so the chunk keeps 2NP floats, allocated once.
   c.corrupt_out = rec.outputs.narrow(1, P, P);
   c.delta = rec.outputs.narrow(1, 0, P);
-  c.delta.copy_(sub(c.delta, c.corrupt_out));
+  c.delta.sub_(c.corrupt_out);
   const int64_t N = graph.node_count();
   c.delta_last = c.delta.reshape({N, B, c.T, C}).select(2, c.T - 1).reshape({N, B * C});
   return c;

@@ -182,6 +182,8 @@ class Tensor {
   Tensor log_softmax(int64_t dim) const;
   Tensor masked_fill(const Tensor& mask, double value) const;
   Tensor& masked_fill_(const Tensor& mask, double value);
+  Tensor& add_(const Tensor& other);
+  Tensor& sub_(const Tensor& other);
   Tensor& zero_();
   Tensor& fill_(double value);
   Tensor& copy_(const Tensor& src);  // no autograd: for parameter loading and optimizers

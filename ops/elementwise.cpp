@@ -169,6 +169,39 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, double value) {
   return out;
 }
 
+namespace {
+
+// x = x op b in place, b broadcast to x's shape. The gradient flows to x's old value only, so b may not
+// need one. b may be x itself; a b that partly overlaps x would read what the loop wrote, which is refused
+// where both are dense (as PyTorch does: interleaved views of one block, such as two halves of its rows,
+// pass).
+Tensor& binary_inplace(const char* op, BinaryOp bop, Tensor& x, const Tensor& b) {
+  const OpScope scope(op);
+  detail::check_defined(op, x);
+  detail::check_defined(op, b, "operand");
+  detail::check_floating(op, x);
+  check_same_device(op, x, b);
+  detail::check_same_dtype(op, x, b);
+  HL_CHECK(broadcast_shapes(op, x.shape(), b.shape()) == x.shape(), op, ": operand of shape ", shape_str(b.shape()),
+           " does not broadcast to the tensor's shape ", shape_str(x.shape()));
+  HL_CHECK(!(grad_enabled() && b.requires_grad()), op,
+           ": the operand requires grad, which an in-place op here does not carry; use the out-of-place form");
+  const TensorImpl &xi = *x.impl(), &bi = *b.impl();
+  const bool partial = xi.storage == bi.storage && x.is_contiguous() && b.is_contiguous() && xi.offset != bi.offset &&
+                       xi.offset < bi.offset + b.numel() && bi.offset < xi.offset + x.numel();
+  HL_CHECK(!partial, op, ": the operand shares memory with the tensor it changes (another view of it)");
+  check_inplace(op, x);
+  if (x.numel()) backend_of(x).binary(bop, x.dtype(), make_loop(x.shape(), {&x, &x, &b}));
+  x.bump_version();
+  record_inplace(op, x, {}, [](const Tensor& dout, Saved) { return dout; });
+  return x;
+}
+
+}  // namespace
+
+Tensor& add_(Tensor& x, const Tensor& b) { return binary_inplace("add_", BinaryOp::add, x, b); }
+Tensor& sub_(Tensor& x, const Tensor& b) { return binary_inplace("sub_", BinaryOp::sub, x, b); }
+
 Tensor& masked_fill_(Tensor& x, const Tensor& mask, double value) {
   detail::check_defined("masked_fill_", x);
   detail::check_defined("masked_fill_", mask, "mask");

@@ -66,6 +66,9 @@ Tensor logical_and(const Tensor& a, const Tensor& b);
 Tensor where(const Tensor& cond, const Tensor& a, const Tensor& b);
 Tensor masked_fill(const Tensor& x, const Tensor& mask, double value);
 Tensor& masked_fill_(Tensor& x, const Tensor& mask, double value);
+// x += b, x -= b in place (b broadcast to x's shape; gradients reach x's old value, so b must not need one)
+Tensor& add_(Tensor& x, const Tensor& b);
+Tensor& sub_(Tensor& x, const Tensor& b);
 
 Tensor operator+(const Tensor& a, const Tensor& b);
 Tensor operator-(const Tensor& a, const Tensor& b);

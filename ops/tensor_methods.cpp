@@ -47,6 +47,8 @@ Tensor Tensor::softmax(int64_t d) const { return headlab::softmax(*this, d); }
 Tensor Tensor::log_softmax(int64_t d) const { return headlab::log_softmax(*this, d); }
 Tensor Tensor::masked_fill(const Tensor& m, double v) const { return headlab::masked_fill(*this, m, v); }
 Tensor& Tensor::masked_fill_(const Tensor& m, double v) { return headlab::masked_fill_(*this, m, v); }
+Tensor& Tensor::add_(const Tensor& o) { return headlab::add_(*this, o); }
+Tensor& Tensor::sub_(const Tensor& o) { return headlab::sub_(*this, o); }
 
 Tensor& Tensor::fill_(double value) {
   check_inplace("fill_", *this);

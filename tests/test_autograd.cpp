@@ -268,6 +268,35 @@ TEST(Autograd, InPlaceOnASavedTensorIsCaught) {
   EXPECT_TRUE(all_close(x3.grad(), {2 * std::exp(1.0), std::exp(2.0), 2 * std::exp(3.0)}, 1e-12));
 }
 
+// add_ and sub_: the values of the out-of-place forms (a broadcast operand too), the gradient through the
+// tensor they change, the version bump a saved tensor's check reads, and the refusals.
+TEST(Autograd, InPlaceAddAndSubtract) {
+  Tensor x = leaf64({1, 2, 3, 4}, {2, 2});
+  Tensor y = mul(x, 3.0);
+  y.sub_(f64({10, 20})).add_(f64({1, 1, 1, 1}, {2, 2}));
+  EXPECT_TRUE(all_close(y, {-6, -13, 0, -7}, 0));
+  sum(mul(y, y)).backward();  // d/dx of sum((3x - b + 1)^2) = 6 (3x - b + 1)
+  EXPECT_TRUE(all_close(x.grad(), {-36, -78, 0, -42}, 1e-12));
+  Tensor same = f64({1, 2});
+  same.sub_(same);  // the tensor itself as the operand is fine
+  EXPECT_TRUE(all_close(same, {0, 0}, 0));
+  const Tensor e = leaf64({1, 2}).exp();
+  Tensor saved = e;  // exp saved its output; sub_ bumps its version
+  saved.sub_(f64({1, 1}));
+  EXPECT_ERROR(e.sum().backward(), "modified by an in-place operation");
+  Tensor leaf = leaf64({1, 2});
+  EXPECT_ERROR(leaf.add_(f64({1, 1})), "add_: a leaf tensor that requires grad cannot be modified in place");
+  Tensor plain = f64({1, 2});
+  EXPECT_ERROR(plain.sub_(leaf64({1, 1})), "sub_: the operand requires grad");
+  EXPECT_ERROR(plain.sub_(f64({1, 2, 3})), "sub_: shapes [2] and [3] cannot be broadcast");
+  EXPECT_ERROR(plain.sub_(f64({1, 2, 3, 4}, {2, 2})),
+               "sub_: operand of shape [2, 2] does not broadcast to the tensor's shape [2]");
+  Tensor wide = f64({1, 2, 3});
+  Tensor head = wide.narrow(0, 0, 2);
+  EXPECT_ERROR(head.add_(wide.narrow(0, 1, 2)), "add_: the operand shares memory with the tensor it changes");
+  EXPECT_ERROR(plain.add_(Tensor()), "add_: operand is an undefined tensor");
+}
+
 // Every op whose backward reads a tensor's values saves it, so an in-place edit of that tensor between
 // forward and backward is caught, naming the op. Each case edits one saved tensor: an input that
 // needs no gradient, a parameter updated under NoGradGuard (an optimizer step between forward and

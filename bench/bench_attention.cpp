@@ -1,10 +1,10 @@
 // The fused scaled_dot_product_attention against its composite peer (matmul, causal_softmax,
 // matmul: what CausalMultiHeadAttention ran before), causal, float32, on (B, H, T, D) =
-// (8, 8, 256, 32), (32, 4, 64, 32), (8, 8, 1024, 32) and GPT-2's prefill (1, 12, 1024, 64), forward alone (no tape) and forward +
-// backward, with 1 and 2 OpenMP threads. Counters: GFLOP/s of the work needed (2 GEMMs forward, 4
-// backward, 2*B*H*T*T*D flops each, halved by the causal mask), and the CPU backend's bytes:
-// saved_MiB (held between forward and backward: what the tape keeps) and peak_MiB (over the step,
-// above what the inputs take). BM_memory runs T = 256, 512, 1024 to show the slope of both.
+// (8, 8, 256, 32), (32, 4, 64, 32), (8, 8, 1024, 32) and GPT-2's prefill (1, 12, 1024, 64), forward alone (no tape) and
+// forward + backward, with 1 and 2 OpenMP threads. Counters: GFLOP/s of the work needed (2 GEMMs forward, 4 backward,
+// 2*B*H*T*T*D flops each, halved by the causal mask), and the CPU backend's bytes: saved_MiB (held between forward and
+// backward: what the tape keeps) and peak_MiB (over the step, above what the inputs take). BM_memory runs T = 256, 512,
+// 1024 to show the slope of both.
 //   build: cmake --build build --target bench_attention; run: build/bench/bench_attention
 #include <benchmark/benchmark.h>
 #include <omp.h>
@@ -84,7 +84,8 @@ void BM_attention(benchmark::State& state) {
 
 void shapes(benchmark::internal::Benchmark* b) {
   for (int threads : {1, 2})
-    for (auto [B, H, T, D] : {std::array<int64_t, 4>{8, 8, 256, 32}, {32, 4, 64, 32}, {8, 8, 1024, 32}, {1, 12, 1024, 64}})
+    for (auto [B, H, T, D] :
+         {std::array<int64_t, 4>{8, 8, 256, 32}, {32, 4, 64, 32}, {8, 8, 1024, 32}, {1, 12, 1024, 64}})
       b->Args({B, H, T, D, threads});
   b->ArgNames({"B", "H", "T", "D", "threads"});
   b->UseRealTime()->Unit(benchmark::kMillisecond)->MinTime(0.3);

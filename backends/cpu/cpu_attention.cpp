@@ -198,9 +198,7 @@ void backward_impl(const AttnResult& dq, const AttnResult& dk, const AttnResult&
   const bool drop = a.dropout_p > 0;
   std::atomic<int64_t> next{0};  // the next (b, h) to take: a dynamic schedule
   parallel_team(attention_threads(a), [&](int, int) {
-    // The scales are the thread's own locals: read through the lambda's references, a store to a score
-    // row might alias them, and the row loops reloaded them every element (a gather, in the max).
-    const T scale = static_cast<T>(a.scale), keep_scale = philox::dropout_scale<T>(a.dropout_p);
+    const T scale = static_cast<T>(a.scale), keep_scale = philox::dropout_scale<T>(a.dropout_p);  // as forward's
     std::vector<T> p(kBr * kBc), pd(drop ? kBr * kBc : 0), dp(kBr * kBc), z(kBc), delta(Tq);
     int64_t valid[kBr];
     Transposed<T> keys_t(Tq > kBr), values_t(Tq > kBr);

@@ -119,7 +119,8 @@ void BM_one_thread_gemm(benchmark::State& state) {
   const int64_t lda = ta ? M : K, ldb = tb ? K : N;
   for (auto _ : state) {
     if constexpr (kViaBlasGemm)
-      cpu::blas_gemm<float>(ta, tb, M, N, K, 1.0f, a.data<float>(), lda, b.data<float>(), ldb, 0.0f, c.data<float>(), N);
+      cpu::blas_gemm<float>(ta, tb, M, N, K, 1.0f, a.data<float>(), lda, b.data<float>(), ldb, 0.0f, c.data<float>(),
+                            N);
     else
       cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, 1.0f,
                   a.data<float>(), lda, b.data<float>(), ldb, 0.0f, c.data<float>(), N);
@@ -134,14 +135,21 @@ void toy_step_shapes(benchmark::internal::Benchmark* b) {
                                                          {0, 1, 1024, 512, 128},   // FF up
                                                          {0, 0, 1024, 128, 512},   // dX through FF down
                                                          {1, 0, 128, 128, 1024},   // dW = dY^T x
-                                                         {1, 0, 512, 128, 1024}})  // dW of FF up
+                                                         {1, 0, 512, 128, 1024},   // dW of FF up
+                                                         {1, 0, 128, 512, 1024}})  // dW of FF down
     b->Args(s);
 }
 
 }  // namespace
 
-BENCHMARK(BM_one_thread_gemm<true>)->Apply(toy_step_shapes)->Name("BM_blas_gemm_one_thread")->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_one_thread_gemm<false>)->Apply(toy_step_shapes)->Name("BM_cblas_sgemm_one_thread")->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_one_thread_gemm<true>)
+    ->Apply(toy_step_shapes)
+    ->Name("BM_blas_gemm_one_thread")
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_one_thread_gemm<false>)
+    ->Apply(toy_step_shapes)
+    ->Name("BM_cblas_sgemm_one_thread")
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_headlab_matmul)->Arg(512)->Arg(1024)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_cblas_sgemm)->Arg(512)->Arg(1024)->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_headlab_matmul_batched)->UseRealTime()->Unit(benchmark::kMillisecond);

@@ -159,12 +159,27 @@ void Grads::acc(size_t i, const Tensor& g) {
   if (in.requires_grad && needs_slot(in.fn.get(), in.tensor)) add(in.fn.get(), in.tensor, g);
 }
 
+namespace {
+// Whether `t`, held by the caller alone, is also the only tensor over its storage, which it covers
+// densely: nothing else can see it change in place, or be stolen (as PyTorch's AccumulateGrad steals).
+bool sole_owner(const Tensor& t) {
+  const TensorImpl& impl = *t.impl();
+  return t.impl_ptr().use_count() == 1 && impl.storage.use_count() == 1 && !impl.storage->owner && t.offset() == 0 &&
+         t.is_contiguous() && impl.storage->nbytes == static_cast<size_t>(t.numel()) * dtype_size(t.dtype());
+}
+}  // namespace
+
 void Grads::add(const Node* fn, const Tensor& t, const Tensor& g_in) {
   HL_CHECK(g_in.defined(), "backward: a gradient for a tensor of shape ", shape_str(t.shape()), " is undefined");
   Tensor g = g_in.shape() == t.shape() ? g_in : g_in.sum_to(t.shape());
   if (g.dtype() != t.dtype()) g = g.to(t.dtype());
   Tensor& slot = fn ? node_grads_[fn] : leaf_grads_[t.impl()];
-  slot = slot.defined() ? slot.add(g) : g;
+  if (!slot.defined())
+    slot = g;
+  else if (sole_owner(slot) && !slot.shares_storage(g))  // a second path's gradient: summed in place
+    slot.add_(g);
+  else
+    slot = slot.add(g);
 }
 
 // ---- the backward pass ----
@@ -277,16 +292,17 @@ struct BackwardPass {
     NoGradGuard no_grad;
     for (auto& [impl, g] : grads.leaf_grads_) {
       auto* leaf = const_cast<TensorImpl*>(impl);
-      Tensor grad = g;
+      Tensor grad = std::move(g);
       for (const TensorHook& h : leaf->hooks) {
         Tensor r = h(grad);
         if (r.defined()) grad = r;
       }
-      // A leaf's .grad always owns its storage: optimizers and clipping modify it in place.
+      // A leaf's .grad always owns its storage: optimizers and clipping modify it in place. A gradient
+      // no one else holds becomes .grad itself; otherwise a copy does.
       if (leaf->grad)
         leaf->grad = Tensor(leaf->grad).add(grad).impl_ptr();
       else
-        leaf->grad = grad.clone().impl_ptr();
+        leaf->grad = sole_owner(grad) ? std::move(grad).impl_ptr() : grad.clone().impl_ptr();
     }
   }
 

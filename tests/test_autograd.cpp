@@ -72,7 +72,7 @@ TEST(Autograd, AGraphContinuedOnAnotherThreadRunsInOrder) {
   for (int i = 0; i < 50; ++i) h = add(h, 1.0);  // this thread's nodes: numbered far past a new thread's
   Tensor y;
   std::thread([&] { y = sum(mul(mul(h, h), 0.5)); }).join();  // dy/dh = h
-  add(y, sum(h)).backward();                                   // + 1
+  add(y, sum(h)).backward();                                  // + 1
   EXPECT_TRUE(all_close(x.grad(), {51 + 1, 48 + 1}));
 }
 
@@ -295,6 +295,41 @@ TEST(Autograd, InPlaceAddAndSubtract) {
   Tensor head = wide.narrow(0, 0, 2);
   EXPECT_ERROR(head.add_(wide.narrow(0, 1, 2)), "add_: the operand shares memory with the tensor it changes");
   EXPECT_ERROR(plain.add_(Tensor()), "add_: operand is an undefined tensor");
+}
+
+// The engine reuses gradient buffers no one else can see, as PyTorch's AccumulateGrad does: a leaf's gradient
+// becomes its .grad without a copy, and a second path's gradient is summed into the first in place. Where
+// someone else holds the buffer (a hook that kept it, a slice of a buffer another leaf's gradient shares),
+// .grad is its own copy.
+TEST(Autograd, GradientBuffersAreReusedOnlyWhereNoOneElseHoldsThem) {
+  Tensor x = leaf64({1, 2, 3});
+  sum(add(mul(x, x), mul(x, 3.0))).backward();  // two paths into x: 2x + 3
+  EXPECT_TRUE(all_close(x.grad(), {5, 7, 9}, 0));
+  Tensor kept, w = leaf64({1, 2});
+  w.register_hook([&kept](const Tensor& g) {
+    kept = g;
+    return Tensor();
+  });
+  sum(mul(w, f64({3, 4}))).backward();
+  EXPECT_FALSE(w.grad().shares_storage(kept));
+  w.grad().fill_(0);  // what an optimizer's zeroing does: the hook's tensor is untouched
+  EXPECT_TRUE(all_close(kept, {3, 4}, 0));
+  Tensor a = leaf64({1, 2}), b = leaf64({3, 4, 5});
+  sum(mul(cat({a, b}, 0), f64({1, 2, 3, 4, 5}))).backward();  // each gradient a slice of cat's
+  EXPECT_TRUE(all_close(a.grad(), {1, 2}, 0));
+  EXPECT_TRUE(all_close(b.grad(), {3, 4, 5}, 0));
+  EXPECT_FALSE(a.grad().shares_storage(b.grad()));
+  // A second backward adds to .grad; a non-leaf reached twice sums in place without touching its parts.
+  Tensor h = mul(x, 2.0);
+  const Tensor part = mul(h, 1.0);
+  Tensor seen_part;
+  part.register_hook([&seen_part](const Tensor& g) {
+    seen_part = g;
+    return Tensor();
+  });
+  sum(add(mul(part, 5.0), mul(h, 7.0))).backward();  // x's gradient: 2x + 3 + 2 * (5 + 7)
+  EXPECT_TRUE(all_close(x.grad(), {29, 31, 33}, 0));
+  EXPECT_TRUE(all_close(seen_part, {5, 5, 5}, 0));
 }
 
 // Every op whose backward reads a tensor's values saves it, so an in-place edit of that tensor between

@@ -1,6 +1,6 @@
 // One AdamW training step of the book's GPT, timed like ../shared/peers/torch_gpt_cpu.py (3 warm-up
 // steps, then steps until --seconds have passed), and set against the floor: the step's GEMM FLOPs
-// over the SGEMM rate measured here first (cblas_sgemm, 1024^3), and the CPU backend's peak bytes
+// over the SGEMM rate measured here first (cblas_sgemm 1024^3, its fastest pass), and the CPU backend's peak bytes
 // over one step above what was live before it (parameters, optimizer state).
 // bench/peer_ratios.sh runs it beside the PyTorch peer and prints the ratios. On a GPU (--device cuda)
 // the step ends with a device synchronisation, as the peer's does, and the floor's rate is cuBLAS's

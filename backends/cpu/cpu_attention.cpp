@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "backends/cpu/aligned_scratch.h"
 #include "backends/cpu/blas.h"
 #include "backends/cpu/cpu_internal.h"
 #include "backends/philox.h"
@@ -81,16 +82,17 @@ class Transposed {
   const T* of(const T* X, int64_t n, int64_t d, int64_t ld) {
     if (!on_) return nullptr;
     if (X != from_) {
-      buf_.resize(static_cast<size_t>(n * d));
-      blas_transpose<T>(n, d, X, ld, buf_.data(), n);
+      xt_ = buf_.get(static_cast<size_t>(n * d));
+      blas_transpose<T>(n, d, X, ld, xt_, n);
       from_ = X;
     }
-    return buf_.data();
+    return xt_;
   }
 
  private:
   bool on_;
-  std::vector<T> buf_;
+  AlignedScratch<T> buf_;
+  T* xt_ = nullptr;
   const T* from_ = nullptr;
 };
 

@@ -15,7 +15,8 @@
 #include <libxsmm.h>
 
 #include <algorithm>
-#include <vector>
+
+#include "backends/cpu/aligned_scratch.h"
 
 namespace headlab::cpu {
 namespace {
@@ -43,13 +44,13 @@ bool xsmm_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, 
     return true;
   }();
   (void)initialised;
-  thread_local std::vector<float> bt;  // op(B) = B^T, stored (K, N)
+  thread_local AlignedScratch<float> bt;  // op(B) = B^T, stored (K, N)
   if (tb) {
-    bt.resize(static_cast<size_t>(K * N));
+    float* const t = bt.get(static_cast<size_t>(K * N));
     // B, (N, K) row-major, is (K, N) column-major: libxsmm_otrans writes its (N, K) column-major transpose,
     // which is op(B) = (K, N) row-major (0.1-0.35 ns an element; a blocked loop took 0.3-0.6).
-    libxsmm_otrans(bt.data(), B, sizeof(float), K, N, ldb, N);
-    B = bt.data();
+    libxsmm_otrans(t, B, sizeof(float), K, N, ldb, N);
+    B = t;
     ldb = N;
   }
   const libxsmm_blasint m = N, n = M, xlda = ldb, xldb = lda, xldc = ldc;

@@ -123,7 +123,9 @@ void forward_impl(const AttnResult& out, T* lse, const AttnOperand& q, const Att
     // The scales are the thread's own locals: read through the lambda's references, a store to a score
     // row might alias them, and the row loops reloaded them every element (a gather, in the max).
     const T scale = static_cast<T>(a.scale), keep_scale = philox::dropout_scale<T>(a.dropout_p);
-    std::vector<T> s(kBr * kBc), z(kBc), m(kBr);
+    AlignedScratch<T> s_tile;  // a GEMM's output and the next one's operand: from a 64-byte boundary
+    T* const s = s_tile.get(kBr * kBc);
+    std::vector<T> z(kBc), m(kBr);
     std::vector<Acc<T>> l(kBr);
     int64_t valid[kBr];
     Transposed<T> keys_t(n_qt > 1);
@@ -145,9 +147,9 @@ void forward_impl(const AttnResult& out, T* lse, const AttnOperand& q, const Att
       // Key tiles past every row's last valid key (beyond the causal diagonal) are never touched.
       for (int64_t j0 = 0; j0 < max_valid; j0 += kBc) {
         const int64_t cols = std::min(kBc, max_valid - j0);
-        times_rows_transposed<T>(rows, cols, D, Q, q.st, K, k.st, Kt, Tk, j0, s.data(), kBc);
+        times_rows_transposed<T>(rows, cols, D, Q, q.st, K, k.st, Kt, Tk, j0, s, kBc);
         for (int64_t r = 0; r < rows; ++r) {
-          T* sr = s.data() + r * kBc;
+          T* sr = s + r * kBc;
           const int64_t n = std::clamp<int64_t>(valid[r] - j0, 0, cols);
           if (n == 0) {  // this row sees none of the tile: a zero row of P leaves O alone
             std::fill(sr, sr + cols, T(0));
@@ -173,7 +175,7 @@ void forward_impl(const AttnResult& out, T* lse, const AttnOperand& q, const Att
             for (int64_t j = 0; j < n; ++j) sr[j] *= z[j];
           }
         }
-        blas_gemm<T>(false, false, rows, Dv, cols, T(1), s.data(), kBc, V + j0 * v.st, v.st, T(1), O, out.st);
+        blas_gemm<T>(false, false, rows, Dv, cols, T(1), s, kBc, V + j0 * v.st, v.st, T(1), O, out.st);
       }
       for (int64_t r = 0; r < rows; ++r) {
         T* orow = O + r * out.st;
@@ -201,7 +203,11 @@ void backward_impl(const AttnResult& dq, const AttnResult& dk, const AttnResult&
   std::atomic<int64_t> next{0};  // the next (b, h) to take: a dynamic schedule
   parallel_team(attention_threads(a), [&](int, int) {
     const T scale = static_cast<T>(a.scale), keep_scale = philox::dropout_scale<T>(a.dropout_p);  // as forward's
-    std::vector<T> p(kBr * kBc), pd(drop ? kBr * kBc : 0), dp(kBr * kBc), z(kBc), delta(Tq);
+    AlignedScratch<T> tiles;  // P, scale dS and the dropped P: GEMM operands, from 64-byte boundaries
+    T* const p = tiles.get(3 * kBr * kBc);
+    T* const dp = p + kBr * kBc;
+    T* const pd = dp + kBr * kBc;
+    std::vector<T> z(kBc), delta(Tq);
     int64_t valid[kBr];
     Transposed<T> keys_t(Tq > kBr), values_t(Tq > kBr);
     for (int64_t bh; (bh = next.fetch_add(1, std::memory_order_relaxed)) < BH;) {
@@ -232,17 +238,17 @@ void backward_impl(const AttnResult& dq, const AttnResult& dk, const AttnResult&
         const T* dOt = dO + i0 * dout.st;
         for (int64_t j0 = 0; j0 < max_valid; j0 += kBc) {
           const int64_t cols = std::min(kBc, max_valid - j0);
-          times_rows_transposed<T>(rows, cols, D, Qt, q.st, K, k.st, Kt, Tk, j0, p.data(), kBc);
-          times_rows_transposed<T>(rows, cols, Dv, dOt, dout.st, V, v.st, Vt, Tk, j0, dp.data(), kBc);
+          times_rows_transposed<T>(rows, cols, D, Qt, q.st, K, k.st, Kt, Tk, j0, p, kBc);
+          times_rows_transposed<T>(rows, cols, Dv, dOt, dout.st, V, v.st, Vt, Tk, j0, dp, kBc);
           for (int64_t r = 0; r < rows; ++r) {
-            T* pr = p.data() + r * kBc;
-            T* dpr = dp.data() + r * kBc;
+            T* pr = p + r * kBc;
+            T* dpr = dp + r * kBc;
             const int64_t n = std::clamp<int64_t>(valid[r] - j0, 0, cols);
             const T lr = L[i0 + r], dr = delta[i0 + r];
             for (int64_t j = 0; j < n; ++j) pr[j] = fast_exp(scale * pr[j] - lr);
             std::fill(pr + n, pr + cols, T(0));
             if (drop) {
-              T* pdr = pd.data() + r * kBc;
+              T* pdr = pd + r * kBc;
               dropout_row(z.data(), n, ((bh * Tq + i0 + r) * Tk) + j0, a.dropout_p, keep_scale, a.seed, a.offset);
               for (int64_t j = 0; j < n; ++j) {
                 pdr[j] = pr[j] * z[j];
@@ -254,12 +260,11 @@ void backward_impl(const AttnResult& dq, const AttnResult& dk, const AttnResult&
             }
             std::fill(dpr + n, dpr + cols, T(0));
           }
-          const T* pdrop = drop ? pd.data() : p.data();
+          const T* pdrop = drop ? pd : p;
           blas_gemm<T>(true, false, cols, Dv, rows, T(1), pdrop, kBc, dOt, dout.st, T(1), dV + j0 * dv.st, dv.st);
           // dp holds scale dS: alpha 1 lets libxsmm take the two products
-          blas_gemm<T>(false, false, rows, D, cols, T(1), dp.data(), kBc, K + j0 * k.st, k.st, T(1), dQ + i0 * dq.st,
-                       dq.st);
-          blas_gemm<T>(true, false, cols, D, rows, T(1), dp.data(), kBc, Qt, q.st, T(1), dK + j0 * dk.st, dk.st);
+          blas_gemm<T>(false, false, rows, D, cols, T(1), dp, kBc, K + j0 * k.st, k.st, T(1), dQ + i0 * dq.st, dq.st);
+          blas_gemm<T>(true, false, cols, D, rows, T(1), dp, kBc, Qt, q.st, T(1), dK + j0 * dk.st, dk.st);
         }
       }
     }

@@ -118,7 +118,8 @@ struct Backend {
                     int64_t lda, int64_t stride_a, const void* B, int64_t ldb, int64_t stride_b, double beta, void* C,
                     int64_t ldc, int64_t stride_c, int64_t batch) = 0;
 
-  // ---- a linear layer over a few rows (decoding): out (rows, N) = x (rows, K) @ w^T + bias ----
+  // ---- a linear layer in one kernel: out (rows, N) = x (rows, K) @ w^T + bias ----
+  // CUDA's for a few rows (decoding), the CPU's where libxsmm serves the sizes (training's small products).
   // w: (N, K) contiguous; x's rows ldx apart; bias (N) contiguous or null; out contiguous. Returns false where the
   // backend has no kernel for these sizes, and the op runs gemm instead (the bias first copied into out).
   virtual bool linear_rows(DType dt, void* out, const void* x, int64_t ldx, const void* w, const void* bias,

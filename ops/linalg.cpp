@@ -178,11 +178,11 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     const Tensor x2 = reshape(x.detach(), {rows, in_f});
     const GemmOperand X = gemm_operand(x2), W = gemm_operand(weight.detach());
     Backend& be = backend_of(x);
-    // A few rows with a bias (decoding): one kernel where the backend has it, else the bias copied into out
-    // and a GEMM adding to it.
+    // With a bias: one kernel where the backend has one for these sizes (CUDA's for decoding's few rows,
+    // libxsmm's on the CPU), else the bias copied into out and a GEMM adding to it.
     const bool fused = bias.defined() && !X.trans && !W.trans && W.ld == in_f && bias.stride(0) == 1 &&
-                       be.linear_rows(x.dtype(), out.raw_data(), X.t.raw_data(), X.ld, W.t.raw_data(),
-                                      bias.raw_data(), rows, out_f, in_f);
+                       be.linear_rows(x.dtype(), out.raw_data(), X.t.raw_data(), X.ld, W.t.raw_data(), bias.raw_data(),
+                                      rows, out_f, in_f);
     if (!fused) {
       const Tensor out2 = out.as_strided_raw({rows, out_f}, {out_f, 1}, 0);
       if (bias.defined())

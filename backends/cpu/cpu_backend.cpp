@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "backends/cpu/blas.h"
@@ -260,6 +261,36 @@ void CpuBackend::gemm(DType dt, bool ta, bool tb, int64_t M, int64_t N, int64_t 
         blas_gemm<T>(ta, tb, M, hi - lo, K, T(alpha), a, lda, b + (tb ? lo * ldb : lo), ldb, T(beta), c + lo, ldc);
     });
   });
+}
+
+// A linear layer with its bias through libxsmm (xsmm_linear: the bias broadcast block by block), each
+// thread on a band of rows; float32 only, and only where every band is one libxsmm serves (else the op
+// copies the bias into out and runs gemm).
+bool CpuBackend::linear_rows(DType dt, void* out, const void* x, int64_t ldx, const void* w, const void* bias,
+                             int64_t rows, int64_t N, int64_t K) {
+#ifdef HEADLAB_HAS_XSMM
+  if (dt != DType::f32 || bias == nullptr) return false;
+  const int64_t threads = omp_get_max_threads();
+  const bool parallel = threads > 1 && static_cast<double>(rows) * N * K > kGemmParallelWork;
+  const int64_t bands = parallel ? threads : 1;
+  if (!xsmm_linear_serves(rows / bands, N, K)) return false;
+  const float* const px = static_cast<const float*>(x);
+  float* const po = static_cast<float*>(out);
+  parallel_for(bands, bands > 1, [&](int64_t b) {
+    const int64_t lo = band_edge(rows, b, bands), hi = band_edge(rows, b + 1, bands);
+    if (xsmm_linear(hi - lo, N, K, px + lo * ldx, ldx, static_cast<const float*>(w), static_cast<const float*>(bias),
+                    po + lo * N))
+      return;
+    for (int64_t r = lo; r < hi; ++r)  // a kernel libxsmm would not build: the op's own way, on this band
+      std::memcpy(po + r * N, bias, static_cast<size_t>(N) * sizeof(float));
+    blas_gemm<float>(false, true, hi - lo, N, K, 1.0f, px + lo * ldx, ldx, static_cast<const float*>(w), K, 1.0f,
+                     po + lo * N, N);
+  });
+  return true;
+#else
+  (void)dt, (void)out, (void)x, (void)ldx, (void)w, (void)bias, (void)rows, (void)N, (void)K;
+  return false;
+#endif
 }
 
 // ---- randomness ----

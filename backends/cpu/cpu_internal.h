@@ -159,6 +159,8 @@ struct CpuBackend final : Backend {
   void gemm(DType dt, bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const void* A, int64_t lda,
             int64_t sa, const void* B, int64_t ldb, int64_t sb, double beta, void* C, int64_t ldc, int64_t sc,
             int64_t batch) override;
+  bool linear_rows(DType dt, void* out, const void* x, int64_t ldx, const void* w, const void* bias, int64_t rows,
+                   int64_t N, int64_t K) override;
   // ---- randomness ----
   void random_uniform(DType dt, void* out, int64_t n, uint64_t seed, uint64_t offset, double lo, double hi) override;
   void random_normal(DType dt, void* out, int64_t n, uint64_t seed, uint64_t offset, double mean, double std) override;

@@ -15,6 +15,7 @@
 #include <libxsmm.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "backends/cpu/aligned_scratch.h"
 
@@ -25,6 +26,25 @@ constexpr int64_t kMinRows = 64;
 constexpr int64_t kMaxBElems = 128 * 1024;  // 512 KiB of float, half of a Zen 4 core's L2
 constexpr int64_t kMinKSlice = 256;
 constexpr int64_t kMaxTransposedASlice = 256;
+constexpr int64_t kLinearRows = 16;  // rows of out a bias broadcast goes into just before their product
+
+void init_once() {
+  static const bool initialised = [] {
+    libxsmm_init();
+    return true;
+  }();
+  (void)initialised;
+}
+
+// B^T for a row-major B (N, K): (K, N) row-major, in this thread's scratch.
+const float* transposed(const float* B, int64_t N, int64_t K, int64_t ldb) {
+  thread_local AlignedScratch<float> bt;
+  float* const t = bt.get(static_cast<size_t>(K * N));
+  // B, (N, K) row-major, is (K, N) column-major: libxsmm_otrans writes its (N, K) column-major transpose,
+  // which is B^T (K, N) row-major (0.1-0.35 ns an element; a blocked loop took 0.3-0.6).
+  libxsmm_otrans(t, B, sizeof(float), K, N, ldb, N);
+  return t;
+}
 
 }  // namespace
 
@@ -39,18 +59,9 @@ bool xsmm_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, 
   if (alpha != 1.0f || (beta != 0.0f && beta != 1.0f) || (ta && tb) || M < kMinRows || K < 1 ||
       k_slice < std::min(K, kMinKSlice))
     return false;
-  static const bool initialised = [] {
-    libxsmm_init();
-    return true;
-  }();
-  (void)initialised;
-  thread_local AlignedScratch<float> bt;  // op(B) = B^T, stored (K, N)
+  init_once();
   if (tb) {
-    float* const t = bt.get(static_cast<size_t>(K * N));
-    // B, (N, K) row-major, is (K, N) column-major: libxsmm_otrans writes its (N, K) column-major transpose,
-    // which is op(B) = (K, N) row-major (0.1-0.35 ns an element; a blocked loop took 0.3-0.6).
-    libxsmm_otrans(t, B, sizeof(float), K, N, ldb, N);
-    B = t;
+    B = transposed(B, N, K, ldb);
     ldb = N;
   }
   const libxsmm_blasint m = N, n = M, xlda = ldb, xldb = lda, xldc = ldc;
@@ -65,6 +76,32 @@ bool xsmm_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, 
   if (!first || !rest) return false;
   first(B, A, C);
   for (int64_t k0 = k_first; k0 < K; k0 += k_slice) rest(B + k0 * ldb, A + (ta ? k0 * lda : k0), C);
+  return true;
+}
+
+bool xsmm_linear_serves(int64_t M, int64_t N, int64_t K) { return M >= kMinRows && K >= 1 && K * N <= kMaxBElems; }
+
+bool xsmm_linear(int64_t M, int64_t N, int64_t K, const float* x, int64_t ldx, const float* w, const float* bias,
+                 float* out) {
+  if (!xsmm_linear_serves(M, N, K)) return false;
+  init_once();
+  const libxsmm_blasint m = N, xlda = N, xldb = ldx, xldc = N, k = K;
+  const float one = 1.0f;
+  const int flags = 0;  // beta 1: the product is added to the bias already in out
+  const auto dispatch = [&](int64_t rows) {
+    const libxsmm_blasint n = rows;
+    return libxsmm_smmdispatch(m, n, k, &xlda, &xldb, &xldc, &one, &one, &flags, nullptr);
+  };
+  const int64_t tail = M % kLinearRows;
+  const libxsmm_smmfunction block = dispatch(kLinearRows), last = tail ? dispatch(tail) : block;
+  if (!block || !last) return false;
+  const float* const wt = transposed(w, N, K, K);
+  for (int64_t r0 = 0; r0 < M; r0 += kLinearRows) {
+    const int64_t rows = std::min(kLinearRows, M - r0);
+    float* const o = out + r0 * N;
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(o + r * N, bias, static_cast<size_t>(N) * sizeof(float));
+    (rows == kLinearRows ? block : last)(wt, x + r0 * ldx, o);
+  }
   return true;
 }
 

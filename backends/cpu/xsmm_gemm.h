@@ -10,4 +10,12 @@ namespace headlab::cpu {
 bool xsmm_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
                 const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
+// out (M, N) = x (M, K) @ w^T + bias on the calling thread, for w (N, K) and out contiguous, x's rows ldx
+// apart: the bias goes into a few rows of out at a time just before the kernel adds their product, so both
+// touch lines in L1, where a broadcast of the bias over all of out first made a pass through memory. False
+// (out untouched) where libxsmm does not serve it; xsmm_linear_serves says so from the sizes alone.
+bool xsmm_linear_serves(int64_t M, int64_t N, int64_t K);
+bool xsmm_linear(int64_t M, int64_t N, int64_t K, const float* x, int64_t ldx, const float* w, const float* bias,
+                 float* out);
+
 }  // namespace headlab::cpu

@@ -127,6 +127,15 @@ struct Backend {
     (void)dt, (void)out, (void)x, (void)ldx, (void)w, (void)bias, (void)rows, (void)N, (void)K;
     return false;
   }
+  // ---- the same with GELU in the same pass: pre = x @ w^T + bias, post = GELU(pre) (tanh form or exact) ----
+  // As linear_rows, bias required, post (rows, N) contiguous. False where the backend has no kernel for these
+  // sizes, and the op runs the linear layer, then gelu.
+  virtual bool linear_gelu_rows(DType dt, void* pre, void* post, const void* x, int64_t ldx, const void* w,
+                                const void* bias, int64_t rows, int64_t N, int64_t K, bool tanh_approximation) {
+    (void)dt, (void)pre, (void)post, (void)x, (void)ldx, (void)w, (void)bias, (void)rows, (void)N, (void)K;
+    (void)tanh_approximation;
+    return false;
+  }
 
   // ---- softmax over the last dim of contiguous (rows, cols); y = softmax(scale * x) ----
   // mask: lengths -> row r keeps columns < lengths[r]; causal -> row r keeps columns <= r % q_len.

@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 #include <sstream>
+#include <typeinfo>
 
 namespace headlab::nn {
 
@@ -154,6 +155,16 @@ FeedForward::FeedForward(int64_t emb_dim, int64_t hidden_dim, bool tanh_gelu) {
 }
 
 Tensor FeedForward::forward(const Tensor& x, const HookSite& site) {
+  // The up-projection and its GELU in one pass (linear_gelu) where the layers are these exact classes (a
+  // subclass keeps its own forward) and no hook reads or replaces the pre-activation between them.
+  const std::shared_ptr<UnaryModule> first = layers->at(0), second = layers->at(1);
+  const UnaryModule &m0 = *first, &m1 = *second;
+  if (typeid(m0) == typeid(Linear) && typeid(m1) == typeid(GELU) && !site.wants(HookPoint::mlp_pre)) {
+    const auto& up = static_cast<const Linear&>(m0);
+    const bool tanh_form = static_cast<const GELU&>(m1).tanh_approximation;
+    const Tensor post = linear_gelu(x, up.weight, up.bias, tanh_form).post;  // (..., 4C)
+    return layers->at(2)->forward(site(HookPoint::mlp_post, post));
+  }
   const Tensor pre = site(HookPoint::mlp_pre, layers->at(0)->forward(x));  // (..., 4C)
   return layers->at(2)->forward(site(HookPoint::mlp_post, layers->at(1)->forward(pre)));
 }

@@ -32,10 +32,19 @@ Tensor unary(const char* op, UnaryOp uop, const Tensor& x, double alpha = 0, dou
   detail::check_floating(op, x);
   Tensor out = Tensor::empty(x.shape(), x.dtype(), x.device());
   if (out.numel()) backend_of(x).unary(uop, x.dtype(), make_loop(x.shape(), {&out, &x}), alpha, beta);
+  detail::record_unary(op, uop, out, x, alpha);
+  return out;
+}
+
+Tensor mask_as(const Tensor& m, DType dt) { return to_dtype(m, dt); }
+
+}  // namespace
+
+void detail::record_unary(const char* op, UnaryOp uop, Tensor& out, const Tensor& x, double alpha) {
   if (uop == UnaryOp::affine || uop == UnaryOp::neg) {  // linear: no saved values
     const double slope = uop == UnaryOp::neg ? -1.0 : alpha;
     record(op, out, {x}, {}, [slope](const Tensor& dout, Saved, Grads& g) { g.acc(0, affine(dout, slope, 0.0)); });
-    return out;
+    return;
   }
   const bool uses_x = derivative_needs_x(uop);
   // saved: x, or the output y when the derivative is computed from it (exp, tanh, sigmoid, ...)
@@ -48,12 +57,7 @@ Tensor unary(const char* op, UnaryOp uop, const Tensor& x, double alpha = 0, dou
                                  uses_x ? nullptr : v.raw_data(), v.numel(), alpha);
     g.acc(0, dx);
   });
-  return out;
 }
-
-Tensor mask_as(const Tensor& m, DType dt) { return to_dtype(m, dt); }
-
-}  // namespace
 
 Tensor add(const Tensor& a, const Tensor& b) {
   Tensor out = binary_raw("add", BinaryOp::add, a, b);

@@ -21,5 +21,7 @@ void check_same_dtype(const char* op, const Tensor& a, const Tensor& b);
 void check_index_tensor(const char* op, const Tensor& idx, const char* name = "index");
 // Copies src into dst (same shape; any strides, dtypes may differ) on dst's device.
 void copy_into(const Tensor& dst, const Tensor& src);
+// Records out = uop(x) (computed by the caller) as the unary op `op` records it (elementwise.cpp).
+void record_unary(const char* op, UnaryOp uop, Tensor& out, const Tensor& x, double alpha = 0);
 
 }  // namespace headlab::detail

@@ -151,8 +151,11 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   return out;
 }
 
-// x: (..., in), weight: (out, in), bias: (out) -> (..., out)
-Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+namespace {
+
+// x: (..., in), weight: (out, in), bias: (out) -> (..., out). Where `gelu` is given and the backend writes
+// GELU of the output in the same pass, *gelu holds it (recorded as gelu records it); else it stays undefined.
+Tensor linear_and_maybe_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor* gelu, bool tanh_gelu) {
   const OpScope scope("linear");
   detail::check_floating("linear", x);
   detail::check_floating("linear", weight);
@@ -179,11 +182,19 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     const GemmOperand X = gemm_operand(x2), W = gemm_operand(weight.detach());
     Backend& be = backend_of(x);
     // With a bias: one kernel where the backend has one for these sizes (CUDA's for decoding's few rows,
-    // libxsmm's on the CPU), else the bias copied into out and a GEMM adding to it.
-    const bool fused = bias.defined() && !X.trans && !W.trans && W.ld == in_f && bias.stride(0) == 1 &&
-                       be.linear_rows(x.dtype(), out.raw_data(), X.t.raw_data(), X.ld, W.t.raw_data(), bias.raw_data(),
-                                      rows, out_f, in_f);
-    if (!fused) {
+    // libxsmm's on the CPU, which can apply GELU too), else the bias copied into out and a GEMM adding to it.
+    const bool one_kernel = bias.defined() && !X.trans && !W.trans && W.ld == in_f && bias.stride(0) == 1;
+    bool done = false;
+    if (one_kernel && gelu) {
+      Tensor post = Tensor::empty(out_shape, x.dtype(), x.device());
+      done = be.linear_gelu_rows(x.dtype(), out.raw_data(), post.raw_data(), X.t.raw_data(), X.ld, W.t.raw_data(),
+                                 bias.raw_data(), rows, out_f, in_f, tanh_gelu);
+      if (done) *gelu = post;
+    }
+    if (!done && one_kernel)
+      done = be.linear_rows(x.dtype(), out.raw_data(), X.t.raw_data(), X.ld, W.t.raw_data(), bias.raw_data(), rows,
+                            out_f, in_f);
+    if (!done) {
       const Tensor out2 = out.as_strided_raw({rows, out_f}, {out_f, 1}, 0);
       if (bias.defined())
         detail::copy_into(out2, bias.as_strided_raw({rows, out_f}, {0, bias.stride(0)}, bias.offset()));
@@ -198,7 +209,21 @@ Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
     if (g.needs(1)) g.acc(1, matmul(d2.mT(), reshape(x, {rows, in_f})));  // (out, in)
     if (g.needs(2)) g.acc(2, sum(d2, {0}));                               // (out)
   });
+  if (gelu && gelu->defined()) detail::record_unary("gelu", tanh_gelu ? UnaryOp::gelu_tanh : UnaryOp::gelu, *gelu, out);
   return out;
+}
+
+}  // namespace
+
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  return linear_and_maybe_gelu(x, weight, bias, nullptr, false);
+}
+
+LinearGelu linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, bool tanh_approximation) {
+  Tensor post;
+  Tensor pre = linear_and_maybe_gelu(x, weight, bias, &post, tanh_approximation);
+  if (!post.defined()) post = gelu(pre, tanh_approximation);
+  return {pre, post};
 }
 
 }  // namespace headlab

@@ -97,6 +97,13 @@ Tensor sum_to(const Tensor& x, const Shape& shape);                 // undo broa
 Tensor matmul(const Tensor& a, const Tensor& b);
 // x: (..., in), weight: (out, in), bias: (out) or undefined -> (..., out). One GEMM, bias fused as beta.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+// pre = linear(x, weight, bias) and post = gelu(pre, tanh_approximation), from one pass over the rows where the
+// backend has one (the CPU's libxsmm products: GELU applied while a few rows sit in L1), else the two ops; the
+// autograd graph is the two ops' either way. An MLP's first half.
+struct LinearGelu {
+  Tensor pre, post;
+};
+LinearGelu linear_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, bool tanh_approximation);
 
 // ---- shape and views ----
 Tensor view(const Tensor& x, const Shape& shape);     // -1 infers one dim; must be expressible as a view

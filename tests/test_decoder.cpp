@@ -5,6 +5,8 @@
 // frozen final norm; and the family registry (io/families.h).
 #include <gtest/gtest.h>
 
+#include <omp.h>
+
 #include <cmath>
 #include <memory>
 
@@ -128,6 +130,32 @@ TEST(DecoderForward, NothingAttachedOrNothingWantedChangesNothing) {
   EXPECT_EQ(
       max_difference(streams.cache().at({HookPoint::resid_post, 0}), streams.cache().at({HookPoint::resid_pre, 1})),
       0.0);
+}
+
+// The MLP's up-projection and GELU run as one pass (linear_gelu) unless a hook wants the pre-activation; in
+// float32 on two threads at a size the CPU's one-pass kernel takes, the logits and the gradients are the
+// two-op path's (forced by a hook that only keeps mlp_pre), and the kept pre-activation is what went on.
+TEST(DecoderForward, TheMlpsOnePassIsTheTwoOpPath) {
+  const int threads_before = omp_get_max_threads();
+  omp_set_num_threads(2);
+  nn::GPTConfig cfg;
+  cfg.vocab_size = 64, cfg.context_length = 64, cfg.emb_dim = 128, cfg.n_heads = 4, cfg.n_layers = 2;
+  manual_seed(11);
+  nn::GPTModel model(cfg);
+  const Tensor idx = tokens_for(cfg.vocab_size, 2, 64);
+  const Tensor one_pass = model.forward(idx);
+  one_pass.pow(2.0).mean().backward();
+  const Tensor& up = model.block(0)->ff->layers->at<nn::Linear>(0)->weight;
+  const Tensor g_one_pass = up.grad();
+  model.zero_grad();
+  nn::ActivationCache pre({{HookPoint::mlp_pre, 0}, {HookPoint::mlp_pre, 1}});
+  const Tensor two_ops = model.forward(idx, &pre);
+  two_ops.pow(2.0).mean().backward();
+  const Tensor g_two_ops = up.grad();
+  EXPECT_LT(max_difference(one_pass, two_ops), 1e-6);
+  EXPECT_LT(max_difference(g_one_pass, g_two_ops), 1e-8);
+  EXPECT_EQ(pre.cache().at({HookPoint::mlp_pre, 1}).shape(), (Shape{2, 64, 512}));
+  omp_set_num_threads(threads_before);
 }
 
 // A hook that gives one head of one layer its own query input: the reference runs that head's query on

@@ -508,6 +508,33 @@ TEST(Matmul, LinearKernelWithItsBiasMatchesTheReference) {
 }
 #endif
 
+// linear_gelu is linear then gelu, in value, autograd graph and gradients: on two threads' bands of rows in
+// float32 (the CPU's one-pass kernel, where libxsmm is built), and in float64 (the two ops), both GELU forms.
+TEST(Matmul, LinearGeluIsLinearThenGelu) {
+  const int threads_before = omp_get_max_threads();
+  omp_set_num_threads(2);
+  for (const DType dt : {DType::f32, DType::f64})
+    for (const bool tanh_form : {true, false}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + (tanh_form ? " tanh" : " exact"));
+      const Tensor x0 = seq64({2, 160, 128}, 0.002, -1.5).to(dt), w0 = seq64({96, 128}, 0.003, -0.2).to(dt),
+                   b0 = seq64({96}, 0.02, -1.0).to(dt), c = seq64({2, 160, 96}, 0.01, -0.5).to(dt);
+      Tensor x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_(), b = b0.clone().requires_grad_();
+      const auto [pre, post] = linear_gelu(x, w, b, tanh_form);
+      EXPECT_EQ(pre.grad_fn_name(), "LinearBackward");
+      EXPECT_EQ(post.grad_fn_name(), "GeluBackward");
+      sum(mul(post, c)).backward();
+      Tensor xr = x0.clone().requires_grad_(), wr = w0.clone().requires_grad_(), br = b0.clone().requires_grad_();
+      const Tensor pre_r = linear(xr, wr, br), post_r = gelu(pre_r, tanh_form);
+      sum(mul(post_r, c)).backward();
+      EXPECT_TRUE(all_close(pre, pre_r, 0, 0));  // the same kernel
+      EXPECT_TRUE(all_close(post, post_r, 1e-7, 1e-6));
+      EXPECT_TRUE(all_close(x.grad(), xr.grad(), 1e-7, 1e-5));
+      EXPECT_TRUE(all_close(w.grad(), wr.grad(), 1e-6, 1e-5));
+      EXPECT_TRUE(all_close(b.grad(), br.grad(), 1e-6, 1e-5));
+    }
+  omp_set_num_threads(threads_before);
+}
+
 TEST(Matmul, ZeroSizeDims) {
   const Tensor k0 = matmul(zeros({2, 0}), zeros({0, 3}));  // empty sum: zeros
   EXPECT_EQ(k0.shape(), (Shape{2, 3}));

@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <type_traits>
 #include <vector>
 
 #include "backends/cpu/blas.h"
@@ -263,32 +265,68 @@ void CpuBackend::gemm(DType dt, bool ta, bool tb, int64_t M, int64_t N, int64_t 
   });
 }
 
-// A linear layer with its bias through libxsmm (xsmm_linear: the bias broadcast block by block), each
-// thread on a band of rows; float32 only, and only where every band is one libxsmm serves (else the op
-// copies the bias into out and runs gemm).
-bool CpuBackend::linear_rows(DType dt, void* out, const void* x, int64_t ldx, const void* w, const void* bias,
-                             int64_t rows, int64_t N, int64_t K) {
 #ifdef HEADLAB_HAS_XSMM
-  if (dt != DType::f32 || bias == nullptr) return false;
+namespace {
+// A linear layer with its bias through libxsmm (xsmm_linear: the bias broadcast block by block), each thread
+// on a band of rows, after_rows(first, count) applied to each block of finished rows; false where a band
+// would be one libxsmm does not serve (the op then copies the bias into out and runs gemm).
+bool linear_in_bands(float* out, const float* x, int64_t ldx, const float* w, const float* bias, int64_t rows,
+                     int64_t N, int64_t K, const std::function<void(int64_t, int64_t)>& after_rows) {
   const int64_t threads = omp_get_max_threads();
   const bool parallel = threads > 1 && static_cast<double>(rows) * N * K > kGemmParallelWork;
   const int64_t bands = parallel ? threads : 1;
   if (!xsmm_linear_serves(rows / bands, N, K)) return false;
-  const float* const px = static_cast<const float*>(x);
-  float* const po = static_cast<float*>(out);
   parallel_for(bands, bands > 1, [&](int64_t b) {
     const int64_t lo = band_edge(rows, b, bands), hi = band_edge(rows, b + 1, bands);
-    if (xsmm_linear(hi - lo, N, K, px + lo * ldx, ldx, static_cast<const float*>(w), static_cast<const float*>(bias),
-                    po + lo * N))
+    const auto after_band_rows = [&](int64_t first, int64_t count) { after_rows(lo + first, count); };
+    if (xsmm_linear(hi - lo, N, K, x + lo * ldx, ldx, w, bias, out + lo * N,
+                    after_rows ? after_band_rows : std::function<void(int64_t, int64_t)>{}))
       return;
     for (int64_t r = lo; r < hi; ++r)  // a kernel libxsmm would not build: the op's own way, on this band
-      std::memcpy(po + r * N, bias, static_cast<size_t>(N) * sizeof(float));
-    blas_gemm<float>(false, true, hi - lo, N, K, 1.0f, px + lo * ldx, ldx, static_cast<const float*>(w), K, 1.0f,
-                     po + lo * N, N);
+      std::memcpy(out + r * N, bias, static_cast<size_t>(N) * sizeof(float));
+    blas_gemm<float>(false, true, hi - lo, N, K, 1.0f, x + lo * ldx, ldx, w, K, 1.0f, out + lo * N, N);
+    if (after_rows) after_rows(lo, hi - lo);
   });
   return true;
+}
+}  // namespace
+#endif
+
+bool CpuBackend::linear_rows(DType dt, void* out, const void* x, int64_t ldx, const void* w, const void* bias,
+                             int64_t rows, int64_t N, int64_t K) {
+#ifdef HEADLAB_HAS_XSMM
+  return dt == DType::f32 && bias != nullptr &&
+         linear_in_bands(static_cast<float*>(out), static_cast<const float*>(x), ldx, static_cast<const float*>(w),
+                         static_cast<const float*>(bias), rows, N, K, {});
 #else
   (void)dt, (void)out, (void)x, (void)ldx, (void)w, (void)bias, (void)rows, (void)N, (void)K;
+  return false;
+#endif
+}
+
+// GELU applied to each block of rows as linear_in_bands finishes it, while the rows sit in L1, with the
+// formula (and vector loop) CpuBackend::unary uses.
+bool CpuBackend::linear_gelu_rows(DType dt, void* pre, void* post, const void* x, int64_t ldx, const void* w,
+                                  const void* bias, int64_t rows, int64_t N, int64_t K, bool tanh_approximation) {
+#ifdef HEADLAB_HAS_XSMM
+  if (dt != DType::f32 || bias == nullptr) return false;
+  float* const h = static_cast<float*>(pre);
+  float* const g = static_cast<float*>(post);
+  const auto gelu_rows = [&](auto op_c, int64_t first, int64_t count) {
+    constexpr UnaryOp kOp = decltype(op_c)::value;
+    map1(g + first * N, 1, h + first * N, 1, count * N,
+         [](float v) { return smath::unary_op<kOp, Fast>(v, 0.0f, 0.0f); });
+  };
+  return linear_in_bands(h, static_cast<const float*>(x), ldx, static_cast<const float*>(w),
+                         static_cast<const float*>(bias), rows, N, K, [&](int64_t first, int64_t count) {
+                           if (tanh_approximation)
+                             gelu_rows(std::integral_constant<UnaryOp, UnaryOp::gelu_tanh>{}, first, count);
+                           else
+                             gelu_rows(std::integral_constant<UnaryOp, UnaryOp::gelu>{}, first, count);
+                         });
+#else
+  (void)dt, (void)pre, (void)post, (void)x, (void)ldx, (void)w, (void)bias, (void)rows, (void)N, (void)K;
+  (void)tanh_approximation;
   return false;
 #endif
 }

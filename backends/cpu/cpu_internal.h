@@ -161,6 +161,8 @@ struct CpuBackend final : Backend {
             int64_t batch) override;
   bool linear_rows(DType dt, void* out, const void* x, int64_t ldx, const void* w, const void* bias, int64_t rows,
                    int64_t N, int64_t K) override;
+  bool linear_gelu_rows(DType dt, void* pre, void* post, const void* x, int64_t ldx, const void* w, const void* bias,
+                        int64_t rows, int64_t N, int64_t K, bool tanh_approximation) override;
   // ---- randomness ----
   void random_uniform(DType dt, void* out, int64_t n, uint64_t seed, uint64_t offset, double lo, double hi) override;
   void random_normal(DType dt, void* out, int64_t n, uint64_t seed, uint64_t offset, double mean, double std) override;

@@ -82,7 +82,7 @@ bool xsmm_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, 
 bool xsmm_linear_serves(int64_t M, int64_t N, int64_t K) { return M >= kMinRows && K >= 1 && K * N <= kMaxBElems; }
 
 bool xsmm_linear(int64_t M, int64_t N, int64_t K, const float* x, int64_t ldx, const float* w, const float* bias,
-                 float* out) {
+                 float* out, const std::function<void(int64_t first, int64_t count)>& after_rows) {
   if (!xsmm_linear_serves(M, N, K)) return false;
   init_once();
   const libxsmm_blasint m = N, xlda = N, xldb = ldx, xldc = N, k = K;
@@ -101,6 +101,7 @@ bool xsmm_linear(int64_t M, int64_t N, int64_t K, const float* x, int64_t ldx, c
     float* const o = out + r0 * N;
     for (int64_t r = 0; r < rows; ++r) std::memcpy(o + r * N, bias, static_cast<size_t>(N) * sizeof(float));
     (rows == kLinearRows ? block : last)(wt, x + r0 * ldx, o);
+    if (after_rows) after_rows(r0, rows);
   }
   return true;
 }

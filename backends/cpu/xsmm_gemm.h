@@ -2,6 +2,7 @@
 // in place where OpenBLAS first packs them. See xsmm_gemm.cpp for which calls qualify.
 #pragma once
 #include <cstdint>
+#include <functional>
 
 namespace headlab::cpu {
 
@@ -12,10 +13,11 @@ bool xsmm_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, 
 
 // out (M, N) = x (M, K) @ w^T + bias on the calling thread, for w (N, K) and out contiguous, x's rows ldx
 // apart: the bias goes into a few rows of out at a time just before the kernel adds their product, so both
-// touch lines in L1, where a broadcast of the bias over all of out first made a pass through memory. False
-// (out untouched) where libxsmm does not serve it; xsmm_linear_serves says so from the sizes alone.
+// touch lines in L1, where a broadcast of the bias over all of out first made a pass through memory; then
+// after_rows(first, count), if given, on those rows while they are there (an activation). False (out
+// untouched) where libxsmm does not serve it; xsmm_linear_serves says so from the sizes alone.
 bool xsmm_linear_serves(int64_t M, int64_t N, int64_t K);
 bool xsmm_linear(int64_t M, int64_t N, int64_t K, const float* x, int64_t ldx, const float* w, const float* bias,
-                 float* out);
+                 float* out, const std::function<void(int64_t first, int64_t count)>& after_rows = {});
 
 }  // namespace headlab::cpu

@@ -140,8 +140,36 @@ void toy_step_shapes(benchmark::internal::Benchmark* b) {
     b->Args(s);
 }
 
+// Each thread's products of an exact sweep at GPT-2 small's shape (edge attribution's 240 rows), where the
+// weights are far past L2.
+void gpt2_few_rows_shapes(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"ta", "tb", "M", "N", "K"});
+  for (const auto& s : std::vector<std::vector<int64_t>>{{0, 1, 240, 1152, 768},  // x W_QKV^T
+                                                         {0, 1, 240, 384, 768},   // x W_O^T
+                                                         {0, 1, 240, 1536, 768},  // x W_up^T
+                                                         {0, 1, 240, 384, 3072},  // x W_down^T
+                                                         {0, 1, 120, 1536, 768},  // fewer rows
+                                                         {0, 1, 512, 768, 768},   // prefill's rows
+                                                         {0, 0, 240, 384, 2304},  // dX through W_QKV
+                                                         {0, 0, 240, 1536, 768},  // dX through W_down
+                                                         {0, 0, 120, 1536, 768},
+                                                         {0, 0, 512, 768, 3072},
+                                                         {0, 1, 1024, 1152, 768},  // prefill's columns
+                                                         {0, 1, 1024, 1536, 768},
+                                                         {0, 0, 1024, 1536, 768}})
+    b->Args(s);
+}
+
 }  // namespace
 
+BENCHMARK(BM_one_thread_gemm<true>)
+    ->Apply(gpt2_few_rows_shapes)
+    ->Name("BM_blas_gemm_one_thread_gpt2")
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_one_thread_gemm<false>)
+    ->Apply(gpt2_few_rows_shapes)
+    ->Name("BM_cblas_sgemm_one_thread_gpt2")
+    ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_one_thread_gemm<true>)
     ->Apply(toy_step_shapes)
     ->Name("BM_blas_gemm_one_thread")

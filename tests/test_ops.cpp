@@ -417,13 +417,19 @@ TEST(Matmul, OneRowIsGemvAndMatchesTheReference) {
 // libxsmm's kernels (backends/cpu/xsmm_gemm.cpp), the fast path of one-thread float GEMMs, against a
 // double reference: each operand stored transposed or not (both: refused), beta 0 (C's NaNs ignored) and 1,
 // leading dims wider than the matrices, K from 1 to past a vector, K in slices (op(B) past L2, and a
-// transposed A over many rows; the first slice a remainder); and the calls it must refuse.
+// transposed A over many rows; the first slice a remainder), C in strips of columns (C and op(B) past L2:
+// op(B) copied block by block, a last strip narrower); and the calls it must refuse.
 TEST(Matmul, LibxsmmKernelsMatchTheReference) {
   for (const bool ta : {false, true})
     for (const bool tb : {false, true})
       for (const float beta : {0.0f, 1.0f})
-        for (const auto& [M, N, K] : std::vector<std::array<int64_t, 3>>{
-                 {64, 17, 1}, {100, 128, 33}, {1024, 128, 128}, {64, 512, 600}, {128, 128, 1000}}) {
+        for (const auto& [M, N, K] : std::vector<std::array<int64_t, 3>>{{64, 17, 1},
+                                                                         {100, 128, 33},
+                                                                         {1024, 128, 128},
+                                                                         {64, 512, 600},
+                                                                         {128, 128, 1000},
+                                                                         {120, 1100, 700},
+                                                                         {1024, 136, 1000}}) {
           const int64_t pad = 3, lda = (ta ? M : K) + pad, ldb = (tb ? K : N) + pad, ldc = N + pad;
           std::vector<float> A((ta ? K : M) * lda), B((tb ? N : K) * ldb), C(M * ldc);
           for (size_t i = 0; i < A.size(); ++i) A[i] = static_cast<float>(std::sin(0.37 * static_cast<double>(i)));
@@ -434,9 +440,8 @@ TEST(Matmul, LibxsmmKernelsMatchTheReference) {
           const std::string what = "ta=" + std::to_string(ta) + " tb=" + std::to_string(tb) +
                                    " beta=" + std::to_string(beta) + " M=" + std::to_string(M) +
                                    " N=" + std::to_string(N) + " K=" + std::to_string(K);
-          // Refused, C untouched: both transposed (libxsmm transposes one operand only), and a transposed B
-          // too big for L2 (it would be copied whole before its slices of K).
-          if ((ta && tb) || (tb && K * N > 128 * 1024)) {
+          // Refused, C untouched: both transposed (libxsmm transposes one operand only).
+          if (ta && tb) {
             EXPECT_FALSE(served) << what;
             EXPECT_EQ(std::memcmp(C.data(), C0.data(), C.size() * sizeof(float)), 0) << what;
             continue;
@@ -455,13 +460,15 @@ TEST(Matmul, LibxsmmKernelsMatchTheReference) {
           for (int64_t r = 0; r < M; ++r)  // the padding between rows of C is never written
             for (int64_t c = N; c < ldc; ++c) EXPECT_TRUE(std::isnan(C[r * ldc + c]) || C[r * ldc + c] == 0.5f) << what;
         }
-  // What goes to OpenBLAS instead: alpha != 1, beta outside {0, 1}, too few rows, op(B) too big for L2.
+  // What goes to OpenBLAS instead: alpha != 1, beta outside {0, 1}, too few rows, C and op(B) past L2 over more
+  // rows than strips serve.
   std::vector<float> A(4096 * 1024, 1.0f), B(1024 * 1024, 1.0f), C(4096 * 1024, 0.0f);
   EXPECT_FALSE(cpu::xsmm_sgemm(false, false, 64, 64, 64, 2.0f, A.data(), 64, B.data(), 64, 0.0f, C.data(), 64));
   EXPECT_FALSE(cpu::xsmm_sgemm(false, false, 64, 64, 64, 1.0f, A.data(), 64, B.data(), 64, 0.5f, C.data(), 64));
   EXPECT_FALSE(cpu::xsmm_sgemm(false, false, 63, 64, 64, 1.0f, A.data(), 64, B.data(), 64, 0.0f, C.data(), 64));
-  EXPECT_FALSE(
-      cpu::xsmm_sgemm(false, false, 64, 1024, 1024, 1.0f, A.data(), 1024, B.data(), 1024, 0.0f, C.data(), 1024));
+  for (const bool tb : {false, true})
+    EXPECT_FALSE(
+        cpu::xsmm_sgemm(false, tb, 2048, 1024, 1024, 1.0f, A.data(), 1024, B.data(), 1024, 0.0f, C.data(), 1024));
 }
 
 // The linear layer's libxsmm kernel (xsmm_linear: the bias broadcast a block of rows at a time) against a

@@ -5,9 +5,12 @@
 // Which calls qualify (measured with bench/bench_matmul's one_thread cases): alpha 1, beta 0 or 1, not
 // both operands transposed, M >= kMinRows (fewer rows: OpenBLAS's GEMV and small-matrix paths, and B's
 // copy would not pay for itself), and op(B) at most kMaxBElems floats (it is read once per column block
-// of C^T and must stay in L2: bigger products, GPT-2's among them, keep OpenBLAS's cache blocking), or
-// slices of K of at least kMinKSlice whose op(B) is (B not transposed), where C is small enough to stay in
-// L2 between them.
+// of C^T and must stay in L2), or slices of K of at least kMinKSlice whose op(B) is (B not transposed),
+// where C is small enough to stay in L2 between them. Past both, up to kMaxStripRows rows (GPT-2's products
+// over an exact sweep's 120-240 rows, or a band of prefill's): C in strips of columns that stay in L2, op(B)
+// copied a block at a time into aligned scratch; OpenBLAS would pack all of the weight for these few rows
+// (one thread: 1.1-1.45x OpenBLAS at GPT-2's shapes of 120-1024 rows; read in place instead, a B with rows
+// 1,536 floats apart ran at half OpenBLAS's rate).
 // A transposed A is read in slices of K too (its kernels ran at 80 GFLOP/s over 1024 rows of K, 120-135 over
 // 256 at a time; untransposed, as in the attention kernel's P V, slicing a long K was 10-15% slower).
 #include "backends/cpu/xsmm_gemm.h"
@@ -26,6 +29,8 @@ constexpr int64_t kMinRows = 64;
 constexpr int64_t kMaxBElems = 128 * 1024;  // 512 KiB of float, half of a Zen 4 core's L2
 constexpr int64_t kMinKSlice = 256;
 constexpr int64_t kMaxTransposedASlice = 256;
+constexpr int64_t kMaxStripRows = 1024;  // more rows than this: OpenBLAS's packing pays for itself
+constexpr int64_t kMinStrip = 128;
 constexpr int64_t kLinearRows = 16;  // rows of out a bias broadcast goes into just before their product
 
 void init_once() {
@@ -50,32 +55,68 @@ const float* transposed(const float* B, int64_t N, int64_t K, int64_t ldb) {
 
 bool xsmm_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
                 const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  // C accumulates over slices of K where C, read again for every slice, stays in L2: slices whose op(B) fits
-  // where all of it does not (B untransposed: a transposed one would be copied whole first), and for a
-  // transposed A at most kMaxTransposedASlice (a weight's gradient over many rows).
-  const bool c_fits = M * N <= kMaxBElems;
-  int64_t k_slice = K * N <= kMaxBElems ? K : c_fits && !tb ? kMaxBElems / N / 16 * 16 : 0;
-  if (ta && c_fits) k_slice = std::min(k_slice, kMaxTransposedASlice);
-  if (alpha != 1.0f || (beta != 0.0f && beta != 1.0f) || (ta && tb) || M < kMinRows || K < 1 ||
-      k_slice < std::min(K, kMinKSlice))
-    return false;
+  if (alpha != 1.0f || (beta != 0.0f && beta != 1.0f) || (ta && tb) || M < kMinRows || K < 1) return false;
+  // Columns of C a pass covers (a strip), and slices of K within it. All of C where op(B) fits L2, or where C
+  // does and slices of B untransposed do (C, read again for every slice, stays in L2). Else, for few enough
+  // rows (where OpenBLAS packs a whole weight for them), strips of C's columns that stay in L2, each beside
+  // one block of op(B) at a time: read in place, or a transposed B's block copied untransposed.
+  const int64_t k_min = std::min(K, kMinKSlice);
+  int64_t n_strip = N, k_slice = K * N <= kMaxBElems ? K : M * N <= kMaxBElems && !tb ? kMaxBElems / N / 16 * 16 : 0;
+  const bool strips = k_slice < k_min && M <= kMaxStripRows;
+  if (strips) {
+    n_strip = std::min(N, std::min(kMaxBElems / M, kMaxBElems / k_min) / 16 * 16);
+    k_slice = K * n_strip <= kMaxBElems ? K : kMaxBElems / n_strip / 16 * 16;
+    if (n_strip < std::min(N, kMinStrip)) return false;
+  }
+  if (ta && M * n_strip <= kMaxBElems) k_slice = std::min(k_slice, kMaxTransposedASlice);
+  if (k_slice < k_min) return false;
   init_once();
-  if (tb) {
+  // A transposed B: all of it copied untransposed up front where it fits. In strips, op(B) is copied a block at
+  // a time into aligned scratch (ld n_strip), where the kernel reads it from L2 (in place, a B with rows
+  // thousands of floats apart ran at half the rate).
+  const bool copy_blocks = strips;
+  if (tb && !strips) {
     B = transposed(B, N, K, ldb);
     ldb = N;
   }
-  const libxsmm_blasint m = N, n = M, xlda = ldb, xldb = lda, xldc = ldc;
-  const auto dispatch = [&](int64_t k, float b) {
-    const libxsmm_blasint xk = k;
+  const libxsmm_blasint xlda = copy_blocks ? n_strip : ldb, xldb = lda, xldc = ldc;
+  const auto dispatch = [&](int64_t cols, int64_t k, float b) {
+    const libxsmm_blasint m = cols, n = M, xk = k;
     const int flags = (ta ? LIBXSMM_GEMM_FLAG_TRANS_B : 0) | (b == 0.0f ? LIBXSMM_GEMM_FLAG_BETA_0 : 0);
     return libxsmm_smmdispatch(m, n, xk, &xlda, &xldb, &xldc, &alpha, &b, &flags, nullptr);
   };
-  // Slices of K: the first takes the remainder and beta, the others k_slice each and beta 1.
+  // Per strip, slices of K: the first takes the remainder and beta, the others k_slice each and beta 1. Every
+  // kernel is built before C is written (a last, narrower strip has its own).
   const int64_t slices = (K + k_slice - 1) / k_slice, k_first = K - (slices - 1) * k_slice;
-  const libxsmm_smmfunction first = dispatch(k_first, beta), rest = slices > 1 ? dispatch(k_slice, 1.0f) : first;
-  if (!first || !rest) return false;
-  first(B, A, C);
-  for (int64_t k0 = k_first; k0 < K; k0 += k_slice) rest(B + k0 * ldb, A + (ta ? k0 * lda : k0), C);
+  struct Kernels {
+    libxsmm_smmfunction first, rest;
+  };
+  const auto kernels = [&](int64_t cols) {
+    const libxsmm_smmfunction first = dispatch(cols, k_first, beta);
+    return Kernels{first, slices > 1 ? dispatch(cols, k_slice, 1.0f) : first};
+  };
+  const int64_t tail = N % n_strip;
+  const Kernels strip = kernels(n_strip), last = tail ? kernels(tail) : strip;
+  if (!strip.first || !strip.rest || !last.first || !last.rest) return false;
+  thread_local AlignedScratch<float> block_scratch;
+  float* const block = copy_blocks ? block_scratch.get(static_cast<size_t>(k_slice * n_strip)) : nullptr;
+  // op(B)'s rows k0..k0+k, columns j0..j0+cols, as the kernel reads them (lda xlda)
+  const auto b_block = [&](int64_t k0, int64_t k, int64_t j0, int64_t cols) -> const float* {
+    if (!copy_blocks) return B + k0 * ldb + j0;
+    if (tb)  // rows j0.. of B (N, K), k columns from k0, are (k, cols) column-major: their transpose is the block
+      libxsmm_otrans(block, B + j0 * ldb + k0, sizeof(float), k, cols, ldb, n_strip);
+    else
+      for (int64_t r = 0; r < k; ++r)
+        std::memcpy(block + r * n_strip, B + (k0 + r) * ldb + j0, static_cast<size_t>(cols) * sizeof(float));
+    return block;
+  };
+  for (int64_t j0 = 0; j0 < N; j0 += n_strip) {
+    const int64_t cols = std::min(n_strip, N - j0);
+    const Kernels& kern = cols < n_strip ? last : strip;
+    kern.first(b_block(0, k_first, j0, cols), A, C + j0);
+    for (int64_t k0 = k_first; k0 < K; k0 += k_slice)
+      kern.rest(b_block(k0, k_slice, j0, cols), A + (ta ? k0 * lda : k0), C + j0);
+  }
   return true;
 }
 

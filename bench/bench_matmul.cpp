@@ -144,19 +144,20 @@ void toy_step_shapes(benchmark::internal::Benchmark* b) {
 // weights are far past L2.
 void gpt2_few_rows_shapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"ta", "tb", "M", "N", "K"});
-  for (const auto& s : std::vector<std::vector<int64_t>>{{0, 1, 240, 1152, 768},  // x W_QKV^T
-                                                         {0, 1, 240, 384, 768},   // x W_O^T
-                                                         {0, 1, 240, 1536, 768},  // x W_up^T
-                                                         {0, 1, 240, 384, 3072},  // x W_down^T
-                                                         {0, 1, 120, 1536, 768},  // fewer rows
-                                                         {0, 1, 512, 768, 768},   // prefill's rows
-                                                         {0, 0, 240, 384, 2304},  // dX through W_QKV
-                                                         {0, 0, 240, 1536, 768},  // dX through W_down
-                                                         {0, 0, 120, 1536, 768},
-                                                         {0, 0, 512, 768, 3072},
-                                                         {0, 1, 1024, 1152, 768},  // prefill's columns
-                                                         {0, 1, 1024, 1536, 768},
-                                                         {0, 0, 1024, 1536, 768}})
+  for (const auto& s : std::vector<std::vector<int64_t>>{
+           {0, 1, 240, 1152, 768},                                                       // x W_QKV^T
+           {0, 1, 240, 384, 768},                                                        // x W_O^T
+           {0, 1, 240, 1536, 768},                                                       // x W_up^T
+           {0, 1, 240, 384, 3072},                                                       // x W_down^T
+           {0, 1, 120, 1536, 768},                                                       // fewer rows
+           {0, 1, 512, 768, 768},                                                        // prefill's rows
+           {0, 0, 240, 384, 2304},                                                       // dX through W_QKV
+           {0, 0, 240, 1536, 768},                                                       // dX through W_down
+           {0, 0, 120, 1536, 768},   {0, 0, 512, 768, 3072},  {0, 1, 1024, 1152, 768},   // prefill's columns
+           {0, 1, 1024, 1536, 768},  {0, 0, 1024, 1536, 768}, {0, 1, 1024, 25129, 768},  // the LM head's half
+           {0, 1, 2048, 768, 256},                                                       // more rows: d 256
+           {0, 1, 2048, 1024, 256},  {0, 0, 2048, 256, 1024}, {1, 0, 256, 1024, 2048},
+           {0, 0, 1024, 1024, 1024}, {0, 0, 2048, 2048, 2048}})
     b->Args(s);
 }
 

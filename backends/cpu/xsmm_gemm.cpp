@@ -6,7 +6,7 @@
 // both operands transposed, M >= kMinRows (fewer rows: OpenBLAS's GEMV and small-matrix paths, and B's
 // copy would not pay for itself), and op(B) at most kMaxBElems floats (it is read once per column block
 // of C^T and must stay in L2), or slices of K of at least kMinKSlice whose op(B) is (B not transposed),
-// where C is small enough to stay in L2 between them. Past both, up to kMaxStripRows rows (GPT-2's products
+// where C is small enough to stay in L2 between them. Past both, tiles of up to kTileRows rows (GPT-2's products
 // over an exact sweep's 120-240 rows, or a band of prefill's): C in strips of columns that stay in L2, op(B)
 // copied a block at a time into aligned scratch; OpenBLAS would pack all of the weight for these few rows
 // (one thread: 1.1-1.45x OpenBLAS at GPT-2's shapes of 120-1024 rows; read in place instead, a B with rows
@@ -29,8 +29,8 @@ constexpr int64_t kMinRows = 64;
 constexpr int64_t kMaxBElems = 128 * 1024;  // 512 KiB of float, half of a Zen 4 core's L2
 constexpr int64_t kMinKSlice = 256;
 constexpr int64_t kMaxTransposedASlice = 256;
-constexpr int64_t kMaxStripRows = 1024;  // more rows than this: OpenBLAS's packing pays for itself
-constexpr int64_t kMinStrip = 128;
+constexpr int64_t kTileRows = 1024;  // rows of a tile of C
+static_assert(kMaxBElems / kTileRows >= 128 && kMaxBElems / kMinKSlice >= 128, "tiles at least 128 columns wide");
 constexpr int64_t kLinearRows = 16;  // rows of out a bias broadcast goes into just before their product
 
 void init_once() {
@@ -56,66 +56,72 @@ const float* transposed(const float* B, int64_t N, int64_t K, int64_t ldb) {
 bool xsmm_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
                 const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   if (alpha != 1.0f || (beta != 0.0f && beta != 1.0f) || (ta && tb) || M < kMinRows || K < 1) return false;
-  // Columns of C a pass covers (a strip), and slices of K within it. All of C where op(B) fits L2, or where C
-  // does and slices of B untransposed do (C, read again for every slice, stays in L2). Else, for few enough
-  // rows (where OpenBLAS packs a whole weight for them), strips of C's columns that stay in L2, each beside
-  // one block of op(B) at a time: read in place, or a transposed B's block copied untransposed.
+  // Rows and columns of C a pass covers (a tile), and slices of K within it. All of C where op(B) fits L2, or
+  // where C does and slices of B untransposed do (C, read again for every slice, stays in L2). Else tiles of
+  // at most kTileRows rows and as many columns as stay in L2, each beside one block of op(B) at a time.
   const int64_t k_min = std::min(K, kMinKSlice);
-  int64_t n_strip = N, k_slice = K * N <= kMaxBElems ? K : M * N <= kMaxBElems && !tb ? kMaxBElems / N / 16 * 16 : 0;
-  const bool strips = k_slice < k_min && M <= kMaxStripRows;
-  if (strips) {
-    n_strip = std::min(N, std::min(kMaxBElems / M, kMaxBElems / k_min) / 16 * 16);
-    k_slice = K * n_strip <= kMaxBElems ? K : kMaxBElems / n_strip / 16 * 16;
-    if (n_strip < std::min(N, kMinStrip)) return false;
+  int64_t m_tile = M, n_tile = N;
+  int64_t k_slice = K * N <= kMaxBElems ? K : M * N <= kMaxBElems && !tb ? kMaxBElems / N / 16 * 16 : 0;
+  const bool tiles = k_slice < k_min;
+  if (tiles) {
+    m_tile = std::min(M, kTileRows);
+    n_tile = std::min(N, std::min(kMaxBElems / m_tile, kMaxBElems / k_min) / 16 * 16);
+    k_slice = K * n_tile <= kMaxBElems ? K : kMaxBElems / n_tile / 16 * 16;
   }
-  if (ta && M * n_strip <= kMaxBElems) k_slice = std::min(k_slice, kMaxTransposedASlice);
+  if (ta && m_tile * n_tile <= kMaxBElems) k_slice = std::min(k_slice, kMaxTransposedASlice);
   if (k_slice < k_min) return false;
   init_once();
-  // A transposed B: all of it copied untransposed up front where it fits. In strips, op(B) is copied a block at
-  // a time into aligned scratch (ld n_strip), where the kernel reads it from L2 (in place, a B with rows
-  // thousands of floats apart ran at half the rate).
-  const bool copy_blocks = strips;
-  if (tb && !strips) {
+  // A transposed B: all of it copied untransposed up front where it fits. In tiles, op(B) is copied a block at
+  // a time into aligned scratch (ld n_tile), where the kernel reads it from L2 (read in place, a B with rows
+  // 1,536 floats apart ran at half the rate).
+  if (tb && !tiles) {
     B = transposed(B, N, K, ldb);
     ldb = N;
   }
-  const libxsmm_blasint xlda = copy_blocks ? n_strip : ldb, xldb = lda, xldc = ldc;
-  const auto dispatch = [&](int64_t cols, int64_t k, float b) {
-    const libxsmm_blasint m = cols, n = M, xk = k;
+  const libxsmm_blasint xlda = tiles ? n_tile : ldb, xldb = lda, xldc = ldc;
+  const auto dispatch = [&](int64_t cols, int64_t rows, int64_t k, float b) {
+    const libxsmm_blasint m = cols, n = rows, xk = k;
     const int flags = (ta ? LIBXSMM_GEMM_FLAG_TRANS_B : 0) | (b == 0.0f ? LIBXSMM_GEMM_FLAG_BETA_0 : 0);
     return libxsmm_smmdispatch(m, n, xk, &xlda, &xldb, &xldc, &alpha, &b, &flags, nullptr);
   };
-  // Per strip, slices of K: the first takes the remainder and beta, the others k_slice each and beta 1. Every
-  // kernel is built before C is written (a last, narrower strip has its own).
+  // Per tile, slices of K: the first takes the remainder and beta, the others k_slice each and beta 1. Every
+  // kernel is built before C is written: [last row tile][last column tile], narrower where M or N leaves less.
   const int64_t slices = (K + k_slice - 1) / k_slice, k_first = K - (slices - 1) * k_slice;
   struct Kernels {
-    libxsmm_smmfunction first, rest;
+    libxsmm_smmfunction first = nullptr, rest = nullptr;
   };
-  const auto kernels = [&](int64_t cols) {
-    const libxsmm_smmfunction first = dispatch(cols, k_first, beta);
-    return Kernels{first, slices > 1 ? dispatch(cols, k_slice, 1.0f) : first};
-  };
-  const int64_t tail = N % n_strip;
-  const Kernels strip = kernels(n_strip), last = tail ? kernels(tail) : strip;
-  if (!strip.first || !strip.rest || !last.first || !last.rest) return false;
+  Kernels kern[2][2];
+  const int64_t m_tail = M % m_tile, n_tail = N % n_tile;
+  for (const int last_rows : {0, 1})
+    for (const int last_cols : {0, 1}) {
+      const int64_t rows = last_rows && m_tail ? m_tail : m_tile, cols = last_cols && n_tail ? n_tail : n_tile;
+      Kernels& k = kern[last_rows][last_cols];
+      k.first = dispatch(cols, rows, k_first, beta);
+      k.rest = slices > 1 ? dispatch(cols, rows, k_slice, 1.0f) : k.first;
+      if (!k.first || !k.rest) return false;
+    }
   thread_local AlignedScratch<float> block_scratch;
-  float* const block = copy_blocks ? block_scratch.get(static_cast<size_t>(k_slice * n_strip)) : nullptr;
+  float* const block = tiles ? block_scratch.get(static_cast<size_t>(k_slice * n_tile)) : nullptr;
   // op(B)'s rows k0..k0+k, columns j0..j0+cols, as the kernel reads them (lda xlda)
   const auto b_block = [&](int64_t k0, int64_t k, int64_t j0, int64_t cols) -> const float* {
-    if (!copy_blocks) return B + k0 * ldb + j0;
+    if (!tiles) return B + k0 * ldb + j0;
     if (tb)  // rows j0.. of B (N, K), k columns from k0, are (k, cols) column-major: their transpose is the block
-      libxsmm_otrans(block, B + j0 * ldb + k0, sizeof(float), k, cols, ldb, n_strip);
+      libxsmm_otrans(block, B + j0 * ldb + k0, sizeof(float), k, cols, ldb, n_tile);
     else
       for (int64_t r = 0; r < k; ++r)
-        std::memcpy(block + r * n_strip, B + (k0 + r) * ldb + j0, static_cast<size_t>(cols) * sizeof(float));
+        std::memcpy(block + r * n_tile, B + (k0 + r) * ldb + j0, static_cast<size_t>(cols) * sizeof(float));
     return block;
   };
-  for (int64_t j0 = 0; j0 < N; j0 += n_strip) {
-    const int64_t cols = std::min(n_strip, N - j0);
-    const Kernels& kern = cols < n_strip ? last : strip;
-    kern.first(b_block(0, k_first, j0, cols), A, C + j0);
-    for (int64_t k0 = k_first; k0 < K; k0 += k_slice)
-      kern.rest(b_block(k0, k_slice, j0, cols), A + (ta ? k0 * lda : k0), C + j0);
+  for (int64_t i0 = 0; i0 < M; i0 += m_tile) {
+    const float* const a = A + (ta ? i0 : i0 * lda);
+    float* const c = C + i0 * ldc;
+    for (int64_t j0 = 0; j0 < N; j0 += n_tile) {
+      const int64_t cols = std::min(n_tile, N - j0);
+      const Kernels& k = kern[M - i0 < m_tile][cols < n_tile];
+      k.first(b_block(0, k_first, j0, cols), a, c + j0);
+      for (int64_t k0 = k_first; k0 < K; k0 += k_slice)
+        k.rest(b_block(k0, k_slice, j0, cols), a + (ta ? k0 * lda : k0), c + j0);
+    }
   }
   return true;
 }

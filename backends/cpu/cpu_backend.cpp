@@ -1,4 +1,4 @@
-// The CPU backend: OpenBLAS for GEMMs, OpenMP-parallel vectorisable loops for everything else.
+// The CPU backend: GEMMs through blas.h (libxsmm, OpenBLAS), vectorisable OpenMP loops for the rest.
 // This file: fill/copy, elementwise, reductions, GEMM, randomness, gather/scatter, and cpu_backend().
 // Float reductions accumulate in double so float32 results track PyTorch's to ~1e-7 relative.
 #include <omp.h>

@@ -1,5 +1,6 @@
-// Single-threaded float GEMMs through libxsmm's JIT-generated kernels, which read their operands
-// in place where OpenBLAS first packs them. See xsmm_gemm.cpp for which calls qualify.
+// Single-threaded float GEMMs through libxsmm's JIT-generated kernels, over operands in place or copied
+// a block at a time beside an L2-sized tile of C, where OpenBLAS packs all of op(B) for every call. See
+// xsmm_gemm.cpp for which calls qualify.
 #pragma once
 #include <cstdint>
 #include <functional>

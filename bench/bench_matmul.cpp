@@ -1,7 +1,7 @@
 // headlab::matmul / linear against cblas_sgemm called directly on the same buffers: the peer and
 // the floor for the op layer's overhead (shape checks, output allocation, dispatch, batching).
 // Square M = N = K (512, 1024), a batched (8, 256, 64) @ (8, 64, 256), and a linear forward
-// (64*64, 128) x (512, 128)^T + bias; and on one thread, the toy GPT step's products through
+// (64*64, 128) x (512, 128)^T + bias; and on one thread, the toy GPT step's and GPT-2's products through
 // backends/cpu/blas.h (libxsmm where it serves) against cblas_sgemm. GFLOP/s = 2 M N K per product over
 // wall time.
 //   build: cmake --build build --target bench; run: OMP_NUM_THREADS=2 build/bench/bench_matmul
@@ -101,7 +101,7 @@ void BM_cblas_linear(benchmark::State& state) {  // the same work by hand: rows 
   report_flops(state, 2.0 * kRows * kIn * kOut);
 }
 
-// ---- one thread, the toy GPT step's products (each data-parallel thread's: 1024 rows of d = 128, FF 512) ----
+// ---- one thread, the toy GPT step's products and GPT-2's (one_thread_shapes) ----
 // blas_gemm (libxsmm where it serves, backends/cpu/xsmm_gemm.cpp) against cblas_sgemm, both on the calling
 // thread (OpenMP's team set to one for the run: OpenBLAS's OpenMP build would otherwise take every thread).
 // Args: ta, tb, M, N, K of row-major C (M, N) = op(A) op(B).
@@ -129,54 +129,49 @@ void BM_one_thread_gemm(benchmark::State& state) {
   report_flops(state, 2.0 * M * N * K);
 }
 
-void toy_step_shapes(benchmark::internal::Benchmark* b) {
+// The toy GPT step's products (each data-parallel thread's: 1024 rows of d = 128, FF 512), then each thread's
+// products past L2 at GPT-2 small's shape (an exact sweep's 120-240 rows, prefill's bands, the LM head) and the
+// long config's (d 256 over 2,048 rows).
+void one_thread_shapes(benchmark::internal::Benchmark* b) {
   b->ArgNames({"ta", "tb", "M", "N", "K"});
-  for (const auto& s : std::vector<std::vector<int64_t>>{{0, 1, 1024, 128, 128},   // x W^T
-                                                         {0, 1, 1024, 512, 128},   // FF up
-                                                         {0, 0, 1024, 128, 512},   // dX through FF down
-                                                         {1, 0, 128, 128, 1024},   // dW = dY^T x
-                                                         {1, 0, 512, 128, 1024},   // dW of FF up
-                                                         {1, 0, 128, 512, 1024}})  // dW of FF down
-    b->Args(s);
-}
-
-// Each thread's products of an exact sweep at GPT-2 small's shape (edge attribution's 240 rows), where the
-// weights are far past L2.
-void gpt2_few_rows_shapes(benchmark::internal::Benchmark* b) {
-  b->ArgNames({"ta", "tb", "M", "N", "K"});
-  for (const auto& s : std::vector<std::vector<int64_t>>{
-           {0, 1, 240, 1152, 768},                                                       // x W_QKV^T
-           {0, 1, 240, 384, 768},                                                        // x W_O^T
-           {0, 1, 240, 1536, 768},                                                       // x W_up^T
-           {0, 1, 240, 384, 3072},                                                       // x W_down^T
-           {0, 1, 120, 1536, 768},                                                       // fewer rows
-           {0, 1, 512, 768, 768},                                                        // prefill's rows
-           {0, 0, 240, 384, 2304},                                                       // dX through W_QKV
-           {0, 0, 240, 1536, 768},                                                       // dX through W_down
-           {0, 0, 120, 1536, 768},   {0, 0, 512, 768, 3072},  {0, 1, 1024, 1152, 768},   // prefill's columns
-           {0, 1, 1024, 1536, 768},  {0, 0, 1024, 1536, 768}, {0, 1, 1024, 25129, 768},  // the LM head's half
-           {0, 1, 2048, 768, 256},                                                       // more rows: d 256
-           {0, 1, 2048, 1024, 256},  {0, 0, 2048, 256, 1024}, {1, 0, 256, 1024, 2048},
-           {0, 0, 1024, 1024, 1024}, {0, 0, 2048, 2048, 2048}})
+  for (const auto& s :
+       std::vector<std::vector<int64_t>>{{0, 1, 1024, 128, 128},    // x W^T
+                                         {0, 1, 1024, 512, 128},    // FF up
+                                         {0, 0, 1024, 128, 512},    // dX through FF down
+                                         {1, 0, 128, 128, 1024},    // dW = dY^T x
+                                         {1, 0, 512, 128, 1024},    // dW of FF up
+                                         {1, 0, 128, 512, 1024},    // dW of FF down
+                                         {0, 1, 240, 1152, 768},    // GPT-2: x W_QKV^T
+                                         {0, 1, 240, 384, 768},     // x W_O^T
+                                         {0, 1, 240, 1536, 768},    // x W_up^T
+                                         {0, 1, 240, 384, 3072},    // x W_down^T
+                                         {0, 1, 120, 1536, 768},    // fewer rows
+                                         {0, 0, 240, 384, 2304},    // dX through W_QKV
+                                         {0, 0, 240, 1536, 768},    // dX through W_down
+                                         {0, 0, 120, 1536, 768},    // fewer rows
+                                         {0, 1, 512, 768, 768},     // prefill's bands of rows
+                                         {0, 0, 512, 768, 3072},    // prefill's bands of rows, backward
+                                         {0, 1, 1024, 1152, 768},   // prefill's bands of columns
+                                         {0, 1, 1024, 1536, 768},   // prefill's bands of columns
+                                         {0, 0, 1024, 1536, 768},   // prefill's bands of columns, backward
+                                         {0, 1, 1024, 25129, 768},  // the LM head's half
+                                         {0, 1, 2048, 768, 256},    // the long config (d 256): x W_QKV^T
+                                         {0, 1, 2048, 1024, 256},   // its FF up
+                                         {0, 0, 2048, 256, 1024},   // dX through its FF down
+                                         {1, 0, 256, 1024, 2048},   // its dW of FF up
+                                         {0, 0, 1024, 1024, 1024},  // square
+                                         {0, 0, 2048, 2048, 2048}})
     b->Args(s);
 }
 
 }  // namespace
 
 BENCHMARK(BM_one_thread_gemm<true>)
-    ->Apply(gpt2_few_rows_shapes)
-    ->Name("BM_blas_gemm_one_thread_gpt2")
-    ->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_one_thread_gemm<false>)
-    ->Apply(gpt2_few_rows_shapes)
-    ->Name("BM_cblas_sgemm_one_thread_gpt2")
-    ->Unit(benchmark::kMicrosecond);
-BENCHMARK(BM_one_thread_gemm<true>)
-    ->Apply(toy_step_shapes)
+    ->Apply(one_thread_shapes)
     ->Name("BM_blas_gemm_one_thread")
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_one_thread_gemm<false>)
-    ->Apply(toy_step_shapes)
+    ->Apply(one_thread_shapes)
     ->Name("BM_cblas_sgemm_one_thread")
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_headlab_matmul)->Arg(512)->Arg(1024)->UseRealTime()->Unit(benchmark::kMillisecond);

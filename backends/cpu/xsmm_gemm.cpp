@@ -6,11 +6,12 @@
 // both operands transposed, M >= kMinRows (fewer rows: OpenBLAS's GEMV and small-matrix paths, and B's
 // copy would not pay for itself), and op(B) at most kMaxBElems floats (it is read once per column block
 // of C^T and must stay in L2), or slices of K of at least kMinKSlice whose op(B) is (B not transposed),
-// where C is small enough to stay in L2 between them. Past both, tiles of up to kTileRows rows (GPT-2's products
-// over an exact sweep's 120-240 rows, or a band of prefill's): C in strips of columns that stay in L2, op(B)
-// copied a block at a time into aligned scratch; OpenBLAS would pack all of the weight for these few rows
-// (one thread: 1.1-1.45x OpenBLAS at GPT-2's shapes of 120-1024 rows; read in place instead, a B with rows
-// 1,536 floats apart ran at half OpenBLAS's rate).
+// where C is small enough to stay in L2 between them. Past both, at any number of rows: C in tiles of up to
+// kTileRows rows and as many columns as stay in L2, each beside a block of op(B) at a time copied into
+// aligned scratch, where OpenBLAS packs all of op(B) for every call (a whole GPT-2 weight for an exact
+// sweep's 120-240 rows). One thread: 1.1-1.5x OpenBLAS's SkylakeX kernels at GPT-2's shapes from 120 to
+// 1,024 rows, at 1024^3 and 2048^3; read in place instead, a B with rows 1,536 floats apart ran at half
+// OpenBLAS's rate.
 // A transposed A is read in slices of K too (its kernels ran at 80 GFLOP/s over 1024 rows of K, 120-135 over
 // 256 at a time; untransposed, as in the attention kernel's P V, slicing a long K was 10-15% slower).
 #include "backends/cpu/xsmm_gemm.h"

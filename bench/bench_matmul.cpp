@@ -141,6 +141,9 @@ void one_thread_shapes(benchmark::internal::Benchmark* b) {
                                          {1, 0, 128, 128, 1024},    // dW = dY^T x
                                          {1, 0, 512, 128, 1024},    // dW of FF up
                                          {1, 0, 128, 512, 1024},    // dW of FF down
+                                         {0, 1, 64, 64, 32},        // attention's tiles (T 64, D 32): Q K^T
+                                         {0, 0, 64, 32, 64},        // P V, dS K
+                                         {1, 0, 64, 32, 64},        // P^T dO, dS^T Q
                                          {0, 1, 240, 1152, 768},    // GPT-2: x W_QKV^T
                                          {0, 1, 240, 384, 768},     // x W_O^T
                                          {0, 1, 240, 1536, 768},    // x W_up^T

@@ -29,7 +29,9 @@
 #include "process_util.h"
 #include "tasks/seq2seq.h"
 #include "tasks/task.h"
+#include "tiny_models.h"
 #include "train/collectives.h"
+#include "train/evaluate.h"
 #include "train/trainer.h"
 
 namespace headlab {
@@ -512,6 +514,51 @@ TEST(ThreadsTransport, ComposesWithAnOuterTransport) {
   EXPECT_EQ(twin->roots, (std::vector<int>{1}));
   EXPECT_EQ(twin->barriers, 1);
   EXPECT_EQ(name, "twin x 2 threads");
+}
+
+// Evaluation over the threads: batch i is scored on rank i mod 3 (5 batches: uneven shares; 2: a rank without
+// one) and every rank gets the scores of all. The replicas differ here on purpose, so the scores say which
+// replica scored which batch: rank r's model on batches r, r + 3, ..., summed over the ranks.
+TEST(ThreadsTransport, EvaluationSharesTheBatchesAndEveryRankGetsTheScoresOfAll) {
+  tasks::TaskOptions to;
+  to.seed = 5;
+  const auto task = tasks::make_task("reverse", to);
+  const nn::GPTConfig cfg = headlab::testing::tiny_gpt_config(
+      headlab::testing::kFourHeadGpt.sized_for(task->vocab_size(), task->required_context_length()));
+  constexpr int kRanks = 3;
+  constexpr int64_t kRows = 8;
+  const int64_t T = cfg.context_length;
+  for (const int64_t batches : {int64_t{5}, int64_t{2}}) {
+    double loss_sum = 0, correct = 0, exact = 0;
+    int64_t tokens = 0, rows = 0;
+    for (int r = 0; r < kRanks; ++r) {
+      std::vector<tasks::Batch> mine;
+      for (int64_t i = r; i < batches; i += kRanks)
+        mine.push_back(task->batch(tasks::Split::val, static_cast<uint64_t>(i), kRows, T));
+      if (mine.empty()) continue;
+      manual_seed(100 + r);
+      nn::GPTModel replica(cfg);
+      const train::Scores e = train::evaluate(replica, mine);
+      loss_sum += e.loss * static_cast<double>(e.tokens);
+      correct += e.token_accuracy * static_cast<double>(e.tokens);
+      exact += e.exact_match * static_cast<double>(kRows) * static_cast<double>(mine.size());
+      tokens += e.tokens;
+      rows += kRows * static_cast<int64_t>(mine.size());
+    }
+    std::vector<train::Scores> got(kRanks);
+    train::run_on_threads(kRanks, train::single_process(), [&](const std::shared_ptr<train::Collectives>& comm) {
+      manual_seed(100 + comm->rank());
+      nn::GPTModel replica(cfg);
+      got[static_cast<size_t>(comm->rank())] = train::evaluate(replica, *task, batches, kRows, T, comm.get());
+    });
+    for (const train::Scores& g : got) {
+      EXPECT_EQ(g.tokens, tokens) << batches << " batches";
+      EXPECT_NEAR(g.loss, loss_sum / static_cast<double>(tokens), 1e-9);
+      EXPECT_NEAR(g.token_accuracy, correct / static_cast<double>(tokens), 1e-12);
+      EXPECT_TRUE(g.has_exact_match);
+      EXPECT_NEAR(g.exact_match, exact / static_cast<double>(rows), 1e-12);
+    }
+  }
 }
 
 // The whole run: the command's threads, each on its rows, train what one thread trains.

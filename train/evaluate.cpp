@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 
 namespace headlab::train {
 
@@ -40,7 +41,8 @@ Scores ScoreSum::scores() const {
   return s;
 }
 
-Scores evaluate(nn::Model& model, const std::vector<tasks::Batch>& batches) {
+namespace {
+ScoreSum score_batches(nn::Model& model, const std::vector<tasks::Batch>& batches) {
   const bool was_training = model.is_training();
   model.eval();
   NoGradGuard no_grad;
@@ -50,14 +52,41 @@ Scores evaluate(nn::Model& model, const std::vector<tasks::Batch>& batches) {
     sum.add(b, model.logits(model_inputs(b, model.device())), tgt);  // logits (B, T, V)
   }
   model.train(was_training);
-  return sum.scores();
+  return sum;
+}
+}  // namespace
+
+Scores evaluate(nn::Model& model, const std::vector<tasks::Batch>& batches) {
+  return score_batches(model, batches).scores();
 }
 
-Scores evaluate(nn::Model& model, const tasks::Task& task, int64_t batches, int64_t batch_size, int64_t T) {
+Scores evaluate(nn::Model& model, const tasks::Task& task, int64_t batches, int64_t batch_size, int64_t T,
+                Collectives* ranks) {
+  const int rank = ranks ? ranks->rank() : 0, size = ranks ? ranks->size() : 1;
   std::vector<tasks::Batch> data;
-  for (int64_t i = 0; i < batches; ++i)
+  for (int64_t i = rank; i < batches; i += size)
     data.push_back(task.batch(tasks::Split::val, static_cast<uint64_t>(i), batch_size, T));
-  return evaluate(model, data);
+  ScoreSum sum = score_batches(model, data);
+  if (size == 1) return sum.scores();
+  // The ranks' sums summed (the counts exactly: in double, they stay far below 2^53).
+  const tasks::Metrics& m = sum.metrics;
+  double v[] = {sum.loss_sum,
+                static_cast<double>(m.tokens),
+                static_cast<double>(m.tokens_correct),
+                static_cast<double>(m.rows),
+                static_cast<double>(m.rows_correct),
+                m.has_exact_match ? 1.0 : 0.0};
+  ranks->allreduce_sum(v, std::size(v));
+  ScoreSum all;
+  all.loss_sum = v[0];
+  tasks::Metrics counts;
+  counts.tokens = static_cast<int64_t>(v[1]);
+  counts.tokens_correct = static_cast<int64_t>(v[2]);
+  counts.rows = static_cast<int64_t>(v[3]);
+  counts.rows_correct = static_cast<int64_t>(v[4]);
+  counts.has_exact_match = v[5] > 0;
+  all.metrics += counts;  // (+= derives the accuracies)
+  return all.scores();
 }
 
 namespace {

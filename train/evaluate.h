@@ -10,6 +10,7 @@
 #include "nn/transformer.h"
 #include "tasks/bleu.h"
 #include "tasks/seq2seq.h"
+#include "train/collectives.h"
 
 namespace headlab::train {
 
@@ -40,8 +41,11 @@ nn::ModelInputs model_inputs(const tasks::Batch& batch, Device device);
 // The model as it stands (its head controls included) in eval mode, without gradients; the
 // model's train/eval mode is restored afterwards.
 Scores evaluate(nn::Model& model, const std::vector<tasks::Batch>& batches);
-// Batches 0..n-1 of the task's validation stream, each (batch_size, T).
-Scores evaluate(nn::Model& model, const tasks::Task& task, int64_t batches, int64_t batch_size, int64_t T);
+// Batches 0..n-1 of the task's validation stream, each (batch_size, T). With `ranks` (data parallelism: every
+// rank calls it, with its replica of the model), batch i is scored by rank i mod ranks->size() and every rank
+// returns the scores of them all.
+Scores evaluate(nn::Model& model, const tasks::Task& task, int64_t batches, int64_t batch_size, int64_t T,
+                Collectives* ranks = nullptr);
 
 // A decoder's next-token loss over a whole token sequence (ids: a tokenized file), as the transformers
 // perplexity guide computes it: windows of the model's context starting every `stride` tokens, each

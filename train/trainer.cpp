@@ -331,7 +331,11 @@ void Trainer::check_ranks_agree(const Session& s) const {
 
 void Trainer::evaluate_and_log(Session& s, double lr) {
   const RunSettings& run = s.config.run;
-  const Scores ev = evaluate(*s.model, *s.task, run.eval_batches, run.batch_size, s.config.batch_tokens());
+  // Every rank scores its share of the batches (rank 0 alone took the others' time at every evaluation); rank 0
+  // logs them.
+  const Scores ev =
+      evaluate(*s.model, *s.task, run.eval_batches, run.batch_size, s.config.batch_tokens(), opts_.comm.get());
+  if (opts_.comm->rank() != 0) return;
   const io::MetricRow row{s.state.step,
                           s.window_loss / static_cast<double>(s.window_steps),
                           ev.loss,
@@ -497,7 +501,7 @@ TrainResult Trainer::train(Session& s) {
     const bool eval = s.state.step % run.eval_every == 0 || s.state.step == steps;
     if (eval || s.state.step % run.save_every == 0) check_parameters(s);
     if (eval) check_ranks_agree(s);
-    if (eval && writer) evaluate_and_log(s, lr);
+    if (eval) evaluate_and_log(s, lr);
     s.state.elapsed_seconds = elapsed_before + std::chrono::duration<double>(clock::now() - run_start).count();
     if (writer && (s.state.step % run.save_every == 0 || s.state.step == steps)) save(s);
     if (s.state.step % std::max<int64_t>(opts_.observer.every, 1) == 0 || s.state.step == steps) observe();

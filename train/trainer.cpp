@@ -360,7 +360,7 @@ void Trainer::evaluate_and_log(Session& s, double lr) {
 
 TrainResult Trainer::run() {
   Collectives& comm = *opts_.comm;
-  const bool writer = comm.rank() == 0;  // rank 0 alone evaluates and writes files
+  const bool writer = comm.rank() == 0;  // rank 0 alone logs and writes files
   io::FolderLock lock;                   // rank 0's, on the output folder, until the run ends
   if (writer) {
     std::vector<std::string> removed;

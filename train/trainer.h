@@ -72,7 +72,8 @@ struct TrainOptions {
   // Data parallelism: the ranks this run is spread over (null: a single process). --batch-size stays the
   // global batch; rank r computes rows [r B/N, (r+1) B/N) of every global batch (with the dropout masks
   // those rows get in a single process), gradients are summed over the ranks, every rank steps the same
-  // optimizer state, and rank 0 alone prints, evaluates and writes files.
+  // optimizer state, every rank scores its share of the validation batches, and rank 0 alone prints and
+  // writes files.
   std::shared_ptr<Collectives> comm;
   ThreadUse thread_use = ThreadUse::automatic;
   // On resume, the command-line options the user gave ("--lr", "--emb-dim"): a given option that fixes

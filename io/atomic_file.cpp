@@ -14,6 +14,7 @@
 #include <mutex>
 #include <set>
 #include <sstream>
+#include <vector>
 
 #include "base/error.h"
 #include "base/input_path.h"
@@ -199,6 +200,17 @@ void AtomicFolder::commit() {
 void write_file_atomic(const std::string& path, std::string_view bytes, const std::string& who) {
   AtomicFile f(path, who);
   f.write(bytes);
+  f.commit();
+}
+
+void copy_file_atomic(const std::string& from, const std::string& path, const std::string& who) {
+  std::ifstream in(from, std::ios::binary);
+  HL_CHECK(in.is_open(), who, ": cannot read '", from, "': ", std::strerror(errno));
+  AtomicFile f(path, who);
+  std::vector<char> buf(size_t{1} << 20);  // a checkpoint need not fit in memory twice
+  while (in.read(buf.data(), static_cast<std::streamsize>(buf.size())) || in.gcount() > 0)
+    f.write(std::string_view(buf.data(), static_cast<size_t>(in.gcount())));
+  HL_CHECK(in.eof(), who, ": cannot read '", from, "': ", std::strerror(errno));
   f.commit();
 }
 

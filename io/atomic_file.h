@@ -66,5 +66,7 @@ class AtomicFolder {
 
 // Replaces `path` with `bytes` through an AtomicFile.
 void write_file_atomic(const std::string& path, std::string_view bytes, const std::string& who);
+// Replaces `path` with a copy of the file `from` through an AtomicFile, a MiB at a time.
+void copy_file_atomic(const std::string& from, const std::string& path, const std::string& who);
 
 }  // namespace headlab::io

@@ -126,6 +126,31 @@ TEST(AtomicFile, ReplacesTheFileAndLeavesNoTempFile) {
   EXPECT_EQ(tmp.entries(), std::vector<std::string>{"heads.csv"});
 }
 
+// A copy through the atomic writer: more than its MiB buffer (the last piece short), an empty file, and a
+// source that cannot be read named, with the previous file left as it was.
+TEST(AtomicFile, CopiesAFileWhole) {
+  TempDir tmp("files_test");
+  std::string bytes((1 << 20) * 2 + 12345, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 131 % 251);
+  touch(tmp.path("from.h5"), bytes);
+  touch(tmp.path("to.h5"), "old");
+  io::copy_file_atomic(tmp.path("from.h5"), tmp.path("to.h5"), "checkpoint");
+  EXPECT_EQ(slurp(tmp.path("to.h5")), bytes);
+  touch(tmp.path("empty"), "");
+  io::copy_file_atomic(tmp.path("empty"), tmp.path("to.h5"), "checkpoint");
+  EXPECT_EQ(slurp(tmp.path("to.h5")), "");
+  touch(tmp.path("to.h5"), "kept");
+  try {
+    io::copy_file_atomic(tmp.path("absent.h5"), tmp.path("to.h5"), "checkpoint");
+    FAIL() << "a missing source was copied";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(),
+                 ("checkpoint: cannot read '" + tmp.path("absent.h5") + "': No such file or directory").c_str());
+  }
+  EXPECT_EQ(slurp(tmp.path("to.h5")), "kept");
+  EXPECT_EQ(tmp.entries(), (std::vector<std::string>{"empty", "from.h5", "to.h5"}));
+}
+
 // A write that fails half-way (a file size limit, as a full disk) names the file and the OS's reason,
 // removes its temp file and leaves the previous file as it was.
 TEST(AtomicFile, AFailedWriteKeepsThePreviousFile) {

@@ -430,6 +430,8 @@ TEST_F(TrainerTest, KeepsTheLastCheckpointsOnly) {
             (std::vector<std::string>{"checkpoint-16.h5", "checkpoint-20.h5", "checkpoint.h5"}));
   EXPECT_EQ(load_checkpoint(path("k/checkpoint-16.h5")).trainer.step, 16);
   EXPECT_EQ(load_checkpoint(path("k/checkpoint-20.h5")).trainer.step, 20);
+  EXPECT_EQ(headlab::testing::slurp(path("k/checkpoint.h5")), headlab::testing::slurp(path("k/checkpoint-20.h5")))
+      << "the latest, byte for byte";
   // On resume the run's keep_last (from the checkpoint) still applies, and a file of the user's with
   // a similar name is left alone.
   std::ofstream(path("k/checkpoint-best.h5")) << "mine";

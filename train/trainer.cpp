@@ -19,6 +19,7 @@
 
 #include "backends/backend.h"
 #include "base/hash.h"
+#include "io/atomic_file.h"
 #include "io/folder_lock.h"
 #include "io/temp_files.h"
 #include "train/memory.h"
@@ -259,7 +260,7 @@ std::string Trainer::save(Session& s) const {
   ck.trainer.rng_offset = default_generator().offset();
   const std::string numbered = (fs::path(opts_.out) / ("checkpoint-" + std::to_string(s.state.step) + ".h5")).string();
   io::save_checkpoint(numbered, ck);
-  io::save_checkpoint(latest_, ck);
+  io::copy_file_atomic(numbered, latest_, "checkpoint");  // the same bytes: serialized once
   s.good_checkpoint_step = s.state.step;
   s.wrote_checkpoint = true;
   prune_history(opts_.out, s.config.run.keep_last);

@@ -103,8 +103,10 @@ struct Replace {
 };
 
 struct CircuitOptions {
-  int64_t chunk_rows = 0;  // prompt rows per forward; 0: as many as ~256 MB of activations allow
-  int64_t max_copies = 0;  // copies per forward; 0: as a ~256 MB budget allows
+  // The activations' budget: the model's weights' size, at least 256 MB and at most 1 GiB (with edge
+  // attribution's backward: 512 MB).
+  int64_t chunk_rows = 0;  // prompt rows per forward; 0: as the budget allows
+  int64_t max_copies = 0;  // copies per forward; 0: as the budget allows
   // Prompt rows whose clean and corrupted runs stay stored between passes (whole chunks); the others are
   // run again in every pass that reads them (one forward of both prompts a chunk), so that memory is bounded whatever
   // the rows. 0: as many as 2 GiB hold, or a quarter of the memory available at the start where that is less (shared by

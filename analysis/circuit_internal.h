@@ -77,10 +77,17 @@ struct CircuitPatcher::Impl {
   int64_t stored_row_budget(int64_t T) const;  // CircuitOptions::stored_rows, or what memory allows
   void compute_means();                        // mean_out from every rank's chunks
   DirectLogitAttribution logit_attribution();
-  // Prompt rows per chunk: the stored runs, one forward's activations and one group's per-receiver
-  // gradients within the budget; with a backward (edge attribution) every layer's activations stay alive
-  // until it runs, and twice the budget buys speed (measured: GPT-2 small, 8 pairs of 15 tokens a chunk,
-  // 0.98 GB at the peak; 4 pairs: 0.74 GB and 10-20% more CPU time).
+  // Bytes one forward's activations may take: the model's weights' size, at least 256 MB and at most 1 GiB.
+  // A chunk's rows then stay alike across depths (the weights and a row's activations both grow with the
+  // layers), and a product's rows pay for libxsmm's copies of each weight block: GPT-2 small's path
+  // patching (stored runs and senders), six interleaved rounds, 2.82 s in chunks of 8 pairs (256 MB), 2.79 in
+  // 16, 2.46 in 32 (the weights' 498 MB).
+  int64_t activation_budget() const;
+  // Prompt rows per chunk: a chunk's runs (unless every row's are stored, and so counted in the stored
+  // budget), one forward's activations and one group's per-receiver gradients within the budget. With a
+  // backward (edge attribution) every layer's activations stay alive until it runs: 512 MB, where 256 MB
+  // cost 10-20% more CPU time (GPT-2 small, 8 pairs of 15 tokens a chunk, 0.98 GB at the peak; 4 pairs: 0.74
+  // GB) and the weights' size (16 pairs) bought 5% for 39% more memory (0.82 -> 1.15 GB).
   int64_t chunk_rows(int64_t T, bool backward) const;
   // Rows per chunk for `rows` rows at most `most` a chunk: a divisor of rows in [most / 2, most] when
   // there is one, since chunks of one shape reuse the allocator's cached blocks (GPT-2 small's edge

@@ -473,12 +473,21 @@ int64_t Impl::widest_group() const {
   return widest;
 }
 
+int64_t Impl::activation_budget() const {
+  const int64_t weights = model.num_parameters() * dtype_size(detail::model_dtype(model));
+  return std::clamp(weights, kBudgetBytes, kBudgetBytes * 4);
+}
+
 int64_t Impl::chunk_rows(int64_t T, bool backward) const {
   if (options.chunk_rows > 0) return options.chunk_rows;
   const int64_t layers_alive = backward ? graph.n_layers() : 1;
-  const int64_t per_row = (graph.node_count() * 3 + widest_group() * 4 + 16 * layers_alive) * T * C *
+  const int64_t per_rank = (rows + comm->size() - 1) / comm->size();
+  // A chunk's runs (2 N) are counted in the stored budget when every row of this rank's is kept.
+  const int64_t runs = !backward && stored_row_budget(T) >= per_rank ? 0 : 2 * graph.node_count();
+  const int64_t per_row = (runs + graph.node_count() + widest_group() * 4 + 16 * layers_alive) * T * C *
                           dtype_size(detail::model_dtype(model));
-  return std::max<int64_t>(1, (backward ? 2 : 1) * kBudgetBytes / std::max<int64_t>(per_row, 1));
+  const int64_t budget = backward ? 2 * kBudgetBytes : activation_budget();
+  return std::max<int64_t>(1, budget / std::max<int64_t>(per_row, 1));
 }
 
 int64_t Impl::even_chunks(int64_t rows, int64_t most) {
@@ -493,7 +502,7 @@ int64_t Impl::copies_per_forward(const Chunk& c) const {
   const int64_t logits = c.candidates.defined() ? 2 * c.B * model.shape().vocab_size : 0;  // and softmax
   const int64_t per_copy = ((graph.node_count() + widest_group() * 3 + 16) * c.B * c.T * C + logits) *
                            dtype_size(detail::model_dtype(model));
-  return std::max<int64_t>(1, kBudgetBytes / std::max<int64_t>(per_copy, 1));
+  return std::max<int64_t>(1, activation_budget() / std::max<int64_t>(per_copy, 1));
 }
 
 // ---- shared with edge attribution ----

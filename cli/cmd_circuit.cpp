@@ -49,7 +49,7 @@ Action add_circuit(CLI::App& app) {
       ->delimiter(',')
       ->capture_default_str();
   app.add_option("--chunk-rows", a->run.engine.chunk_rows,
-                 "prompt rows a forward (0: as a memory budget of ~256 MB allows)")
+                 "prompt rows a forward (0: as a memory budget allows: the model's size, 256 MB to 1 GiB)")
       ->check(non_negative_number(1e6))
       ->capture_default_str();
   app.add_option("--check-edges", a->run.check_edges, "edges whose attribution is checked against real patching")

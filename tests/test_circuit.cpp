@@ -9,6 +9,7 @@
 #include <set>
 
 #include "analysis/circuit.h"
+#include "analysis/circuit_internal.h"
 #include "core_test_util.h"
 #include "nn/llama.h"
 #include "nn/neox.h"
@@ -295,6 +296,25 @@ TEST(Circuit, PatchedEdgesAndPathPatchingMatchNaivePatching) {
       }
     }
   }
+}
+
+// A chunk whose runs are all stored keeps them in the stored budget, not in one forward's: more rows a
+// chunk than where they are made again in every pass; edge attribution's backward counts them always.
+TEST(Circuit, StoredRunsTakeNoRoomInAForwardsBudget) {
+  const nn::GPTConfig cfg = tiny_gpt_config(testing::kThreeHeadGpt);
+  manual_seed(5);
+  nn::GPTModel model(cfg);
+  const auto rows_a_chunk = [&](int64_t stored_rows, bool backward) {
+    analysis::CircuitOptions o;
+    o.stored_rows = stored_rows;
+    CircuitPatcher::Impl s(model, o);
+    s.rows = 64;
+    return s.chunk_rows(cfg.context_length, backward);
+  };
+  const int64_t all_stored = rows_a_chunk(64, false), made_again = rows_a_chunk(63, false);
+  EXPECT_GT(all_stored, made_again);
+  EXPECT_GT(made_again, 0);
+  EXPECT_EQ(rows_a_chunk(64, true), rows_a_chunk(63, true));
 }
 
 // Chunks past stored_rows are run again in every pass: the same numbers, bit for bit, with none, some or all

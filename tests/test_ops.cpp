@@ -271,6 +271,23 @@ TEST(Reductions, SumMean) {
   EXPECT_EQ(ones({1 << 20}).sum().item<float>(), static_cast<float>(1 << 20));
 }
 
+// Column sums of a wide matrix (the heads' outputs summed): blocks of columns past the first, a narrower
+// last one, each thread's share; float32 accumulates in double down the rows, as a plain loop does.
+TEST(Reductions, ColumnSumsOfAWideMatrixMatchAPlainLoop) {
+  for (const int64_t cols : {int64_t{1}, int64_t{1023}, int64_t{1025}, int64_t{40'001}}) {
+    const int64_t rows = 7;
+    const Tensor x = randn({rows, cols});
+    const std::vector<float> v = x.to_vector<float>();
+    std::vector<float> expected(static_cast<size_t>(cols));
+    for (int64_t c = 0; c < cols; ++c) {
+      double s = 0;
+      for (int64_t r = 0; r < rows; ++r) s += v[static_cast<size_t>(r * cols + c)];
+      expected[static_cast<size_t>(c)] = static_cast<float>(s);
+    }
+    EXPECT_EQ(sum(x, {0}).to_vector<float>(), expected) << cols << " columns";
+  }
+}
+
 TEST(Reductions, AmaxArgmaxVar) {
   const Tensor x = grid64();
   EXPECT_DOUBLE_EQ(amax(x).item<double>(), 23);

@@ -142,18 +142,25 @@ void CpuBackend::reduce_typed(ReduceOp op, void* out, const T* in, int n_outer, 
   int64_t n_out = 1, n_red = 1;
   for (int d = 0; d < n_outer; ++d) n_out *= osz[d];
   for (int d = 0; d < n_inner; ++d) n_red *= isz[d];
-  // Column sums of a row-major matrix (bias gradients): accumulate whole rows, cache friendly.
+  // Column sums of a row-major matrix (bias gradients, a layer's heads' outputs): each thread's columns a
+  // block at a time, down every row, the block's sums staying in L1. (Across all of a thread's columns at
+  // once, a (12, 737,280) sum read and wrote 2.9 MB of sums 12 times: 5 GB/s on one thread.)
   if (op == ReduceOp::sum && n_outer == 1 && ost[0] == 1 && n_inner == 1 && n_red > 1) {
+    constexpr int64_t kBlock = 1024;
     T* o = static_cast<T*>(out);
     const int64_t cols = osz[0], rs = ist[0];
     parallel_team(cols * n_red > kParallelGrain ? omp_get_max_threads() : 1, [&](int t, int nt) {
       const int64_t lo = cols * t / nt, hi = cols * (t + 1) / nt;
-      std::vector<Acc<T>> acc(static_cast<size_t>(hi - lo), Acc<T>(0));
-      for (int64_t r = 0; r < n_red; ++r) {
-        const T* row = in + r * rs;
-        for (int64_t c = lo; c < hi; ++c) acc[c - lo] += row[c];
+      Acc<T> acc[kBlock];
+      for (int64_t c0 = lo; c0 < hi; c0 += kBlock) {
+        const int64_t n = std::min(kBlock, hi - c0);
+        std::fill(acc, acc + n, Acc<T>(0));
+        for (int64_t r = 0; r < n_red; ++r) {
+          const T* row = in + r * rs + c0;
+          for (int64_t c = 0; c < n; ++c) acc[c] += row[c];
+        }
+        for (int64_t c = 0; c < n; ++c) o[c0 + c] = static_cast<T>(acc[c]);
       }
-      for (int64_t c = lo; c < hi; ++c) o[c] = static_cast<T>(acc[c - lo]);
     });
     return;
   }

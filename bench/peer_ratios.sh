@@ -67,13 +67,13 @@ awk -v a="${ours[toy/1]}" -v b="${ours[toy/2]}" -v c="${ours[toy-data/2]}" 'BEGI
 
 if ((memory)); then
   echo
-  echo "step peak memory (MiB above parameters and optimizer state), V=96 d=256 h=8 L=4 B=8, 2 threads:"
+  echo "step peak memory (MiB above parameters and optimizer state), V=96 d=256 h=8 L=4 B=8, 2 threads, each op split:"
   printf '%-8s %6s %10s %12s\n' attention T "peak MiB" "x per 2x T"
   for form in fused wrapper; do
     prev=""
     for T in 256 512 1024; do
       mib=$(build/bench/gpt_step --vocab-size 96 --context-length "$T" --emb-dim 256 --n-heads 8 --n-layers 4 \
-        --batch-size 8 --threads 2 --seconds 0 --attention "$form" | grep -o "peak [0-9.]*" | cut -d' ' -f2)
+        --batch-size 8 --threads 2 --seconds 0 --attention "$form" --parallel ops | grep -o "peak [0-9.]*" | cut -d' ' -f2)
       slope=$([[ -n "$prev" ]] && awk -v a="$prev" -v b="$mib" 'BEGIN { printf "%.2f", b / a }' || echo -)
       printf '%-8s %6d %10.1f %12s\n' "$form" "$T" "$mib" "$slope"
       prev=$mib

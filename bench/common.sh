@@ -5,13 +5,23 @@ build_targets() {
   [[ -f build/CMakeCache.txt ]] || cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
   cmake --build build -j"$(nproc)" --target "$@" >/dev/null
 }
-# pick FILE-GLOB PREFIX UNIT: the number before UNIT on the line starting with PREFIX, each file, their median;
-# pct FILE-GLOB PREFIX: the same for the first percentage on that line.
+# pick FILE-GLOB PREFIX UNIT: the number before UNIT on the line starting with PREFIX, each file, their median.
 pick() {
   for f in $1; do [[ -f "$f" ]] && grep "^$2" "$f" | grep -o "[0-9.]* $3" | head -1 | cut -d' ' -f1; done | median
 }
-pct() { for f in $1; do [[ -f "$f" ]] && grep "^$2" "$f" | grep -o "[0-9]*%" | head -1 | tr -d %; done | median; }
+# pct FILE-GLOB PREFIX: the percentage of its floor that line's time ("PREFIX ...: TIME ms ... (floor F ms")
+# reaches: the median time against the smallest floor of any file. Each run measures its own rate (SGEMM, or
+# read bandwidth), and a run that met a slow moment of the host measured a low one: its floor was long, and
+# flattered its time (GPT-2 path patching "75%" against a rate measured at 185 GFLOP/s, where others measured 256).
+pct() {
+  local t f
+  t=$(for x in $1; do [[ -f "$x" ]] && grep "^$2" "$x" | grep -o ": [0-9.]* ms" | head -1 | tr -dc '0-9.\n'; done | median)
+  f=$(for x in $1; do [[ -f "$x" ]] && grep "^$2" "$x" | grep -o "(floor [0-9.]* ms" | head -1 | cut -d' ' -f2; done | smallest)
+  awk -v t="$t" -v f="$f" 'BEGIN { if (t == "nan" || f == "nan") print "nan"; else printf "%.0f\n", 100 * f / t }'
+}
 median() { sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "nan"; else if (NR % 2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
+# smallest: the least of the numbers on stdin ("nan" for none): a floor at the fastest rate any run measured.
+smallest() { sort -g | awk 'NR == 1 {print; found = 1} END {if (!found) print "nan"}'; }
 # peer_available NAME SCRIPT: true when SCRIPT exists and Debian's python3 imports torch; otherwise says so.
 peer_available() {
   if [[ -f "$2" ]] && /usr/bin/python3 -c "import torch" 2>/dev/null; then return 0; fi

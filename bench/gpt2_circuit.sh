@@ -3,7 +3,7 @@
 # bench/gpt2_circuit (headlab) against bench/torch_circuit_peer.py (PyTorch hooks, TransformerLens's
 # layout), each phase in its own process, alternately for --rounds rounds: edge attribution patching over
 # every edge, and path patching of all 144 heads into the logits. Medians, ratios, each side's peak
-# resident memory, headlab's floor.
+# resident memory, headlab's floor (at the fastest SGEMM rate any round measured).
 # Usage: bench/gpt2_circuit.sh [--rounds N] [--threads N]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,7 +34,7 @@ printf '%-52s %10s %10s %8s\n' "GPT-2 small, 64 pairs x 15 tokens" headlab PyTor
 for phase in eap path; do
   ours=$(grep -ho ": [0-9.]* s (median" "$tmp"/ours.$phase.* | tr -dc '0-9.\n' | median)
   ours_mb=$(grep -ho "peak resident [0-9.]*" "$tmp"/ours.$phase.* | cut -d' ' -f3 | median)
-  floor=$(grep -ho "floor [0-9.]* s" "$tmp"/ours.$phase.* | cut -d' ' -f2 | median)
+  floor=$(grep -ho "floor [0-9.]* s" "$tmp"/ours.$phase.* | cut -d' ' -f2 | smallest)
   peer_s=nan peer_mb=nan
   if ((have_peer)); then
     peer_s=$(grep -ho "seconds_median=[0-9.]*" "$tmp"/peer.$phase.* | cut -d= -f2 | median)

@@ -3,7 +3,8 @@
 # bench/gpt2_heads (headlab's batched intervention engine, the whole sweep) against the PyTorch hook
 # sweep (bench/torch_head_sweep_peer.py --config gpt2: a forward pass per head, as TransformerLens's
 # run_with_hooks; --heads-per-layer passes of each layer timed, the sweep projected from their median),
-# alternately for --rounds rounds; medians, the ratio, each side's peak resident memory, headlab's floor.
+# alternately for --rounds rounds; medians, the ratio, each side's peak resident memory, headlab's floor
+# (at the fastest SGEMM rate any round measured).
 # Usage: bench/gpt2_heads.sh [--rounds N] [--threads N] [--heads-per-layer K]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +32,7 @@ printf '%s, %s threads\n' "$(machine_line)" "$threads"
 ((have_peer)) && peer_line
 ours=$(grep -ho ": [0-9.]* s (median" "$tmp"/ours.* | tr -dc '0-9.\n' | median)
 ours_mb=$(grep -ho "peak resident [0-9.]*" "$tmp"/ours.* | cut -d' ' -f3 | median)
-floor=$(grep -ho "floor [0-9.]* s" "$tmp"/ours.* | cut -d' ' -f2 | median)
+floor=$(grep -ho "floor [0-9.]* s" "$tmp"/ours.* | cut -d' ' -f2 | smallest)
 peer_s=nan peer_mb=nan
 if ((have_peer)); then
   peer_s=$(grep -ho "sweep_ms_median=[0-9.]*" "$tmp"/peer.* | cut -d= -f2 | awk '{print $1 / 1000}' | median)

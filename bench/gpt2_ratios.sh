@@ -4,7 +4,7 @@
 # --model DIR), alternately for --rounds rounds; medians and ratios of prefill (1 x 1024 tokens, every
 # position's logits, as the peer computes them) and KV-cached decoding (64 tokens after a 960-token
 # prompt, batch 1), each against its floor (GEMM FLOPs over the SGEMM rate; weight bytes per token over
-# the read bandwidth, both measured by decoder_infer).
+# the read bandwidth, both measured by decoder_infer; the fastest any round measured).
 # Then, unless --inference-only: loading and memory (bench/gpt2_memory.sh), the 144-head zero-ablation
 # sweep against PyTorch hooks (bench/gpt2_heads.sh) and the tokenizer's speed (bench/bpe_tokenize), so
 # one command prints every GPT-2 figure README quotes.

@@ -16,7 +16,7 @@ namespace {
 using Input = CircuitGraph::Input;
 using Impl = CircuitPatcher::Impl;
 using nn::HookPoint;
-constexpr int64_t kBudgetBytes = int64_t{256} << 20;  // activations of one forward, as evaluate_interventions budgets
+constexpr int64_t kBudgetBytes = int64_t{256} << 20;  // the least one forward may take (evaluate_interventions' budget)
 constexpr Replace::Value kValues[] = {Replace::Value::clean, Replace::Value::corrupt, Replace::Value::zero,
                                       Replace::Value::mean};
 

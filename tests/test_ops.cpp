@@ -11,10 +11,12 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "backends/cpu/blas.h"
 #include "backends/cpu/block_cache.h"
 #include "backends/cpu/fast_math.h"
 #include "backends/scalar_math.h"
@@ -428,6 +430,39 @@ TEST(Matmul, OneRowIsGemvAndMatchesTheReference) {
   const std::vector<double> bv = bias.to_vector<double>();
   for (size_t i = 0; i < want.size(); ++i) want[i] += bv[i];
   EXPECT_TRUE(all_close(linear(x, w, bias), want, 1e-4));
+}
+
+// A row times the rows of B (decoding's shape: a row times a Linear's weight) against a double reference: short
+// rows (OpenBLAS's sgemv) and from 256 on blas.h's gemv_by_rows, its 64 lanes with no tail, a tail of 1, 40
+// and 63; rows ldb apart wider than K, alpha, and beta 0 (C's NaNs never read), 1 and 0.25.
+TEST(Matmul, OneRowTimesRowsOfBMatchesTheReference) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal;
+  for (const int64_t K : {int64_t{1}, int64_t{65}, int64_t{257}, int64_t{319}, int64_t{768}, int64_t{1000}})
+    for (const int64_t N : {int64_t{1}, int64_t{37}})
+      for (const float alpha : {1.0f, -0.5f})
+        for (const float beta : {0.0f, 1.0f, 0.25f}) {
+          const int64_t ldb = K + 3;
+          std::vector<float> a(static_cast<size_t>(K)), b(static_cast<size_t>(N * ldb)), c(static_cast<size_t>(N));
+          for (float& v : a) v = normal(rng);
+          for (float& v : b) v = normal(rng);
+          for (float& v : c) v = beta == 0.0f ? std::numeric_limits<float>::quiet_NaN() : normal(rng);
+          std::vector<double> want(static_cast<size_t>(N)), scale(static_cast<size_t>(N));
+          for (int64_t n = 0; n < N; ++n) {
+            double s = 0, m = 0;
+            for (int64_t k = 0; k < K; ++k) {
+              const double p = double(a[static_cast<size_t>(k)]) * b[static_cast<size_t>(n * ldb + k)];
+              s += p, m += std::abs(p);
+            }
+            const double from_c = beta == 0.0f ? 0.0 : beta * double(c[static_cast<size_t>(n)]);
+            want[static_cast<size_t>(n)] = alpha * s + from_c;
+            scale[static_cast<size_t>(n)] = std::abs(alpha) * m + std::abs(from_c) + 1;
+          }
+          cpu::blas_gemm<float>(false, true, 1, N, K, alpha, a.data(), K, b.data(), ldb, beta, c.data(), N);
+          for (int64_t n = 0; n < N; ++n)
+            EXPECT_NEAR(c[static_cast<size_t>(n)], want[static_cast<size_t>(n)], 1e-6 * scale[static_cast<size_t>(n)])
+                << "K " << K << " N " << N << " alpha " << alpha << " beta " << beta << " row " << n;
+        }
 }
 
 #ifdef HEADLAB_HAS_XSMM

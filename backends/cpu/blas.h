@@ -12,6 +12,30 @@
 
 namespace headlab::cpu {
 
+// y (N) = alpha * W (N, K) @ x (K) + beta * y, W's rows ldw apart: a row at a time, so W is read as one
+// stream. Decoding is this read of every weight; OpenBLAS's sgemv walks four rows at once, and over GPT-2
+// small's 494 MB of weights (2 threads, Zen 4) reached 26-28 GB/s where one stream reaches 32-33. For short
+// rows (the attention's q . k over the cache, K 64) the fold of the lanes costs more than it saves: OpenBLAS's.
+inline void gemv_by_rows(int64_t N, int64_t K, float alpha, const float* W, int64_t ldw, const float* x, float beta,
+                         float* y) {
+  constexpr int64_t kLanes = 64;  // several vectors of independent sums: loads, not the adds' latency, bound it
+  for (int64_t n = 0; n < N; ++n) {
+    const float* w = W + n * ldw;
+    float acc[kLanes] = {};
+    int64_t k = 0;
+    for (; k + kLanes <= K; k += kLanes)
+#pragma omp simd
+      for (int64_t j = 0; j < kLanes; ++j) acc[j] += w[k + j] * x[k + j];
+    for (int64_t width = kLanes / 2; width > 0; width /= 2)  // the lanes folded in halves: vector adds
+#pragma omp simd
+      for (int64_t j = 0; j < width; ++j) acc[j] += acc[j + width];
+    float s = acc[0];
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = k; i < K; ++i) s += w[i] * x[i];
+    y[n] = beta == 0.0f ? alpha * s : alpha * s + beta * y[n];
+  }
+}
+
 // C (M, N) = alpha * op(A) @ op(B) + beta * C, row-major with leading dims.
 template <typename T>
 inline void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha, const T* A, int64_t lda, const T* B,
@@ -23,7 +47,9 @@ inline void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha
     return;
   }
   if (M == 1) {  // a row times a matrix (decoding's shape): GEMV reads B once, where GEMM would pack it first
-    const int64_t inc_a = ta ? lda : 1;              // A is (1, K), or (K, 1) when transposed
+    const int64_t inc_a = ta ? lda : 1;  // A is (1, K), or (K, 1) when transposed
+    if constexpr (std::is_same_v<T, float>)
+      if (tb && inc_a == 1 && K >= 256) return gemv_by_rows(N, K, alpha, B, ldb, A, beta, C);  // B (N, K): rows of K
     const auto TB = tb ? CblasNoTrans : CblasTrans;  // C^T = op(B)^T A^T; B is (N, K) when tb, else (K, N)
     const int64_t rows = tb ? N : K, cols = tb ? K : N;
     if constexpr (std::is_same_v<T, float>)

@@ -237,9 +237,12 @@ void CpuBackend::check_indices(const char* op, const int64_t* idx, int64_t n, in
 // single-threaded BLAS call. Many matrices: one thread per matrix. Few: each C is cut into bands of
 // rows (or of columns when C is wider than tall), one per thread. At the toy GPT's shapes ((2048 x
 // 128) @ (128 x 128) and the like, 2 threads) this ran at 185 GFLOP/s where OpenBLAS's own threading
-// reached 137. Below kGemmParallelWork multiply-adds one thread beats waking another.
+// reached 137. Below kGemmParallelWork multiply-adds one thread beats waking another; a GEMV (one row)
+// reads each of its weights once, so it pays from fewer: kGemvParallelWork (1 MB of floats, ~50 us of one
+// thread's reads; GPT-2's attention out_proj, 768 x 768, ran on one thread while the other waited).
 namespace {
 constexpr double kGemmParallelWork = 1 << 20;
+constexpr double kGemvParallelWork = 1 << 18;
 // Band s of `splits` over [0, n): edges on multiples of 16 floats (whole SIMD registers).
 int64_t band_edge(int64_t n, int64_t s, int64_t splits) { return s == splits ? n : n * s / splits / 16 * 16; }
 }  // namespace
@@ -251,7 +254,8 @@ void CpuBackend::gemm(DType dt, bool ta, bool tb, int64_t M, int64_t N, int64_t 
   const int64_t threads = omp_get_max_threads();
   const bool split_rows = M >= N;
   const int64_t dim = split_rows ? M : N;
-  const bool parallel = threads > 1 && static_cast<double>(batch) * M * N * std::max<int64_t>(K, 1) > kGemmParallelWork;
+  const bool parallel = threads > 1 && static_cast<double>(batch) * M * N * std::max<int64_t>(K, 1) >
+                                           (M == 1 ? kGemvParallelWork : kGemmParallelWork);
   const int64_t splits =
       parallel && batch < 2 * threads ? std::min<int64_t>(threads, std::max<int64_t>(dim / 32, 1)) : 1;
   const int64_t items = batch * splits;

@@ -338,8 +338,7 @@ Tensor Impl::receiver_gradients(size_t g, const Probe& probe, const std::vector<
   };
   const Tensor dy = cat({through(dq, w.W_Q), through(dk, w.W_K), through(dv, w.W_V)}, 0);  // (R, rows, C)
   // Then back through the layer's norm at the stream, once per receiver: every receiver reads the same stream,
-  // so the norm runs forward once and only its backward R times (R copies of the stream through the norm
-  // were an eighth of edge attribution's time at GPT-2 shape).
+  // so the norm runs forward once and only its backward R times (not R copies of the stream, each normalised).
   const int64_t R = dy.size(0);
   Tensor x = probe.stream.detach().reshape({rows, C});
   x.requires_grad_(true);

@@ -185,9 +185,11 @@ struct Backend {
   }
   // Whether the kernels read grouped keys and values (AttnParams::group > 1); if not, the op repeats them.
   virtual bool has_grouped_attention() const { return false; }
-  // Whether the fused kernel beats the composite path at Tq queries and Tk keys (FusedAttention::automatic asks).
-  virtual bool fused_attention_is_faster(int64_t Tq, int64_t Tk, int64_t D, int64_t Dv) const {
-    (void)Tq, (void)Tk, (void)D, (void)Dv;
+  // Whether the fused kernel beats the composite path at Tq queries and Tk keys, in dtype dt, with or without
+  // dropout, for a forward alone or one a backward will follow (FusedAttention::automatic asks).
+  virtual bool fused_attention_is_faster(DType dt, int64_t Tq, int64_t Tk, int64_t D, int64_t Dv, bool dropout,
+                                         bool backward) const {
+    (void)dt, (void)Tq, (void)Tk, (void)D, (void)Dv, (void)dropout, (void)backward;
     return true;
   }
   // out: (B, H, Tq, Dv); lse: (B, H, Tq) contiguous, log-sum-exp of the scaled scores (+inf for an

@@ -61,3 +61,8 @@ unit = 2.0 * a.B * a.H * a.T * a.T * a.D / 2 / 1e9
 print(f"torch {torch.__version__} sdpa device={a.device} B={a.B} H={a.H} T={a.T} D={a.D} causal float32: "
       f"forward {fwd:.3f} ms ({2 * unit / fwd * 1e3:.0f} GFLOP/s), forward+backward {both:.3f} ms "
       f"({7 * unit / both * 1e3:.0f} GFLOP/s), peak {peak:.1f} MiB")
+if cuda:  # which of torch's attention kernels ran (float32: the memory-efficient one, or the math path's GEMMs)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        step()
+    names = sorted({e.key for e in prof.key_averages() if "gemm" not in e.key.lower() or "fmha" in e.key.lower()})
+    print("torch sdpa kernels:", "; ".join(n[:90] for n in names[:8]))

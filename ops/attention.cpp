@@ -136,8 +136,11 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
   const AttnShape s = check_attention(q, k, v, mask, dropout_p);
   Backend& be = backend_of(q);
   const FusedAttention when = fused_attention();
-  const bool fused = when != FusedAttention::never && be.has_fused_attention(s.D, s.Dv) &&
-                     (when == FusedAttention::always || be.fused_attention_is_faster(s.Tq, s.Tk, s.D, s.Dv));
+  const bool backward = grad_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad());
+  const bool fused =
+      when != FusedAttention::never && be.has_fused_attention(s.D, s.Dv) &&
+      (when == FusedAttention::always ||
+       be.fused_attention_is_faster(q.dtype(), s.Tq, s.Tk, s.D, s.Dv, training && dropout_p > 0, backward));
   if (!fused) return scaled_dot_product_attention_composite(q, k, v, mask, dropout_p, training, gen, scale);
   if (s.heads && s.Hkv != s.H && !be.has_grouped_attention())
     return scaled_dot_product_attention(q, repeat_kv(k, s.H), repeat_kv(v, s.H), mask, dropout_p, training, gen, scale);

@@ -172,6 +172,7 @@ Tensor scaled_dot_product_attention_composite(const Tensor& q, const Tensor& k, 
                                               std::optional<double> scale = std::nullopt);
 // Where scaled_dot_product_attention runs the fused kernel (process-wide, like torch.backends.cuda's
 // SDP switches): automatic (where the backend's measurements say it is faster: always on the CPU; on a GPU
+// float32 without dropout at every size for a forward alone and up to head size 64 with a backward, else
 // short sequences of small heads), always (least memory: O(T) saved state instead of the O(T^2)
 // weights), or never (the composite path).
 enum class FusedAttention : uint8_t { automatic, always, never };

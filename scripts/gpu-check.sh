@@ -10,8 +10,10 @@
 #                                      the CUDA plugin libheadlab_cuda.so goes to lib/, and bin/ gets a link to it,
 #                                      as headlab looks for it beside itself)
 #   scripts/gpu-check.sh run [STEP..]  there, in the repository root, with .gpu carried: unpacks it into
-#                                      /tmp/headlab-gpu and runs the steps (default all): env tests sanitize train
-#                                      cli speed profile (speed = speed_train speed_infer speed_attention; ROUNDS
+#                                      /tmp/headlab-gpu and runs the steps (default all but sweep_attention): env
+#                                      tests sanitize train cli speed profile, or sweep_attention (the fused
+#                                      attention against the composite path over T and D, for the automatic
+#                                      choice) (speed = speed_train speed_infer speed_attention; ROUNDS
 #                                      rounds each, default 3; STEP_SECONDS limits a step, DEADLINE_SECONDS the run).
 #                                      Each step's output goes to gpu-check.log and a PASS/FAIL line to
 #                                      summary.txt, in $OUT when it is set (the device tool brings it back), else in
@@ -207,6 +209,21 @@ step_speed_attention() {
   grep -hE " sdpa " "$log" | tee -a "$summary"
 }
 
+# The automatic choice's evidence: the fused kernels against the composite path, forward + backward, causal,
+# B 8, H 12, over sequence lengths and head sizes (one run each).
+step_sweep_attention() {
+  local T D form
+  for D in 32 64 128; do
+    for T in 64 256 1024 2048; do
+      for form in fused composite; do
+        step "sweep sdpa $form T$T D$D" "$bin/sdpa_step" --device cuda --form "$form" --T "$T" --D "$D" --repeats 10
+      done
+    done
+  done
+  grep -hE "^headlab sdpa (fused|composite)" "$log" | sed -E 's/ device=cuda B=8 H=12//; s/ causal float32//' |
+    tail -24 | tee -a "$summary"
+}
+
 step_speed() {
   step_speed_train
   step_speed_infer
@@ -239,9 +256,9 @@ run() {
   local s
   for s in "${steps[@]}"; do
     case $s in
-      env|tests|sanitize|leaks|train|cli|speed|speed_train|speed_infer|speed_attention|profile) "step_$s" ;;
+      env|tests|sanitize|leaks|train|cli|speed|speed_train|speed_infer|speed_attention|sweep_attention|profile) "step_$s" ;;
       *) echo "gpu-check run: unknown step $s (env tests sanitize train cli speed[_train|_infer|_attention]" \
-              "profile)" >&2; exit 2 ;;
+              "sweep_attention profile)" >&2; exit 2 ;;
     esac
   done
   echo "---- summary ($summary)"

@@ -6,10 +6,13 @@
 
 #include <cmath>
 #include <cstdio>
+#include <functional>
 
 #include "backends/backend.h"
 #include "nn/attention.h"
 #include "nn/gpt.h"
+#include "nn/llama.h"
+#include "nn/neox.h"
 #include "optim/optim.h"
 #include "tests/op_cases.h"
 #include "tests/tiny_models.h"
@@ -91,14 +94,23 @@ struct FusedAttentionCase {
   AttentionMask::Kind mask;
   bool per_row_lengths;
   double dropout;
+  bool heads_inside = false;  // inputs (B, T, H, D) seen as (B, H, T, D), as a module's projections give them
+};
+
+// The fused kernels at every size, not only where the automatic choice takes them.
+struct AlwaysFused {
+  AlwaysFused() { set_fused_attention(FusedAttention::always); }
+  ~AlwaysFused() { set_fused_attention(FusedAttention::automatic); }
 };
 
 // out and the gradients of q, k, v (from one fixed upstream gradient) of one attention call.
 std::vector<Tensor> attention_results(const FusedAttentionCase& c, DType dt, Device dev, bool composite) {
   Generator g(11);
-  Tensor q = randn({c.B, c.H, c.Tq, c.D}, g, dt).to(dev).requires_grad_();
-  Tensor k = randn({c.B, c.H, c.Tk, c.D}, g, dt).to(dev).requires_grad_();
-  Tensor v = randn({c.B, c.H, c.Tk, c.Dv}, g, dt).to(dev).requires_grad_();
+  const auto input = [&](int64_t T, int64_t D) {
+    if (!c.heads_inside) return randn({c.B, c.H, T, D}, g, dt).to(dev).requires_grad_();
+    return randn({c.B, T, c.H, D}, g, dt).to(dev).transpose(1, 2).detach().requires_grad_();
+  };
+  Tensor q = input(c.Tq, c.D), k = input(c.Tk, c.D), v = input(c.Tk, c.Dv);
   const Tensor dout = randn({c.B, c.H, c.Tq, c.Dv}, g, dt).to(dev);
   AttentionMask m;
   m.kind = c.mask;
@@ -115,22 +127,24 @@ std::vector<Tensor> attention_results(const FusedAttentionCase& c, DType dt, Dev
 
 TEST(CudaParity, FusedAttentionKernelsAgainstTheCompositePathAndTheCpu) {
   REQUIRE_GPU();
-  // The kernel at every size, not only where the automatic choice takes it.
-  struct Always {
-    Always() { set_fused_attention(FusedAttention::always); }
-    ~Always() { set_fused_attention(FusedAttention::automatic); }
-  } always;
+  const AlwaysFused always;
   using K = AttentionMask::Kind;
   const std::vector<FusedAttentionCase> cases = {
-      {2, 3, 150, 150, 64, 64, K::causal, false, 0.0}, {2, 2, 70, 130, 80, 48, K::lengths, true, 0.0},
-      {3, 2, 65, 65, 16, 16, K::lengths, false, 0.0},  {1, 2, 129, 100, 32, 32, K::none, false, 0.0},
-      {2, 2, 100, 100, 64, 64, K::causal, false, 0.3}, {1, 1, 90, 90, 200, 130, K::causal, false, 0.0},
+      {2, 3, 150, 150, 64, 64, K::causal, false, 0.0},
+      {2, 2, 70, 130, 80, 48, K::lengths, true, 0.0},
+      {3, 2, 65, 65, 16, 16, K::lengths, false, 0.0},
+      {1, 2, 129, 100, 32, 32, K::none, false, 0.0},
+      {2, 2, 100, 100, 64, 64, K::causal, false, 0.3},
+      {1, 1, 90, 90, 200, 130, K::causal, false, 0.0},
       {1, 2, 40, 50, 300, 300, K::none, false, 0.0},  // past the kernel's 256: the composite path
       // A few query rows (decoding): the kernel that splits the keys across blocks; with dropout, the row kernel.
-      {1, 12, 1, 961, 64, 64, K::none, false, 0.0},    {2, 3, 5, 700, 32, 32, K::lengths, true, 0.0},
-      {1, 2, 16, 16, 128, 96, K::causal, false, 0.0},  {1, 2, 12, 300, 128, 96, K::lengths, true, 0.0},
+      {1, 12, 1, 961, 64, 64, K::none, false, 0.0},
+      {2, 3, 5, 700, 32, 32, K::lengths, true, 0.0},
+      {1, 2, 16, 16, 128, 96, K::causal, false, 0.0},
+      {1, 2, 12, 300, 128, 96, K::lengths, true, 0.0},
       {1, 1, 3, 40, 200, 130, K::none, false, 0.0},
-      {2, 2, 4, 129, 16, 16, K::lengths, false, 0.0},  {1, 2, 4, 200, 64, 64, K::none, false, 0.2},
+      {2, 2, 4, 129, 16, 16, K::lengths, false, 0.0},
+      {1, 2, 4, 200, 64, 64, K::none, false, 0.2},
   };
   const char* names[] = {"out", "dq", "dk", "dv"};
   for (const FusedAttentionCase& c : cases) {
@@ -146,6 +160,98 @@ TEST(CudaParity, FusedAttentionKernelsAgainstTheCompositePathAndTheCpu) {
       expect_close_on_devices(fused64[i], composite64[i], std::string(what) + " f64 fused vs composite " + names[i],
                               1e-10, 1e-12);
       expect_close_on_devices(fused32[i], cpu32[i], std::string(what) + " f32 cuda vs cpu " + names[i], 1e-5, 1e-5);
+    }
+  }
+}
+
+// The tensor-core tiles (float32 without dropout, head sizes up to 128: cuda_attention_mma.cu) against the
+// composite path in float64, by the normwise relative error |got - ref| / |ref| of the output and each
+// gradient: 3xTF32 keeps float32's accuracy (3e-7 to 4e-6 on an H200), which one TF32 pass (about 1e-3)
+// would not. Tiles crossed and ragged, every mask, Tq != Tk, D != Dv, each tile width (32, 64, 128), strided
+// views.
+
+TEST(CudaParity, TensorCoreAttentionMatchesFloat64) {
+  REQUIRE_GPU();
+  const AlwaysFused always;
+  using K = AttentionMask::Kind;
+  const std::vector<FusedAttentionCase> cases = {
+      {2, 3, 150, 150, 64, 64, K::causal, false, 0.0},       {1, 2, 200, 130, 8, 8, K::lengths, true, 0.0},
+      {2, 2, 97, 97, 100, 72, K::none, false, 0.0},          {1, 4, 300, 300, 128, 128, K::causal, false, 0.0},
+      {1, 2, 17, 300, 64, 64, K::lengths, false, 0.0},       {2, 2, 64, 64, 32, 32, K::causal, false, 0.0},
+      {2, 3, 130, 130, 64, 64, K::causal, false, 0.0, true}, {1, 2, 70, 260, 48, 40, K::none, false, 0.0, true},
+  };
+  const char* names[] = {"out", "dq", "dk", "dv"};
+  for (const FusedAttentionCase& c : cases) {
+    char what[128];
+    std::snprintf(what, sizeof what, "B%lld H%lld Tq%lld Tk%lld D%lld Dv%lld mask %d%s", (long long)c.B, (long long)c.H,
+                  (long long)c.Tq, (long long)c.Tk, (long long)c.D, (long long)c.Dv, int(c.mask),
+                  c.heads_inside ? " heads inside" : "");
+    const auto got = attention_results(c, DType::f32, kCuda, false);
+    const auto ref = attention_results(c, DType::f64, kCuda, true);
+    for (int i = 0; i < 4; ++i) {
+      const std::string at = std::string(what) + " " + names[i];
+      const std::vector<double> x = got[i].to(DType::f64).to_vector<double>(), y = ref[i].to_vector<double>();
+      ASSERT_EQ(x.size(), y.size()) << at;
+      double diff = 0, norm = 0;
+      for (size_t e = 0; e < x.size(); ++e) diff += (x[e] - y[e]) * (x[e] - y[e]), norm += y[e] * y[e];
+      const double rel = std::sqrt(diff / norm);
+      std::printf("tensor-core attention %s: relative error %.2e\n", at.c_str(), rel);
+      EXPECT_LT(rel, 1e-5) << at;
+      expect_close_on_devices(got[i].to(DType::f64), ref[i], at, 1e-4, 1e-4);
+    }
+    // The same bits again: every gradient element has one writer.
+    const auto again = attention_results(c, DType::f32, kCuda, false);
+    for (int i = 0; i < 4; ++i) expect_close_on_devices(again[i], got[i], std::string(what) + " repeated", 0, 0);
+  }
+}
+
+// The LLaMA family (RMSNorm, rotary in both layouts, SwiGLU, grouped-query and multi-query attention, Qwen2's
+// biases) and GPT-NeoX (partial rotary, parallel residual) on the GPU against the CPU: the logits of a batch
+// long enough for the tensor-core tiles, every parameter's gradient of a loss on them, and greedy decoding
+// with the key/value cache (a prompt of 70, then one token a step).
+TEST(CudaParity, DecoderFamiliesTrackTheCpu) {
+  REQUIRE_GPU();
+  std::vector<std::pair<std::string, std::function<std::shared_ptr<nn::DecoderModel>()>>> models;
+  for (const int64_t kv : {4, 2, 1})
+    for (const bool interleaved : {false, true}) {
+      nn::LlamaConfig c;
+      c.vocab_size = 37, c.context_length = 80, c.emb_dim = 32, c.n_heads = 4, c.n_kv_heads = kv, c.n_layers = 2;
+      c.hidden_dim = 40, c.rope_theta = 500.0, c.rope_interleaved = interleaved, c.qkv_bias = kv == 2;
+      models.emplace_back("llama kv " + std::to_string(kv) + (interleaved ? " interleaved" : " halves"),
+                          [c] { return std::make_shared<nn::LlamaModel>(c); });
+    }
+  for (const bool parallel : {true, false}) {
+    nn::NeoXConfig c;
+    c.vocab_size = 37, c.context_length = 80, c.emb_dim = 32, c.n_heads = 4, c.n_layers = 2, c.hidden_dim = 48;
+    c.rotary_dims = 4, c.parallel_residual = parallel;
+    models.emplace_back(std::string("neox") + (parallel ? " parallel" : " sequential"),
+                        [c] { return std::make_shared<nn::NeoXModel>(c); });
+  }
+  for (const auto& [name, make] : models) {
+    SCOPED_TRACE(name);
+    manual_seed(31);
+    const std::shared_ptr<nn::DecoderModel> cpu = make(), gpu = make();
+    gpu->load_parameters(cpu->named_parameters());
+    gpu->to(kCuda);
+    Generator g(3);
+    const Tensor idx = randint(0, 37, {2, 75}, g), tgt = randint(0, 37, {2 * 75}, g);
+    const Tensor logits_cpu = cpu->forward(idx), logits_gpu = gpu->forward(idx.to(kCuda));
+    expect_close_on_devices(logits_gpu, logits_cpu, name + " logits", 1e-4, 1e-4);
+    cross_entropy(logits_cpu.reshape({-1, 37}), tgt).backward();
+    cross_entropy(logits_gpu.reshape({-1, 37}), tgt.to(kCuda)).backward();
+    const NamedTensors pc = cpu->named_parameters(), pg = gpu->named_parameters();
+    ASSERT_EQ(pc.size(), pg.size());
+    for (size_t i = 0; i < pc.size(); ++i)
+      expect_close_on_devices(pg[i].second.grad(), pc[i].second.grad(), name + " grad " + pc[i].first, 1e-4, 1e-4);
+    const NoGradGuard no_grad;
+    std::vector<nn::KVCache> caches_cpu(2), caches_gpu(2);
+    Tensor next_cpu = idx.narrow(0, 0, 1).narrow(1, 0, 70), next_gpu = next_cpu.to(kCuda);
+    for (int step = 0; step < 6; ++step) {
+      const Tensor last_cpu = cpu->forward_cached(next_cpu, caches_cpu),
+                   last_gpu = gpu->forward_cached(next_gpu, caches_gpu);
+      expect_close_on_devices(last_gpu, last_cpu, name + " cached logits, step " + std::to_string(step), 1e-4, 1e-4);
+      next_cpu = argmax(last_cpu, -1, true), next_gpu = argmax(last_gpu, -1, true);
+      ASSERT_EQ(next_gpu.to(kCPU).item<int64_t>(), next_cpu.item<int64_t>()) << "step " << step;
     }
   }
 }

@@ -9,12 +9,11 @@
 //             deterministic.
 //   few query rows (decoding, Tq <= kSplitMaxRows, no dropout): the keys split across blocks, a warp per key,
 //             and a second kernel merging the splits' partial softmaxes (attention_split_kernel).
-// Scalar FMAs (no tensor cores): float32 with TF32 off must match the CPU to rounding, and float64 runs
-// the same code. Head sizes up to kMaxHead; larger ones take the composite path (has_fused_attention).
+// Scalar FMAs: float64 and float32 with dropout run these; float32 without dropout takes the tensor-core tiles
+// of cuda_attention_mma.cu (3xTF32, float32's accuracy). Head sizes up to kMaxHead; larger ones take the
+// composite path (has_fused_attention).
 // B = batch, H = heads, Tq / Tk = queries / keys, D = q/k head size, Dv = v head size.
-#include <type_traits>
-
-#include "backends/cuda/cuda_internal.cuh"
+#include "backends/cuda/cuda_attention.cuh"
 #include "backends/philox.h"
 
 namespace headlab {
@@ -39,26 +38,6 @@ template <typename T>
 __device__ __forceinline__ void zero_tiles(T* x, T* y, int n) {
   for (int e = threadIdx.x; e < n; e += blockDim.x) x[e] = y[e] = T(0);
   __syncthreads();
-}
-
-// The keys row i of head bh may see: j < valid.
-__device__ __forceinline__ int64_t valid_keys(const AttnParams& a, int64_t bh, int64_t i) {
-  switch (a.mask) {
-    case SoftmaxMask::causal:
-      return i + 1 < a.Tk ? i + 1 : a.Tk;
-    case SoftmaxMask::lengths: {
-      const int64_t n = a.lengths[bh * a.Tq + i];
-      return n < 0 ? 0 : (n > a.Tk ? a.Tk : n);
-    }
-    default:
-      return a.Tk;
-  }
-}
-
-template <typename T, typename Ptr>
-__device__ __forceinline__ auto head_ptr(const AttnView<Ptr>& o, int64_t bh, int64_t H) {
-  using Elem = std::conditional_t<std::is_const_v<Ptr>, const T, T>;
-  return static_cast<Elem*>(o.p) + (bh / H) * o.sb + (bh % H) * o.sh;
 }
 
 // rows x cols of src (row stride ld) into dst (row stride DM).
@@ -298,8 +277,8 @@ constexpr int64_t kSplitMaxRows = 16;  // query rows up to which attention_forwa
 
 template <typename T, int DM>
 __global__ void __launch_bounds__(kSplitWarps * 32)
-    attention_split_kernel(T* part_o, T* part_ml, AttnOperand q, AttnOperand k, AttnOperand v, AttnParams a,
-                           int splits, int64_t split_len) {
+    attention_split_kernel(T* part_o, T* part_ml, AttnOperand q, AttnOperand k, AttnOperand v, AttnParams a, int splits,
+                           int64_t split_len) {
   constexpr int PL = DM / 32;
   const int64_t row = blockIdx.x / splits, bh = row / a.Tq, i = row % a.Tq;  // row = bh * Tq + i
   const int split = static_cast<int>(blockIdx.x % splits), lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -411,9 +390,20 @@ bool CudaBackend::has_fused_attention(int64_t D, int64_t Dv) const {
 // composite path's launches dominate (T 64, D 32: 5x; T 128, D 16 or 32: 2.2-2.4x; T 256, D 32: 1.26x),
 // ties at T 128, D 64, and loses beyond (T 256, D 64: 0.69x; T 128, D 128: 0.33x; T 1024, D 64: 0.32x).
 // A few query rows (decoding) take the split kernel, which reads the keys with the whole GPU: GPT-2 small's
-// decoding after 960 tokens spent 25 us a layer in the composite path's three launches.
-bool CudaBackend::fused_attention_is_faster(int64_t Tq, int64_t Tk, int64_t D, int64_t Dv) const {
-  return Tq <= cuda::kSplitMaxRows || Tk * (D > Dv ? D : Dv) <= 8192;
+// decoding after 960 tokens spent 25 us a layer in the composite path's three launches. Float32 without
+// dropout takes the tensor-core tiles (cuda_attention_mma.cu), measured on an H200 (B 8, H 12, causal; ms,
+// tiles against composite): the forward alone wins everywhere (D 128: T 64 0.04 / 0.15, T 1024 1.41 / 1.57,
+// T 2048 5.25 / 6.52); forward + backward wins at head sizes up to 64 (D 32: T 64 0.08 / 0.41, T 2048 4.45 /
+// 8.77; D 64: T 64 0.12 / 0.53, T 1024 2.46 / 3.64, T 2048 8.87 / 11.16) but past 64 only while short (D 128:
+// T 64 0.22 / 0.39, T 256 1.21 / 0.70, T 1024 12.4 / 4.7: the 128-wide backward tiles spill registers).
+bool CudaBackend::fused_attention_is_faster(DType dt, int64_t Tq, int64_t Tk, int64_t D, int64_t Dv, bool dropout,
+                                            bool backward) const {
+  if (Tq <= cuda::kSplitMaxRows) return true;
+  AttnParams a;
+  a.D = D, a.Dv = Dv, a.dropout_p = dropout ? 0.5 : 0.0;
+  const int64_t width = D > Dv ? D : Dv;
+  if (cuda::mma_attention_serves(*this, dt, a) && (!backward || width <= 64)) return true;
+  return Tk * width <= 8192;
 }
 
 void CudaBackend::attention_forward(DType dt, const AttnResult& out, void* lse, const AttnOperand& q,
@@ -444,6 +434,10 @@ void CudaBackend::attention_forward(DType dt, const AttnResult& out, void* lse, 
     HL_CUDA_LAUNCH_CHECK("attention_forward (combine splits)");
     return;
   }
+  if (mma_attention_serves(*this, dt, a)) {
+    mma_attention_forward(*this, out, static_cast<float*>(lse), q, k, v, a);
+    return;
+  }
   const int64_t n_tiles = ceil_div(a.Tq, int64_t{kRows});
   HLC_DISPATCH_FLOAT(dt, T, "attention_forward", {
     with_head_width(a.D, a.Dv, [&](auto dm) {
@@ -467,6 +461,10 @@ void CudaBackend::attention_backward(DType dt, const AttnResult& dq, const AttnR
     attention_delta_kernel<T><<<grid_for(a.B * a.H * a.Tq), kThreads, 0, stream_>>>(delta.as<T>(), dout, out, a);
     HL_CUDA_LAUNCH_CHECK("attention_backward (delta)");
     const T* L = static_cast<const T*>(lse);
+    if (mma_attention_serves(*this, dt, a)) {  // float32 only
+      mma_attention_backward(*this, dq, dk, dv, dout, q, k, v, static_cast<const float*>(lse), delta.as<float>(), a);
+      return;
+    }
     with_head_width(a.D, a.Dv, [&](auto dm) {
       constexpr int DM = decltype(dm)::value;
       const int64_t key_tiles = ceil_div(a.Tk, int64_t{kRows}), query_tiles = ceil_div(a.Tq, int64_t{kRows});

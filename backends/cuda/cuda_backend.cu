@@ -11,9 +11,9 @@
 // copy_from_host (the source may be pageable and is the caller's to free on return), synchronize,
 // and the validation helpers (all_finite, indices_in_range) that must return an answer.
 #include <atomic>
-#include <type_traits>
 #include <cstdio>
 #include <cstdlib>
+#include <type_traits>
 
 #include "backends/cuda/cuda_internal.cuh"
 
@@ -152,6 +152,8 @@ CudaBackend::CudaBackend(int device) : device_(device), alloc_(device) {
   HL_CUDA_CHECK("init (cudaDeviceGetAttribute)",
                 cudaDeviceGetAttribute(&sm_count_, cudaDevAttrMultiProcessorCount, device));
   sm_count_ = std::max(sm_count_, 1);
+  HL_CUDA_CHECK("init (cudaDeviceGetAttribute)",
+                cudaDeviceGetAttribute(&compute_major_, cudaDevAttrComputeCapabilityMajor, device));
   HL_CUDA_CHECK("init (cudaStreamCreateWithFlags)", cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   // A first launch tells at once whether this binary has code for the GPU (wrong -arch otherwise
   // shows up as "no kernel image is available" in the middle of a training step).
@@ -169,8 +171,9 @@ CudaBackend::CudaBackend(int device) : device_(device), alloc_(device) {
   HL_CUBLAS_CHECK("init (cublasCreate)", cublasCreate(&cublas_));
   HL_CUBLAS_CHECK("init (cublasSetStream)", cublasSetStream(cublas_, stream_));
   HL_CUBLAS_CHECK("init (cublasSetPointerMode)", cublasSetPointerMode(cublas_, CUBLAS_POINTER_MODE_HOST));
-  HL_CUDA_CHECK("init (cudaHostAlloc)", cudaHostAlloc(reinterpret_cast<void**>(&check_slots_),
-                                                      2 * kCheckSlots * sizeof(unsigned long long), cudaHostAllocMapped));
+  HL_CUDA_CHECK("init (cudaHostAlloc)",
+                cudaHostAlloc(reinterpret_cast<void**>(&check_slots_), 2 * kCheckSlots * sizeof(unsigned long long),
+                              cudaHostAllocMapped));
   std::fill_n(check_slots_, 2 * kCheckSlots, 0ull);
   pending_checks_.reserve(kCheckSlots);
 }
@@ -385,14 +388,22 @@ bool CudaBackend::linear_rows(DType dt, void* out, const void* x, int64_t ldx, c
   HLC_DISPATCH_FLOAT(dt, T, "linear_rows", {
     const auto launch = [&](auto rows_c) {
       linear_rows_kernel<T, decltype(rows_c)::value><<<blocks, kLinearWarps * 32, 0, stream_>>>(
-          static_cast<T*>(out), static_cast<const T*>(x), ldx, static_cast<const T*>(w), static_cast<const T*>(bias),
-          N, K, ksplit);
+          static_cast<T*>(out), static_cast<const T*>(x), ldx, static_cast<const T*>(w), static_cast<const T*>(bias), N,
+          K, ksplit);
     };
     switch (rows) {
-      case 1: launch(std::integral_constant<int, 1>{}); break;
-      case 2: launch(std::integral_constant<int, 2>{}); break;
-      case 3: launch(std::integral_constant<int, 3>{}); break;
-      default: launch(std::integral_constant<int, 4>{}); break;
+      case 1:
+        launch(std::integral_constant<int, 1>{});
+        break;
+      case 2:
+        launch(std::integral_constant<int, 2>{});
+        break;
+      case 3:
+        launch(std::integral_constant<int, 3>{});
+        break;
+      default:
+        launch(std::integral_constant<int, 4>{});
+        break;
     }
   });
   HL_CUDA_LAUNCH_CHECK("linear_rows");

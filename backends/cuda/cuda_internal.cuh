@@ -192,7 +192,8 @@ struct CudaBackend final : Backend {
                               int64_t ignore_index) override;
 
   bool has_fused_attention(int64_t D, int64_t Dv) const override;  // head sizes up to 256
-  bool fused_attention_is_faster(int64_t Tq, int64_t Tk, int64_t D, int64_t Dv) const override;
+  bool fused_attention_is_faster(DType dt, int64_t Tq, int64_t Tk, int64_t D, int64_t Dv, bool dropout,
+                                 bool backward) const override;
   void attention_forward(DType dt, const AttnResult& out, void* lse, const AttnOperand& q, const AttnOperand& k,
                          const AttnOperand& v, const AttnParams& a) override;
   void attention_backward(DType dt, const AttnResult& dq, const AttnResult& dk, const AttnResult& dv,
@@ -213,6 +214,7 @@ struct CudaBackend final : Backend {
   int grid_for(int64_t n, int threads = cuda::kThreads) const;
   int max_blocks() const { return sm_count_ * 32; }
   int sm_count() const { return sm_count_; }
+  int compute_major() const { return compute_major_; }  // 8: Ampere (tensor-core TF32), 9: Hopper
   void empty_cache();
   // After every wait for the stream: throws the first failed check_indices since the last wait.
   void raise_failed_checks();
@@ -225,6 +227,7 @@ struct CudaBackend final : Backend {
   cudaStream_t stream_ = nullptr;
   cublasHandle_t cublas_ = nullptr;
   int sm_count_ = 1;
+  int compute_major_ = 0;
   int cublas_tf32_ = -1;  // math mode last set on the handle: -1 unknown, 0 default, 1 TF32
   std::mutex cublas_mu_;  // the handle's math mode is per handle state
   mutable cuda::CachingAllocator alloc_;

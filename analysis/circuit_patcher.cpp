@@ -381,6 +381,10 @@ Chunk Impl::make_chunk(const PromptPairs& pairs, int64_t first, int64_t B) {
   const int64_t P = B * c.T * C;
   Recorded rec;
   rec.outputs = Tensor::empty({graph.node_count(), 2 * P}, detail::model_dtype(model), dev);
+  // Every element is written by the forward below, mostly a node's few hundred KB at a time on one thread; on
+  // the CPU its fresh pages (0.9 GB at GPT-2 shape and 64 pairs) are faulted in far faster by a parallel fill
+  // (path patching there: 2.49 -> 2.32 s, medians of 10 interleaved runs).
+  rec.outputs.zero_();
   Pass p;
   p.record = true;
   p.tokens = cat({c.clean_tokens, c.corrupt_tokens}, 0);

@@ -364,20 +364,6 @@ __global__ void attention_combine_kernel(AttnResult out, T* lse, const T* part_o
   }
 }
 
-// Calls f(std::integral_constant<int, DM>) for the smallest register width DM holding both head sizes.
-template <typename F>
-void with_head_width(int64_t D, int64_t Dv, F&& f) {
-  const int64_t w = D > Dv ? D : Dv;
-  if (w <= 32)
-    f(std::integral_constant<int, 32>{});
-  else if (w <= 64)
-    f(std::integral_constant<int, 64>{});
-  else if (w <= 128)
-    f(std::integral_constant<int, 128>{});
-  else
-    f(std::integral_constant<int, kMaxFusedAttentionHead>{});
-}
-
 }  // namespace
 }  // namespace cuda
 
@@ -419,7 +405,7 @@ void CudaBackend::attention_forward(DType dt, const AttnResult& out, void* lse, 
         1, std::min<int64_t>(ceil_div(2 * int64_t{sm_count()}, rows), ceil_div(a.Tk, kMinKeysPerSplit)));
     const int64_t split_len = ceil_div(a.Tk, splits);
     HLC_DISPATCH_FLOAT(dt, T, "attention_forward (split keys)", {
-      with_head_width(a.D, a.Dv, [&](auto dm) {
+      with_head_width<kMaxFusedAttentionHead>(a.D, a.Dv, [&](auto dm) {
         constexpr int DM = decltype(dm)::value;
         const TempBuffer part_o(*this, static_cast<size_t>(rows * splits * DM) * sizeof(T));
         const TempBuffer part_ml(*this, static_cast<size_t>(rows * splits * 2) * sizeof(T));
@@ -440,7 +426,7 @@ void CudaBackend::attention_forward(DType dt, const AttnResult& out, void* lse, 
   }
   const int64_t n_tiles = ceil_div(a.Tq, int64_t{kRows});
   HLC_DISPATCH_FLOAT(dt, T, "attention_forward", {
-    with_head_width(a.D, a.Dv, [&](auto dm) {
+    with_head_width<kMaxFusedAttentionHead>(a.D, a.Dv, [&](auto dm) {
       attention_forward_kernel<T, decltype(dm)::value>
           <<<a.B * a.H * n_tiles, kRows, 0, stream_>>>(out, static_cast<T*>(lse), q, k, v, a, n_tiles);
     });
@@ -465,7 +451,7 @@ void CudaBackend::attention_backward(DType dt, const AttnResult& dq, const AttnR
       mma_attention_backward(*this, dq, dk, dv, dout, q, k, v, static_cast<const float*>(lse), delta.as<float>(), a);
       return;
     }
-    with_head_width(a.D, a.Dv, [&](auto dm) {
+    with_head_width<kMaxFusedAttentionHead>(a.D, a.Dv, [&](auto dm) {
       constexpr int DM = decltype(dm)::value;
       const int64_t key_tiles = ceil_div(a.Tk, int64_t{kRows}), query_tiles = ceil_div(a.Tq, int64_t{kRows});
       attention_dkdv_kernel<T, DM>

@@ -31,6 +31,21 @@ __device__ __forceinline__ auto head_ptr(const AttnView<Ptr>& o, int64_t bh, int
   return static_cast<Elem*>(o.p) + (bh / H) * o.sb + (bh % H) * o.sh;
 }
 
+// Calls f(std::integral_constant<int, DM>) for the narrowest register or tile width DM (32, 64, 128, then
+// kWidest) holding both head sizes, which are at most kWidest.
+template <int kWidest, typename F>
+void with_head_width(int64_t D, int64_t Dv, F&& f) {
+  const int64_t w = D > Dv ? D : Dv;
+  if (w <= 32)
+    f(std::integral_constant<int, 32>{});
+  else if (w <= 64)
+    f(std::integral_constant<int, 64>{});
+  else if (w <= 128)
+    f(std::integral_constant<int, 128>{});
+  else
+    f(std::integral_constant<int, kWidest>{});
+}
+
 // The tensor-core path (cuda_attention_mma.cu): float32 without dropout, head sizes up to kMmaMaxHead, on a GPU
 // with TF32 tensor cores (compute capability 8 or later).
 constexpr int64_t kMmaMaxHead = 128;

@@ -162,6 +162,19 @@ __device__ __forceinline__ void accumulate(float (&out)[DM / 8][4], const float 
   }
 }
 
+// Row r (0: the lane's row g, 1: g + 8) of an accumulator tile (16 x DM) times `factor` into dst[0, cols).
+template <int DM>
+__device__ __forceinline__ void store_row(float* dst, const float (&acc)[DM / 8][4], int r, int64_t cols, float factor,
+                                          Lane l) {
+#pragma unroll
+  for (int nt = 0; nt < DM / 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int col = 8 * nt + 2 * l.t + e;
+      if (col < cols) dst[col] = factor * acc[nt][2 * r + e];
+    }
+}
+
 // The smallest and largest valid key counts of the block's present rows (every thread passes its own two).
 struct KeyRange {
   int64_t lo, hi;
@@ -263,15 +276,8 @@ __global__ void __launch_bounds__(kThreadsMma)
     float total = lsum[r] + __shfl_xor_sync(0xffffffffu, lsum[r], 1);
     total += __shfl_xor_sync(0xffffffffu, total, 2);
     if (!qt.present[r]) continue;
-    const float inv = total > 0.f ? 1.f / total : 0.f;
-    float* O = head_ptr<float>(out, qt.bh, a.H) + qt.row[r] * out.st;
-#pragma unroll
-    for (int nt = 0; nt < DM / 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int col = 8 * nt + 2 * l.t + e;
-        if (col < a.Dv) O[col] = o[nt][2 * r + e] * inv;
-      }
+    store_row<DM>(head_ptr<float>(out, qt.bh, a.H) + qt.row[r] * out.st, o, r, a.Dv, total > 0.f ? 1.f / total : 0.f,
+                  l);
     if (l.t == 0)
       lse[qt.bh * a.Tq + qt.row[r]] =
           total > 0.f ? static_cast<float>(m[r] / kLog2e + log(static_cast<double>(total))) : INFINITY;
@@ -336,16 +342,8 @@ __global__ void __launch_bounds__(kThreadsMma)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (key[r] >= a.Tk) continue;
-    float* dK = head_ptr<float>(dk, bh, a.H) + key[r] * dk.st;
-    float* dV = head_ptr<float>(dv, bh, a.H) + key[r] * dv.st;
-#pragma unroll
-    for (int nt = 0; nt < DM / 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int col = 8 * nt + 2 * l.t + e;
-        if (col < a.D) dK[col] = scale * dkacc[nt][2 * r + e];
-        if (col < a.Dv) dV[col] = dvacc[nt][2 * r + e];
-      }
+    store_row<DM>(head_ptr<float>(dk, bh, a.H) + key[r] * dk.st, dkacc, r, a.D, scale, l);
+    store_row<DM>(head_ptr<float>(dv, bh, a.H) + key[r] * dv.st, dvacc, r, a.Dv, 1.f, l);
   }
 }
 
@@ -397,28 +395,8 @@ __global__ void __launch_bounds__(kThreadsMma)
   const float scale = static_cast<float>(a.scale);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
-    if (!qt.present[r]) continue;
-    float* dQ = head_ptr<float>(dq, qt.bh, a.H) + qt.row[r] * dq.st;
-#pragma unroll
-    for (int nt = 0; nt < DM / 8; ++nt)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int col = 8 * nt + 2 * l.t + e;
-        if (col < a.D) dQ[col] = scale * dqacc[nt][2 * r + e];
-      }
+    if (qt.present[r]) store_row<DM>(head_ptr<float>(dq, qt.bh, a.H) + qt.row[r] * dq.st, dqacc, r, a.D, scale, l);
   }
-}
-
-// Calls f(std::integral_constant<int, DM>) for the narrowest tile width DM holding both head sizes.
-template <typename F>
-void with_tile_width(int64_t D, int64_t Dv, F&& f) {
-  const int64_t w = D > Dv ? D : Dv;
-  if (w <= 32)
-    f(std::integral_constant<int, 32>{});
-  else if (w <= 64)
-    f(std::integral_constant<int, 64>{});
-  else
-    f(std::integral_constant<int, kMmaMaxHead>{});
 }
 
 // Launches kernel with `bytes` of dynamic shared memory (past the default 48 KiB: opted in once per kernel).
@@ -441,7 +419,7 @@ bool mma_attention_serves(const CudaBackend& be, DType dt, const AttnParams& a) 
 void mma_attention_forward(CudaBackend& be, const AttnResult& out, float* lse, const AttnOperand& q,
                            const AttnOperand& k, const AttnOperand& v, const AttnParams& a) {
   const int64_t n_tiles = ceil_div(a.Tq, int64_t{kRows});
-  with_tile_width(a.D, a.Dv, [&](auto dm) {
+  with_head_width<kMmaMaxHead>(a.D, a.Dv, [&](auto dm) {
     constexpr int DM = decltype(dm)::value;
     const size_t bytes = sizeof(float) * (kRows + 2 * kStep) * pitch<DM>();
     launch_mma(be, "attention_forward (tensor cores)", mma_attention_forward_kernel<DM>, a.B * a.H * n_tiles, bytes,
@@ -452,7 +430,7 @@ void mma_attention_forward(CudaBackend& be, const AttnResult& out, float* lse, c
 void mma_attention_backward(CudaBackend& be, const AttnResult& dq, const AttnResult& dk, const AttnResult& dv,
                             const AttnOperand& dout, const AttnOperand& q, const AttnOperand& k, const AttnOperand& v,
                             const float* lse, const float* delta, const AttnParams& a) {
-  with_tile_width(a.D, a.Dv, [&](auto dm) {
+  with_head_width<kMmaMaxHead>(a.D, a.Dv, [&](auto dm) {
     constexpr int DM = decltype(dm)::value;
     const size_t tiles = sizeof(float) * (2 * kRows + 2 * kStep) * pitch<DM>();
     const size_t rows = kStep * (2 * sizeof(float) + sizeof(int64_t));

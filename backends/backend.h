@@ -72,6 +72,9 @@ struct AttnParams {
   // Grouped-query attention: query head h reads key/value head h / group of k and v, which have H / group
   // heads (multi-query: group = H). Only where has_grouped_attention(); dk and dv stay per query head.
   int64_t group = 1;
+  // Backward: every gradient element written by one thread in a fixed order (set_deterministic_attention), or
+  // where a kernel is faster with atomics (the CUDA tensor-core path's dQ), summed in whatever order they land.
+  bool deterministic = false;
 };
 
 struct Backend {

@@ -6,6 +6,7 @@
 // count the work needed (2 products forward, 5 with backward's recomputation, 2*B*H*T*T*D flops each,
 // halved by the mask); peak is the backend's bytes above the inputs over a forward + backward.
 // Usage: sdpa_step [--device cpu|cuda] [--form fused|composite|auto] [--B 8 --H 12 --T 1024 --D 64] [--repeats 20]
+//                  [--deterministic 0|1] (set_deterministic_attention: dQ in its own pass, no atomics)
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -42,6 +43,8 @@ int main(int argc, char** argv) {
       D = std::stoll(v);
     else if (k == "--repeats")
       repeats = std::stoi(v);
+    else if (k == "--deterministic")
+      set_deterministic_attention(v == "1");
     else {
       std::fprintf(stderr, "sdpa_step: unknown option %s\n", k.c_str());
       return 2;
@@ -90,10 +93,10 @@ int main(int argc, char** argv) {
     const double peak = double(be.peak_bytes() - live) / 1048576.0;
     const double unit = 2.0 * B * H * T * T * D / 2 / 1e9;  // one causal product, GFLOP
     std::printf(
-        "headlab sdpa %s device=%s B=%lld H=%lld T=%lld D=%lld causal float32: forward %.3f ms (%.0f GFLOP/s), "
+        "headlab sdpa %s%s device=%s B=%lld H=%lld T=%lld D=%lld causal float32: forward %.3f ms (%.0f GFLOP/s), "
         "forward+backward %.3f ms (%.0f GFLOP/s), peak %.1f MiB\n",
-        form.c_str(), device.str().c_str(), (long long)B, (long long)H, (long long)T, (long long)D, fwd,
-        2 * unit / fwd * 1e3, both, 7 * unit / both * 1e3, peak);
+        form.c_str(), deterministic_attention() ? " deterministic" : "", device.str().c_str(), (long long)B,
+        (long long)H, (long long)T, (long long)D, fwd, 2 * unit / fwd * 1e3, both, 7 * unit / both * 1e3, peak);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "sdpa_step: %s\n", e.what());
     return 1;

@@ -91,6 +91,10 @@ std::atomic<FusedAttention> g_fused_attention{FusedAttention::automatic};
 void set_fused_attention(FusedAttention when) { g_fused_attention.store(when, std::memory_order_relaxed); }
 FusedAttention fused_attention() { return g_fused_attention.load(std::memory_order_relaxed); }
 
+std::atomic<bool> g_deterministic_attention{false};
+void set_deterministic_attention(bool on) { g_deterministic_attention.store(on, std::memory_order_relaxed); }
+bool deterministic_attention() { return g_deterministic_attention.load(std::memory_order_relaxed); }
+
 Tensor repeat_kv(const Tensor& t, int64_t H) {
   HL_CHECK(t.dim() == 4 && t.size(1) > 0 && H % t.size(1) == 0, "repeat_kv: expected (B, Hkv, T, C) with Hkv dividing ",
            H, ", got ", shape_str(t.shape()));
@@ -146,6 +150,7 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     return scaled_dot_product_attention(q, repeat_kv(k, s.H), repeat_kv(v, s.H), mask, dropout_p, training, gen, scale);
   AttnParams a;
   a.group = s.heads && s.Hkv ? s.H / s.Hkv : 1;
+  a.deterministic = deterministic_attention();
   a.B = s.B, a.H = s.H, a.Tq = s.Tq, a.Tk = s.Tk, a.D = s.D, a.Dv = s.Dv;
   a.scale = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(s.D));
   a.mask = mask.kind == AttentionMask::Kind::causal    ? SoftmaxMask::causal

@@ -178,6 +178,12 @@ Tensor scaled_dot_product_attention_composite(const Tensor& q, const Tensor& k, 
 enum class FusedAttention : uint8_t { automatic, always, never };
 void set_fused_attention(FusedAttention when);
 FusedAttention fused_attention();
+// Whether the fused attention's backward gives the same bits on every run (process-wide, like
+// torch.use_deterministic_algorithms for it): off by default, where a GPU kernel sums dQ with atomics (the CUDA
+// tensor-core path, as PyTorch's memory-efficient attention does by default); on, it computes dQ in a second
+// pass, each element with one writer. The CPU's kernels are deterministic either way.
+void set_deterministic_attention(bool on);
+bool deterministic_attention();
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
 // LLaMA's RMSNorm of the last dim: x / sqrt(mean(x^2) + eps) * weight (weight (C) or undefined). Fused where
 // the backend has the kernel (the CPU), else rms_norm_composite, the reference it is tested against.

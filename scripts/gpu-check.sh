@@ -10,11 +10,14 @@
 #                                      the CUDA plugin libheadlab_cuda.so goes to lib/, and bin/ gets a link to it,
 #                                      as headlab looks for it beside itself)
 #   scripts/gpu-check.sh run [STEP..]  there, in the repository root, with .gpu carried: unpacks it into
-#                                      /tmp/headlab-gpu and runs the steps (default all but sweep_attention): env
-#                                      tests sanitize train cli speed profile, or sweep_attention (the fused
-#                                      attention against the composite path over T and D, for the automatic
-#                                      choice) (speed = speed_train speed_infer speed_attention; ROUNDS
-#                                      rounds each, default 3; STEP_SECONDS limits a step, DEADLINE_SECONDS the run).
+#                                      /tmp/headlab-gpu and runs the steps (default env tests sanitize train cli
+#                                      speed profile); also sweep_attention (the fused attention against the
+#                                      composite path over T and D, for the automatic choice), attention_variants
+#                                      (the backward's atomic and deterministic forms against torch) and
+#                                      profile_attention (ncu over the tensor-core kernels) (speed = speed_train
+#                                      speed_infer speed_attention; ROUNDS rounds each, default 3; STEP_SECONDS
+#                                      limits a step, DEADLINE_SECONDS the run; SANITIZE_TOOLS picks among
+#                                      memcheck racecheck initcheck, and GTEST_FILTER narrows the suites).
 #                                      Each step's output goes to gpu-check.log and a PASS/FAIL line to
 #                                      summary.txt, in $OUT when it is set (the device tool brings it back), else in
 #                                      /tmp/headlab-gpu/out; runs and checkpoints stay in /tmp/headlab-gpu/work.
@@ -122,7 +125,7 @@ step_tests() {
 
 step_sanitize() {
   local tool
-  for tool in memcheck racecheck initcheck; do
+  for tool in ${SANITIZE_TOOLS:-memcheck racecheck initcheck}; do
     step "compute-sanitizer $tool" compute-sanitizer --tool "$tool" --error-exitcode 1 \
       "$bin/test_cuda_parity" --gtest_brief=1
   done
@@ -224,6 +227,28 @@ step_sweep_attention() {
     tail -24 | tee -a "$summary"
 }
 
+# The tensor-core backward's two forms at the speed shape, interleaved with torch (ROUNDS rounds): dQ with
+# atomics (the default) and deterministic (dQ in its own kernel).
+step_attention_variants() {
+  local r
+  for ((r = 1; r <= ${ROUNDS:-3}; ++r)); do
+    step "variant sdpa atomic r$r" "$bin/sdpa_step" --device cuda --form fused
+    step "variant sdpa deterministic r$r" "$bin/sdpa_step" --device cuda --form fused --deterministic 1
+    step "variant sdpa torch r$r" python3 "$root/peers/torch_sdpa_peer.py" --device cuda
+  done
+  awk '/^==== variant/ {name = $0; sub(/^==== /, "", name); sub(/: .*/, "", name)}
+       /^(headlab|torch) .*sdpa/ && name != "" {print name ": " $0; name = ""}' "$log" | tee -a "$summary"
+}
+
+# Nsight Compute over one forward + backward of the tensor-core kernels at the speed shape: throughput, occupancy,
+# and where the warps stall (the next step's evidence).
+step_profile_attention() {
+  step "ncu attention" ncu --kernel-name regex:mma_attention --launch-skip 6 --launch-count 4 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    --section ComputeWorkloadAnalysis --section InstructionStats \
+    "$bin/sdpa_step" --device cuda --form fused --repeats 2
+}
+
 step_speed() {
   step_speed_train
   step_speed_infer
@@ -256,9 +281,10 @@ run() {
   local s
   for s in "${steps[@]}"; do
     case $s in
-      env|tests|sanitize|leaks|train|cli|speed|speed_train|speed_infer|speed_attention|sweep_attention|profile) "step_$s" ;;
+      env|tests|sanitize|leaks|train|cli|speed|speed_train|speed_infer|speed_attention|sweep_attention|profile|\
+      attention_variants|profile_attention) "step_$s" ;;
       *) echo "gpu-check run: unknown step $s (env tests sanitize train cli speed[_train|_infer|_attention]" \
-              "sweep_attention profile)" >&2; exit 2 ;;
+              "sweep_attention profile attention_variants profile_attention)" >&2; exit 2 ;;
     esac
   done
   echo "---- summary ($summary)"

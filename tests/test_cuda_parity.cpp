@@ -168,7 +168,11 @@ TEST(CudaParity, FusedAttentionKernelsAgainstTheCompositePathAndTheCpu) {
 // composite path in float64, by the normwise relative error |got - ref| / |ref| of the output and each
 // gradient: 3xTF32 keeps float32's accuracy (3e-7 to 4e-6 on an H200), which one TF32 pass (about 1e-3)
 // would not. Tiles crossed and ragged, every mask, Tq != Tk, D != Dv, each tile width (32, 64, 128), strided
-// views.
+// views; dQ summed with atomics (the default) and in its own pass (deterministic), which must repeat bit for bit.
+struct DeterministicAttention {
+  explicit DeterministicAttention(bool on) { set_deterministic_attention(on); }
+  ~DeterministicAttention() { set_deterministic_attention(false); }
+};
 
 TEST(CudaParity, TensorCoreAttentionMatchesFloat64) {
   REQUIRE_GPU();
@@ -186,22 +190,26 @@ TEST(CudaParity, TensorCoreAttentionMatchesFloat64) {
     std::snprintf(what, sizeof what, "B%lld H%lld Tq%lld Tk%lld D%lld Dv%lld mask %d%s", (long long)c.B, (long long)c.H,
                   (long long)c.Tq, (long long)c.Tk, (long long)c.D, (long long)c.Dv, int(c.mask),
                   c.heads_inside ? " heads inside" : "");
-    const auto got = attention_results(c, DType::f32, kCuda, false);
     const auto ref = attention_results(c, DType::f64, kCuda, true);
-    for (int i = 0; i < 4; ++i) {
-      const std::string at = std::string(what) + " " + names[i];
-      const std::vector<double> x = got[i].to(DType::f64).to_vector<double>(), y = ref[i].to_vector<double>();
-      ASSERT_EQ(x.size(), y.size()) << at;
-      double diff = 0, norm = 0;
-      for (size_t e = 0; e < x.size(); ++e) diff += (x[e] - y[e]) * (x[e] - y[e]), norm += y[e] * y[e];
-      const double rel = std::sqrt(diff / norm);
-      std::printf("tensor-core attention %s: relative error %.2e\n", at.c_str(), rel);
-      EXPECT_LT(rel, 1e-5) << at;
-      expect_close_on_devices(got[i].to(DType::f64), ref[i], at, 1e-4, 1e-4);
+    for (const bool deterministic : {false, true}) {
+      const DeterministicAttention mode(deterministic);
+      const auto got = attention_results(c, DType::f32, kCuda, false);
+      for (int i = 0; i < 4; ++i) {
+        const std::string at = std::string(what) + (deterministic ? " deterministic " : " ") + names[i];
+        const std::vector<double> x = got[i].to(DType::f64).to_vector<double>(), y = ref[i].to_vector<double>();
+        ASSERT_EQ(x.size(), y.size()) << at;
+        double diff = 0, norm = 0;
+        for (size_t e = 0; e < x.size(); ++e) diff += (x[e] - y[e]) * (x[e] - y[e]), norm += y[e] * y[e];
+        const double rel = std::sqrt(diff / norm);
+        std::printf("tensor-core attention %s: relative error %.2e\n", at.c_str(), rel);
+        EXPECT_LT(rel, 1e-5) << at;
+        expect_close_on_devices(got[i].to(DType::f64), ref[i], at, 1e-4, 1e-4);
+      }
+      if (deterministic) {  // the same bits again: every gradient element has one writer
+        const auto again = attention_results(c, DType::f32, kCuda, false);
+        for (int i = 0; i < 4; ++i) expect_close_on_devices(again[i], got[i], std::string(what) + " repeated", 0, 0);
+      }
     }
-    // The same bits again: every gradient element has one writer.
-    const auto again = attention_results(c, DType::f32, kCuda, false);
-    for (int i = 0; i < 4; ++i) expect_close_on_devices(again[i], got[i], std::string(what) + " repeated", 0, 0);
   }
 }
 

@@ -378,17 +378,18 @@ bool CudaBackend::has_fused_attention(int64_t D, int64_t Dv) const {
 // A few query rows (decoding) take the split kernel, which reads the keys with the whole GPU: GPT-2 small's
 // decoding after 960 tokens spent 25 us a layer in the composite path's three launches. Float32 without
 // dropout takes the tensor-core tiles (cuda_attention_mma.cu), measured on an H200 (B 8, H 12, causal; ms,
-// tiles against composite): the forward alone wins everywhere (D 128: T 64 0.04 / 0.15, T 1024 1.41 / 1.57,
-// T 2048 5.25 / 6.52); forward + backward wins at head sizes up to 64 (D 32: T 64 0.08 / 0.41, T 2048 4.45 /
-// 8.77; D 64: T 64 0.12 / 0.53, T 1024 2.46 / 3.64, T 2048 8.87 / 11.16) but past 64 only while short (D 128:
-// T 64 0.22 / 0.39, T 256 1.21 / 0.70, T 1024 12.4 / 4.7: the 128-wide backward tiles spill registers).
+// tiles against composite; scripts/gpu-check.sh sweep_attention): the forward alone wins everywhere (D 128:
+// T 64 0.03 / 0.22, T 1024 0.83 / 1.56, T 2048 3.19 / 6.44); forward + backward wins at head sizes up to 64
+// (D 32: T 64 0.06 / 0.53, T 2048 2.94 / 8.70; D 64: T 64 0.08 / 0.58, T 1024 1.63 / 3.57, T 2048 5.60 / 11.18)
+// but past 64 only while short (D 128: T 64 0.13 / 0.57, T 256 0.74 / 0.69, T 1024 6.9 / 4.7: the 128-wide
+// backward tiles hold one block an SM and spill registers).
 bool CudaBackend::fused_attention_is_faster(DType dt, int64_t Tq, int64_t Tk, int64_t D, int64_t Dv, bool dropout,
                                             bool backward) const {
   if (Tq <= cuda::kSplitMaxRows) return true;
   AttnParams a;
   a.D = D, a.Dv = Dv, a.dropout_p = dropout ? 0.5 : 0.0;
   const int64_t width = D > Dv ? D : Dv;
-  if (cuda::mma_attention_serves(*this, dt, a) && (!backward || width <= 64)) return true;
+  if (cuda::mma_attention_serves(*this, dt, a) && (!backward || width <= 64 || Tk <= 128)) return true;
   return Tk * width <= 8192;
 }
 
@@ -442,15 +443,15 @@ void CudaBackend::attention_backward(DType dt, const AttnResult& dq, const AttnR
   HL_CHECK(has_fused_attention(a.D, a.Dv), "cuda attention_backward: head sizes ", a.D, " and ", a.Dv,
            " exceed the kernel's ", kMaxFusedAttentionHead);
   activate();
+  if (mma_attention_serves(*this, dt, a)) {
+    mma_attention_backward(*this, dq, dk, dv, dout, q, k, v, out, static_cast<const float*>(lse), a);
+    return;
+  }
   HLC_DISPATCH_FLOAT(dt, T, "attention_backward", {
     const TempBuffer delta(*this, static_cast<size_t>(a.B * a.H * a.Tq) * sizeof(T));
     attention_delta_kernel<T><<<grid_for(a.B * a.H * a.Tq), kThreads, 0, stream_>>>(delta.as<T>(), dout, out, a);
     HL_CUDA_LAUNCH_CHECK("attention_backward (delta)");
     const T* L = static_cast<const T*>(lse);
-    if (mma_attention_serves(*this, dt, a)) {  // float32 only
-      mma_attention_backward(*this, dq, dk, dv, dout, q, k, v, static_cast<const float*>(lse), delta.as<float>(), a);
-      return;
-    }
     with_head_width<kMaxFusedAttentionHead>(a.D, a.Dv, [&](auto dm) {
       constexpr int DM = decltype(dm)::value;
       const int64_t key_tiles = ceil_div(a.Tk, int64_t{kRows}), query_tiles = ceil_div(a.Tq, int64_t{kRows});

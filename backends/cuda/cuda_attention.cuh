@@ -52,10 +52,9 @@ constexpr int64_t kMmaMaxHead = 128;
 bool mma_attention_serves(const CudaBackend& be, DType dt, const AttnParams& a);
 void mma_attention_forward(CudaBackend& be, const AttnResult& out, float* lse, const AttnOperand& q,
                            const AttnOperand& k, const AttnOperand& v, const AttnParams& a);
-// delta: (B * H * Tq) rows of dO . O, as attention_delta_kernel computes them.
 void mma_attention_backward(CudaBackend& be, const AttnResult& dq, const AttnResult& dk, const AttnResult& dv,
                             const AttnOperand& dout, const AttnOperand& q, const AttnOperand& k, const AttnOperand& v,
-                            const float* lse, const float* delta, const AttnParams& a);
+                            const AttnOperand& out, const float* lse, const AttnParams& a);
 
 }  // namespace cuda
 }  // namespace headlab

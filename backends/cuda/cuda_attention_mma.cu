@@ -3,10 +3,11 @@
 //   forward: a block per (b, h, 64 query rows), a warp per 16 of them; key/value tiles of 64 rows staged in
 //            shared memory; S = Q K^T and O += P V as m16n8k8 MMAs; an online softmax over the accumulators;
 //            writes O and each row's log-sum-exp.
-//   backward: a block per (b, h, 64 keys) for dK and dV over every query tile that sees them, and a block
-//            per (b, h, 64 queries) for dQ over their keys, each recomputing P from the log-sum-exp: every
-//            gradient row has one writer (no atomics, deterministic), at the cost of computing S and dP twice
-//            (seven products where FlashAttention-2, summing dQ with atomics, has five).
+//   backward: a block per (b, h, 64 keys) for dK and dV over every query tile that sees them, recomputing P
+//            from the log-sum-exp (FlashAttention-2's five products: S, dV, dP, dK, dQ); each block adds its
+//            share of dQ to the output with atomics, as PyTorch's memory-efficient kernel does by default.
+//            Deterministic (set_deterministic_attention): dQ from a second kernel over query tiles, every
+//            gradient row with one writer, at the cost of computing S and dP twice (seven products).
 // Precision: each float operand is split into a TF32 high part and a TF32 remainder, and a product is the
 // three MMAs hi*hi + hi*lo + lo*hi (CUTLASS's "fast F32", what PyTorch's float32 memory-efficient attention
 // runs): about float32's accuracy at a third of the tensor cores' TF32 rate, so TF32 off still holds.
@@ -125,10 +126,28 @@ __device__ __forceinline__ FragA a_from_acc(const float (&c)[4]) {
   return split(v);
 }
 
+// A = X^T (A[m][k] = X[k0 + k][r0 + m]) of a staged tile of pitch PITCH, its k rows in b_cols's order: dQ's dS
+// from the dS^T tile the dK/dV kernel leaves in shared memory.
+template <int PITCH>
+__device__ __forceinline__ FragA a_cols(const float* X, int r0, int k0, Lane l) {
+  const float* x = X + (k0 + 2 * l.t) * PITCH + r0 + l.g;
+  const float v[4] = {x[0], x[8], x[PITCH], x[PITCH + 8]};
+  return split(v);
+}
+
 // rows x cols of src (row stride ld) into a tile of kStep rows, zero elsewhere (rows past n, columns past cols):
 // the zero columns make full-width products exact, the zero rows harmless.
 template <int DM>
 __device__ __forceinline__ void stage(float* dst, const float* src, int64_t ld, int n, int64_t cols) {
+  if (cols == DM && (ld & 3) == 0 && (reinterpret_cast<uintptr_t>(src) & 15) == 0) {  // whole rows, 16-byte aligned
+    constexpr int kVecs = DM / 4;
+    for (int e = static_cast<int>(threadIdx.x); e < kStep * kVecs; e += kThreadsMma) {
+      const int r = e / kVecs, c = 4 * (e % kVecs);
+      *reinterpret_cast<float4*>(dst + r * pitch<DM>() + c) =
+          r < n ? *reinterpret_cast<const float4*>(src + r * ld + c) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    return;
+  }
   for (int e = static_cast<int>(threadIdx.x); e < kStep * DM; e += kThreadsMma) {
     const int r = e / DM, c = e % DM;
     dst[r * pitch<DM>() + c] = r < n && c < cols ? src[r * ld + c] : 0.f;
@@ -216,11 +235,12 @@ __device__ __forceinline__ QueryTile query_tile(const AttnParams& a, int64_t n_t
   return q;
 }
 
+// Up to head size 64, four blocks an SM (shared memory allows four; so must the registers, at most 128).
 template <int DM>
-__global__ void __launch_bounds__(kThreadsMma)
+__global__ void __launch_bounds__(kThreadsMma, DM <= 64 ? 4 : 1)
     mma_attention_forward_kernel(AttnResult out, float* lse, AttnOperand q, AttnOperand k, AttnOperand v, AttnParams a,
                                  int64_t n_tiles) {
-  extern __shared__ float smem[];
+  extern __shared__ __align__(16) float smem[];  // float4 staging
   constexpr int P = pitch<DM>();
   float *Qs = smem, *Ks = Qs + kRows * P, *Vs = Ks + kStep * P;
   const Lane l = lane_of();
@@ -284,17 +304,31 @@ __global__ void __launch_bounds__(kThreadsMma)
   }
 }
 
+// The backward kernels' blocks an SM up to head size 64: three (their ~70 KB of shared memory allows three;
+// registers capped at 168, a few spilled, against 2 blocks at 255: 1.69 against 2.02 ms forward + backward at
+// B 8 H 12 T 1024 D 64 on an H200). Wider heads keep every register (one or two blocks by shared memory).
+template <int DM>
+constexpr int kBackwardBlocks = DM <= 64 ? 3 : 1;
+
 // dK and dV of 64 keys (a warp per 16) over every query tile that sees them:
 //   S^T = K Q^T, P^T = exp(scale S^T - lse), dV += P^T dO, dP^T = V dO^T, dS^T = P^T (dP^T - delta),
-//   dK += scale dS^T Q.
+//   dK += scale dS^T Q, and with kDq dQ += scale dS K: the block's dS^T goes through shared memory (in dO's
+//   tile, read by then) and each warp adds 16 queries' share over the block's 64 keys to dq (zeroed before).
+constexpr int kDsPitch = kStep + 4;  // dS^T's tile: 64 keys x 64 queries, a_cols reading without conflicts
+
 template <int DM>
-__global__ void __launch_bounds__(kThreadsMma)
-    mma_attention_dkdv_kernel(AttnResult dk, AttnResult dv, AttnOperand dout, AttnOperand q, AttnOperand k,
-                              AttnOperand v, const float* lse, const float* delta, AttnParams a) {
-  extern __shared__ float smem[];
+constexpr int do_pitch() {  // dO's tile also holds dS^T
+  return pitch<DM>() > kDsPitch ? pitch<DM>() : kDsPitch;
+}
+
+template <int DM, bool kDq>
+__global__ void __launch_bounds__(kThreadsMma, kBackwardBlocks<DM>)
+    mma_attention_dkdv_kernel(AttnResult dk, AttnResult dv, AttnResult dq, AttnOperand dout, AttnOperand q,
+                              AttnOperand k, AttnOperand v, const float* lse, const float* delta, AttnParams a) {
+  extern __shared__ __align__(16) float smem[];  // float4 staging
   constexpr int P = pitch<DM>();
   float *Ks = smem, *Vs = Ks + kRows * P, *Qs = Vs + kRows * P, *dOs = Qs + kStep * P;
-  float *Ls = dOs + kStep * P, *Ds = Ls + kStep;
+  float *Ls = dOs + kStep * do_pitch<DM>(), *Ds = Ls + kStep;
   int64_t* Vld = reinterpret_cast<int64_t*>(Ds + kStep);
   const Lane l = lane_of();
   const int warp = static_cast<int>(threadIdx.x >> 5);
@@ -304,7 +338,7 @@ __global__ void __launch_bounds__(kThreadsMma)
   stage<DM>(Vs, head_ptr<float>(v, bh, a.H) + j0 * v.st, v.st, nk, a.Dv);
   const float* Q = head_ptr<const float>(q, bh, a.H);
   const float* dO = head_ptr<const float>(dout, bh, a.H);
-  const float c = static_cast<float>(a.scale) * kLog2e;
+  const float c = static_cast<float>(a.scale) * kLog2e, scale = static_cast<float>(a.scale);
   float dkacc[DM / 8][4] = {}, dvacc[DM / 8][4] = {};
   // The keys of this thread's accumulator rows.
   const int64_t key[2] = {j0 + 16 * warp + l.g, j0 + 16 * warp + l.g + 8};
@@ -337,8 +371,50 @@ __global__ void __launch_bounds__(kThreadsMma)
 #pragma unroll
       for (int e = 0; e < 4; ++e) dp[nt][e] = s[nt][e] * (dp[nt][e] - Ds[8 * nt + 2 * l.t + (e & 1)]);
     accumulate<DM>(dkacc, dp, Qs, l);
+    if constexpr (kDq) {
+      float* dSs = dOs;
+      __syncthreads();  // every warp is done with dO
+#pragma unroll
+      for (int nt = 0; nt < kStep / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          dSs[(16 * warp + l.g + 8 * (e >> 1)) * kDsPitch + 8 * nt + 2 * l.t + (e & 1)] = dp[nt][e];
+      __syncthreads();
+      // This warp's 16 queries over the block's 64 keys, 64 columns at a time (registers).
+      const bool pairs = (dq.st & 1) == 0 && (reinterpret_cast<uintptr_t>(dq.p) & 7) == 0 && (dq.sb & 1) == 0 &&
+                         (dq.sh & 1) == 0;
+      constexpr int NC = DM < 64 ? DM : 64;
+#pragma unroll
+      for (int c0 = 0; c0 < DM; c0 += NC) {
+        float acc[NC / 8][4] = {};
+#pragma unroll
+        for (int k0 = 0; k0 < kStep; k0 += 8) {
+          const FragA ds = a_cols<kDsPitch>(dSs, 16 * warp, k0, l);
+#pragma unroll
+          for (int nt = 0; nt < NC / 8; ++nt) mma3(acc[nt], ds, b_cols<DM>(Ks, k0, c0 + 8 * nt, l));
+        }
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const int64_t i = i0 + 16 * warp + l.g + 8 * r;
+          if (i >= a.Tq) continue;
+          float* dQ = head_ptr<float>(dq, bh, a.H) + i * dq.st;
+#pragma unroll
+          for (int nt = 0; nt < NC / 8; ++nt) {
+            const int col = c0 + 8 * nt + 2 * l.t;  // and col + 1
+            const float x0 = scale * acc[nt][2 * r], x1 = scale * acc[nt][2 * r + 1];
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+            if (pairs && col + 1 < a.D) {  // one 8-byte atomic for the pair (compute capability 9)
+              atomicAdd(reinterpret_cast<float2*>(dQ + col), make_float2(x0, x1));
+              continue;
+            }
+#endif
+            if (col < a.D) atomicAdd(dQ + col, x0);
+            if (col + 1 < a.D) atomicAdd(dQ + col + 1, x1);
+          }
+        }
+      }
+    }
   }
-  const float scale = static_cast<float>(a.scale);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (key[r] >= a.Tk) continue;
@@ -347,13 +423,36 @@ __global__ void __launch_bounds__(kThreadsMma)
   }
 }
 
+// delta[bh * Tq + i] = dO_i . O_i, a warp per row reading both rows coalesced (heads over y, rows over x, so
+// that no thread divides 64-bit indices per row); with zero_dq, row i of dq is zeroed for the dK/dV kernel's
+// atomics.
+constexpr int kDeltaRows = 8;  // warps (rows) a block
+__global__ void mma_attention_delta_kernel(float* delta, AttnResult dq, bool zero_dq, AttnOperand dout, AttnOperand out,
+                                           AttnParams a) {
+  const int lane = static_cast<int>(threadIdx.x & 31);
+  for (int64_t bh = blockIdx.y; bh < a.B * a.H; bh += gridDim.y) {
+    const float* dO = head_ptr<const float>(dout, bh, a.H);
+    const float* O = head_ptr<const float>(out, bh, a.H);
+    float* dQ = head_ptr<float>(dq, bh, a.H);
+    for (int64_t i = static_cast<int64_t>(blockIdx.x) * kDeltaRows + (threadIdx.x >> 5); i < a.Tq;
+         i += static_cast<int64_t>(gridDim.x) * kDeltaRows) {
+      float d = 0.f;
+      for (int64_t c = lane; c < a.Dv; c += 32) d += dO[i * dout.st + c] * O[i * out.st + c];
+      d = warp_sum(d);
+      if (lane == 0) delta[bh * a.Tq + i] = d;
+      if (zero_dq)
+        for (int64_t c = lane; c < a.D; c += 32) dQ[i * dq.st + c] = 0.f;
+    }
+  }
+}
+
 // dQ of 64 queries (a warp per 16) over the keys they see:
 //   S = Q K^T, P = exp(scale S - lse), dP = dO V^T, dS = P (dP - delta), dQ += scale dS K.
 template <int DM>
-__global__ void __launch_bounds__(kThreadsMma)
+__global__ void __launch_bounds__(kThreadsMma, kBackwardBlocks<DM>)
     mma_attention_dq_kernel(AttnResult dq, AttnOperand dout, AttnOperand q, AttnOperand k, AttnOperand v,
                             const float* lse, const float* delta, AttnParams a, int64_t n_tiles) {
-  extern __shared__ float smem[];
+  extern __shared__ __align__(16) float smem[];  // float4 staging
   constexpr int P = pitch<DM>();
   float *Qs = smem, *dOs = Qs + kRows * P, *Ks = dOs + kRows * P, *Vs = Ks + kStep * P;
   const Lane l = lane_of();
@@ -405,6 +504,10 @@ void launch_mma(CudaBackend& be, const char* what, void (*kernel)(KArgs...), int
                 Args... args) {
   HL_CUDA_CHECK(what,
                 cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  // All of L1 that can be shared memory: the blocks an SM are counted on it (else the driver may pick a carveout
+  // that holds fewer).
+  HL_CUDA_CHECK(what, cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                           static_cast<int>(cudaSharedmemCarveoutMaxShared)));
   kernel<<<static_cast<unsigned>(blocks), kThreadsMma, bytes, be.stream()>>>(static_cast<KArgs>(args)...);
   HL_CUDA_LAUNCH_CHECK(what);
 }
@@ -429,16 +532,31 @@ void mma_attention_forward(CudaBackend& be, const AttnResult& out, float* lse, c
 
 void mma_attention_backward(CudaBackend& be, const AttnResult& dq, const AttnResult& dk, const AttnResult& dv,
                             const AttnOperand& dout, const AttnOperand& q, const AttnOperand& k, const AttnOperand& v,
-                            const float* lse, const float* delta, const AttnParams& a) {
+                            const AttnOperand& out, const float* lse, const AttnParams& a) {
+  const int64_t rows = a.B * a.H * a.Tq;
+  const bool atomic_dq = !a.deterministic;
+  const TempBuffer delta(be, static_cast<size_t>(rows) * sizeof(float));
+  const dim3 delta_grid(static_cast<unsigned>(std::min<int64_t>(ceil_div(a.Tq, int64_t{kDeltaRows}), 65535)),
+                        static_cast<unsigned>(std::min<int64_t>(a.B * a.H, 65535)));
+  mma_attention_delta_kernel<<<delta_grid, 32 * kDeltaRows, 0, be.stream()>>>(delta.as<float>(), dq, atomic_dq, dout,
+                                                                               out, a);
+  HL_CUDA_LAUNCH_CHECK("attention_backward (delta; tensor cores)");
   with_head_width<kMmaMaxHead>(a.D, a.Dv, [&](auto dm) {
     constexpr int DM = decltype(dm)::value;
-    const size_t tiles = sizeof(float) * (2 * kRows + 2 * kStep) * pitch<DM>();
-    const size_t rows = kStep * (2 * sizeof(float) + sizeof(int64_t));
-    launch_mma(be, "attention_backward (dk, dv; tensor cores)", mma_attention_dkdv_kernel<DM>,
-               a.B * a.H * ceil_div(a.Tk, int64_t{kRows}), tiles + rows, dk, dv, dout, q, k, v, lse, delta, a);
+    const size_t dkdv_bytes = sizeof(float) * ((2 * kRows + kStep) * pitch<DM>() + kStep * do_pitch<DM>()) +
+                              kStep * (2 * sizeof(float) + sizeof(int64_t));
+    const int64_t key_blocks = a.B * a.H * ceil_div(a.Tk, int64_t{kRows});
+    if (atomic_dq) {
+      launch_mma(be, "attention_backward (dk, dv, dq; tensor cores)", mma_attention_dkdv_kernel<DM, true>, key_blocks,
+                 dkdv_bytes, dk, dv, dq, dout, q, k, v, lse, delta.as<float>(), a);
+      return;
+    }
+    launch_mma(be, "attention_backward (dk, dv; tensor cores)", mma_attention_dkdv_kernel<DM, false>, key_blocks,
+               dkdv_bytes, dk, dv, dq, dout, q, k, v, lse, delta.as<float>(), a);
     const int64_t n_tiles = ceil_div(a.Tq, int64_t{kRows});
-    launch_mma(be, "attention_backward (dq; tensor cores)", mma_attention_dq_kernel<DM>, a.B * a.H * n_tiles, tiles, dq,
-               dout, q, k, v, lse, delta, a, n_tiles);
+    launch_mma(be, "attention_backward (dq; tensor cores)", mma_attention_dq_kernel<DM>, a.B * a.H * n_tiles,
+               sizeof(float) * (2 * kRows + 2 * kStep) * pitch<DM>(), dq, dout, q, k, v, lse, delta.as<float>(), a,
+               n_tiles);
   });
 }
 

@@ -50,6 +50,7 @@ struct Choices {
   double weight_decay = -1;  // < 0: the optimizer's PyTorch default
   int threads = 0;
   int64_t track_heads = 0;
+  bool deterministic = false;
 };
 
 // The model's family and its task.
@@ -149,6 +150,9 @@ void add_run_options(CLI::App& app, train::TrainOptions& o, Choices& ch) {
       ->capture_default_str();
   add_seed_option(app, c.run.seed, "seed for initialisation, dropout and data");
   app.add_option("--device", c.run.device, "cpu | cuda | cuda:N")->capture_default_str();
+  app.add_flag("--deterministic", ch.deterministic,
+               "the same bits on every run on a GPU too: attention's backward without atomics (slower; the CPU's "
+               "kernels are deterministic either way)");
   app.add_option("--out", o.out, "output folder for checkpoints and metrics.csv")
       ->type_name(kOutputDir)
       ->capture_default_str();
@@ -198,6 +202,7 @@ void add_run_options(CLI::App& app, train::TrainOptions& o, Choices& ch) {
 int run_training(train::TrainOptions& o, const Choices& ch) {
   o.comm = train::world();  // under mpirun: data parallel over its ranks
   set_threads(ch.threads, o.comm->local_size());
+  set_deterministic_attention(ch.deterministic);
   train::RunConfig& c = o.config;
   o.model.attention = parse_enum<nn::AttentionForm>(ch.attention, "train: --attention");
   o.thread_use = parse_enum<train::ThreadUse>(ch.parallel, "train: --parallel");

@@ -170,16 +170,20 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
     a.offset = gen.reserve(s.B * s.H * s.Tq * s.Tk);
   }
   const Tensor qc = unit_last(q), kc = unit_last(k), vc = unit_last(v);
+  // No queries or no keys: nothing for a kernel to do (an output row with no key to see is zeros, as the kernels
+  // write it; every gradient is zero), and a launch over zero rows is not something every backend accepts.
+  const bool work = s.B * s.H > 0 && s.Tq > 0 && s.Tk > 0;
   Tensor out = empty_result(s, s.Tq, s.Dv, q);
   Tensor lse = Tensor::empty({s.B, s.H, s.Tq}, q.dtype(), q.device());
-  if (s.B * s.H > 0)
+  if (!work) out.zero_();
+  if (work)
     be.attention_forward(q.dtype(), attn_view<AttnResult>(out, s.heads), lse.raw_data(), attn_view(qc, s.heads),
                          attn_view(kc, s.heads), attn_view(vc, s.heads), a);
   // saved: q, k, v as the kernel read them (aliases of the inputs when their last dim was already
   // contiguous, so an in-place edit is caught), the output, the per-row log-sum-exp, and the lengths.
   a.lengths = nullptr;
   record("scaled_dot_product_attention", out, {q, k, v}, {qc, kc, vc, out, lse, lengths},
-         [s, a](const Tensor& dout, Saved sv, Grads& g) {
+         [s, a, work](const Tensor& dout, Saved sv, Grads& g) {
            const Tensor &qs = sv[0], &ks = sv[1], &vs = sv[2], &os = sv[3], &ls = sv[4], &lens = sv[5];
            AttnParams p = a;
            if (lens.defined()) p.lengths = lens.data<int64_t>();
@@ -187,7 +191,8 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
            // dk and dv per query head, then summed over each group (B, Hkv, G, Tk, *) -> (B, Hkv, Tk, *).
            Tensor dq = empty_result(s, s.Tq, s.D, qs), dk = empty_result(s, s.Tk, s.D, qs),
                   dv = empty_result(s, s.Tk, s.Dv, qs);
-           if (s.B * s.H > 0)
+           if (!work) dq.zero_(), dk.zero_(), dv.zero_();
+           if (work)
              backend_of(qs).attention_backward(qs.dtype(), attn_view<AttnResult>(dq, s.heads),
                                                attn_view<AttnResult>(dk, s.heads), attn_view<AttnResult>(dv, s.heads),
                                                attn_view(dy, s.heads), attn_view(qs, s.heads), attn_view(ks, s.heads),

@@ -177,6 +177,24 @@ TEST(AttentionKernel, EmptyRowsGiveZerosNotNaN) {
   for (const Tensor* t : {&q, &k, &v}) EXPECT_TRUE(all_close(t->grad(), zeros(t->shape()), 0, 0));
 }
 
+// No queries, or no keys: the fused op runs no kernel (a launch over zero rows is an error on CUDA); the output is
+// empty or zeros as the composite path gives, and every gradient zero.
+TEST(AttentionKernel, NoQueriesOrNoKeys) {
+  const FusedAttention before = fused_attention();
+  set_fused_attention(FusedAttention::always);
+  for (const auto& [Tq, Tk] : std::vector<std::pair<int64_t, int64_t>>{{0, 5}, {3, 0}, {0, 0}}) {
+    Tensor q = randn({2, 2, Tq, 4}).requires_grad_(), k = randn({2, 2, Tk, 4}).requires_grad_(),
+           v = randn({2, 2, Tk, 3}).requires_grad_();
+    const Tensor out = scaled_dot_product_attention(q, k, v);
+    EXPECT_NE(out.grad_fn()->name.find("ScaledDotProductAttention"), std::string::npos) << out.grad_fn()->name;
+    EXPECT_EQ(out.shape(), (Shape{2, 2, Tq, 3}));
+    EXPECT_TRUE(all_close(out, zeros(out.shape()), 0, 0)) << Tq << " " << Tk;
+    out.sum().backward();
+    for (const Tensor* t : {&q, &k, &v}) EXPECT_TRUE(all_close(t->grad(), zeros(t->shape()), 0, 0)) << Tq << " " << Tk;
+  }
+  set_fused_attention(before);
+}
+
 TEST(AttentionKernel, SavesNoScoreSizedState) {
   // With grad on, the composite path keeps (B, H, T, T) weights alive for backward; the fused one
   // keeps q, k, v, the output and (B, H, T) log-sum-exps.

@@ -9,6 +9,7 @@
 
 #include "autograd/engine.h"
 #include "backends/backend.h"
+#include "base/bfloat16.h"
 
 namespace headlab {
 
@@ -143,6 +144,11 @@ std::vector<T> Tensor::to_vector() const {
     case DType::b8: {
       const uint8_t* p = host.data<uint8_t>();
       for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(p[i]);
+      break;
+    }
+    case DType::bf16: {
+      const uint16_t* p = host.data<uint16_t>();
+      for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(float_from_bf16(p[i]));
       break;
     }
   }

@@ -130,6 +130,15 @@ struct Backend {
     (void)dt, (void)out, (void)x, (void)ldx, (void)w, (void)bias, (void)rows, (void)N, (void)K;
     return false;
   }
+  // ---- a linear layer whose weight is stored in bfloat16 (nn::to_bfloat16_weights): out (rows, N) float32 =
+  // x (rows, K) float32 @ w^T + bias, each weight widened exactly to float32 as it is read ----
+  // w: (N, K) bfloat16 contiguous; x's rows ldx apart; bias (N) float32 contiguous or null; out contiguous.
+  // Returns false where the backend has no such kernel (the op then says so).
+  virtual bool linear_bf16(void* out, const void* x, int64_t ldx, const void* w, const void* bias, int64_t rows,
+                           int64_t N, int64_t K) {
+    (void)out, (void)x, (void)ldx, (void)w, (void)bias, (void)rows, (void)N, (void)K;
+    return false;
+  }
   // ---- the same with GELU in the same pass: pre = x @ w^T + bias, post = GELU(pre) (tanh form or exact) ----
   // As linear_rows, bias required, post (rows, N) contiguous. False where the backend has no kernel for these
   // sizes, and the op runs the linear layer, then gelu.

@@ -7,9 +7,11 @@
 
 namespace headlab {
 
-enum class DType : uint8_t { f32, f64, i64, b8 };
+// bf16 is a storage type: the weights of linear layers for inference (nn::to_bfloat16_weights), converted to and
+// from f32/f64 by Tensor::to; other ops refuse it by name.
+enum class DType : uint8_t { f32, f64, i64, b8, bf16 };
 
-constexpr const char* dtype_name(DType d) {  // "float32", "float64", "int64", "bool"
+constexpr const char* dtype_name(DType d) {  // "float32", "float64", "int64", "bool", "bfloat16"
   switch (d) {
     case DType::f32:
       return "float32";
@@ -19,6 +21,8 @@ constexpr const char* dtype_name(DType d) {  // "float32", "float64", "int64", "
       return "int64";
     case DType::b8:
       return "bool";
+    case DType::bf16:
+      return "bfloat16";
   }
   return "?";
 }
@@ -33,6 +37,8 @@ constexpr size_t dtype_size(DType d) {  // bytes per element; bool is one byte 0
       return 8;
     case DType::b8:
       return 1;
+    case DType::bf16:
+      return 2;
   }
   return 0;
 }

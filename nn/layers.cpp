@@ -1,6 +1,7 @@
 // Basic layers: forward passes are single fused ops (linear, embedding, layer_norm, dropout).
 #include "nn/layers.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <sstream>
@@ -65,6 +66,33 @@ Tensor Linear::forward(const Tensor& x) {
   HL_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == in_features, "Linear: expected input with last dim ",
            in_features, ", got shape ", x.defined() ? shape_str(x.shape()) : std::string("(undefined)"));
   return linear(x, weight, bias);
+}
+
+namespace {
+// The state_dict names of every Linear layer's weight below `m` (prefix: m's own name, with its dot).
+void linear_weight_names(const Module& m, const std::string& prefix, std::vector<std::string>& names) {
+  for (const auto& [name, child] : m.children()) {
+    if (dynamic_cast<const Linear*>(child.get())) names.push_back(prefix + name + ".weight");
+    linear_weight_names(*child, prefix + name + ".", names);
+  }
+}
+}  // namespace
+
+int64_t to_bfloat16_weights(Module& model) {
+  std::vector<std::string> names;
+  if (dynamic_cast<const Linear*>(&model)) names.push_back("weight");
+  linear_weight_names(model, "", names);
+  int64_t saved = 0;
+  // named_parameters() lists a tied tensor under its first owner's name only: a head tied to an embedding is
+  // not among them, and stays float32.
+  model.to(DType::bf16, [&](const std::string& name, const Tensor& t) {
+    const bool pick = t.dtype() == DType::f32 && std::find(names.begin(), names.end(), name) != names.end();
+    if (pick) saved += t.numel() * 2;
+    return pick;
+  });
+  for (auto& [name, t] : model.named_parameters())
+    if (t.dtype() == DType::bf16) t.requires_grad_(false);
+  return saved;
 }
 
 Dropout::Dropout(double p_) : p(p_) { HL_CHECK(p >= 0 && p <= 1, "Dropout: p must be in [0, 1], got ", p); }

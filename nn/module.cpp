@@ -110,6 +110,12 @@ void Module::to(DType dtype) {
     if (is_floating(t.dtype())) move_in_place(t, t.detach().to(dtype));
 }
 
+void Module::to(DType dtype, const std::function<bool(const std::string& name, const Tensor& t)>& which) {
+  NoGradGuard no_grad;
+  for (auto& [name, t] : named_parameters())
+    if (which(name, t)) move_in_place(t, t.detach().to(dtype));
+}
+
 Device Module::device() const {
   for (const Tensor& t : parameters()) return t.device();
   return kCPU;

@@ -2,6 +2,7 @@
 // state_dict names ("heads.0.W_query.weight"), train/eval mode, device moves and a printed tree.
 #pragma once
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -50,6 +51,8 @@ class Module {
   // Moves (or casts) every parameter and buffer in place: tensors held elsewhere see the move.
   void to(Device device);
   void to(DType dtype);
+  // Casts in place the parameters `which` picks by state_dict name (nn::to_bfloat16_weights: linear layers' weights).
+  void to(DType dtype, const std::function<bool(const std::string& name, const Tensor& t)>& which);
   Device device() const;
   // Copies values by name; every key must exist with the same shape (clear error otherwise).
   void load_parameters(const std::vector<std::pair<std::string, Tensor>>& values, const std::string& source = "");

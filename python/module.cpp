@@ -42,8 +42,10 @@ py::dtype numpy_dtype(DType d) {
       return py::dtype::of<int64_t>();
     case DType::b8:
       return py::dtype::of<bool>();
+    case DType::bf16:
+      break;
   }
-  return py::dtype::of<float>();
+  HL_FAIL("numpy has no ", dtype_name(d), "; convert the tensor with .to(float32) first");
 }
 
 // The tensor as an array over its memory (on the CPU; another device's tensor is copied there first).

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -19,6 +20,7 @@
 #include "io/hf_llama.h"
 #include "io/llama2c.h"
 #include "nn/generate.h"
+#include "nn/layers.h"
 #include "nn/llama.h"
 #include "optim/optim.h"
 #include "tasks/llama2c_tokenizer.h"
@@ -381,7 +383,8 @@ TEST(Llama, PruningWholeKeyValueGroupsEqualsGatingThemOff) {
       EXPECT_EQ(dynamic_cast<nn::LlamaModel&>(*back).attention(0).head_count(), 4) << "full width";
       EXPECT_LT(max_diff(dynamic_cast<nn::LlamaModel&>(*back).forward(idx), gated), 1e-5);
       if (kv == 2) {  // what ablate's pruning curve removes, rounded to whole groups for physical pruning
-        EXPECT_EQ(analysis::whole_kv_groups(m, {{1}, {0, 3}}), (std::vector<std::vector<int64_t>>{{0, 1}, {0, 1, 2, 3}}));
+        EXPECT_EQ(analysis::whole_kv_groups(m, {{1}, {0, 3}}),
+                  (std::vector<std::vector<int64_t>>{{0, 1}, {0, 1, 2, 3}}));
         EXPECT_ERROR_WITH(analysis::prune_parameters(m.config_json(), m.named_parameters(), {{1, 2}, {0, 1}}),
                           "whole groups");
         nlohmann::json split = config;
@@ -514,6 +517,35 @@ TEST(Stories260K, GreedyStoryEqualsThePublishedOneTokenForToken) {
   std::vector<int64_t> ids = tok.encode(story);
   ids.insert(ids.begin(), 1);
   EXPECT_EQ(tok.decode(ids), story);
+}
+
+// With its linear weights stored in bfloat16 (headlab generate --dtype bfloat16) the real model still writes the
+// published story, all 256 tokens, and its logits over the story move by at most 5% of their spread.
+TEST(Stories260K, Bfloat16WeightsWriteThePublishedStory) {
+  if (!fs::exists(kStories + "/stories260K.bin")) GTEST_SKIP() << kStories << " is absent (../shared/models)";
+  const train::Loaded l = train::load("test", kStories + "/stories260K.bin", "cpu", "", kStories + "/tok512.bin");
+  nn::DecoderModel& model = l.decoder("test");
+  const tasks::Prompt p = l.task->encode_prompt("");
+  nn::GenerateOptions o;
+  o.max_new_tokens = 256;
+  o.end_id = l.task->end_id();
+  const std::vector<int64_t> ids32 = nn::generate(model, p.ids, o);
+  std::vector<int64_t> story = p.ids;
+  story.insert(story.end(), ids32.begin(), ids32.end());
+  const NoGradGuard no_grad;
+  const Tensor tokens = tensor(story, {1, static_cast<int64_t>(story.size())});
+  const Tensor logits32 = model.forward(tokens);
+  const int64_t saved = nn::to_bfloat16_weights(model);
+  EXPECT_GT(saved, 0);
+  const std::vector<int64_t> ids16 = nn::generate(model, p.ids, o);
+  EXPECT_EQ(l.task->format_continuation(p, ids16), published_story());
+  const double diff = amax(abs(sub(model.forward(tokens), logits32))).item<float>(),
+               spread = std::sqrt(var(logits32).item<float>());
+  std::printf(
+      "stories260K, bfloat16 weights: largest logit difference %.3g over %zu positions (logits' standard "
+      "deviation %.3g)\n",
+      diff, story.size(), spread);
+  EXPECT_LT(diff, 0.05 * spread);
 }
 
 // The real grouped-query model's circuits: heads --by kv-group patches each group's shared keys and values (8

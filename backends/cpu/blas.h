@@ -8,6 +8,7 @@
 
 #ifdef HEADLAB_HAS_XSMM
 #include "backends/cpu/xsmm_gemm.h"
+#include "base/bfloat16.h"
 #endif
 
 namespace headlab::cpu {
@@ -16,22 +17,31 @@ namespace headlab::cpu {
 // stream. Decoding is this read of every weight; OpenBLAS's sgemv walks four rows at once, and over GPT-2
 // small's 494 MB of weights (2 threads, Zen 4) reached 26-28 GB/s where one stream reaches 32-33. For short
 // rows (the attention's q . k over the cache, K 64) the fold of the lanes costs more than it saves: OpenBLAS's.
-inline void gemv_by_rows(int64_t N, int64_t K, float alpha, const float* W, int64_t ldw, const float* x, float beta,
+// W is float32, or bfloat16 (uint16_t) widened as it is read (half the bytes: linear_bf16).
+template <typename TW>
+inline void gemv_by_rows(int64_t N, int64_t K, float alpha, const TW* W, int64_t ldw, const float* x, float beta,
                          float* y) {
+  static_assert(std::is_same_v<TW, float> || std::is_same_v<TW, uint16_t>);
+  const auto widen = [](TW v) {
+    if constexpr (std::is_same_v<TW, float>)
+      return v;
+    else
+      return float_from_bf16(v);
+  };
   constexpr int64_t kLanes = 64;  // several vectors of independent sums: loads, not the adds' latency, bound it
   for (int64_t n = 0; n < N; ++n) {
-    const float* w = W + n * ldw;
+    const TW* w = W + n * ldw;
     float acc[kLanes] = {};
     int64_t k = 0;
     for (; k + kLanes <= K; k += kLanes)
 #pragma omp simd
-      for (int64_t j = 0; j < kLanes; ++j) acc[j] += w[k + j] * x[k + j];
+      for (int64_t j = 0; j < kLanes; ++j) acc[j] += widen(w[k + j]) * x[k + j];
     for (int64_t width = kLanes / 2; width > 0; width /= 2)  // the lanes folded in halves: vector adds
 #pragma omp simd
       for (int64_t j = 0; j < width; ++j) acc[j] += acc[j + width];
     float s = acc[0];
 #pragma omp simd reduction(+ : s)
-    for (int64_t i = k; i < K; ++i) s += w[i] * x[i];
+    for (int64_t i = k; i < K; ++i) s += widen(w[i]) * x[i];
     y[n] = beta == 0.0f ? alpha * s : alpha * s + beta * y[n];
   }
 }

@@ -12,6 +12,7 @@
 #include "backends/cpu/blas.h"
 #include "backends/cpu/cpu_internal.h"
 #include "backends/philox.h"
+#include "base/bfloat16.h"
 
 namespace headlab::cpu {
 
@@ -39,7 +40,35 @@ void CpuBackend::arange(DType dt, void* out, int64_t n, double start, double ste
   });
 }
 
+namespace {
+// Copies to or from bfloat16 (to it: through float32, rounded to the nearest even).
+void copy_bf16(DType dst_dt, DType src_dt, const Loop& l) {
+  HL_CHECK(is_floating(dst_dt) || is_floating(src_dt) || dst_dt == src_dt, "copy: ", dtype_name(src_dt), " to ",
+           dtype_name(dst_dt), " is not a conversion bfloat16 takes (float32 and float64 only)");
+  for_each_row<2>(l, [&](const int64_t* base, int64_t n, const int64_t* s) {
+    if (dst_dt == DType::bf16) {
+      uint16_t* o = static_cast<uint16_t*>(l.ptr[0]) + base[0];
+      if (src_dt == DType::bf16)
+        map1(o, s[0], static_cast<const uint16_t*>(l.ptr[1]) + base[1], s[1], n, [](uint16_t x) { return x; });
+      else
+        dispatch_float(src_dt, "copy", [&](auto tag_TS) {
+          using TS = decltype(tag_TS);
+          map1(o, s[0], static_cast<const TS*>(l.ptr[1]) + base[1], s[1], n,
+               [](TS x) { return bf16_from_float(static_cast<float>(x)); });
+        });
+      return;
+    }
+    dispatch_float(dst_dt, "copy", [&](auto tag_TD) {
+      using TD = decltype(tag_TD);
+      map1(static_cast<TD*>(l.ptr[0]) + base[0], s[0], static_cast<const uint16_t*>(l.ptr[1]) + base[1], s[1], n,
+           [](uint16_t x) { return static_cast<TD>(float_from_bf16(x)); });
+    });
+  });
+}
+}  // namespace
+
 void CpuBackend::copy(DType dst_dt, DType src_dt, const Loop& l) {
+  if (dst_dt == DType::bf16 || src_dt == DType::bf16) return copy_bf16(dst_dt, src_dt, l);
   dispatch_all(dst_dt, [&](auto tag_TD) {
     using TD = decltype(tag_TD);
     dispatch_all(src_dt, [&](auto tag_TS) {
@@ -313,6 +342,46 @@ bool CpuBackend::linear_rows(DType dt, void* out, const void* x, int64_t ldx, co
   (void)dt, (void)out, (void)x, (void)ldx, (void)w, (void)bias, (void)rows, (void)N, (void)K;
   return false;
 #endif
+}
+
+// A few rows (decoding): each thread a band of the output features, every weight row read once, widened as it is
+// read (gemv_by_rows: half the bytes of float32 weights). More rows: the weight widened to float32 kWidenFeatures
+// features at a time, each band a float32 GEMM into its columns of out (scratch of kWidenFeatures x K floats).
+bool CpuBackend::linear_bf16(void* out, const void* x, int64_t ldx, const void* w, const void* bias, int64_t rows,
+                             int64_t N, int64_t K) {
+  constexpr int64_t kGemvRows = 4, kWidenFeatures = 1024;
+  float* const o = static_cast<float*>(out);
+  const float* const X = static_cast<const float*>(x);
+  const uint16_t* const W = static_cast<const uint16_t*>(w);
+  const float* const b = static_cast<const float*>(bias);
+  if (rows == 0 || N == 0) return true;
+  if (rows <= kGemvRows) {
+    const int64_t threads = omp_get_max_threads();
+    const bool parallel = threads > 1 && static_cast<double>(rows) * N * K > kGemvParallelWork;
+    const int64_t splits = parallel ? std::min<int64_t>(threads, std::max<int64_t>(N / 32, 1)) : 1;
+    parallel_for(splits, splits > 1, [&](int64_t s) {
+      const int64_t lo = band_edge(N, s, splits), hi = band_edge(N, s + 1, splits);
+      for (int64_t r = 0; r < rows; ++r) {
+        float* y = o + r * N + lo;
+        if (b) std::memcpy(y, b + lo, static_cast<size_t>(hi - lo) * sizeof(float));
+        gemv_by_rows(hi - lo, K, 1.0f, W + lo * K, K, X + r * ldx, b ? 1.0f : 0.0f, y);
+      }
+    });
+    return true;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    if (b)
+      std::memcpy(o + r * N, b, static_cast<size_t>(N) * sizeof(float));
+    else
+      std::memset(o + r * N, 0, static_cast<size_t>(N) * sizeof(float));
+  }
+  std::vector<float> wide(static_cast<size_t>(std::min(N, kWidenFeatures) * K));
+  for (int64_t n0 = 0; n0 < N; n0 += kWidenFeatures) {
+    const int64_t nb = std::min(kWidenFeatures, N - n0);
+    map1(wide.data(), 1, W + n0 * K, 1, nb * K, [](uint16_t v) { return float_from_bf16(v); });
+    gemm(DType::f32, false, true, rows, nb, K, 1.0, X, ldx, 0, wide.data(), K, 0, 1.0, o + n0, N, 0, 1);
+  }
+  return true;
 }
 
 // GELU applied to each block of rows as linear_in_bands finishes it, while the rows sit in L1, with the

@@ -81,6 +81,8 @@ void dispatch_all(DType dt, F&& f) {
     case DType::b8:
       f(uint8_t{});
       break;
+    default:  // bfloat16: only copies (conversions) and linear layers' weights take it
+      HL_FAIL("cpu: ", dtype_name(dt), " is a storage type; convert it with .to(float32) first");
   }
 }
 
@@ -161,6 +163,8 @@ struct CpuBackend final : Backend {
             int64_t batch) override;
   bool linear_rows(DType dt, void* out, const void* x, int64_t ldx, const void* w, const void* bias, int64_t rows,
                    int64_t N, int64_t K) override;
+  bool linear_bf16(void* out, const void* x, int64_t ldx, const void* w, const void* bias, int64_t rows, int64_t N,
+                   int64_t K) override;
   bool linear_gelu_rows(DType dt, void* pre, void* post, const void* x, int64_t ldx, const void* w, const void* bias,
                         int64_t rows, int64_t N, int64_t K, bool tanh_approximation) override;
   // ---- randomness ----

@@ -76,6 +76,8 @@ void CudaBackend::arange(DType dt, void* out, int64_t n, double start, double st
 }
 
 void CudaBackend::copy(DType dst_dt, DType src_dt, const Loop& l) {
+  HL_CHECK(dst_dt != DType::bf16 && src_dt != DType::bf16, "cuda copy: bfloat16 is not converted on the GPU yet (",
+           dtype_name(src_dt), " to ", dtype_name(dst_dt), "; convert on the CPU)");
   HLC_DISPATCH_ALL(dst_dt, TD, "copy", {
     HLC_DISPATCH_ALL(src_dt, TS, "copy",
                      { run_loop<2>(*this, "copy", l, Map1<TD, TS, CastFn<TD, TS>>{CastFn<TD, TS>{}}); });

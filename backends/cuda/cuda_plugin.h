@@ -12,7 +12,7 @@ namespace headlab {
 
 // Bump whenever this table, CudaHost or the Backend interface changes: a plugin from another build
 // must be refused, not called through a vtable of another shape.
-constexpr int kCudaPluginAbi = 3;
+constexpr int kCudaPluginAbi = 4;
 constexpr const char* kCudaPluginFile = "libheadlab_cuda.so";
 constexpr const char* kCudaPluginEntry = "headlab_cuda_plugin";
 

@@ -104,8 +104,8 @@ void Module::to(Device device) {
 }
 
 void Module::to(DType dtype) {
+  to(dtype, [](const std::string&, const Tensor&) { return true; });
   NoGradGuard no_grad;
-  for (auto& [name, t] : named_parameters()) move_in_place(t, t.detach().to(dtype));
   for (auto& [name, t] : named_buffers())
     if (is_floating(t.dtype())) move_in_place(t, t.detach().to(dtype));
 }

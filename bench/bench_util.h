@@ -108,6 +108,49 @@ inline ReadBandwidth read_bandwidth_cpu() {
   return bw;
 }
 
+// Bytes a decoding step reads where they lie: a weight, or one head's cached keys or values.
+struct ByteSpan {
+  const void* p;
+  size_t bytes;
+};
+
+// The rate (GB/s) at which every thread reads `spans` where they lie, each thread its share of each span in turn
+// (as the GEMV bands split a weight), the fastest of `passes`: decoding's floor on the very pages it reads, taken
+// beside each timed decoding. A fresh 1 GiB buffer (read_bandwidth_cpu) read at 30 to 55 GB/s within minutes on
+// one VM while decoding held its pace: the rate moves with the other tenants of the memory bus, so the floor is
+// measured with the step it bounds.
+inline double read_spans_gbps(const std::vector<ByteSpan>& spans, int passes) {
+  double total = 0;
+  for (const ByteSpan& s : spans) total += double(s.bytes / sizeof(uint32_t) * sizeof(uint32_t));
+  std::vector<uint32_t> folds(static_cast<size_t>(omp_get_max_threads()) * 16);
+  double best = 1e30;
+  for (int pass = 0; pass < passes; ++pass) {
+    const auto t0 = clock_type::now();
+#pragma omp parallel
+    {
+      const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+      uint32_t acc[64] = {};  // words folded with xor: any bits (a bfloat16 pair may be a float denormal) cost alike
+      for (const ByteSpan& s : spans) {
+        const int64_t n = int64_t(s.bytes / sizeof(uint32_t)), lo = n * t / nt / 64 * 64,
+                      hi = t + 1 == nt ? n : n * (t + 1) / nt / 64 * 64;
+        const uint32_t* x = static_cast<const uint32_t*>(s.p);
+        int64_t i = lo;
+        for (; i + 64 <= hi; i += 64)
+#pragma omp simd
+          for (int k = 0; k < 64; ++k) acc[k] ^= x[i + k];
+        for (; i < hi; ++i) acc[0] ^= x[i];
+      }
+      uint32_t f = 0;
+      for (const uint32_t a : acc) f ^= a;
+      folds[static_cast<size_t>(t) * 16] = f;  // one cache line a thread
+    }
+    best = std::min(best, seconds_since(t0));
+  }
+  volatile uint32_t sink = folds[0];  // the reads cannot be optimised away
+  (void)sink;
+  return total / best / 1e9;
+}
+
 // The device's float32 GEMM rate through headlab's matmul (cuBLAS on a GPU) at 4096^3 for about a second.
 inline double sgemm_gflops_device(Device device) {
   const int64_t n = 4096;

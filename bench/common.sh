@@ -19,6 +19,11 @@ pct() {
   f=$(for x in $1; do [[ -f "$x" ]] && grep "^$2" "$x" | grep -o "(floor [0-9.]* ms" | head -1 | cut -d' ' -f2; done | smallest)
   awk -v t="$t" -v f="$f" 'BEGIN { if (t == "nan" || f == "nan") print "nan"; else printf "%.0f\n", 100 * f / t }'
 }
+# paired_pct FILE-GLOB PREFIX: the median over files of the percentage each prints on that line ("(floor F ms...: P%"),
+# where each run set its time against a floor measured beside it (decoding's read rate on its own pages).
+paired_pct() {
+  for x in $1; do [[ -f "$x" ]] && grep "^$2" "$x" | grep -o "(floor [0-9.]* ms[^:]*: [0-9.]*%" | head -1 | grep -o "[0-9.]*%$" | tr -d '%'; done | median
+}
 median() { sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "nan"; else if (NR % 2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 # smallest: the least of the numbers on stdin ("nan" for none): a floor at the fastest rate any run measured.
 smallest() { sort -g | awk 'NR == 1 {print; found = 1} END {if (!found) print "nan"}'; }

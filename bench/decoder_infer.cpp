@@ -1,12 +1,13 @@
 // Decoder inference in headlab (GPT-2, a LLaMA-family or a GPT-NeoX model), timed as ../shared/peers/
 // torch_gpt2_infer.py, torch_llama_infer.py and torch_neox_infer.py time PyTorch: prefill (one no-grad forward over B x
 // T tokens, every position's logits: tokens/s) and greedy decoding with the key/value cache (batch 1, --decode tokens
-// after a --prefill prompt, the prompt's own prefill subtracted: tokens/s), medians of --repeats. Also: the prefill of
+// after a --prefill prompt, the decoding loop timed alone: tokens/s), medians of --repeats. Also: the prefill of
 // a generate call (the head on the last position only), the KV cache's bytes, loading time and resident memory for a
 // --model folder, and the floors: prefill's GEMM FLOPs over the SGEMM rate measured here, decoding's weight and
-// KV-cache bytes per token over the read bandwidth measured here (decoding is memory-bound). bench/gpt2_ratios.sh and
-// bench/llama_ratios.sh run it beside the peers and print the ratios. Usage: decoder_infer [--model DIR | --arch
-// gpt|llama|neox [--layers L --dim C --heads H --kv-heads K --hidden F
+// KV-cache bytes per token over the rate at which every thread reads those very bytes where they lie, measured just
+// before each timed decoding (decoding is memory-bound; the rate moves with the other tenants and with the pages).
+// bench/gpt2_ratios.sh and bench/llama_ratios.sh run it beside the peers and print the ratios. Usage: decoder_infer
+// [--model DIR | --arch gpt|llama|neox [--layers L --dim C --heads H --kv-heads K --hidden F
 //                       --vocab V --positions P]] [--batch-size B] [--prefill T] [--decode N] [--threads N]
 //                      [--repeats R] [--prefill-chunk N] [--save DIR] [--device cpu|cuda]
 // Shapes by default: gpt is GPT-2 small (124M, tied head); llama is SmolLM-135M (30 layers, width 576, 9 query
@@ -54,6 +55,11 @@ double peak_rss_mb() {
   return double(u.ru_maxrss) / 1024.0;
 }
 
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 template <typename F>
 double median_seconds(int repeats, F&& f) {
   std::vector<double> s;
@@ -62,8 +68,7 @@ double median_seconds(int repeats, F&& f) {
     f();
     s.push_back(seconds_since(t0));
   }
-  std::sort(s.begin(), s.end());
-  return s[s.size() / 2];
+  return median(s);
 }
 
 // What the floors need of a model, whatever its family.
@@ -88,6 +93,25 @@ Costs costs_of(const nn::DecoderModel& m) {
   }
   c.head_params = double(m.lm_head().weight.numel());
   return c;
+}
+
+// What a decoding step reads, where it lies: every parameter of the blocks, the head's weight, and each key/value
+// head's cached rows ((B, Hkv, capacity, D) caches; the rows written so far).
+std::vector<bench::ByteSpan> token_spans(const nn::DecoderModel& m, const std::vector<nn::KVCache>& caches) {
+  std::vector<bench::ByteSpan> spans;
+  const auto whole = [&](const Tensor& t) {
+    spans.push_back({t.raw_data(), size_t(t.numel()) * dtype_size(t.dtype())});
+  };
+  for (int64_t l = 0; l < m.n_layers(); ++l)
+    for (const auto& [name, t] : m.decoder_block(l).named_parameters()) whole(t);
+  whole(m.lm_head().weight);
+  for (const nn::KVCache& c : caches)
+    for (const Tensor& t : {c.keys, c.values}) {
+      const int64_t heads = t.size(0) * t.size(1), row = t.size(3) * int64_t(dtype_size(t.dtype()));
+      for (int64_t h = 0; h < heads; ++h)
+        spans.push_back({static_cast<const char*>(t.raw_data()) + h * t.size(2) * row, size_t(c.length * row)});
+    }
+  return spans;
 }
 
 // GEMM FLOPs of a forward over B x T tokens with the head on `head_rows` rows per sequence.
@@ -274,34 +298,42 @@ int main(int argc, char** argv) {
       (long long)prefill, (long long)chunk, gen_pre * 1e3, double(prefill) / gen_pre, gen_floor * 1e3,
       100 * gen_floor / gen_pre);
   if (decode > 0) {
-    double held = 0;  // the caches' bytes at the end (capacity, which grows by doubling)
-    const double whole = median_seconds(repeats, [&] {
-      std::vector<nn::KVCache> caches(size_t(model.n_layers()));
-      Tensor last = generate_prefill(caches);
-      for (int64_t s = 0; s < decode; ++s) {
-        const Tensor next = argmax(last, -1, true);  // (1, 1)
-        last = model.forward_cached(next, caches);
-      }
-      be.synchronize();
-      held = 0;
-      for (const nn::KVCache& c : caches)
-        held += double(c.keys.numel() + c.values.numel()) * double(dtype_size(c.keys.dtype()));
-    });
-    const double dec = whole - gen_pre;
     // Per token every weight of the blocks and the head is read once, the embedding one row, and the keys
     // and values of every earlier position (the mean over the decoded tokens).
     const double mean_positions = double(prefill) + double(decode) / 2;
     const double bytes =
         4.0 * (costs.block_params + costs.head_params) - saved + costs.kv_bytes_per_token * mean_positions;
-    const double floor_ms = bytes / (gbps * 1e9) * 1e3;
+    // Each repeat: generate's prefill, then (CPU) the floor's read rate on the bytes a token reads where they lie,
+    // then the decoding it bounds, timed alone. The percentage is the median of each repeat's floor over its time.
+    std::vector<double> per_token, floors, shares;
+    double held = 0;  // the caches' bytes at the end (capacity, which grows by doubling)
+    for (int r = 0; r < repeats; ++r) {
+      std::vector<nn::KVCache> caches(size_t(model.n_layers()));
+      Tensor last = generate_prefill(caches);
+      be.synchronize();
+      const double rate = gpu ? gbps : bench::read_spans_gbps(token_spans(model, caches), 3);
+      const auto t0 = clock_type::now();
+      for (int64_t s = 0; s < decode; ++s) {
+        const Tensor next = argmax(last, -1, true);  // (1, 1)
+        last = model.forward_cached(next, caches);
+      }
+      be.synchronize();
+      per_token.push_back(seconds_since(t0) / double(decode) * 1e3);
+      floors.push_back(bytes / (rate * 1e9) * 1e3);
+      shares.push_back(floors.back() / per_token.back());
+      held = 0;
+      for (const nn::KVCache& c : caches)
+        held += double(c.keys.numel() + c.values.numel()) * double(dtype_size(c.keys.dtype()));
+    }
+    const double ms = median(per_token), floor_ms = median(floors);
     std::printf("kv cache: %.0f bytes per token (%.1f MB for %lld tokens; %.1f MB held)\n", costs.kv_bytes_per_token,
                 costs.kv_bytes_per_token * double(prefill + decode) / 1048576.0, (long long)(prefill + decode),
                 held / 1048576.0);
     std::printf(
         "decode %lld tokens after %lld (batch 1, KV cache): %.2f ms/token, %.1f tokens/s (floor %.2f ms/token: "
-        "%.0f%%)\n",
-        (long long)decode, (long long)prefill, dec / double(decode) * 1e3, double(decode) / dec, floor_ms,
-        100 * floor_ms / (dec / double(decode) * 1e3));
+        "%.0f%%; %.1f MB a token read at %.1f GB/s%s)\n",
+        (long long)decode, (long long)prefill, ms, 1e3 / ms, floor_ms, 100 * median(shares), bytes / 1e6,
+        bytes / floor_ms / 1e6, gpu ? "" : " where they lie, beside each repeat");
   }
   std::printf("peak resident %.0f MB%s\n", peak_rss_mb(), gpu ? "" : " (with the read-bandwidth measure's 1 GiB)");
   if (gpu) std::printf("peak device memory %.0f MB\n", double(be.peak_bytes()) / 1048576.0);

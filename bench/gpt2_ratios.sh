@@ -3,8 +3,9 @@
 # (../shared/peers/torch_gpt2_infer.py, GPT2LMHeadModel's maths) on a random GPT-2-small shape (or
 # --model DIR), alternately for --rounds rounds; medians and ratios of prefill (1 x 1024 tokens, every
 # position's logits, as the peer computes them) and KV-cached decoding (64 tokens after a 960-token
-# prompt, batch 1), each against its floor (GEMM FLOPs over the SGEMM rate; weight bytes per token over
-# the read bandwidth, both measured by decoder_infer; the fastest any round measured).
+# prompt, batch 1), each against its floor, both measured by decoder_infer: GEMM FLOPs over the SGEMM rate
+# (the fastest any round measured), and a token's bytes over the rate at which they are read where they lie,
+# measured beside each timed decoding (the median of each round's percentage).
 # Then, unless --inference-only: loading and memory (bench/gpt2_memory.sh), the 144-head zero-ablation
 # sweep against PyTorch hooks (bench/gpt2_heads.sh) and the tokenizer's speed (bench/bpe_tokenize), so
 # one command prints every GPT-2 figure README quotes.
@@ -49,7 +50,7 @@ head -1 "$tmp/ours.dec.1" | grep -q '^load' && head -1 "$tmp/ours.dec.1"
 grep -h "^headlab" "$tmp/ours.dec.1"
 o_pre=$(pick "$tmp/ours.pre.*" "prefill" "tokens/s") o_gen=$(pick "$tmp/ours.dec.*" "generate's prefill" "tokens/s")
 o_dec=$(pick "$tmp/ours.dec.*" "decode" "tokens/s")
-f_pre=$(pct "$tmp/ours.pre.*" "prefill") f_dec=$(pct "$tmp/ours.dec.*" "decode")
+f_pre=$(pct "$tmp/ours.pre.*" "prefill") f_dec=$(paired_pct "$tmp/ours.dec.*" "decode")
 p_pre=nan p_dec=nan
 if ((have_peer)); then
   p_pre=$(pick "$tmp/peer.pre.*" "prefill" "tokens/s") p_dec=$(pick "$tmp/peer.dec.*" "decode" "tokens/s")

@@ -51,7 +51,7 @@ printf '%s, %s threads\n' "$(machine_line)" "$threads"
 grep -h "^headlab" "$tmp/ours.dec.1"
 o_pre=$(pick "$tmp/ours.pre.*" "prefill" "tokens/s") o_gen=$(pick "$tmp/ours.dec.*" "generate's prefill" "tokens/s")
 o_dec=$(pick "$tmp/ours.dec.*" "decode" "tokens/s") o_mha=$(pick "$tmp/ours.mha.*" "decode" "tokens/s")
-f_pre=$(pct "$tmp/ours.pre.*" "prefill") f_dec=$(pct "$tmp/ours.dec.*" "decode") f_mha=$(pct "$tmp/ours.mha.*" "decode")
+f_pre=$(pct "$tmp/ours.pre.*" "prefill") f_dec=$(paired_pct "$tmp/ours.dec.*" "decode") f_mha=$(paired_pct "$tmp/ours.mha.*" "decode")
 kv_gqa=$(pick "$tmp/ours.dec.1" "kv cache" "bytes per token") kv_mha=$(pick "$tmp/ours.mha.1" "kv cache" "bytes per token")
 p_pre=nan p_dec=nan p_mha=nan
 if ((have_peer)); then

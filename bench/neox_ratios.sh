@@ -42,7 +42,7 @@ printf '%s, %s threads\n' "$(machine_line)" "$threads"
 ((have_peer)) && peer_line
 grep -h "^headlab" "$tmp/ours.dec.1"
 o_pre=$(pick "$tmp/ours.pre.*" "prefill" "tokens/s") o_dec=$(pick "$tmp/ours.dec.*" "decode" "tokens/s")
-f_pre=$(pct "$tmp/ours.pre.*" "prefill") f_dec=$(pct "$tmp/ours.dec.*" "decode")
+f_pre=$(pct "$tmp/ours.pre.*" "prefill") f_dec=$(paired_pct "$tmp/ours.dec.*" "decode")
 p_pre=nan p_dec=nan
 if ((have_peer)); then
   p_pre=$(pick "$tmp/peer.pre.*" "prefill" "tokens/s") p_dec=$(pick "$tmp/peer.dec.*" "decode" "tokens/s")

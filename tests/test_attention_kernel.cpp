@@ -126,6 +126,29 @@ TEST(AttentionKernel, MatchesCompositeFloat64) {
   std::printf("fused vs composite, float64: max abs error %.3g\n", worst);
 }
 
+// One query over many keys (decoding with a cache takes its own path, one pass over the keys and one over the
+// values): against the composite reference across the key tiles' edges (128), every mask, both dtypes, keys and
+// values in (B, T, H, D) buffers, and grouped-query heads (3 query heads a key/value head) against keys and
+// values repeated for every query head.
+TEST(AttentionKernel, OneQueryOverManyKeys) {
+  for (DType dt : {DType::f32, DType::f64})
+    for (MaskKind m : {MaskKind::none, MaskKind::causal, MaskKind::lens1, MaskKind::lens2})
+      for (int64_t Tk : {1, 2, 127, 128, 129, 961}) {
+        SCOPED_TRACE(std::string(mask_name(m)) + " Tk=" + std::to_string(Tk) + (dt == DType::f32 ? " f32" : " f64"));
+        const double e = compare(2, 3, 1, m == MaskKind::causal ? 1 : Tk, 64, 48, m, dt, 0.0, true);
+        EXPECT_LT(e, dt == DType::f32 ? 2e-5 : 1e-12);
+      }
+  Generator g(11);
+  const int64_t B = 2, Hkv = 2, H = 6, Tk = 300, D = 64;
+  const Tensor q = randn({B, H, 1, D}, g), k = randn({B, Tk, Hkv, D}, g).transpose(1, 2),
+               v = randn({B, Tk, Hkv, D}, g).transpose(1, 2);
+  const AttentionMask mask = make_mask(MaskKind::lens2, B, 1, Tk, 3);  // a length per (batch row, query): 0, Tk
+  const NoGradGuard no_grad;
+  const Tensor fused = scaled_dot_product_attention(q, k, v, mask);
+  const Tensor ref = scaled_dot_product_attention_composite(q, repeat_kv(k, H), repeat_kv(v, H), mask);
+  EXPECT_LT(max_err(fused, ref), 2e-5);
+}
+
 // (B, T, H, D) buffers viewed as (B, H, T, D), as the multi-head modules hand them over.
 TEST(AttentionKernel, StridedInputs) {
   for (MaskKind m : {MaskKind::none, MaskKind::causal, MaskKind::lens2}) {

@@ -272,6 +272,7 @@ void CpuBackend::check_indices(const char* op, const int64_t* idx, int64_t n, in
 namespace {
 constexpr double kGemmParallelWork = 1 << 20;
 constexpr double kGemvParallelWork = 1 << 18;
+constexpr int64_t kGemvBandsPerThread = 4;
 // Band s of `splits` over [0, n): edges on multiples of 16 floats (whole SIMD registers).
 int64_t band_edge(int64_t n, int64_t s, int64_t splits) { return s == splits ? n : n * s / splits / 16 * 16; }
 }  // namespace
@@ -285,12 +286,16 @@ void CpuBackend::gemm(DType dt, bool ta, bool tb, int64_t M, int64_t N, int64_t 
   const int64_t dim = split_rows ? M : N;
   const bool parallel = threads > 1 && static_cast<double>(batch) * M * N * std::max<int64_t>(K, 1) >
                                            (M == 1 ? kGemvParallelWork : kGemmParallelWork);
+  // A GEMV's bands go kGemvBandsPerThread to a thread, taken as each finishes one: equal bands finished up to
+  // 10% apart while the other tenants of the memory bus slowed one thread's reads more than the other's.
+  const bool gemv = M == 1 && batch == 1;
+  const int64_t per_thread = gemv ? kGemvBandsPerThread : 1;
   const int64_t splits =
-      parallel && batch < 2 * threads ? std::min<int64_t>(threads, std::max<int64_t>(dim / 32, 1)) : 1;
+      parallel && batch < 2 * threads ? std::min<int64_t>(threads * per_thread, std::max<int64_t>(dim / 32, 1)) : 1;
   const int64_t items = batch * splits;
   dispatch_float(dt, "gemm", [&](auto tag_T) {
     using T = decltype(tag_T);
-    parallel_for(items, parallel && items > 1, [&](int64_t it) {
+    const auto band = [&](int64_t it) {
       const int64_t i = it / splits, lo = band_edge(dim, it % splits, splits),
                     hi = band_edge(dim, it % splits + 1, splits);
       const T* a = static_cast<const T*>(A) + i * sa;
@@ -301,7 +306,11 @@ void CpuBackend::gemm(DType dt, bool ta, bool tb, int64_t M, int64_t N, int64_t 
                      ldc);
       else
         blas_gemm<T>(ta, tb, M, hi - lo, K, T(alpha), a, lda, b + (tb ? lo * ldb : lo), ldb, T(beta), c + lo, ldc);
-    });
+    };
+    if (gemv)
+      parallel_for_dynamic(items, parallel && items > 1, band);
+    else
+      parallel_for(items, parallel && items > 1, band);
   });
 }
 

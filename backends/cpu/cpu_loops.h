@@ -5,6 +5,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 
 #include "backends/backend.h"
@@ -37,6 +38,16 @@ inline void parallel_for(int64_t n, bool parallel, Body&& body) {
     const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
     serial_for(n * t / nt, n * (t + 1) / nt, body);
   }
+}
+
+// body(i) for i in [0, n), each thread of the team taking the next i when it finishes one (a dynamic schedule:
+// for parts whose cost the other tenants of the memory bus decide, as decoding's GEMV bands), else inline.
+template <typename Body>
+inline void parallel_for_dynamic(int64_t n, bool parallel, Body&& body) {
+  if (!use_team(parallel && n > 1)) return serial_for(0, n, body);
+  std::atomic<int64_t> next{0};
+#pragma omp parallel
+  for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) body(i);
 }
 
 // body(thread, threads) on each thread of a team of up to `threads` when more than one, else body(0, 1)

@@ -138,15 +138,19 @@ TEST(AttentionKernel, OneQueryOverManyKeys) {
         const double e = compare(2, 3, 1, m == MaskKind::causal ? 1 : Tk, 64, 48, m, dt, 0.0, true);
         EXPECT_LT(e, dt == DType::f32 ? 2e-5 : 1e-12);
       }
-  Generator g(11);
-  const int64_t B = 2, Hkv = 2, H = 6, Tk = 300, D = 64;
-  const Tensor q = randn({B, H, 1, D}, g), k = randn({B, Tk, Hkv, D}, g).transpose(1, 2),
-               v = randn({B, Tk, Hkv, D}, g).transpose(1, 2);
-  const AttentionMask mask = make_mask(MaskKind::lens2, B, 1, Tk, 3);  // a length per (batch row, query): 0, Tk
-  const NoGradGuard no_grad;
-  const Tensor fused = scaled_dot_product_attention(q, k, v, mask);
-  const Tensor ref = scaled_dot_product_attention_composite(q, repeat_kv(k, H), repeat_kv(v, H), mask);
-  EXPECT_LT(max_err(fused, ref), 2e-5);
+  for (int64_t Tk : {5, 300, 961})
+    for (MaskKind m : {MaskKind::none, MaskKind::lens2}) {
+      SCOPED_TRACE(std::string("grouped ") + mask_name(m) + " Tk=" + std::to_string(Tk));
+      Generator g(11 + Tk);
+      const int64_t B = 2, Hkv = 2, H = 6, D = 64;
+      const Tensor q = randn({B, H, 1, D}, g), k = randn({B, Tk, Hkv, D}, g).transpose(1, 2),
+                   v = randn({B, Tk, Hkv, D}, g).transpose(1, 2);
+      const AttentionMask mask = make_mask(m, B, 1, Tk, 3);  // a length per (batch row, query): 0, Tk, ...
+      const NoGradGuard no_grad;
+      const Tensor fused = scaled_dot_product_attention(q, k, v, mask);
+      const Tensor ref = scaled_dot_product_attention_composite(q, repeat_kv(k, H), repeat_kv(v, H), mask);
+      EXPECT_LT(max_err(fused, ref), 2e-5);
+    }
 }
 
 // (B, T, H, D) buffers viewed as (B, H, T, D), as the multi-head modules hand them over.

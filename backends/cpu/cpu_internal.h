@@ -21,22 +21,35 @@ namespace headlab::cpu {
 using smath::Acc;
 using Fast = FastExpTanh;  // the exp/tanh of the shared formulas (backends/scalar_math.h)
 
-// The sum of term(j) for j in [0, n): the terms in T's SIMD lanes over chunks of 256, the chunks added in
-// Acc<T>. A loop that adds T terms straight into a double compiles to scalar or gather code (in the toy
-// step layer norm's backward and cross entropy's log-sum-exp ran ~5x slower, the attention kernel ~2x),
-// and one long sum in float lanes would lose digits.
+// The sum of term(j) for j in [0, n): the terms in one vector of T's SIMD lanes over chunks of 256, the lanes
+// folded in halves in Acc<T> (vector adds) and the chunks added in Acc<T>. A loop that adds T terms straight into a
+// double compiles to scalar or gather code (in the toy step layer norm's backward and cross entropy's log-sum-exp ran
+// ~5x slower, the attention kernel ~2x), one long sum in float lanes would lose digits, and an `omp simd reduction`
+// ended in GCC's in-order sum of the 16 lanes, 16 dependent scalar adds (in the attention kernel's rows of 1-64
+// keys, the largest part of their cost).
 // Give term its pointers by value ([=]): through a captured reference, a pointer it writes through is
 // reloaded every term and the loop stays scalar.
 template <typename T, typename Term>
 [[gnu::always_inline]] inline Acc<T> lane_sum(int64_t n, Term&& term) {
-  constexpr int64_t kChunk = 256;
+  constexpr int64_t kChunk = 256, kLanes = 64 / sizeof(T);  // one 512-bit vector
   Acc<T> sum = 0;
   for (int64_t j0 = 0; j0 < n; j0 += kChunk) {
     const int64_t j1 = std::min(n, j0 + kChunk);
-    T part = 0;
-#pragma omp simd reduction(+ : part)
-    for (int64_t j = j0; j < j1; ++j) part += term(j);
-    sum += part;
+    T lanes[kLanes] = {};
+    int64_t j = j0;
+    for (; j + kLanes <= j1; j += kLanes)
+#pragma omp simd
+      for (int64_t l = 0; l < kLanes; ++l) lanes[l] += term(j + l);
+    const int64_t tail = j1 - j;
+#pragma omp simd
+    for (int64_t l = 0; l < tail; ++l) lanes[l] += term(j + l);
+    Acc<T> wide[kLanes];  // folded in Acc<T>: a row of up to 16 terms is summed as in double
+#pragma omp simd
+    for (int64_t l = 0; l < kLanes; ++l) wide[l] = lanes[l];
+    for (int64_t width = kLanes / 2; width > 0; width /= 2)
+#pragma omp simd
+      for (int64_t l = 0; l < width; ++l) wide[l] += wide[l + width];
+    sum += wide[0];
   }
   return sum;
 }

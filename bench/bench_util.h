@@ -10,7 +10,6 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
-#include <numeric>
 #include <vector>
 
 #include "autograd/engine.h"
@@ -55,59 +54,6 @@ inline double sgemm_gflops_cpu() {
   return 2.0 * n * n * n / fastest / 1e9;
 }
 
-// The read bandwidth the machine delivers (decoding's floor's denominator), the best of two ways of
-// streaming 1 GiB of float32 (far past every cache) on every thread, each for about half a second, its
-// fastest pass: each thread summing its contiguous share in SIMD lanes, and OpenBLAS's sgemv reading it
-// as a 16384 x 16384 matrix against one vector, as decoding's matrix-vector products read their weights.
-// (One cblas_sdot over 512 MiB, the measure before, gave 18-21 GB/s where GPT-2's decoding itself read 32.)
-struct ReadBandwidth {
-  double sum_gbps = 0, gemv_gbps = 0;
-  double best() const { return std::max(sum_gbps, gemv_gbps); }
-};
-
-inline ReadBandwidth read_bandwidth_cpu() {
-  const int64_t side = 16384, n = side * side;                               // 1 GiB of float
-  const std::unique_ptr<float[]> buffer(new float[static_cast<size_t>(n)]);  // untouched until the threads write it
-  float* const x = buffer.get();
-#pragma omp parallel for schedule(static)  // first touch on the threads that read it
-  for (int64_t i = 0; i < n; ++i) x[i] = 1.0f;
-  const auto fastest_pass = [&](auto&& pass) {
-    pass();
-    double best = 1e30;
-    const auto t0 = clock_type::now();
-    while (seconds_since(t0) < 0.5) {
-      const auto t = clock_type::now();
-      pass();
-      best = std::min(best, seconds_since(t));
-    }
-    return double(n) * sizeof(float) / best / 1e9;
-  };
-  ReadBandwidth bw;
-  std::vector<float> sums(static_cast<size_t>(omp_get_max_threads()) * 16);
-  bw.sum_gbps = fastest_pass([&] {
-#pragma omp parallel
-    {
-      const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-      const float* p = x + n * t / nt;
-      const int64_t len = n * (t + 1) / nt - n * t / nt;
-      float acc[64] = {};  // 64 lanes, several vectors: independent adds, so loads and not latency bound it
-      int64_t i = 0;
-      for (; i + 64 <= len; i += 64)
-#pragma omp simd
-        for (int k = 0; k < 64; ++k) acc[k] += p[i + k];
-      float s = std::accumulate(acc, acc + 64, 0.0f);
-      for (; i < len; ++i) s += p[i];
-      sums[static_cast<size_t>(t) * 16] = s;  // one cache line a thread
-    }
-  });
-  volatile float sink = sums[0];  // the sums are used: the reads cannot be optimised away
-  (void)sink;
-  std::vector<float> v(static_cast<size_t>(side), 1.0f), y(static_cast<size_t>(side));
-  bw.gemv_gbps = fastest_pass(
-      [&] { cblas_sgemv(CblasRowMajor, CblasNoTrans, side, side, 1.0f, x, side, v.data(), 1, 0.0f, y.data(), 1); });
-  return bw;
-}
-
 // Bytes a decoding step reads where they lie: a weight, or one head's cached keys or values.
 struct ByteSpan {
   const void* p;
@@ -116,9 +62,9 @@ struct ByteSpan {
 
 // The rate (GB/s) at which every thread reads `spans` where they lie, each thread its share of each span in turn
 // (as the GEMV bands split a weight), the fastest of `passes`: decoding's floor on the very pages it reads, taken
-// beside each timed decoding. A fresh 1 GiB buffer (read_bandwidth_cpu) read at 30 to 55 GB/s within minutes on
-// one VM while decoding held its pace: the rate moves with the other tenants of the memory bus, so the floor is
-// measured with the step it bounds.
+// beside each timed decoding. A fresh 1 GiB buffer (read_bandwidth_cpu) read at 28.5 to 60.1 GB/s within an hour
+// on one VM while decoding held its pace: the rate moves with the other tenants of the memory bus and with where the
+// pages lie, so the floor is measured on the step's own pages, with the step it bounds.
 inline double read_spans_gbps(const std::vector<ByteSpan>& spans, int passes) {
   double total = 0;
   for (const ByteSpan& s : spans) total += double(s.bytes / sizeof(uint32_t) * sizeof(uint32_t));
@@ -149,6 +95,42 @@ inline double read_spans_gbps(const std::vector<ByteSpan>& spans, int passes) {
   volatile uint32_t sink = folds[0];  // the reads cannot be optimised away
   (void)sink;
   return total / best / 1e9;
+}
+
+// The read bandwidth of a fresh buffer (decoding's floor on a GPU's terms; on the CPU printed beside the floor read
+// in place), the best of two ways of streaming 1 GiB of float32 (far past every cache) on every thread, each its
+// fastest pass: read_spans_gbps over it (each thread its contiguous share, 16 passes), and OpenBLAS's sgemv reading
+// it as a 16384 x 16384 matrix against one vector for about half a second, as decoding's matrix-vector products
+// read their weights. (One cblas_sdot over 512 MiB, the measure before, gave 18-21 GB/s where GPT-2's decoding
+// itself read 32.)
+struct ReadBandwidth {
+  double sum_gbps = 0, gemv_gbps = 0;
+  double best() const { return std::max(sum_gbps, gemv_gbps); }
+};
+
+inline ReadBandwidth read_bandwidth_cpu() {
+  const int64_t side = 16384, n = side * side;                               // 1 GiB of float
+  const std::unique_ptr<float[]> buffer(new float[static_cast<size_t>(n)]);  // untouched until the threads write it
+  float* const x = buffer.get();
+#pragma omp parallel for schedule(static)  // first touch on the threads that read it
+  for (int64_t i = 0; i < n; ++i) x[i] = 1.0f;
+  const auto fastest_pass = [&](auto&& pass) {
+    pass();
+    double best = 1e30;
+    const auto t0 = clock_type::now();
+    while (seconds_since(t0) < 0.5) {
+      const auto t = clock_type::now();
+      pass();
+      best = std::min(best, seconds_since(t));
+    }
+    return double(n) * sizeof(float) / best / 1e9;
+  };
+  ReadBandwidth bw;
+  bw.sum_gbps = read_spans_gbps({{x, size_t(n) * sizeof(float)}}, 16);
+  std::vector<float> v(static_cast<size_t>(side), 1.0f), y(static_cast<size_t>(side));
+  bw.gemv_gbps = fastest_pass(
+      [&] { cblas_sgemv(CblasRowMajor, CblasNoTrans, side, side, 1.0f, x, side, v.data(), 1, 0.0f, y.data(), 1); });
+  return bw;
 }
 
 // The device's float32 GEMM rate through headlab's matmul (cuBLAS on a GPU) at 4096^3 for about a second.

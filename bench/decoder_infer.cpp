@@ -268,7 +268,7 @@ int main(int argc, char** argv) {
   std::printf("headlab %s device=%s threads=%d params=%lld sgemm %.1f GFLOP/s (OpenBLAS %s), read %.1f GB/s",
               model.type_name().c_str(), device.str().c_str(), threads, (long long)model.num_parameters(), gflops,
               openblas_get_corename(), gbps);
-  if (!gpu) std::printf(" (threads summing %.1f, sgemv %.1f; 1 GiB)", cpu_read.sum_gbps, cpu_read.gemv_gbps);
+  if (!gpu) std::printf(" (a fresh 1 GiB: threads reading %.1f, sgemv %.1f)", cpu_read.sum_gbps, cpu_read.gemv_gbps);
   std::printf("\n");
 
   const Tensor ids = randint(0, vocab, {B, prefill}).to(device);

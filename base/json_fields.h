@@ -157,21 +157,23 @@ void for_each_field(const Fields& fields, F&& f) {
   std::apply([&](const auto&... each) { (f(each), ...); }, fields);
 }
 
-// The fields of s as a JSON object (enums by name).
+// j[key] = v (enums by name); nothing for an empty container (head lists: empty means every head).
+template <typename T>
+void write_json_field(nlohmann::json& j, const char* key, const T& v) {
+  if constexpr (NamedEnum<T>) {
+    j[key] = enum_name(v);
+  } else if constexpr (requires { v.empty(); } && !std::is_same_v<T, std::string>) {
+    if (!v.empty()) j[key] = v;
+  } else {
+    j[key] = v;
+  }
+}
+
+// The fields of s as a JSON object.
 template <typename S, typename Fields>
 nlohmann::json fields_to_json(const S& s, const Fields& fields) {
   nlohmann::json j = nlohmann::json::object();
-  for_each_field(fields, [&](const auto& f) {
-    using T = typename std::decay_t<decltype(f)>::Type;
-    const T& v = s.*f.member;
-    if constexpr (NamedEnum<T>) {
-      j[f.key] = enum_name(v);
-    } else if constexpr (requires { v.empty(); } && !std::is_same_v<T, std::string>) {
-      if (!v.empty()) j[f.key] = v;
-    } else {
-      j[f.key] = v;
-    }
-  });
+  for_each_field(fields, [&](const auto& f) { write_json_field(j, f.key, s.*f.member); });
   return j;
 }
 

@@ -11,7 +11,7 @@
 #include <omp.h>
 
 #include "analysis/heads.h"
-#include "nn/gpt.h"
+#include "nn/decoder_family.h"
 #include "tasks/task.h"
 
 using namespace headlab;
@@ -20,7 +20,7 @@ using namespace headlab::analysis;
 namespace {
 
 struct Setup {
-  std::unique_ptr<nn::GPTModel> model;
+  std::unique_ptr<nn::DecoderModel> model;
   EvalSet data;
   std::vector<HeadIntervention> list;  // base, then zero and mean of every head
   std::vector<Tensor> means;
@@ -30,7 +30,7 @@ Setup make_setup(bool chars) {
   tasks::TaskOptions o;
   o.text_path = std::string(HEADLAB_SOURCE_DIR) + "/data/tiny.txt";
   const auto task = tasks::make_task(chars ? "chars" : "reverse", o);
-  nn::GPTConfig cfg;
+  nn::DecoderConfig cfg;
   cfg.vocab_size = task->vocab_size();
   cfg.context_length = chars ? 64 : task->required_context_length();
   cfg.emb_dim = chars ? 128 : 64;
@@ -38,7 +38,7 @@ Setup make_setup(bool chars) {
   cfg.n_layers = chars ? 4 : 2;
   manual_seed(1);
   Setup s;
-  s.model = std::make_unique<nn::GPTModel>(cfg);
+  s.model = std::make_unique<nn::DecoderModel>(cfg);
   s.model->eval();
   s.data = make_eval_set(*task, chars ? 4 : 8, chars ? 32 : 64, cfg.context_length);
   s.list.push_back({});
@@ -55,7 +55,7 @@ void BM_ablate_all_heads(benchmark::State& state) {
   const int prev = omp_get_max_threads();
   omp_set_num_threads(static_cast<int>(state.range(1)));
   Setup s = make_setup(state.range(0) != 0);
-  nn::GPTModel& m = *s.model;
+  nn::DecoderModel& m = *s.model;
   const int64_t L = m.n_layers();
   for (auto _ : state) {
     if (Batched) {

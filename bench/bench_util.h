@@ -14,15 +14,15 @@
 
 #include "autograd/engine.h"
 #include "backends/backend.h"
-#include "nn/gpt.h"
+#include "nn/decoder_family.h"
 #include "ops/ops.h"
 
 namespace headlab::bench {
 
 // GPT-2 small's shape (12 x 12 heads, emb 768, context 1024, vocabulary 50257, qkv bias, tied head): the
 // model the GPT-2 benchmarks build with random weights, whose values do not change the cost.
-inline nn::GPTConfig gpt2_small_config() {
-  nn::GPTConfig c;
+inline nn::DecoderConfig gpt2_small_config() {
+  nn::DecoderConfig c;
   c.n_layers = 12, c.n_heads = 12, c.emb_dim = 768, c.context_length = 1024, c.vocab_size = 50257;
   c.qkv_bias = true, c.tie_embeddings = true;
   return c;

@@ -39,8 +39,7 @@
 #include "io/hf_folder.h"
 #include "nn/generate.h"
 #include "nn/layers.h"
-#include "nn/llama.h"
-#include "nn/neox.h"
+#include "nn/decoder_family.h"
 #include "ops/ops.h"
 
 using namespace headlab;
@@ -127,19 +126,19 @@ nlohmann::json random_config(const std::string& arch, const std::vector<std::pai
     return fallback;
   };
   if (arch == "gpt") {
-    nn::GPTConfig c = bench::gpt2_small_config();  // GPT-2's head is wte, as the peer's GPT2LMHeadModel
+    nn::DecoderConfig c = bench::gpt2_small_config();  // GPT-2's head is wte, as the peer's GPT2LMHeadModel
     c.n_layers = size("layers", c.n_layers), c.emb_dim = size("dim", c.emb_dim), c.n_heads = size("heads", c.n_heads);
     c.vocab_size = size("vocab", c.vocab_size), c.context_length = size("positions", c.context_length);
     return c.to_json();
   }
   if (arch == "neox") {
-    nn::NeoXConfig c;  // Pythia-160M's shape, the peer's default: rotary on a quarter of each head, untied
+    nn::DecoderConfig c = nn::neox_family().config();  // Pythia-160M's shape, the peer's default: rotary on a quarter of each head, untied
     c.n_layers = size("layers", 12), c.emb_dim = size("dim", 768), c.n_heads = size("heads", 12);
     c.hidden_dim = size("hidden", 4 * c.emb_dim), c.vocab_size = size("vocab", 50304);
     c.context_length = size("positions", 2048), c.rotary_dims = c.emb_dim / c.n_heads / 4;
     return c.to_json();
   }
-  nn::LlamaConfig c;  // SmolLM-135M's shape, the peer's default
+  nn::DecoderConfig c = nn::llama_family().config();  // SmolLM-135M's shape, the peer's default
   c.n_layers = size("layers", 30), c.emb_dim = size("dim", 576), c.n_heads = size("heads", 9);
   c.n_kv_heads = size("kv-heads", 3), c.hidden_dim = size("hidden", 1536), c.vocab_size = size("vocab", 49152);
   c.context_length = size("positions", 2048), c.tie_embeddings = true;

@@ -56,9 +56,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   omp_set_num_threads(threads);
-  const nn::GPTConfig c = bench::gpt2_small_config();
+  const nn::DecoderConfig c = bench::gpt2_small_config();
   manual_seed(1);
-  nn::GPTModel model(c);
+  nn::DecoderModel model(c);
   model.eval();
   analysis::PromptPairs pairs;
   pairs.T = T;

@@ -32,7 +32,7 @@
 #ifdef HEADLAB_HAS_CUDA
 #include "backends/cuda/cuda_backend.h"
 #endif
-#include "nn/gpt.h"
+#include "nn/decoder_family.h"
 #include "optim/optim.h"
 #include "train/collectives.h"
 #include "train/trainer.h"
@@ -43,7 +43,7 @@ using headlab::bench::sgemm_gflops_cpu;
 using headlab::bench::sgemm_gflops_device;
 
 // Matrix-multiply FLOPs of one forward+backward (3x forward) of the model on B x T tokens.
-static double step_flops(const nn::GPTConfig& c, int64_t B) {
+static double step_flops(const nn::DecoderConfig& c, int64_t B) {
   const double tokens = static_cast<double>(B * c.context_length), d = static_cast<double>(c.emb_dim);
   const double per_layer_linear = 2 * tokens * (4 * d * d + (c.attn_only ? 0 : 8 * d * d));  // qkv + out_proj, FF
   const double per_layer_attn = 2 * 2 * B * static_cast<double>(c.context_length) * c.context_length * d;  // QK^T, AV
@@ -53,7 +53,7 @@ static double step_flops(const nn::GPTConfig& c, int64_t B) {
 
 // Medians over 20 steps of: forward, backward and optimizer each run to a synchronisation, and the host
 // time to issue one whole step before its synchronisation.
-static void print_phases(nn::GPTModel& model, optim::Optimizer& opt, const Tensor& idx, const Tensor& tgt,
+static void print_phases(nn::DecoderModel& model, optim::Optimizer& opt, const Tensor& idx, const Tensor& tgt,
                          int64_t vocab, Backend& be) {
   std::vector<double> fwd, bwd, upd, issue, whole;
   const auto ms_since = [](clock_type::time_point t0) {
@@ -92,7 +92,7 @@ static void print_phases(nn::GPTModel& model, optim::Optimizer& opt, const Tenso
 }
 
 // Milliseconds per step of --parallel data over `threads` threads, timed as run() times a step.
-static double data_parallel_ms(const nn::GPTConfig& cfg, const Tensor& idx, const Tensor& tgt, int threads,
+static double data_parallel_ms(const nn::DecoderConfig& cfg, const Tensor& idx, const Tensor& tgt, int threads,
                                double seconds) {
   const int64_t B = idx.size(0), T = cfg.context_length, rows = B / threads;
   HL_CHECK(B % threads == 0, "gpt_step: --parallel data: --batch-size ", B, " does not split over ", threads,
@@ -101,7 +101,7 @@ static double data_parallel_ms(const nn::GPTConfig& cfg, const Tensor& idx, cons
   train::run_on_threads(threads, train::single_process(), [&](const std::shared_ptr<train::Collectives>& comm) {
     const int r = comm->rank();
     manual_seed(0);
-    nn::GPTModel model(cfg);
+    nn::DecoderModel model(cfg);
     optim::Optimizer opt(model.named_parameters(), optim::OptimizerOptions::defaults(optim::OptimizerKind::adamw));
     const std::vector<Tensor> params = model.parameters();
     const Tensor my_idx = slice(idx, 0, r * rows, (r + 1) * rows).contiguous();          // (rows, T)
@@ -129,7 +129,7 @@ static double data_parallel_ms(const nn::GPTConfig& cfg, const Tensor& idx, cons
 }
 
 static int run(int argc, char** argv) {
-  nn::GPTConfig cfg;
+  nn::DecoderConfig cfg;
   cfg.vocab_size = 64;
   cfg.context_length = 64;
   cfg.emb_dim = 128;
@@ -184,7 +184,7 @@ static int run(int argc, char** argv) {
 #endif
   const double peak = device.is_cuda() ? sgemm_gflops_device(device) : sgemm_gflops_cpu();
   manual_seed(0);
-  nn::GPTModel model(cfg);
+  nn::DecoderModel model(cfg);
   model.to(device);
   optim::Optimizer opt(model.named_parameters(), optim::OptimizerOptions::defaults(optim::OptimizerKind::adamw));
   Generator gen(1);

@@ -5,9 +5,7 @@
 #include "io/hf_gpt2.h"
 #include "io/hf_llama.h"
 #include "io/hf_neox.h"
-#include "nn/gpt.h"
-#include "nn/llama.h"
-#include "nn/neox.h"
+#include "nn/decoder_family.h"
 #include "nn/transformer.h"
 
 namespace headlab::io {

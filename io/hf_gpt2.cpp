@@ -31,10 +31,10 @@ using nlohmann::json;
 constexpr double kGpt2LayerNormEps = 1e-5;  // the book's LayerNorm, and every GPT-2's
 
 // What of GPT2Config headlab's GPTModel computes; anything else is refused by name.
-nn::GPTConfig gpt_config_from_hf(const json& j, const std::string& file) {
+nn::DecoderConfig gpt_config_from_hf(const json& j, const std::string& file) {
   const std::string type = hf_config_value<std::string>(j, "model_type", "gpt2", file);
   HL_CHECK(type == "gpt2", file, ": model_type '", type, "' is not gpt2");
-  nn::GPTConfig c;
+  nn::DecoderConfig c;
   c.n_layers = hf_config_int(j, {"n_layer"}, 1, 1000, file);
   c.n_heads = hf_config_int(j, {"n_head"}, 1, 10000, file);
   c.emb_dim = hf_config_int(j, {"n_embd"}, 1, 1 << 20, file);
@@ -115,7 +115,7 @@ HfGpt2Config read_hf_gpt2_config(const std::string& folder) {
 HfGpt2 read_hf_gpt2(const std::string& folder) {
   HfGpt2 out;
   static_cast<HfGpt2Config&>(out) = read_hf_gpt2_config(folder);
-  const nn::GPTConfig& c = out.config;
+  const nn::DecoderConfig& c = out.config;
   const int64_t C = c.emb_dim, V = c.vocab_size;
 
   const SafetensorsModel st = SafetensorsModel::open(folder);
@@ -193,13 +193,13 @@ class HfGpt2Format : public FolderFormat {
     return {hf.config.to_json(), std::move(hf.parameters), hf.vocab_path, hf.merges_path};
   }
   void write(const std::string& folder, const nn::Model& model, const TokenizerFiles& tokenizer) const override {
-    const auto* gpt = dynamic_cast<const nn::GPTModel*>(&model);
-    HL_CHECK(gpt, "export: a ", model.type_name(), " is not a GPT; GPT-2's folders hold GPTs");
+    const auto* gpt = dynamic_cast<const nn::DecoderModel*>(&model);
+    HL_CHECK(gpt && gpt->config().family == &nn::gpt_family(), "export: a ", model.type_name(), " is not a GPT; GPT-2's folders hold GPTs");
     write_hf_gpt2(folder, *gpt, tokenizer);
   }
   std::string describe(const FolderModel& m) const override {
     return std::string("head: ") +
-           (nn::GPTConfig::from_json(m.config).tie_embeddings ? "tied to wte" : "lm_head.weight");
+           (nn::gpt_family().config(m.config).tie_embeddings ? "tied to wte" : "lm_head.weight");
   }
 };
 
@@ -210,22 +210,22 @@ const FolderFormat& hf_gpt2_format() {
   return format;
 }
 
-std::shared_ptr<nn::GPTModel> build_hf_gpt2(HfGpt2&& hf, const std::string& folder) {
-  std::shared_ptr<nn::GPTModel> model;
+std::shared_ptr<nn::DecoderModel> build_hf_gpt2(HfGpt2&& hf, const std::string& folder) {
+  std::shared_ptr<nn::DecoderModel> model;
   {
     const nn::SkipInit no_values;  // every value is about to be replaced
-    model = std::make_shared<nn::GPTModel>(hf.config);
+    model = std::make_shared<nn::DecoderModel>(hf.config);
   }
   model->adopt_parameters(std::move(hf.parameters), folder);
   model->eval();
   return model;
 }
 
-void write_hf_gpt2(const std::string& folder, const nn::GPTModel& model, const TokenizerFiles& tokenizer) {
+void write_hf_gpt2(const std::string& folder, const nn::DecoderModel& model, const TokenizerFiles& tokenizer) {
   const NoGradGuard no_grad;
-  const nn::GPTConfig& c = model.config();
+  const nn::DecoderConfig& c = model.config();
   HL_CHECK(!c.attn_only, "export: an attention-only model has no MLPs, which GPT-2's layout needs");
-  const int64_t C = c.emb_dim, H = c.n_heads, D = c.head_dim();
+  const int64_t C = c.emb_dim, H = c.n_heads, D = c.head_size();
   auto param = [&](const std::string& name) { return model.parameter(name).detach().to(kCPU); };
   auto conv1d = [&](const std::string& ours, const std::string& hf, std::vector<std::pair<std::string, Tensor>>& t) {
     t.emplace_back(hf + ".weight", transposed(param(ours + ".weight")));  // (in, out)

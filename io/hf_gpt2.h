@@ -12,7 +12,7 @@
 
 #include "io/families.h"
 #include "io/tokenizer_files.h"
-#include "nn/gpt.h"
+#include "nn/decoder_family.h"
 #include "nn/module.h"
 
 namespace headlab::io {
@@ -23,7 +23,7 @@ const FolderFormat& hf_gpt2_format();
 struct HfGpt2Config {
   // qkv_bias true, the fused attention form, drop_rate resid_pdrop, tie_embeddings from
   // tie_word_embeddings (GPT-2's default true: the head is wte, one parameter)
-  nn::GPTConfig config;
+  nn::DecoderConfig config;
 };
 // config.json alone, checked: a GPT-2 whose maths headlab's GPTModel has (gelu_new, 4 x n_embd inner
 // size, LayerNorm eps 1e-5, attention scaled by 1 / sqrt(head size)). Errors name the file and key.
@@ -42,7 +42,7 @@ HfGpt2 read_hf_gpt2(const std::string& folder);
 // The folder's GPTModel on the CPU in eval mode, from read_hf_gpt2's result: built without initial
 // values (nn::SkipInit), each parameter taking over its tensor's memory (adopt_parameters), so the
 // weights are held once (the file's pages are released as they are read: SafetensorsFile::to_float).
-std::shared_ptr<nn::GPTModel> build_hf_gpt2(HfGpt2&& hf, const std::string& folder);
+std::shared_ptr<nn::DecoderModel> build_hf_gpt2(HfGpt2&& hf, const std::string& folder);
 
 // A GPTModel (either attention form) as a GPT2LMHeadModel folder: config.json, model.safetensors
 // (float32, Conv1D layout, `transformer.`-prefixed names, as save_pretrained writes them;
@@ -50,6 +50,6 @@ std::shared_ptr<nn::GPTModel> build_hf_gpt2(HfGpt2&& hf, const std::string& fold
 // is written at its full width: the heads it removed come back with zero query, key and value weights and zero
 // output-projection columns, so the folder computes exactly what the pruned model computes. Every file is replaced
 // atomically.
-void write_hf_gpt2(const std::string& folder, const nn::GPTModel& model, const TokenizerFiles& tokenizer = {});
+void write_hf_gpt2(const std::string& folder, const nn::DecoderModel& model, const TokenizerFiles& tokenizer = {});
 
 }  // namespace headlab::io

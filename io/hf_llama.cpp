@@ -21,11 +21,11 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-nn::LlamaConfig llama_config_from_hf(const json& j, const std::string& file) {
+nn::DecoderConfig llama_config_from_hf(const json& j, const std::string& file) {
   const std::string type = hf_config_value<std::string>(j, "model_type", "", file);
   HL_CHECK(type == "llama" || type == "mistral" || type == "qwen2", file, ": model_type '", type,
            "' is not one the llama family reads (llama, mistral, qwen2)");
-  nn::LlamaConfig c;
+  nn::DecoderConfig c = nn::llama_family().config();
   c.n_layers = hf_config_int(j, {"num_hidden_layers"}, 1, 10000, file);
   c.n_heads = hf_config_int(j, {"num_attention_heads"}, 1, 100000, file);
   c.n_kv_heads = j.contains("num_key_value_heads") && !j.at("num_key_value_heads").is_null()
@@ -72,7 +72,7 @@ nn::LlamaConfig llama_config_from_hf(const json& j, const std::string& file) {
 
 }  // namespace
 
-nn::LlamaConfig read_hf_llama_config(const std::string& folder) {
+nn::DecoderConfig read_hf_llama_config(const std::string& folder) {
   return llama_config_from_hf(read_hf_config(folder), hf_config_path(folder));
 }
 
@@ -81,7 +81,7 @@ namespace {
 // Every tensor of the folder by LlamaModel's names, shapes checked; anything else in the weights refused.
 FolderModel read_hf_llama(const std::string& folder) {
   FolderModel out;
-  const nn::LlamaConfig c = read_hf_llama_config(folder);
+  const nn::DecoderConfig c = read_hf_llama_config(folder);
   out.config = c.to_json();
   const SafetensorsModel st = SafetensorsModel::open(folder);
   std::set<std::string> used;
@@ -138,9 +138,9 @@ Tensor pairs_to_halves(const Tensor& w, int64_t D) {
   return index_select(w, 0, tensor(rows));
 }
 
-void write_hf_llama(const std::string& folder, const nn::LlamaModel& model) {
+void write_hf_llama(const std::string& folder, const nn::DecoderModel& model) {
   const NoGradGuard no_grad;
-  const nn::LlamaConfig& c = model.config();
+  const nn::DecoderConfig& c = model.config();
   const auto cpu = [](const Tensor& p) { return p.detach().to(kCPU).contiguous(); };
   const auto param = [&](const std::string& name) { return cpu(model.parameter(name)); };
   const auto rotated = [&](const Tensor& p) {  // q and k rows in the halves layout
@@ -213,13 +213,13 @@ class HfLlamaFormat : public FolderFormat {
   }
   FolderModel read(const std::string& folder) const override { return read_hf_llama(folder); }
   void write(const std::string& folder, const nn::Model& model, const TokenizerFiles& tokenizer) const override {
-    const auto* llama = dynamic_cast<const nn::LlamaModel*>(&model);
-    HL_CHECK(llama, "export: a ", model.type_name(), " is not a llama-family model");
+    const auto* llama = dynamic_cast<const nn::DecoderModel*>(&model);
+    HL_CHECK(llama && llama->config().family == &nn::llama_family(), "export: a ", model.type_name(), " is not a llama-family model");
     write_hf_llama(folder, *llama);
     write_tokenizer_files(folder, tokenizer);
   }
   std::string describe(const FolderModel& m) const override {
-    const nn::LlamaConfig c = nn::LlamaConfig::from_json(m.config);
+    const nn::DecoderConfig c = nn::llama_family().config(m.config);
     return std::string("head: ") + (c.tie_embeddings ? "tied to embed_tokens" : "lm_head.weight") + "; " +
            std::to_string(c.kv_heads()) + " key/value heads for " + std::to_string(c.n_heads) + " query heads";
   }

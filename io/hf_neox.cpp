@@ -21,10 +21,10 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-nn::NeoXConfig neox_config_from_hf(const json& j, const std::string& file) {
+nn::DecoderConfig neox_config_from_hf(const json& j, const std::string& file) {
   const std::string type = hf_config_value<std::string>(j, "model_type", "", file);
   HL_CHECK(type == "gpt_neox", file, ": model_type '", type, "' is not one the neox family reads (gpt_neox)");
-  nn::NeoXConfig c;
+  nn::DecoderConfig c = nn::neox_family().config();
   c.n_layers = hf_config_int(j, {"num_hidden_layers"}, 1, 10000, file);
   c.n_heads = hf_config_int(j, {"num_attention_heads"}, 1, 100000, file);
   c.emb_dim = hf_config_int(j, {"hidden_size"}, 1, 1 << 20, file);
@@ -75,7 +75,7 @@ Tensor fuse(const Tensor& q, const Tensor& k, const Tensor& v, int64_t H, int64_
 // Every tensor of the folder by NeoXModel's names, shapes checked; anything else in the weights refused.
 FolderModel read_hf_neox(const std::string& folder) {
   FolderModel out;
-  const nn::NeoXConfig c = read_hf_neox_config(folder);
+  const nn::DecoderConfig c = read_hf_neox_config(folder);
   out.config = c.to_json();
   const SafetensorsModel st = SafetensorsModel::open(folder);
   std::set<std::string> used;
@@ -131,9 +131,9 @@ FolderModel read_hf_neox(const std::string& folder) {
   return out;
 }
 
-void write_hf_neox(const std::string& folder, const nn::NeoXModel& model) {
+void write_hf_neox(const std::string& folder, const nn::DecoderModel& model) {
   const NoGradGuard no_grad;
-  const nn::NeoXConfig& c = model.config();
+  const nn::DecoderConfig& c = model.config();
   const int64_t H = c.n_heads, D = c.head_size();
   const auto cpu = [](const Tensor& p) { return p.detach().to(kCPU).contiguous(); };
   const auto param = [&](const std::string& name) { return cpu(model.parameter(name)); };
@@ -201,13 +201,13 @@ class HfNeoXFormat : public FolderFormat {
   nlohmann::json read_config(const std::string& folder) const override { return read_hf_neox_config(folder).to_json(); }
   FolderModel read(const std::string& folder) const override { return read_hf_neox(folder); }
   void write(const std::string& folder, const nn::Model& model, const TokenizerFiles& tokenizer) const override {
-    const auto* neox = dynamic_cast<const nn::NeoXModel*>(&model);
-    HL_CHECK(neox, "export: a ", model.type_name(), " is not a GPT-NeoX model");
+    const auto* neox = dynamic_cast<const nn::DecoderModel*>(&model);
+    HL_CHECK(neox && neox->config().family == &nn::neox_family(), "export: a ", model.type_name(), " is not a GPT-NeoX model");
     write_hf_neox(folder, *neox);
     write_tokenizer_files(folder, tokenizer);
   }
   std::string describe(const FolderModel& m) const override {
-    const nn::NeoXConfig c = nn::NeoXConfig::from_json(m.config);
+    const nn::DecoderConfig c = nn::neox_family().config(m.config);
     return std::string("head: ") + (c.tie_embeddings ? "tied to embed_in" : "embed_out.weight") + "; rotary on " +
            std::to_string(c.rotary_dims) + " of " + std::to_string(c.head_size()) + " dims per head; " +
            (c.parallel_residual ? "parallel" : "sequential") + " residual";
@@ -216,7 +216,7 @@ class HfNeoXFormat : public FolderFormat {
 
 }  // namespace
 
-nn::NeoXConfig read_hf_neox_config(const std::string& folder) {
+nn::DecoderConfig read_hf_neox_config(const std::string& folder) {
   return neox_config_from_hf(read_hf_config(folder), hf_config_path(folder));
 }
 

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "io/families.h"
-#include "nn/neox.h"
+#include "nn/decoder_family.h"
 
 namespace headlab::io {
 
@@ -16,6 +16,6 @@ namespace headlab::io {
 const FolderFormat& hf_neox_format();
 
 // config.json alone, checked; errors name the file and key.
-nn::NeoXConfig read_hf_neox_config(const std::string& folder);
+nn::DecoderConfig read_hf_neox_config(const std::string& folder);
 
 }  // namespace headlab::io

@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "base/error.h"
-#include "nn/llama.h"
+#include "nn/decoder_family.h"
 
 namespace headlab::io {
 
@@ -119,7 +119,7 @@ FolderModel read_llama2c(const std::string& path) {
   const Header h = read_header(in, file_size_of(path), why_not);
   HL_CHECK(h.dim > 0, "llama2.c checkpoint '", path, "' ", why_not);
 
-  nn::LlamaConfig c;
+  nn::DecoderConfig c = nn::llama_family().config();
   c.vocab_size = h.vocab, c.context_length = h.seq_len, c.emb_dim = h.dim, c.n_heads = h.heads;
   c.n_kv_heads = h.kv_heads, c.n_layers = h.layers, c.hidden_dim = h.hidden;
   c.norm_eps = 1e-5, c.rope_theta = 10000.0, c.rope_interleaved = true, c.tie_embeddings = h.shared_classifier;

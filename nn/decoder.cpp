@@ -1,15 +1,41 @@
-// The decoder's one forward: the block's maths with its hook points, the model's pieces around the
-// blocks, incremental decoding, and each head's weights as TransformerLens exposes them.
+// The decoder built from its parts, its one forward (the block's maths with its hook points, the model's
+// pieces around the blocks), incremental decoding, and each head's weights as TransformerLens exposes them.
 #include "nn/decoder.h"
 
 #include <algorithm>
+#include <optional>
+
+#include "nn/decoder_family.h"
 
 namespace headlab::nn {
 
+namespace {
+
+std::shared_ptr<Norm> make_norm(const DecoderConfig& c) {
+  if (c.norm == NormKind::rms_norm) return std::make_shared<RMSNorm>(c.emb_dim, c.norm_eps);
+  return std::make_shared<LayerNorm>(c.emb_dim, c.norm_eps,
+                                     c.book_norm_names ? LayerNorm::Style::Book : LayerNorm::Style::Torch);
+}
+
+std::shared_ptr<Mlp> make_mlp(const DecoderConfig& c) {
+  if (c.mlp == MlpKind::swiglu) return std::make_shared<SwiGLUFeedForward>(c.emb_dim, c.mlp_width());
+  return std::make_shared<FeedForward>(c.emb_dim, c.mlp_width(), c.mlp == MlpKind::gelu_tanh);
+}
+
+}  // namespace
+
 // ---- the block ----
+DecoderBlock::DecoderBlock(const DecoderConfig& cfg, int64_t layer) : parallel(cfg.parallel_residual) {
+  att = register_module("att", make_causal_attention(cfg.attention, cfg.attention_sizes(layer)));
+  if (!cfg.attn_only) ff = register_module("ff", make_mlp(cfg));
+  norm1 = register_module("norm1", make_norm(cfg));
+  if (!cfg.attn_only) norm2 = register_module("norm2", make_norm(cfg));
+  drop_shortcut = register_module("drop_shortcut", std::make_shared<Dropout>(cfg.drop_rate));
+}
+
 Tensor DecoderBlock::forward(const Tensor& x_in, const HookSite& site, KVCache* cache) {
   const Tensor x = site(HookPoint::resid_pre, x_in);
-  Dropout& drop = residual_dropout();
+  Dropout& drop = *drop_shortcut;
   const Tensor attn_out = site(HookPoint::attn_out, drop.forward(attend(x, site, cache)));
   if (mlp() == nullptr) return site(HookPoint::resid_post, add(x, attn_out));
   if (parallel_residual()) {
@@ -60,6 +86,67 @@ Tensor DecoderBlock::feed(const Tensor& stream, const HookSite& site) {
 }
 
 // ---- the model ----
+DecoderModel::DecoderModel(const DecoderConfig& cfg) : cfg_(cfg) {
+  cfg_.validate();
+  shape_ = {.vocab_size = cfg.vocab_size,
+            .context_length = cfg.context_length,
+            .d_model = cfg.emb_dim,
+            .n_layers = cfg.n_layers,
+            .n_heads = cfg.n_heads,
+            .has_mlp = !cfg.attn_only,
+            .learned_positions = cfg.learned_positions,
+            .rotary = cfg.rotary_size() > 0,
+            .parallel_residual = cfg.parallel_residual,
+            .kept_heads = cfg.kept_heads};
+  tok_emb = register_module("tok_emb", std::make_shared<Embedding>(cfg.vocab_size, cfg.emb_dim));
+  if (cfg.learned_positions)
+    pos_emb = register_module("pos_emb", std::make_shared<Embedding>(cfg.context_length, cfg.emb_dim));
+  drop_emb = register_module("drop_emb", std::make_shared<Dropout>(cfg.drop_rate));
+  trf_blocks = register_module("trf_blocks", std::make_shared<Sequential>());
+  for (int64_t l = 0; l < cfg.n_layers; ++l) trf_blocks->push_back(std::make_shared<DecoderBlock>(cfg_, l));
+  final_norm = register_module("final_norm", make_norm(cfg_));
+  {
+    std::optional<SkipInit> tied;  // a tied head's own weight is dropped at once: skip drawing it
+    if (cfg.tie_embeddings) tied.emplace();
+    out_head = register_module("out_head", std::make_shared<Linear>(cfg.emb_dim, cfg.vocab_size, false));
+  }
+  if (cfg.tie_embeddings) out_head->tie_weight(tok_emb->weight);
+}
+
+std::string DecoderModel::type_name() const { return cfg_.family->model_name(); }
+
+nlohmann::json DecoderModel::pruned_config(const std::vector<std::vector<int64_t>>& kept) const {
+  DecoderConfig c = cfg_;
+  c.kept_heads = kept;
+  c.validate();
+  return c.to_json();
+}
+
+nlohmann::json DecoderModel::converted_config(AttentionForm form) const {
+  DecoderConfig c = cfg_;
+  c.attention = form;
+  c.validate();
+  return c.to_json();
+}
+
+Tensor DecoderModel::embed(const Tensor& idx, int64_t offset, Hooks* hooks) {
+  check_token_ids(idx, offset);
+  const HookSite site{hooks, -1};
+  const Tensor tok = site(HookPoint::embed, tok_emb->forward(idx));  // (B, T, C)
+  if (!pos_emb) return drop_emb->forward(tok);
+  const int64_t B = idx.size(0), T = idx.size(1);
+  Tensor pos = pos_emb->forward(
+      arange(static_cast<double>(offset), static_cast<double>(offset + T), 1, DType::i64, idx.device()));  // (T, C)
+  if (site.wants(HookPoint::pos_embed)) pos = site(HookPoint::pos_embed, pos.unsqueeze(0).expand({B, T, cfg_.emb_dim}));
+  return drop_emb->forward(add(tok, pos));
+}
+
+std::shared_ptr<DecoderBlock> DecoderModel::block(int64_t layer) const {
+  HL_CHECK(layer >= 0 && layer < cfg_.n_layers, type_name(), ": layer ", layer, " is out of range for ",
+           cfg_.n_layers, " layers");
+  return trf_blocks->at<DecoderBlock>(static_cast<size_t>(layer));
+}
+
 Tensor DecoderModel::forward(const Tensor& idx, Hooks* hooks) {
   return unembed(run_blocks(embed(idx, 0, hooks), 0, n_layers(), hooks), hooks);
 }
@@ -168,7 +255,8 @@ void DecoderModel::keep_attention_weights(bool on) {
   for (int64_t l = 0; l < n_layers(); ++l) attention(l).keep_attention_weights(on);
 }
 
-void DecoderModel::check_token_ids(const Tensor& idx, int64_t offset, const char* who) const {
+void DecoderModel::check_token_ids(const Tensor& idx, int64_t offset) const {
+  const std::string who = type_name();
   HL_CHECK(idx.defined() && idx.dim() == 2, who, ": expected token ids of shape (batch, tokens), got ",
            idx.defined() ? shape_str(idx.shape()) : std::string("(undefined)"));
   HL_CHECK(idx.dtype() == DType::i64, who, ": token ids must be int64, got ", dtype_name(idx.dtype()));

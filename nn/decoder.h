@@ -1,16 +1,16 @@
-// The decoder-only language model as evaluation, generation, export, the key/value cache, head surgery,
-// every analysis and the Python module see it, whatever its family: embeddings into a residual stream,
-// blocks that read the stream through a norm and add their attention's and MLP's outputs to it, a final
-// norm and the unembedding. One forward, with TransformerLens's hook points (nn/hooks.h); each head's
-// weights as TransformerLens exposes them (W_Q, W_K, W_V, W_O and biases, the norm folded in on request);
-// the final norm frozen for direct logit attribution. A family (nn/gpt.h: the book's GPT and GPT-2)
-// builds the modules under its own state_dict names and supplies its embeddings; the block's maths is
-// DecoderBlock's, written once here.
+// The decoder-only language model, every family's: embeddings into a residual stream, blocks that read the
+// stream through a norm and add their attention's and MLP's outputs to it, a final norm and the unembedding,
+// built from a DecoderConfig of parts (nn/decoder_config.h) under the book's state_dict names (tok_emb,
+// pos_emb, trf_blocks.N.{att, ff, norm1, norm2}, final_norm, out_head). Evaluation, generation, export, the
+// key/value cache, head surgery, every analysis and the Python module see this one class: one forward, with
+// TransformerLens's hook points (nn/hooks.h); each head's weights as TransformerLens exposes them (W_Q, W_K,
+// W_V, W_O and biases, the norm folded in on request); the final norm frozen for direct logit attribution.
 // B = batch, T = tokens, C = d_model, V = vocabulary, L = layers, H = heads, D = head size.
 #pragma once
 #include <optional>
 #include <vector>
 
+#include "nn/decoder_config.h"
 #include "nn/model.h"
 
 namespace headlab::nn {
@@ -33,18 +33,25 @@ struct DecoderShape {
 //   attention only:            x += drop(attn(ln1(x)))
 // with the hook points resid_pre, q/k/v_input (per-head inputs, where hooked), ln1.hook_normalized, the
 // attention's own, attn_out, resid_mid, mlp_in, ln2.hook_normalized, the MLP's, mlp_out and resid_post.
-// A family's block registers the parts under its names and hands them over through the accessors.
+// Its parts in the book's registration order: att, ff, norm1, norm2, drop_shortcut.
 class DecoderBlock : public UnaryModule {
  public:
+  DecoderBlock(const DecoderConfig& cfg, int64_t layer);
+  std::string type_name() const override { return "TransformerBlock"; }
   Tensor forward(const Tensor& x) override { return forward(x, HookSite{}); }
   // cache: incremental decoding (CausalMultiHead::forward), then without hooks.
   Tensor forward(const Tensor& x, const HookSite& site, KVCache* cache = nullptr);
-  virtual CausalMultiHead& attention() const = 0;
-  virtual Norm& ln1() const = 0;
-  virtual Norm* ln2() const = 0;  // null in an attention-only block
-  virtual Mlp* mlp() const = 0;   // null in an attention-only block
-  virtual Dropout& residual_dropout() const = 0;
-  virtual bool parallel_residual() const { return false; }
+  CausalMultiHead& attention() const { return *att; }
+  Norm& ln1() const { return *norm1; }
+  Norm* ln2() const { return norm2.get(); }  // null in an attention-only block
+  Mlp* mlp() const { return ff.get(); }      // null in an attention-only block
+  bool parallel_residual() const { return parallel; }
+
+  std::shared_ptr<CausalMultiHead> att;
+  std::shared_ptr<Mlp> ff;
+  std::shared_ptr<Norm> norm1, norm2;
+  std::shared_ptr<Dropout> drop_shortcut;
+  bool parallel = false;
 
  private:
   Tensor attend(const Tensor& x, const HookSite& site, KVCache* cache);
@@ -53,14 +60,20 @@ class DecoderBlock : public UnaryModule {
 
 class DecoderModel : public Model {
  public:
+  explicit DecoderModel(const DecoderConfig& cfg);
+  std::string type_name() const override;  // the family's: GPTModel, Llama, GPTNeoX
+  nlohmann::json config_json() const override { return cfg_.to_json(); }
+  nlohmann::json pruned_config(const std::vector<std::vector<int64_t>>& kept) const override;
+  const DecoderConfig& config() const { return cfg_; }
+
   // ---- the forward: logits = unembed(run_blocks(embed(idx), 0, L)) ----
   Tensor logits(const ModelInputs& in) override { return forward(in.tokens); }
   // idx: (B, T) int64 -> logits (B, T, V); hooks: what runs at the hook points (null: nothing).
   Tensor forward(const Tensor& idx, Hooks* hooks = nullptr);
   Tensor operator()(const Tensor& idx) { return forward(idx); }
-  // (B, T) int64 at positions [offset, offset + T) -> the stream entering block 0 (B, T, C), through
-  // hook_embed (and hook_pos_embed where the family has learned positions).
-  virtual Tensor embed(const Tensor& idx, int64_t offset = 0, Hooks* hooks = nullptr) = 0;
+  // (B, T) int64 at positions [offset, offset + T) -> the stream entering block 0 (B, T, C):
+  // drop_emb(tok_emb(idx) (hook_embed) [+ pos_emb(arange(offset, offset + T)) (hook_pos_embed)]).
+  Tensor embed(const Tensor& idx, int64_t offset = 0, Hooks* hooks = nullptr);
   // The stream entering block `first` (B, T, C) -> the stream after block `last - 1`.
   Tensor run_blocks(const Tensor& x, int64_t first, int64_t last, Hooks* hooks = nullptr);
   // The stream after the last block -> logits (B, T, V): the final norm, then the unembedding.
@@ -80,10 +93,11 @@ class DecoderModel : public Model {
   // ---- structure ----
   const DecoderShape& shape() const { return shape_; }
   int64_t n_layers() const { return shape_.n_layers; }
-  virtual DecoderBlock& decoder_block(int64_t layer) const = 0;
+  std::shared_ptr<DecoderBlock> block(int64_t layer) const;  // errors name the layer
+  DecoderBlock& decoder_block(int64_t layer) const { return *block(layer); }
   CausalMultiHead& attention(int64_t layer) const { return decoder_block(layer).attention(); }
-  virtual Norm& ln_final() const = 0;
-  virtual Linear& lm_head() const = 0;
+  Norm& ln_final() const { return *final_norm; }
+  Linear& lm_head() const { return *out_head; }
   // Every hook point of the model, in the order its forward reaches them. split_inputs: with the points
   // a plain forward does not stop at (hook_q_input, hook_k_input, hook_v_input, hook_mlp_in), which
   // TransformerLens lists only when use_split_qkv_input / use_hook_mlp_in are set.
@@ -99,8 +113,8 @@ class DecoderModel : public Model {
   // The final norm frozen at the stream x (..., C) it normalises: direct logit attribution's linear map.
   FrozenNorm freeze_final_norm(const Tensor& x) const { return freeze(ln_final(), x); }
 
-  // ---- the family's config of a converted model (surgery) ----
-  virtual nlohmann::json converted_config(AttentionForm form) const = 0;  // the same weights in another form
+  // ---- the config of a converted model (surgery) ----
+  nlohmann::json converted_config(AttentionForm form) const;  // the same weights in another form
 
   // ---- nn::Model: the blocks' attentions are the modules, "L0", "L1", ... ----
   int64_t attention_count() const override { return shape_.n_layers; }
@@ -116,11 +130,18 @@ class DecoderModel : public Model {
   void keep_attention_weights(bool on) override;
   Tensor attention_weights(int64_t i) const override { return attention(i).last_attention_weights(); }
 
- protected:
-  // embed's checks: idx (B, T) int64 at positions [offset, offset + T) within the context; errors start with who.
-  void check_token_ids(const Tensor& idx, int64_t offset, const char* who) const;
+  std::shared_ptr<Embedding> tok_emb, pos_emb;  // pos_emb null without learned positions
+  std::shared_ptr<Dropout> drop_emb;
+  std::shared_ptr<Sequential> trf_blocks;
+  std::shared_ptr<Norm> final_norm;
+  std::shared_ptr<Linear> out_head;
 
-  DecoderShape shape_;  // set by the family's constructor
+ private:
+  // embed's checks: idx (B, T) int64 at positions [offset, offset + T) within the context.
+  void check_token_ids(const Tensor& idx, int64_t offset) const;
+
+  DecoderConfig cfg_;
+  DecoderShape shape_;
 };
 
 }  // namespace headlab::nn

@@ -1,7 +1,7 @@
 // A model family as the rest of headlab sees it: everything is asked of its config section (a
-// checkpoint's "model" JSON), so that no caller knows a family's config type. Each family defines one
-// ModelFamily beside its modules (nn/gpt.h, nn/transformer.h); the registry (io/families.h) lists them
-// with their file formats, one line each.
+// checkpoint's "model" JSON), so that no caller knows a family's config type. The decoder families are
+// DecoderFamily's (nn/decoder_family.h); d2l's encoder-decoder defines its own (nn/transformer.h). The
+// registry (io/families.h) lists them with their file formats, one line each.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -65,26 +65,6 @@ class ModelFamily {
   virtual ModelOptions options(const nlohmann::json& section) const = 0;
   // The section with another dropout probability (fine-tuning a model with --drop-rate).
   virtual nlohmann::json with_dropout(const nlohmann::json& section, double p) const = 0;
-};
-
-// What follows from a decoder family's config type alone (its from_json validates; to_json, num_parameters,
-// context_length, vocab_size, drop_rate, validate) and the model built from it: the family adds the rest.
-template <typename Config, typename ModelType>
-class ConfigFamily : public ModelFamily {
- public:
-  nlohmann::json canonical(const nlohmann::json& s) const override { return Config::from_json(s).to_json(); }
-  std::shared_ptr<Model> build(const nlohmann::json& s) const override {
-    return std::make_shared<ModelType>(Config::from_json(s));
-  }
-  double parameter_count(const nlohmann::json& s) const override { return Config::from_json(s).num_parameters(); }
-  int64_t row_tokens(const nlohmann::json& s) const override { return Config::from_json(s).context_length; }
-  int64_t vocab_size(const nlohmann::json& s) const override { return Config::from_json(s).vocab_size; }
-  nlohmann::json with_dropout(const nlohmann::json& s, double p) const override {
-    Config c = Config::from_json(s);
-    c.drop_rate = p;
-    c.validate();
-    return c.to_json();
-  }
 };
 
 }  // namespace headlab::nn

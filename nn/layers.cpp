@@ -197,4 +197,16 @@ Tensor FeedForward::forward(const Tensor& x, const HookSite& site) {
   return layers->at(2)->forward(site(HookPoint::mlp_post, layers->at(1)->forward(pre)));
 }
 
+SwiGLUFeedForward::SwiGLUFeedForward(int64_t emb_dim, int64_t hidden_dim) {
+  fc1 = register_module("fc1", std::make_shared<Linear>(emb_dim, hidden_dim, false));
+  fc2 = register_module("fc2", std::make_shared<Linear>(emb_dim, hidden_dim, false));
+  fc3 = register_module("fc3", std::make_shared<Linear>(hidden_dim, emb_dim, false));
+}
+
+Tensor SwiGLUFeedForward::forward(const Tensor& x, const HookSite& site) {
+  const Tensor gate = site(HookPoint::mlp_pre, fc1->forward(x));  // (..., F)
+  const Tensor post = site(HookPoint::mlp_post, mul(silu(gate), fc2->forward(x)));
+  return fc3->forward(post);
+}
+
 }  // namespace headlab::nn

@@ -1,5 +1,6 @@
 // Basic layers with PyTorch's names, shapes and initialisation: Linear, Dropout, Embedding,
-// LayerNorm (weight/bias, or the book's scale/shift), RMSNorm, GELU, ReLU, and the book's FeedForward; the faces
+// LayerNorm (weight/bias, or the book's scale/shift), RMSNorm, GELU, ReLU, the book's FeedForward and
+// LLaMA's gated one; the faces
 // decoders and analyses see of a norm (Norm, FrozenNorm) and of an MLP (Mlp, with its hook points).
 #pragma once
 #include "nn/hooks.h"
@@ -131,6 +132,17 @@ class FeedForward : public Mlp {
   using Mlp::forward;
   Tensor forward(const Tensor& x, const HookSite& site) override;
   std::shared_ptr<Sequential> layers;
+};
+
+// LLaMA's gated MLP: down(silu(gate x) * up x) as fc3(silu(fc1 x) * fc2 x), no biases (the names of the
+// book's Llama conversion). mlp.hook_pre: fc1 x; mlp.hook_post: the product fc3 reads.
+class SwiGLUFeedForward : public Mlp {
+ public:
+  SwiGLUFeedForward(int64_t emb_dim, int64_t hidden_dim);
+  std::string type_name() const override { return "FeedForward"; }
+  using Mlp::forward;
+  Tensor forward(const Tensor& x, const HookSite& site) override;
+  std::shared_ptr<Linear> fc1, fc2, fc3;
 };
 
 std::string py_bool(bool b);     // "True" / "False", for reprs

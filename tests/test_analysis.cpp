@@ -89,7 +89,7 @@ TaskOptions reverse_options() {
 const Checkpoint& trained_checkpoint() {
   static const Checkpoint ck = [] {
     const auto task = make_task("reverse", reverse_options());
-    const nn::GPTConfig cfg = headlab::testing::tiny_gpt_config(
+    const nn::DecoderConfig cfg = headlab::testing::tiny_gpt_config(
         headlab::testing::kFourHeadGpt.sized_for(task->vocab_size(), task->required_context_length()));
     Checkpoint c;
     c.config = {{"model", cfg.to_json()},
@@ -104,7 +104,7 @@ const Checkpoint& trained_checkpoint() {
       }
     } catch (const Error&) {}
     manual_seed(7);
-    nn::GPTModel model(cfg);
+    nn::DecoderModel model(cfg);
     model.train();
     OptimizerOptions oo = OptimizerOptions::defaults(optim::OptimizerKind::adamw);
     oo.lr = 5e-3;
@@ -129,8 +129,8 @@ const Checkpoint& trained_checkpoint() {
   return ck;
 }
 
-std::shared_ptr<nn::GPTModel> load_model(const Checkpoint& ck) {
-  return model_from_checkpoint<nn::GPTModel>(ck, "test");
+std::shared_ptr<nn::DecoderModel> load_model(const Checkpoint& ck) {
+  return model_from_checkpoint<nn::DecoderModel>(ck, "test");
 }
 
 std::unique_ptr<Task> test_task() { return make_task("reverse", reverse_options()); }
@@ -364,10 +364,10 @@ TEST(Analysis, BatchedAblationEqualsOnePassPerHead) {
 // A vocabulary so large that one row's logits pass the engine's chunk (2^23 floats): the engine scores
 // them a row at a time and gets what one pass per head gets.
 TEST(Analysis, BatchedAblationScoresALargeVocabularyRowByRow) {
-  nn::GPTConfig c;
+  nn::DecoderConfig c;
   c.vocab_size = 1 << 17, c.context_length = 64, c.emb_dim = 8, c.n_heads = 2, c.n_layers = 2;
   manual_seed(5);
-  nn::GPTModel model(c);
+  nn::DecoderModel model(c);
   model.eval();
   EvalSet data;
   Batch b;
@@ -390,10 +390,10 @@ TEST(Analysis, BatchedAblationScoresALargeVocabularyRowByRow) {
 
 // Composition scores against the C x C products formed directly (norm1's scale folded in by hand).
 TEST(Analysis, CompositionScoresEqualTheDirectProducts) {
-  nn::GPTConfig c;
+  nn::DecoderConfig c;
   c.vocab_size = 11, c.context_length = 8, c.emb_dim = 12, c.n_heads = 3, c.n_layers = 3, c.qkv_bias = true;
   manual_seed(9);
-  nn::GPTModel model(c);
+  nn::DecoderModel model(c);
   {
     NoGradGuard ng;  // a LayerNorm scale other than ones, so that folding it matters
     for (int64_t l = 0; l < 3; ++l) model.block(l)->norm1->weight.copy_(add(rand({12}), 0.5));
@@ -428,10 +428,10 @@ TEST(Analysis, CompositionScoresEqualTheDirectProducts) {
 // The ICL score against the cross entropy at the two positions computed by hand; an observation of
 // HeadsOverTime holds head_types' scores of the same rows.
 TEST(Analysis, IclScoreAndHeadsOverTimeMatchTheirParts) {
-  nn::GPTConfig c;
+  nn::DecoderConfig c;
   c.vocab_size = 7, c.context_length = 40, c.emb_dim = 8, c.n_heads = 2, c.n_layers = 2;
   manual_seed(2);
-  nn::GPTModel model(c);
+  nn::DecoderModel model(c);
   model.eval();
   tasks::TaskOptions to;
   to.text = std::string(400, 'a') + "bcdefg bcdefg abcabc gfedcb " + std::string(200, 'b');
@@ -537,10 +537,10 @@ TEST(Analysis, PromptPairsReadGenerateAndScore) {
     EXPECT_NE(ind.answer[static_cast<size_t>(r)], ind.wrong[static_cast<size_t>(r)]);
   }
 
-  nn::GPTConfig c;
+  nn::DecoderConfig c;
   c.vocab_size = 7, c.context_length = 8, c.emb_dim = 8, c.n_heads = 2, c.n_layers = 1;
   manual_seed(4);
-  nn::GPTModel model(c);
+  nn::DecoderModel model(c);
   const LogitDifference d = logit_difference(model, ind);
   EXPECT_TRUE(model.is_training());  // its mode is left as it was
   ASSERT_EQ(d.clean.size(), 50u);
@@ -627,7 +627,7 @@ TEST_F(AnalysisFiles, FinetuningRecoversWhatPruningCost) {
   o.steps = 60;
   o.out = path("ft");
   const FinetuneResult r = finetune(pruned, data, o);
-  EXPECT_NEAR(r.before.loss, evaluate_heads(*model_from_checkpoint<nn::GPTModel>(pruned, "pruned"), data).loss, 1e-9);
+  EXPECT_NEAR(r.before.loss, evaluate_heads(*model_from_checkpoint<nn::DecoderModel>(pruned, "pruned"), data).loss, 1e-9);
   EXPECT_GT(r.before.loss, unpruned.loss + 0.05) << "pruning six heads should cost something";
   EXPECT_LT(r.after.loss, r.before.loss - 0.02) << "before " << r.before.loss << ", after " << r.after.loss;
   const Checkpoint out = load_checkpoint(r.checkpoint);
@@ -781,14 +781,14 @@ TEST(Analysis, HeadTypesMatchNaiveLoopsAndFindPlantedHeads) {
   }
   // The planted model: tokens embed to 0, positions to large one-hot vectors, so that norm1 passes
   // a one-hot code of the position; head 0's query is the previous position's code.
-  nn::GPTConfig cfg;
+  nn::DecoderConfig cfg;
   cfg.vocab_size = 5;
   cfg.context_length = 12;
   cfg.emb_dim = 32;
   cfg.n_heads = 2;  // head size 16 >= context
   cfg.n_layers = 1;
   manual_seed(3);
-  nn::GPTModel planted(cfg);
+  nn::DecoderModel planted(cfg);
   {
     NoGradGuard ng;
     planted.tok_emb->weight.zero_();
@@ -837,7 +837,7 @@ TEST(Analysis, HeadTypesMatchNaiveLoopsAndFindPlantedHeads) {
 TEST(Analysis, PlantedInductionCircuitIsFoundScoredAndCostsItsLossWhenAblated) {
   constexpr int64_t V = headlab::testing::kPlantedVocab, T = headlab::testing::kPlantedContext;
   const auto planted = headlab::testing::planted_induction_gpt();
-  nn::GPTModel& model = *planted;
+  nn::DecoderModel& model = *planted;
   EvalSet text;  // any rows: the pattern scores are not what this test is about
   Batch& rows = text.batches.emplace_back();
   rows.B = 2, rows.T = T;
@@ -970,11 +970,11 @@ TEST(Analysis, PrunedModelsEqualGatedModels) {
 TEST(Analysis, PruningWithQkvBiasEqualsGating) {
   const EvalSet data = eval_set(1, 4);
   for (const std::string form : {"fused", "wrapper"}) {
-    const nn::GPTConfig cfg =
+    const nn::DecoderConfig cfg =
         headlab::testing::tiny_gpt_config(headlab::testing::kThreeHeadGpt.sized_for(13, 12),
                                           parse_enum<nn::AttentionForm>(form, "test"), /*qkv_bias=*/true);
     manual_seed(11);
-    nn::GPTModel model(cfg);
+    nn::DecoderModel model(cfg);
     model.eval();
     const std::vector<std::vector<int64_t>> keep = {{0, 2}, {1}};
     auto pruned = prune_model(model, keep);

@@ -11,7 +11,7 @@
 #include "analysis/surgery.h"
 #include "io/checkpoint.h"
 #include "io/families.h"
-#include "nn/llama.h"
+#include "nn/decoder_family.h"
 #include "optim/optim.h"
 #include "tests/core_test_util.h"
 #include "tests/process_util.h"
@@ -226,8 +226,8 @@ TEST(WrapperGQA, BadSizesAreRefusedByName) {
 // ---- the LLaMA family in wrapper form ----
 namespace {
 
-nn::LlamaConfig llama_config(int64_t kv_heads, bool interleaved, nn::AttentionForm form) {
-  nn::LlamaConfig c;
+nn::DecoderConfig llama_config(int64_t kv_heads, bool interleaved, nn::AttentionForm form) {
+  nn::DecoderConfig c = nn::llama_family().config();
   c.vocab_size = 37, c.context_length = 16, c.emb_dim = 24, c.n_heads = 4, c.n_kv_heads = kv_heads;
   c.n_layers = 2, c.hidden_dim = 40, c.rope_theta = 500.0, c.rope_interleaved = interleaved, c.attention = form;
   return c;
@@ -247,12 +247,12 @@ TEST(WrapperGQA, LlamaModelConvertsBetweenFormsWithTheSameLogits) {
     for (bool interleaved : {false, true}) {
       SCOPED_TRACE("kv " + std::to_string(kv) + (interleaved ? " interleaved" : " halves"));
       manual_seed(21);
-      const nn::LlamaConfig fc = llama_config(kv, interleaved, nn::AttentionForm::fused);
-      nn::LlamaModel fused(fc);
+      const nn::DecoderConfig fc = llama_config(kv, interleaved, nn::AttentionForm::fused);
+      nn::DecoderModel fused(fc);
       auto [wconfig, wparams] =
           analysis::convert_parameters(fused.config_json(), fused.named_parameters(), nn::AttentionForm::wrapper);
       EXPECT_EQ(wconfig["attention"], "wrapper");
-      auto wrapper = std::dynamic_pointer_cast<nn::LlamaModel>(io::make_model(wconfig));
+      auto wrapper = std::dynamic_pointer_cast<nn::DecoderModel>(io::make_model(wconfig));
       ASSERT_TRUE(wrapper);
       wrapper->load_parameters(wparams);
       EXPECT_EQ(wrapper->attention(0).form(), nn::AttentionForm::wrapper);
@@ -286,7 +286,7 @@ TEST(WrapperGQA, LlamaModelConvertsBetweenFormsWithTheSameLogits) {
 TEST(WrapperGQA, LlamaWrapperCheckpointSavesAndLoads) {
   TempDir dir("wrapper_gqa");
   manual_seed(23);
-  nn::LlamaModel m(llama_config(2, true, nn::AttentionForm::wrapper));
+  nn::DecoderModel m(llama_config(2, true, nn::AttentionForm::wrapper));
   m.eval();
   io::Checkpoint ck;
   std::vector<std::string> vocab;
@@ -300,7 +300,7 @@ TEST(WrapperGQA, LlamaWrapperCheckpointSavesAndLoads) {
   io::save_checkpoint(path, ck);
   const io::Checkpoint back = io::load_checkpoint(path);
   EXPECT_EQ(back.model.size(), m.named_parameters().size());
-  const auto loaded = io::model_from_checkpoint<nn::LlamaModel>(back, path);
+  const auto loaded = io::model_from_checkpoint<nn::DecoderModel>(back, path);
   const NoGradGuard no_grad;
   const Tensor idx = tokens(2, 9, 37, 4);
   EXPECT_EQ(max_diff(loaded->forward(idx), m.forward(idx)), 0.0);
@@ -314,13 +314,13 @@ TEST(WrapperGQA, LlamaWrapperCheckpointSavesAndLoads) {
 TEST(WrapperGQA, LlamaWrapperExportsAHuggingFaceFolder) {
   TempDir dir("wrapper_gqa_export");
   manual_seed(25);
-  nn::LlamaModel m(llama_config(2, true, nn::AttentionForm::wrapper));
+  nn::DecoderModel m(llama_config(2, true, nn::AttentionForm::wrapper));
   m.eval();
   io::family_named("llama", "test").folder->write(dir.path("out"), m, {});
   auto back = io::build_folder_model(io::family_of_folder(dir.path("out")).folder->read(dir.path("out")), "out");
   const NoGradGuard no_grad;
   const Tensor idx = tokens(2, 11, 37, 4);
-  EXPECT_LT(max_diff(dynamic_cast<nn::LlamaModel&>(*back).forward(idx), m.forward(idx)), 1e-5);
+  EXPECT_LT(max_diff(dynamic_cast<nn::DecoderModel&>(*back).forward(idx), m.forward(idx)), 1e-5);
 }
 
 // `train --arch llama --attention wrapper`: the family's section from the options builds the wrapper form, whose
@@ -333,7 +333,7 @@ TEST(WrapperGQA, LlamaTrainsInWrapperForm) {
   const nlohmann::json s = f.model.from_options(o, {.task = "copy", .vocab_size = 13, .context_length = 12});
   EXPECT_EQ(f.model.options(s).attention, nn::AttentionForm::wrapper);
   manual_seed(5);
-  auto model = std::dynamic_pointer_cast<nn::LlamaModel>(io::make_model(s));
+  auto model = std::dynamic_pointer_cast<nn::DecoderModel>(io::make_model(s));
   ASSERT_TRUE(model);
   EXPECT_EQ(model->attention(0).form(), nn::AttentionForm::wrapper);
   const Tensor idx = tokens(4, 12, 13, 1), targets = tokens(4, 12, 13, 2);

@@ -9,7 +9,7 @@
 #include <limits>
 
 #include "base/bfloat16.h"
-#include "nn/gpt.h"
+#include "nn/decoder_family.h"
 #include "nn/layers.h"
 #include "tests/core_test_util.h"
 #include "tests/tiny_models.h"
@@ -108,9 +108,9 @@ TEST(Bfloat16, LinearIsForInference) {
 // are the float32 model's once its linear weights are rounded the same way.
 TEST(Bfloat16, GptWeightsConvertedForInference) {
   for (const bool tied : {false, true}) {
-    nn::GPTConfig cfg = tiny_gpt_config(kThreeHeadGpt);
+    nn::DecoderConfig cfg = tiny_gpt_config(kThreeHeadGpt);
     cfg.tie_embeddings = tied;
-    nn::GPTModel model(cfg), rounded(cfg);
+    nn::DecoderModel model(cfg), rounded(cfg);
     model.eval(), rounded.eval();
     rounded.load_parameters(model.named_parameters());
     const Tensor ids = randint(0, cfg.vocab_size, {2, cfg.context_length});

@@ -45,8 +45,8 @@ void write_bytes(const std::string& path, const std::vector<unsigned char>& b) {
 }
 
 // The wrapper form with qkv_bias: checkpoints of both parameter layouts, biases included.
-nn::GPTConfig tiny_config(const std::string& attention = "fused") {
-  nn::GPTConfig c = headlab::testing::tiny_gpt_config(
+nn::DecoderConfig tiny_config(const std::string& attention = "fused") {
+  nn::DecoderConfig c = headlab::testing::tiny_gpt_config(
       headlab::testing::kTwoHeadGpt, parse_enum<nn::AttentionForm>(attention, "test"), attention == "wrapper");
   c.drop_rate = 0.1;
   return c;
@@ -55,9 +55,9 @@ nn::GPTConfig tiny_config(const std::string& attention = "fused") {
 // A checkpoint as the trainer writes one: a model after two AdamW steps, its optimizer state and a
 // trainer state with metrics (a NaN and a generator seed above 2^63 included).
 Checkpoint make_checkpoint(const std::string& attention = "fused") {
-  const nn::GPTConfig cfg = tiny_config(attention);
+  const nn::DecoderConfig cfg = tiny_config(attention);
   manual_seed(42);
-  nn::GPTModel model(cfg);
+  nn::DecoderModel model(cfg);
   Optimizer opt(model.named_parameters(), OptimizerOptions::defaults(optim::OptimizerKind::adamw));
   const Tensor idx = randint(0, cfg.vocab_size, {2, 6});
   for (int i = 0; i < 2; ++i) {
@@ -276,7 +276,7 @@ TEST_F(CheckpointTest, ModelFromCheckpointRebuildsTheModelInEvalMode) {
   const Checkpoint ck = make_checkpoint("wrapper");
   save_checkpoint(path("c.h5"), ck);
   const Checkpoint back = load_checkpoint(path("c.h5"));
-  auto model = model_from_checkpoint<nn::GPTModel>(back, path("c.h5"));
+  auto model = model_from_checkpoint<nn::DecoderModel>(back, path("c.h5"));
   EXPECT_FALSE(model->is_training());
   EXPECT_EQ(model->config().to_json(), ck.config["model"]);
   expect_same_named(snapshot_parameters(*model), ck.model, "parameters");

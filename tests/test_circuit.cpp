@@ -11,8 +11,7 @@
 #include "analysis/circuit.h"
 #include "analysis/circuit_internal.h"
 #include "core_test_util.h"
-#include "nn/llama.h"
-#include "nn/neox.h"
+#include "nn/decoder_family.h"
 #include "tiny_models.h"
 
 namespace headlab {
@@ -46,7 +45,7 @@ PromptPairs with_probability_metric(PromptPairs p, uint64_t seed) {
 // split_heads(). corrupt: the corrupted run's node outputs (empty for an unpatched run). Node `restored`
 // (-1: none) outputs restored_out[restored] instead of what it computes (at position `at` only when that
 // is >= 0). Fills outputs.
-std::vector<double> naive_run(nn::GPTModel& model, const CircuitGraph& g, const std::vector<int64_t>& tokens,
+std::vector<double> naive_run(nn::DecoderModel& model, const CircuitGraph& g, const std::vector<int64_t>& tokens,
                               const PromptPairs& pairs, const std::set<int64_t>& patched,
                               const std::vector<Tensor>& corrupt, std::vector<Tensor>& outputs, int64_t restored = -1,
                               const std::vector<Tensor>& restored_out = {}, int64_t at = -1) {
@@ -122,7 +121,7 @@ double mean(const std::vector<double>& v) {
 }
 
 TEST(Circuit, GraphNamesEdgesAndParsesNames) {
-  nn::GPTModel model(tiny_gpt_config(testing::kThreeHeadGpt));
+  nn::DecoderModel model(tiny_gpt_config(testing::kThreeHeadGpt));
   const CircuitGraph g(model);
   // nodes: embed, L0H0..2, MLP0, L1H0..2, MLP1; receivers: 9 + 1 per layer, logits
   ASSERT_EQ(g.node_count(), 9);
@@ -137,7 +136,7 @@ TEST(Circuit, GraphNamesEdgesAndParsesNames) {
   EXPECT_EQ(g.edge(g.parse_node("L1H0", "t"), g.parse_receivers("L1H2.q", "t").front()), -1);  // same layer
   EXPECT_ERROR(g.parse_node("L7H0", "circuit"), "circuit: the model has no node 'L7H0'");
   EXPECT_ERROR(g.parse_receivers("L0H0.x", "circuit"), "circuit: the model has no receiver 'L0H0.x'");
-  nn::GPTModel pruned(testing::pruned(tiny_gpt_config(testing::kThreeHeadGpt), testing::kPrunedHeads));
+  nn::DecoderModel pruned(testing::pruned(tiny_gpt_config(testing::kThreeHeadGpt), testing::kPrunedHeads));
   EXPECT_EQ(CircuitGraph(pruned).node_name(2), "L0H2");  // original head indices
 }
 
@@ -145,7 +144,7 @@ TEST(Circuit, ForwardIsTheModelsAndPatchingEveryEdgeIsTheCorruptedRun) {
   for (const auto& [name, cfg] : testing::analysis_gpt_forms()) {
     SCOPED_TRACE(name);
     manual_seed(3);
-    nn::GPTModel model(cfg);
+    nn::DecoderModel model(cfg);
     model.to(DType::f64);
     const PromptPairs logit_pairs = random_pairs(cfg.vocab_size, 5, cfg.context_length - 1, 11);
     for (const PromptPairs& pairs : {logit_pairs, with_probability_metric(logit_pairs, 2)}) {
@@ -170,7 +169,7 @@ TEST(Circuit, PatchedEdgesAndPathPatchingMatchNaivePatching) {
   for (const auto& [name, cfg] : testing::analysis_gpt_forms()) {
     SCOPED_TRACE(name);
     manual_seed(4);
-    nn::GPTModel model(cfg);
+    nn::DecoderModel model(cfg);
     model.to(DType::f64);
     model.eval();
     const PromptPairs pairs = random_pairs(cfg.vocab_size, 4, cfg.context_length - 1, 12);
@@ -301,9 +300,9 @@ TEST(Circuit, PatchedEdgesAndPathPatchingMatchNaivePatching) {
 // A chunk whose runs are all stored keeps them in the stored budget, not in one forward's: more rows a
 // chunk than where they are made again in every pass; edge attribution's backward counts them always.
 TEST(Circuit, StoredRunsTakeNoRoomInAForwardsBudget) {
-  const nn::GPTConfig cfg = tiny_gpt_config(testing::kThreeHeadGpt);
+  const nn::DecoderConfig cfg = tiny_gpt_config(testing::kThreeHeadGpt);
   manual_seed(5);
-  nn::GPTModel model(cfg);
+  nn::DecoderModel model(cfg);
   const auto rows_a_chunk = [&](int64_t stored_rows, bool backward) {
     analysis::CircuitOptions o;
     o.stored_rows = stored_rows;
@@ -320,9 +319,9 @@ TEST(Circuit, StoredRunsTakeNoRoomInAForwardsBudget) {
 // Chunks past stored_rows are run again in every pass: the same numbers, bit for bit, with none, some or all
 // of the runs stored (memory bounded by the option, not by the rows).
 TEST(Circuit, RunsNotStoredAreMadeAgainToTheSameNumbers) {
-  const nn::GPTConfig cfg = tiny_gpt_config(testing::kThreeHeadGpt);
+  const nn::DecoderConfig cfg = tiny_gpt_config(testing::kThreeHeadGpt);
   manual_seed(5);
-  nn::GPTModel model(cfg);
+  nn::DecoderModel model(cfg);
   model.to(DType::f64);
   const PromptPairs pairs = random_pairs(cfg.vocab_size, 6, cfg.context_length - 1, 13);
   const auto run = [&](int64_t stored, int64_t expect_stored) {
@@ -368,7 +367,7 @@ TEST(Circuit, EdgeAttributionIsTheSlopeOfPatching) {
   for (const auto& [name, cfg] : testing::analysis_gpt_forms()) {
     SCOPED_TRACE(name);
     manual_seed(5);
-    nn::GPTModel model(cfg);
+    nn::DecoderModel model(cfg);
     model.to(DType::f64);
     for (const PromptPairs& pairs :
          {random_pairs(cfg.vocab_size, 4, cfg.context_length - 1, 13),
@@ -396,15 +395,15 @@ TEST(Circuit, EdgeAttributionIsTheSlopeOfPatching) {
 // after the backward: RMSNorm, rotary on every dimension and grouped keys (LLaMA); LayerNorm with bias,
 // rotary on part of each head and the parallel residual (GPT-NeoX).
 TEST(Circuit, EdgeAttributionIsTheSlopeOfPatchingInTheLlamaAndNeoXFamilies) {
-  nn::LlamaConfig lc;
+  nn::DecoderConfig lc = nn::llama_family().config();
   lc.vocab_size = 23, lc.context_length = 9, lc.emb_dim = 16, lc.n_heads = 4, lc.n_kv_heads = 2;
   lc.n_layers = 2, lc.hidden_dim = 24;
-  nn::NeoXConfig nc;
+  nn::DecoderConfig nc = nn::neox_family().config();
   nc.vocab_size = 29, nc.context_length = 9, nc.emb_dim = 24, nc.n_heads = 3, nc.n_layers = 2, nc.hidden_dim = 40;
   nc.rotary_dims = 2, nc.rope_theta = 500.0, nc.parallel_residual = true;
   manual_seed(7);
-  nn::LlamaModel llama(lc);
-  nn::NeoXModel neox(nc);
+  nn::DecoderModel llama(lc);
+  nn::DecoderModel neox(nc);
   for (nn::DecoderModel* model : {static_cast<nn::DecoderModel*>(&llama), static_cast<nn::DecoderModel*>(&neox)}) {
     SCOPED_TRACE(model->type_name());
     model->to(DType::f64);
@@ -417,13 +416,13 @@ TEST(Circuit, EdgeAttributionIsTheSlopeOfPatchingInTheLlamaAndNeoXFamilies) {
 // whose key/value weights repeat per group, so patching an edge into a group's k (or v) must equal patching that
 // edge into the k (or v) of every head of the group there, and its attribution the sum of theirs.
 TEST(Circuit, GroupedQueryReceiversAreTheirGroupsHeadsInTheMultiHeadTwin) {
-  nn::LlamaConfig c;
+  nn::DecoderConfig c = nn::llama_family().config();
   c.vocab_size = 23, c.context_length = 9, c.emb_dim = 16, c.n_heads = 4, c.n_kv_heads = 2;
   c.n_layers = 2, c.hidden_dim = 24;
   manual_seed(6);
-  nn::LlamaModel gqa(c);
+  nn::DecoderModel gqa(c);
   c.n_kv_heads = 4;
-  nn::LlamaModel mha(c);
+  nn::DecoderModel mha(c);
   gqa.to(DType::f64), mha.to(DType::f64);
   {
     const NoGradGuard no_grad;
@@ -528,7 +527,7 @@ TEST(Circuit, DiscoveryFindsExactlyThePlantedInductionCircuit) {
 }
 
 TEST(Circuit, BadInputIsRefusedClearly) {
-  nn::GPTModel model(tiny_gpt_config(testing::kTwoHeadGpt));
+  nn::DecoderModel model(tiny_gpt_config(testing::kTwoHeadGpt));
   PromptPairs long_rows = random_pairs(13, 2, 11, 1);
   EXPECT_ERROR(CircuitPatcher(model, long_rows), "circuit: prompts of 11 tokens do not fit the model's context of 10");
   PromptPairs bad = random_pairs(13, 2, 5, 1);

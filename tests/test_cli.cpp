@@ -359,7 +359,7 @@ CachedRuns CliRunTest::runs_;
 // last context_length tokens, greedy, stopping at the end token or the answer length.
 std::string library_greedy(const std::string& file, const std::string& prompt, int64_t max_new) {
   const io::Checkpoint ck = io::load_checkpoint(file);
-  auto model = io::model_from_checkpoint<nn::GPTModel>(ck, file);
+  auto model = io::model_from_checkpoint<nn::DecoderModel>(ck, file);
   const auto task = train::RunConfig::from_json(ck.config).make_task();
   const tasks::Prompt p = task->encode_prompt(prompt);
   const int64_t ctx = model->config().context_length;
@@ -398,7 +398,7 @@ TEST_F(CliRunTest, EvalReportsWhatTheLibraryComputes) {
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_TRUE(r.err.empty()) << r.err;
   const io::Checkpoint ck = io::load_checkpoint(ckpt());
-  auto model = io::model_from_checkpoint<nn::GPTModel>(ck, ckpt());
+  auto model = io::model_from_checkpoint<nn::DecoderModel>(ck, ckpt());
   const auto task = train::RunConfig::from_json(ck.config).make_task();
   const train::Scores e = train::evaluate(*model, *task, 2, 32, model->config().context_length);
   std::ostringstream expected;
@@ -721,9 +721,9 @@ TEST_F(CliTest, ExportWritesAFolderWithTheCheckpointsFunction) {
     ASSERT_EQ(r.code, 0) << r.err;
     EXPECT_TRUE(contains(r.out, "model.safetensors")) << r.out;
     const io::Checkpoint ck = io::load_checkpoint(path(ckpt));
-    const std::shared_ptr<nn::GPTModel> want = io::model_from_checkpoint<nn::GPTModel>(ck, path(ckpt));
+    const std::shared_ptr<nn::DecoderModel> want = io::model_from_checkpoint<nn::DecoderModel>(ck, path(ckpt));
     const io::HfGpt2 hf = io::read_hf_gpt2(out);
-    nn::GPTModel got(hf.config);
+    nn::DecoderModel got(hf.config);
     got.load_parameters(hf.parameters, out);
     got.eval();
     want->eval();
@@ -747,10 +747,10 @@ const std::string kGpt2Vocab = HEADLAB_GPT2_VOCAB_DIR;
 // A random GPT-2 of n_layers (2 heads, emb 8, context 16, GPT-2's vocabulary and tied head) written
 // as a Hugging Face folder with GPT-2's tokenizer files.
 void write_random_gpt2(const std::string& dir, int64_t n_layers) {
-  nn::GPTConfig c;
+  nn::DecoderConfig c;
   c.vocab_size = 50257, c.context_length = 16, c.emb_dim = 8, c.n_heads = 2, c.n_layers = n_layers;
   c.qkv_bias = true, c.tie_embeddings = true;
-  const nn::GPTModel random(c);
+  const nn::DecoderModel random(c);
   io::write_hf_gpt2(
       dir, random,
       {"bpe", {{"vocab.json", slurp(kGpt2Vocab + "/vocab.json")}, {"merges.txt", slurp(kGpt2Vocab + "/merges.txt")}}});
@@ -764,7 +764,7 @@ TEST_F(CliTest, Gpt2FolderEvalGenerateInspect) {
   write_random_gpt2(dir, 1);
   NoGradGuard no_grad;
   const io::HfGpt2 hf = io::read_hf_gpt2(dir);
-  nn::GPTModel model(hf.config);
+  nn::DecoderModel model(hf.config);
   model.load_parameters(hf.parameters, dir);
   const tasks::BpeTokenizer tok = tasks::BpeTokenizer::from_files(hf.vocab_path, hf.merges_path, 50257);
 

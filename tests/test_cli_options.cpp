@@ -109,10 +109,10 @@ class CliOptionsTest : public ::testing::TestWithParam<std::string> {
     std::ofstream(scratch_->path("bpe/vocab.json")) << vocab.dump();
     std::ofstream(scratch_->path("bpe/merges.txt")) << "#version: 0.2\n";
     // A GPT-2 folder of that vocabulary, for convert.
-    headlab::nn::GPTConfig c;
+    headlab::nn::DecoderConfig c;
     c.vocab_size = 256, c.context_length = 8, c.emb_dim = 8, c.n_heads = 2, c.n_layers = 1, c.qkv_bias = true;
     c.tie_embeddings = true;
-    headlab::nn::GPTModel model(c);
+    headlab::nn::DecoderModel model(c);
     headlab::io::write_hf_gpt2(scratch_->path("gpt2"), model,
                                {"bpe", {{"vocab.json", vocab.dump()}, {"merges.txt", "#version: 0.2\n"}}});
   }

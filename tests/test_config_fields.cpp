@@ -12,7 +12,7 @@
 
 #include "analysis/pruning.h"
 #include "base/json_fields.h"
-#include "nn/gpt.h"
+#include "nn/decoder_family.h"
 #include "train/config.h"
 
 using namespace headlab;
@@ -176,7 +176,7 @@ TEST(ConfigFields, BoundsNameTheKeyOrTheOption) {
 // ---- the real configs: keys as checkpoints have them ------------------------------------------------
 
 TEST(ConfigFields, GptConfigKeysAndRoundTrip) {
-  nn::GPTConfig c;
+  nn::DecoderConfig c;
   c.vocab_size = 13, c.context_length = 9, c.emb_dim = 12, c.n_heads = 3, c.n_layers = 2, c.drop_rate = 0.1;
   c.qkv_bias = true, c.attention = nn::AttentionForm::wrapper;
   // The JSON an unpruned model's checkpoint has always carried (no kept_heads key).
@@ -185,20 +185,20 @@ TEST(ConfigFields, GptConfigKeysAndRoundTrip) {
           "qkv_bias": true, "attention": "wrapper"})");
   EXPECT_EQ(c.to_json(), stored);
   c.kept_heads = {{0, 2}, {1}};
-  const nn::GPTConfig back = nn::GPTConfig::from_json(nlohmann::json::parse(c.to_json().dump()));
+  const nn::DecoderConfig back = nn::gpt_family().config(nlohmann::json::parse(c.to_json().dump()));
   EXPECT_EQ(back.kept_heads, c.kept_heads);
   EXPECT_EQ(back.attention, nn::AttentionForm::wrapper);
   EXPECT_EQ(back.to_json(), c.to_json());
 
   nlohmann::json old = stored;  // the oldest checkpoints: no attention key, fused
   old.erase("attention");
-  EXPECT_EQ(nn::GPTConfig::from_json(old).attention, nn::AttentionForm::fused);
+  EXPECT_EQ(nn::gpt_family().config(old).attention, nn::AttentionForm::fused);
   old["unknown_future_key"] = 1;  // ignored, as before
-  EXPECT_NO_THROW(nn::GPTConfig::from_json(old));
+  EXPECT_NO_THROW(nn::gpt_family().config(old));
   old["n_layers"] = 0;
-  EXPECT_ERROR_HAS(nn::GPTConfig::from_json(old), "GPT config: n_layers must be positive, got 0");
+  EXPECT_ERROR_HAS(nn::gpt_family().config(old), "GPT config: n_layers must be positive, got 0");
   old["n_layers"] = true;
-  EXPECT_ERROR_HAS(nn::GPTConfig::from_json(old), "GPT config: key 'n_layers' must be an integer, got true");
+  EXPECT_ERROR_HAS(nn::gpt_family().config(old), "GPT config: key 'n_layers' must be an integer, got true");
 }
 
 TEST(ConfigFields, TransformerConfigKeysAndRoundTrip) {
@@ -253,7 +253,7 @@ TEST(ConfigFields, OptimizerAndScheduleKeysAndErrors) {
 
 TEST(ConfigFields, RunConfigTrainingSectionAndArch) {
   train::RunConfig c = train::RunConfig::defaults();
-  nn::GPTConfig model;
+  nn::DecoderConfig model;
   model.vocab_size = 13, model.context_length = 9, model.emb_dim = 64, model.n_heads = 4, model.n_layers = 2;
   c.model = model.to_json();
   c.run.steps = 42, c.run.seed = 3, c.run.device = "cuda", c.run.skip_nonfinite = true;

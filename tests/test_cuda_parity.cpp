@@ -10,9 +10,7 @@
 
 #include "backends/backend.h"
 #include "nn/attention.h"
-#include "nn/gpt.h"
-#include "nn/llama.h"
-#include "nn/neox.h"
+#include "nn/decoder_family.h"
 #include "optim/optim.h"
 #include "tests/op_cases.h"
 #include "tests/tiny_models.h"
@@ -222,18 +220,18 @@ TEST(CudaParity, DecoderFamiliesTrackTheCpu) {
   std::vector<std::pair<std::string, std::function<std::shared_ptr<nn::DecoderModel>()>>> models;
   for (const int64_t kv : {4, 2, 1})
     for (const bool interleaved : {false, true}) {
-      nn::LlamaConfig c;
+      nn::DecoderConfig c = nn::llama_family().config();
       c.vocab_size = 37, c.context_length = 80, c.emb_dim = 32, c.n_heads = 4, c.n_kv_heads = kv, c.n_layers = 2;
       c.hidden_dim = 40, c.rope_theta = 500.0, c.rope_interleaved = interleaved, c.qkv_bias = kv == 2;
       models.emplace_back("llama kv " + std::to_string(kv) + (interleaved ? " interleaved" : " halves"),
-                          [c] { return std::make_shared<nn::LlamaModel>(c); });
+                          [c] { return std::make_shared<nn::DecoderModel>(c); });
     }
   for (const bool parallel : {true, false}) {
-    nn::NeoXConfig c;
+    nn::DecoderConfig c = nn::neox_family().config();
     c.vocab_size = 37, c.context_length = 80, c.emb_dim = 32, c.n_heads = 4, c.n_layers = 2, c.hidden_dim = 48;
     c.rotary_dims = 4, c.parallel_residual = parallel;
     models.emplace_back(std::string("neox") + (parallel ? " parallel" : " sequential"),
-                        [c] { return std::make_shared<nn::NeoXModel>(c); });
+                        [c] { return std::make_shared<nn::DecoderModel>(c); });
   }
   for (const auto& [name, make] : models) {
     SCOPED_TRACE(name);
@@ -266,10 +264,10 @@ TEST(CudaParity, DecoderFamiliesTrackTheCpu) {
 
 TEST(CudaParity, TrainingTracksTheCpuAndTheAllocatorReturnsToBaseline) {
   REQUIRE_GPU();
-  nn::GPTConfig cfg = tiny_gpt_config(kFourHeadGpt);
+  nn::DecoderConfig cfg = tiny_gpt_config(kFourHeadGpt);
   cfg.drop_rate = 0.1;
   manual_seed(5);
-  nn::GPTModel cpu_model(cfg), gpu_model(cfg);
+  nn::DecoderModel cpu_model(cfg), gpu_model(cfg);
   gpu_model.load_parameters(cpu_model.named_parameters());
   gpu_model.to(kCuda);
   optim::Optimizer cpu_opt(cpu_model.named_parameters(),

@@ -11,8 +11,9 @@
 #include <memory>
 
 #include "core_test_util.h"
+#include "backends/backend.h"
 #include "io/families.h"
-#include "nn/gpt.h"
+#include "nn/decoder_family.h"
 #include "nn/transformer.h"
 #include "tiny_models.h"
 
@@ -31,9 +32,9 @@ Tensor tokens_for(int64_t V, int64_t B, int64_t T) {
 double max_difference(const Tensor& a, const Tensor& b) { return sub(a, b).abs().max().item<double>(); }
 
 // cfg's model from seed `seed`, in float64 and eval mode (the references here are exact).
-std::unique_ptr<nn::GPTModel> f64_model(const nn::GPTConfig& cfg, uint64_t seed) {
+std::unique_ptr<nn::DecoderModel> f64_model(const nn::DecoderConfig& cfg, uint64_t seed) {
   manual_seed(seed);
-  auto model = std::make_unique<nn::GPTModel>(cfg);
+  auto model = std::make_unique<nn::DecoderModel>(cfg);
   model->to(DType::f64);
   model->eval();
   return model;
@@ -47,7 +48,7 @@ nn::ActivationCache keep_all(const nn::DecoderModel& m) {
 
 // The reference: the book's block written out from the modules, per head: q, k, v, the causal softmax,
 // z, each head's result through its out_proj columns; what the points should hold, by key.
-std::map<nn::HookKey, Tensor> reference(nn::GPTModel& m, const Tensor& idx) {
+std::map<nn::HookKey, Tensor> reference(nn::DecoderModel& m, const Tensor& idx) {
   std::map<nn::HookKey, Tensor> at;
   const int64_t B = idx.size(0), T = idx.size(1), C = m.config().emb_dim;
   at[{HookPoint::embed, -1}] = m.tok_emb->forward(idx);
@@ -79,10 +80,10 @@ std::map<nn::HookKey, Tensor> reference(nn::GPTModel& m, const Tensor& idx) {
       at[{HookPoint::resid_mid, l}] = x;
       const Tensor n2 = block->norm2->forward(x);
       at[{HookPoint::ln2_normalized, l}] = n2;
-      const Tensor pre = block->ff->layers->at(0)->forward(n2);
+      const Tensor pre = dynamic_cast<nn::FeedForward&>(*block->ff).layers->at(0)->forward(n2);
       at[{HookPoint::mlp_pre, l}] = pre;
       at[{HookPoint::mlp_post, l}] = gelu(pre, true);
-      const Tensor out = block->ff->layers->at(2)->forward(gelu(pre, true));
+      const Tensor out = dynamic_cast<nn::FeedForward&>(*block->ff).layers->at(2)->forward(gelu(pre, true));
       at[{HookPoint::mlp_out, l}] = out;
       x = add(x, out);
     }
@@ -98,7 +99,7 @@ TEST(DecoderForward, EveryHookPointHoldsWhatTheReferenceComputesThere) {
   for (const auto& [name, cfg] : ht::analysis_gpt_forms()) {
     SCOPED_TRACE(name);
     const auto owned = f64_model(cfg, 4);
-    nn::GPTModel& model = *owned;
+    nn::DecoderModel& model = *owned;
     const NoGradGuard ng;
     const Tensor idx = tokens_for(cfg.vocab_size, 2, 6);
     nn::ActivationCache cache = keep_all(model);
@@ -116,7 +117,7 @@ TEST(DecoderForward, EveryHookPointHoldsWhatTheReferenceComputesThere) {
 
 TEST(DecoderForward, NothingAttachedOrNothingWantedChangesNothing) {
   manual_seed(6);
-  nn::GPTModel model(ht::tiny_gpt_config(ht::kFourHeadGpt, nn::AttentionForm::fused, true));
+  nn::DecoderModel model(ht::tiny_gpt_config(ht::kFourHeadGpt, nn::AttentionForm::fused, true));
   model.eval();
   const NoGradGuard ng;
   const Tensor idx = tokens_for(ht::kFourHeadGpt.vocab_size, 3, 9);
@@ -138,14 +139,14 @@ TEST(DecoderForward, NothingAttachedOrNothingWantedChangesNothing) {
 TEST(DecoderForward, TheMlpsOnePassIsTheTwoOpPath) {
   const int threads_before = omp_get_max_threads();
   omp_set_num_threads(2);
-  nn::GPTConfig cfg;
+  nn::DecoderConfig cfg;
   cfg.vocab_size = 64, cfg.context_length = 64, cfg.emb_dim = 128, cfg.n_heads = 4, cfg.n_layers = 2;
   manual_seed(11);
-  nn::GPTModel model(cfg);
+  nn::DecoderModel model(cfg);
   const Tensor idx = tokens_for(cfg.vocab_size, 2, 64);
   const Tensor one_pass = model.forward(idx);
   one_pass.pow(2.0).mean().backward();
-  const Tensor& up = model.block(0)->ff->layers->at<nn::Linear>(0)->weight;
+  const Tensor& up = dynamic_cast<nn::FeedForward&>(*model.block(0)->ff).layers->at<nn::Linear>(0)->weight;
   const Tensor g_one_pass = up.grad();
   model.zero_grad();
   nn::ActivationCache pre({{HookPoint::mlp_pre, 0}, {HookPoint::mlp_pre, 1}});
@@ -164,7 +165,7 @@ TEST(DecoderForward, PerHeadInputsFeedOnlyTheirHead) {
   for (const auto& [name, cfg] : ht::tiny_gpt_forms(ht::kThreeHeadGpt, true)) {
     SCOPED_TRACE(name);
     const auto owned = f64_model(cfg, 7);
-    nn::GPTModel& model = *owned;
+    nn::DecoderModel& model = *owned;
     const NoGradGuard ng;
     const Tensor idx = tokens_for(cfg.vocab_size, 2, 5);
     const int64_t layer = 1, head = model.attention(layer).head_count() - 1;
@@ -198,7 +199,7 @@ TEST(DecoderForward, PerHeadInputsFeedOnlyTheirHead) {
 }
 
 TEST(DecoderForward, HookNamesAreTransformerLensesAndParseBack) {
-  nn::GPTModel model(ht::tiny_gpt_config(ht::kTwoHeadGpt));
+  nn::DecoderModel model(ht::tiny_gpt_config(ht::kTwoHeadGpt));
   for (const nn::HookKey& key : model.hook_points(true)) {
     const std::optional<nn::HookKey> back = nn::parse_hook_name(nn::hook_name(key));
     ASSERT_TRUE(back) << nn::hook_name(key);
@@ -218,7 +219,7 @@ TEST(DecoderWeights, HeadWeightsAreTheHeadsOwnAndFoldTheNorm) {
   for (const auto& [name, cfg] : ht::tiny_gpt_forms(ht::kThreeHeadGpt, true)) {
     SCOPED_TRACE(name);
     const auto owned = f64_model(cfg, 8);
-    nn::GPTModel& model = *owned;
+    nn::DecoderModel& model = *owned;
     const NoGradGuard ng;
     {  // a norm that is not the identity
       model.block(0)->norm1->weight.copy_(add(rand({cfg.emb_dim}, default_generator(), DType::f64), 0.5));
@@ -252,7 +253,7 @@ TEST(DecoderWeights, HeadWeightsAreTheHeadsOwnAndFoldTheNorm) {
 // norm's output along it, for LayerNorm exactly; W_U and b_U are the head's.
 TEST(DecoderWeights, FrozenFinalNormSplitsTheStreamExactly) {
   manual_seed(9);
-  nn::GPTModel model(ht::tiny_gpt_config(ht::kFourHeadGpt));
+  nn::DecoderModel model(ht::tiny_gpt_config(ht::kFourHeadGpt));
   model.to(DType::f64);
   const NoGradGuard ng;
   model.final_norm->weight.copy_(add(rand({32}, default_generator(), DType::f64), 0.5));
@@ -269,6 +270,85 @@ TEST(DecoderWeights, FrozenFinalNormSplitsTheStreamExactly) {
   EXPECT_FALSE(model.b_U().defined());
   const Tensor y = randn({2, 3, 32}, default_generator(), DType::f64);
   EXPECT_LT(max_difference(model.unembed_normalized(y), matmul(y, model.W_U())), 1e-12);
+}
+
+// One config of each part a family chooses: GPT (fused, wrapper with biases and a tied head, attention-only,
+// pruned), LLaMA (grouped-query, head_dim apart from the width, pruned to whole groups), GPT-NeoX (parallel,
+// sequential without biases, tied).
+std::vector<std::pair<std::string, nn::DecoderConfig>> every_part() {
+  const auto sized = [](nn::DecoderConfig c) {
+    c.vocab_size = 29, c.context_length = 16, c.emb_dim = 32, c.n_heads = 4, c.n_layers = 2;
+    return c;
+  };
+  std::vector<std::pair<std::string, nn::DecoderConfig>> all;
+  nn::DecoderConfig c = sized(nn::gpt_family().config());
+  all.emplace_back("gpt fused", c);
+  c.attention = nn::AttentionForm::wrapper, c.qkv_bias = true, c.tie_embeddings = true;
+  all.emplace_back("gpt wrapper, biases, tied", c);
+  c = sized(nn::gpt_family().config()), c.attn_only = true;
+  all.emplace_back("gpt attention-only", c);
+  c = sized(nn::gpt_family().config()), c.kept_heads = {{0, 2}, {1}};
+  all.emplace_back("gpt pruned", c);
+  c = sized(nn::llama_family().config()), c.n_kv_heads = 2, c.hidden_dim = 48;
+  all.emplace_back("llama grouped-query", c);
+  c.head_dim = 16, c.kept_heads = {{0, 1}, {2, 3}};
+  all.emplace_back("llama head_dim 16, pruned", c);
+  c = sized(nn::neox_family().config()), c.hidden_dim = 64, c.rotary_dims = 2;
+  all.emplace_back("neox parallel", c);
+  c.parallel_residual = false, c.qkv_bias = false, c.tie_embeddings = true;
+  all.emplace_back("neox sequential, no biases, tied", c);
+  return all;
+}
+
+// The counts a config gives before any model is built are the built model's: its parameters, the floats its
+// key/value caches hold after a prefill, and a training step's activations as the allocator measures them
+// (the estimate the memory checks use is an upper bound of the measured peak, and not far above it).
+TEST(DecoderConfig, CountsAreTheBuiltModelsAndAMeasuredRun) {
+  Backend& cpu = backend_for(kCPU);
+  for (const auto& [name, c] : every_part()) {
+    SCOPED_TRACE(name);
+    manual_seed(5);
+    nn::DecoderModel model(c);
+    EXPECT_EQ(c.num_parameters(), static_cast<double>(model.num_parameters()));
+    EXPECT_EQ(nn::DecoderModel(c.family->config(c.to_json())).num_parameters(), model.num_parameters());
+
+    // The caches after an 11-token prefill: keys and values of every key/value head, capacity tokens each.
+    {
+      const NoGradGuard no_grad;
+      model.eval();
+      std::vector<nn::KVCache> caches(static_cast<size_t>(c.n_layers));
+      for (nn::KVCache& k : caches) k.expected = 11;
+      model.forward_cached(tokens_for(c.vocab_size, 1, 11), caches);
+      double floats = 0;
+      for (const nn::KVCache& k : caches)
+        floats += static_cast<double>(k.keys.numel() + k.values.numel()) / static_cast<double>(k.keys.size(2));
+      EXPECT_EQ(floats, c.cache_floats());
+    }
+
+    // A training step's peak beyond the parameters and their gradients, and a forward's without a tape, per
+    // token of the batch.
+    const int64_t B = 8, T = c.context_length;
+    const Tensor idx = tokens_for(c.vocab_size, B, T), targets = tokens_for(c.vocab_size, B, T);
+    for (const bool training : {true, false}) {
+      SCOPED_TRACE(training ? "training" : "inference");
+      const double weights = training ? static_cast<double>(model.num_parameters()) * sizeof(float) : 0.0;
+      model.train(training);
+      cpu.reset_peak();
+      const double before = static_cast<double>(cpu.bytes_in_use());
+      if (training) {
+        cross_entropy(model.forward(idx).view({B * T, c.vocab_size}), targets.view({B * T})).backward();
+      } else {
+        const NoGradGuard no_grad;
+        model.forward(idx);
+      }
+      const double measured = (static_cast<double>(cpu.peak_bytes()) - before - weights) / sizeof(float) /
+                              static_cast<double>(B * T);
+      const double estimate = c.activation_floats(training);
+      EXPECT_LE(measured, estimate) << "measured " << measured << " floats a token, estimated " << estimate;
+      EXPECT_GE(measured, 0.3 * estimate) << "measured " << measured << " floats a token, estimated " << estimate;
+      model.zero_grad();
+    }
+  }
 }
 
 // The registry: a section's family by its "arch", building, counting; a folder's by its model_type.

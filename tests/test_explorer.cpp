@@ -32,10 +32,10 @@ namespace {
 std::string write_checkpoint(const std::string& path) {
   tasks::TaskOptions o;
   const auto task = tasks::make_task("reverse", o);
-  const nn::GPTConfig cfg = headlab::testing::tiny_gpt_config(
+  const nn::DecoderConfig cfg = headlab::testing::tiny_gpt_config(
       headlab::testing::kFourHeadGpt.sized_for(task->vocab_size(), task->required_context_length()));
   manual_seed(5);
-  nn::GPTModel model(cfg);
+  nn::DecoderModel model(cfg);
   io::Checkpoint c;
   c.config = {{"model", cfg.to_json()},
               {"tokenizer", {{"type", "char"}, {"vocab", task->tokenizer().vocab()}}},

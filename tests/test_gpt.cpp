@@ -10,7 +10,7 @@
 #include "analysis/surgery.h"
 #include "autograd/engine.h"
 #include "nn/generate.h"
-#include "nn/gpt.h"
+#include "nn/decoder_family.h"
 #include "tests/core_test_util.h"
 #include "tests/fixture_util.h"
 #include "tests/tiny_models.h"
@@ -32,10 +32,10 @@ TEST_P(GptParity, LogitsLossAndEveryGradientMatchPyTorch) {
   const GptCase& c = GetParam();
   const Fixture f = load_fixture(c.file);
   ASSERT_EQ(f.module, "GPTModel");
-  const nn::GPTConfig cfg = nn::GPTConfig::from_json(f.config);
+  const nn::DecoderConfig cfg = nn::gpt_family().config(f.config);
   EXPECT_EQ(cfg.to_json(), f.config) << "the fixture's config is exactly headlab's config keys";
   manual_seed(0);
-  nn::GPTModel model(cfg);
+  nn::DecoderModel model(cfg);
   model.to(c.dtype);
   model.eval();
 
@@ -102,19 +102,19 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GptParity,
 
 using NameShapes = std::vector<std::pair<std::string, Shape>>;
 
-NameShapes names_of(const nn::GPTModel& m) {
+NameShapes names_of(const nn::DecoderModel& m) {
   NameShapes out;
   for (const auto& [name, t] : m.named_parameters()) out.emplace_back(name, t.shape());
   return out;
 }
 
 // Vocabulary 7 and context 5: the names-and-shapes tests below spell these sizes out.
-nn::GPTConfig small_config(const std::string& attention, bool qkv_bias) {
+nn::DecoderConfig small_config(const std::string& attention, bool qkv_bias) {
   return tiny_gpt_config(kTwoHeadGpt.sized_for(7, 5), parse_enum<nn::AttentionForm>(attention, "test"), qkv_bias);
 }
 
 TEST(GptNames, FusedWithoutQkvBias) {
-  nn::GPTModel m(small_config("fused", false));
+  nn::DecoderModel m(small_config("fused", false));
   NameShapes expected = {{"tok_emb.weight", {7, 8}}, {"pos_emb.weight", {5, 8}}};
   for (int l = 0; l < 2; ++l) {
     const std::string b = "trf_blocks." + std::to_string(l) + ".";
@@ -141,7 +141,7 @@ TEST(GptNames, FusedWithoutQkvBias) {
 }
 
 TEST(GptNames, FusedWithQkvBias) {
-  nn::GPTModel m(small_config("fused", true));
+  nn::DecoderModel m(small_config("fused", true));
   const NameShapes names = names_of(m);
   const NameShapes att(names.begin() + 2, names.begin() + 10);
   EXPECT_EQ(att, (NameShapes{{"trf_blocks.0.att.W_query.weight", {8, 8}},
@@ -157,7 +157,7 @@ TEST(GptNames, FusedWithQkvBias) {
 
 TEST(GptNames, WrapperWithAndWithoutQkvBias) {
   for (bool bias : {false, true}) {
-    nn::GPTModel m(small_config("wrapper", bias));
+    nn::DecoderModel m(small_config("wrapper", bias));
     const NameShapes names = names_of(m);
     NameShapes expected_att;
     for (int h = 0; h < 2; ++h)
@@ -184,55 +184,55 @@ TEST(GptNames, WrapperWithAndWithoutQkvBias) {
 TEST(GptConfig, NumParametersWithoutBuildingTheModel) {
   for (const nn::AttentionForm form : {nn::AttentionForm::fused, nn::AttentionForm::wrapper})
     for (const bool bias : {false, true}) {
-      nn::GPTConfig c = tiny_gpt_config(kThreeHeadGpt, form, bias);
-      EXPECT_DOUBLE_EQ(c.num_parameters(), static_cast<double>(nn::GPTModel(c).num_parameters()));
+      nn::DecoderConfig c = tiny_gpt_config(kThreeHeadGpt, form, bias);
+      EXPECT_DOUBLE_EQ(c.num_parameters(), static_cast<double>(nn::DecoderModel(c).num_parameters()));
       c.kept_heads = kPrunedHeads;  // after pruning
-      EXPECT_DOUBLE_EQ(c.num_parameters(), static_cast<double>(nn::GPTModel(c).num_parameters()));
+      EXPECT_DOUBLE_EQ(c.num_parameters(), static_cast<double>(nn::DecoderModel(c).num_parameters()));
     }
 }
 
 TEST(GptConfig, JsonRoundTripAndClearErrors) {
-  nn::GPTConfig c = small_config("wrapper", true);
+  nn::DecoderConfig c = small_config("wrapper", true);
   c.drop_rate = 0.1;
-  const nn::GPTConfig back = nn::GPTConfig::from_json(nlohmann::json::parse(c.to_json().dump()));
+  const nn::DecoderConfig back = nn::gpt_family().config(nlohmann::json::parse(c.to_json().dump()));
   EXPECT_EQ(back.to_json(), c.to_json());
-  EXPECT_EQ(back.head_dim(), 4);
+  EXPECT_EQ(back.head_size(), 4);
 
   nlohmann::json j = c.to_json();
   j.erase("n_heads");
-  EXPECT_NE(error_of([&] { nn::GPTConfig::from_json(j); }).find("GPT config: missing key 'n_heads'"),
+  EXPECT_NE(error_of([&] { nn::gpt_family().config(j); }).find("GPT config: missing key 'n_heads'"),
             std::string::npos);
   j = c.to_json();
   j["emb_dim"] = "eight";
-  EXPECT_NE(error_of([&] { nn::GPTConfig::from_json(j); }).find("key 'emb_dim' must be an integer, got \"eight\""),
+  EXPECT_NE(error_of([&] { nn::gpt_family().config(j); }).find("key 'emb_dim' must be an integer, got \"eight\""),
             std::string::npos);
   j["emb_dim"] = 8.5;  // not truncated to 8
-  EXPECT_NE(error_of([&] { nn::GPTConfig::from_json(j); }).find("key 'emb_dim' must be an integer, got 8.5"),
+  EXPECT_NE(error_of([&] { nn::gpt_family().config(j); }).find("key 'emb_dim' must be an integer, got 8.5"),
             std::string::npos);
   j = c.to_json();
   j["drop_rate"] = "none";
-  EXPECT_NE(error_of([&] { nn::GPTConfig::from_json(j); }).find("key 'drop_rate' has the wrong type (string)"),
+  EXPECT_NE(error_of([&] { nn::gpt_family().config(j); }).find("key 'drop_rate' has the wrong type (string)"),
             std::string::npos);
   j = c.to_json();
   j["n_heads"] = 3;
-  EXPECT_NE(error_of([&] { nn::GPTConfig::from_json(j); }).find("emb_dim 8 must be divisible by n_heads 3"),
+  EXPECT_NE(error_of([&] { nn::gpt_family().config(j); }).find("emb_dim 8 must be divisible by n_heads 3"),
             std::string::npos);
   j = c.to_json();
   j["attention"] = "flash";
   EXPECT_NE(error_of([&] {
-              nn::GPTConfig::from_json(j);
+              nn::gpt_family().config(j);
             }).find("GPT config: attention: expected one of 'fused', 'wrapper', got 'flash'"),
             std::string::npos);
   j = c.to_json();
   j["drop_rate"] = 1.0;
-  EXPECT_NE(error_of([&] { nn::GPTConfig::from_json(j); }).find("drop_rate must be in [0, 1)"), std::string::npos);
-  EXPECT_NE(error_of([] { nn::GPTConfig::from_json(nlohmann::json::array()); }).find("expected a JSON object"),
+  EXPECT_NE(error_of([&] { nn::gpt_family().config(j); }).find("drop_rate must be in [0, 1)"), std::string::npos);
+  EXPECT_NE(error_of([] { nn::gpt_family().config(nlohmann::json::array()); }).find("expected a JSON object"),
             std::string::npos);
 }
 
 TEST(GptModel, ContextOverflowAndBadInputsAreClearErrors) {
   for (const char* att : {"fused", "wrapper"}) {
-    nn::GPTModel m(small_config(att, false));
+    nn::DecoderModel m(small_config(att, false));
     EXPECT_EQ(m(zeros({2, 5}, DType::i64)).shape(), (Shape{2, 5, 7}));  // T = context_length is fine
     EXPECT_EQ(m(zeros({3, 1}, DType::i64)).shape(), (Shape{3, 1, 7}));
     EXPECT_NE(error_of([&] {
@@ -253,12 +253,12 @@ TEST(GptModel, ContextOverflowAndBadInputsAreClearErrors) {
 
 TEST(GptModel, DropoutActsInTrainModeOnlyAndFollowsTheSeed) {
   for (const char* att : {"fused", "wrapper"}) {
-    nn::GPTConfig c = small_config(att, false);
+    nn::DecoderConfig c = small_config(att, false);
     c.drop_rate = 0.5;
     manual_seed(3);
-    nn::GPTModel m(c);
+    nn::DecoderModel m(c);
     c.drop_rate = 0.0;
-    nn::GPTModel plain(c);
+    nn::DecoderModel plain(c);
     plain.load_parameters(m.named_parameters());
     const Tensor idx = tensor(std::vector<int64_t>{1, 2, 3, 4, 5, 6, 0, 1}, {2, 4});
 
@@ -286,10 +286,10 @@ TEST(GptModel, DropoutActsInTrainModeOnlyAndFollowsTheSeed) {
 
 // A backward pass in train mode with dropout flows through the same masks as the forward.
 TEST(GptModel, DropoutGradientUsesTheForwardMask) {
-  nn::GPTConfig c = small_config("fused", false);
+  nn::DecoderConfig c = small_config("fused", false);
   c.drop_rate = 0.3;
   manual_seed(5);
-  nn::GPTModel m(c);
+  nn::DecoderModel m(c);
   m.to(DType::f64);
   m.train();
   const Tensor idx = tensor(std::vector<int64_t>{1, 2, 3, 4}, {1, 4});
@@ -323,18 +323,18 @@ TEST(GptModel, DropoutGradientUsesTheForwardMask) {
 // but ff and norm2, and it computes what the full model computes with every MLP weight and bias zero
 // (x + ff(norm2(x)) = x then), the KV cache included; its config round-trips and counts its parameters.
 TEST(GptAttnOnly, EqualsTheFullModelWithZeroMlps) {
-  nn::GPTConfig c = tiny_gpt_config(kFourHeadGpt, nn::AttentionForm::fused, true);
+  nn::DecoderConfig c = tiny_gpt_config(kFourHeadGpt, nn::AttentionForm::fused, true);
   c.attn_only = true;
   manual_seed(4);
-  nn::GPTModel attn_only(c);
+  nn::DecoderModel attn_only(c);
   attn_only.eval();
   EXPECT_DOUBLE_EQ(c.num_parameters(), double(attn_only.num_parameters()));
-  EXPECT_EQ(nn::GPTConfig::from_json(c.to_json()).attn_only, true);
+  EXPECT_EQ(nn::gpt_family().config(c.to_json()).attn_only, true);
   EXPECT_TRUE(c.to_json().contains("attn_only"));
-  nn::GPTConfig full_cfg = c;
+  nn::DecoderConfig full_cfg = c;
   full_cfg.attn_only = false;
   EXPECT_FALSE(full_cfg.to_json().contains("attn_only")) << "absent when false, as older configs";
-  nn::GPTModel full(full_cfg);
+  nn::DecoderModel full(full_cfg);
   full.eval();
   NamedTensors values = attn_only.named_parameters();
   for (const auto& [name, t] : full.named_parameters()) {
@@ -355,7 +355,7 @@ TEST(GptAttnOnly, EqualsTheFullModelWithZeroMlps) {
 
 TEST(GptKvCache, EachStepsLogitsEqualTheFullForward) {
   for (const bool bias : {false, true}) {
-    nn::GPTModel m(tiny_gpt_config(kFourHeadGpt, nn::AttentionForm::fused, bias));
+    nn::DecoderModel m(tiny_gpt_config(kFourHeadGpt, nn::AttentionForm::fused, bias));
     m.eval();
     NoGradGuard no_grad;
     const std::vector<int64_t> ids{3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8};  // 12 = context_length
@@ -388,10 +388,10 @@ TEST(GptKvCache, EachStepsLogitsEqualTheFullForward) {
 // generate() with the cache (fused form) gives the tokens of the same model in the wrapper form,
 // which has none and recomputes its window: greedy and sampled, past the context (the window slides).
 TEST(GptKvCache, GenerationEqualsTheUncachedPath) {
-  nn::GPTModel fused(tiny_gpt_config(kFourHeadGpt, nn::AttentionForm::fused, true));
+  nn::DecoderModel fused(tiny_gpt_config(kFourHeadGpt, nn::AttentionForm::fused, true));
   auto [cfg, params] =
       analysis::convert_parameters(fused.config().to_json(), fused.named_parameters(), nn::AttentionForm::wrapper);
-  nn::GPTModel wrapper(nn::GPTConfig::from_json(cfg));
+  nn::DecoderModel wrapper(nn::gpt_family().config(cfg));
   wrapper.load_parameters(params, "test");
   ASSERT_TRUE(fused.supports_kv_cache());
   ASSERT_FALSE(wrapper.supports_kv_cache());

@@ -35,14 +35,14 @@ nlohmann::json reference() {
   return nlohmann::json::parse(in);
 }
 
-std::shared_ptr<nn::GPTModel> build(const io::HfGpt2& hf) {
-  auto model = std::make_shared<nn::GPTModel>(hf.config);
+std::shared_ptr<nn::DecoderModel> build(const io::HfGpt2& hf) {
+  auto model = std::make_shared<nn::DecoderModel>(hf.config);
   model->load_parameters(hf.parameters, "test");
   model->eval();
   return model;
 }
 
-Tensor logits_of(nn::GPTModel& model, const nlohmann::json& ids_json) {
+Tensor logits_of(nn::DecoderModel& model, const nlohmann::json& ids_json) {
   const auto ids = ids_json.get<std::vector<std::vector<int64_t>>>();
   std::vector<int64_t> flat;
   for (const auto& row : ids) flat.insert(flat.end(), row.begin(), row.end());
@@ -76,12 +76,12 @@ TEST_P(HfGpt2Variants, LogitsAndGreedyEqualPyTorch) {
   EXPECT_EQ(hf.config.n_layers, 2);
   EXPECT_EQ(hf.config.context_length, 16);
   // The names and order of GPTModel's own parameters.
-  const nn::GPTModel fresh(hf.config);
+  const nn::DecoderModel fresh(hf.config);
   const NamedTensors ours = fresh.named_parameters();
   ASSERT_EQ(hf.parameters.size(), ours.size());
   for (size_t i = 0; i < ours.size(); ++i) EXPECT_EQ(hf.parameters[i].first, ours[i].first);
 
-  const std::shared_ptr<nn::GPTModel> model = build(hf);
+  const std::shared_ptr<nn::DecoderModel> model = build(hf);
   const nlohmann::json ref = reference();
   const Tensor logits = logits_of(*model, ref["ids"]);
   EXPECT_LT(max_abs_diff(logits, flat_floats(ref[untied ? "logits_untied" : "logits_tied"])), 1e-5);
@@ -123,23 +123,23 @@ TEST(HfGpt2Export, RoundTripIsBitwiseTiedAndUntied) {
 TEST(HfGpt2Tied, TheHeadIsOneParameterWithBothGradients) {
   const io::HfGpt2 hf = io::read_hf_gpt2(fixture("lm_head_model"));
   ASSERT_TRUE(hf.config.tie_embeddings);
-  const std::shared_ptr<nn::GPTModel> tied = build(hf);
+  const std::shared_ptr<nn::DecoderModel> tied = build(hf);
   EXPECT_EQ(tied->out_head->weight.impl(), tied->tok_emb->weight.impl());
   const NamedTensors listed = tied->named_parameters();
   EXPECT_TRUE(find_named(listed, "out_head.weight") == listed.end());
   EXPECT_EQ(double(tied->num_parameters()), hf.config.num_parameters());
   EXPECT_EQ(tied->parameter("out_head.weight").impl(), tied->tok_emb->weight.impl());  // answers to both names
 
-  nn::GPTConfig untied_cfg = hf.config;
+  nn::DecoderConfig untied_cfg = hf.config;
   untied_cfg.tie_embeddings = false;
-  nn::GPTModel untied(untied_cfg);
+  nn::DecoderModel untied(untied_cfg);
   NamedTensors values = hf.parameters;
   values.emplace_back("out_head.weight", find_named(hf.parameters, "tok_emb.weight")->second);
   untied.load_parameters(values, "test");
   untied.eval();  // as build() leaves the tied one: no dropout
   const Tensor ids = tensor(std::vector<int64_t>{1, 5, 9, 2, 7, 3}, {1, 6});
   const Tensor targets = tensor(std::vector<int64_t>{5, 9, 2, 7, 3, 1}, {1, 6});
-  for (nn::GPTModel* m : {tied.get(), &untied}) {
+  for (nn::DecoderModel* m : {tied.get(), &untied}) {
     m->zero_grad();
     const Tensor logits = m->forward(ids);
     cross_entropy(logits.reshape({6, logits.size(-1)}), targets.reshape({6})).backward();
@@ -153,12 +153,12 @@ TEST(HfGpt2Tied, TheHeadIsOneParameterWithBothGradients) {
 
 TEST(HfGpt2Export, APrunedModelIsWrittenAtFullWidthWithTheSameFunction) {
   headlab::testing::TempDir tmp("hf_gpt2_pruned");
-  const std::shared_ptr<nn::GPTModel> model = build(io::read_hf_gpt2(fixture("lm_head_model")));
+  const std::shared_ptr<nn::DecoderModel> model = build(io::read_hf_gpt2(fixture("lm_head_model")));
   for (const nn::AttentionForm form : {nn::AttentionForm::fused, nn::AttentionForm::wrapper}) {
-    std::shared_ptr<nn::GPTModel> pruned = analysis::prune_model(*model, {{0, 2}, {1, 2, 3}});
+    std::shared_ptr<nn::DecoderModel> pruned = analysis::prune_model(*model, {{0, 2}, {1, 2, 3}});
     if (form == nn::AttentionForm::wrapper) {
       auto [cfg, params] = analysis::convert_parameters(pruned->config().to_json(), pruned->named_parameters(), form);
-      pruned = std::make_shared<nn::GPTModel>(nn::GPTConfig::from_json(cfg));
+      pruned = std::make_shared<nn::DecoderModel>(nn::gpt_family().config(cfg));
       pruned->load_parameters(params, "test");
     }
     pruned->eval();
@@ -231,7 +231,7 @@ TEST_F(HfGpt2Errors, WeightProblemsNameTheTensor) {
 
 // The loss of predicting ids[p] from ids[begin, p), where begin is the start of the first window (a
 // multiple of the stride) whose context reaches p: evaluate_text's windows, one forward per token.
-double naive_text_loss(nn::GPTModel& m, const std::vector<int64_t>& ids, int64_t stride) {
+double naive_text_loss(nn::DecoderModel& m, const std::vector<int64_t>& ids, int64_t stride) {
   const int64_t n = int64_t(ids.size()), ctx = m.config().context_length;
   const NoGradGuard no_grad;
   double sum = 0;
@@ -245,7 +245,7 @@ double naive_text_loss(nn::GPTModel& m, const std::vector<int64_t>& ids, int64_t
 }
 
 TEST(HfGpt2Text, EvaluateTextScoresEveryTokenOnceWithTheStridesContext) {
-  const std::shared_ptr<nn::GPTModel> m = build(io::read_hf_gpt2(fixture("lm_head_model")));  // context 16
+  const std::shared_ptr<nn::DecoderModel> m = build(io::read_hf_gpt2(fixture("lm_head_model")));  // context 16
   std::vector<int64_t> ids;
   for (int i = 0; i < 53; ++i) ids.push_back((i * 37 + 11) % 96);
   for (const int64_t stride : {1, 3, 8, 16}) {
@@ -262,10 +262,10 @@ TEST(HfGpt2Text, EvaluateTextScoresEveryTokenOnceWithTheStridesContext) {
 // A context longer than evaluate_text's head chunk (2^21 logits: 16 positions of a 2^17 vocabulary):
 // the chunks, and those it skips (no scored target), give the same loss.
 TEST(HfGpt2Text, EvaluateTextChunksTheHeadExactly) {
-  nn::GPTConfig c;
+  nn::DecoderConfig c;
   c.vocab_size = 1 << 17, c.context_length = 60, c.emb_dim = 8, c.n_heads = 2, c.n_layers = 1, c.qkv_bias = true;
   manual_seed(3);
-  nn::GPTModel m(c);
+  nn::DecoderModel m(c);
   m.eval();
   std::vector<int64_t> ids;
   for (int i = 0; i < 90; ++i) ids.push_back((i * 7919 + 3) % (1 << 17));

@@ -13,7 +13,7 @@ namespace ht = headlab::testing;
 
 namespace {
 
-Tensor tokens_for(const nn::GPTConfig& c, int64_t B, int64_t T, uint64_t seed) {
+Tensor tokens_for(const nn::DecoderConfig& c, int64_t B, int64_t T, uint64_t seed) {
   std::vector<int64_t> ids;
   for (int64_t i = 0; i < B * T; ++i) ids.push_back(static_cast<int64_t>((i * 7 + seed * 13) % c.vocab_size));
   return tensor(ids, {B, T});
@@ -27,7 +27,7 @@ TEST(HookedRun, EqualsTheModelsForwardAndCachesOnlyWhatWasAsked) {
   for (const auto& [name, cfg] : ht::analysis_gpt_forms()) {
     SCOPED_TRACE(name);
     manual_seed(2);
-    nn::GPTModel model(cfg);
+    nn::DecoderModel model(cfg);
     model.to(DType::f64);
     model.train();  // the run is in eval mode and gives the model back as it was
     const Tensor idx = tokens_for(cfg, 3, 7, 1);
@@ -72,7 +72,7 @@ TEST(HookedRun, AHookZeroingAHeadIsThatHeadsGateAtZero) {
   for (const auto& [name, cfg] : ht::analysis_gpt_forms()) {
     SCOPED_TRACE(name);
     manual_seed(3);
-    nn::GPTModel model(cfg);
+    nn::DecoderModel model(cfg);
     model.to(DType::f64);
     model.eval();
     const Tensor idx = tokens_for(cfg, 2, 6, 2);
@@ -112,7 +112,7 @@ TEST(HookedRun, AHookZeroingAHeadIsThatHeadsGateAtZero) {
 }
 
 TEST(HookedRun, RefusesUnknownNamesBadTokensAndMisshapenReplacements) {
-  nn::GPTModel model(ht::tiny_gpt_config(ht::kThreeHeadGpt));
+  nn::DecoderModel model(ht::tiny_gpt_config(ht::kThreeHeadGpt));
   const Tensor idx = tokens_for(model.config(), 1, 4, 0);
   EXPECT_ERROR(run_hooked(model, idx, {"blocks.9.hook_resid_pre"}),
                "run_with_cache: the model has no hook point 'blocks.9.hook_resid_pre'");

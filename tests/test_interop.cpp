@@ -14,7 +14,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "nn/gpt.h"
+#include "nn/decoder_family.h"
 #include "tests/process_util.h"
 #include "train/trainer.h"
 
@@ -138,7 +138,7 @@ TEST_F(InteropTest, TrainedHereExportsToTheBooksModelAndImportsBackExactly) {
     batch_json["files"][v.attention] = pt;
 
     // The same validation batch through headlab.
-    auto model = model_from_checkpoint<nn::GPTModel>(trained[v.attention], ckpt);
+    auto model = model_from_checkpoint<nn::DecoderModel>(trained[v.attention], ckpt);
     const auto task = RunConfig::from_json(trained[v.attention].config).make_task();
     T = model->config().context_length;
     const Batch b = task->batch(Split::val, 0, B, T);
@@ -258,7 +258,7 @@ TEST_F(InteropTest, BookModelImportsWithAConfigAndATask) {
   const Checkpoint ck = load_checkpoint(path("book.h5"));
   EXPECT_EQ(ck.config["task"]["name"], "add");
   EXPECT_EQ(ck.config["tokenizer"]["vocab"].size(), 14u);
-  auto model = model_from_checkpoint<nn::GPTModel>(ck, path("book.h5"));
+  auto model = model_from_checkpoint<nn::DecoderModel>(ck, path("book.h5"));
   EXPECT_EQ(model->config().attention, nn::AttentionForm::wrapper);
   const nlohmann::json out = nlohmann::json::parse(slurp(path("book_out.json")));
   std::vector<int64_t> idx;

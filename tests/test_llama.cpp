@@ -21,7 +21,7 @@
 #include "io/llama2c.h"
 #include "nn/generate.h"
 #include "nn/layers.h"
-#include "nn/llama.h"
+#include "nn/decoder_family.h"
 #include "optim/optim.h"
 #include "tasks/llama2c_tokenizer.h"
 #include "tasks/sentencepiece_tokenizer.h"
@@ -38,8 +38,8 @@ namespace fs = std::filesystem;
 
 const std::string kStories = std::string(HEADLAB_SOURCE_DIR) + "/../shared/models/stories260K";
 
-nn::LlamaConfig small_config(int64_t kv_heads, bool interleaved = false) {
-  nn::LlamaConfig c;
+nn::DecoderConfig small_config(int64_t kv_heads, bool interleaved = false) {
+  nn::DecoderConfig c = nn::llama_family().config();
   c.vocab_size = 37, c.context_length = 16, c.emb_dim = 24, c.n_heads = 4, c.n_kv_heads = kv_heads;
   c.n_layers = 2, c.hidden_dim = 40, c.rope_theta = 500.0, c.rope_interleaved = interleaved;
   return c;
@@ -67,8 +67,8 @@ double max_diff(const Tensor& a, const Tensor& b) {
 
 TEST(Llama, ParameterCountAndNamesFollowTheBooksConversion) {
   for (int64_t kv : {4, 2, 1}) {
-    const nn::LlamaConfig c = small_config(kv);
-    nn::LlamaModel m(c);
+    const nn::DecoderConfig c = small_config(kv);
+    nn::DecoderModel m(c);
     EXPECT_EQ(static_cast<double>(m.num_parameters()), c.num_parameters()) << kv;
     const NamedTensors p = m.named_parameters();
     const auto shape_of = [&](const std::string& n) {
@@ -88,8 +88,8 @@ TEST(Llama, ParameterCountAndNamesFollowTheBooksConversion) {
 // A grouped-query model is the multi-head model whose key/value weights repeat per group: the same logits.
 TEST(Llama, GroupedQueryEqualsMultiHeadWithRepeatedKeyValueWeights) {
   manual_seed(3);
-  nn::LlamaModel gqa(small_config(2));
-  nn::LlamaModel mha(small_config(4));
+  nn::DecoderModel gqa(small_config(2));
+  nn::DecoderModel mha(small_config(4));
   const NoGradGuard no_grad;
   for (const auto& [name, t] : mha.named_parameters()) {
     Tensor src;
@@ -114,7 +114,7 @@ TEST(Llama, CachedDecodingAndKeptWeightsMatchTheFullForward) {
   for (const bool interleaved : {false, true})
     for (int64_t kv : {4, 2, 1}) {
       manual_seed(11);
-      nn::LlamaModel m(small_config(kv, interleaved));
+      nn::DecoderModel m(small_config(kv, interleaved));
       m.eval();
       const NoGradGuard no_grad;
       const Tensor idx = tokens(2, 10, 37, 7);
@@ -141,8 +141,8 @@ TEST(Llama, CachedDecodingAndKeptWeightsMatchTheFullForward) {
 // permuted as llama2.c's export permutes them computes what the interleaved model computes.
 TEST(Llama, InterleavedAndHalvesRotaryAgreeUnderTheExportPermutation) {
   manual_seed(4);
-  nn::LlamaModel pairs(small_config(2, true));
-  nn::LlamaModel halves(small_config(2, false));
+  nn::DecoderModel pairs(small_config(2, true));
+  nn::DecoderModel halves(small_config(2, false));
   const NoGradGuard no_grad;
   const int64_t D = 6;
   std::vector<int64_t> perm;  // halves row i*... : within a head, (0, 2, 4, 1, 3, 5)
@@ -173,7 +173,7 @@ TEST(Llama, TrainsOnAFreshConfigFromTheRegistry) {
   const nlohmann::json s = f.model.from_options(o, sizes);
   EXPECT_EQ(f.model.options(s).n_kv_heads, 1);
   EXPECT_EQ(f.model.options(s).ffn_hiddens, 0);  // the default width reads back as the default
-  auto model = std::dynamic_pointer_cast<nn::LlamaModel>(io::make_model(s));
+  auto model = std::dynamic_pointer_cast<nn::DecoderModel>(io::make_model(s));
   ASSERT_TRUE(model);
   EXPECT_EQ(model->config().hidden_dim, 48);  // 8/3 x 16 rounded up to a multiple of 8
   const Tensor idx = tokens(4, 12, 13, 1);
@@ -200,8 +200,8 @@ TEST(Llama, TrainsOnAFreshConfigFromTheRegistry) {
 namespace {
 
 // A legacy llama2.c file of `c`'s sizes with the model's values, as export.py's legacy_export writes it.
-void write_legacy(const std::string& path, nn::LlamaModel& m, bool tied) {
-  const nn::LlamaConfig& c = m.config();
+void write_legacy(const std::string& path, nn::DecoderModel& m, bool tied) {
+  const nn::DecoderConfig& c = m.config();
   std::ofstream out(path, std::ios::binary);
   const int32_t header[7] = {
       static_cast<int32_t>(c.emb_dim),       static_cast<int32_t>(c.hidden_dim),
@@ -217,18 +217,18 @@ void write_legacy(const std::string& path, nn::LlamaModel& m, bool tied) {
     for (int64_t l = 0; l < c.n_layers; ++l) put(pick(*m.block(l)));
   };
   put(m.tok_emb->weight);
-  layers([](nn::LlamaBlock& b) { return b.norm1->weight; });
-  const auto att = [](nn::LlamaBlock& b) -> nn::CausalMultiHeadAttention& {
+  layers([](nn::DecoderBlock& b) { return b.norm1->weight; });
+  const auto att = [](nn::DecoderBlock& b) -> nn::CausalMultiHeadAttention& {
     return dynamic_cast<nn::CausalMultiHeadAttention&>(*b.att);
   };
-  layers([&](nn::LlamaBlock& b) { return att(b).W_query->weight; });
-  layers([&](nn::LlamaBlock& b) { return att(b).W_key->weight; });
-  layers([&](nn::LlamaBlock& b) { return att(b).W_value->weight; });
-  layers([&](nn::LlamaBlock& b) { return att(b).out_proj->weight; });
-  layers([](nn::LlamaBlock& b) { return b.norm2->weight; });
-  layers([](nn::LlamaBlock& b) { return b.ff->fc1->weight; });  // w1
-  layers([](nn::LlamaBlock& b) { return b.ff->fc3->weight; });  // w2
-  layers([](nn::LlamaBlock& b) { return b.ff->fc2->weight; });  // w3
+  layers([&](nn::DecoderBlock& b) { return att(b).W_query->weight; });
+  layers([&](nn::DecoderBlock& b) { return att(b).W_key->weight; });
+  layers([&](nn::DecoderBlock& b) { return att(b).W_value->weight; });
+  layers([&](nn::DecoderBlock& b) { return att(b).out_proj->weight; });
+  layers([](nn::DecoderBlock& b) { return b.norm2->weight; });
+  layers([](nn::DecoderBlock& b) { return dynamic_cast<nn::SwiGLUFeedForward&>(*b.ff).fc1->weight; });  // w1
+  layers([](nn::DecoderBlock& b) { return dynamic_cast<nn::SwiGLUFeedForward&>(*b.ff).fc3->weight; });  // w2
+  layers([](nn::DecoderBlock& b) { return dynamic_cast<nn::SwiGLUFeedForward&>(*b.ff).fc2->weight; });  // w3
   put(m.final_norm->weight);
   put(zeros({c.context_length, c.head_size()}));  // freq_cis_real and _imag
   if (!tied) put(m.out_head->weight);
@@ -240,10 +240,10 @@ TEST(Llama2c, LegacyFilesRoundTripAndBadHeadersAreRefusedByName) {
   TempDir dir("llama2c");
   for (const bool tied : {true, false}) {
     manual_seed(2);
-    nn::LlamaConfig c = small_config(2, true);
+    nn::DecoderConfig c = small_config(2, true);
     c.tie_embeddings = tied;
     c.rope_theta = 10000.0;  // llama2.c's, which its files do not state
-    nn::LlamaModel m(c);
+    nn::DecoderModel m(c);
     m.eval();
     const std::string path = dir.path(tied ? "tied.bin" : "untied.bin");
     write_legacy(path, m, tied);
@@ -252,7 +252,7 @@ TEST(Llama2c, LegacyFilesRoundTripAndBadHeadersAreRefusedByName) {
     auto back = io::build_folder_model(std::move(read), path);
     const Tensor idx = tokens(1, 8, 37, 3);
     const NoGradGuard no_grad;
-    EXPECT_LT(max_diff(dynamic_cast<nn::LlamaModel&>(*back).forward(idx), m.forward(idx)), 1e-6);
+    EXPECT_LT(max_diff(dynamic_cast<nn::DecoderModel&>(*back).forward(idx), m.forward(idx)), 1e-6);
   }
   // A truncated file, and a header whose sizes do not give the file's length, are not llama2.c checkpoints.
   const std::string good = dir.path("tied.bin");
@@ -335,14 +335,14 @@ INSTANTIATE_TEST_SUITE_P(Variants, LlamaFolders,
 TEST(LlamaFolders, ExportOfAnInterleavedModelReadsBackTheSame) {
   TempDir dir("llama_export");
   manual_seed(6);
-  nn::LlamaModel m(small_config(2, true));
+  nn::DecoderModel m(small_config(2, true));
   m.eval();
   io::family_named("llama", "test").folder->write(dir.path("out"), m, {});
   auto back = io::build_folder_model(io::family_of_folder(dir.path("out")).folder->read(dir.path("out")), "out");
   const NoGradGuard no_grad;
   const Tensor idx = tokens(2, 11, 37, 4);
-  EXPECT_LT(max_diff(dynamic_cast<nn::LlamaModel&>(*back).forward(idx), m.forward(idx)), 1e-5);
-  EXPECT_FALSE(dynamic_cast<nn::LlamaModel&>(*back).config().rope_interleaved);
+  EXPECT_LT(max_diff(dynamic_cast<nn::DecoderModel&>(*back).forward(idx), m.forward(idx)), 1e-5);
+  EXPECT_FALSE(dynamic_cast<nn::DecoderModel&>(*back).config().rope_interleaved);
 }
 
 // Physical pruning of whole key/value groups: the pruned model (fewer W_query rows, the dropped groups' W_key
@@ -353,15 +353,15 @@ TEST(Llama, PruningWholeKeyValueGroupsEqualsGatingThemOff) {
   for (const auto form : {nn::AttentionForm::fused, nn::AttentionForm::wrapper})
     for (const int64_t kv : {2, 4}) {
       manual_seed(21);
-      nn::LlamaConfig c = small_config(kv);
+      nn::DecoderConfig c = small_config(kv);
       c.attention = form;
-      nn::LlamaModel m(c);
+      nn::DecoderModel m(c);
       m.eval();
       const std::vector<std::vector<int64_t>> keep{{2, 3}, {0, 1}};  // layer 0 keeps group 1, layer 1 group 0
       const auto [config, params] = analysis::prune_parameters(m.config_json(), m.named_parameters(), keep);
-      const nn::LlamaConfig pc = nn::LlamaConfig::from_json(config);
+      const nn::DecoderConfig pc = nn::llama_family().config(config);
       EXPECT_EQ(pc.kept_heads, keep);
-      nn::LlamaModel pruned(pc);
+      nn::DecoderModel pruned(pc);
       pruned.load_parameters(params, "pruned");
       pruned.eval();
       EXPECT_EQ(pruned.attention(0).head_count(), 2);
@@ -380,8 +380,8 @@ TEST(Llama, PruningWholeKeyValueGroupsEqualsGatingThemOff) {
       TempDir dir("llama_pruned_export");
       io::family_named("llama", "test").folder->write(dir.path("out"), pruned, {});
       auto back = io::build_folder_model(io::family_of_folder(dir.path("out")).folder->read(dir.path("out")), "out");
-      EXPECT_EQ(dynamic_cast<nn::LlamaModel&>(*back).attention(0).head_count(), 4) << "full width";
-      EXPECT_LT(max_diff(dynamic_cast<nn::LlamaModel&>(*back).forward(idx), gated), 1e-5);
+      EXPECT_EQ(dynamic_cast<nn::DecoderModel&>(*back).attention(0).head_count(), 4) << "full width";
+      EXPECT_LT(max_diff(dynamic_cast<nn::DecoderModel&>(*back).forward(idx), gated), 1e-5);
       if (kv == 2) {  // what ablate's pruning curve removes, rounded to whole groups for physical pruning
         EXPECT_EQ(analysis::whole_kv_groups(m, {{1}, {0, 3}}),
                   (std::vector<std::vector<int64_t>>{{0, 1}, {0, 1, 2, 3}}));
@@ -389,7 +389,7 @@ TEST(Llama, PruningWholeKeyValueGroupsEqualsGatingThemOff) {
                           "whole groups");
         nlohmann::json split = config;
         split["kept_heads"] = {{0, 2}, {0, 1}};
-        EXPECT_ERROR_WITH(nn::LlamaConfig::from_json(split),
+        EXPECT_ERROR_WITH(nn::llama_family().config(split),
                           "kept_heads of layer 0 keeps head 0 but not all of its key/value group 0 (heads 0-1)");
       }
     }

@@ -27,14 +27,14 @@ constexpr int64_t kVocab = kThreeHeadGpt.vocab_size, kContext = kThreeHeadGpt.co
                   kEmb = kThreeHeadGpt.emb_dim, kHeads = kThreeHeadGpt.n_heads, kHeadDim = kEmb / kHeads;
 constexpr double kEps = 1e-5;  // the final LayerNorm's
 
-nn::GPTConfig tiny_config(nn::AttentionForm form) { return headlab::testing::tiny_gpt_config(kThreeHeadGpt, form); }
+nn::DecoderConfig tiny_config(nn::AttentionForm form) { return headlab::testing::tiny_gpt_config(kThreeHeadGpt, form); }
 
 // Every form the attribution must handle.
-std::vector<std::pair<std::string, nn::GPTConfig>> configs() { return headlab::testing::tiny_gpt_forms(kThreeHeadGpt); }
+std::vector<std::pair<std::string, nn::DecoderConfig>> configs() { return headlab::testing::tiny_gpt_forms(kThreeHeadGpt); }
 
-std::shared_ptr<nn::GPTModel> tiny_model(const nn::GPTConfig& cfg, DType dtype = DType::f64) {
+std::shared_ptr<nn::DecoderModel> tiny_model(const nn::DecoderConfig& cfg, DType dtype = DType::f64) {
   manual_seed(5);
-  auto m = std::make_shared<nn::GPTModel>(cfg);
+  auto m = std::make_shared<nn::DecoderModel>(cfg);
   m->to(dtype);
   NoGradGuard no_grad;
   for (auto& [name, p] : m->named_parameters()) {
@@ -76,7 +76,7 @@ void for_each_scored(const Batch& b, F f) {
 }
 
 // x_L (B*T*C values) through the model's own blocks (TransformerBlock::forward), not the function's pass.
-std::vector<double> final_residual(nn::GPTModel& m, const Batch& b) {
+std::vector<double> final_residual(nn::DecoderModel& m, const Batch& b) {
   NoGradGuard no_grad;
   const Tensor idx = tensor(b.inputs, {b.B, b.T});
   return m.trf_blocks->forward(add(m.tok_emb->forward(idx), m.pos_emb->forward(arange(b.T)))).to_vector<double>();
@@ -92,7 +92,7 @@ double sigma_of(const double* x) {  // the final LayerNorm's, on one token's res
 // The two unembedding rows of target y: W_U[y] - mean row (vs_mean) and W_U[y] (logit).
 struct Unembed {
   std::vector<double> W_U, mean_row;
-  explicit Unembed(const nn::GPTModel& m) : W_U(param(m, "out_head.weight")), mean_row(kEmb, 0.0) {
+  explicit Unembed(const nn::DecoderModel& m) : W_U(param(m, "out_head.weight")), mean_row(kEmb, 0.0) {
     for (int64_t v = 0; v < kVocab; ++v)
       for (int64_t c = 0; c < kEmb; ++c) mean_row[c] += W_U[v * kEmb + c] / kVocab;
   }
@@ -105,7 +105,7 @@ struct Totals {
 };
 
 // Mean correct-token logit, and that minus the mean logit, from model.forward.
-Totals forward_totals(nn::GPTModel& m, const EvalSet& d) {
+Totals forward_totals(nn::DecoderModel& m, const EvalSet& d) {
   NoGradGuard no_grad;
   Totals t;
   for (const Batch& b : d.batches) {
@@ -124,7 +124,7 @@ Totals forward_totals(nn::GPTModel& m, const EvalSet& d) {
 
 // Every head's share by explicit loops: comp = W_O[:, hD:(h+1)D] c_h with c_h kept by model.forward,
 // then ((comp - mean comp) / sigma(x_L) * gamma) . row. {vs_mean, logit}.
-std::pair<HeadMatrix, HeadMatrix> loop_reference(nn::GPTModel& m, const EvalSet& d) {
+std::pair<HeadMatrix, HeadMatrix> loop_reference(nn::DecoderModel& m, const EvalSet& d) {
   const Unembed U(m);
   const std::vector<double> gamma = param(m, "final_norm.scale");
   HeadMatrix vs_mean = head_matrix(m, 0.0), logit = head_matrix(m, 0.0);

@@ -523,7 +523,7 @@ TEST(ThreadsTransport, EvaluationSharesTheBatchesAndEveryRankGetsTheScoresOfAll)
   tasks::TaskOptions to;
   to.seed = 5;
   const auto task = tasks::make_task("reverse", to);
-  const nn::GPTConfig cfg = headlab::testing::tiny_gpt_config(
+  const nn::DecoderConfig cfg = headlab::testing::tiny_gpt_config(
       headlab::testing::kFourHeadGpt.sized_for(task->vocab_size(), task->required_context_length()));
   constexpr int kRanks = 3;
   constexpr int64_t kRows = 8;
@@ -537,7 +537,7 @@ TEST(ThreadsTransport, EvaluationSharesTheBatchesAndEveryRankGetsTheScoresOfAll)
         mine.push_back(task->batch(tasks::Split::val, static_cast<uint64_t>(i), kRows, T));
       if (mine.empty()) continue;
       manual_seed(100 + r);
-      nn::GPTModel replica(cfg);
+      nn::DecoderModel replica(cfg);
       const train::Scores e = train::evaluate(replica, mine);
       loss_sum += e.loss * static_cast<double>(e.tokens);
       correct += e.token_accuracy * static_cast<double>(e.tokens);
@@ -548,7 +548,7 @@ TEST(ThreadsTransport, EvaluationSharesTheBatchesAndEveryRankGetsTheScoresOfAll)
     std::vector<train::Scores> got(kRanks);
     train::run_on_threads(kRanks, train::single_process(), [&](const std::shared_ptr<train::Collectives>& comm) {
       manual_seed(100 + comm->rank());
-      nn::GPTModel replica(cfg);
+      nn::DecoderModel replica(cfg);
       got[static_cast<size_t>(comm->rank())] = train::evaluate(replica, *task, batches, kRows, T, comm.get());
     });
     for (const train::Scores& g : got) {

@@ -14,7 +14,7 @@
 #include "io/hf_neox.h"
 #include "io/safetensors.h"
 #include "nn/generate.h"
-#include "nn/neox.h"
+#include "nn/decoder_family.h"
 #include "tests/core_test_util.h"
 #include "tests/process_util.h"
 
@@ -46,8 +46,8 @@ std::shared_ptr<nn::Model> read_folder(const std::string& folder) {
   return io::build_folder_model(family.folder->read(folder), folder);
 }
 
-nn::NeoXConfig small_config(bool parallel, int64_t rotary_dims) {
-  nn::NeoXConfig c;
+nn::DecoderConfig small_config(bool parallel, int64_t rotary_dims) {
+  nn::DecoderConfig c = nn::neox_family().config();
   c.vocab_size = 37, c.context_length = 16, c.emb_dim = 24, c.n_heads = 3, c.n_layers = 2, c.hidden_dim = 40;
   c.rotary_dims = rotary_dims, c.rope_theta = 500.0, c.parallel_residual = parallel;
   return c;
@@ -134,7 +134,7 @@ TEST(NeoX, AFreshConfigFromTheRegistryIsPythiasShape) {
   const nn::ModelFamily& f = io::family_named("neox", "test").model;
   const nn::TaskSizes sizes{.task = "copy", .vocab_size = 13, .context_length = 12};
   const nlohmann::json s = f.from_options(o, sizes);
-  const nn::NeoXConfig c = nn::NeoXConfig::from_json(s);
+  const nn::DecoderConfig c = nn::neox_family().config(s);
   EXPECT_EQ(c.hidden_dim, 256);
   EXPECT_EQ(c.rotary_dims, 4);  // a quarter of the head's 16
   EXPECT_TRUE(c.parallel_residual && c.qkv_bias && !c.tie_embeddings);
@@ -148,8 +148,8 @@ TEST(NeoX, AFreshConfigFromTheRegistryIsPythiasShape) {
 
 TEST(NeoX, ParameterCountNamesAndTheParallelResidual) {
   for (const bool parallel : {true, false}) {
-    const nn::NeoXConfig c = small_config(parallel, 2);
-    nn::NeoXModel m(c);
+    const nn::DecoderConfig c = small_config(parallel, 2);
+    nn::DecoderModel m(c);
     EXPECT_EQ(static_cast<double>(m.num_parameters()), c.num_parameters());
     EXPECT_EQ(m.shape().parallel_residual, parallel);
     EXPECT_EQ(m.block(0)->parallel_residual(), parallel);
@@ -175,7 +175,7 @@ TEST(NeoX, CachedDecodingMatchesTheFullForward) {
   for (const bool parallel : {true, false})
     for (const int64_t rotary : {2, 8}) {
       manual_seed(12);
-      nn::NeoXModel m(small_config(parallel, rotary));
+      nn::DecoderModel m(small_config(parallel, rotary));
       m.eval();
       const NoGradGuard no_grad;
       Generator gen(3);
@@ -277,10 +277,10 @@ TEST(NeoX, EveryCommandRunsOnAModelTrainedFromScratch) {
 TEST(NeoX, EveryCommandReadsAFolderWithItsTokenizerJson) {
   const TempDir dir("neox_hub");
   const auto run = [&](const std::vector<std::string>& args) { return headlab_in(dir, args); };
-  nn::NeoXConfig c = small_config(true, 2);
+  nn::DecoderConfig c = small_config(true, 2);
   c.vocab_size = 1472, c.context_length = 64;
   manual_seed(5);
-  nn::NeoXModel m(c);
+  nn::DecoderModel m(c);
   const std::string tok = std::string(HEADLAB_SOURCE_DIR) + "/tests/fixtures/tokenizer_json/qwen2.json";
   io::TokenizerFiles files;
   files.type = "tokenizer.json";
@@ -302,7 +302,7 @@ TEST(NeoX, EveryCommandReadsAFolderWithItsTokenizerJson) {
   run({"circuit", hub, "--task", "induction", "--rows", "4", "--check-edges", "4", "--out", dir.path("circ")});
   // Pythia's training revisions as folders step<N>: heads gives every head's scores at each, on the text given.
   for (const char* revision : {"step100", "step20"}) {
-    nn::NeoXModel other(c);
+    nn::DecoderModel other(c);
     io::family_named("neox", "test").folder->write(dir.path("revisions/") + revision, other, files);
   }
   const auto series =
@@ -325,7 +325,7 @@ TEST(NeoX, EveryCommandReadsAFolderWithItsTokenizerJson) {
 // direct logit attributions sum to the clean logit difference.
 TEST(NeoX, CircuitPatchingFollowsTheParallelResidual) {
   manual_seed(9);
-  nn::NeoXModel m(small_config(true, 4));
+  nn::DecoderModel m(small_config(true, 4));
   m.to(DType::f64);
   m.eval();
   analysis::PromptPairs pairs;

@@ -29,7 +29,7 @@
 #include "io/checkpoint.h"
 #include "io/folder_lock.h"
 #include "io/hf_gpt2.h"
-#include "nn/gpt.h"
+#include "nn/decoder_family.h"
 #include "tasks/bpe_tokenizer.h"
 #include "tasks/internal.h"
 #include "tests/core_test_util.h"
@@ -173,10 +173,10 @@ std::set<std::string> commands_with_out(const std::string& scratch) {
 void write_byte_gpt2_folder(const std::string& dir) {
   nlohmann::json vocab = nlohmann::json::object();
   for (int b = 0; b < 256; ++b) vocab[tasks::detail::encode_utf8(tasks::gpt2_byte_to_unicode(uint8_t(b)))] = b;
-  nn::GPTConfig c;
+  nn::DecoderConfig c;
   c.vocab_size = 256, c.context_length = 8, c.emb_dim = 8, c.n_heads = 2, c.n_layers = 1, c.qkv_bias = true;
   c.tie_embeddings = true;
-  const nn::GPTModel model(c);
+  const nn::DecoderModel model(c);
   io::write_hf_gpt2(dir, model, {"bpe", {{"vocab.json", vocab.dump()}, {"merges.txt", "#version: 0.2\n"}}});
 }
 
@@ -847,15 +847,16 @@ TEST_F(ReliabilityTest, ErrorsNameWhatThePathReallyIs) {
 // A long-context model generating 3 tokens after 5: its key/value cache and a forward of the prompt, not
 // the whole context times the vocabulary (which asked a 128k-context model for tens of GiB).
 TEST_F(ReliabilityTest, AGenerationsEstimateCountsItsCacheNotTheWholeContext) {
-  nn::GPTConfig c;
+  nn::DecoderConfig c;
   c.vocab_size = 152064, c.context_length = 131072, c.emb_dim = 64, c.n_heads = 2, c.n_layers = 2;
   const nlohmann::json model = c.to_json();
+  const double forward = c.activation_floats(false);  // floats a token of one forward
   const train::MemoryEstimate small = train::estimate_generation_memory(model, 5, 3, 512);
-  EXPECT_LT(small.activations, 8.0 * (12 * 64 + 2 * 152064) * 4) << "more than a forward of the prompt";
-  EXPECT_GE(small.activations, 5.0 * (12 * 64 + 2 * 152064) * 4 + 8.0 * 2 * 2 * 64 * 4);
+  EXPECT_LT(small.activations, 8.0 * forward * 4) << "more than a forward of the prompt";
+  EXPECT_GE(small.activations, 5.0 * forward * 4 + 8.0 * 2 * 2 * 64 * 4);
   // a long generation: the cache grows with it, and the chunk bounds the prefill
   const train::MemoryEstimate big = train::estimate_generation_memory(model, 100000, 20000, 512);
-  EXPECT_NEAR(big.activations, 512.0 * (12 * 64 + 2 * 152064) * 4 + 120000.0 * 2 * 2 * 64 * 4, 1.0);
+  EXPECT_NEAR(big.activations, 512.0 * forward * 4 + 120000.0 * 2 * 2 * 64 * 4, 1.0);
 }
 
 }  // namespace

@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/families.h"
-#include "nn/llama.h"
+#include "nn/decoder_family.h"
 #include "tasks/bpe_tokenizer.h"
 #include "tasks/chars.h"
 #include "tasks/internal.h"
@@ -391,11 +391,11 @@ TEST(TokenizerJson, TokenizerFromFileTakesATokenizerJsonWithTheConfigBesideIt) {
 TEST(TokenizerJson, ALlamaFolderLoadsThroughItsTokenizerJson) {
   TempDir dir("llama_tokenizer_json");
   const std::string folder = dir.path("model");
-  nn::LlamaConfig c;
+  nn::DecoderConfig c = nn::llama_family().config();
   c.vocab_size = 272, c.context_length = 16, c.emb_dim = 16, c.n_heads = 2, c.n_kv_heads = 1;
   c.n_layers = 1, c.hidden_dim = 24, c.rope_theta = 10000.0;
   manual_seed(3);
-  nn::LlamaModel m(c);
+  nn::DecoderModel m(c);
   io::family_named("llama", "test").folder->write(folder, m, {});
   json j = minimal();
   j["added_tokens"].push_back({{"id", 260}, {"content", "<|begin_of_text|>"}, {"special", true}});

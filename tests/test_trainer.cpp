@@ -115,9 +115,9 @@ const std::vector<std::string> kStatePrefixes = {"model/", "optimizer/", "traine
 // Loss and accuracy of the untrained model the run started from (the trainer seeds the global
 // generator with the run's seed, then builds the model).
 Scores initial_eval(const Checkpoint& ck) {
-  const nn::GPTConfig cfg = nn::GPTConfig::from_json(ck.config["model"]);
+  const nn::DecoderConfig cfg = nn::gpt_family().config(ck.config["model"]);
   manual_seed(ck.config["training"]["seed"].get<uint64_t>());
-  nn::GPTModel model(cfg);
+  nn::DecoderModel model(cfg);
   const auto task = RunConfig::from_json(ck.config).make_task();
   return evaluate(model, *task, 2, 32, cfg.context_length);
 }
@@ -157,7 +157,7 @@ TEST_P(TaskLearns, LossFallsAndAccuracyBeatsChance) {
   EXPECT_LT(ck.trainer.metrics[1].val_loss, ck.trainer.metrics[0].val_loss + 1e-9);
   EXPECT_LT(ck.trainer.metrics[1].train_loss, before.loss);
   // The final evaluation is what evaluate() gives for the saved model.
-  auto model = model_from_checkpoint<nn::GPTModel>(ck, r.checkpoint);
+  auto model = model_from_checkpoint<nn::DecoderModel>(ck, r.checkpoint);
   const auto t = RunConfig::from_json(ck.config).make_task();
   const Scores again = evaluate(*model, *t, 2, 32, model->config().context_length);
   EXPECT_DOUBLE_EQ(again.loss, after.loss);
@@ -621,7 +621,7 @@ TEST_F(TrainerTest, ImpossibleSizesAreRefusedBeforeAllocating) {
 
 TEST_F(TrainerTest, TaskFromRunConfig) {
   EXPECT_THROW(RunConfig::from_json(nlohmann::json::object()).make_task(), Error);
-  const nn::GPTConfig model = headlab::testing::tiny_gpt_config(headlab::testing::kTwoHeadGpt.sized_for(14, 12));
+  const nn::DecoderConfig model = headlab::testing::tiny_gpt_config(headlab::testing::kTwoHeadGpt.sized_for(14, 12));
   const nlohmann::json cfg = {{"model", model.to_json()},
                               {"task", {{"name", "add"}, {"options", {{"seed", "7"}, {"n_digits", "2"}}}}}};
   const auto t = RunConfig::from_json(cfg).make_task();

@@ -7,7 +7,7 @@
 #include <utility>
 #include <vector>
 
-#include "nn/gpt.h"
+#include "nn/decoder_family.h"
 
 namespace headlab::testing {
 
@@ -35,9 +35,9 @@ inline const std::vector<std::vector<int64_t>> kPrunedHeadsOther = {{1}, {0, 2}}
 
 // A tiny GPT of sizes `s` in one attention form; drop_rate 0 and every head kept unless the caller
 // sets them on the result.
-inline nn::GPTConfig tiny_gpt_config(const TinyGpt& s, nn::AttentionForm form = nn::AttentionForm::fused,
+inline nn::DecoderConfig tiny_gpt_config(const TinyGpt& s, nn::AttentionForm form = nn::AttentionForm::fused,
                                      bool qkv_bias = false) {
-  nn::GPTConfig c;
+  nn::DecoderConfig c;
   c.vocab_size = s.vocab_size;
   c.context_length = s.context_length;
   c.emb_dim = s.emb_dim;
@@ -49,14 +49,14 @@ inline nn::GPTConfig tiny_gpt_config(const TinyGpt& s, nn::AttentionForm form = 
 }
 
 // A pruned copy of c keeping `kept` (original head indices per layer).
-inline nn::GPTConfig pruned(nn::GPTConfig c, std::vector<std::vector<int64_t>> kept) {
+inline nn::DecoderConfig pruned(nn::DecoderConfig c, std::vector<std::vector<int64_t>> kept) {
   c.kept_heads = std::move(kept);
   return c;
 }
 
 // Every form a head-level computation must handle, by name: fused, wrapper, and both pruned (fused
 // keeping kPrunedHeads, wrapper kPrunedHeadsOther); a kThreeHeadGpt-like size (3 heads, 2 layers).
-inline std::vector<std::pair<std::string, nn::GPTConfig>> tiny_gpt_forms(const TinyGpt& s, bool qkv_bias = false) {
+inline std::vector<std::pair<std::string, nn::DecoderConfig>> tiny_gpt_forms(const TinyGpt& s, bool qkv_bias = false) {
   using nn::AttentionForm;
   return {{"fused", tiny_gpt_config(s, AttentionForm::fused, qkv_bias)},
           {"wrapper", tiny_gpt_config(s, AttentionForm::wrapper, qkv_bias)},
@@ -66,9 +66,9 @@ inline std::vector<std::pair<std::string, nn::GPTConfig>> tiny_gpt_forms(const T
 
 // Every kind of GPT an analysis that writes out the forward must handle: both forms with qkv biases and a
 // feed-forward, pruned ones, and an attention-only one (kThreeHeadGpt's sizes).
-inline std::vector<std::pair<std::string, nn::GPTConfig>> analysis_gpt_forms() {
+inline std::vector<std::pair<std::string, nn::DecoderConfig>> analysis_gpt_forms() {
   auto forms = tiny_gpt_forms(kThreeHeadGpt, true);
-  nn::GPTConfig attn_only = tiny_gpt_config(kThreeHeadGpt);
+  nn::DecoderConfig attn_only = tiny_gpt_config(kThreeHeadGpt);
   attn_only.attn_only = true;
   forms.emplace_back("attention-only", attn_only);
   return forms;
@@ -82,18 +82,18 @@ inline std::vector<std::pair<std::string, nn::GPTConfig>> analysis_gpt_forms() {
 // into the spare dims [112, 128), L1H1 reads with its random query and key and writes nothing. Every
 // position holds the same one-hot pattern, so the layer norms act alike on all of them.
 inline constexpr int64_t kPlantedVocab = 32, kPlantedContext = 16;
-inline nn::GPTConfig planted_induction_config() {
-  nn::GPTConfig cfg;
+inline nn::DecoderConfig planted_induction_config() {
+  nn::DecoderConfig cfg;
   cfg.vocab_size = kPlantedVocab, cfg.context_length = kPlantedContext, cfg.emb_dim = 128, cfg.n_heads = 2;
   cfg.n_layers = 2, cfg.attn_only = true;
   return cfg;
 }
 // The model, in eval mode; what the circuit does not set keeps seed 5's initial values.
-inline std::shared_ptr<nn::GPTModel> planted_induction_gpt() {
+inline std::shared_ptr<nn::DecoderModel> planted_induction_gpt() {
   constexpr int64_t V = kPlantedVocab, T = kPlantedContext, C = 128, D = 64, kPrev = 48, kCopy = 80, kSpare = 112;
   manual_seed(5);
-  auto m = std::make_shared<nn::GPTModel>(planted_induction_config());
-  nn::GPTModel& model = *m;
+  auto m = std::make_shared<nn::DecoderModel>(planted_induction_config());
+  nn::DecoderModel& model = *m;
   model.eval();
   const auto set = [](const Tensor& w, int64_t row, int64_t col, double v) {
     w.select(0, row).narrow(0, col, 1).fill_(v);

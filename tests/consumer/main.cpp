@@ -3,16 +3,16 @@
 #include <iostream>
 
 #include "analysis/hooked_run.h"
-#include "nn/gpt.h"
+#include "nn/decoder_family.h"
 #include "ops/ops.h"
 
 using namespace headlab;
 
 int main() {
   manual_seed(0);
-  nn::GPTConfig c;
+  nn::DecoderConfig c;
   c.vocab_size = 11, c.context_length = 8, c.emb_dim = 16, c.n_heads = 2, c.n_layers = 2;
-  nn::GPTModel model(c);
+  nn::DecoderModel model(c);
   model.eval();
   const Tensor idx = tensor(std::vector<int64_t>{1, 2, 3, 4, 5, 6}, {1, 6});
   const NoGradGuard no_grad;

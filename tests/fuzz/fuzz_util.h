@@ -11,7 +11,7 @@
 
 #include "../process_util.h"
 #include "io/checkpoint.h"
-#include "nn/gpt.h"
+#include "nn/decoder_family.h"
 #include "train/config.h"
 #include "train/evaluate.h"
 
@@ -34,7 +34,7 @@ inline void write_file(const std::string& path, const uint8_t* data, size_t size
 // model by the file's size, so this stays small.)
 inline void exercise_checkpoint(const std::string& path) {
   const io::Checkpoint ck = io::load_checkpoint(path);
-  const auto model = io::model_from_checkpoint<nn::GPTModel>(ck, path);
+  const auto model = io::model_from_checkpoint<nn::DecoderModel>(ck, path);
   // A chars config names its text by the absolute path it was trained on; use this tree's.
   const auto task = train::RunConfig::from_json(ck.config).make_task(HEADLAB_SOURCE_DIR "/data/tiny.txt");
   const int64_t T = model->config().context_length;

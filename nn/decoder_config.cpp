@@ -1,0 +1,201 @@
+// DecoderConfig's rules and counts, and what every decoder family shares: its section read and written
+// through one table of fields, its model built, its counts.
+#include "nn/decoder_config.h"
+
+#include <algorithm>
+
+#include "base/json_fields.h"
+#include "nn/decoder.h"
+#include "nn/decoder_family.h"
+
+namespace headlab::nn {
+
+namespace {
+
+using C = DecoderConfig;
+
+// Every key a family's section may have, with its bounds; a family picks its keys (DecoderFamily::keys).
+const auto kDecoderFields = std::tuple{
+    field("vocab_size", &C::vocab_size, kPositive),
+    field("context_length", &C::context_length, kPositive),
+    field("emb_dim", &C::emb_dim, kPositive),
+    field("n_heads", &C::n_heads, kPositive),
+    field("n_kv_heads", &C::n_kv_heads, kNonNegative),
+    field("n_layers", &C::n_layers, kPositive),
+    field("hidden_dim", &C::hidden_dim, kNonNegative),
+    field("head_dim", &C::head_dim, kNonNegative),
+    field("rotary_dims", &C::rotary_dims, kNonNegative),
+    field("norm_eps", &C::norm_eps, kSmallEps),
+    field("rope_theta", &C::rope_theta, kAboveOne),
+    field("rope_interleaved", &C::rope_interleaved),
+    field("parallel_residual", &C::parallel_residual),
+    field("drop_rate", &C::drop_rate, kFraction),
+    field("qkv_bias", &C::qkv_bias),
+    field("tie_embeddings", &C::tie_embeddings),
+    field("attn_only", &C::attn_only),
+    field("attention", &C::attention),
+    field("kept_heads", &C::kept_heads),
+};
+
+const SectionKey* find_key(const std::vector<SectionKey>& keys, const char* name) {
+  const auto it = std::find_if(keys.begin(), keys.end(), [&](const SectionKey& k) { return k.name == std::string(name); });
+  return it == keys.end() ? nullptr : &*it;
+}
+
+double norm_parameters(const DecoderConfig& c) {
+  return static_cast<double>(c.emb_dim) * (c.norm == NormKind::layer_norm ? 2 : 1);  // weight (and bias)
+}
+
+}  // namespace
+
+// ---- DecoderConfig ----
+int64_t DecoderConfig::rotary_size() const {
+  return rotary_dims ? rotary_dims : static_cast<int64_t>(static_cast<double>(head_size()) * rotary_fraction);
+}
+
+int64_t DecoderConfig::heads_in_layer(int64_t layer) const {
+  return kept_heads.empty() ? n_heads : static_cast<int64_t>(kept_heads.at(static_cast<size_t>(layer)).size());
+}
+
+CausalAttentionSizes DecoderConfig::attention_sizes(int64_t layer) const {
+  CausalAttentionSizes s;
+  s.d_in = s.d_out = emb_dim;  // a pruned layer keeps the model's width
+  s.context_length = context_length;
+  s.num_heads = heads_in_layer(layer);
+  s.num_kv_heads = s.num_heads / group_size();  // whole groups (validate); a layer pruned to nothing: 0
+  s.head_dim = head_size();
+  s.dropout = drop_rate;
+  s.qkv_bias = qkv_bias;
+  s.out_bias = has_out_bias();
+  s.rotary = {.dims = rotary_size(), .theta = rope_theta, .interleaved = rope_interleaved};
+  return s;
+}
+
+void DecoderConfig::validate() const {
+  const char* who = family->who();
+  check_fields(*this, kDecoderFields, who);
+  family->check(*this);
+  HL_CHECK(n_kv_heads == 0 || n_heads % n_kv_heads == 0, who, ": n_kv_heads ", n_kv_heads, " must divide n_heads ",
+           n_heads);
+  HL_CHECK(head_dim != 0 || emb_dim % n_heads == 0, who, ": emb_dim ", emb_dim, " must be divisible by n_heads ",
+           n_heads);
+  HL_CHECK(rotary_fraction >= 0 && rotary_fraction <= 1, who, ": rotary_fraction ", rotary_fraction,
+           " must be in [0, 1]");
+  HL_CHECK(rotary_size() % 2 == 0 && rotary_size() <= head_size(), who, ": rotary_dims ", rotary_size(),
+           " must be even and at most the head size ", head_size());
+  HL_CHECK(!(attn_only && parallel_residual), who, ": an attention-only model has no parallel residual");
+  check_head_lists(kept_heads, n_layers, n_heads, who, "kept_heads");
+  const int64_t G = group_size();
+  if (G == 1) return;
+  for (size_t l = 0; l < kept_heads.size(); ++l) {
+    const std::vector<int64_t>& kept = kept_heads[l];
+    for (size_t i = 0; i < kept.size(); ++i) {
+      HL_CHECK(i == 0 || kept[i] > kept[i - 1], who, ": kept_heads of layer ", l, " must be increasing, got ",
+               kept[i - 1], " before ", kept[i]);
+      // A key/value group serves all its query heads: a pruned layer keeps a group whole or drops it.
+      const int64_t g = kept[i] / G, first = static_cast<int64_t>(i) - kept[i] % G;
+      HL_CHECK(first >= 0 && first + G <= static_cast<int64_t>(kept.size()) && kept[first] == g * G &&
+                   kept[first + G - 1] == g * G + G - 1,
+               who, ": kept_heads of layer ", l, " keeps head ", kept[i], " but not all of its key/value group ", g,
+               " (heads ", g * G, "-", g * G + G - 1, "): grouped-query layers keep whole groups");
+    }
+  }
+}
+
+nlohmann::json DecoderConfig::to_json() const { return family->section(*this); }
+
+double DecoderConfig::num_parameters() const {
+  const double d = static_cast<double>(emb_dim), V = static_cast<double>(vocab_size),
+               F = static_cast<double>(mlp_width());
+  double n = V * d + norm_parameters(*this);                          // tok_emb, final_norm
+  if (learned_positions) n += static_cast<double>(context_length) * d;  // pos_emb
+  if (!tie_embeddings) n += d * V;                                      // out_head
+  const double mlp_parameters = mlp == MlpKind::swiglu ? 3 * d * F : 2 * d * F + F + d;
+  for (int64_t l = 0; l < n_layers; ++l) {
+    n += causal_attention_parameters(attention, attention_sizes(l)) + norm_parameters(*this);  // att, norm1
+    if (!attn_only) n += norm_parameters(*this) + mlp_parameters;                            // norm2, ff
+  }
+  return n;
+}
+
+// Training: what the tape keeps per token and layer: the norms' outputs, q, k, v (and their rotations), the
+// context and the residuals (14 C), and the MLP's (..., F) tensors (three; a gated MLP's five); the logits and
+// their gradient (4 V). One forward: a layer's stream, norm, projections and context at once (8 C), the MLP's
+// live (..., F) tensors, the logits (2 V). Estimates for the memory checks (train/memory.h), held to a measured
+// run's peak in tests/test_decoder.cpp.
+double DecoderConfig::activation_floats(bool training) const {
+  const double d = static_cast<double>(emb_dim), V = static_cast<double>(vocab_size),
+               F = attn_only ? 0.0 : static_cast<double>(mlp_width());
+  const double wide = mlp == MlpKind::swiglu ? 5 : 3;
+  return training ? static_cast<double>(n_layers) * (14 * d + wide * F) + 4 * V : 8 * d + (wide - 1) * F + 2 * V;
+}
+
+double DecoderConfig::cache_floats() const {  // keys and values of each layer's key/value heads
+  double n = 0;
+  for (int64_t l = 0; l < n_layers; ++l) n += 2.0 * static_cast<double>(attention_sizes(l).kv_heads() * head_size());
+  return n;
+}
+
+// ---- DecoderFamily ----
+DecoderConfig DecoderFamily::config() const {
+  DecoderConfig c = parts();
+  c.family = this;
+  return c;
+}
+
+DecoderConfig DecoderFamily::config(const nlohmann::json& j) const {
+  DecoderConfig c = config();
+  HL_CHECK(j.is_object(), who(), ": expected a JSON object, got ", j.type_name());
+  const std::vector<SectionKey> ks = keys();
+  for_each_field(kDecoderFields, [&](const auto& f) {
+    const SectionKey* k = find_key(ks, f.key);
+    if (k == nullptr) return;  // not this family's: the part stays as the family fixes it
+    HL_CHECK(k->presence != SectionKey::required || j.contains(f.key), who(), ": missing key '", f.key, "'");
+    read_json_field(j, f.key, c.*f.member, who());
+  });
+  c.validate();
+  return c;
+}
+
+nlohmann::json DecoderFamily::section(const DecoderConfig& c) const {
+  nlohmann::json j = nlohmann::json::object();
+  const std::vector<SectionKey> ks = keys();
+  for_each_field(kDecoderFields, [&](const auto& f) {
+    const SectionKey* k = find_key(ks, f.key);
+    if (k == nullptr) return;
+    if constexpr (std::is_same_v<typename std::decay_t<decltype(f)>::Type, bool>)
+      if (k->presence == SectionKey::omitted_when_false && !(c.*f.member)) return;
+    write_json_field(j, f.key, c.*f.member);
+  });
+  if (arch_in_section()) j["arch"] = arch();
+  return j;
+}
+
+DecoderConfig DecoderFamily::fresh(const ModelOptions& o, const TaskSizes& t) const {
+  DecoderConfig c = config();
+  c.vocab_size = t.vocab_size, c.context_length = t.context_length;
+  c.emb_dim = o.emb_dim, c.n_heads = o.n_heads, c.n_layers = o.n_layers;
+  c.drop_rate = o.drop_rate, c.qkv_bias = o.qkv_bias, c.attention = o.attention;
+  return c;
+}
+
+ModelOptions DecoderFamily::options_of(const DecoderConfig& c) const {
+  ModelOptions o;
+  o.arch = arch();
+  o.emb_dim = c.emb_dim, o.n_heads = c.n_heads, o.n_layers = c.n_layers, o.context_length = c.context_length;
+  o.drop_rate = c.drop_rate, o.qkv_bias = c.qkv_bias, o.attention = c.attention;
+  return o;
+}
+
+std::shared_ptr<Model> DecoderFamily::build(const nlohmann::json& s) const {
+  return std::make_shared<DecoderModel>(config(s));
+}
+
+nlohmann::json DecoderFamily::with_dropout(const nlohmann::json& s, double p) const {
+  DecoderConfig c = config(s);
+  c.drop_rate = p;
+  c.validate();
+  return section(c);
+}
+
+}  // namespace headlab::nn

@@ -1,0 +1,89 @@
+// A decoder-only model as a configuration of parts: one struct of choices (norms, positions, attention,
+// MLP, residual, head), from which nn::DecoderModel (nn/decoder.h) builds every family. Its fields carry
+// the book's names (vocab_size, emb_dim, n_heads, ...) and LLaMA's and GPT-NeoX's for what the book lacks,
+// so that each family's checkpoint section is a subset of them under the same keys; a family (nn/
+// decoder_family.h) says which keys its section has and sets the parts it fixes. Like TransformerLens's
+// HookedTransformerConfig: one flat config, every family a setting of it.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nn/attention.h"
+
+namespace headlab::nn {
+
+// The normalisation before attention and MLP and after the last block.
+enum class NormKind {
+  layer_norm,  // y = (x - mean) / sqrt(var + eps) * weight + bias (GPT-2, GPT-NeoX)
+  rms_norm,    // y = x / sqrt(mean(x^2) + eps) * weight (LLaMA)
+};
+
+// The block's MLP.
+enum class MlpKind {
+  gelu_tanh,   // Linear(C, F), GELU (tanh approximation), Linear(F, C), with biases (GPT-2; the book's FeedForward)
+  gelu_exact,  // the same with the exact GELU (GPT-NeoX)
+  swiglu,      // fc3(silu(fc1 x) * fc2 x), no biases (LLaMA)
+};
+
+class DecoderFamily;
+const DecoderFamily& gpt_family();  // the default: the book's GPTModel
+
+struct DecoderConfig {
+  // The family whose section this config is (its arch, its names, its fixed parts).
+  const DecoderFamily* family = &gpt_family();
+
+  // ---- sizes ----
+  int64_t vocab_size = 0, context_length = 0, emb_dim = 0, n_heads = 0, n_layers = 0;
+  int64_t n_kv_heads = 0;  // key/value heads, dividing n_heads (grouped-query; 1: multi-query); 0: n_heads
+  int64_t head_dim = 0;    // 0: emb_dim / n_heads
+  int64_t hidden_dim = 0;  // the MLP's width; 0: 4 * emb_dim
+  double drop_rate = 0.0;  // every dropout: embeddings, attention weights, residual branches
+
+  // ---- parts ----
+  NormKind norm = NormKind::layer_norm;
+  bool book_norm_names = true;  // a LayerNorm's scale/shift (the book's) rather than weight/bias (PyTorch's)
+  double norm_eps = 1e-5;
+  bool learned_positions = true;  // a position table added to the token embedding (pos_emb)
+  int64_t rotary_dims = 0;        // queries' and keys' rotated dims per head (even, <= head size)
+  double rotary_fraction = 0.0;   // or this fraction of each head's dims, where rotary_dims is 0 (LLaMA: 1)
+  double rope_theta = 10000.0;
+  bool rope_interleaved = false;  // pairs (2i, 2i+1) as Meta's and llama2.c's; else halves (Hugging Face's)
+  bool qkv_bias = false;          // W_query, W_key, W_value biases
+  std::optional<bool> out_bias = true;  // out_proj's bias; unset: as qkv_bias (GPT-NeoX's attention_bias)
+  MlpKind mlp = MlpKind::gelu_tanh;
+  bool attn_only = false;          // blocks without MLP and norm2: x += att(norm1(x))
+  bool parallel_residual = false;  // x += att(norm1(x)) + mlp(norm2(x)), both reading the block's input (GPT-NeoX)
+  bool tie_embeddings = false;     // the head's weight is tok_emb.weight itself, one parameter
+  AttentionForm attention = AttentionForm::fused;
+  // After physical pruning: the original head indices each layer keeps (increasing; whole key/value groups);
+  // empty: all.
+  std::vector<std::vector<int64_t>> kept_heads;
+
+  // ---- what follows ----
+  int64_t head_size() const { return head_dim ? head_dim : (n_heads ? emb_dim / n_heads : 0); }
+  int64_t kv_heads() const { return n_kv_heads ? n_kv_heads : n_heads; }
+  int64_t group_size() const { return n_heads / kv_heads(); }  // query heads per key/value head
+  int64_t mlp_width() const { return hidden_dim ? hidden_dim : 4 * emb_dim; }
+  int64_t rotary_size() const;  // the rotated dims per head; 0: no rotary
+  bool has_out_bias() const { return out_bias.value_or(qkv_bias); }
+  int64_t heads_in_layer(int64_t layer) const;
+  CausalAttentionSizes attention_sizes(int64_t layer) const;  // layer `layer`'s attention
+
+  // What DecoderModel(*this).num_parameters() will be, counted part by part without building (a double: a
+  // size someone mistyped may not fit an int64); tests/test_decoder.cpp holds it to the built model's.
+  double num_parameters() const;
+  // Floats per token of a batch row: a training step's peak (forward and backward) or one forward without a
+  // tape; and a generation's key/value cache, all layers.
+  double activation_floats(bool training) const;
+  double cache_floats() const;
+
+  // Every check on the values (errors start with the family's name: "GPT config: emb_dim must be positive").
+  void validate() const;
+  // The family's section: its keys only, "arch" where it is not the default family.
+  nlohmann::json to_json() const;
+};
+
+}  // namespace headlab::nn

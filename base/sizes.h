@@ -1,7 +1,7 @@
 // Sizes: what the machine has available, sizes in words, and the files headlab reads whole with the
 // most it reads of each kind: one table, so that a file padded to
 // gigabytes (a vocab.json, a config.json, a text) is refused by its size before it is read, naming the
-// file, its size and the limit. README's "Limits" repeats the table.
+// file, its size and the limit. docs/limits.md repeats the table.
 //
 //   kind        files                                                        at most
 //   config      config.json, tokenizer_config.json, a shard index            16 MiB

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Data-parallel training speed (README, "Data parallel"): the same run (same seed, global batch and
+# Data-parallel training speed (docs/data-parallel.md): the same run (same seed, global batch and
 # steps) as 2 MPI ranks x 1 thread, 1 process x 2 threads each taking its rows (--parallel data, what
 # --parallel auto picks for these models), 1 process x 2 threads splitting every op (--parallel ops)
 # and 1 process x 1 thread, interleaved for --rounds rounds so that all see the same machine noise; the

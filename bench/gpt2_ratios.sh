@@ -8,7 +8,7 @@
 # measured beside each timed decoding (the median of each round's percentage).
 # Then, unless --inference-only: loading and memory (bench/gpt2_memory.sh), the 144-head zero-ablation
 # sweep against PyTorch hooks (bench/gpt2_heads.sh) and the tokenizer's speed (bench/bpe_tokenize), so
-# one command prints every GPT-2 figure README quotes.
+# one command prints every GPT-2 figure docs/performance.md quotes.
 # Usage: bench/gpt2_ratios.sh [--rounds N] [--threads N] [--model DIR] [--peer PATH] [--inference-only]
 set -euo pipefail
 cd "$(dirname "$0")/.."

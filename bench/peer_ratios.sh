@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CPU-speed figures of README's Performance section, from one command: one AdamW step of the
+# The CPU-speed figures of docs/performance.md, from one command: one AdamW step of the
 # book's GPT in headlab (bench/gpt_step) against the PyTorch eager peer (../shared/peers/torch_gpt_cpu.py),
 # run alternately for --rounds rounds so that both see the same machine noise; medians, the ratio, the
 # GEMM floor (the step's FLOPs over the fastest SGEMM rate gpt_step measured first in any run on as many

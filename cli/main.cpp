@@ -68,7 +68,7 @@ int main(int argc, char** argv) {
       headlab::cli::add_circuit);
   add("tokenize", "a model's subword tokenizer (a folder's, a checkpoint's or --tokenizer): text -> ids",
       headlab::cli::add_tokenize);
-  add("export", "write a GPT checkpoint as a Hugging Face GPT-2 folder (config.json, model.safetensors)",
+  add("export", "write a decoder checkpoint as a Hugging Face folder of its family (config.json, model.safetensors)",
       headlab::cli::add_export);
   add("convert",
       "write a Hugging Face folder or a llama2.c checkpoint as a headlab checkpoint (.h5, its tokenizer inside)",

@@ -10,8 +10,8 @@
 # Usage: scripts/induction.sh [--out DIR] [--text FILE] [--steps N] [--every N] [--headlab BINARY] [--quick]
 #   The text (default): Debian's fortunes (package fortunes, installed by scripts/install-deps.sh),
 #   2.5 MB of English, one character per token, written with more repetition (--repeat-prob 1: every
-#   segment twice): on the plain text no induction head forms within this budget (README, "Induction
-#   heads", has those runs).
+#   segment twice): on the plain text no induction head forms within this budget (docs/induction.md,
+#   "What did not work, and what made it appear", has those runs).
 #   --quick: a few steps on data/tiny.txt, to check that the pipeline runs (the test suite does).
 set -euo pipefail
 
@@ -59,7 +59,7 @@ fi
 # The same data, seed and schedule for both models; only --n-layers differs. Every segment of 4..28
 # characters is written twice, so that both copies fit in a context of 32: the time an induction head
 # takes to form grows with the square of the context, and single characters recur too often in a long
-# one for matching one of them to find the copy (README, "Induction heads", has the runs that did not).
+# one for matching one of them to find the copy (docs/induction.md has the runs that did not).
 ctx=32 span=28 batch=128 evals=(--eval-every 500)
 if ((quick)); then evals=(--eval-every 10 --eval-batches 2); fi
 settings=(--task chars --text "$text" --repeat-prob 1 --repeat-span "$span" --attn-only --n-heads 4 --emb-dim 128

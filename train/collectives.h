@@ -3,7 +3,7 @@
 // process (nothing to do), MPI (train/collectives_mpi.cpp, built with HEADLAB_MPI), the threads of one
 // process (train/collectives_threads.cpp), which composes with MPI. NCCL would be another: the same calls on device
 // buffers with ncclAllReduce / ncclBroadcast on one stream, the communicator made from an ncclUniqueId that rank 0
-// broadcasts over MPI (README, "Data parallel").
+// broadcasts over MPI (docs/data-parallel.md).
 #pragma once
 #include <cstdint>
 #include <functional>

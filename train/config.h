@@ -1,5 +1,5 @@
 // The one configuration of a training run: model, task, optimizer, schedule and the run's own
-// settings. Every checkpoint stores it as its `config` JSON (README, "Checkpoint schema"), and
+// settings. Every checkpoint stores it as its `config` JSON (ARCHITECTURE.md section 7), and
 // every command rebuilds what it needs from that.
 #pragma once
 #include <memory>

@@ -39,7 +39,7 @@ void check_training_fits(const RunConfig& config, const std::string& who);
 // of the threads transport (run_on_threads), with single-threaded kernels; automatic: data when the
 // batch splits into shares of a multiple of 4 rows and the extra copies of the model (parameters,
 // gradients, optimizer state) take at most kMaxReplicaBytes, else ops. Measured (bench/data_parallel.sh,
-// README "Data parallel"): on the demo's and the chars model data runs 1.67x and 2.21x one thread, ops
+// docs/data-parallel.md): on the demo's and the chars model data runs 1.67x and 2.21x one thread, ops
 // 1.19x and 1.87x.
 enum class ThreadUse { automatic, ops, data };
 constexpr auto enum_table(ThreadUse) {  // enum_name, parse_enum (base/enum_names.h)

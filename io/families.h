@@ -16,7 +16,7 @@ namespace headlab::io {
 // What a model folder holds, in headlab's terms.
 struct FolderModel {
   nlohmann::json config;                // the family's config section
-  NamedTensors parameters;              // float32 CPU tensors by headlab's state_dict names, in the model's order
+  NamedTensors parameters;              // float32 CPU tensors by headlab's state_dict names
   std::string vocab_path, merges_path;  // the tokenizer's files; "" where the folder lacks them
 };
 

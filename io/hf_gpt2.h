@@ -30,7 +30,7 @@ struct HfGpt2Config {
 HfGpt2Config read_hf_gpt2_config(const std::string& folder);
 
 struct HfGpt2 : HfGpt2Config {
-  // float32 CPU tensors by headlab's state_dict names, in GPTModel's order (a tied head has none of its own)
+  // float32 CPU tensors by headlab's state_dict names (a tied head has none of its own)
   NamedTensors parameters;
   std::string vocab_path, merges_path;  // the tokenizer's files; "" where the folder lacks them
 };

@@ -1,24 +1,16 @@
-// GPT-NeoX folders in the Hugging Face layout <-> NeoXModel parameters (see hf_neox.h): gpt_neox.embed_in ->
-// tok_emb, gpt_neox.layers.N.attention.query_key_value -> trf_blocks.N.att.W_query/W_key/W_value (split per
-// head), attention.dense -> att.out_proj, mlp.dense_h_to_4h -> ff.layers.0, mlp.dense_4h_to_h -> ff.layers.2,
-// input_layernorm -> norm1, post_attention_layernorm -> norm2, gpt_neox.final_layer_norm -> final_norm,
+// GPT-NeoX folders in the Hugging Face layout <-> the neox family's parameters (see hf_neox.h): config.json's keys,
+// and the weight table: gpt_neox.embed_in -> tok_emb, layers.N.attention.query_key_value -> att.W_query/W_key/
+// W_value (rows per head [q | k | v]), attention.dense -> att.out_proj, mlp.dense_h_to_4h / dense_4h_to_h ->
+// ff.layers.0 / 2, input_layernorm / post_attention_layernorm -> norm1 / norm2, final_layer_norm -> final_norm,
 // embed_out -> out_head; nn.Linear's (out, in) on both sides.
 #include "io/hf_neox.h"
 
-#include <cmath>
-#include <filesystem>
-#include <set>
-
-#include "autograd/engine.h"
-#include "io/atomic_file.h"
-#include "io/hf_folder.h"
-#include "io/safetensors.h"
+#include "io/hf_weights.h"
 
 namespace headlab::io {
 
 namespace {
 
-namespace fs = std::filesystem;
 using nlohmann::json;
 
 nn::DecoderConfig neox_config_from_hf(const json& j, const std::string& file) {
@@ -55,174 +47,87 @@ nn::DecoderConfig neox_config_from_hf(const json& j, const std::string& file) {
   return c;
 }
 
-// The fused projection's rows per head h: [q_h | k_h | v_h], D each (Hugging Face's view(..., H, 3 * D)).
-// which 0, 1, 2: q, k, v; rows (3 * H * D, ...) -> (H * D, ...).
-Tensor unfuse(const Tensor& qkv, int64_t H, int64_t D, int64_t which) {
-  std::vector<int64_t> rows;
-  for (int64_t h = 0; h < H; ++h)
-    for (int64_t i = 0; i < D; ++i) rows.push_back(h * 3 * D + which * D + i);
-  return index_select(qkv, 0, tensor(rows));
-}
-
-// The inverse: q, k, v (H * D, ...) each -> (3 * H * D, ...).
-Tensor fuse(const Tensor& q, const Tensor& k, const Tensor& v, int64_t H, int64_t D) {
-  std::vector<Tensor> parts;
-  for (int64_t h = 0; h < H; ++h)
-    for (const Tensor* t : {&q, &k, &v}) parts.push_back(t->narrow(0, h * D, D));
-  return cat(parts, 0);
-}
-
-// Every tensor of the folder by NeoXModel's names, shapes checked; anything else in the weights refused.
-FolderModel read_hf_neox(const std::string& folder) {
-  FolderModel out;
-  const nn::DecoderConfig c = read_hf_neox_config(folder);
-  out.config = c.to_json();
-  const SafetensorsModel st = SafetensorsModel::open(folder);
-  std::set<std::string> used;
-  const int64_t C = c.emb_dim, F = c.hidden_dim, V = c.vocab_size, H = c.n_heads, D = c.head_size();
-  const auto read = [&](const std::string& hf, const Shape& shape) {
-    HL_CHECK(st.contains(hf), folder, ": missing tensor '", hf, "'");
-    const SafetensorsEntry& e = st.file_of(hf).entry(hf);
-    HL_CHECK(e.shape == shape, st.file_of(hf).path(), ": tensor '", hf, "' has shape ", shape_str(e.shape),
-             ", expected ", shape_str(shape), " for the config");
-    used.insert(hf);
-    return st.to_float(hf);
+WeightMap neox_weights(const nn::DecoderConfig& c) {
+  const int64_t C = c.emb_dim, F = c.hidden_dim, V = c.vocab_size;
+  // Older files save the causal mask, its fill value and the rotary frequencies: recomputed here.
+  WeightMap m;
+  m.what = "a GPT-NeoX model", m.head_dim = c.head_size();
+  m.buffer_suffixes = {".attention.bias", ".attention.masked_bias", ".rotary_emb.inv_freq"};
+  const auto add = [&](std::string hf, std::vector<std::string> ours, Shape shape, Fused fused = Fused::none) {
+    m.add(std::move(hf), std::move(ours), std::move(shape)).fused = fused;
   };
-  const auto take = [&](const std::string& hf, const std::string& ours, const Shape& shape) {
-    out.parameters.emplace_back(ours, read(hf, shape));
+  const auto with_bias = [&](const std::string& hf, const std::string& ours, Shape shape) {
+    add(hf + ".weight", {ours + ".weight"}, shape);
+    add(hf + ".bias", {ours + ".bias"}, {shape[0]});
   };
-  take("gpt_neox.embed_in.weight", "tok_emb.weight", {V, C});
+  add("gpt_neox.embed_in.weight", {"tok_emb.weight"}, {V, C});
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const std::string hf = "gpt_neox.layers." + std::to_string(l), ours = "trf_blocks." + std::to_string(l);
-    const char* qkv_names[] = {"W_query", "W_key", "W_value"};
-    const Tensor w = read(hf + ".attention.query_key_value.weight", {3 * C, C});
-    for (int64_t i = 0; i < 3; ++i)
-      out.parameters.emplace_back(ours + ".att." + qkv_names[i] + ".weight", unfuse(w, H, D, i));
-    if (c.qkv_bias) {
-      const Tensor b = read(hf + ".attention.query_key_value.bias", {3 * C});
-      for (int64_t i = 0; i < 3; ++i)
-        out.parameters.emplace_back(ours + ".att." + qkv_names[i] + ".bias", unfuse(b, H, D, i));
-    }
-    take(hf + ".attention.dense.weight", ours + ".att.out_proj.weight", {C, C});
-    if (c.qkv_bias) take(hf + ".attention.dense.bias", ours + ".att.out_proj.bias", {C});
-    take(hf + ".mlp.dense_h_to_4h.weight", ours + ".ff.layers.0.weight", {F, C});
-    take(hf + ".mlp.dense_h_to_4h.bias", ours + ".ff.layers.0.bias", {F});
-    take(hf + ".mlp.dense_4h_to_h.weight", ours + ".ff.layers.2.weight", {C, F});
-    take(hf + ".mlp.dense_4h_to_h.bias", ours + ".ff.layers.2.bias", {C});
-    for (const auto& [norm, mine] : {std::pair{"input_layernorm", "norm1"}, {"post_attention_layernorm", "norm2"}}) {
-      take(hf + "." + norm + ".weight", ours + "." + mine + ".weight", {C});
-      take(hf + "." + norm + ".bias", ours + "." + mine + ".bias", {C});
-    }
+    const auto qkv = [&](const char* kind) {
+      const std::string att = ours + ".att.";
+      return std::vector<std::string>{att + "W_query." + kind, att + "W_key." + kind, att + "W_value." + kind};
+    };
+    add(hf + ".attention.query_key_value.weight", qkv("weight"), {3 * C, C}, Fused::per_head);
+    if (c.qkv_bias) add(hf + ".attention.query_key_value.bias", qkv("bias"), {3 * C}, Fused::per_head);
+    add(hf + ".attention.dense.weight", {ours + ".att.out_proj.weight"}, {C, C});
+    if (c.qkv_bias) add(hf + ".attention.dense.bias", {ours + ".att.out_proj.bias"}, {C});
+    with_bias(hf + ".mlp.dense_h_to_4h", ours + ".ff.layers.0", {F, C});
+    with_bias(hf + ".mlp.dense_4h_to_h", ours + ".ff.layers.2", {C, F});
+    with_bias(hf + ".input_layernorm", ours + ".norm1", {C});
+    with_bias(hf + ".post_attention_layernorm", ours + ".norm2", {C});
   }
-  take("gpt_neox.final_layer_norm.weight", "final_norm.weight", {C});
-  take("gpt_neox.final_layer_norm.bias", "final_norm.bias", {C});
-  if (c.tie_embeddings) {
-    if (st.contains("embed_out.weight")) used.insert("embed_out.weight");  // the same tensor, saved beside it
-  } else {
-    take("embed_out.weight", "out_head.weight", {V, C});
-  }
-  for (const std::string& name : st.names()) {
-    // Buffers older files save: the causal mask, its fill value and the rotary frequencies, recomputed here.
-    const bool buffer = name.ends_with(".attention.bias") || name.ends_with(".attention.masked_bias") ||
-                        name.ends_with(".rotary_emb.inv_freq");
-    HL_CHECK(used.count(name) || buffer, st.file_of(name).path(), ": tensor '", name,
-             "' is not part of a GPT-NeoX model of this config");
-  }
-  return out;
+  with_bias("gpt_neox.final_layer_norm", "final_norm", {C});
+  if (c.tie_embeddings)
+    m.ignored.push_back("embed_out.weight");  // the same tensor, saved beside it
+  else
+    add("embed_out.weight", {"out_head.weight"}, {V, C});
+  return m;
 }
 
-void write_hf_neox(const std::string& folder, const nn::DecoderModel& model) {
-  const NoGradGuard no_grad;
-  const nn::DecoderConfig& c = model.config();
-  const int64_t H = c.n_heads, D = c.head_size();
-  const auto cpu = [](const Tensor& p) { return p.detach().to(kCPU).contiguous(); };
-  const auto param = [&](const std::string& name) { return cpu(model.parameter(name)); };
-  std::vector<std::pair<std::string, Tensor>> t;
-  t.emplace_back("gpt_neox.embed_in.weight", param("tok_emb.weight"));
-  for (int64_t l = 0; l < c.n_layers; ++l) {
-    const std::string hf = "gpt_neox.layers." + std::to_string(l), ours = "trf_blocks." + std::to_string(l);
-    std::shared_ptr<nn::CausalMultiHead> converted;
-    const nn::CausalMultiHeadAttention* att = &fused_attention(model, l, converted);
-    std::vector<int64_t> kept;  // a pruned layer is written at full width, its removed heads as zeros
-    for (int64_t j = 0; j < att->head_count(); ++j) kept.push_back(model.original_head(l, j));
-    const auto wide = [&](const Tensor& w) { return full_width(cpu(w), kept, H, D); };
-    t.emplace_back(hf + ".attention.query_key_value.weight",
-                   fuse(wide(att->W_query->weight), wide(att->W_key->weight), wide(att->W_value->weight), H, D));
-    if (c.qkv_bias) {
-      const auto wide_bias = [&](const Tensor& b) { return wide(b.view({-1, 1})); };
-      t.emplace_back(
-          hf + ".attention.query_key_value.bias",
-          fuse(wide_bias(att->W_query->bias), wide_bias(att->W_key->bias), wide_bias(att->W_value->bias), H, D)
-              .view({-1}));
-    }
-    t.emplace_back(hf + ".attention.dense.weight", wide(cpu(att->out_proj->weight).mT()).mT().contiguous());
-    if (c.qkv_bias) t.emplace_back(hf + ".attention.dense.bias", cpu(att->out_proj->bias));
-    t.emplace_back(hf + ".mlp.dense_h_to_4h.weight", param(ours + ".ff.layers.0.weight"));
-    t.emplace_back(hf + ".mlp.dense_h_to_4h.bias", param(ours + ".ff.layers.0.bias"));
-    t.emplace_back(hf + ".mlp.dense_4h_to_h.weight", param(ours + ".ff.layers.2.weight"));
-    t.emplace_back(hf + ".mlp.dense_4h_to_h.bias", param(ours + ".ff.layers.2.bias"));
-    for (const auto& [norm, mine] : {std::pair{"input_layernorm", "norm1"}, {"post_attention_layernorm", "norm2"}}) {
-      t.emplace_back(hf + "." + norm + ".weight", param(ours + "." + mine + ".weight"));
-      t.emplace_back(hf + "." + norm + ".bias", param(ours + "." + mine + ".bias"));
-    }
-  }
-  t.emplace_back("gpt_neox.final_layer_norm.weight", param("final_norm.weight"));
-  t.emplace_back("gpt_neox.final_layer_norm.bias", param("final_norm.bias"));
-  if (!c.tie_embeddings) t.emplace_back("embed_out.weight", param("out_head.weight"));
-  std::error_code ec;
-  fs::create_directories(folder, ec);
-  HL_CHECK(!ec && fs::is_directory(folder), "export: cannot create folder '", folder,
-           "': ", ec ? ec.message() : "not a folder");
-  write_safetensors((fs::path(folder) / "model.safetensors").string(), t, {{"format", "pt"}});
-  const json config = {{"architectures", {"GPTNeoXForCausalLM"}},
-                       {"model_type", "gpt_neox"},
-                       {"num_hidden_layers", c.n_layers},
-                       {"num_attention_heads", c.n_heads},
-                       {"hidden_size", c.emb_dim},
-                       {"intermediate_size", c.hidden_dim},
-                       {"vocab_size", c.vocab_size},
-                       {"max_position_embeddings", c.context_length},
-                       {"rotary_pct", static_cast<double>(c.rotary_dims) / static_cast<double>(D)},
-                       {"rotary_emb_base", c.rope_theta},
-                       {"layer_norm_eps", c.norm_eps},
-                       {"use_parallel_residual", c.parallel_residual},
-                       {"attention_bias", c.qkv_bias},
-                       {"hidden_act", "gelu"},
-                       {"tie_word_embeddings", c.tie_embeddings},
-                       {"attention_dropout", c.drop_rate},
-                       {"hidden_dropout", 0.0},
-                       {"torch_dtype", "float32"}};
-  write_file_atomic((fs::path(folder) / "config.json").string(), config.dump(2) + "\n", "export");
-}
-
-class HfNeoXFormat : public FolderFormat {
+class HfNeoXFormat final : public DecoderFolderFormat {
  public:
   std::vector<std::string> model_types() const override { return {"gpt_neox"}; }
-  nlohmann::json read_config(const std::string& folder) const override { return read_hf_neox_config(folder).to_json(); }
-  FolderModel read(const std::string& folder) const override { return read_hf_neox(folder); }
-  void write(const std::string& folder, const nn::Model& model, const TokenizerFiles& tokenizer) const override {
-    const auto* neox = dynamic_cast<const nn::DecoderModel*>(&model);
-    HL_CHECK(neox && neox->config().family == &nn::neox_family(), "export: a ", model.type_name(), " is not a GPT-NeoX model");
-    write_hf_neox(folder, *neox);
-    write_tokenizer_files(folder, tokenizer);
+  const nn::DecoderFamily& family() const override { return nn::neox_family(); }
+  nn::DecoderConfig config_from_hf(const json& j, const std::string& file) const override {
+    return neox_config_from_hf(j, file);
   }
-  std::string describe(const FolderModel& m) const override {
-    const nn::DecoderConfig c = nn::neox_family().config(m.config);
+  WeightMap weight_map(const nn::DecoderConfig& c, const std::string&) const override { return neox_weights(c); }
+  json hf_config(const nn::DecoderConfig& c) const override {
+    return {{"architectures", {"GPTNeoXForCausalLM"}},
+            {"model_type", "gpt_neox"},
+            {"num_hidden_layers", c.n_layers},
+            {"num_attention_heads", c.n_heads},
+            {"hidden_size", c.emb_dim},
+            {"intermediate_size", c.hidden_dim},
+            {"vocab_size", c.vocab_size},
+            {"max_position_embeddings", c.context_length},
+            {"rotary_pct", static_cast<double>(c.rotary_dims) / static_cast<double>(c.head_size())},
+            {"rotary_emb_base", c.rope_theta},
+            {"layer_norm_eps", c.norm_eps},
+            {"use_parallel_residual", c.parallel_residual},
+            {"attention_bias", c.qkv_bias},
+            {"hidden_act", "gelu"},
+            {"tie_word_embeddings", c.tie_embeddings},
+            {"attention_dropout", c.drop_rate},
+            {"hidden_dropout", 0.0},
+            {"torch_dtype", "float32"}};
+  }
+  std::string describe(const nn::DecoderConfig& c) const override {
     return std::string("head: ") + (c.tie_embeddings ? "tied to embed_in" : "embed_out.weight") + "; rotary on " +
            std::to_string(c.rotary_dims) + " of " + std::to_string(c.head_size()) + " dims per head; " +
            (c.parallel_residual ? "parallel" : "sequential") + " residual";
   }
 };
 
+const HfNeoXFormat& format() {
+  static const HfNeoXFormat f;
+  return f;
+}
+
 }  // namespace
 
-nn::DecoderConfig read_hf_neox_config(const std::string& folder) {
-  return neox_config_from_hf(read_hf_config(folder), hf_config_path(folder));
-}
+nn::DecoderConfig read_hf_neox_config(const std::string& folder) { return format().config(folder); }
 
-const FolderFormat& hf_neox_format() {
-  static const HfNeoXFormat format;
-  return format;
-}
+const FolderFormat& hf_neox_format() { return format(); }
 
 }  // namespace headlab::io

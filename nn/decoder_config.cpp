@@ -171,19 +171,23 @@ nlohmann::json DecoderFamily::section(const DecoderConfig& c) const {
   return j;
 }
 
-DecoderConfig DecoderFamily::fresh(const ModelOptions& o, const TaskSizes& t) const {
+nlohmann::json DecoderFamily::from_options(const ModelOptions& o, const TaskSizes& t) const {
   DecoderConfig c = config();
   c.vocab_size = t.vocab_size, c.context_length = t.context_length;
   c.emb_dim = o.emb_dim, c.n_heads = o.n_heads, c.n_layers = o.n_layers;
   c.drop_rate = o.drop_rate, c.qkv_bias = o.qkv_bias, c.attention = o.attention;
-  return c;
+  take_options(o, c);
+  c.validate();
+  return section(c);
 }
 
-ModelOptions DecoderFamily::options_of(const DecoderConfig& c) const {
+ModelOptions DecoderFamily::options(const nlohmann::json& s) const {
+  const DecoderConfig c = config(s);
   ModelOptions o;
   o.arch = arch();
   o.emb_dim = c.emb_dim, o.n_heads = c.n_heads, o.n_layers = c.n_layers, o.context_length = c.context_length;
   o.drop_rate = c.drop_rate, o.qkv_bias = c.qkv_bias, o.attention = c.attention;
+  give_options(c, o);
   return o;
 }
 

@@ -34,16 +34,17 @@ class DecoderFamily : public ModelFamily {
   virtual void check(const DecoderConfig&) const {}
   // Whether the section names its arch (GPT's sections predate the key: absent means gpt).
   virtual bool arch_in_section() const { return true; }
+  // train's options beyond those every decoder shares (sizes, dropout, attention form, qkv_bias) into a fresh
+  // config, refusing by name what the family cannot honour; and back, as a config answers them.
+  virtual void take_options(const ModelOptions&, DecoderConfig&) const {}
+  virtual void give_options(const DecoderConfig&, ModelOptions&) const {}
 
   // ---- what follows ----
   DecoderConfig config() const;  // the family's parts, no sizes yet: what a C++ caller fills in
   DecoderConfig config(const nlohmann::json& section) const;  // read and validated; errors name the key
   nlohmann::json section(const DecoderConfig& c) const;       // the family's keys only, with "arch"
-  // A fresh config of the family: its parts with train's sizes (vocabulary, context, width, heads, layers,
-  // dropout, attention form, qkv_bias), for from_options.
-  DecoderConfig fresh(const ModelOptions& o, const TaskSizes& t) const;
-  // The options every decoder family shares, as a config answers them (for options()).
-  ModelOptions options_of(const DecoderConfig& c) const;
+  nlohmann::json from_options(const ModelOptions& o, const TaskSizes& t) const final;
+  ModelOptions options(const nlohmann::json& s) const final;
 
   nlohmann::json canonical(const nlohmann::json& s) const final { return section(config(s)); }
   std::shared_ptr<Model> build(const nlohmann::json& s) const final;

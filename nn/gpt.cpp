@@ -30,20 +30,12 @@ class GptFamily final : public DecoderFamily {
            std::to_string(c.n_heads) + " heads, emb " + std::to_string(c.emb_dim) + ", context " +
            std::to_string(c.context_length);
   }
-  nlohmann::json from_options(const ModelOptions& o, const TaskSizes& t) const override {
+  void take_options(const ModelOptions& o, DecoderConfig& c) const override {
     HL_CHECK(o.n_kv_heads == 0 || o.n_kv_heads == o.n_heads,
              "train: --n-kv-heads: the gpt family has multi-head attention only (grouped-query: --arch llama)");
-    DecoderConfig c = fresh(o, t);
     c.attn_only = o.attn_only;
-    c.validate();
-    return section(c);
   }
-  ModelOptions options(const nlohmann::json& s) const override {
-    const DecoderConfig c = config(s);
-    ModelOptions o = options_of(c);
-    o.attn_only = c.attn_only;
-    return o;
-  }
+  void give_options(const DecoderConfig& c, ModelOptions& o) const override { o.attn_only = c.attn_only; }
 };
 
 }  // namespace

@@ -47,19 +47,13 @@ class LlamaFamily final : public DecoderFamily {
            std::to_string(c.kv_heads()) + " key/value), emb " + std::to_string(c.emb_dim) + ", ffn " +
            std::to_string(c.hidden_dim) + ", context " + std::to_string(c.context_length);
   }
-  nlohmann::json from_options(const ModelOptions& o, const TaskSizes& t) const override {
+  void take_options(const ModelOptions& o, DecoderConfig& c) const override {
     HL_CHECK(!o.attn_only, "--attn-only: the llama family has no attention-only form");
-    DecoderConfig c = fresh(o, t);
     c.n_kv_heads = o.n_kv_heads;
     c.hidden_dim = o.ffn_hiddens ? o.ffn_hiddens : default_hidden_dim(o.emb_dim);
-    c.validate();
-    return section(c);
   }
-  ModelOptions options(const nlohmann::json& s) const override {
-    const DecoderConfig c = config(s);
-    ModelOptions o = options_of(c);
+  void give_options(const DecoderConfig& c, ModelOptions& o) const override {
     o.n_kv_heads = c.n_kv_heads, o.ffn_hiddens = c.hidden_dim == default_hidden_dim(c.emb_dim) ? 0 : c.hidden_dim;
-    return o;
   }
 };
 

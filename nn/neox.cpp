@@ -45,25 +45,19 @@ class NeoXFamily final : public DecoderFamily {
            (c.parallel_residual ? "parallel" : "sequential") + " residual, context " + std::to_string(c.context_length);
   }
   // A fresh model as Pythia's: MLP 4x the width, rotary on a quarter of each head, the parallel residual.
-  nlohmann::json from_options(const ModelOptions& o, const TaskSizes& t) const override {
+  void take_options(const ModelOptions& o, DecoderConfig& c) const override {
     HL_CHECK(!o.attn_only, "--attn-only: the neox family has no attention-only form");
     HL_CHECK(o.n_kv_heads == 0 || o.n_kv_heads == o.n_heads,
              "train: --n-kv-heads: the neox family has multi-head attention only (grouped-query: --arch llama)");
     HL_CHECK(o.n_heads > 0 && o.emb_dim % o.n_heads == 0, "train: --emb-dim ", o.emb_dim,
              " must be divisible by --n-heads ", o.n_heads);
-    DecoderConfig c = fresh(o, t);
     c.hidden_dim = o.ffn_hiddens ? o.ffn_hiddens : 4 * o.emb_dim;
     c.rotary_dims = o.emb_dim / o.n_heads / 4 / 2 * 2;
-    c.qkv_bias = true;
-    c.validate();
-    return section(c);
+    c.qkv_bias = true;  // attention_bias, not an option here
   }
-  ModelOptions options(const nlohmann::json& s) const override {
-    const DecoderConfig c = config(s);
-    ModelOptions o = options_of(c);
+  void give_options(const DecoderConfig& c, ModelOptions& o) const override {
     o.ffn_hiddens = c.hidden_dim == 4 * c.emb_dim ? 0 : c.hidden_dim;
     o.qkv_bias = false;  // not an option of this family: its biases follow attention_bias
-    return o;
   }
 };
 

@@ -28,7 +28,7 @@ bool pruned_before(const nn::Model& m) {
 
 // pruned.h5 without the first k heads of the curve's order: written, loaded back the way every command
 // loads a checkpoint, held against the gated model and timed; fine-tuned when asked.
-PrunedModelReport write_pruned(const train::Loaded& in, const EvalSet& data, const AblateOptions& o, int64_t k,
+PrunedModelReport write_pruned(const loader::Loaded& in, const EvalSet& data, const AblateOptions& o, int64_t k,
                                const PruningCurve& curve, const FinetuneOptions& fo, const Say& say) {
   nn::Model& model = *in.model;
   const auto keep = whole_kv_groups(model, kept_after(model, curve.order, k));
@@ -87,7 +87,7 @@ PrunedModelReport write_pruned(const train::Loaded& in, const EvalSet& data, con
 
 }  // namespace
 
-AblationReport run_ablation(const train::Loaded& in, const EvalSet& data, const AblateOptions& o, const Say& say) {
+AblationReport run_ablation(const loader::Loaded& in, const EvalSet& data, const AblateOptions& o, const Say& say) {
   nn::Model& model = *in.model;
   const tasks::Task& task = *in.task;
   const auto tell = [&](const std::string& text) {
@@ -166,13 +166,15 @@ AblationReport run_ablation(const train::Loaded& in, const EvalSet& data, const 
   r.curve = iterative_pruning(model, data, po);
   r.criterion = criterion_text(r.curve, o.criterion == Criterion::automatic);
   const bool by_target = !std::isnan(o.prune_to_metric) && o.prune_to_metric < o.threshold * base_metric;
-  tell("\n" +
-       render_text(pruning_table(r.curve, model,
-                                 "pruning curve (" + r.criterion + " criterion, " + fmt(100 * o.step, 0) +
-                                     "% of the remaining heads per step; stop below " + enum_name(r.metric) + " " +
-                                     fmt(r.stop_below) + " = " +
-                                     (by_target ? "--prune-to-metric" : fmt(o.threshold, 2) + " x unpruned") + ")")) +
-       free_heads_text(abl, r.curve, model) + "\n");
+  // (appended, not "\n" + ...: GCC 12 warns falsely of an overlapping memcpy there, its bug 105329)
+  tell(std::string("\n")
+           .append(render_text(pruning_table(
+               r.curve, model,
+               "pruning curve (" + r.criterion + " criterion, " + fmt(100 * o.step, 0) +
+                   "% of the remaining heads per step; stop below " + enum_name(r.metric) + " " + fmt(r.stop_below) +
+                   " = " + (by_target ? "--prune-to-metric" : fmt(o.threshold, 2) + " x unpruned") + ")")))
+           .append(free_heads_text(abl, r.curve, model))
+           .append("\n"));
 
   // Michel et al.'s Table 2: each layer with only its best head.
   r.best = best_head_only(model, data, r.metric);
@@ -180,7 +182,11 @@ AblationReport run_ablation(const train::Loaded& in, const EvalSet& data, const 
       best_head_table(model, abl, r.best, r.metric, &r.tables.best_head_mean,
                       "only the best head of each layer kept (Michel et al. Table 2; " +
                           std::string(enum_name(r.metric)) + ", unpruned " + fmt(base_metric, 3) + ")");
-  tell("\n" + render_text(r.tables.best_head) + "  mean change per layer: " + r.tables.best_head_mean + "\n");
+  tell(std::string("\n")
+           .append(render_text(r.tables.best_head))
+           .append("  mean change per layer: ")
+           .append(r.tables.best_head_mean)
+           .append("\n"));
 
   if (o.finetune_curve) {
     std::ostringstream os;
@@ -203,7 +209,7 @@ AblationReport run_ablation(const train::Loaded& in, const EvalSet& data, const 
   return r;
 }
 
-std::vector<std::string> write_ablation_files(const std::string& out, const train::Loaded& in, const EvalSet& data,
+std::vector<std::string> write_ablation_files(const std::string& out, const loader::Loaded& in, const EvalSet& data,
                                               const AblationReport& r) {
   const nn::Model& model = *in.model;
   const auto path = [&](const char* name) { return (std::filesystem::path(out) / name).string(); };

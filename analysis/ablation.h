@@ -17,7 +17,7 @@
 #include "analysis/pruning.h"
 #include "analysis/stats.h"
 #include "analysis/table.h"
-#include "train/load.h"
+#include "loader/load.h"
 
 namespace headlab::analysis {
 
@@ -78,11 +78,11 @@ struct AblationReport {
 
 // Runs it all on `data` (the model's task's batches); `say` receives the terminal's text as it is found.
 // Writes only what the options ask to be written (pruned.h5, fine-tuned runs, under options.out).
-AblationReport run_ablation(const train::Loaded& in, const EvalSet& data, const AblateOptions& options,
+AblationReport run_ablation(const loader::Loaded& in, const EvalSet& data, const AblateOptions& options,
                             const Say& say = {});
 // heads.csv, pruning.csv, report.md, importance.png, pruning.png and attention.html into `out`; returns
 // what it wrote, for the closing line.
-std::vector<std::string> write_ablation_files(const std::string& out, const train::Loaded& in, const EvalSet& data,
+std::vector<std::string> write_ablation_files(const std::string& out, const loader::Loaded& in, const EvalSet& data,
                                               const AblationReport& r);
 
 // ---- the run's tables and prose (ablation_tables.cpp) ----

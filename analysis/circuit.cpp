@@ -1,5 +1,6 @@
 // Path patching, activation patching and ablation of nodes, edge attribution patching and circuit
-// discovery (analysis/circuit.h), on the patcher's forward (circuit_patcher.cpp).
+// discovery (analysis/circuit.h), on the patcher's forward (circuit_patcher.cpp; its stored runs:
+// circuit_runs.cpp).
 #include <algorithm>
 #include <chrono>
 #include <cmath>

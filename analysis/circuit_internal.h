@@ -1,5 +1,6 @@
 // Internal to analysis/'s circuit files: the stored runs of a chunk of prompt rows and the patcher's
-// state, which circuit_patcher.cpp implements and edge attribution (circuit.cpp) drives with probes.
+// state, which circuit_runs.cpp and circuit_patcher.cpp implement and edge attribution (circuit.cpp)
+// drives with probes.
 // B = prompt rows of a chunk, T = tokens, C = d_model, N = nodes, P = B*T*C, K = copies of one forward.
 #pragma once
 #include <memory>

@@ -66,8 +66,8 @@ std::string removed_heads_str(const PruneStep& s, const nn::Model& model) {
 std::string kept_heads_text(const std::vector<std::vector<int64_t>>& kept) {
   std::string out;
   for (size_t l = 0; l < kept.size(); ++l) {
-    out += (l ? "; layer " : "layer ") + std::to_string(l) + ": ";
-    for (size_t i = 0; i < kept[l].size(); ++i) out += (i ? "," : "") + std::to_string(kept[l][i]);
+    out.append(l ? "; layer " : "layer ").append(std::to_string(l)).append(": ");
+    for (size_t i = 0; i < kept[l].size(); ++i) out.append(i ? "," : "").append(std::to_string(kept[l][i]));
   }
   return out;
 }
@@ -76,8 +76,9 @@ std::string kept_heads_text(const nn::Model& model) {
   const bool decoder = dynamic_cast<const nn::DecoderModel*>(&model) != nullptr;
   std::string out;
   for (int64_t l = 0; l < model.attention_count(); ++l) {
-    out += (l ? "; " : "") + (decoder ? "layer " + std::to_string(l) : model.attention_label(l)) + ": ";
-    for (int64_t h = 0; h < model.heads_at(l); ++h) out += (h ? "," : "") + std::to_string(model.original_head(l, h));
+    out.append(l ? "; " : "").append(decoder ? "layer " + std::to_string(l) : model.attention_label(l)).append(": ");
+    for (int64_t h = 0; h < model.heads_at(l); ++h)
+      out.append(h ? "," : "").append(std::to_string(model.original_head(l, h)));
   }
   return out;
 }

@@ -11,7 +11,7 @@
 #include "analysis/files.h"
 #include "analysis/table.h"
 #include "io/atomic_file.h"
-#include "io/hf_folder.h"
+#include "io/sources.h"
 #include "plot/plot.h"
 #include "train/evaluate.h"
 
@@ -214,7 +214,8 @@ std::vector<std::pair<int64_t, std::string>> checkpoint_series(const std::string
   for (std::filesystem::directory_iterator it(folder, ec), end; !ec && it != end; it.increment(ec)) {
     std::smatch m;
     const std::string name = it->path().filename().string();
-    if (std::regex_match(name, m, revision) && io::is_hf_model_folder(it->path().string()))
+    std::error_code kind;  // a revision's model folder, as the Hub's stepN branches (Pythia's) are checked out
+    if (std::regex_match(name, m, revision) && it->is_directory(kind) && io::source_claiming(it->path().string()))
       found.emplace_back(std::stoll(m[1].str()), it->path().string());
   }
   std::sort(found.begin(), found.end());

@@ -227,7 +227,7 @@ Table denoising_by_position_table(const PatchingResult& p, int64_t T) {
 
 namespace {
 
-HeadTypeOptions head_type_options(const train::Loaded& in) {
+HeadTypeOptions head_type_options(const loader::Loaded& in) {
   HeadTypeOptions to;
   const auto* algo = dynamic_cast<const tasks::AlgorithmicTask*>(in.task.get());
   to.separator_id = algo ? algo->sep_id() : -1;
@@ -236,12 +236,12 @@ HeadTypeOptions head_type_options(const train::Loaded& in) {
 
 }  // namespace
 
-void check_find_heads(const train::Loaded& in, const EvalSet& data) {
+void check_find_heads(const loader::Loaded& in, const EvalSet& data) {
   HL_CHECK(!data.batches.empty(), "heads: the evaluation data has no batches");
   check_head_types(in.decoder("heads").shape(), data.batches.front().T, head_type_options(in));
 }
 
-HeadsFindings find_heads(const train::Loaded& in, const EvalSet& data, const HeadsOptions& o) {
+HeadsFindings find_heads(const loader::Loaded& in, const EvalSet& data, const HeadsOptions& o) {
   check_find_heads(in, data);
   nn::DecoderModel& model = in.decoder("heads");
   const auto timed = [](auto&& f) {
@@ -314,7 +314,7 @@ std::string heads_text(const nn::DecoderModel& model, const HeadsFindings& f, co
   return os.str();
 }
 
-std::vector<std::string> write_heads_files(const std::string& out, const train::Loaded& in, const EvalSet& data,
+std::vector<std::string> write_heads_files(const std::string& out, const loader::Loaded& in, const EvalSet& data,
                                            const HeadsOptions& o, const HeadsFindings& f, const HeadsScores& s) {
   const nn::DecoderModel& model = in.decoder("heads");
   const auto path = [&](const char* name) { return (std::filesystem::path(out) / name).string(); };

@@ -15,7 +15,7 @@
 #include "analysis/logit_attribution.h"
 #include "analysis/patching.h"
 #include "analysis/table.h"
-#include "train/load.h"
+#include "loader/load.h"
 
 namespace headlab::analysis {
 
@@ -72,14 +72,14 @@ struct HeadsOptions {
   bool by_position = false;
 };
 // Every analysis of the model `in` loaded (a decoder) on `data`, its task's batches.
-HeadsFindings find_heads(const train::Loaded& in, const EvalSet& data, const HeadsOptions& options);
+HeadsFindings find_heads(const loader::Loaded& in, const EvalSet& data, const HeadsOptions& options);
 // What find_heads needs of the model and the rows (head types' refusals), for a caller to check before its first line.
-void check_find_heads(const train::Loaded& in, const EvalSet& data);
+void check_find_heads(const loader::Loaded& in, const EvalSet& data);
 // What the command prints: the summary table, DLA and patching notes, composition, repeated tokens.
 std::string heads_text(const nn::DecoderModel& model, const HeadsFindings& f, const HeadsScores& s);
 // heads.csv, report.md, dla.png, patching.png, types.png, ablation.png, attention.html and (two layers or
 // more) composition.csv and .png into `out`; returns what it wrote, for the closing line.
-std::vector<std::string> write_heads_files(const std::string& out, const train::Loaded& in, const EvalSet& data,
+std::vector<std::string> write_heads_files(const std::string& out, const loader::Loaded& in, const EvalSet& data,
                                            const HeadsOptions& options, const HeadsFindings& f, const HeadsScores& s);
 
 }  // namespace headlab::analysis

@@ -6,11 +6,9 @@
 #include <memory>
 #include <sstream>
 
-#include "base/input_path.h"
 #include "cli/commands.h"
 #include "cli/common.h"
-#include "io/hf_folder.h"
-#include "io/llama2c.h"
+#include "io/sources.h"
 #include "nn/generate.h"
 #include "nn/layers.h"
 #include "tasks/chars.h"
@@ -54,30 +52,22 @@ void print_parameters(const NamedTensors& parameters) {
   std::cout << "  " << std::left << std::setw(60) << "total" << std::right << std::setw(10) << total << "\n";
 }
 
-// inspect on a model folder: its config as headlab reads it, the parameters by headlab's names.
-int inspect_folder(const std::string& folder) {
-  const io::Family& family = io::family_of_folder(folder);
-  const io::FolderModel m = family.folder->read(folder);
-  std::cout << "Hugging Face model folder " << folder << " (family " << family.model.arch()
-            << ")\n\nconfig (as headlab reads it: " << family.model.describe(m.config) << ")\n"
-            << m.config.dump(2) << "\n"
-            << family.folder->describe(m) << "\ntokenizer: " << train::folder_tokenizer(folder, m).describe()
-            << "\n\nparameters\n";
-  print_parameters(m.parameters);
-  return 0;
-}
-
-int inspect_llama2c(const std::string& path, const std::string& tokenizer) {
-  const io::FolderModel m = io::read_llama2c(path);
-  const nn::ModelFamily& family = io::family_of(m.config).model;
-  const std::string tokenizer_line =  // read before the first line: a bad --tokenizer fails with nothing printed
-      tokenizer.empty()
-          ? "none given (--tokenizer FILE)"
-          : tokenizer + ": " + tasks::tokenizer_from_file(tokenizer, family.vocab_size(m.config))->describe();
-  std::cout << "llama2.c checkpoint " << path
-            << " (family llama)\n\nconfig (as headlab reads it: " << family.describe(m.config) << ")\n"
-            << m.config.dump(2) << "\ntokenizer: " << tokenizer_line << "\n\nparameters\n";
-  print_parameters(m.parameters);
+// inspect on a pretrained model (a model folder, a llama2.c checkpoint: any source but headlab's own): its config as
+// headlab reads it, what its format says of it, its tokenizer and the parameters by headlab's names.
+int inspect_pretrained(const std::string& path, const io::ModelSource& source, const io::SourceModel& m,
+                       const std::string& tokenizer) {
+  const nlohmann::json& config = m.pretrained.config;
+  const nn::ModelFamily& family = io::family_of(config).model;
+  std::string tokenizer_line = m.tokenizer.describe();  // the files found with it, or "none (...)"
+  if (!tokenizer.empty())  // read before the first line: a bad --tokenizer fails with nothing printed
+    tokenizer_line = tokenizer + ": " + tasks::tokenizer_from_file(tokenizer, family.vocab_size(config))->describe();
+  else if (source.tokenizer_option() == io::TokenizerOption::required)
+    tokenizer_line = "none given (--tokenizer FILE)";
+  std::cout << source.name() << " " << path << " (family " << family.arch()
+            << ")\n\nconfig (as headlab reads it: " << family.describe(config) << ")\n"
+            << config.dump(2) << "\n"
+            << (m.notes.empty() ? "" : m.notes + "\n") << "tokenizer: " << tokenizer_line << "\n\nparameters\n";
+  print_parameters(m.pretrained.parameters);
   return 0;
 }
 
@@ -218,11 +208,13 @@ Action add_inspect(CLI::App& app) {
   auto tokenizer = std::make_shared<std::string>();
   add_model_argument(app, *path, *tokenizer);
   return [=] {
-    if (io::is_hf_model_folder(*path)) return inspect_folder(*path);
-    if (io::is_llama2c_checkpoint(*path)) return inspect_llama2c(*path, *tokenizer);
-    HL_CHECK(tokenizer->empty(), "inspect: --tokenizer applies to llama2.c checkpoints; '", *path, "' is not one");
-    check_input_file(*path, "inspect: checkpoint", true);
-    const io::Checkpoint ck = io::load_checkpoint(*path);
+    const io::ModelSource& source = io::source_of(*path, "inspect: checkpoint");
+    HL_CHECK(tokenizer->empty() || source.tokenizer_option() != io::TokenizerOption::refused,
+             "inspect: --tokenizer applies to llama2.c checkpoints and model folders; '", *path,
+             "' is neither (a headlab checkpoint carries its tokenizer)");
+    const io::SourceModel contents = source.read(*path);
+    if (!contents.checkpoint) return inspect_pretrained(*path, source, contents, *tokenizer);
+    const io::Checkpoint& ck = *contents.checkpoint;
     nlohmann::json cfg = ck.config;
     if (cfg.contains("tokenizer") && cfg["tokenizer"].contains("vocab")) {  // the vocabulary on one line
       std::string v;

@@ -14,7 +14,7 @@
 #include "analysis/heads_report.h"
 #include "cli/commands.h"
 #include "cli/common.h"
-#include "io/hf_folder.h"
+#include "io/sources.h"
 #include "train/collectives.h"
 
 namespace headlab::cli {
@@ -110,7 +110,7 @@ Action add_heads(CLI::App& app) {
     if (a->pairs.given()) return heads_on_pairs(*a);
     HL_CHECK(a->by == "head", "heads: --by kv-group patches keys and values on prompt pairs; give --task or --pairs");
     a->pairs.refuse_without_pairs("heads");
-    if (std::filesystem::is_directory(a->path) && !io::is_hf_model_folder(a->path))
+    if (std::filesystem::is_directory(a->path) && !io::source_claiming(a->path))  // a folder, not a model's
       if (const auto series = analysis::checkpoint_series(a->path); !series.empty())
         return heads_over_checkpoints(*a, series);
     const AnalysisInputs ai = load_analysis(*a, "heads", "heads");

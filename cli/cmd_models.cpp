@@ -14,9 +14,10 @@
 #include "cli/common.h"
 #include "io/atomic_file.h"
 #include "io/families.h"
-#include "io/hf_folder.h"
+#include "io/sources.h"
 #include "tasks/bpe_tokenizer.h"
 #include "tasks/sentencepiece_tokenizer.h"
+#include "tasks/tokenizer_discovery.h"
 
 namespace headlab::cli {
 
@@ -44,16 +45,15 @@ Action add_tokenize(CLI::App& app) {
     std::error_code ec;
     if (fs::is_directory(a->model, ec)) {
       int64_t vocab = 0;
-      if (io::is_hf_model_folder(a->model)) {
-        const io::Family& f = io::family_of_folder(a->model);
-        vocab = f.model.vocab_size(f.folder->read_config(a->model));
+      if (const io::ModelSource* source = io::source_claiming(a->model)) {  // a model's folder: its config.json
+        const nlohmann::json section = source->read_config(a->model);
+        vocab = io::family_of(section).model.vocab_size(section);
       }
-      io::FolderModel files;
-      for (auto [name, where] :
-           {std::pair{"vocab.json", &files.vocab_path}, std::pair{"merges.txt", &files.merges_path}})
+      std::string vocab_path, merges_path;
+      for (auto [name, where] : {std::pair{"vocab.json", &vocab_path}, std::pair{"merges.txt", &merges_path}})
         if (fs::exists(fs::path(a->model) / name, ec)) *where = (fs::path(a->model) / name).string();
-      const train::FolderTokenizer found = train::folder_tokenizer(a->model, files);
-      HL_CHECK(!a->tokenizer.empty() || found.kind != train::FolderTokenizer::Kind::none, "tokenize: '", a->model,
+      const tasks::FolderTokenizer found = tasks::folder_tokenizer(a->model, vocab_path, merges_path);
+      HL_CHECK(!a->tokenizer.empty() || found.kind != tasks::FolderTokenizer::Kind::none, "tokenize: '", a->model,
                "' has no tokenizer: ", found.describe());
       alone = a->tokenizer.empty() ? found.make(vocab) : tasks::tokenizer_from_file(a->tokenizer, vocab);
     } else {

@@ -12,10 +12,10 @@
 #include "analysis/table.h"
 #include "io/checkpoint.h"
 #include "io/folder_lock.h"
+#include "loader/load.h"
 #include "tasks/bpe_tokenizer.h"
 #include "tasks/task.h"
 #include "train/config.h"
-#include "train/load.h"
 
 namespace headlab::cli {
 
@@ -49,9 +49,9 @@ std::string options_table(const CLI::App& app);
 void set_threads(int threads, int processes = 1);
 int threads_in_use();
 
-// A model with its task (train/load.h), as every command loads it.
-using train::load;
-using train::Loaded;
+// A model with its task (loader/load.h), as every command loads it.
+using headlab::loader::load;
+using headlab::loader::Loaded;
 
 // What the head analyses (ablate, heads) share: their options, and the checkpoint, model, task and
 // evaluation batches those options name.

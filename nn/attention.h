@@ -5,7 +5,8 @@
 // every multi-head module does on itself (pruning heads, splitting into and merging from per-head
 // form), the one factory that maps an attention form to its module, and the causal forms' forward
 // with hook points (nn/hooks.h) that decoders run (nn/decoder.h).
-// attention.cpp holds d2l's modules and the head control; causal_attention.cpp the causal forms.
+// attention.cpp holds d2l's modules and the head control; causal_attention.cpp the causal forms (the fused
+// one in causal_attention_fused.cpp).
 // B = batch, Q = queries, K = keys, T = tokens, H = heads, D = head size, C = d_in.
 #pragma once
 #include <string>

@@ -25,7 +25,7 @@
 #include "analysis/heads_pairs.h"
 #include "analysis/hooked_run.h"
 #include "autograd/engine.h"
-#include "train/load.h"
+#include "loader/load.h"
 
 namespace py = pybind11;
 using namespace headlab;
@@ -87,7 +87,7 @@ Tensor from_numpy(const py::array& given) {
 
 // A loaded model with its task and tokenizer.
 struct PyModel {
-  std::shared_ptr<train::Loaded> loaded;
+  std::shared_ptr<loader::Loaded> loaded;
   std::string path;
 
   nn::DecoderModel& decoder() const { return loaded->decoder("headlab"); }
@@ -367,7 +367,7 @@ PYBIND11_MODULE(_headlab, m) {
   m.def(
       "load",
       [](const std::string& path, const std::string& device, const std::string& tokenizer) {
-        auto l = std::make_shared<train::Loaded>(train::load("headlab.load", path, device, "", tokenizer));
+        auto l = std::make_shared<loader::Loaded>(loader::load("headlab.load", path, device, "", tokenizer));
         l->decoder("headlab.load");
         return PyModel{l, path};
       },

@@ -50,7 +50,9 @@ TEST(Bfloat16, EveryResultIsANearestValue) {
       const double err = std::abs(got - v);
       ASSERT_LE(err, std::abs(below - v)) << v;
       ASSERT_LE(err, std::abs(above - v)) << v;
-      if (err == std::abs(below - v) || err == std::abs(above - v)) ASSERT_EQ(h & 1, 0) << v;
+      if (err == std::abs(below - v) || err == std::abs(above - v)) {
+        ASSERT_EQ(h & 1, 0) << v;
+      }
     }
   }
 }

@@ -20,8 +20,8 @@ namespace {
 // Rank of each folder: an include must go to a strictly lower rank (or to the same folder).
 // Folders of equal rank are independent of each other.
 const std::map<std::string, int> kRank = {
-    {"base", 0}, {"backends", 1}, {"autograd", 2}, {"ops", 3},      {"nn", 4},  {"optim", 5},  {"tasks", 5},
-    {"plot", 5}, {"io", 6},       {"train", 7},    {"analysis", 8}, {"cli", 9}, {"python", 9},
+    {"base", 0}, {"backends", 1}, {"autograd", 2}, {"ops", 3},  {"nn", 4},       {"optim", 5}, {"tasks", 5},
+    {"plot", 5}, {"io", 6},       {"train", 7},    {"loader", 8}, {"analysis", 9}, {"cli", 10},  {"python", 10},
 };
 
 // Headers that belong to their folder alone.

@@ -19,6 +19,7 @@
 #include "io/families.h"
 #include "io/hf_llama.h"
 #include "io/llama2c.h"
+#include "loader/load.h"
 #include "nn/generate.h"
 #include "nn/layers.h"
 #include "nn/decoder_family.h"
@@ -27,7 +28,6 @@
 #include "tasks/sentencepiece_tokenizer.h"
 #include "tests/core_test_util.h"
 #include "tests/process_util.h"
-#include "train/load.h"
 
 using namespace headlab;
 using headlab::testing::TempDir;
@@ -496,7 +496,7 @@ TEST(Stories260K, GreedyStoryEqualsThePublishedOneTokenForToken) {
   if (!fs::exists(kStories + "/stories260K.bin")) GTEST_SKIP() << kStories << " is absent (../shared/models)";
   const std::string story = published_story();
   ASSERT_FALSE(story.empty());
-  const train::Loaded l = train::load("test", kStories + "/stories260K.bin", "cpu", "", kStories + "/tok512.bin");
+  const loader::Loaded l = loader::load("test", kStories + "/stories260K.bin", "cpu", "", kStories + "/tok512.bin");
   nn::DecoderModel& model = l.decoder("test");
   const tasks::Prompt p = l.task->encode_prompt("");
   ASSERT_EQ(p.ids, std::vector<int64_t>({1}));  // BOS alone, as llama2.c's run starts that story
@@ -510,7 +510,7 @@ TEST(Stories260K, GreedyStoryEqualsThePublishedOneTokenForToken) {
   const std::string text = l.task->format_continuation(p, out);
   EXPECT_EQ(text, story);
   // The same vocabulary as a SentencePiece model decodes the same ids to the same story.
-  const train::Loaded sp = train::load("test", kStories + "/stories260K.bin", "cpu", "", kStories + "/tok512.model");
+  const loader::Loaded sp = loader::load("test", kStories + "/stories260K.bin", "cpu", "", kStories + "/tok512.model");
   EXPECT_EQ(sp.task->format_continuation(p, out), story);
   // The tokenizer gives back what it read: the story's ids decode to the story.
   const auto& tok = *l.subword();
@@ -523,7 +523,7 @@ TEST(Stories260K, GreedyStoryEqualsThePublishedOneTokenForToken) {
 // published story, all 256 tokens, and its logits over the story move by at most 5% of their spread.
 TEST(Stories260K, Bfloat16WeightsWriteThePublishedStory) {
   if (!fs::exists(kStories + "/stories260K.bin")) GTEST_SKIP() << kStories << " is absent (../shared/models)";
-  const train::Loaded l = train::load("test", kStories + "/stories260K.bin", "cpu", "", kStories + "/tok512.bin");
+  const loader::Loaded l = loader::load("test", kStories + "/stories260K.bin", "cpu", "", kStories + "/tok512.bin");
   nn::DecoderModel& model = l.decoder("test");
   const tasks::Prompt p = l.task->encode_prompt("");
   nn::GenerateOptions o;

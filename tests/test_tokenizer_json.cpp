@@ -9,14 +9,15 @@
 #include <nlohmann/json.hpp>
 
 #include "io/families.h"
+#include "loader/load.h"
 #include "nn/decoder_family.h"
 #include "tasks/bpe_tokenizer.h"
 #include "tasks/chars.h"
 #include "tasks/internal.h"
 #include "tasks/sentencepiece_tokenizer.h"
+#include "tasks/tokenizer_discovery.h"
 #include "tests/core_test_util.h"
 #include "tests/process_util.h"
-#include "train/load.h"
 
 using namespace headlab;
 using headlab::testing::slurp;
@@ -405,7 +406,7 @@ TEST(TokenizerJson, ALlamaFolderLoadsThroughItsTokenizerJson) {
                          {"special_tokens", {{"<|begin_of_text|>", {{"id", "<|begin_of_text|>"}, {"ids", {260}}}}}}};
   std::ofstream(folder + "/tokenizer.json") << j.dump();
   ASSERT_FALSE(fs::exists(folder + "/vocab.json"));
-  const train::Loaded l = train::load("test", folder, "cpu");
+  const headlab::loader::Loaded l = headlab::loader::load("test", folder, "cpu");
   const tasks::TextTokenizer* tok = l.subword();
   ASSERT_NE(tok, nullptr);
   EXPECT_NE(tok->describe().find("tokenizer.json"), std::string::npos);
@@ -423,9 +424,10 @@ TEST(TokenizerJson, ALlamaFolderLoadsThroughItsTokenizerJson) {
   EXPECT_EQ(carried->bos(), tok->bos());
   // A tokenizer_config.json beside it is read: here it turns the BOS off.
   std::ofstream(folder + "/tokenizer_config.json") << R"({"add_bos_token": false})";
-  const train::FolderTokenizer files =
-      train::folder_tokenizer(folder, io::family_of_folder(folder).folder->read(folder));
-  EXPECT_EQ(files.kind, train::FolderTokenizer::Kind::tokenizer_json);
+  const io::FolderModel read = io::family_of_folder(folder).folder->read(folder);
+  const tasks::FolderTokenizer files = tasks::folder_tokenizer(folder, read.vocab_path, read.merges_path);
+  EXPECT_EQ(files.kind, tasks::FolderTokenizer::Kind::tokenizer_json);
   EXPECT_EQ(files.describe(), folder + "/tokenizer.json, " + folder + "/tokenizer_config.json");
-  EXPECT_EQ(train::load("test", folder, "cpu").task->encode_prompt("hello").ids, (std::vector<int64_t>{258, 'o'}));
+  EXPECT_EQ(headlab::loader::load("test", folder, "cpu").task->encode_prompt("hello").ids,
+            (std::vector<int64_t>{258, 'o'}));
 }

@@ -1,12 +1,13 @@
 // The training loop. Each step: batch `data_index` of the train stream -> forward -> cross entropy
 // on answer tokens -> backward -> clip -> optimizer step. Everything that decides the next step
 // (parameters, optimizer state, generator (seed, offset), data index, step) is in the checkpoint,
-// so a resumed run continues bit for bit.
+// so a resumed run continues bit for bit. The run's files and checkpoints: trainer_files.cpp; data
+// parallelism's collectives: trainer_parallel.cpp.
 #include "train/trainer.h"
 
-#include <omp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -14,16 +15,14 @@
 #include <iomanip>
 #include <iostream>
 #include <mutex>
-#include <regex>
 #include <sstream>
 
 #include "backends/backend.h"
-#include "base/hash.h"
-#include "io/atomic_file.h"
 #include "io/folder_lock.h"
 #include "io/temp_files.h"
 #include "train/memory.h"
 #include "train/progress.h"
+#include "train/trainer_internal.h"
 
 namespace headlab::train {
 
@@ -45,44 +44,6 @@ std::string fixed(double v, int precision) {
   os << std::fixed << std::setprecision(precision) << v;
   return os.str();
 }
-
-// Removes checkpoint-<step>.h5 files beyond the newest `keep`.
-void prune_history(const std::string& dir, int64_t keep) {
-  const std::vector<std::pair<int64_t, std::string>> found = checkpoint_history(dir);
-  for (size_t i = 0; i + static_cast<size_t>(std::max<int64_t>(keep, 0)) < found.size(); ++i) {
-    std::error_code ec;
-    fs::remove(found[i].second, ec);
-  }
-}
-
-}  // namespace
-
-std::vector<std::pair<int64_t, std::string>> checkpoint_history(const std::string& dir) {
-  static const std::regex pattern(R"(checkpoint-(\d{1,18})\.h5)");  // 18 digits: the step fits an int64
-  std::vector<std::pair<int64_t, std::string>> found;
-  std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    std::smatch m;
-    const std::string name = it->path().filename().string();
-    if (std::regex_match(name, m, pattern)) found.emplace_back(std::stoll(m[1].str()), it->path().string());
-  }
-  std::sort(found.begin(), found.end());
-  return found;
-}
-
-std::vector<std::string> run_files(const std::string& dir) {
-  static const std::regex pattern(R"(checkpoint(-\d+)?\.h5|metrics\.csv|heads_over_time\.(csv|png|md))");
-  std::vector<std::string> names;
-  std::error_code ec;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (std::regex_match(name, pattern)) names.push_back(name);
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
-namespace {
 
 // The median of the last (up to) 50 logged train losses.
 double median_of_recent(const std::vector<io::MetricRow>& logged) {
@@ -113,28 +74,6 @@ void install_sigint_handler() {
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
 }
-
-struct Trainer::Session {
-  RunConfig config;
-  std::unique_ptr<tasks::Task> task;
-  std::shared_ptr<nn::Model> model;
-  std::unique_ptr<optim::Optimizer> opt;
-  std::vector<Tensor> params;
-  io::TrainerState state;
-  int64_t first_step = 0;  // the step this process started from
-  // The window of steps since the last evaluation, for the logged train loss and tokens/s.
-  double window_loss = 0, last_norm = 0, rate = 0;
-  int64_t window_steps = 0, window_tokens = 0, tokens_trained = 0;  // (tokens: decoder positions)
-  std::chrono::steady_clock::time_point window_start = std::chrono::steady_clock::now();
-  int64_t skipped_in_a_row = 0, skipped_total = 0;
-  // What this process has written: the step of the checkpoint it saved or resumed from (-1: none), and
-  // whether metrics.csv was written; the closing messages claim no more.
-  int64_t good_checkpoint_step = -1;
-  bool wrote_checkpoint = false, wrote_metrics = false;
-  double allreduce_seconds = 0;  // in the allreduce, waiting for the slowest rank included
-  bool stop_agreed = false;      // data parallelism: some rank saw a signal during the last step
-  Progress progress{true, false, 1};
-};
 
 Trainer::Trainer(TrainOptions opts) : opts_(std::move(opts)) {
   if (!opts_.comm) opts_.comm = single_process();
@@ -243,93 +182,6 @@ void Trainer::check_parameters(const Session& s) const {
   }
 }
 
-// Writes checkpoint-<step>.h5 and checkpoint.h5 and drops numbered ones beyond keep_last.
-std::string Trainer::save(Session& s) const {
-  check_parameters(s);
-  io::Checkpoint ck;
-  ck.config = s.config.to_json();
-  ck.tokenizer = s.config.tokenizer_files();
-  ck.model = io::snapshot_parameters(*s.model);
-  ck.has_optimizer = true;
-  ck.optimizer = s.opt->options();
-  for (auto& [name, t] : s.opt->state()) ck.optimizer_state.emplace_back(name, t.detach().to(kCPU));
-  ck.optimizer_steps = s.opt->steps();
-  ck.has_trainer = true;
-  ck.trainer = s.state;
-  ck.trainer.rng_seed = default_generator().seed();
-  ck.trainer.rng_offset = default_generator().offset();
-  const std::string numbered = (fs::path(opts_.out) / ("checkpoint-" + std::to_string(s.state.step) + ".h5")).string();
-  io::save_checkpoint(numbered, ck);
-  io::copy_file_atomic(numbered, latest_, "checkpoint");  // the same bytes: serialized once
-  s.good_checkpoint_step = s.state.step;
-  s.wrote_checkpoint = true;
-  prune_history(opts_.out, s.config.run.keep_last);
-  return numbered;
-}
-
-double allreduce_gradients(Collectives& comm, const std::vector<Tensor>& params, std::vector<float>& extra) {
-  int64_t total = 0;
-  for (const Tensor& p : params) total += p.numel();
-  // A fresh buffer each step, and the sums handed back as views of it: no copy back, and no gradient
-  // aliases another tensor (a gradient from backward may be shared with another parameter's).
-  const Tensor flat = Tensor::empty({total + static_cast<int64_t>(extra.size())}, DType::f32, kCPU);
-  float* data = flat.data<float>();
-  int64_t at = 0;
-  for (const Tensor& p : params) {
-    const Tensor g = p.grad();
-    const int64_t n = p.numel();
-    if (g.defined()) {
-      HL_CHECK(g.dtype() == DType::f32, "train: data parallelism reduces float32 gradients, got ",
-               dtype_name(g.dtype()));
-      flat.narrow(0, at, n).view(p.shape()).copy_(g);
-    } else {
-      std::fill(data + at, data + at + n, 0.0f);
-    }
-    at += n;
-  }
-  std::copy(extra.begin(), extra.end(), data + at);
-  comm.allreduce_sum(data, flat.numel());
-  double squares = 0;  // the norm here, summed in double as grad_norm sums: not several ops per parameter
-#pragma omp simd reduction(+ : squares)
-  for (int64_t i = 0; i < total; ++i) squares += static_cast<double>(data[i]) * data[i];
-  at = 0;
-  for (const Tensor& p : params) {
-    const Tensor sum = flat.narrow(0, at, p.numel()).view(p.shape());
-    p.set_grad(p.device() == flat.device() ? sum : sum.to(p.device()));
-    at += p.numel();
-  }
-  std::copy(data + at, data + flat.numel(), extra.begin());
-  return std::sqrt(squares);
-}
-
-double Trainer::all_reduce_gradients(Session& s, std::vector<float>& extra) const {
-  const auto start = std::chrono::steady_clock::now();
-  const double norm = allreduce_gradients(*opts_.comm, s.params, extra);
-  s.allreduce_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return norm;
-}
-
-// Every rank steps its own copy of the model with the same summed gradients, so the copies stay
-// bitwise equal unless something is not deterministic (a rank on another CPU, another OpenBLAS).
-// Checked at the start and at every evaluation: a 64-bit FNV-1a hash of the parameters, compared
-// with rank 0's.
-void Trainer::check_ranks_agree(const Session& s) const {
-  Collectives& comm = *opts_.comm;
-  if (comm.size() == 1) return;
-  uint64_t hash = kFnv1aStart;
-  for (const Tensor& p : s.params) {
-    const Tensor host = p.detach().to(kCPU).contiguous();
-    hash = fnv1a64(host.raw_data(), static_cast<size_t>(host.numel()) * dtype_size(host.dtype()), hash);
-  }
-  uint64_t root = hash;
-  comm.broadcast(&root, sizeof root, 0);
-  double differing = root == hash ? 0.0 : 1.0;
-  comm.allreduce_sum(&differing, 1);
-  HL_CHECK(differing == 0, "train: data parallelism: at step ", s.state.step, " the parameters of ",
-           static_cast<int64_t>(differing), " of ", comm.size(), " ranks differ from rank 0's (", comm.name(),
-           "); the ranks must run the same headlab build on the same kind of CPU");
-}
-
 void Trainer::evaluate_and_log(Session& s, double lr) {
   const RunSettings& run = s.config.run;
   // Every rank scores its share of the batches (rank 0 alone took the others' time at every evaluation); rank 0
@@ -392,58 +244,6 @@ TrainResult Trainer::run() {
     trainer.train(*own);
   });
   return result;
-}
-
-namespace {
-
-// The first files of a run, for messages: "checkpoint.h5, metrics.csv, ..., and 3 more".
-std::string some_names(const std::vector<std::string>& files) {
-  std::string names;
-  for (size_t i = 0; i < files.size() && i < 4; ++i) names += (i ? ", " : "") + files[i];
-  if (files.size() > 4) names += ", and " + std::to_string(files.size() - 4) + " more";
-  return names;
-}
-
-}  // namespace
-
-void Trainer::refuse_another_run() const {
-  const std::vector<std::string> old = run_files(opts_.out);
-  HL_CHECK(old.empty() || opts_.overwrite, "train: '", opts_.out, "' holds another run (", some_names(old),
-           "); continue it with --resume, replace it with --overwrite, or choose another --out");
-}
-
-void Trainer::remove_another_run() const {
-  const std::vector<std::string> old = run_files(opts_.out);
-  if (old.empty()) return;
-  refuse_another_run();
-  const std::string names = some_names(old);
-  for (const std::string& name : old) {
-    std::error_code ec;
-    fs::remove(fs::path(opts_.out) / name, ec);
-    HL_CHECK(!ec, "train: --overwrite: cannot remove '", (fs::path(opts_.out) / name).string(), "': ", ec.message());
-  }
-  if (!opts_.quiet) std::cout << "removed the earlier run in " << opts_.out << " (--overwrite): " << names << "\n";
-}
-
-int Trainer::data_parallel_threads(const Session& s) const {
-  const int threads = omp_get_max_threads();
-  if (opts_.thread_use == ThreadUse::ops || threads == 1) return 1;
-  const RunSettings& run = s.config.run;
-  const int64_t ranks = static_cast<int64_t>(opts_.comm->size()) * threads;
-  const bool cpu = !s.model->device().is_cuda();
-  if (opts_.thread_use == ThreadUse::data) {
-    HL_CHECK(cpu, "train: --parallel data splits a batch over CPU threads; this run is on ", s.model->device().str());
-    HL_CHECK(run.batch_size % ranks == 0, "train: --parallel data: --batch-size ", run.batch_size,
-             " does not split evenly over ", ranks, " threads", opts_.comm->size() > 1 ? " (all ranks)" : "",
-             "; use a multiple of ", ranks);
-    return threads;
-  }
-  const int slots = s.config.optimizer.kind == optim::OptimizerKind::sgd ? 1 : 2;
-  const double replicas = static_cast<double>(threads - 1) * static_cast<double>(s.model->num_parameters()) *
-                          static_cast<double>(sizeof(float) * (2 + slots));
-  const bool pays =
-      cpu && run.batch_size % ranks == 0 && (run.batch_size / ranks) % 4 == 0 && replicas <= kMaxReplicaBytes;
-  return pays ? threads : 1;
 }
 
 TrainResult Trainer::train(Session& s) {

@@ -1,5 +1,6 @@
-// A model with its task, from a headlab checkpoint, a Hugging Face model folder of any family the registry
-// reads (io/families.h) or a llama2.c checkpoint: what the commands, the Python module and C++ programs load.
+// A model with its task, from any source io/sources.h reads (a headlab checkpoint, a Hugging Face model folder of
+// any family io/families.h reads, a llama2.c checkpoint): what the commands, the Python module and C++ programs
+// load. Its own floor, above train/ (a checkpoint's RunConfig and task) and below the analyses that take it.
 #pragma once
 #include <memory>
 #include <string>
@@ -12,7 +13,7 @@
 #include "tasks/task.h"
 #include "train/config.h"
 
-namespace headlab::train {
+namespace headlab::loader {
 
 // A model with its task, from a headlab checkpoint, a Hugging Face model folder or a llama2.c checkpoint; the
 // last two load as a checkpoint of the task "text" would: the model, its tokenizer (the folder's, or --tokenizer),
@@ -32,25 +33,10 @@ struct Loaded {
   const tasks::TextTokenizer* subword() const;
 };
 
-// The tokenizer files of a model folder, the first found of: tokenizer.model (SentencePiece); vocab.json +
-// merges.txt (GPT-2's files); tokenizer.json (byte-level BPE), with tokenizer_config.json for BOS and EOS where
-// the folder has one; tokenizer.bin (llama2.c's, as export writes a llama2.c model's). --tokenizer FILE
-// overrides them all. A checkpoint made from the folder carries the files (io::Checkpoint::tokenizer).
-struct FolderTokenizer {
-  enum class Kind { none, sentencepiece, gpt2_files, tokenizer_json, llama2c } kind = Kind::none;
-  std::string path, second;      // the file, and merges.txt or tokenizer_config.json ("" if none)
-  std::string describe() const;  // the files, or "none (...)": inspect's line
-  // The tokenizer they hold; vocab_size > 0: the model's (see the tokenizers' checks). none throws.
-  std::shared_ptr<const tasks::TextTokenizer> make(int64_t vocab_size) const;
-};
-// m: the folder's model as read (its vocab.json and merges.txt paths); a folder with no model (tokenizer files
-// alone) passes a FolderModel with those two paths where the files exist.
-FolderTokenizer folder_tokenizer(const std::string& folder, const io::FolderModel& m);
-
 // path: a checkpoint file, a model folder or a llama2.c checkpoint (errors start with cmd); text replaces a chars
 // or text task's text file; tokenizer: a tokenizer file for a llama2.c checkpoint (required there; llama2.c's
-// tokenizer.bin format).
+// tokenizer.bin format) or a folder (instead of its own files).
 Loaded load(const char* cmd, const std::string& path, const std::string& device, const std::string& text = "",
             const std::string& tokenizer = "");
 
-}  // namespace headlab::train
+}  // namespace headlab::loader

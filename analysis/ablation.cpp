@@ -116,7 +116,7 @@ AblationReport run_ablation(const loader::Loaded& in, const EvalSet& data, const
   fo.device = o.device;
   if (o.finetune > 0) check_finetune(in.ckpt, fo, "ablate --finetune");
   r.step_fraction = o.step, r.l0_steps = o.l0_steps, r.finetune_steps = o.finetune, r.finetune_curve = o.finetune_curve;
-  const bool decoder = dynamic_cast<const nn::DecoderModel*>(&model) != nullptr;
+  const bool decoder = model.is_decoder();
   tell("headlab ablate: " + o.checkpoint + " (task " + task.name() + ", " + r.model_description +
        (r.kept_before.empty() ? "" : ", pruned: kept " + r.kept_before) + ", " +
        std::to_string(model.num_parameters()) + " parameters, device " + model.device().str() + ")\ndata: " +

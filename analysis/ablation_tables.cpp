@@ -305,7 +305,7 @@ std::string ablation_report_md(const nn::Model& model, const EvalSet& data, cons
   const PruningCurve& curve = r.curve;
   const std::optional<L0Result>& l0 = r.l0;
   const AblationTables& tables = r.tables;
-  const bool decoder = dynamic_cast<const nn::DecoderModel*>(&model) != nullptr;
+  const bool decoder = model.is_decoder();
   std::ostringstream os;
   os << "# Head ablation report\n\n## Summary\n\n";
   summary_md(os, model, data, r);

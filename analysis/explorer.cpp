@@ -293,7 +293,7 @@ void save_row_explorer(const std::string& path, nn::Model& model, const tasks::T
     return tokens;
   };
   const auto first = batch.inputs.begin() + row * batch.T;
-  if (auto* ed = dynamic_cast<nn::EncoderDecoder*>(&model)) {
+  if (auto* ed = model.as_encoder_decoder()) {
     const auto* s2s = dynamic_cast<const tasks::Seq2SeqTask*>(&task);
     HL_CHECK(s2s && batch.has_source(), "save_row_explorer: an encoder-decoder needs a seq2seq task's batch");
     // The row's source and its decoder input: bos and the target but its last token (answer_end of them).
@@ -313,10 +313,11 @@ void save_row_explorer(const std::string& path, nn::Model& model, const tasks::T
     save_attention_html(path, texts, title, by_kind);
     return;
   }
-  auto& decoder = dynamic_cast<nn::DecoderModel&>(model);
+  nn::DecoderModel* decoder = model.as_decoder();
+  HL_CHECK(decoder, "save_row_explorer: a ", model.type_name(), " is neither a decoder nor an encoder-decoder");
   const int64_t len = batch.has_answers ? batch.answer_end[static_cast<size_t>(row)] + 1 : batch.T;
   const std::vector<int64_t> ids(first, first + len);
-  save_attention_html(path, attention_maps(decoder, ids), text_of(ids), title,
+  save_attention_html(path, attention_maps(*decoder, ids), text_of(ids), title,
                       by_original_head(model, 0, model.attention_count(), scores));
 }
 

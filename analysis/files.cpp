@@ -73,7 +73,7 @@ std::string kept_heads_text(const std::vector<std::vector<int64_t>>& kept) {
 }
 
 std::string kept_heads_text(const nn::Model& model) {
-  const bool decoder = dynamic_cast<const nn::DecoderModel*>(&model) != nullptr;
+  const bool decoder = model.is_decoder();
   std::string out;
   for (int64_t l = 0; l < model.attention_count(); ++l) {
     out.append(l ? "; " : "").append(decoder ? "layer " + std::to_string(l) : model.attention_label(l)).append(": ");
@@ -95,7 +95,7 @@ std::string token_label(const std::string& t) {
 void save_heads_csv(const std::string& path, const AblationResult& a, const std::vector<HeadColumn>& extra,
                     const nn::Model* model) {
   const bool ex = a.base.has_exact_match;
-  const bool named = model && dynamic_cast<const nn::DecoderModel*>(model) == nullptr;
+  const bool named = model && !model->is_decoder();
   const Column integer{"", NumberFormat::integer, 0}, number{"", NumberFormat::fixed, 4};
   auto col = [](Column c, std::string name) { return c.name = std::move(name), c; };
   Table t;
@@ -147,7 +147,7 @@ plot::Heatmap head_heatmap(const HeadMap& map, const nn::Model& model) {
     for (size_t h = 0; h < map.values[static_cast<size_t>(l)].size(); ++h)
       m.values[static_cast<size_t>(l * m.cols + model.original_head(l, static_cast<int64_t>(h)))] =
           map.values[static_cast<size_t>(l)][h];
-  const bool decoder = dynamic_cast<const nn::DecoderModel*>(&model) != nullptr;  // rows "0", "1"; else "enc.L0", ...
+  const bool decoder = model.is_decoder();  // rows "0", "1"; else "enc.L0", ...
   for (int64_t l = 0; l < m.rows; ++l) m.row_labels.push_back(decoder ? std::to_string(l) : model.attention_label(l));
   for (int64_t h = 0; h < m.cols; ++h) m.col_labels.push_back(std::to_string(h));
   m.vmin = map.vmin;

@@ -391,7 +391,7 @@ AblationResult ablate_heads(nn::Model& model, const EvalSet& data) {
     for (int64_t h = 0; h < model.heads_at(l); ++h)
       for (Ablation kind : {Ablation::zero, Ablation::mean, Ablation::patch}) list.push_back({l, h, kind, -1});
   std::vector<Scores> s;
-  if (auto* decoder = dynamic_cast<nn::DecoderModel*>(&model)) {
+  if (auto* decoder = model.as_decoder()) {
     const std::vector<Batch> others = rotated_rows(data);
     InterventionOptions o;
     o.source = &others;

@@ -226,12 +226,12 @@ train::StepObserver track_heads(const std::shared_ptr<HeadsOverTime>& tracker, c
   train::StepObserver o;
   o.every = every;
   o.check = [tracker](const nn::Model& model, int64_t T) {
-    const auto* decoder = dynamic_cast<const nn::DecoderModel*>(&model);
+    const auto* decoder = model.as_decoder();
     HL_CHECK(decoder != nullptr, "train: --track-heads applies to decoders; this run trains an encoder-decoder");
     tracker->check(decoder->shape(), T);
   };
   o.call = [tracker, out](nn::Model& model, const tasks::Task& task, int64_t T, int64_t step) {
-    tracker->observe(dynamic_cast<nn::DecoderModel&>(model), task, T, step);  // check ran when the run started
+    tracker->observe(*model.as_decoder(), task, T, step);  // check ran when the run started
     save_tracking(*tracker, out, "train");
   };
   return o;

@@ -30,7 +30,7 @@ namespace {
 // Scores with each of `heads` masked on top of `gates`: one batched pass for a decoder, a pass per head otherwise.
 std::vector<Scores> zero_each(nn::Model& model, const EvalSet& data, const HeadMatrix& gates,
                               const std::vector<HeadIntervention>& heads) {
-  if (auto* decoder = dynamic_cast<nn::DecoderModel*>(&model)) {
+  if (auto* decoder = model.as_decoder()) {
     InterventionOptions io;
     io.base_gates = gates;
     return evaluate_interventions(*decoder, data, heads, io);
@@ -141,7 +141,7 @@ std::vector<std::vector<int64_t>> kept_after(const nn::Model& model,
 }
 
 std::vector<std::vector<int64_t>> whole_kv_groups(const nn::Model& model, std::vector<std::vector<int64_t>> keep) {
-  const auto* decoder = dynamic_cast<const nn::DecoderModel*>(&model);
+  const auto* decoder = model.as_decoder();
   if (!decoder) return keep;
   for (size_t l = 0; l < keep.size(); ++l) {
     const nn::CausalMultiHead& att = decoder->attention(static_cast<int64_t>(l));

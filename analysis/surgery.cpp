@@ -81,7 +81,7 @@ std::vector<std::vector<int64_t>> original_heads(const nn::Model& model, const s
 
 // The model's config and parameters with module i keeping heads keep[i] (checked).
 std::pair<nlohmann::json, NamedTensors> prune(const nn::Model& model, const std::vector<std::vector<int64_t>>& keep) {
-  const bool decoder = dynamic_cast<const nn::DecoderModel*>(&model) != nullptr;  // its modules are its layers
+  const bool decoder = model.is_decoder();  // its modules are its layers
   const std::string unit = decoder ? "layer" : "attention module";
   HL_CHECK(static_cast<int64_t>(keep.size()) == model.attention_count(), "prune_parameters: keep lists ", keep.size(),
            " ", unit, "s, the ", decoder ? "model" : "encoder-decoder", " has ", model.attention_count());
@@ -159,7 +159,7 @@ std::pair<nlohmann::json, NamedTensors> convert_parameters(const nlohmann::json&
   KeepRandomState keep_random_state;
   NoGradGuard no_grad;
   const std::shared_ptr<nn::Model> model = loaded_model(config, params, "convert_parameters");
-  const auto* decoder = dynamic_cast<const nn::DecoderModel*>(model.get());
+  const auto* decoder = model->as_decoder();
   HL_CHECK(decoder, "convert_parameters: a ", model->type_name(), " has no attention forms to convert between");
   const nlohmann::json out = decoder->converted_config(attention);
   if (out == decoder->config_json()) return {out, params};

@@ -191,7 +191,7 @@ void DecoderFolderFormat::write(const std::string& folder, const nn::Model& mode
 }
 
 const nn::DecoderModel& DecoderFolderFormat::decoder_of(const nn::Model& model) const {
-  const auto* d = dynamic_cast<const nn::DecoderModel*>(&model);
+  const auto* d = model.as_decoder();
   HL_CHECK(d && d->config().family == &family(), "export: a ", model.type_name(), " is not a ",
            family().model_name(), " (", family().arch(), " family)");
   return *d;

@@ -70,7 +70,7 @@ const tasks::TextTokenizer* Loaded::subword() const {
 }
 
 nn::DecoderModel& Loaded::decoder(const char* cmd) const {
-  auto* d = dynamic_cast<nn::DecoderModel*>(model.get());
+  auto* d = model->as_decoder();
   HL_CHECK(d, cmd,
            ": this command needs a GPT checkpoint (a decoder-only model, or a model folder); this one holds an ",
            config.family().model.arch(), " model");

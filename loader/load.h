@@ -27,7 +27,7 @@ struct Loaded {
   // The model as a decoder, for what only decoders have (a clear error naming cmd for an encoder-decoder).
   nn::DecoderModel& decoder(const char* cmd) const;
   // The model and task as an encoder-decoder's, or null for a decoder.
-  nn::EncoderDecoder* seq2seq() const { return dynamic_cast<nn::EncoderDecoder*>(model.get()); }
+  nn::EncoderDecoder* seq2seq() const { return model->as_encoder_decoder(); }
   const tasks::Seq2SeqTask* seq2seq_task() const { return dynamic_cast<const tasks::Seq2SeqTask*>(task.get()); }
   // The subword tokenizer when the model has one (pretrained models, their conversions and fine-tunings), else null.
   const tasks::TextTokenizer* subword() const;

@@ -129,6 +129,8 @@ class DecoderModel : public Model {
   int64_t original_head(int64_t i, int64_t h) const override;
   void keep_attention_weights(bool on) override;
   Tensor attention_weights(int64_t i) const override { return attention(i).last_attention_weights(); }
+  using Model::as_decoder;
+  DecoderModel* as_decoder() override { return this; }
 
   std::shared_ptr<Embedding> tok_emb, pos_emb;  // pos_emb null without learned positions
   std::shared_ptr<Dropout> drop_emb;

@@ -1,7 +1,8 @@
 // Model: what the trainer, evaluation and head analysis see of a trainable model. Token ids go in,
 // logits come out, and the multi-head attention modules are listed with their head controls, so
 // that one evaluation, one head-gating analysis and one pruning loop serve every family: the decoders
-// (nn/decoder.h: GPTModel) and d2l's EncoderDecoder. Which family a config is: io/families.h.
+// (nn/decoder.h) and d2l's EncoderDecoder (nn/transformer.h), each answering for its kind (as_decoder,
+// as_encoder_decoder) so that no caller casts. Which family a config is: io/families.h.
 // B = batch, S = source tokens, T = tokens (decoder side), V = vocabulary, H = heads, D = head size.
 #pragma once
 #include <nlohmann/json.hpp>
@@ -10,6 +11,9 @@
 #include "nn/attention.h"
 
 namespace headlab::nn {
+
+class DecoderModel;
+class EncoderDecoder;
 
 struct ModelInputs {
   Tensor tokens;             // (B, T) int64: the GPT's input, the decoder's input (bos, target...)
@@ -42,6 +46,12 @@ class Model : public Module {
   // Keep every module's attention weights (B, H, Q, K) from the next forward on (the composite path).
   virtual void keep_attention_weights(bool on) = 0;
   virtual Tensor attention_weights(int64_t i) const = 0;
+
+  // The model as its kind, for what only that kind has (null where it is another).
+  virtual DecoderModel* as_decoder() { return nullptr; }
+  virtual EncoderDecoder* as_encoder_decoder() { return nullptr; }
+  const DecoderModel* as_decoder() const { return const_cast<Model*>(this)->as_decoder(); }
+  bool is_decoder() const { return as_decoder() != nullptr; }
 };
 
 }  // namespace headlab::nn

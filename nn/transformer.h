@@ -191,6 +191,7 @@ class EncoderDecoder : public Model {
   int64_t original_head(int64_t i, int64_t h) const override;
   void keep_attention_weights(bool on) override;
   Tensor attention_weights(int64_t i) const override { return attention(i).attention_weights; }
+  EncoderDecoder* as_encoder_decoder() override { return this; }
   // Module i of attention_count(): encoder layer i, decoder self-attention L + i, cross-attention 2L + i.
   MultiHeadAttention& attention(int64_t i) const;
   // The kept-heads list of module i in the config (empty: all heads).

@@ -134,8 +134,8 @@ class HfGpt2Format final : public DecoderFolderFormat {
     HL_CHECK(!c.attn_only, "export: an attention-only model has no MLPs, which GPT-2's layout needs");
     const Tensor wte = m.tok_emb->weight.detach().to(kCPU).contiguous(),
                  head = m.out_head->weight.detach().to(kCPU).contiguous();
-    const bool tied =
-        c.tie_embeddings || std::memcmp(wte.data<float>(), head.data<float>(), sizeof(float) * size_t(wte.numel())) == 0;
+    const bool tied = c.tie_embeddings ||
+                      std::memcmp(wte.data<float>(), head.data<float>(), sizeof(float) * size_t(wte.numel())) == 0;
     json config = hf_config(c);
     config["tie_word_embeddings"] = tied;
     write_hf_folder(folder, weights_to_write(m, gpt2_weights(c, "transformer.", tied)), config, tokenizer);

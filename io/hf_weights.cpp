@@ -78,8 +78,8 @@ class ExportParameters {
     std::string which, kind;
     if (!attention_parameter(name, l, which, kind)) return cpu(model_.parameter(name));
     const nn::CausalMultiHeadAttention& att = fused_attention(model_, l, held_);
-    const nn::Linear& lin = which == "W_query" ? *att.W_query
-                            : which == "W_key" ? *att.W_key
+    const nn::Linear& lin = which == "W_query"   ? *att.W_query
+                            : which == "W_key"   ? *att.W_key
                             : which == "W_value" ? *att.W_value
                                                  : *att.out_proj;
     const Tensor& p = kind == "weight" ? lin.weight : lin.bias;
@@ -124,8 +124,8 @@ NamedTensors read_weights(const std::string& folder, const WeightMap& map) {
     } else if (e.fused == Fused::blocks) {
       const int64_t n = e.shape[e.transposed ? 1 : 0] / parts;
       for (int64_t i = 0; i < parts; ++i)
-        out.emplace_back(e.ours[static_cast<size_t>(i)], e.transposed ? transposed(t.narrow(1, i * n, n))
-                                                                      : t.narrow(0, i * n, n).contiguous());
+        out.emplace_back(e.ours[static_cast<size_t>(i)],
+                         e.transposed ? transposed(t.narrow(1, i * n, n)) : t.narrow(0, i * n, n).contiguous());
     } else {
       for (int64_t i = 0; i < parts; ++i)
         out.emplace_back(e.ours[static_cast<size_t>(i)],
@@ -151,7 +151,8 @@ std::vector<std::pair<std::string, Tensor>> weights_to_write(const nn::DecoderMo
     for (const std::string& name : e.ours) {
       const Tensor p = params.get(name, e.rotary);
       const int64_t rows = e.shape[e.transposed ? 1 : 0] / parts;
-      ps.push_back(p.defined() ? p : zeros(e.shape.size() == 1 ? Shape{rows} : Shape{rows, e.shape[e.transposed ? 0 : 1]}));
+      ps.push_back(p.defined() ? p
+                               : zeros(e.shape.size() == 1 ? Shape{rows} : Shape{rows, e.shape[e.transposed ? 0 : 1]}));
     }
     Tensor t;
     if (e.fused == Fused::per_head) {
@@ -192,8 +193,8 @@ void DecoderFolderFormat::write(const std::string& folder, const nn::Model& mode
 
 const nn::DecoderModel& DecoderFolderFormat::decoder_of(const nn::Model& model) const {
   const auto* d = model.as_decoder();
-  HL_CHECK(d && d->config().family == &family(), "export: a ", model.type_name(), " is not a ",
-           family().model_name(), " (", family().arch(), " family)");
+  HL_CHECK(d && d->config().family == &family(), "export: a ", model.type_name(), " is not a ", family().model_name(),
+           " (", family().arch(), " family)");
   return *d;
 }
 

@@ -27,16 +27,16 @@ struct WeightEntry {
   Shape shape;                    // as the folder stores it
   bool transposed = false;        // stored (in, out), as GPT-2's Conv1D; headlab's nn.Linear is (out, in)
   Fused fused = Fused::none;
-  bool rotary = false;            // q or k rows: halves in the folder; a model with interleaved pairs is permuted
-  std::string missing;            // what to say when the folder lacks it ("" : "missing tensor '<hf>'")
+  bool rotary = false;  // q or k rows: halves in the folder; a model with interleaved pairs is permuted
+  std::string missing;  // what to say when the folder lacks it ("" : "missing tensor '<hf>'")
 };
 
 struct WeightMap {
-  std::string what;                        // for errors: "a GPT-2", "a GPT-NeoX model"
-  std::vector<WeightEntry> entries;        // in the model's parameter order
-  std::vector<std::string> ignored;        // names read past: a tied head saved beside the embedding
+  std::string what;                          // for errors: "a GPT-2", "a GPT-NeoX model"
+  std::vector<WeightEntry> entries;          // in the model's parameter order
+  std::vector<std::string> ignored;          // names read past: a tied head saved beside the embedding
   std::vector<std::string> buffer_suffixes;  // older files' buffers, recomputed here (".rotary_emb.inv_freq")
-  int64_t head_dim = 0;                    // for Fused::per_head and the rotary permutation
+  int64_t head_dim = 0;                      // for Fused::per_head and the rotary permutation
 
   // A new entry, its flags left to set on what this returns.
   WeightEntry& add(std::string hf, std::vector<std::string> ours, Shape shape) {

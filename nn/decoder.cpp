@@ -142,8 +142,8 @@ Tensor DecoderModel::embed(const Tensor& idx, int64_t offset, Hooks* hooks) {
 }
 
 std::shared_ptr<DecoderBlock> DecoderModel::block(int64_t layer) const {
-  HL_CHECK(layer >= 0 && layer < cfg_.n_layers, type_name(), ": layer ", layer, " is out of range for ",
-           cfg_.n_layers, " layers");
+  HL_CHECK(layer >= 0 && layer < cfg_.n_layers, type_name(), ": layer ", layer, " is out of range for ", cfg_.n_layers,
+           " layers");
   return trf_blocks->at<DecoderBlock>(static_cast<size_t>(layer));
 }
 

@@ -38,7 +38,8 @@ const auto kDecoderFields = std::tuple{
 };
 
 const SectionKey* find_key(const std::vector<SectionKey>& keys, const char* name) {
-  const auto it = std::find_if(keys.begin(), keys.end(), [&](const SectionKey& k) { return k.name == std::string(name); });
+  const auto it =
+      std::find_if(keys.begin(), keys.end(), [&](const SectionKey& k) { return k.name == std::string(name); });
   return it == keys.end() ? nullptr : &*it;
 }
 
@@ -107,13 +108,13 @@ nlohmann::json DecoderConfig::to_json() const { return family->section(*this); }
 double DecoderConfig::num_parameters() const {
   const double d = static_cast<double>(emb_dim), V = static_cast<double>(vocab_size),
                F = static_cast<double>(mlp_width());
-  double n = V * d + norm_parameters(*this);                          // tok_emb, final_norm
+  double n = V * d + norm_parameters(*this);                            // tok_emb, final_norm
   if (learned_positions) n += static_cast<double>(context_length) * d;  // pos_emb
   if (!tie_embeddings) n += d * V;                                      // out_head
   const double mlp_parameters = mlp == MlpKind::swiglu ? 3 * d * F : 2 * d * F + F + d;
   for (int64_t l = 0; l < n_layers; ++l) {
     n += causal_attention_parameters(attention, attention_sizes(l)) + norm_parameters(*this);  // att, norm1
-    if (!attn_only) n += norm_parameters(*this) + mlp_parameters;                            // norm2, ff
+    if (!attn_only) n += norm_parameters(*this) + mlp_parameters;                              // norm2, ff
   }
   return n;
 }
@@ -137,6 +138,13 @@ double DecoderConfig::cache_floats() const {  // keys and values of each layer's
 }
 
 // ---- DecoderFamily ----
+DecoderFamily::DecoderFamily(FamilyNames names, std::vector<SectionKey> keys) : names_(names) {
+  for (const char* size : {"vocab_size", "context_length", "emb_dim", "n_heads", "n_layers"})
+    keys_.push_back({size, SectionKey::required});
+  keys_.insert(keys_.end(), keys.begin(), keys.end());
+  keys_.insert(keys_.end(), {{"attention"}, {"kept_heads"}});
+}
+
 DecoderConfig DecoderFamily::config() const {
   DecoderConfig c = parts();
   c.family = this;
@@ -146,7 +154,7 @@ DecoderConfig DecoderFamily::config() const {
 DecoderConfig DecoderFamily::config(const nlohmann::json& j) const {
   DecoderConfig c = config();
   HL_CHECK(j.is_object(), who(), ": expected a JSON object, got ", j.type_name());
-  const std::vector<SectionKey> ks = keys();
+  const std::vector<SectionKey>& ks = keys();
   for_each_field(kDecoderFields, [&](const auto& f) {
     const SectionKey* k = find_key(ks, f.key);
     if (k == nullptr) return;  // not this family's: the part stays as the family fixes it
@@ -159,7 +167,7 @@ DecoderConfig DecoderFamily::config(const nlohmann::json& j) const {
 
 nlohmann::json DecoderFamily::section(const DecoderConfig& c) const {
   nlohmann::json j = nlohmann::json::object();
-  const std::vector<SectionKey> ks = keys();
+  const std::vector<SectionKey>& ks = keys();
   for_each_field(kDecoderFields, [&](const auto& f) {
     const SectionKey* k = find_key(ks, f.key);
     if (k == nullptr) return;

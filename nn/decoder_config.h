@@ -50,8 +50,8 @@ struct DecoderConfig {
   int64_t rotary_dims = 0;        // queries' and keys' rotated dims per head (even, <= head size)
   double rotary_fraction = 0.0;   // or this fraction of each head's dims, where rotary_dims is 0 (LLaMA: 1)
   double rope_theta = 10000.0;
-  bool rope_interleaved = false;  // pairs (2i, 2i+1) as Meta's and llama2.c's; else halves (Hugging Face's)
-  bool qkv_bias = false;          // W_query, W_key, W_value biases
+  bool rope_interleaved = false;        // pairs (2i, 2i+1) as Meta's and llama2.c's; else halves (Hugging Face's)
+  bool qkv_bias = false;                // W_query, W_key, W_value biases
   std::optional<bool> out_bias = true;  // out_proj's bias; unset: as qkv_bias (GPT-NeoX's attention_bias)
   MlpKind mlp = MlpKind::gelu_tanh;
   bool attn_only = false;          // blocks without MLP and norm2: x += att(norm1(x))

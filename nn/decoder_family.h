@@ -22,12 +22,24 @@ struct SectionKey {
   enum Presence { optional, required, omitted_when_false } presence = optional;
 };
 
+// What names a family: its arch, --arch's help line, its model's type_name ("GPTModel": what repr and errors
+// say) and what its config's errors start with ("GPT config").
+struct FamilyNames {
+  const char *arch, *help, *model_name, *who;
+};
+
 class DecoderFamily : public ModelFamily {
  public:
-  // ---- what a family says ----
-  virtual std::string model_name() const = 0;  // the model's type_name: "GPTModel"
-  virtual const char* who() const = 0;         // errors: "GPT config"
-  virtual std::vector<SectionKey> keys() const = 0;
+  // keys: the section's keys beyond those every decoder's has (vocab_size, context_length, emb_dim, n_heads,
+  // n_layers: required; attention, kept_heads).
+  DecoderFamily(FamilyNames names, std::vector<SectionKey> keys);
+  std::string arch() const final { return names_.arch; }
+  std::string help() const final { return names_.help; }
+  std::string model_name() const { return names_.model_name; }
+  const char* who() const { return names_.who; }
+  const std::vector<SectionKey>& keys() const { return keys_; }
+
+  // ---- what a family says beyond its names and keys ----
   // The parts the family fixes and its optional keys' defaults (the family pointer is set by config()).
   virtual DecoderConfig parts() const = 0;
   // Rules among the family's keys beyond DecoderConfig::validate's.
@@ -56,6 +68,10 @@ class DecoderFamily : public ModelFamily {
   int64_t row_tokens(const nlohmann::json& s) const final { return config(s).context_length; }
   int64_t vocab_size(const nlohmann::json& s) const final { return config(s).vocab_size; }
   nlohmann::json with_dropout(const nlohmann::json& s, double p) const final;
+
+ private:
+  FamilyNames names_;
+  std::vector<SectionKey> keys_;
 };
 
 // The decoder families, for the registry (io/families.cpp) and for building configs in C++.

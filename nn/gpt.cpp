@@ -7,22 +7,19 @@ namespace headlab::nn {
 
 namespace {
 
+using K = SectionKey;
+
 class GptFamily final : public DecoderFamily {
  public:
-  std::string arch() const override { return "gpt"; }
-  std::string help() const override { return "gpt (the book's decoder-only GPTModel)"; }
-  std::string model_name() const override { return "GPTModel"; }
-  const char* who() const override { return "GPT config"; }
-  bool arch_in_section() const override { return false; }
   // The book's keys; attention absent in the oldest checkpoints (fused), tie_embeddings and attn_only
   // before GPT-2's folders and attention-only models (false).
-  std::vector<SectionKey> keys() const override {
-    using K = SectionKey;
-    return {{"vocab_size", K::required}, {"context_length", K::required}, {"emb_dim", K::required},
-            {"n_heads", K::required},    {"n_layers", K::required},       {"drop_rate", K::required},
-            {"qkv_bias", K::required},   {"tie_embeddings", K::omitted_when_false},
-            {"attn_only", K::omitted_when_false}, {"attention"}, {"kept_heads"}};
-  }
+  GptFamily()
+      : DecoderFamily({"gpt", "gpt (the book's decoder-only GPTModel)", "GPTModel", "GPT config"},
+                      {{"drop_rate", K::required},
+                       {"qkv_bias", K::required},
+                       {"tie_embeddings", K::omitted_when_false},
+                       {"attn_only", K::omitted_when_false}}) {}
+  bool arch_in_section() const override { return false; }
   DecoderConfig parts() const override { return DecoderConfig{}; }  // DecoderConfig's defaults are the book's
   std::string describe(const nlohmann::json& s) const override {
     const DecoderConfig c = config(s);

@@ -11,23 +11,22 @@ namespace {
 // a multiple of 8.
 int64_t default_hidden_dim(int64_t emb_dim) { return (8 * emb_dim / 3 + 7) / 8 * 8; }
 
+using K = SectionKey;
+
 class LlamaFamily final : public DecoderFamily {
  public:
-  std::string arch() const override { return "llama"; }
-  std::string help() const override {
-    return "llama (RMSNorm, rotary embeddings, SwiGLU, grouped-query attention: --n-kv-heads)";
-  }
-  std::string model_name() const override { return "Llama"; }
-  const char* who() const override { return "Llama config"; }
-  std::vector<SectionKey> keys() const override {
-    using K = SectionKey;
-    return {{"vocab_size", K::required}, {"context_length", K::required}, {"emb_dim", K::required},
-            {"n_heads", K::required},    {"n_kv_heads"},                   {"n_layers", K::required},
-            {"hidden_dim", K::required}, {"head_dim"},                     {"norm_eps"},
-            {"rope_theta"},              {"rope_interleaved"},             {"qkv_bias"},
-            {"tie_embeddings"},          {"drop_rate"},                    {"attention"},
-            {"kept_heads"}};
-  }
+  LlamaFamily()
+      : DecoderFamily({"llama", "llama (RMSNorm, rotary embeddings, SwiGLU, grouped-query attention: --n-kv-heads)",
+                       "Llama", "Llama config"},
+                      {{"n_kv_heads"},
+                       {"hidden_dim", K::required},
+                       {"head_dim"},
+                       {"norm_eps"},
+                       {"rope_theta"},
+                       {"rope_interleaved"},
+                       {"qkv_bias"},
+                       {"tie_embeddings"},
+                       {"drop_rate"}}) {}
   DecoderConfig parts() const override {
     DecoderConfig c;
     c.norm = NormKind::rms_norm;

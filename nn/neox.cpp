@@ -8,22 +8,21 @@ namespace headlab::nn {
 
 namespace {
 
+using K = SectionKey;
+
 class NeoXFamily final : public DecoderFamily {
  public:
-  std::string arch() const override { return "neox"; }
-  std::string help() const override {
-    return "neox (GPT-NeoX, Pythia: parallel attention and MLP, rotary on a quarter of each head)";
-  }
-  std::string model_name() const override { return "GPTNeoX"; }
-  const char* who() const override { return "GPT-NeoX config"; }
-  std::vector<SectionKey> keys() const override {
-    using K = SectionKey;
-    return {{"vocab_size", K::required}, {"context_length", K::required}, {"emb_dim", K::required},
-            {"n_heads", K::required},    {"n_layers", K::required},       {"hidden_dim", K::required},
-            {"rotary_dims", K::required}, {"rope_theta"},                 {"norm_eps"},
-            {"parallel_residual"},       {"qkv_bias"},                    {"tie_embeddings"},
-            {"drop_rate"},               {"attention"},                   {"kept_heads"}};
-  }
+  NeoXFamily()
+      : DecoderFamily({"neox", "neox (GPT-NeoX, Pythia: parallel attention and MLP, rotary on a quarter of each head)",
+                       "GPTNeoX", "GPT-NeoX config"},
+                      {{"hidden_dim", K::required},
+                       {"rotary_dims", K::required},
+                       {"rope_theta"},
+                       {"norm_eps"},
+                       {"parallel_residual"},
+                       {"qkv_bias"},
+                       {"tie_embeddings"},
+                       {"drop_rate"}}) {}
   DecoderConfig parts() const override {
     DecoderConfig c;
     c.book_norm_names = false;

@@ -72,8 +72,8 @@ std::vector<std::string> format_includes(const fs::path& root) {
         ++n;
         std::smatch m;
         if (std::regex_search(line, m, re) && format_header(m[1]))
-          out.push_back(fs::relative(e.path(), root).string() + ":" + std::to_string(n) + " includes \"" +
-                        m[1].str() + "\", a format's header (ask io/sources.h)");
+          out.push_back(fs::relative(e.path(), root).string() + ":" + std::to_string(n) + " includes \"" + m[1].str() +
+                        "\", a format's header (ask io/sources.h)");
       }
     }
   }

@@ -120,7 +120,7 @@ AblationReport run_ablation(const loader::Loaded& in, const EvalSet& data, const
   tell("headlab ablate: " + o.checkpoint + " (task " + task.name() + ", " + r.model_description +
        (r.kept_before.empty() ? "" : ", pruned: kept " + r.kept_before) + ", " +
        std::to_string(model.num_parameters()) + " parameters, device " + model.device().str() + ")\ndata: " +
-       std::to_string(data.batches.size()) + " validation batches of " + std::to_string(data.batches.front().B) + " (" +
+       count_of(static_cast<int64_t>(data.batches.size()), "validation batch", "validation batches") + " of " + std::to_string(data.batches.front().B) + " (" +
        std::to_string(data.tokens()) + " scored tokens); pruning metric " + enum_name(r.metric) + "\n");
 
   // Every head ablated, and its importance.
@@ -133,7 +133,7 @@ AblationReport run_ablation(const loader::Loaded& in, const EvalSet& data, const
   if (!std::isnan(o.prune_to_metric)) r.stop_below = std::min(r.stop_below, o.prune_to_metric);
   r.tables.importance = importance_table(abl, model);
   r.tables.importance.title =
-      "heads by importance (|dL/d gate|, normalised per layer); deltas of zero, mean and resample ablation (" +
+      "heads ranked by " + ranking_text(abl) + "; deltas of zero, mean and resample ablation (" +
       std::to_string(3 * abl.heads.size()) + " ablations" + (decoder ? " in one batched pass, " : ", ") +
       fmt(r.sweep_seconds, 2) + " s" + (decoder ? "" : "; resample not computed for the encoder-decoder") + ")";
   std::string sweep = "unpruned: " + scores_line(abl.base) + "\n\n" + render_text(r.tables.importance) +
@@ -230,10 +230,25 @@ std::vector<std::string> write_ablation_files(const std::string& out, const load
                      {"resample: d loss", delta(&HeadAblation::resample)}});
   save_pruning_csv(path("pruning.csv"), r.curve, model);
   save_importance_png(path("importance.png"), abl, model);
+  {  // the measured costs themselves, one colour range over the three kinds
+    std::vector<HeadMap> maps;
+    double lo = 0, hi = 0;
+    for (const auto& [title, kind] : {std::pair{"zero ablation", &HeadAblation::zero},
+                                      std::pair{"mean ablation", &HeadAblation::mean},
+                                      std::pair{"resample ablation", &HeadAblation::resample}}) {
+      maps.push_back({title, "loss increase", delta(kind), std::nullopt, std::nullopt});
+      for (const auto& row : maps.back().values)
+        for (double v : row)
+          if (std::isfinite(v)) lo = std::min(lo, v), hi = std::max(hi, v);
+    }
+    save_head_maps_png(path("ablation.png"),
+                       "loss increase when each head is ablated (unpruned loss " + fmt(abl.base.loss) + ")", maps,
+                       model, lo, hi > lo ? hi : lo + 1);
+  }
   save_pruning_png(path("pruning.png"), r.curve, r.curve_stop);
   io::write_file_atomic(path("report.md"), ablation_report_md(model, data, r), "ablate");
   std::vector<std::string> wrote = {"heads.csv",      "pruning.csv", "report.md",
-                                    "importance.png", "pruning.png", "attention.html"};
+                                    "importance.png", "ablation.png", "pruning.png", "attention.html"};
   if (r.pruned.done) wrote.push_back("pruned.h5");
   return wrote;
 }

@@ -80,13 +80,13 @@ struct AblationReport {
 // Writes only what the options ask to be written (pruned.h5, fine-tuned runs, under options.out).
 AblationReport run_ablation(const loader::Loaded& in, const EvalSet& data, const AblateOptions& options,
                             const Say& say = {});
-// heads.csv, pruning.csv, report.md, importance.png, pruning.png and attention.html into `out`; returns
+// heads.csv, pruning.csv, report.md, importance.png, ablation.png, pruning.png and attention.html into `out`; returns
 // what it wrote, for the closing line.
 std::vector<std::string> write_ablation_files(const std::string& out, const loader::Loaded& in, const EvalSet& data,
                                               const AblationReport& r);
 
 // ---- the run's tables and prose (ablation_tables.cpp) ----
-// Every head by importance (descending): rank, head, importance, raw mean |dL/dgate|, then for zero,
+// Every head, most important first (heads_ranked): rank, head, importance, raw mean |dL/dgate|, then for zero,
 // mean and resample ablation the change of loss, token accuracy (and exact match) from unpruned.
 Table importance_table(const AblationResult& a, const nn::Model& model);
 // The pruning curve: step, heads_pruned, fraction_pruned, loss, token_accuracy[, exact_match]
@@ -106,6 +106,11 @@ double agreement(const AblationResult& a, bool normalized);
 std::string criterion_text(const PruningCurve& curve, bool automatic);
 // Why the gradient scores should not be trusted on this model, or "".
 std::string gradient_warning(const AblationResult& a);
+// The report ranks heads (headline, table, importance.png) by the measure it trusts: the gradient
+// importance where gradient_warning is silent, else zero ablation's measured loss increase.
+bool gradient_reliable(const AblationResult& a);
+std::vector<const HeadAblation*> heads_ranked(const AblationResult& a);  // most important first
+std::string ranking_text(const AblationResult& a);                       // that measure, in words
 // Whether the heads that cost nothing alone can go together: "4 heads cost nothing alone (L0H0 L1H0
 // L1H1 L1H3); pruned together they are not free: exact_match stays within 1% of unpruned for 3 of
 // them (4: 0.863)".

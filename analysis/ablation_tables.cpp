@@ -44,11 +44,8 @@ Table importance_table(const AblationResult& a, const nn::Model& model) {
     t.columns.push_back(signed_column(std::string(kind) + " dacc"));
     if (ex) t.columns.push_back(signed_column(std::string(kind) + " dexact"));
   }
-  std::vector<const HeadAblation*> by_imp;
-  for (const auto& h : a.heads) by_imp.push_back(&h);
-  std::stable_sort(by_imp.begin(), by_imp.end(), [](auto* x, auto* y) { return x->importance > y->importance; });
   int rank = 1;
-  for (const HeadAblation* h : by_imp) {
+  for (const HeadAblation* h : heads_ranked(a)) {
     std::vector<Cell> row = {static_cast<double>(rank++), head_name(model, h->layer, h->head), h->importance,
                              h->importance_raw};
     for (const Scores* s : {&h->zero, &h->mean, &h->resample}) {
@@ -186,6 +183,23 @@ std::string gradient_warning(const analysis::AblationResult& a) {
          " heads) measures instead";
 }
 
+bool gradient_reliable(const AblationResult& a) { return gradient_warning(a).empty(); }
+
+std::vector<const HeadAblation*> heads_ranked(const AblationResult& a) {
+  const bool by_gradient = gradient_reliable(a);
+  std::vector<const HeadAblation*> v;
+  for (const auto& h : a.heads) v.push_back(&h);
+  std::stable_sort(v.begin(), v.end(), [by_gradient](const HeadAblation* x, const HeadAblation* y) {
+    return by_gradient ? x->importance > y->importance : x->zero.loss > y->zero.loss;
+  });
+  return v;
+}
+
+std::string ranking_text(const AblationResult& a) {
+  return gradient_reliable(a) ? "importance (|dL/d gate|, normalised per layer, Michel et al. 2019)"
+                              : "zero ablation's loss increase (measured: the gradient scores are unreliable here)";
+}
+
 std::string free_heads_text(const analysis::AblationResult& a, const analysis::PruningCurve& curve,
                             const nn::Model& model) {
   const auto free = analysis::free_heads(a, curve.metric);
@@ -232,7 +246,7 @@ void summary_md(std::ostream& os, const nn::Model& model, const EvalSet& data, c
   os << "| model | " << r.model_description << ", head size " << model.head_size_at(0) << ", " << model.num_parameters()
      << " parameters |\n";
   if (!r.kept_before.empty()) os << "| kept heads (already pruned) | " << r.kept_before << " |\n";
-  os << "| data | " << data.batches.size() << " validation batches of " << data.batches.front().B << " x "
+  os << "| data | " << count_of(static_cast<int64_t>(data.batches.size()), "validation batch", "validation batches") << " of " << data.batches.front().B << " x "
      << data.batches.front().T << " tokens, " << data.tokens() << " scored tokens |\n";
   os << "| unpruned | loss " << fmt(a.base.loss) << ", token accuracy " << fmt(a.base.token_accuracy);
   if (ex) os << ", exact match " << fmt(a.base.exact_match);
@@ -251,15 +265,10 @@ void summary_md(std::ostream& os, const nn::Model& model, const EvalSet& data, c
   }
   if (const std::string w = gradient_warning(a); !w.empty()) os << "| warning | " << w << " |\n";
   os << "| free heads | " << free_heads_text(a, curve, model) << " |\n";
-  const auto by_imp = [&] {
-    std::vector<const analysis::HeadAblation*> v;
-    for (const auto& h : a.heads) v.push_back(&h);
-    std::sort(v.begin(), v.end(), [](auto* x, auto* y) { return x->importance > y->importance; });
-    return v;
-  }();
-  if (!by_imp.empty()) {
-    const auto& t = *by_imp.front();
-    os << "| most important head | " << analysis::head_name(model, t.layer, t.head) << " (zero ablation: loss "
+  if (const auto ranked = heads_ranked(a); !ranked.empty()) {
+    const auto& t = *ranked.front();
+    os << "| most important head | " << analysis::head_name(model, t.layer, t.head) << " (by "
+       << (gradient_reliable(a) ? "importance " + fmt(t.importance, 3) + "; " : "") << "zero ablation: loss "
        << fmt_signed(t.zero.loss - a.base.loss) << ", token accuracy "
        << fmt_signed(t.zero.token_accuracy - a.base.token_accuracy) << ") |\n";
   }
@@ -309,12 +318,13 @@ std::string ablation_report_md(const nn::Model& model, const EvalSet& data, cons
   std::ostringstream os;
   os << "# Head ablation report\n\n## Summary\n\n";
   summary_md(os, model, data, r);
-  os << "\n![head importance](importance.png)\n\n";
+  os << "\n![heads by " << (gradient_reliable(a) ? "importance" : "zero ablation")
+     << "](importance.png)\n\n![every head's zero, mean and resample ablation](ablation.png)\n\n";
   if (decoder)
     os << "Every head's attention on a validation row, with these scores beside it: "
           "[attention.html](attention.html).\n\n";
 
-  os << "## Heads by importance\n\n";
+  os << "## Heads ranked by " << ranking_text(a) << "\n\n";
   os << "Importance: I_h = E_x |dL/d gate_h| over the evaluation batches, divided by the l2 norm of its layer's "
         "scores (Michel, Levy & Neubig 2019). Zero ablation sets the head's gate to 0; mean ablation replaces the "
         "head's context by its mean over the evaluation data; resample ablation by its context on another "

@@ -121,6 +121,18 @@ void choose_path_nodes(const CircuitGraph& g, const CircuitRunOptions& o, Circui
 
 }  // namespace
 
+std::string circuit_warning(double metric) {
+  if (metric >= -kCircuitScoreSlack && metric <= 1 + kCircuitScoreSlack) return "";
+  std::ostringstream os;
+  os << "the circuit alone scores " << fmt(metric, 3);
+  if (metric > 1)
+    os << ", above the full model's 1: a subgraph beats its model only by leaving out what works against the task, "
+          "so read its edges as that, not as a share of what the model does";
+  else
+    os << ", below the corrupted run's 0: the kept edges do not carry the task; no circuit was found";
+  return os.str();
+}
+
 CircuitReport run_circuit(nn::DecoderModel& model, const PromptPairs& pairs, const CircuitRunOptions& o,
                           const Say& say) {
   const auto tell = [&](const std::string& text) {
@@ -151,6 +163,7 @@ CircuitReport run_circuit(nn::DecoderModel& model, const PromptPairs& pairs, con
        fmt(base.corrupt_mean, 4) + "; metrics below are normalised (clean 1, corrupted 0)\ngraph: " +
        std::to_string(g.node_count()) + " nodes, " + std::to_string(g.edge_count()) + " edges\n" + attribution_name(o) +
        " over every edge: " + fmt(r.eap.seconds, 2) + " s\n" + stored_runs_text(patcher));
+  if (const std::string w = base.warning(pairs.probability_metric()); !w.empty()) tell("warning: " + w + "\n");
 
   // Attribution against real patching on a sample of edges.
   r.checked = edges_to_check(r.eap.effect, o.check_edges, o.seed);
@@ -218,6 +231,7 @@ CircuitReport run_circuit(nn::DecoderModel& model, const PromptPairs& pairs, con
         << fmt(c.metric, 3) << " of the full model's 1; " << c.forwards << " patched forwards (" << c.tests
         << " patch sets; plain ACDC: " << g.edge_count() + 2 << "), " << fmt(c.seconds, 2) << " s\n"
         << kept_lines(r);
+  if (const std::string w = circuit_warning(c.metric); !w.empty()) found << "warning: " << w << "\n";
   tell(found.str());
   return r;
 }
@@ -270,8 +284,10 @@ std::vector<std::string> write_circuit_files(const std::string& out, const Promp
   md << "# Circuit of " << o.checkpoint << "\n\nPrompt pairs: " << pairs.rows() << " rows of " << pairs.T << " tokens ("
      << o.source << "). Metric: the " << metric_name(pairs) << " at the last position, clean "
      << fmt(base.clean_mean, 4) << ", corrupted " << fmt(base.corrupt_mean, 4)
-     << "; normalised so that the clean run is 1 and the corrupted run 0.\n\n"
-     << "## Circuit\n\n![circuit](circuit.png)\n\n"
+     << "; normalised so that the clean run is 1 and the corrupted run 0.\n\n";
+  for (const std::string& w : {base.warning(pairs.probability_metric()), circuit_warning(c.metric)})
+    if (!w.empty()) md << "**Warning:** " << w << ".\n\n";
+  md << "## Circuit\n\n![circuit](circuit.png)\n\n"
      << c.kept_count() << " of " << g.edge_count() << " edges (tau " << o.tau
      << "); the circuit alone, every other edge patched to its corrupted sender, scores **" << fmt(c.metric, 3)
      << "** of the full model's 1. Search: " << c.forwards << " patched forwards (" << c.tests

@@ -41,6 +41,11 @@ struct CircuitReport {
   Circuit circuit;
 };
 
+// Why a circuit's normalised score cannot be read as a share of the model's behaviour, or "": it lies
+// outside [0, 1] by more than kCircuitScoreSlack (the circuit "above" the model, or below the corrupted run).
+inline constexpr double kCircuitScoreSlack = 0.1;
+std::string circuit_warning(double metric);
+
 // `say` receives the terminal's text as each part is found.
 CircuitReport run_circuit(nn::DecoderModel& model, const PromptPairs& pairs, const CircuitRunOptions& options,
                           const Say& say = {});

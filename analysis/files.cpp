@@ -13,6 +13,7 @@
 
 #include <omp.h>
 
+#include "analysis/ablation.h"
 #include "analysis/table.h"
 #include "io/atomic_file.h"
 #include "io/h5file.h"
@@ -213,9 +214,21 @@ void save_composition_png(const std::string& path, const std::vector<Composition
 }
 
 void save_importance_png(const std::string& path, const AblationResult& a, const nn::Model& model) {
-  HeadMap map{"head importance (Michel et al. 2019): mean abs dL/dgate, normalised per layer", "importance",
-              a.importance.normalized, 0.0, std::nullopt};
-  save_head_map_png(path, map, model);
+  if (gradient_reliable(a)) {
+    save_head_map_png(path,
+                      {"head importance (Michel et al. 2019): mean abs dL/dgate, normalised per layer", "importance",
+                       a.importance.normalized, 0.0, std::nullopt},
+                      model);
+    return;
+  }
+  // The gradient scores disagree with measurement here (gradient_warning): draw what was measured.
+  HeadMatrix dloss = head_matrix(model, kNaN);
+  for (const auto& h : a.heads)
+    dloss[static_cast<size_t>(h.layer)][static_cast<size_t>(h.head)] = h.zero.loss - a.base.loss;
+  save_head_map_png(path,
+                    {"heads by zero ablation's loss increase (the gradient importance is unreliable here)",
+                     "loss increase", dloss, std::nullopt, std::nullopt},
+                    model);
 }
 
 void save_pruning_png(const std::string& path, const PruningCurve& c, double stop_below) {

@@ -59,7 +59,8 @@ void save_head_maps_png(const std::string& path, const std::string& title, const
 // those of the later ones (columns), grey where the row's layer is not earlier or a head was pruned.
 void save_composition_png(const std::string& path, const std::vector<CompositionScore>& comp,
                           const nn::DecoderModel& model);
-// importance.png: layer x head heatmap of the normalised scores (pruned heads grey), colour bar.
+// importance.png: layer x head heatmap of the measure the report ranks by (heads_ranked): the
+// normalised gradient scores, or zero ablation's loss increase where they are unreliable; pruned heads grey.
 void save_importance_png(const std::string& path, const AblationResult& a, const nn::Model& model);
 // pruning.png: fraction pruned -> token accuracy (and exact match), with the stop threshold when > 0.
 void save_pruning_png(const std::string& path, const PruningCurve& c, double stop_below);

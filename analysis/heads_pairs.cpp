@@ -84,6 +84,7 @@ PairHeads heads_on_pairs(nn::DecoderModel& model, const PromptPairs& pairs, cons
         o.source + ")\n" + metric_text(pairs) + " at the last position: clean " + fmt(r.baseline.clean_mean, 4) +
         ", corrupted " + fmt(r.baseline.corrupt_mean, 4) +
         "; effects below are on the normalised metric (clean 1, corrupted 0)\n" + stored_runs_text(patcher));
+  if (const std::string w = r.baseline.warning(pairs.probability_metric()); say && !w.empty()) say("warning: " + w + "\n");
   for (int64_t n = 0; n < g.node_count(); ++n)
     if (g.nodes()[static_cast<size_t>(n)].head >= 0) r.heads.push_back(n), r.names.push_back(g.node_name(n));
   r.ablation_seconds = timed([&] { r.ablation = ablate_nodes(patcher, r.heads); });
@@ -165,7 +166,10 @@ std::vector<std::string> write_pair_heads_files(const std::string& out, nn::Deco
      << ". Ablation and patching columns are changes of the normalised metric (clean 1, corrupted 0): zero and "
         "mean ablation (the head's mean output over the prompts at each position), resample ablation (the "
         "corrupted prompt's output, activation patching's noising); denoising is the share of the clean behaviour "
-        "one head's clean output restores in the corrupted run; DLA is in logits of answer - wrong.\n\n"
+        "one head's clean output restores in the corrupted run; DLA is in logits of answer - wrong.\n\n";
+  if (const std::string w = r.baseline.warning(pairs.probability_metric()); !w.empty())
+    md << "**Warning:** " << w << ".\n\n";
+  md
      << "![mean ablation](ablation.png) ![denoising](patching.png) ![DLA](dla.png)\n\n"
      << render_markdown(r.table);
   if (!r.kv_table.rows.empty())

@@ -91,7 +91,7 @@ std::string heads_report_md(const nn::DecoderModel& model, const EvalSet& data, 
      << "`\n\nEvery head's attention on a validation row, with these scores "
         "beside it: [attention.html](attention.html) (open it in a browser).\n\n";
   md << "| | |\n|---|---|\n| task | " << run.task << " |\n| model | " << cfg.n_layers << " layers x " << cfg.n_heads
-     << " heads, emb " << cfg.d_model << " |\n| data | " << data.batches.size() << " validation batches of " << b0.B
+     << " heads, emb " << cfg.d_model << " |\n| data | " << count_of(static_cast<int64_t>(data.batches.size()), "validation batch", "validation batches") << " of " << b0.B
      << " x " << cfg.context_length << ", " << data.tokens() << " scored tokens |\n| unablated | loss "
      << fmt(abl.base.loss) << ", token accuracy " << fmt(abl.base.token_accuracy) << " |\n| time | ablation "
      << fmt(f.seconds_ablation, 2) << " s (" << 3 * abl.heads.size() << " ablations, one batched pass), DLA "

@@ -3,10 +3,14 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <tuple>
 
+#include "analysis/table.h"
 #include "base/input_path.h"
 #include "base/json_text.h"
 #include "tasks/chars.h"
@@ -275,6 +279,33 @@ double LogitDifference::normalized(double ld) const {
   HL_CHECK(gap != 0, "logit difference: the clean and corrupted runs score the same (", clean_mean,
            "), so there is nothing to normalise by");
   return (ld - corrupt_mean) / gap;
+}
+
+std::string LogitDifference::warning(bool probability_metric) const {
+  // (a stream, not "..." + std::string: GCC 12 warns falsely of an overlapping memcpy there, its bug 105329)
+  std::ostringstream os;
+  const auto scores = [&] { os << "clean " << fmt(clean_mean, 4) << ", corrupted " << fmt(corrupt_mean, 4); };
+  const char* unit = probability_metric ? "" : " logits";
+  const double gap = clean_mean - corrupt_mean;
+  const auto n = static_cast<double>(clean.size());
+  double ss = 0;  // the paired differences' spread about their mean, the gap
+  for (size_t r = 0; r < clean.size(); ++r) ss += std::pow(clean[r] - corrupt[r] - gap, 2);
+  const double se = n > 1 ? std::sqrt(ss / (n - 1) / n) : std::numeric_limits<double>::infinity();
+  if (!(gap > 0)) {
+    os << "the corrupted prompts score at or above the clean ones (";
+    scores();
+    os << "): the model does not do this task on these pairs, so effects normalised by the gap mean nothing";
+  } else if (gap < kNoiseMultiple * se) {
+    os << "the clean-corrupted gap (" << fmt(gap, 4) << unit << "; ";
+    scores();
+    os << ") is within the rows' noise (" << kNoiseMultiple << " standard errors: " << fmt(kNoiseMultiple * se, 4)
+       << "): normalised effects are noise; use more rows or pairs the model separates";
+  } else if (gap < (probability_metric ? kSmallProbabilityGap : kSmallLogitGap)) {
+    os << "the clean-corrupted gap is small (" << fmt(gap, 4) << unit << "; ";
+    scores();
+    os << "): normalised effects divide by it and magnify small changes (a circuit or a head can score above 1)";
+  }
+  return os.str();
 }
 
 LogitDifference logit_difference(nn::DecoderModel& model, const PromptPairs& pairs) {

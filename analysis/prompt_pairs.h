@@ -69,6 +69,12 @@ struct LogitDifference {
   double clean_mean = 0, corrupt_mean = 0;
   // (ld - corrupt_mean) / (clean_mean - corrupt_mean): 1 for the clean run, 0 for the corrupted one.
   double normalized(double ld) const;
+  // Why normalised effects cannot mean what they say on these pairs, or "": the corrupted prompts score
+  // at or above the clean ones (the model does not do the task), or the gap is within the rows' noise
+  // (under kNoiseMultiple standard errors of the paired differences) or small (under kSmallGap logits,
+  // or probability for a probability metric), so that dividing by it magnifies noise.
+  std::string warning(bool probability_metric) const;
+  static constexpr double kNoiseMultiple = 3, kSmallLogitGap = 1.0, kSmallProbabilityGap = 0.1;
 };
 LogitDifference logit_difference(nn::DecoderModel& model, const PromptPairs& pairs);
 

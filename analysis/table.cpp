@@ -66,6 +66,9 @@ std::string format_cell(const Cell& cell, const Column& column) {
 
 std::string fmt(double v, int precision) { return format_cell(v, {"", NumberFormat::fixed, precision}); }
 std::string fmt_signed(double v, int precision) { return format_cell(v, {"", NumberFormat::signed_fixed, precision}); }
+std::string count_of(int64_t n, const std::string& singular, const std::string& plural) {
+  return std::to_string(n).append(" ").append(n == 1 ? singular : plural);
+}
 std::string fmt_sci(double v, int precision) { return format_cell(v, {"", NumberFormat::scientific, precision}); }
 
 std::string render_text(const Table& t, int indent) {

@@ -55,6 +55,8 @@ std::string format_cell(const Cell& cell, const Column& column);
 // "+0.1235", scientific "1.2e-03"; NaN as "nan".
 std::string fmt(double v, int precision = 4);
 std::string fmt_signed(double v, int precision = 4);
+// "1 validation batch", "2 validation batches": n and the noun that agrees with it.
+std::string count_of(int64_t n, const std::string& singular, const std::string& plural);
 std::string fmt_sci(double v, int precision = 1);
 
 // The title (if any), then the header and the rows with each column padded to its widest cell: text

@@ -20,7 +20,7 @@ struct AblateArgs : AnalysisArgs {
 
 Action add_ablate(CLI::App& app) {
   auto a = std::make_shared<AblateArgs>();
-  add_analysis_options(app, *a, "ablation");
+  add_analysis_options(app, *a, "ablate");
   app.add_option("--metric", a->metric, "pruning metric: exact_match (task default) | token_accuracy (chars default)")
       ->check(CLI::IsMember(enum_names<analysis::Metric>()));
   app.add_option("--threshold", a->run.threshold, "stop pruning below this fraction of the unpruned metric")
@@ -69,7 +69,7 @@ Action add_ablate(CLI::App& app) {
       HL_CHECK(o->count() == 0 || a->criterion == "l0",
                "ablate: --l0-steps and --l0-penalties set the gates of --criterion l0, not of --criterion ",
                a->criterion);
-    const AnalysisInputs ai = load_analysis(*a, "ablate", "ablation");
+    const AnalysisInputs ai = load_analysis(*a, "ablate", "ablate");
     analysis::AblateOptions o = a->run;
     o.checkpoint = a->path;
     o.out = ai.out;

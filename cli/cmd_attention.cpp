@@ -30,7 +30,7 @@ namespace fs = std::filesystem;
 namespace {
 
 struct AttentionArgs {
-  std::string path, tokenizer, prompt, out = ".", device = "cpu";
+  std::string path, tokenizer, prompt, out, device = "cpu";
   int64_t max_new = -1;
   int threads = 0;
 };
@@ -140,7 +140,7 @@ Action add_attention(CLI::App& app) {
   auto a = std::make_shared<AttentionArgs>();
   add_model_argument(app, a->path, a->tokenizer);
   app.add_option("--prompt", a->prompt,
-                 "the input: a task input (e.g. 31415), text for chars checkpoints and GPT-2 folders, an "
+                 "the input: a task input (e.g. 31415), text for chars checkpoints and pretrained models, an "
                  "encoder-decoder's source (e.g. \"three hundred and twelve\")")
       ->required();
   app.add_option("--max-new-tokens", a->max_new,
@@ -148,14 +148,15 @@ Action add_attention(CLI::App& app) {
                  "encoder-decoder: decoded to the end token, at most 64)")
       ->check(non_negative_number(1e15));
   app.add_option("--out", a->out,
-                 "folder for attention.h5, attention.png and attention.html (encoder-decoder: a PNG per kind, "
-                 "attention_{encoder,decoder,cross}.png)")
-      ->type_name(kOutputDir)
-      ->capture_default_str();
+                 output_folder_help("folder for attention.h5, attention.png and attention.html (encoder-decoder: a "
+                                    "PNG per kind, attention_{encoder,decoder,cross}.png)",
+                                    "attention"))
+      ->type_name(kOutputDir);
   app.add_option("--device", a->device, "cpu | cuda | cuda:N")->capture_default_str();
   add_threads_option(app, a->threads);
   return [a] {
     set_threads(a->threads);
+    a->out = output_folder(a->path, a->out, "attention");
     const Loaded l = load("attention", a->path, a->device, "", a->tokenizer);
     if (nn::EncoderDecoder* m = l.seq2seq()) return seq2seq_attention(*a, l, *m);
     const tasks::Prompt p = l.task->encode_prompt(a->prompt);

@@ -23,7 +23,7 @@ namespace {
 
 // eval of a text (BPE) model: the perplexity of a whole text file (train::evaluate_text).
 int eval_text(const Loaded& l, const std::string& path, const std::string& text, int64_t stride) {
-  HL_CHECK(!text.empty(), "eval: a GPT-2 model is evaluated on a text: give --text FILE");
+  HL_CHECK(!text.empty(), "eval: a subword (text) model is evaluated on a text: give --text FILE");
   std::vector<int64_t> ids = l.subword()->encode(read_input_file(text, "eval: --text"), text);
   if (const auto bos = l.subword()->bos()) ids.insert(ids.begin(), *bos);
   nn::DecoderModel& model = l.decoder("eval");
@@ -52,6 +52,26 @@ void print_parameters(const NamedTensors& parameters) {
   std::cout << "  " << std::left << std::setw(60) << "total" << std::right << std::setw(10) << total << "\n";
 }
 
+// A decoder section stores 0 for "the default" of some sizes (nn/decoder_config.h); inspect shows what it means.
+void explain_defaults(nlohmann::json& j) {
+  if (!j.is_object()) return;
+  for (auto& [key, value] : j.items()) explain_defaults(value);
+  const auto size = [&](const char* k) { return j.contains(k) && j[k].is_number_integer() ? j[k].get<int64_t>() : -1; };
+  const int64_t emb = size("emb_dim"), heads = size("n_heads");
+  if (emb <= 0 || heads <= 0) return;
+  const auto meaning = [](const char* rule, int64_t v) {
+    return std::string("0 (the default: ").append(rule).append(" = ").append(std::to_string(v)).append(")");
+  };
+  if (size("head_dim") == 0) j["head_dim"] = meaning("emb_dim / n_heads", emb / heads);
+  if (size("n_kv_heads") == 0) j["n_kv_heads"] = meaning("n_heads", heads);
+  if (size("hidden_dim") == 0) j["hidden_dim"] = meaning("4 x emb_dim", 4 * emb);
+}
+
+nlohmann::json explained(nlohmann::json j) {
+  explain_defaults(j);
+  return j;
+}
+
 // inspect on a pretrained model (a model folder, a llama2.c checkpoint: any source but headlab's own): its config as
 // headlab reads it, what its format says of it, its tokenizer and the parameters by headlab's names.
 int inspect_pretrained(const std::string& path, const io::ModelSource& source, const io::SourceModel& m,
@@ -65,7 +85,7 @@ int inspect_pretrained(const std::string& path, const io::ModelSource& source, c
     tokenizer_line = "none given (--tokenizer FILE)";
   std::cout << source.name() << " " << path << " (family " << family.arch()
             << ")\n\nconfig (as headlab reads it: " << family.describe(config) << ")\n"
-            << config.dump(2) << "\n"
+            << explained(config).dump(2) << "\n"
             << (m.notes.empty() ? "" : m.notes + "\n") << "tokenizer: " << tokenizer_line << "\n\nparameters\n";
   print_parameters(m.pretrained.parameters);
   return 0;
@@ -83,11 +103,11 @@ Action add_eval(CLI::App& app) {
   auto stride = std::make_shared<int64_t>(0);
   add_model_argument(app, *path, *tokenizer);
   app.add_option("--text", *text,
-                 "chars checkpoints: evaluate on the last 10% of this text instead; GPT-2 models: the whole "
-                 "file's perplexity")
+                 "chars checkpoints: evaluate on the last 10% of this text instead; subword models (model folders, "
+                 "llama2.c files, their conversions): the whole file's perplexity")
       ->type_name(kInputFile);
   app.add_option("--stride", *stride,
-                 "GPT-2 models: windows of the context start every N tokens, each scoring the tokens no earlier "
+                 "subword models: windows of the context start every N tokens, each scoring the tokens no earlier "
                  "window scored (default: half the context)")
       ->check(positive_number(1e9));
   app.add_option("--batches", *batches, "validation batches (default: the run's --eval-batches)")
@@ -102,7 +122,7 @@ Action add_eval(CLI::App& app) {
                "' is a subword model, scored on the whole --text (its windows set by --stride)");
       return eval_text(l, *path, *text, *stride);
     }
-    HL_CHECK(*stride == 0, "eval: --stride applies to GPT-2 models, with --text");
+    HL_CHECK(*stride == 0, "eval: --stride applies to subword models (model folders, llama2.c files), with --text");
     HL_CHECK(text->empty() || dynamic_cast<const tasks::TextWindowsTask*>(l.task.get()),
              "eval: --text applies to text models (chars); '", *path, "' was trained on the ", l.task->name(),
              " task, which reads no text");
@@ -222,6 +242,7 @@ Action add_inspect(CLI::App& app) {
       cfg["tokenizer"]["vocab"] =
           nlohmann::json(v).dump() + " (" + std::to_string(cfg["tokenizer"]["vocab"].size()) + " tokens)";
     }
+    explain_defaults(cfg);
     std::cout << "checkpoint " << *path << "\n\nconfig\n" << cfg.dump(2) << "\n\nparameters\n";
     print_parameters(ck.model);
     if (ck.has_optimizer)

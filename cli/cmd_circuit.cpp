@@ -28,7 +28,7 @@ Action add_circuit(CLI::App& app) {
   auto a = std::make_shared<CircuitArgs>();
   add_model_argument(app, a->path, a->tokenizer);
   add_prompt_pair_options(app, a->pairs);
-  app.add_option("--out", a->out, "output folder (default: <checkpoint folder>/circuit)")->type_name(kOutputDir);
+  app.add_option("--out", a->out, output_folder_help("output folder", "circuit"))->type_name(kOutputDir);
   app.add_option("--tau", a->run.tau, "discovery: an edge goes when the normalised metric falls by less than this")
       ->check(in_range(0, 10))
       ->capture_default_str();
@@ -65,8 +65,7 @@ Action add_circuit(CLI::App& app) {
     const Loaded in = load("circuit", a->path, "cpu", "", a->tokenizer);
     nn::DecoderModel& model = in.decoder("circuit");
     const MadePairs made = make_prompt_pairs(a->pairs, in, a->run.seed, "circuit");
-    const std::string home = in.from_folder ? a->path : std::filesystem::path(a->path).parent_path().string();
-    const std::string out = a->out.empty() ? join_path(home, "circuit") : a->out;
+    const std::string out = output_folder(a->path, a->out, "circuit");
     std::optional<io::FolderLock> lock;
     if (writer) lock.emplace(make_locked_dir(out, "circuit"));
     analysis::CircuitRunOptions o = a->run;

@@ -17,6 +17,7 @@
 #include <sstream>
 
 #include "analysis/analysis.h"
+#include "analysis/machine_load.h"
 #include "backends/backend.h"
 #include "base/input_path.h"
 #include "cli/commands.h"
@@ -266,6 +267,7 @@ Action add_compare(CLI::App& app) {
     }
     const io::FolderLock lock = make_locked_dir(a->out, "compare");
     TorchPeer torch(o.device.is_cuda() ? "off" : a->torch_peer, a->torch_peer_script);  // a CPU peer
+    const analysis::OtherLoad load;  // what else ran on the machine meanwhile
     print_compare_header(o);
     std::vector<analysis::CompareResult> results, sweep_results;
     for (const auto* list : {&extra, &sweep})
@@ -304,9 +306,12 @@ Action add_compare(CLI::App& app) {
     const std::string csv = join_path(a->out, "compare.csv"), js = join_path(a->out, "compare.json"),
                       png = join_path(a->out, "compare.png");
     write_text(csv, analysis::compare_csv(results, o), "compare");
-    write_text(js, analysis::compare_json(results, o).dump(2) + "\n", "compare");
+    nlohmann::json json = analysis::compare_json(results, o);
+    json["other_processes_busy_cores"] = load.cores();  // NaN (null) where /proc cannot be read
+    write_text(js, json.dump(2) + "\n", "compare");
     analysis::save_compare_png(png, sweep_results.empty() ? results : sweep_results, a->x, o.device);
     std::cout << "\nwrote " << csv << ", " << js << ", " << png << "\n";
+    if (const std::string w = load.warning(); !w.empty()) std::cerr << "compare: warning: " << w << "\n";
     return 0;
   };
 }

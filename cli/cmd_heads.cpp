@@ -41,8 +41,7 @@ int heads_on_pairs(const HeadsArgs& a) {
   const Loaded in = load("heads", a.path, "cpu", "", a.tokenizer);
   nn::DecoderModel& model = in.decoder("heads");
   const MadePairs made = make_prompt_pairs(a.pairs, in, a.seed, "heads");
-  const std::string home = in.from_folder ? a.path : std::filesystem::path(a.path).parent_path().string();
-  const std::string out = a.out.empty() ? join_path(home, "heads") : a.out;
+  const std::string out = output_folder(a.path, a.out, "heads");
   std::optional<io::FolderLock> lock;
   if (writer) lock.emplace(make_locked_dir(out, "heads"));
   analysis::PairHeadsOptions o;
@@ -62,7 +61,7 @@ int heads_over_checkpoints(const HeadsArgs& a, const std::vector<std::pair<int64
            "heads: --batches, --batch-size and --by-position choose the analyses of one checkpoint; over a folder of "
            "checkpoints each is scored on the same tracked rows (--tokens, --text)");
   set_threads(a.threads);
-  const std::string out = a.out.empty() ? join_path(a.path, "heads") : a.out;
+  const std::string out = output_folder(a.path, a.out, "heads");
   const io::FolderLock lock = make_locked_dir(out, "heads");
   analysis::HeadsOverTime tracker;
   for (const auto& [step, path] : series) {
@@ -120,7 +119,7 @@ Action add_heads(CLI::App& app) {
     std::cout << "headlab heads: " << a->path << " (task " << ai.in.task->name() << ", " << shape.n_layers
               << " layers x " << shape.n_heads << " heads"
               << (shape.kept_heads.empty() ? "" : ", pruned: kept " + analysis::kept_heads_text(shape.kept_heads))
-              << ")\ndata: " << ai.batches << " validation batches of " << ai.batch_size << " x " << ai.tokens << " ("
+              << ")\ndata: " << count_of(ai.batches, "validation batch", "validation batches") << " of " << ai.batch_size << " x " << ai.tokens << " ("
               << ai.data.tokens() << " scored tokens)\n"
               << std::flush;
     analysis::HeadsOptions o;

@@ -119,6 +119,41 @@ std::string options_table(const CLI::App& app) {
   return out;
 }
 
+std::string bash_completion(const CLI::App& app) {
+  // (a stream, not "..." + std::string: GCC 12 warns falsely of an overlapping memcpy there, its bug 105329)
+  std::ostringstream names, cases;
+  for (const CLI::App* sub : commands(app)) {
+    names << sub->get_name() << " ";
+    cases << "    " << sub->get_name() << ") opts=\"--help";
+    for (const CLI::Option* opt : sub->get_options())
+      for (const std::string& n : opt->get_lnames()) cases << " --" << n;
+    cases << "\" ;;\n";
+  }
+  std::ostringstream os;
+  os << "# bash completion for headlab (zsh: autoload bashcompinit && bashcompinit first).\n"
+        "# eval \"$(headlab --completion bash)\", or save it as ~/.local/share/bash-completion/completions/headlab\n"
+        "_headlab() {\n"
+        "  local cur=${COMP_WORDS[COMP_CWORD]} opts\n"
+        "  if ((COMP_CWORD == 1)); then\n"
+        "    COMPREPLY=($(compgen -W \""
+     << names.str()
+     << "--help --version\" -- \"$cur\"))\n"
+        "    return\n"
+        "  fi\n"
+        "  case ${COMP_WORDS[1]} in\n"
+     << cases.str()
+     << "    *) opts=\"\" ;;\n"
+        "  esac\n"
+        "  if [[ $cur == -* ]]; then\n"
+        "    COMPREPLY=($(compgen -W \"$opts\" -- \"$cur\"))\n"
+        "  else\n"
+        "    COMPREPLY=($(compgen -f -- \"$cur\"))\n"
+        "  fi\n"
+        "}\n"
+        "complete -o filenames -o bashdefault -F _headlab headlab\n";
+  return os.str();
+}
+
 void set_threads(int threads, int processes) {
   if (threads > 0)
     omp_set_num_threads(threads);
@@ -140,10 +175,10 @@ void add_model_argument(CLI::App& app, std::string& path, std::string& tokenizer
 
 void add_analysis_options(CLI::App& app, AnalysisArgs& a, const std::string& default_out) {
   add_model_argument(app, a.path, a.tokenizer);
-  app.add_option("--out", a.out, "output folder (default: <checkpoint folder>/" + default_out + ")")
+  app.add_option("--out", a.out, output_folder_help("output folder", default_out))
       ->type_name(kOutputDir);
   app.add_option("--text", a.text,
-                 "chars and GPT-2 (BPE) models: evaluate on the last 10% of this text (GPT-2 folders: required)")
+                 "chars and subword models: evaluate on the last 10% of this text (model folders, llama2.c files: required)")
       ->type_name(kInputFile);
   app.add_option("--tokens", a.tokens, "tokens per row of a text model's data (default: the model's context)")
       ->check(positive_number(1e9));
@@ -161,10 +196,10 @@ AnalysisInputs load_analysis(const AnalysisArgs& a, const char* cmd, const std::
   r.in = load(cmd, a.path, a.device, a.text, a.tokenizer);
   const std::string task = r.in.task->name();
   const bool text_task = task == "chars" || task == "text";
-  HL_CHECK(a.text.empty() || text_task, cmd, ": --text applies to chars and GPT-2 models; '", a.path, "' is a ", task,
+  HL_CHECK(a.text.empty() || text_task, cmd, ": --text applies to chars and subword models; '", a.path, "' is a ", task,
            " checkpoint");
-  HL_CHECK(!r.in.from_folder || !a.text.empty(), cmd, ": a GPT-2 folder is analysed on a text: give --text FILE");
-  HL_CHECK(a.tokens == 0 || text_task, cmd, ": --tokens applies to chars and GPT-2 models; a ", task,
+  HL_CHECK(!r.in.from_folder || !a.text.empty(), cmd, ": a pretrained model (a model folder or file) is analysed on a text: give --text FILE");
+  HL_CHECK(a.tokens == 0 || text_task, cmd, ": --tokens applies to chars and subword models; a ", task,
            " task's rows are as long as its examples");
   r.run = r.in.config;
   r.batches = a.batches > 0 ? a.batches : r.run.run.eval_batches;
@@ -177,9 +212,7 @@ AnalysisInputs load_analysis(const AnalysisArgs& a, const char* cmd, const std::
                                "lower --batches (now " + std::to_string(r.batches) + ") or --batch-size (now " +
                                    std::to_string(r.batch_size) + ")",
                                r.tokens);
-  // A folder's results go inside it, as a checkpoint's go beside it.
-  const std::string home = r.in.from_folder ? a.path : std::filesystem::path(a.path).parent_path().string();
-  r.out = a.out.empty() ? join_path(home, default_out) : a.out;
+  r.out = output_folder(a.path, a.out, default_out);
   r.lock = make_locked_dir(r.out, cmd);
   r.data = analysis::make_eval_set(*r.in.task, r.batches, r.batch_size, r.tokens);
   return r;
@@ -261,6 +294,18 @@ std::string wrote_line(const std::string& out, const std::vector<std::string>& n
   std::string list;
   for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
   return out + "/{" + list + "}";
+}
+
+std::string output_folder(const std::string& model_path, const std::string& out, const std::string& name) {
+  if (!out.empty()) return out;
+  std::error_code ec;
+  if (std::filesystem::is_directory(model_path, ec)) return join_path(model_path, name);
+  const std::string parent = std::filesystem::path(model_path).parent_path().string();
+  return join_path(parent.empty() ? "." : parent, name);
+}
+
+std::string output_folder_help(const std::string& what, const std::string& name) {
+  return what + " (default: " + name + "/ beside the model file, or inside a model folder)";
 }
 
 }  // namespace headlab::cli

@@ -43,6 +43,8 @@ void finish_options(CLI::App& app);
 // One line per option of every command: "command<TAB>option<TAB>type<TAB>lo<TAB>hi" (type: INT, UINT,
 // FLOAT, FILE, FOLDER, DIR, OUTFILE, TEXT or FLAG; lo and hi for numbers, the lower bound open when prefixed by '(').
 std::string options_table(const CLI::App& app);
+// `headlab --completion bash`: a bash completion script of every command and its options.
+std::string bash_completion(const CLI::App& app);
 // Sets the thread count for OpenMP/OpenBLAS (0: leave the default, all cores).
 // threads > 0: exactly that many; 0: OpenMP's default, or the cores shared out among `processes`
 // headlab processes on this machine (data-parallel ranks).
@@ -64,7 +66,7 @@ struct AnalysisArgs {
 // The model argument of every command that reads one: a headlab checkpoint (.h5), a Hugging Face model folder
 // or a llama2.c checkpoint; and --tokenizer (a llama2.c checkpoint's tokenizer file).
 void add_model_argument(CLI::App& app, std::string& path, std::string& tokenizer);
-// The checkpoint argument, --out (default <checkpoint folder>/<default_out>), --text, --batches,
+// The checkpoint argument, --out (default: output_folder), --text, --batches,
 // --batch-size, --tokens, --device, --threads.
 void add_analysis_options(CLI::App& app, AnalysisArgs& a, const std::string& default_out);
 struct AnalysisInputs {
@@ -108,10 +110,16 @@ std::string read_input_file(const std::string& path, const char* who);
 // Replaces the file atomically (io/atomic_file.h); errors start with cmd.
 void write_text(const std::string& path, const std::string& text, const char* cmd);
 std::string join_path(const std::string& dir, const std::string& name);
+// Where a command writes when --out is not given, the one rule of every command that reads a model:
+// beside the model (a file's folder/<name>), or inside a model folder (<folder>/<name>). `out` when given.
+std::string output_folder(const std::string& model_path, const std::string& out, const std::string& name);
+// The --out help of such a command: "output folder (default: <name> beside the model file, or inside a model folder)".
+std::string output_folder_help(const std::string& what, const std::string& name);
 
 using analysis::fmt;  // fixed; "nan" for NaN (analysis/table.h, as the result tables show numbers)
 using analysis::fmt_sci;
 using analysis::fmt_signed;        // with a sign
+using analysis::count_of;  // "1 validation batch"
 std::string fmt_bytes(int64_t b);  // "1.5 MiB"
 std::string pad(const std::string& s, size_t w, bool left = false);
 // An analysis's text on the terminal, as it comes (analysis::Say).

@@ -48,31 +48,55 @@ int main(int argc, char** argv) {
                            ", small GEMMs: OpenBLAS)");
 #endif
   std::map<CLI::App*, headlab::cli::Action> actions;
-  auto add = [&](const char* name, const char* help, headlab::cli::Action (*fn)(CLI::App&)) {
+  // Each command's --help ends with examples a user can run from the repository after ./scripts/demo.sh.
+  auto add = [&](const char* name, const char* help, headlab::cli::Action (*fn)(CLI::App&), const char* examples) {
     CLI::App* sub = app.add_subcommand(name, help);
     actions[sub] = fn(*sub);
+    sub->footer(std::string("\nExamples (S=../shared/models/stories260K):\n").append(examples));
   };
   add("train", "train a GPT or an encoder-decoder (--arch) on a task: reverse, copy, sort, add, chars, numbers",
-      headlab::cli::add_train);
-  add("eval", "loss and accuracy of a checkpoint on validation data", headlab::cli::add_eval);
-  add("generate", "continue a prompt (or answer a task input) with a checkpoint", headlab::cli::add_generate);
-  add("inspect", "show a checkpoint's config, parameters and training state", headlab::cli::add_inspect);
+      headlab::cli::add_train,
+      "  headlab train --task reverse --out runs/r\n"
+      "  headlab train --task sort --n-layers 1 --n-heads 2 --steps 500 --track-heads 50 --out runs/sort\n"
+      "  headlab train --arch encoder-decoder --task numbers --steps 1000 --out runs/numbers\n");
+  add("eval", "loss and accuracy of a checkpoint on validation data", headlab::cli::add_eval,
+      "  headlab eval runs/demo/checkpoint.h5\n"
+      "  headlab eval $S/stories260K.bin --tokenizer $S/tok512.model --text README.md\n");
+  add("generate", "continue a prompt (or answer a task input) with a checkpoint", headlab::cli::add_generate,
+      "  headlab generate runs/demo/checkpoint.h5 --prompt 31415\n"
+      "  headlab generate $S/stories260K.bin --tokenizer $S/tok512.model --prompt \"Once upon a time\"\n");
+  add("inspect", "show a checkpoint's config, parameters and training state", headlab::cli::add_inspect,
+      "  headlab inspect runs/demo/checkpoint.h5\n"
+      "  headlab inspect $S/stories260K.bin\n");
   add("compare", "time and compare the wrapper and fused attention (multi-head, grouped-query, multi-query)",
-      headlab::cli::add_compare);
+      headlab::cli::add_compare,
+      "  headlab compare --out runs/compare\n"
+      "  headlab compare --no-sweep --no-peer-grid --config gqa,8,256,512,512,8,2 --out runs/gqa\n");
   add("ablate", "which heads matter: ablation, importance, pruning (GPT and encoder-decoder)",
-      headlab::cli::add_ablate);
-  add("attention", "dump and draw every head's attention weights for one input", headlab::cli::add_attention);
+      headlab::cli::add_ablate,
+      "  headlab ablate runs/demo/checkpoint.h5 --prune 2 --finetune 100\n"
+      "  headlab ablate $S/stories260K.bin --tokenizer $S/tok512.model --text README.md --out runs/s-ablate\n");
+  add("attention", "dump and draw every head's attention weights for one input", headlab::cli::add_attention,
+      "  headlab attention runs/demo/checkpoint.h5 --prompt 31415\n"
+      "  headlab attention $S/stories260K.bin --tokenizer $S/tok512.model --prompt \"Tim and Lily\" --out runs/att\n");
   add("heads", "what each attention head does: ablation, logit attribution, patching, head types",
-      headlab::cli::add_heads);
+      headlab::cli::add_heads,
+      "  headlab heads runs/demo/checkpoint.h5\n"
+      "  headlab heads $S/stories260K.bin --tokenizer $S/tok512.model --task induction --out runs/s-heads\n"
+      "  headlab heads runs/watch   (a folder of one run's checkpoints: every head over training)\n");
   add("circuit", "which heads pass what to whom on prompt pairs: edge attribution, path patching, circuit discovery",
-      headlab::cli::add_circuit);
+      headlab::cli::add_circuit,
+      "  headlab circuit $S/stories260K.bin --tokenizer $S/tok512.model --task induction --out runs/s-circuit\n"
+      "  headlab circuit gpt2/ --task ioi --rows 32\n");
   add("tokenize", "a model's subword tokenizer (a folder's, a checkpoint's or --tokenizer): text -> ids",
-      headlab::cli::add_tokenize);
+      headlab::cli::add_tokenize,
+      "  headlab tokenize $S/stories260K.bin --tokenizer $S/tok512.model --prompt \"Once upon a time\"\n");
   add("export", "write a decoder checkpoint as a Hugging Face folder of its family (config.json, model.safetensors)",
-      headlab::cli::add_export);
+      headlab::cli::add_export, "  headlab export runs/demo/checkpoint.h5 --out runs/demo/hf\n");
   add("convert",
       "write a Hugging Face folder or a llama2.c checkpoint as a headlab checkpoint (.h5, its tokenizer inside)",
-      headlab::cli::add_convert);
+      headlab::cli::add_convert,
+      "  headlab convert $S/stories260K.bin --tokenizer $S/tok512.model --out runs/stories260K.h5\n");
   try {
     headlab::cli::finish_options(app);
   } catch (const headlab::Error& e) {
@@ -83,6 +107,15 @@ int main(int argc, char** argv) {
   if (argc == 2 && std::string(argv[1]) == "--options-table") {
     std::cout << headlab::cli::options_table(app);
     return 0;
+  }
+  // Shell completion of every command and option (README: "Shell completion").
+  if (argc >= 2 && std::string(argv[1]) == "--completion") {
+    if (argc == 3 && std::string(argv[2]) == "bash") {
+      std::cout << headlab::cli::bash_completion(app);
+      return 0;
+    }
+    std::cerr << "headlab --completion: give the shell: headlab --completion bash (zsh: with bashcompinit)\n";
+    return 2;
   }
   try {
     app.parse(argc, argv);

@@ -72,8 +72,8 @@ const tasks::TextTokenizer* Loaded::subword() const {
 nn::DecoderModel& Loaded::decoder(const char* cmd) const {
   auto* d = model->as_decoder();
   HL_CHECK(d, cmd,
-           ": this command needs a GPT checkpoint (a decoder-only model, or a model folder); this one holds an ",
-           config.family().model.arch(), " model");
+           ": this command needs a decoder-only model (GPT, LLaMA, GPT-NeoX: a checkpoint, model folder or file); this "
+           "one holds an ", config.family().model.arch(), " model");
   return *d;
 }
 

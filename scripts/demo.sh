@@ -5,7 +5,8 @@
 # kind. Everything lands in runs/demo/ and runs/demo-numbers/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/build.sh --target headlab_cli  # only what the demo runs
+# The command, the Python module (build/python/headlab) and the C++ examples (build/examples/): what the README uses.
+./scripts/build.sh --target headlab_cli --target headlab_python --target examples
 hl=./build/headlab
 out=runs/demo
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
@@ -43,5 +44,15 @@ for p in "three hundred and twelve" "forty two thousand and seven" "ninety nine"
 say "9. ablate the encoder-decoder: heads by kind (encoder self, decoder self, cross), Michel et al.'s best-head-only table, and every head's attention by kind"
 $hl ablate "$ed/checkpoint.h5" --out "$ed/ablate" --prune 4
 $hl attention "$ed/checkpoint.h5" --prompt "three hundred and twelve" --out "$ed/attention"
+
+say "10. Python: the same checkpoint from Python (PYTHONPATH=build/python; Debian's python3, which the module is built for)"
+PYTHONPATH=build/python /usr/bin/python3 - "$out/checkpoint.h5" <<'PY'
+import sys, headlab
+model = headlab.load(sys.argv[1])
+tokens = model.to_tokens("31415")
+logits, cache = model.run_with_cache(tokens)
+print("tokens", model.to_str_tokens(tokens), "-> logits", logits.shape, "; layer 1's attention", cache["blocks.1.attn.hook_pattern"].shape)
+print("generate:", model.generate("31415"))
+PY
 
 say "done: files in $out/ (checkpoint.h5, metrics.csv, ablate/report.md and PNGs, heads/report.md, compare/compare.csv and compare.png, hf/ for PyTorch) and $ed/ (the encoder-decoder, ablate/report.md, attention/attention.html: encoder, decoder and cross-attention on one page)"

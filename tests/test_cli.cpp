@@ -803,7 +803,7 @@ TEST_F(CliTest, Gpt2FolderEvalGenerateInspect) {
   r = headlab(
       {"eval", std::string(HEADLAB_SOURCE_DIR) + "/tests/fuzz/corpus/checkpoint_file/reverse.h5", "--stride", "4"});
   EXPECT_EQ(r.code, 1);
-  EXPECT_TRUE(contains(r.err, "--stride applies to GPT-2 models")) << r.err;
+  EXPECT_TRUE(contains(r.err, "--stride applies to subword models")) << r.err;
   fs::remove(dir + "/vocab.json");
   r = headlab({"generate", dir, "--prompt", "x"});
   EXPECT_EQ(r.code, 1);
@@ -1061,7 +1061,7 @@ TEST_F(CliTest, Gpt2FolderConvertsAnalysesAndFineTunes) {
     r = headlab({cmd, dir, "--text", path("story.txt"), "--batches", "1", "--batch-size", "2", "--tokens", "8",
                  "--threads", "1", "--out", path(std::string(cmd) + "_out")});
     ASSERT_EQ(r.code, 0) << cmd << "\n" << r.err;
-    EXPECT_TRUE(contains(r.out, "1 validation batches of 2 x 8") || std::string(cmd) == "ablate") << r.out;
+    EXPECT_TRUE(contains(r.out, "1 validation batch of 2 x 8") || std::string(cmd) == "ablate") << r.out;
   }
   EXPECT_TRUE(fs::exists(path("heads_out/heads.csv")));
   const std::string comp = slurp(path("heads_out/composition.csv"));  // 2 x 2 heads of layer 0 -> layer 1

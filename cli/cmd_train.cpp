@@ -166,8 +166,9 @@ void add_run_options(CLI::App& app, train::TrainOptions& o, Choices& ch) {
                  "for a llama2.c checkpoint; overrides a folder's)")
       ->type_name(kInputFile);
   app.add_option("--track-heads", ch.track_heads,
-                 "gpt: every N steps (and before the first, after the last) score every head (previous-token, "
-                 "induction, duplicate-token) and the in-context-learning score: <out>/heads_over_time.csv and .png")
+                 "decoders: every N steps (and before the first, after the last) score every head (previous-token, "
+                 "induction, duplicate-token) and the in-context-learning score (a task: its answers' loss and "
+                 "accuracy): <out>/heads_over_time.csv and .png; the phase change in heads_over_time.md")
       ->check(non_negative_number(1e12));
   app.add_flag("--resume", o.resume,
                "continue from <out>/checkpoint.h5 up to --steps; options given that fix the model, task or data must "

@@ -23,8 +23,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <numeric>
+#include <random>
 #include <set>
 #include <sstream>
 #include <string>
@@ -477,7 +479,9 @@ TEST(Analysis, IclScoreAndHeadsOverTimeMatchTheirParts) {
   EXPECT_NEAR(watch.history()[1].icl, s.icl, 1e-9);
   const std::string csv = watch.csv();
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 1 + 2 * 4) << csv;
-  EXPECT_EQ(csv.substr(0, csv.find('\n')), "step,layer,head,previous_token,induction,duplicate_token,loss,icl_score");
+  EXPECT_EQ(csv.substr(0, csv.find('\n')),
+            "step,layer,head,previous_token,induction,duplicate_token,loss,icl_score,token_accuracy,exact_match");
+  EXPECT_NEAR(watch.history()[1].token_accuracy, evaluate(model, data.batches).token_accuracy, 1e-9);
 }
 
 // Prompt pairs from JSONL in a chars model's tokenizer, every malformed row refused naming its line; the
@@ -563,58 +567,223 @@ TEST(Analysis, PromptPairsReadGenerateAndScore) {
   EXPECT_ERROR_CONTAINS(logit_difference(model, too_long), "prompts of 9 tokens do not fit the model's context of 8");
 }
 
-// The phase change is the interval where the ICL score falls fastest per step; the induction head is
-// the strongest at the end, and the first step any head reached the threshold is found.
-TEST(Analysis, PhaseChangeIsWhereTheIclScoreFallsFastest) {
+namespace {
+
+double logistic(double step, double middle, double width, double high, double low) {
+  return low + (high - low) / (1 + std::exp((step - middle) / width));
+}
+
+// A history observed every `every` steps up to `last`, its measure (the ICL score; the loss where `task`, the ICL
+// score then NaN as a task's is) from f(step, i), and two heads: L0H0's previous-token score rising with the
+// measure's fall, L1H1's induction score staying low.
+std::vector<HeadsAtStep> history_of(int64_t every, int64_t last, const std::function<double(double, int64_t)>& f,
+                                    bool task = false) {
   std::vector<HeadsAtStep> h;
-  const double icl[] = {0.0, -0.05, -0.1, -0.6, -0.7, -0.72};
-  const double ind[] = {0.01, 0.02, 0.05, 0.5, 0.7, 0.75};
-  for (int64_t i = 0; i < 6; ++i) {
+  for (int64_t step = 0, i = 0; step <= last; step += every, ++i) {
     HeadsAtStep s;
-    s.step = i * 100;
-    s.icl = icl[i];
-    s.loss = 3.0 - 0.1 * static_cast<double>(i);
+    s.step = step;
+    const double v = f(static_cast<double>(step), i);
+    (task ? s.loss : s.icl) = v;
+    if (task) s.icl = s.loss_early = s.loss_late = std::nan("");
+    if (!task) s.loss = 3 + v;
+    s.token_accuracy = 0.9 - v / 3, s.exact_match = task ? 0.8 - v / 3 : std::nan("");
     HeadTypeScores a, b;
-    a.layer = 0, a.head = a.original_head = 0, a.induction = 0.02;
-    b.layer = 1, b.head = b.original_head = 2, b.induction = ind[i];
+    a.layer = 0, a.head = a.original_head = 0, a.previous_token = 0.5 - v / 4, a.induction = 0.02;
+    b.layer = 1, b.head = b.original_head = 1, b.previous_token = 0.1, b.induction = 0.05, b.duplicate_token = 0.1;
     s.heads = {a, b};
     h.push_back(s);
   }
-  h.back().step = 520;  // a last, shorter interval: the drop is per step
-  PhaseChange p = find_phase_change(h);
-  ASSERT_TRUE(p.found);
-  EXPECT_TRUE(p.sharp);
-  EXPECT_NEAR(p.fall, 0.5, 1e-12);
-  EXPECT_NEAR(p.whole_fall, 0.72, 1e-12);     // from 0 (the highest before) to -0.72 (the lowest after)
-  EXPECT_NEAR(p.median_change, 0.05, 1e-12);  // of 0.05, 0.05, 0.5, 0.1, 0.02
+  return h;
+}
+
+double wiggle(int64_t i) { return 0.01 * std::sin(12.9898 * static_cast<double>(i)); }  // a plateau's small noise
+
+}  // namespace
+
+// A phase change is a sharp fall between plateaus, whatever the cadence of the observations: a clean S-curve
+// is one, observed every 50 steps or every 10 (where no single interval falls 0.1 nats: one interval's fall
+// against the median change missed it); the loss of a task (its ICL score NaN) has its S-curve found after the
+// first fast fall, which has no plateau before it; a slow slide, noise and too few observations are none.
+TEST(HeadsOverTime, PhaseChangeIsASharpFallBetweenPlateaus) {
+  const auto s_curve = [](double width) {
+    return [width](double step, int64_t i) { return logistic(step, 500, width, 0.0, -1.8) + wiggle(i); };
+  };
+  PhaseChange p = find_phase_change(history_of(50, 1000, s_curve(15)));
+  EXPECT_EQ(p.measure, PhaseMeasure::icl);
+  ASSERT_TRUE(p.found && p.sharp);
+  EXPECT_GE(p.from, 400);
+  EXPECT_LE(p.to, 600);
+  EXPECT_LT(p.from, 500);
+  EXPECT_GT(p.to, 500);
+  EXPECT_GT(p.fall, 1.4);
+  EXPECT_NEAR(p.whole_fall, 1.8, 0.05);
+  EXPECT_GE(p.contrast, kPhaseChangeRatio);
+  EXPECT_LT(p.moved, 0.05);
+  EXPECT_NEAR(p.first, 0.0, 0.02);
+  EXPECT_NEAR(p.last, -1.8, 0.02);
+  EXPECT_NEAR(p.loss_from - p.loss_to, p.fall, 1e-9);
+  // The heads: L0H0's previous-token score grew most, across the phase change too; the strongest induction
+  // head is L1H1 at 0.05, which never reached the threshold.
+  EXPECT_STREQ(p.grew_most.kind->name, "previous-token");
+  EXPECT_EQ(p.grew_most.layer, 0);
+  EXPECT_NEAR(p.grew_most.last - p.grew_most.first, 0.45, 0.01);
+  EXPECT_NEAR(p.grew_most.to - p.grew_most.from, p.fall / 4, 1e-9);
+  EXPECT_EQ(p.strongest_induction.layer, 1);
+  EXPECT_EQ(p.strongest_induction.head, 1);
+  EXPECT_DOUBLE_EQ(p.strongest_induction.last, 0.05);
+  EXPECT_EQ(p.first_induction_step, -1);
+
+  // A wider S-curve observed every 10 steps: its steepest interval falls 0.09 nats.
+  const std::vector<HeadsAtStep> fine = history_of(10, 1000, s_curve(50));
+  EXPECT_LT(fine[50].icl - fine[51].icl, kPhaseChangeNats);
+  p = find_phase_change(fine);
+  ASSERT_TRUE(p.sharp);
+  EXPECT_LT(p.from, 500);
+  EXPECT_GT(p.to, 500);
+  EXPECT_GT(p.fall, 1.2);
+
+  // A task's loss: a fast first fall, a plateau, the S-curve at 600, a plateau; the ICL score NaN throughout.
+  p = find_phase_change(history_of(
+      50, 1000,
+      [](double step, int64_t i) { return 1.5 * std::exp(-step / 20) + logistic(step, 600, 20, 1.9, 0.1) + wiggle(i); },
+      true));
+  EXPECT_EQ(p.measure, PhaseMeasure::loss);
+  ASSERT_TRUE(p.sharp);
+  EXPECT_GE(p.from, 450);
+  EXPECT_LE(p.to, 750);
+  EXPECT_GT(p.fall, 1.4);
+  EXPECT_TRUE(std::isfinite(p.first) && std::isfinite(p.last));
+
+  // The loss of `headlab train --task add --track-heads 50 --steps 1500` (observations to step 700): a first
+  // drop, a plateau of 150 steps, the fall from step 200 to 450 and a plateau; that of `--task sort` (600 steps)
+  // falls from the start and slows down: no phase change.
+  const std::vector<double> add = {2.750804, 1.534814, 1.398664, 1.389353, 1.339831, 1.118342, 0.725471, 0.318173,
+                                   0.080082, 0.015416, 0.005069, 0.002912, 0.002150, 0.001740, 0.001493},
+                            sort = {2.738152, 1.185963, 0.338690, 0.234196, 0.157010, 0.128755, 0.101966,
+                                    0.045273, 0.026855, 0.018069, 0.013174, 0.012011, 0.010192};
+  p = find_phase_change(history_of(
+      50, 700, [&](double, int64_t i) { return add[static_cast<size_t>(i)]; }, true));
+  ASSERT_TRUE(p.sharp) << p.contrast;
   EXPECT_EQ(p.from, 200);
-  EXPECT_EQ(p.to, 300);
-  EXPECT_DOUBLE_EQ(p.icl_from, -0.1);
-  EXPECT_DOUBLE_EQ(p.icl_to, -0.6);
-  EXPECT_DOUBLE_EQ(p.icl_first, 0.0);
-  EXPECT_DOUBLE_EQ(p.icl_last, -0.72);
-  EXPECT_DOUBLE_EQ(p.loss_from, 2.8);
-  EXPECT_EQ(p.layer, 1);
-  EXPECT_EQ(p.head, 2);
-  EXPECT_DOUBLE_EQ(p.induction_last, 0.75);
-  EXPECT_DOUBLE_EQ(p.induction_from, 0.05);
-  EXPECT_DOUBLE_EQ(p.induction_to, 0.5);
-  EXPECT_EQ(p.first_induction_step, 300);
-  // A slow slide is no phase change: its steepest step is a small share of the whole fall.
-  std::vector<HeadsAtStep> slide = h;
-  for (size_t i = 0; i < slide.size(); ++i) slide[i].step = static_cast<int64_t>(i) * 100, slide[i].icl = -0.2 * i;
-  slide.insert(slide.end(), slide.begin(), slide.end());
-  for (size_t i = 0; i < slide.size(); ++i) slide[i].step = static_cast<int64_t>(i) * 100, slide[i].icl = -0.2 * i;
-  p = find_phase_change(slide);
+  EXPECT_GE(p.to, 400);
+  EXPECT_LE(p.to, 450);
+  EXPECT_NEAR(p.fall, 1.339831 - (p.to == 400 ? 0.080082 : 0.015416), 1e-9);
+  p = find_phase_change(history_of(
+      50, 600, [&](double, int64_t i) { return sort[static_cast<size_t>(i)]; }, true));
   EXPECT_TRUE(p.found);
-  EXPECT_FALSE(p.sharp);  // 0.2, the median change
-  // A rising ICL score has no phase change; neither have two observations.
-  for (HeadsAtStep& s : h) s.icl = -s.icl;
-  EXPECT_FALSE(find_phase_change(h).found);
-  h.resize(2);
-  for (HeadsAtStep& s : h) s.icl = -s.icl;
-  EXPECT_FALSE(find_phase_change(h).found);
-  EXPECT_EQ(find_phase_change({}).layer, -1);
+  EXPECT_FALSE(p.sharp) << p.from << " -> " << p.to << ", " << p.contrast << " x";
+  EXPECT_EQ(p.from, 0);  // the steepest fall, reported as such
+  EXPECT_EQ(p.to, 50);
+
+  // A slow slide: it falls fastest somewhere, but as fast before and after.
+  p = find_phase_change(history_of(50, 1000, [](double step, int64_t i) { return -1.5 * step / 1000 + wiggle(i); }));
+  EXPECT_TRUE(p.found);
+  EXPECT_FALSE(p.sharp);
+  EXPECT_GT(p.contrast, 0);
+  EXPECT_LT(p.contrast, kPhaseChangeRatio);
+  // Noise of 0.2 nats: falls of more than 0.1 nats everywhere, none sharp (20 draws).
+  for (unsigned seed = 0; seed < 20; ++seed) {
+    std::mt19937 gen(seed);
+    std::normal_distribution<double> noise(0, 0.2);
+    p = find_phase_change(history_of(25, 1000, [&](double, int64_t) { return noise(gen); }));
+    EXPECT_TRUE(p.found) << seed;
+    EXPECT_FALSE(p.sharp) << seed << ": " << p.from << " -> " << p.to << ", " << p.contrast << " x";
+  }
+  // Too few observations: a perfect step over 5 has no 3 observations of plateau on either side; 2 do not
+  // even make an interval to compare; a rising measure never falls.
+  const double step_values[] = {0, 0, -1.5, -1.5, -1.5};
+  p = find_phase_change(history_of(100, 400, [&](double, int64_t i) { return step_values[i]; }));
+  EXPECT_TRUE(p.found);
+  EXPECT_FALSE(p.sharp);
+  EXPECT_EQ(p.contrast, 0);
+  EXPECT_EQ(p.from, 100);
+  EXPECT_EQ(p.to, 200);
+  EXPECT_FALSE(find_phase_change(history_of(100, 100, s_curve(15))).found);
+  EXPECT_FALSE(find_phase_change(history_of(50, 1000, [](double step, int64_t) { return step / 1000; })).found);
+  EXPECT_EQ(find_phase_change({}).strongest_induction.layer, -1);
+}
+
+// The summary and the charts say what was tracked: on a task no NaN ICL score and no induction head (none
+// reached the threshold), the loss's phase change named, the head score that grew most; on text the ICL
+// score and the strongest induction head. The charts: a panel per head score with every head a line, the
+// phase change's stretch marked on each, and the loss over step + 1 so that step 0 shows on its log axis.
+TEST(HeadsOverTime, SummaryAndChartsSayWhatWasTracked) {
+  const auto task_loss = [](double step, int64_t i) { return logistic(step, 500, 15, 2.0, 0.1) + wiggle(i); };
+  const std::vector<HeadsAtStep> task = history_of(50, 1000, task_loss, true);
+  const std::string md = heads_over_time_md(task, "sort", 64);
+  for (const char* absent : {"nan", "induction head", "ICL score", "no phase change"})
+    EXPECT_EQ(md.find(absent), std::string::npos) << absent << "\n" << md;
+  for (const char* present :
+       {"- tracked: the loss of the sort task's answers on 64 validation rows", "token accuracy", "exact match",
+        "- phase change: the loss fell", "- head score that grew most: previous-token, L0H0"})
+    EXPECT_NE(md.find(present), std::string::npos) << present << "\n" << md;
+  std::vector<HeadsAtStep> induced = task;  // a head that reached the threshold is named on a task too
+  for (HeadsAtStep& s : induced) s.heads[1].induction = s.step >= 600 ? 0.7 : 0.05;
+  EXPECT_NE(
+      heads_over_time_md(induced, "sort", 64).find("strongest induction head at the end: L1H1, induction score 0.700"),
+      std::string::npos);
+  const std::string text = heads_over_time_md(
+      history_of(50, 1000, [](double step, int64_t i) { return logistic(step, 500, 15, 0.0, -0.5) + wiggle(i); }),
+      "chars", 64);
+  for (const char* present : {"in-context-learning score", "- phase change: the ICL score fell",
+                              "strongest induction head at the end: L1H1, induction score 0.050 (0.050 -> 0.050 across "
+                              "the phase change; under 0.4, where heads labels a head induction)",
+                              "reached 0.4: never"})
+    EXPECT_NE(text.find(present), std::string::npos) << present << "\n" << text;
+
+  const std::vector<plot::LineChart> charts = heads_over_time_charts(task, "sort");
+  ASSERT_EQ(charts.size(), 5u);  // previous-token, induction, duplicate-token, accuracy, loss
+  const PhaseChange p = find_phase_change(task);
+  for (size_t c = 0; c < 3; ++c) {
+    EXPECT_NE(charts[c].title.find(kTrackedScores[c].name), std::string::npos) << charts[c].title;
+    ASSERT_EQ(charts[c].series.size(), 2u);  // every head
+    EXPECT_EQ(charts[c].series[0].y.size(), task.size());
+    EXPECT_EQ(charts[c].series[0].name, c == 0 ? "L0H0" : "");
+  }
+  EXPECT_DOUBLE_EQ(charts[0].series[0].y.back(), task.back().heads[0].previous_token);
+  for (size_t c = 0; c < 4; ++c) {
+    ASSERT_EQ(charts[c].x_marks.size(), 2u) << c;
+    EXPECT_EQ(charts[c].x_marks[0].x, static_cast<double>(p.from));
+    EXPECT_EQ(charts[c].x_marks[1].x, static_cast<double>(p.to));
+  }
+  for (const plot::Series& line : charts[3].series)  // no NaN ICL score drawn: the answers' accuracy
+    EXPECT_TRUE(line.name == "token accuracy" || line.name == "exact match") << line.name;
+  const plot::LineChart& loss = charts[4];
+  EXPECT_TRUE(loss.log_x);
+  EXPECT_NE(loss.x_label.find("step + 1"), std::string::npos);
+  ASSERT_EQ(loss.series[0].x.size(), task.size());  // step 0 as 1
+  EXPECT_EQ(loss.series[0].x.front(), 1.0);
+  EXPECT_DOUBLE_EQ(loss.series[0].y.front(), task.front().loss);
+  EXPECT_EQ(loss.x_marks[0].x, static_cast<double>(p.from + 1));
+  const headlab::testing::TempDir dir("heads_over_time");  // and it draws
+  plot::save_line_charts(charts, dir.path("h.png"));
+  expect_drawn(dir.path("h.png"), 2000, 400);
+}
+
+// train --task sort --track-heads through the command: the csv, png and md, and the lines printed after
+// training, have no NaN and claim no induction head; the md says the loss of the answers was tracked.
+TEST(HeadsOverTime, TrackingATaskModelReportsItsLossNotANanIclScore) {
+  const fs::path exe = fs::path(HEADLAB_BINARY_DIR) / "headlab";
+  if (!fs::exists(exe)) GTEST_SKIP() << exe << " is not built (cmake --build <dir> --target headlab_cli)";
+  const headlab::testing::TempDir dir("heads_over_time_sort");
+  const headlab::testing::ProcessResult r = headlab::testing::run_process(
+      {exe.string(),     "train", "--task",        "sort", "--emb-dim",    "16", "--n-heads",    "2",
+       "--n-layers",     "2",     "--steps",       "6",    "--batch-size", "8",  "--eval-every", "6",
+       "--eval-batches", "1",     "--track-heads", "2",    "--threads",    "1",  "--out",        dir.path("run")},
+      dir.dir());
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string md = headlab::testing::slurp(dir.path("run/heads_over_time.md")),
+                    csv = headlab::testing::slurp(dir.path("run/heads_over_time.csv"));
+  const std::string printed = r.out.substr(r.out.find("heads over time:"));
+  for (const std::string& text : {md, csv, printed}) {
+    EXPECT_EQ(text.find("nan"), std::string::npos) << text;
+    EXPECT_EQ(text.find("induction head"), std::string::npos) << text;
+  }
+  EXPECT_NE(md.find("- tracked: the loss of the sort task's answers"), std::string::npos) << md;
+  EXPECT_NE(printed.find("- tracked: the loss of the sort task's answers"), std::string::npos) << printed;
+  EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 1 + 4 * 4) << csv;  // steps 0, 2, 4, 6 x 4 heads
+  EXPECT_NE(csv.find("\n6,1,1,"), std::string::npos) << csv;
+  expect_drawn(dir.path("run/heads_over_time.png"), 2000, 400);
 }
 
 TEST_F(AnalysisFiles, FinetuningRecoversWhatPruningCost) {

@@ -62,8 +62,7 @@ Action add_tokenize(CLI::App& app) {
     const tasks::TextTokenizer* tok = alone ? alone.get() : l->subword();
     HL_CHECK(tok, "tokenize: '", a->model, "' has the ", l->task->name(),
              " task's own tokenizer, not a subword one (tokenize reads pretrained models and their checkpoints)");
-    std::vector<int64_t> ids = tok->encode(input, a->text.empty() ? "prompt" : a->text);
-    if (!a->no_bos && tok->bos()) ids.insert(ids.begin(), *tok->bos());
+    const std::vector<int64_t> ids = tok->encode_prompt(input, !a->no_bos, a->text.empty() ? "prompt" : a->text);
     const auto* bpe = dynamic_cast<const tasks::BpeTokenizer*>(tok);
     std::string line;
     for (size_t i = 0; i < ids.size(); ++i) {

@@ -196,9 +196,7 @@ BpeTextTask::BpeTextTask(const TaskOptions& options)
   HL_CHECK(subword_ != nullptr,
            "task text: needs a subword tokenizer; start from a pretrained model (train --init FOLDER or FILE)");
   if (has_text()) {
-    std::vector<int64_t> ids = subword_->encode(text(), options_.text.empty() ? options_.text_path : "text");
-    if (const auto bos = subword_->bos()) ids.insert(ids.begin(), *bos);
-    set_ids(std::move(ids));
+    set_ids(subword_->encode_prompt(text(), true, options_.text.empty() ? options_.text_path : "text"));
   }
   drop_text();
 }
@@ -207,8 +205,7 @@ std::string BpeTextTask::description() const { return describe("language model o
 
 Prompt BpeTextTask::encode_prompt(const std::string& text) const {
   Prompt p;
-  p.ids = subword_->encode(text, "prompt");
-  if (const auto bos = subword_->bos()) p.ids.insert(p.ids.begin(), *bos);  // SentencePiece LLaMA models: <s>
+  p.ids = subword_->encode_prompt(text);  // SentencePiece LLaMA models: <s> first
   HL_CHECK(!p.ids.empty(), "task text: prompt is empty; give at least one character");
   p.answer_length = -1;
   p.text = text;

@@ -3,6 +3,7 @@
 // byte tokens and the dummy space undone.
 #include "tasks/llama2c_tokenizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -71,6 +72,8 @@ Llama2cTokenizer::Llama2cTokenizer(std::string_view bytes, std::string name, int
              " is '", pieces_[static_cast<size_t>(kByteTokens + b)], "', expected the byte token <0x",
              "0123456789ABCDEF"[b >> 4], "0123456789ABCDEF"[b & 15], ">");
   for (int64_t id = 0; id < size(); ++id) ids_.emplace(pieces_[static_cast<size_t>(id)], id);  // the first id wins
+  collapse_spaces_ = std::none_of(pieces_.begin(), pieces_.end(),
+                                  [](const std::string& p) { return p.find("  ") != std::string::npos; });
 }
 
 std::shared_ptr<const Llama2cTokenizer> Llama2cTokenizer::from_file(const std::string& path, int64_t vocab_size) {
@@ -86,10 +89,20 @@ std::vector<int64_t> Llama2cTokenizer::encode_continuation(std::string_view text
   return encode_pieces(text, label, false);
 }
 
-std::vector<int64_t> Llama2cTokenizer::encode_pieces(std::string_view text, std::string_view label,
+std::string Llama2cTokenizer::collapsed(std::string_view text, bool dummy_space) const {
+  std::string out;
+  for (const char c : text)
+    if (c != ' ' || (!out.empty() ? out.back() != ' ' : !dummy_space)) out += c;
+  while (!out.empty() && out.back() == ' ') out.pop_back();
+  return out;
+}
+
+std::vector<int64_t> Llama2cTokenizer::encode_pieces(std::string_view given, std::string_view label,
                                                      bool dummy_space) const {
+  detail::check_utf8(given, label);
+  const std::string kept = collapse_spaces_ ? collapsed(given, dummy_space) : std::string(given);
+  const std::string_view text = kept;
   if (text.empty()) return {};
-  detail::check_utf8(text, label);
   // The symbols, a linked list of pieces: the dummy space, then each character (or its bytes).
   struct Symbol {
     std::string text;

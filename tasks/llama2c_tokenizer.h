@@ -3,6 +3,9 @@
 // 2 </s>, 3-258 the bytes <0x00>..<0xFF>), and encoding follows SentencePiece's: a dummy space before the text,
 // each character its token (or its bytes' tokens where the vocabulary lacks it), then the adjacent pair whose
 // merge has the highest score merged until none is in the vocabulary. Decoding drops the dummy space.
+// A vocabulary without a piece of two spaces was trained on text whose runs of spaces SentencePiece collapsed
+// (its remove_extra_whitespaces, on by default: tok512's model has it, Llama 2's has not and holds "  " pieces),
+// so its text is collapsed the same way first: the tokens are then those of the SentencePiece model it came from.
 #pragma once
 #include <memory>
 #include <string>
@@ -30,6 +33,9 @@ class Llama2cTokenizer : public TextTokenizer {
 
  private:
   std::string bytes_of(int64_t id) const;
+  // SentencePiece's remove_extra_whitespaces: runs of spaces as one, none at the end, and at the start one
+  // (a continuation's own) or none (a prompt's, whose dummy space stands for it).
+  std::string collapsed(std::string_view text, bool dummy_space) const;
   std::vector<int64_t> encode_pieces(std::string_view text, std::string_view label, bool dummy_space)
       const;  // what the token stands for: a byte token's byte, else its piece
   std::string name_;
@@ -37,6 +43,7 @@ class Llama2cTokenizer : public TextTokenizer {
   std::vector<std::string> pieces_;
   std::vector<float> scores_;
   std::unordered_map<std::string, int64_t> ids_;
+  bool collapse_spaces_ = false;  // no piece holds two spaces: see above
 };
 
 }  // namespace headlab::tasks

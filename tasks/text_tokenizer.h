@@ -36,6 +36,15 @@ class TextTokenizer {
   virtual std::vector<int64_t> encode_continuation(std::string_view text, std::string_view label = "prompt") const {
     return encode(text, label);
   }
+  // A prompt's ids: the tokenizer's BOS first where it has one and prepend_bos (SentencePiece LLaMA models: <s>),
+  // then encode(text). The one rule of the commands' prompts (Task::encode_prompt, headlab tokenize) and Python's
+  // to_tokens, so that they give a text the same tokens.
+  std::vector<int64_t> encode_prompt(std::string_view text, bool prepend_bos = true,
+                                     std::string_view label = "prompt") const {
+    std::vector<int64_t> ids = encode(text, label);
+    if (const std::optional<int64_t> b = bos(); b && prepend_bos) ids.insert(ids.begin(), *b);
+    return ids;
+  }
   // Ids -> the text they stand for; ids outside [0, size) throw.
   virtual std::string decode(const std::vector<int64_t>& ids) const = 0;
   // A token as text to show (attention pages, tables): valid UTF-8.

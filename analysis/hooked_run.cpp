@@ -1,6 +1,8 @@
 // run_with_cache and run_with_hooks by name over the model's forward.
 #include "analysis/hooked_run.h"
 
+#include <optional>
+
 #include "analysis/head_control.h"
 
 namespace headlab::analysis {
@@ -12,7 +14,7 @@ std::vector<std::string> hook_names(const nn::DecoderModel& model) {
 }
 
 HookedRun run_hooked(nn::DecoderModel& model, const Tensor& tokens, const std::set<std::string>& cache,
-                     const std::map<std::string, Hook>& hooks) {
+                     const std::map<std::string, Hook>& hooks, bool tape) {
   const std::vector<nn::HookKey> points = model.hook_points(true);
   const std::set<nn::HookKey> known(points.begin(), points.end());
   // The key a name means on this model, or an error naming the call.
@@ -39,7 +41,8 @@ HookedRun run_hooked(nn::DecoderModel& model, const Tensor& tokens, const std::s
   HL_CHECK(tokens.defined() && tokens.dim() == 2 && tokens.dtype() == DType::i64,
            "run_hooked: tokens must be a (B, T) int64 tensor, got ",
            tokens.defined() ? shape_str(tokens.shape()) + " " + dtype_name(tokens.dtype()) : std::string("none"));
-  const NoGradGuard no_grad;
+  std::optional<NoGradGuard> no_grad;
+  if (!tape) no_grad.emplace();
   const detail::EvalMode eval(model);
   nn::ActivationCache acts(std::move(keep), std::move(call));
   HookedRun r;

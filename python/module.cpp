@@ -1,20 +1,7 @@
 // headlab's Python module, _headlab (python/headlab/__init__.py re-exports it): a model loaded from a
-// checkpoint or a GPT-2 folder, its tokenizer and parameters, its forward with TransformerLens-style hook
-// points (analysis/hooked_run.h), and headlab's errors as headlab.Error.
-//
-// Tensors cross without copies: a headlab tensor becomes a NumPy array over the same memory (the array
-// keeps the tensor's storage alive), and a C-contiguous NumPy array of a supported dtype becomes a headlab
-// tensor over the array's memory (the tensor keeps the array alive). A copy happens only for an array
-// that is not C-contiguous or not float32/float64/int64, and for a tensor on another device.
-#include <pybind11/functional.h>
-#include <pybind11/numpy.h>
-#include <pybind11/pybind11.h>
-#include <pybind11/stl.h>
-
-#include <chrono>
-#include <map>
-#include <memory>
-#include <set>
+// checkpoint, a model folder or a llama2.c checkpoint (python/model.h: its tokens, parameters, forwards with
+// TransformerLens's hook points, generation and gradients), the commands' runs as dicts of arrays, the residual
+// stream's views (python/cache.cpp), and headlab's errors as headlab.Error.
 #include <string>
 #include <vector>
 
@@ -23,160 +10,12 @@
 #include "analysis/circuit_report.h"
 #include "analysis/files.h"
 #include "analysis/heads_pairs.h"
-#include "analysis/hooked_run.h"
-#include "autograd/engine.h"
-#include "loader/load.h"
+#include "python/model.h"
 
-namespace py = pybind11;
 using namespace headlab;
+using namespace headlab::python;
 
 namespace {
-
-py::dtype numpy_dtype(DType d) {
-  switch (d) {
-    case DType::f32:
-      return py::dtype::of<float>();
-    case DType::f64:
-      return py::dtype::of<double>();
-    case DType::i64:
-      return py::dtype::of<int64_t>();
-    case DType::b8:
-      return py::dtype::of<bool>();
-    case DType::bf16:
-      break;
-  }
-  HL_FAIL("numpy has no ", dtype_name(d), "; convert the tensor with .to(float32) first");
-}
-
-// The tensor as an array over its memory (on the CPU; another device's tensor is copied there first).
-py::array to_numpy(const Tensor& t) {
-  const Tensor c = t.device() == kCPU ? t : t.to(kCPU);
-  const auto item = static_cast<py::ssize_t>(dtype_size(c.dtype()));
-  std::vector<py::ssize_t> shape(c.shape().begin(), c.shape().end()), strides;
-  for (int64_t s : c.strides()) strides.push_back(static_cast<py::ssize_t>(s) * item);
-  auto* keep = new std::shared_ptr<TensorImpl>(c.impl_ptr());
-  const py::capsule base(keep, [](void* p) { delete static_cast<std::shared_ptr<TensorImpl>*>(p); });
-  return py::array(numpy_dtype(c.dtype()), shape, strides, c.raw_data(), base);
-}
-
-// The array as a tensor over its memory when it is C-contiguous float32, float64 or int64; else a copy
-// (NumPy's, to the nearest of those dtypes) that the tensor then owns.
-Tensor from_numpy(const py::array& given) {
-  py::array a = given;
-  const bool supported = a.dtype().is(py::dtype::of<float>()) || a.dtype().is(py::dtype::of<double>()) ||
-                         a.dtype().is(py::dtype::of<int64_t>());
-  if (!supported) {
-    const char kind = a.dtype().kind();
-    a = kind == 'f' ? py::array(py::array_t<double>::ensure(a)) : py::array(py::array_t<int64_t>::ensure(a));
-    HL_CHECK(a, "headlab: cannot take an array of dtype ", std::string(py::str(given.dtype())),
-             " (float32, float64 or integers)");
-  }
-  if (!(a.flags() & py::array::c_style)) a = py::array::ensure(a, py::array::c_style);
-  const DType dt = a.dtype().is(py::dtype::of<float>())    ? DType::f32
-                   : a.dtype().is(py::dtype::of<double>()) ? DType::f64
-                                                           : DType::i64;
-  Shape shape(a.shape(), a.shape() + a.ndim());
-  auto* keep = new py::object(a);  // the tensor's storage holds the array (deleted with the GIL held)
-  const std::shared_ptr<void> owner(keep, [](py::object* o) {
-    const py::gil_scoped_acquire gil;
-    delete o;
-  });
-  // Read-only arrays (NumPy's imports of DLPack are) are taken too: headlab never writes into its inputs.
-  return Tensor::from_blob(const_cast<void*>(a.data()), shape, contiguous_strides(shape), dt, kCPU, owner);
-}
-
-// A loaded model with its task and tokenizer.
-struct PyModel {
-  std::shared_ptr<loader::Loaded> loaded;
-  std::string path;
-
-  nn::DecoderModel& decoder() const { return loaded->decoder("headlab"); }
-
-  py::object config() const { return py::module_::import("json").attr("loads")(loaded->model->config_json().dump()); }
-  // prepend_bos (TransformerLens's argument): the tokenizer's BOS first where its models were trained so
-  // (SentencePiece LLaMA models), as the commands' prompts start; GPT-2's tokenizer has none.
-  py::array to_tokens(const std::string& text, bool prepend_bos) const {
-    const tasks::TextTokenizer* sub = loaded->subword();
-    std::vector<int64_t> ids = sub ? sub->encode(text) : loaded->task->encode_prompt(text).ids;
-    if (sub && prepend_bos && sub->bos()) ids.insert(ids.begin(), *sub->bos());
-    const auto T = static_cast<int64_t>(ids.size());
-    return to_numpy(tensor(ids, {1, T}));
-  }
-  std::vector<int64_t> ids_of(const py::array& tokens) const {
-    const Tensor t = from_numpy(tokens);
-    HL_CHECK(t.dtype() == DType::i64, "headlab: tokens must be integers, got ", dtype_name(t.dtype()));
-    return t.to_vector<int64_t>();
-  }
-  std::string to_string(const py::array& tokens) const {
-    const std::vector<int64_t> ids = ids_of(tokens);
-    if (loaded->subword()) return loaded->subword()->decode(ids);
-    std::string s;
-    for (int64_t id : ids) s += loaded->task->token_text(id);
-    return s;
-  }
-  std::vector<std::string> to_str_tokens(const py::object& text_or_tokens) const {
-    const py::array tokens = py::isinstance<py::str>(text_or_tokens)
-                                 ? to_tokens(text_or_tokens.cast<std::string>(), true)
-                                 : text_or_tokens.cast<py::array>();
-    std::vector<std::string> out;
-    for (int64_t id : ids_of(tokens)) out.push_back(loaded->task->token_text(id));
-    return out;
-  }
-  py::dict state_dict() const {
-    py::dict d;
-    for (const auto& [name, t] : loaded->model->named_parameters()) d[py::str(name)] = to_numpy(t.detach());
-    return d;
-  }
-  // (B, T) tokens from an array of shape (T) or (B, T).
-  Tensor tokens(const py::array& a) const {
-    Tensor t = from_numpy(a);
-    HL_CHECK(t.dtype() == DType::i64, "headlab: tokens must be integers, got ", dtype_name(t.dtype()));
-    if (t.dim() == 1) t = t.reshape({1, t.size(0)});
-    return t.to(loaded->model->device());
-  }
-  py::array forward(const py::array& tokens_in) const {
-    const Tensor t = tokens(tokens_in);
-    Tensor logits;
-    {
-      const py::gil_scoped_release no_gil;
-      logits = analysis::run_hooked(decoder(), t).logits;
-    }
-    return to_numpy(logits);
-  }
-  py::tuple run_with_cache(const py::array& tokens_in, const std::optional<std::vector<std::string>>& names) const {
-    const Tensor t = tokens(tokens_in);
-    std::vector<std::string> all = names ? *names : analysis::hook_names(decoder());
-    analysis::HookedRun r;
-    {
-      const py::gil_scoped_release no_gil;
-      r = analysis::run_hooked(decoder(), t, std::set<std::string>(all.begin(), all.end()));
-    }
-    py::dict cache;
-    for (const auto& [name, x] : r.cache) cache[py::str(name)] = to_numpy(x);
-    return py::make_tuple(to_numpy(r.logits), cache);
-  }
-  // Seconds per call of the C++ forward that model(tokens) makes, timed in C++ (the overhead benchmark).
-  double time_forward(const py::array& tokens_in, int64_t repeats) const {
-    HL_CHECK(repeats > 0, "headlab: repeats must be positive, got ", repeats);
-    const Tensor t = tokens(tokens_in);
-    const py::gil_scoped_release no_gil;
-    const auto start = std::chrono::steady_clock::now();
-    for (int64_t i = 0; i < repeats; ++i) analysis::run_hooked(decoder(), t);
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() /
-           static_cast<double>(repeats);
-  }
-  // Each hook: fn(activation, name) -> None (it may have edited the array in place) or an array.
-  py::array run_with_hooks(const py::array& tokens_in, const std::map<std::string, py::function>& fns) const {
-    const Tensor t = tokens(tokens_in);
-    std::map<std::string, analysis::Hook> hooks;
-    for (const auto& entry : fns)
-      hooks[entry.first] = [fn = entry.second](const std::string& n, const Tensor& x) -> Tensor {
-        const py::object y = fn(to_numpy(x), n);
-        return y.is_none() ? Tensor() : from_numpy(y.cast<py::array>());
-      };
-    return to_numpy(analysis::run_hooked(decoder(), t, {}, hooks).logits);
-  }
-};
 
 py::array vector_array(const std::vector<double>& v) { return to_numpy(tensor(v, {static_cast<int64_t>(v.size())})); }
 py::array matrix_array(const std::vector<std::vector<double>>& rows) {
@@ -318,9 +157,8 @@ py::dict ablate(const PyModel& m, int64_t batches, int64_t batch_size) {
 
 // headlab attention's maps for one prompt: every head's weights (layers, heads, T, T) and the tokens.
 py::dict attention(const PyModel& m, const py::object& text_or_tokens) {
-  const std::vector<int64_t> ids =
-      m.ids_of(py::isinstance<py::str>(text_or_tokens) ? m.to_tokens(text_or_tokens.cast<std::string>(), true)
-                                                       : text_or_tokens.cast<py::array>());
+  const std::vector<int64_t> ids = m.ids_of(py::isinstance<py::str>(text_or_tokens) ? m.to_tokens(text_or_tokens, true)
+                                                                                    : text_or_tokens.cast<py::array>());
   const analysis::AttentionMaps a = analysis::attention_maps(m.decoder(), ids);
   std::vector<double> w(a.weights.begin(), a.weights.end());
   py::dict d;
@@ -347,22 +185,60 @@ PYBIND11_MODULE(_headlab, m) {
       .def_property_readonly("config", &PyModel::config, "the model's configuration, as in its checkpoint")
       .def_property_readonly("path", [](const PyModel& p) { return p.path; })
       .def_property_readonly("task", [](const PyModel& p) { return p.loaded->task->name(); })
-      .def("to_tokens", &PyModel::to_tokens, py::arg("text"), py::arg("prepend_bos") = true,
-           "text -> (1, T) int64 token ids (BOS first where the tokenizer has one and prepend_bos)")
+      .def_property_readonly(
+          "eos_token_id",
+          [](const PyModel& p) -> py::object {
+            const int64_t end = p.loaded->task->end_id();
+            return end >= 0 ? py::object(py::int_(end)) : py::none();
+          },
+          "the token generation stops at (the tokenizer's EOS, a task's end token), or None")
+      .def("to_tokens", &PyModel::to_tokens, py::arg("input"), py::arg("prepend_bos") = true,
+           "a text -> (1, T) int64 token ids, a list of texts -> (B, T) padded on the right with the tokenizer's EOS "
+           "(0 where it has none); BOS first where the tokenizer has one and prepend_bos")
       .def("to_string", &PyModel::to_string, py::arg("tokens"), "token ids -> text")
       .def("to_str_tokens", &PyModel::to_str_tokens, py::arg("text_or_tokens"), "each token as its text")
       .def("state_dict", &PyModel::state_dict,
            "parameters by PyTorch's state_dict names, as arrays over the model's own memory (no copy: "
            "writing into one changes the model)")
+      .def_property_readonly(
+          "W_U", [](const PyModel& p) { return to_numpy(p.decoder().W_U()); },
+          "the unembedding (d_model, vocab), over the model's memory")
+      .def_property_readonly(
+          "b_U",
+          [](const PyModel& p) -> py::object {
+            const Tensor b = p.decoder().b_U();
+            return b.defined() ? py::object(to_numpy(b)) : py::none();
+          },
+          "the unembedding's bias (vocab), or None")
+      .def(
+          "to",
+          [](PyModel& p, const std::string& dtype) {
+            HL_CHECK(dtype == "float32" || dtype == "float64",
+                     "headlab.Model.to: dtype is 'float32' or 'float64', not '", dtype, "'");
+            p.loaded->model->to(dtype == "float64" ? DType::f64 : DType::f32);
+            return p;
+          },
+          py::arg("dtype"), "the model's parameters in float32 or float64 (the same model, returned)")
       .def("hook_names", [](const PyModel& p) { return analysis::hook_names(p.decoder()); })
-      .def("__call__", &PyModel::forward, py::arg("tokens"), "(T) or (B, T) token ids -> logits (B, T, vocab)")
-      .def("run_with_cache", &PyModel::run_with_cache, py::arg("tokens"), py::arg("names") = py::none(),
-           "(logits, {name: activation}) keeping only `names` (default: every hook point)")
+      .def("__call__", &PyModel::forward, py::arg("input"), py::arg("return_type") = "logits",
+           py::arg("prepend_bos") = py::none(),
+           "a text, a list of texts or (T) / (B, T) token ids -> logits (B, T, vocab); return_type 'loss': the mean "
+           "next-token cross-entropy (padding left out), 'both': (logits, loss), None: nothing")
+      .def("_run_with_cache", &PyModel::run_with_cache, py::arg("input"), py::arg("names") = py::none(),
+           py::arg("prepend_bos") = py::none())
+      .def("_run_with_backward", &PyModel::run_with_backward, py::arg("input"), py::arg("names"), py::arg("gradients"),
+           py::arg("dlogits"), py::arg("prepend_bos") = py::none())
       .def("_time_forward", &PyModel::time_forward, py::arg("tokens"), py::arg("repeats"),
            "seconds per call of the C++ forward model(tokens) makes, timed in C++ (benchmarks)")
-      .def("run_with_hooks", &PyModel::run_with_hooks, py::arg("tokens"), py::arg("hooks"),
+      .def("run_with_hooks", &PyModel::run_with_hooks, py::arg("input"), py::arg("hooks"),
+           py::arg("prepend_bos") = py::none(),
            "logits with each hook fn(activation, name) called at its point; it returns None (an in-place "
-           "edit counts) or the activation to go on with");
+           "edit counts) or the activation to go on with")
+      .def("generate", &PyModel::generate, py::arg("input"), py::arg("max_new_tokens") = 10,
+           py::arg("temperature") = 0.0, py::arg("top_k") = py::none(), py::arg("stop_at_eos") = true,
+           py::arg("prepend_bos") = py::none(), py::arg("seed") = 0,
+           "`headlab generate`'s decoding: a text -> the text and its continuation, (T) or (B, T) token ids -> the "
+           "ids and the new ones; greedy at temperature 0, else sampled from the top_k (None: all) with seed");
 
   m.def(
       "load",
@@ -389,6 +265,7 @@ PYBIND11_MODULE(_headlab, m) {
         "validation batches, and its importance, as a dict of arrays");
   m.def("attention", &attention, py::arg("model"), py::arg("text_or_tokens"),
         "headlab attention: every head's attention weights on one prompt, (layers, heads, T, T), and its tokens");
+  bind_cache(m);
   m.def(
       "_roundtrip", [](const py::array& a) { return to_numpy(from_numpy(a)); }, py::arg("array"),
       "the array through a headlab tensor and back: the same memory when no copy is needed (tests)");

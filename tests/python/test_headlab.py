@@ -13,19 +13,7 @@ import pytest
 
 import headlab
 
-BINARY = os.environ.get("HEADLAB_BINARY", "build/headlab")
-TEXT = os.path.join(os.path.dirname(__file__), "..", "..", "data", "tiny.txt")
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    """A 2-layer chars GPT trained for a few steps by the command."""
-    out = tmp_path_factory.mktemp("model")
-    subprocess.run([BINARY, "train", "--task", "chars", "--text", TEXT, "--n-layers", "2", "--n-heads", "2",
-                    "--emb-dim", "16", "--context-length", "16", "--batch-size", "4", "--steps", "4",
-                    "--eval-every", "4", "--eval-batches", "1", "--qkv-bias", "--threads", "1", "--out", str(out)],
-                   check=True, capture_output=True)
-    return str(out / "checkpoint.h5")
+from conftest import BINARY, STORIES, TEXT, TOUR
 
 
 @pytest.fixture(scope="module")
@@ -136,8 +124,7 @@ def test_a_hook_zeroing_a_head_is_the_batched_engines_zero_ablation(model, check
 
 
 def test_the_example_runs(checkpoint, python_env):
-    example = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "python", "tour.py")
-    r = subprocess.run([sys.executable, example,
+    r = subprocess.run([sys.executable, TOUR,
                         checkpoint, "the cat sat", "o", "a"], capture_output=True, text=True,
                        env=python_env)
     assert r.returncode == 0, r.stderr
@@ -204,9 +191,6 @@ def test_ablate_and_attention_give_the_commands_figures(model, checkpoint, tmp_p
     assert a["weights"].shape == (2, 2, 11, 11)
     _, cache = model.run_with_cache(model.to_tokens("the cat sat"), names=["blocks.1.attn.hook_pattern"])
     np.testing.assert_allclose(a["weights"][1], cache["blocks.1.attn.hook_pattern"][0], rtol=1e-5, atol=1e-6)
-
-
-STORIES = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "models", "stories260K")
 
 
 def test_a_grouped_query_model_has_transformer_lens_names_and_shapes():

@@ -41,7 +41,8 @@ def norm_by_hand(x, at, weight, bias=None, eps=1e-5, centre=True):
 
 def test_get_act_name_follows_transformer_lens():
     cases = {("pattern", 3): "blocks.3.attn.hook_pattern", ("attn", 3): "blocks.3.attn.hook_pattern",
-             ("z", 1): "blocks.1.attn.hook_z", ("q", 0): "blocks.0.attn.hook_q", ("result", 2): "blocks.2.attn.hook_result",
+             ("z", 1): "blocks.1.attn.hook_z", ("q", 0): "blocks.0.attn.hook_q",
+             ("result", 2): "blocks.2.attn.hook_result",
              ("resid_pre", 0): "blocks.0.hook_resid_pre", ("resid_post", 4): "blocks.4.hook_resid_post",
              ("attn_out", 1): "blocks.1.hook_attn_out", ("mlp_out", 1): "blocks.1.hook_mlp_out",
              ("pre", 0): "blocks.0.mlp.hook_pre", ("post", 2): "blocks.2.mlp.hook_post",
@@ -58,7 +59,8 @@ def test_the_cache_is_a_dict_with_transformer_lens_keys(model):
     assert sorted(cache) == sorted(model.hook_names())
     for key, name in ((("pattern", 1), "blocks.1.attn.hook_pattern"), (("z", 0), "blocks.0.attn.hook_z"),
                       (("resid_pre", 1), "blocks.1.hook_resid_pre"), ("embed", "hook_embed"),
-                      (("normalized", 0, "ln1"), "blocks.0.ln1.hook_normalized"), ("normalized", "ln_final.hook_normalized"),
+                      (("normalized", 0, "ln1"), "blocks.0.ln1.hook_normalized"),
+                      ("normalized", "ln_final.hook_normalized"),
                       (("post", 1), "blocks.1.mlp.hook_post")):
         assert cache[key] is cache[name], key
         assert key in cache
@@ -71,7 +73,7 @@ def test_the_cache_is_a_dict_with_transformer_lens_keys(model):
 
 
 def test_the_residual_helpers_are_the_cache_by_hand(model):
-    sd, eps = model.state_dict(), 1e-5
+    sd = model.state_dict()
     w, b = sd["final_norm.scale"], sd["final_norm.shift"]
     logits, cache = model.run_with_cache(["the cat sat", "a dog"])
     final = cache["resid_post", 1]
@@ -88,7 +90,8 @@ def test_the_residual_helpers_are_the_cache_by_hand(model):
     np.testing.assert_allclose(parts.sum(0), final, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(cache.decompose_resid(layer=1, mlp_input=True).sum(0), cache["resid_mid", 1],
                                rtol=1e-5, atol=1e-5)
-    assert cache.decompose_resid(mode="attn", return_labels=True)[1] == ["embed", "pos_embed", "0_attn_out", "1_attn_out"]
+    attn_only = ["embed", "pos_embed", "0_attn_out", "1_attn_out"]
+    assert cache.decompose_resid(mode="attn", return_labels=True)[1] == attn_only
     heads, labels = cache.stack_head_results(return_labels=True)
     assert labels == ["L0H0", "L0H1", "L1H0", "L1H1"] and heads.shape == (4, 2, 11, 16)
     for l in range(2):

@@ -34,18 +34,23 @@ constexpr const char* kTemplate = R"HTML(<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>headlab attention</title>
 <style>
 body { font: 13px system-ui, sans-serif; margin: 16px; color: #222; }
-#controls { margin: 8px 0; } #main { display: flex; gap: 16px; align-items: flex-start; }
+h1 { overflow-wrap: anywhere; }
+#controls { margin: 8px 0; } #link { color: #666; overflow-wrap: anywhere; }
+#main { display: flex; flex-wrap: wrap; gap: 16px; align-items: flex-start; }
 #view-box { max-height: 80vh; overflow-y: auto; border: 1px solid #ddd; }
-#side { min-width: 260px; } table { border-collapse: collapse; } td, th { padding: 2px 8px; border-bottom: 1px solid #eee; text-align: left; }
-#thumbs { display: grid; gap: 6px; margin-top: 12px; } .thumb { text-align: center; cursor: pointer; font-size: 11px; }
+#side { flex: 1 1 260px; min-width: 260px; }
+#scores-box { overflow-x: auto; } table { border-collapse: collapse; } td, th { padding: 2px 8px; border-bottom: 1px solid #eee; text-align: left; }
+#thumbs { display: grid; gap: 6px; margin-top: 12px; overflow-x: auto; } .thumb { text-align: center; cursor: pointer; font-size: 11px; }
 .thumb canvas { border: 2px solid transparent; image-rendering: pixelated; } .thumb.sel canvas { border-color: #d33; }
-#row { font-family: monospace; white-space: pre; margin-top: 8px; }
+/* A long prompt's row wraps within its box and scrolls there, never widening the page. */
+#row { font-family: monospace; white-space: pre-wrap; overflow-wrap: anywhere; max-height: 50vh; overflow-y: auto; margin-top: 8px; }
 </style></head><body>
 <h1 id="title"></h1>
 <div id="controls"><span id="kind-box">attention <select id="kind"></select></span>
  layer <select id="layer"></select> head <select id="head"></select> <span id="summary"></span></div>
+<div id="link"></div>
 <div id="main"><div id="view-box"><canvas id="view"></canvas></div>
-<div id="side"><table id="scores"></table><div id="row">hover a token on the left</div></div></div>
+<div id="side"><div id="scores-box"><table id="scores"></table></div><div id="row">hover a token on the left</div></div></div>
 <div id="thumbs"></div>
 <script>
 "use strict";
@@ -86,7 +91,35 @@ function draw() {
         g.beginPath(); g.moveTo(XQ, y(q)); g.lineTo(XK, y(k)); g.stroke();
       }
     }
-  drawRow(); drawScores(); markThumbs();
+  drawRow(); drawScores(); markThumbs(); share();
+}
+// The view in the address, named as its thumbnail is: #L1H3 (layer L1, head 3; an encoder-decoder's
+// #cross.L0H2), #L1 (all of layer L1's heads overlaid), so that a link opens this view.
+const view = () => K.layer_names[state.layer] + (state.head >= 0 ? `H${state.head}` : "");
+let unknown = null;  // {name, shown}: an address that named no head here, said while its stand-in is shown
+function share() {
+  const here = view();
+  if (unknown && unknown.shown !== here) unknown = null;
+  if (decodeURIComponent(location.hash.slice(1)) !== here) history.replaceState(null, "", "#" + here);
+  $("link").textContent = (unknown ? `#${unknown.name} names no head of this page (pruned or out of range). ` : "") +
+    `link to this view: ${decodeURIComponent(location.pathname.split("/").pop())}#${here} ` +
+    "(#L1H3 in the address opens layer L1, head 3; #L1 all of its heads overlaid)";
+}
+function openView(want) {  // the view an address names; false (and said) when it names none
+  for (let i = 0; i < D.kinds.length; i++) {
+    const k = D.kinds[i];
+    for (let l = 0; l < k.layers; l++) {
+      const rest = want.startsWith(k.layer_names[l]) ? want.slice(k.layer_names[l].length) : null;
+      const h = rest === "" ? -1 : /^H[0-9]+$/.test(rest) ? +rest.slice(1) : null;
+      if (h === null || (h >= 0 && !k.kept[l].includes(h))) continue;
+      if (i !== state.kind) selectKind(i);
+      select(l, h);
+      return true;
+    }
+  }
+  unknown = { name: want, shown: view() };
+  share();
+  return false;
 }
 function rowWeights() {  // the hovered query's weights per shown head: [{head, weights: [S]}]
   if (state.hovered < 0) return [];
@@ -167,10 +200,16 @@ $("view").addEventListener("mousemove", e => {
   if (on !== state.hovered) hover(on);
 });
 $("view").addEventListener("mouseleave", () => hover(-1));
+const asked = decodeURIComponent(location.hash.slice(1));  // before the first view rewrites it
+window.addEventListener("hashchange", () => {
+  const want = decodeURIComponent(location.hash.slice(1));
+  if (want !== view()) openView(want);
+});
 selectKind(0);
+if (asked) openView(asked);
 // (data: the kind shown)
 window.headlab = { get data() { return K; }, kinds: D.kinds.length, state, weight, rowWeights, select, selectKind, hover,
-                   geometry: { ROW, TOP, XQ, XK } };
+                   view, openView, geometry: { ROW, TOP, XQ, XK } };
 </script></body></html>
 )HTML";
 

@@ -2,7 +2,10 @@
 // script and style are inline), in the manner of bertviz's head view: the tokens twice, lines from
 // each query to the keys it attends to, a thumbnail of every (layer, head) to pick from, hovering a
 // token shows its row, and the analysis scores of the chosen head beside it. Drawn on canvases, so
-// a few hundred tokens and 12 x 12 heads stay usable (no DOM node per weight).
+// a few hundred tokens and 12 x 12 heads stay usable (no DOM node per weight). The address names the head
+// shown, as its thumbnail does: attention.html#L1H3 opens layer L1's head 3 (an encoder-decoder's
+// #cross.L0H2; #L1: all of the layer's heads overlaid), and choosing a head rewrites it, so that a view can
+// be shared as a link.
 #pragma once
 #include <string>
 #include <vector>

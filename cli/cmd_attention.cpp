@@ -149,7 +149,9 @@ Action add_attention(CLI::App& app) {
       ->check(non_negative_number(1e15));
   app.add_option("--out", a->out,
                  output_folder_help("folder for attention.h5, attention.png and attention.html (encoder-decoder: a "
-                                    "PNG per kind, attention_{encoder,decoder,cross}.png)",
+                                    "PNG per kind, attention_{encoder,decoder,cross}.png); the page's address names "
+                                    "the head shown: attention.html#L1H3 opens layer L1's head 3, #L1 all its heads "
+                                    "overlaid (an encoder-decoder's #cross.L0H2)",
                                     "attention"))
       ->type_name(kOutputDir);
   app.add_option("--device", a->device, "cpu | cuda | cuda:N")->capture_default_str();

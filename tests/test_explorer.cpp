@@ -2,9 +2,11 @@
 // it needs no network, and, in a real browser (Debian's chromium driven through chromedriver by
 // tests/browser/explorer_driver.py), that it shows the checkpoint's tokens and heads and that hovering
 // a token highlights exactly the weights of attention.h5, on a GPT's page and on the cross-attention of an
-// encoder-decoder's. The screenshots stay in <build>/tests/artifacts/explorer*.png.
+// encoder-decoder's; that the address picks the head and follows the one chosen; and that a long prompt's
+// hover row stays in its box. The screenshots stay in <build>/tests/artifacts/explorer*.png.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -92,16 +94,17 @@ TEST(Explorer, PageCarriesTheWeightsAndNeedsNoNetwork) {
             std::string::npos);
 }
 
-// What explorer_driver.py saw and did on `page` (hovering query `query`, after choosing `kind` from the
-// menu when >= 0), or nothing when it had no browser (the test then skips).
-std::optional<nlohmann::json> drive(const std::string& page, int query, const std::string& shot_name, int kind = -1) {
+// What explorer_driver.py saw and did on `page` (hovering query `query`; `options`: its --kind, --hash, --click,
+// --then-hash), or nothing when it had no browser (the test then skips).
+std::optional<nlohmann::json> drive(const std::string& page, int query, const std::string& shot_name,
+                                    const std::string& options = "") {
   headlab::testing::TempDir tmp("headlab_driver");
   const fs::path artifacts = fs::path(HEADLAB_BINARY_DIR) / "tests" / "artifacts";
   fs::create_directories(artifacts);
   const std::string result = tmp.path("driver.json"), shot = (artifacts / shot_name).string();
   std::string cmd = std::string("python3 ").append(HEADLAB_SOURCE_DIR).append("/tests/browser/explorer_driver.py ");
   cmd.append(page).append(" ").append(std::to_string(query)).append(" ").append(shot);
-  if (kind >= 0) cmd.append(" ").append(std::to_string(kind));
+  cmd.append(" ").append(options);
   const int rc = std::system((cmd + " > " + result + " 2> " + tmp.path("driver.err")).c_str());
   const std::string err = headlab::testing::slurp(tmp.path("driver.err"));
   if (WIFEXITED(rc) && WEXITSTATUS(rc) == 77) {
@@ -166,7 +169,7 @@ TEST(Explorer, AnEncoderDecodersPageSwitchesToCrossAttention) {
   const std::string out = tmp.path("att");
   run_headlab("attention " + tmp.path("run/checkpoint.h5") + " --prompt 31415 --max-new-tokens 3 --out " + out);
   const int query = 0;  // the decoder's bos: always there, whatever the barely trained model decodes
-  const std::optional<nlohmann::json> driven = drive(out + "/attention.html", query, "explorer_cross.png", 2);
+  const std::optional<nlohmann::json> driven = drive(out + "/attention.html", query, "explorer_cross.png", "--kind 2");
   if (!driven) GTEST_SKIP() << "no browser";
   const nlohmann::json& shown = (*driven)["shown"];
   io::h5::Reader h5(out + "/attention.h5");
@@ -190,4 +193,85 @@ TEST(Explorer, AnEncoderDecodersPageSwitchesToCrossAttention) {
   ASSERT_EQ(static_cast<int64_t>(row.size()), S);
   for (int64_t k = 0; k < S; ++k)
     EXPECT_NEAR(row[static_cast<size_t>(k)], expected[static_cast<size_t>(query * S + k)], 1e-5) << k;
+  // An address naming a cross-attention head opens that kind at that head.
+  const std::optional<nlohmann::json> linked =
+      drive(out + "/attention.html", query, "explorer_cross_linked.png", "--hash cross.L1H1");
+  ASSERT_TRUE(linked);
+  const nlohmann::json& opened = (*linked)["opened"];
+  EXPECT_EQ(opened["state"]["kind"], 2) << opened;
+  EXPECT_EQ(opened["state"]["layer"], 1);
+  EXPECT_EQ(opened["state"]["head"], 1);
+  EXPECT_EQ(opened["hash"], "#cross.L1H1");
+}
+
+// The address names the head shown: attention.html#L1H3 opens layer 1's head 3 (its hover row is that head's
+// row of attention.h5), clicking a thumbnail rewrites the address, a typed #L1 overlays the layer's heads, and
+// an address naming no head says so over the first view. On a 150-token prompt the hover row, longer than its
+// box is wide, wraps inside it and the page is no wider than the window.
+TEST(Explorer, TheAddressPicksTheHeadAndALongPromptsRowStaysInItsBox) {
+  if (!browser_test_possible()) GTEST_SKIP() << "needs build/headlab and python3";
+  headlab::testing::TempDir tmp("headlab_explorer_long");
+  run_headlab("train --task chars --text " + std::string(HEADLAB_SOURCE_DIR) +
+              "/data/tiny.txt --context-length 160 --emb-dim 16 --n-heads 4 --n-layers 2 --steps 1 "
+              "--batch-size 2 --eval-every 1 --eval-batches 1 --threads 1 --out " +
+              tmp.path("run"));
+  const std::string text = headlab::testing::slurp(std::string(HEADLAB_SOURCE_DIR) + "/data/tiny.txt");
+  std::string prompt = text.substr(text.find("From fairest"), 150);
+  std::replace(prompt.begin(), prompt.end(), '\n', ' ');
+  const std::string out = tmp.path("att");
+  run_headlab("attention " + tmp.path("run/checkpoint.h5") + " --prompt " + headlab::testing::quote(prompt) +
+              " --out " + out);
+  const int query = 140;
+  const std::optional<nlohmann::json> driven =
+      drive(out + "/attention.html", query, "explorer_long.png", "--hash L1H3 --click 0,2 --then-hash L1");
+  if (!driven) GTEST_SKIP() << "no browser";
+  const nlohmann::json& r = *driven;
+  EXPECT_EQ(r["opened"]["state"]["layer"], 1) << r["opened"];
+  EXPECT_EQ(r["opened"]["state"]["head"], 3) << r["opened"];
+  EXPECT_EQ(r["opened"]["hash"], "#L1H3");
+  const std::string link = r["opened"]["link"];
+  EXPECT_NE(link.find("link to this view: attention.html#L1H3"), std::string::npos) << link;
+  EXPECT_NE(link.find("#L1H3 in the address opens layer L1, head 3"), std::string::npos) << link;
+
+  io::h5::Reader h5(out + "/attention.h5");
+  const io::h5::Array w = h5.read("weights");  // (layers, heads, T, T)
+  const int64_t H = w.shape[1], T = w.shape[2];
+  ASSERT_EQ(T, 150);
+  const nlohmann::json& hovered = r["hovered"];
+  EXPECT_EQ(hovered["state"]["hovered"], query);
+  ASSERT_EQ(hovered["row"].size(), 1u);
+  EXPECT_EQ(hovered["row"][0]["head"], 3);
+  const std::vector<double> row = hovered["row"][0]["weights"].get<std::vector<double>>();
+  const std::vector<float> expected = w.as<float>();
+  ASSERT_EQ(static_cast<int64_t>(row.size()), T);
+  for (int64_t k = 0; k < T; ++k)
+    EXPECT_NEAR(row[static_cast<size_t>(k)], expected[static_cast<size_t>(((1 * H + 3) * T + query) * T + k)], 1e-5)
+        << k;
+  // The row's text is wider than its box in one line (a monospace character is > 6 pixels at 13px) ...
+  const std::string shown = hovered["text"];
+  size_t longest = 0;
+  std::istringstream lines(shown);
+  for (std::string line; std::getline(lines, line);) longest = std::max(longest, line.size());
+  const nlohmann::json& layout = hovered["layout"];
+  EXPECT_GT(6.0 * static_cast<double>(longest), layout["row"]["clientWidth"].get<double>()) << shown;
+  // ... and stays inside it, the box inside the window, the page no wider than the window.
+  EXPECT_LE(layout["row"]["scrollWidth"].get<double>(), layout["row"]["clientWidth"].get<double>()) << layout;
+  EXPECT_LE(layout["row"]["right"].get<double>(), layout["side"]["right"].get<double>() + 1) << layout;
+  EXPECT_LE(layout["side"]["right"].get<double>(), layout["viewport"].get<double>()) << layout;
+  EXPECT_LE(layout["page"].get<double>(), layout["viewport"].get<double>()) << layout;
+
+  EXPECT_EQ(r["clicked"]["hash"], "#L0H2") << r["clicked"];
+  EXPECT_EQ(r["clicked"]["state"]["layer"], 0);
+  EXPECT_EQ(r["clicked"]["state"]["head"], 2);
+  EXPECT_EQ(r["rehashed"]["state"]["layer"], 1) << r["rehashed"];
+  EXPECT_EQ(r["rehashed"]["state"]["head"], -1);  // all of L1's heads overlaid
+  EXPECT_EQ(r["rehashed"]["hash"], "#L1");
+
+  const std::optional<nlohmann::json> bad =
+      drive(out + "/attention.html", 3, "explorer_bad_address.png", "--hash L9H9");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ((*bad)["opened"]["state"]["layer"], 0);
+  EXPECT_EQ((*bad)["opened"]["hash"], "#L0H0");
+  EXPECT_NE((*bad)["opened"]["link"].get<std::string>().find("#L9H9 names no head of this page"), std::string::npos)
+      << (*bad)["opened"];
 }

@@ -1,15 +1,25 @@
 """Drives Debian's chromium (headless) through chromedriver's WebDriver protocol, standard library only:
-opens an attention.html, picks a kind of attention from its menu when asked (an encoder-decoder's page:
-0 encoder, 1 decoder, 2 cross), reads what the page shows, moves the pointer over one query token, reads
-the row it highlights, and saves a screenshot. Prints one JSON object; tests/test_explorer.cpp checks it.
+opens an attention.html (at an address naming a head with --hash), picks a kind of attention from its menu
+when asked (an encoder-decoder's page: 0 encoder, 1 decoder, 2 cross), reads what the page shows, scrolls
+one query token into view and moves the pointer over it, reads the row it highlights and where that row
+lies on the page, then (--click) clicks a head's thumbnail and reads the address, and (--then-hash) types
+another address and reads the view; saves a screenshot. Prints one JSON object; tests/test_explorer.cpp
+checks it.
 
-  explorer_driver.py PAGE.html QUERY SCREENSHOT.png [KIND]
+  explorer_driver.py PAGE.html QUERY SCREENSHOT.png [--kind K] [--hash L1H3] [--click L,H] [--then-hash L1]
 Exit 77 (skip) when chromium or chromedriver is missing.
 """
-import base64, json, os, shutil, socket, subprocess, sys, time, urllib.error, urllib.request
+import argparse, base64, json, os, shutil, socket, subprocess, sys, time, urllib.error, urllib.request
 
-page, query, shot = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-kind = int(sys.argv[4]) if len(sys.argv) > 4 else None
+args = argparse.ArgumentParser()
+args.add_argument("page")
+args.add_argument("query", type=int)
+args.add_argument("shot")
+args.add_argument("--kind", type=int)
+args.add_argument("--hash", default="")
+args.add_argument("--click", default="")
+args.add_argument("--then-hash", default="")
+a = args.parse_args()
 chromium = shutil.which("chromium") or shutil.which("chromium-browser")
 driver = shutil.which("chromedriver")
 if not chromium or not driver:
@@ -33,6 +43,10 @@ def call(method, path, body=None):
         raise RuntimeError(f"{method} {path}: {e.code} {e.read().decode(errors='replace')[:500]}") from None
 
 
+# What the page shows now: its view, the address and the link line.
+VIEW = ("return {state: Object.assign({}, headlab.state), view: headlab.view(), hash: location.hash,"
+        " link: document.getElementById('link').textContent}")
+
 try:
     for _ in range(100):  # chromedriver up
         try:
@@ -44,31 +58,49 @@ try:
         "binary": chromium, "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1300,1000"]}}}}
     sid = call("POST", "/session", caps)["sessionId"]
     sess = f"/session/{sid}"
-    start = time.perf_counter()
-    call("POST", sess + "/url", {"url": "file://" + os.path.abspath(page)})
-    load_s = time.perf_counter() - start
     script = lambda js: call("POST", sess + "/execute/sync", {"script": js, "args": []})
-    if kind is not None:  # as a person would: click the kind's entry in the menu
-        option = call("POST", sess + "/element", {"using": "css selector", "value": f'#kind option[value="{kind}"]'})
-        call("POST", f"{sess}/element/{next(iter(option.values()))}/click", {})
+    element = lambda css: call("POST", sess + "/element", {"using": "css selector", "value": css})
+    click = lambda el: call("POST", f"{sess}/element/{next(iter(el.values()))}/click", {})
+    start = time.perf_counter()
+    call("POST", sess + "/url", {"url": "file://" + os.path.abspath(a.page) + ("#" + a.hash if a.hash else "")})
+    load_s = time.perf_counter() - start
+    opened = script(VIEW)
+    if a.kind is not None:  # as a person would: click the kind's entry in the menu
+        click(element(f'#kind option[value="{a.kind}"]'))
     shown = script("const d = headlab.data; return {T: d.T, S: d.S, kind: d.kind, kinds: headlab.kinds,"
                    " layers: d.layers, heads: d.heads, kept: d.kept, tokens: d.tokens, key_tokens: d.key_tokens,"
                    " thumbs: document.querySelectorAll('.thumb').length,"
                    " geometry: headlab.geometry, width: document.getElementById('view').width,"
                    " height: document.getElementById('view').height, state: headlab.state}")
-    view = call("POST", sess + "/element", {"using": "css selector", "value": "#view"})
     g = shown["geometry"]
-    # W3C pointer offsets are from the element's centre; aim at the query token's row, left column.
-    x = int(g["XQ"] - 30 - shown["width"] / 2)
-    y = int(g["TOP"] + query * g["ROW"] + g["ROW"] / 2 - shown["height"] / 2)
+    # The query's row scrolled into view (a long prompt's is below the box's fold), then the pointer over
+    # the token in the left column, in the viewport's coordinates.
+    at = script(f"const box = document.getElementById('view-box');"
+                f" box.scrollTop = Math.max(0, {g['TOP'] + a.query * g['ROW']} - box.clientHeight / 2);"
+                " const r = document.getElementById('view').getBoundingClientRect(); return {left: r.left, top: r.top}")
+    x = int(at["left"] + g["XQ"] - 30)
+    y = int(at["top"] + g["TOP"] + a.query * g["ROW"] + g["ROW"] / 2)
     call("POST", sess + "/actions", {"actions": [{"type": "pointer", "id": "mouse", "parameters": {"pointerType": "mouse"},
-        "actions": [{"type": "pointerMove", "duration": 0, "origin": view,
-                     "x": x, "y": y}]}]})
-    hovered = script("return {state: headlab.state, row: headlab.rowWeights(),"
-                     " text: document.getElementById('row').textContent}")
-    with open(shot, "wb") as f:
+        "actions": [{"type": "pointerMove", "duration": 0, "origin": "viewport", "x": x, "y": y}]}]})
+    hovered = script("const box = e => { const r = document.getElementById(e).getBoundingClientRect();"
+                     " const el = document.getElementById(e); return {left: r.left, right: r.right, width: r.width,"
+                     " scrollWidth: el.scrollWidth, clientWidth: el.clientWidth}; };"
+                     " return {state: headlab.state, row: headlab.rowWeights(),"
+                     " text: document.getElementById('row').textContent,"
+                     " layout: {viewport: window.innerWidth, page: document.documentElement.scrollWidth,"
+                     " row: box('row'), side: box('side')}}")
+    with open(a.shot, "wb") as f:
         f.write(base64.b64decode(call("GET", sess + "/screenshot")))
+    result = {"opened": opened, "shown": shown, "hovered": hovered, "load_seconds": load_s}
+    if a.click:  # a head's thumbnail, clicked
+        layer, head = a.click.split(",")
+        click(element(f'.thumb[data-layer="{layer}"][data-head="{head}"] canvas'))
+        result["clicked"] = script(VIEW)
+    if a.then_hash:  # another address typed into the same page
+        script(f"location.hash = {json.dumps(a.then_hash)}")
+        time.sleep(0.2)  # hashchange is delivered as a task
+        result["rehashed"] = script(VIEW)
     call("DELETE", sess)
-    print(json.dumps({"shown": shown, "hovered": hovered, "load_seconds": load_s}))
+    print(json.dumps(result))
 finally:
     proc.terminate()

@@ -231,6 +231,37 @@ void save_importance_png(const std::string& path, const AblationResult& a, const
                     model);
 }
 
+void save_logit_lens_png(const std::string& path, const LogitLens& lens, const std::vector<std::string>& tokens) {
+  HL_CHECK(static_cast<int64_t>(tokens.size()) == lens.T, "save_logit_lens_png: ", tokens.size(),
+           " token texts for a lens over ", lens.T, " tokens");
+  plot::Heatmap m;
+  m.title = "logit lens: the probability each layer's stream, read out through ln_final and the unembedding, gives "
+            "the next token";
+  m.x_label = "the next token (position t + 1)";
+  m.y_label = "stream entering";
+  m.colorbar_label = "probability";
+  m.rows = static_cast<int64_t>(lens.rows.size());
+  m.cols = lens.T - 1;
+  m.row_labels = lens.rows;
+  m.col_labels.assign(tokens.begin() + 1, tokens.end());
+  m.values = lens.prob;
+  m.vmin = 0.0, m.vmax = 1.0;
+  m.annotate = true;
+  save_picture(path, "save_logit_lens_png", [&](const std::string& tmp) { plot::save_heatmap(m, tmp); });
+}
+
+std::string logit_lens_csv(const LogitLens& lens, const std::vector<std::string>& tokens) {
+  HL_CHECK(static_cast<int64_t>(tokens.size()) == lens.T, "logit_lens_csv: ", tokens.size(),
+           " token texts for a lens over ", lens.T, " tokens");
+  Table t("", {text_column("row"), integer_column("position"), text_column("token"), text_column("next_token"),
+               {"probability", NumberFormat::scientific, 4}, integer_column("rank")});
+  for (size_t r = 0; r < lens.rows.size(); ++r)
+    for (int64_t p = 0; p + 1 < lens.T; ++p)
+      t.add_row({lens.rows[r], static_cast<double>(p), tokens[static_cast<size_t>(p)], tokens[static_cast<size_t>(p + 1)],
+                 lens.prob_at(r, p), lens.rank_at(r, p)});
+  return render_csv(t);
+}
+
 void save_pruning_png(const std::string& path, const PruningCurve& c, double stop_below) {
   HL_CHECK(!c.steps.empty(), "save_pruning_png: the curve is empty");
   plot::LineChart ch;

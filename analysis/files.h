@@ -15,6 +15,7 @@
 #include "analysis/compare.h"
 #include "analysis/composition.h"
 #include "analysis/pruning.h"
+#include "analysis/residual.h"
 
 namespace headlab::analysis {
 
@@ -78,6 +79,13 @@ void save_attention_h5(const std::string& path, const std::vector<AttentionText>
 // "cross.L1H3"), axes labelled by token (key_tokens: the keys' when they are not the queries').
 void save_attention_png(const std::string& path, const AttentionMaps& maps, const std::vector<std::string>& tokens,
                         const std::vector<std::string>& key_tokens = {});
+
+// The logit lens (analysis/residual.h) on one prompt of `tokens` (their texts): logit_lens.png, the stream entering
+// each layer (rows, then the final one) x positions, coloured by the probability its readout gives the next
+// token (the columns' labels; the value written in cells big enough); logit_lens.csv, a row per cell, with ranks:
+// row,position,token,next_token,probability,rank.
+void save_logit_lens_png(const std::string& path, const LogitLens& lens, const std::vector<std::string>& tokens);
+std::string logit_lens_csv(const LogitLens& lens, const std::vector<std::string>& tokens);
 
 // compare.csv: one row per (config, form); compare.json: every config with both forms and the gap.
 std::string compare_csv(const std::vector<CompareResult>& rows, const CompareOptions& options);

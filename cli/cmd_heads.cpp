@@ -4,17 +4,21 @@
 // analysis::heads_on_pairs (analysis/heads_pairs.h), and their files; given a folder of one run's checkpoints,
 // every head's scores at each (analysis/heads_over_time.h), as train --track-heads records them.
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <iostream>
 #include <memory>
 #include <optional>
 
+#include "analysis/files.h"
 #include "analysis/heads_over_time.h"
 #include "analysis/heads_pairs.h"
 #include "analysis/heads_report.h"
+#include "analysis/residual.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 #include "io/sources.h"
+#include "nn/generate.h"
 #include "train/collectives.h"
 
 namespace headlab::cli {
@@ -26,7 +30,62 @@ struct HeadsArgs : AnalysisArgs {
   bool by_position = false;
   std::string by = "head";
   PromptPairArgs pairs;
+  std::string logit_lens;  // a prompt
+  const CLI::Option* logit_lens_option = nullptr;
 };
+
+// The logit lens on one prompt (a task model's: the prompt and its greedy answer): logit_lens.png and .csv, and
+// on the terminal each stream's rank of the next token at every position (the shortest prompts) or its mean.
+int heads_logit_lens(const HeadsArgs& a) {
+  HL_CHECK(a.text.empty() && a.batches == 0 && a.batch_size == 0 && a.tokens == 0 && !a.by_position,
+           "heads: --logit-lens reads one prompt; --text, --batches, --batch-size, --tokens and --by-position choose "
+           "the data of the other analyses");
+  set_threads(a.threads);
+  const Loaded in = load("heads", a.path, a.device, "", a.tokenizer);
+  nn::DecoderModel& model = in.decoder("heads --logit-lens");
+  const tasks::Prompt p = in.task->encode_prompt(a.logit_lens);
+  std::vector<int64_t> ids = p.ids;
+  const int64_t context = model.shape().context_length;
+  HL_CHECK(static_cast<int64_t>(ids.size()) <= context, "heads: --logit-lens: the prompt is ", ids.size(),
+           " tokens, longer than the model's context of ", context);
+  if (p.answer_length >= 0) {  // a task's prompt: the lens follows the answer the model gives
+    nn::GenerateOptions gen;
+    gen.max_new_tokens = std::min<int64_t>(p.answer_length + 1, context - static_cast<int64_t>(ids.size()));
+    gen.end_id = in.task->end_id();
+    gen.keep_end = true;
+    for (int64_t id : nn::generate(model, ids, gen)) ids.push_back(id);
+  }
+  HL_CHECK(ids.size() >= 2, "heads: --logit-lens: the prompt '", a.logit_lens, "' is ",
+           count_of(static_cast<int64_t>(ids.size()), "token", "tokens"), "; the lens needs a position and the token after it");
+  const analysis::LogitLens lens = analysis::logit_lens(model, ids);
+  std::vector<std::string> tokens;
+  for (int64_t id : ids) tokens.push_back(in.task->token_text(id));
+  const std::string out = output_folder(a.path, a.out, "heads");
+  const io::FolderLock lock = make_locked_dir(out, "heads");
+  analysis::save_logit_lens_png(join_path(out, "logit_lens.png"), lens, tokens);
+  write_text(join_path(out, "logit_lens.csv"), analysis::logit_lens_csv(lens, tokens), "heads");
+  std::cout << "headlab heads --logit-lens: " << a.path << ", " << lens.T << " tokens; each stream read out through "
+            << "ln_final and the unembedding (final_post: the model's own prediction)\n";
+  const bool each = lens.T - 1 <= 16;
+  std::cout << pad("stream", 12, true) << (each ? "rank of the next token at each position" : "mean probability")
+            << "\n";
+  if (each) {
+    std::cout << pad("", 12, true);
+    for (int64_t t = 1; t < lens.T; ++t) std::cout << pad(tokens[static_cast<size_t>(t)].substr(0, 7), 8);
+    std::cout << "\n";
+  }
+  for (size_t r = 0; r < lens.rows.size(); ++r) {
+    std::cout << pad(lens.rows[r], 12, true);
+    double mean = 0;
+    for (int64_t t = 0; t + 1 < lens.T; ++t) {
+      if (each) std::cout << pad(std::to_string(static_cast<int64_t>(lens.rank_at(r, t))), 8);
+      mean += lens.prob_at(r, t) / static_cast<double>(lens.T - 1);
+    }
+    std::cout << (each ? "" : fmt(mean, 4)) << "\n";
+  }
+  std::cout << "\nwrote " << wrote_line(out, {"logit_lens.png", "logit_lens.csv"}) << "\n";
+  return 0;
+}
 
 // On prompt pairs. Under mpirun the ranks share the prompt rows; rank 0 prints and writes.
 int heads_on_pairs(const HeadsArgs& a) {
@@ -81,9 +140,14 @@ int heads_over_checkpoints(const HeadsArgs& a, const std::vector<std::pair<int64
     const analysis::HeadsAtStep& s = tracker.history().back();
     const auto strongest = std::max_element(s.heads.begin(), s.heads.end(),
                                             [](const auto& x, const auto& y) { return x.induction < y.induction; });
-    std::cout << "step " << step << ": loss " << analysis::fmt(s.loss, 4) << ", in-context score "
-              << analysis::fmt(s.icl, 3) << ", strongest induction head L" << strongest->layer << "H"
-              << strongest->original_head << " (" << analysis::fmt(strongest->induction, 2) << ")\n";
+    std::cout << "step " << step << ": loss " << analysis::fmt(s.loss, 4);
+    if (std::isnan(s.icl))  // a task's rows: targets only at the answers
+      std::cout << ", token accuracy " << analysis::fmt(s.token_accuracy, 3);
+    else
+      std::cout << ", in-context score " << analysis::fmt(s.icl, 3);
+    std::cout << ", strongest induction score L" << strongest->layer << "H" << strongest->original_head << " "
+              << analysis::fmt(strongest->induction, 2)
+              << (strongest->induction < analysis::kRepeatThreshold ? " (under " + analysis::fmt(analysis::kRepeatThreshold, 1) + ": no induction head)" : std::string()) << "\n";
     analysis::save_tracking(tracker, out, "heads");
   }
   std::cout << analysis::finish_tracking(tracker, out);
@@ -103,9 +167,17 @@ Action add_heads(CLI::App& app) {
                  "corrupted prompt (prompt pairs: --task or --pairs; grouped-query models share one per group)")
       ->check(CLI::IsMember({"head", "kv-group"}))
       ->capture_default_str();
+  a->logit_lens_option = app.add_option(
+      "--logit-lens", a->logit_lens,
+      "the logit lens on this prompt (a task model's: with its answer): how likely the stream entering each layer, "
+      "read out as the last is, finds the next token; logit_lens.png and .csv");
   add_prompt_pair_options(app, a->pairs);
   add_seed_option(app, a->seed, "which prompt digit the corruption changes (tasks); the generated prompt pairs");
   return [a] {
+    if (a->logit_lens_option->count() > 0) {
+      HL_CHECK(!a->pairs.given(), "heads: --logit-lens reads one prompt; --task/--pairs are prompt pairs, another run");
+      return heads_logit_lens(*a);
+    }
     if (a->pairs.given()) return heads_on_pairs(*a);
     HL_CHECK(a->by == "head", "heads: --by kv-group patches keys and values on prompt pairs; give --task or --pairs");
     a->pairs.refuse_without_pairs("heads");

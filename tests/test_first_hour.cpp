@@ -11,6 +11,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,8 @@
 #include "analysis/machine_load.h"
 #include "analysis/prompt_pairs.h"
 #include "io/checkpoint.h"
+#include "loader/load.h"
+#include "ops/ops.h"
 #include "tests/process_util.h"
 #include "tests/tiny_models.h"
 #include "train/trainer.h"
@@ -187,6 +190,39 @@ TEST(FirstHour, Llama2cFilesGetDefaultOutputFoldersBesideThem) {
   r = run_headlab({"heads", tmp.dir() + "/missing.bin", "--tokenizer", tok}, tmp.dir());
   EXPECT_EQ(r.code, 1);
   EXPECT_TRUE(contains(r.err, "no such file")) << r.err;
+}
+
+// The logit lens drawn: its last row is the model's own prediction, probability for probability.
+TEST(FirstHour, LogitLensIsDrawnAndEndsAtTheModelsPrediction) {
+  if (!fs::exists(kStories + "/stories260K.bin")) GTEST_SKIP() << kStories << " is absent (../shared/models)";
+  TempDir tmp("first_hour_lens");
+  const std::string prompt = "Once upon a time, there was a little girl named Lily.";
+  const auto r = run_headlab({"heads", kStories + "/stories260K.bin", "--tokenizer", kStories + "/tok512.model",
+                              "--logit-lens", prompt, "--out", tmp.dir()},
+                             tmp.dir());
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(fs::exists(tmp.dir() + "/logit_lens.png"));
+  const loader::Loaded l = loader::load("test", kStories + "/stories260K.bin", "cpu", "", kStories + "/tok512.model");
+  const std::vector<int64_t> ids = l.task->encode_prompt(prompt).ids;
+  const auto T = static_cast<int64_t>(ids.size());
+  const Tensor probs = softmax(l.decoder("test").forward(tensor(ids, {1, T})).to(DType::f64), 2);  // (1, T, V)
+  std::istringstream csv(slurp(tmp.dir() + "/logit_lens.csv"));
+  std::string line;
+  std::getline(csv, line);
+  EXPECT_EQ(line, "row,position,token,next_token,probability,rank");
+  int64_t rows = 0, checked = 0;
+  while (std::getline(csv, line)) {
+    ++rows;
+    if (line.rfind("final_post,", 0) != 0) continue;
+    const int64_t t = std::stoll(line.substr(11, line.find(',', 11) - 11));
+    const size_t last = line.rfind(','), before = line.rfind(',', last - 1);
+    const double p = std::stod(line.substr(before + 1, last - before - 1));
+    EXPECT_NEAR(p, probs.select(0, 0).select(0, t).select(0, ids[static_cast<size_t>(t) + 1]).item<double>(), 1e-4)
+        << line;
+    ++checked;
+  }
+  EXPECT_EQ(checked, T - 1);
+  EXPECT_EQ(rows, (l.decoder("test").n_layers() + 1) * (T - 1));
 }
 
 TEST(FirstHour, FilesOfFormatsNotReadYetAreNamed) {

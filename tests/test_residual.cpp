@@ -10,21 +10,14 @@
 #include "analysis/residual.h"
 #include "nn/decoder_family.h"
 #include "ops/ops.h"
-#include "tiny_models.h"
+#include "tests/core_test_util.h"
+#include "tests/tiny_models.h"
 
 using namespace headlab;
 using analysis::StackOptions;
 namespace ht = headlab::testing;
 
 namespace {
-
-#define EXPECT_ERROR_WITH(stmt, text)                                                          \
-  try {                                                                                        \
-    stmt;                                                                                      \
-    ADD_FAILURE() << #stmt << " did not throw";                                                \
-  } catch (const Error& e) {                                                                   \
-    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << "message: " << e.what(); \
-  }
 
 double max_difference(const Tensor& a, const Tensor& b) {
   EXPECT_EQ(a.shape(), b.shape());
@@ -123,15 +116,15 @@ TEST(Residual, AccumulatedResidIsEachStreamAndTheLogitLensNormsEachByItself) {
       EXPECT_EQ(analysis::accumulated_resid(*m, cache, mid).labels,
                 (std::vector<std::string>{"0_pre", "0_mid", "1_pre", "1_mid", "final_post"}));
     } else {
-      EXPECT_ERROR_WITH(analysis::accumulated_resid(*m, cache, mid), "needs blocks.L.hook_resid_mid");
+      EXPECT_ERROR(analysis::accumulated_resid(*m, cache, mid), "needs blocks.L.hook_resid_mid");
     }
     o = {}, o.layer = 3;
-    EXPECT_ERROR_WITH(analysis::accumulated_resid(*m, cache, o), "accumulated_resid: layer 3 is outside -1..2");
+    EXPECT_ERROR(analysis::accumulated_resid(*m, cache, o), "accumulated_resid: layer 3 is outside -1..2");
     o = {}, o.pos = 7;
-    EXPECT_ERROR_WITH(analysis::accumulated_resid(*m, cache, o), "position 7 is outside the 7 tokens");
+    EXPECT_ERROR(analysis::accumulated_resid(*m, cache, o), "position 7 is outside the 7 tokens");
     analysis::Activations some = cache;
     some.erase(hook(1, "hook_resid_pre"));
-    EXPECT_ERROR_WITH(analysis::accumulated_resid(*m, some), "the cache has no 'blocks.1.hook_resid_pre'");
+    EXPECT_ERROR(analysis::accumulated_resid(*m, some), "the cache has no 'blocks.1.hook_resid_pre'");
   }
 }
 
@@ -188,10 +181,10 @@ TEST(Residual, DecomposeResidSumsToTheStreamAndHeadResultsToAttnOut) {
     EXPECT_LT(max_difference(scaled, norm_by_hand(m->ln_final(), heads.stack, final_stream, false)), 1e-12);
     EXPECT_EQ(max_difference(analysis::apply_ln_to_stack(*m, cache, heads.stack), scaled), 0);
     EXPECT_LT(max_difference(analysis::stack_head_results(*m, tokens_of(c), o).stack, scaled), 1e-12);
-    EXPECT_ERROR_WITH(analysis::apply_ln_to_stack(*m, cache, heads.stack.select(2, 0)),
+    EXPECT_ERROR(analysis::apply_ln_to_stack(*m, cache, heads.stack.select(2, 0)),
                       "apply_ln_to_stack: expected a stack (components, ...) of vectors shaped as the stream");
     o = {}, o.mode = "both";
-    EXPECT_ERROR_WITH(analysis::decompose_resid(*m, cache, o), "mode is 'all', 'attn' or 'mlp', not 'both'");
+    EXPECT_ERROR(analysis::decompose_resid(*m, cache, o), "mode is 'all', 'attn' or 'mlp', not 'both'");
   }
 }
 
@@ -222,7 +215,7 @@ TEST(Residual, LogitLensIsEachStreamsReadoutOfTheNextToken) {
         EXPECT_EQ(lens.rank_at(r, t), above) << r << " " << t;
       }
     }
-    EXPECT_ERROR_WITH(analysis::logit_lens(*m, {3}), "logit_lens: needs at least 2 tokens");
+    EXPECT_ERROR(analysis::logit_lens(*m, {3}), "logit_lens: needs at least 2 tokens");
   }
 }
 
@@ -258,10 +251,10 @@ TEST(Residual, GradientsAtHookPointsAreCentralDifferences) {
       const double numeric = (moved(eps) - moved(-eps)) / (2 * eps), analytic = mul(g, u).sum().item<double>();
       EXPECT_NEAR(analytic, numeric, 1e-6 * (1 + std::abs(numeric))) << name;
     }
-    EXPECT_ERROR_WITH(analysis::run_hooked_backward(*m, tokens, {}, {"hook_embed"},
+    EXPECT_ERROR(analysis::run_hooked_backward(*m, tokens, {}, {"hook_embed"},
                                                     [](const Tensor&) { return zeros({2}, DType::f64); }),
                       "d metric / d logits must have the logits' shape [2, 7, 23], got [2]");
-    EXPECT_ERROR_WITH(
+    EXPECT_ERROR(
         analysis::run_hooked_backward(*m, tokens, {}, {"blocks.9.hook_resid_pre"}, [&](const Tensor&) { return R; }),
         "no hook point 'blocks.9.hook_resid_pre'");
   }

@@ -57,7 +57,8 @@ nn::DecoderConfig gpt_config_from_hf(const json& j, const std::string& file) {
   return c;
 }
 
-// The table: `prefix` ("transformer." or "") before every name but lm_head's; the head's entry where untied.
+}  // namespace
+
 WeightMap gpt2_weights(const nn::DecoderConfig& c, const std::string& prefix, bool tied) {
   const int64_t C = c.emb_dim, V = c.vocab_size;
   WeightMap m;
@@ -102,6 +103,8 @@ WeightMap gpt2_weights(const nn::DecoderConfig& c, const std::string& prefix, bo
   return m;
 }
 
+namespace {
+
 class HfGpt2Format final : public DecoderFolderFormat {
  public:
   std::vector<std::string> model_types() const override { return {"gpt2"}; }
@@ -114,10 +117,10 @@ class HfGpt2Format final : public DecoderFolderFormat {
   // Files save_pretrained wrote carry the "transformer." prefix; older ones do not.
   WeightMap weight_map(const nn::DecoderConfig& c, const std::string& folder) const override {
     if (folder.empty()) return gpt2_weights(c, "transformer.", c.tie_embeddings);
-    const SafetensorsModel st = SafetensorsModel::open(folder);
-    HL_CHECK(st.contains("transformer.wte.weight") || st.contains("wte.weight"), folder,
+    const std::unique_ptr<WeightFiles> w = open_folder_weights(folder);
+    HL_CHECK(w->contains("transformer.wte.weight") || w->contains("wte.weight"), folder,
              ": the weights hold neither transformer.wte.weight nor wte.weight");
-    return gpt2_weights(c, st.contains("transformer.wte.weight") ? "transformer." : "", c.tie_embeddings);
+    return gpt2_weights(c, w->contains("transformer.wte.weight") ? "transformer." : "", c.tie_embeddings);
   }
   FolderModel read(const std::string& folder) const override {
     FolderModel m = DecoderFolderFormat::read(folder);

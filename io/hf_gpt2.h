@@ -11,6 +11,7 @@
 #include <string>
 
 #include "io/families.h"
+#include "io/hf_weights.h"
 #include "io/tokenizer_files.h"
 #include "nn/decoder_family.h"
 #include "nn/module.h"
@@ -19,6 +20,10 @@ namespace headlab::io {
 
 // The GPT family's folders for the registry (io/families.h): model_type gpt2, read and written below.
 const FolderFormat& hf_gpt2_format();
+
+// GPT-2's weight table: `prefix` ("transformer." or "") before every name but lm_head's; the head's entry where
+// untied. nanoGPT's ckpt.pt (io/torch_layouts.cpp) is this table with nn.Linear's (out, in) for Conv1D's.
+WeightMap gpt2_weights(const nn::DecoderConfig& c, const std::string& prefix, bool tied);
 
 struct HfGpt2Config {
   // qkv_bias true, the fused attention form, drop_rate resid_pdrop, tie_embeddings from

@@ -8,6 +8,7 @@
 #include "autograd/engine.h"
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
+#include "io/weight_files.h"
 #include "nn/decoder_family.h"
 #include "ops/ops.h"
 
@@ -108,16 +109,19 @@ class ExportParameters {
 }  // namespace
 
 NamedTensors read_weights(const std::string& folder, const WeightMap& map) {
-  const SafetensorsModel st = SafetensorsModel::open(folder);
+  return read_weights(*open_folder_weights(folder), folder, map);
+}
+
+NamedTensors read_weights(const WeightFiles& files, const std::string& where, const WeightMap& map) {
   std::set<std::string> used(map.ignored.begin(), map.ignored.end());
   NamedTensors out;
   for (const WeightEntry& e : map.entries) {
-    if (!st.contains(e.hf)) HL_FAIL(folder, ": ", e.missing.empty() ? "missing tensor '" + e.hf + "'" : e.missing);
-    const SafetensorsEntry& s = st.file_of(e.hf).entry(e.hf);
-    HL_CHECK(s.shape == e.shape, st.file_of(e.hf).path(), ": tensor '", e.hf, "' has shape ", shape_str(s.shape),
+    if (!files.contains(e.hf)) HL_FAIL(where, ": ", e.missing.empty() ? "missing tensor '" + e.hf + "'" : e.missing);
+    const Shape shape = files.shape(e.hf);
+    HL_CHECK(shape == e.shape, files.file_of(e.hf), ": tensor '", e.hf, "' has shape ", shape_str(shape),
              ", expected ", shape_str(e.shape), " for the config");
     used.insert(e.hf);
-    const Tensor t = st.to_float(e.hf);
+    const Tensor t = files.to_float(e.hf);
     const int64_t parts = static_cast<int64_t>(e.ours.size());
     if (e.fused == Fused::none) {
       out.emplace_back(e.ours[0], e.transposed ? transposed(t) : t);
@@ -132,10 +136,10 @@ NamedTensors read_weights(const std::string& folder, const WeightMap& map) {
                          index_select(t, 0, tensor(per_head_rows(t.size(0), parts, map.head_dim, i))));
     }
   }
-  for (const std::string& name : st.names()) {
+  for (const std::string& name : files.names()) {
     bool buffer = false;
     for (const std::string& suffix : map.buffer_suffixes) buffer = buffer || name.ends_with(suffix);
-    HL_CHECK(used.count(name) || buffer, st.file_of(name).path(), ": tensor '", name, "' is not part of ", map.what,
+    HL_CHECK(used.count(name) || buffer, files.file_of(name), ": tensor '", name, "' is not part of ", map.what,
              " of this config");
   }
   return out;

@@ -10,6 +10,7 @@
 #include "autograd/tensor.h"
 #include "io/families.h"
 #include "io/hf_folder.h"
+#include "io/weight_files.h"
 #include "nn/decoder_family.h"
 
 namespace headlab::io {
@@ -46,9 +47,11 @@ struct WeightMap {
   }
 };
 
-// Every entry's tensor, shape checked, as headlab's parameters (float32, CPU, in the table's order); a tensor
+// Every entry's tensor (from the folder's safetensors or PyTorch files), shape checked, as headlab's parameters (float32, CPU, in the table's order); a tensor
 // no entry names (nor a buffer) is an error naming the file and tensor.
 NamedTensors read_weights(const std::string& folder, const WeightMap& map);
+// The same from weight files already open (a PyTorch file's state_dict); `where` names them in errors.
+NamedTensors read_weights(const WeightFiles& files, const std::string& where, const WeightMap& map);
 
 // The folder's tensors from a decoder: each attention through its fused form, a pruned layer at full width
 // (the heads it removed, and their key/value groups, as zeros), a bias the model lacks as zeros where the

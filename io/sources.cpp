@@ -1,5 +1,6 @@
 // The registry of model sources, one line each, and what a path is when no source claims it: the formats
-// headlab knows of but does not read (PyTorch's, GGUF) are named, so the error says what to give instead.
+// headlab knows of but does not read (a pickle that is not torch.save's, GGUF) are named,
+// so the error says what to give instead.
 #include "io/sources.h"
 
 #include <cstdint>
@@ -11,6 +12,7 @@
 #include "base/input_path.h"
 #include "io/hf_folder.h"
 #include "io/llama2c.h"
+#include "io/torch_layouts.h"
 
 namespace headlab::io {
 
@@ -74,14 +76,9 @@ std::string unclaimed_file(const std::string& path) {
   const uint64_t size = file_size_or_zero(path);
   const std::string head = file_bytes(path, 0, 16);
   const auto starts_with = [&](const std::string& magic) { return head.rfind(magic, 0) == 0; };
-  const std::string torch_hint =
-      ", which headlab does not read yet: give a Hugging Face model folder (config.json and model.safetensors, as "
-      "save_pretrained writes it), or import the book's GPTModel with tools/import_torch.py";
-  if (starts_with(std::string("PK\x03\x04", 4)))
-    return "is a PyTorch file (a zip archive, as torch.save writes .pt, .pth and .bin files)" + torch_hint;
   if (head.size() >= 2 && static_cast<unsigned char>(head[0]) == 0x80 && head[1] >= 2 && head[1] <= 5)
-    return "is a PyTorch file (a pickle of protocol " + std::to_string(head[1]) +
-           ", as torch.save wrote .pt, .pth and .bin files before PyTorch 1.6)" + torch_hint;
+    return "is a pickle of protocol " + std::to_string(head[1]) +
+           " but not a torch.save file (a zip archive with data.pkl, or the legacy format's magic number)";
   if (starts_with("GGUF"))
     return "is a GGUF file (llama.cpp's format), which headlab does not read yet: give the Hugging Face model folder "
            "it was converted from";
@@ -152,6 +149,7 @@ const std::vector<const ModelSource*>& sources() {
       &checkpoint,  // headlab's own HDF5 files (io/checkpoint.h), by HDF5's signature
       &hf_folder,   // a folder with config.json, of any family with a folder format (io/families.h)
       &llama2c,     // llama2.c's run.c files (io/llama2c.h), by their magic or header and length
+      &torch_source(),  // torch.save's files (io/torch_layouts.h): zip archives, or the legacy format's magic
   };
   return all;
 }

@@ -1,7 +1,8 @@
 // Where a model comes from: one ModelSource per file format headlab reads (a headlab checkpoint, a Hugging Face
-// folder, a llama2.c checkpoint), each saying whether a path is its own and reading it into headlab's terms.
+// folder, a llama2.c checkpoint, a PyTorch file), each saying whether a path is its own and reading it into headlab's terms.
 // sources.cpp lists them, one line each; source_of(path) picks one, or says what the path is instead.
 #pragma once
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -22,6 +23,8 @@ struct SourceModel {
   // vocab.json and merges.txt), ready for build_folder_model.
   FolderModel pretrained;
   tasks::FolderTokenizer tokenizer;  // the tokenizer files found with it (Kind::none: none found)
+  // A tokenizer the file itself holds (GGUF's tokenizer.ggml.*), used where --tokenizer is not given; null: none.
+  std::shared_ptr<const tasks::TextTokenizer> embedded_tokenizer;
   std::string notes;                 // what the format says beyond config and parameters ("head: tied to wte"); or ""
 };
 
@@ -53,8 +56,7 @@ const std::vector<const ModelSource*>& sources();
 const ModelSource* source_claiming(const std::string& path);
 // The source of a model path, the path checked first: a missing path, one that is neither a regular file nor a
 // folder, a folder without config.json and a file no source claims are errors starting "<who> '<path>'" (who:
-// "eval: checkpoint") and saying what the path is instead (a PyTorch or GGUF file: that headlab does not read
-// those yet).
+// "eval: checkpoint") and saying what the path is instead (a pickle torch.save did not write).
 const ModelSource& source_of(const std::string& path, const std::string& who);
 
 }  // namespace headlab::io

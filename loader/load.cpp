@@ -46,7 +46,8 @@ Loaded load(const char* cmd, const std::string& path, const std::string& device,
   }
   // A pretrained model: --tokenizer FILE, else the files found with it (a folder's: tasks/tokenizer_discovery.h).
   const tasks::FolderTokenizer& found = contents.tokenizer;
-  HL_CHECK(!tokenizer.empty() || found.kind != tasks::FolderTokenizer::Kind::none, cmd, ": the folder '", path,
+  const bool has_own = found.kind != tasks::FolderTokenizer::Kind::none || contents.embedded_tokenizer;
+  HL_CHECK(!tokenizer.empty() || has_own, cmd, ": the folder '", path,
            "' has no tokenizer headlab reads (vocab.json and merges.txt, tokenizer.model, a byte-level BPE "
            "tokenizer.json or llama2.c's tokenizer.bin); give one with --tokenizer FILE (a SentencePiece model, "
            "llama2.c's tokenizer.bin or a tokenizer.json)");
@@ -54,7 +55,10 @@ Loaded load(const char* cmd, const std::string& path, const std::string& device,
   train::RunConfig& c = l.config;
   c.model = contents.pretrained.config;
   const int64_t vocab = c.family().model.vocab_size(c.model);
-  pretrained_text_task(c, tokenizer.empty() ? found.make(vocab) : tasks::tokenizer_from_file(tokenizer, vocab), text);
+  std::shared_ptr<const tasks::TextTokenizer> tok = !tokenizer.empty()           ? tasks::tokenizer_from_file(tokenizer, vocab)
+                                                   : contents.embedded_tokenizer ? contents.embedded_tokenizer
+                                                                                 : found.make(vocab);
+  pretrained_text_task(c, std::move(tok), text);
   l.model = io::build_folder_model(std::move(contents.pretrained), path);
   l.model->to(Device::parse(device));
   l.ckpt.config = c.to_json();

@@ -10,6 +10,7 @@ packages=(build-essential cmake pkg-config libopenblas-openmp-dev libhdf5-dev hd
           python3 chromium chromium-driver  # the attention explorer's browser test (tests/browser)
           libopenmpi-dev openmpi-bin  # data-parallel training (mpirun -np N headlab train)
           libpcre2-dev  # GPT-2's tokenizer: its pre-tokenizer regex
+          libzip-dev  # PyTorch files (torch.save writes zip archives)
           libsentencepiece-dev python3-sentencepiece  # LLaMA-family tokenizers (tokenizer.model); the tests' reference
           libicu-dev  # tokenizer.json's NFC normalizer
           graphviz  # circuit pictures (headlab circuit): Graphviz's dot renders circuit.dot to PNG and SVG

@@ -10,6 +10,7 @@
 #include "base/error.h"
 #include "base/input_path.h"
 #include "tasks/bpe_tokenizer.h"
+#include "tasks/id_tokenizer.h"
 #include "tasks/internal.h"
 #include "tasks/llama2c_tokenizer.h"
 
@@ -162,8 +163,10 @@ std::shared_ptr<const TextTokenizer> tokenizer_from_files(const TokenizerFiles& 
   }
   if (f.type == "sentencepiece")
     return SentencePieceTokenizer::from_bytes(file("tokenizer.model"), where + "tokenizer.model", vocab_size);
+  if (f.type == "ids")
+    return std::make_shared<const IdTokenizer>(IdTokenizer::from_json(file("ids.json"), where + "ids.json"));
   HL_CHECK(f.type == "llama2c", where, ": tokenizer type '", f.type,
-           "' is none headlab reads (bpe, tokenizer.json, sentencepiece, llama2c)");
+           "' is none headlab reads (bpe, tokenizer.json, sentencepiece, llama2c, ids)");
   return std::make_shared<const Llama2cTokenizer>(file("tokenizer.bin"), where + "tokenizer.bin", vocab_size);
 }
 

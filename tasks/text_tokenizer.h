@@ -14,7 +14,7 @@ namespace headlab::tasks {
 // A subword tokenizer as the files it was read from: what a checkpoint stores (/tokenizer/<name>) and export
 // writes beside the weights, so that a model keeps its tokenizer wherever it goes. type: "bpe" (GPT-2's
 // vocab.json and merges.txt), "tokenizer.json" (with tokenizer_config.json where the folder had one),
-// "sentencepiece" (tokenizer.model), "llama2c" (llama2.c's tokenizer.bin).
+// "sentencepiece" (tokenizer.model), "llama2c" (llama2.c's tokenizer.bin), "ids" (ids.json: tasks/id_tokenizer.h).
 struct TokenizerFiles {
   std::string type;                                        // "" with no files (the character tokenizer)
   std::vector<std::pair<std::string, std::string>> files;  // (file name, contents)

@@ -11,7 +11,7 @@ trap 'rm -rf "$tmp"' EXIT
 deb=$(ls "$tmp"/out/headlab_*.deb)
 depends=$(dpkg-deb -f "$deb" Depends)
 echo "package_deb: $(basename "$deb"): Depends: $depends"
-for p in libopenblas-openmp-dev libhdf5-dev libplplot-dev libpcre2-dev libsentencepiece-dev libicu-dev python3-numpy libgomp1; do  # Debian names
+for p in libopenblas-openmp-dev libhdf5-dev libplplot-dev libpcre2-dev libsentencepiece-dev libicu-dev libzip-dev python3-numpy libgomp1; do  # Debian names
   grep -q "$p" <<<"$depends" || { echo "package_deb: Depends lacks $p" >&2; exit 1; }
 done
 dpkg-deb -x "$deb" "$tmp/root"

@@ -1,6 +1,7 @@
 // The registry of model sources (io/sources.h): which source claims a headlab checkpoint, a model folder and a
 // llama2.c file, and what source_of says of a path no source claims: missing, a folder without config.json, not
-// a regular file, PyTorch's and GGUF files (named: headlab does not read them yet), safetensors, text, empty.
+// a regular file, a pickle torch.save did not write, GGUF files (named: headlab does not read them yet),
+// safetensors, text, empty.
 #include "io/sources.h"
 
 #include <gtest/gtest.h>
@@ -44,7 +45,8 @@ std::string claimed_by(const std::string& path) { return io::source_of(path, "te
 TEST(Sources, TheRegistryListsEachFormatOnce) {
   std::vector<std::string> names;
   for (const io::ModelSource* s : io::sources()) names.push_back(s->name());
-  EXPECT_EQ(names, (std::vector<std::string>{"headlab checkpoint", "Hugging Face folder", "llama2.c checkpoint"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"headlab checkpoint", "Hugging Face folder", "llama2.c checkpoint",
+                                             "PyTorch file"}));
 }
 
 TEST(Sources, EachFormatIsClaimedByItsSource) {
@@ -83,10 +85,13 @@ TEST(Sources, APathNoSourceClaimsIsNamedWithWhatItIs) {
   expect(dir.path("plain"), {"' is a folder, not a file, and has no config.json"});
   ASSERT_EQ(::mkfifo(dir.path("fifo").c_str(), 0644), 0);
   expect(dir.path("fifo"), {"' is not a regular file (it is a FIFO)"});  // refused, never opened (it would block)
-  expect(write_file(dir, "model.pt", std::string("PK\x03\x04", 4) + "archive/data.pkl"),
-         {"': is a PyTorch file (a zip archive", "which headlab does not read yet"});
+  // A zip is PyTorch's; its reader says what is wrong with it.
+  const std::string zip = write_file(dir, "model.pt", std::string("PK\x03\x04", 4) + "archive/data.pkl");
+  EXPECT_EQ(claimed_by(zip), "PyTorch file");
+  EXPECT_ERROR(io::source_of(zip, "test").read(zip),
+               "a PyTorch file is a zip archive as torch.save writes it, and this one cannot be read as one");
   expect(write_file(dir, "old.pth", std::string("\x80\x02\x8a\x0a", 4) + "pickled"),
-         {"': is a PyTorch file (a pickle of protocol 2", "which headlab does not read yet"});
+         {"': is a pickle of protocol 2 but not a torch.save file"});
   expect(write_file(dir, "model.gguf", std::string("GGUF\x03\0\0\0", 8)),
          {"': is a GGUF file (llama.cpp's format), which headlab does not read yet"});
   expect(write_file(dir, "model.safetensors", std::string("\x02\0\0\0\0\0\0\0{}", 10)),

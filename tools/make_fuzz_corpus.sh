@@ -112,4 +112,10 @@ mkdir -p "$corpus/prompt_pairs"
 printf '%s\n' '{"clean": "the rose", "corrupt": "the bose", "answer": " ", "wrong": "s"}' \
   '{"clean": "his heir", "corrupt": "her heir", "answer": " ", "wrong": "s"}' >"$corpus/prompt_pairs/rows.jsonl"
 printf '%s\n' '{"clean": "ab", "corrupt": "ba", "answer": "c", "wrong": "c"}' >"$corpus/prompt_pairs/same_answer.jsonl"
+
+# PyTorch files: the small torch.save fixtures (tools/fixtures_torch_files.py writes them), hostile ones included.
+mkdir -p "$corpus/torch"
+for f in values big_endian nested evil_os_system evil_eval_entry lying_storage past_storage legacy; do
+  cp "tests/fixtures/torch_files/$f.pt" "$corpus/torch/"
+done
 echo "tools/make_fuzz_corpus.sh: wrote $(find "$corpus" -type f | wc -l) files under $corpus"

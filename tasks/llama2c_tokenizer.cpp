@@ -81,6 +81,31 @@ std::shared_ptr<const Llama2cTokenizer> Llama2cTokenizer::from_file(const std::s
   return std::make_shared<const Llama2cTokenizer>(bytes, "tokenizer '" + path + "'", vocab_size);
 }
 
+std::shared_ptr<const Llama2cTokenizer> Llama2cTokenizer::from_pieces(const std::vector<std::string>& pieces,
+                                                                      const std::vector<float>& scores,
+                                                                      std::string name, int64_t vocab_size) {
+  HL_CHECK(scores.size() == pieces.size(), name, ": ", pieces.size(), " pieces but ", scores.size(), " scores");
+  std::string body;
+  int32_t max_len = 1;
+  for (size_t id = 0; id < pieces.size(); ++id) {
+    const int64_t i = static_cast<int64_t>(id);
+    std::string text = i == kBos ? "\n<s>\n" : i == kBos + 1 ? "\n</s>\n" : "";
+    if (text.empty())
+      for (size_t at = 0; at < pieces[id].size();) {  // U+2581, SentencePiece's space, as llama2.c writes it
+        const bool space = pieces[id].compare(at, 3, "\xE2\x96\x81") == 0;
+        text += space ? std::string(" ") : pieces[id].substr(at, 1);
+        at += space ? 3 : 1;
+      }
+    HL_CHECK(text.size() <= (1u << 16), name, ": piece ", id, " has ", text.size(), " bytes (at most 65536)");
+    max_len = std::max(max_len, static_cast<int32_t>(text.size()));
+    const int32_t len = static_cast<int32_t>(text.size());
+    body.append(reinterpret_cast<const char*>(&scores[id]), 4).append(reinterpret_cast<const char*>(&len), 4);
+    body += text;
+  }
+  std::string bytes(reinterpret_cast<const char*>(&max_len), 4);
+  return std::make_shared<const Llama2cTokenizer>(bytes + body, std::move(name), vocab_size);
+}
+
 std::vector<int64_t> Llama2cTokenizer::encode(std::string_view text, std::string_view label) const {
   return encode_pieces(text, label, true);
 }

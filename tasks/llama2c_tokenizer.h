@@ -20,6 +20,12 @@ class Llama2cTokenizer : public TextTokenizer {
   // The file's contents; name names it in errors. vocab_size > 0: the model's, which the file must cover.
   Llama2cTokenizer(std::string_view bytes, std::string name, int64_t vocab_size = 0);
   static std::shared_ptr<const Llama2cTokenizer> from_file(const std::string& path, int64_t vocab_size = 0);
+  // From a SentencePiece model's pieces ("\u2581the", "<0x0A>") and scores held in memory (a GGUF file's
+  // tokenizer.ggml.tokens and .scores): written as llama2.c's tokenizer.py writes tokenizer.bin (U+2581 as a space,
+  // <s> and </s> as "\n<s>\n" and "\n</s>\n"), so that files() gives a tokenizer.bin like any other.
+  static std::shared_ptr<const Llama2cTokenizer> from_pieces(const std::vector<std::string>& pieces,
+                                                             const std::vector<float>& scores, std::string name,
+                                                             int64_t vocab_size = 0);
   int64_t size() const override { return static_cast<int64_t>(pieces_.size()); }
   std::vector<int64_t> encode(std::string_view text, std::string_view label = "prompt") const override;
   std::vector<int64_t> encode_continuation(std::string_view text, std::string_view label = "prompt") const override;

@@ -1,5 +1,5 @@
 // The registry of model sources, one line each, and what a path is when no source claims it: the formats
-// headlab knows of but does not read (a pickle that is not torch.save's, GGUF) are named,
+// headlab knows of but does not read (a pickle that is not torch.save's) are named,
 // so the error says what to give instead.
 #include "io/sources.h"
 
@@ -10,6 +10,7 @@
 
 #include "base/error.h"
 #include "base/input_path.h"
+#include "io/gguf.h"
 #include "io/hf_folder.h"
 #include "io/llama2c.h"
 #include "io/torch_layouts.h"
@@ -75,13 +76,9 @@ bool is_text(const std::string& bytes) {
 std::string unclaimed_file(const std::string& path) {
   const uint64_t size = file_size_or_zero(path);
   const std::string head = file_bytes(path, 0, 16);
-  const auto starts_with = [&](const std::string& magic) { return head.rfind(magic, 0) == 0; };
   if (head.size() >= 2 && static_cast<unsigned char>(head[0]) == 0x80 && head[1] >= 2 && head[1] <= 5)
     return "is a pickle of protocol " + std::to_string(head[1]) +
            " but not a torch.save file (a zip archive with data.pkl, or the legacy format's magic number)";
-  if (starts_with("GGUF"))
-    return "is a GGUF file (llama.cpp's format), which headlab does not read yet: give the Hugging Face model folder "
-           "it was converted from";
   if (looks_like_safetensors(head, size))
     return "is a safetensors file, not a headlab checkpoint (.h5); give the model folder that holds it (with its "
            "config.json), or convert that folder with headlab convert";
@@ -150,6 +147,7 @@ const std::vector<const ModelSource*>& sources() {
       &hf_folder,   // a folder with config.json, of any family with a folder format (io/families.h)
       &llama2c,     // llama2.c's run.c files (io/llama2c.h), by their magic or header and length
       &torch_source(),  // torch.save's files (io/torch_layouts.h): zip archives, or the legacy format's magic
+      &gguf_source(),   // llama.cpp's GGUF files (io/gguf.h), by their magic "GGUF"
   };
   return all;
 }

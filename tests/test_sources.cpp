@@ -1,7 +1,6 @@
 // The registry of model sources (io/sources.h): which source claims a headlab checkpoint, a model folder and a
 // llama2.c file, and what source_of says of a path no source claims: missing, a folder without config.json, not
-// a regular file, a pickle torch.save did not write, GGUF files (named: headlab does not read them yet),
-// safetensors, text, empty.
+// a regular file, a pickle torch.save did not write, safetensors, text, empty (a GGUF file is claimed by its magic).
 #include "io/sources.h"
 
 #include <gtest/gtest.h>
@@ -46,7 +45,7 @@ TEST(Sources, TheRegistryListsEachFormatOnce) {
   std::vector<std::string> names;
   for (const io::ModelSource* s : io::sources()) names.push_back(s->name());
   EXPECT_EQ(names, (std::vector<std::string>{"headlab checkpoint", "Hugging Face folder", "llama2.c checkpoint",
-                                             "PyTorch file"}));
+                                             "PyTorch file", "GGUF file"}));
 }
 
 TEST(Sources, EachFormatIsClaimedByItsSource) {
@@ -92,8 +91,7 @@ TEST(Sources, APathNoSourceClaimsIsNamedWithWhatItIs) {
                "a PyTorch file is a zip archive as torch.save writes it, and this one cannot be read as one");
   expect(write_file(dir, "old.pth", std::string("\x80\x02\x8a\x0a", 4) + "pickled"),
          {"': is a pickle of protocol 2 but not a torch.save file"});
-  expect(write_file(dir, "model.gguf", std::string("GGUF\x03\0\0\0", 8)),
-         {"': is a GGUF file (llama.cpp's format), which headlab does not read yet"});
+  EXPECT_EQ(claimed_by(write_file(dir, "model.gguf", std::string("GGUF\x03\0\0\0", 8))), "GGUF file");  // io/gguf.h
   expect(write_file(dir, "model.safetensors", std::string("\x02\0\0\0\0\0\0\0{}", 10)),
          {"': is a safetensors file, not a headlab checkpoint (.h5)"});
   expect(write_file(dir, "notes.h5", "not a checkpoint\n"),

@@ -194,7 +194,7 @@ int64_t Impl::even_chunks(int64_t rows, int64_t most) {
 
 int64_t Impl::copies_per_forward(const Chunk& c) const {
   if (options.max_copies > 0) return options.max_copies;
-  const int64_t logits = c.candidates.defined() ? 2 * c.B * model.shape().vocab_size : 0;  // and softmax
+  const int64_t logits = c.candidates.defined() ? 2 * c.B * model.shape().out_vocab_size : 0;  // and softmax
   const int64_t per_copy = ((graph.node_count() + widest_group() * 3 + 16) * c.B * c.T * C + logits) *
                            dtype_size(detail::model_dtype(model));
   return std::max<int64_t>(1, activation_budget() / std::max<int64_t>(per_copy, 1));
@@ -206,14 +206,17 @@ void check_pairs(const nn::DecoderModel& model, const PromptPairs& pairs, const 
   HL_CHECK(pairs.rows() > 0 && pairs.T > 0, who, ": no prompt pairs");
   HL_CHECK(pairs.T <= shape.context_length, who, ": prompts of ", pairs.T, " tokens do not fit the model's context of ",
            shape.context_length);
-  const auto check_ids = [&](const std::vector<int64_t>& ids, const char* what) {
+  // Prompts are read (vocab_size); answers are predicted (out_vocab_size, where the model predicts fewer).
+  const auto check_ids = [&](const std::vector<int64_t>& ids, const char* what, int64_t V) {
     for (size_t i = 0; i < ids.size(); ++i)
-      HL_CHECK(ids[i] >= 0 && ids[i] < shape.vocab_size, who, ": ", what, " token ", ids[i], " (at ", i,
-               ") is outside the vocabulary of ", shape.vocab_size);
+      HL_CHECK(ids[i] >= 0 && ids[i] < V, who, ": ", what, " token ", ids[i], " (at ", i, ") is outside the ",
+               V == shape.vocab_size ? "vocabulary" : "predicted vocabulary", " of ", V);
   };
-  check_ids(pairs.clean, "clean"), check_ids(pairs.corrupt, "corrupt");
+  check_ids(pairs.clean, "clean", shape.vocab_size), check_ids(pairs.corrupt, "corrupt", shape.vocab_size);
   HL_CHECK(pairs.clean != pairs.corrupt, who, ": every clean prompt equals its corrupted one; nothing to compare");
-  check_ids(pairs.answer, "answer"), check_ids(pairs.wrong, "wrong"), check_ids(pairs.candidates, "candidate");
+  const int64_t V_out = shape.out_vocab_size;
+  check_ids(pairs.answer, "answer", V_out), check_ids(pairs.wrong, "wrong", V_out);
+  check_ids(pairs.candidates, "candidate", V_out);
   HL_CHECK(pairs.weights.size() == pairs.candidates.size() * static_cast<size_t>(pairs.rows()), who,
            ": the probability metric's weights list ", pairs.weights.size(),
            " values, not rows x candidates = ", pairs.rows(), " x ", pairs.candidates.size());

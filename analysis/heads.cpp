@@ -210,7 +210,7 @@ int64_t copies_per_forward(const nn::DecoderModel& m, int64_t B, int64_t T) {
   const nn::DecoderShape& c = m.shape();
   int64_t heads = 0;
   for (int64_t l = 0; l < m.n_layers(); ++l) heads = std::max(heads, m.attention(l).head_count());
-  const int64_t per_row = T * std::max({4 * c.d_model, c.vocab_size, heads * T});
+  const int64_t per_row = T * std::max({4 * c.d_model, c.out_vocab_size, heads * T});
   return std::max<int64_t>(1, (int64_t{1} << 20) / std::max<int64_t>(1, B * per_row));
 }
 
@@ -267,7 +267,7 @@ Recorded record(nn::DecoderModel& m, const HeadMatrix& base_gates, const Tensor&
 // inside the loss).
 void add_scores(nn::DecoderModel& m, const Batch& b, const Tensor& x, const Tensor& targets, train::ScoreSum& sum) {
   constexpr int64_t kLogits = int64_t{1} << 23;  // per chunk: 32 MB of float32
-  const int64_t rows = std::max<int64_t>(1, kLogits / (b.T * m.shape().vocab_size));
+  const int64_t rows = std::max<int64_t>(1, kLogits / (b.T * m.shape().out_vocab_size));
   if (rows >= b.B) return sum.add(b, m.unembed(x), targets);
   for (int64_t r0 = 0; r0 < b.B; r0 += rows) {
     const int64_t n = std::min(rows, b.B - r0);

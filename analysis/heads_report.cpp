@@ -138,7 +138,7 @@ std::string heads_report_md(const nn::DecoderModel& model, const EvalSet& data, 
     md << "\n## Copying from the context\n\nLoss on " << f.repeated_rows << " rows of " << f.repeated_half
        << " random tokens written twice, scored where the second copy can be predicted from the first ("
        << f.repeated.base.tokens << " tokens): " << fmt(f.repeated.base.loss)
-       << " unablated (uniform guessing: " << fmt(std::log(static_cast<double>(cfg.vocab_size)))
+       << " unablated (uniform guessing: " << fmt(std::log(static_cast<double>(cfg.out_vocab_size)))
        << "). The loss increase with each head ablated: an "
        << "induction head's ablation costs the most.\n\n"
        << render_markdown(head_value_table(model, by_magnitude(s.repeated_mean),
@@ -270,7 +270,8 @@ HeadsFindings find_heads(const loader::Loaded& in, const EvalSet& data, const He
   if (f.repeated_half >= 2)
     f.seconds_repeated = timed([&] {
       f.repeated =
-          ablate_heads(model, repeated_tokens_set(model.shape().vocab_size, f.repeated_rows, f.repeated_half, o.seed));
+          ablate_heads(model, repeated_tokens_set(std::min(model.shape().vocab_size, model.shape().out_vocab_size),
+                                                  f.repeated_rows, f.repeated_half, o.seed));
     });
   f.composition = composition_scores(model);
   return f;

@@ -51,7 +51,7 @@ L0Result l0_gates(nn::DecoderModel& model, const tasks::Task& task, const EvalSe
   ControlGuard guard(model);
   model.eval();  // frozen: no dropout, no parameter updates
   set_controls(model, {}, {});
-  const int64_t L = model.n_layers(), T = model.shape().context_length, V = model.shape().vocab_size;
+  const int64_t L = model.n_layers(), T = model.shape().context_length, V = model.shape().out_vocab_size;
   const DType dt = model_dtype(model);
   const Device dev = model.device();
   L0Result r;

@@ -45,7 +45,7 @@ LogitAttribution logit_attribution(nn::DecoderModel& model, const EvalSet& data)
   model.eval();  // no dropout: x_L is exactly the sum of the components
   detail::set_controls(model, {}, {});
   const nn::DecoderShape& shape = model.shape();
-  const int64_t L = model.n_layers(), V = shape.vocab_size, T_max = shape.context_length;
+  const int64_t L = model.n_layers(), V = shape.out_vocab_size, T_max = shape.context_length;
   const auto Ls = static_cast<size_t>(L);
   NoGradGuard no_grad;
   const Device dev = model.device();
@@ -56,9 +56,10 @@ LogitAttribution logit_attribution(nn::DecoderModel& model, const EvalSet& data)
     a->out_proj_bias.assign(Ls, 0.0);
     a->feed_forward.assign(Ls, 0.0);
   }
-  const Tensor W_U = f64_cpu(model.lm_head().weight);  // (V, C): the unembedding's rows
-  const Tensor W_U_mean = W_U.mean({0});               // (C): its row gives the mean logit
-  std::vector<Tensor> W_O(Ls), b_O(Ls);                // (H*D, C), (C) or undefined
+  const Tensor W_U = f64_cpu(model.lm_head().weight);                          // (V, C): the unembedding's rows
+  const Tensor W_U_mean = W_U.mean({0});                                       // (C): its row gives the mean logit
+  const Tensor b_U = model.b_U().defined() ? f64_cpu(model.b_U()) : Tensor();  // (V) or undefined
+  std::vector<Tensor> W_O(Ls), b_O(Ls);                                        // (H*D, C), (C) or undefined
   std::set<nn::HookKey> keep{{HookPoint::resid_pre, 0}, {HookPoint::resid_post, L - 1}};
   for (int64_t l = 0; l < L; ++l) {
     const int64_t H = model.attention(l).head_count();
@@ -104,6 +105,10 @@ LogitAttribution logit_attribution(nn::DecoderModel& model, const EvalSet& data)
     };
     add_both(&DirectAttribution::embeddings, share(scored(cached(HookPoint::resid_pre, 0))));
     add_both(&DirectAttribution::final_shift, frozen.bias_along(unembed).sum({1}).to_vector<double>());
+    if (b_U.defined()) {  // the unembedding's own bias: b_U[y] - mean(b_U), and b_U[y]
+      const double b_y = index_select(b_U, 0, tensor(ys, {N})).sum().item<double>();
+      add_both(&DirectAttribution::final_shift, {b_y - static_cast<double>(N) * b_U.mean().item<double>(), b_y});
+    }
     for (size_t l = 0; l < Ls; ++l) {
       const auto layer = static_cast<int64_t>(l);
       if (b_O[l].defined()) {

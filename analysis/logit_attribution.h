@@ -2,9 +2,10 @@
 // is a sum of components (embeddings; per layer each head's z_h W_O[h], the out_proj bias and the MLP's
 // output), and with the final norm's scale frozen at its value on the real x_L (nn::FrozenNorm; for a
 // LayerNorm sigma = sqrt(var(x_L) + eps)), a logit is linear in them:
-//   logit_y = sum_i ((comp_i - mean_C(comp_i)) / sigma * gamma) . W_U[y]  +  shift . W_U[y].
+//   logit_y = sum_i ((comp_i - mean_C(comp_i)) / sigma * gamma) . W_U[y]  +  shift . W_U[y]  (+ b_U[y]).
 // So every component gets its share of the correct token's logit, exactly (eval mode, no dropout).
-// L = layers, H = heads of a layer, D = head size, C = d_model, V = vocabulary.
+// Without norms sigma is 1 and there is no centring or shift. L = layers, H = heads of a layer, D = head size,
+// C = d_model, V = the predicted vocabulary (out_vocab_size).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -18,7 +19,7 @@ struct DirectAttribution {
   HeadMatrix heads;  // [layer][head], heads in the model's order (original_head for labels)
   std::vector<double> out_proj_bias, feed_forward;  // [layer]
   double embeddings = 0;                            // token + position embedding
-  double final_shift = 0;                           // the final LayerNorm's shift . W_U row
+  double final_shift = 0;                           // the final LayerNorm's shift . W_U row, and b_U[y]
   double total = 0;                                 // the quantity itself, from the model's own final_norm and out_head
   double sum() const;                               // of the components: equals total up to rounding
 };

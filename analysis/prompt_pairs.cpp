@@ -315,8 +315,8 @@ LogitDifference logit_difference(nn::DecoderModel& model, const PromptPairs& pai
            " tokens do not fit the model's context of ", cfg.context_length);
   for (int64_t r = 0; r < pairs.rows(); ++r)
     for (int64_t id : {pairs.answer[static_cast<size_t>(r)], pairs.wrong[static_cast<size_t>(r)]})
-      HL_CHECK(id >= 0 && id < cfg.vocab_size, "logit_difference: row ", r, "'s token ", id,
-               " is outside the vocabulary of ", cfg.vocab_size);
+      HL_CHECK(id >= 0 && id < cfg.out_vocab_size, "logit_difference: row ", r, "'s token ", id,
+               " is outside the predicted vocabulary of ", cfg.out_vocab_size);
   const NoGradGuard no_grad;
   const bool was_training = model.is_training();
   model.eval();
@@ -325,12 +325,12 @@ LogitDifference logit_difference(nn::DecoderModel& model, const PromptPairs& pai
        {std::tuple{&pairs.clean, &d.clean, &d.clean_mean}, std::tuple{&pairs.corrupt, &d.corrupt, &d.corrupt_mean}}) {
     const Tensor idx = tensor(*ids, {pairs.rows(), pairs.T}).to(model.device());
     // (rows, V): the logits at the last position (probabilities for a probability metric)
-    Tensor last = model.forward(idx).narrow(1, pairs.T - 1, 1).reshape({pairs.rows(), cfg.vocab_size});
+    Tensor last = model.forward(idx).narrow(1, pairs.T - 1, 1).reshape({pairs.rows(), cfg.out_vocab_size});
     if (pairs.probability_metric()) last = softmax(last.to(DType::f64), 1);
     const std::vector<double> v = last.to_vector<double>();
     const auto M = pairs.candidates.size();
     for (int64_t r = 0; r < pairs.rows(); ++r) {
-      const double* row = v.data() + r * cfg.vocab_size;
+      const double* row = v.data() + r * cfg.out_vocab_size;
       double m = 0;
       if (pairs.probability_metric()) {
         for (size_t i = 0; i < M; ++i) m += pairs.weights[static_cast<size_t>(r) * M + i] * row[pairs.candidates[i]];
@@ -362,7 +362,8 @@ PromptPairs make_prompt_pairs(const PairSource& a, const tasks::Task& task, cons
     const int64_t n = a.span > 0 ? a.span : std::min<int64_t>(10, (cfg.context_length + 1) / 2);
     HL_CHECK(2 * n - 1 <= cfg.context_length, who, ": --span ", n, " makes prompts of ", 2 * n - 1,
              " tokens; the model's context is ", cfg.context_length);
-    pairs = induction_prompt_pairs(cfg.vocab_size, a.rows, n, a.seed);
+    // the repeated token is the answer: tokens the model both reads and predicts
+    pairs = induction_prompt_pairs(std::min(cfg.vocab_size, cfg.out_vocab_size), a.rows, n, a.seed);
     said = "induction: " + std::to_string(n) + " random tokens, then all but the last again";
   } else if (a.task == "greater-than") {
     pairs = greater_than_prompt_pairs(task, a.rows, a.seed);

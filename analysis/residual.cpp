@@ -80,9 +80,7 @@ Tensor apply_ln_to_stack(const nn::DecoderModel& model, const Activations& cache
                          : o.mlp_input ? *model.decoder_block(layer).ln2()
                                        : model.decoder_block(layer).ln1();
   const NoGradGuard no_grad;
-  const nn::FrozenNorm f = nn::freeze(norm, stream.to(stack.dtype()));
-  const Tensor x = f.centred ? sub(stack, stack.mean({-1}, true)) : stack;
-  return mul(mul(x, f.inv_scale), f.weight.to(stack.device()).to(stack.dtype()));
+  return nn::freeze(norm, stream.to(stack.dtype())).apply(stack);
 }
 
 ResidualStack accumulated_resid(nn::DecoderModel& model, const Activations& cache, const StackOptions& o) {
@@ -205,9 +203,11 @@ LogitLens logit_lens(nn::DecoderModel& model, const std::vector<int64_t>& ids) {
   const Tensor tokens = tensor(ids, {1, T}).to(model.device());
   const ResidualStack acc = accumulated_resid(model, tokens);  // (R, 1, T, C)
   const NoGradGuard no_grad;
-  const int64_t V = model.shape().vocab_size;
+  const int64_t V = model.shape().out_vocab_size;
   const Tensor next = tensor(std::vector<int64_t>(ids.begin() + 1, ids.end()), {T - 1, 1}).to(model.device());
-  const Tensor is_next = eq(arange(V, DType::i64, model.device()).unsqueeze(0), next);  // (T-1, V) one-hot
+  // (T-1, V) one-hot; a row of zeros where the next token is one the model does not predict (an input-only
+  // token: out_vocab_size < vocab_size), which then gets probability 0 and rank V: below every token it predicts.
+  const Tensor is_next = eq(arange(V, DType::i64, model.device()).unsqueeze(0), next);
   LogitLens lens{acc.labels, T, {}, {}};
   for (int64_t r = 0; r < acc.stack.size(0); ++r) {
     // The row's readout at every position but the last, (T-1, V): one selection from one tensor, so that the
@@ -215,8 +215,12 @@ LogitLens logit_lens(nn::DecoderModel& model, const std::vector<int64_t>& ids) {
     const Tensor logp = log_softmax(model.unembed(acc.stack.select(0, r)).select(0, 0).narrow(0, 0, T - 1), -1);
     const Tensor target = where(is_next, logp, zeros_like(logp)).sum({-1}, true);  // (T-1, 1)
     const Tensor above = gt(logp, target).to(DType::f64).sum({-1});                // (T-1)
-    for (double p : exp(target).to(DType::f64).to_vector<double>()) lens.prob.push_back(p);
-    for (double n : above.to_vector<double>()) lens.rank.push_back(n);
+    const std::vector<double> prob = exp(target).to(DType::f64).to_vector<double>(), rank = above.to_vector<double>();
+    for (size_t t = 0; t + 1 < ids.size(); ++t) {
+      const bool predicted = ids[t + 1] < V;
+      lens.prob.push_back(predicted ? prob[t] : 0.0);
+      lens.rank.push_back(predicted ? rank[t] : static_cast<double>(V));
+    }
   }
   return lens;
 }

@@ -87,6 +87,7 @@ struct LogitLens {
   std::vector<std::string> rows;  // accumulated_resid's labels: "0_pre", "1_pre", ..., "final_post"
   int64_t T = 0;                  // the prompt's tokens; positions 0 .. T-2 have a next token
   // rows.size() x (T - 1), row-major: [r * (T - 1) + t] for row r at position t.
+  // Where ids[t + 1] is a token the model does not predict (out_vocab_size < vocab_size): 0 and out_vocab_size.
   std::vector<double> prob;  // softmax probability of ids[t + 1]
   std::vector<double> rank;  // how many tokens get a higher logit than ids[t + 1] (0: it is the top token)
   double prob_at(size_t r, int64_t t) const { return prob[r * static_cast<size_t>(T - 1) + static_cast<size_t>(t)]; }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -70,14 +71,23 @@ inline void check_head_lists(const std::vector<std::vector<int64_t>>& lists, int
                n_heads - 1);
 }
 
+template <typename T>
+inline constexpr bool kIsOptional = false;
+template <typename T>
+inline constexpr bool kIsOptional<std::optional<T>> = true;
+
 // Reads j[key] into out when j has the key, else leaves out as it is. who prefixes the error
 // ("GPT config"). Enums are read by name (base/enum_names.h); lists of lists of integers are head
-// lists (read_head_lists).
+// lists (read_head_lists); a std::optional is set from its value's JSON.
 template <typename T>
 void read_json_field(const nlohmann::json& j, const char* key, T& out, const char* who) {
   if (!j.contains(key)) return;
   const nlohmann::json& v = j.at(key);
-  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+  if constexpr (kIsOptional<T>) {
+    typename T::value_type value{};
+    read_json_field(j, key, value, who);
+    out = value;
+  } else if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
     HL_CHECK(json_to_integer(v, out), who, ": key '", key, "' must be an integer", std::is_unsigned_v<T> ? " >= 0" : "",
              ", got ", json_text(v));
   } else if constexpr (std::is_same_v<T, std::vector<std::vector<int64_t>>>) {
@@ -157,10 +167,13 @@ void for_each_field(const Fields& fields, F&& f) {
   std::apply([&](const auto&... each) { (f(each), ...); }, fields);
 }
 
-// j[key] = v (enums by name); nothing for an empty container (head lists: empty means every head).
+// j[key] = v (enums by name); nothing for an empty container (head lists: empty means every head) or an
+// unset std::optional.
 template <typename T>
 void write_json_field(nlohmann::json& j, const char* key, const T& v) {
-  if constexpr (NamedEnum<T>) {
+  if constexpr (kIsOptional<T>) {
+    if (v) write_json_field(j, key, *v);
+  } else if constexpr (NamedEnum<T>) {
     j[key] = enum_name(v);
   } else if constexpr (requires { v.empty(); } && !std::is_same_v<T, std::string>) {
     if (!v.empty()) j[key] = v;

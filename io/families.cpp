@@ -16,6 +16,7 @@ const std::vector<Family>& families() {
       {nn::encoder_decoder_family()},            // d2l's Transformer
       {nn::llama_family(), &hf_llama_format()},  // LLaMA, Mistral, Qwen2 folders; llama2.c files (io/llama2c.h)
       {nn::neox_family(), &hf_neox_format()},    // GPT-NeoX (Pythia) folders
+      {nn::hooked_family()},                     // TransformerLens's HookedTransformer; no folder format
   };
   return all;
 }

@@ -12,6 +12,7 @@ namespace headlab::nn {
 namespace {
 
 std::shared_ptr<Norm> make_norm(const DecoderConfig& c) {
+  if (c.norm == NormKind::none) return std::make_shared<IdentityNorm>(c.emb_dim);
   if (c.norm == NormKind::rms_norm) return std::make_shared<RMSNorm>(c.emb_dim, c.norm_eps);
   return std::make_shared<LayerNorm>(c.emb_dim, c.norm_eps,
                                      c.book_norm_names ? LayerNorm::Style::Book : LayerNorm::Style::Torch);
@@ -19,6 +20,7 @@ std::shared_ptr<Norm> make_norm(const DecoderConfig& c) {
 
 std::shared_ptr<Mlp> make_mlp(const DecoderConfig& c) {
   if (c.mlp == MlpKind::swiglu) return std::make_shared<SwiGLUFeedForward>(c.emb_dim, c.mlp_width());
+  if (c.mlp == MlpKind::relu) return std::make_shared<FeedForward>(c.emb_dim, c.mlp_width(), std::make_shared<ReLU>());
   return std::make_shared<FeedForward>(c.emb_dim, c.mlp_width(), c.mlp == MlpKind::gelu_tanh);
 }
 
@@ -50,7 +52,7 @@ Tensor DecoderBlock::forward(const Tensor& x_in, const HookSite& site, KVCache* 
 // ln1 and the attention. Queries, keys or values whose input is hooked read the stream per head
 // (B, T, H, C), as the hook leaves it; a hook that hands the broadcast stream back untouched costs
 // nothing more than the plain path. Per-head inputs are normalised head-major, (H, B, T, C), the layout
-// the attention's per-head projections read in place.
+// the attention's per-head projections read in place. Without a norm the attention reads the stream itself.
 Tensor DecoderBlock::attend(const Tensor& x, const HookSite& site, KVCache* cache) {
   Norm& ln = ln1();
   AttentionInput in;
@@ -75,13 +77,14 @@ Tensor DecoderBlock::attend(const Tensor& x, const HookSite& site, KVCache* cach
              shape_str(given.shape()), "; the per-head input is ", shape_str(stream.shape()));
     *slot = ln.forward(given.permute({2, 0, 1, 3})).permute({1, 2, 0, 3});
   }
-  if (!all_split) in.x = site(HookPoint::ln1_normalized, ln.forward(x));
+  if (!all_split) in.x = ln.identity() ? x : site(HookPoint::ln1_normalized, ln.forward(x));
   return attention().forward(in, site, cache);
 }
 
 // ln2 and the MLP on the stream they read.
 Tensor DecoderBlock::feed(const Tensor& stream, const HookSite& site) {
   const Tensor in = site(HookPoint::mlp_in, stream);
+  if (ln2()->identity()) return mlp()->forward(in, site);
   return mlp()->forward(site(HookPoint::ln2_normalized, ln2()->forward(in)), site);
 }
 
@@ -92,8 +95,10 @@ DecoderModel::DecoderModel(const DecoderConfig& cfg) : cfg_(cfg) {
             .context_length = cfg.context_length,
             .d_model = cfg.emb_dim,
             .n_layers = cfg.n_layers,
+            .out_vocab_size = cfg.output_vocab(),
             .n_heads = cfg.n_heads,
             .has_mlp = !cfg.attn_only,
+            .normalized = cfg.norm != NormKind::none,
             .learned_positions = cfg.learned_positions,
             .rotary = cfg.rotary_size() > 0,
             .parallel_residual = cfg.parallel_residual,
@@ -108,7 +113,7 @@ DecoderModel::DecoderModel(const DecoderConfig& cfg) : cfg_(cfg) {
   {
     std::optional<SkipInit> tied;  // a tied head's own weight is dropped at once: skip drawing it
     if (cfg.tie_embeddings) tied.emplace();
-    out_head = register_module("out_head", std::make_shared<Linear>(cfg.emb_dim, cfg.vocab_size, false));
+    out_head = register_module("out_head", std::make_shared<Linear>(cfg.emb_dim, cfg.output_vocab(), cfg.unembed_bias));
   }
   if (cfg.tie_embeddings) out_head->tie_weight(tok_emb->weight);
 }
@@ -160,6 +165,7 @@ Tensor DecoderModel::run_blocks(const Tensor& x_in, int64_t first, int64_t last,
 }
 
 Tensor DecoderModel::normalize_final(const Tensor& x, Hooks* hooks) {
+  if (ln_final().identity()) return x;
   return HookSite{hooks, -1}(HookPoint::ln_final_normalized, ln_final().forward(x));
 }
 
@@ -199,8 +205,8 @@ HeadWeights DecoderModel::head_weights(int64_t layer, bool fold_norm, std::optio
   const auto as = [&](const Tensor& t) { return dtype && t.defined() ? t.to(*dtype) : t; };
   if (dtype)
     for (Tensor* t : {&w.W_Q, &w.W_K, &w.W_V, &w.W_O, &w.b_Q, &w.b_K, &w.b_V, &w.b_O}) *t = as(*t);
-  if (!fold_norm) return w;
   const Norm& ln = decoder_block(layer).ln1();
+  if (!fold_norm || ln.identity()) return w;
   const Tensor gamma = as(ln.weight.detach()).view({1, -1, 1});  // (1, C, 1): scales every head's reads
   const Tensor beta = ln.bias.defined() ? as(ln.bias.detach()).view({1, -1, 1}) : Tensor();
   for (const auto& [W, b] : {std::pair{&w.W_Q, &w.b_Q}, std::pair{&w.W_K, &w.b_K}, std::pair{&w.W_V, &w.b_V}}) {
@@ -227,7 +233,7 @@ std::vector<HookKey> DecoderModel::hook_points(bool split_inputs) const {
   for (int64_t l = 0; l < n_layers(); ++l) {
     std::vector<P> points{P::resid_pre};
     if (split_inputs) points.insert(points.end(), {P::q_input, P::k_input, P::v_input});
-    points.push_back(P::ln1_normalized);
+    if (shape_.normalized) points.push_back(P::ln1_normalized);
     if (attention(l).head_count() > 0) {
       points.insert(points.end(), {P::q, P::k, P::v});
       if (shape_.rotary) points.insert(points.end(), {P::rot_q, P::rot_k});
@@ -237,12 +243,13 @@ std::vector<HookKey> DecoderModel::hook_points(bool split_inputs) const {
     if (shape_.has_mlp) {
       if (!shape_.parallel_residual) points.push_back(P::resid_mid);
       if (split_inputs) points.push_back(P::mlp_in);
-      points.insert(points.end(), {P::ln2_normalized, P::mlp_pre, P::mlp_post, P::mlp_out});
+      if (shape_.normalized) points.push_back(P::ln2_normalized);
+      points.insert(points.end(), {P::mlp_pre, P::mlp_post, P::mlp_out});
     }
     points.push_back(P::resid_post);
     for (P p : points) keys.push_back({p, l});
   }
-  keys.push_back({P::ln_final_normalized, -1});
+  if (shape_.normalized) keys.push_back({P::ln_final_normalized, -1});
   return keys;
 }
 

@@ -5,7 +5,7 @@
 // key/value cache, head surgery, every analysis and the Python module see this one class: one forward, with
 // TransformerLens's hook points (nn/hooks.h); each head's weights as TransformerLens exposes them (W_Q, W_K,
 // W_V, W_O and biases, the norm folded in on request); the final norm frozen for direct logit attribution.
-// B = batch, T = tokens, C = d_model, V = vocabulary, L = layers, H = heads, D = head size.
+// B = batch, T = tokens, C = d_model, V = the logits' width (out_vocab_size), L = layers, H = heads, D = head size.
 #pragma once
 #include <optional>
 #include <vector>
@@ -17,9 +17,11 @@ namespace headlab::nn {
 
 // A decoder's sizes as analyses read them, whatever the family's config calls them.
 struct DecoderShape {
-  int64_t vocab_size = 0, context_length = 0, d_model = 0, n_layers = 0;
+  int64_t vocab_size = 0, context_length = 0, d_model = 0, n_layers = 0;  // vocab_size: the token ids it reads
+  int64_t out_vocab_size = 0;      // the logits' width: the tokens it predicts (TransformerLens's d_vocab_out)
   int64_t n_heads = 0;             // per layer before any pruning
   bool has_mlp = true;             // false: attention-only blocks
+  bool normalized = true;          // false: no norms (identities, without the ln*.hook_normalized points)
   bool learned_positions = true;   // a position embedding added to the token embedding (hook_pos_embed)
   bool rotary = false;             // queries and keys rotated by position (attn.hook_rot_q, hook_rot_k)
   bool parallel_residual = false;  // attention and MLP both read the block's input (no hook_resid_mid)
@@ -32,7 +34,8 @@ struct DecoderShape {
 //   parallel (GPT-NeoX):       x += drop(attn(ln1(x))) + drop(mlp(ln2(x)))  (both read the block's input)
 //   attention only:            x += drop(attn(ln1(x)))
 // with the hook points resid_pre, q/k/v_input (per-head inputs, where hooked), ln1.hook_normalized, the
-// attention's own, attn_out, resid_mid, mlp_in, ln2.hook_normalized, the MLP's, mlp_out and resid_post.
+// attention's own, attn_out, resid_mid, mlp_in, ln2.hook_normalized, the MLP's, mlp_out and resid_post. Without
+// norms (NormKind::none) ln1 and ln2 are identities and, as in TransformerLens, have no hook points.
 // Its parts in the book's registration order: att, ff, norm1, norm2, drop_shortcut.
 class DecoderBlock : public UnaryModule {
  public:
@@ -78,8 +81,9 @@ class DecoderModel : public Model {
   Tensor run_blocks(const Tensor& x, int64_t first, int64_t last, Hooks* hooks = nullptr);
   // The stream after the last block -> logits (B, T, V): the final norm, then the unembedding.
   Tensor unembed(const Tensor& x, Hooks* hooks = nullptr);
-  Tensor normalize_final(const Tensor& x, Hooks* hooks = nullptr);  // ln_final.hook_normalized (B, T, C)
-  Tensor unembed_normalized(const Tensor& y);                       // y W_U + b_U (B, T, V)
+  // ln_final.hook_normalized (B, T, C); x itself without norms (no hook point, as TransformerLens).
+  Tensor normalize_final(const Tensor& x, Hooks* hooks = nullptr);
+  Tensor unembed_normalized(const Tensor& y);  // y W_U + b_U (B, T, V)
 
   // ---- incremental decoding (nn/generate.h) ----
   // idx (B, T) are the tokens after the caches' positions (a prompt, then one token a step); one cache per
@@ -105,12 +109,14 @@ class DecoderModel : public Model {
 
   // ---- weights as TransformerLens exposes them (detached) ----
   // Layer `layer`'s heads; fold_norm: ln1's weight multiplied into W_Q, W_K, W_V and its bias carried
-  // into b_Q, b_K, b_V (TransformerLens's fold_ln), so that a head reads the normalised-but-unscaled stream.
+  // into b_Q, b_K, b_V (TransformerLens's fold_ln), so that a head reads the normalised-but-unscaled stream
+  // (without norms, nothing to fold: the weights as they are).
   // dtype: the weights in that dtype, converted before the fold (an analysis in float64 folds in float64).
   HeadWeights head_weights(int64_t layer, bool fold_norm = false, std::optional<DType> dtype = std::nullopt) const;
   Tensor W_U() const;  // (C, V)
-  Tensor b_U() const;  // (V); undefined without a bias
-  // The final norm frozen at the stream x (..., C) it normalises: direct logit attribution's linear map.
+  Tensor b_U() const;  // (V); undefined without a bias (unembed_bias)
+  // The final norm frozen at the stream x (..., C) it normalises: direct logit attribution's linear map (the
+  // identity without norms).
   FrozenNorm freeze_final_norm(const Tensor& x) const { return freeze(ln_final(), x); }
 
   // ---- the config of a converted model (surgery) ----

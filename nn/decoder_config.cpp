@@ -17,6 +17,7 @@ using C = DecoderConfig;
 // Every key a family's section may have, with its bounds; a family picks its keys (DecoderFamily::keys).
 const auto kDecoderFields = std::tuple{
     field("vocab_size", &C::vocab_size, kPositive),
+    field("out_vocab_size", &C::out_vocab_size, kNonNegative),
     field("context_length", &C::context_length, kPositive),
     field("emb_dim", &C::emb_dim, kPositive),
     field("n_heads", &C::n_heads, kPositive),
@@ -25,12 +26,16 @@ const auto kDecoderFields = std::tuple{
     field("hidden_dim", &C::hidden_dim, kNonNegative),
     field("head_dim", &C::head_dim, kNonNegative),
     field("rotary_dims", &C::rotary_dims, kNonNegative),
+    field("norm", &C::norm),
     field("norm_eps", &C::norm_eps, kSmallEps),
+    field("mlp", &C::mlp),
     field("rope_theta", &C::rope_theta, kAboveOne),
     field("rope_interleaved", &C::rope_interleaved),
     field("parallel_residual", &C::parallel_residual),
     field("drop_rate", &C::drop_rate, kFraction),
     field("qkv_bias", &C::qkv_bias),
+    field("out_bias", &C::out_bias),
+    field("unembed_bias", &C::unembed_bias),
     field("tie_embeddings", &C::tie_embeddings),
     field("attn_only", &C::attn_only),
     field("attention", &C::attention),
@@ -43,8 +48,8 @@ const SectionKey* find_key(const std::vector<SectionKey>& keys, const char* name
   return it == keys.end() ? nullptr : &*it;
 }
 
-double norm_parameters(const DecoderConfig& c) {
-  return static_cast<double>(c.emb_dim) * (c.norm == NormKind::layer_norm ? 2 : 1);  // weight (and bias)
+double norm_parameters(const DecoderConfig& c) {  // weight (and bias); none without a norm
+  return static_cast<double>(c.emb_dim) * (c.norm == NormKind::layer_norm ? 2 : c.norm == NormKind::rms_norm ? 1 : 0);
 }
 
 }  // namespace
@@ -85,6 +90,8 @@ void DecoderConfig::validate() const {
   HL_CHECK(rotary_size() % 2 == 0 && rotary_size() <= head_size(), who, ": rotary_dims ", rotary_size(),
            " must be even and at most the head size ", head_size());
   HL_CHECK(!(attn_only && parallel_residual), who, ": an attention-only model has no parallel residual");
+  HL_CHECK(!tie_embeddings || output_vocab() == vocab_size, who, ": a tied head predicts the ", vocab_size,
+           " input tokens; out_vocab_size is ", out_vocab_size);
   check_head_lists(kept_heads, n_layers, n_heads, who, "kept_heads");
   const int64_t G = group_size();
   if (G == 1) return;
@@ -107,10 +114,11 @@ nlohmann::json DecoderConfig::to_json() const { return family->section(*this); }
 
 double DecoderConfig::num_parameters() const {
   const double d = static_cast<double>(emb_dim), V = static_cast<double>(vocab_size),
-               F = static_cast<double>(mlp_width());
+               V_out = static_cast<double>(output_vocab()), F = static_cast<double>(mlp_width());
   double n = V * d + norm_parameters(*this);                            // tok_emb, final_norm
   if (learned_positions) n += static_cast<double>(context_length) * d;  // pos_emb
-  if (!tie_embeddings) n += d * V;                                      // out_head
+  if (!tie_embeddings) n += d * V_out;                                  // out_head
+  if (unembed_bias) n += V_out;
   const double mlp_parameters = mlp == MlpKind::swiglu ? 3 * d * F : 2 * d * F + F + d;
   for (int64_t l = 0; l < n_layers; ++l) {
     n += causal_attention_parameters(attention, attention_sizes(l)) + norm_parameters(*this);  // att, norm1
@@ -121,11 +129,11 @@ double DecoderConfig::num_parameters() const {
 
 // Training: what the tape keeps per token and layer: the norms' outputs, q, k, v (and their rotations), the
 // context and the residuals (14 C), and the MLP's (..., F) tensors (three; a gated MLP's five); the logits and
-// their gradient (4 V). One forward: a layer's stream, norm, projections and context at once (8 C), the MLP's
-// live (..., F) tensors, the logits (2 V). Estimates for the memory checks (train/memory.h), held to a measured
-// run's peak in tests/test_decoder.cpp.
+// their gradient (4 V, V the logits' width). One forward: a layer's stream, norm, projections and context at
+// once (8 C), the MLP's live (..., F) tensors, the logits (2 V). Estimates for the memory checks (train/memory.h),
+// held to a measured run's peak in tests/test_decoder.cpp.
 double DecoderConfig::activation_floats(bool training) const {
-  const double d = static_cast<double>(emb_dim), V = static_cast<double>(vocab_size),
+  const double d = static_cast<double>(emb_dim), V = static_cast<double>(output_vocab()),
                F = attn_only ? 0.0 : static_cast<double>(mlp_width());
   const double wide = mlp == MlpKind::swiglu ? 5 : 3;
   return training ? static_cast<double>(n_layers) * (14 * d + wide * F) + 4 * V : 8 * d + (wide - 1) * F + 2 * V;

@@ -5,12 +5,14 @@
 // decoder_family.h) says which keys its section has and sets the parts it fixes. Like TransformerLens's
 // HookedTransformerConfig: one flat config, every family a setting of it.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "base/enum_names.h"
 #include "nn/attention.h"
 
 namespace headlab::nn {
@@ -19,14 +21,26 @@ namespace headlab::nn {
 enum class NormKind {
   layer_norm,  // y = (x - mean) / sqrt(var + eps) * weight + bias (GPT-2, GPT-NeoX)
   rms_norm,    // y = x / sqrt(mean(x^2) + eps) * weight (LLaMA)
+  none,        // y = x, no parameters (TransformerLens's normalization_type None: Nanda et al.'s grokking models)
 };
+constexpr auto enum_table(NormKind) {  // enum_name, parse_enum, enum_names (base/enum_names.h)
+  return std::to_array<EnumName<NormKind>>(
+      {{NormKind::layer_norm, "layer_norm"}, {NormKind::rms_norm, "rms_norm"}, {NormKind::none, "none"}});
+}
 
 // The block's MLP.
 enum class MlpKind {
   gelu_tanh,   // Linear(C, F), GELU (tanh approximation), Linear(F, C), with biases (GPT-2; the book's FeedForward)
   gelu_exact,  // the same with the exact GELU (GPT-NeoX)
   swiglu,      // fc3(silu(fc1 x) * fc2 x), no biases (LLaMA)
+  relu,        // Linear(C, F), ReLU, Linear(F, C), with biases (TransformerLens's act_fn "relu"; the grokking models)
 };
+constexpr auto enum_table(MlpKind) {
+  return std::to_array<EnumName<MlpKind>>({{MlpKind::gelu_tanh, "gelu_tanh"},
+                                           {MlpKind::gelu_exact, "gelu_exact"},
+                                           {MlpKind::swiglu, "swiglu"},
+                                           {MlpKind::relu, "relu"}});
+}
 
 class DecoderFamily;
 const DecoderFamily& gpt_family();  // the default: the book's GPTModel
@@ -36,11 +50,12 @@ struct DecoderConfig {
   const DecoderFamily* family = &gpt_family();
 
   // ---- sizes ----
-  int64_t vocab_size = 0, context_length = 0, emb_dim = 0, n_heads = 0, n_layers = 0;
-  int64_t n_kv_heads = 0;  // key/value heads, dividing n_heads (grouped-query; 1: multi-query); 0: n_heads
-  int64_t head_dim = 0;    // 0: emb_dim / n_heads
-  int64_t hidden_dim = 0;  // the MLP's width; 0: 4 * emb_dim
-  double drop_rate = 0.0;  // every dropout: embeddings, attention weights, residual branches
+  int64_t vocab_size = 0, context_length = 0, emb_dim = 0, n_heads = 0, n_layers = 0;  // vocab_size: the input's
+  int64_t out_vocab_size = 0;  // the logits' width (TransformerLens's d_vocab_out); 0: vocab_size
+  int64_t n_kv_heads = 0;      // key/value heads, dividing n_heads (grouped-query; 1: multi-query); 0: n_heads
+  int64_t head_dim = 0;        // 0: emb_dim / n_heads
+  int64_t hidden_dim = 0;      // the MLP's width; 0: 4 * emb_dim
+  double drop_rate = 0.0;      // every dropout: embeddings, attention weights, residual branches
 
   // ---- parts ----
   NormKind norm = NormKind::layer_norm;
@@ -57,6 +72,7 @@ struct DecoderConfig {
   bool attn_only = false;          // blocks without MLP and norm2: x += att(norm1(x))
   bool parallel_residual = false;  // x += att(norm1(x)) + mlp(norm2(x)), both reading the block's input (GPT-NeoX)
   bool tie_embeddings = false;     // the head's weight is tok_emb.weight itself, one parameter
+  bool unembed_bias = false;       // out_head.bias (out_vocab_size): TransformerLens's b_U
   AttentionForm attention = AttentionForm::fused;
   // After physical pruning: the original head indices each layer keeps (increasing; whole key/value groups);
   // empty: all.
@@ -67,6 +83,7 @@ struct DecoderConfig {
   int64_t kv_heads() const { return n_kv_heads ? n_kv_heads : n_heads; }
   int64_t group_size() const { return n_heads / kv_heads(); }  // query heads per key/value head
   int64_t mlp_width() const { return hidden_dim ? hidden_dim : 4 * emb_dim; }
+  int64_t output_vocab() const { return out_vocab_size ? out_vocab_size : vocab_size; }
   int64_t rotary_size() const;  // the rotated dims per head; 0: no rotary
   bool has_out_bias() const { return out_bias.value_or(qkv_bias); }
   int64_t heads_in_layer(int64_t layer) const;

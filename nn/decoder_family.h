@@ -1,8 +1,8 @@
 // A decoder family as the registry (io/families.h) sees it: a name, the keys of its checkpoint section (a
 // subset of DecoderConfig's fields, under the same names) and the parts it fixes. Reading and writing the
 // section, building the model and every count follow from DecoderConfig, once, here; a family's own file
-// (nn/gpt.cpp, nn/llama.cpp, nn/neox.cpp) says only what differs: its keys, its parts, the rules among its
-// keys, train's options, and one line describing a config.
+// (nn/gpt.cpp, nn/llama.cpp, nn/neox.cpp, nn/hooked.cpp) says only what differs: its keys, its parts, the rules among
+// its keys, train's options, and one line describing a config.
 #pragma once
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -75,8 +75,9 @@ class DecoderFamily : public ModelFamily {
 };
 
 // The decoder families, for the registry (io/families.cpp) and for building configs in C++.
-const DecoderFamily& gpt_family();    // the book's GPTModel, GPT-2 (nn/gpt.cpp)
-const DecoderFamily& llama_family();  // LLaMA, Mistral, Qwen2, llama2.c's models (nn/llama.cpp)
-const DecoderFamily& neox_family();   // GPT-NeoX, Pythia (nn/neox.cpp)
+const DecoderFamily& gpt_family();     // the book's GPTModel, GPT-2 (nn/gpt.cpp)
+const DecoderFamily& llama_family();   // LLaMA, Mistral, Qwen2, llama2.c's models (nn/llama.cpp)
+const DecoderFamily& neox_family();    // GPT-NeoX, Pythia (nn/neox.cpp)
+const DecoderFamily& hooked_family();  // TransformerLens's HookedTransformer, the grokking models (nn/hooked.cpp)
 
 }  // namespace headlab::nn

@@ -155,8 +155,12 @@ Tensor RMSNorm::forward(const Tensor& x) {
 
 FrozenNorm freeze(const Norm& norm, const Tensor& x) {
   NoGradGuard no_grad;
-  const Tensor xc = norm.centres() ? sub(x, x.mean({-1}, true)) : x;
   FrozenNorm f;
+  if (norm.identity()) {  // inv_scale undefined: the identity
+    f.centred = false;
+    return f;
+  }
+  const Tensor xc = norm.centres() ? sub(x, x.mean({-1}, true)) : x;
   f.inv_scale = rsqrt(add(mul(xc, xc).mean({-1}, true), norm.eps));
   f.weight = norm.weight.detach();
   if (norm.bias.defined()) f.bias = norm.bias.detach();
@@ -165,8 +169,15 @@ FrozenNorm freeze(const Norm& norm, const Tensor& x) {
 }
 
 Tensor FrozenNorm::back(const Tensor& d) const {
+  if (identity()) return d;
   const Tensor g = mul(d, weight.to(d.device()).to(d.dtype()));
   return mul(centred ? sub(g, g.mean({-1}, true)) : g, inv_scale.to(d.device()).to(d.dtype()));
+}
+
+Tensor FrozenNorm::apply(const Tensor& c) const {
+  if (identity()) return c;
+  const Tensor x = centred ? sub(c, c.mean({-1}, true)) : c;
+  return mul(mul(x, inv_scale.to(c.device()).to(c.dtype())), weight.to(c.device()).to(c.dtype()));
 }
 
 Tensor FrozenNorm::bias_along(const Tensor& d) const {
@@ -174,11 +185,14 @@ Tensor FrozenNorm::bias_along(const Tensor& d) const {
   return mul(d, bias.to(d.device()).to(d.dtype())).sum({-1});
 }
 
-FeedForward::FeedForward(int64_t emb_dim, int64_t hidden_dim, bool tanh_gelu) {
+FeedForward::FeedForward(int64_t emb_dim, int64_t hidden_dim, bool tanh_gelu)
+    : FeedForward(emb_dim, hidden_dim, std::make_shared<GELU>(tanh_gelu)) {}
+
+FeedForward::FeedForward(int64_t emb_dim, int64_t hidden_dim, std::shared_ptr<UnaryModule> activation) {
   const int64_t F = hidden_dim > 0 ? hidden_dim : 4 * emb_dim;
   layers = register_module("layers", std::make_shared<Sequential>());
   layers->push_back(std::make_shared<Linear>(emb_dim, F));
-  layers->push_back(std::make_shared<GELU>(tanh_gelu));
+  layers->push_back(std::move(activation));
   layers->push_back(std::make_shared<Linear>(F, emb_dim));
 }
 

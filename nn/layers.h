@@ -1,7 +1,7 @@
 // Basic layers with PyTorch's names, shapes and initialisation: Linear, Dropout, Embedding,
-// LayerNorm (weight/bias, or the book's scale/shift), RMSNorm, GELU, ReLU, the book's FeedForward and
-// LLaMA's gated one; the faces
-// decoders and analyses see of a norm (Norm, FrozenNorm) and of an MLP (Mlp, with its hook points).
+// LayerNorm (weight/bias, or the book's scale/shift), RMSNorm, no norm (IdentityNorm), GELU, ReLU, the book's
+// FeedForward and LLaMA's gated one; the faces decoders and analyses see of a norm (Norm, FrozenNorm) and of an MLP
+// (Mlp, with its hook points).
 #pragma once
 #include "nn/hooks.h"
 #include "nn/module.h"
@@ -52,26 +52,32 @@ class Embedding : public UnaryModule {
 
 // A normalisation of the last dim: y = (x - mean(x) if it centres) / sqrt(mean of the squares + eps) *
 // weight + bias. What decoders and analyses read of any norm a family uses (LayerNorm; RMSNorm, which
-// does not centre and has no bias).
+// does not centre and has no bias; IdentityNorm, no norm at all).
 class Norm : public UnaryModule {
  public:
   Norm(int64_t dim, double eps) : dim(dim), eps(eps) {}
   virtual bool centres() const = 0;
+  virtual bool identity() const { return false; }  // y = x: no weight, nothing to fold or freeze
   int64_t dim;
   double eps;
-  Tensor weight, bias;  // bias undefined where the norm has none
+  Tensor weight, bias;  // bias undefined where the norm has none; both undefined for the identity
 };
 
 // A norm at x as a linear map of the stream, its scale frozen at x's (per row): the real norm is not
 // linear, but frozen at the x it saw, x's components c_i give y = sum_i share(c_i) + bias exactly, which
 // is what direct logit attribution splits (TransformerLens's apply_ln_to_stack).
+// No norm frozen is the identity: back(d) = d, apply(c) = c, no bias.
 struct FrozenNorm {
-  Tensor inv_scale;     // (..., 1): 1 / sqrt(variance or mean square of x + eps), per row
+  Tensor inv_scale;     // (..., 1): 1 / sqrt(variance or mean square of x + eps), per row; undefined: identity
   Tensor weight, bias;  // (C); bias undefined where the norm has none
   bool centred = true;
+  bool identity() const { return !inv_scale.defined(); }
   // The direction d (..., C) as the stream sees it through the frozen norm: share(c) . d = c . back(d) for
   // every component c, i.e. back(d) = centre(weight * d) * inv_scale (without centring for RMSNorm).
   Tensor back(const Tensor& d) const;
+  // Components c (K, ..., C) of the stream each as the frozen norm maps it, without the bias:
+  // centre(c) * inv_scale * weight (TransformerLens's apply_ln_to_stack).
+  Tensor apply(const Tensor& c) const;
   // bias . d (..., ): the part of y . d no component contributes (zeros without a bias).
   Tensor bias_along(const Tensor& d) const;
 };
@@ -101,6 +107,16 @@ class RMSNorm : public Norm {
   bool centres() const override { return false; }
 };
 
+// No normalisation: y = x, no parameters (TransformerLens's normalization_type None, an nn.Identity).
+class IdentityNorm : public Norm {
+ public:
+  explicit IdentityNorm(int64_t dim) : Norm(dim, 0.0) {}
+  std::string type_name() const override { return "Identity"; }
+  Tensor forward(const Tensor& x) override { return x; }
+  bool centres() const override { return false; }
+  bool identity() const override { return true; }
+};
+
 class GELU : public UnaryModule {
  public:
   explicit GELU(bool tanh_approximation = true) : tanh_approximation(tanh_approximation) {}
@@ -124,10 +140,12 @@ class Mlp : public UnaryModule {
 };
 
 // The book's FeedForward: layers = Sequential(Linear(d, 4d), GELU, Linear(4d, d)); GPT-NeoX's MLP is the same
-// with its own width (intermediate_size) and the exact GELU.
+// with its own width (intermediate_size) and the exact GELU; TransformerLens's ReLU MLP with a ReLU.
 class FeedForward : public Mlp {
  public:
   explicit FeedForward(int64_t emb_dim, int64_t hidden_dim = 0 /* 4 * emb_dim */, bool tanh_gelu = true);
+  // activation: layers.1 (GELU, ReLU), between the two Linear layers.
+  FeedForward(int64_t emb_dim, int64_t hidden_dim, std::shared_ptr<UnaryModule> activation);
   std::string type_name() const override { return "FeedForward"; }
   using Mlp::forward;
   Tensor forward(const Tensor& x, const HookSite& site) override;

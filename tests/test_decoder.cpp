@@ -274,7 +274,8 @@ TEST(DecoderWeights, FrozenFinalNormSplitsTheStreamExactly) {
 
 // One config of each part a family chooses: GPT (fused, wrapper with biases and a tied head, attention-only,
 // pruned), LLaMA (grouped-query, head_dim apart from the width, pruned to whole groups), GPT-NeoX (parallel,
-// sequential without biases, tied).
+// sequential without biases, tied), HookedTransformer (no norms, a ReLU MLP, fewer outputs than inputs; LayerNorm,
+// every bias and b_U; attention-only without norms).
 std::vector<std::pair<std::string, nn::DecoderConfig>> every_part() {
   const auto sized = [](nn::DecoderConfig c) {
     c.vocab_size = 29, c.context_length = 16, c.emb_dim = 32, c.n_heads = 4, c.n_layers = 2;
@@ -297,6 +298,13 @@ std::vector<std::pair<std::string, nn::DecoderConfig>> every_part() {
   all.emplace_back("neox parallel", c);
   c.parallel_residual = false, c.qkv_bias = false, c.tie_embeddings = true;
   all.emplace_back("neox sequential, no biases, tied", c);
+  c = sized(nn::hooked_family().config()), c.norm = nn::NormKind::none, c.mlp = nn::MlpKind::relu;
+  c.out_vocab_size = 10, c.qkv_bias = false, c.out_bias = false, c.unembed_bias = false, c.hidden_dim = 48;
+  all.emplace_back("hooked no norms, relu, 10 outputs", c);
+  c = sized(nn::hooked_family().config()), c.mlp = nn::MlpKind::gelu_exact;
+  all.emplace_back("hooked LayerNorm, every bias, b_U", c);
+  c = sized(nn::hooked_family().config()), c.norm = nn::NormKind::none, c.attn_only = true, c.unembed_bias = false;
+  all.emplace_back("hooked attention-only without norms", c);
   return all;
 }
 
@@ -328,7 +336,7 @@ TEST(DecoderConfig, CountsAreTheBuiltModelsAndAMeasuredRun) {
     // A training step's peak beyond the parameters and their gradients, and a forward's without a tape, per
     // token of the batch.
     const int64_t B = 8, T = c.context_length;
-    const Tensor idx = tokens_for(c.vocab_size, B, T), targets = tokens_for(c.vocab_size, B, T);
+    const Tensor idx = tokens_for(c.vocab_size, B, T), targets = tokens_for(c.output_vocab(), B, T);
     for (const bool training : {true, false}) {
       SCOPED_TRACE(training ? "training" : "inference");
       const double weights = training ? static_cast<double>(model.num_parameters()) * sizeof(float) : 0.0;
@@ -336,7 +344,7 @@ TEST(DecoderConfig, CountsAreTheBuiltModelsAndAMeasuredRun) {
       cpu.reset_peak();
       const double before = static_cast<double>(cpu.bytes_in_use());
       if (training) {
-        cross_entropy(model.forward(idx).view({B * T, c.vocab_size}), targets.view({B * T})).backward();
+        cross_entropy(model.forward(idx).view({B * T, c.output_vocab()}), targets.view({B * T})).backward();
       } else {
         const NoGradGuard no_grad;
         model.forward(idx);
@@ -379,7 +387,7 @@ TEST(Families, TheRegistryKnowsEveryFamilyBySectionAndFolder) {
   try {
     io::family_of(bad);
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("expected one of 'gpt', 'encoder-decoder', 'llama', 'neox', got 'bert'"),
+    EXPECT_NE(std::string(e.what()).find("expected one of 'gpt', 'encoder-decoder', 'llama', 'neox', 'hooked', got 'bert'"),
               std::string::npos)
         << e.what();
   }

@@ -114,7 +114,7 @@ TextScores evaluate_text(nn::DecoderModel& model, const std::vector<int64_t>& id
     const Tensor hidden = model.run_blocks(model.embed(tensor(inputs, {1, T}).to(model.device())), 0, model.n_layers());
     // The head a chunk of positions at a time: GPT-2's (1, 1024, 50257) logits would be 200 MB, more
     // than a third of its weights; chunks without a scored target are skipped.
-    const int64_t chunk = std::max<int64_t>(16, kHeadChunkLogits / model.shape().vocab_size);
+    const int64_t chunk = std::max<int64_t>(16, kHeadChunkLogits / model.shape().out_vocab_size);
     for (int64_t t0 = 0; t0 < T; t0 += chunk) {
       const int64_t rows = std::min(chunk, T - t0);
       const std::vector<int64_t> chunk(targets.begin() + t0, targets.begin() + t0 + rows);

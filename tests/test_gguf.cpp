@@ -312,6 +312,29 @@ std::string llama_metadata(const TempDir& dir, const std::string& name, const By
   return write_bytes(dir, name, b.b);
 }
 
+// Bytes of the header changed at random (a fixed seed): each file reads, or fails with headlab::Error (the fuzz
+// target, tests/fuzz/fuzz_gguf.cpp, does this at length under libFuzzer).
+TEST(GgufHostile, RandomlyChangedHeadersReadOrFailCleanly) {
+  TempDir dir("gguf_mutated");
+  for (const char* name : {"llama_tokenizer.gguf", "types.gguf"}) {
+    const std::string whole = headlab::testing::slurp(gguf_fixture(name));
+    const size_t header_bytes = std::min<size_t>(whole.size(), 4096);
+    uint64_t state = 12345;
+    const auto next = [&] { return state = state * 6364136223846793005ull + 1442695040888963407ull, state >> 33; };
+    for (int i = 0; i < 300; ++i) {
+      std::string b = whole;
+      for (int k = 0; k < 1 + static_cast<int>(next() % 4); ++k) b[next() % header_bytes] = static_cast<char>(next());
+      const std::string path = write_bytes(dir, "mutated.gguf", b);
+      try {
+        const io::GgufFile f(path);
+        for (const io::GgufTensorInfo& t : f.tensors()) f.to_float(t.name);
+        io::read_gguf(path);
+      } catch (const Error&) {
+      }
+    }
+  }
+}
+
 TEST(GgufHostile, MetadataTheConfigCannotHonourIsRefusedByName) {
   TempDir dir("gguf_metadata");
   const auto read = [&](const std::string& name, const Bytes& extra, int n, bool block_count = true) {

@@ -9,7 +9,8 @@
   its tensor names, a llama's q/k rows permuted to interleaved pairs, GPT-2's Conv1D weights transposed and its
   head written as a copy of the embedding, GPT-NeoX's per-head query_key_value regrouped into q | k | v blocks;
 - gpt2_tokenizer.gguf, llama_tokenizer.gguf: tiny random models whose metadata carry a tokenizer
-  (tokenizer.ggml.model gpt2: byte-level tokens and merges; llama: SentencePiece pieces with scores).
+  (tokenizer.ggml.model gpt2: byte-level tokens and merges; llama: SentencePiece pieces with scores);
+  the small ones are copied to tests/fuzz/corpus/gguf, the seeds of tests/fuzz/fuzz_gguf.cpp.
 
 The GGUF writer follows ggml's docs/gguf.md; the PyPI gguf package is not used. Run with Debian's python3 (numpy):
     /usr/bin/python3 tools/fixtures_gguf.py
@@ -366,6 +367,12 @@ def main():
     write_neox("gptneox.gguf", "parallel_quarter")
     write_neox("gptneox_sequential.gguf", "sequential_full")
     write_tokenizer_models()
+    # The fuzz target's seeds (tests/fuzz/fuzz_gguf.cpp): the small files.
+    seeds = os.path.join(ROOT, "tests", "fuzz", "corpus", "gguf")
+    os.makedirs(seeds, exist_ok=True)
+    for f in ("types.gguf", "gpt2_tokenizer.gguf", "llama_tokenizer.gguf"):
+        with open(os.path.join(OUT, f), "rb") as src, open(os.path.join(seeds, f), "wb") as dst:
+            dst.write(src.read())
     for f in sorted(os.listdir(OUT)):
         print(f, os.path.getsize(os.path.join(OUT, f)))
 

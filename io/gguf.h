@@ -9,7 +9,7 @@
 // Tensors are widened to float32 as they are read (io/gguf_quants.h: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K).
 // The source maps general.architecture llama, qwen2 (the llama family), gpt2 (gpt) and gptneox (neox) onto
 // headlab's families, llama.cpp's tensor names onto headlab's, and tokenizer.ggml.* (model "llama": llama2.c's
-// tokenizer; "gpt2": byte-level BPE) onto a tokenizer.
+// tokenizer; "gpt2": byte-level BPE) onto a tokenizer. gguf.cpp reads the file; gguf_model.cpp maps it.
 #pragma once
 #include <cstdint>
 #include <map>

@@ -56,7 +56,7 @@ std::vector<std::string> long_files(const fs::path& root) {
 
 // A format's own headers, which only io/ (its registry) includes.
 bool format_header(const std::string& h) {
-  return h.rfind("io/hf_", 0) == 0 || h == "io/llama2c.h" || h == "io/safetensors.h";
+  return h.rfind("io/hf_", 0) == 0 || h.rfind("io/gguf", 0) == 0 || h == "io/llama2c.h" || h == "io/safetensors.h";
 }
 
 std::vector<std::string> format_includes(const fs::path& root) {

@@ -182,6 +182,9 @@ GgufFile::GgufFile(const std::string& path) : path_(path) {
     version_ = in.get<uint32_t>("the version");
     HL_CHECK(version_ != 1, path, ": GGUF version 1 (32-bit counts, before August 2023), which headlab does not read "
              "(it reads versions 2 and 3; llama.cpp's convert scripts rewrite old files)");
+    const uint32_t swapped = __builtin_bswap32(version_);
+    HL_CHECK(swapped != 2 && swapped != 3, path, ": a big-endian GGUF file (version ", swapped,
+             "), which headlab does not read (it reads little-endian files, as llama.cpp writes them by default)");
     HL_CHECK(version_ == 2 || version_ == 3, path, ": GGUF version ", version_, " (headlab reads versions 2 and 3)");
     // The least a tensor info takes: a name's length, n_dims, type, offset; a metadata pair: key length, type, a byte.
     const uint64_t n_tensors = in.count("the tensor count", 24);

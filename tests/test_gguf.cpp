@@ -220,6 +220,8 @@ TEST(GgufHostile, LyingCountsAndLengthsFailFastNamingTheField) {
   Bytes v4 = header(0, 0);
   v4.b[4] = 4;
   EXPECT_NE(err("v4.gguf", v4).find("GGUF version 4 (headlab reads versions 2 and 3)"), std::string::npos);
+  EXPECT_NE(err("big.gguf", Bytes().raw("GGUF", 4).raw("\0\0\0\3", 4).u64(0).u64(0)).find("a big-endian GGUF file"),
+            std::string::npos);
   EXPECT_NE(err("magic.gguf", Bytes().raw("GGUX", 4).u32(3)).find("does not start with the magic"), std::string::npos);
   EXPECT_NE(err("tensors.gguf", header(huge, 0)).find("the tensor count 1152921504606846976 needs at least 24 bytes"),
             std::string::npos);

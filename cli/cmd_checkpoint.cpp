@@ -78,7 +78,9 @@ int inspect_pretrained(const std::string& path, const io::ModelSource& source, c
                        const std::string& tokenizer) {
   const nlohmann::json& config = m.pretrained.config;
   const nn::ModelFamily& family = io::family_of(config).model;
-  std::string tokenizer_line = m.tokenizer.describe();  // the files found with it, or "none (...)"
+  // The one the file holds, the files found with it, or "none (...)".
+  std::string tokenizer_line = m.embedded_tokenizer ? m.embedded_tokenizer->describe()
+                                                    : m.tokenizer.describe();
   if (!tokenizer.empty())  // read before the first line: a bad --tokenizer fails with nothing printed
     tokenizer_line = tokenizer + ": " + tasks::tokenizer_from_file(tokenizer, family.vocab_size(config))->describe();
   else if (source.tokenizer_option() == io::TokenizerOption::required)

@@ -1,6 +1,6 @@
 // PyTorch's files (torch.save: .pt, .pth, .bin), read without running anything. A torch.save file is a zip
 // archive: <name>/data.pkl (a pickle of the saved object), <name>/data/<key> (each storage's raw bytes) and
-// <name>/byteorder ("little" or "big"; absent: little). The pickle is read by a restricted machine that knows
+// <name>/byteorder ("little" or "big"; absent: little). The pickle is read by a restricted machine (io/torch_pickle.h) that knows
 // containers, numbers, text and tensor rebuilds only (torch._utils._rebuild_tensor_v2, parameters,
 // OrderedDict, the storage types); any other global it meets (an optimizer's class, os.system) is kept as a
 // name and never called, and is an error only where what is asked for depends on it. The legacy format
@@ -49,6 +49,8 @@ class TorchFile {
   // Tensor i as a new float32 CPU tensor of its shape (any storage dtype converted, byte order honoured); its
   // bytes read straight into it where they are float32 and contiguous. `name` is what errors call it.
   Tensor to_float(int64_t i, const std::string& name) const;
+  // The globals the pickle asked to call or instantiate, never run (an optimizer's class, argparse.Namespace).
+  const std::vector<std::string>& unbuilt() const { return unbuilt_; }
 
  private:
   struct Archive;
@@ -56,6 +58,7 @@ class TorchFile {
   std::unique_ptr<Archive> archive_;
   nlohmann::ordered_json value_;
   std::vector<TorchTensor> tensors_;
+  std::vector<std::string> unbuilt_;
 };
 
 // The tensor index of a value written as {"__tensor__": i}, or -1.

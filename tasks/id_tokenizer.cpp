@@ -76,8 +76,8 @@ std::string IdTokenizer::token_text(int64_t id) const {
 }
 
 std::string IdTokenizer::describe() const {
-  std::string out = "token ids 0.." + std::to_string(size_ - 1) + " written as numbers";
-  for (const auto& [id, name] : names_) out.append(", ").append(name).append(" = ").append(std::to_string(id));
+  std::string out = "no text tokenizer: token ids 0.." + std::to_string(size_ - 1) + " written as numbers";
+  for (const auto& [id, name] : names_) out.append(", ").append(std::to_string(id)).append(" is '").append(name).append("'");
   return out;
 }
 

@@ -272,3 +272,16 @@ TEST(TorchFile, TheOtherProgressMeasuresModelsDoTheirTasks) {
   }
   EXPECT_GE(copied, 25) << "of 63";
 }
+
+// TransformerLens's HookedTransformer state_dict with its cfg: the weights of tests/fixtures/hooked/lens_gpt2 in
+// TransformerLens's layout (W_Q (heads, d_model, d_head), W_O (heads, d_head, d_model), W_in (d_model, d_mlp),
+// b_U, ...) give that fixture's float64 PyTorch twin's logits.
+TEST(TorchFile, TransformerLensStateDictsGiveTheirModel) {
+  const nlohmann::json ref =
+      read_json(std::string(HEADLAB_SOURCE_DIR) + "/tests/fixtures/hooked/reference.json")["lens_gpt2"];
+  const loader::Loaded l = loader::load("test", fixture("lens_gpt2.pt"), "cpu");
+  const nn::DecoderConfig& c = l.decoder("test").config();
+  EXPECT_EQ(c.head_dim, ref["section"]["head_dim"].get<int64_t>());
+  EXPECT_TRUE(c.unembed_bias && c.qkv_bias);
+  EXPECT_LT(max_abs_diff(logits_of(l, ref["ids"]), flat_floats(ref["logits"])), 1e-4);
+}

@@ -15,6 +15,9 @@ Models, against tests/fixtures/gpt2_folders/reference.json (the GPT-2 twin writt
                       weights, the optimizer's state, iter_num, best_val_loss, config
   nanogpt_nobias/ckpt.pt  bias=False: no biases anywhere (the reference: the twin with zero biases, in
                       nanogpt_nobias.json)
+  lens_gpt2.pt        TransformerLens's HookedTransformer state_dict with its cfg ({"cfg", "state_dict"}), the
+                      weights of tests/fixtures/hooked/lens_gpt2 put back in TransformerLens's layout (its twin's
+                      logits are in tests/fixtures/hooked/reference.json)
 Hostile (each must be an error naming the file and the global or field, never run):
   evil_os_system.pt   the saved object is os.system("touch /tmp/headlab_pwned")
   evil_eval_entry.pt  a state_dict whose entry is builtins.eval("...")
@@ -177,6 +180,40 @@ def nanogpt_checkpoint(w, bias):
             "best_val_loss": torch.tensor(1.4697), "config": {"dataset": "shakespeare", "compile": True}}
 
 
+def read_safetensors(path):
+    raw = open(path, "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        b, end = e["data_offsets"]
+        out[name] = torch.frombuffer(bytearray(raw[8 + n + b:8 + n + end]), dtype=torch.float32).view(e["shape"])
+    return out
+
+
+def transformerlens_state_dict(w, section):
+    """headlab's names back in TransformerLens's HookedTransformer layout (the inverse of the reader's mapping)."""
+    C, H, D = section["emb_dim"], section["n_heads"], section["head_dim"]
+    sd = collections.OrderedDict([("embed.W_E", w["tok_emb.weight"]), ("pos_embed.W_pos", w["pos_emb.weight"])])
+    for l in range(section["n_layers"]):
+        b, o = f"blocks.{l}.", f"trf_blocks.{l}."
+        sd[b + "ln1.w"], sd[b + "ln1.b"] = w[o + "norm1.weight"], w[o + "norm1.bias"]
+        for tl, ours in (("Q", "W_query"), ("K", "W_key"), ("V", "W_value")):
+            sd[b + "attn.W_" + tl] = w[o + "att." + ours + ".weight"].view(H, D, C).permute(0, 2, 1).contiguous()
+            sd[b + "attn.b_" + tl] = w[o + "att." + ours + ".bias"].view(H, D)
+        sd[b + "attn.W_O"] = w[o + "att.out_proj.weight"].t().contiguous().view(H, D, C)
+        sd[b + "attn.b_O"] = w[o + "att.out_proj.bias"]
+        sd[b + "attn.IGNORE"] = torch.tensor(-1e5)
+        sd[b + "ln2.w"], sd[b + "ln2.b"] = w[o + "norm2.weight"], w[o + "norm2.bias"]
+        sd[b + "mlp.W_in"], sd[b + "mlp.b_in"] = w[o + "ff.layers.0.weight"].t().contiguous(), w[o + "ff.layers.0.bias"]
+        sd[b + "mlp.W_out"], sd[b + "mlp.b_out"] = w[o + "ff.layers.2.weight"].t().contiguous(), w[o + "ff.layers.2.bias"]
+    sd["ln_final.w"], sd["ln_final.b"] = w["final_norm.weight"], w["final_norm.bias"]
+    sd["unembed.W_U"], sd["unembed.b_U"] = w["out_head.weight"].t().contiguous(), w["out_head.bias"]
+    return sd
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser()
@@ -233,6 +270,14 @@ def main():
                                                    "reference.json")))["ids"])
     json.dump({"ids": ids.tolist(), "logits": gpt2_logits(zero_bias, ids).tolist()},
               open(path("nanogpt_nobias.json"), "w"))
+
+    hooked = os.path.join(here, "..", "tests", "fixtures", "hooked")
+    section = json.load(open(os.path.join(hooked, "reference.json")))["lens_gpt2"]["section"]
+    cfg = {"d_model": section["emb_dim"], "n_heads": section["n_heads"], "d_head": section["head_dim"],
+           "n_layers": section["n_layers"], "n_ctx": section["context_length"], "d_vocab": section["vocab_size"],
+           "act_fn": "gelu_new", "normalization_type": "LN", "positional_embedding_type": "standard", "eps": 1e-5}
+    torch.save({"cfg": cfg, "state_dict": transformerlens_state_dict(
+        read_safetensors(os.path.join(hooked, "lens_gpt2.safetensors")), section)}, path("lens_gpt2.pt"))
 
     # Hostile files.
     import builtins

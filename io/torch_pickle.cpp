@@ -20,7 +20,7 @@ namespace {
 using ojson = nlohmann::ordered_json;
 
 constexpr int kMaxDepth = 200;                    // nesting of the saved object, for its conversion to JSON
-constexpr int64_t kMaxValues = 50'000'000;        // values written out: a pickle sharing one list many times
+constexpr int64_t kMaxValues = 10'000'000;        // values written out: a pickle sharing one list many times
 
 // ---- the pickle's values ----
 

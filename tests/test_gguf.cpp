@@ -423,7 +423,8 @@ TEST(Stories260KGguf, LogitsEqualTheLlama2cCheckpoints) {
   const double diff = max_diff(g.decoder("test").forward(ids), b.decoder("test").forward(ids));
   EXPECT_LE(diff, 1e-6);
   std::cout << "stories260K.gguf vs .bin: max logit diff " << diff << " over " << p.ids.size() << " tokens\n";
-  for (const auto& [name, t] : g.ckpt.model) {  // every weight bit for bit, as the folder's README says
+  for (const auto& [name_, t] : g.ckpt.model) {  // every weight bit for bit, as the folder's README says
+    const std::string& name = name_;  // clang 14 cannot capture a structured binding
     const auto it = std::find_if(b.ckpt.model.begin(), b.ckpt.model.end(), [&](const auto& e) { return e.first == name; });
     ASSERT_NE(it, b.ckpt.model.end()) << name;
     EXPECT_EQ(max_diff(t, it->second), 0.0) << name;

@@ -151,6 +151,9 @@ std::vector<T> Tensor::to_vector() const {
       for (int64_t i = 0; i < n; ++i) out[i] = static_cast<T>(float_from_bf16(p[i]));
       break;
     }
+    case DType::q8_0:
+    case DType::q4_k:
+      HL_FAIL("to_vector: ", dtype_name(host.dtype()), " blocks hold no single values; dequantize() them first");
   }
   return out;
 }

@@ -130,13 +130,14 @@ struct Backend {
     (void)dt, (void)out, (void)x, (void)ldx, (void)w, (void)bias, (void)rows, (void)N, (void)K;
     return false;
   }
-  // ---- a linear layer whose weight is stored in bfloat16 (nn::to_bfloat16_weights): out (rows, N) float32 =
-  // x (rows, K) float32 @ w^T + bias, each weight widened exactly to float32 as it is read ----
-  // w: (N, K) bfloat16 contiguous; x's rows ldx apart; bias (N) float32 contiguous or null; out contiguous.
-  // Returns false where the backend has no such kernel (the op then says so).
-  virtual bool linear_bf16(void* out, const void* x, int64_t ldx, const void* w, const void* bias, int64_t rows,
-                           int64_t N, int64_t K) {
-    (void)out, (void)x, (void)ldx, (void)w, (void)bias, (void)rows, (void)N, (void)K;
+  // ---- a linear layer whose weight is stored narrower than float32 (bfloat16: nn::to_bfloat16_weights; ggml's
+  // Q8_0 or Q4_K blocks: nn::to_quantized_weights): out (rows, N) float32 = x (rows, K) float32 @ w^T + bias, each
+  // weight widened to float32 as it is read (exactly: backends/quant_blocks.h's values) ----
+  // w: (N, K) bfloat16 contiguous, or N rows of K / dtype_block(wdt) blocks; x's rows ldx apart; bias (N) float32
+  // contiguous or null; out contiguous. Returns false where the backend has no such kernel (the op then says so).
+  virtual bool linear_stored(DType wdt, void* out, const void* x, int64_t ldx, const void* w, const void* bias,
+                             int64_t rows, int64_t N, int64_t K) {
+    (void)wdt, (void)out, (void)x, (void)ldx, (void)w, (void)bias, (void)rows, (void)N, (void)K;
     return false;
   }
   // ---- the same with GELU in the same pass: pre = x @ w^T + bias, post = GELU(pre) (tanh form or exact) ----

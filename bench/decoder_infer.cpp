@@ -18,8 +18,9 @@
 // --prefill-chunk N: generate's prefill fills the cache N prompt tokens at a time (default: generate's own,
 // nn::GenerateOptions; 0: the whole prompt at once).
 // --save DIR writes the (random) model as a Hugging Face folder and exits.
-// --dtype bfloat16 stores the linear layers' weights in bfloat16 (nn::to_bfloat16_weights) and first states the
-// accuracy against the same model in float32: the largest logit difference over the prompt, and how many of
+// --dtype bfloat16 stores the linear layers' weights in bfloat16 (nn::to_bfloat16_weights), --dtype q8_0 or q4_k as
+// ggml's blocks (nn::to_quantized_weights; the tied head too), and first states the accuracy against the same
+// model in float32: the largest logit difference over the prompt, and how many of
 // --agree (default 256) greedily decoded tokens are the same, on the same prompt (random ids; give a --model for
 // a trained model's text to mean something).
 #include <omp.h>
@@ -82,15 +83,15 @@ struct Costs {
 Costs costs_of(const nn::DecoderModel& m) {
   Costs c;
   for (int64_t l = 0; l < m.n_layers(); ++l) {
-    for (const auto& [name, t] : m.decoder_block(l).named_parameters()) {
-      c.block_params += double(t.numel());
-      if (t.dim() == 2) c.block_matrix_params += double(t.numel());
+    for (const auto& [name, t] : m.decoder_block(l).named_parameters()) {  // weights, not blocks
+      c.block_params += double(t.numel() * dtype_block(t.dtype()));
+      if (t.dim() == 2) c.block_matrix_params += double(t.numel() * dtype_block(t.dtype()));
     }
     const nn::CausalMultiHead& a = m.attention(l);
     c.attn_width += double(a.head_count() * a.head_size());
     c.kv_bytes_per_token += 2.0 * double(a.kv_head_count() * a.head_size()) * sizeof(float);
   }
-  c.head_params = double(m.lm_head().weight.numel());
+  c.head_params = double(m.lm_head().weight.numel() * dtype_block(m.lm_head().weight.dtype()));
   return c;
 }
 
@@ -145,9 +146,10 @@ nlohmann::json random_config(const std::string& arch, const std::vector<std::pai
   return c.to_json();
 }
 
-// Converts the model's linear weights to bfloat16 and prints its accuracy against itself in float32 (a prompt of
-// the first min(prefill, context - agree) of fixed random ids). Returns the bytes saved.
-double bfloat16_accuracy(nn::DecoderModel& model, int64_t prefill, int64_t agree) {
+// Converts the model's linear weights to `dtype` and prints its accuracy against itself in float32 (a prompt of
+// the first min(prefill, context - agree) of fixed random ids): the largest logit difference, the mean KL divergence
+// of the next-token distributions, greedy agreement. Returns the bytes saved.
+double stored_weights_accuracy(nn::DecoderModel& model, const std::string& dtype, int64_t prefill, int64_t agree) {
   const int64_t context = model.shape().context_length, vocab = model.lm_head().weight.size(0);
   const int64_t T = std::max<int64_t>(1, std::min(prefill, context - agree));
   Generator g(7);
@@ -157,7 +159,8 @@ double bfloat16_accuracy(nn::DecoderModel& model, int64_t prefill, int64_t agree
   greedy.max_new_tokens = std::min(agree, context - T);
   const Tensor ref = model.forward(ids).to(kCPU);
   const std::vector<int64_t> ref_tokens = nn::generate(model, prompt, greedy);
-  const auto saved = static_cast<double>(nn::to_bfloat16_weights(model));
+  const auto saved = static_cast<double>(dtype == "bfloat16" ? nn::to_bfloat16_weights(model)
+                                          : nn::to_quantized_weights(model, dtype == "q8_0" ? DType::q8_0 : DType::q4_k));
   const Tensor got = model.forward(ids).to(kCPU);
   const std::vector<int64_t> got_tokens = nn::generate(model, prompt, greedy);
   size_t same = 0, first_diff = ref_tokens.size();
@@ -167,10 +170,13 @@ double bfloat16_accuracy(nn::DecoderModel& model, int64_t prefill, int64_t agree
   }
   const double max_diff = amax(abs(sub(got, ref))).item<float>(),
                spread = std::sqrt(var(ref, {-1}).mean().item<float>());
+  const Tensor log_p = log_softmax(ref, -1), log_q = log_softmax(got, -1);  // KL(float32 || stored)
+  const double kl = sum(mul(exp(log_p), sub(log_p, log_q)), {-1}).mean().item<float>();
   std::printf(
-      "bfloat16 weights (%.0f MB saved) against float32: largest logit difference %.3g over %lld positions (the "
-      "logits' standard deviation %.3g); greedy decoding: %zu of %zu tokens the same, the first difference at %lld\n",
-      saved / 1048576.0, max_diff, (long long)T, spread, same, ref_tokens.size(),
+      "%s weights (%.0f MB saved) against float32: largest logit difference %.3g over %lld positions (the "
+      "logits' standard deviation %.3g), mean KL %.3g nats; greedy decoding: %zu of %zu tokens the same, the first "
+      "difference at %lld\n",
+      dtype.c_str(), saved / 1048576.0, max_diff, (long long)T, spread, kl, same, ref_tokens.size(),
       first_diff == ref_tokens.size() ? -1LL : (long long)first_diff);
   return saved;
 }
@@ -221,8 +227,8 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (dtype != "float32" && dtype != "bfloat16") {
-    std::fprintf(stderr, "decoder_infer: --dtype is float32 or bfloat16, not %s\n", dtype.c_str());
+  if (dtype != "float32" && dtype != "bfloat16" && dtype != "q8_0" && dtype != "q4_k") {
+    std::fprintf(stderr, "decoder_infer: --dtype is float32, bfloat16, q8_0 or q4_k, not %s\n", dtype.c_str());
     return 2;
   }
   if (arch != "gpt" && arch != "llama" && arch != "neox") {
@@ -258,7 +264,7 @@ int main(int argc, char** argv) {
                  (long long)prefill, (long long)decode, (long long)context);
     return 2;
   }
-  const double saved = dtype == "bfloat16" ? bfloat16_accuracy(model, prefill, agree) : 0;
+  const double saved = dtype != "float32" ? stored_weights_accuracy(model, dtype, prefill, agree) : 0;
   const bool gpu = device.is_cuda();
   const double gflops = gpu ? bench::sgemm_gflops_device(device) : bench::sgemm_gflops_cpu();
   const bench::ReadBandwidth cpu_read = gpu ? bench::ReadBandwidth{} : bench::read_bandwidth_cpu();

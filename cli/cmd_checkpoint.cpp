@@ -41,13 +41,19 @@ int eval_text(const Loaded& l, const std::string& path, const std::string& text,
   return 0;
 }
 
-// inspect's table: name, shape and size of each parameter, and the total.
+// inspect's table: name, shape and size of each parameter (in weights; blocks named by their type), and the total.
 void print_parameters(const NamedTensors& parameters) {
   int64_t total = 0;
   for (const auto& [name, t] : parameters) {
-    std::cout << "  " << std::left << std::setw(44) << name << std::setw(16) << shape_str(t.shape()) << std::right
-              << std::setw(10) << t.numel() << "\n";
-    total += t.numel();
+    Shape shape = t.shape();
+    std::string shown = shape_str(shape);
+    if (is_block_quantized(t.dtype())) {
+      shape.back() *= dtype_block(t.dtype());
+      shown = shape_str(shape) + " " + dtype_name(t.dtype());
+    }
+    std::cout << "  " << std::left << std::setw(44) << name << std::setw(16) << shown << std::right << std::setw(10)
+              << shape_numel(shape) << "\n";
+    total += shape_numel(shape);
   }
   std::cout << "  " << std::left << std::setw(60) << "total" << std::right << std::setw(10) << total << "\n";
 }
@@ -189,8 +195,9 @@ Action add_generate(CLI::App& app) {
   app.add_option("--device", *device, "cpu | cuda")->capture_default_str();
   app.add_option("--dtype", *dtype,
                  "bfloat16: the decoder's linear weights stored in bfloat16 (half their memory; on the CPU about half "
-                 "the bytes a decoding step reads), everything else float32")
-      ->check(CLI::IsMember({"float32", "bfloat16"}))
+                 "the bytes a decoding step reads); q8_0, q4_k: as ggml's blocks (about a quarter, an eighth; a tied "
+                 "head too), read as they are; everything else float32")
+      ->check(CLI::IsMember({"float32", "bfloat16", "q8_0", "q4_k"}))
       ->capture_default_str();
   return [=] {
     nn::GenerateOptions o;
@@ -200,7 +207,7 @@ Action add_generate(CLI::App& app) {
     o.prefill_chunk = *prefill_chunk;
     o.seed = *seed;
     Loaded l = load("generate", *path, *device, "", *tokenizer);
-    HL_CHECK(*dtype == "float32" || !l.seq2seq(), "generate: --dtype bfloat16 takes a decoder model, not ", *path);
+    HL_CHECK(*dtype == "float32" || !l.seq2seq(), "generate: --dtype ", *dtype, " takes a decoder model, not ", *path);
     if (nn::EncoderDecoder* m = l.seq2seq()) {  // greedy, as d2l's predict_seq2seq
       const tasks::Seq2SeqTask& task = *l.seq2seq_task();
       const std::vector<int64_t> src = task.encode_source(*prompt);
@@ -213,6 +220,7 @@ Action add_generate(CLI::App& app) {
     }
     nn::DecoderModel& model = l.decoder("generate");
     if (*dtype == "bfloat16") nn::to_bfloat16_weights(model);
+    if (*dtype == "q8_0" || *dtype == "q4_k") nn::to_quantized_weights(model, *dtype == "q8_0" ? DType::q8_0 : DType::q4_k);
     const tasks::Prompt p = l.task->encode_prompt(*prompt);
     // A task answer stops at its end token or its known length; text runs to max_new_tokens.
     if (p.answer_length >= 0) o.max_new_tokens = std::min<int64_t>(*max_new, p.answer_length + 1);

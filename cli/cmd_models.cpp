@@ -15,6 +15,7 @@
 #include "io/atomic_file.h"
 #include "io/families.h"
 #include "io/sources.h"
+#include "nn/layers.h"
 #include "tasks/bpe_tokenizer.h"
 #include "tasks/sentencepiece_tokenizer.h"
 #include "tasks/tokenizer_discovery.h"
@@ -116,12 +117,18 @@ Action add_export(CLI::App& app) {
 
 Action add_convert(CLI::App& app) {
   struct Args {
-    std::string model, tokenizer, out;
+    std::string model, tokenizer, out, dtype = "float32";
     bool overwrite = false;
   };
   auto a = std::make_shared<Args>();
   add_model_argument(app, a->model, a->tokenizer);
   app.add_option("--out", a->out, "the checkpoint to write (.h5)")->type_name(kOutputFile)->required();
+  app.add_option("--dtype", a->dtype,
+                 "q8_0, q4_k: the decoder's linear weights (a tied head too) written as ggml's blocks, which every "
+                 "command then reads as they are (about a quarter, an eighth of float32's bytes); float32: as read "
+                 "(a quantized GGUF file's blocks stay blocks)")
+      ->check(CLI::IsMember({"float32", "q8_0", "q4_k"}))
+      ->capture_default_str();
   app.add_flag("--overwrite", a->overwrite, "replace --out if it exists (without it, convert refuses)");
   return [a] {
     check_output_file(a->out, "convert: --out");
@@ -133,7 +140,13 @@ Action add_convert(CLI::App& app) {
     const Loaded l = load("convert", a->model, "cpu", "", a->tokenizer);
     HL_CHECK(l.from_folder, "convert: '", a->model,
              "' is a headlab checkpoint already (convert reads Hugging Face folders and llama2.c checkpoints)");
-    io::save_checkpoint(a->out, l.ckpt);
+    io::Checkpoint ckpt = l.ckpt;
+    if (a->dtype != "float32") {
+      HL_CHECK(l.model->as_decoder(), "convert: --dtype ", a->dtype, " takes a decoder model, not ", a->model);
+      nn::to_quantized_weights(*l.model, a->dtype == "q8_0" ? DType::q8_0 : DType::q4_k);
+      ckpt.model = l.model->named_parameters();
+    }
+    io::save_checkpoint(a->out, ckpt);
     std::cout << "convert: wrote " << a->out << " (" << l.config.describe_model() << ", " << l.model->num_parameters()
               << " parameters, " << l.subword()->describe() << " inside)\n";
     return 0;

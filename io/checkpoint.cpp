@@ -26,12 +26,42 @@ const char* kFormat = "headlab-checkpoint";
 
 std::string where(const std::string& path) { return "checkpoint '" + path + "'"; }
 
+// A block type's tensor (nn::to_quantized_weights) is stored as its bytes, (rows, blocks * block bytes) uint8, with
+// the attribute dtype naming the blocks; every other tensor as float32.
 void write_tensor(h5::Writer& w, const std::string& name, const Tensor& t) {
+  if (is_block_quantized(t.dtype())) {
+    const Tensor c = t.detach().to(kCPU).contiguous();
+    w.write_u8(name, {c.size(0), c.size(1) * static_cast<int64_t>(dtype_size(c.dtype()))},
+               static_cast<const uint8_t*>(c.raw_data()));
+    w.set_attr(name, "dtype", dtype_name(c.dtype()));
+    return;
+  }
   const Tensor c = t.detach().to(kCPU).to(DType::f32).contiguous();
   w.write_f32(name, c.shape(), c.data<float>());
 }
 
+// A parameter stored as blocks: (rows, bytes) uint8 whose weights fill the expected (rows, in) shape.
+Tensor read_blocks(const h5::Reader& r, const std::string& name, const std::string& dtype, const Shape& expected) {
+  const DType block = dtype == "q8_0" ? DType::q8_0 : dtype == "q4_k" ? DType::q4_k : DType::f32;
+  HL_CHECK(block != DType::f32, where(r.path()), ": dataset ", name, " has dtype attribute '", dtype,
+           "', expected q8_0 or q4_k");
+  const h5::ArrayInfo info = r.info(name);
+  const auto bytes = static_cast<int64_t>(dtype_size(block));
+  HL_CHECK(info.dtype == h5::DType::u8 && info.shape.size() == 2 && expected.size() == 2 &&
+               info.shape[0] == expected[0] && info.shape[1] == expected[1] / dtype_block(block) * bytes &&
+               expected[1] % dtype_block(block) == 0,
+           where(r.path()), ": parameter ", name.substr(name.find('/') + 1), " of ", dtype, " blocks has ",
+           h5::dtype_name(info.dtype), " shape ", shape_str(info.shape), "; the model expects ", shape_str(expected),
+           " weights, stored as uint8 [", expected.empty() ? 0 : expected[0], ", ",
+           expected.size() == 2 ? expected[1] / dtype_block(block) * bytes : 0, "]");
+  const h5::Array a = r.read(name, h5::DType::u8, info.shape);
+  Tensor out = Tensor::empty({expected[0], expected[1] / dtype_block(block)}, block);
+  std::memcpy(out.raw_data(), a.bytes.data(), a.bytes.size());
+  return out;
+}
+
 Tensor read_f32(const h5::Reader& r, const std::string& name, const Shape* expected = nullptr) {
+  if (expected && r.has_attr(name, "dtype")) return read_blocks(r, name, r.attr_str(name, "dtype"), *expected);
   const h5::ArrayInfo info = r.info(name);
   HL_CHECK(info.dtype == h5::DType::f32, where(r.path()), ": dataset ", name, " has dtype ", h5::dtype_name(info.dtype),
            ", expected float32");
@@ -113,9 +143,9 @@ Checkpoint load_checkpoint(const std::string& path) {
   } catch (const Error& e) {
     HL_FAIL(ctx, ": ", e.what());
   }
-  // Every parameter is stored as float32, so a config that describes more than the file holds is
-  // damaged: say so before building a model of that size.
-  HL_CHECK(n_params * 4 <= static_cast<double>(r.file_size()), ctx, ": config describes a model of ", n_params,
+  // Every parameter is stored as float32 or as blocks of at least 4.5 bits a weight (q4_k), so a config that
+  // describes more than the file holds is damaged: say so before building a model of that size.
+  HL_CHECK(n_params * 0.5625 <= static_cast<double>(r.file_size()), ctx, ": config describes a model of ", n_params,
            " parameters, more than the file's ", r.file_size(), " bytes can hold");
   // The expected parameters are those of the model the config describes.
   // Building it draws initial values from the global generator; reading a file must not move the

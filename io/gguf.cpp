@@ -287,6 +287,22 @@ Tensor GgufFile::to_float(const std::string& name) const {
   return out;
 }
 
+Tensor GgufFile::to_blocks(const std::string& name) const {
+  const GgufTensorInfo* t = tensor(name);
+  HL_CHECK(t, path_, ": no tensor ", in_quotes(name), " (the file has ", tensors_.size(), " tensors)");
+  const DType block = t->type == static_cast<uint32_t>(GgmlType::q8_0)   ? DType::q8_0
+                      : t->type == static_cast<uint32_t>(GgmlType::q4_k) ? DType::q4_k
+                                                                          : DType::f32;
+  const Shape shape = t->shape();
+  if (block == DType::f32 || shape.size() != 2 || shape[1] % dtype_block(block) != 0) return Tensor();
+  Tensor out = Tensor::empty({shape[0], shape[1] / dtype_block(block)}, block);  // CPU
+  HL_CHECK(static_cast<uint64_t>(out.numel()) * dtype_size(block) == t->bytes, path_, ": tensor ", in_quotes(name),
+           " holds ", t->bytes, " bytes, not its blocks' ", out.numel() * static_cast<int64_t>(dtype_size(block)));
+  pread_exactly(fd_, path_, data_start_ + t->offset, out.raw_data(), static_cast<size_t>(t->bytes),
+                "tensor " + in_quotes(name));
+  return out;
+}
+
 void GgufFile::read_bytes(const GgufTensorInfo& t, uint64_t at, void* dst, size_t n) const {
   HL_CHECK(at <= t.bytes && n <= t.bytes - at, path_, ": tensor ", in_quotes(t.name), ": bytes ", at, " + ", n,
            " are past its ", t.bytes);

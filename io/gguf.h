@@ -62,6 +62,9 @@ class GgufFile {
   const GgufTensorInfo* tensor(const std::string& name) const;  // null: absent
   // The tensor as a new float32 CPU Tensor of its PyTorch shape; a type headlab does not read throws naming it.
   Tensor to_float(const std::string& name) const;
+  // A 2-D Q8_0 or Q4_K tensor as it is stored: (rows, blocks) of DType::q8_0 or q4_k, one read, no widening
+  // (the linear layers read the blocks); undefined for any other type or shape.
+  Tensor to_blocks(const std::string& name) const;
   // n bytes of a tensor's data as stored, from its byte `at` (a quantized tensor's blocks: io/gguf_quants.h).
   void read_bytes(const GgufTensorInfo& t, uint64_t at, void* dst, size_t n) const;
 

@@ -325,7 +325,8 @@ NamedTensors read_parameters(const GgufFile& f, const Model& m) {
     HL_CHECK(t, f.path(), ": no tensor ", in_quotes(e.gguf), " (", what, " has it)");
     HL_CHECK(t->shape() == e.shape, f.path(), ": tensor ", in_quotes(e.gguf), " has ne ", ne_str(*t), " (PyTorch's ",
              shape_str(t->shape()), "), expected ", shape_str(e.shape));
-    Tensor v = f.to_float(e.gguf);
+    Tensor v = f.to_blocks(e.gguf);  // Q8_0 and Q4_K matrices stay in their blocks, as the file holds them
+    if (!v.defined()) v = f.to_float(e.gguf);
     if (e.rows.empty()) {
       out.emplace_back(e.ours[0], std::move(v));
       continue;

@@ -1,11 +1,14 @@
-// ggml's block types widened to float32 (see gguf_quants.h), element for element as ggml-quants.c computes them.
+// ggml's block types widened to float32 (see gguf_quants.h), element for element as ggml-quants.c computes them;
+// Q8_0's and Q4_K's in backends/quant_blocks.cpp, where the linear layers read them.
 #include "io/gguf_quants.h"
 
 #include <array>
 #include <cstring>
 
+#include "backends/quant_blocks.h"
+#include "base/bfloat16.h"
 #include "base/error.h"
-#include "io/safetensors.h"
+#include "base/float16.h"
 
 // Each value is one rounding of each product and difference, as the block formula writes it: no fused
 // multiply-add (-march=native would contract d * q - m), so the floats equal a reference computed step by step.
@@ -15,24 +18,8 @@ namespace headlab::io {
 
 namespace {
 
-uint16_t u16_at(const std::byte* p) {
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
-}
-float half_at(const std::byte* p) { return f16_to_float(u16_at(p)); }
+using quant::half_at, quant::u16_at;
 const uint8_t* bytes_at(const std::byte* p) { return reinterpret_cast<const uint8_t*>(p); }
-
-// Q4_K's and Q5_K's 6-bit scale and min of sub-block j (0..7) from their 12 packed bytes: j < 4 in the low six bits
-// of bytes j and j + 4; j >= 4 in the nibbles of byte j + 4 with the two high bits of bytes j - 4 and j.
-void scale_min_k4(int j, const uint8_t* q, float& scale, float& min) {
-  if (j < 4) {
-    scale = static_cast<float>(q[j] & 63), min = static_cast<float>(q[j + 4] & 63);
-  } else {
-    scale = static_cast<float>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-    min = static_cast<float>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-  }
-}
 
 }  // namespace
 
@@ -60,13 +47,6 @@ GgmlBlock ggml_block(uint32_t type) {
   return {};
 }
 
-void dequantize_q8_0(const std::byte* src, float* dst, int64_t blocks) {
-  for (int64_t b = 0; b < blocks; ++b, src += 34, dst += 32) {
-    const float d = half_at(src);
-    for (int i = 0; i < 32; ++i) dst[i] = static_cast<float>(static_cast<int8_t>(bytes_at(src + 2)[i])) * d;
-  }
-}
-
 void dequantize_q4_0(const std::byte* src, float* dst, int64_t blocks) {
   for (int64_t b = 0; b < blocks; ++b, src += 18, dst += 32) {
     const float d = half_at(src);
@@ -74,23 +54,6 @@ void dequantize_q4_0(const std::byte* src, float* dst, int64_t blocks) {
     for (int j = 0; j < 16; ++j) {
       dst[j] = static_cast<float>((q[j] & 0xF) - 8) * d;
       dst[j + 16] = static_cast<float>((q[j] >> 4) - 8) * d;
-    }
-  }
-}
-
-// Q4_K: d, dmin, scales[12], qs[128]; each 64 elements read 32 bytes of qs, low nibbles then high nibbles.
-void dequantize_q4_k(const std::byte* src, float* dst, int64_t blocks) {
-  for (int64_t b = 0; b < blocks; ++b, src += 144) {
-    const float d = half_at(src), dmin = half_at(src + 2);
-    const uint8_t* scales = bytes_at(src + 4);
-    const uint8_t* q = bytes_at(src + 16);
-    for (int j = 0; j < 8; j += 2, q += 32) {
-      float s1, m1, s2, m2;
-      scale_min_k4(j, scales, s1, m1);
-      scale_min_k4(j + 1, scales, s2, m2);
-      const float d1 = d * s1, min1 = dmin * m1, d2 = d * s2, min2 = dmin * m2;
-      for (int l = 0; l < 32; ++l) *dst++ = d1 * static_cast<float>(q[l] & 0xF) - min1;
-      for (int l = 0; l < 32; ++l) *dst++ = d2 * static_cast<float>(q[l] >> 4) - min2;
     }
   }
 }
@@ -104,8 +67,8 @@ void dequantize_q5_k(const std::byte* src, float* dst, int64_t blocks) {
     const uint8_t* ql = bytes_at(src + 48);
     for (int j = 0; j < 8; j += 2, ql += 32) {
       float s1, m1, s2, m2;
-      scale_min_k4(j, scales, s1, m1);
-      scale_min_k4(j + 1, scales, s2, m2);
+      quant::scale_min_k4(j, scales, s1, m1);
+      quant::scale_min_k4(j + 1, scales, s2, m2);
       const float d1 = d * s1, min1 = dmin * m1, d2 = d * s2, min2 = dmin * m2;
       const uint8_t u1 = static_cast<uint8_t>(1u << j), u2 = static_cast<uint8_t>(2u << j);
       for (int l = 0; l < 32; ++l) *dst++ = d1 * static_cast<float>((ql[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - min1;
@@ -141,14 +104,14 @@ void dequantize(uint32_t type, const std::byte* src, float* dst, int64_t blocks)
   switch (static_cast<GgmlType>(type)) {
     case GgmlType::f32: std::memcpy(dst, src, static_cast<size_t>(blocks) * 4); return;
     case GgmlType::f16:
-      for (int64_t i = 0; i < blocks; ++i) dst[i] = f16_to_float(u16_at(src + 2 * i));
+      for (int64_t i = 0; i < blocks; ++i) dst[i] = float_from_f16(u16_at(src + 2 * i));
       return;
     case GgmlType::bf16:
-      for (int64_t i = 0; i < blocks; ++i) dst[i] = bf16_to_float(u16_at(src + 2 * i));
+      for (int64_t i = 0; i < blocks; ++i) dst[i] = float_from_bf16(u16_at(src + 2 * i));
       return;
-    case GgmlType::q8_0: return dequantize_q8_0(src, dst, blocks);
+    case GgmlType::q8_0: return quant::dequantize_q8_0(src, dst, blocks);
     case GgmlType::q4_0: return dequantize_q4_0(src, dst, blocks);
-    case GgmlType::q4_k: return dequantize_q4_k(src, dst, blocks);
+    case GgmlType::q4_k: return quant::dequantize_q4_k(src, dst, blocks);
     case GgmlType::q5_k: return dequantize_q5_k(src, dst, blocks);
     case GgmlType::q6_k: return dequantize_q6_k(src, dst, blocks);
   }

@@ -1,6 +1,6 @@
 // ggml's tensor types as GGUF files store them (ggml-common.h's block layouts, ggml-quants.c's dequantize_row_*):
-// each type's name and block (elements and bytes), and the blocks widened to float32. Apart from the GGUF reader
-// so that a quantized matmul can later keep the blocks as they are and read them with the same functions.
+// each type's name and block (elements and bytes), and the blocks widened to float32. Q8_0 and Q4_K, the types
+// headlab also keeps in memory, are backends/quant_blocks.h's.
 //
 // The blocks headlab reads (d, dmin: float16; a K-quant's super-block holds 256 elements):
 //   F32, F16, BF16   one element a block
@@ -35,10 +35,8 @@ GgmlBlock ggml_block(uint32_t type);
 // `blocks` whole blocks of `type` (one headlab reads) at src, widened to float32 at dst (blocks * elements floats).
 void dequantize(uint32_t type, const std::byte* src, float* dst, int64_t blocks);
 
-// One function per block type, for a caller that knows its type.
-void dequantize_q8_0(const std::byte* src, float* dst, int64_t blocks);
+// One function per block type, for a caller that knows its type (Q8_0's and Q4_K's: backends/quant_blocks.h).
 void dequantize_q4_0(const std::byte* src, float* dst, int64_t blocks);
-void dequantize_q4_k(const std::byte* src, float* dst, int64_t blocks);
 void dequantize_q5_k(const std::byte* src, float* dst, int64_t blocks);
 void dequantize_q6_k(const std::byte* src, float* dst, int64_t blocks);
 

@@ -14,6 +14,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "base/bfloat16.h"
+#include "base/float16.h"
 #include "base/input_path.h"
 #include "base/json_fields.h"
 #include "base/json_text.h"
@@ -71,24 +73,6 @@ size_t safetensors_dtype_size(const std::string& dtype) {
   return it == sizes.end() ? 0 : it->second;
 }
 
-float f16_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1Fu, mant = h & 0x3FFu;
-  uint32_t bits;
-  if (exp == 0x1F) {
-    bits = sign | 0x7F800000u | (mant << 13);  // inf, NaN (payload kept)
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112) << 23) | (mant << 13);  // rebias 15 -> 127
-  } else if (mant == 0) {
-    bits = sign;  // +-0
-  } else {        // subnormal: mant * 2^-24, exact in float32
-    const float v = static_cast<float>(mant) * 0x1p-24f;
-    return sign ? -v : v;
-  }
-  return std::bit_cast<float>(bits);
-}
-
-float bf16_to_float(uint16_t b) { return std::bit_cast<float>(static_cast<uint32_t>(b) << 16); }
 
 // ---------------------------------------------------------------------------------------------
 // SafetensorsFile
@@ -246,7 +230,7 @@ Tensor SafetensorsFile::to_float(const std::string& name) const {
   for (size_t at = 0; at < n; at += kChunk) {
     const size_t m = std::min(kChunk, n - at);
     read_at(data_start_ + e.begin + 2 * at, bits.data(), 2 * m, what);
-    for (size_t i = 0; i < m; ++i) dst[at + i] = half ? f16_to_float(bits[i]) : bf16_to_float(bits[i]);
+    for (size_t i = 0; i < m; ++i) dst[at + i] = half ? float_from_f16(bits[i]) : float_from_bf16(bits[i]);
   }
   return t;
 }

@@ -90,8 +90,4 @@ class SafetensorsModel {
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
-// Exact IEEE conversions of the 16-bit float formats.
-float f16_to_float(uint16_t bits);
-float bf16_to_float(uint16_t bits);
-
 }  // namespace headlab::io

@@ -11,6 +11,8 @@
 #include <utility>
 
 #include "base/error.h"
+#include "base/bfloat16.h"
+#include "base/float16.h"
 #include "base/input_path.h"
 #include "io/safetensors.h"
 #include "io/torch_pickle.h"
@@ -177,8 +179,8 @@ Tensor TorchFile::to_float(int64_t i, const std::string& name) const {
     const std::string& d = t.dtype;
     if (d == "float32") return std::bit_cast<float>(*reinterpret_cast<const uint32_t*>(p));
     if (d == "float64") return static_cast<float>(std::bit_cast<double>(*reinterpret_cast<const uint64_t*>(p)));
-    if (d == "float16") return f16_to_float(*reinterpret_cast<const uint16_t*>(p));
-    if (d == "bfloat16") return bf16_to_float(*reinterpret_cast<const uint16_t*>(p));
+    if (d == "float16") return float_from_f16(*reinterpret_cast<const uint16_t*>(p));
+    if (d == "bfloat16") return float_from_bf16(*reinterpret_cast<const uint16_t*>(p));
     if (d == "int64") return static_cast<float>(*reinterpret_cast<const int64_t*>(p));
     if (d == "int32") return static_cast<float>(*reinterpret_cast<const int32_t*>(p));
     if (d == "int16") return static_cast<float>(*reinterpret_cast<const int16_t*>(p));

@@ -76,12 +76,18 @@ void linear_weight_names(const Module& m, const std::string& prefix, std::vector
     linear_weight_names(*child, prefix + name + ".", names);
   }
 }
-}  // namespace
 
-int64_t to_bfloat16_weights(Module& model) {
+// The state_dict names of model's Linear weights (itself one, or its children's).
+std::vector<std::string> linear_weight_names(const Module& model) {
   std::vector<std::string> names;
   if (dynamic_cast<const Linear*>(&model)) names.push_back("weight");
   linear_weight_names(model, "", names);
+  return names;
+}
+}  // namespace
+
+int64_t to_bfloat16_weights(Module& model) {
+  const std::vector<std::string> names = linear_weight_names(model);
   int64_t saved = 0;
   // named_parameters() lists a tied tensor under its first owner's name only: a head tied to an embedding is
   // not among them, and stays float32.
@@ -92,6 +98,34 @@ int64_t to_bfloat16_weights(Module& model) {
   });
   for (auto& [name, t] : model.named_parameters())
     if (t.dtype() == DType::bf16) t.requires_grad_(false);
+  return saved;
+}
+
+namespace {
+// Every Linear layer's weight at or below m, as the tensors themselves (a tied one is also its other owner's).
+void linear_weights(Module& m, std::vector<const TensorImpl*>& out) {
+  if (auto* linear = dynamic_cast<Linear*>(&m); linear && linear->weight.defined()) out.push_back(linear->weight.impl());
+  for (const auto& [name, child] : m.children()) linear_weights(*child, out);
+}
+}  // namespace
+
+int64_t to_quantized_weights(Module& model, DType block) {
+  HL_CHECK(block == DType::q8_0 || block == DType::q4_k, "to_quantized_weights: the blocks are q8_0 or q4_k, not ",
+           dtype_name(block));
+  std::vector<const TensorImpl*> weights;
+  linear_weights(model, weights);
+  int64_t saved = 0;
+  model.convert_parameters([&](const std::string&, const Tensor& t) {
+    if (t.dtype() != DType::f32 || t.dim() != 2 || std::find(weights.begin(), weights.end(), t.impl()) == weights.end())
+      return Tensor();
+    const DType use = t.size(1) % dtype_block(block) == 0 ? block : DType::q8_0;
+    if (t.size(1) % dtype_block(use) != 0) return Tensor();
+    Tensor q = quantize(t, use);
+    saved += t.numel() * 4 - q.numel() * static_cast<int64_t>(dtype_size(use));
+    return q;
+  });
+  for (auto& [name, t] : model.named_parameters())
+    if (is_block_quantized(t.dtype())) t.requires_grad_(false);
   return saved;
 }
 

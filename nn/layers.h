@@ -29,6 +29,14 @@ class Linear : public UnaryModule {
 // rounding). Returns the bytes saved.
 int64_t to_bfloat16_weights(Module& model);
 
+// Stores every Linear layer's weight as ggml's blocks (block: q8_0, 34 bytes per 32 weights, or q4_k, 144 per
+// 256), in place, for inference, as a quantized GGUF file holds them; linear() reads the blocks as they are
+// (backends/quant_blocks.h). The rest stays float32, but a head tied to the token embedding is quantized with it
+// (as llama.cpp's token_embd), the embedding widening the rows it looks up. With q4_k, a layer whose in_features
+// is not a multiple of 256 takes q8_0 (llama.cpp's fallback); one whose in_features is not a multiple of 32 stays
+// float32. The weights stop requiring gradients. Returns the bytes saved.
+int64_t to_quantized_weights(Module& model, DType block);
+
 // Inverted dropout: zeroes each element with probability p in training, scales the rest by 1/(1-p).
 class Dropout : public UnaryModule {
  public:

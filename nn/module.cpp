@@ -63,7 +63,7 @@ std::vector<Tensor> Module::parameters() const {
 
 int64_t Module::num_parameters() const {
   int64_t n = 0;
-  for (const Tensor& t : parameters()) n += t.numel();
+  for (const Tensor& t : parameters()) n += t.numel() * dtype_block(t.dtype());  // weights, not a block type's blocks
   return n;
 }
 
@@ -111,9 +111,15 @@ void Module::to(DType dtype) {
 }
 
 void Module::to(DType dtype, const std::function<bool(const std::string& name, const Tensor& t)>& which) {
+  convert_parameters([&](const std::string& name, const Tensor& t) {
+    return which(name, t) ? t.detach().to(dtype) : Tensor();
+  });
+}
+
+void Module::convert_parameters(const std::function<Tensor(const std::string& name, const Tensor& t)>& convert) {
   NoGradGuard no_grad;
   for (auto& [name, t] : named_parameters())
-    if (which(name, t)) move_in_place(t, t.detach().to(dtype));
+    if (const Tensor moved = convert(name, t); moved.defined()) move_in_place(t, moved);
 }
 
 Device Module::device() const {
@@ -122,18 +128,36 @@ Device Module::device() const {
 }
 
 namespace {
-// Every value names a parameter of the same shape, and every parameter has a value.
+// The shape a tensor has in weights: a block type's (rows, blocks) is (rows, blocks * dtype_block).
+Shape weights_shape(const Tensor& t) {
+  Shape s = t.shape();
+  if (is_block_quantized(t.dtype())) s.back() *= dtype_block(t.dtype());
+  return s;
+}
+
+// Every value names a parameter of the same shape (in weights: blocks fill a float parameter), and every parameter
+// has a value.
 void load_parameters_check(const NamedTensors& params, const NamedTensors& values, const std::string& who) {
   for (const auto& [name, value] : values) {
     auto it = find_named(params, name);
     HL_CHECK(it != params.end(), who, ": parameter ", name, " does not exist in the model");
-    HL_CHECK(it->second.shape() == value.shape(), who, ": parameter ", name, " has shape ", shape_str(value.shape()),
-             ", model expects ", shape_str(it->second.shape()));
+    HL_CHECK(weights_shape(it->second) == weights_shape(value), who, ": parameter ", name, " has shape ",
+             shape_str(weights_shape(value)), ", model expects ", shape_str(weights_shape(it->second)));
   }
   for (const auto& [name, t] : params) {
     auto it = find_named(values, name);
     HL_CHECK(it != values.end(), who, ": parameter ", name, " is missing");
   }
+}
+
+// A parameter given blocks (a quantized file's weight) holds them as they are, read-only (blocks are never written
+// in place); a parameter of blocks given floats quantizes them to its block type.
+void adopt_blocks(const Tensor& param, const Tensor& value) {
+  if (is_block_quantized(value.dtype()))
+    move_in_place(param, value.to(param.device()));
+  else
+    move_in_place(param, quantize(value.detach().to(kCPU), param.dtype()).to(param.device()));
+  param.impl()->requires_grad = false;
 }
 }  // namespace
 
@@ -143,9 +167,11 @@ void Module::load_parameters(const std::vector<std::pair<std::string, Tensor>>& 
   load_parameters_check(params, values, who);
   NoGradGuard no_grad;
   for (auto& [name, t] : params) {
-    auto it = find_named(values, name);
-    Tensor dst = t.detach();
-    dst.copy_(it->second.to(t.dtype()));
+    const Tensor& value = find_named(values, name)->second;
+    if (is_block_quantized(value.dtype()) || is_block_quantized(t.dtype()))
+      adopt_blocks(t, value);
+    else
+      t.detach().copy_(value.to(t.dtype()));
   }
 }
 
@@ -158,7 +184,9 @@ void Module::adopt_parameters(NamedTensors&& values, const std::string& source) 
   NoGradGuard no_grad;
   for (auto& [name, t] : params) {
     Tensor& value = find_named(values, name)->second;
-    if (value.is_contiguous() && value.dtype() == t.dtype() && value.device() == t.device() && !value.requires_grad())
+    if (is_block_quantized(value.dtype()) || is_block_quantized(t.dtype()))
+      adopt_blocks(t, value);
+    else if (value.is_contiguous() && value.dtype() == t.dtype() && value.device() == t.device() && !value.requires_grad())
       move_in_place(t, value);
     else
       t.detach().copy_(value.to(t.dtype()));

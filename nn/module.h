@@ -53,6 +53,9 @@ class Module {
   void to(DType dtype);
   // Casts in place the parameters `which` picks by state_dict name (nn::to_bfloat16_weights: linear layers' weights).
   void to(DType dtype, const std::function<bool(const std::string& name, const Tensor& t)>& which);
+  // Replaces in place each parameter for which `convert` returns a defined tensor (of any shape or dtype:
+  // nn::to_quantized_weights' blocks); tensors held elsewhere see the new value.
+  void convert_parameters(const std::function<Tensor(const std::string& name, const Tensor& t)>& convert);
   Device device() const;
   // Copies values by name; every key must exist with the same shape (clear error otherwise).
   void load_parameters(const std::vector<std::pair<std::string, Tensor>>& values, const std::string& source = "");

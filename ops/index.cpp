@@ -2,6 +2,8 @@
 // and triu/tril. Indices are range-checked (on CUDA without waiting: Backend::check_indices).
 #include "ops/internal.h"
 
+#include <cstring>
+
 namespace headlab {
 
 namespace {
@@ -50,17 +52,34 @@ Tensor index_select(const Tensor& x, int64_t d, const Tensor& index) {
 }
 
 // weight: (V, C), indices: any shape of int64 -> indices.shape + (C)
+namespace {
+// The rows of a table of blocks (a tied head's, nn::to_quantized_weights) at the indices, widened: (n, dim).
+Tensor embedding_rows_of_blocks(const Tensor& weight, const Tensor& flat) {
+  HL_CHECK(weight.device() == kCPU, "embedding: ", dtype_name(weight.dtype()), " tables are read on the CPU (got one on ",
+           weight.device().str(), ")");
+  const Tensor table = contiguous(weight);
+  const std::vector<int64_t> rows = flat.to_vector<int64_t>();
+  Tensor picked = Tensor::empty({static_cast<int64_t>(rows.size()), weight.size(1)}, weight.dtype(), kCPU);
+  const auto row_bytes = static_cast<size_t>(weight.size(1)) * dtype_size(weight.dtype());
+  for (size_t i = 0; i < rows.size(); ++i)
+    std::memcpy(static_cast<char*>(picked.raw_data()) + i * row_bytes,
+                static_cast<const char*>(table.raw_data()) + static_cast<size_t>(rows[i]) * row_bytes, row_bytes);
+  return dequantize(picked);
+}
+}  // namespace
+
 Tensor embedding(const Tensor& weight, const Tensor& indices) {
   const OpScope scope("embedding");
-  detail::check_floating("embedding", weight);
+  if (!weight.defined() || !is_block_quantized(weight.dtype())) detail::check_floating("embedding", weight);
   detail::check_index_tensor("embedding", indices, "indices");
   HL_CHECK(weight.dim() == 2, "embedding: weight must be 2-D (num_embeddings, embedding_dim), got shape ",
            shape_str(weight.shape()));
   check_same_device("embedding", weight, indices);
   Shape shape = indices.shape();
-  shape.push_back(weight.size(1));
+  shape.push_back(weight.size(1) * dtype_block(weight.dtype()));
   const Tensor flat = reshape(indices, {-1});
   check_indices("embedding", flat, weight.size(0));
+  if (is_block_quantized(weight.dtype())) return reshape(embedding_rows_of_blocks(weight, flat), shape);
   return reshape(index_select(weight, 0, flat), shape);
 }
 

@@ -153,21 +153,21 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 
 namespace {
 
-// out (rows, out_f) = x @ weight^T + bias with weight stored in bfloat16 (nn::to_bfloat16_weights): float32 in and
-// out, the weight widened exactly as the backend reads it. Inference only: nothing is recorded.
-Tensor linear_with_bf16_weight(const Tensor& x2, const Tensor& weight, const Tensor& bias, const Shape& out_shape) {
-  HL_CHECK(x2.dtype() == DType::f32, "linear: a bfloat16 weight takes a float32 input, got ", dtype_name(x2.dtype()));
-  HL_CHECK(!grad_enabled() || !(x2.requires_grad() || (bias.defined() && bias.requires_grad())),
-           "linear: a bfloat16 weight is for inference (no gradient goes through it); run without gradients "
-           "(NoGradGuard), or convert the model back with .to(float32)");
+// out (rows, out_f) = x @ weight^T + bias with weight stored narrower than float32 (bfloat16:
+// nn::to_bfloat16_weights; q8_0, q4_k blocks: nn::to_quantized_weights): float32 in and out, the weight widened as
+// the backend reads it. Inference only: nothing is recorded.
+Tensor linear_with_stored_weight(const Tensor& x2, const Tensor& weight, const Tensor& bias, const Shape& out_shape) {
+  const char* kind = dtype_name(weight.dtype());
+  HL_CHECK(x2.dtype() == DType::f32, "linear: a ", kind, " weight takes a float32 input, got ", dtype_name(x2.dtype()));
+  HL_CHECK(!grad_enabled() || !(x2.requires_grad() || (bias.defined() && bias.requires_grad())), "linear: a ", kind,
+           " weight is for inference (no gradient goes through it); run without gradients (NoGradGuard)");
   Tensor out = Tensor::empty(out_shape, DType::f32, x2.device());
   if (out.numel() == 0) return out;
   const Tensor xc = contiguous(x2.detach()), w = contiguous(weight.detach()),
                b = bias.defined() ? contiguous(bias.detach()) : Tensor();
-  HL_CHECK(backend_of(x2).linear_bf16(out.raw_data(), xc.raw_data(), xc.size(1), w.raw_data(),
-                                      b.defined() ? b.raw_data() : nullptr, xc.size(0), w.size(0), w.size(1)),
-           "linear: bfloat16 weights are not supported on ", x2.device().str(),
-           " yet (convert the model back with .to(float32))");
+  HL_CHECK(backend_of(x2).linear_stored(weight.dtype(), out.raw_data(), xc.raw_data(), xc.size(1), w.raw_data(),
+                                        b.defined() ? b.raw_data() : nullptr, xc.size(0), w.size(0), xc.size(1)),
+           "linear: ", kind, " weights are not supported on ", x2.device().str(), " yet (load the model in float32)");
   return out;
 }
 
@@ -176,16 +176,18 @@ Tensor linear_with_bf16_weight(const Tensor& x2, const Tensor& weight, const Ten
 Tensor linear_and_maybe_gelu(const Tensor& x, const Tensor& weight, const Tensor& bias, Tensor* gelu, bool tanh_gelu) {
   const OpScope scope("linear");
   detail::check_floating("linear", x);
-  const bool bf16_weight = weight.defined() && weight.dtype() == DType::bf16;
-  if (!bf16_weight) detail::check_floating("linear", weight);
+  const bool stored_weight =
+      weight.defined() && (weight.dtype() == DType::bf16 || is_block_quantized(weight.dtype()));
+  if (!stored_weight) detail::check_floating("linear", weight);
   check_same_device("linear", x, weight);
-  if (!bf16_weight) detail::check_same_dtype("linear", x, weight);
+  if (!stored_weight) detail::check_same_dtype("linear", x, weight);
   HL_CHECK(weight.dim() == 2, "linear: weight must be 2-D (out_features, in_features), got shape ",
            shape_str(weight.shape()));
-  HL_CHECK(x.dim() >= 1 && x.size(-1) == weight.size(1), "linear: input of shape ", shape_str(x.shape()),
-           " does not match weight of shape ", shape_str(weight.shape()), " (expected last dim ", weight.size(1), ")");
+  // in features: a block type's row holds dtype_block weights an element
+  const int64_t in_f = weight.size(1) * dtype_block(weight.dtype()), out_f = weight.size(0);
+  HL_CHECK(x.dim() >= 1 && x.size(-1) == in_f, "linear: input of shape ", shape_str(x.shape()),
+           " does not match weight of shape ", shape_str(weight.shape()), " (expected last dim ", in_f, ")");
   // rows from the leading dims, not numel / in_f: with in_features == 0 there are still rows (of bias)
-  const int64_t in_f = weight.size(1), out_f = weight.size(0);
   const int64_t rows = shape_numel(Shape(x.shape().begin(), x.shape().end() - 1));
   if (bias.defined()) {
     check_same_device("linear", x, bias);
@@ -195,7 +197,7 @@ Tensor linear_and_maybe_gelu(const Tensor& x, const Tensor& weight, const Tensor
   }
   Shape out_shape = x.shape();
   out_shape.back() = out_f;
-  if (bf16_weight) return linear_with_bf16_weight(reshape(x, {rows, in_f}), weight, bias, out_shape);
+  if (stored_weight) return linear_with_stored_weight(reshape(x, {rows, in_f}), weight, bias, out_shape);
   Tensor out = Tensor::empty(out_shape, x.dtype(), x.device());
   if (out.numel() > 0) {
     const Tensor x2 = reshape(x.detach(), {rows, in_f});

@@ -95,8 +95,13 @@ Tensor sum_to(const Tensor& x, const Shape& shape);                 // undo broa
 // ---- linear algebra ----
 // a: (..., M, K), b: (..., K, N) -> (..., M, N); 1-D operands as in torch.matmul
 Tensor matmul(const Tensor& a, const Tensor& b);
-// x: (..., in), weight: (out, in), bias: (out) or undefined -> (..., out). One GEMM, bias fused as beta.
+// x: (..., in), weight: (out, in), bias: (out) or undefined -> (..., out). One GEMM, bias fused as beta. A weight
+// stored narrower (bfloat16; q8_0 or q4_k blocks, (out, in / dtype_block)) takes a float32 x, without gradients.
 Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+// w: (out, in) floating -> (out, in / dtype_block(block)) of ggml's blocks (block: q8_0 or q4_k; in a multiple of
+// its block); on the CPU, no gradient. dequantize: back to (out, in) float32, as the linear layer widens them.
+Tensor quantize(const Tensor& w, DType block);
+Tensor dequantize(const Tensor& q);
 // pre = linear(x, weight, bias) and post = gelu(pre, tanh_approximation), from one pass over the rows where the
 // backend has one (the CPU's libxsmm products: GELU applied while a few rows sit in L1), else the two ops; the
 // autograd graph is the two ops' either way. An MLP's first half.

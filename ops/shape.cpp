@@ -242,6 +242,8 @@ Tensor to_dtype(const Tensor& x, DType dtype) {
   const OpScope scope("to_dtype");
   detail::check_defined("to", x);
   if (x.dtype() == dtype) return x;
+  HL_CHECK(!is_block_quantized(x.dtype()) && !is_block_quantized(dtype), "to: ", dtype_name(x.dtype()), " to ",
+           dtype_name(dtype), ": blocks are made by quantize() and widened by dequantize(), not converted");
   Tensor out = Tensor::empty(x.shape(), dtype, x.device());
   detail::copy_into(out, x.detach());
   if (is_floating(x.dtype()) && is_floating(dtype))

@@ -42,9 +42,11 @@ inline py::dtype numpy_dtype(DType d) {
     case DType::b8:
       return py::dtype::of<bool>();
     case DType::bf16:
+    case DType::q8_0:
+    case DType::q4_k:
       break;
   }
-  HL_FAIL("numpy has no ", dtype_name(d), "; convert the tensor with .to(float32) first");
+  HL_FAIL("numpy has no ", dtype_name(d), is_block_quantized(d) ? "; dequantize() its blocks first" : "; convert the tensor with .to(float32) first");
 }
 
 // The tensor as an array over its memory (on the CPU; another device's tensor is copied there first).

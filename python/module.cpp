@@ -10,6 +10,7 @@
 #include "analysis/circuit_report.h"
 #include "analysis/files.h"
 #include "analysis/heads_pairs.h"
+#include "nn/layers.h"
 #include "python/model.h"
 
 using namespace headlab;
@@ -219,6 +220,18 @@ PYBIND11_MODULE(_headlab, m) {
             return p;
           },
           py::arg("dtype"), "the model's parameters in float32 or float64 (the same model, returned)")
+      .def(
+          "quantize_weights",
+          [](PyModel& p, const std::string& dtype) {
+            HL_CHECK(dtype == "bfloat16" || dtype == "q8_0" || dtype == "q4_k",
+                     "headlab.Model.quantize_weights: dtype is 'bfloat16', 'q8_0' or 'q4_k', not '", dtype, "'");
+            nn::Module& m = *p.loaded->model;
+            return dtype == "bfloat16" ? nn::to_bfloat16_weights(m)
+                                       : nn::to_quantized_weights(m, dtype == "q8_0" ? DType::q8_0 : DType::q4_k);
+          },
+          py::arg("dtype"),
+          "the linear layers' weights stored in place as bfloat16, or as ggml's q8_0 or q4_k blocks (a tied head "
+          "too), for inference, as `headlab generate --dtype` does; returns the bytes saved")
       .def("hook_names", [](const PyModel& p) { return analysis::hook_names(p.decoder()); })
       .def("__call__", &PyModel::forward, py::arg("input"), py::arg("return_type") = "logits",
            py::arg("prepend_bos") = py::none(),

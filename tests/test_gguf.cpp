@@ -10,15 +10,19 @@
 #include <filesystem>
 #include <fstream>
 
+#include "backends/quant_blocks.h"
 #include "base/input_path.h"
 #include "io/gguf.h"
 #include "io/gguf_quants.h"
 #include "loader/load.h"
 #include "nn/generate.h"
+#include "nn/layers.h"
 #include "tests/core_test_util.h"
 #include "tests/process_util.h"
+#include "tests/shared_models.h"
 
 using namespace headlab;
+using headlab::testing::published_story;
 using headlab::testing::TempDir;
 
 namespace {
@@ -96,7 +100,7 @@ TEST(GgufTypes, EveryTypeWidensToNumpysDequantizationBitForBit) {
   block[1] = std::byte{0x3c};  // d = 1.0 (fp16 0x3c00)
   block[2] = std::byte{0xfe};  // -2
   float out[32];
-  io::dequantize_q8_0(block.data(), out, 1);
+  quant::dequantize_q8_0(block.data(), out, 1);
   EXPECT_EQ(out[0], -2.0f);
   EXPECT_EQ(out[31], 0.0f);
 }
@@ -155,6 +159,46 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GgufModels,
                            std::string n = info.param.gguf.substr(0, info.param.gguf.size() - 5);
                            return n;
                          });
+
+// A Q8_0 file (tools/fixtures_gguf.py quantized llama.gguf as ggml's reference quantizer does): its matrices stay
+// in their blocks, byte for byte those headlab's quantizer writes from the float file, so the two models' logits
+// are the same; and near PyTorch's float32 ones (as near as 8 bits a weight leave a random model 32 wide).
+TEST(GgufQuantized, Q8_0MatricesStayInTheirBlocks) {
+  const std::string q8 = gguf_fixture("llama_q8_0.gguf"), f32 = gguf_fixture("llama.gguf");
+  auto qm = io::build_folder_model(io::source_of(q8, "test").read(q8).pretrained, q8);
+  auto fm = io::build_folder_model(io::source_of(f32, "test").read(f32).pretrained, f32);
+  const NoGradGuard no_grad;
+  std::ifstream in(kFixtures + "llama_folders/reference.json");
+  const nlohmann::json ref = nlohmann::json::parse(in).at("gqa_tied");
+  const auto rows = ref["ids"].get<std::vector<std::vector<int64_t>>>();
+  std::vector<int64_t> flat;
+  for (const auto& r : rows) flat.insert(flat.end(), r.begin(), r.end());
+  const Tensor ids = tensor(flat, {static_cast<int64_t>(rows.size()), static_cast<int64_t>(rows[0].size())});
+  const Tensor float_logits = fm->as_decoder()->forward(ids);
+  nn::to_quantized_weights(*fm, DType::q8_0);
+  int64_t blocks = 0;
+  for (const auto& [name, t] : qm->named_parameters()) {
+    const Tensor ours = fm->parameter(name);
+    ASSERT_EQ(t.dtype(), ours.dtype()) << name;
+    ASSERT_EQ(t.shape(), ours.shape()) << name;
+    if (t.dtype() != DType::q8_0) continue;
+    ++blocks;
+    EXPECT_EQ(std::memcmp(t.raw_data(), ours.raw_data(), static_cast<size_t>(t.numel()) * 34), 0) << name;
+  }
+  EXPECT_EQ(blocks, 1 + 2 * 6);  // the tied table; each layer's q, k, v, o, gate and up (down is 56 wide)
+  const Tensor logits = qm->as_decoder()->forward(ids);
+  EXPECT_EQ(max_diff(logits, fm->as_decoder()->forward(ids)), 0.0);
+  std::vector<double> want;
+  for (const auto& row : ref["logits"].get<std::vector<std::vector<std::vector<double>>>>())
+    for (const auto& t : row) want.insert(want.end(), t.begin(), t.end());
+  const Tensor pytorch = tensor(want, logits.shape());
+  const double to_pytorch = max_diff(logits, pytorch), spread = std::sqrt(var(pytorch).item<float>());
+  std::printf(
+      "llama_q8_0.gguf: largest logit difference from PyTorch's float32 %.3g (their standard deviation %.3g; the "
+      "float32 file's: %.3g)\n",
+      to_pytorch, spread, max_diff(float_logits, pytorch));
+  EXPECT_LT(to_pytorch, 0.25 * spread);  // a random model 32 wide: 0.5% noise in each weight grows through 2 layers
+}
 
 TEST(GgufSource, IsClaimedByItsMagicAndSaysWhatItRead) {
   const std::string path = gguf_fixture("gpt2.gguf");
@@ -378,18 +422,6 @@ TEST(GgufHostile, MetadataTheConfigCannotHonourIsRefusedByName) {
 }
 
 // ---- stories260K: the real model, as llama.cpp's converter wrote it ----
-
-namespace {
-
-// The published story: the fenced block of the folder's README (as tests/test_llama.cpp reads it).
-std::string published_story() {
-  const std::string readme = headlab::testing::slurp(kStories + "/README.md");
-  const size_t open = readme.find("```\n");
-  const size_t close = readme.find("\n```", open + 4);
-  return open == std::string::npos || close == std::string::npos ? "" : readme.substr(open + 4, close - open - 4);
-}
-
-}  // namespace
 
 TEST(Stories260KGguf, WritesThePublishedStoryWithItsOwnTokenizer) {
   if (!fs::exists(kStories + "/stories260K.gguf")) GTEST_SKIP() << kStories << " is absent (../shared/models)";

@@ -28,8 +28,10 @@
 #include "tasks/sentencepiece_tokenizer.h"
 #include "tests/core_test_util.h"
 #include "tests/process_util.h"
+#include "tests/shared_models.h"
 
 using namespace headlab;
+using headlab::testing::published_story;
 using headlab::testing::TempDir;
 
 namespace {
@@ -471,18 +473,6 @@ TEST(Tokenizers, SentencePieceAndLlama2cMatchPythonSentencePiece) {
 }
 
 // ---- stories260K: a real pretrained model ----
-namespace {
-
-// The published story: the fenced block of the folder's README.
-std::string published_story() {
-  const std::string readme = headlab::testing::slurp(kStories + "/README.md");
-  const size_t open = readme.find("```\n");
-  const size_t close = readme.find("\n```", open + 4);
-  return open == std::string::npos || close == std::string::npos ? "" : readme.substr(open + 4, close - open - 4);
-}
-
-}  // namespace
-
 TEST(Stories260K, GreedyStoryEqualsThePublishedOneTokenForToken) {
   if (!fs::exists(kStories + "/stories260K.bin")) GTEST_SKIP() << kStories << " is absent (../shared/models)";
   const std::string story = published_story();
@@ -514,28 +504,16 @@ TEST(Stories260K, GreedyStoryEqualsThePublishedOneTokenForToken) {
 // published story, all 256 tokens, and its logits over the story move by at most 5% of their spread.
 TEST(Stories260K, Bfloat16WeightsWriteThePublishedStory) {
   if (!fs::exists(kStories + "/stories260K.bin")) GTEST_SKIP() << kStories << " is absent (../shared/models)";
-  const loader::Loaded l = loader::load("test", kStories + "/stories260K.bin", "cpu", "", kStories + "/tok512.bin");
-  nn::DecoderModel& model = l.decoder("test");
-  const tasks::Prompt p = l.task->encode_prompt("");
-  nn::GenerateOptions o;
-  o.max_new_tokens = 256;
-  o.end_id = l.task->end_id();
-  const std::vector<int64_t> ids32 = nn::generate(model, p.ids, o);
-  std::vector<int64_t> story = p.ids;
-  story.insert(story.end(), ids32.begin(), ids32.end());
-  const NoGradGuard no_grad;
-  const Tensor tokens = tensor(story, {1, static_cast<int64_t>(story.size())});
-  const Tensor logits32 = model.forward(tokens);
-  const int64_t saved = nn::to_bfloat16_weights(model);
-  EXPECT_GT(saved, 0);
-  const std::vector<int64_t> ids16 = nn::generate(model, p.ids, o);
-  EXPECT_EQ(l.task->format_continuation(p, ids16), published_story());
-  const double diff = amax(abs(sub(model.forward(tokens), logits32))).item<float>(),
-               spread = std::sqrt(var(logits32).item<float>());
+  const headlab::testing::StoredWeightsRun r = headlab::testing::stories260k_with_stored_weights(
+      [](nn::DecoderModel& model) { return nn::to_bfloat16_weights(model); });
+  EXPECT_GT(r.saved, 0);
+  EXPECT_EQ(r.text_after, published_story());
+  const double diff = amax(abs(sub(r.logits_after, r.logits_before))).item<float>(),
+               spread = std::sqrt(var(r.logits_before).item<float>());
   std::printf(
-      "stories260K, bfloat16 weights: largest logit difference %.3g over %zu positions (logits' standard "
+      "stories260K, bfloat16 weights: largest logit difference %.3g over %lld positions (logits' standard "
       "deviation %.3g)\n",
-      diff, story.size(), spread);
+      diff, static_cast<long long>(r.logits_before.size(1)), spread);
   EXPECT_LT(diff, 0.05 * spread);
 }
 

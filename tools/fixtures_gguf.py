@@ -8,6 +8,9 @@
   tests/fixtures/*_folders (tools/fixtures_*_folders.py) as llama.cpp's convert_hf_to_gguf.py lays them out:
   its tensor names, a llama's q/k rows permuted to interleaved pairs, GPT-2's Conv1D weights transposed and its
   head written as a copy of the embedding, GPT-NeoX's per-head query_key_value regrouped into q | k | v blocks;
+- llama_q8_0.gguf: llama.gguf with every matrix whose rows hold whole blocks of 32 (all but ffn_down, 56 wide)
+  quantized to Q8_0 here as ggml's quantize_row_q8_0_ref does (d = max |x| / 127 stored as float16, q = x / d
+  rounded half away from zero, in float32), the way a quantized file reaches a user;
 - gpt2_tokenizer.gguf, llama_tokenizer.gguf: tiny random models whose metadata carry a tokenizer
   (tokenizer.ggml.model gpt2: byte-level tokens and merges; llama: SentencePiece pieces with scores);
   the small ones are copied to tests/fuzz/corpus/gguf, the seeds of tests/fuzz/fuzz_gguf.cpp.
@@ -209,7 +212,29 @@ def base_kv(arch, ctx, emb, layers, ffn, heads):
             (p + "attention.head_count", UINT32, heads)]
 
 
-def write_llama(out, family_folder, arch):
+def q8_0_tensor(name, a):
+    """A float32 matrix (rows of whole blocks of 32) as ggml's reference quantizer writes Q8_0."""
+    x = np.ascontiguousarray(a, dtype="<f4").reshape(-1, 32)
+    d = (np.abs(x).max(axis=1) / np.float32(127)).astype("f4")
+    inv = np.where(d != 0, np.float32(1) / np.where(d != 0, d, np.float32(1)), np.float32(0)).astype("f4")
+    v = (x * inv[:, None]).astype("f4")
+    q = (np.sign(v) * np.floor(np.abs(v) + np.float32(0.5))).astype("i1")  # C's roundf: half away from zero
+    raw = b"".join(d[i].astype("<f2").tobytes() + q[i].tobytes() for i in range(len(x)))
+    return (name, Q8_0, list(reversed(a.shape)), raw)
+
+
+def quantized_q8_0(tensors):
+    """Every F32 matrix whose rows hold whole blocks of 32 as Q8_0; the rest as they are."""
+    out = []
+    for name, ttype, ne, raw in tensors:
+        if ttype == F32 and len(ne) == 2 and ne[0] % 32 == 0:
+            out.append(q8_0_tensor(name, np.frombuffer(raw, "<f4").reshape(ne[1], ne[0])))
+        else:
+            out.append((name, ttype, ne, raw))
+    return out
+
+
+def write_llama(out, family_folder, arch, quantize=False):
     cfg, w = folder("llama_folders", family_folder)
     H, KV, C = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["hidden_size"]
     D = cfg.get("head_dim") or C // H
@@ -240,7 +265,7 @@ def write_llama(out, family_folder, arch):
     t.append(f32_tensor("output_norm.weight", w["model.norm.weight"]))
     if not cfg.get("tie_word_embeddings", False):
         t.append(f32_tensor("output.weight", w["lm_head.weight"]))
-    write_gguf(out, kv, t)
+    write_gguf(out, kv, quantized_q8_0(t) if quantize else t)
 
 
 def write_gpt2(out, family_folder):
@@ -362,6 +387,7 @@ def main():
     os.makedirs(OUT, exist_ok=True)
     write_types()
     write_llama("llama.gguf", "gqa_tied", "llama")
+    write_llama("llama_q8_0.gguf", "gqa_tied", "llama", quantize=True)
     write_llama("qwen2.gguf", "qwen2_bias", "qwen2")
     write_gpt2("gpt2.gguf", "lm_head_model")
     write_neox("gptneox.gguf", "parallel_quarter")

@@ -11,7 +11,9 @@
 
 #include "backends/cpu/blas.h"
 #include "backends/cpu/cpu_internal.h"
+#include "backends/cpu/quant_gemv.h"
 #include "backends/philox.h"
+#include "backends/quant_blocks.h"
 #include "base/bfloat16.h"
 
 namespace headlab::cpu {
@@ -354,26 +356,36 @@ bool CpuBackend::linear_rows(DType dt, void* out, const void* x, int64_t ldx, co
 }
 
 // A few rows (decoding): each thread a band of the output features, every weight row read once, widened as it is
-// read (gemv_by_rows: half the bytes of float32 weights). More rows: the weight widened to float32 kWidenFeatures
-// features at a time, each band a float32 GEMM into its columns of out (scratch of kWidenFeatures x K floats).
-bool CpuBackend::linear_bf16(void* out, const void* x, int64_t ldx, const void* w, const void* bias, int64_t rows,
-                             int64_t N, int64_t K) {
+// read (gemv_by_rows: half the bytes of float32 weights; gemv_q8_0, gemv_q4_k: about a quarter, an eighth). More
+// rows: the weight widened to float32 kWidenFeatures features at a time (the band's rows split over the threads),
+// each band a float32 GEMM into its columns of out (scratch of kWidenFeatures x K floats).
+bool CpuBackend::linear_stored(DType wdt, void* out, const void* x, int64_t ldx, const void* w, const void* bias,
+                               int64_t rows, int64_t N, int64_t K) {
   constexpr int64_t kGemvRows = 4, kWidenFeatures = 1024;
+  if (wdt != DType::bf16 && wdt != DType::q8_0 && wdt != DType::q4_k) return false;
   float* const o = static_cast<float*>(out);
   const float* const X = static_cast<const float*>(x);
-  const uint16_t* const W = static_cast<const uint16_t*>(w);
+  const auto* const W = static_cast<const std::byte*>(w);
   const float* const b = static_cast<const float*>(bias);
+  const int64_t row_bytes = K / dtype_block(wdt) * static_cast<int64_t>(dtype_size(wdt));
   if (rows == 0 || N == 0) return true;
+  const int64_t threads = omp_get_max_threads();
   if (rows <= kGemvRows) {
-    const int64_t threads = omp_get_max_threads();
     const bool parallel = threads > 1 && static_cast<double>(rows) * N * K > kGemvParallelWork;
     const int64_t splits = parallel ? std::min<int64_t>(threads, std::max<int64_t>(N / 32, 1)) : 1;
     parallel_for(splits, splits > 1, [&](int64_t s) {
       const int64_t lo = band_edge(N, s, splits), hi = band_edge(N, s + 1, splits);
+      const std::byte* band = W + lo * row_bytes;
       for (int64_t r = 0; r < rows; ++r) {
         float* y = o + r * N + lo;
         if (b) std::memcpy(y, b + lo, static_cast<size_t>(hi - lo) * sizeof(float));
-        gemv_by_rows(hi - lo, K, 1.0f, W + lo * K, K, X + r * ldx, b ? 1.0f : 0.0f, y);
+        const float* xr = X + r * ldx;
+        if (wdt == DType::bf16)
+          gemv_by_rows(hi - lo, K, 1.0f, reinterpret_cast<const uint16_t*>(band), K, xr, b ? 1.0f : 0.0f, y);
+        else if (wdt == DType::q8_0)
+          gemv_q8_0(hi - lo, K, band, xr, b != nullptr, y);
+        else
+          gemv_q4_k(hi - lo, K, band, xr, b != nullptr, y);
       }
     });
     return true;
@@ -387,7 +399,18 @@ bool CpuBackend::linear_bf16(void* out, const void* x, int64_t ldx, const void* 
   std::vector<float> wide(static_cast<size_t>(std::min(N, kWidenFeatures) * K));
   for (int64_t n0 = 0; n0 < N; n0 += kWidenFeatures) {
     const int64_t nb = std::min(kWidenFeatures, N - n0);
-    map1(wide.data(), 1, W + n0 * K, 1, nb * K, [](uint16_t v) { return float_from_bf16(v); });
+    parallel_for(threads, threads > 1, [&](int64_t t) {
+      const int64_t lo = nb * t / threads, hi = nb * (t + 1) / threads;
+      const std::byte* src = W + (n0 + lo) * row_bytes;
+      float* dst = wide.data() + lo * K;
+      if (wdt == DType::bf16)
+        map1(dst, 1, reinterpret_cast<const uint16_t*>(src), 1, (hi - lo) * K,
+             [](uint16_t v) { return float_from_bf16(v); });
+      else if (wdt == DType::q8_0)
+        quant::dequantize_q8_0(src, dst, (hi - lo) * K / quant::kQ8_0Weights);
+      else
+        quant::dequantize_q4_k(src, dst, (hi - lo) * K / quant::kQ4_KWeights);
+    });
     gemm(DType::f32, false, true, rows, nb, K, 1.0, X, ldx, 0, wide.data(), K, 0, 1.0, o + n0, N, 0, 1);
   }
   return true;

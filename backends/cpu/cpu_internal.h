@@ -176,8 +176,8 @@ struct CpuBackend final : Backend {
             int64_t batch) override;
   bool linear_rows(DType dt, void* out, const void* x, int64_t ldx, const void* w, const void* bias, int64_t rows,
                    int64_t N, int64_t K) override;
-  bool linear_bf16(void* out, const void* x, int64_t ldx, const void* w, const void* bias, int64_t rows, int64_t N,
-                   int64_t K) override;
+  bool linear_stored(DType wdt, void* out, const void* x, int64_t ldx, const void* w, const void* bias, int64_t rows,
+                     int64_t N, int64_t K) override;
   bool linear_gelu_rows(DType dt, void* pre, void* post, const void* x, int64_t ldx, const void* w, const void* bias,
                         int64_t rows, int64_t N, int64_t K, bool tanh_approximation) override;
   // ---- randomness ----

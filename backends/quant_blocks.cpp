@@ -20,15 +20,6 @@ const uint8_t* bytes_at(const std::byte* p) { return reinterpret_cast<const uint
 uint8_t* bytes_at(std::byte* p) { return reinterpret_cast<uint8_t*>(p); }
 }  // namespace
 
-void scale_min_k4(int j, const uint8_t* q, float& scale, float& min) {
-  if (j < 4) {
-    scale = static_cast<float>(q[j] & 63), min = static_cast<float>(q[j + 4] & 63);
-  } else {
-    scale = static_cast<float>((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
-    min = static_cast<float>((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
-  }
-}
-
 void dequantize_q8_0(const std::byte* src, float* dst, int64_t blocks) {
   for (int64_t b = 0; b < blocks; ++b, src += kQ8_0Bytes, dst += kQ8_0Weights) {
     const float d = half_at(src);

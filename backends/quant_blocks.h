@@ -28,7 +28,14 @@ inline float half_at(const std::byte* p) { return float_from_f16(u16_at(p)); }
 
 // Q4_K's (and Q5_K's) 6-bit scale and min of sub-block j (0..7) from their 12 packed bytes: j < 4 in the low six
 // bits of bytes j and j + 4; j >= 4 in the nibbles of byte j + 4 with the two high bits of bytes j - 4 and j.
-void scale_min_k4(int j, const uint8_t* packed, float& scale, float& min);
+inline void scale_min_k4(int j, const uint8_t* packed, float& scale, float& min) {
+  if (j < 4) {
+    scale = static_cast<float>(packed[j] & 63), min = static_cast<float>(packed[j + 4] & 63);
+  } else {
+    scale = static_cast<float>((packed[j + 4] & 0xF) | ((packed[j - 4] >> 6) << 4));
+    min = static_cast<float>((packed[j + 4] >> 4) | ((packed[j] >> 6) << 4));
+  }
+}
 
 // `blocks` whole blocks at src widened to float32 at dst (blocks * weights floats).
 void dequantize_q8_0(const std::byte* src, float* dst, int64_t blocks);

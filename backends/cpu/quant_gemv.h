@@ -1,14 +1,22 @@
 // Matrix-vector products over rows of ggml's blocks (backends/quant_blocks.h), each weight widened as it is read:
 // decoding reads a Q8_0 weight in 34 bytes per 32 (a quarter of float32's), a Q4_K weight in 144 per 256. The
-// input stays float32 (ggml quantizes it to 8 bits too; headlab does not, so activations keep their precision).
-// Sums run in 32 independent lanes and fold at the end, as gemv_by_rows does.
+// input stays float32 (ggml rounds it to 8 bits too; headlab does not, so activations keep their precision).
+// With AVX-512 each block is widened in registers (sign- or zero-extended bytes to 16 floats at a time) into four
+// independent sums; elsewhere the same loops in 32 lanes the compiler vectorizes.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 
 #include "backends/quant_blocks.h"
-#ifdef __F16C__
+#if defined(__F16C__) || defined(__AVX512F__)
 #include <immintrin.h>
+#endif
+
+// GCC 12 warns of the "undefined" pass-through vector inside its AVX-512 widening intrinsics once they are inlined
+// (a false positive: the mask takes every lane).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 
 namespace headlab::cpu {
@@ -21,57 +29,110 @@ namespace headlab::cpu {
 #endif
 }
 
+#ifdef __AVX512F__
+// acc += (16 bytes at q widened: sign-extended where `is_signed`) * scale + shift, times x[0..16).
+template <bool is_signed>
+[[gnu::always_inline]] inline __m512 fma_bytes(__m128i q, __m512 scale, __m512 shift, const float* x, __m512 acc) {
+  const __m512i wide = is_signed ? _mm512_cvtepi8_epi32(q) : _mm512_cvtepu8_epi32(q);
+  return _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_cvtepi32_ps(wide), scale, shift), _mm512_loadu_ps(x), acc);
+}
+#else
 [[gnu::always_inline]] inline float fold_lanes(float* acc) {  // 32 lanes folded in halves: vector adds
   for (int width = 16; width > 0; width /= 2)
 #pragma omp simd
     for (int j = 0; j < width; ++j) acc[j] += acc[j + width];
   return acc[0];
 }
+#endif
 
-// y (N) = W (N, K) @ x (K) (+ y where accumulate); W's rows of K / weights blocks of `bytes`, contiguous, each block
-// added into the 32 lanes by add_block(block, its x, lanes).
-template <typename AddBlock>
+// sum_k w[k] x[k] over one row of `blocks` Q8_0 blocks: w = d * q.
+inline float dot_q8_0(const std::byte* b, const float* x, int64_t blocks) {
+#ifdef __AVX512F__
+  const __m512 zero = _mm512_setzero_ps();
+  __m512 acc[4] = {zero, zero, zero, zero};
+  for (int64_t i = 0; i < blocks; ++i, b += quant::kQ8_0Bytes, x += quant::kQ8_0Weights) {
+    const __m512 d = _mm512_set1_ps(block_half(b));
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+    __m512* a = acc + 2 * (i & 1);  // alternate blocks into two pairs of sums: independent chains
+    a[0] = fma_bytes<true>(_mm256_castsi256_si128(q), d, zero, x, a[0]);
+    a[1] = fma_bytes<true>(_mm256_extracti128_si256(q, 1), d, zero, x + 16, a[1]);
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+#else
+  float acc[32] = {};
+  for (int64_t i = 0; i < blocks; ++i, b += quant::kQ8_0Bytes, x += quant::kQ8_0Weights) {
+    const float d = block_half(b);
+    const auto* q = reinterpret_cast<const int8_t*>(b + 2);
+#pragma omp simd
+    for (int j = 0; j < 32; ++j) acc[j] += d * static_cast<float>(q[j]) * x[j];
+  }
+  return fold_lanes(acc);
+#endif
+}
+
+// The same over Q4_K blocks: w = d * scale * nibble - dmin * min; sub-blocks j and j + 1 share 32 bytes of nibbles
+// (j's the low ones, j + 1's the high).
+inline float dot_q4_k(const std::byte* b, const float* x, int64_t blocks) {
+#ifdef __AVX512F__
+  const __m512 zero = _mm512_setzero_ps();
+  __m512 acc[4] = {zero, zero, zero, zero};
+  const __m256i low_bits = _mm256_set1_epi8(0x0F);
+#else
+  float acc[32] = {};
+#endif
+  for (int64_t i = 0; i < blocks; ++i, b += quant::kQ4_KBytes) {
+    const float d = block_half(b), dmin = block_half(b + 2);
+    const auto* packed = reinterpret_cast<const uint8_t*>(b + 4);
+    const auto* q = reinterpret_cast<const uint8_t*>(b + 16);
+    for (int j = 0; j < 8; j += 2, q += 32, x += 64) {
+      float s1, m1, s2, m2;
+      quant::scale_min_k4(j, packed, s1, m1);
+      quant::scale_min_k4(j + 1, packed, s2, m2);
+#ifdef __AVX512F__
+      const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
+      const __m256i lo = _mm256_and_si256(bytes, low_bits), hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low_bits);
+      const __m512 d1 = _mm512_set1_ps(d * s1), min1 = _mm512_set1_ps(-dmin * m1);
+      const __m512 d2 = _mm512_set1_ps(d * s2), min2 = _mm512_set1_ps(-dmin * m2);
+      acc[0] = fma_bytes<false>(_mm256_castsi256_si128(lo), d1, min1, x, acc[0]);
+      acc[1] = fma_bytes<false>(_mm256_extracti128_si256(lo, 1), d1, min1, x + 16, acc[1]);
+      acc[2] = fma_bytes<false>(_mm256_castsi256_si128(hi), d2, min2, x + 32, acc[2]);
+      acc[3] = fma_bytes<false>(_mm256_extracti128_si256(hi, 1), d2, min2, x + 48, acc[3]);
+#else
+      const float d1 = d * s1, min1 = dmin * m1, d2 = d * s2, min2 = dmin * m2;
+#pragma omp simd
+      for (int l = 0; l < 32; ++l)
+        acc[l] += (d1 * static_cast<float>(q[l] & 0xF) - min1) * x[l] +
+                  (d2 * static_cast<float>(q[l] >> 4) - min2) * x[l + 32];
+#endif
+    }
+  }
+#ifdef __AVX512F__
+  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+#else
+  return fold_lanes(acc);
+#endif
+}
+
+// y (N) = W (N, K) @ x (K) (+ y where accumulate); W's rows of K / weights blocks of `bytes`, contiguous.
+template <float (*row_dot)(const std::byte*, const float*, int64_t)>
 inline void gemv_blocks(int64_t N, int64_t K, int64_t weights, int64_t bytes, const std::byte* W, const float* x,
-                        bool accumulate, float* y, AddBlock&& add_block) {
+                        bool accumulate, float* y) {
   const int64_t blocks = K / weights;
   for (int64_t n = 0; n < N; ++n) {
-    const std::byte* b = W + n * blocks * bytes;
-    float acc[32] = {};
-    for (int64_t i = 0; i < blocks; ++i, b += bytes) add_block(b, x + i * weights, acc);
-    const float s = fold_lanes(acc);
+    const float s = row_dot(W + n * blocks * bytes, x, blocks);
     y[n] = accumulate ? y[n] + s : s;
   }
 }
 
-// Q8_0: w = d * q.
 inline void gemv_q8_0(int64_t N, int64_t K, const std::byte* W, const float* x, bool accumulate, float* y) {
-  gemv_blocks(N, K, quant::kQ8_0Weights, quant::kQ8_0Bytes, W, x, accumulate, y,
-              [](const std::byte* b, const float* xb, float* acc) {
-                const float d = block_half(b);
-                const auto* q = reinterpret_cast<const int8_t*>(b + 2);
-#pragma omp simd
-                for (int j = 0; j < 32; ++j) acc[j] += d * static_cast<float>(q[j]) * xb[j];
-              });
+  gemv_blocks<dot_q8_0>(N, K, quant::kQ8_0Weights, quant::kQ8_0Bytes, W, x, accumulate, y);
 }
-
-// Q4_K: w = d * scale * nibble - dmin * min; sub-blocks j and j + 1 share 32 bytes of nibbles.
 inline void gemv_q4_k(int64_t N, int64_t K, const std::byte* W, const float* x, bool accumulate, float* y) {
-  gemv_blocks(N, K, quant::kQ4_KWeights, quant::kQ4_KBytes, W, x, accumulate, y,
-              [](const std::byte* b, const float* xb, float* acc) {
-                const float d = block_half(b), dmin = block_half(b + 2);
-                const auto* packed = reinterpret_cast<const uint8_t*>(b + 4);
-                const auto* q = reinterpret_cast<const uint8_t*>(b + 16);
-                for (int j = 0; j < 8; j += 2, q += 32, xb += 64) {
-                  float s1, m1, s2, m2;
-                  quant::scale_min_k4(j, packed, s1, m1);
-                  quant::scale_min_k4(j + 1, packed, s2, m2);
-                  const float d1 = d * s1, min1 = dmin * m1, d2 = d * s2, min2 = dmin * m2;
-#pragma omp simd
-                  for (int l = 0; l < 32; ++l)
-                    acc[l] += (d1 * static_cast<float>(q[l] & 0xF) - min1) * xb[l] +
-                              (d2 * static_cast<float>(q[l] >> 4) - min2) * xb[l + 32];
-                }
-              });
+  gemv_blocks<dot_q4_k>(N, K, quant::kQ4_KWeights, quant::kQ4_KBytes, W, x, accumulate, y);
 }
 
 }  // namespace headlab::cpu
+
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif

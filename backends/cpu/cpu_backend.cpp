@@ -390,12 +390,8 @@ bool CpuBackend::linear_stored(DType wdt, void* out, const void* x, int64_t ldx,
     });
     return true;
   }
-  for (int64_t r = 0; r < rows; ++r) {
-    if (b)
-      std::memcpy(o + r * N, b, static_cast<size_t>(N) * sizeof(float));
-    else
-      std::memset(o + r * N, 0, static_cast<size_t>(N) * sizeof(float));
-  }
+  if (b)  // the GEMMs add to it; without a bias they write out (beta 0: no zeros written first and read back)
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(o + r * N, b, static_cast<size_t>(N) * sizeof(float));
   std::vector<float> wide(static_cast<size_t>(std::min(N, kWidenFeatures) * K));
   for (int64_t n0 = 0; n0 < N; n0 += kWidenFeatures) {
     const int64_t nb = std::min(kWidenFeatures, N - n0);
@@ -411,7 +407,7 @@ bool CpuBackend::linear_stored(DType wdt, void* out, const void* x, int64_t ldx,
       else
         quant::dequantize_q4_k(src, dst, (hi - lo) * K / quant::kQ4_KWeights);
     });
-    gemm(DType::f32, false, true, rows, nb, K, 1.0, X, ldx, 0, wide.data(), K, 0, 1.0, o + n0, N, 0, 1);
+    gemm(DType::f32, false, true, rows, nb, K, 1.0, X, ldx, 0, wide.data(), K, 0, b ? 1.0 : 0.0, o + n0, N, 0, 1);
   }
   return true;
 }

@@ -4,6 +4,7 @@
 // With AVX-512 each block is widened in registers (sign- or zero-extended bytes to 16 floats at a time) into four
 // independent sums; elsewhere the same loops in 32 lanes the compiler vectorizes.
 #pragma once
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -12,11 +13,12 @@
 #include <immintrin.h>
 #endif
 
-// GCC 12 warns of the "undefined" pass-through vector inside its AVX-512 widening intrinsics once they are inlined
-// (a false positive: the mask takes every lane).
+// GCC 12 warns of the "undefined" pass-through vector inside its AVX-512 widening and narrowing intrinsics once they
+// are inlined (a false positive: the mask takes every lane).
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 namespace headlab::cpu {
@@ -45,19 +47,39 @@ template <bool is_signed>
 }
 #endif
 
-// sum_k w[k] x[k] over one row of `blocks` Q8_0 blocks: w = d * q.
+// sum_k w[k] x[k] over one row of `blocks` Q8_0 blocks: w = d * q. With AVX-512 the scales come first, 16 at a
+// time (one gather, one conversion), so that the block loop broadcasts each from memory: a load where widening one
+// half at a time took shuffle-port work a block; each block's 32 products summed before its one scale multiplies
+// them (d * (q . x): a rounding apart from (d * q) . x). On a 2-core AVX-512 Xeon this read 118 MB of blocks from
+// memory at 12.6 GB/s where widening each block's scale and weights first read at 10.0.
 inline float dot_q8_0(const std::byte* b, const float* x, int64_t blocks) {
 #ifdef __AVX512F__
+  constexpr int64_t kChunk = 64;  // blocks whose scales sit in d at a time
+  alignas(64) float d[kChunk];
+  const __m512i offsets = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                             _mm512_set1_epi32(static_cast<int>(quant::kQ8_0Bytes)));
   const __m512 zero = _mm512_setzero_ps();
-  __m512 acc[4] = {zero, zero, zero, zero};
-  for (int64_t i = 0; i < blocks; ++i, b += quant::kQ8_0Bytes, x += quant::kQ8_0Weights) {
-    const __m512 d = _mm512_set1_ps(block_half(b));
-    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
-    __m512* a = acc + 2 * (i & 1);  // alternate blocks into two pairs of sums: independent chains
-    a[0] = fma_bytes<true>(_mm256_castsi256_si128(q), d, zero, x, a[0]);
-    a[1] = fma_bytes<true>(_mm256_extracti128_si256(q, 1), d, zero, x + 16, a[1]);
+  __m512 acc[2] = {zero, zero};
+  for (int64_t i0 = 0; i0 < blocks; i0 += kChunk, x += kChunk * quant::kQ8_0Weights) {
+    const int64_t n = std::min(kChunk, blocks - i0);
+    const std::byte* c = b + i0 * quant::kQ8_0Bytes;
+    for (int64_t i = 0; i < n; i += 16) {  // the low 16 bits of 32 read at each block: its scale
+      const auto live = static_cast<__mmask16>(n - i >= 16 ? 0xFFFF : (1u << (n - i)) - 1);
+      const __m512i raw =
+          _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, offsets, c + i * quant::kQ8_0Bytes, 1);
+      _mm512_store_ps(d + i, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(raw)));
+    }
+    for (int64_t i = 0; i < n; ++i, c += quant::kQ8_0Bytes) {
+      const float* xb = x + i * quant::kQ8_0Weights;
+      const __m512 w0 =
+          _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 2))));
+      const __m512 w1 =
+          _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 18))));
+      const __m512 qx = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xb + 16), _mm512_mul_ps(w0, _mm512_loadu_ps(xb)));
+      acc[i & 1] = _mm512_fmadd_ps(qx, _mm512_set1_ps(d[i]), acc[i & 1]);  // alternate sums: independent chains
+    }
   }
-  return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]));
 #else
   float acc[32] = {};
   for (int64_t i = 0; i < blocks; ++i, b += quant::kQ8_0Bytes, x += quant::kQ8_0Weights) {
@@ -90,7 +112,8 @@ inline float dot_q4_k(const std::byte* b, const float* x, int64_t blocks) {
       quant::scale_min_k4(j + 1, packed, s2, m2);
 #ifdef __AVX512F__
       const __m256i bytes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
-      const __m256i lo = _mm256_and_si256(bytes, low_bits), hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low_bits);
+      const __m256i lo = _mm256_and_si256(bytes, low_bits),
+                    hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low_bits);
       const __m512 d1 = _mm512_set1_ps(d * s1), min1 = _mm512_set1_ps(-dmin * m1);
       const __m512 d2 = _mm512_set1_ps(d * s2), min2 = _mm512_set1_ps(-dmin * m2);
       acc[0] = fma_bytes<false>(_mm256_castsi256_si128(lo), d1, min1, x, acc[0]);

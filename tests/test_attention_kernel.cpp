@@ -138,6 +138,13 @@ TEST(AttentionKernel, OneQueryOverManyKeys) {
         const double e = compare(2, 3, 1, m == MaskKind::causal ? 1 : Tk, 64, 48, m, dt, 0.0, true);
         EXPECT_LT(e, dt == DType::f32 ? 2e-5 : 1e-12);
       }
+  // The AVX-512 paths' edges: keys 16 at a time (D a multiple of 16) and a remainder, values 64 columns at a time.
+  for (const auto& [D, Dv] : {std::pair<int64_t, int64_t>{128, 128}, {80, 80}, {16, 64}, {48, 192}})
+    for (int64_t Tk : {15, 16, 17, 961})
+      for (MaskKind m : {MaskKind::none, MaskKind::lens2}) {
+        SCOPED_TRACE(std::string(mask_name(m)) + " Tk=" + std::to_string(Tk) + " D=" + std::to_string(D));
+        EXPECT_LT(compare(2, 3, 1, Tk, D, Dv, m, DType::f32, 0.0, true), 2e-5);
+      }
   for (int64_t Tk : {5, 300, 961})
     for (MaskKind m : {MaskKind::none, MaskKind::lens2}) {
       SCOPED_TRACE(std::string("grouped ") + mask_name(m) + " Tk=" + std::to_string(Tk));

@@ -15,6 +15,7 @@
 #include "backends/cpu/aligned_scratch.h"
 #include "backends/cpu/blas.h"
 #include "backends/cpu/cpu_internal.h"
+#include "backends/cpu/simd.h"
 #include "backends/philox.h"
 
 namespace headlab::cpu {
@@ -106,18 +107,99 @@ inline void times_rows_transposed(int64_t rows, int64_t cols, int64_t d, const T
     blas_gemm<T>(false, true, rows, cols, d, T(1), A, lda, X + j0 * ldx, ldx, T(0), C, ldc);
 }
 
+HEADLAB_SIMD_BEGIN
+#ifdef __AVX512F__
+// r[i] = the sum of v[i]'s 16 lanes, for 16 vectors: neighbours interleaved and added, then pairs of them, then the
+// 128-bit quarters (a transposing reduction: about 3 instructions a vector, where a horizontal sum takes 8).
+inline __m512 lane_sums16(const __m512* v) {
+  __m512 t[8], u[4];
+  for (int i = 0; i < 8; ++i)
+    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i)  // each 128-bit quarter of u[i]: its part of vectors 4i .. 4i + 3
+    u[i] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  const auto quarters = [](__m512 a, __m512 b) {  // a's and b's quarters added in pairs: (a0+a1, a2+a3, b0+b1, b2+b3)
+    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+  };
+  return quarters(quarters(u[0], u[1]), quarters(u[2], u[3]));
+}
+#endif
+
+// s[j] = scale * (q . K[j]) for n keys `ld` apart, D elements each. With AVX-512 (float, D a multiple of 16) 16 keys
+// at a time, their lane-wise products summed by one transposing reduction: a horizontal sum per key had cost about
+// as much as its dot product.
+template <typename T>
+inline void key_scores(const T* q, const T* K, int64_t ld, int64_t n, int64_t D, T scale, T* s) {
+  int64_t j = 0;
+#ifdef __AVX512F__
+  if constexpr (std::is_same_v<T, float>) {
+    if (D % 16 == 0)
+      for (; j + 16 <= n; j += 16) {
+        __m512 p[16];
+        for (int r = 0; r < 16; ++r) {
+          const float* kr = K + (j + r) * ld;
+          __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(q), _mm512_loadu_ps(kr));
+          for (int64_t c = 16; c < D; c += 16)
+            acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + c), _mm512_loadu_ps(kr + c), acc);
+          p[r] = acc;
+        }
+        _mm512_storeu_ps(s + j, _mm512_mul_ps(_mm512_set1_ps(scale), lane_sums16(p)));
+      }
+  }
+#endif
+  for (; j < n; ++j) {
+    const T* kj = K + j * ld;
+    T dot = 0;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t c = 0; c < D; ++c) dot += q[c] * kj[c];
+    s[j] = scale * dot;
+  }
+}
+
+// o (Dv) += sum_j p[j] V[j] over n value rows `ld` apart. With AVX-512 (float, Dv a multiple of 64) 64 columns of o
+// stay in registers over all the rows, where the row-by-row loop loaded and stored them for every row.
+template <typename T>
+inline void add_weighted_rows(const T* p, const T* V, int64_t ld, int64_t n, int64_t Dv, T* o) {
+#ifdef __AVX512F__
+  if constexpr (std::is_same_v<T, float>) {
+    if (Dv % 64 == 0) {
+      for (int64_t c = 0; c < Dv; c += 64) {
+        __m512 acc[4];
+        for (int i = 0; i < 4; ++i) acc[i] = _mm512_loadu_ps(o + c + 16 * i);
+        for (int64_t j = 0; j < n; ++j) {
+          const __m512 pj = _mm512_set1_ps(p[j]);
+          const float* vj = V + j * ld + c;
+          for (int i = 0; i < 4; ++i) acc[i] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vj + 16 * i), acc[i]);
+        }
+        for (int i = 0; i < 4; ++i) _mm512_storeu_ps(o + c + 16 * i, acc[i]);
+      }
+      return;
+    }
+  }
+#endif
+  for (int64_t j = 0; j < n; ++j) {
+    const T pj = p[j];
+    const T* vj = V + j * ld;
+#pragma omp simd
+    for (int64_t c = 0; c < Dv; ++c) o[c] += pj * vj[c];
+  }
+}
+
+HEADLAB_SIMD_END
+
 // Threads for a call: serial below the grain (gradchecks, toy models), else all of them.
 inline int attention_threads(const AttnParams& a) {
   const double work = static_cast<double>(a.B * a.H) * a.Tq * a.Tk * (a.D + a.Dv);
   return work > 4.0 * kParallelGrain ? omp_get_max_threads() : 1;
 }
 
-// Decoding with a cache (Tq = 1, no dropout): each key/value head's `group` query heads in one pass over its keys
-// and one over its values, each key's row read once for the whole group (grouped-query attention's saving, and the
-// stream a memory-bound step needs), the keys cut into chunks across the threads (split-K, as flash decoding: a
-// GPT-2 token has 12 heads for 2 threads, a SmolLM one 3 key/value heads), each chunk's max, sum and unnormalised
-// output per query merged after. The tiles' path spent two BLAS GEMV calls (and a rescale of o) per 128 keys:
-// ~2,300 calls a GPT-2 token, 1.5 ms of its ~20.
+// Decoding with a cache (Tq = 1, no dropout): each key/value head's `group` query heads over a chunk of its keys and
+// values, each row read from memory once for the whole group (grouped-query attention's saving, and the stream a
+// memory-bound step needs; the group's other queries find the chunk in cache), the keys cut into chunks across the
+// threads (split-K, as flash decoding: a GPT-2 token has 12 heads for 2 threads, a SmolLM one 3 key/value heads), each
+// chunk's max, sum and unnormalised output per query merged after. The tiles' path spent two BLAS GEMV calls (and a
+// rescale of o) per 128 keys: ~2,300 calls a GPT-2 token, 1.5 ms of its ~20.
 template <typename T>
 void decode_forward(const AttnResult& out, T* lse, const AttnOperand& q, const AttnOperand& k, const AttnOperand& v,
                     const AttnParams& a) {
@@ -141,21 +223,9 @@ void decode_forward(const AttnResult& out, T* lse, const AttnOperand& q, const A
       const int64_t bh0 = (kvh / Hkv) * a.H + (kvh % Hkv) * G;  // the group's first query head
       const T* K = kv_head_ptr<T>(k, bh0, a) + j0 * k.st;
       const T* V = kv_head_ptr<T>(v, bh0, a) + j0 * v.st;
-      int64_t rows = 0;  // keys of the chunk any query of the group sees
-      for (int64_t g = 0; g < G; ++g) {
-        len[g] = std::clamp<int64_t>(valid_keys(a, bh0 + g, 0) - j0, 0, j1 - j0);
-        rows = std::max(rows, len[g]);
-      }
-      for (int64_t j = 0; j < rows; ++j) {  // scores: each key's row read once for the group
-        const T* kj = K + j * k.st;
-        for (int64_t g = 0; g < G; ++g) {
-          const T* qg = head_ptr<T>(q, bh0 + g, a.H);
-          T dot = 0;
-#pragma omp simd reduction(+ : dot)
-          for (int64_t c = 0; c < D; ++c) dot += qg[c] * kj[c];
-          s[g * chunk + j] = scale * dot;
-        }
-      }
+      for (int64_t g = 0; g < G; ++g) len[g] = std::clamp<int64_t>(valid_keys(a, bh0 + g, 0) - j0, 0, j1 - j0);
+      for (int64_t g = 0; g < G; ++g)  // the chunk's keys from memory once, for the group's other queries from cache
+        key_scores<T>(head_ptr<T>(q, bh0 + g, a.H), K, k.st, len[g], D, scale, s + g * chunk);
       T* const o = part_o.data() + it * G * Dv;
       std::fill(o, o + G * Dv, T(0));
       for (int64_t g = 0; g < G; ++g) {
@@ -171,16 +241,8 @@ void decode_forward(const AttnResult& out, T* lse, const AttnOperand& q, const A
                                              })
                                : Acc<T>(0);
       }
-      for (int64_t j = 0; j < rows; ++j) {  // the weighted sum: each value's row read once for the group
-        const T* vj = V + j * v.st;
-        for (int64_t g = 0; g < G; ++g) {
-          if (j >= len[g]) continue;
-          const T p = s[g * chunk + j];
-          T* og = o + g * Dv;
-#pragma omp simd
-          for (int64_t c = 0; c < Dv; ++c) og[c] += p * vj[c];
-        }
-      }
+      for (int64_t g = 0; g < G; ++g)  // the weighted sum, the values as the keys
+        add_weighted_rows<T>(s + g * chunk, V, v.st, len[g], Dv, o + g * Dv);
     }
   });
   // Merge each query's chunks: o = sum_c exp(m_c - M) o_c / sum_c exp(m_c - M) l_c, M the largest m_c.

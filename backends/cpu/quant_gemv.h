@@ -8,18 +8,10 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backends/cpu/simd.h"
 #include "backends/quant_blocks.h"
-#if defined(__F16C__) || defined(__AVX512F__)
-#include <immintrin.h>
-#endif
 
-// GCC 12 warns of the "undefined" pass-through vector inside its AVX-512 widening and narrowing intrinsics once they
-// are inlined (a false positive: the mask takes every lane).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+HEADLAB_SIMD_BEGIN
 
 namespace headlab::cpu {
 
@@ -156,6 +148,4 @@ inline void gemv_q4_k(int64_t N, int64_t K, const std::byte* W, const float* x, 
 
 }  // namespace headlab::cpu
 
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic pop
-#endif
+HEADLAB_SIMD_END

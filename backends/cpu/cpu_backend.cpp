@@ -372,8 +372,10 @@ bool CpuBackend::linear_stored(DType wdt, void* out, const void* x, int64_t ldx,
   const int64_t threads = omp_get_max_threads();
   if (rows <= kGemvRows) {
     const bool parallel = threads > 1 && static_cast<double>(rows) * N * K > kGemvParallelWork;
-    const int64_t splits = parallel ? std::min<int64_t>(threads, std::max<int64_t>(N / 32, 1)) : 1;
-    parallel_for(splits, splits > 1, [&](int64_t s) {
+    // bands taken as each thread finishes one, as gemm's GEMV takes them
+    const int64_t splits =
+        parallel ? std::min<int64_t>(threads * kGemvBandsPerThread, std::max<int64_t>(N / 32, 1)) : 1;
+    parallel_for_dynamic(splits, splits > 1, [&](int64_t s) {
       const int64_t lo = band_edge(N, s, splits), hi = band_edge(N, s + 1, splits);
       const std::byte* band = W + lo * row_bytes;
       for (int64_t r = 0; r < rows; ++r) {

@@ -227,12 +227,32 @@ Checkpoint load_checkpoint(const std::string& path) {
   return ck;
 }
 
-std::shared_ptr<nn::Model> load_model(const Checkpoint& ckpt, const std::string& path, Device device) {
-  std::shared_ptr<nn::Model> model = make_model(ckpt.config.at("model"));
-  model->load_parameters(ckpt.model, where(path));
+namespace {
+// The checkpoint's model with uninitialised parameters (every one is about to be replaced: an initialisation would
+// only write memory, and make it resident, for nothing), and the model made ready to use.
+std::shared_ptr<nn::Model> model_to_fill(const Checkpoint& ckpt) {
+  const nn::SkipInit no_values;
+  return make_model(ckpt.config.at("model"));
+}
+std::shared_ptr<nn::Model> ready(std::shared_ptr<nn::Model> model, Device device) {
   model->to(device);
   model->eval();
   return model;
+}
+}  // namespace
+
+std::shared_ptr<nn::Model> load_model(const Checkpoint& ckpt, const std::string& path, Device device) {
+  std::shared_ptr<nn::Model> model = model_to_fill(ckpt);
+  model->load_parameters(ckpt.model, where(path));
+  return ready(std::move(model), device);
+}
+
+std::shared_ptr<nn::Model> adopt_model(Checkpoint& ckpt, const std::string& path, Device device) {
+  std::shared_ptr<nn::Model> model = model_to_fill(ckpt);
+  model->adopt_parameters(NamedTensors(ckpt.model), where(path));  // handles: the storages are shared
+  ckpt.model.clear();
+  for (const auto& [name, t] : model->named_parameters()) ckpt.model.emplace_back(name, t.detach());
+  return ready(std::move(model), device);
 }
 
 }  // namespace headlab::io

@@ -50,6 +50,9 @@ Checkpoint load_checkpoint(const std::string& path);
 
 // The model described by a checkpoint's config (any family: io/families.h), its parameters loaded, in eval mode.
 std::shared_ptr<nn::Model> load_model(const Checkpoint& ckpt, const std::string& path, Device device = kCPU);
+// The same, each parameter taking over its tensor's memory where it can (nn::Module::adopt_parameters): ckpt.model
+// then holds the model's own parameters (on the CPU; as a folder's are), so the weights are held once, not twice.
+std::shared_ptr<nn::Model> adopt_model(Checkpoint& ckpt, const std::string& path, Device device = kCPU);
 // The same as M (a decoder by default, or a family's own class): another kind of model is a clear error.
 template <typename M = nn::DecoderModel>
 std::shared_ptr<M> model_from_checkpoint(const Checkpoint& ckpt, const std::string& path, Device device = kCPU) {

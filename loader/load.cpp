@@ -40,7 +40,7 @@ Loaded load(const char* cmd, const std::string& path, const std::string& device,
   if (contents.checkpoint) {
     l.ckpt = std::move(*contents.checkpoint);
     l.config = train::config_of(l.ckpt, path);
-    l.model = io::load_model(l.ckpt, path, Device::parse(device));
+    l.model = io::adopt_model(l.ckpt, path, Device::parse(device));
     l.task = l.config.make_task(text);
     return l;
   }
@@ -55,9 +55,9 @@ Loaded load(const char* cmd, const std::string& path, const std::string& device,
   train::RunConfig& c = l.config;
   c.model = contents.pretrained.config;
   const int64_t vocab = c.family().model.vocab_size(c.model);
-  std::shared_ptr<const tasks::TextTokenizer> tok = !tokenizer.empty()           ? tasks::tokenizer_from_file(tokenizer, vocab)
-                                                   : contents.embedded_tokenizer ? contents.embedded_tokenizer
-                                                                                 : found.make(vocab);
+  std::shared_ptr<const tasks::TextTokenizer> tok = !tokenizer.empty() ? tasks::tokenizer_from_file(tokenizer, vocab)
+                                                    : contents.embedded_tokenizer ? contents.embedded_tokenizer
+                                                                                  : found.make(vocab);
   pretrained_text_task(c, std::move(tok), text);
   l.model = io::build_folder_model(std::move(contents.pretrained), path);
   l.model->to(Device::parse(device));
@@ -77,7 +77,8 @@ nn::DecoderModel& Loaded::decoder(const char* cmd) const {
   auto* d = model->as_decoder();
   HL_CHECK(d, cmd,
            ": this command needs a decoder-only model (GPT, LLaMA, GPT-NeoX: a checkpoint, model folder or file); this "
-           "one holds an ", config.family().model.arch(), " model");
+           "one holds an ",
+           config.family().model.arch(), " model");
   return *d;
 }
 

@@ -1,7 +1,7 @@
 // Matrix-vector products over rows of ggml's blocks (backends/quant_blocks.h), each weight widened as it is read:
 // decoding reads a Q8_0 weight in 34 bytes per 32 (a quarter of float32's), a Q4_K weight in 144 per 256. The
 // input stays float32 (ggml rounds it to 8 bits too; headlab does not, so activations keep their precision).
-// With AVX-512 each block is widened in registers (sign- or zero-extended bytes to 16 floats at a time) into four
+// With AVX-512 each block is widened in registers (sign- or zero-extended bytes to 16 floats at a time) into
 // independent sums; elsewhere the same loops in 32 lanes the compiler vectorizes.
 #pragma once
 #include <algorithm>
@@ -24,11 +24,10 @@ namespace headlab::cpu {
 }
 
 #ifdef __AVX512F__
-// acc += (16 bytes at q widened: sign-extended where `is_signed`) * scale + shift, times x[0..16).
-template <bool is_signed>
+// acc += (16 bytes at q zero-extended) * scale + shift, times x[0..16).
 [[gnu::always_inline]] inline __m512 fma_bytes(__m128i q, __m512 scale, __m512 shift, const float* x, __m512 acc) {
-  const __m512i wide = is_signed ? _mm512_cvtepi8_epi32(q) : _mm512_cvtepu8_epi32(q);
-  return _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_cvtepi32_ps(wide), scale, shift), _mm512_loadu_ps(x), acc);
+  const __m512 w = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(q)), scale, shift);
+  return _mm512_fmadd_ps(w, _mm512_loadu_ps(x), acc);
 }
 #else
 [[gnu::always_inline]] inline float fold_lanes(float* acc) {  // 32 lanes folded in halves: vector adds
@@ -108,10 +107,10 @@ inline float dot_q4_k(const std::byte* b, const float* x, int64_t blocks) {
                     hi = _mm256_and_si256(_mm256_srli_epi16(bytes, 4), low_bits);
       const __m512 d1 = _mm512_set1_ps(d * s1), min1 = _mm512_set1_ps(-dmin * m1);
       const __m512 d2 = _mm512_set1_ps(d * s2), min2 = _mm512_set1_ps(-dmin * m2);
-      acc[0] = fma_bytes<false>(_mm256_castsi256_si128(lo), d1, min1, x, acc[0]);
-      acc[1] = fma_bytes<false>(_mm256_extracti128_si256(lo, 1), d1, min1, x + 16, acc[1]);
-      acc[2] = fma_bytes<false>(_mm256_castsi256_si128(hi), d2, min2, x + 32, acc[2]);
-      acc[3] = fma_bytes<false>(_mm256_extracti128_si256(hi, 1), d2, min2, x + 48, acc[3]);
+      acc[0] = fma_bytes(_mm256_castsi256_si128(lo), d1, min1, x, acc[0]);
+      acc[1] = fma_bytes(_mm256_extracti128_si256(lo, 1), d1, min1, x + 16, acc[1]);
+      acc[2] = fma_bytes(_mm256_castsi256_si128(hi), d2, min2, x + 32, acc[2]);
+      acc[3] = fma_bytes(_mm256_extracti128_si256(hi, 1), d2, min2, x + 48, acc[3]);
 #else
       const float d1 = d * s1, min1 = dmin * m1, d2 = d * s2, min2 = dmin * m2;
 #pragma omp simd

@@ -7,12 +7,15 @@
 // KV-cache bytes per token over the rate at which every thread reads those very bytes where they lie, measured just
 // before each timed decoding (decoding is memory-bound; the rate moves with the other tenants and with the pages).
 // bench/gpt2_ratios.sh and bench/llama_ratios.sh run it beside the peers and print the ratios. Usage: decoder_infer
-// [--model DIR | --arch gpt|llama|neox [--layers L --dim C --heads H --kv-heads K --hidden F
-//                       --vocab V --positions P]] [--batch-size B] [--prefill T] [--decode N] [--threads N]
+// [--model DIR | --arch gpt|llama|qwen3|neox [--layers L --dim C --heads H --kv-heads K --hidden F
+//                       --vocab V --positions P --head-dim D (qwen3)]] [--batch-size B] [--prefill T] [--decode N]
+//                       [--threads N]
 //                      [--repeats R] [--prefill-chunk N] [--save DIR] [--device cpu|cuda]
 // Shapes by default: gpt is GPT-2 small (124M, tied head); llama is SmolLM-135M (30 layers, width 576, 9 query
 // heads sharing 3 key/value heads, SwiGLU 1536, vocabulary 49152, tied head); neox is Pythia-160M (12 layers,
-// width 768, 12 heads, MLP 3072, vocabulary 50304, rotary on 16 of 64 dims, parallel residual), as the peers'.
+// width 768, 12 heads, MLP 3072, vocabulary 50304, rotary on 16 of 64 dims, parallel residual), as the peers';
+// qwen3 is Qwen3-0.6B (28 layers, width 1024, 16 query heads of 128 sharing 8 key/value heads, q/k norms, SwiGLU
+// 3072, vocabulary 151936, tied head), which the LLaMA peer runs at its nearest (heads of 64: bench/family_ratios.sh).
 // On a GPU every timed call ends with a device synchronisation (as the peer's do) and the floors use the
 // GPU's own GEMM rate and read bandwidth.
 // --prefill-chunk N: generate's prefill fills the cache N prompt tokens at a time (default: generate's own,
@@ -38,9 +41,9 @@
 #include "bench/bench_util.h"
 #include "io/families.h"
 #include "io/hf_folder.h"
+#include "nn/decoder_family.h"
 #include "nn/generate.h"
 #include "nn/layers.h"
-#include "nn/decoder_family.h"
 #include "ops/ops.h"
 
 using namespace headlab;
@@ -109,7 +112,8 @@ std::vector<bench::ByteSpan> token_spans(const nn::DecoderModel& m, const std::v
     for (const Tensor& t : {c.keys, c.values}) {
       const int64_t heads = t.size(0) * t.size(1), row = t.size(3) * int64_t(dtype_size(t.dtype()));
       for (int64_t h = 0; h < heads; ++h)
-        spans.push_back({static_cast<const char*>(t.raw_data()) + h * t.size(2) * row, size_t(c.length * row)});
+        spans.push_back(
+            {static_cast<const char*>(t.raw_data()) + h * t.size(2) * row, size_t((c.length - c.start) * row)});
     }
   return spans;
 }
@@ -137,6 +141,14 @@ nlohmann::json random_config(const std::string& arch, const std::vector<std::pai
     c.n_layers = size("layers", 12), c.emb_dim = size("dim", 768), c.n_heads = size("heads", 12);
     c.hidden_dim = size("hidden", 4 * c.emb_dim), c.vocab_size = size("vocab", 50304);
     c.context_length = size("positions", 2048), c.rotary_dims = c.emb_dim / c.n_heads / 4;
+    return c.to_json();
+  }
+  if (arch == "qwen3") {  // Qwen3-0.6B's shape: 16 heads of 128 (2,048 wide) on a stream of 1,024, tied head
+    nn::DecoderConfig c = nn::qwen3_family().config();
+    c.n_layers = size("layers", 28), c.emb_dim = size("dim", 1024), c.n_heads = size("heads", 16);
+    c.n_kv_heads = size("kv-heads", 8), c.head_dim = size("head-dim", 128), c.hidden_dim = size("hidden", 3072);
+    c.vocab_size = size("vocab", 151936), c.context_length = size("positions", 2048), c.tie_embeddings = true;
+    c.rope_theta = 1e6, c.norm_eps = 1e-6;
     return c.to_json();
   }
   nn::DecoderConfig c = nn::llama_family().config();  // SmolLM-135M's shape, the peer's default
@@ -202,7 +214,7 @@ int main(int argc, char** argv) {
     else if (k == "--arch")
       arch = v;
     else if (k == "--layers" || k == "--dim" || k == "--heads" || k == "--kv-heads" || k == "--hidden" ||
-             k == "--vocab" || k == "--positions")
+             k == "--vocab" || k == "--positions" || k == "--head-dim")
       sizes.emplace_back(k.substr(2), std::stoll(v));
     else if (k == "--batch-size")
       B = std::stoll(v);
@@ -231,8 +243,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "decoder_infer: --dtype is float32, bfloat16, q8_0 or q4_k, not %s\n", dtype.c_str());
     return 2;
   }
-  if (arch != "gpt" && arch != "llama" && arch != "neox") {
-    std::fprintf(stderr, "decoder_infer: --arch is gpt, llama or neox, not %s\n", arch.c_str());
+  if (arch != "gpt" && arch != "llama" && arch != "qwen3" && arch != "neox") {
+    std::fprintf(stderr, "decoder_infer: --arch is gpt, llama, qwen3 or neox, not %s\n", arch.c_str());
     return 2;
   }
   omp_set_num_threads(threads);

@@ -3,6 +3,7 @@
 
 #include "io/hf_folder.h"
 #include "io/hf_gpt2.h"
+#include "io/hf_gpt_neo.h"
 #include "io/hf_llama.h"
 #include "io/hf_neox.h"
 #include "nn/decoder_family.h"
@@ -12,11 +13,13 @@ namespace headlab::io {
 
 const std::vector<Family>& families() {
   static const std::vector<Family> all = {
-      {nn::gpt_family(), &hf_gpt2_format()},     // the book's GPT; GPT-2's folders
-      {nn::encoder_decoder_family()},            // d2l's Transformer
-      {nn::llama_family(), &hf_llama_format()},  // LLaMA, Mistral, Qwen2 folders; llama2.c files (io/llama2c.h)
-      {nn::neox_family(), &hf_neox_format()},    // GPT-NeoX (Pythia) folders
-      {nn::hooked_family()},                     // TransformerLens's HookedTransformer; no folder format
+      {nn::gpt_family(), &hf_gpt2_format()},         // the book's GPT; GPT-2's folders
+      {nn::encoder_decoder_family()},                // d2l's Transformer
+      {nn::llama_family(), &hf_llama_format()},      // LLaMA, Mistral, Qwen2 folders; llama2.c files (io/llama2c.h)
+      {nn::qwen3_family(), &hf_qwen3_format()},      // Qwen3 folders
+      {nn::neox_family(), &hf_neox_format()},        // GPT-NeoX (Pythia) folders
+      {nn::gpt_neo_family(), &hf_gpt_neo_format()},  // GPT-Neo (TinyStories) folders
+      {nn::hooked_family()},                         // TransformerLens's HookedTransformer; no folder format
   };
   return all;
 }

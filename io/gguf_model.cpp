@@ -155,7 +155,7 @@ void read_head_dim(const GgufFile& f, const Meta& m, nn::DecoderConfig& c) {
 }
 
 nn::DecoderConfig llama_config(const GgufFile& f, const Meta& m) {
-  nn::DecoderConfig c = nn::llama_family().config();
+  nn::DecoderConfig c = (m.arch() == "qwen3" ? nn::qwen3_family() : nn::llama_family()).config();
   read_sizes(f, m, c);
   c.n_kv_heads = m.integer(m.key("attention.head_count_kv"), 1, 100000, c.n_heads);
   HL_CHECK(c.n_heads % c.n_kv_heads == 0, f.path(), ": ", m.key("attention.head_count_kv"), " ", c.n_kv_heads,
@@ -167,7 +167,7 @@ nn::DecoderConfig llama_config(const GgufFile& f, const Meta& m) {
   c.norm_eps = m.real(m.key("attention.layer_norm_rms_epsilon"), 1e-5);
   c.rope_theta = m.real(m.key("rope.freq_base"), 10000.0);
   // llama.cpp rotates a llama's adjacent pairs (its converter permutes Hugging Face's halves back to Meta's
-  // layout); qwen2's halves (NEOX mode), unpermuted.
+  // layout); qwen2's and qwen3's halves (NEOX mode), unpermuted.
   c.rope_interleaved = m.arch() == "llama";
   c.qkv_bias = m.arch() == "qwen2";
   return c;
@@ -219,7 +219,7 @@ struct Entry {
 std::vector<Entry> weight_table(const nn::DecoderConfig& c) {
   const int64_t C = c.emb_dim, F = c.mlp_width(), V = c.vocab_size, Dq = c.n_heads * c.head_size(),
                 Dkv = c.kv_heads() * c.head_size();
-  const bool llama = c.family == &nn::llama_family();
+  const bool llama = c.family == &nn::llama_family() || c.family == &nn::qwen3_family();
   const bool book_norm = c.book_norm_names && c.norm == nn::NormKind::layer_norm;  // RMSNorm's is .weight
   std::vector<Entry> t;
   const auto add = [&](std::string gguf, std::vector<std::string> ours, Shape shape, std::vector<int64_t> rows = {}) {
@@ -242,6 +242,10 @@ std::vector<Entry> weight_table(const nn::DecoderConfig& c) {
       linear(g + "attn_q", o + "att.W_query", {Dq, C}, c.qkv_bias);
       linear(g + "attn_k", o + "att.W_key", {Dkv, C}, c.qkv_bias);
       linear(g + "attn_v", o + "att.W_value", {Dkv, C}, c.qkv_bias);
+      if (c.qk_norm == nn::QkNorm::per_head) {  // Qwen3's
+        add(g + "attn_q_norm.weight", {o + "att.q_norm.weight"}, {c.head_size()});
+        add(g + "attn_k_norm.weight", {o + "att.k_norm.weight"}, {c.head_size()});
+      }
     } else {  // gpt2's and gptneox's fused attn_qkv: q | k | v blocks (llama.cpp's converter regroups NeoX's heads)
       const auto qkv = [&](const char* kind) {
         return std::vector<std::string>{o + "att.W_query." + kind, o + "att.W_key." + kind, o + "att.W_value." + kind};
@@ -294,7 +298,7 @@ Model model_of(const GgufFile& f) {
   const Meta m(f, a->value.get<std::string>());
   Model out;
   out.arch = m.arch();
-  if (out.arch == "llama" || out.arch == "qwen2")
+  if (out.arch == "llama" || out.arch == "qwen2" || out.arch == "qwen3")
     out.config = llama_config(f, m);
   else if (out.arch == "gpt2")
     out.config = gpt2_config(f, m);
@@ -302,7 +306,7 @@ Model model_of(const GgufFile& f) {
     out.config = neox_config(f, m);
   else
     HL_FAIL(f.path(), ": general.architecture '", out.arch,
-            "' is not one headlab reads (llama, qwen2: the llama family; gpt2: gpt; gptneox: neox)");
+            "' is not one headlab reads (llama, qwen2: the llama family; qwen3; gpt2: gpt; gptneox: neox)");
   refuse_unknown_keys(f, m);
   const GgufTensorInfo* head = f.tensor("output.weight");
   const GgufTensorInfo* emb = f.tensor("token_embd.weight");

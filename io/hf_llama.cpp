@@ -4,6 +4,9 @@
 // norm2); nn.Linear's (out, in) on both sides; q and k rows in the halves layout.
 #include "io/hf_llama.h"
 
+#include <utility>
+#include <vector>
+
 #include "io/hf_weights.h"
 
 namespace headlab::io {
@@ -12,11 +15,41 @@ namespace {
 
 using nlohmann::json;
 
+// Sliding-window layers: transformers' layer_types where given ("sliding_attention"), else Mistral's every layer
+// and Qwen's layers from max_window_layers on where use_sliding_window; each sees itself and sliding_window - 1
+// positions before. A window no shorter than the context changes nothing and is dropped.
+void read_windows(const json& j, const std::string& type, const std::string& file, nn::DecoderConfig& c) {
+  const bool qwen = type == "qwen2" || type == "qwen3";
+  const bool given = j.contains("sliding_window") && !j.at("sliding_window").is_null();
+  const bool used =
+      qwen ? hf_config_value<bool>(j, "use_sliding_window", false, file) : type == "mistral" || type == "phi3";
+  std::vector<int64_t> layers;
+  if (j.contains("layer_types") && !j.at("layer_types").is_null()) {
+    const json& kinds = j.at("layer_types");
+    HL_CHECK(kinds.is_array() && static_cast<int64_t>(kinds.size()) == c.n_layers, file,
+             ": layer_types must list num_hidden_layers (", c.n_layers, ") kinds, got ", kinds.dump());
+    for (size_t l = 0; l < kinds.size(); ++l) {
+      HL_CHECK(kinds[l] == "full_attention" || kinds[l] == "sliding_attention", file, ": layer_types[", l, "] ",
+               kinds[l].dump(), " is not supported (full_attention or sliding_attention)");
+      if (kinds[l] == "sliding_attention") layers.push_back(static_cast<int64_t>(l));
+    }
+  } else if (used && given) {
+    const int64_t from = qwen ? hf_config_int(j, {"max_window_layers"}, 0, 10000, file) : 0;
+    for (int64_t l = from; l < c.n_layers; ++l) layers.push_back(l);
+  }
+  if (layers.empty()) return;
+  HL_CHECK(given, file, ": layer_types has sliding_attention layers but sliding_window is not given");
+  const int64_t window = hf_config_int(j, {"sliding_window"}, 1, int64_t(1) << 40, file);
+  if (window >= c.context_length) return;  // every position already sees all before it
+  c.sliding_window = window;
+  if (static_cast<int64_t>(layers.size()) < c.n_layers) c.window_layers = layers;
+}
+
 nn::DecoderConfig llama_config_from_hf(const json& j, const std::string& file) {
   const std::string type = hf_config_value<std::string>(j, "model_type", "", file);
-  HL_CHECK(type == "llama" || type == "mistral" || type == "qwen2", file, ": model_type '", type,
-           "' is not one the llama family reads (llama, mistral, qwen2)");
-  nn::DecoderConfig c = nn::llama_family().config();
+  HL_CHECK(type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3" || type == "phi3", file,
+           ": model_type '", type, "' is not one the llama family reads (llama, mistral, qwen2, phi3, qwen3)");
+  nn::DecoderConfig c = (type == "qwen3" ? nn::qwen3_family() : nn::llama_family()).config();
   c.n_layers = hf_config_int(j, {"num_hidden_layers"}, 1, 10000, file);
   c.n_heads = hf_config_int(j, {"num_attention_heads"}, 1, 100000, file);
   c.n_kv_heads = j.contains("num_key_value_heads") && !j.at("num_key_value_heads").is_null()
@@ -41,27 +74,32 @@ nn::DecoderConfig llama_config_from_hf(const json& j, const std::string& file) {
   c.drop_rate = hf_config_value<double>(j, "attention_dropout", 0.0, file);
   const std::string act = hf_config_value<std::string>(j, "hidden_act", "silu", file);
   HL_CHECK(act == "silu", file, ": hidden_act '", act, "' is not supported (the llama family's MLP is SwiGLU: silu)");
-  HL_CHECK(!j.contains("rope_scaling") || j.at("rope_scaling").is_null(), file, ": rope_scaling ",
-           j.contains("rope_scaling") ? j.at("rope_scaling").dump() : "", " is not supported (plain rotary only)");
+  if (j.contains("rope_scaling") && !j.at("rope_scaling").is_null()) {  // {"rope_type": "default"} is plain rotary
+    const json& s = j.at("rope_scaling");
+    const json kind = s.is_object() ? s.value("rope_type", s.value("type", json())) : json();
+    HL_CHECK(kind == "default", file, ": rope_scaling ", s.dump(),
+             " is not supported (plain rotary only; Phi-3's longrope / su and Llama 3's scaling are not computed)");
+  }
+  const double rotated = hf_config_value<double>(j, "partial_rotary_factor", 1.0, file);
+  HL_CHECK(rotated == 1.0, file, ": partial_rotary_factor ", rotated,
+           " is not supported (the llama family rotates every dim of each head)");
   HL_CHECK(!hf_config_value<bool>(j, "mlp_bias", false, file), file, ": mlp_bias is not supported");
-  if (type == "qwen2") {
+  if (type == "qwen3") {  // attention_bias: biases on q, k, v and o_proj
+    HL_CHECK(!hf_config_value<bool>(j, "attention_bias", false, file), file,
+             ": attention_bias is not supported (biases on q, k, v and o_proj)");
+  } else if (type == "qwen2") {
     c.qkv_bias = true;  // Qwen2's q, k and v projections have biases; o_proj has none
-    const bool sliding = hf_config_value<bool>(j, "use_sliding_window", false, file);
-    HL_CHECK(!sliding, file, ": use_sliding_window is not supported (every position attends to all before it)");
   } else {
     HL_CHECK(!hf_config_value<bool>(j, "attention_bias", false, file), file,
              ": attention_bias is not supported (biases on q, k, v and o_proj)");
   }
-  if (j.contains("sliding_window") && !j.at("sliding_window").is_null() && type == "mistral") {
-    const int64_t window = hf_config_int(j, {"sliding_window"}, 1, int64_t(1) << 40, file);
-    HL_CHECK(window >= c.context_length, file, ": sliding_window ", window, " is shorter than the context (",
-             c.context_length, " positions), which headlab does not compute");
-  }
+  read_windows(j, type, file, c);
   c.validate();
   return c;
 }
 
-WeightMap llama_weights(const nn::DecoderConfig& c) {
+// fused: Phi-3's layout, q | k | v in one qkv_proj and gate | up in one gate_up_proj.
+WeightMap llama_weights(const nn::DecoderConfig& c, bool fused) {
   const int64_t C = c.emb_dim, F = c.hidden_dim, V = c.vocab_size, Dq = c.n_heads * c.head_size(),
                 Dkv = c.kv_heads() * c.head_size();
   WeightMap m;
@@ -74,13 +112,28 @@ WeightMap llama_weights(const nn::DecoderConfig& c) {
     const std::string hf = "model.layers." + std::to_string(l), ours = "trf_blocks." + std::to_string(l);
     const std::tuple<const char*, const char*, int64_t, bool> qkv[] = {
         {"q_proj", "W_query", Dq, true}, {"k_proj", "W_key", Dkv, true}, {"v_proj", "W_value", Dkv, false}};
+    if (fused) {  // halves already: no rotary permutation, as a model read from these rotates halves
+      WeightEntry& e = m.add(hf + ".self_attn.qkv_proj.weight",
+                             {ours + ".att.W_query.weight", ours + ".att.W_key.weight", ours + ".att.W_value.weight"},
+                             {Dq + 2 * Dkv, C});
+      e.fused = Fused::blocks, e.rows = {Dq, Dkv, Dkv};
+    }
     for (const auto& [h, o, rows, rotary] : qkv) {
+      if (fused) break;
       add(hf + ".self_attn." + h + ".weight", ours + ".att." + o + ".weight", {rows, C}, rotary);
       if (c.qkv_bias) add(hf + ".self_attn." + h + ".bias", ours + ".att." + o + ".bias", {rows}, rotary);
     }
     add(hf + ".self_attn.o_proj.weight", ours + ".att.out_proj.weight", {C, Dq});
-    add(hf + ".mlp.gate_proj.weight", ours + ".ff.fc1.weight", {F, C});
-    add(hf + ".mlp.up_proj.weight", ours + ".ff.fc2.weight", {F, C});
+    if (c.qk_norm == nn::QkNorm::per_head) {  // Qwen3: one (D) weight each, over every head's queries, keys
+      add(hf + ".self_attn.q_norm.weight", ours + ".att.q_norm.weight", {c.head_size()});
+      add(hf + ".self_attn.k_norm.weight", ours + ".att.k_norm.weight", {c.head_size()});
+    }
+    if (fused)
+      m.add(hf + ".mlp.gate_up_proj.weight", {ours + ".ff.fc1.weight", ours + ".ff.fc2.weight"}, {2 * F, C}).fused =
+          Fused::blocks;
+    else
+      add(hf + ".mlp.gate_proj.weight", ours + ".ff.fc1.weight", {F, C}),
+          add(hf + ".mlp.up_proj.weight", ours + ".ff.fc2.weight", {F, C});
     add(hf + ".mlp.down_proj.weight", ours + ".ff.fc3.weight", {C, F});
     add(hf + ".input_layernorm.weight", ours + ".norm1.weight", {C});
     add(hf + ".post_attention_layernorm.weight", ours + ".norm2.weight", {C});
@@ -95,40 +148,74 @@ WeightMap llama_weights(const nn::DecoderConfig& c) {
   return m;
 }
 
+// The llama family's folders (llama, mistral, qwen2), or Qwen3's (qwen3): one reader, one table.
 class HfLlamaFormat final : public DecoderFolderFormat {
  public:
-  std::vector<std::string> model_types() const override { return {"llama", "mistral", "qwen2"}; }
-  const nn::DecoderFamily& family() const override { return nn::llama_family(); }
+  HfLlamaFormat(const nn::DecoderFamily& family, std::vector<std::string> types)
+      : family_(family), types_(std::move(types)) {}
+  std::vector<std::string> model_types() const override { return types_; }
+  const nn::DecoderFamily& family() const override { return family_; }
   nn::DecoderConfig config_from_hf(const json& j, const std::string& file) const override {
     return llama_config_from_hf(j, file);
   }
-  WeightMap weight_map(const nn::DecoderConfig& c, const std::string&) const override { return llama_weights(c); }
+  // A Phi-3 folder's fused layout when reading one; export writes the unfused layout of its family.
+  WeightMap weight_map(const nn::DecoderConfig& c, const std::string& folder) const override {
+    const bool phi3 = !folder.empty() && hf_config_value<std::string>(read_hf_config(folder), "model_type", "",
+                                                                      hf_config_path(folder)) == "phi3";
+    return llama_weights(c, phi3);
+  }
   json hf_config(const nn::DecoderConfig& c) const override {
-    return {{"architectures", {c.qkv_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM"}},
-            {"model_type", c.qkv_bias ? "qwen2" : "llama"},
-            {"num_hidden_layers", c.n_layers},
-            {"num_attention_heads", c.n_heads},
-            {"num_key_value_heads", c.kv_heads()},
-            {"hidden_size", c.emb_dim},
-            {"intermediate_size", c.hidden_dim},
-            {"head_dim", c.head_size()},
-            {"vocab_size", c.vocab_size},
-            {"max_position_embeddings", c.context_length},
-            {"rms_norm_eps", c.norm_eps},
-            {"rope_theta", c.rope_theta},
-            {"hidden_act", "silu"},
-            {"tie_word_embeddings", c.tie_embeddings},
-            {"attention_dropout", c.drop_rate},
-            {"torch_dtype", "float32"}};
+    const bool qwen3 = c.qk_norm != nn::QkNorm::none, qwen2 = c.qkv_bias,
+               mistral = !qwen3 && !qwen2 && c.sliding_window;
+    HL_CHECK(
+        !mistral || c.window_layers.empty(),
+        "export: a llama model with sliding windows on some layers only has "
+        "no Hugging Face layout (Mistral's window is on every layer; Qwen2's and Qwen3's take biases or q/k norms)");
+    json out = {{"architectures",
+                 {qwen3     ? "Qwen3ForCausalLM"
+                  : qwen2   ? "Qwen2ForCausalLM"
+                  : mistral ? "MistralForCausalLM"
+                            : "LlamaForCausalLM"}},
+                {"model_type", qwen3     ? "qwen3"
+                               : qwen2   ? "qwen2"
+                               : mistral ? "mistral"
+                                         : "llama"},
+                {"num_hidden_layers", c.n_layers},
+                {"num_attention_heads", c.n_heads},
+                {"num_key_value_heads", c.kv_heads()},
+                {"hidden_size", c.emb_dim},
+                {"intermediate_size", c.hidden_dim},
+                {"head_dim", c.head_size()},
+                {"vocab_size", c.vocab_size},
+                {"max_position_embeddings", c.context_length},
+                {"rms_norm_eps", c.norm_eps},
+                {"rope_theta", c.rope_theta},
+                {"hidden_act", "silu"},
+                {"tie_word_embeddings", c.tie_embeddings},
+                {"attention_dropout", c.drop_rate},
+                {"torch_dtype", "float32"}};
+    if (c.sliding_window == 0) return out;
+    out["sliding_window"] = c.sliding_window;
+    if (mistral) return out;
+    json kinds = json::array();
+    for (int64_t l = 0; l < c.n_layers; ++l) kinds.push_back(c.window_of(l) ? "sliding_attention" : "full_attention");
+    out["use_sliding_window"] = true, out["layer_types"] = kinds;
+    out["max_window_layers"] = c.window_layers.empty() ? 0 : c.window_layers.front();
+    return out;
   }
   std::string describe(const nn::DecoderConfig& c) const override {
     return std::string("head: ") + (c.tie_embeddings ? "tied to embed_tokens" : "lm_head.weight") + "; " +
-           std::to_string(c.kv_heads()) + " key/value heads for " + std::to_string(c.n_heads) + " query heads";
+           std::to_string(c.kv_heads()) + " key/value heads for " + std::to_string(c.n_heads) + " query heads" +
+           (c.qk_norm != nn::QkNorm::none ? "; q/k norms per head" : "");
   }
+
+ private:
+  const nn::DecoderFamily& family_;
+  std::vector<std::string> types_;
 };
 
 const HfLlamaFormat& format() {
-  static const HfLlamaFormat f;
+  static const HfLlamaFormat f(nn::llama_family(), {"llama", "mistral", "qwen2", "phi3"});
   return f;
 }
 
@@ -137,5 +224,10 @@ const HfLlamaFormat& format() {
 nn::DecoderConfig read_hf_llama_config(const std::string& folder) { return format().config(folder); }
 
 const FolderFormat& hf_llama_format() { return format(); }
+
+const FolderFormat& hf_qwen3_format() {
+  static const HfLlamaFormat f(nn::qwen3_family(), {"qwen3"});
+  return f;
+}
 
 }  // namespace headlab::io

@@ -106,6 +106,12 @@ class ExportParameters {
   std::shared_ptr<nn::CausalMultiHead> held_;  // the layer's fused form, where the model's is another
 };
 
+// Part i's rows of a Fused::blocks entry: as listed, or an equal share.
+int64_t block_rows(const WeightEntry& e, int64_t i) {
+  if (!e.rows.empty()) return e.rows.at(static_cast<size_t>(i));
+  return e.shape[e.transposed ? 1 : 0] / static_cast<int64_t>(e.ours.size());
+}
+
 }  // namespace
 
 NamedTensors read_weights(const std::string& folder, const WeightMap& map) {
@@ -126,10 +132,13 @@ NamedTensors read_weights(const WeightFiles& files, const std::string& where, co
     if (e.fused == Fused::none) {
       out.emplace_back(e.ours[0], e.transposed ? transposed(t) : t);
     } else if (e.fused == Fused::blocks) {
-      const int64_t n = e.shape[e.transposed ? 1 : 0] / parts;
-      for (int64_t i = 0; i < parts; ++i)
+      int64_t at = 0;
+      for (int64_t i = 0; i < parts; ++i) {
+        const int64_t n = block_rows(e, i);
         out.emplace_back(e.ours[static_cast<size_t>(i)],
-                         e.transposed ? transposed(t.narrow(1, i * n, n)) : t.narrow(0, i * n, n).contiguous());
+                         e.transposed ? transposed(t.narrow(1, at, n)) : t.narrow(0, at, n).contiguous());
+        at += n;
+      }
     } else {
       for (int64_t i = 0; i < parts; ++i)
         out.emplace_back(e.ours[static_cast<size_t>(i)],
@@ -152,9 +161,9 @@ std::vector<std::pair<std::string, Tensor>> weights_to_write(const nn::DecoderMo
   for (const WeightEntry& e : map.entries) {
     const int64_t parts = static_cast<int64_t>(e.ours.size());
     std::vector<Tensor> ps;  // (rows, ...) each, a missing bias as zeros
-    for (const std::string& name : e.ours) {
-      const Tensor p = params.get(name, e.rotary);
-      const int64_t rows = e.shape[e.transposed ? 1 : 0] / parts;
+    for (int64_t i = 0; i < parts; ++i) {
+      const Tensor p = params.get(e.ours[static_cast<size_t>(i)], e.rotary);
+      const int64_t rows = e.fused == Fused::blocks ? block_rows(e, i) : e.shape[e.transposed ? 1 : 0] / parts;
       ps.push_back(p.defined() ? p
                                : zeros(e.shape.size() == 1 ? Shape{rows} : Shape{rows, e.shape[e.transposed ? 0 : 1]}));
     }

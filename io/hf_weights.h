@@ -28,8 +28,9 @@ struct WeightEntry {
   Shape shape;                    // as the folder stores it
   bool transposed = false;        // stored (in, out), as GPT-2's Conv1D; headlab's nn.Linear is (out, in)
   Fused fused = Fused::none;
-  bool rotary = false;  // q or k rows: halves in the folder; a model with interleaved pairs is permuted
-  std::string missing;  // what to say when the folder lacks it ("" : "missing tensor '<hf>'")
+  std::vector<int64_t> rows;  // Fused::blocks: each parameter's rows (Phi-3's q | k | v of grouped-query); empty: equal
+  bool rotary = false;        // q or k rows: halves in the folder; a model with interleaved pairs is permuted
+  std::string missing;        // what to say when the folder lacks it ("" : "missing tensor '<hf>'")
 };
 
 struct WeightMap {
@@ -47,8 +48,8 @@ struct WeightMap {
   }
 };
 
-// Every entry's tensor (from the folder's safetensors or PyTorch files), shape checked, as headlab's parameters (float32, CPU, in the table's order); a tensor
-// no entry names (nor a buffer) is an error naming the file and tensor.
+// Every entry's tensor (from the folder's safetensors or PyTorch files), shape checked, as headlab's parameters
+// (float32, CPU, in the table's order); a tensor no entry names (nor a buffer) is an error naming the file and tensor.
 NamedTensors read_weights(const std::string& folder, const WeightMap& map);
 // The same from weight files already open (a PyTorch file's state_dict); `where` names them in errors.
 NamedTensors read_weights(const WeightFiles& files, const std::string& where, const WeightMap& map);

@@ -147,6 +147,15 @@ struct Rotary {
   bool operator==(const Rotary&) const = default;
 };
 
+// RMSNorm over the queries and keys after their projections (attn.hook_q, hook_k) and before rotary: over each head's
+// D dims with one weight (D) all heads share (Qwen3, Gemma 3), or over the whole projection (OLMo-2: H*D for the
+// queries, Hkv*D for the keys), which mixes the heads and so has no per-head form.
+enum class QkNorm { none, per_head, whole };
+constexpr auto enum_table(QkNorm) {
+  return std::to_array<EnumName<QkNorm>>(
+      {{QkNorm::none, "none"}, {QkNorm::per_head, "per_head"}, {QkNorm::whole, "whole"}});
+}
+
 // The sizes of one causal multi-head attention: x (B, T, d_in) -> (B, T, d_out) through num_heads
 // heads of head_dim (num_heads * head_dim need not be d_out: pruned models keep their width).
 struct CausalAttentionSizes {
@@ -158,16 +167,24 @@ struct CausalAttentionSizes {
   bool qkv_bias = false;
   bool out_bias = true;  // out_proj's bias (the book's GPT: yes; LLaMA: no)
   Rotary rotary;
+  QkNorm qk_norm = QkNorm::none;
+  double qk_norm_eps = 1e-6;
+  int64_t window = 0;  // sliding-window attention: each query sees itself and the window - 1 keys before; 0: all
+  double scale = 0.0;  // the scores' factor; 0: 1 / sqrt(head_dim) (GPT-Neo: 1, unscaled)
   int64_t kv_heads() const { return num_kv_heads ? num_kv_heads : num_heads; }
 };
 
 class MultiHeadAttentionWrapper;
 
 // One layer's keys and values for incremental decoding (nn/generate.h): (B, Hkv, capacity, D), allocated on
-// first use and doubled as positions come (capacity at most context_length); positions [0, length) are filled.
+// first use and doubled as positions come (capacity at most context_length); positions [start, length) fill
+// slots [0, length - start). start is 0 but in a sliding-window layer, whose cache drops the positions no new
+// query can see (all but the window's last w - 1) when the new ones would not fit: it holds about 2w, never the
+// whole context.
 struct KVCache {
   Tensor keys, values;
   int64_t length = 0;
+  int64_t start = 0;
   // Positions the caller will need in all (a generation: prompt + new tokens), or 0: unknown. The first
   // allocation then holds that many (up to the context), so a generation neither doubles nor copies it.
   int64_t expected = 0;
@@ -233,14 +250,27 @@ class CausalAttention : public UnaryModule {
   CausalAttention(int64_t d_in, int64_t d_out, int64_t context_length, double dropout, bool qkv_bias,
                   const Rotary& rotary, std::shared_ptr<Linear> shared_key = nullptr,
                   std::shared_ptr<Linear> shared_value = nullptr);
+  // What a wrapper's head takes beyond its sizes: its group's W_key / W_value (null: its own), the per-head q/k
+  // norms (RMSNorm(d_out)) all the wrapper's heads share (null: none), and CausalAttentionSizes's window and scale.
+  struct Shared {
+    std::shared_ptr<Linear> key = nullptr, value = nullptr;
+    std::shared_ptr<RMSNorm> q_norm = nullptr, k_norm = nullptr;
+    int64_t window = 0;
+    double scale = 0.0;
+  };
+  CausalAttention(int64_t d_in, int64_t d_out, int64_t context_length, double dropout, bool qkv_bias,
+                  const Rotary& rotary, const Shared& shared);
   std::string type_name() const override { return "CausalAttention"; }
   static double parameter_count(int64_t d_in, int64_t d_out, bool qkv_bias);
   Tensor forward(const Tensor& x) override;
   int64_t d_in, d_out, context_length;
   Rotary rotary;
+  int64_t window = 0;
+  double scale;  // the scores' factor
   bool keep_attention_weights = false;
   Tensor attention_weights;  // (B, T, T) when kept
   std::shared_ptr<Linear> W_query, W_key, W_value;
+  std::shared_ptr<RMSNorm> q_norm, k_norm;  // null without q/k norms
   std::shared_ptr<Dropout> dropout;
 };
 
@@ -285,6 +315,10 @@ class MultiHeadAttentionWrapper : public CausalMultiHead {
   double dropout_p;
   bool qkv_bias;
   Rotary rotary;
+  QkNorm qk_norm;  // none or per_head (a norm over the whole projection mixes the heads: refused)
+  double qk_norm_eps;
+  int64_t window;
+  double scale;  // as CausalAttentionSizes's (0: 1 / sqrt(head size))
   HeadControl head_control;
   std::shared_ptr<ModuleList> heads;
   std::shared_ptr<Linear> out_proj;  // null unless out_proj
@@ -333,10 +367,15 @@ class CausalMultiHeadAttention : public CausalMultiHead {
   double dropout_p;
   bool qkv_bias;
   Rotary rotary;
+  QkNorm qk_norm;
+  double qk_norm_eps;
+  int64_t window;  // sliding-window attention (CausalAttentionSizes::window); 0: none
+  double scale;    // as CausalAttentionSizes's (0: 1 / sqrt(head size))
   bool keep_weights = false;
   Tensor attention_weights;  // (B, H, T, T) when kept
   HeadControl head_control;
   std::shared_ptr<Linear> W_query, W_key, W_value, out_proj;
+  std::shared_ptr<RMSNorm> q_norm, k_norm;  // null without q/k norms: RMSNorm(D), or (H*D) and (Hkv*D) when whole
   std::shared_ptr<Dropout> dropout;
 
  private:

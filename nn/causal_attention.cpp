@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <tuple>
+#include <utility>
 
 #include "nn/attention.h"
 #include "nn/attention_internal.h"
@@ -70,18 +71,36 @@ CausalAttention::CausalAttention(int64_t din, int64_t dout, int64_t ctx, double 
 
 CausalAttention::CausalAttention(int64_t din, int64_t dout, int64_t ctx, double p, bool qkv_bias, const Rotary& r,
                                  std::shared_ptr<Linear> shared_key, std::shared_ptr<Linear> shared_value)
-    : d_in(din), d_out(dout), context_length(ctx), rotary(r) {
+    : CausalAttention(din, dout, ctx, p, qkv_bias, r,
+                      Shared{.key = std::move(shared_key), .value = std::move(shared_value)}) {}
+
+CausalAttention::CausalAttention(int64_t din, int64_t dout, int64_t ctx, double p, bool qkv_bias, const Rotary& r,
+                                 const Shared& shared)
+    : d_in(din),
+      d_out(dout),
+      context_length(ctx),
+      rotary(r),
+      window(shared.window),
+      scale(shared.scale > 0 ? shared.scale : 1.0 / std::sqrt(static_cast<double>(dout))) {
   const char* who = "CausalAttention";
   HL_CHECK(ctx > 0, who, ": context_length must be positive, got ", ctx);
+  HL_CHECK(window >= 0, who, ": the window must be >= 0 keys, got ", window);
   check_rotary(who, r, dout);
-  for (const auto& [name, m] : {std::pair{"W_key", &shared_key}, std::pair{"W_value", &shared_value}})
+  for (const auto& [name, m] : {std::pair{"W_key", &shared.key}, std::pair{"W_value", &shared.value}})
     if (*m)
       HL_CHECK((*m)->in_features == din && (*m)->out_features == dout && (*m)->bias.defined() == qkv_bias, who,
                ": the shared ", name, " must be Linear(", din, ", ", dout, ", bias=", qkv_bias, "), got Linear(",
                (*m)->in_features, ", ", (*m)->out_features, ", bias=", (*m)->bias.defined(), ")");
   W_query = register_module("W_query", std::make_shared<Linear>(din, dout, qkv_bias));
-  W_key = register_module("W_key", shared_key ? shared_key : std::make_shared<Linear>(din, dout, qkv_bias));
-  W_value = register_module("W_value", shared_value ? shared_value : std::make_shared<Linear>(din, dout, qkv_bias));
+  W_key = register_module("W_key", shared.key ? shared.key : std::make_shared<Linear>(din, dout, qkv_bias));
+  W_value = register_module("W_value", shared.value ? shared.value : std::make_shared<Linear>(din, dout, qkv_bias));
+  HL_CHECK(!shared.q_norm == !shared.k_norm, who, ": q/k norms come as a pair");
+  if (shared.q_norm) {
+    HL_CHECK(shared.q_norm->dim == dout && shared.k_norm->dim == dout, who, ": the q/k norms must be RMSNorm(", dout,
+             "), got RMSNorm(", shared.q_norm->dim, ") and RMSNorm(", shared.k_norm->dim, ")");
+    q_norm = register_module("q_norm", shared.q_norm);
+    k_norm = register_module("k_norm", shared.k_norm);
+  }
   dropout = register_module("dropout", std::make_shared<Dropout>(p));
 }
 
@@ -93,16 +112,18 @@ Tensor CausalAttention::forward(const Tensor& x) {
   check_causal_input("CausalAttention", x, d_in, context_length);
   Tensor keys = W_key->forward(x), queries = W_query->forward(x);  // (B, T, d_out)
   const Tensor values = W_value->forward(x);
+  if (q_norm) queries = q_norm->forward(queries), keys = k_norm->forward(keys);  // one head: over its d_out
   if (rotary.dims > 0) {  // as one head of (B, T, 1, d_out), at positions [0, T)
     const int64_t B = x.size(0), T = x.size(1);
     queries = rotate(queries.view({B, T, 1, d_out}), rotary, 0, HookPoint::rot_q, HookSite{}).reshape({B, T, d_out});
     keys = rotate(keys.view({B, T, 1, d_out}), rotary, 0, HookPoint::rot_k, HookSite{}).reshape({B, T, d_out});
   }
+  const AttentionMask mask = AttentionMask::causal().within(window);
   if (!keep_attention_weights)
-    return scaled_dot_product_attention(queries, keys, values, AttentionMask::causal(), dropout->p,
-                                        dropout->is_training());
+    return scaled_dot_product_attention(queries, keys, values, mask, dropout->p, dropout->is_training(),
+                                        default_generator(), scale);
   const Tensor scores = matmul(queries, keys.mT());  // (B, T, T)
-  const Tensor weights = causal_softmax(scores, 1.0 / std::sqrt(static_cast<double>(d_out)));
+  const Tensor weights = attention_softmax(scores, mask, scale);
   attention_weights = weights.detach();
   return matmul(dropout->forward(weights), values);
 }
@@ -139,19 +160,34 @@ MultiHeadAttentionWrapper::MultiHeadAttentionWrapper(const CausalAttentionSizes&
       num_kv_heads(s.kv_heads()),
       dropout_p(s.dropout),
       qkv_bias(s.qkv_bias),
-      rotary(s.rotary) {
+      rotary(s.rotary),
+      qk_norm(s.qk_norm),
+      qk_norm_eps(s.qk_norm_eps),
+      window(s.window),
+      scale(s.scale) {
   const char* who = "MultiHeadAttentionWrapper";
   HL_CHECK(num_heads >= 0, who, ": num_heads must be >= 0, got ", num_heads);
   HL_CHECK(num_heads == 0 ? num_kv_heads == 0 : num_kv_heads > 0 && num_heads % num_kv_heads == 0, who,
            ": num_kv_heads ", num_kv_heads, " must divide num_heads ", num_heads);
   check_rotary(who, rotary, d_out);
+  HL_CHECK(qk_norm != QkNorm::whole, who,
+           ": q/k norms over the whole projection (OLMo-2's) mix the heads, which "
+           "separate heads cannot hold; use the fused form");
+  std::shared_ptr<RMSNorm> q_norm, k_norm;  // per head: one pair every head shares, as the fused form's
+  if (qk_norm == QkNorm::per_head)
+    q_norm = std::make_shared<RMSNorm>(d_out, qk_norm_eps), k_norm = std::make_shared<RMSNorm>(d_out, qk_norm_eps);
   heads = register_module("heads", std::make_shared<ModuleList>());
   const int64_t G = group_size();
   std::shared_ptr<CausalAttention> first;  // the group's first head: it owns W_key and W_value, the others share them
   for (int64_t h = 0; h < num_heads; ++h) {
     const bool shares = h % G != 0;
     auto head = std::make_shared<CausalAttention>(d_in, d_out, context_length, dropout_p, qkv_bias, rotary,
-                                                  shares ? first->W_key : nullptr, shares ? first->W_value : nullptr);
+                                                  CausalAttention::Shared{.key = shares ? first->W_key : nullptr,
+                                                                          .value = shares ? first->W_value : nullptr,
+                                                                          .q_norm = q_norm,
+                                                                          .k_norm = k_norm,
+                                                                          .window = window,
+                                                                          .scale = scale});
     if (!shares) first = head;
     heads->push_back(head);
   }
@@ -166,7 +202,8 @@ std::shared_ptr<MultiHeadAttentionWrapper> MultiHeadAttentionWrapper::create(con
 double MultiHeadAttentionWrapper::parameter_count(const CausalAttentionSizes& s) {
   // W_query per head, W_key and W_value per key/value group, out_proj
   return static_cast<double>(s.num_heads + 2 * s.kv_heads()) * linear_parameters(s.d_in, s.head_dim, s.qkv_bias) +
-         linear_parameters(s.num_heads * s.head_dim, s.d_out, s.out_bias);
+         linear_parameters(s.num_heads * s.head_dim, s.d_out, s.out_bias) +
+         (s.qk_norm == QkNorm::per_head ? 2.0 * static_cast<double>(s.head_dim) : 0.0);
 }
 
 CausalAttentionSizes MultiHeadAttentionWrapper::sizes() const {
@@ -179,7 +216,11 @@ CausalAttentionSizes MultiHeadAttentionWrapper::sizes() const {
           .dropout = dropout_p,
           .qkv_bias = qkv_bias,
           .out_bias = !out_proj || out_proj->bias.defined(),
-          .rotary = rotary};
+          .rotary = rotary,
+          .qk_norm = qk_norm,
+          .qk_norm_eps = qk_norm_eps,
+          .window = window,
+          .scale = scale};
 }
 
 std::shared_ptr<MultiHeadAttentionWrapper> MultiHeadAttentionWrapper::merge_heads(const MultiHeadAttentionWrapper& w) {

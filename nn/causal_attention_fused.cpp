@@ -48,8 +48,13 @@ CausalMultiHeadAttention::CausalMultiHeadAttention(const CausalAttentionSizes& s
       num_kv_heads(s.kv_heads()),
       dropout_p(s.dropout),
       qkv_bias(s.qkv_bias),
-      rotary(s.rotary) {
+      rotary(s.rotary),
+      qk_norm(s.qk_norm),
+      qk_norm_eps(s.qk_norm_eps),
+      window(s.window),
+      scale(s.scale) {
   const char* who = "CausalMultiHeadAttention";
+  HL_CHECK(window >= 0, who, ": the window must be >= 0 keys, got ", window);
   HL_CHECK(context_length > 0, who, ": context_length must be positive, got ", context_length);
   HL_CHECK(
       num_kv_heads >= 0 && (num_heads == 0 ? num_kv_heads == 0 : num_kv_heads > 0 && num_heads % num_kv_heads == 0),
@@ -60,6 +65,11 @@ CausalMultiHeadAttention::CausalMultiHeadAttention(const CausalAttentionSizes& s
   W_key = register_module("W_key", std::make_shared<Linear>(d_in, kv, qkv_bias));
   W_value = register_module("W_value", std::make_shared<Linear>(d_in, kv, qkv_bias));
   out_proj = register_module("out_proj", std::make_shared<Linear>(inner, d_out, s.out_bias));
+  if (qk_norm != QkNorm::none) {  // Hugging Face's order: after o_proj
+    const bool whole = qk_norm == QkNorm::whole;
+    q_norm = register_module("q_norm", std::make_shared<RMSNorm>(whole ? inner : head_dim, qk_norm_eps));
+    k_norm = register_module("k_norm", std::make_shared<RMSNorm>(whole ? kv : head_dim, qk_norm_eps));
+  }
   dropout = register_module("dropout", std::make_shared<Dropout>(dropout_p));
 }
 
@@ -69,8 +79,11 @@ std::shared_ptr<CausalMultiHeadAttention> CausalMultiHeadAttention::create(const
 
 double CausalMultiHeadAttention::parameter_count(const CausalAttentionSizes& s) {
   const int64_t inner = s.num_heads * s.head_dim, kv = s.kv_heads() * s.head_dim;
+  const double norms = s.qk_norm == QkNorm::whole      ? static_cast<double>(inner + kv)
+                       : s.qk_norm == QkNorm::per_head ? 2.0 * static_cast<double>(s.head_dim)
+                                                       : 0.0;
   return linear_parameters(s.d_in, inner, s.qkv_bias) + 2 * linear_parameters(s.d_in, kv, s.qkv_bias) +
-         linear_parameters(inner, s.d_out, s.out_bias);
+         linear_parameters(inner, s.d_out, s.out_bias) + norms;
 }
 
 Tensor CausalMultiHeadAttention::forward(const Tensor& x, const Tensor& gates) {
@@ -94,21 +107,41 @@ Tensor project(const Tensor& xs, const Tensor& x, Linear& proj, int64_t H, int64
   return y.view({H, B, T, D}).permute({1, 2, 0, 3});
 }
 
+// Queries or keys (B, T, H, D) through their q/k norm: over each head's D, or over all H*D (whole) at once.
+Tensor normalize_qk(RMSNorm* norm, QkNorm kind, const Tensor& x) {
+  if (norm == nullptr) return x;
+  if (kind == QkNorm::per_head) return norm->forward(x);
+  return norm->forward(x.reshape({x.size(0), x.size(1), x.size(2) * x.size(3)})).view(x.shape());
+}
+
 // Room in the cache for `needed` positions (B, Hkv, capacity, D): the caller's expected count at first, else doubled
 // as decoding goes, up to the context, so that a model whose context is long (131,072 positions in Llama 3) holds
 // only what a generation uses.
-void grow(KVCache& cache, int64_t needed, int64_t context, const std::array<int64_t, 3>& bhd, const Tensor& like) {
-  const int64_t have = cache.length > 0 ? cache.keys.size(2) : 0;
+// `limit`: the context, or for a sliding-window layer about twice its window.
+void grow(KVCache& cache, int64_t needed, int64_t limit, const std::array<int64_t, 3>& bhd, const Tensor& like) {
+  const int64_t filled = cache.length - cache.start, have = filled > 0 ? cache.keys.size(2) : 0;
   const int64_t first = have == 0 && cache.expected > 0 ? cache.expected : 2 * have;  // the caller's count, once
-  const int64_t capacity = std::min(context, std::max({needed, first, int64_t{64}}));
+  const int64_t capacity = std::max(needed, std::min(limit, std::max({first, int64_t{64}})));
   const Shape shape{bhd[0], bhd[1], capacity, bhd[2]};
   Tensor keys = Tensor::empty(shape, like.dtype(), like.device()),
          values = Tensor::empty(shape, like.dtype(), like.device());
-  if (cache.length > 0) {
-    keys.narrow(2, 0, cache.length).copy_(cache.keys.narrow(2, 0, cache.length));
-    values.narrow(2, 0, cache.length).copy_(cache.values.narrow(2, 0, cache.length));
+  if (filled > 0) {
+    keys.narrow(2, 0, filled).copy_(cache.keys.narrow(2, 0, filled));
+    values.narrow(2, 0, filled).copy_(cache.values.narrow(2, 0, filled));
   }
   cache.keys = keys, cache.values = values;
+}
+
+// A sliding-window layer's cache without the positions no new query can see: all but the last window - 1 (moved
+// to the front; start advances past the rest).
+void drop_unseen(KVCache& cache, int64_t window) {
+  const int64_t filled = cache.length - cache.start, keep = window - 1, drop = filled - keep;
+  if (drop <= 0) return;
+  for (Tensor* t : {&cache.keys, &cache.values}) {
+    const Tensor kept = clone(t->narrow(2, drop, keep));  // the ranges may overlap
+    t->narrow(2, 0, keep).copy_(kept);
+  }
+  cache.start += drop;
 }
 
 // Which cached keys the T new queries see: a prefill into an empty cache is causal within itself, one new token
@@ -161,31 +194,47 @@ Tensor CausalMultiHeadAttention::run(const AttentionInput& in, const Tensor& gat
   } else {
     Tensor q = site(HookPoint::q, project(in.q, in.x, *W_query, H, D));  // (B, T, H, D)
     Tensor k = site(HookPoint::k, project(in.k, in.x, *W_key, Hkv, D));  // (B, T, Hkv, D)
+    q = normalize_qk(q_norm.get(), qk_norm, q);
+    k = normalize_qk(k_norm.get(), qk_norm, k);
     const Tensor v = site(HookPoint::v, project(in.v, in.x, *W_value, Hkv, D));
     const int64_t past = cache ? cache->length : 0;
     if (rotary.dims > 0) {
       q = rotate(q, rotary, past, HookPoint::rot_q, site);
       k = rotate(k, rotary, past, HookPoint::rot_k, site);
     }
+    const double factor = scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(D));
     if (cache) {
       HL_CHECK(!in.split(), who, ": per-head inputs do not decode with a cache");
       HL_CHECK(past + T <= context_length, who, ": ", past, " cached + ", T, " new tokens exceed context_length ",
                context_length);
-      if (past == 0 || past + T > cache->keys.size(2)) grow(*cache, past + T, context_length, {B, Hkv, D}, first);
+      if (past == 0) cache->start = 0;
+      if (past == 0 || past - cache->start + T > cache->keys.size(2)) {
+        if (window > 0 && past > 0) drop_unseen(*cache, window);
+        const int64_t limit = window > 0 ? std::min(context_length, 2 * window) : context_length;
+        if (past == 0 || past - cache->start + T > cache->keys.size(2))
+          grow(*cache, past - cache->start + T, limit, {B, Hkv, D}, first);
+      }
       HL_CHECK(cache->keys.size(0) == B, who, ": the cache holds ", cache->keys.size(0), " rows, the input ", B);
-      cache->keys.narrow(2, past, T).copy_(k.transpose(1, 2));
-      cache->values.narrow(2, past, T).copy_(v.transpose(1, 2));
+      const int64_t filled = past - cache->start;  // slots before the new positions
+      cache->keys.narrow(2, filled, T).copy_(k.transpose(1, 2));
+      cache->values.narrow(2, filled, T).copy_(v.transpose(1, 2));
       cache->length = past + T;
-      ctx = scaled_dot_product_attention(q.transpose(1, 2), cache->keys.narrow(2, 0, past + T),
-                                         cache->values.narrow(2, 0, past + T), cached_mask(past, B, T, first));
+      // One new token sees the last `window` slots at most: a narrower range, no mask (the fused decoding kernel).
+      const int64_t from = T == 1 && window > 0 ? std::max<int64_t>(0, filled + 1 - window) : 0;
+      ctx = scaled_dot_product_attention(q.transpose(1, 2), cache->keys.narrow(2, from, filled + T - from),
+                                         cache->values.narrow(2, from, filled + T - from),
+                                         cached_mask(filled - from, B, T, first).within(T == 1 ? 0 : window), 0.0,
+                                         false, default_generator(), factor);
     } else if (keep_weights || site.wants(HookPoint::pattern)) {  // the weights wanted: materialised anyway
       const Tensor scores = matmul(q.transpose(1, 2), repeat_kv(k.transpose(1, 2), H).mT());  // (B, H, T, T)
-      const Tensor pattern = site(HookPoint::pattern, causal_softmax(scores, 1.0 / std::sqrt(static_cast<double>(D))));
+      const Tensor pattern =
+          site(HookPoint::pattern, attention_softmax(scores, AttentionMask::causal().within(window), factor));
       if (keep_weights) attention_weights = pattern.detach();
       ctx = matmul(dropout->forward(pattern), repeat_kv(v.transpose(1, 2), H));
     } else {  // fused: reads the strided views directly, saves O(B*H*T) for backward
       ctx = scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                         AttentionMask::causal(), dropout->p, dropout->is_training());
+                                         AttentionMask::causal().within(window), dropout->p, dropout->is_training(),
+                                         default_generator(), factor);
     }
   }
   ctx = apply_head_control(who, ctx, head_control, gates);
@@ -249,6 +298,11 @@ std::shared_ptr<CausalMultiHeadAttention> CausalMultiHeadAttention::merge_heads(
     f->W_key->bias.detach().copy_(stack_rows(G, [](CausalAttention& a) { return a.W_key->bias; }));
     f->W_value->bias.detach().copy_(stack_rows(G, [](CausalAttention& a) { return a.W_value->bias; }));
   }
+  if (f->q_norm) {  // one per-head norm all the wrapper's heads share
+    const CausalAttention& head = *w.heads->at<CausalAttention>(0);
+    f->q_norm->weight.detach().copy_(head.q_norm->weight);
+    f->k_norm->weight.detach().copy_(head.k_norm->weight);
+  }
   if (w.out_proj) {
     f->out_proj->weight.detach().copy_(w.out_proj->weight);
     if (w.out_proj->bias.defined()) f->out_proj->bias.detach().copy_(w.out_proj->bias);
@@ -274,7 +328,11 @@ std::shared_ptr<MultiHeadAttentionWrapper> CausalMultiHeadAttention::split_heads
                                .dropout = dropout_p,
                                .qkv_bias = qkv_bias,
                                .out_bias = out_proj->bias.defined(),
-                               .rotary = rotary};
+                               .rotary = rotary,
+                               .qk_norm = qk_norm,
+                               .qk_norm_eps = qk_norm_eps,
+                               .window = window,
+                               .scale = scale};
   auto w = std::make_shared<MultiHeadAttentionWrapper>(s, true);
   like(*w, *this);
   NoGradGuard no_grad;
@@ -289,6 +347,11 @@ std::shared_ptr<MultiHeadAttentionWrapper> CausalMultiHeadAttention::split_heads
     if (h % G != 0) continue;
     copy_rows(*head->W_key, *W_key, h / G);
     copy_rows(*head->W_value, *W_value, h / G);
+  }
+  if (q_norm) {  // the heads share the wrapper's one pair
+    const CausalAttention& head = *w->heads->at<CausalAttention>(0);
+    head.q_norm->weight.detach().copy_(q_norm->weight);
+    head.k_norm->weight.detach().copy_(k_norm->weight);
   }
   w->out_proj->weight.detach().copy_(out_proj->weight);
   if (out_proj->bias.defined()) w->out_proj->bias.detach().copy_(out_proj->bias);

@@ -3,6 +3,7 @@
 #include "nn/decoder_config.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "base/json_fields.h"
 #include "nn/decoder.h"
@@ -34,6 +35,8 @@ const auto kDecoderFields = std::tuple{
     field("parallel_residual", &C::parallel_residual),
     field("drop_rate", &C::drop_rate, kFraction),
     field("qkv_bias", &C::qkv_bias),
+    field("sliding_window", &C::sliding_window, kNonNegative),
+    field("window_layers", &C::window_layers),
     field("out_bias", &C::out_bias),
     field("unembed_bias", &C::unembed_bias),
     field("tie_embeddings", &C::tie_embeddings),
@@ -63,6 +66,13 @@ int64_t DecoderConfig::heads_in_layer(int64_t layer) const {
   return kept_heads.empty() ? n_heads : static_cast<int64_t>(kept_heads.at(static_cast<size_t>(layer)).size());
 }
 
+int64_t DecoderConfig::window_of(int64_t layer) const {
+  if (sliding_window == 0) return 0;
+  const bool windowed =
+      window_layers.empty() || std::find(window_layers.begin(), window_layers.end(), layer) != window_layers.end();
+  return windowed ? sliding_window : 0;
+}
+
 CausalAttentionSizes DecoderConfig::attention_sizes(int64_t layer) const {
   CausalAttentionSizes s;
   s.d_in = s.d_out = emb_dim;  // a pruned layer keeps the model's width
@@ -74,6 +84,9 @@ CausalAttentionSizes DecoderConfig::attention_sizes(int64_t layer) const {
   s.qkv_bias = qkv_bias;
   s.out_bias = has_out_bias();
   s.rotary = {.dims = rotary_size(), .theta = rope_theta, .interleaved = rope_interleaved};
+  s.qk_norm = qk_norm, s.qk_norm_eps = norm_eps;
+  s.window = window_of(layer);
+  s.scale = attn_scale;
   return s;
 }
 
@@ -92,6 +105,13 @@ void DecoderConfig::validate() const {
   HL_CHECK(!(attn_only && parallel_residual), who, ": an attention-only model has no parallel residual");
   HL_CHECK(!tie_embeddings || output_vocab() == vocab_size, who, ": a tied head predicts the ", vocab_size,
            " input tokens; out_vocab_size is ", out_vocab_size);
+  HL_CHECK(window_layers.empty() || sliding_window > 0, who, ": window_layers needs a sliding_window");
+  HL_CHECK(attn_scale >= 0 && std::isfinite(attn_scale), who, ": attn_scale must be finite and >= 0, got ", attn_scale);
+  for (size_t i = 0; i < window_layers.size(); ++i)
+    HL_CHECK(
+        window_layers[i] >= 0 && window_layers[i] < n_layers && (i == 0 || window_layers[i] > window_layers[i - 1]),
+        who, ": window_layers must be increasing layers 0..", n_layers - 1, ", got ", window_layers[i],
+        i ? " after " + std::to_string(window_layers[i - 1]) : std::string());
   check_head_lists(kept_heads, n_layers, n_heads, who, "kept_heads");
   const int64_t G = group_size();
   if (G == 1) return;
@@ -136,7 +156,10 @@ double DecoderConfig::activation_floats(bool training) const {
   const double d = static_cast<double>(emb_dim), V = static_cast<double>(output_vocab()),
                F = attn_only ? 0.0 : static_cast<double>(mlp_width());
   const double wide = mlp == MlpKind::swiglu ? 5 : 3;
-  return training ? static_cast<double>(n_layers) * (14 * d + wide * F) + 4 * V : 8 * d + (wide - 1) * F + 2 * V;
+  // q/k norms keep their normalised queries and keys (and the tape their inputs) beside the projections
+  const double qk = qk_norm == QkNorm::none ? 0.0 : 2.0 * static_cast<double>((n_heads + kv_heads()) * head_size());
+  return training ? static_cast<double>(n_layers) * (14 * d + qk + wide * F) + 4 * V
+                  : 8 * d + qk / 2 + (wide - 1) * F + 2 * V;
 }
 
 double DecoderConfig::cache_floats() const {  // keys and values of each layer's key/value heads
@@ -179,8 +202,9 @@ nlohmann::json DecoderFamily::section(const DecoderConfig& c) const {
   for_each_field(kDecoderFields, [&](const auto& f) {
     const SectionKey* k = find_key(ks, f.key);
     if (k == nullptr) return;
-    if constexpr (std::is_same_v<typename std::decay_t<decltype(f)>::Type, bool>)
-      if (k->presence == SectionKey::omitted_when_false && !(c.*f.member)) return;
+    using T = typename std::decay_t<decltype(f)>::Type;
+    if constexpr (std::is_arithmetic_v<T>)
+      if (k->presence == SectionKey::omitted_when_false && c.*f.member == T{}) return;
     write_json_field(j, f.key, c.*f.member);
   });
   if (arch_in_section()) j["arch"] = arch();

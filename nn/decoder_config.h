@@ -68,6 +68,10 @@ struct DecoderConfig {
   bool rope_interleaved = false;        // pairs (2i, 2i+1) as Meta's and llama2.c's; else halves (Hugging Face's)
   bool qkv_bias = false;                // W_query, W_key, W_value biases
   std::optional<bool> out_bias = true;  // out_proj's bias; unset: as qkv_bias (GPT-NeoX's attention_bias)
+  QkNorm qk_norm = QkNorm::none;        // RMSNorm (eps norm_eps) over queries and keys before rotary (Qwen3)
+  int64_t sliding_window = 0;           // a windowed layer's query sees itself and the sliding_window - 1 before
+  std::vector<int64_t> window_layers;   // the windowed layers (increasing); empty: all, where sliding_window > 0
+  double attn_scale = 0.0;              // the scores' factor; 0: 1 / sqrt(head size) (GPT-Neo: 1, unscaled)
   MlpKind mlp = MlpKind::gelu_tanh;
   bool attn_only = false;          // blocks without MLP and norm2: x += att(norm1(x))
   bool parallel_residual = false;  // x += att(norm1(x)) + mlp(norm2(x)), both reading the block's input (GPT-NeoX)
@@ -87,6 +91,7 @@ struct DecoderConfig {
   int64_t rotary_size() const;  // the rotated dims per head; 0: no rotary
   bool has_out_bias() const { return out_bias.value_or(qkv_bias); }
   int64_t heads_in_layer(int64_t layer) const;
+  int64_t window_of(int64_t layer) const;  // the layer's sliding window; 0: it sees every position before it
   CausalAttentionSizes attention_sizes(int64_t layer) const;  // layer `layer`'s attention
 
   // What DecoderModel(*this).num_parameters() will be, counted part by part without building (a double: a

@@ -15,8 +15,8 @@
 
 namespace headlab::nn {
 
-// A key of a family's section: required (from_json refuses a section without it), or written only when true
-// (keys added after the family's first checkpoints, which mean false when absent).
+// A key of a family's section: required (from_json refuses a section without it), or written only when true or
+// nonzero (keys added after the family's first checkpoints, which mean false or 0 when absent).
 struct SectionKey {
   const char* name;
   enum Presence { optional, required, omitted_when_false } presence = optional;
@@ -75,9 +75,11 @@ class DecoderFamily : public ModelFamily {
 };
 
 // The decoder families, for the registry (io/families.cpp) and for building configs in C++.
-const DecoderFamily& gpt_family();     // the book's GPTModel, GPT-2 (nn/gpt.cpp)
-const DecoderFamily& llama_family();   // LLaMA, Mistral, Qwen2, llama2.c's models (nn/llama.cpp)
-const DecoderFamily& neox_family();    // GPT-NeoX, Pythia (nn/neox.cpp)
-const DecoderFamily& hooked_family();  // TransformerLens's HookedTransformer, the grokking models (nn/hooked.cpp)
+const DecoderFamily& gpt_family();      // the book's GPTModel, GPT-2 (nn/gpt.cpp)
+const DecoderFamily& llama_family();    // LLaMA, Mistral, Qwen2, llama2.c's models (nn/llama.cpp)
+const DecoderFamily& qwen3_family();    // Qwen3: llama with per-head q/k norms (nn/llama.cpp)
+const DecoderFamily& neox_family();     // GPT-NeoX, Pythia (nn/neox.cpp)
+const DecoderFamily& gpt_neo_family();  // GPT-Neo, TinyStories (nn/gpt_neo.cpp)
+const DecoderFamily& hooked_family();   // TransformerLens's HookedTransformer, the grokking models (nn/hooked.cpp)
 
 }  // namespace headlab::nn

@@ -40,7 +40,7 @@ template <typename Take>
 bool greedy_in_cache(DecoderModel& model, std::vector<KVCache>& caches, const std::vector<int64_t>& prompt,
                      int64_t steps, const GenerateOptions& o, Take take) {
   const int64_t n = static_cast<int64_t>(prompt.size());
-  for (KVCache& c : caches) c = KVCache{.keys = {}, .values = {}, .length = 0, .expected = n + steps - 1};
+  for (KVCache& c : caches) c = KVCache{.keys = {}, .values = {}, .length = 0, .start = 0, .expected = n + steps - 1};
   Tensor last = model.forward_cached(tensor(prompt, {1, n}).to(model.device()), caches, o.prefill_chunk);  // (1, V)
   const int64_t every = o.end_id >= 0 ? 16 : steps;
   std::vector<Tensor> unread;  // (1, 1) ids on the device
@@ -92,7 +92,7 @@ std::vector<int64_t> generate(DecoderModel& model, const std::vector<int64_t>& p
       last = model.forward_cached(tensor(std::vector<int64_t>{ids.back()}, {1, 1}).to(model.device()), caches);
     } else if (cached) {
       for (KVCache& c : caches)
-        c = KVCache{.keys = {}, .values = {}, .length = 0, .expected = n + o.max_new_tokens - i};
+        c = KVCache{.keys = {}, .values = {}, .length = 0, .start = 0, .expected = n + o.max_new_tokens - i};
       last = model.forward_cached(tensor(window, {1, n}).to(model.device()), caches, o.prefill_chunk);
     } else {
       last = model.forward(tensor(window, {1, n}).to(model.device())).select(1, n - 1);  // (1, V)

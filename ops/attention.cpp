@@ -6,8 +6,11 @@
 // Grouped-query attention: k and v may have fewer heads than q (Hkv dividing H); query head h reads key/value
 // head h / (H / Hkv). Kernels that read them grouped (has_grouped_attention) never repeat them.
 // B = batch, H = heads, Hkv = key/value heads, Tq = queries, Tk = keys, D = q/k head size, Dv = v head size.
+#include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <limits>
+#include <vector>
 
 #include "ops/internal.h"
 
@@ -50,6 +53,7 @@ AttnShape check_attention(const Tensor& q, const Tensor& k, const Tensor& v, con
   const AttnShape s{B, H, q.size(-2), k.size(-2), q.size(-1), v.size(-1), Hkv, heads};
   if (mask.kind == AttentionMask::Kind::causal)
     HL_CHECK(s.Tq == s.Tk, op, ": a causal mask needs as many queries as keys, got ", s.Tq, " and ", s.Tk);
+  HL_CHECK(mask.window >= 0, op, ": the attention window must be >= 0 keys, got ", mask.window);
   if (mask.kind == AttentionMask::Kind::lengths) {
     const Tensor& vl = mask.valid_lens;
     detail::check_index_tensor(op, vl, "valid_lens");
@@ -118,20 +122,54 @@ Tensor scaled_dot_product_attention_composite(const Tensor& q, const Tensor& k, 
   if (s.heads && s.Hkv != s.H)  // the reference repeats the shared keys and values
     return scaled_dot_product_attention_composite(q, repeat_kv(k, s.H), repeat_kv(v, s.H), mask, dropout_p, training,
                                                   gen, scale);
-  const Tensor scores = matmul(q, k.mT());  // (B, H, Tq, Tk)
-  Tensor weights;
-  if (mask.kind == AttentionMask::Kind::causal) {
-    weights = causal_softmax(scores, sc);
-  } else if (mask.kind == AttentionMask::Kind::lengths && s.heads) {
+  const Tensor weights = attention_softmax(matmul(q, k.mT()), mask, sc);  // (B, H, Tq, Tk)
+  return matmul(dropout(weights, dropout_p, training, gen), v);           // (B, H, Tq, Dv)
+}
+
+namespace {
+
+// Whether a window hides any key from any row: some row sees more than `window` keys without it.
+bool window_binds(const AttentionMask& mask, int64_t Tk) { return mask.window > 0 && mask.window < Tk; }
+
+// True at the keys a window hides, (B or 1, 1, Tq, Tk) bool: row i's keys before (its last visible key + 1 - w).
+Tensor hidden_by_window(const AttentionMask& mask, int64_t B, int64_t Tq, int64_t Tk, Device device) {
+  std::vector<int64_t> ends;  // each row's visible keys end (exclusive), per batch row where lengths differ
+  if (mask.kind == AttentionMask::Kind::lengths) {
+    const std::vector<int64_t> vl = mask.valid_lens.to_vector<int64_t>();
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < Tq; ++i)
+        ends.push_back(vl[static_cast<size_t>(mask.valid_lens.dim() == 1 ? b : b * Tq + i)]);
+  } else {
+    for (int64_t i = 0; i < Tq; ++i) ends.push_back(mask.kind == AttentionMask::Kind::causal ? i + 1 : Tk);
+  }
+  const int64_t rows = static_cast<int64_t>(ends.size()) / Tq;
+  for (int64_t& e : ends) e = std::max<int64_t>(0, e - mask.window);  // the first visible key
+  const Tensor first = tensor(ends, {rows, 1, Tq, 1}).to(device);
+  return lt(arange(0, static_cast<double>(Tk), 1, DType::i64, device).view({1, 1, 1, Tk}), first);
+}
+
+}  // namespace
+
+Tensor attention_softmax(const Tensor& scores_in, const AttentionMask& mask, double sc) {
+  const bool heads = scores_in.dim() == 4;
+  HL_CHECK(scores_in.dim() == 3 || heads, "attention_softmax: expected scores (B, H, Tq, Tk) or (B, Tq, Tk), got ",
+           shape_str(scores_in.shape()));
+  const int64_t B = scores_in.size(0), H = heads ? scores_in.size(1) : 1, Tq = scores_in.size(-2),
+                Tk = scores_in.size(-1);
+  Tensor scores = scores_in;
+  if (window_binds(mask, Tk)) {
+    const Tensor hidden = hidden_by_window(mask, B, Tq, Tk, scores.device());
+    scores = masked_fill(scores, heads ? hidden : hidden.squeeze(1), -std::numeric_limits<double>::infinity());
+  }
+  if (mask.kind == AttentionMask::Kind::causal) return causal_softmax(scores, sc);
+  if (mask.kind == AttentionMask::Kind::lengths && heads) {
     // masked_softmax reads (..., Tq, Tk) scores as rows of B*H: one length per (b, h) or per (b, h*Tq + i).
     const Tensor& vl = mask.valid_lens;
-    const Tensor lens = vl.dim() == 1 ? repeat_interleave(vl, s.H, 0)
-                                      : vl.unsqueeze(1).expand({s.B, s.H, s.Tq}).reshape({s.B, s.H * s.Tq});
-    weights = masked_softmax(scores, lens, sc);
-  } else {
-    weights = masked_softmax(scores, mask.kind == AttentionMask::Kind::lengths ? mask.valid_lens : Tensor(), sc);
+    const Tensor lens =
+        vl.dim() == 1 ? repeat_interleave(vl, H, 0) : vl.unsqueeze(1).expand({B, H, Tq}).reshape({B, H * Tq});
+    return masked_softmax(scores, lens, sc);
   }
-  return matmul(dropout(weights, dropout_p, training, gen), v);  // (B, H, Tq, Dv)
+  return masked_softmax(scores, mask.kind == AttentionMask::Kind::lengths ? mask.valid_lens : Tensor(), sc);
 }
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask,
@@ -145,7 +183,9 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
       when != FusedAttention::never && be.has_fused_attention(s.D, s.Dv) &&
       (when == FusedAttention::always ||
        be.fused_attention_is_faster(q.dtype(), s.Tq, s.Tk, s.D, s.Dv, training && dropout_p > 0, backward));
-  if (!fused) return scaled_dot_product_attention_composite(q, k, v, mask, dropout_p, training, gen, scale);
+  // A window that hides keys runs the composite path (the fused kernels see a row's keys up to its end only).
+  if (!fused || window_binds(mask, s.Tk))
+    return scaled_dot_product_attention_composite(q, k, v, mask, dropout_p, training, gen, scale);
   if (s.heads && s.Hkv != s.H && !be.has_grouped_attention())
     return scaled_dot_product_attention(q, repeat_kv(k, s.H), repeat_kv(v, s.H), mask, dropout_p, training, gen, scale);
   AttnParams a;

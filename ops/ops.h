@@ -149,15 +149,26 @@ Tensor causal_softmax(const Tensor& scores, double scale = 1.0);
 Tensor dropout(const Tensor& x, double p, bool training, Generator& gen = default_generator());
 // Which keys each query of scaled_dot_product_attention sees: all, keys <= its own position
 // (causal, Tq == Tk), or the first valid_lens of them (int64 (B,) or (B, Tq), the same for every
-// head; a length of 0 gives a zero output row and zero gradients, as in masked_softmax).
+// head; a length of 0 gives a zero output row and zero gradients, as in masked_softmax). A window w > 0
+// (sliding-window attention: Mistral, Qwen2's, GPT-Neo's local layers) also hides every key more than w - 1
+// before the row's last visible one: row i of a causal mask sees keys (i - w, i].
 struct AttentionMask {
   enum class Kind : uint8_t { none, causal, lengths };
   Kind kind = Kind::none;
   Tensor valid_lens;
+  int64_t window = 0;
   static AttentionMask none() { return {}; }
   static AttentionMask causal() { return {Kind::causal, Tensor()}; }
   static AttentionMask lengths(const Tensor& valid_lens);  // undefined valid_lens: none
+  AttentionMask within(int64_t w) const {                  // this mask with a window of w keys (0: none)
+    AttentionMask m = *this;
+    m.window = w;
+    return m;
+  }
 };
+// The weights of scores (B, H, Tq, Tk), or (B, Tq, Tk) as one head, under mask: softmax(scale * scores) over
+// the keys each row sees (causal_softmax / masked_softmax; a window's hidden keys set to -inf first).
+Tensor attention_softmax(const Tensor& scores, const AttentionMask& mask, double scale);
 // q: (B, H, Tq, D), k: (B, H, Tk, D), v: (B, H, Tk, Dv) -> (B, H, Tq, Dv); 3-D (B, T, *) inputs run
 // as one head. softmax(scale * q k^T, masked), dropped out with p when training (the dropout op's
 // Philox mask over the (B, H, Tq, Tk) weights, advancing gen as it would), @ v. scale defaults to

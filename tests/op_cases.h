@@ -485,6 +485,26 @@ inline std::vector<OpCase> build() {
       },
       {val({1, 3, 4, 2}, 0.23, -0.6), val({1, 3, 2, 2}, 0.19, -0.4), val({1, 3, 2, 2})});
 
+  // Sliding windows (Mistral, Qwen2's, GPT-Neo's local layers): causal within 2 keys of 5, a cached chunk's per-row
+  // lengths within 3, grouped-query within 2.
+  def("sdpa_causal_window",
+      [heads](const auto& x) {
+        return scaled_dot_product_attention(heads(x[0]), heads(x[1]), heads(x[2]), M::causal().within(2));
+      },
+      {val({2, 5, 2, 3}, 0.23, -0.6), val({2, 5, 2, 3}, 0.19, -0.4), val({2, 5, 2, 2})})
+      .cuda_tol(1e-4, 1e-5);
+  def("sdpa_lens_window",
+      [](const auto& x) { return scaled_dot_product_attention(x[0], x[1], x[2], M::lengths(x[3]).within(3)); },
+      {q, k, vv, idx({3, 4, 5, 1, 2, 5}, {2, 3})})
+      .cuda_tol(1e-4, 1e-5);
+  def("sdpa_gqa_causal_window_dropout",
+      [](const auto& x) {
+        Generator g(4);
+        return scaled_dot_product_attention(x[0], x[1], x[2], M::causal().within(2), 0.3, true, g);
+      },
+      {val({1, 4, 5, 2}, 0.3), val({1, 2, 5, 2}, 0.2), val({1, 2, 5, 3})})
+      .cuda_tol(1e-4, 1e-5);
+
   // ---- LLaMA's parts: RMSNorm (fused; its composite), SiLU, rotary embeddings in both layouts, whole and
   // partial, at a position offset ----
   def("rms_norm", [](const auto& v) { return rms_norm(v[0], v[1], 1e-5); }, {val({3, 4}), val({4}, 0.4, 0.5)});

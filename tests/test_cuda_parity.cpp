@@ -233,6 +233,17 @@ TEST(CudaParity, DecoderFamiliesTrackTheCpu) {
     models.emplace_back(std::string("neox") + (parallel ? " parallel" : " sequential"),
                         [c] { return std::make_shared<nn::DecoderModel>(c); });
   }
+  {  // the newer families' parts: Qwen3's per-head q/k norms, a sliding window on layer 1 (shorter than the prompt),
+     // GPT-Neo's unscaled scores and local layer
+    nn::DecoderConfig q = nn::qwen3_family().config();
+    q.vocab_size = 37, q.context_length = 80, q.emb_dim = 32, q.n_heads = 4, q.n_kv_heads = 2, q.head_dim = 12;
+    q.n_layers = 2, q.hidden_dim = 40, q.sliding_window = 9, q.window_layers = {1};
+    models.emplace_back("qwen3 with a window", [q] { return std::make_shared<nn::DecoderModel>(q); });
+    nn::DecoderConfig n = nn::gpt_neo_family().config();
+    n.vocab_size = 37, n.context_length = 80, n.emb_dim = 32, n.n_heads = 4, n.n_layers = 2, n.hidden_dim = 48;
+    n.sliding_window = 16, n.window_layers = {1};
+    models.emplace_back("gpt_neo", [n] { return std::make_shared<nn::DecoderModel>(n); });
+  }
   for (const auto& [name, make] : models) {
     SCOPED_TRACE(name);
     manual_seed(31);

@@ -152,6 +152,7 @@ TEST_P(GgufModels, MatchPyTorchAndTheFolderModel) {
 INSTANTIATE_TEST_SUITE_P(Fixtures, GgufModels,
                          ::testing::Values(ModelCase{"llama.gguf", "llama_folders", "gqa_tied", ""},
                                            ModelCase{"qwen2.gguf", "llama_folders", "qwen2_bias", ""},
+                                           ModelCase{"qwen3.gguf", "llama_folders", "qwen3_untied_bf16", ""},
                                            ModelCase{"gpt2.gguf", "gpt2_folders", "lm_head_model", "_tied"},
                                            ModelCase{"gptneox.gguf", "neox_folders", "parallel_quarter", ""},
                                            ModelCase{"gptneox_sequential.gguf", "neox_folders", "sequential_full", ""}),
@@ -418,7 +419,7 @@ TEST(GgufHostile, MetadataTheConfigCannotHonourIsRefusedByName) {
   Bytes mamba = header(0, 1);
   mamba.str("general.architecture").u32(8).str("mamba");
   EXPECT_ERROR(io::read_gguf(write_bytes(dir, "mamba.gguf", mamba.b)),
-               "general.architecture 'mamba' is not one headlab reads (llama, qwen2");
+               "general.architecture 'mamba' is not one headlab reads (llama, qwen2: the llama family; qwen3");
 }
 
 // ---- stories260K: the real model, as llama.cpp's converter wrote it ----

@@ -20,9 +20,9 @@
 #include "io/hf_llama.h"
 #include "io/llama2c.h"
 #include "loader/load.h"
+#include "nn/decoder_family.h"
 #include "nn/generate.h"
 #include "nn/layers.h"
-#include "nn/decoder_family.h"
 #include "optim/optim.h"
 #include "tasks/llama2c_tokenizer.h"
 #include "tasks/sentencepiece_tokenizer.h"
@@ -302,7 +302,7 @@ class LlamaFolders : public ::testing::TestWithParam<std::string> {};
 TEST_P(LlamaFolders, MatchPyTorchLogitsAndGreedyTokens) {
   const std::string folder = llama_fixture(GetParam());
   const io::Family& family = io::family_of_folder(folder);
-  ASSERT_EQ(family.model.arch(), "llama");
+  ASSERT_EQ(family.model.arch(), GetParam().starts_with("qwen3") ? "qwen3" : "llama");
   auto model = io::build_folder_model(family.folder->read(folder), folder);
   auto& decoder = dynamic_cast<nn::DecoderModel&>(*model);
   std::ifstream in(llama_fixture("reference.json"));
@@ -321,7 +321,9 @@ TEST_P(LlamaFolders, MatchPyTorchLogitsAndGreedyTokens) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Variants, LlamaFolders,
-                         ::testing::Values("gqa_tied", "mqa_untied_f16", "mha_mistral_bf16", "qwen2_bias"));
+                         ::testing::Values("gqa_tied", "mqa_untied_f16", "mha_mistral_bf16", "qwen2_bias", "qwen3_tied",
+                                           "qwen3_untied_bf16", "mistral_window", "qwen2_window", "qwen3_window",
+                                           "phi3_window_gqa"));
 
 // export writes the Hugging Face layout: a llama2.c model (interleaved pairs) exported and read back computes
 // the same logits (its q and k rows permuted to halves).
@@ -409,9 +411,10 @@ TEST(LlamaFolders, WhatLlamaModelDoesNotComputeIsRefusedByName) {
   EXPECT_ERROR(io::read_hf_llama_config(scaling), "rope_scaling");
   EXPECT_ERROR(io::read_hf_llama_config(kv), "num_key_value_heads 3 does not divide num_attention_heads 4");
   EXPECT_ERROR(io::read_hf_llama_config(act), "hidden_act 'gelu'");
-  EXPECT_ERROR(io::read_hf_llama_config(window), "sliding_window 4 is shorter than the context");
-  EXPECT_ERROR(io::family_of_folder(falcon),
-                    "model_type 'falcon' is not one headlab reads (gpt2, llama, mistral, qwen2, gpt_neox)");
+  EXPECT_EQ(io::read_hf_llama_config(window).sliding_window, 4);  // a window shorter than the context: computed
+  EXPECT_ERROR(
+      io::family_of_folder(falcon),
+      "model_type 'falcon' is not one headlab reads (gpt2, llama, mistral, qwen2, phi3, qwen3, gpt_neox, gpt_neo)");
   // head_dim that disagrees with the tensors: the file and tensor named.
   const std::string hd = with("head_dim", [](auto& j) { j["head_dim"] = 16; });
   fs::copy_file(llama_fixture("gqa_tied/model.safetensors"), hd + "/model.safetensors");

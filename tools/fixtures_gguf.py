@@ -4,8 +4,8 @@
 - types.gguf: one tensor of every type headlab reads (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K), each beside
   "expected.<name>", its float32 values dequantized here in numpy straight from ggml's block layouts
   (ggml-common.h), one rounding per product or difference as ggml-quants.c writes them;
-- llama.gguf, qwen2.gguf, gpt2.gguf, gptneox.gguf, gptneox_sequential.gguf: the Hugging Face folder fixtures of
-  tests/fixtures/*_folders (tools/fixtures_*_folders.py) as llama.cpp's convert_hf_to_gguf.py lays them out:
+- llama.gguf, qwen2.gguf, qwen3.gguf, gpt2.gguf, gptneox.gguf, gptneox_sequential.gguf: the Hugging Face folder
+  fixtures of tests/fixtures/*_folders (tools/fixtures_*_folders.py) as llama.cpp's convert_hf_to_gguf.py lays them out:
   its tensor names, a llama's q/k rows permuted to interleaved pairs, GPT-2's Conv1D weights transposed and its
   head written as a copy of the embedding, GPT-NeoX's per-head query_key_value regrouped into q | k | v blocks;
 - llama_q8_0.gguf: llama.gguf with every matrix whose rows hold whole blocks of 32 (all but ffn_down, 56 wide)
@@ -256,6 +256,9 @@ def write_llama(out, family_folder, arch, quantize=False):
                 if arch == "llama" and heads:  # llama.cpp rotates a llama's adjacent pairs
                     a = permute_rows(a, heads)
                 t.append(f32_tensor(g + ours + "." + kind, a))
+        for norm, ours in [("q_norm", "attn_q_norm"), ("k_norm", "attn_k_norm")]:  # Qwen3's, one per head size
+            if hf + "self_attn." + norm + ".weight" in w:
+                t.append(f32_tensor(g + ours + ".weight", w[hf + "self_attn." + norm + ".weight"]))
         t.append(f32_tensor(g + "attn_output.weight", w[hf + "self_attn.o_proj.weight"]))
         t.append(f32_tensor(g + "ffn_gate.weight", w[hf + "mlp.gate_proj.weight"]))
         t.append(f32_tensor(g + "ffn_up.weight", w[hf + "mlp.up_proj.weight"]))
@@ -389,6 +392,7 @@ def main():
     write_llama("llama.gguf", "gqa_tied", "llama")
     write_llama("llama_q8_0.gguf", "gqa_tied", "llama", quantize=True)
     write_llama("qwen2.gguf", "qwen2_bias", "qwen2")
+    write_llama("qwen3.gguf", "qwen3_untied_bf16", "qwen3")
     write_gpt2("gpt2.gguf", "lm_head_model")
     write_neox("gptneox.gguf", "parallel_quarter")
     write_neox("gptneox_sequential.gguf", "sequential_full")

@@ -2,8 +2,9 @@
 PyTorch's logits and greedy continuation for each (tests/fixtures/llama_folders/).
 
 transformers is not a Debian package, so LlamaForCausalLM's maths (and Mistral's and Qwen2's, the same
-function) is written out here in torch from its definition, in float64: RMSNorm (x * rsqrt(mean(x^2) + eps) *
-w), rotary embeddings on halves (rotate_half; inv_freq = theta^(-2i/D)), grouped-query attention (repeat_kv),
+function, and Qwen3's, which adds q_norm and k_norm: an RMSNorm over each head's D dims of the queries and keys,
+one (D) weight all heads share, before rotary) is written out here in torch from its definition, in float64:
+RMSNorm (x * rsqrt(mean(x^2) + eps) * w), rotary embeddings on halves (rotate_half; inv_freq = theta^(-2i/D)), grouped-query attention (repeat_kv),
 causal softmax of q k^T / sqrt(D), SwiGLU (down(silu(gate x) * up x)), pre-norm blocks, the final norm and the
 head (tied to embed_tokens unless lm_head.weight is given). The safetensors writer (one file or shards) and the
 rounding to values float16 and bfloat16 both hold exactly are fixtures_gpt2_folders.py's.
@@ -13,6 +14,14 @@ Variants (each its own sizes and weights; reference.json holds each one's ids, l
   mqa_untied_f16/    llama, multi-query (1 key/value head), lm_head.weight, rope_theta 500, F16
   mha_mistral_bf16/  mistral, 4 key/value heads, sliding_window null, BF16 in two shards
   qwen2_bias/        qwen2, q/k/v biases, head_dim 12 (not hidden_size / heads), vocab padded past its use, F32
+  qwen3_tied/        qwen3, q/k norms, head_dim 16 (q_proj 64 wide for hidden 32), 2 key/value heads, tied, F32
+  qwen3_untied_bf16/ qwen3, q/k norms, head_dim 12, multi-query, lm_head.weight, BF16 in two shards
+  mistral_window/    mistral, sliding_window 5 on every layer (the prompt and its continuation are 16), F32
+  qwen2_window/      qwen2, use_sliding_window with max_window_layers 1: layer 1 sees 6 positions, layer 0 all
+  qwen3_window/      qwen3, layer_types [sliding_attention, full_attention] with sliding_window 4
+  phi3_window_gqa/   phi3: Phi-3's fused qkv_proj (q | k | v, unequal under grouped-query) and gate_up_proj
+                     (gate | up), sliding_window 7 on every layer, 2 key/value heads, untied
+A windowed layer's query i sees keys j with i - window < j <= i (transformers' sliding_window_overlay).
 
 Usage: python3 tools/fixtures_llama_folders.py [--out tests/fixtures/llama_folders]
 (needs python3-torch: scripts/install-deps.sh --python)
@@ -34,7 +43,33 @@ VARIANTS = {
                              theta=10000.0, tied=True, bias=False, dtype="BF16", shards=2),
     "qwen2_bias": dict(model_type="qwen2", heads=4, kv=2, hidden=32, inter=48, head_dim=12, theta=1000000.0,
                        tied=False, bias=True, dtype="F32", shards=1),
+    "qwen3_tied": dict(model_type="qwen3", heads=4, kv=2, hidden=32, inter=48, head_dim=16, theta=1000000.0,
+                       tied=True, bias=False, dtype="F32", shards=1),
+    "qwen3_untied_bf16": dict(model_type="qwen3", heads=4, kv=1, hidden=32, inter=40, head_dim=12, theta=10000.0,
+                              tied=False, bias=False, dtype="BF16", shards=2),
+    "mistral_window": dict(model_type="mistral", heads=4, kv=2, hidden=32, inter=40, head_dim=None, theta=10000.0,
+                           tied=False, bias=False, dtype="F32", shards=1, window=5, windowed=[0, 1]),
+    "qwen2_window": dict(model_type="qwen2", heads=4, kv=2, hidden=32, inter=48, head_dim=None, theta=10000.0,
+                         tied=True, bias=True, dtype="F32", shards=1, window=6, windowed=[1]),
+    "qwen3_window": dict(model_type="qwen3", heads=4, kv=2, hidden=32, inter=48, head_dim=16, theta=10000.0,
+                         tied=True, bias=False, dtype="F32", shards=1, window=4, windowed=[0], layer_types=True),
+    "phi3_window_gqa": dict(model_type="phi3", heads=4, kv=2, hidden=32, inter=40, head_dim=None, theta=10000.0,
+                            tied=False, bias=False, dtype="F32", shards=1, window=7, windowed=[0, 1]),
 }
+
+
+def phi3_layout(w):
+    """Phi3ForCausalLM's names: q | k | v rows in one qkv_proj, gate | up rows in one gate_up_proj."""
+    out = {}
+    for name, t in w.items():
+        if ".self_attn.q_proj." in name:
+            p = name.replace(".q_proj.", ".{}.")
+            out[name.replace(".q_proj.", ".qkv_proj.")] = torch.cat([w[p.format(x)] for x in ("q_proj", "k_proj", "v_proj")])
+        elif ".mlp.gate_proj." in name:
+            out[name.replace(".gate_proj.", ".gate_up_proj.")] = torch.cat([t, w[name.replace(".gate_proj.", ".up_proj.")]])
+        elif not any(k in name for k in (".k_proj.", ".v_proj.", ".up_proj.")):
+            out[name] = t
+    return out
 LAYERS, POSITIONS, VOCAB, EPS = 2, 16, 80, 1e-6
 
 
@@ -59,6 +94,9 @@ def random_weights(v, seed):
             if v["bias"]:
                 w[p + f"self_attn.{name}.bias"] = rnd(rows, scale=0.1)
         w[p + "self_attn.o_proj.weight"] = rnd(C, v["heads"] * D)
+        if v["model_type"] == "qwen3":
+            w[p + "self_attn.q_norm.weight"] = representable(1 + rnd(D, scale=0.3))
+            w[p + "self_attn.k_norm.weight"] = representable(1 + rnd(D, scale=0.3))
         w[p + "mlp.gate_proj.weight"] = rnd(F, C)
         w[p + "mlp.up_proj.weight"] = rnd(F, C)
         w[p + "mlp.down_proj.weight"] = rnd(C, F)
@@ -83,6 +121,8 @@ def llama_logits(v, w, ids):
     freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)
     cos, sin = torch.cat((freqs, freqs), -1).cos(), torch.cat((freqs, freqs), -1).sin()  # (T, D)
     mask = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+    if v.get("window"):  # also hidden: keys window or more before the query
+        local = mask | torch.tril(torch.ones(T, T, dtype=torch.bool), diagonal=-v["window"])
     x = w["model.embed_tokens.weight"][ids]
     for i in range(LAYERS):
         p = f"model.layers.{i}."
@@ -95,9 +135,12 @@ def llama_logits(v, w, ids):
             return y.view(B, T, heads, D).transpose(1, 2)
 
         q, k, vv = proj("q_proj", H), proj("k_proj", Hkv), proj("v_proj", Hkv)
+        if v["model_type"] == "qwen3":  # Qwen3Attention: q_norm(q_proj(x).view(..., D)), before rotary
+            q, k = rms(q, w[p + "self_attn.q_norm.weight"]), rms(k, w[p + "self_attn.k_norm.weight"])
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         k, vv = k.repeat_interleave(H // Hkv, dim=1), vv.repeat_interleave(H // Hkv, dim=1)
-        att = torch.softmax((q @ k.transpose(-1, -2) / D ** 0.5).masked_fill(mask, float("-inf")), dim=-1)
+        hidden = local if i in v.get("windowed", []) else mask
+        att = torch.softmax((q @ k.transpose(-1, -2) / D ** 0.5).masked_fill(hidden, float("-inf")), dim=-1)
         x = x + (att @ vv).transpose(1, 2).reshape(B, T, H * D) @ w[p + "self_attn.o_proj.weight"].T
         m = rms(x, w[p + "post_attention_layernorm.weight"])
         gate, up = m @ w[p + "mlp.gate_proj.weight"].T, m @ w[p + "mlp.up_proj.weight"].T
@@ -114,8 +157,8 @@ def greedy(v, w, prompt, n):
 
 
 def config_json(v):
-    c = {"architectures": [{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
-                            "qwen2": "Qwen2ForCausalLM"}[v["model_type"]]],
+    c = {"architectures": [{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                            "qwen3": "Qwen3ForCausalLM", "phi3": "Phi3ForCausalLM"}[v["model_type"]]],
          "model_type": v["model_type"], "hidden_size": v["hidden"], "intermediate_size": v["inter"],
          "num_hidden_layers": LAYERS, "num_attention_heads": v["heads"], "num_key_value_heads": v["kv"],
          "max_position_embeddings": POSITIONS, "vocab_size": VOCAB, "rms_norm_eps": EPS, "rope_theta": v["theta"],
@@ -125,9 +168,22 @@ def config_json(v):
     if v["model_type"] == "llama":
         c.update(attention_bias=False, mlp_bias=False, rope_scaling=None)
     if v["model_type"] == "mistral":
-        c["sliding_window"] = None
+        c["sliding_window"] = v.get("window")
+    if v["model_type"] == "phi3":  # as Phi-3-mini-4k-instruct's config.json has them
+        c.update(sliding_window=v["window"], attention_bias=False, original_max_position_embeddings=POSITIONS,
+                 rope_scaling=None, resid_pdrop=0.0, embd_pdrop=0.0, pad_token_id=0)
     if v["model_type"] == "qwen2":
         c.update(use_sliding_window=False, sliding_window=POSITIONS)
+        if v.get("window"):
+            c.update(use_sliding_window=True, sliding_window=v["window"], max_window_layers=v["windowed"][0])
+    if v["model_type"] == "qwen3":  # as Qwen3-0.6B's config.json has them
+        c.update(attention_bias=False, use_sliding_window=False, sliding_window=None, max_window_layers=LAYERS,
+                 rope_scaling=None, layer_types=["full_attention"] * LAYERS, bos_token_id=151643,
+                 eos_token_id=151645)
+        if v.get("layer_types"):
+            c.update(sliding_window=v["window"], use_sliding_window=True,
+                     layer_types=["sliding_attention" if i in v["windowed"] else "full_attention"
+                                  for i in range(LAYERS)])
     return json.dumps(c, indent=2) + "\n"
 
 
@@ -146,7 +202,7 @@ def main():
         os.makedirs(d, exist_ok=True)
         with open(os.path.join(d, "config.json"), "w") as f:
             f.write(config_json(v))
-        write_weights(d, w, v["dtype"], v["shards"])
+        write_weights(d, phi3_layout(w) if v["model_type"] == "phi3" else w, v["dtype"], v["shards"])
         reference[name] = {"ids": ids.tolist(), "logits": llama_logits(v, w, ids).tolist(), "prompt": prompt,
                            "greedy": greedy(v, w, prompt, 12)}
     with open(os.path.join(args.out, "reference.json"), "w") as f:

@@ -1,0 +1,67 @@
+"""The newer families from Python (tests/fixtures/llama_folders/qwen3_*, tests/fixtures/gpt_neo_folders): a Qwen3
+folder and a GPT-Neo folder give their float64 twins' logits (tools/fixtures_*_folders.py), their hook points keep
+TransformerLens's names, and a GPT-Neo local layer's pattern is zero before its window. Run by ctest (label python)."""
+import json
+import os
+import shutil
+
+import numpy as np
+
+import headlab
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures")
+
+
+def with_tokenizer(tmp_path, family, variant, embedding, vocab=1472):
+    """The fixture folder (float32 safetensors, a tied head) with a byte-level BPE tokenizer.json beside it: the
+    embedding padded with zero rows to the tokenizer's vocabulary, so the first rows' logits are the twin's."""
+    folder = tmp_path / variant
+    shutil.copytree(os.path.join(FIXTURES, family, variant), folder)
+    shutil.copy(os.path.join(FIXTURES, "tokenizer_json", "qwen2.json"), folder / "tokenizer.json")
+    path = folder / "model.safetensors"
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    tensors = {k: np.frombuffer(raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]], np.float32).reshape(
+        v["shape"]) for k, v in header.items() if k != "__metadata__"}
+    tensors[embedding] = np.concatenate([tensors[embedding], np.zeros((vocab - tensors[embedding].shape[0],
+                                                                       tensors[embedding].shape[1]), np.float32)])
+    head, data, at = {}, b"", 0
+    for k, t in tensors.items():
+        head[k] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [at, at + t.nbytes]}
+        data, at = data + t.tobytes(), at + t.nbytes
+    text = json.dumps(head).encode()
+    path.write_bytes(len(text).to_bytes(8, "little") + text + data)
+    config = json.load(open(folder / "config.json"))
+    config["vocab_size"] = vocab
+    json.dump(config, open(folder / "config.json", "w"))
+    return str(folder)
+
+
+def reference(family, variant):
+    return json.load(open(os.path.join(FIXTURES, family, "reference.json")))[variant]
+
+
+def test_qwen3_folder_gives_its_twins_logits_and_hook_points(tmp_path):
+    model = headlab.load(with_tokenizer(tmp_path, "llama_folders", "qwen3_tied", "model.embed_tokens.weight"))
+    ref = reference("llama_folders", "qwen3_tied")
+    ids = np.array(ref["ids"], dtype=np.int64)
+    assert np.abs(np.asarray(model(ids))[..., :80] - np.array(ref["logits"])).max() < 1e-5
+    logits, cache = model.run_with_cache(ids)
+    q = np.asarray(cache["blocks.0.attn.hook_q"])  # the projection, before the per-head norm: (B, T, H, 16)
+    assert q.shape == (2, 16, 4, 16)
+    rot_q = np.asarray(cache["blocks.0.attn.hook_rot_q"])  # normalised and rotated: each head's rms is its weight's
+    assert rot_q.shape == q.shape and not np.allclose(rot_q, q)
+
+
+def test_gpt_neo_local_layer_sees_only_its_window(tmp_path):
+    model = headlab.load(with_tokenizer(tmp_path, "gpt_neo_folders", "global_local", "transformer.wte.weight"))
+    ref = reference("gpt_neo_folders", "global_local")
+    ids = np.array(ref["ids"], dtype=np.int64)
+    assert np.abs(np.asarray(model(ids))[..., :80] - np.array(ref["logits"])).max() < 1e-5
+    _, cache = model.run_with_cache(ids)
+    local = np.asarray(cache["blocks.1.attn.hook_pattern"])  # (B, H, T, T); window_size 5
+    glob = np.asarray(cache["blocks.0.attn.hook_pattern"])
+    assert local[:, :, 10, :6].max() == 0 and local[:, :, 10, 6:11].min() > 0
+    assert glob[:, :, 10, :6].min() > 0
+    np.testing.assert_allclose(local.sum(-1), 1, atol=1e-5)

@@ -16,9 +16,11 @@
 #include "nn/generate.h"
 #include "nn/decoder_family.h"
 #include "tests/core_test_util.h"
+#include "tests/every_command.h"
 #include "tests/process_util.h"
 
 using namespace headlab;
+using headlab::testing::headlab_in;
 using headlab::testing::TempDir;
 
 namespace {
@@ -51,14 +53,6 @@ nn::DecoderConfig small_config(bool parallel, int64_t rotary_dims) {
   c.vocab_size = 37, c.context_length = 16, c.emb_dim = 24, c.n_heads = 3, c.n_layers = 2, c.hidden_dim = 40;
   c.rotary_dims = rotary_dims, c.rope_theta = 500.0, c.parallel_residual = parallel;
   return c;
-}
-
-// `headlab args...` run in dir's folder; a failure is reported naming the command.
-headlab::testing::ProcessResult headlab_in(const TempDir& dir, std::vector<std::string> args) {
-  args.insert(args.begin(), std::string(HEADLAB_BINARY_DIR) + "/headlab");
-  headlab::testing::ProcessResult r = headlab::testing::run_process(args, dir.dir());
-  EXPECT_EQ(r.code, 0) << args[1] << ": " << r.err;
-  return r;
 }
 
 }  // namespace
@@ -246,21 +240,7 @@ TEST(NeoX, EveryCommandRunsOnAModelTrainedFromScratch) {
   EXPECT_NE(train.out.find("neox, 2 layers x 2 heads, emb 32, ffn 128, rotary 4 of 16 dims, parallel residual"),
             std::string::npos)
       << train.out;
-  const std::string ck = dir.path("run/checkpoint.h5");
-  run({"eval", ck, "--batches", "1"});
-  run({"inspect", ck});
-  run({"generate", ck, "--prompt", "1234"});
-  run({"heads", ck, "--batches", "1", "--batch-size", "4", "--out", dir.path("heads")});
-  run({"heads", ck, "--task", "induction", "--rows", "4", "--out", dir.path("heads_pairs")});
-  run({"ablate", ck, "--batches", "1", "--batch-size", "4", "--prune", "1", "--repeats", "1", "--out",
-       dir.path("abl")});
-  run({"circuit", ck, "--task", "induction", "--rows", "4", "--check-edges", "4", "--out", dir.path("circ")});
-  run({"attention", ck, "--prompt", "1234", "--out", dir.path("att")});
-  run({"export", ck, "--out", dir.path("hf")});
-  run({"export", dir.path("abl/pruned.h5"), "--out", dir.path("hf_pruned")});
-  run({"train", "--init", ck, "--steps", "1", "--batch-size", "4", "--eval-every", "1", "--eval-batches", "1", "--out",
-       dir.path("init")});
-  run({"train", "--resume", "--steps", "4", "--out", dir.path("run")});
+  headlab::testing::run_every_checkpoint_command(dir, dir.path("run/checkpoint.h5"));
 }
 
 // A Pythia-like folder with its tokenizer.json (a byte-level BPE with the NFC normalizer, as GPT-NeoX-20B's):
@@ -278,19 +258,8 @@ TEST(NeoX, EveryCommandReadsAFolderWithItsTokenizerJson) {
   files.files.emplace_back("tokenizer.json", headlab::testing::slurp(tok));
   const std::string hub = dir.path("pythia");
   io::family_named("neox", "test").folder->write(hub, m, files);
-  {
-    std::ofstream story(dir.path("story.txt"));
-    for (int i = 0; i < 20; ++i)
-      story << "Once upon a time there was a little dog. The dog liked to run in the park. One day the dog saw a "
-               "cat, and the cat ran up a tree.\n";
-  }
-  run({"inspect", hub});
-  run({"tokenize", hub, "--prompt", "Once upon a time"});
-  run({"eval", hub, "--text", dir.path("story.txt")});
-  run({"generate", hub, "--prompt", "Once upon a time", "--max-new-tokens", "4"});
-  run({"attention", hub, "--prompt", "Once upon a time", "--out", dir.path("att")});
-  run({"heads", hub, "--task", "induction", "--rows", "4", "--out", dir.path("heads")});
-  run({"circuit", hub, "--task", "induction", "--rows", "4", "--check-edges", "4", "--out", dir.path("circ")});
+  const std::string story = headlab::testing::write_story(dir);
+  headlab::testing::run_every_folder_command(dir, hub, story);
   // Pythia's training revisions as folders step<N>: heads gives every head's scores at each, on the text given.
   for (const char* revision : {"step100", "step20"}) {
     nn::DecoderModel other(c);

@@ -93,12 +93,34 @@ def gpt2_logits(w, ids, lm_head=None):
     return x @ (w["wte.weight"] if lm_head is None else lm_head).T
 
 
-def greedy(w, prompt, n, lm_head=None):
+def greedy_continuation(logits, prompt, n, positions):
+    """n ids after prompt, each the argmax of logits(ids) (B, T, V) at the last of the last `positions` ids."""
     ids = list(prompt)
     for _ in range(n):
-        logits = gpt2_logits(w, torch.tensor([ids[-CONFIG["n_positions"]:]]), lm_head)
-        ids.append(int(logits[0, -1].argmax()))
+        ids.append(int(logits(torch.tensor([ids[-positions:]]))[0, -1].argmax()))
     return ids[len(prompt):]
+
+
+def greedy(w, prompt, n, lm_head=None):
+    return greedy_continuation(lambda ids: gpt2_logits(w, ids, lm_head), prompt, n, CONFIG["n_positions"])
+
+
+def write_variants(out, variants, first_seed, ids, prompt, positions, random_weights, config_json, logits, write):
+    """Each variant's folder (config.json, and its weights through write(folder, v, w)) and reference.json: the
+    twin's logits over ids and its greedy continuation of prompt (12 ids), per variant, seeds first_seed, + 1, ..."""
+    reference = {}
+    for seed, (name, v) in enumerate(variants.items()):
+        w = random_weights(v, first_seed + seed)
+        d = os.path.join(out, name)
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "config.json"), "w") as f:
+            f.write(config_json(v))
+        write(d, v, w)
+        reference[name] = {"ids": ids.tolist(), "logits": logits(v, w, ids).tolist(), "prompt": prompt,
+                           "greedy": greedy_continuation(lambda x: logits(v, w, x), prompt, 12, positions)}
+    with open(os.path.join(out, "reference.json"), "w") as f:
+        json.dump(reference, f)
+        f.write("\n")
 
 
 DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}

@@ -20,12 +20,11 @@ Usage: python3 tools/fixtures_gpt_neo_folders.py [--out tests/fixtures/gpt_neo_f
 """
 import argparse
 import json
-import math
 import os
 
 import torch
 
-from fixtures_gpt2_folders import representable, write_weights
+from fixtures_gpt2_folders import gelu_new, representable, write_variants, write_weights
 
 VARIANTS = {
     "global_local": dict(kinds=["global", "local"], window=5, heads=4, hidden=32, inter=48, dtype="F32", bin=False,
@@ -66,9 +65,6 @@ def random_weights(v, seed):
     return w
 
 
-def gelu_new(x):
-    return 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x.pow(3))))
-
 
 def gpt_neo_logits(v, w, ids):
     """GPTNeoForCausalLM's forward in eval mode, float64: ids (B, T) -> logits (B, T, V)."""
@@ -99,12 +95,6 @@ def gpt_neo_logits(v, w, ids):
     return x @ w["transformer.wte.weight"].T
 
 
-def greedy(v, w, prompt, n):
-    ids = list(prompt)
-    for _ in range(n):
-        ids.append(int(gpt_neo_logits(v, w, torch.tensor([ids[-POSITIONS:]]))[0, -1].argmax()))
-    return ids[len(prompt):]
-
 
 def config_json(v):
     c = {"architectures": ["GPTNeoForCausalLM"], "model_type": "gpt_neo", "hidden_size": v["hidden"],
@@ -127,30 +117,24 @@ def main():
     g = torch.Generator().manual_seed(17)
     ids = torch.randint(0, VOCAB, (2, POSITIONS), generator=g)
     prompt = [5, 17, 42, 3]
-    reference = {}
-    for seed, (name, v) in enumerate(VARIANTS.items()):
-        w = random_weights(v, 300 + seed)
-        d = os.path.join(args.out, name)
-        os.makedirs(d, exist_ok=True)
-        with open(os.path.join(d, "config.json"), "w") as f:
-            f.write(config_json(v))
-        if v["bin"]:  # torch.save's zip archive, as the Hub's pytorch_model.bin files are, with the older buffers
-            sd = dict(w)
-            sd["lm_head.weight"] = w["transformer.wte.weight"]
-            for i in range(LAYERS):
-                mask = torch.tril(torch.ones(POSITIONS, POSITIONS, dtype=torch.bool)).view(1, 1, POSITIONS, POSITIONS)
-                if v["kinds"][i] == "local":
-                    mask = mask ^ torch.tril(mask, -v["window"])
-                sd[f"transformer.h.{i}.attn.attention.bias"] = mask
-                sd[f"transformer.h.{i}.attn.attention.masked_bias"] = torch.tensor(-1e9)
-            torch.save(sd, os.path.join(d, "pytorch_model.bin"))
-        else:
+
+    def write(d, v, w):
+        if not v["bin"]:
             write_weights(d, w, v["dtype"])
-        reference[name] = {"ids": ids.tolist(), "logits": gpt_neo_logits(v, w, ids).tolist(), "prompt": prompt,
-                           "greedy": greedy(v, w, prompt, 12)}
-    with open(os.path.join(args.out, "reference.json"), "w") as f:
-        json.dump(reference, f)
-        f.write("\n")
+            return
+        # torch.save's zip archive, as the Hub's pytorch_model.bin files are, with the buffers older files save
+        sd = dict(w)
+        sd["lm_head.weight"] = w["transformer.wte.weight"]
+        for i in range(LAYERS):
+            mask = torch.tril(torch.ones(POSITIONS, POSITIONS, dtype=torch.bool)).view(1, 1, POSITIONS, POSITIONS)
+            if v["kinds"][i] == "local":
+                mask = mask ^ torch.tril(mask, -v["window"])
+            sd[f"transformer.h.{i}.attn.attention.bias"] = mask
+            sd[f"transformer.h.{i}.attn.attention.masked_bias"] = torch.tensor(-1e9)
+        torch.save(sd, os.path.join(d, "pytorch_model.bin"))
+
+    write_variants(args.out, VARIANTS, 300, ids, prompt, POSITIONS, random_weights, config_json, gpt_neo_logits,
+                   write)
 
 
 if __name__ == "__main__":

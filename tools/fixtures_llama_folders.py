@@ -32,7 +32,7 @@ import os
 
 import torch
 
-from fixtures_gpt2_folders import representable, write_weights
+from fixtures_gpt2_folders import representable, write_variants, write_weights
 
 VARIANTS = {
     "gqa_tied": dict(model_type="llama", heads=4, kv=2, hidden=32, inter=56, head_dim=None, theta=10000.0,
@@ -149,12 +149,6 @@ def llama_logits(v, w, ids):
     return x @ w.get("lm_head.weight", w["model.embed_tokens.weight"]).T
 
 
-def greedy(v, w, prompt, n):
-    ids = list(prompt)
-    for _ in range(n):
-        ids.append(int(llama_logits(v, w, torch.tensor([ids[-POSITIONS:]]))[0, -1].argmax()))
-    return ids[len(prompt):]
-
 
 def config_json(v):
     c = {"architectures": [{"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
@@ -195,19 +189,11 @@ def main():
     g = torch.Generator().manual_seed(7)
     ids = torch.randint(0, VOCAB - 8, (2, POSITIONS), generator=g)  # the padded last 8 ids never appear
     prompt = [5, 17, 42, 3]
-    reference = {}
-    for seed, (name, v) in enumerate(VARIANTS.items()):
-        w = random_weights(v, 100 + seed)
-        d = os.path.join(args.out, name)
-        os.makedirs(d, exist_ok=True)
-        with open(os.path.join(d, "config.json"), "w") as f:
-            f.write(config_json(v))
+
+    def write(d, v, w):
         write_weights(d, phi3_layout(w) if v["model_type"] == "phi3" else w, v["dtype"], v["shards"])
-        reference[name] = {"ids": ids.tolist(), "logits": llama_logits(v, w, ids).tolist(), "prompt": prompt,
-                           "greedy": greedy(v, w, prompt, 12)}
-    with open(os.path.join(args.out, "reference.json"), "w") as f:
-        json.dump(reference, f)
-        f.write("\n")
+
+    write_variants(args.out, VARIANTS, 100, ids, prompt, POSITIONS, random_weights, config_json, llama_logits, write)
 
 
 if __name__ == "__main__":

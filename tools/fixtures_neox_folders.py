@@ -26,7 +26,7 @@ import struct
 
 import torch
 
-from fixtures_gpt2_folders import representable, write_weights
+from fixtures_gpt2_folders import representable, write_variants, write_weights
 
 VARIANTS = {
     "parallel_quarter": dict(parallel=True, pct=0.25, heads=4, hidden=32, inter=64, tied=False, dtype="F32",
@@ -118,12 +118,6 @@ def neox_logits(v, w, ids):
     return x @ w.get("embed_out.weight", w["gpt_neox.embed_in.weight"]).T
 
 
-def greedy(v, w, prompt, n):
-    ids = list(prompt)
-    for _ in range(n):
-        ids.append(int(neox_logits(v, w, torch.tensor([ids[-POSITIONS:]]))[0, -1].argmax()))
-    return ids[len(prompt):]
-
 
 def config_json(v):
     c = {"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", "hidden_size": v["hidden"],
@@ -170,21 +164,13 @@ def main():
     g = torch.Generator().manual_seed(11)
     ids = torch.randint(0, VOCAB, (2, POSITIONS), generator=g)
     prompt = [7, 19, 44, 2]
-    reference = {}
-    for seed, (name, v) in enumerate(VARIANTS.items()):
-        w = random_weights(v, 300 + seed)
-        d = os.path.join(args.out, name)
-        os.makedirs(d, exist_ok=True)
-        with open(os.path.join(d, "config.json"), "w") as f:
-            f.write(config_json(v))
+
+    def write(d, v, w):
         write_weights(d, w, v["dtype"], v["shards"])
         if v["buffers"]:
             add_buffers(os.path.join(d, "model.safetensors"), v)
-        reference[name] = {"ids": ids.tolist(), "logits": neox_logits(v, w, ids).tolist(), "prompt": prompt,
-                           "greedy": greedy(v, w, prompt, 12)}
-    with open(os.path.join(args.out, "reference.json"), "w") as f:
-        json.dump(reference, f)
-        f.write("\n")
+
+    write_variants(args.out, VARIANTS, 300, ids, prompt, POSITIONS, random_weights, config_json, neox_logits, write)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@
 // train's options, and what it refuses by name.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -213,4 +214,36 @@ TEST(Qwen3, TrainsFromTrainsOptionsAndRefusesWhatItLacks) {
   EXPECT_ERROR(io::family_of_folder(bias).folder->read_config(bias), "attention_bias is not supported");
   EXPECT_ERROR(io::family_of_folder(sliding).folder->read_config(sliding),
                "layer_types has sliding_attention layers but sliding_window is not given");
+}
+
+// The q/k norm over the whole projection (QkNorm::whole, OLMo-2's: RMSNorm(H*D) on the queries, RMSNorm(Hkv*D) on the
+// keys, before the heads split) against the same maths written out: the fused form computes it; the per-head form,
+// which cannot hold a norm that mixes heads, refuses it by name.
+TEST(QkNorm, WholeProjectionNormEqualsTheMathsWrittenOut) {
+  manual_seed(12);
+  nn::CausalAttentionSizes s;
+  s.d_in = 12, s.d_out = 12, s.context_length = 8, s.num_heads = 4, s.num_kv_heads = 2, s.head_dim = 3;
+  s.qk_norm = nn::QkNorm::whole, s.qk_norm_eps = 1e-6;
+  nn::CausalMultiHeadAttention att(s);
+  att.to(DType::f64);
+  Generator g(2);
+  {
+    const NoGradGuard no_grad;
+    att.q_norm->weight.detach().copy_(add(att.q_norm->weight, mul(randn({12}, g, DType::f64), 0.3)));
+    att.k_norm->weight.detach().copy_(add(att.k_norm->weight, mul(randn({6}, g, DType::f64), 0.3)));
+  }
+  const Tensor x = randn({2, 5, 12}, g, DType::f64);
+  const NoGradGuard no_grad;
+  const auto rms = [](const Tensor& t, const Tensor& w) {  // over the last dim: t / sqrt(mean(t^2) + eps) * w
+    return mul(div(t, sqrt(add(mean(mul(t, t), {-1}, true), 1e-6))), w);
+  };
+  const Tensor q = rms(linear(x, att.W_query->weight, att.W_query->bias), att.q_norm->weight).view({2, 5, 4, 3});
+  const Tensor k = rms(linear(x, att.W_key->weight, att.W_key->bias), att.k_norm->weight).view({2, 5, 2, 3});
+  const Tensor v = linear(x, att.W_value->weight, att.W_value->bias).view({2, 5, 2, 3});
+  const Tensor kh = repeat_kv(k.transpose(1, 2), 4), vh = repeat_kv(v.transpose(1, 2), 4);
+  const Tensor w = causal_softmax(matmul(q.transpose(1, 2), kh.mT()), 1.0 / std::sqrt(3.0));  // (2, 4, 5, 5)
+  const Tensor want = linear(matmul(w, vh).transpose(1, 2).reshape({2, 5, 12}), att.out_proj->weight,
+                             att.out_proj->bias);
+  EXPECT_LT(max_diff(att.forward(x), want), 1e-12);
+  EXPECT_ERROR(att.split_heads(), "q/k norms over the whole projection (OLMo-2's) mix the heads");
 }

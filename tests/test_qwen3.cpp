@@ -242,8 +242,8 @@ TEST(QkNorm, WholeProjectionNormEqualsTheMathsWrittenOut) {
   const Tensor v = linear(x, att.W_value->weight, att.W_value->bias).view({2, 5, 2, 3});
   const Tensor kh = repeat_kv(k.transpose(1, 2), 4), vh = repeat_kv(v.transpose(1, 2), 4);
   const Tensor w = causal_softmax(matmul(q.transpose(1, 2), kh.mT()), 1.0 / std::sqrt(3.0));  // (2, 4, 5, 5)
-  const Tensor want = linear(matmul(w, vh).transpose(1, 2).reshape({2, 5, 12}), att.out_proj->weight,
-                             att.out_proj->bias);
+  const Tensor want =
+      linear(matmul(w, vh).transpose(1, 2).reshape({2, 5, 12}), att.out_proj->weight, att.out_proj->bias);
   EXPECT_LT(max_diff(att.forward(x), want), 1e-12);
   EXPECT_ERROR(att.split_heads(), "q/k norms over the whole projection (OLMo-2's) mix the heads");
 }

@@ -33,6 +33,12 @@ const char* input_name(Input in) {
 
 // ---- the graph ----
 CircuitGraph::CircuitGraph(const nn::DecoderModel& model) : n_layers_(model.n_layers()) {
+  // A node's output is what it adds to the stream; through a post norm (Gemma 2/3, OLMo-2) the heads' results are
+  // not that, and patching one sender's share of a normed sum is not defined here.
+  HL_CHECK(!model.shape().post_norms, "prompt pairs: ", model.type_name(),
+           " norms each attention's and MLP's output before the stream adds it (post norms), so its heads' outputs "
+           "are not terms of the stream; path patching over post-norm models (circuit, heads --task) is not "
+           "supported yet");
   const bool mlp = model.shape().has_mlp, parallel = model.shape().parallel_residual;
   nodes_.push_back({-1, -1});  // the embeddings
   const auto add_group = [&](int64_t layer, Input input, std::initializer_list<std::pair<Input, int64_t>> parts) {

@@ -111,27 +111,38 @@ LogitAttribution logit_attribution(nn::DecoderModel& model, const EvalSet& data)
     }
     for (size_t l = 0; l < Ls; ++l) {
       const auto layer = static_cast<int64_t>(l);
-      if (b_O[l].defined()) {
-        const std::vector<double> bias = share(b_O[l]);
-        for (size_t k = 0; k < 2; ++k) variants[k]->out_proj_bias[l] += bias[k];
-      }
-      if (shape.has_mlp) {
+      if (shape.has_mlp) {  // hook_mlp_out: what the stream adds, after any post norm
         const std::vector<double> ffw = share(scored(cached(HookPoint::mlp_out, layer)));
         for (size_t k = 0; k < 2; ++k) variants[k]->feed_forward[l] += ffw[k];
       }
       const int64_t H = model.attention(layer).head_count();
       if (H == 0) continue;
+      const Tensor z = scored(cached(HookPoint::z, layer));  // (N, H*D)
+      // dirs as the attention's output sees them: through its post norm (no bias) frozen at that output, if any
+      Tensor dirs_l = dirs;
+      if (const nn::Norm* post = model.decoder_block(layer).ln1_post()) {
+        const Tensor attn = matmul(z, W_O[l]);  // (N, C)
+        dirs_l = nn::freeze(*post, b_O[l].defined() ? add(attn, b_O[l]) : attn).back(dirs);
+      }
+      if (b_O[l].defined()) {
+        const std::vector<double> bias = mul(dirs_l, b_O[l]).sum({1, 2}).to_vector<double>();
+        for (size_t k = 0; k < 2; ++k) variants[k]->out_proj_bias[l] += bias[k];
+      }
       // Head h's share is z_h . (W_O[h] dirs): dirs taken back through W_O once for all heads.
-      const Tensor z = scored(cached(HookPoint::z, layer));                                    // (N, H*D)
-      const Tensor back = matmul(dirs.reshape({2 * N, -1}), W_O[l].mT()).reshape({2, N, -1});  // (2, N, H*D)
+      const Tensor back = matmul(dirs_l.reshape({2 * N, -1}), W_O[l].mT()).reshape({2, N, -1});  // (2, N, H*D)
       const std::vector<double> heads = mul(back, z).reshape({2, N, H, -1}).sum({1, 3}).to_vector<double>();
       const auto Hs = static_cast<size_t>(H);
       for (size_t k = 0; k < 2; ++k)
         for (size_t h = 0; h < Hs; ++h) variants[k]->heads[l][h] += heads[k * Hs + h];
     }
 
-    // The totals from the model's own final norm and unembedding, which the components must add up to.
-    const std::vector<double> logits = scored(out).to_vector<double>();
+    // The totals from the model's own final norm and unembedding, which the components must add up to: the
+    // logits before a soft-cap (Gemma 2's), which the components are linear in.
+    const Tensor logits_split =
+        model.config().logit_softcap > 0
+            ? model.unembed_uncapped(model.normalize_final(cached(HookPoint::resid_post, L - 1)))
+            : out;
+    const std::vector<double> logits = scored(logits_split).to_vector<double>();
     for (size_t n = 0; n < rows.size(); ++n) {
       const double* row = logits.data() + n * static_cast<size_t>(V);
       const double correct = row[ys[n]], mean = std::accumulate(row, row + V, 0.0) / static_cast<double>(V);

@@ -4,6 +4,8 @@
 // LayerNorm sigma = sqrt(var(x_L) + eps)), a logit is linear in them:
 //   logit_y = sum_i ((comp_i - mean_C(comp_i)) / sigma * gamma) . W_U[y]  +  shift . W_U[y]  (+ b_U[y]).
 // So every component gets its share of the correct token's logit, exactly (eval mode, no dropout).
+// With post norms (Gemma 2/3, OLMo-2) each layer's attention post norm is frozen too, at the output it normed,
+// so the heads' shares stay exact; with a logit soft-cap (Gemma 2) the logit split is the one before the cap.
 // Without norms sigma is 1 and there is no centring or shift. L = layers, H = heads of a layer, D = head size,
 // C = d_model, V = the predicted vocabulary (out_vocab_size).
 #pragma once

@@ -7,15 +7,17 @@
 // KV-cache bytes per token over the rate at which every thread reads those very bytes where they lie, measured just
 // before each timed decoding (decoding is memory-bound; the rate moves with the other tenants and with the pages).
 // bench/gpt2_ratios.sh and bench/llama_ratios.sh run it beside the peers and print the ratios. Usage: decoder_infer
-// [--model DIR | --arch gpt|llama|qwen3|neox [--layers L --dim C --heads H --kv-heads K --hidden F
-//                       --vocab V --positions P --head-dim D (qwen3)]] [--batch-size B] [--prefill T] [--decode N]
-//                       [--threads N]
+// [--model DIR | --arch gpt|llama|qwen3|gemma3|neox [--layers L --dim C --heads H --kv-heads K --hidden F
+//                       --vocab V --positions P --head-dim D (qwen3, gemma3)]] [--batch-size B] [--prefill T]
+//                       [--decode N] [--threads N]
 //                      [--repeats R] [--prefill-chunk N] [--save DIR] [--device cpu|cuda]
 // Shapes by default: gpt is GPT-2 small (124M, tied head); llama is SmolLM-135M (30 layers, width 576, 9 query
 // heads sharing 3 key/value heads, SwiGLU 1536, vocabulary 49152, tied head); neox is Pythia-160M (12 layers,
 // width 768, 12 heads, MLP 3072, vocabulary 50304, rotary on 16 of 64 dims, parallel residual), as the peers';
 // qwen3 is Qwen3-0.6B (28 layers, width 1024, 16 query heads of 128 sharing 8 key/value heads, q/k norms, SwiGLU
-// 3072, vocabulary 151936, tied head), which the LLaMA peer runs at its nearest (heads of 64: bench/family_ratios.sh).
+// 3072, vocabulary 151936, tied head), which the LLaMA peer runs at its nearest (heads of 64: bench/family_ratios.sh);
+// gemma3 is Gemma-3-270M (18 layers, width 640, 4 query heads of 256 sharing 1 key/value head, GeGLU 2048, vocabulary
+// 262144, tied head, four norms a block, q/k norms, windows of 512 on all layers but every sixth, two rotary bases).
 // On a GPU every timed call ends with a device synchronisation (as the peer's do) and the floors use the
 // GPU's own GEMM rate and read bandwidth.
 // --prefill-chunk N: generate's prefill fills the cache N prompt tokens at a time (default: generate's own,
@@ -151,6 +153,16 @@ nlohmann::json random_config(const std::string& arch, const std::vector<std::pai
     c.rope_theta = 1e6, c.norm_eps = 1e-6;
     return c.to_json();
   }
+  if (arch == "gemma3") {  // Gemma-3-270M's shape: 4 heads of 256 (1,024 wide) on a stream of 640, 1 key/value head
+    nn::DecoderConfig c = nn::gemma3_family().config();
+    c.n_layers = size("layers", 18), c.emb_dim = size("dim", 640), c.n_heads = size("heads", 4);
+    c.n_kv_heads = size("kv-heads", 1), c.head_dim = size("head-dim", 256), c.hidden_dim = size("hidden", 2048);
+    c.vocab_size = size("vocab", 262144), c.context_length = size("positions", 2048);
+    c.rope_theta = 1e6, c.rope_local_theta = 1e4, c.attn_scale = 1.0 / 16, c.sliding_window = 512;
+    for (int64_t l = 0; l < c.n_layers; ++l)
+      if ((l + 1) % 6 != 0) c.window_layers.push_back(l);
+    return c.to_json();
+  }
   nn::DecoderConfig c = nn::llama_family().config();  // SmolLM-135M's shape, the peer's default
   c.n_layers = size("layers", 30), c.emb_dim = size("dim", 576), c.n_heads = size("heads", 9);
   c.n_kv_heads = size("kv-heads", 3), c.hidden_dim = size("hidden", 1536), c.vocab_size = size("vocab", 49152);
@@ -243,8 +255,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "decoder_infer: --dtype is float32, bfloat16, q8_0 or q4_k, not %s\n", dtype.c_str());
     return 2;
   }
-  if (arch != "gpt" && arch != "llama" && arch != "qwen3" && arch != "neox") {
-    std::fprintf(stderr, "decoder_infer: --arch is gpt, llama, qwen3 or neox, not %s\n", arch.c_str());
+  if (arch != "gpt" && arch != "llama" && arch != "qwen3" && arch != "gemma3" && arch != "neox") {
+    std::fprintf(stderr, "decoder_infer: --arch is gpt, llama, qwen3, gemma3 or neox, not %s\n", arch.c_str());
     return 2;
   }
   omp_set_num_threads(threads);

@@ -17,6 +17,10 @@ const std::vector<Family>& families() {
       {nn::encoder_decoder_family()},                // d2l's Transformer
       {nn::llama_family(), &hf_llama_format()},      // LLaMA, Mistral, Qwen2 folders; llama2.c files (io/llama2c.h)
       {nn::qwen3_family(), &hf_qwen3_format()},      // Qwen3 folders
+      {nn::olmo2_family(), &hf_olmo2_format()},      // OLMo-2 folders
+      {nn::gemma_family(), &hf_gemma_format()},      // Gemma 1 folders
+      {nn::gemma2_family(), &hf_gemma2_format()},    // Gemma 2 folders
+      {nn::gemma3_family(), &hf_gemma3_format()},    // Gemma 3's text folders
       {nn::neox_family(), &hf_neox_format()},        // GPT-NeoX (Pythia) folders
       {nn::gpt_neo_family(), &hf_gpt_neo_format()},  // GPT-Neo (TinyStories) folders
       {nn::hooked_family()},                         // TransformerLens's HookedTransformer; no folder format

@@ -1,9 +1,12 @@
-// LLaMA-family folders in the Hugging Face layout <-> the llama family's parameters (see hf_llama.h): config.json's
-// keys, and the weight table: names map one to one (model.layers.N.self_attn.q_proj -> trf_blocks.N.att.W_query,
-// mlp.gate_proj -> ff.fc1, up_proj -> fc2, down_proj -> fc3, input_layernorm -> norm1, post_attention_layernorm ->
-// norm2); nn.Linear's (out, in) on both sides; q and k rows in the halves layout.
+// LLaMA-layout folders in the Hugging Face layout <-> the llama-layout families' parameters (see hf_llama.h):
+// config.json's keys, and the weight table: names map one to one (model.layers.N.self_attn.q_proj ->
+// trf_blocks.N.att.W_query, mlp.gate_proj -> ff.fc1, up_proj -> fc2, down_proj -> fc3, input_layernorm -> norm1,
+// post_attention_layernorm -> norm2; with post norms post_attention_layernorm -> norm1_post,
+// pre_feedforward_layernorm -> norm2, post_feedforward_layernorm -> norm2_post); nn.Linear's (out, in) on both
+// sides; q and k rows in the halves layout.
 #include "io/hf_llama.h"
 
+#include <cmath>
 #include <utility>
 #include <vector>
 
@@ -15,15 +18,37 @@ namespace {
 
 using nlohmann::json;
 
+// config.json's integer at key in [lo, hi], or fallback where absent or null.
+int64_t int_or(const json& j, const char* key, int64_t lo, int64_t hi, int64_t fallback, const std::string& file) {
+  return j.contains(key) && !j.at(key).is_null() ? hf_config_int(j, {key}, lo, hi, file) : fallback;
+}
+
+// The family each model_type is read as.
+const nn::DecoderFamily& family_of_type(const std::string& type) {
+  if (type == "qwen3") return nn::qwen3_family();
+  if (type == "olmo2") return nn::olmo2_family();
+  if (type == "gemma") return nn::gemma_family();
+  if (type == "gemma2") return nn::gemma2_family();
+  if (type == "gemma3_text") return nn::gemma3_family();
+  return nn::llama_family();
+}
+
 // Sliding-window layers: transformers' layer_types where given ("sliding_attention"), else Mistral's every layer
 // and Qwen's layers from max_window_layers on where use_sliding_window; each sees itself and sliding_window - 1
 // positions before. A window no shorter than the context changes nothing and is dropped.
+// Gemma 3 without layer_types: sliding_window_pattern (6), every layer windowed but each pattern-th.
 void read_windows(const json& j, const std::string& type, const std::string& file, nn::DecoderConfig& c) {
   const bool qwen = type == "qwen2" || type == "qwen3";
   const bool given = j.contains("sliding_window") && !j.at("sliding_window").is_null();
   const bool used =
       qwen ? hf_config_value<bool>(j, "use_sliding_window", false, file) : type == "mistral" || type == "phi3";
   std::vector<int64_t> layers;
+  if ((type == "gemma3_text" || type == "gemma2") && !(j.contains("layer_types") && !j.at("layer_types").is_null())) {
+    // Gemma 2: the even layers (a pattern of 2)
+    const int64_t pattern = type == "gemma2" ? 2 : int_or(j, "sliding_window_pattern", 1, 10000, 6, file);
+    for (int64_t l = 0; l < c.n_layers; ++l)
+      if ((l + 1) % pattern != 0) layers.push_back(l);
+  }
   if (j.contains("layer_types") && !j.at("layer_types").is_null()) {
     const json& kinds = j.at("layer_types");
     HL_CHECK(kinds.is_array() && static_cast<int64_t>(kinds.size()) == c.n_layers, file,
@@ -33,7 +58,7 @@ void read_windows(const json& j, const std::string& type, const std::string& fil
                kinds[l].dump(), " is not supported (full_attention or sliding_attention)");
       if (kinds[l] == "sliding_attention") layers.push_back(static_cast<int64_t>(l));
     }
-  } else if (used && given) {
+  } else if (used && given && layers.empty()) {
     const int64_t from = qwen ? hf_config_int(j, {"max_window_layers"}, 0, 10000, file) : 0;
     for (int64_t l = from; l < c.n_layers; ++l) layers.push_back(l);
   }
@@ -47,14 +72,16 @@ void read_windows(const json& j, const std::string& type, const std::string& fil
 
 nn::DecoderConfig llama_config_from_hf(const json& j, const std::string& file) {
   const std::string type = hf_config_value<std::string>(j, "model_type", "", file);
-  HL_CHECK(type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3" || type == "phi3", file,
-           ": model_type '", type, "' is not one the llama family reads (llama, mistral, qwen2, phi3, qwen3)");
-  nn::DecoderConfig c = (type == "qwen3" ? nn::qwen3_family() : nn::llama_family()).config();
+  const bool gemma2 = type == "gemma2", gemma = type == "gemma" || gemma2 || type == "gemma3_text";
+  HL_CHECK(type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3" || type == "phi3" ||
+               type == "olmo2" || gemma,
+           file, ": model_type '", type,
+           "' is not one the llama layout reads (llama, mistral, qwen2, phi3, qwen3, olmo2, gemma, gemma2, "
+           "gemma3_text)");
+  nn::DecoderConfig c = family_of_type(type).config();
   c.n_layers = hf_config_int(j, {"num_hidden_layers"}, 1, 10000, file);
   c.n_heads = hf_config_int(j, {"num_attention_heads"}, 1, 100000, file);
-  c.n_kv_heads = j.contains("num_key_value_heads") && !j.at("num_key_value_heads").is_null()
-                     ? hf_config_int(j, {"num_key_value_heads"}, 1, 100000, file)
-                     : c.n_heads;
+  c.n_kv_heads = int_or(j, "num_key_value_heads", 1, 100000, c.n_heads, file);
   HL_CHECK(c.n_heads % c.n_kv_heads == 0, file, ": num_key_value_heads ", c.n_kv_heads,
            " does not divide num_attention_heads ", c.n_heads);
   c.emb_dim = hf_config_int(j, {"hidden_size"}, 1, 1 << 20, file);
@@ -62,18 +89,35 @@ nn::DecoderConfig llama_config_from_hf(const json& j, const std::string& file) {
   c.vocab_size = hf_config_int(j, {"vocab_size"}, 1, 1 << 28, file);
   c.context_length = hf_config_int(j, {"max_position_embeddings"}, 1, 1 << 24, file);
   const int64_t natural = c.emb_dim % c.n_heads == 0 ? c.emb_dim / c.n_heads : 0;
-  c.head_dim = j.contains("head_dim") && !j.at("head_dim").is_null() ? hf_config_int(j, {"head_dim"}, 2, 1 << 16, file)
-                                                                     : natural;
+  c.head_dim = int_or(j, "head_dim", 2, 1 << 16, natural, file);
   HL_CHECK(c.head_dim > 0, file, ": hidden_size ", c.emb_dim, " is not divisible by num_attention_heads ", c.n_heads,
            " and head_dim is not given");
   if (c.head_dim == natural) c.head_dim = 0;  // the default, as a fresh model writes it
   c.norm_eps = hf_config_value<double>(j, "rms_norm_eps", 1e-6, file);
-  c.rope_theta = hf_config_value<double>(j, "rope_theta", 10000.0, file);
+  c.rope_theta = hf_config_value<double>(j, "rope_theta", type == "gemma3_text" ? 1e6 : 10000.0, file);
   c.rope_interleaved = false;                                                       // rotate_half
-  c.tie_embeddings = hf_config_value<bool>(j, "tie_word_embeddings", false, file);  // LlamaConfig's default
+  c.tie_embeddings = hf_config_value<bool>(j, "tie_word_embeddings", gemma, file);  // each config class's default
   c.drop_rate = hf_config_value<double>(j, "attention_dropout", 0.0, file);
-  const std::string act = hf_config_value<std::string>(j, "hidden_act", "silu", file);
-  HL_CHECK(act == "silu", file, ": hidden_act '", act, "' is not supported (the llama family's MLP is SwiGLU: silu)");
+  if (gemma) {  // hidden_activation; Gemma 1's hidden_act is read past, as transformers does
+    const std::string act = hf_config_value<std::string>(j, "hidden_activation", "gelu_pytorch_tanh", file);
+    HL_CHECK(act == "gelu_pytorch_tanh", file, ": hidden_activation '", act,
+             "' is not supported (Gemma's MLP is GeGLU with the tanh GELU: gelu_pytorch_tanh)");
+  } else {
+    const std::string act = hf_config_value<std::string>(j, "hidden_act", "silu", file);
+    HL_CHECK(act == "silu", file, ": hidden_act '", act, "' is not supported (the llama family's MLP is SwiGLU: silu)");
+  }
+  if (gemma && type != "gemma") {  // Gemma 2's and 3's: the scores' factor, soft-caps (Gemma2Config's defaults)
+    if (!gemma2) c.rope_local_theta = hf_config_value<double>(j, "rope_local_base_freq", 10000.0, file);
+    const double scalar = hf_config_value<double>(j, "query_pre_attn_scalar", 256.0, file);
+    HL_CHECK(scalar > 0 && std::isfinite(scalar), file, ": query_pre_attn_scalar must be positive, got ", scalar);
+    c.attn_scale = 1.0 / std::sqrt(scalar);
+    const auto cap = [&](const char* key, double fallback) {
+      const double v = hf_config_value<double>(j, key, gemma2 ? fallback : 0.0, file);
+      HL_CHECK(v >= 0 && std::isfinite(v), file, ": ", key, " must be positive or null, got ", v);
+      return v;
+    };
+    c.attn_softcap = cap("attn_logit_softcapping", 50.0), c.logit_softcap = cap("final_logit_softcapping", 30.0);
+  }
   if (j.contains("rope_scaling") && !j.at("rope_scaling").is_null()) {  // {"rope_type": "default"} is plain rotary
     const json& s = j.at("rope_scaling");
     const json kind = s.is_object() ? s.value("rope_type", s.value("type", json())) : json();
@@ -84,12 +128,10 @@ nn::DecoderConfig llama_config_from_hf(const json& j, const std::string& file) {
   HL_CHECK(rotated == 1.0, file, ": partial_rotary_factor ", rotated,
            " is not supported (the llama family rotates every dim of each head)");
   HL_CHECK(!hf_config_value<bool>(j, "mlp_bias", false, file), file, ": mlp_bias is not supported");
-  if (type == "qwen3") {  // attention_bias: biases on q, k, v and o_proj
-    HL_CHECK(!hf_config_value<bool>(j, "attention_bias", false, file), file,
-             ": attention_bias is not supported (biases on q, k, v and o_proj)");
-  } else if (type == "qwen2") {
+  if (type == "qwen2") {
     c.qkv_bias = true;  // Qwen2's q, k and v projections have biases; o_proj has none
   } else {
+    // attention_bias: biases on q, k, v and o_proj
     HL_CHECK(!hf_config_value<bool>(j, "attention_bias", false, file), file,
              ": attention_bias is not supported (biases on q, k, v and o_proj)");
   }
@@ -124,9 +166,10 @@ WeightMap llama_weights(const nn::DecoderConfig& c, bool fused) {
       if (c.qkv_bias) add(hf + ".self_attn." + h + ".bias", ours + ".att." + o + ".bias", {rows}, rotary);
     }
     add(hf + ".self_attn.o_proj.weight", ours + ".att.out_proj.weight", {C, Dq});
-    if (c.qk_norm == nn::QkNorm::per_head) {  // Qwen3: one (D) weight each, over every head's queries, keys
-      add(hf + ".self_attn.q_norm.weight", ours + ".att.q_norm.weight", {c.head_size()});
-      add(hf + ".self_attn.k_norm.weight", ours + ".att.k_norm.weight", {c.head_size()});
+    if (c.qk_norm != nn::QkNorm::none) {  // one (D) weight each, over every head's (Qwen3); or over all (OLMo-2)
+      const bool whole = c.qk_norm == nn::QkNorm::whole;
+      add(hf + ".self_attn.q_norm.weight", ours + ".att.q_norm.weight", {whole ? Dq : c.head_size()});
+      add(hf + ".self_attn.k_norm.weight", ours + ".att.k_norm.weight", {whole ? Dkv : c.head_size()});
     }
     if (fused)
       m.add(hf + ".mlp.gate_up_proj.weight", {ours + ".ff.fc1.weight", ours + ".ff.fc2.weight"}, {2 * F, C}).fused =
@@ -135,8 +178,14 @@ WeightMap llama_weights(const nn::DecoderConfig& c, bool fused) {
       add(hf + ".mlp.gate_proj.weight", ours + ".ff.fc1.weight", {F, C}),
           add(hf + ".mlp.up_proj.weight", ours + ".ff.fc2.weight", {F, C});
     add(hf + ".mlp.down_proj.weight", ours + ".ff.fc3.weight", {C, F});
-    add(hf + ".input_layernorm.weight", ours + ".norm1.weight", {C});
-    add(hf + ".post_attention_layernorm.weight", ours + ".norm2.weight", {C});
+    if (c.pre_norms) add(hf + ".input_layernorm.weight", ours + ".norm1.weight", {C});
+    if (!c.post_norms) {
+      add(hf + ".post_attention_layernorm.weight", ours + ".norm2.weight", {C});
+      continue;
+    }
+    if (c.pre_norms) add(hf + ".pre_feedforward_layernorm.weight", ours + ".norm2.weight", {C});
+    add(hf + ".post_attention_layernorm.weight", ours + ".norm1_post.weight", {C});
+    add(hf + ".post_feedforward_layernorm.weight", ours + ".norm2_post.weight", {C});
   }
   add("model.norm.weight", "final_norm.weight", {C});
   if (c.tie_embeddings) {
@@ -165,21 +214,29 @@ class HfLlamaFormat final : public DecoderFolderFormat {
     return llama_weights(c, phi3);
   }
   json hf_config(const nn::DecoderConfig& c) const override {
-    const bool qwen3 = c.qk_norm != nn::QkNorm::none, qwen2 = c.qkv_bias,
-               mistral = !qwen3 && !qwen2 && c.sliding_window;
+    const std::string arch = c.family->arch();
+    const bool qwen3 = arch == "qwen3", qwen2 = c.qkv_bias, later_gemma = arch == "gemma3" || arch == "gemma2",
+               mistral = arch == "llama" && !qwen2 && c.sliding_window;
     HL_CHECK(
         !mistral || c.window_layers.empty(),
         "export: a llama model with sliding windows on some layers only has "
         "no Hugging Face layout (Mistral's window is on every layer; Qwen2's and Qwen3's take biases or q/k norms)");
-    json out = {{"architectures",
-                 {qwen3     ? "Qwen3ForCausalLM"
-                  : qwen2   ? "Qwen2ForCausalLM"
-                  : mistral ? "MistralForCausalLM"
-                            : "LlamaForCausalLM"}},
-                {"model_type", qwen3     ? "qwen3"
-                               : qwen2   ? "qwen2"
-                               : mistral ? "mistral"
-                                         : "llama"},
+    HL_CHECK((arch != "gemma" && arch != "olmo2") || c.sliding_window == 0, "export: a ", arch,
+             " model with sliding windows has no Hugging Face layout (", arch, "'s layers see every position)");
+    HL_CHECK(later_gemma || (c.attn_softcap == 0 && c.logit_softcap == 0), "export: a ", arch,
+             " model with soft-caps has no Hugging Face layout (Gemma 2's and 3's have them)");
+    HL_CHECK(arch == "gemma3" || c.rope_local_theta == 0, "export: a ", arch,
+             " model with a second rotary base for its windowed layers has no Hugging Face layout (Gemma 3's has)");
+    const std::pair<const char*, const char*> type = qwen3              ? std::pair{"qwen3", "Qwen3ForCausalLM"}
+                                                     : qwen2            ? std::pair{"qwen2", "Qwen2ForCausalLM"}
+                                                     : mistral          ? std::pair{"mistral", "MistralForCausalLM"}
+                                                     : arch == "olmo2"  ? std::pair{"olmo2", "Olmo2ForCausalLM"}
+                                                     : arch == "gemma"  ? std::pair{"gemma", "GemmaForCausalLM"}
+                                                     : arch == "gemma2" ? std::pair{"gemma2", "Gemma2ForCausalLM"}
+                                                     : later_gemma      ? std::pair{"gemma3_text", "Gemma3ForCausalLM"}
+                                                                        : std::pair{"llama", "LlamaForCausalLM"};
+    json out = {{"architectures", {type.second}},
+                {"model_type", type.first},
                 {"num_hidden_layers", c.n_layers},
                 {"num_attention_heads", c.n_heads},
                 {"num_key_value_heads", c.kv_heads()},
@@ -190,15 +247,27 @@ class HfLlamaFormat final : public DecoderFolderFormat {
                 {"max_position_embeddings", c.context_length},
                 {"rms_norm_eps", c.norm_eps},
                 {"rope_theta", c.rope_theta},
-                {"hidden_act", "silu"},
+                {"hidden_act", c.mlp == nn::MlpKind::geglu ? "gelu_pytorch_tanh" : "silu"},
                 {"tie_word_embeddings", c.tie_embeddings},
                 {"attention_dropout", c.drop_rate},
                 {"torch_dtype", "float32"}};
+    if (c.mlp == nn::MlpKind::geglu) out["hidden_activation"] = "gelu_pytorch_tanh";
+    json kinds = json::array();
+    for (int64_t l = 0; l < c.n_layers; ++l) kinds.push_back(c.window_of(l) ? "sliding_attention" : "full_attention");
+    if (later_gemma) {
+      const double scalar = c.attn_scale > 0 ? 1.0 / (c.attn_scale * c.attn_scale) : static_cast<double>(c.head_size());
+      out["query_pre_attn_scalar"] =
+          std::abs(scalar - std::round(scalar)) < 1e-9 * scalar ? std::round(scalar) : scalar;
+      if (arch == "gemma3") out["rope_local_base_freq"] = c.rope_local_theta > 0 ? c.rope_local_theta : c.rope_theta;
+      out["attn_logit_softcapping"] = c.attn_softcap > 0 ? json(c.attn_softcap) : json();
+      out["final_logit_softcapping"] = c.logit_softcap > 0 ? json(c.logit_softcap) : json();
+      out["sliding_window"] = c.sliding_window ? c.sliding_window : c.context_length;
+      out["layer_types"] = kinds;
+      return out;
+    }
     if (c.sliding_window == 0) return out;
     out["sliding_window"] = c.sliding_window;
     if (mistral) return out;
-    json kinds = json::array();
-    for (int64_t l = 0; l < c.n_layers; ++l) kinds.push_back(c.window_of(l) ? "sliding_attention" : "full_attention");
     out["use_sliding_window"] = true, out["layer_types"] = kinds;
     out["max_window_layers"] = c.window_layers.empty() ? 0 : c.window_layers.front();
     return out;
@@ -206,7 +275,10 @@ class HfLlamaFormat final : public DecoderFolderFormat {
   std::string describe(const nn::DecoderConfig& c) const override {
     return std::string("head: ") + (c.tie_embeddings ? "tied to embed_tokens" : "lm_head.weight") + "; " +
            std::to_string(c.kv_heads()) + " key/value heads for " + std::to_string(c.n_heads) + " query heads" +
-           (c.qk_norm != nn::QkNorm::none ? "; q/k norms per head" : "");
+           (c.qk_norm == nn::QkNorm::per_head ? "; q/k norms per head"
+            : c.qk_norm == nn::QkNorm::whole  ? "; q/k norms over the whole projections"
+                                              : "") +
+           (c.post_norms ? "; norms after attention and MLP" : "");
   }
 
  private:
@@ -227,6 +299,26 @@ const FolderFormat& hf_llama_format() { return format(); }
 
 const FolderFormat& hf_qwen3_format() {
   static const HfLlamaFormat f(nn::qwen3_family(), {"qwen3"});
+  return f;
+}
+
+const FolderFormat& hf_olmo2_format() {
+  static const HfLlamaFormat f(nn::olmo2_family(), {"olmo2"});
+  return f;
+}
+
+const FolderFormat& hf_gemma_format() {
+  static const HfLlamaFormat f(nn::gemma_family(), {"gemma"});
+  return f;
+}
+
+const FolderFormat& hf_gemma2_format() {
+  static const HfLlamaFormat f(nn::gemma2_family(), {"gemma2"});
+  return f;
+}
+
+const FolderFormat& hf_gemma3_format() {
+  static const HfLlamaFormat f(nn::gemma3_family(), {"gemma3_text"});
   return f;
 }
 

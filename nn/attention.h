@@ -169,8 +169,10 @@ struct CausalAttentionSizes {
   Rotary rotary;
   QkNorm qk_norm = QkNorm::none;
   double qk_norm_eps = 1e-6;
+  double qk_norm_offset = 0.0;  // the q/k norms' weight_offset (Gemma 3's (1 + weight): 1)
   int64_t window = 0;  // sliding-window attention: each query sees itself and the window - 1 keys before; 0: all
   double scale = 0.0;  // the scores' factor; 0: 1 / sqrt(head_dim) (GPT-Neo: 1, unscaled)
+  double softcap = 0.0;  // the scaled scores soft-capped, softcap * tanh(s / softcap) (Gemma 2's); 0: none
   int64_t kv_heads() const { return num_kv_heads ? num_kv_heads : num_heads; }
 };
 
@@ -256,7 +258,7 @@ class CausalAttention : public UnaryModule {
     std::shared_ptr<Linear> key = nullptr, value = nullptr;
     std::shared_ptr<RMSNorm> q_norm = nullptr, k_norm = nullptr;
     int64_t window = 0;
-    double scale = 0.0;
+    double scale = 0.0, softcap = 0.0;
   };
   CausalAttention(int64_t d_in, int64_t d_out, int64_t context_length, double dropout, bool qkv_bias,
                   const Rotary& rotary, const Shared& shared);
@@ -266,7 +268,8 @@ class CausalAttention : public UnaryModule {
   int64_t d_in, d_out, context_length;
   Rotary rotary;
   int64_t window = 0;
-  double scale;  // the scores' factor
+  double scale;    // the scores' factor
+  double softcap;  // as CausalAttentionSizes's
   bool keep_attention_weights = false;
   Tensor attention_weights;  // (B, T, T) when kept
   std::shared_ptr<Linear> W_query, W_key, W_value;
@@ -316,9 +319,10 @@ class MultiHeadAttentionWrapper : public CausalMultiHead {
   bool qkv_bias;
   Rotary rotary;
   QkNorm qk_norm;  // none or per_head (a norm over the whole projection mixes the heads: refused)
-  double qk_norm_eps;
+  double qk_norm_eps, qk_norm_offset;
   int64_t window;
-  double scale;  // as CausalAttentionSizes's (0: 1 / sqrt(head size))
+  double scale;    // as CausalAttentionSizes's (0: 1 / sqrt(head size))
+  double softcap;  // as CausalAttentionSizes's
   HeadControl head_control;
   std::shared_ptr<ModuleList> heads;
   std::shared_ptr<Linear> out_proj;  // null unless out_proj
@@ -368,9 +372,10 @@ class CausalMultiHeadAttention : public CausalMultiHead {
   bool qkv_bias;
   Rotary rotary;
   QkNorm qk_norm;
-  double qk_norm_eps;
+  double qk_norm_eps, qk_norm_offset;
   int64_t window;  // sliding-window attention (CausalAttentionSizes::window); 0: none
   double scale;    // as CausalAttentionSizes's (0: 1 / sqrt(head size))
+  double softcap;  // as CausalAttentionSizes's
   bool keep_weights = false;
   Tensor attention_weights;  // (B, H, T, T) when kept
   HeadControl head_control;

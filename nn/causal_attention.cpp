@@ -81,7 +81,8 @@ CausalAttention::CausalAttention(int64_t din, int64_t dout, int64_t ctx, double 
       context_length(ctx),
       rotary(r),
       window(shared.window),
-      scale(shared.scale > 0 ? shared.scale : 1.0 / std::sqrt(static_cast<double>(dout))) {
+      scale(shared.scale > 0 ? shared.scale : 1.0 / std::sqrt(static_cast<double>(dout))),
+      softcap(shared.softcap) {
   const char* who = "CausalAttention";
   HL_CHECK(ctx > 0, who, ": context_length must be positive, got ", ctx);
   HL_CHECK(window >= 0, who, ": the window must be >= 0 keys, got ", window);
@@ -121,9 +122,9 @@ Tensor CausalAttention::forward(const Tensor& x) {
   const AttentionMask mask = AttentionMask::causal().within(window);
   if (!keep_attention_weights)
     return scaled_dot_product_attention(queries, keys, values, mask, dropout->p, dropout->is_training(),
-                                        default_generator(), scale);
+                                        default_generator(), scale, softcap);
   const Tensor scores = matmul(queries, keys.mT());  // (B, T, T)
-  const Tensor weights = attention_softmax(scores, mask, scale);
+  const Tensor weights = attention_softmax(scores, mask, scale, softcap);
   attention_weights = weights.detach();
   return matmul(dropout->forward(weights), values);
 }
@@ -163,8 +164,10 @@ MultiHeadAttentionWrapper::MultiHeadAttentionWrapper(const CausalAttentionSizes&
       rotary(s.rotary),
       qk_norm(s.qk_norm),
       qk_norm_eps(s.qk_norm_eps),
+      qk_norm_offset(s.qk_norm_offset),
       window(s.window),
-      scale(s.scale) {
+      scale(s.scale),
+      softcap(s.softcap) {
   const char* who = "MultiHeadAttentionWrapper";
   HL_CHECK(num_heads >= 0, who, ": num_heads must be >= 0, got ", num_heads);
   HL_CHECK(num_heads == 0 ? num_kv_heads == 0 : num_kv_heads > 0 && num_heads % num_kv_heads == 0, who,
@@ -175,7 +178,8 @@ MultiHeadAttentionWrapper::MultiHeadAttentionWrapper(const CausalAttentionSizes&
            "separate heads cannot hold; use the fused form");
   std::shared_ptr<RMSNorm> q_norm, k_norm;  // per head: one pair every head shares, as the fused form's
   if (qk_norm == QkNorm::per_head)
-    q_norm = std::make_shared<RMSNorm>(d_out, qk_norm_eps), k_norm = std::make_shared<RMSNorm>(d_out, qk_norm_eps);
+    q_norm = std::make_shared<RMSNorm>(d_out, qk_norm_eps, qk_norm_offset),
+    k_norm = std::make_shared<RMSNorm>(d_out, qk_norm_eps, qk_norm_offset);
   heads = register_module("heads", std::make_shared<ModuleList>());
   const int64_t G = group_size();
   std::shared_ptr<CausalAttention> first;  // the group's first head: it owns W_key and W_value, the others share them
@@ -187,7 +191,8 @@ MultiHeadAttentionWrapper::MultiHeadAttentionWrapper(const CausalAttentionSizes&
                                                                           .q_norm = q_norm,
                                                                           .k_norm = k_norm,
                                                                           .window = window,
-                                                                          .scale = scale});
+                                                                          .scale = scale,
+                                                                          .softcap = softcap});
     if (!shares) first = head;
     heads->push_back(head);
   }
@@ -219,8 +224,10 @@ CausalAttentionSizes MultiHeadAttentionWrapper::sizes() const {
           .rotary = rotary,
           .qk_norm = qk_norm,
           .qk_norm_eps = qk_norm_eps,
+          .qk_norm_offset = qk_norm_offset,
           .window = window,
-          .scale = scale};
+          .scale = scale,
+          .softcap = softcap};
 }
 
 std::shared_ptr<MultiHeadAttentionWrapper> MultiHeadAttentionWrapper::merge_heads(const MultiHeadAttentionWrapper& w) {

@@ -51,8 +51,10 @@ CausalMultiHeadAttention::CausalMultiHeadAttention(const CausalAttentionSizes& s
       rotary(s.rotary),
       qk_norm(s.qk_norm),
       qk_norm_eps(s.qk_norm_eps),
+      qk_norm_offset(s.qk_norm_offset),
       window(s.window),
-      scale(s.scale) {
+      scale(s.scale),
+      softcap(s.softcap) {
   const char* who = "CausalMultiHeadAttention";
   HL_CHECK(window >= 0, who, ": the window must be >= 0 keys, got ", window);
   HL_CHECK(context_length > 0, who, ": context_length must be positive, got ", context_length);
@@ -67,8 +69,9 @@ CausalMultiHeadAttention::CausalMultiHeadAttention(const CausalAttentionSizes& s
   out_proj = register_module("out_proj", std::make_shared<Linear>(inner, d_out, s.out_bias));
   if (qk_norm != QkNorm::none) {  // Hugging Face's order: after o_proj
     const bool whole = qk_norm == QkNorm::whole;
-    q_norm = register_module("q_norm", std::make_shared<RMSNorm>(whole ? inner : head_dim, qk_norm_eps));
-    k_norm = register_module("k_norm", std::make_shared<RMSNorm>(whole ? kv : head_dim, qk_norm_eps));
+    q_norm =
+        register_module("q_norm", std::make_shared<RMSNorm>(whole ? inner : head_dim, qk_norm_eps, qk_norm_offset));
+    k_norm = register_module("k_norm", std::make_shared<RMSNorm>(whole ? kv : head_dim, qk_norm_eps, qk_norm_offset));
   }
   dropout = register_module("dropout", std::make_shared<Dropout>(dropout_p));
 }
@@ -224,17 +227,17 @@ Tensor CausalMultiHeadAttention::run(const AttentionInput& in, const Tensor& gat
       ctx = scaled_dot_product_attention(q.transpose(1, 2), cache->keys.narrow(2, from, filled + T - from),
                                          cache->values.narrow(2, from, filled + T - from),
                                          cached_mask(filled - from, B, T, first).within(T == 1 ? 0 : window), 0.0,
-                                         false, default_generator(), factor);
+                                         false, default_generator(), factor, softcap);
     } else if (keep_weights || site.wants(HookPoint::pattern)) {  // the weights wanted: materialised anyway
       const Tensor scores = matmul(q.transpose(1, 2), repeat_kv(k.transpose(1, 2), H).mT());  // (B, H, T, T)
       const Tensor pattern =
-          site(HookPoint::pattern, attention_softmax(scores, AttentionMask::causal().within(window), factor));
+          site(HookPoint::pattern, attention_softmax(scores, AttentionMask::causal().within(window), factor, softcap));
       if (keep_weights) attention_weights = pattern.detach();
       ctx = matmul(dropout->forward(pattern), repeat_kv(v.transpose(1, 2), H));
     } else {  // fused: reads the strided views directly, saves O(B*H*T) for backward
       ctx = scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                          AttentionMask::causal().within(window), dropout->p, dropout->is_training(),
-                                         default_generator(), factor);
+                                         default_generator(), factor, softcap);
     }
   }
   ctx = apply_head_control(who, ctx, head_control, gates);
@@ -275,6 +278,10 @@ HeadWeights CausalMultiHeadAttention::head_weights() const {
 // ---- conversion: every causal form to and from per-head form ----
 std::shared_ptr<CausalMultiHead> CausalMultiHead::prune_heads(const std::vector<int64_t>& keep) const {
   check_head_selection(keep, head_count(), type_name(), "the module");  // before the split, naming this module
+  const auto* fused = dynamic_cast<const CausalMultiHeadAttention*>(this);
+  HL_CHECK(!fused || fused->qk_norm != QkNorm::whole || static_cast<int64_t>(keep.size()) == head_count(),
+           "prune: q/k norms over the whole projections (OLMo-2's) normalise every head's queries and keys together, "
+           "so removing a head would change the others'; physical pruning is not supported (gating heads off is)");
   return merge_heads(*split_heads()->select_heads(keep), form());
 }
 
@@ -331,8 +338,10 @@ std::shared_ptr<MultiHeadAttentionWrapper> CausalMultiHeadAttention::split_heads
                                .rotary = rotary,
                                .qk_norm = qk_norm,
                                .qk_norm_eps = qk_norm_eps,
+                               .qk_norm_offset = qk_norm_offset,
                                .window = window,
-                               .scale = scale};
+                               .scale = scale,
+                               .softcap = softcap};
   auto w = std::make_shared<MultiHeadAttentionWrapper>(s, true);
   like(*w, *this);
   NoGradGuard no_grad;

@@ -3,6 +3,7 @@
 #include "nn/decoder.h"
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 
 #include "nn/decoder_family.h"
@@ -11,15 +12,16 @@ namespace headlab::nn {
 
 namespace {
 
-std::shared_ptr<Norm> make_norm(const DecoderConfig& c) {
-  if (c.norm == NormKind::none) return std::make_shared<IdentityNorm>(c.emb_dim);
-  if (c.norm == NormKind::rms_norm) return std::make_shared<RMSNorm>(c.emb_dim, c.norm_eps);
+// present false: a norm the family leaves out at that place (OLMo-2's before attention and MLP).
+std::shared_ptr<Norm> make_norm(const DecoderConfig& c, bool present = true) {
+  if (c.norm == NormKind::none || !present) return std::make_shared<IdentityNorm>(c.emb_dim);
+  if (c.norm == NormKind::rms_norm) return std::make_shared<RMSNorm>(c.emb_dim, c.norm_eps, c.norm_weight_offset);
   return std::make_shared<LayerNorm>(c.emb_dim, c.norm_eps,
                                      c.book_norm_names ? LayerNorm::Style::Book : LayerNorm::Style::Torch);
 }
 
 std::shared_ptr<Mlp> make_mlp(const DecoderConfig& c) {
-  if (c.mlp == MlpKind::swiglu) return std::make_shared<SwiGLUFeedForward>(c.emb_dim, c.mlp_width());
+  if (c.gated_mlp()) return std::make_shared<GatedFeedForward>(c.emb_dim, c.mlp_width(), c.mlp == MlpKind::geglu);
   if (c.mlp == MlpKind::relu) return std::make_shared<FeedForward>(c.emb_dim, c.mlp_width(), std::make_shared<ReLU>());
   return std::make_shared<FeedForward>(c.emb_dim, c.mlp_width(), c.mlp == MlpKind::gelu_tanh);
 }
@@ -30,22 +32,39 @@ std::shared_ptr<Mlp> make_mlp(const DecoderConfig& c) {
 DecoderBlock::DecoderBlock(const DecoderConfig& cfg, int64_t layer) : parallel(cfg.parallel_residual) {
   att = register_module("att", make_causal_attention(cfg.attention, cfg.attention_sizes(layer)));
   if (!cfg.attn_only) ff = register_module("ff", make_mlp(cfg));
-  norm1 = register_module("norm1", make_norm(cfg));
-  if (!cfg.attn_only) norm2 = register_module("norm2", make_norm(cfg));
+  norm1 = register_module("norm1", make_norm(cfg, cfg.pre_norms));
+  if (!cfg.attn_only) norm2 = register_module("norm2", make_norm(cfg, cfg.pre_norms));
+  if (cfg.post_norms) norm1_post = register_module("norm1_post", make_norm(cfg));
+  if (cfg.post_norms && !cfg.attn_only) norm2_post = register_module("norm2_post", make_norm(cfg));
   drop_shortcut = register_module("drop_shortcut", std::make_shared<Dropout>(cfg.drop_rate));
 }
+
+namespace {
+
+// A part's output y through its post norm, where the block has one.
+Tensor post_normed(Norm* post, HookPoint point, const HookSite& site, const Tensor& y) {
+  return post == nullptr ? y : site(point, post->forward(y));
+}
+
+}  // namespace
 
 Tensor DecoderBlock::forward(const Tensor& x_in, const HookSite& site, KVCache* cache) {
   const Tensor x = site(HookPoint::resid_pre, x_in);
   Dropout& drop = *drop_shortcut;
-  const Tensor attn_out = site(HookPoint::attn_out, drop.forward(attend(x, site, cache)));
+  const auto attn_branch = [&] {
+    return drop.forward(post_normed(ln1_post(), HookPoint::ln1_post_normalized, site, attend(x, site, cache)));
+  };
+  const auto mlp_branch = [&](const Tensor& stream) {
+    return drop.forward(post_normed(ln2_post(), HookPoint::ln2_post_normalized, site, feed(stream, site)));
+  };
+  const Tensor attn_out = site(HookPoint::attn_out, attn_branch());
   if (mlp() == nullptr) return site(HookPoint::resid_post, add(x, attn_out));
   if (parallel_residual()) {
-    const Tensor mlp_out = site(HookPoint::mlp_out, drop.forward(feed(x, site)));
+    const Tensor mlp_out = site(HookPoint::mlp_out, mlp_branch(x));
     return site(HookPoint::resid_post, add(add(x, attn_out), mlp_out));
   }
   const Tensor mid = site(HookPoint::resid_mid, add(x, attn_out));
-  const Tensor mlp_out = site(HookPoint::mlp_out, drop.forward(feed(mid, site)));
+  const Tensor mlp_out = site(HookPoint::mlp_out, mlp_branch(mid));
   return site(HookPoint::resid_post, add(mid, mlp_out));
 }
 
@@ -102,6 +121,8 @@ DecoderModel::DecoderModel(const DecoderConfig& cfg) : cfg_(cfg) {
             .learned_positions = cfg.learned_positions,
             .rotary = cfg.rotary_size() > 0,
             .parallel_residual = cfg.parallel_residual,
+            .pre_norms = cfg.pre_norms && cfg.norm != NormKind::none,
+            .post_norms = cfg.post_norms && cfg.norm != NormKind::none,
             .kept_heads = cfg.kept_heads};
   tok_emb = register_module("tok_emb", std::make_shared<Embedding>(cfg.vocab_size, cfg.emb_dim));
   if (cfg.learned_positions)
@@ -137,7 +158,10 @@ nlohmann::json DecoderModel::converted_config(AttentionForm form) const {
 Tensor DecoderModel::embed(const Tensor& idx, int64_t offset, Hooks* hooks) {
   check_token_ids(idx, offset);
   const HookSite site{hooks, -1};
-  const Tensor tok = site(HookPoint::embed, tok_emb->forward(idx));  // (B, T, C)
+  Tensor tok = tok_emb->forward(idx);  // (B, T, C)
+  // Gemma's sqrt(C) in float32, as its normalizer (a tensor in the stream's dtype)
+  if (cfg_.embed_scale) tok = mul(tok, static_cast<double>(std::sqrt(static_cast<float>(cfg_.emb_dim))));
+  tok = site(HookPoint::embed, tok);
   if (!pos_emb) return drop_emb->forward(tok);
   const int64_t B = idx.size(0), T = idx.size(1);
   Tensor pos = pos_emb->forward(
@@ -169,7 +193,11 @@ Tensor DecoderModel::normalize_final(const Tensor& x, Hooks* hooks) {
   return HookSite{hooks, -1}(HookPoint::ln_final_normalized, ln_final().forward(x));
 }
 
-Tensor DecoderModel::unembed_normalized(const Tensor& y) { return lm_head().forward(y); }
+Tensor DecoderModel::unembed_normalized(const Tensor& y) {
+  const Tensor logits = unembed_uncapped(y);
+  const double cap = cfg_.logit_softcap;  // Gemma 2's final_logit_softcapping: cap * tanh(logits / cap)
+  return cap > 0 ? mul(tanh(mul(logits, 1.0 / cap)), cap) : logits;
+}
 
 Tensor DecoderModel::unembed(const Tensor& x, Hooks* hooks) { return unembed_normalized(normalize_final(x, hooks)); }
 
@@ -205,9 +233,16 @@ HeadWeights DecoderModel::head_weights(int64_t layer, bool fold_norm, std::optio
   const auto as = [&](const Tensor& t) { return dtype && t.defined() ? t.to(*dtype) : t; };
   if (dtype)
     for (Tensor* t : {&w.W_Q, &w.W_K, &w.W_V, &w.W_O, &w.b_Q, &w.b_K, &w.b_V, &w.b_O}) *t = as(*t);
+  if (const Norm* post = decoder_block(layer).ln1_post(); fold_norm && post != nullptr) {
+    // The post norm's gain on what the heads write (its per-token scale, a scalar, stays out: scores that
+    // normalise, as composition's, are exact)
+    const Tensor g = as(post->gain().detach());
+    w.W_O = mul(w.W_O, g.view({1, 1, -1}));
+    if (w.b_O.defined()) w.b_O = mul(w.b_O, g);
+  }
   const Norm& ln = decoder_block(layer).ln1();
   if (!fold_norm || ln.identity()) return w;
-  const Tensor gamma = as(ln.weight.detach()).view({1, -1, 1});  // (1, C, 1): scales every head's reads
+  const Tensor gamma = as(ln.gain().detach()).view({1, -1, 1});  // (1, C, 1): scales every head's reads
   const Tensor beta = ln.bias.defined() ? as(ln.bias.detach()).view({1, -1, 1}) : Tensor();
   for (const auto& [W, b] : {std::pair{&w.W_Q, &w.b_Q}, std::pair{&w.W_K, &w.b_K}, std::pair{&w.W_V, &w.b_V}}) {
     if (beta.defined()) {
@@ -233,18 +268,21 @@ std::vector<HookKey> DecoderModel::hook_points(bool split_inputs) const {
   for (int64_t l = 0; l < n_layers(); ++l) {
     std::vector<P> points{P::resid_pre};
     if (split_inputs) points.insert(points.end(), {P::q_input, P::k_input, P::v_input});
-    if (shape_.normalized) points.push_back(P::ln1_normalized);
+    if (shape_.pre_norms) points.push_back(P::ln1_normalized);
     if (attention(l).head_count() > 0) {
       points.insert(points.end(), {P::q, P::k, P::v});
       if (shape_.rotary) points.insert(points.end(), {P::rot_q, P::rot_k});
       points.insert(points.end(), {P::pattern, P::z, P::result});
     }
+    if (shape_.post_norms) points.push_back(P::ln1_post_normalized);
     points.push_back(P::attn_out);
     if (shape_.has_mlp) {
       if (!shape_.parallel_residual) points.push_back(P::resid_mid);
       if (split_inputs) points.push_back(P::mlp_in);
-      if (shape_.normalized) points.push_back(P::ln2_normalized);
-      points.insert(points.end(), {P::mlp_pre, P::mlp_post, P::mlp_out});
+      if (shape_.pre_norms) points.push_back(P::ln2_normalized);
+      points.insert(points.end(), {P::mlp_pre, P::mlp_post});
+      if (shape_.post_norms) points.push_back(P::ln2_post_normalized);
+      points.push_back(P::mlp_out);
     }
     points.push_back(P::resid_post);
     for (P p : points) keys.push_back({p, l});

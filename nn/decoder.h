@@ -25,6 +25,8 @@ struct DecoderShape {
   bool learned_positions = true;   // a position embedding added to the token embedding (hook_pos_embed)
   bool rotary = false;             // queries and keys rotated by position (attn.hook_rot_q, hook_rot_k)
   bool parallel_residual = false;  // attention and MLP both read the block's input (no hook_resid_mid)
+  bool pre_norms = true;           // false: ln1 and ln2 are identities, the norms only after (OLMo-2)
+  bool post_norms = false;  // attention's and MLP's outputs normed before the stream adds them (ln1_post, ln2_post)
   // After physical pruning, the original head indices each layer keeps (empty: every head).
   std::vector<std::vector<int64_t>> kept_heads;
 };
@@ -33,10 +35,13 @@ struct DecoderShape {
 //   sequential (GPT-2, LLaMA): x += drop(attn(ln1(x))); x += drop(mlp(ln2(x)))
 //   parallel (GPT-NeoX):       x += drop(attn(ln1(x))) + drop(mlp(ln2(x)))  (both read the block's input)
 //   attention only:            x += drop(attn(ln1(x)))
-// with the hook points resid_pre, q/k/v_input (per-head inputs, where hooked), ln1.hook_normalized, the
-// attention's own, attn_out, resid_mid, mlp_in, ln2.hook_normalized, the MLP's, mlp_out and resid_post. Without
-// norms (NormKind::none) ln1 and ln2 are identities and, as in TransformerLens, have no hook points.
-// Its parts in the book's registration order: att, ff, norm1, norm2, drop_shortcut.
+// With post norms each output is normed before the stream adds it, x += drop(ln1_post(attn(ln1(x)))) (Gemma 2
+// and 3's four norms a block; OLMo-2's, whose ln1 and ln2 are identities).
+// The hook points resid_pre, q/k/v_input (per-head inputs, where hooked), ln1.hook_normalized, the attention's
+// own, ln1_post.hook_normalized, attn_out, resid_mid, mlp_in, ln2.hook_normalized, the MLP's,
+// ln2_post.hook_normalized, mlp_out and resid_post. A norm that is an identity (NormKind::none; no pre norms)
+// has, as in TransformerLens, no hook point.
+// Its parts in the book's registration order: att, ff, norm1, norm2, norm1_post, norm2_post, drop_shortcut.
 class DecoderBlock : public UnaryModule {
  public:
   DecoderBlock(const DecoderConfig& cfg, int64_t layer);
@@ -48,11 +53,13 @@ class DecoderBlock : public UnaryModule {
   Norm& ln1() const { return *norm1; }
   Norm* ln2() const { return norm2.get(); }  // null in an attention-only block
   Mlp* mlp() const { return ff.get(); }      // null in an attention-only block
+  Norm* ln1_post() const { return norm1_post.get(); }  // null without post norms
+  Norm* ln2_post() const { return norm2_post.get(); }  // null without post norms or an MLP
   bool parallel_residual() const { return parallel; }
 
   std::shared_ptr<CausalMultiHead> att;
   std::shared_ptr<Mlp> ff;
-  std::shared_ptr<Norm> norm1, norm2;
+  std::shared_ptr<Norm> norm1, norm2, norm1_post, norm2_post;
   std::shared_ptr<Dropout> drop_shortcut;
   bool parallel = false;
 
@@ -83,7 +90,9 @@ class DecoderModel : public Model {
   Tensor unembed(const Tensor& x, Hooks* hooks = nullptr);
   // ln_final.hook_normalized (B, T, C); x itself without norms (no hook point, as TransformerLens).
   Tensor normalize_final(const Tensor& x, Hooks* hooks = nullptr);
-  Tensor unembed_normalized(const Tensor& y);  // y W_U + b_U (B, T, V)
+  Tensor unembed_normalized(const Tensor& y);  // y W_U + b_U (B, T, V), soft-capped where logit_softcap
+  // y W_U + b_U before the soft-cap: what direct logit attribution splits (the cap, monotone, is applied after).
+  Tensor unembed_uncapped(const Tensor& y) { return lm_head().forward(y); }
 
   // ---- incremental decoding (nn/generate.h) ----
   // idx (B, T) are the tokens after the caches' positions (a prompt, then one token a step); one cache per
@@ -110,7 +119,8 @@ class DecoderModel : public Model {
   // ---- weights as TransformerLens exposes them (detached) ----
   // Layer `layer`'s heads; fold_norm: ln1's weight multiplied into W_Q, W_K, W_V and its bias carried
   // into b_Q, b_K, b_V (TransformerLens's fold_ln), so that a head reads the normalised-but-unscaled stream
-  // (without norms, nothing to fold: the weights as they are).
+  // (without norms, nothing to fold: the weights as they are); with post norms, ln1_post's gain multiplied into
+  // W_O and b_O, so that a head writes what the stream adds up to each token's scale.
   // dtype: the weights in that dtype, converted before the fold (an analysis in float64 folds in float64).
   HeadWeights head_weights(int64_t layer, bool fold_norm = false, std::optional<DType> dtype = std::nullopt) const;
   Tensor W_U() const;  // (C, V)

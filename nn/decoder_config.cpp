@@ -29,11 +29,19 @@ const auto kDecoderFields = std::tuple{
     field("rotary_dims", &C::rotary_dims, kNonNegative),
     field("norm", &C::norm),
     field("norm_eps", &C::norm_eps, kSmallEps),
+    field("norm_weight_offset", &C::norm_weight_offset, kNonNegative),
+    field("pre_norms", &C::pre_norms),
+    field("post_norms", &C::post_norms),
+    field("embed_scale", &C::embed_scale),
     field("mlp", &C::mlp),
     field("rope_theta", &C::rope_theta, kAboveOne),
+    field("rope_local_theta", &C::rope_local_theta, kNonNegative),
     field("rope_interleaved", &C::rope_interleaved),
     field("parallel_residual", &C::parallel_residual),
     field("drop_rate", &C::drop_rate, kFraction),
+    field("attn_scale", &C::attn_scale, kNonNegative),
+    field("attn_softcap", &C::attn_softcap, kNonNegative),
+    field("logit_softcap", &C::logit_softcap, kNonNegative),
     field("qkv_bias", &C::qkv_bias),
     field("sliding_window", &C::sliding_window, kNonNegative),
     field("window_layers", &C::window_layers),
@@ -53,6 +61,10 @@ const SectionKey* find_key(const std::vector<SectionKey>& keys, const char* name
 
 double norm_parameters(const DecoderConfig& c) {  // weight (and bias); none without a norm
   return static_cast<double>(c.emb_dim) * (c.norm == NormKind::layer_norm ? 2 : c.norm == NormKind::rms_norm ? 1 : 0);
+}
+
+double block_norms(const DecoderConfig& c) {  // a norm's place taken: before and after the part it serves
+  return (c.pre_norms ? 1.0 : 0.0) + (c.post_norms ? 1.0 : 0.0);
 }
 
 }  // namespace
@@ -83,10 +95,12 @@ CausalAttentionSizes DecoderConfig::attention_sizes(int64_t layer) const {
   s.dropout = drop_rate;
   s.qkv_bias = qkv_bias;
   s.out_bias = has_out_bias();
-  s.rotary = {.dims = rotary_size(), .theta = rope_theta, .interleaved = rope_interleaved};
-  s.qk_norm = qk_norm, s.qk_norm_eps = norm_eps;
+  const double theta = rope_local_theta > 0 && window_of(layer) > 0 ? rope_local_theta : rope_theta;
+  s.rotary = {.dims = rotary_size(), .theta = theta, .interleaved = rope_interleaved};
+  s.qk_norm = qk_norm, s.qk_norm_eps = norm_eps, s.qk_norm_offset = norm_weight_offset;
   s.window = window_of(layer);
   s.scale = attn_scale;
+  s.softcap = attn_softcap;
   return s;
 }
 
@@ -106,6 +120,10 @@ void DecoderConfig::validate() const {
   HL_CHECK(!tie_embeddings || output_vocab() == vocab_size, who, ": a tied head predicts the ", vocab_size,
            " input tokens; out_vocab_size is ", out_vocab_size);
   HL_CHECK(window_layers.empty() || sliding_window > 0, who, ": window_layers needs a sliding_window");
+  HL_CHECK(rope_local_theta == 0 || rope_local_theta > 1, who,
+           ": rope_local_theta must be above 1 (or 0: rope_theta), got ", rope_local_theta);
+  HL_CHECK(norm_weight_offset == 0 || norm == NormKind::rms_norm, who, ": norm_weight_offset applies to rms_norm only");
+  HL_CHECK(pre_norms || post_norms || norm == NormKind::none, who, ": a block needs its norms before or after");
   HL_CHECK(attn_scale >= 0 && std::isfinite(attn_scale), who, ": attn_scale must be finite and >= 0, got ", attn_scale);
   for (size_t i = 0; i < window_layers.size(); ++i)
     HL_CHECK(
@@ -139,10 +157,11 @@ double DecoderConfig::num_parameters() const {
   if (learned_positions) n += static_cast<double>(context_length) * d;  // pos_emb
   if (!tie_embeddings) n += d * V_out;                                  // out_head
   if (unembed_bias) n += V_out;
-  const double mlp_parameters = mlp == MlpKind::swiglu ? 3 * d * F : 2 * d * F + F + d;
+  const double mlp_parameters = gated_mlp() ? 3 * d * F : 2 * d * F + F + d;
+  const double norms = block_norms(*this) * norm_parameters(*this);  // a part's norms, before and after
   for (int64_t l = 0; l < n_layers; ++l) {
-    n += causal_attention_parameters(attention, attention_sizes(l)) + norm_parameters(*this);  // att, norm1
-    if (!attn_only) n += norm_parameters(*this) + mlp_parameters;                              // norm2, ff
+    n += causal_attention_parameters(attention, attention_sizes(l)) + norms;  // att, norm1 (norm1_post)
+    if (!attn_only) n += norms + mlp_parameters;                              // norm2 (norm2_post), ff
   }
   return n;
 }
@@ -155,10 +174,11 @@ double DecoderConfig::num_parameters() const {
 double DecoderConfig::activation_floats(bool training) const {
   const double d = static_cast<double>(emb_dim), V = static_cast<double>(output_vocab()),
                F = attn_only ? 0.0 : static_cast<double>(mlp_width());
-  const double wide = mlp == MlpKind::swiglu ? 5 : 3;
+  const double wide = gated_mlp() ? 5 : 3;
   // q/k norms keep their normalised queries and keys (and the tape their inputs) beside the projections
   const double qk = qk_norm == QkNorm::none ? 0.0 : 2.0 * static_cast<double>((n_heads + kv_heads()) * head_size());
-  return training ? static_cast<double>(n_layers) * (14 * d + qk + wide * F) + 4 * V
+  const double post = post_norms ? 2 * d : 0.0;  // the post norms' inputs, which their backward reads
+  return training ? static_cast<double>(n_layers) * (14 * d + post + qk + wide * F) + 4 * V
                   : 8 * d + qk / 2 + (wide - 1) * F + 2 * V;
 }
 

@@ -33,12 +33,14 @@ enum class MlpKind {
   gelu_tanh,   // Linear(C, F), GELU (tanh approximation), Linear(F, C), with biases (GPT-2; the book's FeedForward)
   gelu_exact,  // the same with the exact GELU (GPT-NeoX)
   swiglu,      // fc3(silu(fc1 x) * fc2 x), no biases (LLaMA)
+  geglu,       // fc3(gelu_tanh(fc1 x) * fc2 x), no biases (Gemma)
   relu,        // Linear(C, F), ReLU, Linear(F, C), with biases (TransformerLens's act_fn "relu"; the grokking models)
 };
 constexpr auto enum_table(MlpKind) {
   return std::to_array<EnumName<MlpKind>>({{MlpKind::gelu_tanh, "gelu_tanh"},
                                            {MlpKind::gelu_exact, "gelu_exact"},
                                            {MlpKind::swiglu, "swiglu"},
+                                           {MlpKind::geglu, "geglu"},
                                            {MlpKind::relu, "relu"}});
 }
 
@@ -61,10 +63,15 @@ struct DecoderConfig {
   NormKind norm = NormKind::layer_norm;
   bool book_norm_names = true;  // a LayerNorm's scale/shift (the book's) rather than weight/bias (PyTorch's)
   double norm_eps = 1e-5;
+  double norm_weight_offset = 0.0;  // every RMSNorm's, q/k norms' too: scaled by offset + weight (Gemma: 1)
+  bool pre_norms = true;            // norm1, norm2 before attention and MLP; false: identities (OLMo-2)
+  bool post_norms = false;          // norm1_post, norm2_post on attention's and MLP's outputs (Gemma 2/3, OLMo-2)
+  bool embed_scale = false;         // the token embeddings times sqrt(emb_dim) (Gemma)
   bool learned_positions = true;  // a position table added to the token embedding (pos_emb)
   int64_t rotary_dims = 0;        // queries' and keys' rotated dims per head (even, <= head size)
   double rotary_fraction = 0.0;   // or this fraction of each head's dims, where rotary_dims is 0 (LLaMA: 1)
   double rope_theta = 10000.0;
+  double rope_local_theta = 0.0;        // the windowed layers' rotary base; 0: rope_theta (Gemma 3)
   bool rope_interleaved = false;        // pairs (2i, 2i+1) as Meta's and llama2.c's; else halves (Hugging Face's)
   bool qkv_bias = false;                // W_query, W_key, W_value biases
   std::optional<bool> out_bias = true;  // out_proj's bias; unset: as qkv_bias (GPT-NeoX's attention_bias)
@@ -72,6 +79,8 @@ struct DecoderConfig {
   int64_t sliding_window = 0;           // a windowed layer's query sees itself and the sliding_window - 1 before
   std::vector<int64_t> window_layers;   // the windowed layers (increasing); empty: all, where sliding_window > 0
   double attn_scale = 0.0;              // the scores' factor; 0: 1 / sqrt(head size) (GPT-Neo: 1, unscaled)
+  double attn_softcap = 0.0;            // scaled scores soft-capped, cap * tanh(s / cap) (Gemma 2: 50); 0: none
+  double logit_softcap = 0.0;           // the logits soft-capped the same way (Gemma 2: 30); 0: none
   MlpKind mlp = MlpKind::gelu_tanh;
   bool attn_only = false;          // blocks without MLP and norm2: x += att(norm1(x))
   bool parallel_residual = false;  // x += att(norm1(x)) + mlp(norm2(x)), both reading the block's input (GPT-NeoX)
@@ -87,6 +96,7 @@ struct DecoderConfig {
   int64_t kv_heads() const { return n_kv_heads ? n_kv_heads : n_heads; }
   int64_t group_size() const { return n_heads / kv_heads(); }  // query heads per key/value head
   int64_t mlp_width() const { return hidden_dim ? hidden_dim : 4 * emb_dim; }
+  bool gated_mlp() const { return mlp == MlpKind::swiglu || mlp == MlpKind::geglu; }
   int64_t output_vocab() const { return out_vocab_size ? out_vocab_size : vocab_size; }
   int64_t rotary_size() const;  // the rotated dims per head; 0: no rotary
   bool has_out_bias() const { return out_bias.value_or(qkv_bias); }

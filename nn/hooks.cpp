@@ -14,7 +14,7 @@ struct PointName {
   const char* name;  // after "blocks.L." for block points
 };
 
-constexpr std::array<PointName, 24> kNames = {{
+constexpr std::array<PointName, 26> kNames = {{
     {HookPoint::embed, "hook_embed"},
     {HookPoint::pos_embed, "hook_pos_embed"},
     {HookPoint::resid_pre, "hook_resid_pre"},
@@ -30,12 +30,14 @@ constexpr std::array<PointName, 24> kNames = {{
     {HookPoint::pattern, "attn.hook_pattern"},
     {HookPoint::z, "attn.hook_z"},
     {HookPoint::result, "attn.hook_result"},
+    {HookPoint::ln1_post_normalized, "ln1_post.hook_normalized"},
     {HookPoint::attn_out, "hook_attn_out"},
     {HookPoint::resid_mid, "hook_resid_mid"},
     {HookPoint::mlp_in, "hook_mlp_in"},
     {HookPoint::ln2_normalized, "ln2.hook_normalized"},
     {HookPoint::mlp_pre, "mlp.hook_pre"},
     {HookPoint::mlp_post, "mlp.hook_post"},
+    {HookPoint::ln2_post_normalized, "ln2_post.hook_normalized"},
     {HookPoint::mlp_out, "hook_mlp_out"},
     {HookPoint::resid_post, "hook_resid_post"},
     {HookPoint::ln_final_normalized, "ln_final.hook_normalized"},

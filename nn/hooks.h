@@ -35,12 +35,16 @@ enum class HookPoint : uint8_t {
   pattern,         // blocks.L.attn.hook_pattern   (B, H, T, T)  softmax weights, query x key
   z,               // blocks.L.attn.hook_z         (B, T, H, D)  each head's weighted values (after its head control)
   result,          // blocks.L.attn.hook_result    (B, T, H, C)  each head's share of attn_out, out_proj's bias excluded
+  // blocks.L.ln1_post.hook_normalized (B, T, C): the attention's output normed (post norms)
+  ln1_post_normalized,
   attn_out,        // blocks.L.hook_attn_out       (B, T, C)
   resid_mid,       // blocks.L.hook_resid_mid      (B, T, C)  blocks with an MLP after the attention
   mlp_in,          // blocks.L.hook_mlp_in         (B, T, C)  what the MLP's norm reads
   ln2_normalized,  // blocks.L.ln2.hook_normalized (B, T, C)
   mlp_pre,         // blocks.L.mlp.hook_pre        (B, T, F)  before the activation
   mlp_post,        // blocks.L.mlp.hook_post       (B, T, F)  after it
+  // blocks.L.ln2_post.hook_normalized (B, T, C): the MLP's output normed (post norms)
+  ln2_post_normalized,
   mlp_out,         // blocks.L.hook_mlp_out        (B, T, C)
   resid_post,      // blocks.L.hook_resid_post     (B, T, C)
   ln_final_normalized,  // ln_final.hook_normalized (B, T, C)

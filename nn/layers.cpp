@@ -160,6 +160,7 @@ std::string LayerNorm::extra_repr() const {
   if (style == Style::Book) return "";  // the book's LayerNorm is a plain nn.Module: "LayerNorm()"
   std::ostringstream os;
   os << "(" << dim << ",), eps=" << py_float(eps) << ", elementwise_affine=True";
+  if (weight_offset != 0.0) os << ", weight_offset=" << py_float(weight_offset);
   return os.str();
 }
 
@@ -169,22 +170,25 @@ Tensor LayerNorm::forward(const Tensor& x) {
   return layer_norm(x, weight, bias, eps);
 }
 
-RMSNorm::RMSNorm(int64_t d, double e) : Norm(d, e) {
+RMSNorm::RMSNorm(int64_t d, double e, double offset) : Norm(d, e) {
   HL_CHECK(d > 0, "RMSNorm: dim must be positive, got ", d);
   HL_CHECK(e >= 0 && std::isfinite(e), "RMSNorm: eps must be finite and >= 0, got ", e);
-  weight = register_parameter("weight", ones({d}));
+  HL_CHECK(std::isfinite(offset), "RMSNorm: weight_offset must be finite, got ", offset);
+  weight_offset = offset;
+  weight = register_parameter("weight", offset != 0.0 ? full({d}, 1.0 - offset) : ones({d}));  // a gain of 1
 }
 
 std::string RMSNorm::extra_repr() const {
   std::ostringstream os;
   os << "(" << dim << ",), eps=" << py_float(eps) << ", elementwise_affine=True";
+  if (weight_offset != 0.0) os << ", weight_offset=" << py_float(weight_offset);
   return os.str();
 }
 
 Tensor RMSNorm::forward(const Tensor& x) {
   HL_CHECK(x.defined() && x.dim() >= 1 && x.size(-1) == dim, "RMSNorm: expected input with last dim ", dim,
            ", got shape ", x.defined() ? shape_str(x.shape()) : std::string("(undefined)"));
-  return rms_norm(x, weight, eps);
+  return rms_norm(x, gain(), eps);
 }
 
 FrozenNorm freeze(const Norm& norm, const Tensor& x) {
@@ -196,7 +200,7 @@ FrozenNorm freeze(const Norm& norm, const Tensor& x) {
   }
   const Tensor xc = norm.centres() ? sub(x, x.mean({-1}, true)) : x;
   f.inv_scale = rsqrt(add(mul(xc, xc).mean({-1}, true), norm.eps));
-  f.weight = norm.weight.detach();
+  f.weight = norm.gain().detach();
   if (norm.bias.defined()) f.bias = norm.bias.detach();
   f.centred = norm.centres();
   return f;
@@ -245,15 +249,15 @@ Tensor FeedForward::forward(const Tensor& x, const HookSite& site) {
   return layers->at(2)->forward(site(HookPoint::mlp_post, layers->at(1)->forward(pre)));
 }
 
-SwiGLUFeedForward::SwiGLUFeedForward(int64_t emb_dim, int64_t hidden_dim) {
+GatedFeedForward::GatedFeedForward(int64_t emb_dim, int64_t hidden_dim, bool gelu_gate) : gelu_gate(gelu_gate) {
   fc1 = register_module("fc1", std::make_shared<Linear>(emb_dim, hidden_dim, false));
   fc2 = register_module("fc2", std::make_shared<Linear>(emb_dim, hidden_dim, false));
   fc3 = register_module("fc3", std::make_shared<Linear>(hidden_dim, emb_dim, false));
 }
 
-Tensor SwiGLUFeedForward::forward(const Tensor& x, const HookSite& site) {
+Tensor GatedFeedForward::forward(const Tensor& x, const HookSite& site) {
   const Tensor gate = site(HookPoint::mlp_pre, fc1->forward(x));  // (..., F)
-  const Tensor post = site(HookPoint::mlp_post, mul(silu(gate), fc2->forward(x)));
+  const Tensor post = site(HookPoint::mlp_post, mul(gelu_gate ? gelu(gate, true) : silu(gate), fc2->forward(x)));
   return fc3->forward(post);
 }
 

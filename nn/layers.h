@@ -66,8 +66,11 @@ class Norm : public UnaryModule {
   Norm(int64_t dim, double eps) : dim(dim), eps(eps) {}
   virtual bool centres() const = 0;
   virtual bool identity() const { return false; }  // y = x: no weight, nothing to fold or freeze
+  // What scales the normalised x: weight, or weight_offset + weight (Gemma's RMSNorm, 1 + weight).
+  Tensor gain() const { return weight_offset != 0.0 ? add(weight, weight_offset) : weight; }
   int64_t dim;
   double eps;
+  double weight_offset = 0.0;
   Tensor weight, bias;  // bias undefined where the norm has none; both undefined for the identity
 };
 
@@ -106,9 +109,10 @@ class LayerNorm : public Norm {
 };
 
 // torch.nn.RMSNorm (LLaMA's norm): x / sqrt(mean(x^2) + eps) * weight; weight starts at ones, no bias.
+// weight_offset 1: Gemma's, x / sqrt(mean(x^2) + eps) * (1 + weight), weight starting at zeros.
 class RMSNorm : public Norm {
  public:
-  explicit RMSNorm(int64_t dim, double eps = 1e-6);
+  explicit RMSNorm(int64_t dim, double eps = 1e-6, double weight_offset = 0.0);
   std::string type_name() const override { return "RMSNorm"; }
   std::string extra_repr() const override;
   Tensor forward(const Tensor& x) override;
@@ -161,14 +165,16 @@ class FeedForward : public Mlp {
 };
 
 // LLaMA's gated MLP: down(silu(gate x) * up x) as fc3(silu(fc1 x) * fc2 x), no biases (the names of the
-// book's Llama conversion). mlp.hook_pre: fc1 x; mlp.hook_post: the product fc3 reads.
-class SwiGLUFeedForward : public Mlp {
+// book's Llama conversion); gelu_gate: Gemma's GeGLU, the gate through the tanh GELU instead of SiLU.
+// mlp.hook_pre: fc1 x; mlp.hook_post: the product fc3 reads.
+class GatedFeedForward : public Mlp {
  public:
-  SwiGLUFeedForward(int64_t emb_dim, int64_t hidden_dim);
+  GatedFeedForward(int64_t emb_dim, int64_t hidden_dim, bool gelu_gate = false);
   std::string type_name() const override { return "FeedForward"; }
   using Mlp::forward;
   Tensor forward(const Tensor& x, const HookSite& site) override;
   std::shared_ptr<Linear> fc1, fc2, fc3;
+  bool gelu_gate;
 };
 
 std::string py_bool(bool b);     // "True" / "False", for reprs

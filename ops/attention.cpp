@@ -115,14 +115,14 @@ AttentionMask AttentionMask::lengths(const Tensor& valid_lens) {
 
 Tensor scaled_dot_product_attention_composite(const Tensor& q, const Tensor& k, const Tensor& v,
                                               const AttentionMask& mask, double dropout_p, bool training,
-                                              Generator& gen, std::optional<double> scale) {
+                                              Generator& gen, std::optional<double> scale, double softcap) {
   const OpScope scope("scaled_dot_product_attention");
   const AttnShape s = check_attention(q, k, v, mask, dropout_p);
   const double sc = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(s.D));
   if (s.heads && s.Hkv != s.H)  // the reference repeats the shared keys and values
     return scaled_dot_product_attention_composite(q, repeat_kv(k, s.H), repeat_kv(v, s.H), mask, dropout_p, training,
-                                                  gen, scale);
-  const Tensor weights = attention_softmax(matmul(q, k.mT()), mask, sc);  // (B, H, Tq, Tk)
+                                                  gen, scale, softcap);
+  const Tensor weights = attention_softmax(matmul(q, k.mT()), mask, sc, softcap);  // (B, H, Tq, Tk)
   return matmul(dropout(weights, dropout_p, training, gen), v);           // (B, H, Tq, Dv)
 }
 
@@ -150,13 +150,18 @@ Tensor hidden_by_window(const AttentionMask& mask, int64_t B, int64_t Tq, int64_
 
 }  // namespace
 
-Tensor attention_softmax(const Tensor& scores_in, const AttentionMask& mask, double sc) {
+Tensor attention_softmax(const Tensor& scores_in, const AttentionMask& mask, double sc, double softcap) {
   const bool heads = scores_in.dim() == 4;
   HL_CHECK(scores_in.dim() == 3 || heads, "attention_softmax: expected scores (B, H, Tq, Tk) or (B, Tq, Tk), got ",
            shape_str(scores_in.shape()));
+  HL_CHECK(softcap >= 0 && std::isfinite(softcap), "attention_softmax: softcap must be finite and >= 0, got ", softcap);
   const int64_t B = scores_in.size(0), H = heads ? scores_in.size(1) : 1, Tq = scores_in.size(-2),
                 Tk = scores_in.size(-1);
   Tensor scores = scores_in;
+  if (softcap > 0) {  // cap * tanh(sc * s / cap), then the softmax at scale 1
+    scores = mul(tanh(mul(scores, sc / softcap)), softcap);
+    sc = 1.0;
+  }
   if (window_binds(mask, Tk)) {
     const Tensor hidden = hidden_by_window(mask, B, Tq, Tk, scores.device());
     scores = masked_fill(scores, heads ? hidden : hidden.squeeze(1), -std::numeric_limits<double>::infinity());
@@ -173,7 +178,8 @@ Tensor attention_softmax(const Tensor& scores_in, const AttentionMask& mask, dou
 }
 
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask,
-                                    double dropout_p, bool training, Generator& gen, std::optional<double> scale) {
+                                    double dropout_p, bool training, Generator& gen, std::optional<double> scale,
+                                    double softcap) {
   const OpScope scope("scaled_dot_product_attention");
   const AttnShape s = check_attention(q, k, v, mask, dropout_p);
   Backend& be = backend_of(q);
@@ -183,9 +189,10 @@ Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tens
       when != FusedAttention::never && be.has_fused_attention(s.D, s.Dv) &&
       (when == FusedAttention::always ||
        be.fused_attention_is_faster(q.dtype(), s.Tq, s.Tk, s.D, s.Dv, training && dropout_p > 0, backward));
-  // A window that hides keys runs the composite path (the fused kernels see a row's keys up to its end only).
-  if (!fused || window_binds(mask, s.Tk))
-    return scaled_dot_product_attention_composite(q, k, v, mask, dropout_p, training, gen, scale);
+  // A window that hides keys runs the composite path (the fused kernels see a row's keys up to its end only), as
+  // soft-capped scores do (the kernels have no tanh).
+  if (!fused || window_binds(mask, s.Tk) || softcap > 0)
+    return scaled_dot_product_attention_composite(q, k, v, mask, dropout_p, training, gen, scale, softcap);
   if (s.heads && s.Hkv != s.H && !be.has_grouped_attention())
     return scaled_dot_product_attention(q, repeat_kv(k, s.H), repeat_kv(v, s.H), mask, dropout_p, training, gen, scale);
   AttnParams a;

@@ -168,16 +168,17 @@ struct AttentionMask {
 };
 // The weights of scores (B, H, Tq, Tk), or (B, Tq, Tk) as one head, under mask: softmax(scale * scores) over
 // the keys each row sees (causal_softmax / masked_softmax; a window's hidden keys set to -inf first).
-Tensor attention_softmax(const Tensor& scores, const AttentionMask& mask, double scale);
+// softcap > 0: the scaled scores soft-capped first, softcap * tanh(scale * scores / softcap) (Gemma 2's).
+Tensor attention_softmax(const Tensor& scores, const AttentionMask& mask, double scale, double softcap = 0.0);
 // q: (B, H, Tq, D), k: (B, H, Tk, D), v: (B, H, Tk, Dv) -> (B, H, Tq, Dv); 3-D (B, T, *) inputs run
 // as one head. softmax(scale * q k^T, masked), dropped out with p when training (the dropout op's
 // Philox mask over the (B, H, Tq, Tk) weights, advancing gen as it would), @ v. scale defaults to
 // 1/sqrt(D). Fused where the backend has a kernel for the head sizes (FlashAttention's algorithm:
 // saves one log-sum-exp per query row, never the weights), else the composite path below; which one
-// runs is set by set_fused_attention.
+// runs is set by set_fused_attention. softcap > 0 (attention_softmax's) runs the composite path.
 Tensor scaled_dot_product_attention(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionMask& mask = {},
                                     double dropout_p = 0.0, bool training = false, Generator& gen = default_generator(),
-                                    std::optional<double> scale = std::nullopt);
+                                    std::optional<double> scale = std::nullopt, double softcap = 0.0);
 // Keys or values (B, Hkv, T, C) repeated to (B, H, T, C) for H query heads (Hkv dividing H): key/value head j
 // once per query head that reads it (h / (H / Hkv) == j). The composite path's grouped-query attention.
 Tensor repeat_kv(const Tensor& t, int64_t H);
@@ -185,7 +186,7 @@ Tensor repeat_kv(const Tensor& t, int64_t H);
 Tensor scaled_dot_product_attention_composite(const Tensor& q, const Tensor& k, const Tensor& v,
                                               const AttentionMask& mask = {}, double dropout_p = 0.0,
                                               bool training = false, Generator& gen = default_generator(),
-                                              std::optional<double> scale = std::nullopt);
+                                              std::optional<double> scale = std::nullopt, double softcap = 0.0);
 // Where scaled_dot_product_attention runs the fused kernel (process-wide, like torch.backends.cuda's
 // SDP switches): automatic (where the backend's measurements say it is faster: always on the CPU; on a GPU
 // float32 without dropout at every size for a forward alone and up to head size 64 with a backward, else

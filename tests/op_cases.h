@@ -505,6 +505,23 @@ inline std::vector<OpCase> build() {
       {val({1, 4, 5, 2}, 0.3), val({1, 2, 5, 2}, 0.2), val({1, 2, 5, 3})})
       .cuda_tol(1e-4, 1e-5);
 
+  // Soft-capped scores (Gemma 2's: softcap * tanh(scale * s / softcap) before the mask) that bind (0.3), causal with
+  // a window and grouped-query; and with per-row lengths at a given scale.
+  def("sdpa_gqa_causal_window_softcap",
+      [](const auto& x) {
+        return scaled_dot_product_attention(x[0], x[1], x[2], M::causal().within(3), 0.0, false, default_generator(),
+                                            std::nullopt, 0.3);
+      },
+      {val({1, 4, 5, 2}, 0.5), val({1, 2, 5, 2}, 0.6), val({1, 2, 5, 3})})
+      .cuda_tol(1e-4, 1e-5);
+  def("sdpa_lens_softcap",
+      [](const auto& x) {
+        return scaled_dot_product_attention(x[0], x[1], x[2], M::lengths(x[3]), 0.0, false, default_generator(), 0.8,
+                                            0.5);
+      },
+      {q, k, vv, idx({3, 4, 5, 1, 2, 5}, {2, 3})})
+      .cuda_tol(1e-4, 1e-5);
+
   // ---- LLaMA's parts: RMSNorm (fused; its composite), SiLU, rotary embeddings in both layouts, whole and
   // partial, at a position offset ----
   def("rms_norm", [](const auto& v) { return rms_norm(v[0], v[1], 1e-5); }, {val({3, 4}), val({4}, 0.4, 0.5)});

@@ -219,9 +219,9 @@ void write_legacy(const std::string& path, nn::DecoderModel& m, bool tied) {
   layers([&](nn::DecoderBlock& b) { return att(b).W_value->weight; });
   layers([&](nn::DecoderBlock& b) { return att(b).out_proj->weight; });
   layers([](nn::DecoderBlock& b) { return b.norm2->weight; });
-  layers([](nn::DecoderBlock& b) { return dynamic_cast<nn::SwiGLUFeedForward&>(*b.ff).fc1->weight; });  // w1
-  layers([](nn::DecoderBlock& b) { return dynamic_cast<nn::SwiGLUFeedForward&>(*b.ff).fc3->weight; });  // w2
-  layers([](nn::DecoderBlock& b) { return dynamic_cast<nn::SwiGLUFeedForward&>(*b.ff).fc2->weight; });  // w3
+  layers([](nn::DecoderBlock& b) { return dynamic_cast<nn::GatedFeedForward&>(*b.ff).fc1->weight; });  // w1
+  layers([](nn::DecoderBlock& b) { return dynamic_cast<nn::GatedFeedForward&>(*b.ff).fc3->weight; });  // w2
+  layers([](nn::DecoderBlock& b) { return dynamic_cast<nn::GatedFeedForward&>(*b.ff).fc2->weight; });  // w3
   put(m.final_norm->weight);
   put(zeros({c.context_length, c.head_size()}));  // freq_cis_real and _imag
   if (!tied) put(m.out_head->weight);
@@ -302,7 +302,13 @@ class LlamaFolders : public ::testing::TestWithParam<std::string> {};
 TEST_P(LlamaFolders, MatchPyTorchLogitsAndGreedyTokens) {
   const std::string folder = llama_fixture(GetParam());
   const io::Family& family = io::family_of_folder(folder);
-  ASSERT_EQ(family.model.arch(), GetParam().starts_with("qwen3") ? "qwen3" : "llama");
+  const std::string v = GetParam();
+  ASSERT_EQ(family.model.arch(), v.starts_with("qwen3")    ? "qwen3"
+                                 : v.starts_with("olmo2")  ? "olmo2"
+                                 : v.starts_with("gemma3") ? "gemma3"
+                                 : v.starts_with("gemma2") ? "gemma2"
+                                 : v.starts_with("gemma")  ? "gemma"
+                                                           : "llama");
   auto model = io::build_folder_model(family.folder->read(folder), folder);
   auto& decoder = dynamic_cast<nn::DecoderModel&>(*model);
   std::ifstream in(llama_fixture("reference.json"));
@@ -323,7 +329,8 @@ TEST_P(LlamaFolders, MatchPyTorchLogitsAndGreedyTokens) {
 INSTANTIATE_TEST_SUITE_P(Variants, LlamaFolders,
                          ::testing::Values("gqa_tied", "mqa_untied_f16", "mha_mistral_bf16", "qwen2_bias", "qwen3_tied",
                                            "qwen3_untied_bf16", "mistral_window", "qwen2_window", "qwen3_window",
-                                           "phi3_window_gqa"));
+                                           "phi3_window_gqa", "olmo2_gqa", "olmo2_tied_bf16", "gemma_mqa", "gemma_bf16",
+                                           "gemma3_pattern", "gemma3_types_bf16", "gemma2_caps", "gemma2_types_bf16"));
 
 // export writes the Hugging Face layout: a llama2.c model (interleaved pairs) exported and read back computes
 // the same logits (its q and k rows permuted to halves).
@@ -412,9 +419,9 @@ TEST(LlamaFolders, WhatLlamaModelDoesNotComputeIsRefusedByName) {
   EXPECT_ERROR(io::read_hf_llama_config(kv), "num_key_value_heads 3 does not divide num_attention_heads 4");
   EXPECT_ERROR(io::read_hf_llama_config(act), "hidden_act 'gelu'");
   EXPECT_EQ(io::read_hf_llama_config(window).sliding_window, 4);  // a window shorter than the context: computed
-  EXPECT_ERROR(
-      io::family_of_folder(falcon),
-      "model_type 'falcon' is not one headlab reads (gpt2, llama, mistral, qwen2, phi3, qwen3, gpt_neox, gpt_neo)");
+  EXPECT_ERROR(io::family_of_folder(falcon),
+               "model_type 'falcon' is not one headlab reads (gpt2, llama, mistral, qwen2, phi3, qwen3, olmo2, gemma, "
+               "gemma2, gemma3_text, gpt_neox, gpt_neo)");
   // head_dim that disagrees with the tensors: the file and tensor named.
   const std::string hd = with("head_dim", [](auto& j) { j["head_dim"] = 16; });
   fs::copy_file(llama_fixture("gqa_tied/model.safetensors"), hd + "/model.safetensors");

@@ -91,7 +91,8 @@ for name, tok, rest in [("llama3_split", split, "the 12345 it's  \n\n<|endoftext
     open(f"{out}/{name}.bin", "wb").write(json.dumps(tok).encode() + b"\0" + rest.encode())
 PY
 
-# Hugging Face config.json files: the test fixtures' (GPT-2, every llama-family and Qwen3 variant, GPT-NeoX, GPT-Neo).
+# Hugging Face config.json files: the test fixtures' (GPT-2, every llama-layout variant: llama, Qwen3, OLMo-2, Gemma
+# 1/2/3; GPT-NeoX, GPT-Neo).
 mkdir -p "$corpus/hf_config"
 for f in tests/fixtures/gpt2_folders/*/config.json tests/fixtures/llama_folders/*/config.json \
   tests/fixtures/neox_folders/*/config.json tests/fixtures/gpt_neo_folders/*/config.json; do

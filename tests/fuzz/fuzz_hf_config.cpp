@@ -1,7 +1,8 @@
 // libFuzzer target: any bytes as a Hugging Face folder's config.json (io/hf_folder, io/families: the registry
 // picks the family by model_type, its reader checks every key). What reads must describe a model the registry
 // can count; a small one is built and run on two tokens. Seeds: tests/fuzz/corpus/hf_config (the test
-// fixtures' config.json files: GPT-2, llama, mistral, qwen2, qwen3, gpt_neox, gpt_neo; tools/make_fuzz_corpus.sh).
+// fixtures' config.json files: GPT-2, llama, mistral, qwen2, qwen3, olmo2, gemma, gemma2, gemma3_text, gpt_neox,
+// gpt_neo; tools/make_fuzz_corpus.sh).
 #include <filesystem>
 
 #include "fuzz_util.h"

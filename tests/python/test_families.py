@@ -1,6 +1,7 @@
-"""The newer families from Python (tests/fixtures/llama_folders/qwen3_*, tests/fixtures/gpt_neo_folders): a Qwen3
-folder and a GPT-Neo folder give their float64 twins' logits (tools/fixtures_*_folders.py), their hook points keep
-TransformerLens's names, and a GPT-Neo local layer's pattern is zero before its window. Run by ctest (label python)."""
+"""The newer families from Python (tests/fixtures/llama_folders/{qwen3,gemma3,olmo2}_*, tests/fixtures/gpt_neo_folders):
+Qwen3, Gemma 2 and 3, OLMo-2 and GPT-Neo folders give their float64 twins' logits (tools/fixtures_*_folders.py), their hook
+points keep TransformerLens's names (the post norms' ln1_post / ln2_post), and a local layer's pattern is zero
+before its window. Run by ctest (label python)."""
 import json
 import os
 import shutil
@@ -24,8 +25,9 @@ def with_tokenizer(tmp_path, family, variant, embedding, vocab=1472):
     header = json.loads(raw[8:8 + n])
     tensors = {k: np.frombuffer(raw[8 + n + v["data_offsets"][0]:8 + n + v["data_offsets"][1]], np.float32).reshape(
         v["shape"]) for k, v in header.items() if k != "__metadata__"}
-    tensors[embedding] = np.concatenate([tensors[embedding], np.zeros((vocab - tensors[embedding].shape[0],
-                                                                       tensors[embedding].shape[1]), np.float32)])
+    for name in [embedding] if isinstance(embedding, str) else embedding:  # and an untied head
+        tensors[name] = np.concatenate([tensors[name], np.zeros((vocab - tensors[name].shape[0],
+                                                                 tensors[name].shape[1]), np.float32)])
     head, data, at = {}, b"", 0
     for k, t in tensors.items():
         head[k] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [at, at + t.nbytes]}
@@ -65,3 +67,23 @@ def test_gpt_neo_local_layer_sees_only_its_window(tmp_path):
     assert local[:, :, 10, :6].max() == 0 and local[:, :, 10, 6:11].min() > 0
     assert glob[:, :, 10, :6].min() > 0
     np.testing.assert_allclose(local.sum(-1), 1, atol=1e-5)
+
+
+def test_gemma_and_olmo2_folders_give_their_twins_logits_and_post_norm_hooks(tmp_path):
+    for variant, padded in (("gemma3_pattern", "model.embed_tokens.weight"), ("gemma2_caps", "model.embed_tokens.weight"),
+                            ("olmo2_gqa", ["model.embed_tokens.weight", "lm_head.weight"])):
+        model = headlab.load(with_tokenizer(tmp_path, "llama_folders", variant, padded))
+        ref = reference("llama_folders", variant)
+        ids = np.array(ref["ids"], dtype=np.int64)
+        assert np.abs(np.asarray(model(ids))[..., :80] - np.array(ref["logits"])).max() < 1e-5, variant
+        _, cache = model.run_with_cache(ids)
+        post = np.asarray(cache["blocks.0.ln1_post.hook_normalized"])  # what the stream adds: hook_attn_out
+        np.testing.assert_allclose(post, np.asarray(cache["blocks.0.hook_attn_out"]), atol=1e-6)
+        assert ("blocks.0.ln1.hook_normalized" in cache) == variant.startswith("gemma")  # OLMo-2: no pre norm
+    local = np.asarray(cache_of(tmp_path)["blocks.0.attn.hook_pattern"])  # gemma3_pattern's layer 0: window 5
+    assert local[:, :, 10, :6].max() == 0 and local[:, :, 10, 6:11].min() > 0
+
+
+def cache_of(tmp_path):
+    model = headlab.load(str(tmp_path / "gemma3_pattern"))
+    return model.run_with_cache(np.array(reference("llama_folders", "gemma3_pattern")["ids"], dtype=np.int64))[1]

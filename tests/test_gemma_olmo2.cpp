@@ -9,7 +9,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <filesystem>
 #include <fstream>
 #include <functional>
 
@@ -18,16 +17,14 @@
 #include "analysis/surgery.h"
 #include "io/families.h"
 #include "nn/decoder_family.h"
-#include "optim/optim.h"
 #include "tests/core_test_util.h"
+#include "tests/family_checks.h"
 #include "tests/process_util.h"
 
 using namespace headlab;
 using headlab::testing::TempDir;
 
 namespace {
-
-namespace fs = std::filesystem;
 
 // Gemma 3's parts at test sizes: heads 4 x 10 wide on a 24-wide stream, layer 0 windowed (5) with its own base.
 nn::DecoderConfig gemma3_config(int64_t kv_heads, nn::AttentionForm form = nn::AttentionForm::fused) {
@@ -59,14 +56,6 @@ nn::DecoderConfig gemma_config() {
   c.vocab_size = 37, c.context_length = 16, c.emb_dim = 24, c.n_heads = 4, c.n_kv_heads = 1, c.head_dim = 8;
   c.n_layers = 2, c.hidden_dim = 40;
   return c;
-}
-
-// Every norm's weight away from its initial value, so that a norm read, placed or copied wrongly shows.
-void perturb_norms(nn::Module& m, uint64_t seed) {
-  Generator g(seed);
-  const NoGradGuard no_grad;
-  for (auto& [name, t] : m.named_parameters())
-    if (name.find("norm") != std::string::npos) t.detach().copy_(add(t, mul(randn(t.shape(), g), 0.3)));
 }
 
 Tensor tokens(int64_t B, int64_t T, int64_t V, uint64_t seed) {
@@ -124,7 +113,7 @@ TEST(Gemma, EveryNewPartEqualsItsMathsAtTheHookPoints) {
   for (const nn::DecoderConfig& c : {gemma3_config(2), gemma2_config(1), olmo2_config(1)}) {
     manual_seed(4);
     nn::DecoderModel m(c);
-    perturb_norms(m, 3);
+    headlab::testing::perturb_norms(m, 3);
     m.to(DType::f64);
     m.eval();
     SCOPED_TRACE(m.type_name());
@@ -177,32 +166,13 @@ TEST(Gemma, EveryNewPartEqualsItsMathsAtTheHookPoints) {
   }
 }
 
-// Gemma 3's per-head q/k norms with (1 + w), shared by the wrapper's heads: the wrapper, the fused form and the
-// composite path (the pattern kept) compute one function; the conversion back gives the same weights.
+// Gemma 3's per-head q/k norms with (1 + w), shared by the wrapper's heads, and Gemma 2's soft-capped scores: the
+// wrapper, the fused form and the composite path (the pattern kept) compute one function; the conversion back gives
+// the same weights.
 TEST(Gemma3, PerHeadFormFusedFormAndTheCompositePathAgree) {
-  for (const int64_t kv : {4, 2, 1}) {
-    manual_seed(3);
-    nn::DecoderModel fused(gemma3_config(kv));
-    perturb_norms(fused, 9);
-    fused.eval();
-    const auto [wrapper_config, wrapper_params] =
-        analysis::convert_parameters(fused.config_json(), fused.named_parameters(), nn::AttentionForm::wrapper);
-    nn::DecoderModel wrapper(nn::gemma3_family().config(wrapper_config));
-    wrapper.load_parameters(wrapper_params, "wrapper");
-    wrapper.eval();
-    const NoGradGuard no_grad;
-    const Tensor idx = tokens(2, 11, 37, 5);
-    const Tensor want = fused.forward(idx);
-    EXPECT_LT(max_diff(wrapper.forward(idx), want), 1e-5) << "kv " << kv;
-    fused.keep_attention_weights(true);
-    EXPECT_LT(max_diff(fused.forward(idx), want), 1e-5) << "kv " << kv;
-    fused.keep_attention_weights(false);
-    const auto [back_config, back_params] =
-        analysis::convert_parameters(wrapper_config, wrapper.named_parameters(), nn::AttentionForm::fused);
-    const NamedTensors original = fused.named_parameters();
-    ASSERT_EQ(back_params.size(), original.size());
-    for (size_t i = 0; i < original.size(); ++i)
-      EXPECT_EQ(max_diff(back_params[i].second, original[i].second), 0.0) << original[i].first;
+  for (const nn::DecoderConfig& c : {gemma3_config(4), gemma3_config(2), gemma3_config(1), gemma2_config(2)}) {
+    SCOPED_TRACE(c.family->arch() + " kv " + std::to_string(c.kv_heads()));
+    headlab::testing::expect_forms_agree(c);
   }
 }
 
@@ -213,7 +183,7 @@ TEST(Gemma3, CachedDecodingEqualsTheFullForwardAtEveryPosition) {
        {gemma3_config(2), gemma3_config(1), gemma2_config(2), olmo2_config(2), gemma_config()}) {
     manual_seed(11);
     nn::DecoderModel m(c);
-    perturb_norms(m, 4);
+    headlab::testing::perturb_norms(m, 4);
     m.eval();
     SCOPED_TRACE(m.type_name());
     const NoGradGuard no_grad;
@@ -239,7 +209,7 @@ TEST(Gemma3, DirectLogitAttributionThroughThePostNormsAddsUp) {
   for (const nn::DecoderConfig& c : {gemma3_config(2), gemma2_config(2), olmo2_config(2)}) {
     manual_seed(8);
     nn::DecoderModel m(c);
-    perturb_norms(m, 2);
+    headlab::testing::perturb_norms(m, 2);
     m.to(DType::f64);
     analysis::EvalSet s;
     tasks::Batch b;
@@ -263,7 +233,7 @@ TEST(Gemma3, ExportReadsBackBitwise) {
     TempDir dir("gemma_export");
     manual_seed(6);
     nn::DecoderModel m(c);
-    perturb_norms(m, 8);
+    headlab::testing::perturb_norms(m, 8);
     const std::string arch = c.family->arch();
     SCOPED_TRACE(arch);
     io::family_named(arch, "test").folder->write(dir.path("out"), m, {});
@@ -309,17 +279,7 @@ TEST(Gemma3, FreshModelsTrainAndWhatTheyLackIsRefusedByName) {
       EXPECT_EQ(model->config().attn_softcap, 50.0);
       EXPECT_EQ(model->config().logit_softcap, 30.0);
     }
-    const Tensor idx = tokens(4, 12, 13, 1), targets = tokens(4, 12, 13, 2);
-    optim::Optimizer opt(model->named_parameters(), {.kind = optim::OptimizerKind::adamw, .lr = 1e-2});
-    double first = 0, last = 0;
-    for (int step = 0; step < 30; ++step) {
-      opt.zero_grad();
-      const Tensor loss = cross_entropy(model->forward(idx), targets);
-      loss.backward();
-      opt.step();
-      (step == 0 ? first : last) = loss.item<double>();
-    }
-    EXPECT_LT(last, 0.6 * first);
+    headlab::testing::expect_fresh_model_learns(*model, 0.6);
   }
   nn::ModelOptions o;
   o.arch = "olmo2", o.emb_dim = 16, o.n_heads = 4, o.n_layers = 1, o.attention = nn::AttentionForm::wrapper;
@@ -332,11 +292,7 @@ TEST(Gemma3, FreshModelsTrainAndWhatTheyLackIsRefusedByName) {
   const std::string base = headlab::testing::slurp(std::string(HEADLAB_SOURCE_DIR) +
                                                    "/tests/fixtures/llama_folders/gemma3_pattern/config.json");
   const auto with = [&](const std::string& name, const std::function<void(nlohmann::json&)>& change) {
-    nlohmann::json j = nlohmann::json::parse(base);
-    change(j);
-    fs::create_directories(dir.path(name));
-    std::ofstream(dir.path(name) + "/config.json") << j.dump();
-    return dir.path(name);
+    return headlab::testing::config_variant(dir, base, name, change);
   };
   const std::string capped = with("capped", [](auto& j) { j["attn_logit_softcapping"] = 50.0; });
   const std::string gemma2 = with("gemma2", [](auto& j) {
@@ -353,7 +309,7 @@ TEST(Gemma3, FreshModelsTrainAndWhatTheyLackIsRefusedByName) {
   EXPECT_EQ(g2.at("arch"), "gemma2");
   EXPECT_EQ(g2.at("attn_softcap"), 50.0);
   EXPECT_EQ(g2.at("logit_softcap"), 30.0);
-  EXPECT_EQ(g2.at("window_layers"), nlohmann::json({0}));
+  EXPECT_EQ(g2.at("window_layers"), nlohmann::json::array({0}));
   EXPECT_ERROR(io::family_of_folder(act).folder->read_config(act), "hidden_activation 'silu' is not supported");
   EXPECT_ERROR(io::family_of_folder(scaled).folder->read_config(scaled), "rope_scaling");
   EXPECT_ERROR(io::family_of_folder(multimodal), "model_type 'gemma3' is not one headlab reads");

@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <filesystem>
 #include <fstream>
 #include <functional>
 
@@ -15,8 +14,8 @@
 #include "io/families.h"
 #include "nn/decoder_family.h"
 #include "nn/generate.h"
-#include "optim/optim.h"
 #include "tests/core_test_util.h"
+#include "tests/family_checks.h"
 #include "tests/process_util.h"
 
 using namespace headlab;
@@ -24,22 +23,12 @@ using headlab::testing::TempDir;
 
 namespace {
 
-namespace fs = std::filesystem;
-
 // Sizes where the heads' width (4 x 10) differs from the stream's (24), as Qwen3's do.
 nn::DecoderConfig qwen3_config(int64_t kv_heads, nn::AttentionForm form = nn::AttentionForm::fused) {
   nn::DecoderConfig c = nn::qwen3_family().config();
   c.vocab_size = 37, c.context_length = 16, c.emb_dim = 24, c.n_heads = 4, c.n_kv_heads = kv_heads, c.head_dim = 10;
   c.n_layers = 2, c.hidden_dim = 40, c.rope_theta = 1e6, c.attention = form;
   return c;
-}
-
-// Norm weights away from their initial ones, so that a norm read or copied wrongly shows.
-void perturb_norms(nn::DecoderModel& m, uint64_t seed) {
-  Generator g(seed);
-  const NoGradGuard no_grad;
-  for (auto& [name, t] : m.named_parameters())
-    if (name.find("_norm.weight") != std::string::npos) t.detach().copy_(add(t, mul(randn(t.shape(), g), 0.3)));
 }
 
 Tensor tokens(int64_t B, int64_t T, int64_t V, uint64_t seed) {
@@ -81,29 +70,8 @@ TEST(Qwen3, NamesCountsAndTheNormsPlace) {
 // norm equals an RMSNorm over each head's slice of the hooked queries.
 TEST(Qwen3, PerHeadFormFusedFormAndTheCompositePathAgree) {
   for (const int64_t kv : {4, 2, 1}) {
-    manual_seed(3);
-    nn::DecoderModel fused(qwen3_config(kv));
-    perturb_norms(fused, 9);
-    fused.eval();
-    const auto [wrapper_config, wrapper_params] =
-        analysis::convert_parameters(fused.config_json(), fused.named_parameters(), nn::AttentionForm::wrapper);
-    nn::DecoderModel wrapper(nn::qwen3_family().config(wrapper_config));
-    wrapper.load_parameters(wrapper_params, "wrapper");
-    wrapper.eval();
-    const NoGradGuard no_grad;
-    const Tensor idx = tokens(2, 11, 37, 5);
-    const Tensor want = fused.forward(idx);
-    EXPECT_LT(max_diff(wrapper.forward(idx), want), 1e-5) << "kv " << kv;
-    fused.keep_attention_weights(true);
-    EXPECT_LT(max_diff(fused.forward(idx), want), 1e-5) << "kv " << kv;
-    fused.keep_attention_weights(false);
-    // and back: the same weights
-    const auto [back_config, back_params] =
-        analysis::convert_parameters(wrapper_config, wrapper.named_parameters(), nn::AttentionForm::fused);
-    const NamedTensors original = fused.named_parameters();
-    ASSERT_EQ(back_params.size(), original.size());
-    for (size_t i = 0; i < original.size(); ++i)
-      EXPECT_EQ(max_diff(back_params[i].second, original[i].second), 0.0) << original[i].first;
+    SCOPED_TRACE("kv " + std::to_string(kv));
+    headlab::testing::expect_forms_agree(qwen3_config(kv));
   }
 }
 
@@ -111,7 +79,7 @@ TEST(Qwen3, CachedDecodingEqualsTheFullForwardAtEveryPosition) {
   for (const int64_t kv : {2, 1}) {
     manual_seed(11);
     nn::DecoderModel m(qwen3_config(kv));
-    perturb_norms(m, 4);
+    headlab::testing::perturb_norms(m, 4);
     m.eval();
     const NoGradGuard no_grad;
     const Tensor idx = tokens(2, 12, 37, 7);
@@ -133,7 +101,7 @@ TEST(Qwen3, CachedDecodingEqualsTheFullForwardAtEveryPosition) {
 TEST(Qwen3, PruningWholeKeyValueGroupsEqualsGatingThemOff) {
   manual_seed(21);
   nn::DecoderModel m(qwen3_config(2));
-  perturb_norms(m, 5);
+  headlab::testing::perturb_norms(m, 5);
   m.eval();
   const std::vector<std::vector<int64_t>> keep{{2, 3}, {0, 1}};
   const auto [config, params] = analysis::prune_parameters(m.config_json(), m.named_parameters(), keep);
@@ -158,7 +126,7 @@ TEST(Qwen3, ExportReadsBackBitwise) {
   TempDir dir("qwen3_export");
   manual_seed(6);
   nn::DecoderModel m(qwen3_config(2));
-  perturb_norms(m, 8);
+  headlab::testing::perturb_norms(m, 8);
   io::family_named("qwen3", "test").folder->write(dir.path("out"), m, {});
   std::ifstream cfg(dir.path("out") + "/config.json");
   const nlohmann::json j = nlohmann::json::parse(cfg);
@@ -181,17 +149,7 @@ TEST(Qwen3, TrainsFromTrainsOptionsAndRefusesWhatItLacks) {
   auto model = std::dynamic_pointer_cast<nn::DecoderModel>(io::make_model(f.model.from_options(o, sizes)));
   ASSERT_TRUE(model);
   EXPECT_EQ(model->config().qk_norm, nn::QkNorm::per_head);
-  const Tensor idx = tokens(4, 12, 13, 1), targets = tokens(4, 12, 13, 2);
-  optim::Optimizer opt(model->named_parameters(), {.kind = optim::OptimizerKind::adamw, .lr = 1e-2});
-  double first = 0, last = 0;
-  for (int step = 0; step < 30; ++step) {
-    opt.zero_grad();
-    const Tensor loss = cross_entropy(model->forward(idx), targets);
-    loss.backward();
-    opt.step();
-    (step == 0 ? first : last) = loss.item<double>();
-  }
-  EXPECT_LT(last, 0.5 * first);
+  headlab::testing::expect_fresh_model_learns(*model, 0.5);
   // Refusals by name: biases (Qwen3's attention_bias would bias o_proj too), interleaved pairs, a folder's
   // attention_bias and sliding layers without a window.
   nn::DecoderConfig c = qwen3_config(2);
@@ -203,11 +161,7 @@ TEST(Qwen3, TrainsFromTrainsOptionsAndRefusesWhatItLacks) {
   const std::string base =
       headlab::testing::slurp(std::string(HEADLAB_SOURCE_DIR) + "/tests/fixtures/llama_folders/qwen3_tied/config.json");
   const auto with = [&](const std::string& name, const std::function<void(nlohmann::json&)>& change) {
-    nlohmann::json j = nlohmann::json::parse(base);
-    change(j);
-    fs::create_directories(dir.path(name));
-    std::ofstream(dir.path(name) + "/config.json") << j.dump();
-    return dir.path(name);
+    return headlab::testing::config_variant(dir, base, name, change);
   };
   const std::string bias = with("bias", [](auto& j) { j["attention_bias"] = true; });
   const std::string sliding = with("sliding", [](auto& j) { j["layer_types"][1] = "sliding_attention"; });

@@ -1,0 +1,87 @@
+// What the decoder families' own tests check the same way (tests/test_qwen3.cpp, tests/test_gemma_olmo2.cpp): norms
+// moved off their initial weights, the per-head form against the fused form and the composite path (and the conversion
+// back, bit for bit), a fresh model learning, and a fixture folder's config.json with one change.
+#pragma once
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <string>
+
+#include "analysis/surgery.h"
+#include "nn/decoder_family.h"
+#include "optim/optim.h"
+#include "tests/process_util.h"
+
+namespace headlab::testing {
+
+inline double family_max_diff(const Tensor& a, const Tensor& b) {
+  return amax(abs(sub(a.to(DType::f64), b.to(DType::f64)))).item<double>();
+}
+
+// Every norm's weight (a parameter named "...norm...") moved by 0.3 N(0, 1), so that a norm read, placed or copied
+// wrongly shows.
+inline void perturb_norms(nn::Module& m, uint64_t seed) {
+  Generator g(seed);
+  const NoGradGuard no_grad;
+  for (auto& [name, t] : m.named_parameters())
+    if (name.find("norm") != std::string::npos) t.detach().copy_(add(t, mul(randn(t.shape(), g), 0.3)));
+}
+
+// c (fused form, vocabulary >= 37): the wrapper, the fused form and the fused form with the pattern kept (the
+// composite path) compute one function; converting back to fused gives the same weights.
+inline void expect_forms_agree(const nn::DecoderConfig& c) {
+  manual_seed(3);
+  nn::DecoderModel fused(c);
+  perturb_norms(fused, 9);
+  fused.eval();
+  const auto [wrapper_config, wrapper_params] =
+      analysis::convert_parameters(fused.config_json(), fused.named_parameters(), nn::AttentionForm::wrapper);
+  nn::DecoderModel wrapper(c.family->config(wrapper_config));
+  wrapper.load_parameters(wrapper_params, "wrapper");
+  wrapper.eval();
+  const NoGradGuard no_grad;
+  Generator g(5);
+  const Tensor idx = randint(0, 37, {2, 11}, g);
+  const Tensor want = fused.forward(idx);
+  EXPECT_LT(family_max_diff(wrapper.forward(idx), want), 1e-5);
+  fused.keep_attention_weights(true);
+  EXPECT_LT(family_max_diff(fused.forward(idx), want), 1e-5);
+  fused.keep_attention_weights(false);
+  const auto [back_config, back_params] =
+      analysis::convert_parameters(wrapper_config, wrapper.named_parameters(), nn::AttentionForm::fused);
+  const NamedTensors original = fused.named_parameters();
+  ASSERT_EQ(back_params.size(), original.size());
+  for (size_t i = 0; i < original.size(); ++i)
+    EXPECT_EQ(family_max_diff(back_params[i].second, original[i].second), 0.0) << original[i].first;
+}
+
+// A fresh model (vocabulary 13, context 12) trained 30 AdamW steps on one batch: its loss falls below `factor` of the
+// first.
+inline void expect_fresh_model_learns(nn::DecoderModel& model, double factor) {
+  Generator g(1), h(2);
+  const Tensor idx = randint(0, 13, {4, 12}, g), targets = randint(0, 13, {4, 12}, h);
+  optim::Optimizer opt(model.named_parameters(), {.kind = optim::OptimizerKind::adamw, .lr = 1e-2});
+  double first = 0, last = 0;
+  for (int step = 0; step < 30; ++step) {
+    opt.zero_grad();
+    const Tensor loss = cross_entropy(model.forward(idx), targets);
+    loss.backward();
+    opt.step();
+    (step == 0 ? first : last) = loss.item<double>();
+  }
+  EXPECT_LT(last, factor * first);
+}
+
+// A folder dir/name holding `base` (a config.json's text) with `change` made to it; returns the folder.
+inline std::string config_variant(const TempDir& dir, const std::string& base, const std::string& name,
+                                  const std::function<void(nlohmann::json&)>& change) {
+  nlohmann::json j = nlohmann::json::parse(base);
+  change(j);
+  std::filesystem::create_directories(dir.path(name));
+  std::ofstream(dir.path(name) + "/config.json") << j.dump();
+  return dir.path(name);
+}
+
+}  // namespace headlab::testing

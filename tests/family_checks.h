@@ -16,8 +16,14 @@
 
 namespace headlab::testing {
 
-inline double family_max_diff(const Tensor& a, const Tensor& b) {
+inline double max_diff(const Tensor& a, const Tensor& b) {
   return amax(abs(sub(a.to(DType::f64), b.to(DType::f64)))).item<double>();
+}
+
+// Token ids (B, T) uniform in [0, V), from their own seed.
+inline Tensor tokens(int64_t B, int64_t T, int64_t V, uint64_t seed) {
+  Generator g(seed);
+  return randint(0, V, {B, T}, g);
 }
 
 // Every norm's weight (a parameter named "...norm...") moved by 0.3 N(0, 1), so that a norm read, placed or copied
@@ -42,26 +48,24 @@ inline void expect_forms_agree(const nn::DecoderConfig& c) {
   wrapper.load_parameters(wrapper_params, "wrapper");
   wrapper.eval();
   const NoGradGuard no_grad;
-  Generator g(5);
-  const Tensor idx = randint(0, 37, {2, 11}, g);
+  const Tensor idx = tokens(2, 11, 37, 5);
   const Tensor want = fused.forward(idx);
-  EXPECT_LT(family_max_diff(wrapper.forward(idx), want), 1e-5);
+  EXPECT_LT(max_diff(wrapper.forward(idx), want), 1e-5);
   fused.keep_attention_weights(true);
-  EXPECT_LT(family_max_diff(fused.forward(idx), want), 1e-5);
+  EXPECT_LT(max_diff(fused.forward(idx), want), 1e-5);
   fused.keep_attention_weights(false);
   const auto [back_config, back_params] =
       analysis::convert_parameters(wrapper_config, wrapper.named_parameters(), nn::AttentionForm::fused);
   const NamedTensors original = fused.named_parameters();
   ASSERT_EQ(back_params.size(), original.size());
   for (size_t i = 0; i < original.size(); ++i)
-    EXPECT_EQ(family_max_diff(back_params[i].second, original[i].second), 0.0) << original[i].first;
+    EXPECT_EQ(max_diff(back_params[i].second, original[i].second), 0.0) << original[i].first;
 }
 
 // A fresh model (vocabulary 13, context 12) trained 30 AdamW steps on one batch: its loss falls below `factor` of the
 // first.
 inline void expect_fresh_model_learns(nn::DecoderModel& model, double factor) {
-  Generator g(1), h(2);
-  const Tensor idx = randint(0, 13, {4, 12}, g), targets = randint(0, 13, {4, 12}, h);
+  const Tensor idx = tokens(4, 12, 13, 1), targets = tokens(4, 12, 13, 2);
   optim::Optimizer opt(model.named_parameters(), {.kind = optim::OptimizerKind::adamw, .lr = 1e-2});
   double first = 0, last = 0;
   for (int step = 0; step < 30; ++step) {

@@ -22,7 +22,9 @@
 #include "tests/process_util.h"
 
 using namespace headlab;
+using headlab::testing::max_diff;
 using headlab::testing::TempDir;
+using headlab::testing::tokens;
 
 namespace {
 
@@ -56,15 +58,6 @@ nn::DecoderConfig gemma_config() {
   c.vocab_size = 37, c.context_length = 16, c.emb_dim = 24, c.n_heads = 4, c.n_kv_heads = 1, c.head_dim = 8;
   c.n_layers = 2, c.hidden_dim = 40;
   return c;
-}
-
-Tensor tokens(int64_t B, int64_t T, int64_t V, uint64_t seed) {
-  Generator g(seed);
-  return randint(0, V, {B, T}, g);
-}
-
-double max_diff(const Tensor& a, const Tensor& b) {
-  return amax(abs(sub(a.to(DType::f64), b.to(DType::f64)))).item<double>();
 }
 
 Tensor rms(const Tensor& x, const Tensor& gain, double eps) {  // x / sqrt(mean(x^2) + eps) * gain, over the last dim

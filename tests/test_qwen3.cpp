@@ -19,7 +19,9 @@
 #include "tests/process_util.h"
 
 using namespace headlab;
+using headlab::testing::max_diff;
 using headlab::testing::TempDir;
+using headlab::testing::tokens;
 
 namespace {
 
@@ -29,15 +31,6 @@ nn::DecoderConfig qwen3_config(int64_t kv_heads, nn::AttentionForm form = nn::At
   c.vocab_size = 37, c.context_length = 16, c.emb_dim = 24, c.n_heads = 4, c.n_kv_heads = kv_heads, c.head_dim = 10;
   c.n_layers = 2, c.hidden_dim = 40, c.rope_theta = 1e6, c.attention = form;
   return c;
-}
-
-Tensor tokens(int64_t B, int64_t T, int64_t V, uint64_t seed) {
-  Generator g(seed);
-  return randint(0, V, {B, T}, g);
-}
-
-double max_diff(const Tensor& a, const Tensor& b) {
-  return amax(abs(sub(a.to(DType::f64), b.to(DType::f64)))).item<double>();
 }
 
 }  // namespace

@@ -23,14 +23,22 @@ int64_t int_or(const json& j, const char* key, int64_t lo, int64_t hi, int64_t f
   return j.contains(key) && !j.at(key).is_null() ? hf_config_int(j, {key}, lo, hi, file) : fallback;
 }
 
-// The family each model_type is read as.
-const nn::DecoderFamily& family_of_type(const std::string& type) {
-  if (type == "qwen3") return nn::qwen3_family();
-  if (type == "olmo2") return nn::olmo2_family();
-  if (type == "gemma") return nn::gemma_family();
-  if (type == "gemma2") return nn::gemma2_family();
-  if (type == "gemma3_text") return nn::gemma3_family();
-  return nn::llama_family();
+// Each model_type the layout reads and the family it is read as; errors list them.
+const std::vector<std::pair<std::string, const nn::DecoderFamily& (*)()>>& model_types() {
+  static const std::vector<std::pair<std::string, const nn::DecoderFamily& (*)()>> types = {
+      {"llama", nn::llama_family}, {"mistral", nn::llama_family}, {"qwen2", nn::llama_family},
+      {"phi3", nn::llama_family},  {"qwen3", nn::qwen3_family},   {"olmo2", nn::olmo2_family},
+      {"gemma", nn::gemma_family}, {"gemma2", nn::gemma2_family}, {"gemma3_text", nn::gemma3_family}};
+  return types;
+}
+
+const nn::DecoderFamily& family_of_type(const std::string& type, const std::string& file) {
+  std::string known;
+  for (const auto& [name, family] : model_types()) {
+    if (name == type) return family();
+    known += (known.empty() ? "" : ", ") + name;
+  }
+  HL_FAIL(file, ": model_type '", type, "' is not one the llama layout reads (", known, ")");
 }
 
 // Sliding-window layers: transformers' layer_types where given ("sliding_attention"), else Mistral's every layer
@@ -73,12 +81,7 @@ void read_windows(const json& j, const std::string& type, const std::string& fil
 nn::DecoderConfig llama_config_from_hf(const json& j, const std::string& file) {
   const std::string type = hf_config_value<std::string>(j, "model_type", "", file);
   const bool gemma2 = type == "gemma2", gemma = type == "gemma" || gemma2 || type == "gemma3_text";
-  HL_CHECK(type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3" || type == "phi3" ||
-               type == "olmo2" || gemma,
-           file, ": model_type '", type,
-           "' is not one the llama layout reads (llama, mistral, qwen2, phi3, qwen3, olmo2, gemma, gemma2, "
-           "gemma3_text)");
-  nn::DecoderConfig c = family_of_type(type).config();
+  nn::DecoderConfig c = family_of_type(type, file).config();
   c.n_layers = hf_config_int(j, {"num_hidden_layers"}, 1, 10000, file);
   c.n_heads = hf_config_int(j, {"num_attention_heads"}, 1, 100000, file);
   c.n_kv_heads = int_or(j, "num_key_value_heads", 1, 100000, c.n_heads, file);

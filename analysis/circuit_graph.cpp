@@ -39,6 +39,9 @@ CircuitGraph::CircuitGraph(const nn::DecoderModel& model) : n_layers_(model.n_la
            " norms each attention's and MLP's output before the stream adds it (post norms), so its heads' outputs "
            "are not terms of the stream; path patching over post-norm models (circuit, heads --task) is not "
            "supported yet");
+  HL_CHECK(!model.shape().post_ln, "prompt pairs: ", model.type_name(),
+           " norms the stream after every residual add (post-LN), so a head's output is not a term of the stream "
+           "the next layers read; path patching over post-LN models (circuit, heads --task) is not supported yet");
   const bool mlp = model.shape().has_mlp, parallel = model.shape().parallel_residual;
   nodes_.push_back({-1, -1});  // the embeddings
   const auto add_group = [&](int64_t layer, Input input, std::initializer_list<std::pair<Input, int64_t>> parts) {

@@ -44,7 +44,7 @@ int64_t rows_per_forward(const nn::DecoderModel& m, int64_t T, const HeadTypeOpt
 
 // Sums of one head's scores and their query counts.
 struct Sums {
-  double prev = 0, first = 0, sep = 0, entropy = 0, entropy_norm = 0, induction = 0, duplicate = 0;
+  double prev = 0, first = 0, sep = 0, self = 0, next = 0, entropy = 0, entropy_norm = 0, induction = 0, duplicate = 0;
 };
 
 }  // namespace
@@ -82,6 +82,8 @@ HeadTypes head_types(nn::DecoderModel& model, const EvalSet& data, const HeadTyp
   for (int64_t l = 0; l < L; ++l)
     sums[static_cast<size_t>(l)].resize(static_cast<size_t>(model.attention(l).head_count()));
   HeadTypes r;
+  const bool causal = cfg.causal;
+  int64_t next_queries = 0;  // queries with a key after them (an encoder's)
   for (const Batch& b : data.batches) {
     const int64_t B = b.B, T = b.T, chunk = rows_per_forward(model, T, o);
     const Tensor ids = train::batch_tensors(b, model.device()).first;
@@ -95,22 +97,26 @@ HeadTypes head_types(nn::DecoderModel& model, const EvalSet& data, const HeadTyp
       for (int64_t t = 0; t < T && sep < 0 && o.separator_id >= 0; ++t)
         if (b.input(row, t) == o.separator_id) sep = t;
       r.queries += last;
-      if (sep >= 0) r.separator_queries += last - sep;
+      if (!causal) next_queries += std::max<int64_t>(0, std::min(last, T - 2));
+      if (sep >= 0) r.separator_queries += causal ? last - sep : last;
       for (int64_t l = 0; l < L; ++l) {
         const int64_t H = model.attention(l).head_count();
         for (int64_t h = 0; h < H; ++h) {
           Sums& s = sums[static_cast<size_t>(l)][static_cast<size_t>(h)];
           const double* base = w[static_cast<size_t>(l)].data() + ((in_chunk * H + h) * T) * T;
           for (int64_t q = 1; q <= last; ++q) {
-            const double* wq = base + q * T;  // keys 0..q
+            const double* wq = base + q * T;
+            const int64_t seen = causal ? q + 1 : T;  // keys 0..q, or every key
             s.prev += wq[q - 1];
             s.first += wq[0];
-            if (sep >= 0 && q > sep) s.sep += wq[sep];
+            s.self += wq[q];
+            if (!causal && q + 1 < T) s.next += wq[q + 1];
+            if (sep >= 0 && (q > sep || !causal)) s.sep += wq[sep];
             double e = 0;
-            for (int64_t k = 0; k <= q; ++k)
+            for (int64_t k = 0; k < seen; ++k)
               if (wq[k] > 0) e -= wq[k] * std::log(wq[k]);
             s.entropy += e;
-            s.entropy_norm += e / std::log(static_cast<double>(q + 1));
+            s.entropy_norm += e / std::log(static_cast<double>(seen));
           }
         }
       }
@@ -149,6 +155,8 @@ HeadTypes head_types(nn::DecoderModel& model, const EvalSet& data, const HeadTyp
       t.previous_token = mean(s.prev, r.queries);
       t.first_token = mean(s.first, r.queries);
       t.separator = mean(s.sep, r.separator_queries);
+      t.self_token = mean(s.self, r.queries);
+      t.next_token = mean(s.next, next_queries);  // NaN in a causal model
       t.entropy = mean(s.entropy, r.queries);
       t.entropy_normalized = mean(s.entropy_norm, r.queries);
       t.induction = mean(s.induction, r.induction_queries);
@@ -156,6 +164,9 @@ HeadTypes head_types(nn::DecoderModel& model, const EvalSet& data, const HeadTyp
       for (const auto& [score, threshold, name] : {std::tuple{t.previous_token, kPatternThreshold, "previous-token"},
                                                    std::tuple{t.first_token, kPatternThreshold, "first-token"},
                                                    std::tuple{t.separator, kPatternThreshold, "separator"},
+                                                   // labels of an encoder's (Clark et al.'s) kinds only
+                                                   std::tuple{causal ? kNaN : t.self_token, kPatternThreshold, "self"},
+                                                   std::tuple{t.next_token, kPatternThreshold, "next-token"},
                                                    std::tuple{t.induction, kRepeatThreshold, "induction"},
                                                    std::tuple{t.duplicate_token, kRepeatThreshold, "duplicate-token"},
                                                    std::tuple{t.entropy_normalized, kBroadThreshold, "broad"}})

@@ -2,9 +2,12 @@
 // head detectors; Olsson et al. 2022 for induction heads). Per head, each a mean attention weight:
 //   previous_token: on key q-1, over queries q >= 1 of the data;
 //   first_token:    on key 0 (an "attention sink"), over queries q >= 1;
-//   separator:      on the row's separator ('>' or '='), over the queries after it (NaN without one);
+//   separator:      on the row's separator ('>' or '='; an encoder's [SEP]), over the queries after it (an
+//                   encoder's: every query, as Clark et al. measure BERT's heads) (NaN without one);
+//   self_token:     on key q itself, over queries q >= 1 (a label, "self", in an encoder only);
+//   next_token:     on key q+1, over queries 1 <= q < last (an encoder's: Clark et al. 2019; NaN in a causal model);
 //   entropy:        -sum_k w log w in nats over queries q >= 1, and normalised by its maximum
-//                   log(q+1) (1: uniform over the keys it may see; 0: one key);
+//                   log(keys it may see: q + 1, an encoder's every key) (1: uniform over them; 0: one key);
 //   induction:      on rows of n random tokens repeated twice, the weight of each query in the second
 //                   half on the token after the earlier occurrence of its own token (key q-n+1);
 //   duplicate_token: on the same rows, the weight on that earlier occurrence itself (key q-n).
@@ -26,7 +29,8 @@ constexpr double kPatternThreshold = 0.5, kRepeatThreshold = 0.4, kBroadThreshol
 
 struct HeadTypeScores {
   int64_t layer = 0, head = 0, original_head = 0;
-  double previous_token = 0, first_token = 0, separator = 0, entropy = 0, entropy_normalized = 0;
+  double previous_token = 0, first_token = 0, separator = 0, self_token = 0, next_token = 0, entropy = 0,
+         entropy_normalized = 0;
   double induction = 0, duplicate_token = 0;
   std::string label;  // "previous-token", "induction+duplicate-token", ...; "" when no score is clear
 };

@@ -51,6 +51,8 @@ HeadsScores heads_scores(const nn::DecoderModel& model, const HeadsFindings& f) 
   s.previous = type_score(&HeadTypeScores::previous_token);
   s.first = type_score(&HeadTypeScores::first_token);
   s.separator = type_score(&HeadTypeScores::separator);
+  s.self = type_score(&HeadTypeScores::self_token);
+  s.next = type_score(&HeadTypeScores::next_token);
   s.entropy = type_score(&HeadTypeScores::entropy);
   s.entropy_normalized = type_score(&HeadTypeScores::entropy_normalized);
   s.induction = type_score(&HeadTypeScores::induction);
@@ -76,6 +78,8 @@ std::vector<HeadColumn> heads_csv_columns(const HeadsFindings& f, const HeadsSco
           csv_column("entropy_normalized", s.entropy_normalized),
           csv_column("induction", s.induction),
           csv_column("duplicate_token", s.duplicate),
+          csv_column("self_token", s.self),
+          csv_column("next_token", s.next),
           csv_column("repeated_zero_delta_loss", s.repeated_zero),
           csv_column("repeated_mean_delta_loss", s.repeated_mean),
           HeadColumn{"label", s.labels}};
@@ -103,18 +107,23 @@ std::string heads_report_md(const nn::DecoderModel& model, const EvalSet& data, 
      << render_markdown(
             head_value_table(model, by_magnitude(s.resample),
                              {{"zero: d loss", s.zero}, {"mean: d loss", s.mean}, {"resample: d loss", s.resample}}));
-  md << "\n## Direct logit attribution\n\nEach head's direct contribution, through out_proj and the unembedding "
-        "with the final layer norm's scale frozen per token, to logit(correct) minus the mean logit (and to the "
-        "raw correct logit), mean over "
-     << f.dla.tokens << " scored tokens. Embeddings " << fmt_signed(f.dla.vs_mean.embeddings, 3)
-     << ", final norm shift " << fmt_signed(f.dla.vs_mean.final_shift, 3) << ", feed-forward blocks";
-  for (double v : f.dla.vs_mean.feed_forward) md << " " << fmt_signed(v, 3);
-  md << ", out_proj biases";
-  for (double v : f.dla.vs_mean.out_proj_bias) md << " " << fmt_signed(v, 3);
-  md << "; everything sums to " << fmt(f.dla.vs_mean.sum(), 4) << " = the model's " << fmt(f.dla.vs_mean.total, 4)
-     << ".\n\n![direct logit attribution](dla.png)\n\n"
-     << render_markdown(head_value_table(model, by_magnitude(s.dla),
-                                         {{"DLA vs mean", s.dla}, {"DLA raw logit", f.dla.logit.heads}}));
+  if (!f.dla_computed) {
+    md << "\n## Direct logit attribution\n\nNot computed: the model norms the stream after every residual add "
+          "(post-LN) and reads it through a masked-LM head, so no component's share of a logit is linear.\n";
+  } else {
+    md << "\n## Direct logit attribution\n\nEach head's direct contribution, through out_proj and the unembedding "
+          "with the final layer norm's scale frozen per token, to logit(correct) minus the mean logit (and to the "
+          "raw correct logit), mean over "
+       << f.dla.tokens << " scored tokens. Embeddings " << fmt_signed(f.dla.vs_mean.embeddings, 3)
+       << ", final norm shift " << fmt_signed(f.dla.vs_mean.final_shift, 3) << ", feed-forward blocks";
+    for (double v : f.dla.vs_mean.feed_forward) md << " " << fmt_signed(v, 3);
+    md << ", out_proj biases";
+    for (double v : f.dla.vs_mean.out_proj_bias) md << " " << fmt_signed(v, 3);
+    md << "; everything sums to " << fmt(f.dla.vs_mean.sum(), 4) << " = the model's " << fmt(f.dla.vs_mean.total, 4)
+       << ".\n\n![direct logit attribution](dla.png)\n\n"
+       << render_markdown(head_value_table(model, by_magnitude(s.dla),
+                                           {{"DLA vs mean", s.dla}, {"DLA raw logit", f.dla.logit.heads}}));
+  }
   md << "\n## Activation patching\n\nCorrupted input: " << f.corruption << ". Clean loss " << fmt(f.patching.clean.loss)
      << ", corrupted " << fmt(f.patching.corrupted.loss) << " (on the clean targets, " << f.patching.tokens
      << " tokens). Noising: the clean run with the head's context from the corrupted run, as a fraction of the "
@@ -205,11 +214,12 @@ std::vector<std::pair<int64_t, int64_t>> by_magnitude(const HeadMatrix& v) {
 
 Table head_types_table(const HeadTypes& types) {
   Table t("", {text_column("head"), fixed_column("previous", 3), fixed_column("first", 3), fixed_column("separator", 3),
-               fixed_column("entropy", 3), fixed_column("entropy / max", 3), fixed_column("induction", 3),
-               fixed_column("duplicate", 3), text_column("label")});
+               fixed_column("self", 3), fixed_column("next", 3), fixed_column("entropy", 3),
+               fixed_column("entropy / max", 3), fixed_column("induction", 3), fixed_column("duplicate", 3),
+               text_column("label")});
   for (const HeadTypeScores& h : types.heads)
-    t.add_row({head_label(h.layer, h.original_head), h.previous_token, h.first_token, h.separator, h.entropy,
-               h.entropy_normalized, h.induction, h.duplicate_token, h.label});
+    t.add_row({head_label(h.layer, h.original_head), h.previous_token, h.first_token, h.separator, h.self_token,
+               h.next_token, h.entropy, h.entropy_normalized, h.induction, h.duplicate_token, h.label});
   return t;
 }
 
@@ -231,6 +241,10 @@ HeadTypeOptions head_type_options(const loader::Loaded& in) {
   HeadTypeOptions to;
   const auto* algo = dynamic_cast<const tasks::AlgorithmicTask*>(in.task.get());
   to.separator_id = algo ? algo->sep_id() : -1;
+  // an encoder's rows end in [SEP], which Clark et al. found so many of BERT's heads attend to
+  const nn::DecoderModel* d = in.model->as_decoder();
+  if (const tasks::TextTokenizer* t = in.subword(); t && d && !d->shape().causal && t->mask())
+    to.separator_id = t->eos().value_or(-1);
   return to;
 }
 
@@ -251,7 +265,16 @@ HeadsFindings find_heads(const loader::Loaded& in, const EvalSet& data, const He
   };
   HeadsFindings f;
   f.seconds_ablation = timed([&] { f.ablation = ablate_heads(model, data); });
-  f.seconds_dla = timed([&] { f.dla = logit_attribution(model, data); });
+  f.dla_computed = !model.shape().post_ln;  // no component's share of a logit is linear there
+  if (f.dla_computed) {
+    f.seconds_dla = timed([&] { f.dla = logit_attribution(model, data); });
+  } else {
+    for (DirectAttribution* a : {&f.dla.vs_mean, &f.dla.logit}) {
+      a->heads = head_matrix(model, kNaN);
+      a->out_proj_bias = a->feed_forward = std::vector<double>(static_cast<size_t>(model.n_layers()), kNaN);
+      a->embeddings = a->final_shift = a->total = kNaN;
+    }
+  }
   const auto* algo = dynamic_cast<const tasks::AlgorithmicTask*>(in.task.get());
   f.seconds_types = timed([&] { f.types = head_types(model, data, head_type_options(in)); });
   std::vector<Batch> corrupted;
@@ -267,7 +290,7 @@ HeadsFindings find_heads(const loader::Loaded& in, const EvalSet& data, const He
   // would multiply the cost by 16 for the same answer).
   f.repeated_rows = 16;
   f.repeated_half = std::min<int64_t>(f.types.induction_half, 128);
-  if (f.repeated_half >= 2)
+  if (f.repeated_half >= 2 && model.shape().causal)  // its targets are the next tokens: a decoder's
     f.seconds_repeated = timed([&] {
       f.repeated =
           ablate_heads(model, repeated_tokens_set(std::min(model.shape().vocab_size, model.shape().out_vocab_size),
@@ -281,12 +304,15 @@ std::string heads_text(const nn::DecoderModel& model, const HeadsFindings& f, co
   const AblationResult& abl = f.ablation;
   std::ostringstream os;
   os << "unablated: loss " << fmt(abl.base.loss) << ", token accuracy " << fmt(abl.base.token_accuracy) << "\n\n"
-     << render_text(heads_summary_table(model, s))
-     << "DLA: each head's direct share of logit(correct) - mean logit (final norm's scale frozen), mean over "
-     << f.dla.tokens << " tokens; the components sum to " << fmt(f.dla.vs_mean.sum(), 4)
-     << " (model: " << fmt(f.dla.vs_mean.total, 4) << ")\npatching: " << f.corruption << "; corrupted loss "
-     << fmt(f.patching.corrupted.loss) << " vs clean " << fmt(f.patching.clean.loss)
-     << "; effects are fractions of that gap\n";
+     << render_text(heads_summary_table(model, s));
+  if (f.dla_computed)
+    os << "DLA: each head's direct share of logit(correct) - mean logit (final norm's scale frozen), mean over "
+       << f.dla.tokens << " tokens; the components sum to " << fmt(f.dla.vs_mean.sum(), 4)
+       << " (model: " << fmt(f.dla.vs_mean.total, 4) << ")\n";
+  else
+    os << "DLA: not computed (post-LN: no component's share of a logit is linear)\n";
+  os << "patching: " << f.corruption << "; corrupted loss " << fmt(f.patching.corrupted.loss) << " vs clean "
+     << fmt(f.patching.clean.loss) << "; effects are fractions of that gap\n";
   const std::vector<CompositionScore>& comp = f.composition;
   if (!comp.empty()) {  // the strongest pairs of each kind, and the induction circuits
     os << "\ncomposition (Elhage et al.; |W_OV^a W_QK^b|_F over the norms; ln1's scale folded in), "
@@ -320,8 +346,9 @@ std::vector<std::string> write_heads_files(const std::string& out, const loader:
   const nn::DecoderModel& model = in.decoder("heads");
   const auto path = [&](const char* name) { return (std::filesystem::path(out) / name).string(); };
   save_heads_csv(path("heads.csv"), f.ablation, heads_csv_columns(f, s));
-  save_head_map_png(path("dla.png"), {"direct logit attribution: logit(correct) - mean logit", "logit", s.dla, {}, {}},
-                    model);
+  if (f.dla_computed)
+    save_head_map_png(path("dla.png"),
+                      {"direct logit attribution: logit(correct) - mean logit", "logit", s.dla, {}, {}}, model);
   save_head_map_png(
       path("patching.png"),
       {"activation patching, denoising: fraction of the loss gap restored", "fraction", s.denoising, {}, {}}, model);
@@ -333,17 +360,16 @@ std::vector<std::string> write_heads_files(const std::string& out, const loader:
                      model, 0.0, 1.0);
   save_head_map_png(path("ablation.png"), {"resample ablation: loss increase", "d loss", s.resample, 0.0, {}}, model);
   // The explorer page on the first validation row, with every score beside its head.
+  std::vector<ExplorerScore> scores{
+      {"resample: d loss", s.resample},       {"zero: d loss", s.zero},       {"DLA (vs mean)", s.dla},
+      {"patching: denoising", s.denoising},   {"previous token", s.previous}, {"induction", s.induction},
+      {"entropy / max", s.entropy_normalized}};
+  if (!f.dla_computed) scores.erase(scores.begin() + 2);
   save_row_explorer(path("attention.html"), *in.model, *in.task, data.batches.front(), 0,
-                    o.checkpoint + ": validation row 0",
-                    {{"resample: d loss", s.resample},
-                     {"zero: d loss", s.zero},
-                     {"DLA (vs mean)", s.dla},
-                     {"patching: denoising", s.denoising},
-                     {"previous token", s.previous},
-                     {"induction", s.induction},
-                     {"entropy / max", s.entropy_normalized}});
-  std::vector<std::string> wrote = {"heads.csv",    "report.md", "ablation.png",  "dla.png",
+                    o.checkpoint + ": validation row 0", scores);
+  std::vector<std::string> wrote = {"heads.csv",    "report.md", "ablation.png",
                                     "patching.png", "types.png", "attention.html"};
+  if (f.dla_computed) wrote.insert(wrote.begin() + 3, "dla.png");
   if (!f.composition.empty()) {  // every pair
     std::string csv = "layer_a,head_a,layer_b,head_b,q_composition,k_composition,v_composition\n";
     for (const CompositionScore& c : f.composition)

@@ -22,7 +22,8 @@ namespace headlab::analysis {
 // What every analysis of headlab heads found.
 struct HeadsFindings {
   AblationResult ablation;
-  LogitAttribution dla;
+  LogitAttribution dla;  // NaN everywhere where the model has none (post-LN: BertBlock's; dla_computed false)
+  bool dla_computed = true;
   PatchingResult patching;
   HeadTypes types;
   std::string corruption;  // how the corrupted inputs were made
@@ -37,7 +38,7 @@ struct HeadsScores {
   HeadMatrix zero, mean, resample;  // ablation: loss increase
   HeadMatrix noising, denoising;    // patching: fraction of the gap
   HeadMatrix dla;                   // vs the mean logit
-  HeadMatrix previous, first, separator, entropy, entropy_normalized, induction, duplicate;
+  HeadMatrix previous, first, separator, self, next, entropy, entropy_normalized, induction, duplicate;
   HeadMatrix repeated_zero, repeated_mean;  // ablation on repeated random tokens: loss increase
   std::vector<std::vector<std::string>> labels;
 };

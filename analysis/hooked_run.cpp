@@ -14,7 +14,7 @@ std::vector<std::string> hook_names(const nn::DecoderModel& model) {
 }
 
 HookedRun run_hooked(nn::DecoderModel& model, const Tensor& tokens, const std::set<std::string>& cache,
-                     const std::map<std::string, Hook>& hooks, bool tape) {
+                     const std::map<std::string, Hook>& hooks, bool tape, const Tensor& valid_lens) {
   const std::vector<nn::HookKey> points = model.hook_points(true);
   const std::set<nn::HookKey> known(points.begin(), points.end());
   // The key a name means on this model, or an error naming the call.
@@ -46,7 +46,7 @@ HookedRun run_hooked(nn::DecoderModel& model, const Tensor& tokens, const std::s
   const detail::EvalMode eval(model);
   nn::ActivationCache acts(std::move(keep), std::move(call));
   HookedRun r;
-  r.logits = model.forward(tokens, &acts);
+  r.logits = model.forward(tokens, &acts, valid_lens);
   for (auto& [key, x] : acts.cache()) r.cache[nn::hook_name(key)] = std::move(x);
   return r;
 }

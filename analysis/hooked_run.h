@@ -31,8 +31,9 @@ struct HookedRun {
 
 // tokens: (B, T) int64. cache: names to keep; hooks: names to call. Unknown names are refused, naming
 // the name and where the list is (hook_names). tape: the forward recorded for a backward (its logits and
-// activations keep their history; analysis/residual.h's gradients), else without one.
+// activations keep their history; analysis/residual.h's gradients), else without one. valid_lens: (B,) int64, each
+// row's tokens before its padding, which an encoder's attention hides (nn::DecoderModel::forward's).
 HookedRun run_hooked(nn::DecoderModel& model, const Tensor& tokens, const std::set<std::string>& cache = {},
-                     const std::map<std::string, Hook>& hooks = {}, bool tape = false);
+                     const std::map<std::string, Hook>& hooks = {}, bool tape = false, const Tensor& valid_lens = {});
 
 }  // namespace headlab::analysis

@@ -45,6 +45,9 @@ LogitAttribution logit_attribution(nn::DecoderModel& model, const EvalSet& data)
   model.eval();  // no dropout: x_L is exactly the sum of the components
   detail::set_controls(model, {}, {});
   const nn::DecoderShape& shape = model.shape();
+  HL_CHECK(!shape.post_ln && !model.mlm_dense, kWho, ": ", model.type_name(),
+           " norms the stream after every residual add (post-LN) and reads it through a masked-LM head's GELU, so no "
+           "component's share of a logit is linear; direct logit attribution of post-LN models is not supported yet");
   const int64_t L = model.n_layers(), V = shape.out_vocab_size, T_max = shape.context_length;
   const auto Ls = static_cast<size_t>(L);
   NoGradGuard no_grad;

@@ -37,6 +37,13 @@ void check_mid(const nn::DecoderModel& model, const char* who, const char* what)
       " has not");
 }
 
+// The stream as a sum of its parts: not where each block renorms it (post-LN: BERT).
+void check_sum(const nn::DecoderModel& model, const char* who) {
+  HL_CHECK(!model.shape().post_ln, who, ": ", model.type_name(),
+           " norms the stream after every residual add (post-LN), so the stream is not the sum of the components "
+           "written into it; not supported for post-LN models");
+}
+
 // x (B, T, ...) at position pos (B, ...), or x itself.
 Tensor at_pos(const Tensor& x, std::optional<int64_t> pos, const char* who) {
   if (!pos) return x;
@@ -115,6 +122,7 @@ ResidualStack accumulated_resid(nn::DecoderModel& model, const Activations& cach
 
 ResidualStack decompose_resid(nn::DecoderModel& model, const Activations& cache, const StackOptions& o) {
   const char* who = "decompose_resid";
+  check_sum(model, who);
   const int64_t L = model.n_layers(), layer = layer_of(model, o.layer, who);
   HL_CHECK(o.mode == "all" || o.mode == "attn" || o.mode == "mlp", who, ": mode is 'all', 'attn' or 'mlp', not '",
            o.mode, "'");
@@ -143,6 +151,7 @@ ResidualStack decompose_resid(nn::DecoderModel& model, const Activations& cache,
 
 ResidualStack stack_head_results(nn::DecoderModel& model, const Activations& cache, const StackOptions& o) {
   const char* who = "stack_head_results";
+  check_sum(model, who);
   const int64_t layer = layer_of(model, o.layer, who);
   std::vector<Tensor> heads;  // each (H, B, T, C) or (H, B, C)
   std::vector<std::string> labels;
@@ -200,6 +209,8 @@ ResidualStack stack_head_results(nn::DecoderModel& model, const Tensor& tokens, 
 LogitLens logit_lens(nn::DecoderModel& model, const std::vector<int64_t>& ids) {
   const auto T = static_cast<int64_t>(ids.size());
   HL_CHECK(T >= 2, "logit_lens: needs at least 2 tokens (a position and the token after it), got ", T);
+  HL_CHECK(model.shape().causal, "logit_lens: reads each position's prediction of the next token; ", model.type_name(),
+           " is bidirectional (an encoder), whose positions predict themselves");
   const Tensor tokens = tensor(ids, {1, T}).to(model.device());
   const ResidualStack acc = accumulated_resid(model, tokens);  // (R, 1, T, C)
   const NoGradGuard no_grad;

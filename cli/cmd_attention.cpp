@@ -61,11 +61,16 @@ int decoder_attention(const AttentionArgs& a, const Loaded& l, const DecoderToke
   train::check_generation_fits(l.config.model, model.device().is_cuda(), static_cast<int64_t>(t.prompt.size()), extra,
                                nn::GenerateOptions{}.prefill_chunk, "attention", map_bytes);
   std::vector<int64_t> ids = t.prompt;
-  nn::GenerateOptions gen;
-  gen.max_new_tokens = extra;
-  gen.end_id = t.end_id;
-  gen.keep_end = true;
-  for (int64_t id : nn::generate(model, ids, gen)) ids.push_back(id);
+  if (!cfg.causal) {  // an encoder continues nothing: the maps are the prompt's ([CLS] ... [SEP])
+    HL_CHECK(a.max_new <= 0, "attention: --max-new-tokens: '", a.path,
+             "' is an encoder, which does not generate; its maps are the prompt's");
+  } else {
+    nn::GenerateOptions gen;
+    gen.max_new_tokens = extra;
+    gen.end_id = t.end_id;
+    gen.keep_end = true;
+    for (int64_t id : nn::generate(model, ids, gen)) ids.push_back(id);
+  }
   const int64_t dropped = std::max<int64_t>(0, static_cast<int64_t>(ids.size()) - cfg.context_length);
   ids.erase(ids.begin(), ids.begin() + dropped);  // the map shows what the model last saw
   const analysis::AttentionMaps maps = analysis::attention_maps(model, ids);

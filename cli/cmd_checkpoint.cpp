@@ -125,7 +125,14 @@ Action add_eval(CLI::App& app) {
   return [=] {
     set_threads(*threads);
     Loaded l = load("eval", *path, *device, "", *tokenizer);
-    if (l.subword()) {
+    const nn::DecoderModel* decoder = l.model->as_decoder();
+    // An encoder predicts the tokens it reads masked, not the next: the masked-LM task's batches of --text
+    if (decoder && !decoder->shape().causal) {
+      HL_CHECK(!text->empty(), "eval: '", *path,
+               "' is an encoder, scored on masked tokens of a text: give --text FILE");
+      HL_CHECK(*stride == 0, "eval: --stride applies to decoders' perplexity; '", *path,
+               "' is an encoder, scored on the masked tokens of --batches rows");
+    } else if (l.subword()) {
       HL_CHECK(*batches == 0, "eval: --batches applies to task checkpoints; '", *path,
                "' is a subword model, scored on the whole --text (its windows set by --stride)");
       return eval_text(l, *path, *text, *stride);
@@ -159,7 +166,9 @@ Action add_eval(CLI::App& app) {
       std::cout << "BLEU            " << d.bleu << " (greedy decoding, d2l's BLEU with k = 2, mean of " << d.rows
                 << " rows; decoded exact match " << d.exact_match << ")\n";
     }
-    std::cout << "(" << r.tokens << " scored tokens in " << n << " batches of " << B << ")\n";
+    const bool masked = l.config.task.options.mask_prob > 0;
+    std::cout << "(" << r.tokens << (masked ? " masked tokens scored (a masked language model)" : " scored tokens")
+              << " in " << n << " batches of " << B << ")\n";
     return 0;
   };
 }

@@ -3,7 +3,8 @@
 //   /model/<name>        float32, one dataset per parameter, by state_dict key
 //   /tokenizer           a subword tokenizer's files, uint8 (n,) each (config tokenizer type: "bpe": vocab.json,
 //                        merges.txt; "tokenizer.json": tokenizer.json [, tokenizer_config.json]; "sentencepiece":
-//                        tokenizer.model; "llama2c": tokenizer.bin)
+//                        tokenizer.model; "llama2c": tokenizer.bin; "wordpiece": vocab.txt or tokenizer.json
+//                        [, tokenizer_config.json])
 //   /optimizer           attrs kind, hyperparameters (JSON); state/<param>/<exp_avg|exp_avg_sq|momentum_buffer>,
 //                        steps/<param> (int64 scalar)
 //   /trainer             step, rng (uint64 seed and offset as int64 [2]), data_index, elapsed_seconds,

@@ -1,6 +1,7 @@
 // The registry of model families: one line each.
 #include "io/families.h"
 
+#include "io/hf_bert.h"
 #include "io/hf_folder.h"
 #include "io/hf_gpt2.h"
 #include "io/hf_gpt_neo.h"
@@ -23,6 +24,7 @@ const std::vector<Family>& families() {
       {nn::gemma3_family(), &hf_gemma3_format()},    // Gemma 3's text folders
       {nn::neox_family(), &hf_neox_format()},        // GPT-NeoX (Pythia) folders
       {nn::gpt_neo_family(), &hf_gpt_neo_format()},  // GPT-Neo (TinyStories) folders
+      {nn::bert_family(), &hf_bert_format()},        // BERT encoders' (BertForMaskedLM) folders
       {nn::hooked_family()},                         // TransformerLens's HookedTransformer; no folder format
   };
   return all;

@@ -13,6 +13,9 @@ namespace headlab::loader {
 
 namespace {
 
+// An encoder's masked share of the text, BERT's 15%.
+constexpr double kMaskedLmProb = 0.15;
+
 // What the analyses read of a pretrained model by default: one batch of 8 rows of the task "text".
 void pretrained_text_task(train::RunConfig& c, std::shared_ptr<const tasks::TextTokenizer> tokenizer,
                           const std::string& text) {
@@ -60,6 +63,8 @@ Loaded load(const char* cmd, const std::string& path, const std::string& device,
                                                                                   : found.make(vocab);
   pretrained_text_task(c, std::move(tok), text);
   l.model = io::build_folder_model(std::move(contents.pretrained), path);
+  if (const nn::DecoderModel* d = l.model->as_decoder(); d && !d->shape().causal)
+    c.task.options.mask_prob = kMaskedLmProb;  // an encoder is scored on what it predicts: masked tokens
   l.model->to(Device::parse(device));
   l.ckpt.config = c.to_json();
   l.ckpt.tokenizer = c.tokenizer_files();

@@ -173,6 +173,7 @@ struct CausalAttentionSizes {
   int64_t window = 0;  // sliding-window attention: each query sees itself and the window - 1 keys before; 0: all
   double scale = 0.0;  // the scores' factor; 0: 1 / sqrt(head_dim) (GPT-Neo: 1, unscaled)
   double softcap = 0.0;  // the scaled scores soft-capped, softcap * tanh(s / softcap) (Gemma 2's); 0: none
+  bool causal = true;    // false: every query sees every key (an encoder's), but padding (AttentionInput::valid_lens)
   int64_t kv_heads() const { return num_kv_heads ? num_kv_heads : num_heads; }
 };
 
@@ -198,6 +199,7 @@ struct KVCache {
 struct AttentionInput {
   Tensor x;        // (B, T, d_in); undefined only when q, k and v are all given
   Tensor q, k, v;  // (B, T, H, d_in) each (k and v: Hkv heads), or undefined: from x
+  Tensor valid_lens;  // (B,) int64: the keys each row's queries see, padding after (bidirectional only); undefined: all
   bool split() const { return q.defined() || k.defined() || v.defined(); }
 };
 
@@ -259,6 +261,7 @@ class CausalAttention : public UnaryModule {
     std::shared_ptr<RMSNorm> q_norm = nullptr, k_norm = nullptr;
     int64_t window = 0;
     double scale = 0.0, softcap = 0.0;
+    bool causal = true;
   };
   CausalAttention(int64_t d_in, int64_t d_out, int64_t context_length, double dropout, bool qkv_bias,
                   const Rotary& rotary, const Shared& shared);
@@ -270,6 +273,7 @@ class CausalAttention : public UnaryModule {
   int64_t window = 0;
   double scale;    // the scores' factor
   double softcap;  // as CausalAttentionSizes's
+  bool causal;     // as CausalAttentionSizes's
   bool keep_attention_weights = false;
   Tensor attention_weights;  // (B, T, T) when kept
   std::shared_ptr<Linear> W_query, W_key, W_value;
@@ -323,6 +327,7 @@ class MultiHeadAttentionWrapper : public CausalMultiHead {
   int64_t window;
   double scale;    // as CausalAttentionSizes's (0: 1 / sqrt(head size))
   double softcap;  // as CausalAttentionSizes's
+  bool causal;     // as CausalAttentionSizes's
   HeadControl head_control;
   std::shared_ptr<ModuleList> heads;
   std::shared_ptr<Linear> out_proj;  // null unless out_proj
@@ -365,7 +370,7 @@ class CausalMultiHeadAttention : public CausalMultiHead {
   AttentionForm form() const override { return AttentionForm::fused; }
   // head h: rows [h*D, (h+1)*D) of W_query; group g's rows [g*D, (g+1)*D) of W_key and W_value, shared by its heads.
   std::shared_ptr<MultiHeadAttentionWrapper> split_heads() const override;
-  bool supports_kv_cache() const override { return true; }
+  bool supports_kv_cache() const override { return causal; }
   int64_t d_in, d_out, context_length, num_heads, head_dim;
   int64_t num_kv_heads;  // == num_heads unless grouped-query
   double dropout_p;
@@ -376,6 +381,7 @@ class CausalMultiHeadAttention : public CausalMultiHead {
   int64_t window;  // sliding-window attention (CausalAttentionSizes::window); 0: none
   double scale;    // as CausalAttentionSizes's (0: 1 / sqrt(head size))
   double softcap;  // as CausalAttentionSizes's
+  bool causal;     // as CausalAttentionSizes's
   bool keep_weights = false;
   Tensor attention_weights;  // (B, H, T, T) when kept
   HeadControl head_control;

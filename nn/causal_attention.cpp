@@ -82,7 +82,8 @@ CausalAttention::CausalAttention(int64_t din, int64_t dout, int64_t ctx, double 
       rotary(r),
       window(shared.window),
       scale(shared.scale > 0 ? shared.scale : 1.0 / std::sqrt(static_cast<double>(dout))),
-      softcap(shared.softcap) {
+      softcap(shared.softcap),
+      causal(shared.causal) {
   const char* who = "CausalAttention";
   HL_CHECK(ctx > 0, who, ": context_length must be positive, got ", ctx);
   HL_CHECK(window >= 0, who, ": the window must be >= 0 keys, got ", window);
@@ -119,7 +120,7 @@ Tensor CausalAttention::forward(const Tensor& x) {
     queries = rotate(queries.view({B, T, 1, d_out}), rotary, 0, HookPoint::rot_q, HookSite{}).reshape({B, T, d_out});
     keys = rotate(keys.view({B, T, 1, d_out}), rotary, 0, HookPoint::rot_k, HookSite{}).reshape({B, T, d_out});
   }
-  const AttentionMask mask = AttentionMask::causal().within(window);
+  const AttentionMask mask = causal ? AttentionMask::causal().within(window) : AttentionMask::none();
   if (!keep_attention_weights)
     return scaled_dot_product_attention(queries, keys, values, mask, dropout->p, dropout->is_training(),
                                         default_generator(), scale, softcap);
@@ -167,7 +168,8 @@ MultiHeadAttentionWrapper::MultiHeadAttentionWrapper(const CausalAttentionSizes&
       qk_norm_offset(s.qk_norm_offset),
       window(s.window),
       scale(s.scale),
-      softcap(s.softcap) {
+      softcap(s.softcap),
+      causal(s.causal) {
   const char* who = "MultiHeadAttentionWrapper";
   HL_CHECK(num_heads >= 0, who, ": num_heads must be >= 0, got ", num_heads);
   HL_CHECK(num_heads == 0 ? num_kv_heads == 0 : num_kv_heads > 0 && num_heads % num_kv_heads == 0, who,
@@ -192,7 +194,8 @@ MultiHeadAttentionWrapper::MultiHeadAttentionWrapper(const CausalAttentionSizes&
                                                                           .k_norm = k_norm,
                                                                           .window = window,
                                                                           .scale = scale,
-                                                                          .softcap = softcap});
+                                                                          .softcap = softcap,
+                                                                          .causal = causal});
     if (!shares) first = head;
     heads->push_back(head);
   }
@@ -227,7 +230,8 @@ CausalAttentionSizes MultiHeadAttentionWrapper::sizes() const {
           .qk_norm_offset = qk_norm_offset,
           .window = window,
           .scale = scale,
-          .softcap = softcap};
+          .softcap = softcap,
+          .causal = causal};
 }
 
 std::shared_ptr<MultiHeadAttentionWrapper> MultiHeadAttentionWrapper::merge_heads(const MultiHeadAttentionWrapper& w) {
@@ -339,7 +343,7 @@ Tensor MultiHeadAttentionWrapper::forward(const Tensor& x, const Tensor& gates_a
 Tensor MultiHeadAttentionWrapper::forward(const AttentionInput& in, const HookSite& site, KVCache* cache) {
   const bool hooked =
       site.wants_any({HookPoint::q, HookPoint::k, HookPoint::v, HookPoint::pattern, HookPoint::z, HookPoint::result});
-  if (num_heads == 0 || (!hooked && !in.split() && !cache)) return forward(in.x, Tensor());
+  if (num_heads == 0 || (!hooked && !in.split() && !cache && !in.valid_lens.defined())) return forward(in.x, Tensor());
   // Hook points, per-head inputs and the cache: the fused form's forward on a copy of the weights (the
   // same function of the input), its head control the wrapper's own.
   const std::shared_ptr<CausalMultiHead> fused = nn::merge_heads(*this, AttentionForm::fused);

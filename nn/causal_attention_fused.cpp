@@ -54,7 +54,8 @@ CausalMultiHeadAttention::CausalMultiHeadAttention(const CausalAttentionSizes& s
       qk_norm_offset(s.qk_norm_offset),
       window(s.window),
       scale(s.scale),
-      softcap(s.softcap) {
+      softcap(s.softcap),
+      causal(s.causal) {
   const char* who = "CausalMultiHeadAttention";
   HL_CHECK(window >= 0, who, ": the window must be >= 0 keys, got ", window);
   HL_CHECK(context_length > 0, who, ": context_length must be positive, got ", context_length);
@@ -90,7 +91,7 @@ double CausalMultiHeadAttention::parameter_count(const CausalAttentionSizes& s) 
 }
 
 Tensor CausalMultiHeadAttention::forward(const Tensor& x, const Tensor& gates) {
-  return run(AttentionInput{x, {}, {}, {}}, gates, HookSite{}, nullptr);
+  return run(AttentionInput{x, {}, {}, {}, {}}, gates, HookSite{}, nullptr);
 }
 
 Tensor CausalMultiHeadAttention::forward(const AttentionInput& in, const HookSite& site, KVCache* cache) {
@@ -190,6 +191,11 @@ Tensor CausalMultiHeadAttention::run(const AttentionInput& in, const Tensor& gat
   check_attention_input(who, in, d_in, num_heads, num_kv_heads, context_length);
   const Tensor& first = any_input(in);
   const int64_t B = first.size(0), T = first.size(1), H = num_heads, Hkv = num_kv_heads, D = head_dim;
+  if (const Tensor& lens = in.valid_lens; lens.defined())
+    HL_CHECK(!causal && lens.dtype() == DType::i64 && lens.shape() == Shape({B}), who,
+             causal ? ": padding lengths apply to bidirectional attention only (a causal row never sees what follows)"
+                    : ": padding lengths must be int64 of shape [batch] = [" + std::to_string(B) + "], got " +
+                          dtype_name(lens.dtype()) + " " + shape_str(lens.shape()));
   Tensor ctx;  // (B, H, T, D)
   if (head_control.given_context.defined()) {
     check_given_context(who, head_control.given_context, B, H, T, D);
@@ -206,7 +212,10 @@ Tensor CausalMultiHeadAttention::run(const AttentionInput& in, const Tensor& gat
       k = rotate(k, rotary, past, HookPoint::rot_k, site);
     }
     const double factor = scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(D));
+    // Which keys the queries see without a cache: causal (within the window), or all but a row's padding.
+    const AttentionMask mask = causal ? AttentionMask::causal().within(window) : AttentionMask::lengths(in.valid_lens);
     if (cache) {
+      HL_CHECK(causal, who, ": bidirectional attention (an encoder's) does not decode with a cache");
       HL_CHECK(!in.split(), who, ": per-head inputs do not decode with a cache");
       HL_CHECK(past + T <= context_length, who, ": ", past, " cached + ", T, " new tokens exceed context_length ",
                context_length);
@@ -230,14 +239,12 @@ Tensor CausalMultiHeadAttention::run(const AttentionInput& in, const Tensor& gat
                                          false, default_generator(), factor, softcap);
     } else if (keep_weights || site.wants(HookPoint::pattern)) {  // the weights wanted: materialised anyway
       const Tensor scores = matmul(q.transpose(1, 2), repeat_kv(k.transpose(1, 2), H).mT());  // (B, H, T, T)
-      const Tensor pattern =
-          site(HookPoint::pattern, attention_softmax(scores, AttentionMask::causal().within(window), factor, softcap));
+      const Tensor pattern = site(HookPoint::pattern, attention_softmax(scores, mask, factor, softcap));
       if (keep_weights) attention_weights = pattern.detach();
       ctx = matmul(dropout->forward(pattern), repeat_kv(v.transpose(1, 2), H));
     } else {  // fused: reads the strided views directly, saves O(B*H*T) for backward
-      ctx = scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                         AttentionMask::causal().within(window), dropout->p, dropout->is_training(),
-                                         default_generator(), factor, softcap);
+      ctx = scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask, dropout->p,
+                                         dropout->is_training(), default_generator(), factor, softcap);
     }
   }
   ctx = apply_head_control(who, ctx, head_control, gates);
@@ -341,7 +348,8 @@ std::shared_ptr<MultiHeadAttentionWrapper> CausalMultiHeadAttention::split_heads
                                .qk_norm_offset = qk_norm_offset,
                                .window = window,
                                .scale = scale,
-                               .softcap = softcap};
+                               .softcap = softcap,
+                               .causal = causal};
   auto w = std::make_shared<MultiHeadAttentionWrapper>(s, true);
   like(*w, *this);
   NoGradGuard no_grad;

@@ -29,7 +29,8 @@ std::shared_ptr<Mlp> make_mlp(const DecoderConfig& c) {
 }  // namespace
 
 // ---- the block ----
-DecoderBlock::DecoderBlock(const DecoderConfig& cfg, int64_t layer) : parallel(cfg.parallel_residual) {
+DecoderBlock::DecoderBlock(const DecoderConfig& cfg, int64_t layer)
+    : parallel(cfg.parallel_residual), post_ln(cfg.post_ln) {
   att = register_module("att", make_causal_attention(cfg.attention, cfg.attention_sizes(layer)));
   if (!cfg.attn_only) ff = register_module("ff", make_mlp(cfg));
   norm1 = register_module("norm1", make_norm(cfg, cfg.pre_norms));
@@ -48,11 +49,20 @@ Tensor post_normed(Norm* post, HookPoint point, const HookSite& site, const Tens
 
 }  // namespace
 
-Tensor DecoderBlock::forward(const Tensor& x_in, const HookSite& site, KVCache* cache) {
+Tensor DecoderBlock::forward(const Tensor& x_in, const HookSite& site, KVCache* cache, const Tensor& valid_lens) {
   const Tensor x = site(HookPoint::resid_pre, x_in);
   Dropout& drop = *drop_shortcut;
+  if (post_ln) {  // the norms after the adds; the MLP reads the normed sum, the block returns the next one
+    const Tensor attn_out = site(HookPoint::attn_out, drop.forward(attend(x, site, cache, valid_lens)));
+    const Tensor mid = site(HookPoint::resid_mid, add(x, attn_out));
+    const Tensor normed = site(HookPoint::ln1_normalized, ln1().forward(site(HookPoint::mlp_in, mid)));
+    const Tensor mlp_out = site(HookPoint::mlp_out, drop.forward(mlp()->forward(normed, site)));
+    const Tensor post = site(HookPoint::resid_post, add(normed, mlp_out));
+    return site(HookPoint::ln2_normalized, ln2()->forward(post));
+  }
   const auto attn_branch = [&] {
-    return drop.forward(post_normed(ln1_post(), HookPoint::ln1_post_normalized, site, attend(x, site, cache)));
+    return drop.forward(
+        post_normed(ln1_post(), HookPoint::ln1_post_normalized, site, attend(x, site, cache, valid_lens)));
   };
   const auto mlp_branch = [&](const Tensor& stream) {
     return drop.forward(post_normed(ln2_post(), HookPoint::ln2_post_normalized, site, feed(stream, site)));
@@ -71,9 +81,10 @@ Tensor DecoderBlock::forward(const Tensor& x_in, const HookSite& site, KVCache* 
 // ln1 and the attention. Queries, keys or values whose input is hooked read the stream per head
 // (B, T, H, C), as the hook leaves it; a hook that hands the broadcast stream back untouched costs
 // nothing more than the plain path. Per-head inputs are normalised head-major, (H, B, T, C), the layout
-// the attention's per-head projections read in place. Without a norm the attention reads the stream itself.
-Tensor DecoderBlock::attend(const Tensor& x, const HookSite& site, KVCache* cache) {
-  Norm& ln = ln1();
+// the attention's per-head projections read in place. Without a norm before it (none; post-LN, whose ln1 comes
+// after the add) the attention reads the stream itself.
+Tensor DecoderBlock::attend(const Tensor& x, const HookSite& site, KVCache* cache, const Tensor& valid_lens) {
+  Norm* ln = post_ln || ln1().identity() ? nullptr : &ln1();
   AttentionInput in;
   bool all_split = true;
   const std::pair<HookPoint, Tensor*> inputs[] = {
@@ -94,9 +105,10 @@ Tensor DecoderBlock::attend(const Tensor& x, const HookSite& site, KVCache* cach
     }
     HL_CHECK(given.shape() == stream.shape(), "decoder: the hook at '", hook_name({point, site.layer}), "' returned ",
              shape_str(given.shape()), "; the per-head input is ", shape_str(stream.shape()));
-    *slot = ln.forward(given.permute({2, 0, 1, 3})).permute({1, 2, 0, 3});
+    *slot = ln ? ln->forward(given.permute({2, 0, 1, 3})).permute({1, 2, 0, 3}) : given;
   }
-  if (!all_split) in.x = ln.identity() ? x : site(HookPoint::ln1_normalized, ln.forward(x));
+  if (!all_split) in.x = ln ? site(HookPoint::ln1_normalized, ln->forward(x)) : x;
+  in.valid_lens = valid_lens;
   return attention().forward(in, site, cache);
 }
 
@@ -123,20 +135,33 @@ DecoderModel::DecoderModel(const DecoderConfig& cfg) : cfg_(cfg) {
             .parallel_residual = cfg.parallel_residual,
             .pre_norms = cfg.pre_norms && cfg.norm != NormKind::none,
             .post_norms = cfg.post_norms && cfg.norm != NormKind::none,
+            .causal = cfg.causal,
+            .post_ln = cfg.post_ln,
             .kept_heads = cfg.kept_heads};
   tok_emb = register_module("tok_emb", std::make_shared<Embedding>(cfg.vocab_size, cfg.emb_dim));
   if (cfg.learned_positions)
     pos_emb = register_module("pos_emb", std::make_shared<Embedding>(cfg.context_length, cfg.emb_dim));
+  if (cfg.type_vocab_size > 0)
+    type_emb = register_module("type_emb", std::make_shared<Embedding>(cfg.type_vocab_size, cfg.emb_dim));
+  if (cfg.embed_norm) emb_norm = register_module("emb_norm", make_norm(cfg_));
   drop_emb = register_module("drop_emb", std::make_shared<Dropout>(cfg.drop_rate));
   trf_blocks = register_module("trf_blocks", std::make_shared<Sequential>());
   for (int64_t l = 0; l < cfg.n_layers; ++l) trf_blocks->push_back(std::make_shared<DecoderBlock>(cfg_, l));
-  final_norm = register_module("final_norm", make_norm(cfg_));
+  final_norm = register_module("final_norm", make_norm(cfg_, !cfg.post_ln));
+  if (cfg.mlm_head) {
+    mlm_dense = register_module("mlm_dense", std::make_shared<Linear>(cfg.emb_dim, cfg.emb_dim));
+    mlm_norm = register_module("mlm_norm", make_norm(cfg_));
+  }
   {
     std::optional<SkipInit> tied;  // a tied head's own weight is dropped at once: skip drawing it
     if (cfg.tie_embeddings) tied.emplace();
     out_head = register_module("out_head", std::make_shared<Linear>(cfg.emb_dim, cfg.output_vocab(), cfg.unembed_bias));
   }
   if (cfg.tie_embeddings) out_head->tie_weight(tok_emb->weight);
+  if (cfg.tie_embeddings && out_head->bias.defined()) {  // SkipInit drew nothing; BERT's decoder bias starts at zero
+    const NoGradGuard no_grad;
+    out_head->bias.detach().fill_(0.0);
+  }
 }
 
 std::string DecoderModel::type_name() const { return cfg_.family->model_name(); }
@@ -161,13 +186,18 @@ Tensor DecoderModel::embed(const Tensor& idx, int64_t offset, Hooks* hooks) {
   Tensor tok = tok_emb->forward(idx);  // (B, T, C)
   // Gemma's sqrt(C) in float32, as its normalizer (a tensor in the stream's dtype)
   if (cfg_.embed_scale) tok = mul(tok, static_cast<double>(std::sqrt(static_cast<float>(cfg_.emb_dim))));
-  tok = site(HookPoint::embed, tok);
-  if (!pos_emb) return drop_emb->forward(tok);
-  const int64_t B = idx.size(0), T = idx.size(1);
-  Tensor pos = pos_emb->forward(
-      arange(static_cast<double>(offset), static_cast<double>(offset + T), 1, DType::i64, idx.device()));  // (T, C)
-  if (site.wants(HookPoint::pos_embed)) pos = site(HookPoint::pos_embed, pos.unsqueeze(0).expand({B, T, cfg_.emb_dim}));
-  return drop_emb->forward(add(tok, pos));
+  Tensor x = site(HookPoint::embed, tok);
+  if (pos_emb) {
+    const int64_t B = idx.size(0), T = idx.size(1);
+    Tensor pos = pos_emb->forward(
+        arange(static_cast<double>(offset), static_cast<double>(offset + T), 1, DType::i64, idx.device()));  // (T, C)
+    if (site.wants(HookPoint::pos_embed))
+      pos = site(HookPoint::pos_embed, pos.unsqueeze(0).expand({B, T, cfg_.emb_dim}));
+    x = add(x, pos);
+  }
+  if (type_emb) x = add(x, type_emb->weight.select(0, 0));  // segment A's type at every token
+  if (emb_norm) x = site(HookPoint::embed_normalized, emb_norm->forward(x));
+  return drop_emb->forward(x);
 }
 
 std::shared_ptr<DecoderBlock> DecoderModel::block(int64_t layer) const {
@@ -176,21 +206,26 @@ std::shared_ptr<DecoderBlock> DecoderModel::block(int64_t layer) const {
   return trf_blocks->at<DecoderBlock>(static_cast<size_t>(layer));
 }
 
-Tensor DecoderModel::forward(const Tensor& idx, Hooks* hooks) {
-  return unembed(run_blocks(embed(idx, 0, hooks), 0, n_layers(), hooks), hooks);
+Tensor DecoderModel::forward(const Tensor& idx, Hooks* hooks, const Tensor& valid_lens) {
+  if (valid_lens.defined()) check_valid_lens(idx, valid_lens);
+  const Tensor lens = cfg_.causal ? Tensor() : valid_lens;
+  return unembed(run_blocks(embed(idx, 0, hooks), 0, n_layers(), hooks, lens), hooks);
 }
 
-Tensor DecoderModel::run_blocks(const Tensor& x_in, int64_t first, int64_t last, Hooks* hooks) {
+Tensor DecoderModel::run_blocks(const Tensor& x_in, int64_t first, int64_t last, Hooks* hooks,
+                                const Tensor& valid_lens) {
   HL_CHECK(first >= 0 && first <= last && last <= n_layers(), type_name(), ": blocks [", first, ", ", last,
            ") are out of range for ", n_layers(), " layers");
   Tensor x = x_in;
-  for (int64_t l = first; l < last; ++l) x = decoder_block(l).forward(x, HookSite{hooks, l});
+  for (int64_t l = first; l < last; ++l) x = decoder_block(l).forward(x, HookSite{hooks, l}, nullptr, valid_lens);
   return x;
 }
 
 Tensor DecoderModel::normalize_final(const Tensor& x, Hooks* hooks) {
-  if (ln_final().identity()) return x;
-  return HookSite{hooks, -1}(HookPoint::ln_final_normalized, ln_final().forward(x));
+  const HookSite site{hooks, -1};
+  const Tensor y = ln_final().identity() ? x : site(HookPoint::ln_final_normalized, ln_final().forward(x));
+  if (!mlm_dense) return y;
+  return site(HookPoint::mlm_normalized, mlm_norm->forward(gelu(mlm_dense->forward(y), false)));  // BERT's exact GELU
 }
 
 Tensor DecoderModel::unembed_normalized(const Tensor& y) {
@@ -241,7 +276,7 @@ HeadWeights DecoderModel::head_weights(int64_t layer, bool fold_norm, std::optio
     if (w.b_O.defined()) w.b_O = mul(w.b_O, g);
   }
   const Norm& ln = decoder_block(layer).ln1();
-  if (!fold_norm || ln.identity()) return w;
+  if (!fold_norm || ln.identity() || shape_.post_ln) return w;   // post-LN: the heads read the stream as it is
   const Tensor gamma = as(ln.gain().detach()).view({1, -1, 1});  // (1, C, 1): scales every head's reads
   const Tensor beta = ln.bias.defined() ? as(ln.bias.detach()).view({1, -1, 1}) : Tensor();
   for (const auto& [W, b] : {std::pair{&w.W_Q, &w.b_Q}, std::pair{&w.W_K, &w.b_K}, std::pair{&w.W_V, &w.b_V}}) {
@@ -265,9 +300,19 @@ std::vector<HookKey> DecoderModel::hook_points(bool split_inputs) const {
   using P = HookPoint;
   std::vector<HookKey> keys{{P::embed, -1}};
   if (shape_.learned_positions) keys.push_back({P::pos_embed, -1});
+  if (emb_norm) keys.push_back({P::embed_normalized, -1});
   for (int64_t l = 0; l < n_layers(); ++l) {
     std::vector<P> points{P::resid_pre};
     if (split_inputs) points.insert(points.end(), {P::q_input, P::k_input, P::v_input});
+    if (shape_.post_ln) {  // BertBlock's order: the norms after the adds
+      if (attention(l).head_count() > 0) points.insert(points.end(), {P::q, P::k, P::v, P::pattern, P::z, P::result});
+      points.insert(points.end(), {P::attn_out, P::resid_mid});
+      if (split_inputs) points.push_back(P::mlp_in);
+      points.insert(points.end(),
+                    {P::ln1_normalized, P::mlp_pre, P::mlp_post, P::mlp_out, P::resid_post, P::ln2_normalized});
+      for (P p : points) keys.push_back({p, l});
+      continue;
+    }
     if (shape_.pre_norms) points.push_back(P::ln1_normalized);
     if (attention(l).head_count() > 0) {
       points.insert(points.end(), {P::q, P::k, P::v});
@@ -287,7 +332,8 @@ std::vector<HookKey> DecoderModel::hook_points(bool split_inputs) const {
     points.push_back(P::resid_post);
     for (P p : points) keys.push_back({p, l});
   }
-  if (shape_.normalized) keys.push_back({P::ln_final_normalized, -1});
+  if (shape_.normalized && !shape_.post_ln) keys.push_back({P::ln_final_normalized, -1});
+  if (mlm_dense) keys.push_back({P::mlm_normalized, -1});
   return keys;
 }
 
@@ -298,6 +344,19 @@ int64_t DecoderModel::original_head(int64_t i, int64_t h) const {
 
 void DecoderModel::keep_attention_weights(bool on) {
   for (int64_t l = 0; l < n_layers(); ++l) attention(l).keep_attention_weights(on);
+}
+
+void DecoderModel::check_valid_lens(const Tensor& idx, const Tensor& lens) const {
+  const std::string who = type_name();
+  check_token_ids(idx, 0);
+  HL_CHECK(lens.dtype() == DType::i64 && lens.shape() == Shape({idx.size(0)}), who,
+           ": valid lengths must be int64 of shape [batch] = [", idx.size(0), "], got ", dtype_name(lens.dtype()), " ",
+           shape_str(lens.shape()));
+  const Tensor host = lens.to(kCPU).contiguous();
+  const int64_t* n = host.data<int64_t>();
+  for (int64_t b = 0; b < lens.numel(); ++b)
+    HL_CHECK(n[b] >= 1 && n[b] <= idx.size(1), who, ": row ", b, "'s valid length must be in [1, ", idx.size(1),
+             "] (its tokens), got ", n[b]);
 }
 
 void DecoderModel::check_token_ids(const Tensor& idx, int64_t offset) const {

@@ -27,6 +27,8 @@ struct DecoderShape {
   bool parallel_residual = false;  // attention and MLP both read the block's input (no hook_resid_mid)
   bool pre_norms = true;           // false: ln1 and ln2 are identities, the norms only after (OLMo-2)
   bool post_norms = false;  // attention's and MLP's outputs normed before the stream adds them (ln1_post, ln2_post)
+  bool causal = true;       // false: bidirectional attention (an encoder: BERT)
+  bool post_ln = false;     // ln1 and ln2 after the residual adds (BERT): the stream is renormed at every block
   // After physical pruning, the original head indices each layer keeps (empty: every head).
   std::vector<std::vector<int64_t>> kept_heads;
 };
@@ -41,14 +43,18 @@ struct DecoderShape {
 // own, ln1_post.hook_normalized, attn_out, resid_mid, mlp_in, ln2.hook_normalized, the MLP's,
 // ln2_post.hook_normalized, mlp_out and resid_post. A norm that is an identity (NormKind::none; no pre norms)
 // has, as in TransformerLens, no hook point.
+// post_ln (BERT's, the original Transformer's): the norms after the adds, the stream renormed at every block,
+//   x = ln1(x + drop(attn(x))); x = ln2(x + drop(mlp(x))), with TransformerLens's BertBlock's points: resid_mid and
+//   resid_post before their norms, ln1.hook_normalized and ln2.hook_normalized (the block's output) after.
 // Its parts in the book's registration order: att, ff, norm1, norm2, norm1_post, norm2_post, drop_shortcut.
 class DecoderBlock : public UnaryModule {
  public:
   DecoderBlock(const DecoderConfig& cfg, int64_t layer);
   std::string type_name() const override { return "TransformerBlock"; }
   Tensor forward(const Tensor& x) override { return forward(x, HookSite{}); }
-  // cache: incremental decoding (CausalMultiHead::forward), then without hooks.
-  Tensor forward(const Tensor& x, const HookSite& site, KVCache* cache = nullptr);
+  // cache: incremental decoding (CausalMultiHead::forward), then without hooks. valid_lens (B,): the tokens of
+  // each row before its padding, which bidirectional attention hides (AttentionInput::valid_lens).
+  Tensor forward(const Tensor& x, const HookSite& site, KVCache* cache = nullptr, const Tensor& valid_lens = {});
   CausalMultiHead& attention() const { return *att; }
   Norm& ln1() const { return *norm1; }
   Norm* ln2() const { return norm2.get(); }  // null in an attention-only block
@@ -62,9 +68,10 @@ class DecoderBlock : public UnaryModule {
   std::shared_ptr<Norm> norm1, norm2, norm1_post, norm2_post;
   std::shared_ptr<Dropout> drop_shortcut;
   bool parallel = false;
+  bool post_ln = false;
 
  private:
-  Tensor attend(const Tensor& x, const HookSite& site, KVCache* cache);
+  Tensor attend(const Tensor& x, const HookSite& site, KVCache* cache, const Tensor& valid_lens);
   Tensor feed(const Tensor& stream, const HookSite& site);
 };
 
@@ -77,18 +84,24 @@ class DecoderModel : public Model {
   const DecoderConfig& config() const { return cfg_; }
 
   // ---- the forward: logits = unembed(run_blocks(embed(idx), 0, L)) ----
-  Tensor logits(const ModelInputs& in) override { return forward(in.tokens); }
-  // idx: (B, T) int64 -> logits (B, T, V); hooks: what runs at the hook points (null: nothing).
-  Tensor forward(const Tensor& idx, Hooks* hooks = nullptr);
+  Tensor logits(const ModelInputs& in) override { return forward(in.tokens, nullptr, in.valid_lens); }
+  // idx: (B, T) int64 -> logits (B, T, V); hooks: what runs at the hook points (null: nothing). valid_lens (B,)
+  // int64 in [1, T]: each row's tokens before its padding, which a bidirectional model's attention hides (an
+  // encoder's attention_mask); a causal row never sees what follows it, so there it is only checked.
+  Tensor forward(const Tensor& idx, Hooks* hooks = nullptr, const Tensor& valid_lens = {});
   Tensor operator()(const Tensor& idx) { return forward(idx); }
   // (B, T) int64 at positions [offset, offset + T) -> the stream entering block 0 (B, T, C):
-  // drop_emb(tok_emb(idx) (hook_embed) [+ pos_emb(arange(offset, offset + T)) (hook_pos_embed)]).
+  // drop_emb(tok_emb(idx) (hook_embed) [+ pos_emb(arange(offset, offset + T)) (hook_pos_embed)]
+  // [+ type_emb's type 0]), through emb_norm (embed.ln.hook_normalized) where the family has one (BERT).
   Tensor embed(const Tensor& idx, int64_t offset = 0, Hooks* hooks = nullptr);
   // The stream entering block `first` (B, T, C) -> the stream after block `last - 1`.
-  Tensor run_blocks(const Tensor& x, int64_t first, int64_t last, Hooks* hooks = nullptr);
+  Tensor run_blocks(const Tensor& x, int64_t first, int64_t last, Hooks* hooks = nullptr,
+                    const Tensor& valid_lens = {});
   // The stream after the last block -> logits (B, T, V): the final norm, then the unembedding.
   Tensor unembed(const Tensor& x, Hooks* hooks = nullptr);
-  // ln_final.hook_normalized (B, T, C); x itself without norms (no hook point, as TransformerLens).
+  // What the unembedding reads (B, T, C): ln_final.hook_normalized, x itself without norms (no hook point, as
+  // TransformerLens); with a masked-LM head its transform after, mlm_norm(gelu(mlm_dense(.))) (its hook point
+  // mlm_head.ln.hook_normalized), which is not linear: direct logit attribution refuses such a model.
   Tensor normalize_final(const Tensor& x, Hooks* hooks = nullptr);
   Tensor unembed_normalized(const Tensor& y);  // y W_U + b_U (B, T, V), soft-capped where logit_softcap
   // y W_U + b_U before the soft-cap: what direct logit attribution splits (the cap, monotone, is applied after).
@@ -149,14 +162,19 @@ class DecoderModel : public Model {
   DecoderModel* as_decoder() override { return this; }
 
   std::shared_ptr<Embedding> tok_emb, pos_emb;  // pos_emb null without learned positions
+  std::shared_ptr<Embedding> type_emb;          // null without token types
+  std::shared_ptr<Norm> emb_norm;               // null without an embedding norm
   std::shared_ptr<Dropout> drop_emb;
   std::shared_ptr<Sequential> trf_blocks;
-  std::shared_ptr<Norm> final_norm;
+  std::shared_ptr<Norm> final_norm;   // an identity in a post-LN model, whose blocks end in a norm
+  std::shared_ptr<Linear> mlm_dense;  // null without a masked-LM head
+  std::shared_ptr<Norm> mlm_norm;
   std::shared_ptr<Linear> out_head;
 
  private:
   // embed's checks: idx (B, T) int64 at positions [offset, offset + T) within the context.
   void check_token_ids(const Tensor& idx, int64_t offset) const;
+  void check_valid_lens(const Tensor& idx, const Tensor& lens) const;  // forward's: (B,) int64 in [1, T]
 
   DecoderConfig cfg_;
   DecoderShape shape_;

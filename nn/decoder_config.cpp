@@ -33,6 +33,11 @@ const auto kDecoderFields = std::tuple{
     field("pre_norms", &C::pre_norms),
     field("post_norms", &C::post_norms),
     field("embed_scale", &C::embed_scale),
+    field("causal", &C::causal),
+    field("post_ln", &C::post_ln),
+    field("type_vocab_size", &C::type_vocab_size, kNonNegative),
+    field("embed_norm", &C::embed_norm),
+    field("mlm_head", &C::mlm_head),
     field("mlp", &C::mlp),
     field("rope_theta", &C::rope_theta, kAboveOne),
     field("rope_local_theta", &C::rope_local_theta, kNonNegative),
@@ -101,6 +106,7 @@ CausalAttentionSizes DecoderConfig::attention_sizes(int64_t layer) const {
   s.window = window_of(layer);
   s.scale = attn_scale;
   s.softcap = attn_softcap;
+  s.causal = causal;
   return s;
 }
 
@@ -124,6 +130,10 @@ void DecoderConfig::validate() const {
            ": rope_local_theta must be above 1 (or 0: rope_theta), got ", rope_local_theta);
   HL_CHECK(norm_weight_offset == 0 || norm == NormKind::rms_norm, who, ": norm_weight_offset applies to rms_norm only");
   HL_CHECK(pre_norms || post_norms || norm == NormKind::none, who, ": a block needs its norms before or after");
+  HL_CHECK(!post_ln || (pre_norms && !post_norms && !parallel_residual && !attn_only), who,
+           ": post_ln (norms after the residual adds) takes sequential blocks with an MLP and no other norms");
+  HL_CHECK(causal || sliding_window == 0, who, ": a sliding window applies to causal attention only");
+  HL_CHECK(!mlm_head || norm != NormKind::none, who, ": the masked-LM head's transform ends in a norm");
   HL_CHECK(attn_scale >= 0 && std::isfinite(attn_scale), who, ": attn_scale must be finite and >= 0, got ", attn_scale);
   for (size_t i = 0; i < window_layers.size(); ++i)
     HL_CHECK(
@@ -153,8 +163,10 @@ nlohmann::json DecoderConfig::to_json() const { return family->section(*this); }
 double DecoderConfig::num_parameters() const {
   const double d = static_cast<double>(emb_dim), V = static_cast<double>(vocab_size),
                V_out = static_cast<double>(output_vocab()), F = static_cast<double>(mlp_width());
-  double n = V * d + norm_parameters(*this);                            // tok_emb, final_norm
+  double n = V * d + (post_ln ? 0.0 : norm_parameters(*this));          // tok_emb, final_norm (post-LN: none)
   if (learned_positions) n += static_cast<double>(context_length) * d;  // pos_emb
+  n += static_cast<double>(type_vocab_size) * d + (embed_norm ? norm_parameters(*this) : 0.0);  // type_emb, emb_norm
+  if (mlm_head) n += d * d + d + norm_parameters(*this);                                        // mlm_dense, mlm_norm
   if (!tie_embeddings) n += d * V_out;                                  // out_head
   if (unembed_bias) n += V_out;
   const double mlp_parameters = gated_mlp() ? 3 * d * F : 2 * d * F + F + d;

@@ -67,6 +67,12 @@ struct DecoderConfig {
   bool pre_norms = true;            // norm1, norm2 before attention and MLP; false: identities (OLMo-2)
   bool post_norms = false;          // norm1_post, norm2_post on attention's and MLP's outputs (Gemma 2/3, OLMo-2)
   bool embed_scale = false;         // the token embeddings times sqrt(emb_dim) (Gemma)
+  // ---- an encoder's parts (BERT) ----
+  bool causal = true;             // false: every position sees every other (but padding: ModelInputs::valid_lens)
+  bool post_ln = false;           // norms after the residual adds, x = norm1(x + att(x)); x = norm2(x + ff(x))
+  int64_t type_vocab_size = 0;    // token type embeddings (type_emb; BERT: 2), type 0 (segment A) at every token
+  bool embed_norm = false;        // a norm over the summed embeddings (emb_norm), before drop_emb
+  bool mlm_head = false;          // the masked-LM head's transform before out_head: mlm_dense, GELU, mlm_norm
   bool learned_positions = true;  // a position table added to the token embedding (pos_emb)
   int64_t rotary_dims = 0;        // queries' and keys' rotated dims per head (even, <= head size)
   double rotary_fraction = 0.0;   // or this fraction of each head's dims, where rotary_dims is 0 (LLaMA: 1)

@@ -84,6 +84,7 @@ const DecoderFamily& gemma2_family();   // Gemma 2 (nn/llama.cpp)
 const DecoderFamily& gemma3_family();   // Gemma 3's text model (nn/llama.cpp)
 const DecoderFamily& neox_family();     // GPT-NeoX, Pythia (nn/neox.cpp)
 const DecoderFamily& gpt_neo_family();  // GPT-Neo, TinyStories (nn/gpt_neo.cpp)
+const DecoderFamily& bert_family();     // BERT encoders: bidirectional, post-LN, a masked-LM head (nn/bert.cpp)
 const DecoderFamily& hooked_family();   // TransformerLens's HookedTransformer, the grokking models (nn/hooked.cpp)
 
 }  // namespace headlab::nn

@@ -60,6 +60,9 @@ bool greedy_in_cache(DecoderModel& model, std::vector<KVCache>& caches, const st
 
 std::vector<int64_t> generate(DecoderModel& model, const std::vector<int64_t>& prompt, const GenerateOptions& o) {
   HL_CHECK(!prompt.empty(), "generate: the prompt is empty; expected at least one token");
+  HL_CHECK(model.shape().causal, "generate: ", model.type_name(),
+           " is an encoder (bidirectional attention): each position predicts itself, not the next token, so it "
+           "does not generate text");
   HL_CHECK(o.max_new_tokens >= 0, "generate: max_new_tokens must be >= 0, got ", o.max_new_tokens);
   HL_CHECK(o.prefill_chunk >= 0, "generate: prefill_chunk must be >= 0, got ", o.prefill_chunk);
   const bool was_training = model.is_training();

@@ -14,9 +14,10 @@ struct PointName {
   const char* name;  // after "blocks.L." for block points
 };
 
-constexpr std::array<PointName, 26> kNames = {{
+constexpr std::array<PointName, 28> kNames = {{
     {HookPoint::embed, "hook_embed"},
     {HookPoint::pos_embed, "hook_pos_embed"},
+    {HookPoint::embed_normalized, "embed.ln.hook_normalized"},
     {HookPoint::resid_pre, "hook_resid_pre"},
     {HookPoint::q_input, "hook_q_input"},
     {HookPoint::k_input, "hook_k_input"},
@@ -41,6 +42,7 @@ constexpr std::array<PointName, 26> kNames = {{
     {HookPoint::mlp_out, "hook_mlp_out"},
     {HookPoint::resid_post, "hook_resid_post"},
     {HookPoint::ln_final_normalized, "ln_final.hook_normalized"},
+    {HookPoint::mlm_normalized, "mlm_head.ln.hook_normalized"},
 }};
 
 const char* point_name(HookPoint p) {
@@ -52,7 +54,8 @@ const char* point_name(HookPoint p) {
 }  // namespace
 
 bool is_block_point(HookPoint p) {
-  return p != HookPoint::embed && p != HookPoint::pos_embed && p != HookPoint::ln_final_normalized;
+  return p != HookPoint::embed && p != HookPoint::pos_embed && p != HookPoint::embed_normalized &&
+         p != HookPoint::ln_final_normalized && p != HookPoint::mlm_normalized;
 }
 
 std::string hook_name(HookKey key) {

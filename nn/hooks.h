@@ -20,8 +20,10 @@ namespace headlab::nn {
 
 // In the order a forward reaches them. The per-block points carry their layer; the others layer -1.
 enum class HookPoint : uint8_t {
-  embed,           // hook_embed                   (B, T, C)  the token embeddings
-  pos_embed,       // hook_pos_embed               (B, T, C)  the learned position embeddings (families that have them)
+  embed,      // hook_embed                   (B, T, C)  the token embeddings
+  pos_embed,  // hook_pos_embed               (B, T, C)  the learned position embeddings (families that have them)
+  // embed.ln.hook_normalized (B, T, C): the summed embeddings normed (an encoder's: BERT)
+  embed_normalized,
   resid_pre,       // blocks.L.hook_resid_pre      (B, T, C)  the stream entering block L
   q_input,         // blocks.L.hook_q_input        (B, T, H, C)  the stream per head, each head's own (split inputs)
   k_input,         // blocks.L.hook_k_input        (B, T, Hkv, C)  a key/value head's own (grouped-query: fewer)
@@ -45,9 +47,11 @@ enum class HookPoint : uint8_t {
   mlp_post,        // blocks.L.mlp.hook_post       (B, T, F)  after it
   // blocks.L.ln2_post.hook_normalized (B, T, C): the MLP's output normed (post norms)
   ln2_post_normalized,
-  mlp_out,         // blocks.L.hook_mlp_out        (B, T, C)
-  resid_post,      // blocks.L.hook_resid_post     (B, T, C)
+  mlp_out,              // blocks.L.hook_mlp_out        (B, T, C)
+  resid_post,           // blocks.L.hook_resid_post     (B, T, C)
   ln_final_normalized,  // ln_final.hook_normalized (B, T, C)
+  // mlm_head.ln.hook_normalized (B, T, C): the masked-LM head's transform, normed (BERT)
+  mlm_normalized,
 };
 
 // A hook point of one layer (-1 for the points outside the blocks).

@@ -17,6 +17,7 @@ class EncoderDecoder;
 
 struct ModelInputs {
   Tensor tokens;             // (B, T) int64: the GPT's input, the decoder's input (bos, target...)
+  Tensor valid_lens;         // (B,) int64: tokens per row before its padding (an encoder's attention mask); or none
   Tensor source;             // (B, S) int64: the encoder's input (encoder-decoder only)
   Tensor source_valid_lens;  // (B,) int64: source tokens per row (encoder-decoder only)
 };

@@ -111,6 +111,13 @@ struct PyModel {
   struct Input {
     Tensor tokens;
     std::vector<int64_t> lengths;
+    // What an encoder's attention must not see: a list of texts' padding (each row's length); else none.
+    Tensor padding(const nn::DecoderModel& m) const {
+      if (m.shape().causal) return {};
+      for (int64_t n : lengths)
+        if (n < tokens.size(1)) return tensor(lengths, {static_cast<int64_t>(lengths.size())}).to(tokens.device());
+      return {};
+    }
   };
   Input input(const py::object& in, std::optional<bool> prepend_bos) const {
     const bool bos = prepend_bos.value_or(true);
@@ -188,10 +195,14 @@ struct PyModel {
     Tensor logits;
     {
       const py::gil_scoped_release no_gil;
-      logits = analysis::run_hooked(decoder(), x.tokens).logits;
+      logits = analysis::run_hooked(decoder(), x.tokens, {}, {}, false, x.padding(decoder())).logits;
     }
     if (type == "none") return py::none();
     if (type == "logits") return to_numpy(logits);
+    HL_CHECK(decoder().shape().causal, "headlab.Model: return_type '", type, "' is the next-token loss; ",
+             decoder().type_name(),
+             " is an encoder, whose positions predict themselves (headlab eval scores its "
+             "masked tokens)");
     const double loss = next_token_loss(logits, x);
     return type == "loss" ? py::object(py::float_(loss)) : py::make_tuple(to_numpy(logits), loss);
   }
@@ -209,12 +220,13 @@ struct PyModel {
   }
   py::tuple run_with_cache(const py::object& in, const std::optional<std::vector<std::string>>& names,
                            std::optional<bool> prepend_bos) const {
-    const Tensor t = input(in, prepend_bos).tokens;
+    const Input x = input(in, prepend_bos);
     const std::vector<std::string> all = names ? *names : analysis::hook_names(decoder());
     analysis::HookedRun r;
     {
       const py::gil_scoped_release no_gil;
-      r = analysis::run_hooked(decoder(), t, std::set<std::string>(all.begin(), all.end()));
+      r = analysis::run_hooked(decoder(), x.tokens, std::set<std::string>(all.begin(), all.end()), {}, false,
+                               x.padding(decoder()));
     }
     return py::make_tuple(to_numpy(r.logits), as_dict(r.cache));
   }
@@ -292,14 +304,14 @@ struct PyModel {
   // Each hook: fn(activation, name) -> None (it may have edited the array in place) or an array.
   py::array run_with_hooks(const py::object& in, const std::map<std::string, py::function>& fns,
                            std::optional<bool> prepend_bos) const {
-    const Tensor t = input(in, prepend_bos).tokens;
+    const Input x = input(in, prepend_bos);
     std::map<std::string, analysis::Hook> hooks;
     for (const auto& entry : fns)
       hooks[entry.first] = [fn = entry.second](const std::string& n, const Tensor& x) -> Tensor {
         const py::object y = fn(to_numpy(x), n);
         return y.is_none() ? Tensor() : from_numpy(y.cast<py::array>());
       };
-    return to_numpy(analysis::run_hooked(decoder(), t, {}, hooks).logits);
+    return to_numpy(analysis::run_hooked(decoder(), x.tokens, {}, hooks, false, x.padding(decoder())).logits);
   }
 };
 

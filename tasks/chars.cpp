@@ -195,13 +195,53 @@ BpeTextTask::BpeTextTask(const TaskOptions& options)
     : TextWindowsTask(options, "text", "tokens", true), subword_(options.subword) {
   HL_CHECK(subword_ != nullptr,
            "task text: needs a subword tokenizer; start from a pretrained model (train --init FOLDER or FILE)");
+  HL_CHECK(options_.mask_prob == 0 || (subword_->mask() && subword_->bos() && subword_->eos()),
+           "task text: the masked-LM objective needs a tokenizer with [MASK], [CLS] and [SEP] (BERT's WordPiece); ",
+           subword_->describe(), " has not");
   if (has_text()) {
     set_ids(subword_->encode_prompt(text(), true, options_.text.empty() ? options_.text_path : "text"));
   }
   drop_text();
 }
 
-std::string BpeTextTask::description() const { return describe("language model over a text", subword_->describe()); }
+std::string BpeTextTask::description() const {
+  if (options_.mask_prob == 0) return describe("language model over a text", subword_->describe());
+  return describe("masked language model over a text (each token masked with probability " +
+                      std::to_string(options_.mask_prob) + ", rows framed by [CLS] and [SEP])",
+                  subword_->describe());
+}
+
+// Windows of T - 2 text tokens framed as BERT reads a sentence, [CLS] window [SEP]; the masked positions, drawn from
+// their own stream of the row's key, hold [MASK] and are the only ones scored (all [MASK]: BERT's evaluation form,
+// not its 80/10/10 training rule).
+Batch BpeTextTask::batch(Split split, uint64_t index, int64_t B, int64_t T) const {
+  if (options_.mask_prob == 0) return TextWindowsTask::batch(split, index, B, T);
+  HL_CHECK(T >= 3, "task text: the masked-LM rows need a context of at least 3 tokens ([CLS], one, [SEP]), got ", T);
+  Batch window = TextWindowsTask::batch(split, index, B, T - 2);
+  Batch b;
+  b.B = B, b.T = T;
+  b.inputs.assign(static_cast<size_t>(B * T), *subword_->eos());
+  b.targets.assign(static_cast<size_t>(B * T), kIgnoreIndex);
+  constexpr uint64_t kMaskSalt = 0x6d61736b6c6d3031ULL;  // "masklm01": the masks' stream, apart from the windows'
+  for (int64_t r = 0; r < B; ++r) {
+    CounterRng rng(
+        example_key(options_.seed ^ kMaskSalt, split, index * static_cast<uint64_t>(B) + static_cast<uint64_t>(r)));
+    const auto at = [&](int64_t t) { return static_cast<size_t>(r * T + t); };
+    b.inputs[at(0)] = *subword_->bos();
+    const auto threshold = static_cast<uint64_t>(options_.mask_prob * 1e9);
+    bool any = false;
+    for (int64_t t = 1; t < T - 1; ++t) {
+      const int64_t id = window.input(r, t - 1);
+      b.inputs[at(t)] = id;
+      if (rng.below(1000000000) < threshold) b.inputs[at(t)] = *subword_->mask(), b.targets[at(t)] = id, any = true;
+    }
+    if (!any) {  // every row scores a token
+      const auto t = static_cast<int64_t>(1 + rng.below(static_cast<uint64_t>(T - 2)));
+      b.targets[at(t)] = b.inputs[at(t)], b.inputs[at(t)] = *subword_->mask();
+    }
+  }
+  return b;
+}
 
 Prompt BpeTextTask::encode_prompt(const std::string& text) const {
   Prompt p;

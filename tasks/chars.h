@@ -77,6 +77,7 @@ class BpeTextTask : public TextWindowsTask {
  public:
   explicit BpeTextTask(const TaskOptions& options);
   std::string description() const override;
+  Batch batch(Split split, uint64_t index, int64_t B, int64_t T) const override;  // masked where mask_prob > 0
   TaskOptions options() const override { return options_; }
   int64_t vocab_size() const override { return subword_->size(); }
   std::string token_text(int64_t id) const override { return subword_->token_text(id); }

@@ -13,6 +13,7 @@
 #include "tasks/id_tokenizer.h"
 #include "tasks/internal.h"
 #include "tasks/llama2c_tokenizer.h"
+#include "tasks/wordpiece_tokenizer.h"
 
 namespace headlab::tasks {
 
@@ -123,14 +124,15 @@ std::shared_ptr<const TextTokenizer> tokenizer_from_file(const std::string& path
   // protobuf tag of its first field (pieces: field 1, length-delimited, 0x0A); a tokenizer.json with '{' and
   // a key (llama2.c's file for max_token_length 123 starts "{\0").
   check_input_file(path, "tokenizer");
+  const fs::path config = fs::path(path).parent_path() / "tokenizer_config.json";
+  const std::string config_path = not_a_file_reason(config.string()).empty() ? config.string() : "";
+  if (fs::path(path).extension() == ".txt") return wordpiece_from_file(path, config_path, vocab_size);  // vocab.txt
   std::ifstream in(path, std::ios::binary);
   char first = 0, second = 0;
   in >> first >> second;  // past whitespace
   if (first == '{' && second == '"') {
-    const fs::path config = fs::path(path).parent_path() / "tokenizer_config.json";
-    const bool has_config = not_a_file_reason(config.string()).empty();
-    return std::make_shared<const BpeTokenizer>(
-        BpeTokenizer::from_tokenizer_json_file(path, vocab_size, has_config ? config.string() : ""));
+    if (is_wordpiece_tokenizer_json_file(path)) return wordpiece_from_file(path, config_path, vocab_size);
+    return std::make_shared<const BpeTokenizer>(BpeTokenizer::from_tokenizer_json_file(path, vocab_size, config_path));
   }
   in.clear();
   in.seekg(0);
@@ -165,8 +167,9 @@ std::shared_ptr<const TextTokenizer> tokenizer_from_files(const TokenizerFiles& 
     return SentencePieceTokenizer::from_bytes(file("tokenizer.model"), where + "tokenizer.model", vocab_size);
   if (f.type == "ids")
     return std::make_shared<const IdTokenizer>(IdTokenizer::from_json(file("ids.json"), where + "ids.json"));
+  if (f.type == "wordpiece") return wordpiece_from_files(f, where, vocab_size);  // vocab.txt or tokenizer.json
   HL_CHECK(f.type == "llama2c", where, ": tokenizer type '", f.type,
-           "' is none headlab reads (bpe, tokenizer.json, sentencepiece, llama2c, ids)");
+           "' is none headlab reads (bpe, tokenizer.json, sentencepiece, llama2c, ids, wordpiece)");
   return std::make_shared<const Llama2cTokenizer>(file("tokenizer.bin"), where + "tokenizer.bin", vocab_size);
 }
 

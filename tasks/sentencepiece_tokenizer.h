@@ -35,9 +35,9 @@ class SentencePieceTokenizer : public TextTokenizer {
   std::unique_ptr<Impl> impl_;
 };
 
-// A tokenizer file as --tokenizer gives it: a SentencePiece model (protobuf), llama2.c's tokenizer.bin or a
-// Hugging Face tokenizer.json of byte-level BPE (with the tokenizer_config.json beside it, if any), told apart
-// by their contents; errors name the file.
+// A tokenizer file as --tokenizer gives it: a SentencePiece model (protobuf), llama2.c's tokenizer.bin, a
+// Hugging Face tokenizer.json of byte-level BPE or of WordPiece, or BERT's vocab.txt (a .txt file), with the
+// tokenizer_config.json beside it, if any; told apart by their contents; errors name the file.
 std::shared_ptr<const TextTokenizer> tokenizer_from_file(const std::string& path, int64_t vocab_size);
 // A tokenizer from the files it was read from (TextTokenizer::files(): a checkpoint's /tokenizer); where
 // ("checkpoint 'x.h5': tokenizer/") starts the names in errors.

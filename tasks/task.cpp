@@ -131,6 +131,11 @@ std::map<std::string, std::string> options_to_map(const std::string& name, const
       m["repeat_span"] = std::to_string(o.repeat_span);
     }
   }
+  if ((any || name == "text") && o.mask_prob > 0) {  // absent for next-token prediction, as before
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%.17g", o.mask_prob);
+    m["mask_prob"] = buf;
+  }
   return m;
 }
 
@@ -167,10 +172,15 @@ TaskOptions options_from_map(const std::map<std::string, std::string>& map) {
                "task options: key 'repeat_prob' has value '", value, "', expected a probability in [0, 1]");
     } else if (key == "repeat_span") {
       parse(key, value, o.repeat_span);
+    } else if (key == "mask_prob") {
+      char* end = nullptr;
+      o.mask_prob = std::strtod(value.c_str(), &end);
+      HL_CHECK(!value.empty() && end == value.c_str() + value.size() && o.mask_prob >= 0 && o.mask_prob <= 1,
+               "task options: key 'mask_prob' has value '", value, "', expected a probability in [0, 1]");
     } else {
       HL_FAIL("task options: unknown key '", key,
               "'; known keys are seed, min_len, max_len, n_digits, max_number, text_path, text, text_digest, "
-              "repeat_prob, repeat_span");
+              "repeat_prob, repeat_span, mask_prob");
     }
   }
   return o;

@@ -105,6 +105,10 @@ struct TaskOptions {
   // drawn from the seed. 0: the text as it is.
   double repeat_prob = 0;
   int64_t repeat_span = 96;
+  // text: the masked-LM objective (an encoder's: BERT) where > 0: each row is [CLS], a window of the text, [SEP];
+  // each window token is replaced by [MASK] with this probability (at least one a row, drawn from the seed) and
+  // scored against the token it hid, nothing else scored. 0: next-token prediction.
+  double mask_prob = 0;
   // chars: a fixed vocabulary (from a checkpoint); empty = sorted unique characters of the text.
   // Algorithmic tasks: must be empty or equal to the task's own vocabulary.
   std::vector<std::string> vocabulary;

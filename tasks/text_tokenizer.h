@@ -14,7 +14,8 @@ namespace headlab::tasks {
 // A subword tokenizer as the files it was read from: what a checkpoint stores (/tokenizer/<name>) and export
 // writes beside the weights, so that a model keeps its tokenizer wherever it goes. type: "bpe" (GPT-2's
 // vocab.json and merges.txt), "tokenizer.json" (with tokenizer_config.json where the folder had one),
-// "sentencepiece" (tokenizer.model), "llama2c" (llama2.c's tokenizer.bin), "ids" (ids.json: tasks/id_tokenizer.h).
+// "sentencepiece" (tokenizer.model), "llama2c" (llama2.c's tokenizer.bin), "ids" (ids.json: tasks/id_tokenizer.h),
+// "wordpiece" (BERT's vocab.txt or WordPiece tokenizer.json [, tokenizer_config.json]: tasks/wordpiece_tokenizer.h).
 struct TokenizerFiles {
   std::string type;                                        // "" with no files (the character tokenizer)
   std::vector<std::pair<std::string, std::string>> files;  // (file name, contents)
@@ -37,12 +38,14 @@ class TextTokenizer {
     return encode(text, label);
   }
   // A prompt's ids: the tokenizer's BOS first where it has one and prepend_bos (SentencePiece LLaMA models: <s>),
-  // then encode(text). The one rule of the commands' prompts (Task::encode_prompt, headlab tokenize) and Python's
-  // to_tokens, so that they give a text the same tokens.
+  // then encode(text), and a masked-LM tokenizer's [SEP] after (BertTokenizer's [CLS] ... [SEP]). The one rule of
+  // the commands' prompts (Task::encode_prompt, headlab tokenize) and Python's to_tokens, so that they give a text
+  // the same tokens.
   std::vector<int64_t> encode_prompt(std::string_view text, bool prepend_bos = true,
                                      std::string_view label = "prompt") const {
     std::vector<int64_t> ids = encode(text, label);
     if (const std::optional<int64_t> b = bos(); b && prepend_bos) ids.insert(ids.begin(), *b);
+    if (const std::optional<int64_t> e = eos(); e && mask() && prepend_bos) ids.push_back(*e);
     return ids;
   }
   // Ids -> the text they stand for; ids outside [0, size) throw.
@@ -53,6 +56,8 @@ class TextTokenizer {
   // token that ends a generation.
   virtual std::optional<int64_t> bos() const { return std::nullopt; }
   virtual std::optional<int64_t> eos() const = 0;
+  // A masked-LM tokenizer's [MASK] (BERT's WordPiece; bos and eos are then its [CLS] and [SEP]).
+  virtual std::optional<int64_t> mask() const { return std::nullopt; }
   virtual std::string describe() const = 0;  // "GPT-2's byte-level BPE tokenizer of 50257 tokens"
   virtual TokenizerFiles files() const = 0;  // what it was read from, to be read again by tokenizer_from_files
 };

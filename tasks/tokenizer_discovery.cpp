@@ -9,6 +9,7 @@
 #include "tasks/bpe_tokenizer.h"
 #include "tasks/llama2c_tokenizer.h"
 #include "tasks/sentencepiece_tokenizer.h"
+#include "tasks/wordpiece_tokenizer.h"
 
 namespace headlab::tasks {
 
@@ -23,8 +24,12 @@ FolderTokenizer folder_tokenizer(const std::string& folder, const std::string& v
   using Kind = FolderTokenizer::Kind;
   if (std::string p = file_in_folder("tokenizer.model"); !p.empty()) return {Kind::sentencepiece, p, ""};
   if (!vocab_path.empty() && !merges_path.empty()) return {Kind::gpt2_files, vocab_path, merges_path};
-  if (std::string p = file_in_folder("tokenizer.json"); !p.empty())
-    return {Kind::tokenizer_json, p, file_in_folder("tokenizer_config.json")};
+  if (std::string p = file_in_folder("tokenizer.json"); !p.empty()) {
+    const Kind kind = is_wordpiece_tokenizer_json_file(p) ? Kind::wordpiece : Kind::tokenizer_json;
+    return {kind, p, file_in_folder("tokenizer_config.json")};
+  }
+  if (std::string p = file_in_folder("vocab.txt"); !p.empty())
+    return {Kind::wordpiece, p, file_in_folder("tokenizer_config.json")};
   if (std::string p = file_in_folder("tokenizer.bin"); !p.empty()) return {Kind::llama2c, p, ""};
   return {};
 }
@@ -37,6 +42,8 @@ std::shared_ptr<const TextTokenizer> FolderTokenizer::make(int64_t vocab_size) c
       return std::make_shared<const BpeTokenizer>(BpeTokenizer::from_files(path, second, vocab_size));
     case Kind::tokenizer_json:
       return std::make_shared<const BpeTokenizer>(BpeTokenizer::from_tokenizer_json_file(path, vocab_size, second));
+    case Kind::wordpiece:
+      return wordpiece_from_file(path, second, vocab_size);
     case Kind::llama2c:
       return Llama2cTokenizer::from_file(path, vocab_size);
     case Kind::none:
@@ -53,12 +60,14 @@ std::string FolderTokenizer::describe() const {
       return path + ", " + second;
     case Kind::tokenizer_json:
       return path + (second.empty() ? "" : ", " + second);
+    case Kind::wordpiece:
+      return path + (second.empty() ? "" : ", " + second) + " (BERT's WordPiece)";
     case Kind::llama2c:
       return path + " (llama2.c's)";
     case Kind::none:
       break;
   }
-  return "none (no tokenizer.model, vocab.json and merges.txt, tokenizer.json or tokenizer.bin)";
+  return "none (no tokenizer.model, vocab.json and merges.txt, tokenizer.json, vocab.txt or tokenizer.bin)";
 }
 
 }  // namespace headlab::tasks

@@ -11,11 +11,13 @@
 namespace headlab::tasks {
 
 // The tokenizer files of a model folder, the first found of: tokenizer.model (SentencePiece); vocab.json +
-// merges.txt (GPT-2's files); tokenizer.json (byte-level BPE), with tokenizer_config.json for BOS and EOS where
-// the folder has one; tokenizer.bin (llama2.c's, as export writes a llama2.c model's). --tokenizer FILE
-// overrides them all. A checkpoint made from the folder carries the files (io::Checkpoint::tokenizer).
+// merges.txt (GPT-2's files); tokenizer.json (byte-level BPE, or BERT's WordPiece where its model.type says so),
+// with tokenizer_config.json for BOS and EOS where the folder has one; vocab.txt (BERT's WordPiece, with
+// tokenizer_config.json for its case and special tokens); tokenizer.bin (llama2.c's, as export writes a llama2.c
+// model's). --tokenizer FILE overrides them all. A checkpoint made from the folder carries the files
+// (io::Checkpoint::tokenizer).
 struct FolderTokenizer {
-  enum class Kind { none, sentencepiece, gpt2_files, tokenizer_json, llama2c } kind = Kind::none;
+  enum class Kind { none, sentencepiece, gpt2_files, tokenizer_json, wordpiece, llama2c } kind = Kind::none;
   std::string path, second;      // the file, and merges.txt or tokenizer_config.json ("" if none)
   std::string describe() const;  // the files, or "none (...)": inspect's line
   // The tokenizer they hold; vocab_size > 0: the model's (see the tokenizers' checks). none throws.

@@ -1609,7 +1609,8 @@ TEST_F(AnalysisFiles, CommandsLoadPrunedCheckpoints) {
     std::string header, line;
     std::getline(csv, header);
     EXPECT_NE(header.find(",dla_logit_vs_mean,dla_logit,patch_noising,patch_denoising,previous_token,first_token,"
-                          "separator,entropy,entropy_normalized,induction,duplicate_token,repeated_zero_delta_loss,"
+                          "separator,entropy,entropy_normalized,induction,duplicate_token,self_token,next_token,"
+                          "repeated_zero_delta_loss,"
                           "repeated_mean_delta_loss,label"),
               std::string::npos)
         << header;

@@ -152,7 +152,7 @@ TEST(WrapperGQA, HookedForwardWithPerHeadInputsMatchesTheFusedForm) {
     const auto wrapper = fused->split_heads();
     const NoGradGuard no_grad;
     const Tensor x = rnd({2, 5, 8}, 5);
-    const nn::AttentionInput in{x, rnd({2, 5, 4, 8}, 6), rnd({2, 5, v.kv_heads, 8}, 7), Tensor()};
+    const nn::AttentionInput in{x, rnd({2, 5, 4, 8}, 6), rnd({2, 5, v.kv_heads, 8}, 7), Tensor(), Tensor()};
     const std::set<nn::HookKey> keep = {{nn::HookPoint::pattern, 0}, {nn::HookPoint::z, 0}, {nn::HookPoint::rot_k, 0}};
     nn::ActivationCache cf(keep), cw(keep);
     const Tensor yf = fused->forward(in, nn::HookSite{&cf, 0}), yw = wrapper->forward(in, nn::HookSite{&cw, 0});

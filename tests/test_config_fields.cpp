@@ -56,11 +56,11 @@ TEST(EnumNames, EveryValueRoundTripsAndUnknownNamesListTheChoices) {
                               "'fused', 'wrapper'");
   // The model families, by their "arch" (the registry, io/families.h, lists them).
   EXPECT_EQ(io::family_names(), (std::vector<std::string>{"gpt", "encoder-decoder", "llama", "qwen3", "olmo2", "gemma",
-                                                          "gemma2", "gemma3", "neox", "gpt_neo", "hooked"}));
+                                                          "gemma2", "gemma3", "neox", "gpt_neo", "bert", "hooked"}));
   for (const std::string& arch : io::family_names()) EXPECT_EQ(io::family_named(arch, "test").model.arch(), arch);
   EXPECT_EQ(error_of([] { io::family_named("nonsense", "who: --flag"); }),
             "who: --flag: expected one of 'gpt', 'encoder-decoder', 'llama', 'qwen3', 'olmo2', 'gemma', 'gemma2', "
-            "'gemma3', 'neox', 'gpt_neo', 'hooked', got 'nonsense'");
+            "'gemma3', 'neox', 'gpt_neo', 'bert', 'hooked', got 'nonsense'");
   using optim::OptimizerKind, optim::ScheduleKind;
   expect_names<OptimizerKind>({OptimizerKind::sgd, OptimizerKind::adam, OptimizerKind::adamw}, {"sgd", "adam", "adamw"},
                               "'sgd', 'adam', 'adamw'");
@@ -278,10 +278,10 @@ TEST(ConfigFields, RunConfigTrainingSectionAndArch) {
   bad["training"]["seed"] = "three";
   EXPECT_ERROR_HAS(train::RunConfig::from_json(bad), "config: training: key 'seed' must be an integer >= 0");
   bad = j;
-  bad["model"]["arch"] = "bert";
+  bad["model"]["arch"] = "roberta";
   EXPECT_ERROR_HAS(train::RunConfig::from_json(bad),
                    "config: model: arch: expected one of 'gpt', 'encoder-decoder', 'llama', 'qwen3', 'olmo2', "
-                   "'gemma', 'gemma2', 'gemma3', 'neox', 'gpt_neo', 'hooked', got 'bert'");
+                   "'gemma', 'gemma2', 'gemma3', 'neox', 'gpt_neo', 'bert', 'hooked', got 'roberta'");
   bad["model"]["arch"] = 3;
   EXPECT_ERROR_HAS(train::RunConfig::from_json(bad), "config: model: key 'arch' has the wrong type (number)");
   train::RunSettings r;

@@ -382,14 +382,14 @@ TEST(Families, TheRegistryKnowsEveryFamilyBySectionAndFolder) {
   EXPECT_EQ(nlohmann::json(f.with_dropout(gpt, 0.25))["drop_rate"], 0.25);
   // Errors name what is wrong.
   nlohmann::json bad = gpt;
-  bad["arch"] = "bert";
+  bad["arch"] = "roberta";
   EXPECT_THROW(io::family_of(bad), Error);
   try {
     io::family_of(bad);
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find(
                   "expected one of 'gpt', 'encoder-decoder', 'llama', 'qwen3', 'olmo2', 'gemma', 'gemma2', 'gemma3', "
-                  "'neox', 'gpt_neo', 'hooked', got 'bert'"),
+                  "'neox', 'gpt_neo', 'bert', 'hooked', got 'roberta'"),
               std::string::npos)
         << e.what();
   }

@@ -421,7 +421,7 @@ TEST(LlamaFolders, WhatLlamaModelDoesNotComputeIsRefusedByName) {
   EXPECT_EQ(io::read_hf_llama_config(window).sliding_window, 4);  // a window shorter than the context: computed
   EXPECT_ERROR(io::family_of_folder(falcon),
                "model_type 'falcon' is not one headlab reads (gpt2, llama, mistral, qwen2, phi3, qwen3, olmo2, gemma, "
-               "gemma2, gemma3_text, gpt_neox, gpt_neo)");
+               "gemma2, gemma3_text, gpt_neox, gpt_neo, bert)");
   // head_dim that disagrees with the tensors: the file and tensor named.
   const std::string hd = with("head_dim", [](auto& j) { j["head_dim"] = 16; });
   fs::copy_file(llama_fixture("gqa_tied/model.safetensors"), hd + "/model.safetensors");

@@ -662,7 +662,7 @@ TEST(Factory, NamesOptionsAndRoundTrips) {
               options_from_map({{"length", "4"}});
             }),
             "task options: unknown key 'length'; known keys are seed, min_len, max_len, n_digits, "
-            "max_number, text_path, text, text_digest, repeat_prob, repeat_span");
+            "max_number, text_path, text, text_digest, repeat_prob, repeat_span, mask_prob");
   TaskOptions rep;
   rep.repeat_prob = 0.3;
   rep.repeat_span = 40;

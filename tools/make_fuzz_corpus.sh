@@ -92,10 +92,11 @@ for name, tok, rest in [("llama3_split", split, "the 12345 it's  \n\n<|endoftext
 PY
 
 # Hugging Face config.json files: the test fixtures' (GPT-2, every llama-layout variant: llama, Qwen3, OLMo-2, Gemma
-# 1/2/3; GPT-NeoX, GPT-Neo).
+# 1/2/3; GPT-NeoX, GPT-Neo, BERT).
 mkdir -p "$corpus/hf_config"
 for f in tests/fixtures/gpt2_folders/*/config.json tests/fixtures/llama_folders/*/config.json \
-  tests/fixtures/neox_folders/*/config.json tests/fixtures/gpt_neo_folders/*/config.json; do
+  tests/fixtures/neox_folders/*/config.json tests/fixtures/gpt_neo_folders/*/config.json \
+  tests/fixtures/bert_folders/*/config.json; do
   cp "$f" "$corpus/hf_config/$(basename "$(dirname "$f")").json"
 done
 
@@ -119,4 +120,14 @@ mkdir -p "$corpus/torch"
 for f in values big_endian nested evil_os_system evil_eval_entry lying_storage past_storage legacy; do
   cp "tests/fixtures/torch_files/$f.pt" "$corpus/torch/"
 done
+
+# WordPiece (tasks/wordpiece_tokenizer.h): the bpe seeds' texts, a BERT fixture's vocab.txt and a WordPiece
+# tokenizer.json, each NUL a text.
+mkdir -p "$corpus/wordpiece"
+cp "$corpus"/bpe/{english,scripts,invalid_utf8}.txt "$corpus/wordpiece/"
+printf '%s\0%s' "$(cat tests/fixtures/bert_folders/mlm_tied/vocab.txt)" "Once upon a time, the [MASK] sat on the mat." \
+  >"$corpus/wordpiece/vocab_text.bin"
+printf '%s\0%s' '{"model": {"type": "WordPiece", "unk_token": "[UNK]", "vocab": {"[UNK]": 0, "[CLS]": 1, "[SEP]": 2, "a": 3, "##b": 4}}, "normalizer": {"type": "BertNormalizer", "lowercase": true}, "pre_tokenizer": {"type": "BertPreTokenizer"}}' \
+  "ab A b" >"$corpus/wordpiece/tokenizer_json.bin"
+
 echo "tools/make_fuzz_corpus.sh: wrote $(find "$corpus" -type f | wc -l) files under $corpus"

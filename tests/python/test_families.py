@@ -1,7 +1,9 @@
-"""The newer families from Python (tests/fixtures/llama_folders/{qwen3,gemma3,olmo2}_*, tests/fixtures/gpt_neo_folders):
+"""The newer families from Python (tests/fixtures/llama_folders/{qwen3,gemma3,olmo2}_*, tests/fixtures/gpt_neo_folders,
+tests/fixtures/bert_folders):
 Qwen3, Gemma 2 and 3, OLMo-2 and GPT-Neo folders give their float64 twins' logits (tools/fixtures_*_folders.py), their hook
 points keep TransformerLens's names (the post norms' ln1_post / ln2_post), and a local layer's pattern is zero
-before its window. Run by ctest (label python)."""
+before its window; a BERT encoder's patterns look both ways and its hook points are BertBlock's. Run by ctest (label
+python)."""
 import json
 import os
 import shutil
@@ -87,3 +89,35 @@ def test_gemma_and_olmo2_folders_give_their_twins_logits_and_post_norm_hooks(tmp
 def cache_of(tmp_path):
     model = headlab.load(str(tmp_path / "gemma3_pattern"))
     return model.run_with_cache(np.array(reference("llama_folders", "gemma3_pattern")["ids"], dtype=np.int64))[1]
+
+
+def test_bert_folder_gives_its_twins_logits_and_encoder_hooks():
+    model = headlab.load(os.path.join(FIXTURES, "bert_folders", "mlm_tied"))  # with its vocab.txt
+    ref = reference("bert_folders", "mlm_tied")
+    ids = np.array(ref["ids"], dtype=np.int64)
+    assert np.abs(np.asarray(model(ids)) - np.array(ref["logits_full"])).max() < 1e-5
+    _, cache = model.run_with_cache(ids)
+    pattern = np.asarray(cache["blocks.0.attn.hook_pattern"])  # (B, H, T, T): bidirectional
+    assert pattern[:, :, 0, 15].min() > 0
+    np.testing.assert_allclose(np.asarray(cache["blocks.1.hook_resid_pre"]),
+                               np.asarray(cache["blocks.0.ln2.hook_normalized"]), atol=0)  # post-LN: the next block reads the norm
+    for name in ("embed.ln.hook_normalized", "blocks.0.hook_resid_mid", "mlm_head.ln.hook_normalized"):
+        assert name in cache, name
+    assert "ln_final.hook_normalized" not in cache
+
+
+def test_bert_padding_of_a_list_of_texts_is_hidden_and_the_next_token_loss_refused():
+    model = headlab.load(os.path.join(FIXTURES, "bert_folders", "mlm_tied"))
+    short, long = "the cat sat.", "the big red dog ran on the mat"
+    both = np.asarray(model([short, long]))  # [CLS] ... [SEP], the short row padded
+    alone = np.asarray(model(short))
+    n = alone.shape[1]
+    assert both.shape[1] > n
+    np.testing.assert_allclose(both[0, :n], alone[0], atol=1e-5)
+    np.testing.assert_allclose(both[1], np.asarray(model(long))[0], atol=1e-5)
+    assert model.to_str_tokens(short)[0] == "[CLS]" and model.to_str_tokens(short)[-1] == "[SEP]"
+    try:
+        model(short, return_type="loss")
+        assert False, "an encoder's next-token loss"
+    except Exception as e:  # headlab's error, naming what an encoder is scored on
+        assert "is an encoder" in str(e)

@@ -47,6 +47,17 @@ int64_t hf_config_int(const nlohmann::json& j, std::initializer_list<const char*
   HL_FAIL(file, ": missing ", *keys.begin());
 }
 
+void read_hf_sizes(const nlohmann::json& j, const std::string& file, nn::DecoderConfig& c, bool heads_divide) {
+  c.n_layers = hf_config_int(j, {"num_hidden_layers"}, 1, 10000, file);
+  c.n_heads = hf_config_int(j, {"num_attention_heads"}, 1, 100000, file);
+  c.emb_dim = hf_config_int(j, {"hidden_size"}, 1, 1 << 20, file);
+  c.hidden_dim = hf_config_int(j, {"intermediate_size"}, 1, 1 << 22, file);
+  c.vocab_size = hf_config_int(j, {"vocab_size"}, 1, 1 << 28, file);
+  c.context_length = hf_config_int(j, {"max_position_embeddings"}, 1, 1 << 24, file);
+  HL_CHECK(!heads_divide || c.emb_dim % c.n_heads == 0, file, ": hidden_size ", c.emb_dim,
+           " is not divisible by num_attention_heads ", c.n_heads);
+}
+
 void write_tokenizer_files(const std::string& folder, const TokenizerFiles& tokenizer) {
   for (const auto& [name, bytes] : tokenizer.files)
     write_file_atomic((fs::path(folder) / name).string(), bytes, "export");

@@ -28,6 +28,12 @@ std::string hf_config_path(const std::string& folder);
 int64_t hf_config_int(const nlohmann::json& j, std::initializer_list<const char*> keys, int64_t lo, int64_t hi,
                       const std::string& file);
 
+// The sizes most families' config.json give under the same keys, into c: num_hidden_layers (n_layers),
+// num_attention_heads (n_heads), hidden_size (emb_dim), intermediate_size (hidden_dim), vocab_size and
+// max_position_embeddings (context_length), each in its range (LLaMA's, GPT-NeoX's, BERT's); heads_divide: hidden_size
+// must be a whole number of heads (a family without head_dim).
+void read_hf_sizes(const nlohmann::json& j, const std::string& file, nn::DecoderConfig& c, bool heads_divide = true);
+
 // config.json's value at `key`, or `fallback` where absent or null; the wrong type is an error.
 template <typename T>
 T hf_config_value(const nlohmann::json& j, const char* key, T fallback, const std::string& file) {

@@ -82,15 +82,10 @@ nn::DecoderConfig llama_config_from_hf(const json& j, const std::string& file) {
   const std::string type = hf_config_value<std::string>(j, "model_type", "", file);
   const bool gemma2 = type == "gemma2", gemma = type == "gemma" || gemma2 || type == "gemma3_text";
   nn::DecoderConfig c = family_of_type(type, file).config();
-  c.n_layers = hf_config_int(j, {"num_hidden_layers"}, 1, 10000, file);
-  c.n_heads = hf_config_int(j, {"num_attention_heads"}, 1, 100000, file);
+  read_hf_sizes(j, file, c, /*heads_divide=*/false);  // head_dim may stand apart from the width
   c.n_kv_heads = int_or(j, "num_key_value_heads", 1, 100000, c.n_heads, file);
   HL_CHECK(c.n_heads % c.n_kv_heads == 0, file, ": num_key_value_heads ", c.n_kv_heads,
            " does not divide num_attention_heads ", c.n_heads);
-  c.emb_dim = hf_config_int(j, {"hidden_size"}, 1, 1 << 20, file);
-  c.hidden_dim = hf_config_int(j, {"intermediate_size"}, 1, 1 << 22, file);
-  c.vocab_size = hf_config_int(j, {"vocab_size"}, 1, 1 << 28, file);
-  c.context_length = hf_config_int(j, {"max_position_embeddings"}, 1, 1 << 24, file);
   const int64_t natural = c.emb_dim % c.n_heads == 0 ? c.emb_dim / c.n_heads : 0;
   c.head_dim = int_or(j, "head_dim", 2, 1 << 16, natural, file);
   HL_CHECK(c.head_dim > 0, file, ": hidden_size ", c.emb_dim, " is not divisible by num_attention_heads ", c.n_heads,

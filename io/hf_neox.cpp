@@ -17,14 +17,7 @@ nn::DecoderConfig neox_config_from_hf(const json& j, const std::string& file) {
   const std::string type = hf_config_value<std::string>(j, "model_type", "", file);
   HL_CHECK(type == "gpt_neox", file, ": model_type '", type, "' is not one the neox family reads (gpt_neox)");
   nn::DecoderConfig c = nn::neox_family().config();
-  c.n_layers = hf_config_int(j, {"num_hidden_layers"}, 1, 10000, file);
-  c.n_heads = hf_config_int(j, {"num_attention_heads"}, 1, 100000, file);
-  c.emb_dim = hf_config_int(j, {"hidden_size"}, 1, 1 << 20, file);
-  HL_CHECK(c.emb_dim % c.n_heads == 0, file, ": hidden_size ", c.emb_dim, " is not divisible by num_attention_heads ",
-           c.n_heads);
-  c.hidden_dim = hf_config_int(j, {"intermediate_size"}, 1, 1 << 22, file);
-  c.vocab_size = hf_config_int(j, {"vocab_size"}, 1, 1 << 28, file);
-  c.context_length = hf_config_int(j, {"max_position_embeddings"}, 1, 1 << 24, file);
+  read_hf_sizes(j, file, c);
   // Older files: rotary_pct and rotary_emb_base; newer: partial_rotary_factor and rope_theta.
   const char* pct_key = j.contains("partial_rotary_factor") ? "partial_rotary_factor" : "rotary_pct";
   const double pct = hf_config_value<double>(j, pct_key, 0.25, file);

@@ -1,12 +1,14 @@
-// What the decoder families' own tests check the same way (tests/test_qwen3.cpp, tests/test_gemma_olmo2.cpp): norms
-// moved off their initial weights, the per-head form against the fused form and the composite path (and the conversion
-// back, bit for bit), a fresh model learning, and a fixture folder's config.json with one change.
+// What the decoder families' own tests check the same way (tests/test_qwen3.cpp, tests/test_gemma_olmo2.cpp,
+// tests/test_bert.cpp, tests/test_gpt_neo.cpp): a fixture's reference values as tensors, norms moved off their initial
+// weights, the per-head form against the fused form and the composite path (and the conversion back, bit for bit), a
+// fresh model learning, and a fixture folder's config.json with one change.
 #pragma once
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "analysis/surgery.h"
@@ -18,6 +20,19 @@ namespace headlab::testing {
 
 inline double max_diff(const Tensor& a, const Tensor& b) {
   return amax(abs(sub(a.to(DType::f64), b.to(DType::f64)))).item<double>();
+}
+
+// A JSON array of arrays (of arrays) of numbers as a tensor of that shape: a fixture's reference.json values.
+inline Tensor nested(const nlohmann::json& rows, DType dtype) {
+  std::vector<double> flat;
+  Shape shape{static_cast<int64_t>(rows.size())};
+  const std::function<void(const nlohmann::json&, size_t)> walk = [&](const nlohmann::json& j, size_t depth) {
+    if (!j.is_array()) return flat.push_back(j.get<double>());
+    if (depth == shape.size()) shape.push_back(static_cast<int64_t>(j.size()));
+    for (const nlohmann::json& e : j) walk(e, depth + 1);
+  };
+  for (const nlohmann::json& r : rows) walk(r, 1);
+  return tensor(flat, shape).to(dtype);
 }
 
 // Token ids (B, T) uniform in [0, V), from their own seed.

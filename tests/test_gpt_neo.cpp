@@ -12,9 +12,12 @@
 #include "nn/decoder_family.h"
 #include "nn/generate.h"
 #include "tests/core_test_util.h"
+#include "tests/family_checks.h"
 #include "tests/process_util.h"
 
 using namespace headlab;
+using headlab::testing::max_diff;
+using headlab::testing::nested;
 using headlab::testing::TempDir;
 
 namespace {
@@ -23,22 +26,6 @@ namespace fs = std::filesystem;
 
 std::string fixture(const std::string& name) {
   return std::string(HEADLAB_SOURCE_DIR) + "/tests/fixtures/gpt_neo_folders/" + name;
-}
-
-double max_diff(const Tensor& a, const Tensor& b) {
-  return amax(abs(sub(a.to(DType::f64), b.to(DType::f64)))).item<double>();
-}
-
-Tensor nested(const nlohmann::json& rows, DType dtype) {  // a JSON array of arrays (of arrays) as a tensor
-  std::vector<double> flat;
-  Shape shape{static_cast<int64_t>(rows.size())};
-  const std::function<void(const nlohmann::json&, size_t)> walk = [&](const nlohmann::json& j, size_t depth) {
-    if (!j.is_array()) return flat.push_back(j.get<double>());
-    if (depth == shape.size()) shape.push_back(static_cast<int64_t>(j.size()));
-    for (const nlohmann::json& e : j) walk(e, depth + 1);
-  };
-  for (const nlohmann::json& r : rows) walk(r, 1);
-  return tensor(flat, shape).to(dtype);
 }
 
 std::shared_ptr<nn::DecoderModel> read_folder(const std::string& folder) {

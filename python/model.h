@@ -119,10 +119,15 @@ struct PyModel {
       return {};
     }
   };
-  Input input(const py::object& in, std::optional<bool> prepend_bos) const {
+  // attention_mask: with token ids, Hugging Face's (B, T) ones then zeros a row (right padding): each row's length.
+  Input input(const py::object& in, std::optional<bool> prepend_bos,
+              const py::object& attention_mask = py::none()) const {
     const bool bos = prepend_bos.value_or(true);
     Input x;
-    if (py::isinstance<py::str>(in) || (py::isinstance<py::list>(in) || py::isinstance<py::tuple>(in))) {
+    const bool texts = py::isinstance<py::str>(in) || py::isinstance<py::list>(in) || py::isinstance<py::tuple>(in);
+    HL_CHECK(attention_mask.is_none() || !texts,
+             "headlab: attention_mask goes with token ids; texts are padded and masked as they are read");
+    if (texts) {
       std::vector<std::vector<int64_t>> rows;
       if (py::isinstance<py::str>(in)) {
         rows.push_back(encode(in.cast<std::string>(), bos));
@@ -147,7 +152,26 @@ struct PyModel {
     }
     x.tokens = tokens(in.cast<py::array>());
     x.lengths.assign(static_cast<size_t>(x.tokens.size(0)), x.tokens.size(1));
+    if (!attention_mask.is_none()) x.lengths = mask_lengths(attention_mask, x.tokens.size(0), x.tokens.size(1));
     return x;
+  }
+  // Each row's ones before its zeros, of a (B, T) or (T) mask of 0 / 1 (or bools).
+  static std::vector<int64_t> mask_lengths(const py::object& mask, int64_t B, int64_t T) {
+    const auto m = py::array_t<int64_t, py::array::c_style | py::array::forcecast>::ensure(mask);
+    HL_CHECK(m && m.size() == B * T && (m.ndim() == 2 || (m.ndim() == 1 && B == 1)),
+             "headlab: attention_mask must have the tokens' shape (", B, ", ", T, ")");
+    std::vector<int64_t> lengths;
+    const int64_t* v = m.data();
+    for (int64_t b = 0; b < B; ++b) {
+      int64_t n = 0;
+      while (n < T && v[b * T + n] == 1) ++n;
+      for (int64_t t = n; t < T; ++t)
+        HL_CHECK(v[b * T + t] == 0, "headlab: attention_mask row ", b,
+                 " must be ones then zeros (right padding, as a tokenizer pads), got ", v[b * T + t], " at ", t);
+      HL_CHECK(n >= 1, "headlab: attention_mask row ", b, " hides every token");
+      lengths.push_back(n);
+    }
+    return lengths;
   }
   // One text -> (1, T), a list of texts -> (B, T) padded on the right.
   py::array to_tokens(const py::object& text, bool prepend_bos) const {
@@ -187,11 +211,11 @@ struct PyModel {
   }
   // return_type: "logits", "loss" (the mean next-token cross-entropy over every row's own tokens), "both" or None.
   py::object forward(const py::object& in, const std::optional<std::string>& return_type,
-                     std::optional<bool> prepend_bos) const {
+                     std::optional<bool> prepend_bos, const py::object& attention_mask) const {
     const std::string type = return_type.value_or("none");
     HL_CHECK(type == "logits" || type == "loss" || type == "both" || type == "none",
              "headlab.Model: return_type is 'logits', 'loss', 'both' or None, not '", type, "'");
-    const Input x = input(in, prepend_bos);
+    const Input x = input(in, prepend_bos, attention_mask);
     Tensor logits;
     {
       const py::gil_scoped_release no_gil;
@@ -219,8 +243,8 @@ struct PyModel {
     return cross_entropy(logits.narrow(1, 0, T - 1), targets).to(DType::f64).item<double>();
   }
   py::tuple run_with_cache(const py::object& in, const std::optional<std::vector<std::string>>& names,
-                           std::optional<bool> prepend_bos) const {
-    const Input x = input(in, prepend_bos);
+                           std::optional<bool> prepend_bos, const py::object& attention_mask) const {
+    const Input x = input(in, prepend_bos, attention_mask);
     const std::vector<std::string> all = names ? *names : analysis::hook_names(decoder());
     analysis::HookedRun r;
     {
@@ -303,8 +327,8 @@ struct PyModel {
   }
   // Each hook: fn(activation, name) -> None (it may have edited the array in place) or an array.
   py::array run_with_hooks(const py::object& in, const std::map<std::string, py::function>& fns,
-                           std::optional<bool> prepend_bos) const {
-    const Input x = input(in, prepend_bos);
+                           std::optional<bool> prepend_bos, const py::object& attention_mask) const {
+    const Input x = input(in, prepend_bos, attention_mask);
     std::map<std::string, analysis::Hook> hooks;
     for (const auto& entry : fns)
       hooks[entry.first] = [fn = entry.second](const std::string& n, const Tensor& x) -> Tensor {

@@ -234,17 +234,18 @@ PYBIND11_MODULE(_headlab, m) {
           "too), for inference, as `headlab generate --dtype` does; returns the bytes saved")
       .def("hook_names", [](const PyModel& p) { return analysis::hook_names(p.decoder()); })
       .def("__call__", &PyModel::forward, py::arg("input"), py::arg("return_type") = "logits",
-           py::arg("prepend_bos") = py::none(),
+           py::arg("prepend_bos") = py::none(), py::arg("attention_mask") = py::none(),
            "a text, a list of texts or (T) / (B, T) token ids -> logits (B, T, vocab); return_type 'loss': the mean "
-           "next-token cross-entropy (padding left out), 'both': (logits, loss), None: nothing")
+           "next-token cross-entropy (padding left out), 'both': (logits, loss), None: nothing; attention_mask: "
+           "token ids' right padding as (B, T) ones then zeros (an encoder's attention hides it)")
       .def("_run_with_cache", &PyModel::run_with_cache, py::arg("input"), py::arg("names") = py::none(),
-           py::arg("prepend_bos") = py::none())
+           py::arg("prepend_bos") = py::none(), py::arg("attention_mask") = py::none())
       .def("_run_with_backward", &PyModel::run_with_backward, py::arg("input"), py::arg("names"), py::arg("gradients"),
            py::arg("dlogits"), py::arg("prepend_bos") = py::none())
       .def("_time_forward", &PyModel::time_forward, py::arg("tokens"), py::arg("repeats"),
            "seconds per call of the C++ forward model(tokens) makes, timed in C++ (benchmarks)")
       .def("run_with_hooks", &PyModel::run_with_hooks, py::arg("input"), py::arg("hooks"),
-           py::arg("prepend_bos") = py::none(),
+           py::arg("prepend_bos") = py::none(), py::arg("attention_mask") = py::none(),
            "logits with each hook fn(activation, name) called at its point; it returns None (an in-place "
            "edit counts) or the activation to go on with")
       .def("generate", &PyModel::generate, py::arg("input"), py::arg("max_new_tokens") = 10,

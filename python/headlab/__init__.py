@@ -157,14 +157,18 @@ class ActivationCache(dict):
         return d[:, None, :] if ids.ndim == 1 and ndim == 4 else d
 
 
-def _run_with_cache(self, input, names=None, backward=None, backward_names=None, prepend_bos=None):
+def _run_with_cache(self, input, names=None, backward=None, backward_names=None, prepend_bos=None,
+                    attention_mask=None):
     """(logits, cache) keeping only `names` (default: every hook point); cache is an ActivationCache. With
     backward=metric: (logits, cache, grads), grads holding d metric / d activation at backward_names (default:
     names), TransformerLens's backward hooks. metric: a callable of the logits as a torch tensor returning a scalar
-    (its backward gives d metric / d logits), or that (B, T, vocab) array itself."""
+    (its backward gives d metric / d logits), or that (B, T, vocab) array itself. attention_mask: token ids' right
+    padding, (B, T) ones then zeros, which an encoder's attention hides (not with backward yet)."""
     if backward is None:
-        logits, cache = self._run_with_cache(input, names, prepend_bos)
+        logits, cache = self._run_with_cache(input, names, prepend_bos, attention_mask)
         return logits, ActivationCache(cache, self)
+    if attention_mask is not None:
+        raise ValueError("headlab: run_with_cache(backward=...) takes no attention_mask yet")
     logits, cache, grads = self._run_with_backward(input, names, backward_names, _dlogits(backward), prepend_bos)
     return logits, ActivationCache(cache, self), ActivationCache(grads, self)
 

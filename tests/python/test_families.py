@@ -121,3 +121,20 @@ def test_bert_padding_of_a_list_of_texts_is_hidden_and_the_next_token_loss_refus
         assert False, "an encoder's next-token loss"
     except Exception as e:  # headlab's error, naming what an encoder is scored on
         assert "is an encoder" in str(e)
+
+
+def test_bert_attention_mask_of_token_ids_hides_the_padding():
+    model = headlab.load(os.path.join(FIXTURES, "bert_folders", "mlm_tied"))
+    ref = reference("bert_folders", "mlm_tied")
+    ids = np.array(ref["ids"], dtype=np.int64)
+    mask = (np.arange(ids.shape[1])[None, :] < np.array(ref["valid_lens"])[:, None]).astype(np.int64)
+    np.testing.assert_allclose(np.asarray(model(ids, attention_mask=mask)), np.array(ref["logits"]), atol=1e-5)
+    _, cache = model.run_with_cache(ids, attention_mask=mask.astype(bool))
+    assert np.asarray(cache["blocks.0.attn.hook_pattern"])[1, :, :, 11:].max() == 0  # row 1's padding, never seen
+    for bad, message in ((np.ones((2, 5), np.int64), "the tokens' shape"),
+                         (np.array([[1] * 8 + [0, 1] + [1] * 6] * 2), "ones then zeros")):
+        try:
+            model(ids, attention_mask=bad)
+            assert False, message
+        except Exception as e:
+            assert message in str(e), str(e)

@@ -94,8 +94,8 @@ class HfBertFormat final : public DecoderFolderFormat {
   nn::DecoderConfig config_from_hf(const json& j, const std::string& file) const override {
     return bert_config_from_hf(j, file);
   }
-  WeightMap weight_map(const nn::DecoderConfig& c, const std::string& folder) const override {
-    return bert_weights(c, !folder.empty() && open_folder_weights(folder)->contains("bert.embeddings.LayerNorm.gamma"));
+  WeightMap weight_map(const nn::DecoderConfig& c, const std::string&, const WeightFiles* files) const override {
+    return bert_weights(c, files != nullptr && files->contains("bert.embeddings.LayerNorm.gamma"));
   }
   json hf_config(const nn::DecoderConfig& c) const override {
     return {{"architectures", {"BertForMaskedLM"}},

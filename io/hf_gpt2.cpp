@@ -115,9 +115,8 @@ class HfGpt2Format final : public DecoderFolderFormat {
     return c;
   }
   // Files save_pretrained wrote carry the "transformer." prefix; older ones do not.
-  WeightMap weight_map(const nn::DecoderConfig& c, const std::string& folder) const override {
-    if (folder.empty()) return gpt2_weights(c, "transformer.", c.tie_embeddings);
-    const std::unique_ptr<WeightFiles> w = open_folder_weights(folder);
+  WeightMap weight_map(const nn::DecoderConfig& c, const std::string& folder, const WeightFiles* w) const override {
+    if (w == nullptr) return gpt2_weights(c, "transformer.", c.tie_embeddings);
     HL_CHECK(w->contains("transformer.wte.weight") || w->contains("wte.weight"), folder,
              ": the weights hold neither transformer.wte.weight nor wte.weight");
     return gpt2_weights(c, w->contains("transformer.wte.weight") ? "transformer." : "", c.tie_embeddings);

@@ -108,7 +108,9 @@ class HfGptNeoFormat final : public DecoderFolderFormat {
   nn::DecoderConfig config_from_hf(const json& j, const std::string& file) const override {
     return gpt_neo_config_from_hf(j, file);
   }
-  WeightMap weight_map(const nn::DecoderConfig& c, const std::string&) const override { return gpt_neo_weights(c); }
+  WeightMap weight_map(const nn::DecoderConfig& c, const std::string&, const WeightFiles*) const override {
+    return gpt_neo_weights(c);
+  }
   json hf_config(const nn::DecoderConfig& c) const override {
     json kinds = json::array(), types = json::array();
     for (int64_t l = 0; l < c.n_layers; ++l) {

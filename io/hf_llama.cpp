@@ -206,7 +206,7 @@ class HfLlamaFormat final : public DecoderFolderFormat {
     return llama_config_from_hf(j, file);
   }
   // A Phi-3 folder's fused layout when reading one; export writes the unfused layout of its family.
-  WeightMap weight_map(const nn::DecoderConfig& c, const std::string& folder) const override {
+  WeightMap weight_map(const nn::DecoderConfig& c, const std::string& folder, const WeightFiles*) const override {
     const bool phi3 = !folder.empty() && hf_config_value<std::string>(read_hf_config(folder), "model_type", "",
                                                                       hf_config_path(folder)) == "phi3";
     return llama_weights(c, phi3);

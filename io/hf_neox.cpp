@@ -84,7 +84,9 @@ class HfNeoXFormat final : public DecoderFolderFormat {
   nn::DecoderConfig config_from_hf(const json& j, const std::string& file) const override {
     return neox_config_from_hf(j, file);
   }
-  WeightMap weight_map(const nn::DecoderConfig& c, const std::string&) const override { return neox_weights(c); }
+  WeightMap weight_map(const nn::DecoderConfig& c, const std::string&, const WeightFiles*) const override {
+    return neox_weights(c);
+  }
   json hf_config(const nn::DecoderConfig& c) const override {
     return {{"architectures", {"GPTNeoXForCausalLM"}},
             {"model_type", "gpt_neox"},

@@ -114,10 +114,6 @@ int64_t block_rows(const WeightEntry& e, int64_t i) {
 
 }  // namespace
 
-NamedTensors read_weights(const std::string& folder, const WeightMap& map) {
-  return read_weights(*open_folder_weights(folder), folder, map);
-}
-
 NamedTensors read_weights(const WeightFiles& files, const std::string& where, const WeightMap& map) {
   std::set<std::string> used(map.ignored.begin(), map.ignored.end());
   NamedTensors out;
@@ -195,13 +191,14 @@ void write_hf_folder(const std::string& folder, const std::vector<std::pair<std:
 
 FolderModel DecoderFolderFormat::read(const std::string& folder) const {
   const nn::DecoderConfig c = config(folder);
-  return {c.to_json(), read_weights(folder, weight_map(c, folder)), "", ""};
+  const std::unique_ptr<WeightFiles> files = open_folder_weights(folder);
+  return {c.to_json(), read_weights(*files, folder, weight_map(c, folder, files.get())), "", ""};
 }
 
 void DecoderFolderFormat::write(const std::string& folder, const nn::Model& model,
                                 const TokenizerFiles& tokenizer) const {
   const nn::DecoderModel& m = decoder_of(model);
-  write_hf_folder(folder, weights_to_write(m, weight_map(m.config(), "")), hf_config(m.config()), tokenizer);
+  write_hf_folder(folder, weights_to_write(m, weight_map(m.config(), "", nullptr)), hf_config(m.config()), tokenizer);
 }
 
 const nn::DecoderModel& DecoderFolderFormat::decoder_of(const nn::Model& model) const {

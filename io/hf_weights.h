@@ -48,10 +48,9 @@ struct WeightMap {
   }
 };
 
-// Every entry's tensor (from the folder's safetensors or PyTorch files), shape checked, as headlab's parameters
-// (float32, CPU, in the table's order); a tensor no entry names (nor a buffer) is an error naming the file and tensor.
-NamedTensors read_weights(const std::string& folder, const WeightMap& map);
-// The same from weight files already open (a PyTorch file's state_dict); `where` names them in errors.
+// Every entry's tensor (from a folder's safetensors or PyTorch files, or a PyTorch file's state_dict), shape checked,
+// as headlab's parameters (float32, CPU, in the table's order); a tensor no entry names (nor a buffer) is an error
+// naming the file and tensor. `where` names the files in errors.
 NamedTensors read_weights(const WeightFiles& files, const std::string& where, const WeightMap& map);
 
 // The folder's tensors from a decoder: each attention through its fused form, a pruned layer at full width
@@ -71,8 +70,10 @@ class DecoderFolderFormat : public FolderFormat {
   // config.json (checked; errors name the file and key) as the family's config.
   virtual nn::DecoderConfig config_from_hf(const nlohmann::json& j, const std::string& file) const = 0;
   virtual nlohmann::json hf_config(const nn::DecoderConfig& c) const = 0;  // what write() puts in config.json
-  // The table for a config; `folder` is the one being read ("" when writing).
-  virtual WeightMap weight_map(const nn::DecoderConfig& c, const std::string& folder) const = 0;
+  // The table for a config; `folder` is the one being read and `files` its weights, opened once for the table and
+  // the read (a layout told by the names it holds); "" and null when writing.
+  virtual WeightMap weight_map(const nn::DecoderConfig& c, const std::string& folder,
+                               const WeightFiles* files) const = 0;
   virtual std::string describe(const nn::DecoderConfig& c) const = 0;  // beside inspect's config
 
   nlohmann::json read_config(const std::string& folder) const final { return config(folder).to_json(); }

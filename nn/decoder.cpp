@@ -304,16 +304,8 @@ std::vector<HookKey> DecoderModel::hook_points(bool split_inputs) const {
   for (int64_t l = 0; l < n_layers(); ++l) {
     std::vector<P> points{P::resid_pre};
     if (split_inputs) points.insert(points.end(), {P::q_input, P::k_input, P::v_input});
-    if (shape_.post_ln) {  // BertBlock's order: the norms after the adds
-      if (attention(l).head_count() > 0) points.insert(points.end(), {P::q, P::k, P::v, P::pattern, P::z, P::result});
-      points.insert(points.end(), {P::attn_out, P::resid_mid});
-      if (split_inputs) points.push_back(P::mlp_in);
-      points.insert(points.end(),
-                    {P::ln1_normalized, P::mlp_pre, P::mlp_post, P::mlp_out, P::resid_post, P::ln2_normalized});
-      for (P p : points) keys.push_back({p, l});
-      continue;
-    }
-    if (shape_.pre_norms) points.push_back(P::ln1_normalized);
+    const bool before = shape_.pre_norms && !shape_.post_ln;  // post-LN (BertBlock): ln1, ln2 after the adds
+    if (before) points.push_back(P::ln1_normalized);
     if (attention(l).head_count() > 0) {
       points.insert(points.end(), {P::q, P::k, P::v});
       if (shape_.rotary) points.insert(points.end(), {P::rot_q, P::rot_k});
@@ -324,12 +316,14 @@ std::vector<HookKey> DecoderModel::hook_points(bool split_inputs) const {
     if (shape_.has_mlp) {
       if (!shape_.parallel_residual) points.push_back(P::resid_mid);
       if (split_inputs) points.push_back(P::mlp_in);
-      if (shape_.pre_norms) points.push_back(P::ln2_normalized);
+      if (shape_.post_ln) points.push_back(P::ln1_normalized);
+      if (before) points.push_back(P::ln2_normalized);
       points.insert(points.end(), {P::mlp_pre, P::mlp_post});
       if (shape_.post_norms) points.push_back(P::ln2_post_normalized);
       points.push_back(P::mlp_out);
     }
     points.push_back(P::resid_post);
+    if (shape_.post_ln) points.push_back(P::ln2_normalized);  // the block's output
     for (P p : points) keys.push_back({p, l});
   }
   if (shape_.normalized && !shape_.post_ln) keys.push_back({P::ln_final_normalized, -1});

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -50,6 +51,16 @@ inline void perturb_norms(nn::Module& m, uint64_t seed) {
     if (name.find("norm") != std::string::npos) t.detach().copy_(add(t, mul(randn(t.shape(), g), 0.3)));
 }
 
+// A fused-form model's per-head form (the wrapper): the same weights, in eval mode.
+inline std::unique_ptr<nn::DecoderModel> wrapper_of(const nn::DecoderModel& fused) {
+  const auto [config, params] =
+      analysis::convert_parameters(fused.config_json(), fused.named_parameters(), nn::AttentionForm::wrapper);
+  auto wrapper = std::make_unique<nn::DecoderModel>(fused.config().family->config(config));
+  wrapper->load_parameters(params, "wrapper");
+  wrapper->eval();
+  return wrapper;
+}
+
 // c (fused form, vocabulary >= 37): the wrapper, the fused form and the fused form with the pattern kept (the
 // composite path) compute one function; converting back to fused gives the same weights.
 inline void expect_forms_agree(const nn::DecoderConfig& c) {
@@ -57,11 +68,8 @@ inline void expect_forms_agree(const nn::DecoderConfig& c) {
   nn::DecoderModel fused(c);
   perturb_norms(fused, 9);
   fused.eval();
-  const auto [wrapper_config, wrapper_params] =
-      analysis::convert_parameters(fused.config_json(), fused.named_parameters(), nn::AttentionForm::wrapper);
-  nn::DecoderModel wrapper(c.family->config(wrapper_config));
-  wrapper.load_parameters(wrapper_params, "wrapper");
-  wrapper.eval();
+  const std::unique_ptr<nn::DecoderModel> w = wrapper_of(fused);
+  nn::DecoderModel& wrapper = *w;
   const NoGradGuard no_grad;
   const Tensor idx = tokens(2, 11, 37, 5);
   const Tensor want = fused.forward(idx);
@@ -70,7 +78,7 @@ inline void expect_forms_agree(const nn::DecoderConfig& c) {
   EXPECT_LT(max_diff(fused.forward(idx), want), 1e-5);
   fused.keep_attention_weights(false);
   const auto [back_config, back_params] =
-      analysis::convert_parameters(wrapper_config, wrapper.named_parameters(), nn::AttentionForm::fused);
+      analysis::convert_parameters(wrapper.config_json(), wrapper.named_parameters(), nn::AttentionForm::fused);
   const NamedTensors original = fused.named_parameters();
   ASSERT_EQ(back_params.size(), original.size());
   for (size_t i = 0; i < original.size(); ++i)

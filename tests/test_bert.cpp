@@ -159,14 +159,12 @@ TEST(Bert, TheFormsAgreeAndAFreshEncoderLearns) {
   }
   // The wrapper's padded forward goes through the fused form's: the same logits.
   manual_seed(5);
-  nn::DecoderModel fused(bert_config()), wrapper(bert_config(nn::AttentionForm::wrapper));
-  const auto [wc, wp] =
-      analysis::convert_parameters(fused.config_json(), fused.named_parameters(), nn::AttentionForm::wrapper);
-  wrapper.load_parameters(wp, "wrapper");
-  fused.eval(), wrapper.eval();
+  nn::DecoderModel fused(bert_config());
+  fused.eval();
+  const std::unique_ptr<nn::DecoderModel> wrapper = headlab::testing::wrapper_of(fused);
   const NoGradGuard no_grad;
   const Tensor ids = tokens(2, 10, 37, 6), lens = tensor(std::vector<int64_t>{4, 10}, {2});
-  EXPECT_LT(max_diff(wrapper.forward(ids, nullptr, lens), fused.forward(ids, nullptr, lens)), 1e-5);
+  EXPECT_LT(max_diff(wrapper->forward(ids, nullptr, lens), fused.forward(ids, nullptr, lens)), 1e-5);
 }
 
 TEST(Bert, ExportReadsBackBitwise) {

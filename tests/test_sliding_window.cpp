@@ -13,21 +13,15 @@
 #include "io/families.h"
 #include "nn/decoder_family.h"
 #include "tests/core_test_util.h"
+#include "tests/family_checks.h"
 #include "tests/process_util.h"
 
 using namespace headlab;
+using headlab::testing::max_diff;
 using headlab::testing::TempDir;
+using headlab::testing::tokens;
 
 namespace {
-
-double max_diff(const Tensor& a, const Tensor& b) {
-  return amax(abs(sub(a.to(DType::f64), b.to(DType::f64)))).item<double>();
-}
-
-Tensor tokens(int64_t B, int64_t T, int64_t V, uint64_t seed) {
-  Generator g(seed);
-  return randint(0, V, {B, T}, g);
-}
 
 // A llama whose layer 1 sees 3 positions (itself and two before), layer 0 every one; or every layer windowed.
 nn::DecoderConfig windowed_config(bool every_layer, nn::AttentionForm form = nn::AttentionForm::fused) {
@@ -112,11 +106,8 @@ TEST(SlidingWindow, PerHeadFormAndKeptPatternAgreeWithTheFusedForm) {
   manual_seed(9);
   nn::DecoderModel fused(windowed_config(false));
   fused.eval();
-  const auto [config, params] =
-      analysis::convert_parameters(fused.config_json(), fused.named_parameters(), nn::AttentionForm::wrapper);
-  nn::DecoderModel wrapper(nn::llama_family().config(config));
-  wrapper.load_parameters(params, "wrapper");
-  wrapper.eval();
+  const std::unique_ptr<nn::DecoderModel> w = headlab::testing::wrapper_of(fused);
+  nn::DecoderModel& wrapper = *w;
   const NoGradGuard no_grad;
   const Tensor idx = tokens(2, 12, 29, 2);
   const Tensor want = fused.forward(idx);

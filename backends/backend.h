@@ -266,5 +266,7 @@ Backend& cpu_backend();
 void prepare_process(char** argv);
 bool cuda_available();  // built with CUDA and a GPU is visible
 bool cuda_built();
+// Which kernels the CPU's float GEMMs take here: "libxsmm" (built, and the CPU has AVX-512) or "OpenBLAS".
+const char* cpu_gemm_kernels();
 
 }  // namespace headlab

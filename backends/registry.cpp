@@ -8,6 +8,9 @@
 #include <sstream>
 
 #include "backends/cpu/omp_policy.h"
+#ifdef HEADLAB_HAS_XSMM
+#include "backends/cpu/xsmm_gemm.h"
+#endif
 #ifdef HEADLAB_HAS_CUDA
 #include "backends/cuda/cuda_backend.h"
 #endif
@@ -15,6 +18,13 @@
 namespace headlab {
 
 void prepare_process(char** argv) { cpu::restart_with_omp_wait_policy(argv); }
+
+const char* cpu_gemm_kernels() {
+#ifdef HEADLAB_HAS_XSMM
+  if (cpu::xsmm_pays()) return "libxsmm";
+#endif
+  return "OpenBLAS";
+}
 
 bool cuda_built() {
 #ifdef HEADLAB_HAS_CUDA

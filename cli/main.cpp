@@ -42,11 +42,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version",
                        std::string("headlab 0.1.0 (CUDA backend: ") + (headlab::cuda_built() ? "built" : "not built") +
                            ", MPI data parallel: " + (headlab::train::built_with_mpi() ? "built" : "not built") +
-#ifdef HEADLAB_HAS_XSMM
-                           ", small GEMMs: libxsmm)");
-#else
-                           ", small GEMMs: OpenBLAS)");
-#endif
+                           ", CPU GEMMs: " + headlab::cpu_gemm_kernels() + ")");
   std::map<CLI::App*, headlab::cli::Action> actions;
   // Each command's --help ends with examples a user can run from the repository after ./scripts/demo.sh.
   auto add = [&](const char* name, const char* help, headlab::cli::Action (*fn)(CLI::App&), const char* examples) {

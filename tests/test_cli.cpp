@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "autograd/engine.h"
+#include "backends/backend.h"
 #include "backends/cpu/omp_policy.h"
 #include "io/checkpoint.h"
 #include "io/families.h"
@@ -90,11 +91,7 @@ TEST_F(CliTest, HelpOnEveryCommandExitsZero) {
   const Result version = headlab({"--version"});
   EXPECT_EQ(version.code, 0);
   EXPECT_TRUE(contains(version.out, "headlab 0.1.0")) << version.out;
-#ifdef HEADLAB_HAS_XSMM
-  EXPECT_TRUE(contains(version.out, "small GEMMs: libxsmm")) << version.out;
-#else
-  EXPECT_TRUE(contains(version.out, "small GEMMs: OpenBLAS")) << version.out;
-#endif
+  EXPECT_TRUE(contains(version.out, std::string("CPU GEMMs: ") + cpu_gemm_kernels())) << version.out;
 }
 
 void expect_usage_error(const std::vector<std::string>& args, const std::string& mentions) {

@@ -553,7 +553,9 @@ TEST(ThreadsTransport, EvaluationSharesTheBatchesAndEveryRankGetsTheScoresOfAll)
     });
     for (const train::Scores& g : got) {
       EXPECT_EQ(g.tokens, tokens) << batches << " batches";
-      EXPECT_NEAR(g.loss, loss_sum / static_cast<double>(tokens), 1e-9);
+      // float32's rounding: the ranks' products run on one thread, the reference's in two threads' bands, and
+      // OpenBLAS's kernels may sum a band's rows in another order than all of them
+      EXPECT_NEAR(g.loss, loss_sum / static_cast<double>(tokens), 1e-6);
       EXPECT_NEAR(g.token_accuracy, correct / static_cast<double>(tokens), 1e-12);
       EXPECT_TRUE(g.has_exact_match);
       EXPECT_NEAR(g.exact_match, exact / static_cast<double>(rows), 1e-12);

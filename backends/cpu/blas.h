@@ -69,8 +69,8 @@ inline void blas_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, T alpha
     return;
   }
 #ifdef HEADLAB_HAS_XSMM
-  if constexpr (std::is_same_v<T, float>)  // small products: libxsmm's unpacked kernels, where it serves
-    if (xsmm_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) return;
+  if constexpr (std::is_same_v<T, float>)  // libxsmm's unpacked kernels, where they serve and pay
+    if (xsmm_pays() && xsmm_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) return;
 #endif
   const auto TA = ta ? CblasTrans : CblasNoTrans, TB = tb ? CblasTrans : CblasNoTrans;
   if constexpr (std::is_same_v<T, float>)

@@ -326,7 +326,7 @@ bool linear_in_bands(float* out, const float* x, int64_t ldx, const float* w, co
   const int64_t threads = omp_get_max_threads();
   const bool parallel = threads > 1 && static_cast<double>(rows) * N * K > kGemmParallelWork;
   const int64_t bands = parallel ? threads : 1;
-  if (!xsmm_linear_serves(rows / bands, N, K)) return false;
+  if (!xsmm_pays() || !xsmm_linear_serves(rows / bands, N, K)) return false;
   parallel_for(bands, bands > 1, [&](int64_t b) {
     const int64_t lo = band_edge(rows, b, bands), hi = band_edge(rows, b + 1, bands);
     const auto after_band_rows = [&](int64_t first, int64_t count) { after_rows(lo + first, count); };

@@ -7,6 +7,11 @@
 
 namespace headlab::cpu {
 
+// Whether the callers (blas_gemm, the linear layer) take libxsmm's kernels at all: on a CPU with AVX-512
+// (SKX and later) they beat OpenBLAS's; on one with AVX2 only they lost at every shape measured (xsmm_gemm.cpp).
+// The kernels below serve whoever calls them either way (their tests do).
+bool xsmm_pays();
+
 // C (M, N) = op(A) @ op(B) + beta * C (row-major, leading dims) on the calling thread, when libxsmm
 // serves the call; false (C untouched) when it does not, and the caller runs BLAS.
 bool xsmm_sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,

@@ -78,6 +78,34 @@ void read_windows(const json& j, const std::string& type, const std::string& fil
   if (static_cast<int64_t>(layers.size()) < c.n_layers) c.window_layers = layers;
 }
 
+// rope_scaling: null or rope_type "default" (plain rotary), "linear" (factor) or "llama3" (factor, low_freq_factor,
+// high_freq_factor, original_max_position_embeddings), as transformers' ROPE_INIT_FUNCTIONS compute them; the
+// older key "type" where rope_type is absent. Others (longrope / su, yarn, dynamic) are refused by name.
+void read_rope_scaling(const json& j, const std::string& file, nn::DecoderConfig& c) {
+  if (!j.contains("rope_scaling") || j.at("rope_scaling").is_null()) return;
+  const json& s = j.at("rope_scaling");
+  HL_CHECK(s.is_object(), file, ": rope_scaling must be an object or null, got ", s.dump());
+  const json kind = s.value("rope_type", s.value("type", json()));
+  if (kind == "default") return;
+  HL_CHECK(kind == "linear" || kind == "llama3", file, ": rope_scaling ", s.dump(),
+           " is not supported (rope_type default, linear or llama3; Phi-3's longrope / su, yarn and dynamic are not "
+           "computed)");
+  const std::string where = file + " rope_scaling";
+  const auto positive = [&](const char* key) {
+    HL_CHECK(s.contains(key), where, ": '", key, "' is missing (rope_type ", kind.get<std::string>(), " needs it)");
+    const double v = hf_config_value<double>(s, key, 0.0, where);
+    HL_CHECK(v > 0 && std::isfinite(v), where, ": ", key, " must be positive, got ", s.at(key).dump());
+    return v;
+  };
+  c.rope_factor = positive("factor");
+  c.rope_scaling = kind == "linear" ? RopeScalingKind::linear : RopeScalingKind::llama3;
+  if (c.rope_scaling != RopeScalingKind::llama3) return;
+  c.rope_low_freq_factor = positive("low_freq_factor"), c.rope_high_freq_factor = positive("high_freq_factor");
+  HL_CHECK(c.rope_high_freq_factor > c.rope_low_freq_factor, where, ": high_freq_factor ", c.rope_high_freq_factor,
+           " must exceed low_freq_factor ", c.rope_low_freq_factor);
+  c.rope_original_context = hf_config_int(s, {"original_max_position_embeddings"}, 1, int64_t(1) << 40, where);
+}
+
 nn::DecoderConfig llama_config_from_hf(const json& j, const std::string& file) {
   const std::string type = hf_config_value<std::string>(j, "model_type", "", file);
   const bool gemma2 = type == "gemma2", gemma = type == "gemma" || gemma2 || type == "gemma3_text";
@@ -116,12 +144,7 @@ nn::DecoderConfig llama_config_from_hf(const json& j, const std::string& file) {
     };
     c.attn_softcap = cap("attn_logit_softcapping", 50.0), c.logit_softcap = cap("final_logit_softcapping", 30.0);
   }
-  if (j.contains("rope_scaling") && !j.at("rope_scaling").is_null()) {  // {"rope_type": "default"} is plain rotary
-    const json& s = j.at("rope_scaling");
-    const json kind = s.is_object() ? s.value("rope_type", s.value("type", json())) : json();
-    HL_CHECK(kind == "default", file, ": rope_scaling ", s.dump(),
-             " is not supported (plain rotary only; Phi-3's longrope / su and Llama 3's scaling are not computed)");
-  }
+  read_rope_scaling(j, file, c);
   const double rotated = hf_config_value<double>(j, "partial_rotary_factor", 1.0, file);
   HL_CHECK(rotated == 1.0, file, ": partial_rotary_factor ", rotated,
            " is not supported (the llama family rotates every dim of each head)");
@@ -250,6 +273,13 @@ class HfLlamaFormat final : public DecoderFolderFormat {
                 {"attention_dropout", c.drop_rate},
                 {"torch_dtype", "float32"}};
     if (c.mlp == nn::MlpKind::geglu) out["hidden_activation"] = "gelu_pytorch_tanh";
+    if (c.rope_scaling != RopeScalingKind::none) {
+      out["rope_scaling"] = {{"rope_type", enum_name(c.rope_scaling)}, {"factor", c.rope_factor}};
+      if (c.rope_scaling == RopeScalingKind::llama3)
+        out["rope_scaling"].update({{"low_freq_factor", c.rope_low_freq_factor},
+                                    {"high_freq_factor", c.rope_high_freq_factor},
+                                    {"original_max_position_embeddings", c.rope_original_context}});
+    }
     json kinds = json::array();
     for (int64_t l = 0; l < c.n_layers; ++l) kinds.push_back(c.window_of(l) ? "sliding_attention" : "full_attention");
     if (later_gemma) {

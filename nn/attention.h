@@ -16,6 +16,7 @@
 #include "base/enum_names.h"
 #include "nn/hooks.h"
 #include "nn/layers.h"
+#include "ops/ops.h"
 
 namespace headlab::nn {
 
@@ -144,6 +145,7 @@ struct Rotary {
   int64_t dims = 0;          // the rotated dims of each head (even, <= head_dim); 0: none
   double theta = 10000.0;    // the base of the frequencies (Hugging Face's rope_theta)
   bool interleaved = false;  // pairs (2i, 2i+1) (Meta's, llama2.c's layout); else halves (Hugging Face's)
+  RopeScaling scaling;       // the frequencies rescaled for a longer context (Llama 3.1's llama3, linear)
   bool operator==(const Rotary&) const = default;
 };
 

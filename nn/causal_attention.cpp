@@ -22,19 +22,28 @@ using namespace detail;
 namespace {
 
 // cos and sin (n, R/2) of a rotary embedding for positions [0, n), n >= needed: computed once per (R, theta,
-// dtype, device) in the process, extended by doubling as longer inputs come, and shared by every layer and
+// scaling, dtype, device) in the process, extended by doubling as longer inputs come, and shared by every layer and
 // model that asks.
 std::pair<Tensor, Tensor> rotary_table(const Rotary& r, int64_t needed, DType dtype, Device device) {
-  using Key = std::tuple<int64_t, double, DType, std::string>;
+  using Key = std::tuple<int64_t, double, DType, std::string, RopeScalingKind, double, double, double, int64_t>;
   static std::mutex mutex;
   static std::map<Key, std::pair<Tensor, Tensor>> tables;
-  const Key key{r.dims, r.theta, dtype, device.str()};
+  const RopeScaling& s = r.scaling;
+  const Key key{r.dims,
+                r.theta,
+                dtype,
+                device.str(),
+                s.kind,
+                s.factor,
+                s.low_freq_factor,
+                s.high_freq_factor,
+                s.original_context};
   const std::lock_guard<std::mutex> lock(mutex);
   std::pair<Tensor, Tensor>& table = tables[key];
   if (!table.first.defined() || table.first.size(0) < needed) {
     const NoGradGuard no_grad;
     const int64_t have = table.first.defined() ? table.first.size(0) : 0;
-    table = rotary_angles(0, std::max({needed, 2 * have, int64_t{256}}), r.dims, r.theta, dtype, device);
+    table = rotary_angles(0, std::max({needed, 2 * have, int64_t{256}}), r.dims, r.theta, dtype, device, r.scaling);
   }
   return table;
 }

@@ -42,6 +42,11 @@ const auto kDecoderFields = std::tuple{
     field("rope_theta", &C::rope_theta, kAboveOne),
     field("rope_local_theta", &C::rope_local_theta, kNonNegative),
     field("rope_interleaved", &C::rope_interleaved),
+    field("rope_scaling", &C::rope_scaling),
+    field("rope_factor", &C::rope_factor, kNonNegative),
+    field("rope_low_freq_factor", &C::rope_low_freq_factor, kNonNegative),
+    field("rope_high_freq_factor", &C::rope_high_freq_factor, kNonNegative),
+    field("rope_original_context", &C::rope_original_context, kNonNegative),
     field("parallel_residual", &C::parallel_residual),
     field("drop_rate", &C::drop_rate, kFraction),
     field("attn_scale", &C::attn_scale, kNonNegative),
@@ -100,13 +105,25 @@ CausalAttentionSizes DecoderConfig::attention_sizes(int64_t layer) const {
   s.dropout = drop_rate;
   s.qkv_bias = qkv_bias;
   s.out_bias = has_out_bias();
-  const double theta = rope_local_theta > 0 && window_of(layer) > 0 ? rope_local_theta : rope_theta;
-  s.rotary = {.dims = rotary_size(), .theta = theta, .interleaved = rope_interleaved};
+  const bool local = rope_local_theta > 0 && window_of(layer) > 0;  // Gemma 3's local layers: plain rotary
+  s.rotary = {.dims = rotary_size(),
+              .theta = local ? rope_local_theta : rope_theta,
+              .interleaved = rope_interleaved,
+              .scaling = local ? RopeScaling{} : rope_scaling_of()};
   s.qk_norm = qk_norm, s.qk_norm_eps = norm_eps, s.qk_norm_offset = norm_weight_offset;
   s.window = window_of(layer);
   s.scale = attn_scale;
   s.softcap = attn_softcap;
   s.causal = causal;
+  return s;
+}
+
+RopeScaling DecoderConfig::rope_scaling_of() const {
+  if (rope_scaling == RopeScalingKind::none) return {};
+  RopeScaling s{.kind = rope_scaling, .factor = rope_factor};
+  if (rope_scaling == RopeScalingKind::llama3)
+    s.low_freq_factor = rope_low_freq_factor, s.high_freq_factor = rope_high_freq_factor,
+    s.original_context = rope_original_context;
   return s;
 }
 
@@ -126,6 +143,17 @@ void DecoderConfig::validate() const {
   HL_CHECK(!tie_embeddings || output_vocab() == vocab_size, who, ": a tied head predicts the ", vocab_size,
            " input tokens; out_vocab_size is ", out_vocab_size);
   HL_CHECK(window_layers.empty() || sliding_window > 0, who, ": window_layers needs a sliding_window");
+  if (rope_scaling != RopeScalingKind::none) {
+    HL_CHECK(rotary_size() > 0, who, ": rope_scaling ", enum_name(rope_scaling), " needs rotary embeddings");
+    HL_CHECK(rope_factor > 0, who, ": rope_scaling ", enum_name(rope_scaling), " needs rope_factor > 0, got ",
+             rope_factor);
+    if (rope_scaling == RopeScalingKind::llama3)
+      HL_CHECK(rope_original_context > 0 && rope_low_freq_factor > 0 && rope_high_freq_factor > rope_low_freq_factor,
+               who,
+               ": rope_scaling llama3 needs rope_original_context > 0 and rope_high_freq_factor > "
+               "rope_low_freq_factor > 0, got ",
+               rope_original_context, ", ", rope_high_freq_factor, " and ", rope_low_freq_factor);
+  }
   HL_CHECK(rope_local_theta == 0 || rope_local_theta > 1, who,
            ": rope_local_theta must be above 1 (or 0: rope_theta), got ", rope_local_theta);
   HL_CHECK(norm_weight_offset == 0 || norm == NormKind::rms_norm, who, ": norm_weight_offset applies to rms_norm only");
@@ -235,7 +263,7 @@ nlohmann::json DecoderFamily::section(const DecoderConfig& c) const {
     const SectionKey* k = find_key(ks, f.key);
     if (k == nullptr) return;
     using T = typename std::decay_t<decltype(f)>::Type;
-    if constexpr (std::is_arithmetic_v<T>)
+    if constexpr (std::is_arithmetic_v<T> || std::is_enum_v<T>)
       if (k->presence == SectionKey::omitted_when_false && c.*f.member == T{}) return;
     write_json_field(j, f.key, c.*f.member);
   });

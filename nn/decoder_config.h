@@ -79,6 +79,12 @@ struct DecoderConfig {
   double rope_theta = 10000.0;
   double rope_local_theta = 0.0;        // the windowed layers' rotary base; 0: rope_theta (Gemma 3)
   bool rope_interleaved = false;        // pairs (2i, 2i+1) as Meta's and llama2.c's; else halves (Hugging Face's)
+  // rope_scaling (transformers'; ops.h's RopeScaling), on every layer but those with rope_local_theta (Gemma 3's)
+  RopeScalingKind rope_scaling = RopeScalingKind::none;
+  double rope_factor = 0.0;             // linear, llama3: 0 when none
+  double rope_low_freq_factor = 0.0;    // llama3's
+  double rope_high_freq_factor = 0.0;   // llama3's
+  int64_t rope_original_context = 0;    // llama3's original_max_position_embeddings
   bool qkv_bias = false;                // W_query, W_key, W_value biases
   std::optional<bool> out_bias = true;  // out_proj's bias; unset: as qkv_bias (GPT-NeoX's attention_bias)
   QkNorm qk_norm = QkNorm::none;        // RMSNorm (eps norm_eps) over queries and keys before rotary (Qwen3)
@@ -107,6 +113,7 @@ struct DecoderConfig {
   int64_t rotary_size() const;  // the rotated dims per head; 0: no rotary
   bool has_out_bias() const { return out_bias.value_or(qkv_bias); }
   int64_t heads_in_layer(int64_t layer) const;
+  RopeScaling rope_scaling_of() const;     // the rope_* fields as ops' RopeScaling
   int64_t window_of(int64_t layer) const;  // the layer's sliding window; 0: it sees every position before it
   CausalAttentionSizes attention_sizes(int64_t layer) const;  // layer `layer`'s attention
 

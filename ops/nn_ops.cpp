@@ -2,6 +2,7 @@
 // log_softmax, dropout, layer_norm, rms_norm, cross_entropy; and the composites silu, rotary_embedding
 // and mse_loss.
 #include <cmath>
+#include <numbers>
 
 #include "ops/internal.h"
 
@@ -211,17 +212,43 @@ Tensor rms_norm_composite(const Tensor& x, const Tensor& weight, double eps) {
 
 Tensor silu(const Tensor& x) { return mul(x, sigmoid(x)); }
 
-std::pair<Tensor, Tensor> rotary_angles(int64_t offset, int64_t T, int64_t R, double theta, DType dtype,
-                                        Device device) {
+std::vector<double> rotary_frequencies(int64_t R, double theta, const RopeScaling& scaling) {
   HL_CHECK(R > 0 && R % 2 == 0, "rotary_angles: the rotated dims must be even and positive, got ", R);
   HL_CHECK(theta > 1 && std::isfinite(theta), "rotary_angles: theta must be finite and > 1, got ", theta);
+  const RopeScaling& s = scaling;
+  HL_CHECK(s.kind == RopeScalingKind::none || (s.factor > 0 && std::isfinite(s.factor)),
+           "rotary_angles: the rope scaling factor must be positive, got ", s.factor);
+  HL_CHECK(s.kind != RopeScalingKind::llama3 ||
+               (s.original_context > 0 && s.low_freq_factor > 0 && s.high_freq_factor > s.low_freq_factor),
+           "rotary_angles: llama3 rope scaling needs original_max_position_embeddings > 0 and high_freq_factor > ",
+           "low_freq_factor > 0, got ", s.original_context, ", ", s.high_freq_factor, " and ", s.low_freq_factor);
+  std::vector<double> freq(static_cast<size_t>(R / 2));
+  for (size_t i = 0; i < freq.size(); ++i) {
+    const double f = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(R));
+    if (s.kind == RopeScalingKind::linear) {
+      freq[i] = f / s.factor;
+    } else if (s.kind == RopeScalingKind::llama3) {  // transformers' _compute_llama3_parameters
+      const double wavelength = 2 * std::numbers::pi / f, old = static_cast<double>(s.original_context);
+      const double smooth = (old / wavelength - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+      freq[i] = wavelength < old / s.high_freq_factor  ? f
+                : wavelength > old / s.low_freq_factor ? f / s.factor
+                                                       : (1 - smooth) * f / s.factor + smooth * f;
+    } else {
+      freq[i] = f;
+    }
+  }
+  return freq;
+}
+
+std::pair<Tensor, Tensor> rotary_angles(int64_t offset, int64_t T, int64_t R, double theta, DType dtype, Device device,
+                                        const RopeScaling& scaling) {
+  const std::vector<double> freq = rotary_frequencies(R, theta, scaling);
   HL_CHECK(offset >= 0 && T >= 0, "rotary_angles: positions [", offset, ", ", offset + T, ") are invalid");
   const int64_t n = R / 2;
   std::vector<double> c(static_cast<size_t>(T * n)), s(c.size());
   for (int64_t i = 0; i < n; ++i) {
-    const double freq = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(R));
     for (int64_t t = 0; t < T; ++t) {
-      const double angle = static_cast<double>(offset + t) * freq;
+      const double angle = static_cast<double>(offset + t) * freq[static_cast<size_t>(i)];
       c[static_cast<size_t>(t * n + i)] = std::cos(angle);
       s[static_cast<size_t>(t * n + i)] = std::sin(angle);
     }

@@ -2,6 +2,7 @@
 // calls the backend of the inputs' device, and records its backward (see autograd/engine.h).
 // Shapes follow PyTorch: row-major, batch dims first, broadcasting by trailing dims.
 #pragma once
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <vector>
@@ -9,6 +10,7 @@
 #include "autograd/engine.h"
 #include "autograd/generator.h"
 #include "autograd/tensor.h"
+#include "base/enum_names.h"
 
 namespace headlab {
 
@@ -213,9 +215,28 @@ Tensor silu(const Tensor& x);
 // (rotary_angles). interleaved: dims (2i, 2i+1) rotate together (Meta's and llama2.c's layout); else (i, i + R/2)
 // (Hugging Face's rotate_half). Its backward is the inverse rotation.
 Tensor rotary_embedding(const Tensor& x, const Tensor& cos, const Tensor& sin, bool interleaved);
-// cos and sin (T, R/2) of positions [offset, offset + T) at frequencies theta^(-2i/R), i < R/2, computed in
+// How rotary frequencies are rescaled for a context longer than the one a model was first trained on
+// (transformers' rope_scaling): linear divides every frequency by factor; llama3 (Llama 3.1 and 3.2) divides
+// the low ones (wavelengths above original_context / low_freq_factor), keeps the high ones (below
+// original_context / high_freq_factor) and blends the band between.
+enum class RopeScalingKind { none, linear, llama3 };
+constexpr auto enum_table(RopeScalingKind) {  // enum_name, parse_enum (base/enum_names.h): transformers' rope_type
+  return std::to_array<EnumName<RopeScalingKind>>(
+      {{RopeScalingKind::none, "none"}, {RopeScalingKind::linear, "linear"}, {RopeScalingKind::llama3, "llama3"}});
+}
+struct RopeScaling {
+  RopeScalingKind kind = RopeScalingKind::none;
+  double factor = 1.0;
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;  // llama3's
+  int64_t original_context = 0;                          // llama3's original_max_position_embeddings
+  bool operator==(const RopeScaling&) const = default;
+};
+// The R/2 frequencies theta^(-2i/R), i < R/2, rescaled as `scaling` says (transformers' inv_freq), in float64.
+std::vector<double> rotary_frequencies(int64_t R, double theta, const RopeScaling& scaling = {});
+// cos and sin (T, R/2) of positions [offset, offset + T) at rotary_frequencies(R, theta, scaling), computed in
 // float64 and cast to dtype.
-std::pair<Tensor, Tensor> rotary_angles(int64_t offset, int64_t T, int64_t R, double theta, DType dtype, Device device);
+std::pair<Tensor, Tensor> rotary_angles(int64_t offset, int64_t T, int64_t R, double theta, DType dtype, Device device,
+                                        const RopeScaling& scaling = {});
 Tensor embedding(const Tensor& weight, const Tensor& indices);  // weight: (V, C), indices: any int64 shape
 enum class Reduction { mean, sum, none };
 // PyTorch's cross_entropy ignore_index: targets equal to it carry no loss and no score.

@@ -65,7 +65,7 @@ nn::CausalAttentionSizes sizes_of(const Variant& v) {
 // MHA, GQA and MQA x no rotary, interleaved, halves, partial (4 of 6 dims, either layout) x the biases.
 std::vector<Variant> variants() {
   const std::vector<nn::Rotary> rotaries = {
-      {}, {6, 10000.0, true}, {6, 500.0, false}, {4, 10000.0, false}, {2, 1000.0, true}};
+      {}, {6, 10000.0, true, {}}, {6, 500.0, false, {}}, {4, 10000.0, false, {}}, {2, 1000.0, true, {}}};
   std::vector<Variant> out;
   for (int64_t kv : {4, 2, 1})
     for (const nn::Rotary& r : rotaries)
@@ -146,7 +146,8 @@ TEST(WrapperGQA, AgreesWithTheFusedFormForwardAndBackward) {
 // The wrapper's hooked forward (the fused form's on a copy) with per-head inputs of H query and Hkv key/value heads:
 // the fused module's pattern, z and output.
 TEST(WrapperGQA, HookedForwardWithPerHeadInputsMatchesTheFusedForm) {
-  for (const Variant& v : {Variant{2, {6, 10000.0, true}, false, true}, Variant{1, {4, 500.0, false}, true, false}}) {
+  for (const Variant& v :
+       {Variant{2, {6, 10000.0, true, {}}, false, true}, Variant{1, {4, 500.0, false, {}}, true, false}}) {
     SCOPED_TRACE(v.name());
     const auto fused = fused_f64(v, 9);
     const auto wrapper = fused->split_heads();
@@ -164,8 +165,8 @@ TEST(WrapperGQA, HookedForwardWithPerHeadInputsMatchesTheFusedForm) {
 // Under grouped-query attention a selection keeps whole key/value groups (their W_key/W_value go with them) and
 // computes what the module computes with the other heads gated off; part of a group is refused by name.
 TEST(WrapperGQA, PruningKeepsWholeGroupsOnly) {
-  for (const Variant& v : {Variant{2, {6, 10000.0, false}, true, true}, Variant{4, {4, 10000.0, true}, false, false},
-                           Variant{1, {}, true, false}}) {
+  for (const Variant& v : {Variant{2, {6, 10000.0, false, {}}, true, true},
+                           Variant{4, {4, 10000.0, true, {}}, false, false}, Variant{1, {}, true, false}}) {
     SCOPED_TRACE(v.name());
     const auto fused = fused_f64(v, 11);
     const auto wrapper = fused->split_heads();
@@ -200,7 +201,7 @@ TEST(WrapperGQA, PruningKeepsWholeGroupsOnly) {
 // partial rotary embedding.
 TEST(WrapperGQA, GradcheckOfTheWrapperForward) {
   manual_seed(13);
-  nn::CausalAttentionSizes s = sizes_of({1, {2, 100.0, true}, false, true});
+  nn::CausalAttentionSizes s = sizes_of({1, {2, 100.0, true, {}}, false, true});
   s.d_in = 3, s.head_dim = 4, s.num_heads = 2, s.d_out = 3;
   nn::MultiHeadAttentionWrapper w(s);
   w.to(DType::f64);
@@ -215,7 +216,7 @@ TEST(WrapperGQA, GradcheckOfTheWrapperForward) {
 TEST(WrapperGQA, BadSizesAreRefusedByName) {
   nn::CausalAttentionSizes s = sizes_of({3, {}, true, false});
   EXPECT_ERROR(nn::MultiHeadAttentionWrapper{s}, "MultiHeadAttentionWrapper: num_kv_heads 3 must divide num_heads 4");
-  s = sizes_of({2, {5, 10000.0, false}, true, false});
+  s = sizes_of({2, {5, 10000.0, false, {}}, true, false});
   EXPECT_ERROR(nn::MultiHeadAttentionWrapper{s},
                "MultiHeadAttentionWrapper: rotary dims 5 must be even and at most head_dim 6");
   const auto shared = std::make_shared<nn::Linear>(8, 5, false);

@@ -280,7 +280,7 @@ TEST(Gemma3, FreshModelsTrainAndWhatTheyLackIsRefusedByName) {
       io::family_named("olmo2", "test").model.from_options(o, {.task = "copy", .vocab_size = 13, .context_length = 12}),
       "--attention wrapper: the olmo2 family's q/k norms over the whole projections mix the heads");
   // A Gemma 3 folder that sets soft-caps has them; Gemma 2's defaults are its config class's; another activation, a
-  // rope_scaling (the larger Gemma 3's linear factor) and the multimodal folder are refused by name.
+  // rope_scaling headlab does not compute (yarn) and the multimodal folder are refused by name.
   TempDir dir("gemma_bad");
   const std::string base = headlab::testing::slurp(std::string(HEADLAB_SOURCE_DIR) +
                                                    "/tests/fixtures/llama_folders/gemma3_pattern/config.json");
@@ -294,7 +294,7 @@ TEST(Gemma3, FreshModelsTrainAndWhatTheyLackIsRefusedByName) {
   });
   const std::string act = with("act", [](auto& j) { j["hidden_activation"] = "silu"; });
   const std::string scaled = with("scaled", [](auto& j) {
-    j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 8.0}};
+    j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 8.0}};
   });
   const std::string multimodal = with("multimodal", [](auto& j) { j["model_type"] = "gemma3"; });
   EXPECT_EQ(io::family_of_folder(capped).folder->read_config(capped).at("attn_softcap"), 50.0);
@@ -304,6 +304,6 @@ TEST(Gemma3, FreshModelsTrainAndWhatTheyLackIsRefusedByName) {
   EXPECT_EQ(g2.at("logit_softcap"), 30.0);
   EXPECT_EQ(g2.at("window_layers"), nlohmann::json::array({0}));
   EXPECT_ERROR(io::family_of_folder(act).folder->read_config(act), "hidden_activation 'silu' is not supported");
-  EXPECT_ERROR(io::family_of_folder(scaled).folder->read_config(scaled), "rope_scaling");
+  EXPECT_ERROR(io::family_of_folder(scaled).folder->read_config(scaled), "(rope_type default, linear or llama3");
   EXPECT_ERROR(io::family_of_folder(multimodal), "model_type 'gemma3' is not one headlab reads");
 }

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <numbers>
 
 #include "analysis/pruning.h"
 #include "analysis/surgery.h"
@@ -27,6 +28,7 @@
 #include "tasks/llama2c_tokenizer.h"
 #include "tasks/sentencepiece_tokenizer.h"
 #include "tests/core_test_util.h"
+#include "tests/family_checks.h"
 #include "tests/process_util.h"
 #include "tests/shared_models.h"
 
@@ -330,7 +332,77 @@ INSTANTIATE_TEST_SUITE_P(Variants, LlamaFolders,
                          ::testing::Values("gqa_tied", "mqa_untied_f16", "mha_mistral_bf16", "qwen2_bias", "qwen3_tied",
                                            "qwen3_untied_bf16", "mistral_window", "qwen2_window", "qwen3_window",
                                            "phi3_window_gqa", "olmo2_gqa", "olmo2_tied_bf16", "gemma_mqa", "gemma_bf16",
-                                           "gemma3_pattern", "gemma3_types_bf16", "gemma2_caps", "gemma2_types_bf16"));
+                                           "gemma3_pattern", "gemma3_types_bf16", "gemma2_caps", "gemma2_types_bf16",
+                                           "llama3_scaled", "gemma3_linear"));
+
+// rope_scaling's frequencies: llama3 keeps the high frequencies (wavelength under original / high_freq_factor),
+// divides the low ones (over original / low_freq_factor) and blends between; linear divides all; Gemma 3's local
+// layers keep plain rotary.
+TEST(RopeScaling, FrequenciesFollowTransformersRules) {
+  const RopeScaling llama3{.kind = RopeScalingKind::llama3,
+                           .factor = 8,
+                           .low_freq_factor = 1,
+                           .high_freq_factor = 4,
+                           .original_context = 32};
+  const std::vector<double> plain = rotary_frequencies(16, 10000), f = rotary_frequencies(16, 10000, llama3);
+  ASSERT_EQ(f.size(), 8u);
+  EXPECT_EQ(f[0], plain[0]);                                                     // wavelength 6.3 < 32 / 4
+  const double smooth = (32 / (2 * std::numbers::pi / plain[1]) - 1) / (4 - 1);  // wavelength 19.9 between 8 and 32
+  EXPECT_DOUBLE_EQ(f[1], (1 - smooth) * plain[1] / 8 + smooth * plain[1]);
+  for (size_t i = 2; i < f.size(); ++i) EXPECT_DOUBLE_EQ(f[i], plain[i] / 8) << i;
+  const std::vector<double> linear = rotary_frequencies(16, 10000, {.kind = RopeScalingKind::linear, .factor = 4});
+  for (size_t i = 0; i < f.size(); ++i) EXPECT_DOUBLE_EQ(linear[i], plain[i] / 4) << i;
+  EXPECT_ERROR(rotary_frequencies(16, 10000, {.kind = RopeScalingKind::llama3, .factor = 8}),
+               "llama3 rope scaling needs original_max_position_embeddings > 0");
+  io::FolderModel g = io::family_of_folder(llama_fixture("gemma3_linear")).folder->read(llama_fixture("gemma3_linear"));
+  auto gemma = io::build_folder_model(std::move(g), "gemma3_linear");
+  const nn::DecoderConfig& c = dynamic_cast<nn::DecoderModel&>(*gemma).config();
+  EXPECT_EQ(c.attention_sizes(0).rotary.scaling.kind, RopeScalingKind::none);  // local: rope_local_base_freq alone
+  EXPECT_EQ(c.attention_sizes(1).rotary.scaling, (RopeScaling{.kind = RopeScalingKind::linear, .factor = 4}));
+}
+
+// A scaled model decodes with its cache as its full forward does, exports its rope_scaling to config.json and reads
+// back bit for bit; scalings headlab does not compute, and llama3's without its keys, are refused by name.
+TEST(RopeScaling, CachedDecodingExportAndRefusals) {
+  for (const std::string v : {"llama3_scaled", "gemma3_linear"}) {
+    SCOPED_TRACE(v);
+    const std::string folder = llama_fixture(v);
+    auto model = io::build_folder_model(io::family_of_folder(folder).folder->read(folder), folder);
+    auto& m = dynamic_cast<nn::DecoderModel&>(*model);
+    const NoGradGuard no_grad;
+    const Tensor idx = tokens(1, 16, 70, 3);
+    const Tensor full = m.forward(idx);
+    std::vector<nn::KVCache> caches(static_cast<size_t>(m.n_layers()));
+    Tensor last = m.forward_cached(idx.narrow(1, 0, 4), caches);
+    for (int64_t t = 4; t < 16; ++t) {
+      last = m.forward_cached(idx.narrow(1, t, 1), caches);
+      EXPECT_LT(max_diff(last, full.select(1, t)), 2e-5) << "position " << t;
+    }
+    TempDir dir("rope_export");
+    io::family_named(m.config().family->arch(), "test").folder->write(dir.path("out"), m, {});
+    std::ifstream cfg(dir.path("out") + "/config.json"), given_cfg(folder + "/config.json");
+    const nlohmann::json j = nlohmann::json::parse(cfg), given = nlohmann::json::parse(given_cfg);
+    EXPECT_EQ(j.at("rope_scaling"), given.at("rope_scaling"));
+    auto back = io::build_folder_model(io::family_of_folder(dir.path("out")).folder->read(dir.path("out")), "out");
+    EXPECT_EQ(dynamic_cast<nn::DecoderModel&>(*back).config().to_json(), m.config().to_json());
+    EXPECT_EQ(max_diff(dynamic_cast<nn::DecoderModel&>(*back).forward(idx), full), 0.0);
+  }
+  TempDir dir("rope_bad");
+  const std::string base = headlab::testing::slurp(llama_fixture("llama3_scaled") + "/config.json");
+  const auto with = [&](const std::string& name, const std::function<void(nlohmann::json&)>& change) {
+    return headlab::testing::config_variant(dir, base, name, change);
+  };
+  const std::string longrope = with("longrope", [](auto& j) {
+    j["rope_scaling"] = {{"type", "longrope"}, {"short_factor", {1.0}}, {"long_factor", {2.0}}};
+  });
+  const std::string no_low = with("no_low", [](auto& j) { j["rope_scaling"].erase("low_freq_factor"); });
+  const std::string inverted = with("inverted", [](auto& j) { j["rope_scaling"]["high_freq_factor"] = 0.5; });
+  const std::string zero = with("zero", [](auto& j) { j["rope_scaling"]["factor"] = 0; });
+  EXPECT_ERROR(io::read_hf_llama_config(longrope), "longrope / su, yarn and dynamic are not computed");
+  EXPECT_ERROR(io::read_hf_llama_config(no_low), "rope_scaling: 'low_freq_factor' is missing (rope_type llama3");
+  EXPECT_ERROR(io::read_hf_llama_config(inverted), "high_freq_factor 0.5 must exceed low_freq_factor 1");
+  EXPECT_ERROR(io::read_hf_llama_config(zero), "rope_scaling: factor must be positive, got 0");
+}
 
 // export writes the Hugging Face layout: a llama2.c model (interleaved pairs) exported and read back computes
 // the same logits (its q and k rows permuted to halves).

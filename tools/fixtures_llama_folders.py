@@ -16,7 +16,9 @@ q_norm and k_norm over the whole q_proj and k_proj outputs, before the view into
 tied); Gemma3ForCausalLM (Gemma's with four norms a block, input_layernorm -> attention -> post_attention_layernorm
 -> add, pre_feedforward_layernorm -> MLP -> post_feedforward_layernorm -> add; q_norm / k_norm per head with
 (1 + w); scores times query_pre_attn_scalar^-0.5; sliding layers rotated with rope_local_base_freq, the others with
-rope_theta; layer_types, or sliding_window_pattern: layer i slides unless (i + 1) % pattern == 0).
+rope_theta; layer_types, or sliding_window_pattern: layer i slides unless (i + 1) % pattern == 0). rope_scaling as
+transformers' modeling_rope_utils computes inv_freq: linear (every frequency over factor) and llama3 (by wavelength),
+on every layer but Gemma 3's local ones.
 
 Variants (each its own sizes and weights; reference.json holds each one's ids, logits, prompt and greedy ids):
   gqa_tied/          llama, 4 query heads sharing 2 key/value heads, tied head, F32
@@ -38,6 +40,9 @@ Variants (each its own sizes and weights; reference.json holds each one's ids, l
                      head_dim 16, query_pre_attn_scalar 24, rope_theta 1e6 / rope_local_base_freq 10000, F32
   gemma3_types_bf16/ gemma3_text, layer_types [full_attention, sliding_attention] with sliding_window 3, 2
                      key/value heads, BF16 in two shards
+  llama3_scaled/     llama, rope_scaling llama3 (factor 8, low/high_freq_factor 1/4, original context 32): of head_dim
+                     16's frequencies at theta 10000 the first kept, the second blended, the rest divided, BF16
+  gemma3_linear/     gemma3_pattern's shape with rope_scaling linear (factor 4) on its global layer only
   gemma2_caps/       gemma2, soft-caps that bind (scores at 0.5, logits at 2), the even layers windowed (4; no
                      layer_types), head_dim 16, query_pre_attn_scalar 16, F32
   gemma2_types_bf16/ gemma2, layer_types [sliding_attention, full_attention] with sliding_window 6, the default caps
@@ -49,6 +54,7 @@ Usage: python3 tools/fixtures_llama_folders.py [--out tests/fixtures/llama_folde
 """
 import argparse
 import json
+import math
 import os
 
 import torch
@@ -96,6 +102,13 @@ VARIANTS = {
     "gemma2_types_bf16": dict(model_type="gemma2", heads=4, kv=1, hidden=32, inter=40, head_dim=None, theta=10000.0,
                               scalar=8, caps=(50.0, 30.0), tied=True, bias=False, dtype="BF16", shards=1, window=6,
                               windowed=[0], layer_types=True),
+    "llama3_scaled": dict(model_type="llama", heads=4, kv=2, hidden=32, inter=48, head_dim=16, theta=10000.0,
+                          tied=True, bias=False, dtype="BF16", shards=1,
+                          rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                            original_max_position_embeddings=32)),
+    "gemma3_linear": dict(model_type="gemma3_text", heads=4, kv=1, hidden=32, inter=48, head_dim=16, theta=1e6,
+                          local_theta=10000.0, scalar=16, tied=True, bias=False, dtype="F32", shards=1, window=5,
+                          windowed=[0], pattern=2, rope_scaling=dict(rope_type="linear", factor=4.0)),
 }
 GEMMA = ("gemma", "gemma2", "gemma3_text")
 POST_NORMS = ("olmo2", "gemma2", "gemma3_text")
@@ -172,8 +185,18 @@ def llama_logits(v, w, ids):
     def rotate_half(x):
         return torch.cat((-x[..., D // 2:], x[..., : D // 2]), dim=-1)
 
-    def rotation(theta):  # cos, sin (T, D)
+    def rotation(theta, scaling=None):  # cos, sin (T, D)
         inv_freq = 1.0 / (theta ** (torch.arange(0, D, 2, dtype=torch.float64) / D))
+        if scaling and scaling["rope_type"] == "linear":  # _compute_linear_scaling_rope_parameters
+            inv_freq = inv_freq / scaling["factor"]
+        if scaling and scaling["rope_type"] == "llama3":  # _compute_llama3_parameters
+            factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+            old = scaling["original_max_position_embeddings"]
+            wavelen = 2 * math.pi / inv_freq
+            scaled = torch.where(wavelen > old / low, inv_freq / factor, inv_freq)
+            smooth = (old / wavelen - low) / (high - low)
+            medium = ~(wavelen < old / high) & ~(wavelen > old / low)
+            inv_freq = torch.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
         freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)
         return torch.cat((freqs, freqs), -1).cos(), torch.cat((freqs, freqs), -1).sin()
 
@@ -199,7 +222,8 @@ def llama_logits(v, w, ids):
         q, k, vv = proj("q_proj", H), proj("k_proj", Hkv), proj("v_proj", Hkv)
         if kind in ("qwen3", "gemma3_text"):  # q_norm(q_proj(x).view(..., D)), before rotary
             q, k = rms(q, w[p + "self_attn.q_norm.weight"]), rms(k, w[p + "self_attn.k_norm.weight"])
-        cos, sin = rotation(v["local_theta"] if windowed and v.get("local_theta") else v["theta"])
+        own_base = windowed and v.get("local_theta")  # Gemma 3's local layers: their own base, no rope_scaling
+        cos, sin = rotation(v["local_theta"], None) if own_base else rotation(v["theta"], v.get("rope_scaling"))
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         k, vv = k.repeat_interleave(H // Hkv, dim=1), vv.repeat_interleave(H // Hkv, dim=1)
         scaling = v["scalar"] ** -0.5 if v.get("scalar") else D ** -0.5
@@ -236,8 +260,8 @@ def config_json(v):
          "hidden_act": "silu", "tie_word_embeddings": v["tied"], "attention_dropout": 0.0, "torch_dtype": "float32"}
     if v["head_dim"]:
         c["head_dim"] = v["head_dim"]
-    if v["model_type"] == "llama":
-        c.update(attention_bias=False, mlp_bias=False, rope_scaling=None)
+    if v["model_type"] == "llama":  # as Llama-3.2-1B's config.json has rope_scaling, where given
+        c.update(attention_bias=False, mlp_bias=False, rope_scaling=v.get("rope_scaling"))
     if v["model_type"] == "mistral":
         c["sliding_window"] = v.get("window")
     if v["model_type"] == "phi3":  # as Phi-3-mini-4k-instruct's config.json has them
@@ -268,7 +292,8 @@ def config_json(v):
     if v["model_type"] == "gemma3_text":  # as gemma-3-270m's config.json has them
         c.update(hidden_act="gelu_pytorch_tanh", hidden_activation="gelu_pytorch_tanh", bos_token_id=2,
                  query_pre_attn_scalar=v["scalar"], rope_local_base_freq=v["local_theta"], sliding_window=v["window"],
-                 attn_logit_softcapping=None, final_logit_softcapping=None, rope_scaling=None, attention_bias=False)
+                 attn_logit_softcapping=None, final_logit_softcapping=None, rope_scaling=v.get("rope_scaling"),
+                 attention_bias=False)
         del c["hidden_act"]
         if v.get("pattern"):
             c["sliding_window_pattern"] = v["pattern"]

@@ -5,6 +5,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -12,6 +13,7 @@
 #include "io/gguf.h"
 #include "io/gguf_quants.h"
 #include "nn/decoder_family.h"
+#include "ops/ops.h"
 #include "tasks/bpe_tokenizer.h"
 #include "tasks/llama2c_tokenizer.h"
 
@@ -24,16 +26,17 @@ using T = GgufValueType;
 
 std::string in_quotes(const std::string& s) { return "'" + s + "'"; }
 
-
-// The metadata a config reads, with errors naming the file and the key.
+// The metadata a config reads, with errors naming the file and the key; every key asked for is remembered, so that
+// refuse_unknown_keys can refuse the rest.
 class Meta {
  public:
   Meta(const GgufFile& f, std::string arch) : f_(f), arch_(std::move(arch)) {}
   const std::string& arch() const { return arch_; }
   bool has(const std::string& key) const { return f_.find(key) != nullptr; }
+  bool asked(const std::string& key) const { return asked_.count(key) > 0; }
   // An integer key (any integer type) in [lo, hi]; `fallback` where absent, or required where it is -1.
   int64_t integer(const std::string& key, int64_t lo, int64_t hi, int64_t fallback = -1) const {
-    const GgufValue* v = f_.find(key);
+    const GgufValue* v = find(key);
     HL_CHECK(v || fallback >= 0, f_.path(), ": metadata ", in_quotes(key), " is missing (a ", arch_,
              " model needs it)");
     if (!v) return fallback;
@@ -48,7 +51,7 @@ class Meta {
   }
   // A number; a FLOAT32 as the shortest decimal that gives the same float (9.999999747e-06 -> 1e-05).
   double real(const std::string& key, double fallback) const {
-    const GgufValue* v = f_.find(key);
+    const GgufValue* v = find(key);
     if (!v) return fallback;
     HL_CHECK(v->value.is_number(), f_.path(), ": metadata ", in_quotes(key), " is a ", type_of(*v),
              " (expected a number)");
@@ -59,14 +62,14 @@ class Meta {
     return std::strtod(std::string(text, end).c_str(), nullptr);
   }
   bool flag(const std::string& key, bool fallback) const {
-    const GgufValue* v = f_.find(key);
+    const GgufValue* v = find(key);
     if (!v) return fallback;
     HL_CHECK(v->value.is_boolean(), f_.path(), ": metadata ", in_quotes(key), " is a ", type_of(*v),
              " (expected a BOOL)");
     return v->value.get<bool>();
   }
   std::string text(const std::string& key, const std::string& fallback) const {
-    const GgufValue* v = f_.find(key);
+    const GgufValue* v = find(key);
     if (!v) return fallback;
     HL_CHECK(v->value.is_string(), f_.path(), ": metadata ", in_quotes(key), " is a ", type_of(*v),
              " (expected a STRING)");
@@ -74,7 +77,7 @@ class Meta {
   }
   // An ARRAY of `element` values, or null where absent.
   const json* array(const std::string& key, T element) const {
-    const GgufValue* v = f_.find(key);
+    const GgufValue* v = find(key);
     if (!v) return nullptr;
     HL_CHECK(v->type == static_cast<uint32_t>(T::array) && v->element_type == static_cast<uint32_t>(element),
              f_.path(), ": metadata ", in_quotes(key), " is a ", type_of(*v), " (expected an ARRAY of ",
@@ -88,30 +91,30 @@ class Meta {
     return v.type == static_cast<uint32_t>(T::array) ? "ARRAY of " + gguf_type_name(v.element_type)
                                                      : gguf_type_name(v.type);
   }
+  const GgufValue* find(const std::string& key) const {
+    asked_.insert(key);
+    return f_.find(key);
+  }
   const GgufFile& f_;
   std::string arch_;
+  mutable std::set<std::string> asked_;
 };
 
-// The keys under "<arch>." that the configs read (or that change nothing: tensor_data_layout); any other is refused
-// by name (rope scaling, sliding windows, experts, soft-caps: parts headlab's decoder does not have), except a
-// rope.scaling.type of "none" and expert counts of 0, which say there is none.
+// The keys under "<arch>." that the config did not read are refused by name (rope scalings other than linear,
+// experts, parts headlab's decoder does not have), except those that change nothing: tensor_data_layout, a
+// rope.scaling.type of "none", expert counts of 0, and Phi-3's original context length without its longrope factors.
 void refuse_unknown_keys(const GgufFile& f, const Meta& m) {
-  static const std::set<std::string> kRead = {
-      "context_length",       "embedding_length",     "block_count",          "feed_forward_length",
-      "attention.head_count", "attention.head_count_kv", "vocab_size",        "rope.freq_base",
-      "rope.dimension_count", "attention.key_length", "attention.value_length", "attention.layer_norm_rms_epsilon",
-      "attention.layer_norm_epsilon", "use_parallel_residual", "tensor_data_layout"};
   const std::string prefix = m.arch() + ".";
   for (const auto& [key, v] : f.metadata()) {
-    if (!key.starts_with(prefix)) continue;
+    if (!key.starts_with(prefix) || m.asked(key)) continue;
     const std::string name = key.substr(prefix.size());
-    const bool harmless = kRead.count(name) || (name == "rope.scaling.type" && v.value == "none") ||
-                          ((name == "expert_count" || name == "expert_used_count") && v.value == 0);
+    const bool harmless = name == "tensor_data_layout" || (name == "rope.scaling.type" && v.value == "none") ||
+                          ((name == "expert_count" || name == "expert_used_count") && v.value == 0) ||
+                          (m.arch() == "phi3" && name == "rope.scaling.original_context_length");
     HL_CHECK(harmless, f.path(), ": metadata ", in_quotes(key), " = ",
              v.type == static_cast<uint32_t>(T::array) ? std::string("[...]")
                                                        : v.value.dump(-1, ' ', false, json::error_handler_t::replace),
-             " is not supported (headlab's ", m.arch(), " model has no such part: plain rotary, full attention, "
-             "no experts)");
+             " is not supported (headlab's ", m.arch(), " model has no such part)");
   }
 }
 
@@ -154,8 +157,36 @@ void read_head_dim(const GgufFile& f, const Meta& m, nn::DecoderConfig& c) {
   c.head_dim = key == natural ? 0 : key;
 }
 
+// The llama-layout architectures and the family each is read as.
+const nn::DecoderFamily* llama_layout_family(const std::string& arch) {
+  static const std::map<std::string, const nn::DecoderFamily& (*)()> families = {
+      {"llama", nn::llama_family},   {"qwen2", nn::llama_family},  {"phi3", nn::llama_family},
+      {"qwen3", nn::qwen3_family},   {"olmo2", nn::olmo2_family},  {"gemma", nn::gemma_family},
+      {"gemma2", nn::gemma2_family}, {"gemma3", nn::gemma3_family}};
+  const auto it = families.find(arch);
+  return it == families.end() ? nullptr : &it->second();
+}
+
+// The sliding windows of Gemma 2 (every layer il with il % 2 == 0) and Gemma 3 (il % 6 < 5), as llama.cpp's loader
+// fixes them (a newer file may say attention.sliding_window_pattern), and Phi-3's on every layer (llama.cpp disables
+// it; transformers, and so headlab's reading of the same model's folder, keep it). A window no shorter than the context
+// changes nothing and is dropped.
+void read_windows(const Meta& m, nn::DecoderConfig& c) {
+  const std::string& arch = m.arch();
+  if (arch != "gemma2" && arch != "gemma3" && arch != "phi3") return;
+  const int64_t window = m.integer(m.key("attention.sliding_window"), 0, int64_t{1} << 40, arch == "gemma2" ? 4096 : 0);
+  if (window == 0 || window >= c.context_length) return;
+  c.sliding_window = window;
+  if (arch == "phi3") return;
+  const int64_t pattern = m.integer(m.key("attention.sliding_window_pattern"), 1, 10000, arch == "gemma2" ? 2 : 6);
+  for (int64_t l = 0; l < c.n_layers; ++l)
+    if (l % pattern < pattern - 1) c.window_layers.push_back(l);
+  if (c.window_layers.empty()) c.sliding_window = 0;  // a pattern of 1: every layer global
+}
+
 nn::DecoderConfig llama_config(const GgufFile& f, const Meta& m) {
-  nn::DecoderConfig c = (m.arch() == "qwen3" ? nn::qwen3_family() : nn::llama_family()).config();
+  const std::string& arch = m.arch();
+  nn::DecoderConfig c = llama_layout_family(arch)->config();
   read_sizes(f, m, c);
   c.n_kv_heads = m.integer(m.key("attention.head_count_kv"), 1, 100000, c.n_heads);
   HL_CHECK(c.n_heads % c.n_kv_heads == 0, f.path(), ": ", m.key("attention.head_count_kv"), " ", c.n_kv_heads,
@@ -166,10 +197,32 @@ nn::DecoderConfig llama_config(const GgufFile& f, const Meta& m) {
            c.head_size(), ": the llama family rotates every dim of each head");
   c.norm_eps = m.real(m.key("attention.layer_norm_rms_epsilon"), 1e-5);
   c.rope_theta = m.real(m.key("rope.freq_base"), 10000.0);
+  const std::string scaling = m.text(m.key("rope.scaling.type"), "none");
+  HL_CHECK(scaling == "none" || scaling == "linear", f.path(), ": metadata ", in_quotes(m.key("rope.scaling.type")),
+           " = \"", scaling, "\" is not supported (none or linear; Llama 3's factors come as rope_freqs.weight)");
+  if (scaling == "linear") {
+    c.rope_scaling = RopeScalingKind::linear;
+    c.rope_factor = m.real(m.key("rope.scaling.factor"), 0.0);
+    HL_CHECK(c.rope_factor > 0 && std::isfinite(c.rope_factor), f.path(), ": metadata ",
+             in_quotes(m.key("rope.scaling.factor")), " must be positive with rope.scaling.type linear, got ",
+             c.rope_factor);
+  }
   // llama.cpp rotates a llama's adjacent pairs (its converter permutes Hugging Face's halves back to Meta's
-  // layout); qwen2's and qwen3's halves (NEOX mode), unpermuted.
-  c.rope_interleaved = m.arch() == "llama";
-  c.qkv_bias = m.arch() == "qwen2";
+  // layout); every other architecture's halves (NEOX mode), unpermuted.
+  c.rope_interleaved = arch == "llama";
+  c.qkv_bias = arch == "qwen2";
+  if (arch == "gemma2" || arch == "gemma3") {
+    // llama.cpp's loader: 1 / sqrt(width / heads) for the 27B models (46 and 62 layers: query_pre_attn_scalar 144,
+    // 168), 1 / sqrt(head size) for the others, as their config.json's query_pre_attn_scalar says
+    const bool large = c.n_layers == (arch == "gemma2" ? 46 : 62) && c.emb_dim % c.n_heads == 0;
+    c.attn_scale = 1.0 / std::sqrt(static_cast<double>(large ? c.emb_dim / c.n_heads : c.head_size()));
+    c.attn_softcap = arch == "gemma2" ? m.real(m.key("attn_logit_softcapping"), 50.0) : 0.0;
+    c.logit_softcap = m.real(m.key("final_logit_softcapping"), arch == "gemma2" ? 30.0 : 0.0);
+    HL_CHECK(c.attn_softcap >= 0 && c.logit_softcap >= 0, f.path(), ": ", arch, "'s soft-caps must be >= 0, got ",
+             c.attn_softcap, " and ", c.logit_softcap);
+  }
+  if (arch == "gemma3") c.rope_local_theta = m.real(m.key("rope.freq_base_swa"), 10000.0);  // llama.cpp's fixed base
+  read_windows(m, c);
   return c;
 }
 
@@ -216,10 +269,10 @@ struct Entry {
 
 // The table of a config's parameters: llama.cpp's names for every family (llama.cpp's converter maps GPT-2's and
 // GPT-NeoX's names onto the llama's: attn_norm, ffn_up, output_norm, ...).
-std::vector<Entry> weight_table(const nn::DecoderConfig& c) {
+std::vector<Entry> weight_table(const nn::DecoderConfig& c, const std::string& arch) {
   const int64_t C = c.emb_dim, F = c.mlp_width(), V = c.vocab_size, Dq = c.n_heads * c.head_size(),
                 Dkv = c.kv_heads() * c.head_size();
-  const bool llama = c.family == &nn::llama_family() || c.family == &nn::qwen3_family();
+  const bool separate_qkv = llama_layout_family(arch) != nullptr && arch != "phi3";  // else attn_qkv, q | k | v
   const bool book_norm = c.book_norm_names && c.norm == nn::NormKind::layer_norm;  // RMSNorm's is .weight
   std::vector<Entry> t;
   const auto add = [&](std::string gguf, std::vector<std::string> ours, Shape shape, std::vector<int64_t> rows = {}) {
@@ -237,16 +290,17 @@ std::vector<Entry> weight_table(const nn::DecoderConfig& c) {
   if (c.learned_positions) add("position_embd.weight", {"pos_emb.weight"}, {c.context_length, C});
   for (int64_t l = 0; l < c.n_layers; ++l) {
     const std::string g = "blk." + std::to_string(l) + ".", o = "trf_blocks." + std::to_string(l) + ".";
-    norm(g + "attn_norm", o + "norm1");
-    if (llama) {
+    if (c.pre_norms) norm(g + "attn_norm", o + "norm1");
+    if (separate_qkv) {
       linear(g + "attn_q", o + "att.W_query", {Dq, C}, c.qkv_bias);
       linear(g + "attn_k", o + "att.W_key", {Dkv, C}, c.qkv_bias);
       linear(g + "attn_v", o + "att.W_value", {Dkv, C}, c.qkv_bias);
-      if (c.qk_norm == nn::QkNorm::per_head) {  // Qwen3's
-        add(g + "attn_q_norm.weight", {o + "att.q_norm.weight"}, {c.head_size()});
-        add(g + "attn_k_norm.weight", {o + "att.k_norm.weight"}, {c.head_size()});
+      if (c.qk_norm != nn::QkNorm::none) {  // per head (Qwen3, Gemma 3), or over the whole projections (OLMo-2)
+        const bool whole = c.qk_norm == nn::QkNorm::whole;
+        add(g + "attn_q_norm.weight", {o + "att.q_norm.weight"}, {whole ? Dq : c.head_size()});
+        add(g + "attn_k_norm.weight", {o + "att.k_norm.weight"}, {whole ? Dkv : c.head_size()});
       }
-    } else {  // gpt2's and gptneox's fused attn_qkv: q | k | v blocks (llama.cpp's converter regroups NeoX's heads)
+    } else {  // phi3's, gpt2's and gptneox's fused attn_qkv: q | k | v (llama.cpp's converter regroups NeoX's heads)
       const auto qkv = [&](const char* kind) {
         return std::vector<std::string>{o + "att.W_query." + kind, o + "att.W_key." + kind, o + "att.W_value." + kind};
       };
@@ -254,8 +308,12 @@ std::vector<Entry> weight_table(const nn::DecoderConfig& c) {
       if (c.qkv_bias) add(g + "attn_qkv.bias", qkv("bias"), {Dq + 2 * Dkv}, {Dq, Dkv, Dkv});
     }
     linear(g + "attn_output", o + "att.out_proj", {C, Dq}, c.has_out_bias());
-    norm(g + "ffn_norm", o + "norm2");
-    if (c.mlp == nn::MlpKind::swiglu) {  // gate, up, down
+    if (c.post_norms) norm(g + "post_attention_norm", o + "norm1_post");
+    if (c.pre_norms) norm(g + "ffn_norm", o + "norm2");  // Gemma 2's and 3's pre_feedforward_layernorm too
+    if (c.gated_mlp() && arch == "phi3") {               // gate | up in one ffn_up, as gate_up_proj
+      add(g + "ffn_up.weight", {o + "ff.fc1.weight", o + "ff.fc2.weight"}, {2 * F, C}, {F, F});
+      linear(g + "ffn_down", o + "ff.fc3", {C, F}, false);
+    } else if (c.gated_mlp()) {  // gate, up, down
       linear(g + "ffn_gate", o + "ff.fc1", {F, C}, false);
       linear(g + "ffn_up", o + "ff.fc2", {F, C}, false);
       linear(g + "ffn_down", o + "ff.fc3", {C, F}, false);
@@ -263,6 +321,7 @@ std::vector<Entry> weight_table(const nn::DecoderConfig& c) {
       linear(g + "ffn_up", o + "ff.layers.0", {F, C}, true);
       linear(g + "ffn_down", o + "ff.layers.2", {C, F}, true);
     }
+    if (c.post_norms) norm(g + "post_ffw_norm", o + "norm2_post");
   }
   norm("output_norm", "final_norm");
   return t;
@@ -298,7 +357,7 @@ Model model_of(const GgufFile& f) {
   const Meta m(f, a->value.get<std::string>());
   Model out;
   out.arch = m.arch();
-  if (out.arch == "llama" || out.arch == "qwen2" || out.arch == "qwen3")
+  if (llama_layout_family(out.arch))
     out.config = llama_config(f, m);
   else if (out.arch == "gpt2")
     out.config = gpt2_config(f, m);
@@ -306,7 +365,8 @@ Model model_of(const GgufFile& f) {
     out.config = neox_config(f, m);
   else
     HL_FAIL(f.path(), ": general.architecture '", out.arch,
-            "' is not one headlab reads (llama, qwen2: the llama family; qwen3; gpt2: gpt; gptneox: neox)");
+            "' is not one headlab reads (llama, qwen2, phi3: the llama family; qwen3; olmo2; gemma, gemma2, gemma3; "
+            "gpt2: gpt; gptneox: neox)");
   refuse_unknown_keys(f, m);
   const GgufTensorInfo* head = f.tensor("output.weight");
   const GgufTensorInfo* emb = f.tensor("token_embd.weight");
@@ -318,7 +378,7 @@ Model model_of(const GgufFile& f) {
 
 NamedTensors read_parameters(const GgufFile& f, const Model& m) {
   const nn::DecoderConfig& c = m.config;
-  std::vector<Entry> table = weight_table(c);
+  std::vector<Entry> table = weight_table(c, m.arch);
   if (!c.tie_embeddings) table.push_back({"output.weight", {"out_head.weight"}, {c.vocab_size, c.emb_dim}, {}});
   std::set<std::string> named;
   NamedTensors out;
@@ -331,6 +391,8 @@ NamedTensors read_parameters(const GgufFile& f, const Model& m) {
              shape_str(t->shape()), "), expected ", shape_str(e.shape));
     Tensor v = f.to_blocks(e.gguf);  // Q8_0 and Q4_K matrices stay in their blocks, as the file holds them
     if (!v.defined()) v = f.to_float(e.gguf);
+    // llama.cpp's converter adds Gemma's 1 to every norm's weight; headlab's norms add it themselves
+    if (c.norm_weight_offset != 0 && e.gguf.ends_with("norm.weight")) v = add(v, -c.norm_weight_offset);
     if (e.rows.empty()) {
       out.emplace_back(e.ours[0], std::move(v));
       continue;
@@ -341,8 +403,12 @@ NamedTensors read_parameters(const GgufFile& f, const Model& m) {
   }
   if (c.tie_embeddings) named.insert("output.weight");
   for (const GgufTensorInfo& t : f.tensors()) {
-    HL_CHECK(t.name != "rope_freqs.weight", f.path(), ": tensor 'rope_freqs.weight' (per-dim rotary frequency "
-             "factors: Llama 3.1's rope scaling) is not supported (plain rotary only)");
+    HL_CHECK(t.name != "rope_freqs.weight", f.path(),
+             ": tensor 'rope_freqs.weight' (per-dim rotary frequency "
+             "factors: Llama 3.1's rope scaling) is not supported (plain rotary or linear scaling; a Hugging Face "
+             "folder's llama3 rope_scaling is)");
+    HL_CHECK(!t.name.starts_with("rope_factors_"), f.path(), ": tensor ", in_quotes(t.name),
+             " (Phi-3's longrope factors) is not supported (plain rotary or linear scaling)");
     HL_CHECK(named.count(t.name), f.path(), ": tensor ", in_quotes(t.name), " is not one ", what, " has");
   }
   return out;

@@ -153,6 +153,11 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, GgufModels,
                          ::testing::Values(ModelCase{"llama.gguf", "llama_folders", "gqa_tied", ""},
                                            ModelCase{"qwen2.gguf", "llama_folders", "qwen2_bias", ""},
                                            ModelCase{"qwen3.gguf", "llama_folders", "qwen3_untied_bf16", ""},
+                                           ModelCase{"olmo2.gguf", "llama_folders", "olmo2_gqa", ""},
+                                           ModelCase{"phi3.gguf", "llama_folders", "phi3_window_gqa", ""},
+                                           ModelCase{"gemma.gguf", "llama_folders", "gemma_mqa", ""},
+                                           ModelCase{"gemma2.gguf", "llama_folders", "gemma2_caps", ""},
+                                           ModelCase{"gemma3.gguf", "llama_folders", "gemma3_linear", ""},
                                            ModelCase{"gpt2.gguf", "gpt2_folders", "lm_head_model", "_tied"},
                                            ModelCase{"gptneox.gguf", "neox_folders", "parallel_quarter", ""},
                                            ModelCase{"gptneox_sequential.gguf", "neox_folders", "sequential_full", ""}),
@@ -396,10 +401,19 @@ TEST(GgufHostile, MetadataTheConfigCannotHonourIsRefusedByName) {
   Bytes none = eps;
   none.str("llama.rope.scaling.type").u32(8).str("none");
   EXPECT_NE(read("none.gguf", none, 2).find("no tensor 'token_embd.weight'"), std::string::npos);
-  Bytes linear = eps;
+  Bytes linear = eps;  // linear scaling without its factor
   linear.str("llama.rope.scaling.type").u32(8).str("linear");
-  EXPECT_NE(read("linear.gguf", linear, 2).find("metadata 'llama.rope.scaling.type' = \"linear\" is not supported"),
+  EXPECT_NE(read("linear.gguf", linear, 2)
+                .find("metadata 'llama.rope.scaling.factor' must be positive with "
+                      "rope.scaling.type linear, got 0"),
             std::string::npos);
+  Bytes yarn = eps;
+  yarn.str("llama.rope.scaling.type").u32(8).str("yarn");
+  EXPECT_NE(read("yarn.gguf", yarn, 2).find("metadata 'llama.rope.scaling.type' = \"yarn\" is not supported"),
+            std::string::npos);
+  Bytes softcap = eps;  // a key another architecture reads (Gemma 2's) is refused on a llama
+  softcap.str("llama.final_logit_softcapping").u32(6).raw(&e, 4);
+  EXPECT_NE(read("softcap.gguf", softcap, 2).find("metadata 'llama.final_logit_softcapping' = "), std::string::npos);
   Bytes window = eps;
   window.str("llama.attention.sliding_window").u32(4).u32(4096);
   EXPECT_NE(read("window.gguf", window, 2).find("metadata 'llama.attention.sliding_window' = 4096 is not supported"),
@@ -419,7 +433,7 @@ TEST(GgufHostile, MetadataTheConfigCannotHonourIsRefusedByName) {
   Bytes mamba = header(0, 1);
   mamba.str("general.architecture").u32(8).str("mamba");
   EXPECT_ERROR(io::read_gguf(write_bytes(dir, "mamba.gguf", mamba.b)),
-               "general.architecture 'mamba' is not one headlab reads (llama, qwen2: the llama family; qwen3");
+               "general.architecture 'mamba' is not one headlab reads (llama, qwen2, phi3: the llama family; qwen3");
 }
 
 // ---- stories260K: the real model, as llama.cpp's converter wrote it ----

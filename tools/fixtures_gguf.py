@@ -4,9 +4,10 @@
 - types.gguf: one tensor of every type headlab reads (F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K), each beside
   "expected.<name>", its float32 values dequantized here in numpy straight from ggml's block layouts
   (ggml-common.h), one rounding per product or difference as ggml-quants.c writes them;
-- llama.gguf, qwen2.gguf, qwen3.gguf, gpt2.gguf, gptneox.gguf, gptneox_sequential.gguf: the Hugging Face folder
-  fixtures of tests/fixtures/*_folders (tools/fixtures_*_folders.py) as llama.cpp's convert_hf_to_gguf.py lays them out:
-  its tensor names, a llama's q/k rows permuted to interleaved pairs, GPT-2's Conv1D weights transposed and its
+- llama.gguf, qwen2.gguf, qwen3.gguf, olmo2.gguf, phi3.gguf, gemma.gguf, gemma2.gguf, gemma3.gguf, gpt2.gguf,
+  gptneox.gguf, gptneox_sequential.gguf: the Hugging Face folder fixtures of tests/fixtures/*_folders
+  (tools/fixtures_*_folders.py) as llama.cpp's convert_hf_to_gguf.py lays them out: its tensor names and metadata
+  keys, a llama's q/k rows permuted to interleaved pairs, Gemma's norms with its 1 added, GPT-2's Conv1D weights transposed and its
   head written as a copy of the embedding, GPT-NeoX's per-head query_key_value regrouped into q | k | v blocks;
 - llama_q8_0.gguf: llama.gguf with every matrix whose rows hold whole blocks of 32 (all but ffn_down, 56 wide)
   quantized to Q8_0 here as ggml's quantize_row_q8_0_ref does (d = max |x| / 127 stored as float16, q = x / d
@@ -234,20 +235,47 @@ def quantized_q8_0(tensors):
     return out
 
 
+GEMMA = ("gemma", "gemma2", "gemma3")
+
+
 def write_llama(out, family_folder, arch, quantize=False):
+    """A llama-layout folder as convert_hf_to_gguf.py writes it for arch: a llama's q/k rows permuted to pairs;
+    Gemma's norms with its 1 added (every *norm.weight); Gemma 2's and 3's four norms a block (post_attention_norm,
+    ffn_norm for pre_feedforward_layernorm, post_ffw_norm) and OLMo-2's two (no attn_norm, ffn_norm); Phi-3's qkv_proj
+    and gate_up_proj as they are (attn_qkv, ffn_up); no rope.freq_base for Gemma 1 and 2 (the loader's 10000)."""
     cfg, w = folder("llama_folders", family_folder)
     H, KV, C = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["hidden_size"]
     D = cfg.get("head_dim") or C // H
     kv = base_kv(arch, cfg["max_position_embeddings"], C, cfg["num_hidden_layers"], cfg["intermediate_size"], H)
     kv += [(arch + ".attention.head_count_kv", UINT32, KV),
-           (arch + ".attention.layer_norm_rms_epsilon", FLOAT32, cfg["rms_norm_eps"]),
-           (arch + ".rope.freq_base", FLOAT32, cfg["rope_theta"]), (arch + ".rope.dimension_count", UINT32, D),
-           (arch + ".vocab_size", UINT32, cfg["vocab_size"])]
+           (arch + ".attention.layer_norm_rms_epsilon", FLOAT32, cfg["rms_norm_eps"])]
+    if arch not in ("gemma", "gemma2"):
+        kv.append((arch + ".rope.freq_base", FLOAT32, cfg["rope_theta"]))
+    kv += [(arch + ".rope.dimension_count", UINT32, D), (arch + ".vocab_size", UINT32, cfg["vocab_size"])]
     if D != C // H:
         kv += [(arch + ".attention.key_length", UINT32, D), (arch + ".attention.value_length", UINT32, D)]
+    if arch == "gemma2":
+        kv += [("gemma2.attn_logit_softcapping", FLOAT32, cfg["attn_logit_softcapping"]),
+               ("gemma2.final_logit_softcapping", FLOAT32, cfg["final_logit_softcapping"])]
+    if arch in ("gemma2", "gemma3", "phi3"):
+        kv.append((arch + ".attention.sliding_window", UINT32, cfg["sliding_window"]))
+    if arch == "gemma3":  # the folder's pattern (a newer llama.cpp's key; its loader's default is 6)
+        kv.append(("gemma3.attention.sliding_window_pattern", UINT32, cfg["sliding_window_pattern"]))
+        if cfg.get("rope_scaling"):
+            kv += [("gemma3.rope.scaling.type", STRING, cfg["rope_scaling"]["rope_type"]),
+                   ("gemma3.rope.scaling.factor", FLOAT32, cfg["rope_scaling"]["factor"])]
+    if arch == "phi3":
+        kv.append(("phi3.rope.scaling.original_context_length", UINT32, cfg["original_max_position_embeddings"]))
+    gemma, post = arch in GEMMA, arch in ("gemma2", "gemma3", "olmo2")
+
+    def norm(name, a):
+        return f32_tensor(name, a + 1 if gemma else a)
+
     t = [f32_tensor("token_embd.weight", w["model.embed_tokens.weight"])]
     for l in range(cfg["num_hidden_layers"]):
         hf, g = f"model.layers.{l}.", f"blk.{l}."
+        if arch == "phi3":
+            t.append(f32_tensor(g + "attn_qkv.weight", w[hf + "self_attn.qkv_proj.weight"]))
         for proj, ours, heads in [("q_proj", "attn_q", H), ("k_proj", "attn_k", KV), ("v_proj", "attn_v", 0)]:
             for kind in ("weight", "bias"):
                 a = w.get(hf + "self_attn." + proj + "." + kind)
@@ -256,16 +284,26 @@ def write_llama(out, family_folder, arch, quantize=False):
                 if arch == "llama" and heads:  # llama.cpp rotates a llama's adjacent pairs
                     a = permute_rows(a, heads)
                 t.append(f32_tensor(g + ours + "." + kind, a))
-        for norm, ours in [("q_norm", "attn_q_norm"), ("k_norm", "attn_k_norm")]:  # Qwen3's, one per head size
-            if hf + "self_attn." + norm + ".weight" in w:
-                t.append(f32_tensor(g + ours + ".weight", w[hf + "self_attn." + norm + ".weight"]))
+        for n, ours in [("q_norm", "attn_q_norm"), ("k_norm", "attn_k_norm")]:  # Qwen3's, Gemma 3's, OLMo-2's
+            if hf + "self_attn." + n + ".weight" in w:
+                t.append(norm(g + ours + ".weight", w[hf + "self_attn." + n + ".weight"]))
         t.append(f32_tensor(g + "attn_output.weight", w[hf + "self_attn.o_proj.weight"]))
-        t.append(f32_tensor(g + "ffn_gate.weight", w[hf + "mlp.gate_proj.weight"]))
-        t.append(f32_tensor(g + "ffn_up.weight", w[hf + "mlp.up_proj.weight"]))
+        if arch == "phi3":
+            t.append(f32_tensor(g + "ffn_up.weight", w[hf + "mlp.gate_up_proj.weight"]))
+        else:
+            t.append(f32_tensor(g + "ffn_gate.weight", w[hf + "mlp.gate_proj.weight"]))
+            t.append(f32_tensor(g + "ffn_up.weight", w[hf + "mlp.up_proj.weight"]))
         t.append(f32_tensor(g + "ffn_down.weight", w[hf + "mlp.down_proj.weight"]))
-        t.append(f32_tensor(g + "attn_norm.weight", w[hf + "input_layernorm.weight"]))
-        t.append(f32_tensor(g + "ffn_norm.weight", w[hf + "post_attention_layernorm.weight"]))
-    t.append(f32_tensor("output_norm.weight", w["model.norm.weight"]))
+        if arch != "olmo2":
+            t.append(norm(g + "attn_norm.weight", w[hf + "input_layernorm.weight"]))
+        if post:
+            t.append(norm(g + "post_attention_norm.weight", w[hf + "post_attention_layernorm.weight"]))
+            t.append(norm(g + "post_ffw_norm.weight", w[hf + "post_feedforward_layernorm.weight"]))
+            if arch != "olmo2":
+                t.append(norm(g + "ffn_norm.weight", w[hf + "pre_feedforward_layernorm.weight"]))
+        else:
+            t.append(norm(g + "ffn_norm.weight", w[hf + "post_attention_layernorm.weight"]))
+    t.append(norm("output_norm.weight", w["model.norm.weight"]))
     if not cfg.get("tie_word_embeddings", False):
         t.append(f32_tensor("output.weight", w["lm_head.weight"]))
     write_gguf(out, kv, quantized_q8_0(t) if quantize else t)
@@ -393,6 +431,11 @@ def main():
     write_llama("llama_q8_0.gguf", "gqa_tied", "llama", quantize=True)
     write_llama("qwen2.gguf", "qwen2_bias", "qwen2")
     write_llama("qwen3.gguf", "qwen3_untied_bf16", "qwen3")
+    write_llama("olmo2.gguf", "olmo2_gqa", "olmo2")
+    write_llama("phi3.gguf", "phi3_window_gqa", "phi3")
+    write_llama("gemma.gguf", "gemma_mqa", "gemma")
+    write_llama("gemma2.gguf", "gemma2_caps", "gemma2")
+    write_llama("gemma3.gguf", "gemma3_linear", "gemma3")
     write_gpt2("gpt2.gguf", "lm_head_model")
     write_neox("gptneox.gguf", "parallel_quarter")
     write_neox("gptneox_sequential.gguf", "sequential_full")

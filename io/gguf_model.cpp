@@ -218,10 +218,15 @@ nn::DecoderConfig llama_config(const GgufFile& f, const Meta& m) {
     c.attn_scale = 1.0 / std::sqrt(static_cast<double>(large ? c.emb_dim / c.n_heads : c.head_size()));
     c.attn_softcap = arch == "gemma2" ? m.real(m.key("attn_logit_softcapping"), 50.0) : 0.0;
     c.logit_softcap = m.real(m.key("final_logit_softcapping"), arch == "gemma2" ? 30.0 : 0.0);
-    HL_CHECK(c.attn_softcap >= 0 && c.logit_softcap >= 0, f.path(), ": ", arch, "'s soft-caps must be >= 0, got ",
-             c.attn_softcap, " and ", c.logit_softcap);
+    const auto finite = [](double v) { return v >= 0 && std::isfinite(v); };
+    HL_CHECK(finite(c.attn_softcap) && finite(c.logit_softcap), f.path(), ": ", arch,
+             "'s soft-caps must be finite and >= 0, got ", c.attn_softcap, " and ", c.logit_softcap);
   }
-  if (arch == "gemma3") c.rope_local_theta = m.real(m.key("rope.freq_base_swa"), 10000.0);  // llama.cpp's fixed base
+  if (arch == "gemma3") {
+    c.rope_local_theta = m.real(m.key("rope.freq_base_swa"), 10000.0);  // llama.cpp's fixed base where absent
+    HL_CHECK(c.rope_local_theta > 1 && std::isfinite(c.rope_local_theta), f.path(), ": metadata ",
+             in_quotes(m.key("rope.freq_base_swa")), " must be finite and above 1, got ", c.rope_local_theta);
+  }
   read_windows(m, c);
   return c;
 }

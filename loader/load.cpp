@@ -50,10 +50,10 @@ Loaded load(const char* cmd, const std::string& path, const std::string& device,
   // A pretrained model: --tokenizer FILE, else the files found with it (a folder's: tasks/tokenizer_discovery.h).
   const tasks::FolderTokenizer& found = contents.tokenizer;
   const bool has_own = found.kind != tasks::FolderTokenizer::Kind::none || contents.embedded_tokenizer;
-  HL_CHECK(!tokenizer.empty() || has_own, cmd, ": the folder '", path,
-           "' has no tokenizer headlab reads (vocab.json and merges.txt, tokenizer.model, a byte-level BPE "
-           "tokenizer.json or llama2.c's tokenizer.bin); give one with --tokenizer FILE (a SentencePiece model, "
-           "llama2.c's tokenizer.bin or a tokenizer.json)");
+  HL_CHECK(!tokenizer.empty() || has_own, cmd, ": the ", source.name(), " '", path,
+           "' has no tokenizer headlab reads (vocab.json and merges.txt, tokenizer.model, a byte-level BPE or "
+           "WordPiece tokenizer.json, BERT's vocab.txt, llama2.c's tokenizer.bin, or a GGUF file's own); give one "
+           "with --tokenizer FILE (a SentencePiece model, llama2.c's tokenizer.bin or a tokenizer.json)");
   l.from_folder = true;
   train::RunConfig& c = l.config;
   c.model = contents.pretrained.config;

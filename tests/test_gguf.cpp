@@ -219,7 +219,8 @@ TEST(GgufSource, IsClaimedByItsMagicAndSaysWhatItRead) {
   EXPECT_FALSE(m.embedded_tokenizer);
   EXPECT_TRUE(m.pretrained.config.value("tie_embeddings", false));
   // A model without a tokenizer loads with --tokenizer (overrides), as a folder does.
-  EXPECT_ERROR(loader::load("test", path, "cpu", "", ""), "has no tokenizer headlab reads");
+  EXPECT_ERROR(loader::load("test", path, "cpu", "", ""),
+               "test: the GGUF file '" + path + "' has no tokenizer headlab reads");
 }
 
 // ---- tokenizers in the metadata ----

@@ -236,6 +236,28 @@ struct Backend {
   virtual void index_add(DType dt, void* dst, const void* src, const int64_t* idx, int64_t outer, int64_t dst_dim,
                          int64_t inner, int64_t n_idx) = 0;
 
+  // ---- sparse rows: k (index, value) pairs a row, as a TopK sparse autoencoder's codes; idx (rows, k) in [0, entries)
+  // ---- A backend without them (CUDA, for now) throws naming the op. values, idx: (rows, k) <- the k largest of each
+  // row of x (rows, cols), largest first, ties to the lower index.
+  virtual void topk_rows(DType, void*, int64_t*, const void*, int64_t, int64_t, int64_t) { missing("topk"); }
+  // out (rows, n) = sum_j values[r, j] * table[idx[r, j], :], table (entries, n).
+  virtual void sparse_rows_gather(DType /*dt*/, void* /*out*/, const void* /*values*/, const int64_t* /*idx*/,
+                                  const void* /*table*/, int64_t /*rows*/, int64_t /*k*/, int64_t /*n*/) {
+    missing("sparse_matmul");
+  }
+  // dots (rows, k) = a[r, :] . table[idx[r, j], :], a (rows, n).
+  virtual void sparse_rows_dot(DType /*dt*/, void* /*dots*/, const void* /*a*/, const int64_t* /*idx*/,
+                               const void* /*table*/, int64_t /*rows*/, int64_t /*k*/, int64_t /*n*/) {
+    missing("sparse_matmul");
+  }
+  // out (entries, n) = the sum over (r, j) with idx[r, j] == e of values[r, j] * src[r, :] (overwritten; rows of
+  // entries no pair names are zero), src (rows, n).
+  virtual void sparse_rows_scatter(DType /*dt*/, void* /*out*/, const void* /*values*/, const int64_t* /*idx*/,
+                                   const void* /*src*/, int64_t /*rows*/, int64_t /*k*/, int64_t /*n*/,
+                                   int64_t /*entries*/) {
+    missing("sparse_outer");
+  }
+
   // ---- cross entropy over contiguous logits (rows, classes) ----
   // loss[r] = logsumexp(logits[r]) - logits[r, target[r]]; 0 where target == ignore_index.
   virtual void cross_entropy_forward(DType dt, void* loss, const void* logits, const int64_t* targets, int64_t rows,
@@ -251,6 +273,11 @@ struct Backend {
   // decoupled: AdamW (param *= 1 - lr * wd) else Adam (grad += wd * param).
   virtual void adam_step(DType dt, void* param, const void* grad, void* exp_avg, void* exp_avg_sq, int64_t n, double lr,
                          double beta1, double beta2, double eps, double weight_decay, int64_t step, bool decoupled) = 0;
+
+ private:
+  [[noreturn]] void missing(const char* op) const {
+    HL_FAIL(op, ": not implemented on the ", name(), " backend yet (it runs on the CPU)");
+  }
 };
 
 // The backend that owns memory on `device`. CUDA without a build or without a GPU throws a clear error.

@@ -6,16 +6,7 @@
 
 namespace headlab {
 
-namespace {
-
-// Throws naming an out-of-range index (on CUDA at the next synchronisation: Backend::check_indices).
-void check_indices(const char* op, const Tensor& idx, int64_t size) {
-  if (idx.numel() == 0) return;
-  const Tensor c = contiguous(idx);
-  backend_of(c).check_indices(op, c.data<int64_t>(), c.numel(), size);
-}
-
-}  // namespace
+using detail::check_indices;
 
 // x: (..., n, ...) along dim d; index: (k,) int64 -> (..., k, ...)
 Tensor index_select(const Tensor& x, int64_t d, const Tensor& index) {

@@ -95,6 +95,12 @@ void check_index_tensor(const char* op, const Tensor& idx, const char* name) {
   HL_CHECK(idx.dtype() == DType::i64, op, ": ", name, " must be int64, got ", dtype_name(idx.dtype()));
 }
 
+void check_indices(const char* op, const Tensor& idx, int64_t size) {
+  if (idx.numel() == 0) return;
+  const Tensor c = contiguous(idx);
+  backend_of(c).check_indices(op, c.data<int64_t>(), c.numel(), size);
+}
+
 void copy_into(const Tensor& dst, const Tensor& src) {
   HL_CHECK(dst.shape() == src.shape(), "copy: shapes ", shape_str(dst.shape()), " and ", shape_str(src.shape()),
            " differ");

@@ -19,6 +19,8 @@ void check_defined(const char* op, const Tensor& t, const char* name = "input");
 void check_floating(const char* op, const Tensor& t);
 void check_same_dtype(const char* op, const Tensor& a, const Tensor& b);
 void check_index_tensor(const char* op, const Tensor& idx, const char* name = "index");
+// Throws naming an index outside [0, size) (on CUDA at the next synchronisation: Backend::check_indices).
+void check_indices(const char* op, const Tensor& idx, int64_t size);
 // Copies src into dst (same shape; any strides, dtypes may differ) on dst's device.
 void copy_into(const Tensor& dst, const Tensor& src);
 // Records out = uop(x) (computed by the caller) as the unary op `op` records it (elementwise.cpp).

@@ -246,6 +246,33 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, int64_t ignore
                      Reduction reduction = Reduction::mean);
 Tensor mse_loss(const Tensor& input, const Tensor& target, Reduction reduction = Reduction::mean);
 
+// ---- sparse codes: k (value, index) pairs a row (sparse autoencoders' features; ops/sparse.cpp) ----
+// The k largest entries along the last dim, largest first (ties to the lower index): values (..., k), the gradient
+// scattered back to their places; indices (..., k) int64, without gradient.
+struct TopK {
+  Tensor values, indices;
+};
+TopK topk(const Tensor& x, int64_t k);
+// values, indices: (R, k) -> (R, E): values at their indices, the rest 0 (repeated indices add). Gradient to values.
+Tensor sparse_to_dense(const Tensor& values, const Tensor& indices, int64_t E);
+// values, indices: (R, k); table: (E, N) -> (R, N), row r = sum_j values[r, j] * table[indices[r, j]]: the product of
+// the dense (R, E) matrix the pairs stand for and table, at R k N multiply-adds. Gradients to values and table.
+Tensor sparse_matmul(const Tensor& values, const Tensor& indices, const Tensor& table);
+// values, indices: (R, k); src: (R, N) -> (E, N), row e = sum over the pairs (r, j) naming e of values[r, j] * src[r]:
+// the dense matrix's transpose times src (sparse_matmul's gradient to its table). Gradients to values and src.
+Tensor sparse_outer(const Tensor& values, const Tensor& indices, const Tensor& src, int64_t E);
+// x: (R, I), w: (I, E), bias: (E) or undefined -> the k largest of x @ w + bias a row, through ReLU (values >= 0) as a
+// TopK sparse autoencoder encodes (Gao et al. 2024): the composite topk(matmul(x, w) + bias) then relu, whose backward
+// would be two dense (R, E) products; this one's touches only the k columns a row kept (R k (I + 1) each way).
+TopK topk_matmul(const Tensor& x, const Tensor& w, const Tensor& bias, int64_t k);
+// JumpReLU (Rajamanoharan et al. 2024): x where x > threshold, else 0, threshold (N) over the last dim. The gradient to
+// x is exact; to threshold, the paper's straight-through estimate with a rectangle kernel of width `bandwidth`:
+// d/dthreshold = -(threshold / bandwidth) [|x - threshold| < bandwidth / 2].
+Tensor jumprelu(const Tensor& x, const Tensor& threshold, double bandwidth);
+// The step (x > threshold) in x's dtype, its L0 penalty: no gradient to x; to threshold, -(1 / bandwidth)
+// [|x - threshold| < bandwidth / 2] (the same estimate).
+Tensor threshold_step(const Tensor& x, const Tensor& threshold, double bandwidth);
+
 // ---- non-differentiable helpers used across the library ----
 void check_same_device(const char* op, const Tensor& a, const Tensor& b);
 Backend& backend_of(const Tensor& t);

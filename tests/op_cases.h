@@ -361,6 +361,41 @@ inline std::vector<OpCase> build() {
   def("repeat_interleave", [](const auto& v) { return repeat_interleave(v[0], 3, 1); }, {val({2, 2})});
   def("repeat_interleave_4d", [](const auto& v) { return repeat_interleave(v[0], 2, 1); }, {x4});
 
+  // ---- sparse codes (ops/sparse.cpp; the CPU's kernels only for now) ----
+  def("topk_k2_rows", [](const auto& v) { return topk(v[0], 2).values; }, {val({3, 5})}).cpu_only();
+  def("topk_transposed", [](const auto& v) { return topk(v[0], 3).values; }, {transposed(3, 4)}).cpu_only();
+  def("sparse_to_dense_repeats", [](const auto& v) { return sparse_to_dense(v[0], v[1], 5); },
+      {val({3, 2}), idx({4, 4, 0, 2, 1, 0}, {3, 2})})
+      .cpu_only();
+  def("sparse_matmul", [](const auto& v) { return sparse_matmul(v[0], v[1], v[2]); },
+      {val({3, 2}), idx({3, 0, 0, 0, 1, 3}, {3, 2}), val({4, 5}, 0.29, -0.6)})
+      .cpu_only();
+  def("sparse_outer", [](const auto& v) { return sparse_outer(v[0], v[1], v[2], 5); },
+      {val({3, 2}), idx({3, 0, 0, 0, 1, 3}, {3, 2}), stepped(3, 4)})
+      .cpu_only();
+  // some of the kept pre-activations negative (ReLU's gate) and some rows' top k straddling zero
+  def("topk_matmul", [](const auto& v) { return topk_matmul(v[0], v[1], v[2], 2).values; },
+      {val({4, 3}), val({3, 6}, 0.41, -0.9), val({6}, 0.3, -0.2)})
+      .cpu_only();
+  def("topk_matmul_no_bias", [](const auto& v) { return topk_matmul(v[0], v[1], Tensor(), 3).values; },
+      {val({2, 3}), transposed(3, 5)})
+      .cpu_only();
+  // the threshold a constant: its gradient is the straight-through estimate (test_sae.cpp), not a derivative
+  def("jumprelu_x",
+      [](const auto& v) {
+        return jumprelu(v[0], to_dtype(tensor(std::vector<double>{-0.513, 0.0271, 0.733, -1.37}), v[0].dtype()), 0.01);
+      },
+      {val({3, 4})})
+      .cpu_only();
+  def("threshold_step_x",
+      [](const auto& v) {
+        return mul(
+            threshold_step(v[0], to_dtype(tensor(std::vector<double>{-0.513, 0.0271, 0.733}), v[0].dtype()), 0.01),
+            v[0]);
+      },
+      {val({4, 3})})
+      .cpu_only();
+
   // ---- softmax family ----
   for (int64_t d : {0, 1, 2}) {
     def("softmax_dim" + std::to_string(d), [d](const auto& v) { return softmax(v[0], d); }, {r3});

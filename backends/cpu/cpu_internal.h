@@ -1,7 +1,7 @@
 // Internal to the CPU backend: the dtype-dispatch helpers and the CpuBackend class (memory accounting
 // inline here), whose kernels are defined in cpu_backend.cpp (elementwise, reductions, GEMM, randomness,
 // gather/scatter), cpu_nn.cpp (softmax family, layer norm, dropout, cross entropy, optimizers) and
-// cpu_attention.cpp (fused scaled-dot-product attention).
+// cpu_attention.cpp (fused scaled-dot-product attention), cpu_sparse.cpp (sparse rows: top-k, gather, scatter).
 #pragma once
 
 #include <algorithm>
@@ -189,6 +189,16 @@ struct CpuBackend final : Backend {
                     int64_t inner, int64_t n_idx) override;
   void index_add(DType dt, void* dst, const void* src, const int64_t* idx, int64_t outer, int64_t dst_dim,
                  int64_t inner, int64_t n_idx) override;
+
+  // Defined in cpu_sparse.cpp.
+  // ---- sparse rows ----
+  void topk_rows(DType dt, void* values, int64_t* idx, const void* x, int64_t rows, int64_t cols, int64_t k) override;
+  void sparse_rows_gather(DType dt, void* out, const void* values, const int64_t* idx, const void* table, int64_t rows,
+                          int64_t k, int64_t n) override;
+  void sparse_rows_dot(DType dt, void* dots, const void* a, const int64_t* idx, const void* table, int64_t rows,
+                       int64_t k, int64_t n) override;
+  void sparse_rows_scatter(DType dt, void* out, const void* values, const int64_t* idx, const void* src, int64_t rows,
+                           int64_t k, int64_t n, int64_t entries) override;
 
   // Defined in cpu_nn.cpp.
   // ---- softmax ----

@@ -21,5 +21,6 @@ Action add_circuit(CLI::App& app);
 Action add_tokenize(CLI::App& app);
 Action add_export(CLI::App& app);
 Action add_convert(CLI::App& app);
+Action add_sae(CLI::App& app);
 
 }  // namespace headlab::cli

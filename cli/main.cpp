@@ -93,6 +93,12 @@ int main(int argc, char** argv) {
       "write a Hugging Face folder or a llama2.c checkpoint as a headlab checkpoint (.h5, its tokenizer inside)",
       headlab::cli::add_convert,
       "  headlab convert $S/stories260K.bin --tokenizer $S/tok512.model --out runs/stories260K.h5\n");
+  add("sae", "sparse autoencoders on a model's hook points: train them (SAELens's folders), evaluate them (its evals)",
+      headlab::cli::add_sae,
+      "  headlab sae train $S/stories260K.bin --tokenizer $S/tok512.model --text README.md \\\n"
+      "      --hook blocks.2.hook_resid_post --arch topk --k 16 --expansion 8 --training-tokens 200000 --out runs/sae\n"
+      "  headlab sae eval $S/stories260K.bin --tokenizer $S/tok512.model --text README.md \\\n"
+      "      runs/sae/blocks.2.hook_resid_post\n");
   try {
     headlab::cli::finish_options(app);
   } catch (const headlab::Error& e) {

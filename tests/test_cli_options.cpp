@@ -131,21 +131,26 @@ class CliOptionsTest : public ::testing::TestWithParam<std::string> {
     if (command == "compare")
       return {{"--no-peer-grid", ""}, {"--no-sweep", ""}, {"--config", "t,1,4,8,8,2"}, {"--torch-peer", "off"},
               {"--repeats", "1"},     {"--warmup", "0"},  {"--threads", "1"},          {"--out", out}};
-    if (command == "eval") return {{"", ckpt_}, {"--batches", "1"}, {"--threads", "1"}};
-    if (command == "generate") return {{"", ckpt_}, {"--prompt", "ab"}, {"--max-new-tokens", "2"}};
-    if (command == "inspect") return {{"", ckpt_}};
-    if (command == "attention") return {{"", ckpt_}, {"--prompt", "ab"}, {"--threads", "1"}, {"--out", out}};
+    if (command == "eval") return {{"checkpoint", ckpt_}, {"--batches", "1"}, {"--threads", "1"}};
+    if (command == "generate") return {{"checkpoint", ckpt_}, {"--prompt", "ab"}, {"--max-new-tokens", "2"}};
+    if (command == "inspect") return {{"checkpoint", ckpt_}};
+    if (command == "attention") return {{"checkpoint", ckpt_}, {"--prompt", "ab"}, {"--threads", "1"}, {"--out", out}};
     if (command == "ablate")
-      return {{"", ckpt_},        {"--batches", "1"}, {"--batch-size", "2"},
-              {"--repeats", "1"}, {"--threads", "1"}, {"--out", out}};
-    if (command == "tokenize") return {{"", scratch_->path("bpe")}, {"--prompt", "ab"}};
-    if (command == "export") return {{"", ckpt_}, {"--out", out}};
-    if (command == "convert") return {{"", scratch_->path("gpt2")}, {"--out", out + ".h5"}, {"--overwrite", ""}};
+      return {{"checkpoint", ckpt_}, {"--batches", "1"}, {"--batch-size", "2"},
+              {"--repeats", "1"},    {"--threads", "1"}, {"--out", out}};
+    if (command == "tokenize") return {{"checkpoint", scratch_->path("bpe")}, {"--prompt", "ab"}};
+    if (command == "export") return {{"checkpoint", ckpt_}, {"--out", out}};
+    if (command == "convert")
+      return {{"checkpoint", scratch_->path("gpt2")}, {"--out", out + ".h5"}, {"--overwrite", ""}};
     if (command == "heads")
-      return {{"", ckpt_}, {"--batches", "1"}, {"--batch-size", "2"}, {"--threads", "1"}, {"--out", out}};
+      return {{"checkpoint", ckpt_}, {"--batches", "1"}, {"--batch-size", "2"}, {"--threads", "1"}, {"--out", out}};
     if (command == "circuit")
-      return {{"", ckpt_},        {"--task", "induction"}, {"--rows", "2"}, {"--check-edges", "4"},
-              {"--threads", "1"}, {"--out", out}};
+      return {{"checkpoint", ckpt_},  {"--task", "induction"}, {"--rows", "2"},
+              {"--check-edges", "4"}, {"--threads", "1"},      {"--out", out}};
+    if (command == "sae")
+      return {{"action", "train"},         {"checkpoint", ckpt_},  {"--hook", "blocks.0.hook_resid_post"},
+              {"--training-tokens", "32"}, {"--batch-size", "16"}, {"--buffer-rows", "32"},
+              {"--tokens", "8"},           {"--threads", "1"},     {"--out", out}};
     ADD_FAILURE() << "no base invocation for '" << command << "': add one to this test";
     return {};
   }
@@ -153,11 +158,11 @@ class CliOptionsTest : public ::testing::TestWithParam<std::string> {
   // The base invocation with `option` set to `value` (replacing the base's own value).
   static ProcessResult run_with(const std::string& command, const OptionRow& row, const std::string& value) {
     std::vector<std::string> argv{kBinary, command};
-    const std::string key = row.name.starts_with("-") ? row.name : "";  // "" : the positional argument
+    const std::string& key = row.name;  // a positional argument's is its name, given without it
     bool placed = false;
     for (const auto& [name, v] : base(command)) {
       const bool ours = name == key;
-      if (!name.empty()) argv.push_back(name);
+      if (name.starts_with("-")) argv.push_back(name);
       if (ours) {
         argv.push_back(value);
         placed = true;
@@ -166,7 +171,7 @@ class CliOptionsTest : public ::testing::TestWithParam<std::string> {
       }
     }
     if (!placed) {
-      if (!key.empty()) argv.push_back(key);
+      if (key.starts_with("-")) argv.push_back(key);
       argv.push_back(value);
     }
     std::string limits = "OMP_NUM_THREADS=1 timeout -s KILL 60";
@@ -240,7 +245,7 @@ TEST_P(CliOptionsTest, EveryOptionRefusesBadValuesCleanly) {
 
 INSTANTIATE_TEST_SUITE_P(Commands, CliOptionsTest,
                          ::testing::Values("train", "eval", "generate", "inspect", "compare", "attention", "ablate",
-                                           "heads", "tokenize", "export", "convert", "circuit"));
+                                           "heads", "tokenize", "export", "convert", "circuit", "sae"));
 
 // The table covers every command the binary has, so a new command cannot slip past the test above.
 TEST(CliOptionsTable, CoversEveryCommand) {
@@ -248,7 +253,7 @@ TEST(CliOptionsTable, CoversEveryCommand) {
   std::set<std::string> commands;
   for (const OptionRow& row : options_table(tmp.dir())) commands.insert(row.command);
   EXPECT_EQ(commands, (std::set<std::string>{"ablate", "attention", "circuit", "compare", "convert", "eval", "export",
-                                             "generate", "heads", "inspect", "tokenize", "train"}));
+                                             "generate", "heads", "inspect", "sae", "tokenize", "train"}));
 }
 
 }  // namespace

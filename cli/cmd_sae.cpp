@@ -1,0 +1,186 @@
+// headlab sae: sparse autoencoders on a model's hook points (analysis/sae_activations.h).
+//   headlab sae train MODEL --hook NAME [--hook NAME ...] --text FILE --arch relu|topk|jumprelu [--k K]
+//                   [--expansion E] --out DIR      one SAE a hook, from one stream of forward passes, as SAELens
+//                   folders
+//   headlab sae eval MODEL SAE_DIR [SAE_DIR ...] --text FILE [--json]   SAELens's evals of each at its hook
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "analysis/sae_activations.h"
+#include "cli/commands.h"
+#include "cli/common.h"
+
+namespace headlab::cli {
+
+namespace {
+
+struct SaeArgs {
+  std::string action, model, tokenizer, text, out, device = "cpu", arch = "topk", b_dec_init = "geometric_median";
+  std::vector<std::string> hooks, saes;
+  int64_t k = 32, expansion = 16, training_tokens = 1'000'000, batch_size = 4096, buffer_rows = 262144;
+  int64_t rows_per_forward = 8, tokens = 0, log_every = 50, batches = 8;
+  double lr = 3e-4, l1 = 5.0, l0 = 1.0, aux = 1.0 / 32;
+  bool json = false;
+  uint64_t seed = 0;
+  int threads = 0;
+};
+
+// The model and its context (--tokens or the model's), with --text read as the task's text.
+struct Model {
+  Loaded in;
+  int64_t T = 0;
+};
+Model load_model(const SaeArgs& a, const char* cmd) {
+  set_threads(a.threads);
+  Model m{load(cmd, a.model, a.device, a.text, a.tokenizer), 0};
+  const std::string task = m.in.task->name();
+  HL_CHECK(task == "text" || task == "chars", cmd, ": SAEs are trained and evaluated on text; '", a.model, "' is a ",
+           task, " checkpoint");
+  HL_CHECK(!m.in.from_folder || !a.text.empty(), cmd, ": give --text FILE (the text whose activations it reads)");
+  const int64_t context = m.in.config.batch_tokens();
+  m.T = a.tokens > 0 ? a.tokens : context;
+  HL_CHECK(m.T <= context, cmd, ": --tokens ", m.T, " is longer than the model's context (", context, ")");
+  m.in.task->check_context_length(m.T);
+  return m;
+}
+
+int run_train(const SaeArgs& a) {
+  HL_CHECK(!a.hooks.empty(),
+           "sae train: name the hook point(s) to train on: --hook NAME (e.g. blocks.0.hook_resid_post)");
+  HL_CHECK(a.saes.empty(), "sae train: SAE folders are read by sae eval, not by sae train (got '", a.saes.front(),
+           "')");
+  HL_CHECK(!a.out.empty(), "sae train: give --out DIR (one SAELens folder a hook is written there)");
+  Model m = load_model(a, "sae train");
+  const io::FolderLock lock = make_locked_dir(a.out, "sae train");
+  analysis::SaeTrainArgs t;
+  t.hooks = a.hooks;
+  t.arch = parse_enum<nn::SaeArch>(a.arch, "sae train: --arch");
+  t.k = a.k, t.expansion = a.expansion, t.training_tokens = a.training_tokens, t.batch_size = a.batch_size;
+  t.buffer_rows = a.buffer_rows, t.rows_per_forward = a.rows_per_forward, t.context = m.T, t.log_every = a.log_every;
+  t.b_dec_init = parse_enum<train::BdecInit>(a.b_dec_init, "sae train: --b-dec-init");
+  t.options.adam.lr = a.lr;
+  t.options.loss.l1 = a.l1, t.options.loss.l0 = a.l0, t.options.loss.aux = a.aux;
+  t.seed = a.seed, t.out = a.out;
+  std::cout << "sae train: " << enum_name(t.arch) << " SAEs (" << a.expansion << "x"
+            << (t.arch == nn::SaeArch::topk ? ", k " + std::to_string(a.k) : std::string()) << ") on " << a.hooks.size()
+            << " hook(s) of " << a.model << ", " << a.training_tokens << " tokens in batches of " << a.batch_size
+            << ", shuffled in a buffer of " << a.buffer_rows << " rows, " << a.rows_per_forward << " sequences of "
+            << m.T << " tokens a forward\n";
+  const analysis::SaeTrainReport r = analysis::train_saes(
+      m.in, a.model, t, [](const std::string& line) { std::cout << "sae train: " << line << "\n"; });
+  std::cout << "sae train: " << r.steps << " steps, " << r.tokens << " tokens in " << fmt(r.seconds, 1) << " s ("
+            << fmt(static_cast<double>(r.tokens) / r.seconds, 0) << " tokens/s, the forward passes included)\n";
+  for (size_t i = 0; i < r.folders.size(); ++i)
+    std::cout << "sae train: wrote " << r.folders[i] << " (explained variance " << fmt(r.last[i].explained_variance, 4)
+              << ", L0 " << fmt(r.last[i].l0, 1) << ", dead " << r.last[i].dead << " on the last batch)\n";
+  return 0;
+}
+
+int run_eval(const SaeArgs& a) {
+  HL_CHECK(!a.saes.empty(), "sae eval: name the SAE folder(s) to evaluate after the model");
+  HL_CHECK(a.hooks.empty(), "sae eval: --hook is sae train's; an SAE's hook is its cfg.json's hook_name");
+  Model m = load_model(a, "sae eval");
+  nlohmann::json out = nlohmann::json::array();
+  for (const std::string& dir : a.saes) {
+    io::LoadedSae s = io::read_sae_folder(dir);
+    HL_CHECK(!s.origin.hook_name.empty(), "sae eval: ", dir, "/cfg.json names no hook_name");
+    s.sae->to(m.in.model->device());
+    const analysis::SaeEvalReport r =
+        analysis::evaluate_sae(m.in, *s.sae, s.origin.hook_name, a.batches, a.rows_per_forward, m.T);
+    const nlohmann::json j = {{"sae", dir},
+                              {"hook_name", r.hook},
+                              {"tokens", r.tokens},
+                              {"explained_variance", r.explained_variance},
+                              {"mse", r.mse},
+                              {"l0", r.l0},
+                              {"l1", r.l1},
+                              {"ce_loss_score", r.ce_loss_score},
+                              {"ce_loss_without_sae", r.ce_loss_without_sae},
+                              {"ce_loss_with_sae", r.ce_loss_with_sae},
+                              {"ce_loss_with_ablation", r.ce_loss_with_ablation},
+                              {"kl_div_score", r.kl_div_score},
+                              {"kl_div_with_sae", r.kl_div_with_sae},
+                              {"kl_div_with_ablation", r.kl_div_with_ablation},
+                              {"dead_features", r.dead_features},
+                              {"dense_features", r.dense_features},
+                              {"d_sae", r.d_sae}};
+    out.push_back(j);
+    if (a.json) continue;
+    std::cout << dir << " at " << r.hook << " over " << r.tokens << " tokens of the text's last 10%:\n"
+              << "  explained variance " << fmt(r.explained_variance, 4) << ", mse " << fmt(r.mse, 4) << ", L0 "
+              << fmt(r.l0, 1) << ", L1 " << fmt(r.l1, 2) << "\n"
+              << "  ce_loss_score " << fmt(r.ce_loss_score, 4) << " (loss " << fmt(r.ce_loss_without_sae, 4)
+              << " clean, " << fmt(r.ce_loss_with_sae, 4) << " with the SAE, " << fmt(r.ce_loss_with_ablation, 4)
+              << " with the hook zeroed)\n"
+              << "  kl_div_score " << fmt(r.kl_div_score, 4) << " (KL " << fmt(r.kl_div_with_sae, 4)
+              << " with the SAE, " << fmt(r.kl_div_with_ablation, 4) << " zeroed)\n"
+              << "  features: " << r.dead_features << " of " << r.d_sae << " dead (active on no token), "
+              << r.dense_features << " dense (active on more than 10% of tokens)\n";
+  }
+  if (a.json) std::cout << out.dump(2) << "\n";
+  return 0;
+}
+
+}  // namespace
+
+Action add_sae(CLI::App& app) {
+  auto a = std::make_shared<SaeArgs>();
+  app.add_option("action", a->action, "train | eval")->check(CLI::IsMember({"train", "eval"}))->required();
+  add_model_argument(app, a->model, a->tokenizer);
+  app.add_option("saes", a->saes, "eval: the SAE folders (SAELens's layout: cfg.json, sae_weights.safetensors)")
+      ->type_name(kInputFolder);
+  app.add_option("--text", a->text, "the text: train reads its first 90%, eval its last 10%")->type_name(kInputFile);
+  app.add_option("--hook", a->hooks, "train: a hook point to train an SAE on (repeat for several, one forward pass)");
+  app.add_option("--arch", a->arch, "train: relu | topk | jumprelu")
+      ->check(CLI::IsMember({"relu", "topk", "jumprelu", "standard"}))
+      ->capture_default_str();
+  app.add_option("--k", a->k, "train: topk's features kept a token")
+      ->check(positive_number(1e6))
+      ->capture_default_str();
+  app.add_option("--expansion", a->expansion, "train: d_sae = E x d_in")
+      ->check(positive_number(1024))
+      ->capture_default_str();
+  app.add_option("--training-tokens", a->training_tokens, "train: activations to train on")
+      ->check(positive_number(1e13))
+      ->capture_default_str();
+  app.add_option("--batch-size", a->batch_size, "train: activations a step")
+      ->check(positive_number(1e8))
+      ->capture_default_str();
+  app.add_option("--buffer-rows", a->buffer_rows,
+                 "train: the shuffling buffer's activations (its memory: rows x the hooks' widths x 4 bytes)")
+      ->check(positive_number(1e10))
+      ->capture_default_str();
+  app.add_option("--rows-per-forward", a->rows_per_forward, "sequences a forward pass")
+      ->check(positive_number(1e6))
+      ->capture_default_str();
+  app.add_option("--tokens", a->tokens, "tokens a sequence (default: the model's context)")
+      ->check(positive_number(1e9));
+  app.add_option("--batches", a->batches, "eval: forward passes of --rows-per-forward sequences")
+      ->check(positive_number(1e9))
+      ->capture_default_str();
+  app.add_option("--lr", a->lr, "train: Adam's learning rate")->check(positive_number(10))->capture_default_str();
+  app.add_option("--l1", a->l1, "train: relu's decoder-norm-weighted L1 coefficient")
+      ->check(non_negative_number(1e6))
+      ->capture_default_str();
+  app.add_option("--l0", a->l0, "train: jumprelu's L0 coefficient")
+      ->check(non_negative_number(1e6))
+      ->capture_default_str();
+  app.add_option("--aux", a->aux, "train: topk's AuxK coefficient (Gao et al. 1/32)")
+      ->check(non_negative_number(1e6))
+      ->capture_default_str();
+  app.add_option("--b-dec-init", a->b_dec_init, "train: geometric_median | mean | zeros")
+      ->check(CLI::IsMember({"geometric_median", "mean", "zeros"}))
+      ->capture_default_str();
+  app.add_option("--log-every", a->log_every, "train: a progress line every N steps")
+      ->check(positive_number(1e9))
+      ->capture_default_str();
+  app.add_option("--out", a->out, "train: the folder to write, one SAELens folder a hook inside")
+      ->type_name(kOutputDir);
+  app.add_flag("--json", a->json, "eval: the evals as JSON");
+  app.add_option("--device", a->device, "cpu | cuda | cuda:N")->capture_default_str();
+  add_seed_option(app, a->seed, "train: the SAEs' initial weights and the buffer's shuffling");
+  add_threads_option(app, a->threads);
+  return [a] { return a->action == "train" ? run_train(*a) : run_eval(*a); };
+}
+
+}  // namespace headlab::cli

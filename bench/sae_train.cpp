@@ -94,7 +94,7 @@ static int run(int argc, char** argv) {
               (long long)c.d_sae, (long long)batch, median);
   for (size_t i = 0; i < rates.size(); ++i) std::printf("%s %.0f", i ? "," : "", rates[i]);
   std::printf(
-      "); explained variance %.4f, L0 %.1f, dead %.3f, peak RSS %.0f MB; step %.1f ms (floor %.1f ms at %.0f "
+      "); explained variance %.4f, L0 %.1f, dead %.3f, peak RSS %.0f MB; step: %.1f ms (floor %.1f ms at %.0f "
       "GFLOP/s)\n",
       last.explained_variance, last.l0, static_cast<double>(trainer.never_fired()) / static_cast<double>(c.d_sae),
       static_cast<double>(ru.ru_maxrss) / 1024.0, 1e3 * static_cast<double>(batch) / median, 1e3 * floor_s, gflops);

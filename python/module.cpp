@@ -10,6 +10,7 @@
 #include "analysis/circuit_report.h"
 #include "analysis/files.h"
 #include "analysis/heads_pairs.h"
+#include "io/sae_files.h"
 #include "nn/layers.h"
 #include "python/model.h"
 
@@ -17,6 +18,66 @@ using namespace headlab;
 using namespace headlab::python;
 
 namespace {
+
+// A sparse autoencoder with SAELens's face (io/sae_files.h, nn/sae.h): load_from_disk, encode, decode, cfg.
+struct PySae {
+  std::shared_ptr<nn::SparseAutoencoder> sae;
+  io::SaeOrigin origin;
+  Tensor input(const py::array& x) const { return to_dtype(from_numpy(x), sae->W_enc.dtype()); }
+};
+
+void bind_sae(py::module_& m) {
+  py::class_<PySae>(m, "SAE", "A sparse autoencoder with SAELens's names (headlab sae train writes them)")
+      .def_static(
+          "load_from_disk",
+          [](const std::string& path) {
+            io::LoadedSae l = io::read_sae_folder(path);
+            return PySae{std::move(l.sae), l.origin};
+          },
+          py::arg("path"), "a SAELens folder (cfg.json, sae_weights.safetensors), v3-v5's layout or v6's")
+      .def(
+          "encode",
+          [](const PySae& s, const py::array& x) {
+            const NoGradGuard no_grad;
+            return to_numpy(s.sae->encode(s.input(x)));
+          },
+          py::arg("x"), "(..., d_in) -> the features (..., d_sae), hook_sae_acts_post")
+      .def(
+          "decode",
+          [](const PySae& s, const py::array& f) {
+            const NoGradGuard no_grad;
+            return to_numpy(s.sae->decode(s.input(f)));
+          },
+          py::arg("feature_acts"), "(..., d_sae) -> the reconstruction (..., d_in)")
+      .def(
+          "__call__",
+          [](const PySae& s, const py::array& x) {
+            const NoGradGuard no_grad;
+            return to_numpy(s.sae->forward(s.input(x)));
+          },
+          py::arg("x"), "decode(encode(x))")
+      .def(
+          "save_model", [](const PySae& s, const std::string& path) { io::write_sae_folder(path, *s.sae, s.origin); },
+          py::arg("path"), "writes a SAELens folder (v6's layout)")
+      .def_property_readonly("cfg",
+                             [](const PySae& s) {
+                               const nn::SaeConfig& c = s.sae->config();
+                               py::dict d;
+                               d["d_in"] = c.d_in, d["d_sae"] = c.d_sae;
+                               d["architecture"] = c.arch == nn::SaeArch::relu ? "standard" : enum_name(c.arch);
+                               d["k"] = c.arch == nn::SaeArch::topk ? py::object(py::int_(c.k)) : py::none();
+                               d["apply_b_dec_to_input"] = c.apply_b_dec_to_input;
+                               d["hook_name"] = s.origin.hook_name, d["model_name"] = s.origin.model_name;
+                               return d;
+                             })
+      .def_property_readonly("W_enc", [](const PySae& s) { return to_numpy(s.sae->W_enc.detach()); })
+      .def_property_readonly("W_dec", [](const PySae& s) { return to_numpy(s.sae->W_dec.detach()); })
+      .def_property_readonly("b_enc", [](const PySae& s) { return to_numpy(s.sae->b_enc.detach()); })
+      .def_property_readonly("b_dec", [](const PySae& s) { return to_numpy(s.sae->b_dec.detach()); })
+      .def_property_readonly("threshold", [](const PySae& s) -> py::object {
+        return s.sae->threshold.defined() ? py::object(to_numpy(s.sae->threshold.detach())) : py::none();
+      });
+}
 
 py::array vector_array(const std::vector<double>& v) { return to_numpy(tensor(v, {static_cast<int64_t>(v.size())})); }
 py::array matrix_array(const std::vector<std::vector<double>>& rows) {
@@ -280,6 +341,7 @@ PYBIND11_MODULE(_headlab, m) {
   m.def("attention", &attention, py::arg("model"), py::arg("text_or_tokens"),
         "headlab attention: every head's attention weights on one prompt, (layers, heads, T, T), and its tokens");
   bind_cache(m);
+  bind_sae(m);
   m.def(
       "_roundtrip", [](const py::array& a) { return to_numpy(from_numpy(a)); }, py::arg("array"),
       "the array through a headlab tensor and back: the same memory when no copy is needed (tests)");

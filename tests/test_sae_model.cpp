@@ -8,6 +8,7 @@
 
 #include "analysis/sae_activations.h"
 #include "nn/generate.h"
+#include "tests/core_test_util.h"
 #include "tests/process_util.h"
 #include "tests/shared_models.h"
 
@@ -115,6 +116,13 @@ TEST(SaeOnStories260K, CommandTrainsTwoHooksFromOneStreamAndEvaluates) {
   EXPECT_EQ(j[1]["hook_name"], "blocks.1.attn.hook_z");
   EXPECT_EQ(j[1]["d_sae"], 2 * 64);  // hook_z: 8 heads x 8 wide, concatenated
   EXPECT_EQ(j[0]["tokens"], 8 * 64);
+  // the hook_z SAE's features split over the heads that write them: each row sums to the feature's output norm
+  const loader::Loaded l = loader::load("test", S + "/stories260K.bin", "cpu", "", S + "/tok512.model");
+  const io::LoadedSae z = io::read_sae_folder(out + "/blocks.1.attn.hook_z");
+  const analysis::FeatureHeads fh = analysis::feature_head_shares(l.decoder("test"), *z.sae, 1);
+  ASSERT_EQ(fh.shares.shape(), (Shape{128, 8}));
+  EXPECT_TRUE(testing::all_close(sum(fh.shares, {1}), fh.output_norms, 1e-12));
+  EXPECT_GT(amax(fh.output_norms).item<double>(), 0.0);
   const testing::ProcessResult no_hook = headlab("train", {"--out", dir.path("x")});
   EXPECT_EQ(no_hook.code, 1);
   EXPECT_NE(no_hook.err.find("--hook NAME"), std::string::npos) << no_hook.err;

@@ -26,9 +26,9 @@ import subprocess as _subprocess
 import numpy as _np
 
 from . import _headlab
-from ._headlab import Error, Model, _roundtrip, ablate, attention, circuit, heads, load, logit_lens  # noqa: F401
+from ._headlab import SAE, Error, Model, _roundtrip, ablate, attention, circuit, heads, load, logit_lens  # noqa: F401
 
-__all__ = ["Error", "Model", "ActivationCache", "load", "ablate", "attention", "heads", "circuit", "logit_lens",
+__all__ = ["Error", "Model", "SAE", "ActivationCache", "load", "ablate", "attention", "heads", "circuit", "logit_lens",
            "train", "as_array", "get_act_name"]
 
 
@@ -258,3 +258,44 @@ def train(callback=None, **options):
     if process.wait() != 0:
         raise Error(error.strip() or f"headlab train exited {process.returncode}")
     return checkpoint
+
+
+# ---- sparse autoencoders spliced into the forward, as SAELens's HookedSAETransformer ----
+
+def _sae_hooks(saes, cache=None):
+    """Each SAE's hook replaces its activation with the reconstruction; cache (a dict) gets hook_sae_acts_post."""
+    hooks = {}
+    for sae in saes:
+        name = sae.cfg["hook_name"]
+        if not name:
+            raise Error("run_with_saes: an SAE without a hook_name in its cfg.json cannot be spliced in")
+        if name in hooks:
+            raise Error(f"run_with_saes: two SAEs on {name}")
+
+        def hook(act, _name, sae=sae, name=name):
+            rows = act.reshape(-1, sae.cfg["d_in"])
+            feats = sae.encode(rows)
+            recons = sae.decode(feats)
+            if cache is not None:
+                cache[f"{name}.hook_sae_acts_post"] = feats.reshape(act.shape[:2] + (-1,))
+                cache[f"{name}.hook_sae_recons"] = recons.reshape(act.shape)
+            return recons.reshape(act.shape).astype(act.dtype, copy=False)
+        hooks[name] = hook
+    return hooks
+
+
+def _run_with_saes(self, input, saes=()):
+    """The logits with each SAE's reconstruction in place of its hook point's activation (SAELens's run_with_saes)."""
+    return self.run_with_hooks(input, _sae_hooks(saes))
+
+
+def _run_with_cache_with_saes(self, input, saes=()):
+    """run_with_saes, and a dict of each SAE's features ("<hook>.hook_sae_acts_post") and reconstruction
+    ("<hook>.hook_sae_recons")."""
+    cache = {}
+    logits = self.run_with_hooks(input, _sae_hooks(saes, cache))
+    return logits, cache
+
+
+Model.run_with_saes = _run_with_saes
+Model.run_with_cache_with_saes = _run_with_cache_with_saes

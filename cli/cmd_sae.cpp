@@ -33,14 +33,18 @@ struct Model {
 Model load_model(const SaeArgs& a, const char* cmd) {
   set_threads(a.threads);
   Model m{load(cmd, a.model, a.device, a.text, a.tokenizer), 0};
+  // a text model reads windows of its text; a task checkpoint (reverse, sort, ...) its task's own examples
   const std::string task = m.in.task->name();
-  HL_CHECK(task == "text" || task == "chars", cmd, ": SAEs are trained and evaluated on text; '", a.model, "' is a ",
-           task, " checkpoint");
+  const bool text_task = task == "text" || task == "chars";
+  HL_CHECK(a.text.empty() || text_task, cmd, ": --text applies to chars and subword models; '", a.model, "' is a ",
+           task, " checkpoint (its activations come from its task's examples)");
+  HL_CHECK(a.tokens == 0 || text_task, cmd, ": --tokens applies to chars and subword models; a ", task,
+           " task's rows are as long as its examples");
   HL_CHECK(!m.in.from_folder || !a.text.empty(), cmd, ": give --text FILE (the text whose activations it reads)");
   const int64_t context = m.in.config.batch_tokens();
   m.T = a.tokens > 0 ? a.tokens : context;
   HL_CHECK(m.T <= context, cmd, ": --tokens ", m.T, " is longer than the model's context (", context, ")");
-  m.in.task->check_context_length(m.T);
+  if (text_task) m.in.task->check_context_length(m.T);
   return m;
 }
 
@@ -51,7 +55,7 @@ int run_train(const SaeArgs& a) {
            "')");
   HL_CHECK(!a.out.empty(), "sae train: give --out DIR (one SAELens folder a hook is written there)");
   Model m = load_model(a, "sae train");
-  const io::FolderLock lock = make_locked_dir(a.out, "sae train");
+  const io::FolderLock lock = make_locked_dir(a.out, "sae");  // "sae: 'DIR' ...", as every writer names itself
   analysis::SaeTrainArgs t;
   t.hooks = a.hooks;
   t.arch = parse_enum<nn::SaeArch>(a.arch, "sae train: --arch");
@@ -106,7 +110,7 @@ int run_eval(const SaeArgs& a) {
                               {"d_sae", r.d_sae}};
     out.push_back(j);
     if (a.json) continue;
-    std::cout << dir << " at " << r.hook << " over " << r.tokens << " tokens of the text's last 10%:\n"
+    std::cout << dir << " at " << r.hook << " over " << r.tokens << " validation tokens:\n"
               << "  explained variance " << fmt(r.explained_variance, 4) << ", mse " << fmt(r.mse, 4) << ", L0 "
               << fmt(r.l0, 1) << ", L1 " << fmt(r.l1, 2) << "\n"
               << "  ce_loss_score " << fmt(r.ce_loss_score, 4) << " (loss " << fmt(r.ce_loss_without_sae, 4)
@@ -129,7 +133,10 @@ Action add_sae(CLI::App& app) {
   add_model_argument(app, a->model, a->tokenizer);
   app.add_option("saes", a->saes, "eval: the SAE folders (SAELens's layout: cfg.json, sae_weights.safetensors)")
       ->type_name(kInputFolder);
-  app.add_option("--text", a->text, "the text: train reads its first 90%, eval its last 10%")->type_name(kInputFile);
+  app.add_option(
+         "--text", a->text,
+         "a text model's text: train reads its first 90%, eval its last 10% (a task checkpoint: its task's examples)")
+      ->type_name(kInputFile);
   app.add_option("--hook", a->hooks, "train: a hook point to train an SAE on (repeat for several, one forward pass)");
   app.add_option("--arch", a->arch, "train: relu | topk | jumprelu")
       ->check(CLI::IsMember({"relu", "topk", "jumprelu", "standard"}))

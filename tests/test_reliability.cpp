@@ -156,6 +156,9 @@ std::vector<std::pair<std::string, std::vector<std::string>>> writing_commands(c
       {"circuit", {"circuit", ck, "--task", "induction", "--rows", "2", "--check-edges", "4", "--out", folder}},
       {"export", {"export", ck, "--out", folder}},
       {"convert", {"convert", hf, "--out", folder + "/converted.h5"}},
+      {"sae",
+       {"sae", "train", ck, "--hook", "blocks.0.hook_resid_post", "--training-tokens", "64", "--batch-size", "32",
+        "--buffer-rows", "64", "--out", folder}},
   };
 }
 

@@ -3,6 +3,7 @@
 // sparse directions. (The ops' gradients: test_gradcheck's sparse-code cases.)
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <set>
 
 #include "nn/sae.h"

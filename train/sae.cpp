@@ -121,14 +121,16 @@ int64_t SaeTrainer::never_fired() const { return std::count(last_fired_.begin(),
 void SaeTrainer::count_firing(const nn::SaeCodes& codes, int64_t rows) {
   tokens_ += rows;
   if (codes.indices.defined()) {
-    const Tensor idx = contiguous(codes.indices), val = contiguous(codes.values.detach());
+    const Tensor idx = contiguous(to_device(codes.indices, kCPU)),
+                 val = contiguous(to_device(codes.values.detach(), kCPU));
     const int64_t* i = idx.data<int64_t>();
-    const float* v = val.data<float>();
+    const Tensor v32 = to_dtype(val, DType::f32);
+    const float* v = v32.data<float>();
     for (int64_t p = 0; p < idx.numel(); ++p)
       if (v[p] > 0) last_fired_[static_cast<size_t>(i[p])] = tokens_;
     return;
   }
-  const Tensor fired = contiguous(amax(codes.dense.detach(), {0}));
+  const Tensor fired = contiguous(to_device(to_dtype(amax(codes.dense.detach(), {0}), DType::f32), kCPU));
   const float* f = fired.data<float>();
   for (size_t e = 0; e < last_fired_.size(); ++e)
     if (f[e] > 0) last_fired_[e] = tokens_;
@@ -137,7 +139,7 @@ void SaeTrainer::count_firing(const nn::SaeCodes& codes, int64_t rows) {
 SaeStepStats SaeTrainer::step(const Tensor& x, const Tensor& target) {
   nn::SaeLossOptions lo = opts_.loss;
   const bool topk = sae_.config().arch == nn::SaeArch::topk;
-  if (topk) lo.dead = dead_latents();
+  if (topk) lo.dead = to_device(dead_latents(), sae_.W_dec.device());
   lo.log_threshold = log_threshold_;
   optimizer_->zero_grad();
   const nn::SaeLoss l = sae_.loss(x, target, lo);
@@ -160,7 +162,8 @@ SaeStepStats SaeTrainer::step(const Tensor& x, const Tensor& target) {
     const Tensor err = sub(target, l.x_hat), centred = sub(target, mean(target, {0}, true));
     s.explained_variance = 1.0 - sum(mul(err, err)).item<double>() / sum(mul(centred, centred)).item<double>();
     const Tensor active = topk ? l.codes.values : l.codes.dense;
-    s.l0 = sum(to_dtype(gt(active.detach(), scalar_tensor(0.0, active.dtype())), DType::f64)).item<double>() /
+    s.l0 = sum(to_dtype(gt(active.detach(), scalar_tensor(0.0, active.dtype(), active.device())), DType::f64))
+               .item<double>() /
            static_cast<double>(x.size(0));
   }
   s.dead = dead_latents().numel();

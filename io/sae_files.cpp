@@ -113,10 +113,11 @@ LoadedSae read_sae_folder(const std::string& folder) {
   const SafetensorsFile f(weights_path);
   std::vector<std::string> expected = {"W_enc", "W_dec", "b_enc", "b_dec"};
   if (c.arch == nn::SaeArch::jumprelu) expected.push_back("threshold");
+  std::string names;
+  for (const std::string& n : expected) names += (names.empty() ? "" : ", ") + n;
   for (const auto& [name, entry] : f.entries())
     HL_CHECK(std::find(expected.begin(), expected.end(), name) != expected.end(), weights_path, ": tensor '", name,
-             "' is not one a ", enum_name(c.arch), " SAE has (",
-             expected.size() == 5 ? "W_enc, W_dec, b_enc, b_dec, threshold" : "W_enc, W_dec, b_enc, b_dec", ")");
+             "' is not one a ", enum_name(c.arch), " SAE has (", names, ")");
   out.sae = std::make_unique<nn::SparseAutoencoder>(c);
   NamedTensors values = {{"W_enc", weight(f, "W_enc", {c.d_in, c.d_sae})},
                          {"W_dec", weight(f, "W_dec", {c.d_sae, c.d_in})},

@@ -175,14 +175,12 @@ double train_on_mixture(nn::SaeArch arch, int64_t k, double l1, int epochs) {
   opts.adam.lr = 3e-3;
   opts.loss.l1 = l1;
   train::SaeTrainer trainer(sae, opts);
-  train::SaeStepStats last;
   trainer.init_b_dec(narrow(m.rows, 0, 0, 1024), train::BdecInit::geometric_median);
   for (int epoch = 0; epoch < epochs; ++epoch) {
     train::MatrixSource pass(m.rows);
     train::ShuffledBuffer buffer(pass, 4096, static_cast<uint64_t>(epoch));
-    for (Tensor b; (b = buffer.next_batch(256)).defined();) last = trainer.step(b, b);
+    for (Tensor b; (b = buffer.next_batch(256)).defined();) trainer.step(b, b);
   }
-  std::cerr << "ev " << last.explained_variance << " l0 " << last.l0 << " dead " << last.dead << "\n";
   return recovered(sae, m.directions);
 }
 

@@ -116,6 +116,10 @@ int run_eval(const SaeArgs& a) {
               << "  ce_loss_score " << fmt(r.ce_loss_score, 4) << " (loss " << fmt(r.ce_loss_without_sae, 4)
               << " clean, " << fmt(r.ce_loss_with_sae, 4) << " with the SAE, " << fmt(r.ce_loss_with_ablation, 4)
               << " with the hook zeroed)\n"
+              << (r.ce_loss_with_ablation <= r.ce_loss_without_sae
+                      ? "  (zeroing the hook does not raise the loss on this text, so ce_loss_score measures nothing "
+                        "here: the model does not know this text; evaluate on text like its training data)\n"
+                      : "")
               << "  kl_div_score " << fmt(r.kl_div_score, 4) << " (KL " << fmt(r.kl_div_with_sae, 4)
               << " with the SAE, " << fmt(r.kl_div_with_ablation, 4) << " zeroed)\n"
               << "  features: " << r.dead_features << " of " << r.d_sae << " dead (active on no token), "

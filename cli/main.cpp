@@ -96,7 +96,8 @@ int main(int argc, char** argv) {
   add("sae", "sparse autoencoders on a model's hook points: train them (SAELens's folders), evaluate them (its evals)",
       headlab::cli::add_sae,
       "  headlab sae train $S/stories260K.bin --tokenizer $S/tok512.model --text README.md \\\n"
-      "      --hook blocks.2.hook_resid_post --arch topk --k 16 --expansion 8 --training-tokens 200000 --out runs/sae\n"
+      "      --hook blocks.2.hook_resid_post --arch topk --k 16 --expansion 8 --training-tokens 200000 \\\n"
+      "      --batch-size 1024 --lr 1e-3 --out runs/sae\n"
       "  headlab sae eval $S/stories260K.bin --tokenizer $S/tok512.model --text README.md \\\n"
       "      runs/sae/blocks.2.hook_resid_post\n");
   try {

@@ -1,6 +1,7 @@
 // Sparse autoencoders on a model (analysis/sae_activations.h): the hook stream, training, SAELens's evals.
 #include "analysis/sae_activations.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -57,58 +58,118 @@ Tensor HookActivations::next(int64_t max_rows) {
   return out;
 }
 
+namespace {
+
+// Every row a source gives, as one (N, width) matrix (the held-out rows: a stated, small number).
+Tensor drain(train::ActivationSource& source, int64_t rows) {
+  std::vector<Tensor> parts;
+  for (Tensor r; (r = source.next(rows)).size(0) > 0;) parts.push_back(contiguous(r));
+  return parts.size() == 1 ? parts[0] : contiguous(cat(parts, 0));
+}
+
+SaeHeldOut held_out(nn::SparseAutoencoder& sae, const Tensor& x, const Tensor& y) {
+  const NoGradGuard no_grad;
+  const Tensor f = sae.encode(x);
+  const Tensor err = sub(y, sae.decode(f)), dev = sub(y, mean(y, {0}, true));
+  const double sq_err = sum(mul(err, err)).item<double>(), n = static_cast<double>(x.size(0));
+  const double active = sum(to_dtype(gt(f, scalar_tensor(0.0, f.dtype(), f.device())), DType::f64)).item<double>();
+  return {1.0 - sq_err / sum(mul(dev, dev)).item<double>(), sq_err / n, active / n};
+}
+
+}  // namespace
+
 SaeTrainReport train_saes(const loader::Loaded& in, const std::string& model_name, const SaeTrainArgs& args,
                           const std::function<void(const std::string&)>& progress) {
+  HL_CHECK(!args.targets.empty(), "sae train: nothing to train (--hook NAME or --transcoder IN:OUT)");
+  // every hook a target reads, once, in the order first named: one forward's rows give them side by side
+  std::vector<std::string> hooks;
+  const auto hook_index = [&](const std::string& h) {
+    const auto at = std::find(hooks.begin(), hooks.end(), h);
+    if (at != hooks.end()) return static_cast<size_t>(at - hooks.begin());
+    hooks.push_back(h);
+    return hooks.size() - 1;
+  };
+  std::vector<std::pair<size_t, size_t>> reads;  // each target's input and output hook
+  for (const SaeTarget& t : args.targets) {
+    const size_t i = hook_index(t.in);
+    reads.emplace_back(i, t.transcoder() ? hook_index(t.out) : i);
+  }
   const int64_t T = args.context;
-  HookActivations source(in, args.hooks, tasks::Split::train, args.rows_per_forward, T, args.training_tokens);
+  HookActivations source(in, hooks, tasks::Split::train, args.rows_per_forward, T, args.training_tokens);
   train::ShuffledBuffer buffer(source, args.buffer_rows, args.seed);
+  std::vector<int64_t> offsets;  // each hook's first column
+  for (int64_t w = 0, o = 0; w < static_cast<int64_t>(hooks.size()); o += source.widths()[static_cast<size_t>(w++)])
+    offsets.push_back(o);
+  const Device device = in.model->device();
+  const auto columns = [&](const Tensor& rows, size_t hook) {
+    return contiguous(to_device(narrow(rows, 1, offsets[hook], source.widths()[hook]), device));
+  };
   std::vector<std::unique_ptr<nn::SparseAutoencoder>> saes;
   std::vector<std::unique_ptr<train::SaeTrainer>> trainers;
-  std::vector<int64_t> offsets;
-  int64_t offset = 0;
-  for (size_t i = 0; i < args.hooks.size(); ++i) {
+  for (size_t i = 0; i < args.targets.size(); ++i) {
     nn::SaeConfig c;
-    c.d_in = source.widths()[i], c.d_sae = args.expansion * c.d_in, c.arch = args.arch, c.k = args.k;
+    c.d_in = source.widths()[reads[i].first], c.d_sae = args.expansion * c.d_in, c.arch = args.arch, c.k = args.k;
+    if (args.targets[i].transcoder()) c.d_out = source.widths()[reads[i].second], c.apply_b_dec_to_input = false;
     manual_seed(args.seed + i);
     saes.push_back(std::make_unique<nn::SparseAutoencoder>(c));
-    saes.back()->to(in.model->device());
+    saes.back()->to(device);
     trainers.push_back(std::make_unique<train::SaeTrainer>(*saes.back(), args.options));
-    offsets.push_back(offset);
-    offset += c.d_in;
   }
-  const auto columns = [&](const Tensor& batch, size_t i) {
-    return contiguous(to_device(narrow(batch, 1, offsets[i], saes[i]->config().d_in), in.model->device()));
+  // the held-out rows, read once from the val split
+  HookActivations val_source(in, hooks, tasks::Split::val, args.rows_per_forward, T, args.eval_tokens);
+  const Tensor val = drain(val_source, args.eval_tokens);
+  const auto evaluate = [&](size_t i) {
+    return held_out(*saes[i], columns(val, reads[i].first), columns(val, reads[i].second));
   };
+
   SaeTrainReport report;
   report.last.resize(saes.size());
   const auto t0 = std::chrono::steady_clock::now();
+  const auto seconds = [&t0] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   for (Tensor batch; (batch = buffer.next_batch(args.batch_size)).defined();) {
-    if (report.steps == 0)  // b_dec from the first batch, as SAELens's init looks at its first activations
-      for (size_t i = 0; i < saes.size(); ++i) trainers[i]->init_b_dec(columns(batch, i), args.b_dec_init);
+    if (report.steps == 0)  // b_dec from the first batch's targets, as SAELens's init looks at its first activations
+      for (size_t i = 0; i < saes.size(); ++i)
+        trainers[i]->init_b_dec(columns(batch, reads[i].second), args.b_dec_init);
     for (size_t i = 0; i < saes.size(); ++i) {
-      const Tensor x = columns(batch, i);
-      report.last[i] = trainers[i]->step(x, x);
-      HL_CHECK(std::isfinite(report.last[i].loss), "sae train: the SAE on ", args.hooks[i], " diverged at step ",
-               report.steps + 1, " (loss ", report.last[i].loss, "); nothing was written: lower --lr");
+      report.last[i] = trainers[i]->step(columns(batch, reads[i].first), columns(batch, reads[i].second));
+      HL_CHECK(std::isfinite(report.last[i].loss), "sae train: the SAE on ", args.targets[i].name(),
+               " diverged at step ", report.steps + 1, " (loss ", report.last[i].loss,
+               "); nothing was written: lower --lr");
     }
     ++report.steps;
     report.tokens += batch.size(0);
     if (report.steps % args.log_every == 0) {
+      const double s = seconds(), rate = static_cast<double>(report.tokens) / s;
       std::ostringstream line;
-      line << "step " << report.steps << ", " << report.tokens << " tokens";
+      line << "step " << report.steps << ", " << report.tokens << " tokens ("
+           << static_cast<int>(100.0 * static_cast<double>(report.tokens) / static_cast<double>(args.training_tokens))
+           << "%, " << static_cast<int64_t>(rate) << " tokens/s, "
+           << static_cast<int64_t>(static_cast<double>(args.training_tokens - report.tokens) / rate) << " s left)";
       for (size_t i = 0; i < saes.size(); ++i) {
-        const train::SaeStepStats& s = report.last[i];
-        line << " | " << args.hooks[i] << ": loss " << s.loss << ", explained variance " << s.explained_variance
-             << ", L0 " << s.l0 << ", dead " << s.dead;
+        const train::SaeStepStats& st = report.last[i];
+        line << " | " << args.targets[i].name() << ": loss " << st.loss << ", explained variance "
+             << st.explained_variance << ", L0 " << st.l0 << ", dead " << st.dead;
+      }
+      progress(line.str());
+    }
+    if (args.eval_every > 0 && report.steps % args.eval_every == 0) {
+      std::ostringstream line;
+      line << "held-out at step " << report.steps << " (" << val.size(0) << " rows of the val split)";
+      for (size_t i = 0; i < saes.size(); ++i) {
+        const SaeHeldOut h = evaluate(i);
+        line << " | " << args.targets[i].name() << ": explained variance " << h.explained_variance << ", mse " << h.mse
+             << ", L0 " << h.l0;
       }
       progress(line.str());
     }
   }
   HL_CHECK(report.steps > 0, "sae train: no activations were read (--training-tokens ", args.training_tokens, ")");
-  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  report.seconds = seconds();
   for (size_t i = 0; i < saes.size(); ++i) {
-    io::SaeOrigin origin{model_name, args.hooks[i], -1, T};
-    const std::string folder = args.out + "/" + args.hooks[i];
+    report.held_out.push_back(evaluate(i));
+    const SaeTarget& t = args.targets[i];
+    io::SaeOrigin origin{model_name, t.in, -1, T, t.out};
+    const std::string folder = args.out + "/" + t.name();
     saes[i]->to(kCPU);
     io::write_sae_folder(folder, *saes[i], origin);
     report.folders.push_back(folder);
@@ -125,24 +186,31 @@ double mean_kl(const Tensor& logp, const Tensor& logq) {
 
 }  // namespace
 
-SaeEvalReport evaluate_sae(const loader::Loaded& in, nn::SparseAutoencoder& sae, const std::string& hook,
+SaeEvalReport evaluate_sae(const loader::Loaded& in, nn::SparseAutoencoder& sae, const io::SaeOrigin& origin,
                            int64_t batches, int64_t B, int64_t T) {
   const NoGradGuard no_grad;
   nn::DecoderModel& model = in.decoder("sae eval");
+  const std::string& reads = origin.hook_name;
+  const std::string& hook = origin.transcoder() ? origin.hook_name_out : reads;  // what it reconstructs
+  const nn::SaeConfig& c = sae.config();
   SaeEvalReport r;
-  r.hook = hook, r.d_sae = sae.config().d_sae;
+  r.hook = hook, r.d_sae = c.d_sae;
   std::vector<double> fired(static_cast<size_t>(r.d_sae), 0.0);
   double sq_err = 0, sq_dev = 0, l0 = 0, l1 = 0, ce_clean = 0, ce_sae = 0, ce_abl = 0, kl_sae = 0, kl_abl = 0;
   for (int64_t b = 0; b < batches; ++b) {
     const auto [tokens, targets] = text_batch(in, tasks::Split::val, static_cast<uint64_t>(b), B, T);
-    const HookedRun clean = run_hooked(model, tokens, {hook});
+    const HookedRun clean = run_hooked(model, tokens, {reads, hook});
+    const auto rows = [&](const std::string& name, int64_t width, const char* field) {
+      const Tensor a = clean.cache.at(name);
+      HL_CHECK(a.numel() / (B * T) == width, "sae eval: ", name, "'s activations are ", a.numel() / (B * T),
+               " wide a token, the SAE's ", field, " is ", width);
+      return reshape(a, {B * T, width});
+    };
     const Tensor act = clean.cache.at(hook);
-    HL_CHECK(act.numel() / (B * T) == sae.config().d_in, "sae eval: ", hook, "'s activations are ",
-             act.numel() / (B * T), " wide a token, the SAE's d_in is ", sae.config().d_in);
-    const Tensor x = reshape(act, {B * T, sae.config().d_in});
+    const Tensor x = rows(reads, c.d_in, "d_in"), y = origin.transcoder() ? rows(hook, c.out_width(), "d_out") : x;
     const Tensor f = sae.encode(x);
     const Tensor x_hat = sae.decode(f);
-    const Tensor err = sub(x, x_hat), dev = sub(x, mean(x, {0}, true));
+    const Tensor err = sub(y, x_hat), dev = sub(y, mean(y, {0}, true));
     sq_err += sum(mul(err, err)).item<double>();
     sq_dev += sum(mul(dev, dev)).item<double>();
     const Tensor active = to_dtype(gt(f, scalar_tensor(0.0, f.dtype(), f.device())), DType::f64);

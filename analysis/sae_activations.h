@@ -35,34 +35,51 @@ class HookActivations : public train::ActivationSource {
   int64_t pending_at_ = 0;
 };
 
+// One dictionary to train: an SAE reads and reconstructs `in`; a transcoder reads `in` and reconstructs `out` (an
+// MLP's input, blocks.L.ln2.hook_normalized, to its output, blocks.L.hook_mlp_out).
+struct SaeTarget {
+  std::string in, out;  // out empty: an SAE
+  bool transcoder() const { return !out.empty(); }
+  std::string name() const { return transcoder() ? in + "_to_" + out : in; }  // its folder's
+};
+
+// An SAE's reconstruction of rows it did not train on (the val split's).
+struct SaeHeldOut {
+  double explained_variance = 0, mse = 0, l0 = 0;
+};
+
 struct SaeTrainArgs {
-  std::vector<std::string> hooks;  // one SAE each
+  std::vector<SaeTarget> targets;  // every one from the same forward passes
   nn::SaeArch arch = nn::SaeArch::topk;
   int64_t k = 32, expansion = 16;
   int64_t training_tokens = 1'000'000, batch_size = 4096, buffer_rows = 262144;
   int64_t rows_per_forward = 8, context = 0;  // sequences of `context` tokens a forward (0: the model's)
   int64_t log_every = 50;
+  int64_t eval_every = 0;      // steps between held-out evaluations (0: only at the end)
+  int64_t eval_tokens = 4096;  // the held-out rows (val split), read once
   train::BdecInit b_dec_init = train::BdecInit::geometric_median;
   train::SaeTrainOptions options;
   uint64_t seed = 0;
-  std::string out;  // one SAELens folder per hook, out/<hook name>
+  std::string out;  // one SAELens folder a target, out/<SaeTarget::name()>
 };
 
 struct SaeTrainReport {
   std::vector<std::string> folders;
   std::vector<train::SaeStepStats> last;  // each SAE's last step
+  std::vector<SaeHeldOut> held_out;       // each SAE at the end, on args.eval_tokens held-out rows
   int64_t tokens = 0, steps = 0;
   double seconds = 0;
 };
 
-// Trains one SAE per hook from one stream of forward passes (train split), writing each as a SAELens folder;
-// `progress` gets a line every log_every steps.
+// Trains every target from one stream of forward passes (train split), writing each as a SAELens folder;
+// `progress` gets a line every log_every steps and the held-out evaluation's every eval_every.
 SaeTrainReport train_saes(const loader::Loaded& in, const std::string& model_name, const SaeTrainArgs& args,
                           const std::function<void(const std::string&)>& progress);
 
-// SAELens's evals of one SAE at its hook over `batches` validation batches of B x T (the val split).
+// SAELens's evals of one SAE at its hook, or of a transcoder at the hook it reconstructs (its splice replaces that
+// hook with its output), over `batches` validation batches of B x T (the val split).
 struct SaeEvalReport {
-  std::string hook;
+  std::string hook;  // the hook spliced: an SAE's, a transcoder's hook_name_out
   int64_t tokens = 0;
   double explained_variance = 0;  // 1 - sum ||x - x_hat||^2 / sum ||x - mean x||^2 (SAELens's intended formula)
   double mse = 0;                 // per token: ||x - x_hat||^2, averaged over tokens
@@ -73,7 +90,7 @@ struct SaeEvalReport {
   int64_t dense_features = 0;                                              // active on more than 10% of tokens
   int64_t d_sae = 0;
 };
-SaeEvalReport evaluate_sae(const loader::Loaded& in, nn::SparseAutoencoder& sae, const std::string& hook,
+SaeEvalReport evaluate_sae(const loader::Loaded& in, nn::SparseAutoencoder& sae, const io::SaeOrigin& origin,
                            int64_t batches, int64_t B, int64_t T);
 
 // An attention-output SAE's features split over the heads that write them (Kissane et al. 2024). An SAE on

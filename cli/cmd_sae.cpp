@@ -1,7 +1,7 @@
 // headlab sae: sparse autoencoders on a model's hook points (analysis/sae_activations.h).
-//   headlab sae train MODEL --hook NAME [--hook NAME ...] --text FILE --arch relu|topk|jumprelu [--k K]
-//                   [--expansion E] --out DIR      one SAE a hook, from one stream of forward passes, as SAELens
-//                   folders
+//   headlab sae train MODEL --hook NAME [--hook NAME ...] [--transcoder IN:OUT ...] --text FILE
+//                   --arch relu|topk|jumprelu [--k K] [--expansion E] --out DIR      one SAE a hook (and one
+//                   transcoder a pair), from one stream of forward passes, as SAELens folders
 //   headlab sae eval MODEL SAE_DIR [SAE_DIR ...] --text FILE [--json]   SAELens's evals of each at its hook
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -16,9 +16,9 @@ namespace {
 
 struct SaeArgs {
   std::string action, model, tokenizer, text, out, device = "cpu", arch = "topk", b_dec_init = "geometric_median";
-  std::vector<std::string> hooks, saes;
+  std::vector<std::string> hooks, transcoders, saes;
   int64_t k = 32, expansion = 16, training_tokens = 1'000'000, batch_size = 4096, buffer_rows = 262144;
-  int64_t rows_per_forward = 8, tokens = 0, log_every = 50, batches = 8;
+  int64_t rows_per_forward = 8, tokens = 0, log_every = 50, eval_every = 0, eval_tokens = 4096, batches = 8;
   double lr = 3e-4, l1 = 5.0, l0 = 1.0, aux = 1.0 / 32;
   bool json = false;
   uint64_t seed = 0;
@@ -48,41 +48,66 @@ Model load_model(const SaeArgs& a, const char* cmd) {
   return m;
 }
 
+// --transcoder IN:OUT as a target, or the error naming the flag and what it got.
+analysis::SaeTarget transcoder_of(const std::string& spec) {
+  const size_t colon = spec.find(':');
+  HL_CHECK(colon != std::string::npos && colon > 0 && colon + 1 < spec.size() &&
+               spec.find(':', colon + 1) == std::string::npos,
+           "sae train: --transcoder takes IN:OUT, two hook points (e.g. "
+           "blocks.0.ln2.hook_normalized:blocks.0.hook_mlp_out), got '",
+           spec, "'");
+  analysis::SaeTarget t{spec.substr(0, colon), spec.substr(colon + 1)};
+  HL_CHECK(t.in != t.out, "sae train: --transcoder ", spec, " reads and reconstructs one hook: that is an SAE (--hook ",
+           t.in, ")");
+  return t;
+}
+
 int run_train(const SaeArgs& a) {
-  HL_CHECK(!a.hooks.empty(),
-           "sae train: name the hook point(s) to train on: --hook NAME (e.g. blocks.0.hook_resid_post)");
+  HL_CHECK(!a.hooks.empty() || !a.transcoders.empty(),
+           "sae train: name the hook point(s) to train on: --hook NAME (e.g. blocks.0.hook_resid_post), or "
+           "--transcoder IN:OUT");
   HL_CHECK(a.saes.empty(), "sae train: SAE folders are read by sae eval, not by sae train (got '", a.saes.front(),
            "')");
   HL_CHECK(!a.out.empty(), "sae train: give --out DIR (one SAELens folder a hook is written there)");
+  std::vector<analysis::SaeTarget> targets;
+  for (const std::string& h : a.hooks) targets.push_back({h, ""});
+  for (const std::string& spec : a.transcoders) targets.push_back(transcoder_of(spec));
+  for (size_t i = 0; i < targets.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      HL_CHECK(targets[i].name() != targets[j].name(), "sae train: ", targets[i].name(), " is named twice");
   Model m = load_model(a, "sae train");
   const io::FolderLock lock = make_locked_dir(a.out, "sae");  // "sae: 'DIR' ...", as every writer names itself
   analysis::SaeTrainArgs t;
-  t.hooks = a.hooks;
+  t.targets = targets;
   t.arch = parse_enum<nn::SaeArch>(a.arch, "sae train: --arch");
   t.k = a.k, t.expansion = a.expansion, t.training_tokens = a.training_tokens, t.batch_size = a.batch_size;
   t.buffer_rows = a.buffer_rows, t.rows_per_forward = a.rows_per_forward, t.context = m.T, t.log_every = a.log_every;
+  t.eval_every = a.eval_every, t.eval_tokens = a.eval_tokens;
   t.b_dec_init = parse_enum<train::BdecInit>(a.b_dec_init, "sae train: --b-dec-init");
   t.options.adam.lr = a.lr;
   t.options.loss.l1 = a.l1, t.options.loss.l0 = a.l0, t.options.loss.aux = a.aux;
   t.seed = a.seed, t.out = a.out;
   std::cout << "sae train: " << enum_name(t.arch) << " SAEs (" << a.expansion << "x"
             << (t.arch == nn::SaeArch::topk ? ", k " + std::to_string(a.k) : std::string()) << ") on " << a.hooks.size()
-            << " hook(s) of " << a.model << ", " << a.training_tokens << " tokens in batches of " << a.batch_size
-            << ", shuffled in a buffer of " << a.buffer_rows << " rows, " << a.rows_per_forward << " sequences of "
-            << m.T << " tokens a forward\n";
+            << " hook(s) and " << a.transcoders.size() << " transcoder pair(s) of " << a.model << ", "
+            << a.training_tokens << " tokens in batches of " << a.batch_size << ", shuffled in a buffer of "
+            << a.buffer_rows << " rows, " << a.rows_per_forward << " sequences of " << m.T << " tokens a forward\n";
   const analysis::SaeTrainReport r = analysis::train_saes(
       m.in, a.model, t, [](const std::string& line) { std::cout << "sae train: " << line << "\n"; });
   std::cout << "sae train: " << r.steps << " steps, " << r.tokens << " tokens in " << fmt(r.seconds, 1) << " s ("
             << fmt(static_cast<double>(r.tokens) / r.seconds, 0) << " tokens/s, the forward passes included)\n";
   for (size_t i = 0; i < r.folders.size(); ++i)
-    std::cout << "sae train: wrote " << r.folders[i] << " (explained variance " << fmt(r.last[i].explained_variance, 4)
-              << ", L0 " << fmt(r.last[i].l0, 1) << ", dead " << r.last[i].dead << " on the last batch)\n";
+    std::cout << "sae train: wrote " << r.folders[i] << " (held out: explained variance "
+              << fmt(r.held_out[i].explained_variance, 4) << ", L0 " << fmt(r.held_out[i].l0, 1) << "; dead "
+              << r.last[i].dead << " at the end)\n";
   return 0;
 }
 
 int run_eval(const SaeArgs& a) {
   HL_CHECK(!a.saes.empty(), "sae eval: name the SAE folder(s) to evaluate after the model");
-  HL_CHECK(a.hooks.empty(), "sae eval: --hook is sae train's; an SAE's hook is its cfg.json's hook_name");
+  HL_CHECK(a.hooks.empty() && a.transcoders.empty(),
+           "sae eval: --hook and --transcoder are sae train's; an SAE's hooks are its cfg.json's hook_name (and a "
+           "transcoder's hook_name_out)");
   Model m = load_model(a, "sae eval");
   nlohmann::json out = nlohmann::json::array();
   for (const std::string& dir : a.saes) {
@@ -90,9 +115,10 @@ int run_eval(const SaeArgs& a) {
     HL_CHECK(!s.origin.hook_name.empty(), "sae eval: ", dir, "/cfg.json names no hook_name");
     s.sae->to(m.in.model->device());
     const analysis::SaeEvalReport r =
-        analysis::evaluate_sae(m.in, *s.sae, s.origin.hook_name, a.batches, a.rows_per_forward, m.T);
+        analysis::evaluate_sae(m.in, *s.sae, s.origin, a.batches, a.rows_per_forward, m.T);
     const nlohmann::json j = {{"sae", dir},
-                              {"hook_name", r.hook},
+                              {"hook_name", s.origin.hook_name},
+                              {"hook_name_out", s.origin.transcoder() ? nlohmann::json(r.hook) : nlohmann::json()},
                               {"tokens", r.tokens},
                               {"explained_variance", r.explained_variance},
                               {"mse", r.mse},
@@ -110,7 +136,8 @@ int run_eval(const SaeArgs& a) {
                               {"d_sae", r.d_sae}};
     out.push_back(j);
     if (a.json) continue;
-    std::cout << dir << " at " << r.hook << " over " << r.tokens << " validation tokens:\n"
+    std::cout << dir << (s.origin.transcoder() ? " from " + s.origin.hook_name + " to " : std::string(" at ")) << r.hook
+              << " over " << r.tokens << " validation tokens:\n"
               << "  explained variance " << fmt(r.explained_variance, 4) << ", mse " << fmt(r.mse, 4) << ", L0 "
               << fmt(r.l0, 1) << ", L1 " << fmt(r.l1, 2) << "\n"
               << "  ce_loss_score " << fmt(r.ce_loss_score, 4) << " (loss " << fmt(r.ce_loss_without_sae, 4)
@@ -142,6 +169,9 @@ Action add_sae(CLI::App& app) {
          "a text model's text: train reads its first 90%, eval its last 10% (a task checkpoint: its task's examples)")
       ->type_name(kInputFile);
   app.add_option("--hook", a->hooks, "train: a hook point to train an SAE on (repeat for several, one forward pass)");
+  app.add_option("--transcoder", a->transcoders,
+                 "train: IN:OUT, a transcoder from one hook point to another (an MLP's "
+                 "blocks.L.ln2.hook_normalized:blocks.L.hook_mlp_out); repeatable, the same forward passes");
   app.add_option("--arch", a->arch, "train: relu | topk | jumprelu")
       ->check(CLI::IsMember({"relu", "topk", "jumprelu", "standard"}))
       ->capture_default_str();
@@ -184,6 +214,13 @@ Action add_sae(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--log-every", a->log_every, "train: a progress line every N steps")
       ->check(positive_number(1e9))
+      ->capture_default_str();
+  app.add_option("--eval-every", a->eval_every,
+                 "train: held-out explained variance and L0 every N steps (0: only at the end)")
+      ->check(non_negative_number(1e9))
+      ->capture_default_str();
+  app.add_option("--eval-tokens", a->eval_tokens, "train: the held-out activations (the val split's), read once")
+      ->check(positive_number(1e8))
       ->capture_default_str();
   app.add_option("--out", a->out, "train: the folder to write, one SAELens folder a hook inside")
       ->type_name(kOutputDir);

@@ -2,6 +2,7 @@
 #include "io/sae_files.h"
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -12,6 +13,7 @@
 #include "base/sizes.h"
 #include "io/atomic_file.h"
 #include "io/safetensors.h"
+#include "nn/hooks.h"
 
 namespace headlab::io {
 
@@ -41,12 +43,30 @@ int layout_of(const json& cfg) {
   return !v.empty() && std::isdigit(static_cast<unsigned char>(v[0])) && std::stoi(v) >= 6 ? 6 : 5;
 }
 
+// SAELens's transcoder architectures and the activation each uses; topk_transcoder is headlab's name.
+constexpr std::array<std::pair<const char*, nn::SaeArch>, 3> kTranscoders = {
+    {{"transcoder", nn::SaeArch::relu},
+     {"jumprelu_transcoder", nn::SaeArch::jumprelu},
+     {"topk_transcoder", nn::SaeArch::topk}}};
+
+std::string transcoder_name(nn::SaeArch arch) {
+  for (const auto& [name, a] : kTranscoders)
+    if (a == arch) return name;
+  HL_FAIL("sae: no transcoder architecture for ", enum_name(arch));
+}
+
 // The architecture, as SAELens decides it: v5 by activation_fn_str ("topk" under "standard" too: older TopK SAEs),
-// v6 by architecture.
-nn::SaeArch arch_of(const json& cfg, int layout, const std::string& path) {
+// v6 by architecture; `transcoder` says whether it is one of kTranscoders.
+nn::SaeArch arch_of(const json& cfg, int layout, const std::string& path, bool& transcoder) {
   const std::string arch = text_or(cfg, "architecture", "standard");
+  for (const auto& [name, a] : kTranscoders)
+    if (arch == name) return transcoder = true, a;
+  transcoder = false;
+  HL_CHECK(arch != "skip_transcoder", path,
+           ": architecture 'skip_transcoder' (a transcoder with a skip connection, W_skip) is not read by headlab yet");
   HL_CHECK(arch == "standard" || arch == "topk" || arch == "jumprelu", path, ": architecture '", arch,
-           "' is not one headlab reads (it reads standard, topk and jumprelu)");
+           "' is not one headlab reads (it reads standard, topk, jumprelu, transcoder, jumprelu_transcoder and "
+           "topk_transcoder)");
   if (layout == 5) {
     const std::string fn = text_or(cfg, "activation_fn_str", text_or(cfg, "activation_fn", "relu"));
     HL_CHECK(fn == "relu" || fn == "topk", path, ": activation_fn_str '", fn,
@@ -66,6 +86,12 @@ Tensor weight(const SafetensorsFile& f, const char* name, const Shape& shape) {
   return t;
 }
 
+// The block a hook name sits in ("blocks.3.hook_mlp_out": 3; 0 outside the blocks), SAELens's hook_layer.
+int64_t hook_layer(const std::string& hook) {
+  const std::optional<nn::HookKey> key = nn::parse_hook_name(hook);
+  return key && key->layer >= 0 ? key->layer : 0;
+}
+
 }  // namespace
 
 LoadedSae read_sae_folder(const std::string& folder) {
@@ -78,12 +104,17 @@ LoadedSae read_sae_folder(const std::string& folder) {
   nn::SaeConfig c;
   c.d_in = positive(cfg, "d_in", cfg_path);
   c.d_sae = positive(cfg, "d_sae", cfg_path);
-  c.arch = arch_of(cfg, out.layout_version, cfg_path);
+  bool transcoder = false;
+  c.arch = arch_of(cfg, out.layout_version, cfg_path, transcoder);
+  if (transcoder) {
+    c.d_out = positive(cfg, "d_out", cfg_path);
+    c.apply_b_dec_to_input = false;  // SAELens's transcoder: b_dec is the output's bias, never the input's
+  }
   if (c.arch == nn::SaeArch::topk) {
     const json& kw = cfg.contains("activation_fn_kwargs") ? cfg["activation_fn_kwargs"] : json::object();
     c.k = cfg.contains("k") ? positive(cfg, "k", cfg_path) : positive(kw, "k", cfg_path + " activation_fn_kwargs");
   }
-  if (cfg.contains("apply_b_dec_to_input")) {
+  if (!transcoder && cfg.contains("apply_b_dec_to_input")) {
     HL_CHECK(cfg["apply_b_dec_to_input"].is_boolean(), cfg_path, ": 'apply_b_dec_to_input' must be true or false");
     c.apply_b_dec_to_input = cfg["apply_b_dec_to_input"].get<bool>();
   }
@@ -109,6 +140,10 @@ LoadedSae read_sae_folder(const std::string& folder) {
     out.origin.hook_head_index = meta["hook_head_index"].get<int64_t>();
   if (meta.contains("context_size") && meta["context_size"].is_number_integer())
     out.origin.context_size = meta["context_size"].get<int64_t>();
+  if (transcoder) {
+    out.origin.hook_name_out = text_or(cfg, "hook_name_out", text_or(meta, "hook_name_out", ""));
+    HL_CHECK(!out.origin.hook_name_out.empty(), cfg_path, ": a transcoder's 'hook_name_out' is missing or empty");
+  }
 
   const SafetensorsFile f(weights_path);
   std::vector<std::string> expected = {"W_enc", "W_dec", "b_enc", "b_dec"};
@@ -117,12 +152,13 @@ LoadedSae read_sae_folder(const std::string& folder) {
   for (const std::string& n : expected) names += (names.empty() ? "" : ", ") + n;
   for (const auto& [name, entry] : f.entries())
     HL_CHECK(std::find(expected.begin(), expected.end(), name) != expected.end(), weights_path, ": tensor '", name,
-             "' is not one a ", enum_name(c.arch), " SAE has (", names, ")");
+             "' is not one a ", transcoder ? transcoder_name(c.arch) : std::string(enum_name(c.arch)) + " SAE",
+             " has (", names, ")");
   out.sae = std::make_unique<nn::SparseAutoencoder>(c);
   NamedTensors values = {{"W_enc", weight(f, "W_enc", {c.d_in, c.d_sae})},
-                         {"W_dec", weight(f, "W_dec", {c.d_sae, c.d_in})},
+                         {"W_dec", weight(f, "W_dec", {c.d_sae, c.out_width()})},
                          {"b_enc", weight(f, "b_enc", {c.d_sae})},
-                         {"b_dec", weight(f, "b_dec", {c.d_in})}};
+                         {"b_dec", weight(f, "b_dec", {c.out_width()})}};
   if (c.arch == nn::SaeArch::jumprelu) values.emplace_back("threshold", weight(f, "threshold", {c.d_sae}));
   out.sae->adopt_parameters(std::move(values), weights_path);
   return out;
@@ -130,8 +166,10 @@ LoadedSae read_sae_folder(const std::string& folder) {
 
 void write_sae_folder(const std::string& folder, const nn::SparseAutoencoder& sae, const SaeOrigin& origin) {
   const nn::SaeConfig& c = sae.config();
-  HL_CHECK(c.out_width() == c.d_in, "sae: ", folder, ": a transcoder (d_out ", c.out_width(), " != d_in ", c.d_in,
-           ") is not written in SAELens's SAE layout");
+  HL_CHECK(c.out_width() == c.d_in || origin.transcoder(), "sae: ", folder, ": a transcoder (d_out ", c.out_width(),
+           " != d_in ", c.d_in, ") is written with the hook it reconstructs (hook_name_out), and none was given");
+  HL_CHECK(!origin.transcoder() || !c.apply_b_dec_to_input, "sae: ", folder,
+           ": a transcoder subtracts no b_dec from its input in SAELens's layout (apply_b_dec_to_input must be off)");
   std::filesystem::create_directories(folder);
   json meta = {{"sae_lens_version", "6.0.0"},  // the layout's version: SAELens reads v6's fields from 6.0.0 on
                {"model_name", origin.model_name},
@@ -151,7 +189,15 @@ void write_sae_folder(const std::string& folder, const nn::SparseAutoencoder& sa
     cfg["k"] = c.k;
     cfg["rescale_acts_by_decoder_norm"] = false;
   }
-  cfg["architecture"] = c.arch == nn::SaeArch::relu ? "standard" : enum_name(c.arch);
+  cfg["architecture"] = origin.transcoder()           ? transcoder_name(c.arch)
+                        : c.arch == nn::SaeArch::relu ? "standard"
+                                                      : std::string(enum_name(c.arch));
+  if (origin.transcoder()) {
+    cfg["d_out"] = c.out_width();
+    cfg["hook_name_out"] = origin.hook_name_out;
+    cfg["hook_layer_out"] = hook_layer(origin.hook_name_out);
+    cfg["hook_head_index_out"] = nullptr;
+  }
   std::vector<std::pair<std::string, Tensor>> tensors = {
       {"W_enc", sae.W_enc}, {"W_dec", sae.W_dec}, {"b_enc", sae.b_enc}, {"b_dec", sae.b_dec}};
   if (c.arch == nn::SaeArch::jumprelu) tensors.emplace_back("threshold", sae.threshold);

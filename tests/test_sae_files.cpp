@@ -42,6 +42,8 @@ TEST_P(SaeLensFixture, WritesWhatItReadsBitwise) {
   const io::LoadedSae b = io::read_sae_folder(dir.path("out"));
   EXPECT_EQ(b.layout_version, 6);
   EXPECT_EQ(b.origin.hook_name, a.origin.hook_name);
+  EXPECT_EQ(b.origin.hook_name_out, a.origin.hook_name_out);
+  EXPECT_EQ(b.sae->config().out_width(), a.sae->config().out_width());
   EXPECT_EQ(b.sae->config().arch, a.sae->config().arch);
   EXPECT_EQ(b.sae->config().k, a.sae->config().k);
   EXPECT_EQ(b.sae->config().apply_b_dec_to_input, a.sae->config().apply_b_dec_to_input);
@@ -52,7 +54,17 @@ TEST_P(SaeLensFixture, WritesWhatItReadsBitwise) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, SaeLensFixture,
-                         ::testing::Values("relu_v5", "relu_v6", "topk_v5", "topk_v6", "jumprelu_v5", "jumprelu_v6"));
+                         ::testing::Values("relu_v5", "relu_v6", "topk_v5", "topk_v6", "jumprelu_v5", "jumprelu_v6",
+                                           "transcoder_v6", "jumprelu_transcoder_v6"));
+
+TEST(SaeLensTranscoder, ReadsItsOutputHookAndNeverSubtractsBdecFromItsInput) {
+  const io::LoadedSae t = io::read_sae_folder(fixture_path("sae/transcoder_v6"));
+  EXPECT_EQ(t.origin.hook_name, "blocks.1.ln2.hook_normalized");
+  EXPECT_EQ(t.origin.hook_name_out, "blocks.1.hook_mlp_out");
+  EXPECT_EQ(t.sae->config().d_in, 8);
+  EXPECT_EQ(t.sae->config().out_width(), 6);
+  EXPECT_FALSE(t.sae->config().apply_b_dec_to_input);  // saved true, as SAELens saves it; its transcoder ignores it
+}
 
 // A copy of a fixture with cfg.json's text edited by `edit`.
 std::string edited_copy(const testing::TempDir& dir, const std::string& name,
@@ -111,6 +123,14 @@ TEST(SaeLensFolders, RefusesWhatItCannotHonourByName) {
   // a threshold tensor in a ReLU SAE's file: a jumprelu file with a relu cfg
   expect_refused(edited_copy(dir, "jumprelu_v6", [](std::string& s) { replace(s, "\"jumprelu\"", "\"standard\""); }),
                  "tensor 'threshold' is not one a relu SAE has");
+  expect_refused(
+      edited_copy(dir, "transcoder_v6", [](std::string& s) { replace(s, "\"transcoder\"", "\"skip_transcoder\""); }),
+      "architecture 'skip_transcoder' (a transcoder with a skip connection, W_skip)");
+  expect_refused(edited_copy(dir, "transcoder_v6", [](std::string& s) { replace(s, "\"d_out\": 6, ", ""); }),
+                 "no 'd_out'");
+  expect_refused(edited_copy(dir, "jumprelu_transcoder_v6",
+                             [](std::string& s) { replace(s, "\"blocks.1.hook_mlp_out\"", "\"\""); }),
+                 "a transcoder's 'hook_name_out' is missing or empty");
   expect_refused(dir.path("absent"), "does not exist");
 }
 

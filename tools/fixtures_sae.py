@@ -22,6 +22,10 @@ same weights and inputs, so the two layouts must load to the same SAE:
   jumprelu_v5, jumprelu_v6   Gemma Scope's: apply_b_dec_to_input false, positive per-feature thresholds placed
                              0.01 above or below one input's pre-activation; v5's normalize_activations is null,
                              as SAELens v5 saves a Gemma Scope SAE it loaded
+  transcoder_v6,             SAELens's transcoders (sae_lens/saes/transcoder.py): "transcoder" (relu) and
+  jumprelu_transcoder_v6     "jumprelu_transcoder", d_out 6 (W_dec (d_sae, 6), b_dec (6)), hook_name_out; the
+                             input never has b_dec subtracted although apply_b_dec_to_input is saved true
+                             (SAEConfig's default, which Transcoder.process_sae_in ignores)
 v5 is the flat layout (model and hook fields top-level, SAELens v3 to v5); v6 moves them under "metadata",
 whose sae_lens_version >= 6.0.0 is what tells SAELens the layout.
 
@@ -40,7 +44,7 @@ import torch
 
 from fixtures_gpt2_folders import write_safetensors
 
-D_IN, D_SAE, K, ROWS = 8, 24, 4, 5
+D_IN, D_SAE, K, ROWS, D_OUT = 8, 24, 4, 5, 6
 # A value of pre this far from a threshold (or from the k-th largest) is on the same side in float32.
 MARGIN = 4e-3
 
@@ -50,7 +54,7 @@ def f32(a):
 
 
 def encode(arch, w, x, apply_b_dec):
-    pre = (x - w["b_dec"] * apply_b_dec) @ w["W_enc"] + w["b_enc"]
+    pre = ((x - w["b_dec"]) if apply_b_dec else x) @ w["W_enc"] + w["b_enc"]
     if arch == "standard":
         post = np.maximum(pre, 0)
     elif arch == "topk":
@@ -62,11 +66,11 @@ def encode(arch, w, x, apply_b_dec):
     return pre, post
 
 
-def weights(arch, seed):
+def weights(arch, seed, d_out=D_IN):
     """float32-valued weights and inputs (x: ROWS rows) for one architecture."""
     rng = np.random.default_rng(seed)
-    w = {"W_enc": f32(rng.normal(0, 0.5, (D_IN, D_SAE))), "W_dec": f32(rng.normal(0, 0.4, (D_SAE, D_IN))),
-         "b_enc": f32(rng.normal(0, 0.2, D_SAE)), "b_dec": f32(rng.normal(0, 0.3, D_IN))}
+    w = {"W_enc": f32(rng.normal(0, 0.5, (D_IN, D_SAE))), "W_dec": f32(rng.normal(0, 0.4, (D_SAE, d_out))),
+         "b_enc": f32(rng.normal(0, 0.2, D_SAE)), "b_dec": f32(rng.normal(0, 0.3, d_out))}
     x = f32(rng.normal(0, 1.0, (ROWS, D_IN)))
     if arch == "topk":
         # b_enc mostly negative and x[-1] = b_dec: that row's pre is b_enc itself, with 2 positive entries.
@@ -135,26 +139,41 @@ def cfg_v6(arch):
     return c
 
 
+def cfg_transcoder(arch):
+    """TranscoderConfig.to_dict() of sae_lens/saes/transcoder.py: SAEConfig's, then the output hook's fields."""
+    c = cfg_v6(arch)
+    c["apply_b_dec_to_input"] = True  # SAEConfig's default; a transcoder ignores it
+    c["metadata"]["hook_name"] = "blocks.1.ln2.hook_normalized"
+    c["architecture"] = {"standard": "transcoder", "jumprelu": "jumprelu_transcoder"}[arch]
+    c.update(d_out=D_OUT, hook_name_out="blocks.1.hook_mlp_out", hook_layer_out=1, hook_head_index_out=None)
+    return c
+
+
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.path.join(here, "..", "tests", "fixtures", "sae"))
     args = ap.parse_args()
-    reference = {}
+    reference, cases = {}, []
     for seed, (name, arch) in enumerate((("relu", "standard"), ("topk", "topk"), ("jumprelu", "jumprelu"))):
         w, x = weights(arch, 700 + seed)
         pre, post = encode(arch, w, x, arch != "jumprelu")
         recons = post @ w["W_dec"] + w["b_dec"]
         for layout, cfg in (("v5", cfg_v5(arch)), ("v6", cfg_v6(arch))):
-            case = f"{name}_{layout}"
-            folder = os.path.join(args.out, case)
-            os.makedirs(folder, exist_ok=True)
-            with open(os.path.join(folder, "cfg.json"), "w") as f:
-                json.dump(cfg, f)
-            write_safetensors(os.path.join(folder, "sae_weights.safetensors"),
-                              {k: torch.from_numpy(v.astype(np.float32)) for k, v in w.items()}, "F32")
-            for key, v in (("x", x), ("acts_pre", pre), ("acts_post", post), ("recons", recons)):
-                reference[f"{case}.{key}"] = torch.from_numpy(v.astype(np.float32))
+            cases.append((f"{name}_{layout}", cfg, w, x, pre, post, recons))
+    for seed, (name, arch) in enumerate((("transcoder", "standard"), ("jumprelu_transcoder", "jumprelu"))):
+        w, x = weights(arch, 710 + seed, D_OUT)
+        pre, post = encode(arch, w, x, False)
+        cases.append((f"{name}_v6", cfg_transcoder(arch), w, x, pre, post, post @ w["W_dec"] + w["b_dec"]))
+    for case, cfg, w, x, pre, post, recons in cases:
+        folder = os.path.join(args.out, case)
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "cfg.json"), "w") as f:
+            json.dump(cfg, f)
+        write_safetensors(os.path.join(folder, "sae_weights.safetensors"),
+                          {k: torch.from_numpy(v.astype(np.float32)) for k, v in w.items()}, "F32")
+        for key, v in (("x", x), ("acts_pre", pre), ("acts_post", post), ("recons", recons)):
+            reference[f"{case}.{key}"] = torch.from_numpy(v.astype(np.float32))
     write_safetensors(os.path.join(args.out, "reference.safetensors"), reference, "F32")
 
 

@@ -248,20 +248,4 @@ SaeEvalReport evaluate_sae(const loader::Loaded& in, nn::SparseAutoencoder& sae,
   return r;
 }
 
-FeatureHeads feature_head_shares(const nn::DecoderModel& model, const nn::SparseAutoencoder& sae, int64_t layer) {
-  const NoGradGuard no_grad;
-  const nn::HeadWeights w = model.head_weights(layer, false, DType::f64);
-  const int64_t H = w.W_O.size(0), D = w.W_O.size(1), d_sae = sae.config().d_sae;
-  HL_CHECK(sae.config().d_in == H * D, "sae: an SAE on blocks.", layer, ".attn.hook_z reads ", H, " heads x ", D, " = ",
-           H * D, " values a token; this one's d_in is ", sae.config().d_in);
-  // (H, d_sae, D) @ (H, D, C) -> each head's part of each feature's output direction, (H, d_sae, C)
-  const Tensor blocks = permute(reshape(to_dtype(sae.W_dec.detach(), DType::f64), {d_sae, H, D}), {1, 0, 2});
-  const Tensor parts = matmul(blocks, to_device(w.W_O, blocks.device()));
-  const Tensor out = sum(parts, {0});                  // (d_sae, C)
-  const Tensor norms = sqrt(sum(mul(out, out), {1}));  // (d_sae)
-  const Tensor unit = div(out, unsqueeze(maximum(norms, scalar_tensor(1e-300, DType::f64, norms.device())), 1));
-  const Tensor shares = sum(mul(parts, unsqueeze(unit, 0)), {2});  // (H, d_sae)
-  return {contiguous(transpose(shares, 0, 1)), norms};
-}
-
 }  // namespace headlab::analysis

@@ -93,13 +93,4 @@ struct SaeEvalReport {
 SaeEvalReport evaluate_sae(const loader::Loaded& in, nn::SparseAutoencoder& sae, const io::SaeOrigin& origin,
                            int64_t batches, int64_t B, int64_t T);
 
-// An attention-output SAE's features split over the heads that write them (Kissane et al. 2024). An SAE on
-// blocks.L.attn.hook_z reads the heads' z side by side (H x D), so feature f's decoder row is a block d_{f,h} a head,
-// which W_O carries into the stream as d_{f,h} W_O[h]; the feature writes o_f = sum_h d_{f,h} W_O[h].
-struct FeatureHeads {
-  Tensor shares;        // (d_sae, H) float64: head h's part projected on o_f / ||o_f||; a row sums to ||o_f||
-  Tensor output_norms;  // (d_sae) float64: ||o_f||
-};
-FeatureHeads feature_head_shares(const nn::DecoderModel& model, const nn::SparseAutoencoder& sae, int64_t layer);
-
 }  // namespace headlab::analysis

@@ -3,10 +3,18 @@
 //                   --arch relu|topk|jumprelu [--k K] [--expansion E] --out DIR      one SAE a hook (and one
 //                   transcoder a pair), from one stream of forward passes, as SAELens folders
 //   headlab sae eval MODEL SAE_DIR [SAE_DIR ...] --text FILE [--json]   SAELens's evals of each at its hook
+//   headlab sae features MODEL SAE_DIR --prompt TEXT [--features N | --feature F ...] [--position P] [--json]
+//                   the most active features on a prompt, each one's pre-activation split over the heads that
+//                   wrote its input, its head shares (hook_z) and its logit effects (analysis/sae_features.h)
+#include <algorithm>
+#include <cmath>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <numeric>
+#include <optional>
 
 #include "analysis/sae_activations.h"
+#include "analysis/sae_features.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 
@@ -16,7 +24,11 @@ namespace {
 
 struct SaeArgs {
   std::string action, model, tokenizer, text, out, device = "cpu", arch = "topk", b_dec_init = "geometric_median";
+  std::string prompt;
   std::vector<std::string> hooks, transcoders, saes;
+  std::vector<int64_t> features;
+  int64_t top_features = 5, logits = 5;
+  std::optional<int64_t> position;
   int64_t k = 32, expansion = 16, training_tokens = 1'000'000, batch_size = 4096, buffer_rows = 262144;
   int64_t rows_per_forward = 8, tokens = 0, log_every = 50, eval_every = 0, eval_tokens = 4096, batches = 8;
   double lr = 3e-4, l1 = 5.0, l0 = 1.0, aux = 1.0 / 32;
@@ -40,11 +52,12 @@ Model load_model(const SaeArgs& a, const char* cmd) {
            task, " checkpoint (its activations come from its task's examples)");
   HL_CHECK(a.tokens == 0 || text_task, cmd, ": --tokens applies to chars and subword models; a ", task,
            " task's rows are as long as its examples");
-  HL_CHECK(!m.in.from_folder || !a.text.empty(), cmd, ": give --text FILE (the text whose activations it reads)");
+  HL_CHECK(!m.in.from_folder || !a.text.empty() || a.action == "features", cmd,
+           ": give --text FILE (the text whose activations it reads)");
   const int64_t context = m.in.config.batch_tokens();
   m.T = a.tokens > 0 ? a.tokens : context;
   HL_CHECK(m.T <= context, cmd, ": --tokens ", m.T, " is longer than the model's context (", context, ")");
-  if (text_task) m.in.task->check_context_length(m.T);
+  if (text_task && a.action != "features") m.in.task->check_context_length(m.T);
   return m;
 }
 
@@ -156,13 +169,101 @@ int run_eval(const SaeArgs& a) {
   return 0;
 }
 
+// The features of the SAE (one folder) on --prompt: a table a feature, or JSON.
+int run_features(const SaeArgs& a) {
+  HL_CHECK(a.saes.size() == 1, "sae features: name one SAE folder after the model (got ", a.saes.size(), ")");
+  HL_CHECK(!a.prompt.empty(), "sae features: give --prompt TEXT (the text whose features it shows)");
+  HL_CHECK(a.hooks.empty() && a.transcoders.empty(), "sae features: --hook and --transcoder are sae train's");
+  Model m = load_model(a, "sae features");
+  io::LoadedSae s = io::read_sae_folder(a.saes[0]);
+  HL_CHECK(!s.origin.hook_name.empty(), "sae features: ", a.saes[0], "/cfg.json names no hook_name");
+  s.sae->to(m.in.model->device());
+  analysis::FeatureOptions o;
+  o.features = a.top_features, o.position = a.position, o.logits = a.logits, o.chosen = a.features;
+  const std::vector<int64_t> ids = m.in.task->encode_prompt(a.prompt).ids;
+  const analysis::FeatureReport r =
+      analysis::features_on_prompt(m.in.decoder("sae features"), *s.sae, s.origin, ids, o);
+  const tasks::Task& task = *m.in.task;
+  const auto effects = [&](const std::vector<analysis::TokenEffect>& v) {
+    nlohmann::json j = nlohmann::json::array();
+    for (const analysis::TokenEffect& e : v)
+      j.push_back({{"token", task.token_text(e.token)}, {"id", e.token}, {"effect", e.effect}});
+    return j;
+  };
+  if (a.json) {
+    nlohmann::json tokens = nlohmann::json::array(), features = nlohmann::json::array();
+    for (int64_t id : r.ids) tokens.push_back(task.token_text(id));
+    for (const analysis::FeatureOnPrompt& f : r.features) {
+      nlohmann::json parts = nlohmann::json::object();
+      for (size_t i = 0; i < f.labels.size(); ++i) parts[f.labels[i]] = f.parts[i];
+      features.push_back({{"feature", f.feature},
+                          {"activations", f.activations},
+                          {"position", f.position},
+                          {"activation", f.activation},
+                          {"pre_activation", f.pre_activation},
+                          {"bias", f.bias},
+                          {"parts", parts},
+                          {"head_shares", f.head_shares},
+                          {"top_logits", effects(f.top_logits)},
+                          {"bottom_logits", effects(f.bottom_logits)}});
+    }
+    std::cout << nlohmann::json{{"sae", a.saes[0]},
+                                {"hook_name", r.hook},
+                                {"split", r.split},
+                                {"tokens", tokens},
+                                {"features", features}}
+                     .dump(2)
+              << "\n";
+    return 0;
+  }
+  std::cout << "sae features: " << a.saes[0] << " at " << r.hook << " on " << r.ids.size() << " tokens; "
+            << (r.split.empty() ? std::string("pre-activations not split over heads (") + r.hook +
+                                      " is not what heads write: the stream, attn_out or hook_z are)"
+                                : "pre-activations split over " + r.split)
+            << "\n";
+  if (r.features.empty()) std::cout << "  no feature is active on the prompt\n";
+  for (const analysis::FeatureOnPrompt& f : r.features) {
+    std::cout << "feature " << f.feature << ": " << fmt(f.activation, 4) << " at token " << f.position << " '"
+              << task.token_text(r.ids[static_cast<size_t>(f.position)]) << "' (pre-activation "
+              << fmt(f.pre_activation, 4) << ")\n";
+    std::vector<size_t> order(f.parts.size());
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(),
+              [&](size_t x, size_t y) { return std::abs(f.parts[x]) > std::abs(f.parts[y]); });
+    if (!order.empty()) {
+      std::cout << "  written by";
+      for (size_t i = 0; i < std::min<size_t>(order.size(), 6); ++i)
+        std::cout << (i ? ", " : " ") << f.labels[order[i]] << " " << fmt(f.parts[order[i]], 4);
+      std::cout << "; bias " << fmt(f.bias, 4) << "\n";
+    }
+    if (!f.head_shares.empty()) {
+      std::cout << "  its output direction by head:";
+      for (size_t h = 0; h < f.head_shares.size(); ++h) std::cout << " " << fmt(f.head_shares[h], 3);
+      std::cout << "\n";
+    }
+    const auto list = [&](const char* what, const std::vector<analysis::TokenEffect>& v) {
+      if (v.empty()) return;
+      std::cout << "  " << what << ":";
+      for (const analysis::TokenEffect& e : v)
+        std::cout << " '" << task.token_text(e.token) << "' " << fmt(e.effect, 3);
+      std::cout << "\n";
+    };
+    list("promotes", f.top_logits);
+    list("suppresses", f.bottom_logits);
+  }
+  return 0;
+}
+
 }  // namespace
 
 Action add_sae(CLI::App& app) {
   auto a = std::make_shared<SaeArgs>();
-  app.add_option("action", a->action, "train | eval")->check(CLI::IsMember({"train", "eval"}))->required();
+  app.add_option("action", a->action, "train | eval | features")
+      ->check(CLI::IsMember({"train", "eval", "features"}))
+      ->required();
   add_model_argument(app, a->model, a->tokenizer);
-  app.add_option("saes", a->saes, "eval: the SAE folders (SAELens's layout: cfg.json, sae_weights.safetensors)")
+  app.add_option("saes", a->saes,
+                 "eval, features: the SAE folder(s) (SAELens's layout: cfg.json, sae_weights.safetensors)")
       ->type_name(kInputFolder);
   app.add_option(
          "--text", a->text,
@@ -224,11 +325,23 @@ Action add_sae(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--out", a->out, "train: the folder to write, one SAELens folder a hook inside")
       ->type_name(kOutputDir);
-  app.add_flag("--json", a->json, "eval: the evals as JSON");
+  app.add_option("--prompt", a->prompt, "features: the text whose features it shows");
+  app.add_option("--features", a->top_features, "features: the most active features it shows")
+      ->check(positive_number(1e6))
+      ->capture_default_str();
+  app.add_option("--feature", a->features, "features: show this feature (repeat for several) instead")
+      ->check(non_negative_number(1e12));
+  app.add_option("--position", a->position,
+                 "features: rank and split the features at this token (negative: from the end)")
+      ->check(in_range(-1e9, 1e9));
+  app.add_option("--logits", a->logits, "features: tokens each feature promotes and suppresses most")
+      ->check(non_negative_number(1e6))
+      ->capture_default_str();
+  app.add_flag("--json", a->json, "eval, features: the results as JSON");
   app.add_option("--device", a->device, "cpu | cuda | cuda:N")->capture_default_str();
   add_seed_option(app, a->seed, "train: the SAEs' initial weights and the buffer's shuffling");
   add_threads_option(app, a->threads);
-  return [a] { return a->action == "train" ? run_train(*a) : run_eval(*a); };
+  return [a] { return a->action == "train" ? run_train(*a) : a->action == "eval" ? run_eval(*a) : run_features(*a); };
 }
 
 }  // namespace headlab::cli

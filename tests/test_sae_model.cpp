@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "analysis/sae_activations.h"
+#include "analysis/sae_features.h"
 #include "nn/generate.h"
 #include "tests/core_test_util.h"
 #include "tests/process_util.h"

@@ -10,6 +10,7 @@
 #include "analysis/circuit_report.h"
 #include "analysis/files.h"
 #include "analysis/heads_pairs.h"
+#include "analysis/sae_features.h"
 #include "io/sae_files.h"
 #include "nn/layers.h"
 #include "python/model.h"
@@ -23,6 +24,7 @@ namespace {
 struct PySae {
   std::shared_ptr<nn::SparseAutoencoder> sae;
   io::SaeOrigin origin;
+  std::string path;  // the folder it was read from (empty: not read from one)
   Tensor input(const py::array& x) const { return to_dtype(from_numpy(x), sae->W_enc.dtype()); }
 };
 
@@ -32,7 +34,7 @@ void bind_sae(py::module_& m) {
           "load_from_disk",
           [](const std::string& path) {
             io::LoadedSae l = io::read_sae_folder(path);
-            return PySae{std::move(l.sae), l.origin};
+            return PySae{std::move(l.sae), l.origin, path};
           },
           py::arg("path"), "a SAELens folder (cfg.json, sae_weights.safetensors), v3-v5's layout or v6's")
       .def(
@@ -59,17 +61,22 @@ void bind_sae(py::module_& m) {
       .def(
           "save_model", [](const PySae& s, const std::string& path) { io::write_sae_folder(path, *s.sae, s.origin); },
           py::arg("path"), "writes a SAELens folder (v6's layout)")
-      .def_property_readonly("cfg",
-                             [](const PySae& s) {
-                               const nn::SaeConfig& c = s.sae->config();
-                               py::dict d;
-                               d["d_in"] = c.d_in, d["d_sae"] = c.d_sae;
-                               d["architecture"] = c.arch == nn::SaeArch::relu ? "standard" : enum_name(c.arch);
-                               d["k"] = c.arch == nn::SaeArch::topk ? py::object(py::int_(c.k)) : py::none();
-                               d["apply_b_dec_to_input"] = c.apply_b_dec_to_input;
-                               d["hook_name"] = s.origin.hook_name, d["model_name"] = s.origin.model_name;
-                               return d;
-                             })
+      .def_property_readonly(
+          "cfg",
+          [](const PySae& s) {
+            const nn::SaeConfig& c = s.sae->config();
+            py::dict d;
+            d["d_in"] = c.d_in, d["d_sae"] = c.d_sae, d["d_out"] = c.out_width();
+            const std::string arch = c.arch == nn::SaeArch::relu ? "standard" : enum_name(c.arch);
+            d["architecture"] =
+                s.origin.transcoder() ? (c.arch == nn::SaeArch::relu ? "transcoder" : arch + "_transcoder") : arch;
+            d["k"] = c.arch == nn::SaeArch::topk ? py::object(py::int_(c.k)) : py::none();
+            d["apply_b_dec_to_input"] = c.apply_b_dec_to_input;
+            d["hook_name"] = s.origin.hook_name, d["model_name"] = s.origin.model_name;
+            d["hook_name_out"] = s.origin.hook_name_out;
+            return d;
+          })
+      .def_property_readonly("path", [](const PySae& s) { return s.path; })
       .def_property_readonly("W_enc", [](const PySae& s) { return to_numpy(s.sae->W_enc.detach()); })
       .def_property_readonly("W_dec", [](const PySae& s) { return to_numpy(s.sae->W_dec.detach()); })
       .def_property_readonly("b_enc", [](const PySae& s) { return to_numpy(s.sae->b_enc.detach()); })
@@ -77,6 +84,43 @@ void bind_sae(py::module_& m) {
       .def_property_readonly("threshold", [](const PySae& s) -> py::object {
         return s.sae->threshold.defined() ? py::object(to_numpy(s.sae->threshold.detach())) : py::none();
       });
+}
+
+// headlab sae features on one prompt as a dict (analysis/sae_features.h).
+py::dict sae_features(const PyModel& m, const PySae& s, const py::object& text_or_tokens, int64_t features,
+                      const std::vector<int64_t>& chosen, std::optional<int64_t> position, int64_t logits) {
+  const std::vector<int64_t> ids = m.ids_of(py::isinstance<py::str>(text_or_tokens) ? m.to_tokens(text_or_tokens, true)
+                                                                                    : text_or_tokens.cast<py::array>());
+  HL_CHECK(s.sae->W_enc.device() == m.decoder().device(), "headlab.sae.features: the SAE is on ",
+           s.sae->W_enc.device().str(), ", the model on ", m.decoder().device().str());
+  analysis::FeatureOptions o;
+  o.features = features, o.chosen = chosen, o.position = position, o.logits = logits;
+  analysis::FeatureReport r;
+  {
+    const py::gil_scoped_release no_gil;
+    r = analysis::features_on_prompt(m.decoder(), *s.sae, s.origin, ids, o);
+  }
+  const auto effects = [&](const std::vector<analysis::TokenEffect>& v) {
+    py::list l;
+    for (const analysis::TokenEffect& e : v) l.append(py::make_tuple(m.loaded->task->token_text(e.token), e.effect));
+    return l;
+  };
+  py::list out;
+  for (const analysis::FeatureOnPrompt& f : r.features) {
+    py::dict parts;
+    for (size_t i = 0; i < f.labels.size(); ++i) parts[py::str(f.labels[i])] = f.parts[i];
+    py::dict d;
+    d["feature"] = f.feature, d["position"] = f.position, d["activation"] = f.activation;
+    d["activations"] = to_numpy(tensor(f.activations, {static_cast<int64_t>(f.activations.size())}));
+    d["pre_activation"] = f.pre_activation, d["bias"] = f.bias, d["parts"] = parts;
+    d["head_shares"] = f.head_shares;
+    d["top_logits"] = effects(f.top_logits), d["bottom_logits"] = effects(f.bottom_logits);
+    out.append(d);
+  }
+  py::dict d;
+  d["hook_name"] = r.hook, d["split"] = r.split, d["features"] = out;
+  d["tokens"] = m.to_str_tokens(to_numpy(tensor(ids, {static_cast<int64_t>(ids.size())})));
+  return d;
 }
 
 py::array vector_array(const std::vector<double>& v) { return to_numpy(tensor(v, {static_cast<int64_t>(v.size())})); }
@@ -342,6 +386,8 @@ PYBIND11_MODULE(_headlab, m) {
         "headlab attention: every head's attention weights on one prompt, (layers, heads, T, T), and its tokens");
   bind_cache(m);
   bind_sae(m);
+  m.def("_sae_features", &sae_features, py::arg("model"), py::arg("sae"), py::arg("text_or_tokens"),
+        py::arg("features"), py::arg("chosen"), py::arg("position"), py::arg("logits"));
   m.def(
       "_roundtrip", [](const py::array& a) { return to_numpy(from_numpy(a)); }, py::arg("array"),
       "the array through a headlab tensor and back: the same memory when no copy is needed (tests)");

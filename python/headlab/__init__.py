@@ -13,6 +13,8 @@
     model.generate("Once upon a time", max_new_tokens=20)      # `headlab generate`'s tokens
     headlab.heads(model, task="ioi")                # what `headlab heads --task ioi` computes, as arrays
     headlab.train(task="reverse", steps=500, out="runs/r", callback=print)   # `headlab train`, its options
+    saes = headlab.sae.train(model, hooks=["blocks.3.attn.hook_z"], text="corpus.txt", out="saes")
+    headlab.sae.features(model, saes[0], "When Mary and John ...")   # features split over heads, logit effects
 
 Arrays cross without copies (headlab.Model's docs say when one happens). PyTorch tensors go in through
 DLPack: as_array(t) is numpy.from_dlpack(t) for anything with __dlpack__, and torch.from_dlpack(array)
@@ -25,11 +27,11 @@ import subprocess as _subprocess
 
 import numpy as _np
 
-from . import _headlab
+from . import _headlab, sae  # noqa: F401
 from ._headlab import SAE, Error, Model, _roundtrip, ablate, attention, circuit, heads, load, logit_lens  # noqa: F401
 
 __all__ = ["Error", "Model", "SAE", "ActivationCache", "load", "ablate", "attention", "heads", "circuit", "logit_lens",
-           "train", "as_array", "get_act_name"]
+           "train", "sae", "as_array", "get_act_name"]
 
 
 def as_array(x):
@@ -224,6 +226,31 @@ _EVAL = _re.compile(r"^eval step (\d+): .*val loss ([0-9.eE+-]+)")
 _WROTE = _re.compile(r"^wrote (.+?\.h5)( \(|$)")
 
 
+def _flags(options):
+    """Keywords as a command's flags: lr=3e-3 is --lr 3e-3, a True flag is given bare, False and None are left
+    out, a list or tuple repeats its flag."""
+    args = []
+    for key, value in options.items():
+        flag = "--" + key.replace("_", "-")
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if v is True:
+                args.append(flag)
+            elif v is not False and v is not None:
+                args += [flag, str(v)]
+    return args
+
+
+def _run_command(args, on_line):
+    """Runs `headlab ARGS` as its own process, each stdout line to on_line; a failed run raises headlab.Error
+    with the command's message."""
+    process = _subprocess.Popen([_command()] + args, stdout=_subprocess.PIPE, stderr=_subprocess.PIPE, text=True)
+    for line in process.stdout:
+        on_line(line.rstrip("\n"))
+    error = process.stderr.read()
+    if process.wait() != 0:
+        raise Error(error.strip() or f"headlab {args[0]} exited {process.returncode}")
+
+
 def train(callback=None, **options):
     """`headlab train` with the command's options as keywords (lr=3e-3 is --lr 3e-3; a True flag is given
     bare, False and None are left out), run as its own process so that Ctrl-C, divergence and checkpoints
@@ -231,50 +258,50 @@ def train(callback=None, **options):
     {"step", "steps", "loss", "line"} for a training step, {"step", "val_loss", "line"} for an evaluation,
     {"line"} otherwise. Returns the path of the last checkpoint; a failed run raises headlab.Error with the
     command's message."""
-    args = [_command(), "train"]
-    for key, value in options.items():
-        flag = "--" + key.replace("_", "-")
-        if value is True:
-            args.append(flag)
-        elif value is not False and value is not None:
-            args += [flag, str(value)]
-    process = _subprocess.Popen(args, stdout=_subprocess.PIPE, stderr=_subprocess.PIPE, text=True)
     checkpoint = None
-    for line in process.stdout:
-        line = line.rstrip("\n")
+
+    def on_line(line):
+        nonlocal checkpoint
         step, evaluation = _STEP.match(line), _EVAL.match(line)
         wrote = _WROTE.match(line)
         if wrote:
             checkpoint = wrote[1]
         if callback is None:
-            continue
+            return
         if step:
             callback({"step": int(step[1]), "steps": int(step[2]), "loss": float(step[3]), "line": line})
         elif evaluation:
             callback({"step": int(evaluation[1]), "val_loss": float(evaluation[2]), "line": line})
         else:
             callback({"line": line})
-    error = process.stderr.read()
-    if process.wait() != 0:
-        raise Error(error.strip() or f"headlab train exited {process.returncode}")
+
+    _run_command(["train"] + _flags(options), on_line)
     return checkpoint
 
 
 # ---- sparse autoencoders spliced into the forward, as SAELens's HookedSAETransformer ----
 
 def _sae_hooks(saes, cache=None):
-    """Each SAE's hook replaces its activation with the reconstruction; cache (a dict) gets hook_sae_acts_post."""
-    hooks = {}
+    """Each SAE's hook replaces its activation with the reconstruction; a transcoder's, the activation at its
+    hook_name_out with its reconstruction from what hook_name held. cache (a dict) gets hook_sae_acts_post and
+    hook_sae_recons under the name replaced."""
+    hooks, taken = {}, {}  # taken: what a transcoder reads, by hook name, as the forward passed it
     for sae in saes:
-        name = sae.cfg["hook_name"]
-        if not name:
+        reads = sae.cfg["hook_name"]
+        name = sae.cfg["hook_name_out"] or reads
+        if not reads:
             raise Error("run_with_saes: an SAE without a hook_name in its cfg.json cannot be spliced in")
-        if name in hooks:
-            raise Error(f"run_with_saes: two SAEs on {name}")
+        for point in {reads, name}:
+            if point in hooks:
+                raise Error(f"run_with_saes: two SAEs on {point}")
+        if name != reads:
+            hooks[reads] = lambda act, _name, reads=reads: taken.__setitem__(reads, act.copy())
 
-        def hook(act, _name, sae=sae, name=name):
-            rows = act.reshape(-1, sae.cfg["d_in"])
-            feats = sae.encode(rows)
+        def hook(act, _name, sae=sae, name=name, reads=reads):
+            if name != reads and reads not in taken:
+                raise Error(f"run_with_saes: a transcoder reads {reads}, which the forward reaches after {name}")
+            x = act if name == reads else taken[reads]
+            feats = sae.encode(x.reshape(-1, sae.cfg["d_in"]))
             recons = sae.decode(feats)
             if cache is not None:
                 cache[f"{name}.hook_sae_acts_post"] = feats.reshape(act.shape[:2] + (-1,))

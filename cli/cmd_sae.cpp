@@ -31,7 +31,7 @@ struct SaeArgs {
   std::optional<int64_t> position;
   int64_t k = 32, expansion = 16, training_tokens = 1'000'000, batch_size = 4096, buffer_rows = 262144;
   int64_t rows_per_forward = 8, tokens = 0, log_every = 50, eval_every = 0, eval_tokens = 4096, batches = 8;
-  double lr = 3e-4, l1 = 5.0, l0 = 1.0, aux = 1.0 / 32;
+  double lr = 3e-4, l1 = 5.0, l0 = 1.0, aux = 1.0 / 32, init_threshold = 0.001, bandwidth = 0.001;
   bool json = false;
   uint64_t seed = 0;
   int threads = 0;
@@ -98,7 +98,9 @@ int run_train(const SaeArgs& a) {
   t.eval_every = a.eval_every, t.eval_tokens = a.eval_tokens;
   t.b_dec_init = parse_enum<train::BdecInit>(a.b_dec_init, "sae train: --b-dec-init");
   t.options.adam.lr = a.lr;
-  t.options.loss.l1 = a.l1, t.options.loss.l0 = a.l0, t.options.loss.aux = a.aux;
+  t.options.loss.l1 = a.l1, t.options.loss.l0 = a.l0, t.options.loss.aux = a.aux,
+  t.options.loss.bandwidth = a.bandwidth;
+  t.options.init_threshold = a.init_threshold;
   t.seed = a.seed, t.out = a.out;
   std::cout << "sae train: " << enum_name(t.arch) << " SAEs (" << a.expansion << "x"
             << (t.arch == nn::SaeArch::topk ? ", k " + std::to_string(a.k) : std::string()) << ") on " << a.hooks.size()
@@ -306,6 +308,14 @@ Action add_sae(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--l0", a->l0, "train: jumprelu's L0 coefficient")
       ->check(non_negative_number(1e6))
+      ->capture_default_str();
+  app.add_option("--init-threshold", a->init_threshold,
+                 "train: jumprelu's initial thresholds (SAELens's 0.001; they rise slowly, by Adam's lr in log space a "
+                 "step: short runs start near the activations' scale)")
+      ->check(positive_number(1e6))
+      ->capture_default_str();
+  app.add_option("--bandwidth", a->bandwidth, "train: jumprelu's straight-through window (SAELens's 0.001)")
+      ->check(positive_number(1e6))
       ->capture_default_str();
   app.add_option("--aux", a->aux, "train: topk's AuxK coefficient (Gao et al. 1/32)")
       ->check(non_negative_number(1e6))

@@ -189,6 +189,33 @@ TEST(SaeTrainer, TopkRecoversKnownSparseDirections) {
   EXPECT_GE(share, 0.9) << share;
 }
 
+// JumpReLU from thresholds near the codes' scale (0.3 under magnitudes of 0.5 to 1.5): the L0 term's straight-through
+// gradient raises them until noise no longer fires, and the decoder finds the directions. From SAELens's 0.001 the
+// thresholds climb at Adam's rate in log space, which takes thousands of steps.
+TEST(SaeTrainer, JumpReluRaisesItsThresholdsAndRecoversKnownSparseDirections) {
+  const Mixture m = sparse_mixture(48, 24, 16384, 3, 11);
+  manual_seed(12);
+  nn::SparseAutoencoder sae(config(nn::SaeArch::jumprelu, 24, 96, 0));
+  train::SaeTrainOptions opts;
+  opts.adam.lr = 3e-3;
+  opts.loss.l0 = 0.1, opts.loss.bandwidth = 0.05, opts.init_threshold = 0.3;
+  train::SaeTrainer trainer(sae, opts);
+  trainer.init_b_dec(narrow(m.rows, 0, 0, 1024), train::BdecInit::geometric_median);
+  train::SaeStepStats first, last;
+  for (int epoch = 0; epoch < 10; ++epoch) {
+    train::MatrixSource pass(m.rows);
+    train::ShuffledBuffer buffer(pass, 4096, static_cast<uint64_t>(epoch));
+    for (Tensor b; (b = buffer.next_batch(256)).defined();) {
+      last = trainer.step(b, b);
+      if (trainer.tokens_seen() == 256) first = last;
+    }
+  }
+  EXPECT_LT(amax(neg(sae.threshold)).item<double>(), -0.3);  // every threshold rose
+  EXPECT_LT(last.l0, 3.0);                                   // three directions a row (fewer where picks coincide)
+  EXPECT_GT(first.l0, 2.0 * last.l0);
+  EXPECT_GE(recovered(sae, m.directions), 0.9);
+}
+
 TEST(SaeTrainer, ReluRecoversKnownSparseDirections) {
   const double share = train_on_mixture(nn::SaeArch::relu, 0, 0.3, 40);
   EXPECT_GE(share, 0.9) << share;

@@ -84,6 +84,14 @@ SaeTrainer::SaeTrainer(nn::SparseAutoencoder& sae, const SaeTrainOptions& opts)
     : sae_(sae), opts_(opts), last_fired_(static_cast<size_t>(sae.config().d_sae), 0) {
   NamedTensors params = sae_.named_parameters();
   if (sae_.config().arch == nn::SaeArch::jumprelu) {
+    if (opts_.init_threshold) {
+      HL_CHECK(*opts_.init_threshold > 0,
+               "sae: jumprelu's initial threshold must be > 0 (it is learned as its log), "
+               "got ",
+               *opts_.init_threshold);
+      const NoGradGuard no_grad;
+      sae_.threshold.fill_(*opts_.init_threshold);
+    }
     std::erase_if(params, [](const auto& p) { return p.first == "threshold"; });
     log_threshold_ = log(sae_.threshold.detach()).requires_grad_();
     params.emplace_back("log_threshold", log_threshold_);

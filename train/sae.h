@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -64,6 +65,7 @@ struct SaeTrainOptions {
   nn::SaeLossOptions loss;  // l1, l0, bandwidth, aux, k_aux (dead: the trainer's)
   optim::OptimizerOptions adam = adam_defaults();
   int64_t dead_after = 10'000'000;                 // tokens without firing that make a latent dead (Gao et al.'s 10M)
+  std::optional<double> init_threshold;            // jumprelu: every threshold's start (none: the SAE's own)
   static optim::OptimizerOptions adam_defaults();  // Adam, lr 3e-4, betas 0.9 / 0.999 (the peer's and SAELens's)
 };
 

@@ -5,9 +5,15 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "analysis/hooked_run.h"
+#include "backends/backend.h"
+#include "base/json_text.h"
+#include "base/sizes.h"
+#include "io/atomic_file.h"
+#include "io/safetensors.h"
 
 namespace headlab::analysis {
 
@@ -78,6 +84,59 @@ SaeHeldOut held_out(nn::SparseAutoencoder& sae, const Tensor& x, const Tensor& y
 
 }  // namespace
 
+void HookActivations::resume_at(int64_t batches, int64_t rows_given) {
+  HL_CHECK(batches >= 1 && rows_given >= 0,
+           "sae train: a checkpoint's stream position must be after a batch, got "
+           "batch ",
+           batches, " and ", rows_given, " rows");
+  batch_ = static_cast<uint64_t>(batches), given_ = rows_given;
+  pending_ = forward_rows(), pending_at_ = 0;
+}
+
+namespace {
+
+constexpr const char* kCheckpoint = "checkpoint";
+
+nlohmann::json target_json(const SaeTarget& t, const nn::SaeConfig& c) {
+  return {{"name", t.name()}, {"in", t.in},     {"out", t.out},    {"arch", enum_name(c.arch)},
+          {"k", c.k},         {"d_in", c.d_in}, {"d_sae", c.d_sae}};
+}
+
+// out/checkpoint, replaced whole: each SAE's folder and trainer state, state.json.
+void write_checkpoint(const std::string& out, const std::string& model_name, const SaeTrainArgs& args,
+                      const std::vector<std::unique_ptr<nn::SparseAutoencoder>>& saes,
+                      const std::vector<std::unique_ptr<train::SaeTrainer>>& trainers, const HookActivations& source,
+                      const SaeTrainReport& report) {
+  for (size_t i = 0; i < saes.size(); ++i)  // a diverged SAE never replaces the last good checkpoint
+    for (const auto& [name, p] : saes[i]->named_parameters()) {
+      const Tensor c = contiguous(to_device(p.detach(), kCPU));
+      HL_CHECK(backend_of(c).all_finite(c.dtype(), c.raw_data(), c.numel()), "sae train: the SAE on ",
+               args.targets[i].name(), " holds a NaN or an infinity in ", name, " at step ", report.steps,
+               "; the last checkpoint is kept: lower --lr and --resume");
+    }
+  io::AtomicFolder folder(out + "/" + kCheckpoint, "sae train");
+  nlohmann::json state = {{"step", report.steps},
+                          {"tokens", report.tokens},
+                          {"stream_batches", source.batches_read()},
+                          {"stream_rows", source.rows_given()},
+                          {"targets", nlohmann::json::array()}};
+  for (size_t i = 0; i < saes.size(); ++i) {
+    const SaeTarget& t = args.targets[i];
+    const std::string dir = folder.temp_path() + "/" + t.name();
+    io::write_sae_folder(dir, *saes[i], io::SaeOrigin{model_name, t.in, -1, args.context, t.out});
+    const train::SaeTrainerState ts = trainers[i]->state();
+    io::write_safetensors(dir + "/trainer.safetensors", ts.tensors);
+    nlohmann::json j = target_json(t, saes[i]->config());
+    j["trainer_tokens"] = ts.tokens, j["last_fired"] = ts.last_fired;
+    for (const auto& [name, steps] : ts.steps) j["adam_steps"][name] = steps;
+    state["targets"].push_back(j);
+  }
+  io::write_file_atomic(folder.temp_path() + "/state.json", state.dump() + "\n", "sae train");
+  folder.commit();
+}
+
+}  // namespace
+
 SaeTrainReport train_saes(const loader::Loaded& in, const std::string& model_name, const SaeTrainArgs& args,
                           const std::function<void(const std::string&)>& progress) {
   HL_CHECK(!args.targets.empty(), "sae train: nothing to train (--hook NAME or --transcoder IN:OUT)");
@@ -106,14 +165,36 @@ SaeTrainReport train_saes(const loader::Loaded& in, const std::string& model_nam
   };
   std::vector<std::unique_ptr<nn::SparseAutoencoder>> saes;
   std::vector<std::unique_ptr<train::SaeTrainer>> trainers;
+  const std::string checkpoint = args.out + "/" + kCheckpoint;
+  nlohmann::json resumed;  // the checkpoint's state.json
+  if (args.resume) {
+    const std::string path = checkpoint + "/state.json";
+    HL_CHECK(std::filesystem::exists(path), "sae train --resume: ", path,
+             " does not exist (sae train writes it every --checkpoint-every steps)");
+    resumed = parse_json_text(read_whole_file(path, WholeFile::config, "sae checkpoint"), path);
+    HL_CHECK(resumed.contains("targets") && resumed["targets"].size() == args.targets.size(), path, ": it trains ",
+             resumed.value("targets", nlohmann::json::array()).size(), " SAE(s), this run names ", args.targets.size());
+  }
   for (size_t i = 0; i < args.targets.size(); ++i) {
     nn::SaeConfig c;
     c.d_in = source.widths()[reads[i].first], c.d_sae = args.expansion * c.d_in, c.arch = args.arch, c.k = args.k;
     if (args.targets[i].transcoder()) c.d_out = source.widths()[reads[i].second], c.apply_b_dec_to_input = false;
-    manual_seed(args.seed + i);
-    saes.push_back(std::make_unique<nn::SparseAutoencoder>(c));
+    train::SaeTrainOptions options = args.options;
+    if (!args.resume) {
+      manual_seed(args.seed + i);
+      saes.push_back(std::make_unique<nn::SparseAutoencoder>(c));
+    } else {
+      const nlohmann::json& saved = resumed["targets"][i];
+      const nlohmann::json want = target_json(args.targets[i], c);
+      for (const char* field : {"name", "arch", "k", "d_in", "d_sae"})
+        HL_CHECK(saved.value(field, nlohmann::json()) == want[field], checkpoint, "/state.json: its SAE ", i + 1, "'s ",
+                 field, " is ", saved.value(field, nlohmann::json()).dump(), ", this run's is ", want[field].dump(),
+                 " (--resume goes on with the same SAEs)");
+      saes.push_back(io::read_sae_folder(checkpoint + "/" + args.targets[i].name()).sae);
+      options.init_threshold.reset();  // the checkpoint's thresholds
+    }
     saes.back()->to(device);
-    trainers.push_back(std::make_unique<train::SaeTrainer>(*saes.back(), args.options));
+    trainers.push_back(std::make_unique<train::SaeTrainer>(*saes.back(), options));
   }
   // the held-out rows, read once from the val split
   HookActivations val_source(in, hooks, tasks::Split::val, args.rows_per_forward, T, args.eval_tokens);
@@ -124,10 +205,31 @@ SaeTrainReport train_saes(const loader::Loaded& in, const std::string& model_nam
 
   SaeTrainReport report;
   report.last.resize(saes.size());
+  if (args.resume) {
+    for (size_t i = 0; i < saes.size(); ++i) {
+      const std::string dir = checkpoint + "/" + args.targets[i].name();
+      const nlohmann::json& saved = resumed["targets"][i];
+      train::SaeTrainerState ts;
+      const io::SafetensorsFile f(dir + "/trainer.safetensors");
+      for (const auto& [name, entry] : f.entries()) ts.tensors.emplace_back(name, f.to_float(name));
+      for (const auto& [name, steps] : saved.at("adam_steps").items())
+        ts.steps.emplace_back(name, steps.get<int64_t>());
+      ts.last_fired = saved.at("last_fired").get<std::vector<int64_t>>();
+      ts.tokens = saved.at("trainer_tokens").get<int64_t>();
+      trainers[i]->load_state(ts, dir + "/trainer.safetensors");
+    }
+    report.steps = resumed.at("step").get<int64_t>(), report.tokens = resumed.at("tokens").get<int64_t>();
+    const int64_t rows = resumed.at("stream_rows").get<int64_t>();
+    HL_CHECK(rows < args.training_tokens, "sae train --resume: the checkpoint read ", rows,
+             " activations already; give --training-tokens above that to go on");
+    report.dropped = rows - report.tokens, report.resumed_tokens = report.tokens;
+    source.resume_at(resumed.at("stream_batches").get<int64_t>(), rows);
+  }
   const auto t0 = std::chrono::steady_clock::now();
   const auto seconds = [&t0] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
   for (Tensor batch; (batch = buffer.next_batch(args.batch_size)).defined();) {
-    if (report.steps == 0)  // b_dec from the first batch's targets, as SAELens's init looks at its first activations
+    if (report.steps == 0 &&
+        !args.resume)  // b_dec from the first batch's targets, as SAELens's init looks at its first activations
       for (size_t i = 0; i < saes.size(); ++i)
         trainers[i]->init_b_dec(columns(batch, reads[i].second), args.b_dec_init);
     for (size_t i = 0; i < saes.size(); ++i) {
@@ -139,7 +241,7 @@ SaeTrainReport train_saes(const loader::Loaded& in, const std::string& model_nam
     ++report.steps;
     report.tokens += batch.size(0);
     if (report.steps % args.log_every == 0) {
-      const double s = seconds(), rate = static_cast<double>(report.tokens) / s;
+      const double s = seconds(), rate = static_cast<double>(report.tokens - report.resumed_tokens) / s;
       std::ostringstream line;
       line << "step " << report.steps << ", " << report.tokens << " tokens ("
            << static_cast<int>(100.0 * static_cast<double>(report.tokens) / static_cast<double>(args.training_tokens))
@@ -151,6 +253,10 @@ SaeTrainReport train_saes(const loader::Loaded& in, const std::string& model_nam
              << st.explained_variance << ", L0 " << st.l0 << ", dead " << st.dead;
       }
       progress(line.str());
+    }
+    if (args.checkpoint_every > 0 && report.steps % args.checkpoint_every == 0) {
+      write_checkpoint(args.out, model_name, args, saes, trainers, source, report);
+      progress("checkpoint at step " + std::to_string(report.steps) + ": " + checkpoint);
     }
     if (args.eval_every > 0 && report.steps % args.eval_every == 0) {
       std::ostringstream line;

@@ -22,6 +22,10 @@ class HookActivations : public train::ActivationSource {
   int64_t width() const override { return width_; }
   const std::vector<int64_t>& widths() const { return widths_; }  // each hook's
   Tensor next(int64_t max_rows) override;
+  // Where the stream stands (a checkpoint's), and a stream started there: the next forward is batch `batches`.
+  int64_t batches_read() const { return static_cast<int64_t>(batch_); }
+  int64_t rows_given() const { return given_; }
+  void resume_at(int64_t batches, int64_t rows_given);
 
  private:
   Tensor forward_rows();  // the next batch's (B T, width)
@@ -57,6 +61,8 @@ struct SaeTrainArgs {
   int64_t log_every = 50;
   int64_t eval_every = 0;      // steps between held-out evaluations (0: only at the end)
   int64_t eval_tokens = 4096;  // the held-out rows (val split), read once
+  int64_t checkpoint_every = 0;  // steps between checkpoints in out/checkpoint (0: none)
+  bool resume = false;           // go on from out/checkpoint (its targets and sizes must be these)
   train::BdecInit b_dec_init = train::BdecInit::geometric_median;
   train::SaeTrainOptions options;
   uint64_t seed = 0;
@@ -67,12 +73,18 @@ struct SaeTrainReport {
   std::vector<std::string> folders;
   std::vector<train::SaeStepStats> last;  // each SAE's last step
   std::vector<SaeHeldOut> held_out;       // each SAE at the end, on args.eval_tokens held-out rows
-  int64_t tokens = 0, steps = 0;
+  int64_t tokens = 0, steps = 0;  // steps and tokens of the whole run, a resumed one's before the checkpoint too
+  int64_t dropped = 0;            // resumed: activations in the buffer at the checkpoint, not trained on
+  int64_t resumed_tokens = 0;     // resumed: the tokens trained on before (what `seconds` does not cover)
   double seconds = 0;
 };
 
 // Trains every target from one stream of forward passes (train split), writing each as a SAELens folder;
-// `progress` gets a line every log_every steps and the held-out evaluation's every eval_every.
+// `progress` gets a line every log_every steps and the held-out evaluation's every eval_every. Every
+// checkpoint_every steps out/checkpoint is replaced whole (io::AtomicFolder): each SAE's SAELens folder with its
+// trainer's state (trainer.safetensors: Adam's moments) and state.json (steps, tokens, the stream's place, each
+// latent's last firing). A resumed run reads it and goes on from the next forward pass; the rows the shuffling
+// buffer held then are not trained on (at most buffer_rows), so it is not bitwise the run that was not stopped.
 SaeTrainReport train_saes(const loader::Loaded& in, const std::string& model_name, const SaeTrainArgs& args,
                           const std::function<void(const std::string&)>& progress);
 

@@ -31,6 +31,8 @@ struct SaeArgs {
   std::optional<int64_t> position;
   int64_t k = 32, expansion = 16, training_tokens = 1'000'000, batch_size = 4096, buffer_rows = 262144;
   int64_t rows_per_forward = 8, tokens = 0, log_every = 50, eval_every = 0, eval_tokens = 4096, batches = 8;
+  int64_t checkpoint_every = 0;
+  bool resume = false;
   double lr = 3e-4, l1 = 5.0, l0 = 1.0, aux = 1.0 / 32, init_threshold = 0.001, bandwidth = 0.001;
   bool json = false;
   uint64_t seed = 0;
@@ -96,6 +98,7 @@ int run_train(const SaeArgs& a) {
   t.k = a.k, t.expansion = a.expansion, t.training_tokens = a.training_tokens, t.batch_size = a.batch_size;
   t.buffer_rows = a.buffer_rows, t.rows_per_forward = a.rows_per_forward, t.context = m.T, t.log_every = a.log_every;
   t.eval_every = a.eval_every, t.eval_tokens = a.eval_tokens;
+  t.checkpoint_every = a.checkpoint_every, t.resume = a.resume;
   t.b_dec_init = parse_enum<train::BdecInit>(a.b_dec_init, "sae train: --b-dec-init");
   t.options.adam.lr = a.lr;
   t.options.loss.l1 = a.l1, t.options.loss.l0 = a.l0, t.options.loss.aux = a.aux,
@@ -109,8 +112,12 @@ int run_train(const SaeArgs& a) {
             << a.buffer_rows << " rows, " << a.rows_per_forward << " sequences of " << m.T << " tokens a forward\n";
   const analysis::SaeTrainReport r = analysis::train_saes(
       m.in, a.model, t, [](const std::string& line) { std::cout << "sae train: " << line << "\n"; });
+  if (a.resume)
+    std::cout << "sae train: resumed from " << a.out << "/checkpoint; the " << r.dropped
+              << " activations its shuffling buffer held then were not trained on\n";
   std::cout << "sae train: " << r.steps << " steps, " << r.tokens << " tokens in " << fmt(r.seconds, 1) << " s ("
-            << fmt(static_cast<double>(r.tokens) / r.seconds, 0) << " tokens/s, the forward passes included)\n";
+            << fmt(static_cast<double>(r.tokens - r.resumed_tokens) / r.seconds, 0)
+            << " tokens/s, the forward passes included)\n";
   for (size_t i = 0; i < r.folders.size(); ++i)
     std::cout << "sae train: wrote " << r.folders[i] << " (held out: explained variance "
               << fmt(r.held_out[i].explained_variance, 4) << ", L0 " << fmt(r.held_out[i].l0, 1) << "; dead "
@@ -333,6 +340,15 @@ Action add_sae(CLI::App& app) {
   app.add_option("--eval-tokens", a->eval_tokens, "train: the held-out activations (the val split's), read once")
       ->check(positive_number(1e8))
       ->capture_default_str();
+  app.add_option(
+         "--checkpoint-every", a->checkpoint_every,
+         "train: every N steps replace <out>/checkpoint (each SAE's folder, its Adam state, the stream's place) "
+         "for --resume (0: none)")
+      ->check(non_negative_number(1e12))
+      ->capture_default_str();
+  app.add_flag("--resume", a->resume,
+               "train: go on from <out>/checkpoint up to --training-tokens (the same hooks, --arch, --k and "
+               "--expansion; the buffer's rows at the checkpoint are not trained on)");
   app.add_option("--out", a->out, "train: the folder to write, one SAELens folder a hook inside")
       ->type_name(kOutputDir);
   app.add_option("--prompt", a->prompt, "features: the text whose features it shows");

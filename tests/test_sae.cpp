@@ -223,3 +223,47 @@ TEST(SaeTrainer, ReluRecoversKnownSparseDirections) {
 
 }  // namespace
 }  // namespace headlab
+
+namespace headlab {
+namespace {
+
+// A trainer restored from another's state and a copy of its SAE's weights steps exactly as the original goes on to.
+TEST(SaeTrainer, ResumesFromItsStateBitwise) {
+  for (nn::SaeArch arch : {nn::SaeArch::relu, nn::SaeArch::topk, nn::SaeArch::jumprelu}) {
+    SCOPED_TRACE(enum_name(arch));
+    const Mixture m = sparse_mixture(16, 8, 512, 2, 3);
+    manual_seed(4);
+    nn::SparseAutoencoder a(config(arch, 8, 32, 4));
+    train::SaeTrainOptions opts;
+    opts.adam.lr = 1e-2, opts.dead_after = 64, opts.init_threshold = 0.2, opts.loss.bandwidth = 0.05;
+    train::SaeTrainer ta(a, opts);
+    const auto batch = [&](int64_t i) { return narrow(m.rows, 0, (i * 64) % 512, 64); };
+    for (int64_t i = 0; i < 5; ++i) ta.step(batch(i), batch(i));
+    const train::SaeTrainerState saved = ta.state();
+
+    nn::SparseAutoencoder b(config(arch, 8, 32, 4));
+    NamedTensors copies;  // the weights as a checkpoint's folder holds them
+    for (const auto& [name, t] : a.named_parameters()) copies.emplace_back(name, t.detach().clone());
+    b.adopt_parameters(std::move(copies), "test");
+    train::SaeTrainOptions resumed = opts;
+    resumed.init_threshold.reset();
+    train::SaeTrainer tb(b, resumed);
+    tb.load_state(saved, "checkpoint");
+    EXPECT_EQ(tb.tokens_seen(), ta.tokens_seen());
+    for (int64_t i = 5; i < 9; ++i) {
+      const train::SaeStepStats sa = ta.step(batch(i), batch(i)), sb = tb.step(batch(i), batch(i));
+      EXPECT_EQ(sa.loss, sb.loss) << i;
+      EXPECT_EQ(sa.dead, sb.dead) << i;
+    }
+    const NamedTensors pa = a.named_parameters(), pb = b.named_parameters();
+    for (size_t i = 0; i < pa.size(); ++i)
+      EXPECT_EQ(pa[i].second.to_vector<float>(), pb[i].second.to_vector<float>()) << pa[i].first;
+    train::SaeTrainerState wrong = saved;
+    wrong.last_fired.pop_back();
+    EXPECT_ERROR(tb.load_state(wrong, "checkpoint"),
+                 "checkpoint: 'last_fired' must hold one count a latent (32), got 31");
+  }
+}
+
+}  // namespace
+}  // namespace headlab

@@ -194,5 +194,61 @@ TEST(SaeOnStories260K, CommandTrainsTwoHooksFromOneStreamAndEvaluates) {
   EXPECT_NE(no_hook.err.find("--hook NAME"), std::string::npos) << no_hook.err;
 }
 
+TEST(SaeOnStories260K, TrainingResumesFromItsCheckpoint) {
+  if (!have_stories260k()) GTEST_SKIP() << kStories260KDir << " is absent";
+  const testing::TempDir dir("sae_resume");
+  const std::string S = kStories260KDir, out = dir.path("saes");
+  const auto train = [&](std::vector<std::string> rest) {
+    std::vector<std::string> argv = {std::string(HEADLAB_BINARY_DIR) + "/headlab",
+                                     "sae",
+                                     "train",
+                                     S + "/stories260K.bin",
+                                     "--tokenizer",
+                                     S + "/tok512.model",
+                                     "--text",
+                                     story_file(),
+                                     "--tokens",
+                                     "64",
+                                     "--hook",
+                                     "blocks.1.hook_resid_post",
+                                     "--expansion",
+                                     "2",
+                                     "--k",
+                                     "8",
+                                     "--batch-size",
+                                     "256",
+                                     "--buffer-rows",
+                                     "1024",
+                                     "--log-every",
+                                     "8",
+                                     "--checkpoint-every",
+                                     "8",
+                                     "--out",
+                                     out};
+    argv.insert(argv.end(), rest.begin(), rest.end());
+    return testing::run_process(argv, dir.dir());
+  };
+  const testing::ProcessResult none = train({"--training-tokens", "4096", "--resume"});
+  EXPECT_EQ(none.code, 1);
+  EXPECT_NE(none.err.find("sae train --resume: " + out + "/checkpoint/state.json does not exist"), std::string::npos)
+      << none.err;
+  const testing::ProcessResult first = train({"--training-tokens", "4096"});
+  ASSERT_EQ(first.code, 0) << first.err;
+  EXPECT_NE(first.out.find("checkpoint at step 16: " + out + "/checkpoint"), std::string::npos) << first.out;
+  std::ifstream in(out + "/checkpoint/state.json");
+  const nlohmann::json state = nlohmann::json::parse(in);
+  EXPECT_EQ(state["step"], 16);
+  EXPECT_EQ(state["tokens"], 4096);
+  const testing::ProcessResult other = train({"--training-tokens", "8192", "--resume", "--arch", "relu"});
+  EXPECT_EQ(other.code, 1);
+  EXPECT_NE(other.err.find("its SAE 1's arch is \"topk\", this run's is \"relu\""), std::string::npos) << other.err;
+  const testing::ProcessResult second = train({"--training-tokens", "8192", "--resume"});
+  ASSERT_EQ(second.code, 0) << second.err;
+  EXPECT_EQ(second.out.find("step 8,"), std::string::npos) << second.out;  // it goes on after step 16
+  EXPECT_NE(second.out.find("step 24, 6144 tokens"), std::string::npos) << second.out;
+  EXPECT_NE(second.out.find("resumed from " + out + "/checkpoint; the 0 activations"), std::string::npos) << second.out;
+  EXPECT_NE(second.out.find("32 steps, 8192 tokens"), std::string::npos) << second.out;
+}
+
 }  // namespace
 }  // namespace headlab

@@ -144,6 +144,37 @@ void SaeTrainer::count_firing(const nn::SaeCodes& codes, int64_t rows) {
     if (f[e] > 0) last_fired_[e] = tokens_;
 }
 
+SaeTrainerState SaeTrainer::state() const {
+  SaeTrainerState s{optimizer_->state(), optimizer_->steps(), last_fired_, tokens_};
+  if (log_threshold_.defined()) s.tensors.emplace_back("log_threshold", log_threshold_.detach());
+  return s;
+}
+
+void SaeTrainer::load_state(const SaeTrainerState& state, const std::string& source) {
+  NamedTensors adam;
+  Tensor log_threshold;
+  for (const auto& [name, t] : state.tensors) {
+    if (name == "log_threshold")
+      log_threshold = t;
+    else
+      adam.emplace_back(name, t);
+  }
+  HL_CHECK(state.last_fired.size() == last_fired_.size(), source, ": 'last_fired' must hold one count a latent (",
+           last_fired_.size(), "), got ", state.last_fired.size());
+  HL_CHECK(log_threshold.defined() == log_threshold_.defined(), source, ": 'log_threshold' ",
+           log_threshold_.defined() ? "is missing (a jumprelu SAE's)" : "is there, but the SAE is not jumprelu");
+  optimizer_->load_state(adam, state.steps, source);
+  const NoGradGuard no_grad;
+  if (log_threshold.defined()) {
+    HL_CHECK(log_threshold.shape() == log_threshold_.shape(), source, ": 'log_threshold' has shape ",
+             shape_str(log_threshold.shape()), ", expected ", shape_str(log_threshold_.shape()));
+    log_threshold_.copy_(to_device(to_dtype(log_threshold, log_threshold_.dtype()), log_threshold_.device()));
+    sae_.threshold.copy_(exp(log_threshold_));
+  }
+  last_fired_ = state.last_fired;
+  tokens_ = state.tokens;
+}
+
 SaeStepStats SaeTrainer::step(const Tensor& x, const Tensor& target) {
   nn::SaeLossOptions lo = opts_.loss;
   const bool topk = sae_.config().arch == nn::SaeArch::topk;

@@ -77,6 +77,14 @@ struct SaeStepStats {
   int64_t dead = 0;               // latents dead after this step
 };
 
+// What a trainer holds beyond its SAE's weights, for a checkpoint to resume from.
+struct SaeTrainerState {
+  NamedTensors tensors;  // float32: Adam's moments ("<param>/exp_avg", ...), log_threshold
+  std::vector<std::pair<std::string, int64_t>> steps;  // Adam's, a parameter
+  std::vector<int64_t> last_fired;                     // a latent's: the tokens seen when it last fired
+  int64_t tokens = 0;
+};
+
 class SaeTrainer {
  public:
   SaeTrainer(nn::SparseAutoencoder& sae, const SaeTrainOptions& opts);
@@ -89,6 +97,10 @@ class SaeTrainer {
   int64_t never_fired() const;  // latents that fired in no row since the trainer began
   int64_t tokens_seen() const { return tokens_; }
   optim::Optimizer& optimizer() { return *optimizer_; }
+  // The state to save beside the SAE's weights, and its restoration into a trainer over an SAE holding the weights
+  // saved with it (then steps continue as the saved trainer's would, bitwise); errors name `source`.
+  SaeTrainerState state() const;
+  void load_state(const SaeTrainerState& state, const std::string& source);
 
  private:
   void count_firing(const nn::SaeCodes& codes, int64_t rows);

@@ -13,7 +13,6 @@
 #include "base/json_text.h"
 #include "base/sizes.h"
 #include "io/atomic_file.h"
-#include "io/safetensors.h"
 
 namespace headlab::analysis {
 
@@ -125,7 +124,7 @@ void write_checkpoint(const std::string& out, const std::string& model_name, con
     const std::string dir = folder.temp_path() + "/" + t.name();
     io::write_sae_folder(dir, *saes[i], io::SaeOrigin{model_name, t.in, -1, args.context, t.out});
     const train::SaeTrainerState ts = trainers[i]->state();
-    io::write_safetensors(dir + "/trainer.safetensors", ts.tensors);
+    io::write_sae_trainer_tensors(dir + "/trainer.safetensors", ts.tensors);
     nlohmann::json j = target_json(t, saes[i]->config());
     j["trainer_tokens"] = ts.tokens, j["last_fired"] = ts.last_fired;
     for (const auto& [name, steps] : ts.steps) j["adam_steps"][name] = steps;
@@ -210,8 +209,7 @@ SaeTrainReport train_saes(const loader::Loaded& in, const std::string& model_nam
       const std::string dir = checkpoint + "/" + args.targets[i].name();
       const nlohmann::json& saved = resumed["targets"][i];
       train::SaeTrainerState ts;
-      const io::SafetensorsFile f(dir + "/trainer.safetensors");
-      for (const auto& [name, entry] : f.entries()) ts.tensors.emplace_back(name, f.to_float(name));
+      ts.tensors = io::read_sae_trainer_tensors(dir + "/trainer.safetensors");
       for (const auto& [name, steps] : saved.at("adam_steps").items())
         ts.steps.emplace_back(name, steps.get<int64_t>());
       ts.last_fired = saved.at("last_fired").get<std::vector<int64_t>>();

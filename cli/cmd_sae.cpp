@@ -6,6 +6,9 @@
 //   headlab sae features MODEL SAE_DIR --prompt TEXT [--features N | --feature F ...] [--position P] [--json]
 //                   the most active features on a prompt, each one's pre-activation split over the heads that
 //                   wrote its input, its head shares (hook_z) and its logit effects (analysis/sae_features.h)
+//   headlab sae pages MODEL SAE_DIR --text FILE --out FILE.html [--features N | --feature F ...] [--contexts K]
+//                   feature pages: each feature's top activating contexts, logit effects and heads
+//                   (analysis/sae_pages.h)
 #include <algorithm>
 #include <cmath>
 #include <iostream>
@@ -15,6 +18,7 @@
 
 #include "analysis/sae_activations.h"
 #include "analysis/sae_features.h"
+#include "analysis/sae_pages.h"
 #include "cli/commands.h"
 #include "cli/common.h"
 
@@ -27,7 +31,8 @@ struct SaeArgs {
   std::string prompt;
   std::vector<std::string> hooks, transcoders, saes;
   std::vector<int64_t> features;
-  int64_t top_features = 5, logits = 5;
+  int64_t logits = 5, contexts = 10;
+  std::optional<int64_t> top_features;  // features: 5; pages: 20
   std::optional<int64_t> position;
   int64_t k = 32, expansion = 16, training_tokens = 1'000'000, batch_size = 4096, buffer_rows = 262144;
   int64_t rows_per_forward = 8, tokens = 0, log_every = 50, eval_every = 0, eval_tokens = 4096, batches = 8;
@@ -188,7 +193,7 @@ int run_features(const SaeArgs& a) {
   HL_CHECK(!s.origin.hook_name.empty(), "sae features: ", a.saes[0], "/cfg.json names no hook_name");
   s.sae->to(m.in.model->device());
   analysis::FeatureOptions o;
-  o.features = a.top_features, o.position = a.position, o.logits = a.logits, o.chosen = a.features;
+  o.features = a.top_features.value_or(5), o.position = a.position, o.logits = a.logits, o.chosen = a.features;
   const std::vector<int64_t> ids = m.in.task->encode_prompt(a.prompt).ids;
   const analysis::FeatureReport r =
       analysis::features_on_prompt(m.in.decoder("sae features"), *s.sae, s.origin, ids, o);
@@ -263,12 +268,34 @@ int run_features(const SaeArgs& a) {
   return 0;
 }
 
+// Feature pages of the SAE (one folder) over the text's validation windows, as one self-contained page.
+int run_pages(const SaeArgs& a) {
+  HL_CHECK(a.saes.size() == 1, "sae pages: name one SAE folder after the model (got ", a.saes.size(), ")");
+  HL_CHECK(!a.out.empty(), "sae pages: give --out FILE.html (the page it writes)");
+  HL_CHECK(a.hooks.empty() && a.transcoders.empty(), "sae pages: --hook and --transcoder are sae train's");
+  HL_CHECK(a.prompt.empty(), "sae pages: its contexts come from --text; --prompt is sae features'");
+  check_output_file(a.out, "sae pages: --out");
+  Model m = load_model(a, "sae pages");
+  io::LoadedSae s = io::read_sae_folder(a.saes[0]);
+  HL_CHECK(!s.origin.hook_name.empty(), "sae pages: ", a.saes[0], "/cfg.json names no hook_name");
+  s.sae->to(m.in.model->device());
+  analysis::FeaturePagesOptions o;
+  o.features = a.top_features.value_or(20), o.chosen = a.features, o.contexts = a.contexts;
+  o.logits = a.logits;
+  const analysis::FeaturePages pages = analysis::feature_pages(m.in.decoder("sae pages"), *m.in.task, *s.sae, s.origin,
+                                                               a.batches, a.rows_per_forward, m.T, o);
+  analysis::save_feature_pages(a.out, pages, *m.in.task, a.saes[0]);
+  std::cout << "sae pages: " << pages.features.size() << " features of " << a.saes[0] << " over " << pages.tokens
+            << " validation tokens: wrote " << a.out << "\n";
+  return 0;
+}
+
 }  // namespace
 
 Action add_sae(CLI::App& app) {
   auto a = std::make_shared<SaeArgs>();
-  app.add_option("action", a->action, "train | eval | features")
-      ->check(CLI::IsMember({"train", "eval", "features"}))
+  app.add_option("action", a->action, "train | eval | features | pages")
+      ->check(CLI::IsMember({"train", "eval", "features", "pages"}))
       ->required();
   add_model_argument(app, a->model, a->tokenizer);
   app.add_option("saes", a->saes,
@@ -306,7 +333,7 @@ Action add_sae(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--tokens", a->tokens, "tokens a sequence (default: the model's context)")
       ->check(positive_number(1e9));
-  app.add_option("--batches", a->batches, "eval: forward passes of --rows-per-forward sequences")
+  app.add_option("--batches", a->batches, "eval, pages: forward passes of --rows-per-forward sequences")
       ->check(positive_number(1e9))
       ->capture_default_str();
   app.add_option("--lr", a->lr, "train: Adam's learning rate")->check(positive_number(10))->capture_default_str();
@@ -349,17 +376,21 @@ Action add_sae(CLI::App& app) {
   app.add_flag("--resume", a->resume,
                "train: go on from <out>/checkpoint up to --training-tokens (the same hooks, --arch, --k and "
                "--expansion; the buffer's rows at the checkpoint are not trained on)");
-  app.add_option("--out", a->out, "train: the folder to write, one SAELens folder a hook inside")
+  app.add_option("--out", a->out,
+                 "train: the folder to write, one SAELens folder a hook inside; pages: the page (features.html)")
       ->type_name(kOutputDir);
   app.add_option("--prompt", a->prompt, "features: the text whose features it shows");
-  app.add_option("--features", a->top_features, "features: the most active features it shows")
-      ->check(positive_number(1e6))
-      ->capture_default_str();
-  app.add_option("--feature", a->features, "features: show this feature (repeat for several) instead")
+  app.add_option("--features", a->top_features,
+                 "features, pages: the most active features it shows (features: 5, pages: 20)")
+      ->check(positive_number(1e6));
+  app.add_option("--feature", a->features, "features, pages: show this feature (repeat for several) instead")
       ->check(non_negative_number(1e12));
   app.add_option("--position", a->position,
                  "features: rank and split the features at this token (negative: from the end)")
       ->check(in_range(-1e9, 1e9));
+  app.add_option("--contexts", a->contexts, "pages: top activating contexts a feature")
+      ->check(positive_number(1e4))
+      ->capture_default_str();
   app.add_option("--logits", a->logits, "features: tokens each feature promotes and suppresses most")
       ->check(non_negative_number(1e6))
       ->capture_default_str();
@@ -367,7 +398,12 @@ Action add_sae(CLI::App& app) {
   app.add_option("--device", a->device, "cpu | cuda | cuda:N")->capture_default_str();
   add_seed_option(app, a->seed, "train: the SAEs' initial weights and the buffer's shuffling");
   add_threads_option(app, a->threads);
-  return [a] { return a->action == "train" ? run_train(*a) : a->action == "eval" ? run_eval(*a) : run_features(*a); };
+  return [a] {
+    return a->action == "train"      ? run_train(*a)
+           : a->action == "eval"     ? run_eval(*a)
+           : a->action == "features" ? run_features(*a)
+                                     : run_pages(*a);
+  };
 }
 
 }  // namespace headlab::cli

@@ -205,4 +205,20 @@ void write_sae_folder(const std::string& folder, const nn::SparseAutoencoder& sa
   write_file_atomic(folder + "/cfg.json", cfg.dump(2) + "\n", "sae");
 }
 
+void write_sae_trainer_tensors(const std::string& path, const NamedTensors& tensors) {
+  write_safetensors(path, std::vector<std::pair<std::string, Tensor>>(tensors.begin(), tensors.end()));
+}
+
+NamedTensors read_sae_trainer_tensors(const std::string& path) {
+  const SafetensorsFile f(path);
+  NamedTensors out;
+  for (const auto& [name, entry] : f.entries()) {
+    Tensor t = f.to_float(name);
+    HL_CHECK(backend_of(t).all_finite(t.dtype(), t.raw_data(), t.numel()), path, ": tensor '", name,
+             "' holds a NaN or an infinity");
+    out.emplace_back(name, std::move(t));
+  }
+  return out;
+}
+
 }  // namespace headlab::io

@@ -36,4 +36,9 @@ LoadedSae read_sae_folder(const std::string& folder);
 // absent; a transcoder where origin names hook_name_out (a module with d_out != d_in must be one).
 void write_sae_folder(const std::string& folder, const nn::SparseAutoencoder& sae, const SaeOrigin& origin);
 
+// A trainer's state beside its SAE in a checkpoint (train/sae.h's SaeTrainerState tensors: float32, by name), as
+// safetensors; errors name the file.
+void write_sae_trainer_tensors(const std::string& path, const NamedTensors& tensors);
+NamedTensors read_sae_trainer_tensors(const std::string& path);
+
 }  // namespace headlab::io

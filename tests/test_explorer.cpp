@@ -20,6 +20,7 @@
 #include "io/checkpoint.h"
 #include "io/h5file.h"
 #include "tasks/task.h"
+#include "tests/browser_util.h"
 #include "tests/core_test_util.h"
 #include "tests/process_util.h"
 #include "tests/tiny_models.h"
@@ -98,24 +99,8 @@ TEST(Explorer, PageCarriesTheWeightsAndNeedsNoNetwork) {
 // --then-hash), or nothing when it had no browser (the test then skips).
 std::optional<nlohmann::json> drive(const std::string& page, int query, const std::string& shot_name,
                                     const std::string& options = "") {
-  headlab::testing::TempDir tmp("headlab_driver");
-  const fs::path artifacts = fs::path(HEADLAB_BINARY_DIR) / "tests" / "artifacts";
-  fs::create_directories(artifacts);
-  const std::string result = tmp.path("driver.json"), shot = (artifacts / shot_name).string();
-  std::string cmd = std::string("python3 ").append(HEADLAB_SOURCE_DIR).append("/tests/browser/explorer_driver.py ");
-  cmd.append(page).append(" ").append(std::to_string(query)).append(" ").append(shot);
-  cmd.append(" ").append(options);
-  const int rc = std::system((cmd + " > " + result + " 2> " + tmp.path("driver.err")).c_str());
-  const std::string err = headlab::testing::slurp(tmp.path("driver.err"));
-  if (WIFEXITED(rc) && WEXITSTATUS(rc) == 77) {
-    std::cout << "skipping the browser part: " << err << "\n";
-    return std::nullopt;
-  }
-  EXPECT_EQ(rc, 0) << err;
-  EXPECT_GT(fs::file_size(shot), 1000u);
-  nlohmann::json r;
-  std::ifstream(result) >> r;
-  return r;
+  return headlab::testing::run_page_driver("explorer_driver.py", page + " " + std::to_string(query), shot_name,
+                                           options);
 }
 
 void run_headlab(const std::string& args) {

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "analysis/sae_activations.h"
@@ -46,24 +47,39 @@ const std::string& story_file() {
   return path;
 }
 
-TEST(SaeOnStories260K, ResidualStreamSaeReconstructsHeldOutText) {
-  if (!have_stories260k()) GTEST_SKIP() << kStories260KDir << " is absent";
+// One SAE (or transcoder) trained on the sampled stories (windows of 128 tokens, batches of 512, a buffer of 8192
+// activations, 8x expansion), read back from its folder and evaluated on 4 held-out batches of 8 x 128.
+struct Trained {
+  analysis::SaeTrainReport report;
+  io::LoadedSae sae;
+  analysis::SaeEvalReport eval;
+};
+Trained train_on_stories(const analysis::SaeTarget& target, nn::SaeArch arch, int64_t tokens, double lr,
+                         const std::function<void(analysis::SaeTrainArgs&)>& more = {}) {
   const loader::Loaded l = loader::load("test", kStories260KDir + "/stories260K.bin", "cpu", story_file(),
                                         kStories260KDir + "/tok512.model");
   const testing::TempDir out("sae_out");
   analysis::SaeTrainArgs a;
-  a.targets = {{"blocks.2.hook_resid_post", ""}};
-  a.arch = nn::SaeArch::topk, a.k = 16, a.expansion = 8;
-  a.training_tokens = 150'000, a.batch_size = 512, a.buffer_rows = 8192, a.rows_per_forward = 8, a.context = 128;
-  a.options.adam.lr = 1e-3;
+  a.targets = {target};
+  a.arch = arch, a.k = 16, a.expansion = 8;
+  a.training_tokens = tokens, a.batch_size = 512, a.buffer_rows = 8192, a.rows_per_forward = 8, a.context = 128;
+  a.options.adam.lr = lr;
   a.out = out.path("saes");
-  const analysis::SaeTrainReport r = analysis::train_saes(l, "stories260K", a, [](const std::string&) {});
-  ASSERT_EQ(r.folders.size(), 1u);
-  io::LoadedSae s = io::read_sae_folder(r.folders[0]);
-  EXPECT_EQ(s.origin.hook_name, "blocks.2.hook_resid_post");
-  const analysis::SaeEvalReport e = analysis::evaluate_sae(l, *s.sae, s.origin, 4, 8, 128);
-  std::cerr << "explained variance " << e.explained_variance << ", ce_loss_score " << e.ce_loss_score << ", L0 " << e.l0
-            << ", dead " << e.dead_features << "\n";
+  if (more) more(a);
+  Trained t{analysis::train_saes(l, "stories260K", a, [](const std::string&) {}), {}, {}};
+  t.sae = io::read_sae_folder(t.report.folders.at(0));
+  t.eval = analysis::evaluate_sae(l, *t.sae.sae, t.sae.origin, 4, 8, 128);
+  std::cerr << enum_name(arch) << " on " << target.name() << ": explained variance " << t.eval.explained_variance
+            << " (held out during training " << t.report.held_out[0].explained_variance << "), ce_loss_score "
+            << t.eval.ce_loss_score << ", L0 " << t.eval.l0 << ", dead " << t.eval.dead_features << "\n";
+  return t;
+}
+
+TEST(SaeOnStories260K, ResidualStreamSaeReconstructsHeldOutText) {
+  if (!have_stories260k()) GTEST_SKIP() << kStories260KDir << " is absent";
+  const Trained t = train_on_stories({"blocks.2.hook_resid_post", ""}, nn::SaeArch::topk, 150'000, 1e-3);
+  const analysis::SaeEvalReport& e = t.eval;
+  EXPECT_EQ(t.sae.origin.hook_name, "blocks.2.hook_resid_post");
   EXPECT_GE(e.explained_variance, 0.8);
   EXPECT_GE(e.ce_loss_score, 0.8);
   EXPECT_NEAR(e.l0, 16.0, 1e-9);
@@ -73,47 +89,23 @@ TEST(SaeOnStories260K, ResidualStreamSaeReconstructsHeldOutText) {
 
 TEST(SaeOnStories260K, JumpReluSaeIsSparseAndReconstructsHeldOutText) {
   if (!have_stories260k()) GTEST_SKIP() << kStories260KDir << " is absent";
-  const loader::Loaded l = loader::load("test", kStories260KDir + "/stories260K.bin", "cpu", story_file(),
-                                        kStories260KDir + "/tok512.model");
-  const testing::TempDir out("jumprelu_out");
-  analysis::SaeTrainArgs a;
-  a.targets = {{"blocks.2.hook_resid_post", ""}};
-  a.arch = nn::SaeArch::jumprelu, a.expansion = 8;
-  a.training_tokens = 150'000, a.batch_size = 512, a.buffer_rows = 8192, a.rows_per_forward = 8, a.context = 128;
-  a.options.adam.lr = 1e-3;
-  a.options.loss.l0 = 3, a.options.loss.bandwidth = 0.05, a.options.init_threshold = 1.0;
-  a.out = out.path("saes");
-  const analysis::SaeTrainReport r = analysis::train_saes(l, "stories260K", a, [](const std::string&) {});
-  io::LoadedSae s = io::read_sae_folder(r.folders[0]);
-  const analysis::SaeEvalReport e = analysis::evaluate_sae(l, *s.sae, s.origin, 4, 8, 128);
-  std::cerr << "jumprelu: explained variance " << e.explained_variance << ", L0 " << e.l0 << ", ce_loss_score "
-            << e.ce_loss_score << "\n";
-  EXPECT_GE(e.explained_variance, 0.68);  // 0.715 measured
-  EXPECT_LE(e.l0, 12.0);                  // 8.5
-  EXPECT_GE(e.ce_loss_score, 0.7);
+  const Trained t = train_on_stories(
+      {"blocks.2.hook_resid_post", ""}, nn::SaeArch::jumprelu, 150'000, 1e-3,
+      [](auto& a) { a.options.loss.l0 = 3, a.options.loss.bandwidth = 0.05, a.options.init_threshold = 1.0; });
+  EXPECT_GE(t.eval.explained_variance, 0.68);  // 0.715 measured
+  EXPECT_LE(t.eval.l0, 12.0);                  // 8.5
+  EXPECT_GE(t.eval.ce_loss_score, 0.7);
 }
 
 TEST(SaeOnStories260K, MlpTranscoderReconstructsHeldOutMlpOutput) {
   if (!have_stories260k()) GTEST_SKIP() << kStories260KDir << " is absent";
-  const loader::Loaded l = loader::load("test", kStories260KDir + "/stories260K.bin", "cpu", story_file(),
-                                        kStories260KDir + "/tok512.model");
-  const testing::TempDir out("transcoder_out");
-  analysis::SaeTrainArgs a;
-  a.targets = {{"blocks.2.ln2.hook_normalized", "blocks.2.hook_mlp_out"}};
-  a.arch = nn::SaeArch::topk, a.k = 16, a.expansion = 8;
-  a.training_tokens = 300'000, a.batch_size = 512, a.buffer_rows = 8192, a.rows_per_forward = 8, a.context = 128;
-  a.options.adam.lr = 3e-3;
-  a.out = out.path("tc");
-  const analysis::SaeTrainReport r = analysis::train_saes(l, "stories260K", a, [](const std::string&) {});
-  io::LoadedSae s = io::read_sae_folder(r.folders[0]);
-  EXPECT_EQ(s.origin.hook_name_out, "blocks.2.hook_mlp_out");
-  const analysis::SaeEvalReport e = analysis::evaluate_sae(l, *s.sae, s.origin, 4, 8, 128);
-  std::cerr << "transcoder: explained variance " << e.explained_variance << " (held out during training "
-            << r.held_out[0].explained_variance << "), ce_loss_score " << e.ce_loss_score << "\n";
-  EXPECT_EQ(e.hook, "blocks.2.hook_mlp_out");
-  EXPECT_GE(e.explained_variance, 0.6);  // 0.636 measured (a TopK transcoder of 512 latents, 300k tokens)
-  EXPECT_GE(e.ce_loss_score, 0.6);       // 0.671
-  EXPECT_LE(e.l0, 16.0);
+  const Trained t =
+      train_on_stories({"blocks.2.ln2.hook_normalized", "blocks.2.hook_mlp_out"}, nn::SaeArch::topk, 300'000, 3e-3);
+  EXPECT_EQ(t.sae.origin.hook_name_out, "blocks.2.hook_mlp_out");
+  EXPECT_EQ(t.eval.hook, "blocks.2.hook_mlp_out");
+  EXPECT_GE(t.eval.explained_variance, 0.6);  // 0.636 measured (a TopK transcoder of 512 latents, 300k tokens)
+  EXPECT_GE(t.eval.ce_loss_score, 0.6);       // 0.671
+  EXPECT_LE(t.eval.l0, 16.0);
 }
 
 TEST(SaeOnStories260K, CommandTrainsTwoHooksFromOneStreamAndEvaluates) {

@@ -9,7 +9,10 @@ checks it.
   explorer_driver.py PAGE.html QUERY SCREENSHOT.png [--kind K] [--hash L1H3] [--click L,H] [--then-hash L1]
 Exit 77 (skip) when chromium or chromedriver is missing.
 """
-import argparse, base64, json, os, shutil, socket, subprocess, sys, time, urllib.error, urllib.request
+import argparse, json, os, sys, time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from webdriver import Browser  # noqa: E402
 
 args = argparse.ArgumentParser()
 args.add_argument("page")
@@ -20,49 +23,14 @@ args.add_argument("--hash", default="")
 args.add_argument("--click", default="")
 args.add_argument("--then-hash", default="")
 a = args.parse_args()
-chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-driver = shutil.which("chromedriver")
-if not chromium or not driver:
-    print("chromium and chromedriver are needed (scripts/install-deps.sh installs them)", file=sys.stderr)
-    sys.exit(77)
-
-with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-proc = subprocess.Popen([driver, f"--port={port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-base = f"http://127.0.0.1:{port}"
-
-
-def call(method, path, body=None):
-    req = urllib.request.Request(base + path, method=method, data=None if body is None else json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return json.loads(r.read())["value"]
-    except urllib.error.HTTPError as e:  # WebDriver says why in the body
-        raise RuntimeError(f"{method} {path}: {e.code} {e.read().decode(errors='replace')[:500]}") from None
-
-
 # What the page shows now: its view, the address and the link line.
 VIEW = ("return {state: Object.assign({}, headlab.state), view: headlab.view(), hash: location.hash,"
         " link: document.getElementById('link').textContent}")
 
-try:
-    for _ in range(100):  # chromedriver up
-        try:
-            if call("GET", "/status").get("ready"):
-                break
-        except OSError:
-            time.sleep(0.1)
-    caps = {"capabilities": {"alwaysMatch": {"browserName": "chrome", "goog:chromeOptions": {
-        "binary": chromium, "args": ["--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1300,1000"]}}}}
-    sid = call("POST", "/session", caps)["sessionId"]
-    sess = f"/session/{sid}"
-    script = lambda js: call("POST", sess + "/execute/sync", {"script": js, "args": []})
-    element = lambda css: call("POST", sess + "/element", {"using": "css selector", "value": css})
-    click = lambda el: call("POST", f"{sess}/element/{next(iter(el.values()))}/click", {})
+with Browser() as browser:
+    script, element, click = browser.script, browser.element, browser.click
     start = time.perf_counter()
-    call("POST", sess + "/url", {"url": "file://" + os.path.abspath(a.page) + ("#" + a.hash if a.hash else "")})
+    browser.open("file://" + os.path.abspath(a.page) + ("#" + a.hash if a.hash else ""))
     load_s = time.perf_counter() - start
     opened = script(VIEW)
     if a.kind is not None:  # as a person would: click the kind's entry in the menu
@@ -80,8 +48,7 @@ try:
                 " const r = document.getElementById('view').getBoundingClientRect(); return {left: r.left, top: r.top}")
     x = int(at["left"] + g["XQ"] - 30)
     y = int(at["top"] + g["TOP"] + a.query * g["ROW"] + g["ROW"] / 2)
-    call("POST", sess + "/actions", {"actions": [{"type": "pointer", "id": "mouse", "parameters": {"pointerType": "mouse"},
-        "actions": [{"type": "pointerMove", "duration": 0, "origin": "viewport", "x": x, "y": y}]}]})
+    browser.move_pointer(x, y)
     hovered = script("const box = e => { const r = document.getElementById(e).getBoundingClientRect();"
                      " const el = document.getElementById(e); return {left: r.left, right: r.right, width: r.width,"
                      " scrollWidth: el.scrollWidth, clientWidth: el.clientWidth}; };"
@@ -89,8 +56,7 @@ try:
                      " text: document.getElementById('row').textContent,"
                      " layout: {viewport: window.innerWidth, page: document.documentElement.scrollWidth,"
                      " row: box('row'), side: box('side')}}")
-    with open(a.shot, "wb") as f:
-        f.write(base64.b64decode(call("GET", sess + "/screenshot")))
+    browser.screenshot(a.shot)
     result = {"opened": opened, "shown": shown, "hovered": hovered, "load_seconds": load_s}
     if a.click:  # a head's thumbnail, clicked
         layer, head = a.click.split(",")
@@ -100,7 +66,4 @@ try:
         script(f"location.hash = {json.dumps(a.then_hash)}")
         time.sleep(0.2)  # hashchange is delivered as a task
         result["rehashed"] = script(VIEW)
-    call("DELETE", sess)
-    print(json.dumps(result))
-finally:
-    proc.terminate()
+print(json.dumps(result))

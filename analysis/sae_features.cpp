@@ -19,7 +19,8 @@ double dot(const double* a, const double* b, int64_t n) { return std::inner_prod
 std::string block_hook(int64_t layer, const char* name) { return "blocks." + std::to_string(layer) + "." + name; }
 
 // How an SAE's input is split over heads: its own heads' z (hook_z), or the outputs of the heads of layers [first,
-// last] that the stream (or attn_out) it reads received.
+// last] that the stream (or attn_out) it reads received. A head's output is z_h W_O[h], so its part of
+// x . w is z_h . (W_O[h] w): the split reads each layer's z (T, H, D), not its results (T, H, C).
 struct InputSplit {
   enum Kind { none, z, head_results } kind = none;
   int64_t first = 0, last = -1;
@@ -68,20 +69,35 @@ std::vector<TokenEffect> extreme(const std::vector<double>& row, int64_t n, bool
 
 }  // namespace
 
-FeatureHeads feature_head_shares(const nn::DecoderModel& model, const nn::SparseAutoencoder& sae, int64_t layer) {
+FeatureHeads feature_head_shares(const nn::DecoderModel& model, const nn::SparseAutoencoder& sae, int64_t layer,
+                                 const std::vector<int64_t>& features) {
   const NoGradGuard no_grad;
   const nn::HeadWeights w = model.head_weights(layer, false, DType::f64);
-  const int64_t H = w.W_O.size(0), D = w.W_O.size(1), d_sae = sae.config().d_sae;
+  const int64_t H = w.W_O.size(0), D = w.W_O.size(1);
   HL_CHECK(sae.config().d_in == H * D, "sae: an SAE on blocks.", layer, ".attn.hook_z reads ", H, " heads x ", D, " = ",
            H * D, " values a token; this one's d_in is ", sae.config().d_in);
-  // (H, d_sae, D) @ (H, D, C) -> each head's part of each feature's output direction, (H, d_sae, C)
-  const Tensor blocks = permute(reshape(to_dtype(sae.W_dec.detach(), DType::f64), {d_sae, H, D}), {1, 0, 2});
-  const Tensor parts = matmul(blocks, to_device(w.W_O, blocks.device()));
-  const Tensor out = sum(parts, {0});                  // (d_sae, C)
-  const Tensor norms = sqrt(sum(mul(out, out), {1}));  // (d_sae)
-  const Tensor unit = div(out, unsqueeze(maximum(norms, scalar_tensor(1e-300, DType::f64, norms.device())), 1));
-  const Tensor shares = sum(mul(parts, unsqueeze(unit, 0)), {2});  // (H, d_sae)
-  return {contiguous(transpose(shares, 0, 1)), norms};
+  std::vector<int64_t> rows = features;
+  if (rows.empty())
+    for (int64_t j = 0; j < sae.config().d_sae; ++j) rows.push_back(j);
+  constexpr int64_t kChunk = 1024;
+  std::vector<Tensor> shares, norms;
+  for (size_t at = 0; at < rows.size(); at += kChunk) {
+    const auto n = static_cast<int64_t>(std::min<size_t>(kChunk, rows.size() - at));
+    const Tensor index = tensor(std::vector<int64_t>(rows.begin() + static_cast<std::ptrdiff_t>(at),
+                                                     rows.begin() + static_cast<std::ptrdiff_t>(at) + n),
+                                {n})
+                             .to(sae.W_dec.device());
+    // (H, n, D) @ (H, D, C) -> each head's part of each feature's output direction, (H, n, C)
+    const Tensor dec = to_dtype(index_select(sae.W_dec.detach(), 0, index), DType::f64);
+    const Tensor blocks = permute(reshape(dec, {n, H, D}), {1, 0, 2});
+    const Tensor parts = matmul(blocks, to_device(w.W_O, blocks.device()));
+    const Tensor out = sum(parts, {0});                 // (n, C)
+    const Tensor norm = sqrt(sum(mul(out, out), {1}));  // (n)
+    const Tensor unit = div(out, unsqueeze(maximum(norm, scalar_tensor(1e-300, DType::f64, norm.device())), 1));
+    shares.push_back(transpose(sum(mul(parts, unsqueeze(unit, 0)), {2}), 0, 1));  // (n, H)
+    norms.push_back(norm);
+  }
+  return {contiguous(cat(shares, 0)), contiguous(cat(norms, 0))};
 }
 
 Tensor feature_output_directions(const nn::DecoderModel& model, const nn::SparseAutoencoder& sae,
@@ -128,15 +144,23 @@ FeatureReport features_on_prompt(nn::DecoderModel& model, nn::SparseAutoencoder&
     in_split = {};  // the stream is normed after the heads write: their outputs no longer sum to it
   std::set<std::string> names = {origin.hook_name};
   for (int64_t l = in_split.first; in_split.kind == InputSplit::head_results && l <= in_split.last; ++l)
-    names.insert(block_hook(l, "attn.hook_result"));
+    names.insert(block_hook(l, "attn.hook_z"));
   const HookedRun run = run_hooked(model, tensor(ids, {1, T}).to(model.device()), names);
   const nn::SaeConfig& c = sae.config();
   const Tensor act = run.cache.at(origin.hook_name);
   HL_CHECK(act.numel() == T * c.d_in, "sae features: ", origin.hook_name, "'s activations are ", act.numel() / T,
            " wide a token, the SAE's d_in is ", c.d_in);
   const Tensor x = reshape(act, {T, c.d_in});
-  const std::vector<double> f = values(sae.encode(x)), xs = values(x);  // (T, d_sae), (T, d_in)
-  const auto at = [&](int64_t t, int64_t j) { return f[static_cast<size_t>(t * c.d_sae + j)]; };
+  // (T, d_sae) in the SAE's own dtype (a float64 SAE's stay exact; a float32 one's take no more than they need)
+  const Tensor codes = contiguous(to_device(sae.encode(x), kCPU));
+  const bool wide = codes.dtype() == DType::f64;
+  const Tensor f = wide ? codes : to_dtype(codes, DType::f32);
+  const std::vector<double> xs = values(x);  // (T, d_in)
+  const auto at = [&, f64 = wide ? f.data<double>() : nullptr, f32 = wide ? nullptr : f.data<float>()](int64_t t,
+                                                                                                       int64_t j) {
+    const int64_t i = t * c.d_sae + j;
+    return f64 ? f64[i] : static_cast<double>(f32[i]);
+  };
 
   FeatureReport r;
   r.hook = origin.hook_name, r.split = in_split.text, r.ids = ids;
@@ -164,15 +188,22 @@ FeatureReport features_on_prompt(nn::DecoderModel& model, nn::SparseAutoencoder&
 
   const std::vector<double> W_enc = values(sae.W_enc), b_enc = values(sae.b_enc);
   const std::vector<double> b_dec = c.apply_b_dec_to_input ? values(sae.b_dec) : std::vector<double>();
-  std::vector<double> head_shares;
+  std::vector<double> head_shares;  // (chosen, H)
   int64_t H = 0;
   if (in_split.kind == InputSplit::z) {
-    const FeatureHeads fh = feature_head_shares(model, sae, key->layer);
+    const FeatureHeads fh = feature_head_shares(model, sae, key->layer, chosen);
     H = fh.shares.size(1), head_shares = values(fh.shares);
   }
-  std::vector<std::vector<double>> results;  // per head layer: (T, H_l, C) values
-  for (int64_t l = in_split.first; in_split.kind == InputSplit::head_results && l <= in_split.last; ++l)
-    results.push_back(values(run.cache.at(block_hook(l, "attn.hook_result"))));
+  struct HeadLayer {
+    int64_t layer, H, D;
+    Tensor z;    // (T, H, D), the model's dtype
+    Tensor W_O;  // (H, D, C) float64
+  };
+  std::vector<HeadLayer> head_layers;
+  for (int64_t l = in_split.first; in_split.kind == InputSplit::head_results && l <= in_split.last; ++l) {
+    const Tensor z = run.cache.at(block_hook(l, "attn.hook_z"));  // (1, T, H, D)
+    head_layers.push_back({l, z.size(2), z.size(3), z.select(0, 0), model.head_weights(l, false, DType::f64).W_O});
+  }
   const Tensor dirs = feature_output_directions(model, sae, origin, chosen);
   std::vector<double> logits;
   int64_t V = 0;
@@ -199,17 +230,19 @@ FeatureReport features_on_prompt(nn::DecoderModel& model, nn::SparseAutoencoder&
       for (int64_t h = 0; h < H; ++h) {
         p.labels.push_back(head_name(model, key->layer, h));
         p.parts.push_back(dot(x_t + h * D, w.data() + h * D, D));
-        p.head_shares.push_back(head_shares[static_cast<size_t>(j * H + h)]);
+        p.head_shares.push_back(head_shares[i * static_cast<size_t>(H) + static_cast<size_t>(h)]);
       }
     } else if (in_split.kind == InputSplit::head_results) {
       const int64_t C = c.d_in;
+      const Tensor w_t = tensor(w, {C, 1});
       double heads = 0;
-      for (int64_t l = in_split.first; l <= in_split.last; ++l) {
-        const std::vector<double>& res = results[static_cast<size_t>(l - in_split.first)];
-        const int64_t Hl = static_cast<int64_t>(res.size()) / (T * C);
-        for (int64_t h = 0; h < Hl; ++h) {
-          p.labels.push_back(head_name(model, l, h));
-          p.parts.push_back(dot(res.data() + (p.position * Hl + h) * C, w.data(), C));
+      for (const HeadLayer& hl : head_layers) {
+        // (H, D, C) @ (C, 1): what each head's z is read along, then z at the position against it
+        const std::vector<double> read = values(matmul(hl.W_O, to_device(w_t, hl.W_O.device())));  // (H, D)
+        const std::vector<double> z = values(hl.z.select(0, p.position));                          // (H, D)
+        for (int64_t h = 0; h < hl.H; ++h) {
+          p.labels.push_back(head_name(model, hl.layer, h));
+          p.parts.push_back(dot(z.data() + h * hl.D, read.data() + h * hl.D, hl.D));
           heads += p.parts.back();
         }
       }

@@ -18,11 +18,14 @@ namespace headlab::analysis {
 
 // An SAE on blocks.L.attn.hook_z reads the heads' z side by side (H x D), so feature f's decoder row is a block
 // d_{f,h} a head, which W_O carries into the stream as d_{f,h} W_O[h]; the feature writes o_f = sum_h d_{f,h} W_O[h].
+// Computed 1024 features at a time: memory H x 1024 x C doubles, whatever d_sae.
 struct FeatureHeads {
-  Tensor shares;        // (d_sae, H) float64: head h's part projected on o_f / ||o_f||; a row sums to ||o_f||
-  Tensor output_norms;  // (d_sae) float64: ||o_f||
+  Tensor shares;        // (n, H) float64: head h's part projected on o_f / ||o_f||; a row sums to ||o_f||
+  Tensor output_norms;  // (n) float64: ||o_f||
 };
-FeatureHeads feature_head_shares(const nn::DecoderModel& model, const nn::SparseAutoencoder& sae, int64_t layer);
+// n = d_sae, or the features named (in their order).
+FeatureHeads feature_head_shares(const nn::DecoderModel& model, const nn::SparseAutoencoder& sae, int64_t layer,
+                                 const std::vector<int64_t>& features = {});
 
 // What feature f writes into the residual stream (n, C) for the features `features`: W_dec's rows for an SAE or
 // transcoder whose output is C wide (resid, attn_out, mlp_out), o_f through W_O for hook_z; undefined for a hook the

@@ -143,6 +143,21 @@ TEST(SaeFeatures, RanksTheMostActiveAndReadsTheirLogitEffectsThroughTheFinalNorm
   }
 }
 
+TEST(SaeFeatures, HeadSharesOfChosenFeaturesAreTheirRowsOfAllAcrossChunks) {
+  manual_seed(8);
+  const nn::DecoderConfig cfg = ht::tiny_gpt_config(ht::kThreeHeadGpt);
+  nn::DecoderModel model(cfg);
+  nn::SaeConfig c;
+  c.d_in = cfg.emb_dim, c.d_sae = 1100, c.arch = nn::SaeArch::relu;  // past one chunk of 1024 features
+  nn::SparseAutoencoder sae(c);
+  const analysis::FeatureHeads all = analysis::feature_head_shares(model, sae, 1);
+  ASSERT_EQ(all.shares.shape(), (Shape{1100, 3}));
+  EXPECT_TRUE(ht::all_close(sum(all.shares, {1}), all.output_norms, 1e-12));
+  const analysis::FeatureHeads some = analysis::feature_head_shares(model, sae, 1, {1050, 3});
+  EXPECT_EQ(some.shares.select(0, 0).to_vector<double>(), all.shares.select(0, 1050).to_vector<double>());
+  EXPECT_EQ(some.shares.select(0, 1).to_vector<double>(), all.shares.select(0, 3).to_vector<double>());
+}
+
 TEST(SaeFeatures, RefusesWhatItCannotRead) {
   manual_seed(7);
   const nn::DecoderConfig cfg = ht::tiny_gpt_config(ht::kThreeHeadGpt);

@@ -4,6 +4,7 @@ as its own process as headlab.train is) and the features of heads on a prompt (`
     saes = headlab.sae.train(model, hooks=["blocks.3.attn.hook_z"], text="corpus.txt", arch="topk", k=32,
                              expansion=16, training_tokens=2_000_000, out="saes", callback=print)
     report = headlab.sae.features(model, saes[0], "When Mary and John went to the store")
+    headlab.sae.pages(model, saes[0], text="corpus.txt", out="features.html")   # a page a feature, for a browser
 """
 import re as _re
 
@@ -57,3 +58,16 @@ def features(model, sae, text_or_tokens, features=5, feature=None, position=None
     most ("top_logits", "bottom_logits": (token text, effect) pairs)."""
     chosen = [] if feature is None else ([feature] if isinstance(feature, int) else list(feature))
     return _headlab._sae_features(model, sae, text_or_tokens, features, chosen, position, logits)
+
+
+def pages(model, sae, out, callback=None, **options):
+    """`headlab sae pages` (its options as keywords: text="corpus.txt", batches=8, features=20, contexts=10,
+    tokenizer=...): the feature pages of `sae` (a headlab.SAE read from a folder, or a folder's path) over the text's
+    held-out windows, written to `out` (an .html file a browser opens without a network). Returns `out`."""
+    folder = sae.path if isinstance(sae, _headlab.SAE) else str(sae)
+    if not folder:
+        raise _headlab.Error("headlab.sae.pages: the SAE was not read from a folder; save_model it first")
+    from . import _flags, _run_command
+    _run_command(["sae", "pages", _path_of(model), folder, "--out", str(out)] + _flags(options),
+                 callback or (lambda line: None))
+    return str(out)

@@ -102,6 +102,10 @@ def test_sae_train_writes_an_sae_and_a_transcoder_and_features_split_over_heads(
     one = headlab.sae.features(model, saes[0], tokens, feature=report["features"][0]["feature"], position=-1)
     assert [f["feature"] for f in one["features"]] == [report["features"][0]["feature"]]
     assert one["features"][0]["position"] == tokens.shape[1] - 1
+    page = headlab.sae.pages(model, saes[0], out=str(tmp_path / "features.html"), text=TEXT, batches=2, tokens=32,
+                             features=3, tokenizer=os.path.join(STORIES, "tok512.model"))
+    html = open(page).read()
+    assert "const D = " in html and "Top activating contexts" in html and "https://" not in html
     with pytest.raises(headlab.Error, match="sae train: --transcoder IN:OUT reads and reconstructs one hook|that is an SAE"):
         headlab.sae.train(model, transcoders=[("hook_embed", "hook_embed")], text=TEXT,
                           tokenizer=os.path.join(STORIES, "tok512.model"), out=str(tmp_path / "x"))

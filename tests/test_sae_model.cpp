@@ -47,6 +47,24 @@ const std::string& story_file() {
   return path;
 }
 
+// `headlab sae ACTION` on stories260K and the sampled stories in windows of 64 tokens, then `rest`.
+testing::ProcessResult run_sae(const std::string& action, const std::vector<std::string>& rest,
+                               const testing::TempDir& dir) {
+  const std::string S = kStories260KDir;
+  std::vector<std::string> argv = {std::string(HEADLAB_BINARY_DIR) + "/headlab",
+                                   "sae",
+                                   action,
+                                   S + "/stories260K.bin",
+                                   "--tokenizer",
+                                   S + "/tok512.model",
+                                   "--text",
+                                   story_file(),
+                                   "--tokens",
+                                   "64"};
+  argv.insert(argv.end(), rest.begin(), rest.end());
+  return testing::run_process(argv, dir.dir());
+}
+
 // One SAE (or transcoder) trained on the sampled stories (windows of 128 tokens, batches of 512, a buffer of 8192
 // activations, 8x expansion), read back from its folder and evaluated on 4 held-out batches of 8 x 128.
 struct Trained {
@@ -112,19 +130,8 @@ TEST(SaeOnStories260K, CommandTrainsTwoHooksFromOneStreamAndEvaluates) {
   if (!have_stories260k()) GTEST_SKIP() << kStories260KDir << " is absent";
   const testing::TempDir dir("sae_cli");
   const std::string S = kStories260KDir, out = dir.path("saes");
-  const auto headlab = [&](const std::string& action, std::vector<std::string> rest) {
-    std::vector<std::string> argv = {std::string(HEADLAB_BINARY_DIR) + "/headlab",
-                                     "sae",
-                                     action,
-                                     S + "/stories260K.bin",
-                                     "--tokenizer",
-                                     S + "/tok512.model",
-                                     "--text",
-                                     story_file(),
-                                     "--tokens",
-                                     "64"};
-    argv.insert(argv.end(), rest.begin(), rest.end());
-    return testing::run_process(argv, dir.dir());
+  const auto headlab = [&](const std::string& action, const std::vector<std::string>& rest) {
+    return run_sae(action, rest, dir);
   };
   const testing::ProcessResult t = headlab("train", {"--hook",
                                                      "blocks.1.hook_resid_post",
@@ -189,36 +196,26 @@ TEST(SaeOnStories260K, CommandTrainsTwoHooksFromOneStreamAndEvaluates) {
 TEST(SaeOnStories260K, TrainingResumesFromItsCheckpoint) {
   if (!have_stories260k()) GTEST_SKIP() << kStories260KDir << " is absent";
   const testing::TempDir dir("sae_resume");
-  const std::string S = kStories260KDir, out = dir.path("saes");
+  const std::string out = dir.path("saes");
   const auto train = [&](std::vector<std::string> rest) {
-    std::vector<std::string> argv = {std::string(HEADLAB_BINARY_DIR) + "/headlab",
-                                     "sae",
-                                     "train",
-                                     S + "/stories260K.bin",
-                                     "--tokenizer",
-                                     S + "/tok512.model",
-                                     "--text",
-                                     story_file(),
-                                     "--tokens",
-                                     "64",
-                                     "--hook",
-                                     "blocks.1.hook_resid_post",
-                                     "--expansion",
-                                     "2",
-                                     "--k",
-                                     "8",
-                                     "--batch-size",
-                                     "256",
-                                     "--buffer-rows",
-                                     "1024",
-                                     "--log-every",
-                                     "8",
-                                     "--checkpoint-every",
-                                     "8",
-                                     "--out",
-                                     out};
-    argv.insert(argv.end(), rest.begin(), rest.end());
-    return testing::run_process(argv, dir.dir());
+    const std::vector<std::string> base = {"--hook",
+                                           "blocks.1.hook_resid_post",
+                                           "--expansion",
+                                           "2",
+                                           "--k",
+                                           "8",
+                                           "--batch-size",
+                                           "256",
+                                           "--buffer-rows",
+                                           "1024",
+                                           "--log-every",
+                                           "8",
+                                           "--checkpoint-every",
+                                           "8",
+                                           "--out",
+                                           out};
+    rest.insert(rest.begin(), base.begin(), base.end());
+    return run_sae("train", rest, dir);
   };
   const testing::ProcessResult none = train({"--training-tokens", "4096", "--resume"});
   EXPECT_EQ(none.code, 1);

@@ -42,6 +42,12 @@ HookActivations::HookActivations(const loader::Loaded& in, std::vector<std::stri
 
 Tensor HookActivations::forward_rows() {
   const NoGradGuard no_grad;
+  const auto t0 = std::chrono::steady_clock::now();
+  struct Clock {  // the forward's time, however it ends
+    std::chrono::steady_clock::time_point t0;
+    double& total;
+    ~Clock() { total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+  } clock{t0, forward_seconds_};
   nn::DecoderModel& model = in_.decoder("sae");
   const auto [tokens, targets] = text_batch(in_, split_, batch_++, B_, T_);
   const HookedRun run = run_hooked(model, tokens, std::set<std::string>(hooks_.begin(), hooks_.end()));
@@ -134,6 +140,38 @@ void write_checkpoint(const std::string& out, const std::string& model_name, con
   folder.commit();
 }
 
+// A checkpoint's state.json, read whole (the trainers' tensors are trainer.safetensors'), or the error naming it and
+// what is wrong.
+struct ResumePoint {
+  int64_t step = 0, tokens = 0, stream_batches = 0, stream_rows = 0;
+  std::vector<nlohmann::json> targets;           // target_json's fields, as saved
+  std::vector<train::SaeTrainerState> trainers;  // without their tensors
+};
+
+ResumePoint read_resume_point(const std::string& path) {
+  HL_CHECK(std::filesystem::exists(path), "sae train --resume: ", path,
+           " does not exist (sae train writes it every --checkpoint-every steps)");
+  const nlohmann::json j = parse_json_text(read_whole_file(path, WholeFile::config, "sae checkpoint"), path);
+  ResumePoint r;
+  try {
+    r.step = j.at("step").get<int64_t>(), r.tokens = j.at("tokens").get<int64_t>();
+    r.stream_batches = j.at("stream_batches").get<int64_t>(), r.stream_rows = j.at("stream_rows").get<int64_t>();
+    for (const nlohmann::json& t : j.at("targets")) {
+      train::SaeTrainerState s;
+      for (const auto& [name, steps] : t.at("adam_steps").items()) s.steps.emplace_back(name, steps.get<int64_t>());
+      s.last_fired = t.at("last_fired").get<std::vector<int64_t>>();
+      s.tokens = t.at("trainer_tokens").get<int64_t>();
+      r.targets.push_back(t), r.trainers.push_back(std::move(s));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    HL_FAIL(path, ": not a checkpoint sae train wrote (", e.what(), ")");
+  }
+  HL_CHECK(r.step >= 1 && r.tokens >= 1 && r.tokens <= r.stream_rows && r.stream_batches >= 1, path, ": its step (",
+           r.step, "), tokens (", r.tokens, ") and stream position (", r.stream_rows, " rows, ", r.stream_batches,
+           " batches) are not a run's");
+  return r;
+}
+
 }  // namespace
 
 SaeTrainReport train_saes(const loader::Loaded& in, const std::string& model_name, const SaeTrainArgs& args,
@@ -165,14 +203,11 @@ SaeTrainReport train_saes(const loader::Loaded& in, const std::string& model_nam
   std::vector<std::unique_ptr<nn::SparseAutoencoder>> saes;
   std::vector<std::unique_ptr<train::SaeTrainer>> trainers;
   const std::string checkpoint = args.out + "/" + kCheckpoint;
-  nlohmann::json resumed;  // the checkpoint's state.json
+  ResumePoint resumed;
   if (args.resume) {
-    const std::string path = checkpoint + "/state.json";
-    HL_CHECK(std::filesystem::exists(path), "sae train --resume: ", path,
-             " does not exist (sae train writes it every --checkpoint-every steps)");
-    resumed = parse_json_text(read_whole_file(path, WholeFile::config, "sae checkpoint"), path);
-    HL_CHECK(resumed.contains("targets") && resumed["targets"].size() == args.targets.size(), path, ": it trains ",
-             resumed.value("targets", nlohmann::json::array()).size(), " SAE(s), this run names ", args.targets.size());
+    resumed = read_resume_point(checkpoint + "/state.json");
+    HL_CHECK(resumed.targets.size() == args.targets.size(), checkpoint, "/state.json: it trains ",
+             resumed.targets.size(), " SAE(s), this run names ", args.targets.size());
   }
   for (size_t i = 0; i < args.targets.size(); ++i) {
     nn::SaeConfig c;
@@ -183,7 +218,7 @@ SaeTrainReport train_saes(const loader::Loaded& in, const std::string& model_nam
       manual_seed(args.seed + i);
       saes.push_back(std::make_unique<nn::SparseAutoencoder>(c));
     } else {
-      const nlohmann::json& saved = resumed["targets"][i];
+      const nlohmann::json& saved = resumed.targets[i];
       const nlohmann::json want = target_json(args.targets[i], c);
       for (const char* field : {"name", "arch", "k", "d_in", "d_sae"})
         HL_CHECK(saved.value(field, nlohmann::json()) == want[field], checkpoint, "/state.json: its SAE ", i + 1, "'s ",
@@ -206,22 +241,17 @@ SaeTrainReport train_saes(const loader::Loaded& in, const std::string& model_nam
   report.last.resize(saes.size());
   if (args.resume) {
     for (size_t i = 0; i < saes.size(); ++i) {
-      const std::string dir = checkpoint + "/" + args.targets[i].name();
-      const nlohmann::json& saved = resumed["targets"][i];
-      train::SaeTrainerState ts;
-      ts.tensors = io::read_sae_trainer_tensors(dir + "/trainer.safetensors");
-      for (const auto& [name, steps] : saved.at("adam_steps").items())
-        ts.steps.emplace_back(name, steps.get<int64_t>());
-      ts.last_fired = saved.at("last_fired").get<std::vector<int64_t>>();
-      ts.tokens = saved.at("trainer_tokens").get<int64_t>();
-      trainers[i]->load_state(ts, dir + "/trainer.safetensors");
+      const std::string file = checkpoint + "/" + args.targets[i].name() + "/trainer.safetensors";
+      train::SaeTrainerState& ts = resumed.trainers[i];
+      ts.tensors = io::read_sae_trainer_tensors(file);
+      trainers[i]->load_state(ts, file);
     }
-    report.steps = resumed.at("step").get<int64_t>(), report.tokens = resumed.at("tokens").get<int64_t>();
-    const int64_t rows = resumed.at("stream_rows").get<int64_t>();
+    report.steps = resumed.step, report.tokens = resumed.tokens;
+    const int64_t rows = resumed.stream_rows;
     HL_CHECK(rows < args.training_tokens, "sae train --resume: the checkpoint read ", rows,
              " activations already; give --training-tokens above that to go on");
     report.dropped = rows - report.tokens, report.resumed_tokens = report.tokens;
-    source.resume_at(resumed.at("stream_batches").get<int64_t>(), rows);
+    source.resume_at(resumed.stream_batches, rows);
   }
   const auto t0 = std::chrono::steady_clock::now();
   const auto seconds = [&t0] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
@@ -230,12 +260,14 @@ SaeTrainReport train_saes(const loader::Loaded& in, const std::string& model_nam
         !args.resume)  // b_dec from the first batch's targets, as SAELens's init looks at its first activations
       for (size_t i = 0; i < saes.size(); ++i)
         trainers[i]->init_b_dec(columns(batch, reads[i].second), args.b_dec_init);
+    const auto step_start = std::chrono::steady_clock::now();
     for (size_t i = 0; i < saes.size(); ++i) {
       report.last[i] = trainers[i]->step(columns(batch, reads[i].first), columns(batch, reads[i].second));
       HL_CHECK(std::isfinite(report.last[i].loss), "sae train: the SAE on ", args.targets[i].name(),
                " diverged at step ", report.steps + 1, " (loss ", report.last[i].loss,
                "); nothing was written: lower --lr");
     }
+    report.step_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
     ++report.steps;
     report.tokens += batch.size(0);
     if (report.steps % args.log_every == 0) {
@@ -269,6 +301,7 @@ SaeTrainReport train_saes(const loader::Loaded& in, const std::string& model_nam
   }
   HL_CHECK(report.steps > 0, "sae train: no activations were read (--training-tokens ", args.training_tokens, ")");
   report.seconds = seconds();
+  report.forward_seconds = source.forward_seconds();
   for (size_t i = 0; i < saes.size(); ++i) {
     report.held_out.push_back(evaluate(i));
     const SaeTarget& t = args.targets[i];

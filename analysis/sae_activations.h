@@ -25,6 +25,7 @@ class HookActivations : public train::ActivationSource {
   // Where the stream stands (a checkpoint's), and a stream started there: the next forward is batch `batches`.
   int64_t batches_read() const { return static_cast<int64_t>(batch_); }
   int64_t rows_given() const { return given_; }
+  double forward_seconds() const { return forward_seconds_; }  // in the model's forward passes so far
   void resume_at(int64_t batches, int64_t rows_given);
 
  private:
@@ -37,6 +38,7 @@ class HookActivations : public train::ActivationSource {
   std::vector<int64_t> widths_;
   Tensor pending_;  // rows of the last forward not yet handed out
   int64_t pending_at_ = 0;
+  double forward_seconds_ = 0;
 };
 
 // One dictionary to train: an SAE reads and reconstructs `in`; a transcoder reads `in` and reconstructs `out` (an
@@ -76,7 +78,9 @@ struct SaeTrainReport {
   int64_t tokens = 0, steps = 0;  // steps and tokens of the whole run, a resumed one's before the checkpoint too
   int64_t dropped = 0;            // resumed: activations in the buffer at the checkpoint, not trained on
   int64_t resumed_tokens = 0;     // resumed: the tokens trained on before (what `seconds` does not cover)
-  double seconds = 0;
+  double seconds = 0;             // this run's training loop, of which:
+  double forward_seconds = 0;     //   the model's forward passes (they do not overlap the steps)
+  double step_seconds = 0;        //   the SAEs' steps
 };
 
 // Trains every target from one stream of forward passes (train split), writing each as a SAELens folder;

@@ -122,7 +122,8 @@ int run_train(const SaeArgs& a) {
               << " activations its shuffling buffer held then were not trained on\n";
   std::cout << "sae train: " << r.steps << " steps, " << r.tokens << " tokens in " << fmt(r.seconds, 1) << " s ("
             << fmt(static_cast<double>(r.tokens - r.resumed_tokens) / r.seconds, 0)
-            << " tokens/s, the forward passes included)\n";
+            << " tokens/s; of it the model's forward passes " << fmt(r.forward_seconds, 1) << " s and the SAE steps "
+            << fmt(r.step_seconds, 1) << " s, one after the other)\n";
   for (size_t i = 0; i < r.folders.size(); ++i)
     std::cout << "sae train: wrote " << r.folders[i] << " (held out: explained variance "
               << fmt(r.held_out[i].explained_variance, 4) << ", L0 " << fmt(r.held_out[i].l0, 1) << "; dead "

@@ -66,7 +66,9 @@ testing::ProcessResult run_sae(const std::string& action, const std::vector<std:
 }
 
 // One SAE (or transcoder) trained on the sampled stories (windows of 128 tokens, batches of 512, a buffer of 8192
-// activations, 8x expansion), read back from its folder and evaluated on 4 held-out batches of 8 x 128.
+// activations, 8x expansion), read back from its folder and evaluated on 4 held-out batches of 8 x 128. The sanitizer
+// pass trains on a tenth of the tokens (the same code under its checks, ten times slower there); the figures the
+// tests hold are the Release pass's.
 struct Trained {
   analysis::SaeTrainReport report;
   io::LoadedSae sae;
@@ -80,7 +82,8 @@ Trained train_on_stories(const analysis::SaeTarget& target, nn::SaeArch arch, in
   analysis::SaeTrainArgs a;
   a.targets = {target};
   a.arch = arch, a.k = 16, a.expansion = 8;
-  a.training_tokens = tokens, a.batch_size = 512, a.buffer_rows = 8192, a.rows_per_forward = 8, a.context = 128;
+  a.training_tokens = testing::kAddressSanitizer ? tokens / 10 : tokens, a.batch_size = 512, a.buffer_rows = 8192,
+  a.rows_per_forward = 8, a.context = 128;
   a.options.adam.lr = lr;
   a.out = out.path("saes");
   if (more) more(a);
@@ -98,9 +101,10 @@ TEST(SaeOnStories260K, ResidualStreamSaeReconstructsHeldOutText) {
   const Trained t = train_on_stories({"blocks.2.hook_resid_post", ""}, nn::SaeArch::topk, 150'000, 1e-3);
   const analysis::SaeEvalReport& e = t.eval;
   EXPECT_EQ(t.sae.origin.hook_name, "blocks.2.hook_resid_post");
+  EXPECT_NEAR(e.l0, 16.0, 1e-9);
+  if (testing::kAddressSanitizer) return;  // a tenth of the tokens: no figures to hold
   EXPECT_GE(e.explained_variance, 0.8);
   EXPECT_GE(e.ce_loss_score, 0.8);
-  EXPECT_NEAR(e.l0, 16.0, 1e-9);
   EXPECT_LT(e.ce_loss_without_sae, e.ce_loss_with_sae);
   EXPECT_LT(e.ce_loss_with_sae, e.ce_loss_with_ablation);
 }
@@ -110,6 +114,7 @@ TEST(SaeOnStories260K, JumpReluSaeIsSparseAndReconstructsHeldOutText) {
   const Trained t = train_on_stories(
       {"blocks.2.hook_resid_post", ""}, nn::SaeArch::jumprelu, 150'000, 1e-3,
       [](auto& a) { a.options.loss.l0 = 3, a.options.loss.bandwidth = 0.05, a.options.init_threshold = 1.0; });
+  if (testing::kAddressSanitizer) return;
   EXPECT_GE(t.eval.explained_variance, 0.68);  // 0.715 measured
   EXPECT_LE(t.eval.l0, 12.0);                  // 8.5
   EXPECT_GE(t.eval.ce_loss_score, 0.7);
@@ -121,9 +126,10 @@ TEST(SaeOnStories260K, MlpTranscoderReconstructsHeldOutMlpOutput) {
       train_on_stories({"blocks.2.ln2.hook_normalized", "blocks.2.hook_mlp_out"}, nn::SaeArch::topk, 300'000, 3e-3);
   EXPECT_EQ(t.sae.origin.hook_name_out, "blocks.2.hook_mlp_out");
   EXPECT_EQ(t.eval.hook, "blocks.2.hook_mlp_out");
+  EXPECT_LE(t.eval.l0, 16.0);
+  if (testing::kAddressSanitizer) return;
   EXPECT_GE(t.eval.explained_variance, 0.6);  // 0.636 measured (a TopK transcoder of 512 latents, 300k tokens)
   EXPECT_GE(t.eval.ce_loss_score, 0.6);       // 0.671
-  EXPECT_LE(t.eval.l0, 16.0);
 }
 
 TEST(SaeOnStories260K, CommandTrainsTwoHooksFromOneStreamAndEvaluates) {
@@ -228,6 +234,15 @@ TEST(SaeOnStories260K, TrainingResumesFromItsCheckpoint) {
   const nlohmann::json state = nlohmann::json::parse(in);
   EXPECT_EQ(state["step"], 16);
   EXPECT_EQ(state["tokens"], 4096);
+  {  // a damaged state.json is refused by name, and then put back
+    std::string text = state.dump();
+    std::ofstream(out + "/checkpoint/state.json") << text.replace(text.find("stream_rows"), 11, "stream_roes");
+    const testing::ProcessResult damaged = train({"--training-tokens", "8192", "--resume"});
+    EXPECT_EQ(damaged.code, 1);
+    EXPECT_NE(damaged.err.find(out + "/checkpoint/state.json: not a checkpoint sae train wrote"), std::string::npos)
+        << damaged.err;
+    std::ofstream(out + "/checkpoint/state.json") << state.dump();
+  }
   const testing::ProcessResult other = train({"--training-tokens", "8192", "--resume", "--arch", "relu"});
   EXPECT_EQ(other.code, 1);
   EXPECT_NE(other.err.find("its SAE 1's arch is \"topk\", this run's is \"relu\""), std::string::npos) << other.err;

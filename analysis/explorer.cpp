@@ -258,13 +258,7 @@ nlohmann::json kind_json(const AttentionText& k, const std::vector<ExplorerScore
 
 std::string page_of(const std::string& title, const nlohmann::json& kinds) {
   HL_CHECK(!kinds.empty(), "attention_explorer_html: no attention to show");
-  const nlohmann::json j = {{"title", title}, {"kinds", kinds}};
-  // "</" inside the JSON (a token "</script>") would end the script element early.
-  std::string data = j.dump(-1, ' ', true);
-  for (size_t p = 0; (p = data.find("</", p)) != std::string::npos; p += 3) data.replace(p, 2, "<\\/");
-  std::string page = kTemplate;
-  page.replace(page.find("/*DATA*/"), 8, data);
-  return page;
+  return page_with_data(kTemplate, {{"title", title}, {"kinds", kinds}});
 }
 
 void write_page(const std::string& path, const std::string& page) {
@@ -358,6 +352,15 @@ void save_row_explorer(const std::string& path, nn::Model& model, const tasks::T
   const std::vector<int64_t> ids(first, first + len);
   save_attention_html(path, attention_maps(*decoder, ids), text_of(ids), title,
                       by_original_head(model, 0, model.attention_count(), scores));
+}
+
+std::string page_with_data(const std::string& page_template, const nlohmann::json& data) {
+  // "</" inside the JSON (a token "</script>") would end the script element early.
+  std::string text = data.dump(-1, ' ', true, nlohmann::json::error_handler_t::replace);
+  for (size_t p = 0; (p = text.find("</", p)) != std::string::npos; p += 3) text.replace(p, 2, "<\\/");
+  std::string page = page_template;
+  page.replace(page.find("/*DATA*/"), 8, text);
+  return page;
 }
 
 }  // namespace headlab::analysis

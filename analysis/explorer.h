@@ -7,6 +7,7 @@
 // #cross.L0H2; #L1: all of the layer's heads overlaid), and choosing a head rewrites it, so that a view can
 // be shared as a link.
 #pragma once
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,10 @@ struct ExplorerScore {
   std::string name;
   HeadMatrix values;
 };
+
+// A page template with its /*DATA*/ replaced by `data` as JSON that cannot end the script element around it (a
+// token "</script>"): how the explorer and the feature pages (sae_pages.h) carry their data.
+std::string page_with_data(const std::string& page_template, const nlohmann::json& data);
 
 // Weights travel as uint16 (w * 65535, rounded), base64: 2.7 bytes per weight, exact to 8e-6.
 constexpr double kExplorerWeightScale = 65535.0;

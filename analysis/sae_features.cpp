@@ -16,8 +16,6 @@ std::vector<double> values(const Tensor& t) { return to_dtype(to_device(t, kCPU)
 
 double dot(const double* a, const double* b, int64_t n) { return std::inner_product(a, a + n, b, 0.0); }
 
-std::string block_hook(int64_t layer, const char* name) { return "blocks." + std::to_string(layer) + "." + name; }
-
 // How an SAE's input is split over heads: its own heads' z (hook_z), or the outputs of the heads of layers [first,
 // last] that the stream (or attn_out) it reads received. A head's output is z_h W_O[h], so its part of
 // x . w is z_h . (W_O[h] w): the split reads each layer's z (T, H, D), not its results (T, H, C).
@@ -144,7 +142,7 @@ FeatureReport features_on_prompt(nn::DecoderModel& model, nn::SparseAutoencoder&
     in_split = {};  // the stream is normed after the heads write: their outputs no longer sum to it
   std::set<std::string> names = {origin.hook_name};
   for (int64_t l = in_split.first; in_split.kind == InputSplit::head_results && l <= in_split.last; ++l)
-    names.insert(block_hook(l, "attn.hook_z"));
+    names.insert(nn::hook_name({nn::HookPoint::z, l}));
   const HookedRun run = run_hooked(model, tensor(ids, {1, T}).to(model.device()), names);
   const nn::SaeConfig& c = sae.config();
   const Tensor act = run.cache.at(origin.hook_name);
@@ -201,7 +199,7 @@ FeatureReport features_on_prompt(nn::DecoderModel& model, nn::SparseAutoencoder&
   };
   std::vector<HeadLayer> head_layers;
   for (int64_t l = in_split.first; in_split.kind == InputSplit::head_results && l <= in_split.last; ++l) {
-    const Tensor z = run.cache.at(block_hook(l, "attn.hook_z"));  // (1, T, H, D)
+    const Tensor z = run.cache.at(nn::hook_name({nn::HookPoint::z, l}));  // (1, T, H, D)
     head_layers.push_back({l, z.size(2), z.size(3), z.select(0, 0), model.head_weights(l, false, DType::f64).W_O});
   }
   const Tensor dirs = feature_output_directions(model, sae, origin, chosen);

@@ -5,6 +5,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "analysis/explorer.h"
 #include "analysis/hooked_run.h"
 #include "io/atomic_file.h"
 
@@ -234,15 +235,13 @@ std::string feature_pages_html(const FeaturePages& pages, const tasks::Task& tas
                         {"parts", p.parts},
                         {"contexts", contexts}});
   }
-  std::string data =
-      nlohmann::json{{"title", title},       {"hook", pages.hook}, {"split", pages.split}, {"tokens", pages.tokens},
-                     {"d_sae", pages.d_sae}, {"vocab", vocab},     {"features", features}}
-          .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-  // "</" inside the JSON (a token "</script>") would end the script element early.
-  for (size_t p = 0; (p = data.find("</", p)) != std::string::npos; p += 3) data.replace(p, 2, "<\\/");
-  std::string page = kTemplate;
-  page.replace(page.find("/*DATA*/"), 8, data);
-  return page;
+  return page_with_data(kTemplate, {{"title", title},
+                                    {"hook", pages.hook},
+                                    {"split", pages.split},
+                                    {"tokens", pages.tokens},
+                                    {"d_sae", pages.d_sae},
+                                    {"vocab", vocab},
+                                    {"features", features}});
 }
 
 void save_feature_pages(const std::string& path, const FeaturePages& pages, const tasks::Task& task,
